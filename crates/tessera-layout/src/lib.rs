@@ -495,7 +495,10 @@ impl Layout {
                 WriteMethod::Plain | WriteMethod::Mirrored => {
                     for piece in &extent.pieces {
                         let slot = self.data_slot(piece.block);
-                        ops[slot.column as usize].push(ServerOp::Write { slot, piece: *piece });
+                        ops[slot.column as usize].push(ServerOp::Write {
+                            slot,
+                            piece: *piece,
+                        });
                         if let Some(mirror) = self.mirror_slot(piece.block) {
                             ops[mirror.column as usize].push(ServerOp::Write {
                                 slot: mirror,
@@ -507,7 +510,10 @@ impl Layout {
                 WriteMethod::FullStripeParity => {
                     for piece in &extent.pieces {
                         let slot = self.data_slot(piece.block);
-                        ops[slot.column as usize].push(ServerOp::Write { slot, piece: *piece });
+                        ops[slot.column as usize].push(ServerOp::Write {
+                            slot,
+                            piece: *piece,
+                        });
                     }
                     let parity = self.parity_slot(stripe).expect("parity scheme");
                     ops[parity.column as usize].push(ServerOp::WriteParity { stripe });
@@ -532,7 +538,10 @@ impl Layout {
                     }
                     for piece in &extent.pieces {
                         let slot = self.data_slot(piece.block);
-                        ops[slot.column as usize].push(ServerOp::Write { slot, piece: *piece });
+                        ops[slot.column as usize].push(ServerOp::Write {
+                            slot,
+                            piece: *piece,
+                        });
                     }
                     ops[parity.column as usize].push(ServerOp::WriteParity { stripe });
                 }

@@ -11,7 +11,9 @@ fn raid5_matches_csar_figure_2() {
     let layout = Layout::new(Scheme::Raid5, 4096, 3).unwrap();
     let columns: Vec<u32> = (0..6).map(|b| layout.data_slot(b).column).collect();
     assert_eq!(columns, vec![0, 1, 2, 0, 1, 2]);
-    let parity: Vec<u32> = (0..3).map(|s| layout.parity_slot(s).unwrap().column).collect();
+    let parity: Vec<u32> = (0..3)
+        .map(|s| layout.parity_slot(s).unwrap().column)
+        .collect();
     assert_eq!(parity, vec![2, 1, 0]);
     assert_eq!(layout.parity_slot(3).unwrap().local_index, 1);
 }
@@ -166,21 +168,34 @@ struct ModelCluster {
 
 impl ModelCluster {
     fn new(layout: Layout) -> Self {
-        ModelCluster { layout, columns: (0..layout.width).map(|_| ModelColumn::default()).collect() }
+        ModelCluster {
+            layout,
+            columns: (0..layout.width).map(|_| ModelColumn::default()).collect(),
+        }
     }
 
-    fn unit(&self) -> usize { self.layout.stripe_unit as usize }
+    fn unit(&self) -> usize {
+        self.layout.stripe_unit as usize
+    }
 
     fn base(&self, slot: Slot) -> Vec<u8> {
         let column = &self.columns[slot.column as usize];
-        let map = match slot.region { Region::Data => &column.data, Region::Redundancy => &column.redundancy };
-        map.get(&slot.local_index).cloned().unwrap_or_else(|| vec![0; self.unit()])
+        let map = match slot.region {
+            Region::Data => &column.data,
+            Region::Redundancy => &column.redundancy,
+        };
+        map.get(&slot.local_index)
+            .cloned()
+            .unwrap_or_else(|| vec![0; self.unit()])
     }
 
     fn put(&mut self, slot: Slot, range: Range<usize>, bytes: &[u8]) {
         let unit = self.unit();
         let column = &mut self.columns[slot.column as usize];
-        let map = match slot.region { Region::Data => &mut column.data, Region::Redundancy => &mut column.redundancy };
+        let map = match slot.region {
+            Region::Data => &mut column.data,
+            Region::Redundancy => &mut column.redundancy,
+        };
         map.entry(slot.local_index).or_insert_with(|| vec![0; unit])[range].copy_from_slice(bytes);
     }
 
@@ -197,7 +212,11 @@ impl ModelCluster {
         let plan = self.layout.plan_write(offset, data.len() as u64);
         for stripe_write in plan.stripes.clone() {
             let stripe = stripe_write.extent.stripe;
-            let one = WritePlan { offset, len: data.len() as u64, stripes: vec![stripe_write.clone()] };
+            let one = WritePlan {
+                offset,
+                len: data.len() as u64,
+                stripes: vec![stripe_write.clone()],
+            };
             let ops = self.layout.server_ops(&one);
             // Reads first (read-modify-write), then writes.
             let mut parity = self.layout.parity_slot(stripe).map(|slot| self.base(slot));
@@ -234,10 +253,16 @@ impl ModelCluster {
                             self.put(slot, 0..unit, parity.as_ref().unwrap());
                         }
                         ServerOp::WriteOverflow { role, piece } => {
-                            self.columns[column].overflow.push((*role, *piece, data[piece.buf_range()].to_vec()));
+                            self.columns[column].overflow.push((
+                                *role,
+                                *piece,
+                                data[piece.buf_range()].to_vec(),
+                            ));
                         }
                         ServerOp::InvalidateOverflow { role, blocks } => {
-                            self.columns[column].overflow.retain(|(r, p, _)| !(r == role && blocks.contains(&p.block)));
+                            self.columns[column]
+                                .overflow
+                                .retain(|(r, p, _)| !(r == role && blocks.contains(&p.block)));
                         }
                         ServerOp::LockReadParity { .. } | ServerOp::ReadOld { .. } => {}
                     }
@@ -255,7 +280,9 @@ impl ModelCluster {
             let slot = self.layout.data_slot(block);
             let mut bytes = if Some(slot.column) != lost {
                 let mut b = self.base(slot);
-                if self.layout.scheme == Scheme::Hybrid { self.overlay(slot.column, OverflowRole::Primary, block, &mut b); }
+                if self.layout.scheme == Scheme::Hybrid {
+                    self.overlay(slot.column, OverflowRole::Primary, block, &mut b);
+                }
                 b
             } else if let Some(mirror) = self.layout.mirror_slot(block) {
                 self.base(mirror)

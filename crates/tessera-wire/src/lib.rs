@@ -1,0 +1,26 @@
+//! Tessera's wire messages and their framing.
+//!
+//! This crate owns every byte that crosses the network between clients, storage servers and the
+//! metadata manager: the typed messages ([`StorageRequest`], [`ManagerRequest`] and their
+//! responses) and the frame that carries them. It is pure: it turns values into bytes and bytes
+//! into values, and never touches a socket. Transports (TCP now, the datagram transport later)
+//! move [`Frame`]s and know nothing of what is inside.
+//!
+//! A frame is a fixed 20-byte header, a small serialized message (postcard) and an optional bulk
+//! payload of raw bytes (stripe-unit data), kept apart so that data is never re-encoded:
+//!
+//! ```text
+//! magic "TS" | version u8 | kind u8 | message_len u32 | payload_len u32 | request_id u64
+//! ```
+//!
+//! Every length is bounded before anything is allocated, and decoding garbage returns an error,
+//! never a panic.
+
+mod frame;
+mod messages;
+
+pub use frame::*;
+pub use messages::*;
+
+#[cfg(test)]
+mod tests;

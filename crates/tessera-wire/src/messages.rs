@@ -1,0 +1,449 @@
+//! The typed messages between clients, storage servers and the manager.
+
+use serde::{Deserialize, Serialize};
+use tessera_layout::{Layout, OverflowRole, Region, Scheme};
+
+/// Identifies a file across the cluster (assigned by the manager, never reused).
+pub type FileId = u64;
+/// Identifies a storage server (assigned by the manager at first registration).
+pub type ServerId = u32;
+
+/// A half-open range of stripes or blocks, `start..end`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+pub struct IndexRange {
+    /// First index in the range.
+    pub start: u64,
+    /// One past the last index.
+    pub end: u64,
+}
+
+impl IndexRange {
+    /// The range `start..end`.
+    pub fn new(start: u64, end: u64) -> Self {
+        IndexRange { start, end }
+    }
+
+    /// Whether `index` is inside.
+    pub fn contains(&self, index: u64) -> bool {
+        self.start <= index && index < self.end
+    }
+
+    /// Whether the range holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.end <= self.start
+    }
+}
+
+/// A request from a client to a storage server. Bulk data travels in the frame's payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StorageRequest {
+    /// Liveness check; answered with [`StorageResponse::Pong`].
+    Ping,
+    /// Read `len` bytes at `offset` of a file's data or redundancy file. With `overlay`, the
+    /// newest bytes are returned: the data file overlaid with this server's primary overflow
+    /// entries (Hybrid). Checksums are verified; a mismatch is [`StorageError::Corrupt`].
+    Read {
+        /// File.
+        file: FileId,
+        /// Data or redundancy file.
+        region: Region,
+        /// Byte offset within that file.
+        offset: u64,
+        /// Bytes to read.
+        len: u32,
+        /// Overlay primary overflow entries.
+        overlay: bool,
+    },
+    /// Write the payload at `offset` of the data or redundancy file. With `invalidate_overflow`,
+    /// this server's primary overflow entries overlapping the written bytes are trimmed away in
+    /// the same step (a Hybrid full-stripe write supersedes them).
+    Write {
+        /// File.
+        file: FileId,
+        /// Data or redundancy file.
+        region: Region,
+        /// Byte offset within that file.
+        offset: u64,
+        /// Trim primary overflow entries under the written bytes.
+        invalidate_overflow: bool,
+    },
+    /// Lock the parity unit of `stripe` (FIFO queue behind any holder), then return `len`
+    /// bytes at `offset` of the redundancy file. The lock is held by this connection until a
+    /// `WriteParity` with `unlock`, an `UnlockParity`, or the connection closes.
+    LockParity {
+        /// File.
+        file: FileId,
+        /// Stripe whose parity is locked.
+        stripe: u64,
+        /// Byte offset of the parity unit within the redundancy file.
+        offset: u64,
+        /// Bytes to return.
+        len: u32,
+    },
+    /// Write the payload as parity at `offset` of the redundancy file, then release the
+    /// stripe's lock if `unlock` (waking the next queued locker).
+    WriteParity {
+        /// File.
+        file: FileId,
+        /// Stripe whose parity is written.
+        stripe: u64,
+        /// Byte offset in the redundancy file.
+        offset: u64,
+        /// Release the lock after writing.
+        unlock: bool,
+    },
+    /// Release a parity lock without writing (a read-modify-write that failed half-way).
+    UnlockParity {
+        /// File.
+        file: FileId,
+        /// Stripe whose lock is released.
+        stripe: u64,
+    },
+    /// Append the payload to the overflow region as an entry covering `offset..offset+len` of
+    /// the primary column's data file. Overflow entries are addressed by that offset whatever
+    /// the role: the mirror column keeps them under the primary's offsets.
+    OverflowWrite {
+        /// File.
+        file: FileId,
+        /// Primary or mirror copy.
+        role: OverflowRole,
+        /// Byte offset in the primary column's data file.
+        offset: u64,
+    },
+    /// Trim overflow entries of `role` away from `offset..offset+len`.
+    OverflowInvalidate {
+        /// File.
+        file: FileId,
+        /// Primary or mirror entries.
+        role: OverflowRole,
+        /// Byte offset in the primary column's data file.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// List live overflow entries of `role` overlapping `offset..offset+len`, clipped to it,
+    /// oldest first; their bytes are concatenated in the payload.
+    OverflowList {
+        /// File.
+        file: FileId,
+        /// Primary or mirror entries.
+        role: OverflowRole,
+        /// Byte offset in the primary column's data file.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// Make everything written so far durable (fdatasync) before answering.
+    Sync,
+    /// Delete everything stored for a file.
+    Remove {
+        /// File.
+        file: FileId,
+    },
+    /// Bytes this server stores for a file: data, redundancy and live overflow.
+    Usage {
+        /// File.
+        file: FileId,
+    },
+}
+
+/// One overflow entry in a listing; its bytes follow in the payload in listing order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OverflowExtent {
+    /// Byte offset in the primary column's data file.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u32,
+}
+
+/// A storage server's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StorageResponse {
+    /// Done; nothing to return.
+    Done,
+    /// The requested bytes are in the payload.
+    Data,
+    /// Overflow entries; their bytes are concatenated in the payload.
+    Overflow {
+        /// The entries, oldest first.
+        entries: Vec<OverflowExtent>,
+    },
+    /// Bytes stored for a file.
+    Usage {
+        /// Data, redundancy and live overflow bytes.
+        stored_bytes: u64,
+    },
+    /// Answer to `Ping`.
+    Pong {
+        /// The server's id, once registered.
+        server: Option<ServerId>,
+    },
+    /// The request failed.
+    Error(StorageError),
+}
+
+/// Why a storage request failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum StorageError {
+    /// A stored block failed its checksum: the bytes on disk are not what was written.
+    #[error("corrupt block at {region:?} offset {offset} of file {file}")]
+    Corrupt {
+        /// File.
+        file: FileId,
+        /// Data or redundancy file.
+        region: Region,
+        /// Byte offset of the bad block.
+        offset: u64,
+    },
+    /// The server's disk failed the operation.
+    #[error("disk error: {detail}")]
+    Disk {
+        /// What the OS said.
+        detail: String,
+    },
+    /// The request is malformed or out of bounds.
+    #[error("bad request: {detail}")]
+    BadRequest {
+        /// What is wrong.
+        detail: String,
+    },
+    /// The parity lock named is not held by this connection.
+    #[error("parity lock of stripe {stripe} is not held by this client")]
+    NotLockHolder {
+        /// Stripe.
+        stripe: u64,
+    },
+}
+
+/// State of a storage server as the manager sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ServerState {
+    /// Heartbeating and whole.
+    Up,
+    /// No heartbeat within the timeout, or reported unreachable.
+    Down,
+    /// Heartbeating, but owes a resync of regions it missed; those regions count as lost.
+    Stale,
+}
+
+impl ServerState {
+    /// Lower-case name, as `status --json` prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ServerState::Up => "up",
+            ServerState::Down => "down",
+            ServerState::Stale => "stale",
+        }
+    }
+}
+
+/// A storage server's record at the manager.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerStatus {
+    /// Server id.
+    pub id: ServerId,
+    /// Address clients reach it at.
+    pub addr: String,
+    /// Up, down or stale.
+    pub state: ServerState,
+}
+
+/// A file's metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileMeta {
+    /// File id, used on the storage servers.
+    pub id: FileId,
+    /// Path in the namespace.
+    pub path: String,
+    /// Scheme, stripe unit, width.
+    pub layout: Layout,
+    /// Server of each column, `layout.width` long.
+    pub servers: Vec<ServerId>,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Stripes a column owes because its server missed writes to them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MissedStripes {
+    /// Server that missed them.
+    pub server: ServerId,
+    /// Stripe ranges, sorted and disjoint.
+    pub stripes: Vec<IndexRange>,
+}
+
+/// Everything a client needs to do I/O on a file: layout, servers and what counts as lost.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileView {
+    /// The file.
+    pub meta: FileMeta,
+    /// Status of each column's server, in column order.
+    pub columns: Vec<ServerStatus>,
+    /// Stripes of this file that servers missed and still owe.
+    pub missed: Vec<MissedStripes>,
+}
+
+/// How to choose a new file's layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutRequest {
+    /// Redundancy scheme.
+    pub scheme: Scheme,
+    /// Bytes per stripe unit.
+    pub stripe_unit: u32,
+    /// Number of servers; `None` means all servers that are up.
+    pub width: Option<u32>,
+}
+
+/// A request to the metadata manager.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ManagerRequest {
+    /// A storage server announces itself. `server` is its id if it has one; `incarnation`
+    /// identifies its store, and changes when the store was wiped.
+    Register {
+        /// Known id, if any.
+        server: Option<ServerId>,
+        /// Address clients reach it at.
+        addr: String,
+        /// Random id of the server's on-disk store.
+        incarnation: u64,
+    },
+    /// A storage server is alive.
+    Heartbeat {
+        /// Server id.
+        server: ServerId,
+        /// Id of its on-disk store.
+        incarnation: u64,
+    },
+    /// Create a file (replacing an existing one if `replace`).
+    Create {
+        /// Path.
+        path: String,
+        /// Layout wanted.
+        layout: LayoutRequest,
+        /// Replace an existing file of that path.
+        replace: bool,
+    },
+    /// Look a file up for I/O.
+    Lookup {
+        /// Path.
+        path: String,
+    },
+    /// Look a file up by id.
+    LookupId {
+        /// File id.
+        file: FileId,
+    },
+    /// List files whose path starts with `prefix`.
+    List {
+        /// Path prefix.
+        prefix: String,
+    },
+    /// Remove a file from the namespace; answered with its metadata so the caller can delete
+    /// its data on the servers.
+    Remove {
+        /// Path.
+        path: String,
+    },
+    /// Set a file's size: to `size` exactly, or to at least `size` if `grow_only`.
+    SetSize {
+        /// File.
+        file: FileId,
+        /// New size.
+        size: u64,
+        /// Only ever grow.
+        grow_only: bool,
+    },
+    /// A server missed writes to these stripes of a file; it becomes stale for them.
+    ReportMissed {
+        /// Server that missed the writes.
+        server: ServerId,
+        /// File.
+        file: FileId,
+        /// Stripes missed.
+        stripes: IndexRange,
+    },
+    /// A client could not reach a server.
+    ReportDown {
+        /// Server.
+        server: ServerId,
+    },
+    /// The cluster's servers.
+    Status,
+    /// Files that have `server` in their layout, with what it owes of each.
+    FilesOnServer {
+        /// Server.
+        server: ServerId,
+    },
+    /// The server has been resynced for these stripes of a file.
+    Resynced {
+        /// Server.
+        server: ServerId,
+        /// File.
+        file: FileId,
+        /// Stripes now whole.
+        stripes: IndexRange,
+    },
+}
+
+/// A file and what its server owes of it, for rebuild.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileDebt {
+    /// The file.
+    pub meta: FileMeta,
+    /// Stripes the server owes, sorted and disjoint; a wiped store owes `0..u64::MAX`.
+    pub missed: Vec<IndexRange>,
+}
+
+/// The manager's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ManagerResponse {
+    /// Done.
+    Done,
+    /// A server's id after registration, and its state.
+    Registered {
+        /// Id assigned or confirmed.
+        server: ServerId,
+        /// State the manager holds for it.
+        state: ServerState,
+    },
+    /// A file, ready for I/O.
+    File(FileView),
+    /// A file's metadata (after removal).
+    Meta(FileMeta),
+    /// Files matching a listing.
+    Files(Vec<FileMeta>),
+    /// The cluster's servers.
+    Servers(Vec<ServerStatus>),
+    /// Files on a server and its debts.
+    Debts(Vec<FileDebt>),
+    /// The request failed.
+    Error(ManagerError),
+}
+
+/// Why a manager request failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ManagerError {
+    /// No file at that path (or id).
+    #[error("no such file: {0}")]
+    NotFound(String),
+    /// A file already exists at that path.
+    #[error("file exists: {0}")]
+    Exists(String),
+    /// The layout asks for more servers than are up.
+    #[error("width {wanted} needs {wanted} servers up, but only {up} are")]
+    NotEnoughServers {
+        /// Width asked for.
+        wanted: u32,
+        /// Servers up.
+        up: u32,
+    },
+    /// The layout is invalid.
+    #[error("{0}")]
+    Layout(String),
+    /// No server with that id.
+    #[error("unknown server {0}")]
+    UnknownServer(ServerId),
+    /// The manager's store failed.
+    #[error("metadata store error: {0}")]
+    Store(String),
+}

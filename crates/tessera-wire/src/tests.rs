@@ -1,0 +1,141 @@
+//! Codec tests: round trips, bounds, and garbage that must not panic.
+
+use super::*;
+use bytes::Bytes;
+use proptest::prelude::*;
+use tessera_layout::{OverflowRole, Region};
+
+fn storage_request() -> impl Strategy<Value = StorageRequest> {
+    prop_oneof![
+        Just(StorageRequest::Ping),
+        Just(StorageRequest::Sync),
+        (any::<u64>(), any::<u64>(), any::<u32>(), any::<bool>()).prop_map(
+            |(file, offset, len, overlay)| {
+                StorageRequest::Read {
+                    file,
+                    region: Region::Data,
+                    offset,
+                    len,
+                    overlay,
+                }
+            }
+        ),
+        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(file, offset, start)| {
+            StorageRequest::Write {
+                file,
+                region: Region::Redundancy,
+                offset,
+                invalidate_overflow: start % 2 == 0,
+            }
+        }),
+        (any::<u64>(), any::<u64>()).prop_map(|(file, offset)| {
+            StorageRequest::OverflowWrite {
+                file,
+                role: OverflowRole::Mirror,
+                offset,
+            }
+        }),
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
+            |(file, stripe, offset, len)| {
+                StorageRequest::LockParity {
+                    file,
+                    stripe,
+                    offset,
+                    len,
+                }
+            }
+        ),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn storage_requests_round_trip(req in storage_request(), payload in prop::collection::vec(any::<u8>(), 0..3000), id in any::<u64>()) {
+        let frame = Frame::new(FrameKind::Request, id, &req, Bytes::from(payload.clone()));
+        let bytes = frame.to_bytes();
+        let (decoded, used) = Frame::decode(&bytes).unwrap().unwrap();
+        prop_assert_eq!(used, bytes.len());
+        prop_assert_eq!(&decoded, &frame);
+        prop_assert_eq!(decoded.decode_message::<StorageRequest>().unwrap(), req);
+        // Every strict prefix asks for more bytes rather than failing or inventing a frame.
+        for cut in [0, 1, FRAME_HEADER_BYTES - 1, FRAME_HEADER_BYTES, bytes.len() - 1] {
+            if cut < bytes.len() {
+                prop_assert_eq!(Frame::decode(&bytes[..cut]).unwrap(), None);
+            }
+        }
+    }
+
+    #[test]
+    fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+        let _ = Frame::decode(&bytes);
+        let _ = decode_message::<StorageRequest>(&bytes);
+        let _ = decode_message::<StorageResponse>(&bytes);
+        let _ = decode_message::<ManagerRequest>(&bytes);
+        let _ = decode_message::<ManagerResponse>(&bytes);
+    }
+
+    #[test]
+    fn flipped_bytes_in_a_message_never_panic(req in storage_request(), at in any::<prop::sample::Index>(), bit in 0u8..8) {
+        let mut bytes = encode_message(&req);
+        let i = at.index(bytes.len());
+        bytes[i] ^= 1 << bit;
+        let _ = decode_message::<StorageRequest>(&bytes);
+    }
+}
+
+#[test]
+fn oversized_lengths_are_refused_before_allocation() {
+    let mut header = FrameHeader {
+        kind: FrameKind::Request,
+        message_len: 4,
+        payload_len: 0,
+        request_id: 7,
+    }
+    .encode();
+    header[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(
+        Frame::decode(&header),
+        Err(WireError::TooLarge {
+            field: "payload",
+            ..
+        })
+    ));
+    header[2] = 9;
+    assert_eq!(Frame::decode(&header), Err(WireError::Version(9)));
+    assert_eq!(
+        Frame::decode(b"GET / HTTP/1.1\r\n\r\n"),
+        Err(WireError::BadMagic)
+    );
+}
+
+#[test]
+fn trailing_bytes_after_a_message_are_refused() {
+    let mut bytes = encode_message(&StorageRequest::Ping);
+    bytes.push(0);
+    assert!(matches!(
+        decode_message::<StorageRequest>(&bytes),
+        Err(WireError::Malformed(_))
+    ));
+}
+
+#[test]
+fn manager_messages_round_trip() {
+    let req = ManagerRequest::Create {
+        path: "a/b".into(),
+        layout: LayoutRequest {
+            scheme: tessera_layout::Scheme::Hybrid,
+            stripe_unit: 65536,
+            width: Some(4),
+        },
+        replace: true,
+    };
+    assert_eq!(
+        decode_message::<ManagerRequest>(&encode_message(&req)).unwrap(),
+        req
+    );
+    let resp = ManagerResponse::Error(ManagerError::NotEnoughServers { wanted: 6, up: 5 });
+    assert_eq!(
+        decode_message::<ManagerResponse>(&encode_message(&resp)).unwrap(),
+        resp
+    );
+}
