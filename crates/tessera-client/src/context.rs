@@ -1,0 +1,332 @@
+//! A file's view for one operation: layout, the server of each column, and which columns count
+//! as lost for which stripes.
+
+use crate::{Client, ClientError};
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use tessera_layout::{Layout, OverflowRole, Region, Scheme};
+use tessera_transport::TransportError;
+use tessera_wire::{
+    FileMeta, IndexRange, ManagerRequest, ManagerResponse, OverflowExtent, ServerId, ServerState,
+    StorageError, StorageRequest, StorageResponse,
+};
+
+/// One column's server.
+#[derive(Debug, Clone)]
+pub(crate) struct Column {
+    pub server: ServerId,
+    pub addr: SocketAddr,
+    /// Down at the manager when the view was taken.
+    pub down: bool,
+    /// Stripes of this file the server owes.
+    pub missed: Vec<IndexRange>,
+}
+
+/// Why a request to a column failed.
+#[derive(Debug)]
+pub(crate) enum Fault {
+    /// The server did not answer: it counts as lost from now on.
+    Unreachable(TransportError),
+    /// The server answered with an error.
+    Refused(StorageError),
+}
+
+/// Everything one operation needs about a file.
+pub(crate) struct FileContext {
+    pub meta: FileMeta,
+    pub layout: Layout,
+    pub columns: Vec<Column>,
+    /// Columns found unreachable during this operation.
+    lost_now: Mutex<Vec<bool>>,
+    /// Stripes already reported missed per column during this operation.
+    reported: Mutex<BTreeMap<u32, Vec<u64>>>,
+}
+
+impl Client {
+    pub(crate) async fn context_of(&self, file: tessera_wire::FileId) -> Result<FileContext, ClientError> {
+        let view = match self.manager_call(ManagerRequest::LookupId { file }).await? {
+            ManagerResponse::File(view) => view,
+            other => {
+                return Err(ClientError::Protocol {
+                    peer: format!("manager {}", self.manager),
+                    detail: format!("expected a file view, got {other:?}"),
+                })
+            }
+        };
+        let columns = view
+            .columns
+            .iter()
+            .map(|status| {
+                let addr = status.addr.parse().map_err(|_| ClientError::Protocol {
+                    peer: format!("manager {}", self.manager),
+                    detail: format!("bad server address '{}'", status.addr),
+                })?;
+                let missed = view
+                    .missed
+                    .iter()
+                    .filter(|m| m.server == status.id)
+                    .flat_map(|m| m.stripes.iter().copied())
+                    .collect();
+                Ok(Column {
+                    server: status.id,
+                    addr,
+                    down: status.state == ServerState::Down,
+                    missed,
+                })
+            })
+            .collect::<Result<Vec<_>, ClientError>>()?;
+        let width = columns.len();
+        Ok(FileContext {
+            layout: view.meta.layout,
+            meta: view.meta,
+            columns,
+            lost_now: Mutex::new(vec![false; width]),
+            reported: Mutex::new(BTreeMap::new()),
+        })
+    }
+}
+
+impl FileContext {
+    pub fn scheme(&self) -> Scheme {
+        self.layout.scheme
+    }
+
+    pub fn unit(&self) -> usize {
+        self.layout.stripe_unit as usize
+    }
+
+    /// Whether `column` must not be used for `stripe`: down, owing it, or found unreachable.
+    pub fn lost(&self, column: u32, stripe: u64) -> bool {
+        let c = &self.columns[column as usize];
+        c.down
+            || self.lost_now.lock().unwrap()[column as usize]
+            || c.missed.iter().any(|r| r.contains(stripe))
+    }
+
+    /// Whether `column` is unusable for the whole operation.
+    pub fn lost_entirely(&self, column: u32) -> bool {
+        self.columns[column as usize].down || self.lost_now.lock().unwrap()[column as usize]
+    }
+
+    pub fn unavailable(&self, columns: impl IntoIterator<Item = u32>) -> ClientError {
+        let mut servers: Vec<(ServerId, SocketAddr)> = columns
+            .into_iter()
+            .map(|c| (self.columns[c as usize].server, self.columns[c as usize].addr))
+            .collect();
+        servers.sort();
+        servers.dedup();
+        ClientError::Unavailable {
+            path: self.meta.path.clone(),
+            scheme: self.scheme(),
+            servers,
+        }
+    }
+
+    pub fn storage_error(&self, column: u32, error: StorageError) -> ClientError {
+        ClientError::Storage {
+            server: self.columns[column as usize].server,
+            addr: self.columns[column as usize].addr,
+            error,
+        }
+    }
+
+    fn fault_error(&self, column: u32, fault: Fault) -> ClientError {
+        match fault {
+            Fault::Unreachable(e) => {
+                tracing::debug!("column {column}: {e}");
+                self.unavailable([column])
+            }
+            Fault::Refused(e) => self.storage_error(column, e),
+        }
+    }
+
+    /// Send one request to a column's server.
+    pub async fn rpc(
+        &self,
+        client: &Client,
+        column: u32,
+        request: StorageRequest,
+        payload: Bytes,
+    ) -> Result<(StorageResponse, Bytes), Fault> {
+        let addr = self.columns[column as usize].addr;
+        match tessera_transport::call::<_, StorageResponse>(
+            client.transport.as_ref(),
+            addr,
+            &request,
+            payload,
+        )
+        .await
+        {
+            Ok((StorageResponse::Error(e), _)) => Err(Fault::Refused(e)),
+            Ok(answer) => Ok(answer),
+            Err(e) => {
+                let first = {
+                    let mut lost = self.lost_now.lock().unwrap();
+                    !std::mem::replace(&mut lost[column as usize], true)
+                };
+                if first {
+                    let server = self.columns[column as usize].server;
+                    tracing::warn!("server {server} ({addr}) unreachable: {e}");
+                    let _ = client
+                        .manager_call(ManagerRequest::ReportDown { server })
+                        .await;
+                }
+                Err(Fault::Unreachable(e))
+            }
+        }
+    }
+
+    /// Like [`rpc`](Self::rpc), with a fault turned into an error naming the server.
+    pub async fn rpc_or_fail(
+        &self,
+        client: &Client,
+        column: u32,
+        request: StorageRequest,
+        payload: Bytes,
+    ) -> Result<(StorageResponse, Bytes), ClientError> {
+        self.rpc(client, column, request, payload)
+            .await
+            .map_err(|fault| self.fault_error(column, fault))
+    }
+
+    /// Read bytes of a data or redundancy file on a column.
+    pub async fn read_region(
+        &self,
+        client: &Client,
+        column: u32,
+        region: Region,
+        offset: u64,
+        len: usize,
+        overlay: bool,
+    ) -> Result<Vec<u8>, Fault> {
+        let request = StorageRequest::Read {
+            file: self.meta.id,
+            region,
+            offset,
+            len: len as u32,
+            overlay,
+        };
+        let (_, data) = self.rpc(client, column, request, Bytes::new()).await?;
+        if data.len() != len {
+            return Err(Fault::Refused(StorageError::BadRequest {
+                detail: format!("asked for {len} bytes, got {}", data.len()),
+            }));
+        }
+        Ok(data.to_vec())
+    }
+
+    /// Overflow entries of `role` on a column for `offset..offset+len` of the primary's data file.
+    pub async fn overflow_list(
+        &self,
+        client: &Client,
+        column: u32,
+        role: OverflowRole,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(OverflowExtent, Bytes)>, Fault> {
+        let request = StorageRequest::OverflowList {
+            file: self.meta.id,
+            role,
+            offset,
+            len,
+        };
+        let (response, payload) = self.rpc(client, column, request, Bytes::new()).await?;
+        let StorageResponse::Overflow { entries } = response else {
+            return Err(Fault::Refused(StorageError::BadRequest {
+                detail: "expected overflow entries".into(),
+            }));
+        };
+        let mut at = 0usize;
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let end = at + entry.len as usize;
+            if end > payload.len() {
+                return Err(Fault::Refused(StorageError::BadRequest {
+                    detail: "overflow listing shorter than its entries".into(),
+                }));
+            }
+            out.push((entry, payload.slice(at..end)));
+            at = end;
+        }
+        Ok(out)
+    }
+
+    /// Record at the manager that `column` missed writes to `stripes` (before the write is
+    /// acknowledged, so a server that comes back never serves what it missed).
+    pub async fn report_missed(
+        &self,
+        client: &Client,
+        column: u32,
+        stripes: IndexRange,
+    ) -> Result<(), ClientError> {
+        {
+            let mut reported = self.reported.lock().unwrap();
+            let seen = reported.entry(column).or_default();
+            if stripes.end - stripes.start == 1 && seen.contains(&stripes.start) {
+                return Ok(());
+            }
+            if stripes.end - stripes.start == 1 {
+                seen.push(stripes.start);
+            }
+        }
+        client
+            .manager_call(ManagerRequest::ReportMissed {
+                server: self.columns[column as usize].server,
+                file: self.meta.id,
+                stripes,
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Bytes stored on each reachable server, and the servers that could not be asked.
+    pub async fn usage(&self, client: &Client) -> (u64, Vec<ServerId>) {
+        let asks = (0..self.layout.width).map(|column| async move {
+            if self.lost_entirely(column) {
+                return Err(self.columns[column as usize].server);
+            }
+            let request = StorageRequest::Usage { file: self.meta.id };
+            match self.rpc(client, column, request, Bytes::new()).await {
+                Ok((StorageResponse::Usage { stored_bytes }, _)) => Ok(stored_bytes),
+                _ => Err(self.columns[column as usize].server),
+            }
+        });
+        let mut total = 0;
+        let mut unreachable = Vec::new();
+        for answer in futures::future::join_all(asks).await {
+            match answer {
+                Ok(bytes) => total += bytes,
+                Err(server) => unreachable.push(server),
+            }
+        }
+        (total, unreachable)
+    }
+
+    /// Sync every column; a column that cannot sync owes the whole file.
+    pub async fn sync(&self, client: &Client) -> Result<(), ClientError> {
+        let syncs = (0..self.layout.width).map(|column| async move {
+            if self.lost_entirely(column) {
+                return Some(column);
+            }
+            match self.rpc(client, column, StorageRequest::Sync, Bytes::new()).await {
+                Ok(_) => None,
+                Err(_) => Some(column),
+            }
+        });
+        let failed: Vec<u32> = futures::future::join_all(syncs)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        if failed.is_empty() {
+            return Ok(());
+        }
+        if self.scheme() == Scheme::Raid0 || failed.len() > 1 {
+            return Err(self.unavailable(failed));
+        }
+        self.report_missed(client, failed[0], IndexRange::new(0, u64::MAX))
+            .await
+    }
+}

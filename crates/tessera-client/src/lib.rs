@@ -1,0 +1,345 @@
+//! Tessera's client library.
+//!
+//! This crate owns the client's half of every operation: it asks the manager for a file's
+//! [`FileView`](tessera_wire::FileView) (layout, servers, what counts as lost), turns reads and
+//! writes into per-server requests with `tessera-layout`'s transfer plans, and runs them in
+//! parallel and pipelined over a [`Transport`]. It carries out the redundancy schemes
+//! (parity computed here, read-modify-write under the servers' parity locks, Hybrid overflow
+//! writes), degraded mode (reconstruction from survivors, writes that go on without a lost
+//! server and record what it missed at the manager), repair of corrupt blocks, rebuild and scrub.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tessera_client::ClientError> {
+//! use tessera_client::{Client, LayoutRequest, Scheme};
+//! let client = Client::connect("127.0.0.1:7000".parse().unwrap()).await?;
+//! let file = client
+//!     .create("logs/day1", LayoutRequest { scheme: Scheme::Hybrid, stripe_unit: 65536, width: None })
+//!     .await?;
+//! client.write_at(&file, 0, b"hello").await?;
+//! client.sync(&file).await?;
+//! assert_eq!(client.read_at(&file, 0, 5).await?, b"hello");
+//! # Ok(()) }
+//! ```
+
+mod context;
+mod maintain;
+mod read;
+mod write;
+
+use bytes::Bytes;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_transport::{TcpConfig, TcpTransport, Transport, TransportError};
+use tessera_wire::{
+    FileId, FileMeta, ManagerError, ManagerRequest, ManagerResponse, ServerId, ServerStatus,
+    StorageError,
+};
+
+pub use maintain::{RebuildProgress, ScrubReport};
+pub use tessera_layout::{Layout, Scheme};
+pub use tessera_wire::{LayoutRequest, ServerState};
+
+/// Requests one operation keeps in flight at once.
+pub(crate) const REQUESTS_IN_FLIGHT_MAX: usize = 32;
+/// Largest single request a read or write is coalesced into.
+pub(crate) const REQUEST_BYTES_MAX: usize = 1 << 20;
+
+/// Why a client operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The manager could not be reached.
+    #[error("cannot reach the manager at {addr}: {error}")]
+    ManagerUnreachable {
+        /// The manager's address.
+        addr: SocketAddr,
+        /// Why.
+        error: TransportError,
+    },
+    /// The manager refused the request.
+    #[error("{0}")]
+    Metadata(#[from] ManagerError),
+    /// Too many servers are lost for the file's scheme.
+    #[error("{scheme} file '{path}' is unavailable: {}", describe_servers(.servers))]
+    Unavailable {
+        /// The file.
+        path: String,
+        /// Its scheme.
+        scheme: Scheme,
+        /// The lost servers (id and address).
+        servers: Vec<(ServerId, SocketAddr)>,
+    },
+    /// A storage server refused a request in a way redundancy cannot cover.
+    #[error("server {server} ({addr}): {error}")]
+    Storage {
+        /// Server id.
+        server: ServerId,
+        /// Its address.
+        addr: SocketAddr,
+        /// What it said.
+        error: StorageError,
+    },
+    /// A peer answered with something that makes no sense for the request.
+    #[error("unexpected answer from {peer}: {detail}")]
+    Protocol {
+        /// Who.
+        peer: String,
+        /// What.
+        detail: String,
+    },
+    /// The server to rebuild is not running.
+    #[error("server {0} is down; start it before rebuilding")]
+    ServerDown(ServerId),
+    /// No server with that id.
+    #[error("no server with id {0}")]
+    NoSuchServer(ServerId),
+}
+
+fn describe_servers(servers: &[(ServerId, SocketAddr)]) -> String {
+    let names: Vec<String> = servers
+        .iter()
+        .map(|(id, addr)| format!("server {id} ({addr})"))
+        .collect();
+    format!("{} unavailable", names.join(" and "))
+}
+
+/// An open file: its id and path. Every operation refreshes its view from the manager.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct File {
+    /// File id.
+    pub id: FileId,
+    /// Path.
+    pub path: String,
+}
+
+/// A file's metadata and the bytes it occupies.
+#[derive(Debug, Clone)]
+pub struct FileStat {
+    /// Layout, servers, size.
+    pub meta: FileMeta,
+    /// Bytes on all reachable servers: data, parity, mirrors, overflow.
+    pub stored_bytes: u64,
+    /// Servers that could not be asked for their usage.
+    pub unreachable: Vec<ServerId>,
+}
+
+/// Tunables of a client.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientConfig {
+    /// How long a server may take to answer before it counts as down.
+    pub request_timeout: Duration,
+    /// How long to wait for a connection.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A connection to a Tessera cluster.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) manager: SocketAddr,
+}
+
+impl Client {
+    /// Connect over TCP with default timeouts, checking that the manager answers.
+    pub async fn connect(manager: SocketAddr) -> Result<Client, ClientError> {
+        Self::connect_with(manager, ClientConfig::default()).await
+    }
+
+    /// Connect over TCP with the given timeouts.
+    pub async fn connect_with(
+        manager: SocketAddr,
+        config: ClientConfig,
+    ) -> Result<Client, ClientError> {
+        let transport = Arc::new(TcpTransport::new(TcpConfig {
+            connect_timeout: config.connect_timeout,
+            request_timeout: config.request_timeout,
+        }));
+        let client = Client::with_transport(manager, Arc::new(transport));
+        client.status().await?;
+        Ok(client)
+    }
+
+    /// A client over any transport (no check that the manager answers).
+    pub fn with_transport(manager: SocketAddr, transport: Arc<dyn Transport>) -> Client {
+        Client { transport, manager }
+    }
+
+    pub(crate) async fn manager_call(
+        &self,
+        request: ManagerRequest,
+    ) -> Result<ManagerResponse, ClientError> {
+        let (response, _) = tessera_transport::call::<_, ManagerResponse>(
+            self.transport.as_ref(),
+            self.manager,
+            &request,
+            Bytes::new(),
+        )
+        .await
+        .map_err(|error| ClientError::ManagerUnreachable {
+            addr: self.manager,
+            error,
+        })?;
+        match response {
+            ManagerResponse::Error(e) => Err(ClientError::Metadata(e)),
+            other => Ok(other),
+        }
+    }
+
+    fn unexpected(&self, what: &str, got: ManagerResponse) -> ClientError {
+        ClientError::Protocol {
+            peer: format!("manager {}", self.manager),
+            detail: format!("expected {what}, got {got:?}"),
+        }
+    }
+
+    /// The servers and their states.
+    pub async fn status(&self) -> Result<Vec<ServerStatus>, ClientError> {
+        match self.manager_call(ManagerRequest::Status).await? {
+            ManagerResponse::Servers(servers) => Ok(servers),
+            other => Err(self.unexpected("servers", other)),
+        }
+    }
+
+    /// Create a file (an existing file of that path is an error).
+    pub async fn create(&self, path: &str, layout: LayoutRequest) -> Result<File, ClientError> {
+        let request = ManagerRequest::Create {
+            path: path.to_string(),
+            layout,
+            replace: false,
+        };
+        match self.manager_call(request).await? {
+            ManagerResponse::File(view) => Ok(File {
+                id: view.meta.id,
+                path: view.meta.path,
+            }),
+            other => Err(self.unexpected("file", other)),
+        }
+    }
+
+    /// Create a file, first removing any existing file of that path and its data.
+    pub async fn create_replacing(
+        &self,
+        path: &str,
+        layout: LayoutRequest,
+    ) -> Result<File, ClientError> {
+        match self.remove(path).await {
+            Ok(()) | Err(ClientError::Metadata(ManagerError::NotFound(_))) => {}
+            Err(e) => return Err(e),
+        }
+        self.create(path, layout).await
+    }
+
+    /// Open an existing file.
+    pub async fn open(&self, path: &str) -> Result<File, ClientError> {
+        let meta = self.lookup(path).await?;
+        Ok(File {
+            id: meta.id,
+            path: meta.path,
+        })
+    }
+
+    async fn lookup(&self, path: &str) -> Result<FileMeta, ClientError> {
+        let request = ManagerRequest::Lookup {
+            path: path.to_string(),
+        };
+        match self.manager_call(request).await? {
+            ManagerResponse::File(view) => Ok(view.meta),
+            other => Err(self.unexpected("file", other)),
+        }
+    }
+
+    /// Files whose path starts with `prefix`, sorted by path.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<FileMeta>, ClientError> {
+        let request = ManagerRequest::List {
+            prefix: prefix.to_string(),
+        };
+        match self.manager_call(request).await? {
+            ManagerResponse::Files(files) => Ok(files),
+            other => Err(self.unexpected("files", other)),
+        }
+    }
+
+    /// Metadata and stored bytes of a file.
+    pub async fn stat(&self, path: &str) -> Result<FileStat, ClientError> {
+        let meta = self.lookup(path).await?;
+        let ctx = self.context_of(meta.id).await?;
+        let (stored_bytes, unreachable) = ctx.usage(self).await;
+        Ok(FileStat {
+            meta: ctx.meta.clone(),
+            stored_bytes,
+            unreachable,
+        })
+    }
+
+    /// Remove a file from the namespace and delete its data on the servers that are up.
+    pub async fn remove(&self, path: &str) -> Result<(), ClientError> {
+        let request = ManagerRequest::Remove {
+            path: path.to_string(),
+        };
+        let meta = match self.manager_call(request).await? {
+            ManagerResponse::Meta(meta) => meta,
+            other => return Err(self.unexpected("meta", other)),
+        };
+        let servers = self.status().await?;
+        let deletions = meta.servers.iter().filter_map(|id| {
+            let status = servers.iter().find(|s| s.id == *id)?;
+            let addr: SocketAddr = status.addr.parse().ok()?;
+            let request = tessera_wire::StorageRequest::Remove { file: meta.id };
+            let transport = self.transport.clone();
+            Some(async move {
+                let _ = tessera_transport::call::<_, tessera_wire::StorageResponse>(
+                    transport.as_ref(),
+                    addr,
+                    &request,
+                    Bytes::new(),
+                )
+                .await;
+            })
+        });
+        futures::future::join_all(deletions).await;
+        Ok(())
+    }
+
+    /// Write `data` at `offset`, extending the file if needed.
+    pub async fn write_at(&self, file: &File, offset: u64, data: &[u8]) -> Result<(), ClientError> {
+        let ctx = self.context_of(file.id).await?;
+        ctx.write(self, offset, data).await?;
+        let end = offset + data.len() as u64;
+        if end > ctx.meta.size {
+            self.manager_call(ManagerRequest::SetSize {
+                file: file.id,
+                size: end,
+                grow_only: true,
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Read up to `len` bytes at `offset` (fewer at the end of the file).
+    pub async fn read_at(&self, file: &File, offset: u64, len: u64) -> Result<Vec<u8>, ClientError> {
+        let ctx = self.context_of(file.id).await?;
+        ctx.read(self, offset, len).await
+    }
+
+    /// The file's size.
+    pub async fn size(&self, file: &File) -> Result<u64, ClientError> {
+        Ok(self.context_of(file.id).await?.meta.size)
+    }
+
+    /// Make everything written to the file durable on its servers. A server that cannot sync
+    /// is recorded as owing the whole file, so it is resynced before it serves it again.
+    pub async fn sync(&self, file: &File) -> Result<(), ClientError> {
+        let ctx = self.context_of(file.id).await?;
+        ctx.sync(self).await
+    }
+}

@@ -1,0 +1,443 @@
+//! Keeping redundancy whole: rebuilding what a column holds for a stripe (used for repair of
+//! corrupt blocks, resync of missed regions and rebuild of a wiped server) and scrubbing.
+
+use crate::context::{Fault, FileContext};
+use crate::{Client, ClientError};
+use bytes::Bytes;
+use futures::stream::{self, StreamExt};
+use tessera_layout::{OverflowRole, Region, Scheme, StripeMember};
+use tessera_wire::{
+    FileMeta, IndexRange, ManagerRequest, ManagerResponse, ServerId, ServerState, StorageError,
+    StorageRequest,
+};
+
+/// Stripes rebuilt or scrubbed at once.
+const STRIPES_IN_FLIGHT_MAX: usize = 8;
+
+/// Where a rebuild stands, for a progress bar.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RebuildProgress {
+    /// Stripes rebuilt so far.
+    pub stripes_done: u64,
+    /// Stripes to rebuild in all.
+    pub stripes_total: u64,
+    /// Files finished.
+    pub files_done: u64,
+    /// Files to rebuild.
+    pub files_total: u64,
+}
+
+/// What a scrub found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScrubReport {
+    /// Files checked.
+    pub files: u64,
+    /// Stripes checked in full.
+    pub stripes_checked: u64,
+    /// Stripes not checked because a server was down or owed them.
+    pub stripes_skipped: u64,
+    /// Stored blocks that failed their checksum and were rewritten from redundancy.
+    pub corrupt_repaired: u64,
+    /// Stripes whose parity did not match their data, rewritten.
+    pub parity_repaired: u64,
+    /// RAID-1 mirror copies or Hybrid overflow mirrors that differed, rewritten.
+    pub mirrors_repaired: u64,
+    /// Problems that could not be repaired, one line each.
+    pub unrepairable: Vec<String>,
+}
+
+impl FileContext {
+    /// Rewrite everything `column` stores for `stripe` from the other columns: data units,
+    /// parity, mirror copies and (Hybrid) primary and mirror overflow entries.
+    pub(crate) async fn rebuild_column_stripe(
+        &self,
+        client: &Client,
+        column: u32,
+        stripe: u64,
+    ) -> Result<(), ClientError> {
+        let file = self.meta.id;
+        let unit = self.unit();
+        let layout = self.layout;
+        for member in layout.members_on_column(stripe, column) {
+            let (slot, bytes) = match member {
+                StripeMember::Data { block } => {
+                    let slot = layout.data_slot(block);
+                    let bytes = match self.scheme() {
+                        Scheme::Raid1 => {
+                            let mirror = layout.mirror_slot(block).expect("mirror");
+                            self.read_from(client, column, mirror.column, stripe, Region::Redundancy, layout.local_offset(mirror))
+                                .await?
+                        }
+                        _ => self.reconstruct_from_parity(client, block, 0, unit).await?,
+                    };
+                    (slot, bytes)
+                }
+                StripeMember::Mirror { block } => {
+                    let data = layout.data_slot(block);
+                    let bytes = self
+                        .read_from(client, column, data.column, stripe, Region::Data, layout.local_offset(data))
+                        .await?;
+                    (layout.mirror_slot(block).expect("mirror"), bytes)
+                }
+                StripeMember::Parity => {
+                    let mut parity = vec![0u8; unit];
+                    for block in layout.blocks_of_stripe(stripe) {
+                        let data = layout.data_slot(block);
+                        let bytes = self
+                            .read_from(client, column, data.column, stripe, Region::Data, layout.local_offset(data))
+                            .await?;
+                        tessera_parity::xor_into(&mut parity, &bytes);
+                    }
+                    (layout.parity_slot(stripe).expect("parity"), parity)
+                }
+            };
+            let request = StorageRequest::Write {
+                file,
+                region: slot.region,
+                offset: layout.local_offset(slot),
+                invalidate_overflow: self.scheme() == Scheme::Hybrid && slot.region == Region::Data,
+            };
+            self.rpc_or_fail(client, column, request, Bytes::from(bytes)).await?;
+        }
+        if self.scheme() == Scheme::Hybrid {
+            for block in layout.blocks_of_stripe(stripe) {
+                for role in [OverflowRole::Primary, OverflowRole::Mirror] {
+                    if layout.overflow_column(block, role) != column {
+                        continue;
+                    }
+                    let other_role = match role {
+                        OverflowRole::Primary => OverflowRole::Mirror,
+                        OverflowRole::Mirror => OverflowRole::Primary,
+                    };
+                    let source = layout.overflow_column(block, other_role);
+                    let offset = layout.local_offset(layout.data_slot(block));
+                    if self.lost(source, stripe) {
+                        return Err(self.unavailable([column, source]));
+                    }
+                    let entries = self
+                        .overflow_list(client, source, other_role, offset, unit as u64)
+                        .await
+                        .map_err(|fault| self.second_fault(column, source, fault))?;
+                    if role == OverflowRole::Mirror {
+                        let invalidate = StorageRequest::OverflowInvalidate {
+                            file,
+                            role,
+                            offset,
+                            len: unit as u64,
+                        };
+                        self.rpc_or_fail(client, column, invalidate, Bytes::new()).await?;
+                    }
+                    // The primary's entries were trimmed by the data write above.
+                    for (entry, bytes) in entries {
+                        let request = StorageRequest::OverflowWrite {
+                            file,
+                            role,
+                            offset: entry.offset,
+                        };
+                        self.rpc_or_fail(client, column, request, bytes).await?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A whole unit from a surviving column, on behalf of `target`.
+    async fn read_from(
+        &self,
+        client: &Client,
+        target: u32,
+        source: u32,
+        stripe: u64,
+        region: Region,
+        offset: u64,
+    ) -> Result<Vec<u8>, ClientError> {
+        if self.lost(source, stripe) {
+            return Err(self.unavailable([target, source]));
+        }
+        self.read_region(client, source, region, offset, self.unit(), false)
+            .await
+            .map_err(|fault| self.second_fault(target, source, fault))
+    }
+
+    /// Check one stripe: every stored unit's checksum, then parity or mirrors, then overflow
+    /// mirrors. Repairs what one column's loss can explain.
+    async fn scrub_stripe(&self, client: &Client, stripe: u64) -> Result<ScrubReport, ClientError> {
+        let mut report = ScrubReport::default();
+        let layout = self.layout;
+        let unit = self.unit();
+        if (0..layout.width).any(|c| self.lost(c, stripe)) {
+            report.stripes_skipped = 1;
+            return Ok(report);
+        }
+        report.stripes_checked = 1;
+        // Hold the parity lock while checking, so a concurrent read-modify-write is not taken
+        // for corruption.
+        let parity_slot = layout.parity_slot(stripe);
+        let mut locked = false;
+        let mut parity: Option<Vec<u8>> = None;
+        let mut corrupt: Vec<u32> = Vec::new();
+        if let Some(slot) = parity_slot {
+            let lock = StorageRequest::LockParity {
+                file: self.meta.id,
+                stripe,
+                offset: layout.local_offset(slot),
+                len: unit as u32,
+            };
+            match self.rpc(client, slot.column, lock, Bytes::new()).await {
+                Ok((_, bytes)) => {
+                    locked = true;
+                    parity = Some(bytes.to_vec());
+                }
+                Err(Fault::Refused(StorageError::Corrupt { .. })) => corrupt.push(slot.column),
+                Err(fault) => return Err(self.second_fault(slot.column, slot.column, fault)),
+            }
+        }
+        let result = self
+            .scrub_locked(client, stripe, parity, corrupt, &mut report)
+            .await;
+        if locked {
+            self.unlock(client, parity_slot.expect("locked").column, stripe)
+                .await;
+        }
+        result.map(|()| report)
+    }
+
+    async fn scrub_locked(
+        &self,
+        client: &Client,
+        stripe: u64,
+        parity: Option<Vec<u8>>,
+        mut corrupt: Vec<u32>,
+        report: &mut ScrubReport,
+    ) -> Result<(), ClientError> {
+        let layout = self.layout;
+        let unit = self.unit();
+        let blocks: Vec<u64> = layout.blocks_of_stripe(stripe).collect();
+        let mut data: Vec<Option<Vec<u8>>> = Vec::new();
+        for &block in &blocks {
+            let slot = layout.data_slot(block);
+            match self
+                .read_region(client, slot.column, Region::Data, layout.local_offset(slot), unit, false)
+                .await
+            {
+                Ok(bytes) => data.push(Some(bytes)),
+                Err(Fault::Refused(StorageError::Corrupt { .. })) => {
+                    corrupt.push(slot.column);
+                    data.push(None);
+                }
+                Err(fault) => return Err(self.second_fault(slot.column, slot.column, fault)),
+            }
+        }
+        let mut mirrors: Vec<Option<Vec<u8>>> = Vec::new();
+        if self.scheme() == Scheme::Raid1 {
+            for &block in &blocks {
+                let slot = layout.mirror_slot(block).expect("mirror");
+                match self
+                    .read_region(client, slot.column, Region::Redundancy, layout.local_offset(slot), unit, false)
+                    .await
+                {
+                    Ok(bytes) => mirrors.push(Some(bytes)),
+                    Err(Fault::Refused(StorageError::Corrupt { .. })) => {
+                        corrupt.push(slot.column);
+                        mirrors.push(None);
+                    }
+                    Err(fault) => return Err(self.second_fault(slot.column, slot.column, fault)),
+                }
+            }
+        }
+        // Overflow entries are checked against their checksums when listed.
+        let mut overflow: Vec<Option<(Vec<u8>, Vec<u8>)>> = Vec::new();
+        if self.scheme() == Scheme::Hybrid {
+            for &block in &blocks {
+                let offset = layout.local_offset(layout.data_slot(block));
+                let mut sides = Vec::new();
+                for role in [OverflowRole::Primary, OverflowRole::Mirror] {
+                    let column = layout.overflow_column(block, role);
+                    match self.overflow_list(client, column, role, offset, unit as u64).await {
+                        Ok(entries) => sides.push(Some(flatten(&entries))),
+                        Err(Fault::Refused(StorageError::Corrupt { .. })) => {
+                            corrupt.push(column);
+                            sides.push(None);
+                        }
+                        Err(fault) => return Err(self.second_fault(column, column, fault)),
+                    }
+                }
+                overflow.push(match (sides[0].take(), sides[1].take()) {
+                    (Some(p), Some(m)) => Some((p, m)),
+                    _ => None,
+                });
+            }
+        }
+        corrupt.sort();
+        corrupt.dedup();
+        match corrupt.len() {
+            0 => {}
+            1 => {
+                self.rebuild_column_stripe(client, corrupt[0], stripe).await?;
+                report.corrupt_repaired += 1;
+                return Ok(());
+            }
+            _ => {
+                report.unrepairable.push(format!(
+                    "{} stripe {stripe}: corrupt blocks on servers {:?}",
+                    self.meta.path,
+                    corrupt.iter().map(|&c| self.columns[c as usize].server).collect::<Vec<_>>()
+                ));
+                return Ok(());
+            }
+        }
+        let data: Vec<Vec<u8>> = data.into_iter().map(|d| d.expect("no corrupt")).collect();
+        if let (Some(parity), Some(slot)) = (parity, layout.parity_slot(stripe)) {
+            let mut expected = vec![0u8; unit];
+            for d in &data {
+                tessera_parity::xor_into(&mut expected, d);
+            }
+            if expected != parity {
+                // Every data block passed its checksum, so the data is right and parity is not.
+                let request = StorageRequest::WriteParity {
+                    file: self.meta.id,
+                    stripe,
+                    offset: layout.local_offset(slot),
+                    unlock: false,
+                };
+                self.rpc_or_fail(client, slot.column, request, Bytes::from(expected)).await?;
+                report.parity_repaired += 1;
+            }
+        }
+        for (i, mirror) in mirrors.into_iter().enumerate() {
+            if mirror.as_deref() != Some(&data[i][..]) {
+                let slot = layout.mirror_slot(blocks[i]).expect("mirror");
+                let request = StorageRequest::Write {
+                    file: self.meta.id,
+                    region: Region::Redundancy,
+                    offset: layout.local_offset(slot),
+                    invalidate_overflow: false,
+                };
+                self.rpc_or_fail(client, slot.column, request, Bytes::from(data[i].clone())).await?;
+                report.mirrors_repaired += 1;
+            }
+        }
+        for (i, sides) in overflow.into_iter().enumerate() {
+            if let Some((primary, mirror)) = sides {
+                if primary != mirror {
+                    let column = layout.overflow_column(blocks[i], OverflowRole::Mirror);
+                    self.rebuild_column_stripe(client, column, stripe).await?;
+                    report.mirrors_repaired += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Overflow entries as comparable bytes: offsets, lengths and contents in order.
+fn flatten(entries: &[(tessera_wire::OverflowExtent, Bytes)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (entry, bytes) in entries {
+        out.extend_from_slice(&entry.offset.to_le_bytes());
+        out.extend_from_slice(&entry.len.to_le_bytes());
+        out.extend_from_slice(bytes);
+    }
+    out
+}
+
+impl Client {
+    /// Rebuild everything server `server` owes: the regions it missed, or every file it holds
+    /// if its store was wiped. `progress` is called as stripes finish.
+    pub async fn rebuild(
+        &self,
+        server: ServerId,
+        mut progress: impl FnMut(RebuildProgress),
+    ) -> Result<RebuildProgress, ClientError> {
+        let status = self.status().await?;
+        let me = status
+            .iter()
+            .find(|s| s.id == server)
+            .ok_or(ClientError::NoSuchServer(server))?;
+        if me.state == ServerState::Down {
+            return Err(ClientError::ServerDown(server));
+        }
+        let debts = match self
+            .manager_call(ManagerRequest::FilesOnServer { server })
+            .await?
+        {
+            ManagerResponse::Debts(debts) => debts,
+            other => {
+                return Err(ClientError::Protocol {
+                    peer: format!("manager {}", self.manager),
+                    detail: format!("expected debts, got {other:?}"),
+                })
+            }
+        };
+        let debts: Vec<_> = debts.into_iter().filter(|d| !d.missed.is_empty()).collect();
+        let mut state = RebuildProgress {
+            files_total: debts.len() as u64,
+            ..Default::default()
+        };
+        let owed = |meta: &FileMeta, range: &IndexRange| {
+            let stripes = meta.layout.stripes_for_size(meta.size);
+            range.end.min(stripes).saturating_sub(range.start)
+        };
+        state.stripes_total = debts
+            .iter()
+            .map(|d| d.missed.iter().map(|r| owed(&d.meta, r)).sum::<u64>())
+            .sum();
+        progress(state);
+        for debt in debts {
+            let ctx = self.context_of(debt.meta.id).await?;
+            let Some(column) = ctx.meta.servers.iter().position(|&s| s == server) else {
+                continue;
+            };
+            let column = column as u32;
+            let stripes_total = ctx.layout.stripes_for_size(ctx.meta.size);
+            for range in &debt.missed {
+                let end = range.end.min(stripes_total);
+                let mut rebuilds = stream::iter(range.start..end.max(range.start))
+                    .map(|stripe| ctx.rebuild_column_stripe(self, column, stripe))
+                    .buffer_unordered(STRIPES_IN_FLIGHT_MAX);
+                while let Some(result) = rebuilds.next().await {
+                    result?;
+                    state.stripes_done += 1;
+                    progress(state);
+                }
+                self.manager_call(ManagerRequest::Resynced {
+                    server,
+                    file: debt.meta.id,
+                    stripes: *range,
+                })
+                .await?;
+            }
+            state.files_done += 1;
+            progress(state);
+        }
+        Ok(state)
+    }
+
+    /// Check every stripe of one file, or of every file, and repair what can be repaired.
+    pub async fn scrub(&self, path: Option<&str>) -> Result<ScrubReport, ClientError> {
+        let files = match path {
+            Some(path) => vec![self.open(path).await?.id],
+            None => self.list("").await?.into_iter().map(|m| m.id).collect(),
+        };
+        let mut report = ScrubReport::default();
+        for file in files {
+            let ctx = self.context_of(file).await?;
+            report.files += 1;
+            let stripes = ctx.layout.stripes_for_size(ctx.meta.size);
+            let mut checks = stream::iter(0..stripes)
+                .map(|stripe| ctx.scrub_stripe(self, stripe))
+                .buffer_unordered(STRIPES_IN_FLIGHT_MAX);
+            while let Some(result) = checks.next().await {
+                let one = result?;
+                report.stripes_checked += one.stripes_checked;
+                report.stripes_skipped += one.stripes_skipped;
+                report.corrupt_repaired += one.corrupt_repaired;
+                report.parity_repaired += one.parity_repaired;
+                report.mirrors_repaired += one.mirrors_repaired;
+                report.unrepairable.extend(one.unrepairable);
+            }
+        }
+        Ok(report)
+    }
+}

@@ -1,0 +1,238 @@
+//! Reads: coalesced per-column requests in parallel; degraded pieces reconstructed from the
+//! survivors; corrupt blocks reconstructed, repaired in place, and never returned.
+
+use crate::context::{Fault, FileContext};
+use crate::{Client, ClientError, REQUESTS_IN_FLIGHT_MAX, REQUEST_BYTES_MAX};
+use futures::stream::{self, StreamExt};
+use tessera_layout::{OverflowRole, Piece, Region, Scheme};
+use tessera_wire::StorageError;
+
+/// Pieces of one access that sit back to back in one column's data file, read as one request.
+struct Chunk {
+    column: u32,
+    local_offset: u64,
+    len: usize,
+    pieces: Vec<Piece>,
+}
+
+/// Group pieces by column and merge those that are contiguous on disk.
+fn coalesce(ctx: &FileContext, pieces: &[Piece]) -> Vec<Chunk> {
+    let mut placed: Vec<(u32, u64, Piece)> = pieces
+        .iter()
+        .map(|p| {
+            let slot = ctx.layout.data_slot(p.block);
+            (slot.column, ctx.layout.local_offset(slot) + p.offset_in_unit as u64, *p)
+        })
+        .collect();
+    placed.sort_by_key(|(column, offset, _)| (*column, *offset));
+    let mut chunks: Vec<Chunk> = Vec::new();
+    for (column, offset, piece) in placed {
+        if let Some(last) = chunks.last_mut() {
+            if last.column == column
+                && last.local_offset + last.len as u64 == offset
+                && last.len + piece.len as usize <= REQUEST_BYTES_MAX
+            {
+                last.len += piece.len as usize;
+                last.pieces.push(piece);
+                continue;
+            }
+        }
+        chunks.push(Chunk {
+            column,
+            local_offset: offset,
+            len: piece.len as usize,
+            pieces: vec![piece],
+        });
+    }
+    chunks
+}
+
+impl FileContext {
+    pub(crate) async fn read(
+        &self,
+        client: &Client,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, ClientError> {
+        let end = offset.saturating_add(len).min(self.meta.size);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let mut out = vec![0u8; (end - offset) as usize];
+        let (healthy, degraded): (Vec<Piece>, Vec<Piece>) = self
+            .layout
+            .split(offset, end - offset)
+            .into_iter()
+            .flat_map(|extent| extent.pieces)
+            .partition(|p| {
+                let column = self.layout.data_slot(p.block).column;
+                !self.lost(column, self.layout.stripe_of_block(p.block))
+            });
+        let overlay = self.scheme() == Scheme::Hybrid;
+        let results: Vec<(Chunk, Result<Vec<u8>, Fault>)> =
+            stream::iter(coalesce(self, &healthy))
+                .map(|chunk| async move {
+                    let read = self
+                        .read_region(client, chunk.column, Region::Data, chunk.local_offset, chunk.len, overlay)
+                        .await;
+                    (chunk, read)
+                })
+                .buffer_unordered(REQUESTS_IN_FLIGHT_MAX)
+                .collect()
+                .await;
+        let mut retry: Vec<(Piece, Option<StorageError>)> =
+            degraded.into_iter().map(|p| (p, None)).collect();
+        for (chunk, result) in results {
+            match result {
+                Ok(bytes) => {
+                    let mut at = 0;
+                    for piece in &chunk.pieces {
+                        out[piece.buf_range()].copy_from_slice(&bytes[at..at + piece.len as usize]);
+                        at += piece.len as usize;
+                    }
+                }
+                Err(Fault::Unreachable(_)) => retry.extend(chunk.pieces.iter().map(|p| (*p, None))),
+                Err(Fault::Refused(e @ StorageError::Corrupt { .. })) => {
+                    retry.extend(chunk.pieces.iter().map(|p| (*p, Some(e.clone()))))
+                }
+                Err(Fault::Refused(e)) => return Err(self.storage_error(chunk.column, e)),
+            }
+        }
+        let recovered: Vec<(Piece, Result<Vec<u8>, ClientError>)> = stream::iter(retry)
+            .map(|(piece, corrupt)| async move {
+                let bytes = self.recover_piece(client, piece, corrupt.is_some()).await;
+                (piece, bytes)
+            })
+            .buffer_unordered(REQUESTS_IN_FLIGHT_MAX)
+            .collect()
+            .await;
+        for (piece, bytes) in recovered {
+            out[piece.buf_range()].copy_from_slice(&bytes?);
+        }
+        Ok(out)
+    }
+
+    /// Bytes of a piece whose column is lost or returned a corrupt block. A corrupt unit is
+    /// repaired from redundancy first, then read again.
+    async fn recover_piece(
+        &self,
+        client: &Client,
+        piece: Piece,
+        corrupt: bool,
+    ) -> Result<Vec<u8>, ClientError> {
+        let slot = self.layout.data_slot(piece.block);
+        let stripe = self.layout.stripe_of_block(piece.block);
+        if corrupt && !self.lost(slot.column, stripe) {
+            tracing::warn!(
+                "corrupt block in file {} block {} on server {}: repairing",
+                self.meta.path,
+                piece.block,
+                self.columns[slot.column as usize].server
+            );
+            self.rebuild_column_stripe(client, slot.column, stripe).await?;
+            let offset = self.layout.local_offset(slot) + piece.offset_in_unit as u64;
+            let overlay = self.scheme() == Scheme::Hybrid;
+            match self
+                .read_region(client, slot.column, Region::Data, offset, piece.len as usize, overlay)
+                .await
+            {
+                Ok(bytes) => return Ok(bytes),
+                Err(Fault::Unreachable(_)) => {}
+                Err(Fault::Refused(e)) => return Err(self.storage_error(slot.column, e)),
+            }
+        }
+        self.reconstruct_piece(client, piece).await
+    }
+
+    /// Rebuild the bytes of a piece without its own column.
+    pub(crate) async fn reconstruct_piece(
+        &self,
+        client: &Client,
+        piece: Piece,
+    ) -> Result<Vec<u8>, ClientError> {
+        let slot = self.layout.data_slot(piece.block);
+        let stripe = self.layout.stripe_of_block(piece.block);
+        let within = piece.offset_in_unit as u64;
+        let len = piece.len as usize;
+        match self.scheme() {
+            Scheme::Raid0 => Err(self.unavailable([slot.column])),
+            Scheme::Raid1 => {
+                let mirror = self.layout.mirror_slot(piece.block).expect("raid1 mirror");
+                if self.lost(mirror.column, stripe) {
+                    return Err(self.unavailable([slot.column, mirror.column]));
+                }
+                let offset = self.layout.local_offset(mirror) + within;
+                self.read_region(client, mirror.column, Region::Redundancy, offset, len, false)
+                    .await
+                    .map_err(|fault| self.second_fault(slot.column, mirror.column, fault))
+            }
+            Scheme::Raid4 | Scheme::Raid5 | Scheme::Hybrid => {
+                let mut bytes = self
+                    .reconstruct_from_parity(client, piece.block, within, len)
+                    .await?;
+                if self.scheme() == Scheme::Hybrid {
+                    let mirror = self.layout.overflow_column(piece.block, OverflowRole::Mirror);
+                    if self.lost(mirror, stripe) {
+                        return Err(self.unavailable([slot.column, mirror]));
+                    }
+                    let start = self.layout.local_offset(slot) + within;
+                    let entries = self
+                        .overflow_list(client, mirror, OverflowRole::Mirror, start, len as u64)
+                        .await
+                        .map_err(|fault| self.second_fault(slot.column, mirror, fault))?;
+                    for (entry, data) in entries {
+                        let at = (entry.offset - start) as usize;
+                        bytes[at..at + data.len()].copy_from_slice(&data);
+                    }
+                }
+                Ok(bytes)
+            }
+        }
+    }
+
+    /// Base bytes `within..within+len` of `block`, as parity XOR the stripe's other data blocks
+    /// (base contents: parity covers base data, never overflow).
+    pub(crate) async fn reconstruct_from_parity(
+        &self,
+        client: &Client,
+        block: u64,
+        within: u64,
+        len: usize,
+    ) -> Result<Vec<u8>, ClientError> {
+        let stripe = self.layout.stripe_of_block(block);
+        let own = self.layout.data_slot(block).column;
+        let parity = self.layout.parity_slot(stripe).expect("parity scheme");
+        let mut sources = vec![(parity.column, Region::Redundancy, self.layout.local_offset(parity))];
+        for other in self.layout.blocks_of_stripe(stripe).filter(|&b| b != block) {
+            let slot = self.layout.data_slot(other);
+            sources.push((slot.column, Region::Data, self.layout.local_offset(slot)));
+        }
+        let lost: Vec<u32> = sources
+            .iter()
+            .map(|s| s.0)
+            .filter(|&c| self.lost(c, stripe))
+            .collect();
+        if !lost.is_empty() {
+            return Err(self.unavailable(std::iter::once(own).chain(lost)));
+        }
+        let reads = sources.iter().map(|&(column, region, base)| async move {
+            self.read_region(client, column, region, base + within, len, false)
+                .await
+                .map_err(|fault| self.second_fault(own, column, fault))
+        });
+        let units = futures::future::try_join_all(reads).await?;
+        let mut out = vec![0u8; len];
+        for unit in &units {
+            tessera_parity::xor_into(&mut out, unit);
+        }
+        Ok(out)
+    }
+
+    /// A survivor failed while covering for a lost column: two failures.
+    pub(crate) fn second_fault(&self, lost: u32, survivor: u32, fault: Fault) -> ClientError {
+        match fault {
+            Fault::Unreachable(_) => self.unavailable([lost, survivor]),
+            Fault::Refused(e) => self.storage_error(survivor, e),
+        }
+    }
+}

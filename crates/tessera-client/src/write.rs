@@ -1,0 +1,631 @@
+//! Writes: a transfer plan from `tessera-layout`, carried out per stripe by its method.
+//!
+//! Plain, mirrored, full-stripe and overflow writes become independent per-column requests
+//! (contiguous ones coalesced) run in parallel. Partial stripes under RAID-4/5 are
+//! read-modify-write under the parity server's lock, one stripe at a time in ascending order,
+//! so that locks are always taken lowest stripe first (CSAR 5.1). Columns that are lost are
+//! skipped and recorded at the manager as owing the stripes, before the write is acknowledged.
+
+use crate::context::{Fault, FileContext};
+use crate::{Client, ClientError, REQUESTS_IN_FLIGHT_MAX, REQUEST_BYTES_MAX};
+use bytes::{Bytes, BytesMut};
+use futures::stream::{self, StreamExt};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use tessera_layout::{OverflowRole, Piece, Region, Scheme, StripeWrite, WriteMethod};
+use tessera_wire::{IndexRange, StorageError, StorageRequest};
+
+/// One request of a write, with the stripes it carries (for recording what a failure missed).
+struct WriteOp {
+    column: u32,
+    stripes: IndexRange,
+    request: StorageRequest,
+    payload: Bytes,
+}
+
+/// A base-file write before coalescing.
+struct BaseWrite {
+    column: u32,
+    region: Region,
+    invalidate_overflow: bool,
+    offset: u64,
+    stripe: u64,
+    bytes: Bytes,
+}
+
+/// Whether a RAID-4/5 read-modify-write must start over with a fresh idea of what is lost.
+enum RmwOutcome {
+    Done,
+    Retry,
+}
+
+impl FileContext {
+    /// Columns a stripe write changes.
+    fn changed_columns(&self, sw: &StripeWrite) -> BTreeSet<u32> {
+        let layout = &self.layout;
+        let stripe = sw.extent.stripe;
+        let mut columns = BTreeSet::new();
+        for piece in &sw.extent.pieces {
+            match sw.method {
+                WriteMethod::Overflow => {
+                    columns.insert(layout.overflow_column(piece.block, OverflowRole::Primary));
+                    columns.insert(layout.overflow_column(piece.block, OverflowRole::Mirror));
+                }
+                _ => {
+                    columns.insert(layout.data_slot(piece.block).column);
+                }
+            }
+            if let Some(mirror) = layout.mirror_slot(piece.block) {
+                columns.insert(mirror.column);
+            }
+        }
+        if matches!(
+            sw.method,
+            WriteMethod::FullStripeParity | WriteMethod::ReadModifyWrite
+        ) {
+            columns.insert(layout.parity_slot(stripe).expect("parity").column);
+        }
+        if sw.method == WriteMethod::FullStripeParity && self.scheme() == Scheme::Hybrid {
+            for block in layout.blocks_of_stripe(stripe) {
+                columns.insert(layout.overflow_column(block, OverflowRole::Mirror));
+            }
+        }
+        columns
+    }
+
+    /// Whether the stripe's data stays recoverable with `failed` columns gone.
+    fn tolerable(&self, sw: &StripeWrite, failed: &BTreeSet<u32>) -> bool {
+        let layout = &self.layout;
+        match self.scheme() {
+            Scheme::Raid0 => failed.is_empty(),
+            Scheme::Raid1 => sw.extent.pieces.iter().all(|p| {
+                let mirror = layout.mirror_slot(p.block).expect("mirror").column;
+                !(failed.contains(&layout.data_slot(p.block).column) && failed.contains(&mirror))
+            }),
+            Scheme::Raid4 | Scheme::Raid5 | Scheme::Hybrid => failed.len() <= 1,
+        }
+    }
+
+    /// Columns lost for a stripe, among all the stripe's members.
+    fn lost_members(&self, stripe: u64) -> BTreeSet<u32> {
+        (0..self.layout.width)
+            .filter(|&c| self.lost(c, stripe))
+            .collect()
+    }
+
+    pub(crate) async fn write(
+        &self,
+        client: &Client,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), ClientError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let plan = self.layout.plan_write(offset, data.len() as u64);
+        // Refuse what cannot be kept recoverable before touching anything, and record what the
+        // lost columns will miss before any byte is written.
+        let mut missed: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for sw in &plan.stripes {
+            let stripe = sw.extent.stripe;
+            let lost = self.lost_members(stripe);
+            let changed = self.changed_columns(sw);
+            let lost_changed: BTreeSet<u32> = changed.intersection(&lost).copied().collect();
+            let relevant = if self.scheme().has_parity() { &lost } else { &lost_changed };
+            if !self.tolerable(sw, relevant) {
+                return Err(self.unavailable(relevant.iter().copied()));
+            }
+            for column in lost_changed {
+                missed.entry(column).or_default().push(stripe);
+            }
+        }
+        for (column, stripes) in missed {
+            for range in runs(&stripes) {
+                self.report_missed(client, column, range).await?;
+            }
+        }
+
+        let failed: Mutex<BTreeMap<u64, BTreeSet<u32>>> = Mutex::new(BTreeMap::new());
+        let ops = self.simple_ops(&plan.stripes, data);
+        let rmw: Vec<&StripeWrite> = plan
+            .stripes
+            .iter()
+            .filter(|sw| sw.method == WriteMethod::ReadModifyWrite)
+            .collect();
+        let simple = async {
+            let results: Vec<Result<(), ClientError>> = stream::iter(ops)
+                .map(|op| self.run_op(client, op, &failed))
+                .buffer_unordered(REQUESTS_IN_FLIGHT_MAX)
+                .collect()
+                .await;
+            results.into_iter().collect::<Result<Vec<()>, ClientError>>()
+        };
+        let partial = async {
+            for sw in rmw {
+                self.read_modify_write(client, sw, data, &failed).await?;
+            }
+            Ok::<(), ClientError>(())
+        };
+        let (simple, partial) = futures::join!(simple, partial);
+        simple?;
+        partial?;
+        let failed = failed.into_inner().unwrap();
+        for sw in &plan.stripes {
+            let stripe = sw.extent.stripe;
+            let mut gone = self.lost_members(stripe);
+            gone.extend(failed.get(&stripe).into_iter().flatten().copied());
+            let changed = self.changed_columns(sw);
+            let relevant: BTreeSet<u32> = if self.scheme().has_parity() {
+                gone
+            } else {
+                gone.intersection(&changed).copied().collect()
+            };
+            if !self.tolerable(sw, &relevant) {
+                return Err(self.unavailable(relevant));
+            }
+        }
+        Ok(())
+    }
+
+    /// Run one request; a failure is recorded as a miss of the column for its stripes.
+    async fn run_op(
+        &self,
+        client: &Client,
+        op: WriteOp,
+        failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
+    ) -> Result<(), ClientError> {
+        match self.rpc(client, op.column, op.request, op.payload).await {
+            Ok(_) => Ok(()),
+            Err(fault) => {
+                if let Fault::Refused(e) = &fault {
+                    tracing::warn!("write to column {} refused: {e}", op.column);
+                }
+                self.write_failed(client, op.column, op.stripes, failed).await
+            }
+        }
+    }
+
+    async fn write_failed(
+        &self,
+        client: &Client,
+        column: u32,
+        stripes: IndexRange,
+        failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
+    ) -> Result<(), ClientError> {
+        {
+            let mut failed = failed.lock().unwrap();
+            for stripe in stripes.start..stripes.end {
+                failed.entry(stripe).or_default().insert(column);
+            }
+        }
+        self.report_missed(client, column, stripes).await
+    }
+
+    /// The independent requests of a plan: everything but read-modify-write.
+    fn simple_ops(&self, stripes: &[StripeWrite], data: &[u8]) -> Vec<WriteOp> {
+        let layout = &self.layout;
+        let file = self.meta.id;
+        let hybrid = self.scheme() == Scheme::Hybrid;
+        let mut base: Vec<BaseWrite> = Vec::new();
+        let mut ops: Vec<WriteOp> = Vec::new();
+        let one = |stripe: u64| IndexRange::new(stripe, stripe + 1);
+        for sw in stripes {
+            let stripe = sw.extent.stripe;
+            match sw.method {
+                WriteMethod::ReadModifyWrite => {}
+                WriteMethod::Plain | WriteMethod::Mirrored => {
+                    for piece in &sw.extent.pieces {
+                        let bytes = Bytes::copy_from_slice(&data[piece.buf_range()]);
+                        let mut slots = vec![layout.data_slot(piece.block)];
+                        slots.extend(layout.mirror_slot(piece.block));
+                        for slot in slots {
+                            if !self.lost(slot.column, stripe) {
+                                base.push(BaseWrite {
+                                    column: slot.column,
+                                    region: slot.region,
+                                    invalidate_overflow: false,
+                                    offset: layout.local_offset(slot) + piece.offset_in_unit as u64,
+                                    stripe,
+                                    bytes: bytes.clone(),
+                                });
+                            }
+                        }
+                    }
+                }
+                WriteMethod::FullStripeParity => {
+                    let mut parity = vec![0u8; self.unit()];
+                    for piece in &sw.extent.pieces {
+                        let unit = &data[piece.buf_range()];
+                        tessera_parity::xor_into(&mut parity, unit);
+                        let slot = layout.data_slot(piece.block);
+                        if !self.lost(slot.column, stripe) {
+                            base.push(BaseWrite {
+                                column: slot.column,
+                                region: Region::Data,
+                                invalidate_overflow: hybrid,
+                                offset: layout.local_offset(slot),
+                                stripe,
+                                bytes: Bytes::copy_from_slice(unit),
+                            });
+                        }
+                        let mirror = layout.overflow_column(piece.block, OverflowRole::Mirror);
+                        if hybrid && !self.lost(mirror, stripe) {
+                            ops.push(WriteOp {
+                                column: mirror,
+                                stripes: one(stripe),
+                                request: StorageRequest::OverflowInvalidate {
+                                    file,
+                                    role: OverflowRole::Mirror,
+                                    offset: layout.local_offset(slot),
+                                    len: self.unit() as u64,
+                                },
+                                payload: Bytes::new(),
+                            });
+                        }
+                    }
+                    let slot = layout.parity_slot(stripe).expect("parity");
+                    if !self.lost(slot.column, stripe) {
+                        base.push(BaseWrite {
+                            column: slot.column,
+                            region: Region::Redundancy,
+                            invalidate_overflow: false,
+                            offset: layout.local_offset(slot),
+                            stripe,
+                            bytes: Bytes::from(parity),
+                        });
+                    }
+                }
+                WriteMethod::Overflow => {
+                    for piece in &sw.extent.pieces {
+                        let bytes = Bytes::copy_from_slice(&data[piece.buf_range()]);
+                        let offset = layout.local_offset(layout.data_slot(piece.block))
+                            + piece.offset_in_unit as u64;
+                        for role in [OverflowRole::Primary, OverflowRole::Mirror] {
+                            let column = layout.overflow_column(piece.block, role);
+                            if !self.lost(column, stripe) {
+                                ops.push(WriteOp {
+                                    column,
+                                    stripes: one(stripe),
+                                    request: StorageRequest::OverflowWrite { file, role, offset },
+                                    payload: bytes.clone(),
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        ops.extend(self.coalesce_writes(base));
+        ops
+    }
+
+    /// Merge base writes that are back to back in one column's file into single requests.
+    fn coalesce_writes(&self, mut writes: Vec<BaseWrite>) -> Vec<WriteOp> {
+        writes.sort_by_key(|w| (w.column, w.region, w.invalidate_overflow, w.offset));
+        let mut ops = Vec::new();
+        let mut i = 0;
+        while i < writes.len() {
+            let first = &writes[i];
+            let mut j = i + 1;
+            let mut len = first.bytes.len();
+            while j < writes.len()
+                && writes[j].column == first.column
+                && writes[j].region == first.region
+                && writes[j].invalidate_overflow == first.invalidate_overflow
+                && writes[j].offset == first.offset + len as u64
+                && len + writes[j].bytes.len() <= REQUEST_BYTES_MAX
+            {
+                len += writes[j].bytes.len();
+                j += 1;
+            }
+            let payload = if j == i + 1 {
+                first.bytes.clone()
+            } else {
+                let mut joined = BytesMut::with_capacity(len);
+                for w in &writes[i..j] {
+                    joined.extend_from_slice(&w.bytes);
+                }
+                joined.freeze()
+            };
+            let stripes = writes[i..j].iter().map(|w| w.stripe);
+            let (lo, hi) = stripes.fold((u64::MAX, 0), |(lo, hi), s| (lo.min(s), hi.max(s)));
+            ops.push(WriteOp {
+                column: first.column,
+                stripes: IndexRange::new(lo, hi + 1),
+                request: StorageRequest::Write {
+                    file: self.meta.id,
+                    region: first.region,
+                    offset: first.offset,
+                    invalidate_overflow: first.invalidate_overflow,
+                },
+                payload,
+            });
+            i = j;
+        }
+        ops
+    }
+
+    /// A partial stripe under RAID-4/5.
+    async fn read_modify_write(
+        &self,
+        client: &Client,
+        sw: &StripeWrite,
+        data: &[u8],
+        failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
+    ) -> Result<(), ClientError> {
+        const ATTEMPTS_MAX: usize = 4;
+        let stripe = sw.extent.stripe;
+        let parity = self.layout.parity_slot(stripe).expect("parity");
+        for _ in 0..ATTEMPTS_MAX {
+            if self.lost(parity.column, stripe) {
+                // No parity to keep consistent: write the data; the parity column owes the stripe.
+                self.report_missed(client, parity.column, IndexRange::new(stripe, stripe + 1))
+                    .await?;
+                return self.write_pieces_plain(client, sw, data, failed).await;
+            }
+            let lost_touched = sw
+                .extent
+                .pieces
+                .iter()
+                .any(|p| self.lost(self.layout.data_slot(p.block).column, stripe));
+            let outcome = if lost_touched {
+                self.reconstruct_write(client, sw, data, failed).await?
+            } else {
+                self.rmw_in_place(client, sw, data, failed).await?
+            };
+            if let RmwOutcome::Done = outcome {
+                return Ok(());
+            }
+        }
+        Err(self.unavailable(self.lost_members(stripe)))
+    }
+
+    async fn write_pieces_plain(
+        &self,
+        client: &Client,
+        sw: &StripeWrite,
+        data: &[u8],
+        failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
+    ) -> Result<(), ClientError> {
+        let stripe = sw.extent.stripe;
+        let writes = sw.extent.pieces.iter().filter_map(|piece| {
+            let slot = self.layout.data_slot(piece.block);
+            (!self.lost(slot.column, stripe)).then(|| WriteOp {
+                column: slot.column,
+                stripes: IndexRange::new(stripe, stripe + 1),
+                request: StorageRequest::Write {
+                    file: self.meta.id,
+                    region: Region::Data,
+                    offset: self.layout.local_offset(slot) + piece.offset_in_unit as u64,
+                    invalidate_overflow: false,
+                },
+                payload: Bytes::copy_from_slice(&data[piece.buf_range()]),
+            })
+        });
+        let results = futures::future::join_all(writes.map(|op| self.run_op(client, op, failed))).await;
+        results.into_iter().collect()
+    }
+
+    /// `P' = P ^ D ^ D'` over the touched bytes, under the parity lock.
+    async fn rmw_in_place(
+        &self,
+        client: &Client,
+        sw: &StripeWrite,
+        data: &[u8],
+        failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
+    ) -> Result<RmwOutcome, ClientError> {
+        let stripe = sw.extent.stripe;
+        let file = self.meta.id;
+        let parity = self.layout.parity_slot(stripe).expect("parity");
+        let pieces = &sw.extent.pieces;
+        let lo = pieces.iter().map(|p| p.offset_in_unit).min().expect("pieces") as usize;
+        let hi = pieces.iter().map(|p| p.offset_in_unit + p.len).max().expect("pieces") as usize;
+        let parity_offset = self.layout.local_offset(parity) + lo as u64;
+        let lock = StorageRequest::LockParity {
+            file,
+            stripe,
+            offset: parity_offset,
+            len: (hi - lo) as u32,
+        };
+        let mut new_parity = match self.rpc(client, parity.column, lock, Bytes::new()).await {
+            Ok((_, bytes)) if bytes.len() == hi - lo => bytes.to_vec(),
+            Ok(_) => {
+                self.unlock(client, parity.column, stripe).await;
+                return Err(self.storage_error(
+                    parity.column,
+                    StorageError::BadRequest {
+                        detail: "short parity read".into(),
+                    },
+                ));
+            }
+            Err(Fault::Unreachable(_)) => return Ok(RmwOutcome::Retry),
+            Err(Fault::Refused(StorageError::Corrupt { .. })) => {
+                self.rebuild_column_stripe(client, parity.column, stripe).await?;
+                return Ok(RmwOutcome::Retry);
+            }
+            Err(Fault::Refused(e)) => return Err(self.storage_error(parity.column, e)),
+        };
+        let old_reads = pieces.iter().map(|piece| async move {
+            let slot = self.layout.data_slot(piece.block);
+            let offset = self.layout.local_offset(slot) + piece.offset_in_unit as u64;
+            (
+                slot.column,
+                self.read_region(client, slot.column, Region::Data, offset, piece.len as usize, false)
+                    .await,
+            )
+        });
+        let olds = futures::future::join_all(old_reads).await;
+        for (piece, (column, old)) in pieces.iter().zip(olds) {
+            let old = match old {
+                Ok(old) => old,
+                Err(fault) => {
+                    self.unlock(client, parity.column, stripe).await;
+                    return match fault {
+                        Fault::Unreachable(_) => Ok(RmwOutcome::Retry),
+                        Fault::Refused(StorageError::Corrupt { .. }) => {
+                            self.rebuild_column_stripe(client, column, stripe).await?;
+                            Ok(RmwOutcome::Retry)
+                        }
+                        Fault::Refused(e) => Err(self.storage_error(column, e)),
+                    };
+                }
+            };
+            let at = piece.offset_in_unit as usize - lo;
+            let span = &mut new_parity[at..at + piece.len as usize];
+            tessera_parity::update_parity(span, &old, &data[piece.buf_range()]);
+        }
+        let stripes = IndexRange::new(stripe, stripe + 1);
+        let mut writes: Vec<WriteOp> = pieces
+            .iter()
+            .map(|piece| {
+                let slot = self.layout.data_slot(piece.block);
+                WriteOp {
+                    column: slot.column,
+                    stripes,
+                    request: StorageRequest::Write {
+                        file,
+                        region: Region::Data,
+                        offset: self.layout.local_offset(slot) + piece.offset_in_unit as u64,
+                        invalidate_overflow: false,
+                    },
+                    payload: Bytes::copy_from_slice(&data[piece.buf_range()]),
+                }
+            })
+            .collect();
+        writes.push(WriteOp {
+            column: parity.column,
+            stripes,
+            request: StorageRequest::WriteParity {
+                file,
+                stripe,
+                offset: parity_offset,
+                unlock: true,
+            },
+            payload: Bytes::from(new_parity),
+        });
+        let results = futures::future::join_all(writes.into_iter().map(|op| self.run_op(client, op, failed))).await;
+        results.into_iter().collect::<Result<Vec<()>, _>>()?;
+        Ok(RmwOutcome::Done)
+    }
+
+    /// A touched data column is lost: rebuild its unit from parity, apply the write to whole
+    /// units, and write the survivors and a freshly computed parity.
+    async fn reconstruct_write(
+        &self,
+        client: &Client,
+        sw: &StripeWrite,
+        data: &[u8],
+        failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
+    ) -> Result<RmwOutcome, ClientError> {
+        let stripe = sw.extent.stripe;
+        let file = self.meta.id;
+        let unit = self.unit();
+        let parity = self.layout.parity_slot(stripe).expect("parity");
+        let lock = StorageRequest::LockParity {
+            file,
+            stripe,
+            offset: self.layout.local_offset(parity),
+            len: unit as u32,
+        };
+        let parity_bytes = match self.rpc(client, parity.column, lock, Bytes::new()).await {
+            Ok((_, bytes)) if bytes.len() == unit => bytes.to_vec(),
+            Ok(_) | Err(Fault::Refused(_)) | Err(Fault::Unreachable(_)) => {
+                self.unlock(client, parity.column, stripe).await;
+                return Err(self.unavailable(self.lost_members(stripe).into_iter().chain([parity.column])));
+            }
+        };
+        let blocks: Vec<u64> = self.layout.blocks_of_stripe(stripe).collect();
+        let reads = blocks.iter().map(|&block| async move {
+            let slot = self.layout.data_slot(block);
+            if self.lost(slot.column, stripe) {
+                return Ok(None);
+            }
+            self.read_region(client, slot.column, Region::Data, self.layout.local_offset(slot), unit, false)
+                .await
+                .map(Some)
+                .map_err(|_| slot.column)
+        });
+        let mut units = match futures::future::try_join_all(reads).await {
+            Ok(units) => units,
+            Err(column) => {
+                self.unlock(client, parity.column, stripe).await;
+                return Err(self.unavailable(self.lost_members(stripe).into_iter().chain([column])));
+            }
+        };
+        let missing: Vec<usize> = (0..units.len()).filter(|&i| units[i].is_none()).collect();
+        if missing.len() != 1 {
+            self.unlock(client, parity.column, stripe).await;
+            return Err(self.unavailable(self.lost_members(stripe)));
+        }
+        let mut lost_unit = parity_bytes;
+        for u in units.iter().flatten() {
+            tessera_parity::xor_into(&mut lost_unit, u);
+        }
+        units[missing[0]] = Some(lost_unit);
+        let mut units: Vec<Vec<u8>> = units.into_iter().map(|u| u.expect("filled")).collect();
+        let first = blocks[0];
+        for piece in &sw.extent.pieces {
+            units[(piece.block - first) as usize][piece.unit_range()]
+                .copy_from_slice(&data[piece.buf_range()]);
+        }
+        let mut new_parity = vec![0u8; unit];
+        for u in &units {
+            tessera_parity::xor_into(&mut new_parity, u);
+        }
+        let stripes = IndexRange::new(stripe, stripe + 1);
+        let mut writes: Vec<WriteOp> = sw
+            .extent
+            .pieces
+            .iter()
+            .filter_map(|piece: &Piece| {
+                let slot = self.layout.data_slot(piece.block);
+                (!self.lost(slot.column, stripe)).then(|| WriteOp {
+                    column: slot.column,
+                    stripes,
+                    request: StorageRequest::Write {
+                        file,
+                        region: Region::Data,
+                        offset: self.layout.local_offset(slot) + piece.offset_in_unit as u64,
+                        invalidate_overflow: false,
+                    },
+                    payload: Bytes::copy_from_slice(&data[piece.buf_range()]),
+                })
+            })
+            .collect();
+        writes.push(WriteOp {
+            column: parity.column,
+            stripes,
+            request: StorageRequest::WriteParity {
+                file,
+                stripe,
+                offset: self.layout.local_offset(parity),
+                unlock: true,
+            },
+            payload: Bytes::from(new_parity),
+        });
+        let results = futures::future::join_all(writes.into_iter().map(|op| self.run_op(client, op, failed))).await;
+        results.into_iter().collect::<Result<Vec<()>, _>>()?;
+        Ok(RmwOutcome::Done)
+    }
+
+    pub(crate) async fn unlock(&self, client: &Client, column: u32, stripe: u64) {
+        let request = StorageRequest::UnlockParity {
+            file: self.meta.id,
+            stripe,
+        };
+        let _ = self.rpc(client, column, request, Bytes::new()).await;
+    }
+}
+
+/// Sorted stripe numbers as runs of consecutive ones.
+fn runs(stripes: &[u64]) -> Vec<IndexRange> {
+    let mut out: Vec<IndexRange> = Vec::new();
+    for &s in stripes {
+        match out.last_mut() {
+            Some(r) if r.end == s => r.end = s + 1,
+            Some(r) if r.contains(s) => {}
+            _ => out.push(IndexRange::new(s, s + 1)),
+        }
+    }
+    out
+}

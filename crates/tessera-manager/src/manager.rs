@@ -1,0 +1,661 @@
+//! The manager state machine: requests in, responses out, the store as its memory.
+
+use crate::ranges;
+use crate::store::{
+    self, Failure, ServerRecord, Tables, DB_FILE_NAME, FORMAT_VERSION, ID_FIRST, KEY_FILE_ID_NEXT,
+    KEY_FORMAT_VERSION, KEY_SERVER_ID_NEXT,
+};
+use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tessera_layout::{Layout, WIDTH_MAX};
+use tessera_wire::{
+    FileDebt, FileId, FileMeta, FileView, IndexRange, LayoutRequest, ManagerError, ManagerRequest,
+    ManagerResponse, MissedStripes, ServerId, ServerState, ServerStatus,
+};
+
+/// Default time without a heartbeat after which a server counts as down.
+pub const HEARTBEAT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
+/// Longest path accepted, in bytes.
+pub const PATH_BYTES_MAX: usize = 4096;
+
+/// How the manager judges its servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ManagerConfig {
+    /// Time without a heartbeat after which a server counts as down.
+    pub heartbeat_timeout: Duration,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        ManagerConfig {
+            heartbeat_timeout: HEARTBEAT_TIMEOUT_DEFAULT,
+        }
+    }
+}
+
+/// Why the manager's store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerOpenError {
+    /// The manager's directory could not be created.
+    #[error("cannot create manager directory {path}: {error}")]
+    CreateDir {
+        /// Directory asked for.
+        path: PathBuf,
+        /// What the OS said.
+        error: std::io::Error,
+    },
+    /// The embedded store failed to open or to initialise.
+    #[error("metadata store {path}: {error}")]
+    Store {
+        /// Database file.
+        path: PathBuf,
+        /// What redb said.
+        error: redb::Error,
+    },
+    /// The store was written in a format version this build does not read.
+    #[error(
+        "metadata store {path} has format version {found}; this build reads version {expected}"
+    )]
+    UnknownFormat {
+        /// Database file.
+        path: PathBuf,
+        /// Version found in the store.
+        found: u64,
+        /// Version this build reads.
+        expected: u64,
+    },
+    /// A stored record could not be decoded.
+    #[error("metadata store {path} holds an undecodable record: {error}")]
+    Corrupt {
+        /// Database file.
+        path: PathBuf,
+        /// What the decoder said.
+        error: postcard::Error,
+    },
+}
+
+/// The metadata manager: the namespace, file layouts, servers and what they owe.
+///
+/// Feed it every request with [`Manager::handle`] and call [`Manager::tick`] no later than
+/// [`Manager::poll_timeout`] says, passing the current time to both; `handle` also expires
+/// servers itself, so a late tick never lets a silent server look alive to a request.
+/// Persistent state lives in the store and is committed before a mutating request is answered;
+/// liveness lives in memory only, so after [`Manager::open`] every server is down until it
+/// registers or heartbeats.
+pub struct Manager {
+    db: Database,
+    config: ManagerConfig,
+    /// Copy of the `servers` table, updated after each commit that writes it.
+    servers: BTreeMap<ServerId, ServerRecord>,
+    /// Last heartbeat of every live server; a known server missing here is down.
+    heartbeats: BTreeMap<ServerId, Instant>,
+    /// Servers owing stripes of at least one file, updated after each commit that writes debts.
+    indebted: BTreeSet<ServerId>,
+}
+
+impl Manager {
+    /// Opens (or creates) the store at `dir/manager.redb`, creating `dir` if needed.
+    pub fn open(dir: &Path, config: ManagerConfig) -> Result<Manager, ManagerOpenError> {
+        std::fs::create_dir_all(dir).map_err(|error| ManagerOpenError::CreateDir {
+            path: dir.to_path_buf(),
+            error,
+        })?;
+        let path = dir.join(DB_FILE_NAME);
+        let opened = Database::create(&path)
+            .map_err(Failure::from)
+            .and_then(|db| {
+                let (servers, indebted) = load(&db)?;
+                Ok(Manager {
+                    db,
+                    config,
+                    servers,
+                    heartbeats: BTreeMap::new(),
+                    indebted,
+                })
+            });
+        opened.map_err(|failure| match failure {
+            Failure::Store(error) => ManagerOpenError::Store { path, error },
+            Failure::Codec(error) => ManagerOpenError::Corrupt { path, error },
+            Failure::UnknownFormat(found) => ManagerOpenError::UnknownFormat {
+                path,
+                found,
+                expected: FORMAT_VERSION,
+            },
+            Failure::Refused(error) => unreachable!("opening refused a request: {error}"),
+        })
+    }
+
+    /// Answers one request at time `now`; a store failure is answered as
+    /// [`ManagerError::Store`].
+    pub fn handle(&mut self, request: ManagerRequest, now: Instant) -> ManagerResponse {
+        self.tick(now);
+        let answer = match request {
+            ManagerRequest::Register {
+                server,
+                addr,
+                incarnation,
+            } => self.register(server, addr, incarnation, now),
+            ManagerRequest::Heartbeat {
+                server,
+                incarnation,
+            } => self.heartbeat(server, incarnation, now),
+            ManagerRequest::Create {
+                path,
+                layout,
+                replace,
+            } => self.create(path, layout, replace),
+            ManagerRequest::Lookup { path } => self.lookup(&path),
+            ManagerRequest::LookupId { file } => self.lookup_id(file),
+            ManagerRequest::List { prefix } => self.list(&prefix),
+            ManagerRequest::Remove { path } => self.remove(&path),
+            ManagerRequest::SetSize {
+                file,
+                size,
+                grow_only,
+            } => self.set_size(file, size, grow_only),
+            ManagerRequest::ReportMissed {
+                server,
+                file,
+                stripes,
+            } => self.report_missed(server, file, stripes),
+            ManagerRequest::ReportDown { server } => self.report_down(server),
+            ManagerRequest::Status => Ok(self.status()),
+            ManagerRequest::FilesOnServer { server } => self.files_on_server(server),
+            ManagerRequest::Resynced {
+                server,
+                file,
+                stripes,
+            } => self.resynced(server, file, stripes),
+        };
+        answer.unwrap_or_else(|failure| ManagerResponse::Error(failure.into()))
+    }
+
+    /// Marks down every server whose last heartbeat is `heartbeat_timeout` or more before `now`.
+    pub fn tick(&mut self, now: Instant) {
+        let timeout = self.config.heartbeat_timeout;
+        self.heartbeats
+            .retain(|_, last| now.saturating_duration_since(*last) < timeout);
+    }
+
+    /// When the next server will time out if it stays silent: call [`Manager::tick`] then.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let last = self.heartbeats.values().min()?;
+        Some(*last + self.config.heartbeat_timeout)
+    }
+
+    /// A server's state as requests see it, or `None` for a server the manager does not know.
+    pub fn server_state(&self, server: ServerId) -> Option<ServerState> {
+        if !self.servers.contains_key(&server) {
+            return None;
+        }
+        Some(if !self.heartbeats.contains_key(&server) {
+            ServerState::Down
+        } else if self.indebted.contains(&server) {
+            ServerState::Stale
+        } else {
+            ServerState::Up
+        })
+    }
+
+    fn server_status(&self, server: ServerId) -> ServerStatus {
+        ServerStatus {
+            id: server,
+            addr: self
+                .servers
+                .get(&server)
+                .map(|record| record.addr.clone())
+                .unwrap_or_default(),
+            state: self.server_state(server).unwrap_or(ServerState::Down),
+        }
+    }
+
+    fn registered(&self, server: ServerId) -> ManagerResponse {
+        let state = self.server_state(server);
+        ManagerResponse::Registered {
+            server,
+            state: state.expect("a registered server is recorded before it is answered"),
+        }
+    }
+
+    fn register(
+        &mut self,
+        server: Option<ServerId>,
+        addr: String,
+        incarnation: u64,
+        now: Instant,
+    ) -> Result<ManagerResponse, Failure> {
+        let server = self.write(|change| {
+            let server = match server {
+                Some(server) => {
+                    change.raise_counter(KEY_SERVER_ID_NEXT, u64::from(server) + 1)?;
+                    server
+                }
+                None => {
+                    let next = change.take_counter(KEY_SERVER_ID_NEXT)?;
+                    ServerId::try_from(next).map_err(|_| {
+                        ManagerError::Store(format!("no server ids left (next would be {next})"))
+                    })?
+                }
+            };
+            let wiped = matches!(
+                store::read_server(&change.tables.servers, server)?,
+                Some(old) if old.incarnation != incarnation
+            );
+            if wiped {
+                // The server lost everything it stored: it owes every stripe of its files.
+                let whole = [IndexRange::new(0, u64::MAX)];
+                for meta in store::read_files_on(&change.tables.files, server)? {
+                    change.set_debt(server, meta.id, &whole)?;
+                }
+            }
+            change.put_server(server, ServerRecord { addr, incarnation })?;
+            Ok(server)
+        })?;
+        self.heartbeats.insert(server, now);
+        Ok(self.registered(server))
+    }
+
+    fn heartbeat(
+        &mut self,
+        server: ServerId,
+        incarnation: u64,
+        now: Instant,
+    ) -> Result<ManagerResponse, Failure> {
+        let record = self
+            .servers
+            .get(&server)
+            .ok_or(ManagerError::UnknownServer(server))?;
+        if record.incarnation != incarnation {
+            let addr = record.addr.clone();
+            return self.register(Some(server), addr, incarnation, now);
+        }
+        self.heartbeats.insert(server, now);
+        Ok(self.registered(server))
+    }
+
+    fn create(
+        &mut self,
+        path: String,
+        request: LayoutRequest,
+        replace: bool,
+    ) -> Result<ManagerResponse, Failure> {
+        check_path(&path)?;
+        // Live servers, Up or Stale, in id order.
+        let candidates: Vec<ServerId> = self.heartbeats.keys().copied().collect();
+        let up = u32::try_from(candidates.len()).unwrap_or(u32::MAX);
+        let width = request
+            .width
+            .unwrap_or_else(|| up.clamp(request.scheme.width_min(), WIDTH_MAX));
+        // A malformed layout is refused before the cluster's size is consulted: asking again
+        // later will not help it.
+        let layout = Layout::new(request.scheme, request.stripe_unit, width)
+            .map_err(|error| ManagerError::Layout(error.to_string()))?;
+        if width > up {
+            return Err(ManagerError::NotEnoughServers { wanted: width, up }.into());
+        }
+        let meta = self.write(|change| {
+            if let Some(old) = change.file_id(&path)? {
+                if !replace {
+                    return Err(ManagerError::Exists(path).into());
+                }
+                if let Some(old) = store::read_file(&change.tables.files, old)? {
+                    change.remove_file(&old)?;
+                }
+            }
+            let id = change.take_counter(KEY_FILE_ID_NEXT)?;
+            // Start each file at a different column so that files spread over the servers.
+            let start = (id % candidates.len() as u64) as usize;
+            let servers = (0..width as usize)
+                .map(|column| candidates[(start + column) % candidates.len()])
+                .collect();
+            let meta = FileMeta {
+                id,
+                path,
+                layout,
+                servers,
+                size: 0,
+            };
+            change.put_file(&meta)?;
+            Ok(meta)
+        })?;
+        Ok(ManagerResponse::File(self.view(meta, Vec::new())))
+    }
+
+    fn lookup(&self, path: &str) -> Result<ManagerResponse, Failure> {
+        let txn = self.db.begin_read()?;
+        let paths = txn.open_table(store::PATHS)?;
+        let Some(file) = paths.get(path)?.map(|id| id.value()) else {
+            return Err(ManagerError::NotFound(path.to_string()).into());
+        };
+        self.lookup_id(file)
+    }
+
+    fn lookup_id(&self, file: FileId) -> Result<ManagerResponse, Failure> {
+        let txn = self.db.begin_read()?;
+        let files = txn.open_table(store::FILES)?;
+        let debts = txn.open_table(store::DEBTS)?;
+        let meta = store::read_file(&files, file)?
+            .ok_or_else(|| ManagerError::NotFound(file.to_string()))?;
+        let mut missed = Vec::new();
+        for &server in meta.servers.iter() {
+            // Only servers that owe anything at all can owe stripes of this file.
+            if self.indebted.contains(&server) {
+                let stripes = store::read_debt(&debts, server, file)?;
+                if !stripes.is_empty() {
+                    missed.push(MissedStripes { server, stripes });
+                }
+            }
+        }
+        Ok(ManagerResponse::File(self.view(meta, missed)))
+    }
+
+    fn view(&self, meta: FileMeta, missed: Vec<MissedStripes>) -> FileView {
+        let columns = meta
+            .servers
+            .iter()
+            .map(|&server| self.server_status(server))
+            .collect();
+        FileView {
+            meta,
+            columns,
+            missed,
+        }
+    }
+
+    fn list(&self, prefix: &str) -> Result<ManagerResponse, Failure> {
+        let txn = self.db.begin_read()?;
+        let paths = txn.open_table(store::PATHS)?;
+        let files = txn.open_table(store::FILES)?;
+        let mut metas = Vec::new();
+        // Paths sort bytewise, so those with the prefix are one run starting at the prefix.
+        for entry in paths.range(prefix..)? {
+            let (path, file) = entry?;
+            if !path.value().starts_with(prefix) {
+                break;
+            }
+            let meta = store::read_file(&files, file.value())?.ok_or_else(|| {
+                ManagerError::Store(format!("path {} names a missing file", path.value()))
+            })?;
+            metas.push(meta);
+        }
+        Ok(ManagerResponse::Files(metas))
+    }
+
+    fn remove(&mut self, path: &str) -> Result<ManagerResponse, Failure> {
+        let meta = self.write(|change| {
+            let meta = match change.file_id(path)? {
+                Some(file) => store::read_file(&change.tables.files, file)?,
+                None => None,
+            };
+            let meta = meta.ok_or_else(|| ManagerError::NotFound(path.to_string()))?;
+            change.remove_file(&meta)?;
+            Ok(meta)
+        })?;
+        Ok(ManagerResponse::Meta(meta))
+    }
+
+    fn set_size(
+        &mut self,
+        file: FileId,
+        size: u64,
+        grow_only: bool,
+    ) -> Result<ManagerResponse, Failure> {
+        self.write(|change| {
+            let mut meta = store::read_file(&change.tables.files, file)?
+                .ok_or_else(|| ManagerError::NotFound(file.to_string()))?;
+            meta.size = if grow_only { meta.size.max(size) } else { size };
+            change.put_file(&meta)
+        })?;
+        Ok(ManagerResponse::Done)
+    }
+
+    fn report_missed(
+        &mut self,
+        server: ServerId,
+        file: FileId,
+        stripes: IndexRange,
+    ) -> Result<ManagerResponse, Failure> {
+        self.check_known(server)?;
+        self.write(|change| {
+            let meta = store::read_file(&change.tables.files, file)?
+                .ok_or_else(|| ManagerError::NotFound(file.to_string()))?;
+            // A debt of a server outside the file would never be listed for rebuild, so it
+            // could never be paid off.
+            if !meta.servers.contains(&server) {
+                return Err(ManagerError::Layout(format!(
+                    "server {server} holds no column of file {file}"
+                ))
+                .into());
+            }
+            let debt = store::read_debt(&change.tables.debts, server, file)?;
+            change.set_debt(server, file, &ranges::merge(&debt, stripes))
+        })?;
+        Ok(ManagerResponse::Done)
+    }
+
+    fn resynced(
+        &mut self,
+        server: ServerId,
+        file: FileId,
+        stripes: IndexRange,
+    ) -> Result<ManagerResponse, Failure> {
+        self.check_known(server)?;
+        self.write(|change| {
+            if store::read_file(&change.tables.files, file)?.is_none() {
+                return Err(ManagerError::NotFound(file.to_string()).into());
+            }
+            let debt = store::read_debt(&change.tables.debts, server, file)?;
+            change.set_debt(server, file, &ranges::subtract(&debt, stripes))
+        })?;
+        Ok(ManagerResponse::Done)
+    }
+
+    fn report_down(&mut self, server: ServerId) -> Result<ManagerResponse, Failure> {
+        self.check_known(server)?;
+        self.heartbeats.remove(&server);
+        Ok(ManagerResponse::Done)
+    }
+
+    fn status(&self) -> ManagerResponse {
+        let servers = self
+            .servers
+            .keys()
+            .map(|&server| self.server_status(server))
+            .collect();
+        ManagerResponse::Servers(servers)
+    }
+
+    fn files_on_server(&self, server: ServerId) -> Result<ManagerResponse, Failure> {
+        self.check_known(server)?;
+        let txn = self.db.begin_read()?;
+        let files = txn.open_table(store::FILES)?;
+        let debts = txn.open_table(store::DEBTS)?;
+        let mut owed = Vec::new();
+        for meta in store::read_files_on(&files, server)? {
+            let missed = store::read_debt(&debts, server, meta.id)?;
+            owed.push(FileDebt { meta, missed });
+        }
+        owed.sort_by(|a, b| a.meta.path.cmp(&b.meta.path));
+        Ok(ManagerResponse::Debts(owed))
+    }
+
+    fn check_known(&self, server: ServerId) -> Result<(), Failure> {
+        if self.servers.contains_key(&server) {
+            Ok(())
+        } else {
+            Err(ManagerError::UnknownServer(server).into())
+        }
+    }
+
+    /// Runs `apply` in one write transaction and commits it, then brings the in-memory copies of
+    /// servers and debtors up to date. Nothing changes, in the store or in memory, if `apply`
+    /// or the commit fails.
+    fn write<T>(
+        &mut self,
+        apply: impl FnOnce(&mut Change<'_>) -> Result<T, Failure>,
+    ) -> Result<T, Failure> {
+        let txn = self.db.begin_write()?;
+        let (value, servers, debtors) = {
+            let mut change = Change::new(&txn)?;
+            let value = apply(&mut change)?;
+            let debtors = change
+                .debtors_touched
+                .iter()
+                .map(|&server| Ok((server, store::has_debt(&change.tables.debts, server)?)))
+                .collect::<Result<Vec<_>, Failure>>()?;
+            (value, change.servers_written, debtors)
+        };
+        txn.commit()?;
+        self.servers.extend(servers);
+        for (server, indebted) in debtors {
+            if indebted {
+                self.indebted.insert(server);
+            } else {
+                self.indebted.remove(&server);
+            }
+        }
+        Ok(value)
+    }
+}
+
+/// The changes of one write transaction, remembering what the in-memory copies must learn once
+/// it commits.
+struct Change<'txn> {
+    tables: Tables<'txn>,
+    servers_written: BTreeMap<ServerId, ServerRecord>,
+    debtors_touched: BTreeSet<ServerId>,
+}
+
+impl<'txn> Change<'txn> {
+    fn new(txn: &'txn WriteTransaction) -> Result<Change<'txn>, Failure> {
+        Ok(Change {
+            tables: Tables::open(txn)?,
+            servers_written: BTreeMap::new(),
+            debtors_touched: BTreeSet::new(),
+        })
+    }
+
+    /// The value of a counter, which then moves on by one.
+    fn take_counter(&mut self, key: &str) -> Result<u64, Failure> {
+        let value = read_counter(&self.tables.meta, key)?;
+        let next = value
+            .checked_add(1)
+            .ok_or_else(|| ManagerError::Store(format!("counter {key} is exhausted")))?;
+        self.tables.meta.insert(key, next)?;
+        Ok(value)
+    }
+
+    /// Moves a counter up to at least `floor`, so that it never hands out an id already in use.
+    fn raise_counter(&mut self, key: &str, floor: u64) -> Result<(), Failure> {
+        if read_counter(&self.tables.meta, key)? < floor {
+            self.tables.meta.insert(key, floor)?;
+        }
+        Ok(())
+    }
+
+    fn file_id(&self, path: &str) -> Result<Option<FileId>, Failure> {
+        Ok(self.tables.paths.get(path)?.map(|file| file.value()))
+    }
+
+    fn put_file(&mut self, meta: &FileMeta) -> Result<(), Failure> {
+        let record = postcard::to_allocvec(meta)?;
+        self.tables.files.insert(meta.id, record.as_slice())?;
+        self.tables.paths.insert(meta.path.as_str(), meta.id)?;
+        Ok(())
+    }
+
+    /// Removes a file from the namespace together with everything its servers owe of it.
+    fn remove_file(&mut self, meta: &FileMeta) -> Result<(), Failure> {
+        self.tables.files.remove(meta.id)?;
+        self.tables.paths.remove(meta.path.as_str())?;
+        for &server in &meta.servers {
+            self.set_debt(server, meta.id, &[])?;
+        }
+        Ok(())
+    }
+
+    fn put_server(&mut self, server: ServerId, record: ServerRecord) -> Result<(), Failure> {
+        self.tables
+            .servers
+            .insert(server, postcard::to_allocvec(&record)?.as_slice())?;
+        self.servers_written.insert(server, record);
+        Ok(())
+    }
+
+    /// Records what `server` owes of `file`; an empty list removes the debt.
+    fn set_debt(
+        &mut self,
+        server: ServerId,
+        file: FileId,
+        stripes: &[IndexRange],
+    ) -> Result<(), Failure> {
+        assert!(ranges::is_normal(stripes), "debt not normal: {stripes:?}");
+        if stripes.is_empty() {
+            self.tables.debts.remove((server, file))?;
+        } else {
+            let record = postcard::to_allocvec(stripes)?;
+            self.tables
+                .debts
+                .insert((server, file), record.as_slice())?;
+        }
+        self.debtors_touched.insert(server);
+        Ok(())
+    }
+}
+
+fn read_counter(meta: &impl ReadableTable<&'static str, u64>, key: &str) -> Result<u64, Failure> {
+    meta.get(key)?
+        .map(|value| value.value())
+        .ok_or_else(|| ManagerError::Store(format!("counter {key} is missing")).into())
+}
+
+/// Initialises a fresh store or checks an existing one's version, then reads what the manager
+/// keeps in memory: the servers and which of them owe stripes.
+fn load(db: &Database) -> Result<(BTreeMap<ServerId, ServerRecord>, BTreeSet<ServerId>), Failure> {
+    let txn = db.begin_write()?;
+    let loaded = {
+        let mut tables = Tables::open(&txn)?;
+        let version = tables.meta.get(KEY_FORMAT_VERSION)?.map(|v| v.value());
+        match version {
+            Some(FORMAT_VERSION) => {}
+            Some(found) => return Err(Failure::UnknownFormat(found)),
+            None => {
+                tables.meta.insert(KEY_FORMAT_VERSION, FORMAT_VERSION)?;
+                tables.meta.insert(KEY_FILE_ID_NEXT, ID_FIRST)?;
+                tables.meta.insert(KEY_SERVER_ID_NEXT, ID_FIRST)?;
+            }
+        }
+        let mut servers = BTreeMap::new();
+        for entry in tables.servers.iter()? {
+            let (server, record) = entry?;
+            servers.insert(server.value(), postcard::from_bytes(record.value())?);
+        }
+        let mut indebted = BTreeSet::new();
+        for entry in tables.debts.iter()? {
+            let (key, _) = entry?;
+            indebted.insert(key.value().0);
+        }
+        (servers, indebted)
+    };
+    txn.commit()?;
+    Ok(loaded)
+}
+
+/// Refuses paths the namespace cannot hold.
+fn check_path(path: &str) -> Result<(), Failure> {
+    let problem = if path.is_empty() {
+        "path is empty".to_string()
+    } else if path.contains('\0') {
+        "path contains a NUL byte".to_string()
+    } else if path.len() > PATH_BYTES_MAX {
+        format!(
+            "path is {} bytes long; at most {PATH_BYTES_MAX} are allowed",
+            path.len()
+        )
+    } else {
+        return Ok(());
+    };
+    Err(ManagerError::Layout(problem).into())
+}

@@ -1,0 +1,186 @@
+//! The manager's tables in redb, the encoding of their records, and the failures of using them.
+//!
+//! Layout of format version 1 (records are postcard-encoded):
+//!
+//! ```text
+//! meta:    &str                -> u64              format_version, file_id_next, server_id_next
+//! files:   FileId              -> FileMeta
+//! paths:   &str                -> FileId           the namespace, an index into `files`
+//! servers: ServerId            -> ServerRecord
+//! debts:   (ServerId, FileId)  -> Vec<IndexRange>  normal (see `ranges`), never empty
+//! ```
+
+use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
+use serde::{Deserialize, Serialize};
+use tessera_wire::{FileId, FileMeta, IndexRange, ManagerError, ServerId};
+
+/// File name of the database inside the manager's directory.
+pub(crate) const DB_FILE_NAME: &str = "manager.redb";
+/// Version of the table layout and record encodings this build reads and writes.
+pub(crate) const FORMAT_VERSION: u64 = 1;
+
+/// Key in `meta` of the format version.
+pub(crate) const KEY_FORMAT_VERSION: &str = "format_version";
+/// Key in `meta` of the next file id to hand out.
+pub(crate) const KEY_FILE_ID_NEXT: &str = "file_id_next";
+/// Key in `meta` of the next server id to hand out (kept as u64 so it can pass `ServerId::MAX`).
+pub(crate) const KEY_SERVER_ID_NEXT: &str = "server_id_next";
+/// First id handed out, for files and for servers alike.
+pub(crate) const ID_FIRST: u64 = 1;
+
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+pub(crate) const FILES: TableDefinition<FileId, &[u8]> = TableDefinition::new("files");
+pub(crate) const PATHS: TableDefinition<&str, FileId> = TableDefinition::new("paths");
+pub(crate) const SERVERS: TableDefinition<ServerId, &[u8]> = TableDefinition::new("servers");
+pub(crate) const DEBTS: TableDefinition<(ServerId, FileId), &[u8]> = TableDefinition::new("debts");
+
+/// What the manager remembers of a storage server across restarts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ServerRecord {
+    /// Address clients reach it at.
+    pub addr: String,
+    /// Id of its on-disk store; a new one means the store was wiped.
+    pub incarnation: u64,
+}
+
+/// Why a request could not be answered as asked.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The request is refused for a reason the caller can act on.
+    Refused(ManagerError),
+    /// The embedded store failed.
+    Store(redb::Error),
+    /// A stored record could not be decoded (or a record could not be encoded).
+    Codec(postcard::Error),
+    /// The store was written in a format this build does not know.
+    UnknownFormat(u64),
+}
+
+impl From<Failure> for ManagerError {
+    fn from(failure: Failure) -> ManagerError {
+        match failure {
+            Failure::Refused(error) => error,
+            Failure::Store(error) => ManagerError::Store(error.to_string()),
+            Failure::Codec(error) => ManagerError::Store(format!("bad record: {error}")),
+            Failure::UnknownFormat(found) => ManagerError::Store(format!(
+                "unknown format version {found} (this build reads {FORMAT_VERSION})"
+            )),
+        }
+    }
+}
+
+impl From<ManagerError> for Failure {
+    fn from(error: ManagerError) -> Failure {
+        Failure::Refused(error)
+    }
+}
+
+impl From<postcard::Error> for Failure {
+    fn from(error: postcard::Error) -> Failure {
+        Failure::Codec(error)
+    }
+}
+
+/// Every redb error type converts into `redb::Error`, and from there into a [`Failure`].
+macro_rules! store_failure_from {
+    ($($error:ty),*) => {$(
+        impl From<$error> for Failure {
+            fn from(error: $error) -> Failure {
+                Failure::Store(error.into())
+            }
+        }
+    )*};
+}
+
+store_failure_from!(
+    redb::Error,
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+/// All tables, opened (and created if missing) in one write transaction.
+pub(crate) struct Tables<'txn> {
+    pub meta: Table<'txn, &'static str, u64>,
+    pub files: Table<'txn, FileId, &'static [u8]>,
+    pub paths: Table<'txn, &'static str, FileId>,
+    pub servers: Table<'txn, ServerId, &'static [u8]>,
+    pub debts: Table<'txn, (ServerId, FileId), &'static [u8]>,
+}
+
+impl<'txn> Tables<'txn> {
+    /// Opens every table in `txn`, creating those that do not exist yet.
+    pub fn open(txn: &'txn WriteTransaction) -> Result<Tables<'txn>, Failure> {
+        Ok(Tables {
+            meta: txn.open_table(META)?,
+            files: txn.open_table(FILES)?,
+            paths: txn.open_table(PATHS)?,
+            servers: txn.open_table(SERVERS)?,
+            debts: txn.open_table(DEBTS)?,
+        })
+    }
+}
+
+/// A file's metadata, if the file exists.
+pub(crate) fn read_file(
+    files: &impl ReadableTable<FileId, &'static [u8]>,
+    file: FileId,
+) -> Result<Option<FileMeta>, Failure> {
+    match files.get(file)? {
+        Some(record) => Ok(Some(postcard::from_bytes(record.value())?)),
+        None => Ok(None),
+    }
+}
+
+/// Every file whose columns include `server`, in file id order.
+pub(crate) fn read_files_on(
+    files: &impl ReadableTable<FileId, &'static [u8]>,
+    server: ServerId,
+) -> Result<Vec<FileMeta>, Failure> {
+    let mut found = Vec::new();
+    for entry in files.iter()? {
+        let (_, record) = entry?;
+        let meta: FileMeta = postcard::from_bytes(record.value())?;
+        if meta.servers.contains(&server) {
+            found.push(meta);
+        }
+    }
+    Ok(found)
+}
+
+/// A server's record, if the server is known.
+pub(crate) fn read_server(
+    servers: &impl ReadableTable<ServerId, &'static [u8]>,
+    server: ServerId,
+) -> Result<Option<ServerRecord>, Failure> {
+    match servers.get(server)? {
+        Some(record) => Ok(Some(postcard::from_bytes(record.value())?)),
+        None => Ok(None),
+    }
+}
+
+/// The stripes `server` owes of `file`: a normal list, empty if it owes nothing.
+pub(crate) fn read_debt(
+    debts: &impl ReadableTable<(ServerId, FileId), &'static [u8]>,
+    server: ServerId,
+    file: FileId,
+) -> Result<Vec<IndexRange>, Failure> {
+    match debts.get((server, file))? {
+        Some(record) => Ok(postcard::from_bytes(record.value())?),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// Whether `server` owes stripes of any file.
+pub(crate) fn has_debt(
+    debts: &impl ReadableTable<(ServerId, FileId), &'static [u8]>,
+    server: ServerId,
+) -> Result<bool, Failure> {
+    let first = debts
+        .range((server, FileId::MIN)..=(server, FileId::MAX))?
+        .next()
+        .transpose()?;
+    Ok(first.is_some())
+}

@@ -1,0 +1,721 @@
+//! Manager scenarios: the namespace, liveness over virtual time, debts, wiped stores, restarts.
+
+use super::*;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tessera_layout::Scheme;
+use tessera_wire::{
+    FileId, FileMeta, FileView, IndexRange, LayoutRequest, ManagerError, ManagerRequest,
+    ManagerResponse, MissedStripes, ServerId, ServerState, ServerStatus,
+};
+
+const STRIPE_UNIT: u32 = 65536;
+const INCARNATION: u64 = 7;
+
+/// A manager in a temporary directory with a virtual clock.
+struct Harness {
+    dir: tempfile::TempDir,
+    /// Always present except while a reopen swaps it.
+    manager: Option<Manager>,
+    now: Instant,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = Some(open(dir.path()));
+        Harness {
+            dir,
+            manager,
+            now: Instant::now(),
+        }
+    }
+
+    /// A harness with `count` servers registered (ids 1..=count).
+    fn with_servers(count: u32) -> Harness {
+        let mut harness = Harness::new();
+        for expected in 1..=count {
+            assert_eq!(harness.register(None, INCARNATION), expected);
+        }
+        harness
+    }
+
+    fn manager(&mut self) -> &mut Manager {
+        self.manager.as_mut().expect("manager open")
+    }
+
+    fn handle(&mut self, request: ManagerRequest) -> ManagerResponse {
+        let now = self.now;
+        self.manager().handle(request, now)
+    }
+
+    fn state(&mut self, server: ServerId) -> Option<ServerState> {
+        self.manager().server_state(server)
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now += by;
+    }
+
+    /// Drops the manager and opens the store again, as a restart would.
+    fn reopen(&mut self) {
+        // Close the old manager first: the store cannot be open twice.
+        drop(self.manager.take());
+        self.manager = Some(open(self.dir.path()));
+    }
+
+    fn register(&mut self, server: Option<ServerId>, incarnation: u64) -> ServerId {
+        let addr = format!("127.0.0.1:{}", 7000 + server.unwrap_or(0));
+        match self.handle(ManagerRequest::Register {
+            server,
+            addr,
+            incarnation,
+        }) {
+            ManagerResponse::Registered { server, .. } => server,
+            other => panic!("register answered {other:?}"),
+        }
+    }
+
+    fn heartbeat(&mut self, server: ServerId, incarnation: u64) -> ManagerResponse {
+        self.handle(ManagerRequest::Heartbeat {
+            server,
+            incarnation,
+        })
+    }
+
+    fn create_with(&mut self, path: &str, scheme: Scheme, width: Option<u32>) -> ManagerResponse {
+        self.handle(ManagerRequest::Create {
+            path: path.to_string(),
+            layout: LayoutRequest {
+                scheme,
+                stripe_unit: STRIPE_UNIT,
+                width,
+            },
+            replace: false,
+        })
+    }
+
+    fn create(&mut self, path: &str, scheme: Scheme, width: Option<u32>) -> FileView {
+        match self.create_with(path, scheme, width) {
+            ManagerResponse::File(view) => view,
+            other => panic!("create {path} answered {other:?}"),
+        }
+    }
+
+    fn lookup(&mut self, path: &str) -> FileView {
+        match self.handle(ManagerRequest::Lookup {
+            path: path.to_string(),
+        }) {
+            ManagerResponse::File(view) => view,
+            other => panic!("lookup {path} answered {other:?}"),
+        }
+    }
+
+    fn list(&mut self, prefix: &str) -> Vec<String> {
+        match self.handle(ManagerRequest::List {
+            prefix: prefix.to_string(),
+        }) {
+            ManagerResponse::Files(metas) => metas.into_iter().map(|meta| meta.path).collect(),
+            other => panic!("list {prefix} answered {other:?}"),
+        }
+    }
+
+    fn missed(&mut self, server: ServerId, file: FileId, start: u64, end: u64) {
+        let answer = self.handle(ManagerRequest::ReportMissed {
+            server,
+            file,
+            stripes: IndexRange::new(start, end),
+        });
+        assert_eq!(answer, ManagerResponse::Done);
+    }
+
+    fn resynced(&mut self, server: ServerId, file: FileId, start: u64, end: u64) {
+        let answer = self.handle(ManagerRequest::Resynced {
+            server,
+            file,
+            stripes: IndexRange::new(start, end),
+        });
+        assert_eq!(answer, ManagerResponse::Done);
+    }
+
+    fn debts(&mut self, server: ServerId) -> Vec<(String, Vec<IndexRange>)> {
+        match self.handle(ManagerRequest::FilesOnServer { server }) {
+            ManagerResponse::Debts(debts) => debts
+                .into_iter()
+                .map(|debt| (debt.meta.path, debt.missed))
+                .collect(),
+            other => panic!("files on server {server} answered {other:?}"),
+        }
+    }
+
+    fn states(&mut self) -> Vec<(ServerId, ServerState)> {
+        match self.handle(ManagerRequest::Status) {
+            ManagerResponse::Servers(servers) => servers
+                .into_iter()
+                .map(|status| (status.id, status.state))
+                .collect(),
+            other => panic!("status answered {other:?}"),
+        }
+    }
+}
+
+fn open(dir: &Path) -> Manager {
+    Manager::open(dir, ManagerConfig::default()).unwrap()
+}
+
+fn error(answer: ManagerResponse) -> ManagerError {
+    match answer {
+        ManagerResponse::Error(error) => error,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+fn whole() -> Vec<IndexRange> {
+    vec![IndexRange::new(0, u64::MAX)]
+}
+
+#[test]
+fn create_lookup_list_set_size_and_remove() {
+    let mut harness = Harness::with_servers(3);
+    let created = harness.create("/dir/a", Scheme::Raid5, None);
+    assert_eq!(created.meta.id, 1);
+    assert_eq!(created.meta.size, 0);
+    assert_eq!(created.meta.layout.width, 3);
+    assert_eq!(created.meta.layout.stripe_unit, STRIPE_UNIT);
+    assert_eq!(created.columns.len(), 3);
+    assert!(created.columns.iter().all(|c| c.state == ServerState::Up));
+    assert!(created.missed.is_empty());
+    harness.create("/dir/b", Scheme::Raid0, Some(2));
+    harness.create("/other", Scheme::Raid1, Some(2));
+
+    assert_eq!(harness.lookup("/dir/a"), created);
+    let by_id = harness.handle(ManagerRequest::LookupId { file: 1 });
+    assert_eq!(by_id, ManagerResponse::File(created.clone()));
+    assert_eq!(harness.list("/dir/"), vec!["/dir/a", "/dir/b"]);
+    assert_eq!(harness.list(""), vec!["/dir/a", "/dir/b", "/other"]);
+    assert!(harness.list("/none").is_empty());
+
+    let set_size = |size, grow_only| ManagerRequest::SetSize {
+        file: 1,
+        size,
+        grow_only,
+    };
+    assert_eq!(harness.handle(set_size(5000, false)), ManagerResponse::Done);
+    assert_eq!(harness.lookup("/dir/a").meta.size, 5000);
+    assert_eq!(harness.handle(set_size(100, true)), ManagerResponse::Done);
+    assert_eq!(harness.lookup("/dir/a").meta.size, 5000);
+    assert_eq!(harness.handle(set_size(100, false)), ManagerResponse::Done);
+    assert_eq!(harness.lookup("/dir/a").meta.size, 100);
+
+    let removed = harness.handle(ManagerRequest::Remove {
+        path: "/dir/a".into(),
+    });
+    let ManagerResponse::Meta(meta) = removed else {
+        panic!("remove answered {removed:?}")
+    };
+    assert_eq!((meta.id, meta.size), (1, 100));
+    assert_eq!(harness.list("/dir/"), vec!["/dir/b"]);
+    assert_eq!(
+        error(harness.handle(ManagerRequest::LookupId { file: 1 })),
+        ManagerError::NotFound("1".into())
+    );
+}
+
+#[test]
+fn existing_path_is_refused_unless_replaced() {
+    let mut harness = Harness::with_servers(3);
+    let old = harness.create("/a", Scheme::Raid5, None);
+    assert_eq!(
+        error(harness.create_with("/a", Scheme::Raid0, None)),
+        ManagerError::Exists("/a".into())
+    );
+    harness.missed(2, old.meta.id, 0, 4);
+    assert_eq!(harness.state(2), Some(ServerState::Stale));
+
+    let replaced = harness.handle(ManagerRequest::Create {
+        path: "/a".into(),
+        layout: LayoutRequest {
+            scheme: Scheme::Raid0,
+            stripe_unit: STRIPE_UNIT,
+            width: Some(2),
+        },
+        replace: true,
+    });
+    let ManagerResponse::File(new) = replaced else {
+        panic!("replace answered {replaced:?}")
+    };
+    // A new file with a new id; the old one is gone with its debts.
+    assert_ne!(new.meta.id, old.meta.id);
+    assert_eq!(new.meta.layout.scheme, Scheme::Raid0);
+    assert_eq!(harness.lookup("/a"), new);
+    assert_eq!(
+        error(harness.handle(ManagerRequest::LookupId { file: old.meta.id })),
+        ManagerError::NotFound(old.meta.id.to_string())
+    );
+    assert_eq!(harness.state(2), Some(ServerState::Up));
+}
+
+#[test]
+fn missing_files_are_not_found() {
+    let mut harness = Harness::with_servers(1);
+    let not_found = |path: &str| ManagerError::NotFound(path.into());
+    let lookup = ManagerRequest::Lookup { path: "/x".into() };
+    assert_eq!(error(harness.handle(lookup)), not_found("/x"));
+    let remove = ManagerRequest::Remove { path: "/x".into() };
+    assert_eq!(error(harness.handle(remove)), not_found("/x"));
+    let lookup_id = ManagerRequest::LookupId { file: 9 };
+    assert_eq!(error(harness.handle(lookup_id)), not_found("9"));
+    let set_size = ManagerRequest::SetSize {
+        file: 9,
+        size: 1,
+        grow_only: false,
+    };
+    assert_eq!(error(harness.handle(set_size)), not_found("9"));
+    let stripes = IndexRange::new(0, 1);
+    let missed = ManagerRequest::ReportMissed {
+        server: 1,
+        file: 9,
+        stripes,
+    };
+    assert_eq!(error(harness.handle(missed)), not_found("9"));
+    let resynced = ManagerRequest::Resynced {
+        server: 1,
+        file: 9,
+        stripes,
+    };
+    assert_eq!(error(harness.handle(resynced)), not_found("9"));
+}
+
+#[test]
+fn unknown_servers_are_refused() {
+    let mut harness = Harness::with_servers(3);
+    let file = harness.create("/a", Scheme::Raid5, None).meta.id;
+    let stripes = IndexRange::new(0, 1);
+    let requests = [
+        ManagerRequest::Heartbeat {
+            server: 9,
+            incarnation: INCARNATION,
+        },
+        ManagerRequest::ReportMissed {
+            server: 9,
+            file,
+            stripes,
+        },
+        ManagerRequest::Resynced {
+            server: 9,
+            file,
+            stripes,
+        },
+        ManagerRequest::ReportDown { server: 9 },
+        ManagerRequest::FilesOnServer { server: 9 },
+    ];
+    for request in requests {
+        assert_eq!(
+            error(harness.handle(request)),
+            ManagerError::UnknownServer(9)
+        );
+    }
+    assert_eq!(harness.state(9), None);
+}
+
+#[test]
+fn width_beyond_servers_up_is_refused() {
+    let mut harness = Harness::with_servers(3);
+    assert_eq!(
+        error(harness.create_with("/a", Scheme::Raid0, Some(4))),
+        ManagerError::NotEnoughServers { wanted: 4, up: 3 }
+    );
+    // Down servers do not count.
+    assert_eq!(
+        harness.handle(ManagerRequest::ReportDown { server: 3 }),
+        ManagerResponse::Done
+    );
+    assert_eq!(
+        error(harness.create_with("/a", Scheme::Raid5, Some(3))),
+        ManagerError::NotEnoughServers { wanted: 3, up: 2 }
+    );
+    // With no width given, a scheme needing more servers than are up is refused the same way.
+    assert_eq!(
+        error(harness.create_with("/a", Scheme::Raid5, None)),
+        ManagerError::NotEnoughServers { wanted: 3, up: 2 }
+    );
+    let view = harness.create("/a", Scheme::Raid1, None);
+    assert_eq!(view.meta.layout.width, 2);
+    assert!(!view.meta.servers.contains(&3));
+}
+
+#[test]
+fn bad_paths_and_layouts_are_refused() {
+    let mut harness = Harness::with_servers(3);
+    let too_long = "p".repeat(PATH_BYTES_MAX + 1);
+    for path in ["", "/a\0b", too_long.as_str()] {
+        let answer = harness.create_with(path, Scheme::Raid0, None);
+        assert!(
+            matches!(answer, ManagerResponse::Error(ManagerError::Layout(_))),
+            "path {path:?} answered {answer:?}"
+        );
+    }
+    harness.create(&"p".repeat(PATH_BYTES_MAX), Scheme::Raid0, None);
+
+    let bad_unit = harness.handle(ManagerRequest::Create {
+        path: "/a".into(),
+        layout: LayoutRequest {
+            scheme: Scheme::Raid0,
+            stripe_unit: 1000,
+            width: None,
+        },
+        replace: false,
+    });
+    assert!(matches!(
+        bad_unit,
+        ManagerResponse::Error(ManagerError::Layout(_))
+    ));
+    assert!(matches!(
+        harness.create_with("/a", Scheme::Raid5, Some(2)),
+        ManagerResponse::Error(ManagerError::Layout(_))
+    ));
+    // Nothing was created by the refused requests.
+    assert_eq!(harness.list("/").len(), 0);
+}
+
+#[test]
+fn silent_server_goes_down_on_tick_and_up_on_heartbeat() {
+    let mut harness = Harness::with_servers(2);
+    let timeout = HEARTBEAT_TIMEOUT_DEFAULT;
+    assert_eq!(
+        harness.manager().poll_timeout(),
+        Some(harness.now + timeout)
+    );
+
+    harness.advance(timeout / 2);
+    assert_eq!(
+        harness.heartbeat(1, INCARNATION),
+        ManagerResponse::Registered {
+            server: 1,
+            state: ServerState::Up
+        }
+    );
+    harness.advance(timeout / 2);
+    let now = harness.now;
+    harness.manager().tick(now);
+    assert_eq!(harness.state(1), Some(ServerState::Up));
+    assert_eq!(harness.state(2), Some(ServerState::Down));
+    assert_eq!(harness.manager().poll_timeout(), Some(now + timeout / 2));
+    assert_eq!(
+        harness.states(),
+        vec![(1, ServerState::Up), (2, ServerState::Down)]
+    );
+
+    assert_eq!(
+        harness.heartbeat(2, INCARNATION),
+        ManagerResponse::Registered {
+            server: 2,
+            state: ServerState::Up
+        }
+    );
+    assert_eq!(harness.state(2), Some(ServerState::Up));
+
+    // Both fall silent; a request sees them down even if no tick came in between.
+    harness.advance(timeout * 2);
+    assert_eq!(
+        harness.states(),
+        vec![(1, ServerState::Down), (2, ServerState::Down)]
+    );
+    assert_eq!(harness.manager().poll_timeout(), None);
+}
+
+#[test]
+fn reported_server_is_down_until_it_heartbeats() {
+    let mut harness = Harness::with_servers(3);
+    let view = harness.create("/a", Scheme::Raid5, None);
+    let report = ManagerRequest::ReportDown { server: 2 };
+    assert_eq!(harness.handle(report), ManagerResponse::Done);
+    assert_eq!(harness.state(2), Some(ServerState::Down));
+    let columns = harness.lookup("/a").columns;
+    let down: Vec<ServerId> = columns
+        .iter()
+        .filter(|c| c.state == ServerState::Down)
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(down, vec![2]);
+    assert_eq!(view.meta.servers.len(), columns.len());
+
+    harness.heartbeat(2, INCARNATION);
+    assert_eq!(harness.state(2), Some(ServerState::Up));
+}
+
+#[test]
+fn missed_stripes_make_server_stale_until_resynced() {
+    let mut harness = Harness::with_servers(3);
+    let file = harness.create("/a", Scheme::Raid5, None).meta.id;
+    let other = harness.create("/b", Scheme::Raid5, None).meta.id;
+    harness.missed(2, file, 10, 20);
+    harness.missed(2, file, 15, 30);
+    harness.missed(2, file, 40, 50);
+    harness.missed(3, other, 0, 1);
+    assert_eq!(harness.state(2), Some(ServerState::Stale));
+    assert_eq!(harness.state(1), Some(ServerState::Up));
+    assert_eq!(
+        harness.heartbeat(2, INCARNATION),
+        ManagerResponse::Registered {
+            server: 2,
+            state: ServerState::Stale
+        }
+    );
+
+    let view = harness.lookup("/a");
+    assert_eq!(
+        view.missed,
+        vec![MissedStripes {
+            server: 2,
+            stripes: vec![IndexRange::new(10, 30), IndexRange::new(40, 50)],
+        }]
+    );
+    let column_of_2 = view.meta.servers.iter().position(|&s| s == 2).unwrap();
+    assert_eq!(view.columns[column_of_2].state, ServerState::Stale);
+    assert_eq!(
+        harness.debts(2),
+        vec![
+            (
+                "/a".to_string(),
+                vec![IndexRange::new(10, 30), IndexRange::new(40, 50)]
+            ),
+            ("/b".to_string(), vec![]),
+        ]
+    );
+
+    // A server outside the file cannot owe stripes of it.
+    let harness_file_width_2 = harness.create("/c", Scheme::Raid0, Some(2)).meta;
+    let outsider = (1..=3)
+        .find(|s| !harness_file_width_2.servers.contains(s))
+        .unwrap();
+    let answer = harness.handle(ManagerRequest::ReportMissed {
+        server: outsider,
+        file: harness_file_width_2.id,
+        stripes: IndexRange::new(0, 1),
+    });
+    assert!(matches!(error(answer), ManagerError::Layout(_)));
+
+    harness.resynced(2, file, 12, 25);
+    assert_eq!(
+        harness.lookup("/a").missed[0].stripes,
+        vec![
+            IndexRange::new(10, 12),
+            IndexRange::new(25, 30),
+            IndexRange::new(40, 50)
+        ]
+    );
+    harness.resynced(2, file, 0, 100);
+    assert!(harness.lookup("/a").missed.is_empty());
+    assert_eq!(harness.state(2), Some(ServerState::Up));
+    // Server 3 still owes stripe 0 of the other file.
+    assert_eq!(harness.state(3), Some(ServerState::Stale));
+    harness.resynced(3, other, 0, 1);
+    assert_eq!(harness.state(3), Some(ServerState::Up));
+}
+
+#[test]
+fn wiped_store_owes_every_file_it_holds() {
+    let mut harness = Harness::with_servers(4);
+    // Width 2 over 4 servers: files land on different pairs.
+    let metas: Vec<FileMeta> = (0..4)
+        .map(|n| {
+            harness
+                .create(&format!("/f{n}"), Scheme::Raid1, Some(2))
+                .meta
+        })
+        .collect();
+    let holds_3: Vec<&FileMeta> = metas.iter().filter(|m| m.servers.contains(&3)).collect();
+    assert!(!holds_3.is_empty() && holds_3.len() < metas.len());
+
+    // Server 3 restarts with an empty store: a new incarnation, noticed at its heartbeat.
+    let answer = harness.heartbeat(3, INCARNATION + 1);
+    assert_eq!(
+        answer,
+        ManagerResponse::Registered {
+            server: 3,
+            state: ServerState::Stale
+        }
+    );
+    for meta in &metas {
+        let missed = harness.lookup(&meta.path).missed;
+        if meta.servers.contains(&3) {
+            let expected = vec![MissedStripes {
+                server: 3,
+                stripes: whole(),
+            }];
+            assert_eq!(missed, expected, "{}", meta.path);
+        } else {
+            assert!(missed.is_empty(), "{}", meta.path);
+        }
+    }
+    let debts = harness.debts(3);
+    assert_eq!(debts.len(), holds_3.len());
+    assert!(debts.iter().all(|(_, missed)| *missed == whole()));
+    // The new incarnation is recorded: heartbeating with it again changes nothing.
+    assert_eq!(harness.heartbeat(3, INCARNATION + 1), answer);
+    assert_eq!(harness.state(4), Some(ServerState::Up));
+
+    // The same through Register: server 4's store is wiped too.
+    assert_eq!(harness.register(Some(4), INCARNATION + 5), 4);
+    assert_eq!(harness.state(4), Some(ServerState::Stale));
+    let holds_4 = metas.iter().filter(|m| m.servers.contains(&4)).count();
+    assert_eq!(harness.debts(4).len(), holds_4);
+}
+
+#[test]
+fn register_keeps_a_known_id_and_never_reuses_it() {
+    let mut harness = Harness::with_servers(1);
+    // A server the manager has never heard of keeps the id it brings.
+    assert_eq!(harness.register(Some(10), INCARNATION), 10);
+    assert_eq!(harness.register(None, INCARNATION), 11);
+    // Re-registering updates the address and keeps the id.
+    let answer = harness.handle(ManagerRequest::Register {
+        server: Some(1),
+        addr: "10.0.0.1:9".into(),
+        incarnation: INCARNATION,
+    });
+    assert_eq!(
+        answer,
+        ManagerResponse::Registered {
+            server: 1,
+            state: ServerState::Up
+        }
+    );
+    let ManagerResponse::Servers(servers) = harness.handle(ManagerRequest::Status) else {
+        panic!()
+    };
+    assert_eq!(
+        servers[0],
+        ServerStatus {
+            id: 1,
+            addr: "10.0.0.1:9".into(),
+            state: ServerState::Up
+        }
+    );
+    let ids: Vec<ServerId> = servers.iter().map(|s| s.id).collect();
+    assert_eq!(ids, vec![1, 10, 11]);
+}
+
+#[test]
+fn everything_survives_reopen_and_servers_start_down() {
+    let mut harness = Harness::with_servers(3);
+    let a = harness.create("/a", Scheme::Raid5, None).meta;
+    let b = harness.create("/b", Scheme::Raid0, Some(2)).meta;
+    let set_size = ManagerRequest::SetSize {
+        file: a.id,
+        size: 123_456,
+        grow_only: true,
+    };
+    assert_eq!(harness.handle(set_size), ManagerResponse::Done);
+    harness.missed(a.servers[1], a.id, 3, 9);
+    let stale = a.servers[1];
+    let servers_before = harness.states();
+
+    harness.reopen();
+
+    // Everything known is there; every server is down until it speaks.
+    let states = harness.states();
+    assert_eq!(states.len(), servers_before.len());
+    assert!(states.iter().all(|&(_, state)| state == ServerState::Down));
+    let view = harness.lookup("/a");
+    assert_eq!(view.meta.size, 123_456);
+    assert_eq!(view.meta.servers, a.servers);
+    assert!(view.columns.iter().all(|c| c.state == ServerState::Down));
+    assert_eq!(
+        view.missed,
+        vec![MissedStripes {
+            server: stale,
+            stripes: vec![IndexRange::new(3, 9)]
+        }]
+    );
+    assert_eq!(harness.lookup("/b").meta, b);
+    assert_eq!(
+        error(harness.create_with("/c", Scheme::Raid0, None)),
+        ManagerError::NotEnoughServers { wanted: 1, up: 0 }
+    );
+
+    // Servers come back with their old incarnation: no new debts, the old one still stands.
+    for server in 1..=3 {
+        let expected = if server == stale {
+            ServerState::Stale
+        } else {
+            ServerState::Up
+        };
+        assert_eq!(
+            harness.heartbeat(server, INCARNATION),
+            ManagerResponse::Registered {
+                server,
+                state: expected
+            }
+        );
+    }
+    let debts = harness.debts(stale);
+    assert_eq!(debts[0], ("/a".to_string(), vec![IndexRange::new(3, 9)]));
+
+    // Counters carried on: new ids follow the old ones.
+    let c = harness.create("/c", Scheme::Raid0, None).meta;
+    assert_eq!(c.id, b.id + 1);
+    assert_eq!(harness.register(None, INCARNATION), 4);
+
+    // Incarnations survived too: a changed one after reopen is still seen as a wipe.
+    harness.reopen();
+    harness.heartbeat(1, INCARNATION + 1);
+    assert_eq!(harness.debts(1).len(), 3);
+    assert!(harness
+        .debts(1)
+        .iter()
+        .all(|(_, missed)| *missed == whole()));
+}
+
+#[test]
+fn files_spread_over_servers() {
+    let mut harness = Harness::with_servers(5);
+    let firsts: std::collections::BTreeSet<ServerId> = (0..5)
+        .map(|n| {
+            harness
+                .create(&format!("/f{n}"), Scheme::Raid5, Some(3))
+                .meta
+        })
+        .map(|meta| {
+            // Columns are consecutive live servers, wrapping around.
+            for pair in meta.servers.windows(2) {
+                assert_eq!(pair[1], pair[0] % 5 + 1);
+            }
+            meta.servers[0]
+        })
+        .collect();
+    assert_eq!(firsts.len(), 5);
+}
+
+#[test]
+fn unknown_format_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path()));
+    {
+        let db = redb::Database::create(dir.path().join(store::DB_FILE_NAME)).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(store::META)
+            .unwrap()
+            .insert(store::KEY_FORMAT_VERSION, 99)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    match Manager::open(dir.path(), ManagerConfig::default()) {
+        Err(ManagerOpenError::UnknownFormat {
+            found: 99,
+            expected: 1,
+            ..
+        }) => {}
+        Err(other) => panic!("open failed otherwise: {other}"),
+        Ok(_) => panic!("opened a store of an unknown format"),
+    }
+}
+
+#[test]
+fn open_creates_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let nested = dir.path().join("a/b");
+    drop(open(&nested));
+    assert!(nested.join("manager.redb").is_file());
+}

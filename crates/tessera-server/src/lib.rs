@@ -1,0 +1,369 @@
+//! Tessera's storage server daemon.
+//!
+//! This crate owns the glue between a transport and a [`tessera_store::Store`]: it decodes
+//! [`StorageRequest`]s, runs them against the store (disk work on the blocking pool), keeps the
+//! CSAR parity locks per connection (released when the connection goes), and keeps the server
+//! registered and heartbeating with the metadata manager. It holds no layout knowledge: the
+//! client tells it byte offsets in its data, redundancy and overflow files.
+
+use bytes::Bytes;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_store::{ParityLocks, Store};
+use tessera_transport::{
+    serve_tcp, BoxFuture, ConnectionId, FrameHandler, TcpConfig, TcpTransport, Transport,
+};
+use tessera_wire::{
+    encode_message, ManagerError, ManagerRequest, ManagerResponse, OverflowExtent, ServerId,
+    StorageError, StorageRequest, StorageResponse,
+};
+use tokio::net::TcpListener;
+
+/// How often the server tells the manager it is alive.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(300);
+
+/// Errors starting a server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The data directory could not be opened as a store.
+    #[error("cannot open store at {dir}: {error}")]
+    Store {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        error: StorageError,
+    },
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {detail}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// What the OS said.
+        detail: String,
+    },
+}
+
+/// What a server needs to start.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The manager's address.
+    pub manager: SocketAddr,
+    /// Address to listen on (port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// Address to advertise to clients; defaults to the bound address.
+    pub advertise: Option<SocketAddr>,
+    /// Data directory.
+    pub dir: PathBuf,
+    /// Id to claim at registration if the store has none yet.
+    pub id: Option<ServerId>,
+}
+
+/// A running server.
+pub struct RunningServer {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// Its id, once registered (0 until then).
+    id: Arc<AtomicU32>,
+    serve: tokio::task::JoinHandle<()>,
+    heartbeat: tokio::task::JoinHandle<()>,
+}
+
+impl RunningServer {
+    /// The id the manager knows this server by, once registered.
+    pub fn id(&self) -> Option<ServerId> {
+        match self.id.load(Ordering::Acquire) {
+            0 => None,
+            id => Some(id),
+        }
+    }
+
+    /// Wait until the server has registered with the manager.
+    pub async fn registered(&self) -> ServerId {
+        loop {
+            if let Some(id) = self.id() {
+                return id;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Run until the serving task ends (it does not, short of a panic).
+    pub async fn wait(self) {
+        let _ = self.serve.await;
+        self.heartbeat.abort();
+    }
+
+    /// Stop serving.
+    pub fn stop(self) {
+        self.serve.abort();
+        self.heartbeat.abort();
+    }
+}
+
+/// Open the store, start serving and keep registered with the manager.
+pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
+    let dir = config.dir.clone();
+    let store = tokio::task::spawn_blocking(move || Store::open(&dir))
+        .await
+        .expect("store open does not panic")
+        .map_err(|error| ServerError::Store {
+            dir: config.dir.clone(),
+            error,
+        })?;
+    let store = Arc::new(store);
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| ServerError::Listen {
+            addr: config.listen,
+            detail: e.to_string(),
+        })?;
+    let addr = listener.local_addr().map_err(|e| ServerError::Listen {
+        addr: config.listen,
+        detail: e.to_string(),
+    })?;
+    let id = Arc::new(AtomicU32::new(0));
+    let handler = Arc::new(StorageHandler {
+        store: store.clone(),
+        locks: Arc::new(ParityLocks::new()),
+        id: id.clone(),
+    });
+    let serve = tokio::spawn(serve_tcp(listener, handler));
+    let advertise = config.advertise.unwrap_or(addr);
+    let heartbeat = tokio::spawn(keep_registered(
+        config.manager,
+        advertise,
+        store,
+        config.id,
+        id.clone(),
+    ));
+    Ok(RunningServer {
+        addr,
+        id,
+        serve,
+        heartbeat,
+    })
+}
+
+/// Register (once an id is known, re-register whenever the manager forgets us) and heartbeat.
+async fn keep_registered(
+    manager: SocketAddr,
+    advertise: SocketAddr,
+    store: Arc<Store>,
+    wanted_id: Option<ServerId>,
+    id: Arc<AtomicU32>,
+) {
+    let transport: Arc<TcpTransport> = Arc::new(TcpTransport::new(TcpConfig {
+        connect_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(3),
+    }));
+    let incarnation = store.incarnation();
+    let mut registered = false;
+    loop {
+        let request = if registered {
+            ManagerRequest::Heartbeat {
+                server: id.load(Ordering::Acquire),
+                incarnation,
+            }
+        } else {
+            ManagerRequest::Register {
+                server: store.server_id().or(wanted_id),
+                addr: advertise.to_string(),
+                incarnation,
+            }
+        };
+        let answer = tessera_transport::call::<_, ManagerResponse>(
+            &transport as &dyn Transport,
+            manager,
+            &request,
+            Bytes::new(),
+        )
+        .await;
+        match answer {
+            Ok((ManagerResponse::Registered { server, .. }, _)) => {
+                if store.server_id() != Some(server) {
+                    let store = store.clone();
+                    let saved =
+                        tokio::task::spawn_blocking(move || store.set_server_id(server)).await;
+                    if !matches!(saved, Ok(Ok(()))) {
+                        tracing::error!("cannot persist server id {server}");
+                    }
+                }
+                id.store(server, Ordering::Release);
+                registered = true;
+            }
+            Ok((ManagerResponse::Error(ManagerError::UnknownServer(_)), _)) => registered = false,
+            Ok((other, _)) => tracing::warn!("manager answered {other:?}"),
+            Err(e) => tracing::debug!("manager unreachable: {e}"),
+        }
+        tokio::time::sleep(HEARTBEAT_INTERVAL).await;
+    }
+}
+
+struct StorageHandler {
+    store: Arc<Store>,
+    locks: Arc<ParityLocks>,
+    id: Arc<AtomicU32>,
+}
+
+impl FrameHandler for StorageHandler {
+    fn handle(
+        &self,
+        connection: ConnectionId,
+        message: Bytes,
+        payload: Bytes,
+    ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
+        let request: StorageRequest = match tessera_wire::decode_message(&message) {
+            Ok(request) => request,
+            Err(e) => {
+                tracing::info!("undecodable request: {e}");
+                return Box::pin(async { None });
+            }
+        };
+        let store = self.store.clone();
+        let locks = self.locks.clone();
+        let id = self.id.load(Ordering::Acquire);
+        Box::pin(async move {
+            let (response, payload) = serve(store, locks, id, connection, request, payload)
+                .await
+                .unwrap_or_else(|e| (StorageResponse::Error(e), Bytes::new()));
+            Some((Bytes::from(encode_message(&response)), payload))
+        })
+    }
+
+    fn closed(&self, connection: ConnectionId) {
+        self.locks.release_all(connection);
+    }
+}
+
+/// Run a blocking store call on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+) -> Result<T, StorageError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(StorageError::Disk {
+            detail: format!("store task failed: {e}"),
+        }))
+}
+
+async fn serve(
+    store: Arc<Store>,
+    locks: Arc<ParityLocks>,
+    id: ServerId,
+    connection: ConnectionId,
+    request: StorageRequest,
+    payload: Bytes,
+) -> Result<(StorageResponse, Bytes), StorageError> {
+    let done = Ok((StorageResponse::Done, Bytes::new()));
+    match request {
+        StorageRequest::Ping => Ok((
+            StorageResponse::Pong {
+                server: (id != 0).then_some(id),
+            },
+            Bytes::new(),
+        )),
+        StorageRequest::Read {
+            file,
+            region,
+            offset,
+            len,
+            overlay,
+        } => {
+            let data = blocking(move || store.read(file, region, offset, len, overlay)).await?;
+            Ok((StorageResponse::Data, Bytes::from(data)))
+        }
+        StorageRequest::Write {
+            file,
+            region,
+            offset,
+            invalidate_overflow,
+        } => {
+            blocking(move || store.write(file, region, offset, &payload, invalidate_overflow))
+                .await?;
+            done
+        }
+        StorageRequest::LockParity {
+            file,
+            stripe,
+            offset,
+            len,
+        } => {
+            locks.lock(file, stripe, connection).await;
+            let read = blocking(move || {
+                store.read(file, tessera_layout::Region::Redundancy, offset, len, false)
+            })
+            .await;
+            match read {
+                Ok(data) => Ok((StorageResponse::Data, Bytes::from(data))),
+                Err(e) => {
+                    let _ = locks.unlock(file, stripe, connection);
+                    Err(e)
+                }
+            }
+        }
+        StorageRequest::WriteParity {
+            file,
+            stripe,
+            offset,
+            unlock,
+        } => {
+            let written = blocking(move || {
+                store.write(
+                    file,
+                    tessera_layout::Region::Redundancy,
+                    offset,
+                    &payload,
+                    false,
+                )
+            })
+            .await;
+            if unlock {
+                locks.unlock(file, stripe, connection)?;
+            }
+            written?;
+            done
+        }
+        StorageRequest::UnlockParity { file, stripe } => {
+            locks.unlock(file, stripe, connection)?;
+            done
+        }
+        StorageRequest::OverflowWrite { file, role, offset } => {
+            blocking(move || store.overflow_write(file, role, offset, &payload)).await?;
+            done
+        }
+        StorageRequest::OverflowInvalidate {
+            file,
+            role,
+            offset,
+            len,
+        } => {
+            blocking(move || store.overflow_invalidate(file, role, offset, len)).await?;
+            done
+        }
+        StorageRequest::OverflowList {
+            file,
+            role,
+            offset,
+            len,
+        } => {
+            let (entries, bytes): (Vec<OverflowExtent>, Vec<u8>) =
+                blocking(move || store.overflow_list(file, role, offset, len)).await?;
+            Ok((StorageResponse::Overflow { entries }, Bytes::from(bytes)))
+        }
+        StorageRequest::Sync => {
+            blocking(move || store.sync()).await?;
+            done
+        }
+        StorageRequest::Remove { file } => {
+            blocking(move || store.remove(file)).await?;
+            done
+        }
+        StorageRequest::Usage { file } => {
+            let stored_bytes = blocking(move || store.usage(file)).await?;
+            Ok((StorageResponse::Usage { stored_bytes }, Bytes::new()))
+        }
+    }
+}

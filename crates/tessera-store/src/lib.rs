@@ -1,0 +1,89 @@
+//! One storage server's on-disk store, and its table of parity locks.
+//!
+//! This crate owns everything a storage server keeps on its local disk for the files striped
+//! over it: per file, the data file (its column's stripe units), the redundancy file (parity
+//! units, or mirror copies under RAID-1), and CSAR's overflow region (Hybrid partial-stripe
+//! writes, kept apart so the old blocks still match the parity until a full-stripe write
+//! supersedes them). It also owns the FIFO parity locks of CSAR 5.1 ([`ParityLocks`]).
+//!
+//! What it must never do:
+//! - return bytes that fail their checksum: a bad block is [`StorageError::Corrupt`], always;
+//! - touch the network, or know about stripes, columns or other servers (the offsets it is
+//!   given are already local to this server's files; the layout crate computes them);
+//! - block an async runtime: [`Store`] does blocking `std::fs` I/O and is meant to be called
+//!   from `spawn_blocking`; only [`ParityLocks::lock`] is async.
+//!
+//! # On-disk format (version 1)
+//!
+//! ```text
+//! <root>/store.lock        held with flock(LOCK_EX) while a Store is open
+//! <root>/store.toml        format_version = 1, incarnation = "<16 hex digits>", server_id = N
+//! <root>/files/<F>/data            data file, written in whole 4 KiB blocks
+//! <root>/files/<F>/data.crc        8 bytes per block: crc32c u32 LE, marker u32 LE ("TSB1")
+//! <root>/files/<F>/redundancy      redundancy file, same rules as data
+//! <root>/files/<F>/redundancy.crc
+//! <root>/files/<F>/overflow        overflow bytes, append-only
+//! <root>/files/<F>/overflow.log    header "TSOL" + version u32 LE, then 36-byte records
+//! ```
+//!
+//! A checksum entry of all zeros means the block was never written: it must read as zeros.
+//! The `incarnation` is a random number drawn when the store is created; a wiped store draws a
+//! new one, which tells the manager that everything this server held is gone.
+//!
+//! Overflow entries are addressed by a byte range of the primary column's data file and carry a
+//! role ([`OverflowRole::Primary`] or [`OverflowRole::Mirror`]). Per role, live entries never
+//! overlap: a newer entry trims the parts of older ones it shadows, exactly as an invalidation
+//! would, so the table replayed from the log equals the table built in memory.
+//!
+//! # Durability
+//!
+//! Writes reach the page cache; [`Store::sync`] makes everything written before it durable
+//! (`fdatasync` of each file written since the last sync, and of the directories created or
+//! emptied since). A crash may leave a block whose checksum does not match its bytes; reading
+//! it reports [`StorageError::Corrupt`] and the client rebuilds it from redundancy.
+//!
+//! ```
+//! use tessera_layout::{OverflowRole, Region};
+//! use tessera_store::Store;
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = Store::open(dir.path()).unwrap();
+//! store.write(7, Region::Data, 100, b"stripe unit", false).unwrap();
+//! store.overflow_write(7, OverflowRole::Primary, 100, b"STRIPE").unwrap();
+//! let newest = store.read(7, Region::Data, 100, 11, true).unwrap();
+//! assert_eq!(newest, b"STRIPE unit");
+//! let in_place = store.read(7, Region::Data, 100, 11, false).unwrap();
+//! assert_eq!(in_place, b"stripe unit");
+//! store.sync().unwrap();
+//! ```
+
+mod io;
+mod locks;
+mod meta;
+mod overflow;
+mod region;
+mod store;
+
+pub use locks::ParityLocks;
+pub use store::Store;
+
+pub use tessera_layout::{OverflowRole, Region};
+pub use tessera_wire::{FileId, OverflowExtent, StorageError};
+
+/// Bytes per checksummed block: the unit of every write to the data and redundancy files.
+pub const BLOCK_BYTES: u64 = 4096;
+
+/// Largest read, write or overflow entry, in bytes: one frame's payload.
+pub const REQUEST_BYTES_MAX: u32 = tessera_wire::PAYLOAD_BYTES_MAX;
+
+/// Largest offset (exclusive end) in a data, redundancy or overflow address space: 1 TiB.
+pub const FILE_BYTES_MAX: u64 = 1 << 40;
+
+/// Most overflow extents one listing returns, so that it fits in one message.
+pub const LIST_EXTENTS_MAX: usize = 1 << 18;
+
+/// Most files whose state and open handles are cached at once (six handles each).
+pub const OPEN_FILES_MAX: usize = 64;
+
+/// Version of `store.toml` and of the layout of the files it describes.
+pub const STORE_FORMAT_VERSION: u32 = 1;

@@ -1,0 +1,667 @@
+//! CSAR Hybrid overflow regions: an append-only byte file and the log of its table.
+//!
+//! `overflow` holds entry bytes, appended. `overflow.log` starts with an 8-byte header
+//! (`"TSOL"`, version u32 LE) and then holds fixed 36-byte records, each with its own crc32c:
+//!
+//! ```text
+//! 0      kind u8         1 = entry, 2 = invalidate
+//! 1      role u8         0 = primary, 1 = mirror
+//! 2..4   zero
+//! 4..8   crc32c u32      of the entry's bytes (entry), zero (invalidate)
+//! 8..16  offset u64      in the primary column's data file
+//! 16..24 len u64
+//! 24..32 position u64    of the entry's bytes in `overflow` (entry), zero (invalidate)
+//! 32..36 crc32c u32      of bytes 0..32 of this record
+//! ```
+//!
+//! Replaying the log in order rebuilds the table. A record that is cut short or fails its
+//! checksum is a torn tail from a crash: replay stops there and the log is truncated.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use tessera_layout::{OverflowRole, Region};
+use tessera_wire::{FileId, OverflowExtent, StorageError};
+
+use crate::io::{disk, disk_format, read_full_at};
+use crate::{FILE_BYTES_MAX, LIST_EXTENTS_MAX, REQUEST_BYTES_MAX};
+
+/// First bytes of an overflow log.
+const LOG_MAGIC: [u8; 4] = *b"TSOL";
+/// Version of the overflow log's record format.
+const LOG_VERSION: u32 = 1;
+/// Bytes of the log header: magic and version.
+pub(crate) const LOG_HEADER_BYTES: u64 = 8;
+/// Bytes of one log record.
+pub(crate) const LOG_RECORD_BYTES: u64 = 36;
+/// Largest overflow log read at replay (about 30 million records).
+const LOG_BYTES_MAX: u64 = 1 << 30;
+
+const KIND_ENTRY: u8 = 1;
+const KIND_INVALIDATE: u8 = 2;
+
+/// The bytes one entry was written with, which its checksum covers. Trimmed pieces of an
+/// entry keep their origin so they can still be verified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Origin {
+    /// Where the bytes start in the overflow file.
+    pub(crate) position: u64,
+    /// How many bytes were written.
+    pub(crate) len: u64,
+    /// Their crc32c.
+    pub(crate) crc: u32,
+}
+
+/// A live overflow extent: `len` bytes covering `offset..offset+len` of the primary column's
+/// data file, stored at `position` of the overflow file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Extent {
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+    pub(crate) position: u64,
+    /// Log order of the entry this extent is (part of); lower is older.
+    pub(crate) sequence: u64,
+    pub(crate) origin: Origin,
+}
+
+impl Extent {
+    fn end(&self) -> u64 {
+        self.offset + self.len
+    }
+
+    /// The part of this extent inside `offset..end`, if any.
+    fn clip(&self, offset: u64, end: u64) -> Option<Extent> {
+        let start = self.offset.max(offset);
+        let stop = self.end().min(end);
+        (start < stop).then(|| Extent {
+            offset: start,
+            len: stop - start,
+            position: self.position + (start - self.offset),
+            ..*self
+        })
+    }
+}
+
+/// One log record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Record {
+    /// A new entry; shadows older entries of its role where they overlap.
+    Entry {
+        role: OverflowRole,
+        offset: u64,
+        origin: Origin,
+    },
+    /// Entries of `role` are trimmed away from `offset..offset+len`.
+    Invalidate {
+        role: OverflowRole,
+        offset: u64,
+        len: u64,
+    },
+}
+
+impl Record {
+    pub(crate) fn encode(&self) -> [u8; LOG_RECORD_BYTES as usize] {
+        let (kind, role, crc, offset, len, position) = match *self {
+            Record::Entry {
+                role,
+                offset,
+                origin,
+            } => (
+                KIND_ENTRY,
+                role,
+                origin.crc,
+                offset,
+                origin.len,
+                origin.position,
+            ),
+            Record::Invalidate { role, offset, len } => (KIND_INVALIDATE, role, 0, offset, len, 0),
+        };
+        let mut record = [0u8; LOG_RECORD_BYTES as usize];
+        record[0] = kind;
+        record[1] = match role {
+            OverflowRole::Primary => 0,
+            OverflowRole::Mirror => 1,
+        };
+        record[4..8].copy_from_slice(&crc.to_le_bytes());
+        record[8..16].copy_from_slice(&offset.to_le_bytes());
+        record[16..24].copy_from_slice(&len.to_le_bytes());
+        record[24..32].copy_from_slice(&position.to_le_bytes());
+        let record_crc = crc32c::crc32c(&record[..32]);
+        record[32..36].copy_from_slice(&record_crc.to_le_bytes());
+        debug_assert_eq!(Record::decode(&record), Some(*self));
+        record
+    }
+
+    /// Decodes a record; `None` if it fails its checksum or makes no sense.
+    pub(crate) fn decode(record: &[u8]) -> Option<Record> {
+        if record.len() != LOG_RECORD_BYTES as usize {
+            return None;
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(record[at..at + 4].try_into().unwrap());
+        let u64_at = |at: usize| u64::from_le_bytes(record[at..at + 8].try_into().unwrap());
+        if crc32c::crc32c(&record[..32]) != u32_at(32) || record[2..4] != [0, 0] {
+            return None;
+        }
+        let role = match record[1] {
+            0 => OverflowRole::Primary,
+            1 => OverflowRole::Mirror,
+            _ => return None,
+        };
+        let (offset, len) = (u64_at(8), u64_at(16));
+        let end = offset.checked_add(len)?;
+        if len == 0 || end > FILE_BYTES_MAX {
+            return None;
+        }
+        match record[0] {
+            KIND_ENTRY => {
+                let position = u64_at(24);
+                if len > u64::from(REQUEST_BYTES_MAX) || position.checked_add(len).is_none() {
+                    return None;
+                }
+                Some(Record::Entry {
+                    role,
+                    offset,
+                    origin: Origin {
+                        position,
+                        len,
+                        crc: u32_at(4),
+                    },
+                })
+            }
+            KIND_INVALIDATE if u32_at(4) == 0 && u64_at(24) == 0 => {
+                Some(Record::Invalidate { role, offset, len })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The overflow table of one file: per role, live extents keyed by offset, never overlapping.
+#[derive(Debug, Default)]
+pub(crate) struct OverflowTable {
+    roles: [BTreeMap<u64, Extent>; 2],
+    sequence_next: u64,
+    live_bytes: u64,
+}
+
+fn role_index(role: OverflowRole) -> usize {
+    match role {
+        OverflowRole::Primary => 0,
+        OverflowRole::Mirror => 1,
+    }
+}
+
+impl OverflowTable {
+    /// Applies one log record.
+    pub(crate) fn apply(&mut self, record: &Record) {
+        match *record {
+            Record::Entry {
+                role,
+                offset,
+                origin,
+            } => {
+                self.trim(role, offset, origin.len);
+                let extent = Extent {
+                    offset,
+                    len: origin.len,
+                    position: origin.position,
+                    sequence: self.sequence_next,
+                    origin,
+                };
+                self.sequence_next += 1;
+                self.live_bytes += extent.len;
+                let previous = self.roles[role_index(role)].insert(offset, extent);
+                assert!(
+                    previous.is_none(),
+                    "trimmed extents cannot start at {offset}"
+                );
+            }
+            Record::Invalidate { role, offset, len } => {
+                self.trim(role, offset, len);
+            }
+        }
+    }
+
+    /// Trims the extents of `role` away from `offset..offset+len`; true if any was touched.
+    pub(crate) fn trim(&mut self, role: OverflowRole, offset: u64, len: u64) -> bool {
+        let end = offset + len;
+        let extents = &mut self.roles[role_index(role)];
+        let mut hit: Vec<u64> = extents.range(offset..end).map(|(&key, _)| key).collect();
+        // Extents never overlap, so at most one that starts before `offset` reaches into it.
+        if let Some((&key, extent)) = extents.range(..offset).next_back() {
+            if extent.end() > offset {
+                hit.push(key);
+            }
+        }
+        for key in &hit {
+            let extent = extents.remove(key).expect("key was just listed");
+            self.live_bytes -= extent.len;
+            let left = extent.clip(extent.offset, offset);
+            let right = extent.clip(end, extent.end());
+            for piece in left.into_iter().chain(right) {
+                self.live_bytes += piece.len;
+                extents.insert(piece.offset, piece);
+            }
+        }
+        !hit.is_empty()
+    }
+
+    /// Live extents of `role` overlapping `offset..offset+len`, unclipped, in offset order.
+    pub(crate) fn overlapping(&self, role: OverflowRole, offset: u64, len: u64) -> Vec<Extent> {
+        let end = offset + len;
+        let extents = &self.roles[role_index(role)];
+        let before = extents
+            .range(..offset)
+            .next_back()
+            .map(|(_, extent)| *extent)
+            .filter(|extent| extent.end() > offset);
+        before
+            .into_iter()
+            .chain(extents.range(offset..end).map(|(_, extent)| *extent))
+            .collect()
+    }
+
+    /// Whether no extent of either role is live.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.roles.iter().all(BTreeMap::is_empty)
+    }
+
+    /// Sum of the lengths of live extents of both roles.
+    pub(crate) fn live_bytes(&self) -> u64 {
+        debug_assert_eq!(
+            self.live_bytes,
+            self.roles
+                .iter()
+                .flat_map(BTreeMap::values)
+                .map(|extent| extent.len)
+                .sum::<u64>()
+        );
+        self.live_bytes
+    }
+}
+
+/// What an overflow operation changed on disk, so the store knows what to sync.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Touched {
+    /// The overflow byte file was written or truncated.
+    pub(crate) bytes: bool,
+    /// The overflow log was written or truncated.
+    pub(crate) log: bool,
+}
+
+/// A file's overflow byte file and log, open, with the table they describe.
+pub(crate) struct OverflowFiles {
+    file: FileId,
+    pub(crate) bytes: Arc<File>,
+    pub(crate) log: Arc<File>,
+    /// Where the next entry's bytes go.
+    bytes_len: u64,
+    /// Where the next record goes (0: the header is not written yet).
+    log_len: u64,
+    table: OverflowTable,
+}
+
+impl OverflowFiles {
+    /// Opens the overflow files and replays the log. A torn tail is cut off, and files whose
+    /// entries are all dead are emptied.
+    pub(crate) fn open(
+        file: FileId,
+        bytes: File,
+        log: File,
+    ) -> Result<(Self, Touched), StorageError> {
+        let bytes_len = bytes
+            .metadata()
+            .map_err(|error| disk(format_args!("stat overflow of file {file}"), error))?
+            .len();
+        let (table, log_len, log_truncated) = replay(file, &log)?;
+        let mut overflow = OverflowFiles {
+            file,
+            bytes: Arc::new(bytes),
+            log: Arc::new(log),
+            bytes_len,
+            log_len,
+            table,
+        };
+        let mut touched = Touched {
+            bytes: false,
+            log: log_truncated,
+        };
+        if overflow.table.is_empty() && (overflow.bytes_len > 0 || overflow.log_len > 0) {
+            overflow.compact()?;
+            touched = Touched {
+                bytes: true,
+                log: true,
+            };
+        }
+        Ok((overflow, touched))
+    }
+
+    /// Appends an entry: its bytes, then its log record.
+    pub(crate) fn append(
+        &mut self,
+        role: OverflowRole,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), StorageError> {
+        assert!(!data.is_empty() && data.len() as u64 <= u64::from(REQUEST_BYTES_MAX));
+        let origin = Origin {
+            position: self.bytes_len,
+            len: data.len() as u64,
+            crc: crc32c::crc32c(data),
+        };
+        self.bytes
+            .write_all_at(data, origin.position)
+            .map_err(|error| self.disk("append to overflow", error))?;
+        self.bytes_len += origin.len;
+        self.append_record(&Record::Entry {
+            role,
+            offset,
+            origin,
+        })
+    }
+
+    /// Trims entries of `role` away from `offset..offset+len`, logging it if anything was
+    /// live there, and empties both files once no entry is live.
+    pub(crate) fn invalidate(
+        &mut self,
+        role: OverflowRole,
+        offset: u64,
+        len: u64,
+    ) -> Result<Touched, StorageError> {
+        if len == 0 || self.table.overlapping(role, offset, len).is_empty() {
+            return Ok(Touched::default());
+        }
+        self.append_record(&Record::Invalidate { role, offset, len })?;
+        if self.table.is_empty() {
+            self.compact()?;
+            return Ok(Touched {
+                bytes: true,
+                log: true,
+            });
+        }
+        Ok(Touched {
+            bytes: false,
+            log: true,
+        })
+    }
+
+    /// Overlays the live primary entries onto `buf`, which holds the data file's bytes at
+    /// `offset`.
+    pub(crate) fn overlay(&self, offset: u64, buf: &mut [u8]) -> Result<(), StorageError> {
+        let end = offset + buf.len() as u64;
+        let pieces: Vec<(Extent, Extent)> = self
+            .table
+            .overlapping(OverflowRole::Primary, offset, buf.len() as u64)
+            .into_iter()
+            .filter_map(|live| live.clip(offset, end).map(|piece| (live, piece)))
+            .collect();
+        self.read_pieces(&pieces, |index, bytes| {
+            let at = (pieces[index].1.offset - offset) as usize;
+            buf[at..at + bytes.len()].copy_from_slice(bytes);
+        })
+    }
+
+    /// Live entries of `role` overlapping `offset..offset+len`, clipped to it, oldest first,
+    /// with their bytes concatenated in the same order.
+    pub(crate) fn list(
+        &self,
+        role: OverflowRole,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Vec<OverflowExtent>, Vec<u8>), StorageError> {
+        let end = offset + len;
+        let mut pieces: Vec<(Extent, Extent)> = self
+            .table
+            .overlapping(role, offset, len)
+            .into_iter()
+            .filter_map(|live| live.clip(offset, end).map(|piece| (live, piece)))
+            .collect();
+        pieces.sort_by_key(|(_, piece)| (piece.sequence, piece.offset));
+        let bytes_total: u64 = pieces.iter().map(|(_, piece)| piece.len).sum();
+        if pieces.len() > LIST_EXTENTS_MAX || bytes_total > u64::from(REQUEST_BYTES_MAX) {
+            return Err(crate::io::bad_request(format!(
+                "overflow listing of {} extents and {bytes_total} bytes is too large; \
+                 list a smaller range",
+                pieces.len()
+            )));
+        }
+        let mut starts = Vec::with_capacity(pieces.len());
+        let mut at = 0u64;
+        for (_, piece) in &pieces {
+            starts.push(at);
+            at += piece.len;
+        }
+        let mut bytes = vec![0u8; bytes_total as usize];
+        let extents = pieces
+            .iter()
+            .map(|(_, piece)| OverflowExtent {
+                offset: piece.offset,
+                len: u32::try_from(piece.len).expect("entries are at most REQUEST_BYTES_MAX"),
+            })
+            .collect();
+        self.read_pieces(&pieces, |index, piece_bytes| {
+            let at = starts[index] as usize;
+            bytes[at..at + piece_bytes.len()].copy_from_slice(piece_bytes);
+        })?;
+        Ok((extents, bytes))
+    }
+
+    /// Live overflow bytes of both roles.
+    pub(crate) fn live_bytes(&self) -> u64 {
+        self.table.live_bytes()
+    }
+
+    /// Reads the bytes of each `(live extent, clipped piece)` and hands them to `sink` with the
+    /// piece's index, verifying the checksum of the entry each came from. Pieces of one entry
+    /// are served from one read of that entry.
+    fn read_pieces(
+        &self,
+        pieces: &[(Extent, Extent)],
+        mut sink: impl FnMut(usize, &[u8]),
+    ) -> Result<(), StorageError> {
+        let mut order: Vec<usize> = (0..pieces.len()).collect();
+        order.sort_by_key(|&index| pieces[index].1.origin.position);
+        let mut origin_bytes: Vec<u8> = Vec::new();
+        let mut origin_loaded: Option<Origin> = None;
+        for index in order {
+            let (live, piece) = &pieces[index];
+            if origin_loaded != Some(piece.origin) {
+                let origin = piece.origin;
+                origin_bytes.resize(origin.len as usize, 0);
+                read_full_at(&self.bytes, &mut origin_bytes, origin.position)
+                    .map_err(|error| self.disk("read overflow", error))?;
+                if crc32c::crc32c(&origin_bytes) != origin.crc {
+                    return Err(StorageError::Corrupt {
+                        file: self.file,
+                        region: Region::Data,
+                        offset: live.offset,
+                    });
+                }
+                origin_loaded = Some(origin);
+            }
+            let skip = (piece.position - piece.origin.position) as usize;
+            sink(index, &origin_bytes[skip..skip + piece.len as usize]);
+        }
+        Ok(())
+    }
+
+    /// Appends a record to the log (with the header first if the log is empty), then applies
+    /// it to the table.
+    fn append_record(&mut self, record: &Record) -> Result<(), StorageError> {
+        let encoded = record.encode();
+        let mut write = Vec::with_capacity((LOG_HEADER_BYTES + LOG_RECORD_BYTES) as usize);
+        if self.log_len == 0 {
+            write.extend_from_slice(&log_header());
+        }
+        write.extend_from_slice(&encoded);
+        self.log
+            .write_all_at(&write, self.log_len)
+            .map_err(|error| self.disk("append to overflow log", error))?;
+        self.log_len += write.len() as u64;
+        self.table.apply(record);
+        Ok(())
+    }
+
+    /// Empties both files; only valid when no entry is live. The log goes first, so a crash in
+    /// between leaves no record pointing at missing bytes.
+    fn compact(&mut self) -> Result<(), StorageError> {
+        assert!(self.table.is_empty());
+        self.log
+            .set_len(0)
+            .map_err(|error| self.disk("truncate overflow log", error))?;
+        self.log_len = 0;
+        self.bytes
+            .set_len(0)
+            .map_err(|error| self.disk("truncate overflow", error))?;
+        self.bytes_len = 0;
+        self.table = OverflowTable::default();
+        Ok(())
+    }
+
+    fn disk(&self, what: &str, error: std::io::Error) -> StorageError {
+        disk(format_args!("{what} of file {}", self.file), error)
+    }
+}
+
+fn log_header() -> [u8; LOG_HEADER_BYTES as usize] {
+    let mut header = [0u8; LOG_HEADER_BYTES as usize];
+    header[..4].copy_from_slice(&LOG_MAGIC);
+    header[4..].copy_from_slice(&LOG_VERSION.to_le_bytes());
+    header
+}
+
+/// Replays a log: the table, the length of the valid prefix, and whether a torn tail was cut.
+fn replay(file: FileId, log: &File) -> Result<(OverflowTable, u64, bool), StorageError> {
+    let context = |what: &str| format!("{what} overflow log of file {file}");
+    let len = log
+        .metadata()
+        .map_err(|error| disk(context("stat"), error))?
+        .len();
+    let mut table = OverflowTable::default();
+    if len == 0 {
+        return Ok((table, 0, false));
+    }
+    if len > LOG_BYTES_MAX {
+        return Err(disk_format(format!(
+            "overflow log of file {file} is {len} bytes, more than the {LOG_BYTES_MAX} \
+             this build replays"
+        )));
+    }
+    let mut bytes = vec![0u8; len as usize];
+    read_full_at(log, &mut bytes, 0).map_err(|error| disk(context("read"), error))?;
+    let mut valid = 0u64;
+    if len >= LOG_HEADER_BYTES {
+        if bytes[..4] != LOG_MAGIC {
+            return Err(disk_format(format!(
+                "overflow log of file {file} has a bad header"
+            )));
+        }
+        let version = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
+        if version != LOG_VERSION {
+            return Err(disk_format(format!(
+                "overflow log of file {file} has version {version}; this build reads \
+                 {LOG_VERSION}"
+            )));
+        }
+        valid = LOG_HEADER_BYTES;
+        for record in bytes[LOG_HEADER_BYTES as usize..].chunks_exact(LOG_RECORD_BYTES as usize) {
+            let Some(record) = Record::decode(record) else {
+                break;
+            };
+            table.apply(&record);
+            valid += LOG_RECORD_BYTES;
+        }
+    }
+    // A header cut short, a record cut short or a record failing its checksum: the tail was
+    // being written when the server stopped, and nothing after it was acknowledged as synced.
+    let truncated = valid < len;
+    if truncated {
+        log.set_len(valid)
+            .map_err(|error| disk(context("truncate torn tail of"), error))?;
+    }
+    Ok((table, valid, truncated))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn origin(position: u64, len: u64) -> Origin {
+        Origin {
+            position,
+            len,
+            crc: 7,
+        }
+    }
+
+    fn spans(table: &OverflowTable, role: OverflowRole) -> Vec<(u64, u64, u64)> {
+        table
+            .overlapping(role, 0, FILE_BYTES_MAX)
+            .iter()
+            .map(|extent| (extent.offset, extent.len, extent.position))
+            .collect()
+    }
+
+    #[test]
+    fn record_encoding_round_trips_and_rejects_damage() {
+        let records = [
+            Record::Entry {
+                role: OverflowRole::Mirror,
+                offset: 12345,
+                origin: Origin {
+                    position: 999,
+                    len: 4096,
+                    crc: 0xdead_beef,
+                },
+            },
+            Record::Invalidate {
+                role: OverflowRole::Primary,
+                offset: 0,
+                len: FILE_BYTES_MAX,
+            },
+        ];
+        for record in records {
+            let encoded = record.encode();
+            assert_eq!(Record::decode(&encoded), Some(record));
+            for byte in 0..encoded.len() {
+                let mut damaged = encoded;
+                damaged[byte] ^= 0x10;
+                assert_eq!(Record::decode(&damaged), None, "flip in byte {byte}");
+            }
+            assert_eq!(Record::decode(&encoded[..35]), None);
+        }
+    }
+
+    #[test]
+    fn newer_entry_trims_what_it_shadows_and_splits_in_the_middle() {
+        let mut table = OverflowTable::default();
+        table.apply(&Record::Entry {
+            role: OverflowRole::Primary,
+            offset: 100,
+            origin: origin(0, 100),
+        });
+        table.apply(&Record::Entry {
+            role: OverflowRole::Primary,
+            offset: 120,
+            origin: origin(100, 10),
+        });
+        assert_eq!(
+            spans(&table, OverflowRole::Primary),
+            vec![(100, 20, 0), (120, 10, 100), (130, 70, 30)]
+        );
+        assert_eq!(table.live_bytes(), 100);
+        assert!(spans(&table, OverflowRole::Mirror).is_empty());
+
+        assert!(table.trim(OverflowRole::Primary, 90, 35));
+        assert_eq!(
+            spans(&table, OverflowRole::Primary),
+            vec![(125, 5, 105), (130, 70, 30)]
+        );
+        assert!(!table.trim(OverflowRole::Primary, 0, 125));
+        assert!(table.trim(OverflowRole::Primary, 0, 1000));
+        assert!(table.is_empty());
+        assert_eq!(table.live_bytes(), 0);
+    }
+}

@@ -1,0 +1,653 @@
+//! The store: files by id, their locks, the handle cache and what `sync` owes.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use tessera_layout::{OverflowRole, Region};
+use tessera_wire::{FileId, OverflowExtent, StorageError};
+
+use crate::io::{bad_request, check_range, disk, disk_format};
+use crate::meta::{self, StoreMeta};
+use crate::overflow::{OverflowFiles, Touched};
+use crate::region::RegionFile;
+use crate::{BLOCK_BYTES, FILE_BYTES_MAX, OPEN_FILES_MAX, REQUEST_BYTES_MAX};
+
+/// Directory under the root holding one directory per file id.
+const FILES_DIR: &str = "files";
+/// Lock file under the root, held exclusively while a store is open.
+const LOCK_FILE: &str = "store.lock";
+
+/// The six files kept for each file id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum FileKind {
+    Data,
+    DataCrc,
+    Redundancy,
+    RedundancyCrc,
+    Overflow,
+    OverflowLog,
+}
+
+impl FileKind {
+    const ALL: [FileKind; 6] = [
+        FileKind::Data,
+        FileKind::DataCrc,
+        FileKind::Redundancy,
+        FileKind::RedundancyCrc,
+        FileKind::Overflow,
+        FileKind::OverflowLog,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            FileKind::Data => "data",
+            FileKind::DataCrc => "data.crc",
+            FileKind::Redundancy => "redundancy",
+            FileKind::RedundancyCrc => "redundancy.crc",
+            FileKind::Overflow => "overflow",
+            FileKind::OverflowLog => "overflow.log",
+        }
+    }
+
+    /// The block file and checksum sidecar of a region.
+    fn of_region(region: Region) -> [FileKind; 2] {
+        match region {
+            Region::Data => [FileKind::Data, FileKind::DataCrc],
+            Region::Redundancy => [FileKind::Redundancy, FileKind::RedundancyCrc],
+        }
+    }
+}
+
+/// Everything open for one file id whose directory exists.
+struct FileData {
+    data: RegionFile,
+    redundancy: RegionFile,
+    overflow: OverflowFiles,
+}
+
+impl FileData {
+    fn region(&self, region: Region) -> &RegionFile {
+        match region {
+            Region::Data => &self.data,
+            Region::Redundancy => &self.redundancy,
+        }
+    }
+
+    fn region_mut(&mut self, region: Region) -> &mut RegionFile {
+        match region {
+            Region::Data => &mut self.data,
+            Region::Redundancy => &mut self.redundancy,
+        }
+    }
+
+    fn handle(&self, kind: FileKind) -> &Arc<File> {
+        match kind {
+            FileKind::Data => &self.data.bytes,
+            FileKind::DataCrc => &self.data.crc,
+            FileKind::Redundancy => &self.redundancy.bytes,
+            FileKind::RedundancyCrc => &self.redundancy.crc,
+            FileKind::Overflow => &self.overflow.bytes,
+            FileKind::OverflowLog => &self.overflow.log,
+        }
+    }
+}
+
+/// What is known of one file id.
+enum FileState {
+    /// Not looked at on disk yet (or forgotten after a panic while it was locked).
+    Unloaded,
+    /// No directory: nothing was ever written, or it was removed. Reads see zeros.
+    Absent,
+    /// Directory and files open.
+    Present(Box<FileData>),
+}
+
+/// One file id's state behind its lock: reads share it, writes and overflow changes own it.
+struct FileSlot {
+    state: RwLock<FileState>,
+}
+
+/// Files and directories written since the last sync.
+#[derive(Default)]
+struct Dirty {
+    files: HashMap<(FileId, FileKind), Arc<File>>,
+    dirs: HashSet<PathBuf>,
+}
+
+/// One storage server's on-disk store. See the crate doc for the format.
+///
+/// All methods do blocking I/O; call them from `spawn_blocking` in async code. The store is
+/// `Send + Sync`: operations on different files run in parallel, reads of one file share its
+/// lock, and writes and overflow changes of one file take it exclusively, so a read never sees
+/// new bytes with an old checksum.
+pub struct Store {
+    root: PathBuf,
+    files_dir: PathBuf,
+    incarnation: u64,
+    /// Held so that `set_server_id` writes `store.toml` one at a time.
+    meta: Mutex<StoreMeta>,
+    /// Files recently used, with their state; idle ones are dropped past [`OPEN_FILES_MAX`].
+    slots: Mutex<HashMap<FileId, Arc<FileSlot>>>,
+    dirty: Mutex<Dirty>,
+    /// Serializes `sync` calls, so that one returns only after everything written before it
+    /// is durable, even if another sync took those files from the dirty set first.
+    sync_lock: Mutex<()>,
+    /// Keeps the exclusive `flock` on `store.lock` for the store's lifetime.
+    _lock_file: File,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("root", &self.root)
+            .field("incarnation", &format_args!("{:016x}", self.incarnation))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens the store at `root`, creating it (with a new random incarnation) if `root` has no
+    /// `store.toml`. A directory without `store.toml` is a wiped store: any file directories
+    /// left in it are deleted, since the new incarnation declares that nothing is held.
+    /// Fails if another `Store` (in any process) has the directory open.
+    pub fn open(root: &Path) -> Result<Store, StorageError> {
+        fs::create_dir_all(root)
+            .map_err(|error| disk(format_args!("create {}", root.display()), error))?;
+        let lock_file = lock_root(root)?;
+        let files_dir = root.join(FILES_DIR);
+        let meta = match meta::load(root)? {
+            Some(meta) => {
+                if !files_dir.is_dir() {
+                    return Err(disk_format(format!(
+                        "{} has a {} but no {FILES_DIR} directory: the store was partly \
+                         wiped; remove the whole directory to start afresh",
+                        root.display(),
+                        meta::META_FILE
+                    )));
+                }
+                meta
+            }
+            None => {
+                match fs::remove_dir_all(&files_dir) {
+                    Ok(()) => {}
+                    Err(error) if error.kind() == ErrorKind::NotFound => {}
+                    Err(error) => {
+                        return Err(disk(format_args!("clear {}", files_dir.display()), error))
+                    }
+                }
+                fs::create_dir(&files_dir)
+                    .map_err(|error| disk(format_args!("create {}", files_dir.display()), error))?;
+                meta::sync_dir(root)?;
+                let meta = StoreMeta {
+                    incarnation: rand::random(),
+                    server_id: None,
+                };
+                meta::save(root, &meta)?;
+                meta
+            }
+        };
+        Ok(Store {
+            root: root.to_path_buf(),
+            files_dir,
+            incarnation: meta.incarnation,
+            meta: Mutex::new(meta),
+            slots: Mutex::new(HashMap::new()),
+            dirty: Mutex::new(Dirty::default()),
+            sync_lock: Mutex::new(()),
+            _lock_file: lock_file,
+        })
+    }
+
+    /// Random id of this store, drawn when it was created; a wiped store has a new one.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// The server id persisted with [`Store::set_server_id`], if any.
+    pub fn server_id(&self) -> Option<u32> {
+        lock(&self.meta).server_id
+    }
+
+    /// Persists the server id the manager assigned (durably, before returning).
+    pub fn set_server_id(&self, id: u32) -> Result<(), StorageError> {
+        let mut meta = lock(&self.meta);
+        let updated = StoreMeta {
+            server_id: Some(id),
+            ..*meta
+        };
+        meta::save(&self.root, &updated)?;
+        *meta = updated;
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `offset` of a file's data or redundancy file, verifying the
+    /// checksum of every block touched. Bytes never written read as zeros. With `overlay`
+    /// (data only), live primary overflow entries are laid over the data file's bytes,
+    /// so the newest bytes are returned.
+    pub fn read(
+        &self,
+        file: FileId,
+        region: Region,
+        offset: u64,
+        len: u32,
+        overlay: bool,
+    ) -> Result<Vec<u8>, StorageError> {
+        check_range(offset, u64::from(len), u64::from(REQUEST_BYTES_MAX))?;
+        if overlay && region == Region::Redundancy {
+            return Err(bad_request(
+                "overlay applies to the data file only; overflow entries are not parity",
+            ));
+        }
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        self.with_read(file, |state| match state {
+            FileState::Present(data) => {
+                let mut bytes = data.region(region).read(offset, len as usize)?;
+                if overlay {
+                    data.overflow.overlay(offset, &mut bytes)?;
+                }
+                Ok(bytes)
+            }
+            _ => Ok(vec![0; len as usize]),
+        })
+    }
+
+    /// Writes `data` at `offset` of a file's data or redundancy file, in whole 4 KiB blocks.
+    /// A partly covered edge block that fails its checksum fails the write with
+    /// [`StorageError::Corrupt`] before anything changes. With `invalidate_overflow` (data
+    /// only), primary overflow entries under the written bytes are trimmed in the same step.
+    pub fn write(
+        &self,
+        file: FileId,
+        region: Region,
+        offset: u64,
+        data: &[u8],
+        invalidate_overflow: bool,
+    ) -> Result<(), StorageError> {
+        check_range(offset, data.len() as u64, u64::from(REQUEST_BYTES_MAX))?;
+        if invalidate_overflow && region == Region::Redundancy {
+            return Err(bad_request(
+                "overflow entries are addressed by data offsets; a redundancy write cannot \
+                 invalidate them",
+            ));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.with_write(file, |state| {
+            let present = self.make_present(file, state)?;
+            present.region_mut(region).write(offset, data)?;
+            self.mark_dirty(file, present, &FileKind::of_region(region));
+            if invalidate_overflow {
+                let touched = present.overflow.invalidate(
+                    OverflowRole::Primary,
+                    offset,
+                    data.len() as u64,
+                )?;
+                self.mark_overflow_dirty(file, present, touched);
+            }
+            Ok(())
+        })
+    }
+
+    /// Appends an overflow entry of `role` covering `offset..offset+data.len()` of the
+    /// primary column's data file. It shadows older entries of the same role there.
+    pub fn overflow_write(
+        &self,
+        file: FileId,
+        role: OverflowRole,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), StorageError> {
+        check_range(offset, data.len() as u64, u64::from(REQUEST_BYTES_MAX))?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.with_write(file, |state| {
+            let present = self.make_present(file, state)?;
+            present.overflow.append(role, offset, data)?;
+            self.mark_overflow_dirty(
+                file,
+                present,
+                Touched {
+                    bytes: true,
+                    log: true,
+                },
+            );
+            Ok(())
+        })
+    }
+
+    /// Trims overflow entries of `role` away from `offset..offset+len`: an entry partly inside
+    /// keeps only its parts outside.
+    pub fn overflow_invalidate(
+        &self,
+        file: FileId,
+        role: OverflowRole,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), StorageError> {
+        check_range(offset, len, FILE_BYTES_MAX)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.with_write(file, |state| {
+            if let FileState::Present(present) = state {
+                let touched = present.overflow.invalidate(role, offset, len)?;
+                self.mark_overflow_dirty(file, present, touched);
+            }
+            Ok(())
+        })
+    }
+
+    /// Live overflow entries of `role` overlapping `offset..offset+len`, clipped to it,
+    /// oldest first, with their bytes concatenated in the same order. Entries of one role
+    /// never overlap each other. Fails with [`StorageError::BadRequest`] if the answer would
+    /// not fit in one message ([`crate::REQUEST_BYTES_MAX`] bytes,
+    /// [`crate::LIST_EXTENTS_MAX`] extents).
+    pub fn overflow_list(
+        &self,
+        file: FileId,
+        role: OverflowRole,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Vec<OverflowExtent>, Vec<u8>), StorageError> {
+        check_range(offset, len, FILE_BYTES_MAX)?;
+        if len == 0 {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        self.with_read(file, |state| match state {
+            FileState::Present(present) => present.overflow.list(role, offset, len),
+            _ => Ok((Vec::new(), Vec::new())),
+        })
+    }
+
+    /// Bytes stored for a file: 4 KiB per written block of the data and redundancy files,
+    /// plus the live overflow bytes of both roles.
+    pub fn usage(&self, file: FileId) -> Result<u64, StorageError> {
+        self.with_read(file, |state| match state {
+            FileState::Present(present) => Ok(BLOCK_BYTES
+                * (present.data.blocks_written() + present.redundancy.blocks_written())
+                + present.overflow.live_bytes()),
+            _ => Ok(0),
+        })
+    }
+
+    /// Makes everything written before this call durable: `fdatasync` of every file written
+    /// since the last sync and of every directory created or changed since.
+    pub fn sync(&self) -> Result<(), StorageError> {
+        let _one_at_a_time = lock(&self.sync_lock);
+        let owed = std::mem::take(&mut *lock(&self.dirty));
+        let result = sync_owed(&owed);
+        if result.is_err() {
+            // Keep owing them, so the next sync tries again.
+            let mut dirty = lock(&self.dirty);
+            for (key, handle) in owed.files {
+                dirty.files.entry(key).or_insert(handle);
+            }
+            dirty.dirs.extend(owed.dirs);
+        }
+        result
+    }
+
+    /// Deletes everything stored for a file. Removing a file that is not stored is fine.
+    pub fn remove(&self, file: FileId) -> Result<(), StorageError> {
+        let dir = self.file_dir(file);
+        let slot = self.slot(file);
+        let mut state = write_state(&slot);
+        match fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(error) if error.kind() == ErrorKind::NotFound => {}
+            Err(error) => {
+                // Some files may be gone: forget what was loaded and look again next time.
+                *state = FileState::Unloaded;
+                return Err(disk(format_args!("remove {}", dir.display()), error));
+            }
+        }
+        *state = FileState::Absent;
+        let mut dirty = lock(&self.dirty);
+        dirty.files.retain(|(owner, _), _| *owner != file);
+        dirty.dirs.remove(&dir);
+        dirty.dirs.insert(self.files_dir.clone());
+        Ok(())
+    }
+
+    /// The directory of a file's files.
+    fn file_dir(&self, file: FileId) -> PathBuf {
+        self.files_dir.join(file.to_string())
+    }
+
+    /// The slot of a file, cached; drops idle slots when the cache is full.
+    fn slot(&self, file: FileId) -> Arc<FileSlot> {
+        let mut slots = lock(&self.slots);
+        if let Some(slot) = slots.get(&file) {
+            return Arc::clone(slot);
+        }
+        if slots.len() >= OPEN_FILES_MAX {
+            // A slot held only by the map has no operation in flight; its state is rebuilt
+            // from disk when next needed.
+            let idle: Vec<FileId> = slots
+                .iter()
+                .filter(|(_, slot)| Arc::strong_count(slot) == 1)
+                .map(|(&id, _)| id)
+                .take(slots.len() + 1 - OPEN_FILES_MAX * 3 / 4)
+                .collect();
+            for id in idle {
+                slots.remove(&id);
+            }
+        }
+        let slot = Arc::new(FileSlot {
+            state: RwLock::new(FileState::Unloaded),
+        });
+        slots.insert(file, Arc::clone(&slot));
+        slot
+    }
+
+    /// Runs `op` with the file's state shared, loading it first if needed.
+    fn with_read<T>(
+        &self,
+        file: FileId,
+        op: impl FnOnce(&FileState) -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        let slot = self.slot(file);
+        loop {
+            {
+                let state = read_state(&slot);
+                if !matches!(*state, FileState::Unloaded) {
+                    return op(&state);
+                }
+            }
+            let mut state = write_state(&slot);
+            if matches!(*state, FileState::Unloaded) {
+                *state = self.load(file)?;
+            }
+        }
+    }
+
+    /// Runs `op` with the file's state owned, loading it first if needed.
+    fn with_write<T>(
+        &self,
+        file: FileId,
+        op: impl FnOnce(&mut FileState) -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        let slot = self.slot(file);
+        let mut state = write_state(&slot);
+        if matches!(*state, FileState::Unloaded) {
+            *state = self.load(file)?;
+        }
+        op(&mut state)
+    }
+
+    /// Looks a file up on disk: absent, or present with its files opened and its overflow
+    /// log replayed.
+    fn load(&self, file: FileId) -> Result<FileState, StorageError> {
+        let dir = self.file_dir(file);
+        match fs::metadata(&dir) {
+            Ok(meta) if meta.is_dir() => {
+                Ok(FileState::Present(Box::new(self.open_files(file, &dir)?)))
+            }
+            Ok(_) => Err(disk_format(format!("{} is not a directory", dir.display()))),
+            Err(error) if error.kind() == ErrorKind::NotFound => Ok(FileState::Absent),
+            Err(error) => Err(disk(format_args!("stat {}", dir.display()), error)),
+        }
+    }
+
+    /// Makes sure the file's directory and files exist, creating them on its first write.
+    fn make_present<'a>(
+        &self,
+        file: FileId,
+        state: &'a mut FileState,
+    ) -> Result<&'a mut FileData, StorageError> {
+        if !matches!(state, FileState::Present(_)) {
+            let dir = self.file_dir(file);
+            match fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(error) if error.kind() == ErrorKind::AlreadyExists => {}
+                Err(error) => return Err(disk(format_args!("create {}", dir.display()), error)),
+            }
+            lock(&self.dirty).dirs.insert(self.files_dir.clone());
+            *state = FileState::Present(Box::new(self.open_files(file, &dir)?));
+        }
+        match state {
+            FileState::Present(present) => Ok(present),
+            _ => unreachable!("the file was just made present"),
+        }
+    }
+
+    /// Opens (creating any missing) the six files of a file id.
+    fn open_files(&self, file: FileId, dir: &Path) -> Result<FileData, StorageError> {
+        let mut created = false;
+        let mut handles = Vec::with_capacity(FileKind::ALL.len());
+        for kind in FileKind::ALL {
+            let path = dir.join(kind.name());
+            created |= !path.exists();
+            let handle = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(|error| disk(format_args!("open {}", path.display()), error))?;
+            handles.push(handle);
+        }
+        let mut handles = handles.into_iter();
+        let mut next = || handles.next().expect("six handles were opened");
+        let data = RegionFile::open(file, Region::Data, next(), next())?;
+        let redundancy = RegionFile::open(file, Region::Redundancy, next(), next())?;
+        let (overflow, touched) = OverflowFiles::open(file, next(), next())?;
+        let present = FileData {
+            data,
+            redundancy,
+            overflow,
+        };
+        if created {
+            lock(&self.dirty).dirs.insert(dir.to_path_buf());
+        }
+        self.mark_overflow_dirty(file, &present, touched);
+        Ok(present)
+    }
+
+    /// Records that these files of `file` were written and must be synced.
+    fn mark_dirty(&self, file: FileId, present: &FileData, kinds: &[FileKind]) {
+        let mut dirty = lock(&self.dirty);
+        for &kind in kinds {
+            dirty
+                .files
+                .entry((file, kind))
+                .or_insert_with(|| Arc::clone(present.handle(kind)));
+        }
+    }
+
+    fn mark_overflow_dirty(&self, file: FileId, present: &FileData, touched: Touched) {
+        let kinds: &[FileKind] = match (touched.bytes, touched.log) {
+            (true, true) => &[FileKind::Overflow, FileKind::OverflowLog],
+            (true, false) => &[FileKind::Overflow],
+            (false, true) => &[FileKind::OverflowLog],
+            (false, false) => &[],
+        };
+        self.mark_dirty(file, present, kinds);
+    }
+}
+
+/// Syncs what a sync owes: files first, then the directories that name them.
+fn sync_owed(owed: &Dirty) -> Result<(), StorageError> {
+    for ((file, kind), handle) in &owed.files {
+        handle
+            .sync_data()
+            .map_err(|error| disk(format_args!("sync {} of file {file}", kind.name()), error))?;
+    }
+    for dir in &owed.dirs {
+        match File::open(dir) {
+            Ok(handle) => handle
+                .sync_all()
+                .map_err(|error| disk(format_args!("sync directory {}", dir.display()), error))?,
+            // Removed since; its parent is owed a sync instead.
+            Err(error) if error.kind() == ErrorKind::NotFound => {}
+            Err(error) => return Err(disk(format_args!("open {}", dir.display()), error)),
+        }
+    }
+    Ok(())
+}
+
+/// Takes the store's exclusive lock file, so two servers never share one directory.
+fn lock_root(root: &Path) -> Result<File, StorageError> {
+    let path = root.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|error| disk(format_args!("open {}", path.display()), error))?;
+    // SAFETY: flock only reads the descriptor number, which `file` keeps open for the call.
+    let result = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if result != 0 {
+        let error = std::io::Error::last_os_error();
+        if error.kind() == ErrorKind::WouldBlock {
+            return Err(disk_format(format!(
+                "{} is in use by another open store",
+                root.display()
+            )));
+        }
+        return Err(disk(format_args!("lock {}", path.display()), error));
+    }
+    Ok(file)
+}
+
+/// Locks a mutex whose data stays consistent at every step, so a poisoned one is still fine.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Shares a file's state. If an operation panicked while owning it, the in-memory state may
+/// disagree with the disk, so it is forgotten and reloaded.
+fn read_state(slot: &FileSlot) -> RwLockReadGuard<'_, FileState> {
+    loop {
+        match slot.state.read() {
+            Ok(state) => return state,
+            Err(poisoned) => {
+                drop(poisoned);
+                drop(write_state(slot));
+            }
+        }
+    }
+}
+
+/// Owns a file's state; see [`read_state`] for poisoning.
+fn write_state(slot: &FileSlot) -> RwLockWriteGuard<'_, FileState> {
+    match slot.state.write() {
+        Ok(state) => state,
+        Err(poisoned) => {
+            let mut state = poisoned.into_inner();
+            *state = FileState::Unloaded;
+            slot.state.clear_poison();
+            state
+        }
+    }
+}

@@ -1,0 +1,507 @@
+//! The data and redundancy files: checksummed whole-block I/O (CSAR 5.2), usage, removal,
+//! the store's identity, and concurrent use.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tessera_store::{
+    OverflowRole, Region, StorageError, Store, BLOCK_BYTES, FILE_BYTES_MAX, REQUEST_BYTES_MAX,
+};
+
+const FILE: u64 = 42;
+
+fn on_disk(root: &Path, file: u64, name: &str) -> PathBuf {
+    root.join("files").join(file.to_string()).join(name)
+}
+
+fn flip_byte(path: &Path, at: u64) {
+    let handle = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut byte = [0u8];
+    handle.read_exact_at(&mut byte, at).unwrap();
+    byte[0] ^= 0x5a;
+    handle.write_all_at(&byte, at).unwrap();
+}
+
+/// Bytes that differ at every position, so misplaced copies show.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|index| (index as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn corrupt(region: Region, offset: u64) -> StorageError {
+    StorageError::Corrupt {
+        file: FILE,
+        region,
+        offset,
+    }
+}
+
+#[test]
+fn unaligned_writes_read_back_with_zeros_in_holes_and_past_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let mut model = vec![0u8; 40_000];
+    let writes = [
+        (0u64, 1usize),
+        (4095, 2),
+        (5000, 10_000),
+        (8192, 4096),
+        (12_000, 1),
+        (20_001, 8191),
+        (3, 4090),
+    ];
+    for (seed, &(offset, len)) in writes.iter().enumerate() {
+        let data = pattern(len, seed as u8);
+        store
+            .write(FILE, Region::Data, offset, &data, false)
+            .unwrap();
+        model[offset as usize..offset as usize + len].copy_from_slice(&data);
+    }
+    for (offset, len) in [
+        (0u64, 40_000u32),
+        (1, 1),
+        (4094, 3),
+        (8191, 4098),
+        (28_000, 12_000),
+    ] {
+        let got = store.read(FILE, Region::Data, offset, len, false).unwrap();
+        assert_eq!(
+            got,
+            &model[offset as usize..(offset + u64::from(len)) as usize],
+            "read {offset}+{len}"
+        );
+    }
+    // The redundancy file is separate, and never written here.
+    let parity = store
+        .read(FILE, Region::Redundancy, 0, 9000, false)
+        .unwrap();
+    assert!(parity.iter().all(|&byte| byte == 0));
+    // A file never written reads as zeros too.
+    assert_eq!(
+        store.read(7, Region::Data, 4000, 200, true).unwrap(),
+        vec![0; 200]
+    );
+    assert_eq!(
+        store.read(FILE, Region::Data, 5, 0, false).unwrap(),
+        Vec::<u8>::new()
+    );
+}
+
+#[test]
+fn writes_reach_disk_in_whole_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store
+        .write(FILE, Region::Data, 4100, b"xyz", false)
+        .unwrap();
+    let data = std::fs::metadata(on_disk(dir.path(), FILE, "data")).unwrap();
+    assert_eq!(data.len(), 2 * BLOCK_BYTES);
+    let sidecar = std::fs::metadata(on_disk(dir.path(), FILE, "data.crc")).unwrap();
+    assert_eq!(sidecar.len(), 2 * 8);
+}
+
+#[test]
+fn flipped_byte_is_corrupt_at_its_block_and_never_returned() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let data = pattern(5 * BLOCK_BYTES as usize, 1);
+    store.write(FILE, Region::Data, 0, &data, false).unwrap();
+    store
+        .write(FILE, Region::Redundancy, 0, &data, false)
+        .unwrap();
+    flip_byte(&on_disk(dir.path(), FILE, "data"), 3 * BLOCK_BYTES + 17);
+
+    let whole = store.read(FILE, Region::Data, 0, data.len() as u32, false);
+    assert_eq!(whole, Err(corrupt(Region::Data, 3 * BLOCK_BYTES)));
+    let one_byte = store.read(FILE, Region::Data, 3 * BLOCK_BYTES + 4000, 1, false);
+    assert_eq!(one_byte, Err(corrupt(Region::Data, 3 * BLOCK_BYTES)));
+    let overlaid = store.read(FILE, Region::Data, 2 * BLOCK_BYTES + 1, 5000, true);
+    assert_eq!(overlaid, Err(corrupt(Region::Data, 3 * BLOCK_BYTES)));
+    // Blocks around it, and the redundancy file, are still fine.
+    let before = store
+        .read(FILE, Region::Data, 0, 3 * BLOCK_BYTES as u32, false)
+        .unwrap();
+    assert_eq!(before, &data[..3 * BLOCK_BYTES as usize]);
+    let after = store
+        .read(FILE, Region::Data, 4 * BLOCK_BYTES, 4096, false)
+        .unwrap();
+    assert_eq!(after, &data[4 * BLOCK_BYTES as usize..]);
+    assert_eq!(
+        store
+            .read(FILE, Region::Redundancy, 0, data.len() as u32, false)
+            .unwrap(),
+        data
+    );
+
+    // A damaged checksum entry is as bad as a damaged block.
+    flip_byte(&on_disk(dir.path(), FILE, "redundancy.crc"), 8 + 2);
+    let parity = store.read(FILE, Region::Redundancy, 0, 10, false);
+    assert_eq!(parity, Ok(data[..10].to_vec()));
+    let parity = store.read(FILE, Region::Redundancy, 100, 8000, false);
+    assert_eq!(parity, Err(corrupt(Region::Redundancy, BLOCK_BYTES)));
+
+    // A whole-block rewrite heals the block without reading it.
+    let fresh = pattern(BLOCK_BYTES as usize, 9);
+    store
+        .write(FILE, Region::Data, 3 * BLOCK_BYTES, &fresh, false)
+        .unwrap();
+    let healed = store
+        .read(FILE, Region::Data, 3 * BLOCK_BYTES, 4096, false)
+        .unwrap();
+    assert_eq!(healed, fresh);
+}
+
+#[test]
+fn csar_5_2_unaligned_write_into_a_corrupt_block_fails_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let data = pattern(3 * BLOCK_BYTES as usize, 2);
+    store.write(FILE, Region::Data, 0, &data, false).unwrap();
+    let data_path = on_disk(dir.path(), FILE, "data");
+    flip_byte(&data_path, 2 * BLOCK_BYTES + 5);
+    let on_disk_before = std::fs::read(&data_path).unwrap();
+    let usage_before = store.usage(FILE).unwrap();
+
+    // The tail edge block (block 2) is corrupt; the head (block 0) is fine.
+    let write = store.write(FILE, Region::Data, 100, &vec![7u8; 8200], false);
+    assert_eq!(write, Err(corrupt(Region::Data, 2 * BLOCK_BYTES)));
+    // The head edge block is corrupt.
+    let write = store.write(FILE, Region::Data, 2 * BLOCK_BYTES + 1, b"ab", false);
+    assert_eq!(write, Err(corrupt(Region::Data, 2 * BLOCK_BYTES)));
+    assert_eq!(std::fs::read(&data_path).unwrap(), on_disk_before);
+    assert_eq!(store.usage(FILE).unwrap(), usage_before);
+    let intact = store
+        .read(FILE, Region::Data, 0, 2 * BLOCK_BYTES as u32, false)
+        .unwrap();
+    assert_eq!(intact, &data[..2 * BLOCK_BYTES as usize]);
+}
+
+#[test]
+fn never_written_block_that_became_nonzero_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store
+        .write(FILE, Region::Data, 0, b"first block", false)
+        .unwrap();
+    // Block 1 is a hole inside the file once block 2 is written.
+    store
+        .write(FILE, Region::Data, 2 * BLOCK_BYTES, b"third block", false)
+        .unwrap();
+    let hole = store
+        .read(FILE, Region::Data, BLOCK_BYTES, 4096, false)
+        .unwrap();
+    assert!(hole.iter().all(|&byte| byte == 0));
+
+    let data_path = on_disk(dir.path(), FILE, "data");
+    flip_byte(&data_path, BLOCK_BYTES + 4095);
+    let read = store.read(FILE, Region::Data, 0, 3 * BLOCK_BYTES as u32, false);
+    assert_eq!(read, Err(corrupt(Region::Data, BLOCK_BYTES)));
+
+    // Past the end of the file: bytes appear where nothing was ever written.
+    let handle = OpenOptions::new().write(true).open(&data_path).unwrap();
+    handle.write_all_at(b"junk", 10 * BLOCK_BYTES + 9).unwrap();
+    let read = store.read(FILE, Region::Data, 10 * BLOCK_BYTES, 20, false);
+    assert_eq!(read, Err(corrupt(Region::Data, 10 * BLOCK_BYTES)));
+    let read = store
+        .read(FILE, Region::Data, 9 * BLOCK_BYTES, 20, false)
+        .unwrap();
+    assert_eq!(read, vec![0; 20]);
+}
+
+#[test]
+fn out_of_bounds_requests_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let bad = |result: Result<(), StorageError>| {
+        assert!(
+            matches!(result, Err(StorageError::BadRequest { .. })),
+            "{result:?}"
+        );
+    };
+    bad(store
+        .read(FILE, Region::Data, 0, REQUEST_BYTES_MAX + 1, false)
+        .map(drop));
+    bad(store
+        .read(FILE, Region::Data, FILE_BYTES_MAX - 1, 2, false)
+        .map(drop));
+    bad(store.read(FILE, Region::Data, u64::MAX, 1, false).map(drop));
+    bad(store.read(FILE, Region::Redundancy, 0, 1, true).map(drop));
+    bad(store.write(FILE, Region::Data, u64::MAX - 2, b"abc", false));
+    bad(store.write(FILE, Region::Redundancy, 0, b"abc", true));
+    bad(store.write(
+        FILE,
+        Region::Data,
+        0,
+        &vec![0; REQUEST_BYTES_MAX as usize + 1],
+        false,
+    ));
+    bad(store.overflow_write(FILE, OverflowRole::Primary, FILE_BYTES_MAX, b"a"));
+    bad(store.overflow_invalidate(FILE, OverflowRole::Primary, 1, u64::MAX));
+    bad(store
+        .overflow_list(FILE, OverflowRole::Primary, FILE_BYTES_MAX, 1)
+        .map(drop));
+    // The largest allowed range is fine.
+    let last = store
+        .read(FILE, Region::Data, FILE_BYTES_MAX - 1, 1, false)
+        .unwrap();
+    assert_eq!(last, vec![0]);
+    // Nothing was created by the rejected requests.
+    assert!(!dir.path().join("files").join(FILE.to_string()).exists());
+}
+
+#[test]
+fn usage_counts_written_blocks_and_live_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.usage(FILE).unwrap(), 0);
+    store.write(FILE, Region::Data, 10, b"a", false).unwrap();
+    assert_eq!(store.usage(FILE).unwrap(), 4096);
+    // Spans blocks 0..=2: two more blocks.
+    store
+        .write(FILE, Region::Data, 4000, &[1; 5000], false)
+        .unwrap();
+    assert_eq!(store.usage(FILE).unwrap(), 3 * 4096);
+    // A far block leaves a hole that costs nothing.
+    store
+        .write(FILE, Region::Data, 100 * BLOCK_BYTES, b"b", false)
+        .unwrap();
+    assert_eq!(store.usage(FILE).unwrap(), 4 * 4096);
+    store
+        .write(FILE, Region::Redundancy, 0, &[2; 8192], false)
+        .unwrap();
+    assert_eq!(store.usage(FILE).unwrap(), 6 * 4096);
+    store
+        .overflow_write(FILE, OverflowRole::Primary, 0, &[3; 1000])
+        .unwrap();
+    store
+        .overflow_write(FILE, OverflowRole::Mirror, 500, &[4; 300])
+        .unwrap();
+    assert_eq!(store.usage(FILE).unwrap(), 6 * 4096 + 1300);
+    // A newer entry shadowing part of an older one does not count twice.
+    store
+        .overflow_write(FILE, OverflowRole::Primary, 900, &[5; 200])
+        .unwrap();
+    assert_eq!(store.usage(FILE).unwrap(), 6 * 4096 + 1400);
+    store
+        .overflow_invalidate(FILE, OverflowRole::Primary, 0, 950)
+        .unwrap();
+    assert_eq!(store.usage(FILE).unwrap(), 6 * 4096 + 150 + 300);
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.usage(FILE).unwrap(), 6 * 4096 + 150 + 300);
+    assert_eq!(store.usage(FILE + 1).unwrap(), 0);
+}
+
+#[test]
+fn remove_deletes_everything_and_unknown_files_are_fine() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.remove(FILE).unwrap();
+    store.write(FILE, Region::Data, 0, b"data", false).unwrap();
+    store
+        .write(FILE, Region::Redundancy, 0, b"parity", false)
+        .unwrap();
+    store
+        .overflow_write(FILE, OverflowRole::Primary, 0, b"DA")
+        .unwrap();
+    store
+        .write(FILE + 1, Region::Data, 0, b"other", false)
+        .unwrap();
+    store.sync().unwrap();
+
+    store.remove(FILE).unwrap();
+    assert!(!dir.path().join("files").join(FILE.to_string()).exists());
+    assert_eq!(store.usage(FILE).unwrap(), 0);
+    assert_eq!(
+        store.read(FILE, Region::Data, 0, 4, true).unwrap(),
+        vec![0; 4]
+    );
+    let (extents, _) = store
+        .overflow_list(FILE, OverflowRole::Primary, 0, 10)
+        .unwrap();
+    assert!(extents.is_empty());
+    store.sync().unwrap();
+    assert_eq!(
+        store.read(FILE + 1, Region::Data, 0, 5, false).unwrap(),
+        b"other"
+    );
+
+    // The file can be written again from scratch.
+    store.write(FILE, Region::Data, 2, b"new", false).unwrap();
+    assert_eq!(
+        store.read(FILE, Region::Data, 0, 6, true).unwrap(),
+        b"\0\0new\0"
+    );
+    assert_eq!(store.usage(FILE).unwrap(), 4096);
+    store.remove(FILE).unwrap();
+    store.remove(FILE).unwrap();
+}
+
+#[test]
+fn incarnation_and_server_id_persist_and_a_wiped_store_is_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let store = Store::open(&root).unwrap();
+    let incarnation = store.incarnation();
+    assert_eq!(store.server_id(), None);
+    store.set_server_id(17).unwrap();
+    assert_eq!(store.server_id(), Some(17));
+    store.write(FILE, Region::Data, 0, b"kept", false).unwrap();
+    drop(store);
+
+    let store = Store::open(&root).unwrap();
+    assert_eq!(store.incarnation(), incarnation);
+    assert_eq!(store.server_id(), Some(17));
+    assert_eq!(
+        store.read(FILE, Region::Data, 0, 4, false).unwrap(),
+        b"kept"
+    );
+    drop(store);
+
+    std::fs::remove_dir_all(&root).unwrap();
+    let store = Store::open(&root).unwrap();
+    assert_ne!(store.incarnation(), incarnation);
+    assert_eq!(store.server_id(), None);
+    drop(store);
+
+    // Losing store.toml is a wipe too: the files it described are dropped with it.
+    let store = Store::open(&root).unwrap();
+    let incarnation = store.incarnation();
+    store.write(FILE, Region::Data, 0, b"stale", false).unwrap();
+    drop(store);
+    std::fs::remove_file(root.join("store.toml")).unwrap();
+    let store = Store::open(&root).unwrap();
+    assert_ne!(store.incarnation(), incarnation);
+    assert_eq!(store.usage(FILE).unwrap(), 0);
+}
+
+#[test]
+fn a_store_directory_opens_once_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    assert!(matches!(
+        Store::open(dir.path()),
+        Err(StorageError::Disk { .. })
+    ));
+    drop(store);
+    Store::open(dir.path()).unwrap();
+}
+
+#[test]
+fn unknown_format_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store_incarnation = Store::open(dir.path()).unwrap().incarnation();
+    let meta = dir.path().join("store.toml");
+    let text = std::fs::read_to_string(&meta).unwrap();
+    assert!(text.contains("format_version = 1"), "{text}");
+    let incarnation = format!("incarnation = \"{:016x}\"", store_incarnation);
+    assert!(text.contains(&incarnation), "{text}");
+    std::fs::write(
+        &meta,
+        text.replace("format_version = 1", "format_version = 99"),
+    )
+    .unwrap();
+    let error = Store::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(&error, StorageError::Disk { detail } if detail.contains("version 99")),
+        "{error:?}"
+    );
+}
+
+#[test]
+fn sync_succeeds_after_writes_and_removal_and_with_nothing_owed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.sync().unwrap();
+    for file in 0..5 {
+        store.write(file, Region::Data, 0, b"x", false).unwrap();
+        store
+            .overflow_write(file, OverflowRole::Mirror, 0, b"y")
+            .unwrap();
+    }
+    store.remove(3).unwrap();
+    store.sync().unwrap();
+    store.sync().unwrap();
+}
+
+#[test]
+fn many_files_beyond_the_handle_cache_keep_their_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let files = tessera_store::OPEN_FILES_MAX as u64 * 3;
+    for file in 0..files {
+        store
+            .write(file, Region::Data, file, &[file as u8; 3], false)
+            .unwrap();
+        store
+            .overflow_write(file, OverflowRole::Primary, file + 1, b"O")
+            .unwrap();
+    }
+    store.sync().unwrap();
+    for file in 0..files {
+        let got = store.read(file, Region::Data, file, 3, true).unwrap();
+        assert_eq!(got, [file as u8, b'O', file as u8]);
+        assert_eq!(store.usage(file).unwrap(), 4096 + 1);
+    }
+}
+
+#[test]
+fn threads_writing_disjoint_ranges_of_one_file_read_back_their_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let threads = 8u64;
+    // Unaligned, so neighbours share edge blocks and depend on the file lock.
+    let span = 3 * BLOCK_BYTES + 123;
+    let rounds = 20u8;
+    let handles: Vec<_> = (0..threads)
+        .map(|thread| {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                let offset = thread * span;
+                for round in 0..rounds {
+                    let data = pattern(
+                        span as usize,
+                        (thread as u8).wrapping_mul(50).wrapping_add(round),
+                    );
+                    store
+                        .write(FILE, Region::Data, offset, &data, false)
+                        .unwrap();
+                    let got = store.read(FILE, Region::Data, offset, span as u32, false);
+                    assert_eq!(got.unwrap(), data, "thread {thread} round {round}");
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+    let whole = store
+        .read(FILE, Region::Data, 0, (threads * span) as u32, false)
+        .unwrap();
+    for thread in 0..threads {
+        let start = (thread * span) as usize;
+        let expected = pattern(
+            span as usize,
+            (thread as u8).wrapping_mul(50).wrapping_add(rounds - 1),
+        );
+        assert_eq!(&whole[start..start + span as usize], expected.as_slice());
+    }
+    assert_eq!(
+        store.usage(FILE).unwrap(),
+        (threads * span).div_ceil(BLOCK_BYTES) * BLOCK_BYTES
+    );
+}
+
+#[test]
+fn store_and_parity_locks_are_shareable_across_threads() {
+    fn shareable<T: Send + Sync + 'static>() {}
+    shareable::<Store>();
+    shareable::<tessera_store::ParityLocks>();
+}

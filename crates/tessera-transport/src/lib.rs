@@ -1,0 +1,114 @@
+//! Moves Tessera frames between peers.
+//!
+//! This crate owns the [`Transport`] trait, the one interface through which clients reach
+//! storage servers and the manager, and the [`FrameHandler`] trait through which a daemon
+//! answers them, with their TCP implementations ([`TcpTransport`], [`serve_tcp`]). A transport
+//! carries opaque request and response frames, matched by request id and pipelined: many
+//! requests may be in flight on one connection and their answers may come back in any order.
+//! It knows nothing of what the messages mean; `tessera-wire` does. The adaptive datagram
+//! transport plugs in behind the same two traits.
+
+mod tcp;
+
+use bytes::Bytes;
+use serde::{de::DeserializeOwned, Serialize};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use tessera_wire::WireError;
+
+pub use tcp::{serve_tcp, TcpConfig, TcpTransport};
+
+/// A boxed, sendable future, so that the traits stay object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Identifies one connection (or session) at a server; parity locks belong to it.
+pub type ConnectionId = u64;
+
+/// Why a call did not get an answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    /// Nothing accepted the connection at that address.
+    #[error("cannot connect to {addr}: {detail}")]
+    Connect {
+        /// The address tried.
+        addr: SocketAddr,
+        /// What the OS said.
+        detail: String,
+    },
+    /// No answer within the request timeout.
+    #[error("{addr} did not answer within {timeout_ms} ms")]
+    Timeout {
+        /// The peer.
+        addr: SocketAddr,
+        /// The timeout that ran out.
+        timeout_ms: u64,
+    },
+    /// The connection broke before the answer came.
+    #[error("connection to {addr} lost: {detail}")]
+    Disconnected {
+        /// The peer.
+        addr: SocketAddr,
+        /// Why.
+        detail: String,
+    },
+    /// The peer's answer did not decode.
+    #[error("bad answer from {addr}: {error}")]
+    Protocol {
+        /// The peer.
+        addr: SocketAddr,
+        /// The decoding error.
+        error: WireError,
+    },
+}
+
+/// An answer: the serialized response message and its bulk payload.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// Serialized response message.
+    pub message: Bytes,
+    /// Bulk data.
+    pub payload: Bytes,
+}
+
+/// A way for a client to send requests and receive answers.
+pub trait Transport: Send + Sync + 'static {
+    /// Send a request (serialized message plus payload) to `addr` and wait for its answer.
+    fn call(
+        &self,
+        addr: SocketAddr,
+        message: Bytes,
+        payload: Bytes,
+    ) -> BoxFuture<'static, Result<Reply, TransportError>>;
+}
+
+/// Send a typed request and decode a typed answer.
+pub async fn call<Req: Serialize, Resp: DeserializeOwned>(
+    transport: &dyn Transport,
+    addr: SocketAddr,
+    request: &Req,
+    payload: Bytes,
+) -> Result<(Resp, Bytes), TransportError> {
+    let message = Bytes::from(tessera_wire::encode_message(request));
+    let reply = transport.call(addr, message, payload).await?;
+    let response = tessera_wire::decode_message(&reply.message)
+        .map_err(|error| TransportError::Protocol { addr, error })?;
+    Ok((response, reply.payload))
+}
+
+/// What a daemon does with the requests that reach it.
+pub trait FrameHandler: Send + Sync + 'static {
+    /// Answer one request from connection `connection`. `None` means the request was not
+    /// understood: the connection is dropped and the daemon goes on serving the others.
+    fn handle(
+        &self,
+        connection: ConnectionId,
+        message: Bytes,
+        payload: Bytes,
+    ) -> BoxFuture<'static, Option<(Bytes, Bytes)>>;
+
+    /// Connection `connection` is gone; release whatever it held.
+    fn closed(&self, connection: ConnectionId) {
+        let _ = connection;
+    }
+}

@@ -1,0 +1,338 @@
+//! TCP: one multiplexed connection per peer, length-delimited frames, pipelined requests.
+
+use crate::{BoxFuture, ConnectionId, FrameHandler, Reply, TransportError};
+use bytes::{Bytes, BytesMut};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tessera_wire::{FrameHeader, FrameKind, FRAME_HEADER_BYTES};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+/// Socket buffer used on both ends; large enough to keep a loopback or LAN path full.
+const SOCKET_BUFFER_BYTES: usize = 4 << 20;
+/// User-space buffering around the socket.
+const STREAM_BUFFER_BYTES: usize = 256 << 10;
+/// Frames queued for the writer of one connection.
+const OUTBOUND_FRAMES_MAX: usize = 256;
+/// Requests one connection may have in progress at a server at once.
+const REQUESTS_IN_PROGRESS_MAX: usize = 256;
+/// Connections a server accepts at once.
+const CONNECTIONS_MAX: usize = 1024;
+/// Once a frame's header has arrived, the rest must follow within this time.
+const FRAME_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Timeouts of the TCP transport.
+#[derive(Debug, Clone, Copy)]
+pub struct TcpConfig {
+    /// How long to wait for a connection to be accepted.
+    pub connect_timeout: Duration,
+    /// How long to wait for an answer.
+    pub request_timeout: Duration,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Reply, TransportError>>>>>;
+
+struct Connection {
+    outbound: mpsc::Sender<(FrameHeader, Bytes, Bytes)>,
+    pending: Pending,
+    broken: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The client side of TCP: one pipelined connection per peer, made on first use and remade
+/// after it breaks.
+pub struct TcpTransport {
+    config: TcpConfig,
+    next_request_id: AtomicU64,
+    connections: tokio::sync::Mutex<HashMap<SocketAddr, Arc<Connection>>>,
+}
+
+impl TcpTransport {
+    /// A transport with the given timeouts.
+    pub fn new(config: TcpConfig) -> Self {
+        TcpTransport {
+            config,
+            next_request_id: AtomicU64::new(1),
+            connections: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn connection(&self, addr: SocketAddr) -> Result<Arc<Connection>, TransportError> {
+        let mut connections = self.connections.lock().await;
+        if let Some(c) = connections.get(&addr) {
+            if !c.broken.load(Ordering::Acquire) {
+                return Ok(c.clone());
+            }
+        }
+        let stream = tokio::time::timeout(self.config.connect_timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| TransportError::Connect {
+                addr,
+                detail: "timed out".into(),
+            })?
+            .map_err(|e| TransportError::Connect {
+                addr,
+                detail: e.to_string(),
+            })?;
+        tune(&stream);
+        let (read, write) = stream.into_split();
+        let (outbound, rx) = mpsc::channel(OUTBOUND_FRAMES_MAX);
+        let pending: Pending = Arc::default();
+        let broken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        tokio::spawn(write_frames(write, rx));
+        tokio::spawn(read_replies(addr, read, pending.clone(), broken.clone()));
+        let connection = Arc::new(Connection {
+            outbound,
+            pending,
+            broken,
+        });
+        connections.insert(addr, connection.clone());
+        Ok(connection)
+    }
+
+    async fn call_inner(
+        self: Arc<Self>,
+        addr: SocketAddr,
+        message: Bytes,
+        payload: Bytes,
+    ) -> Result<Reply, TransportError> {
+        let connection = self.connection(addr).await?;
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        connection.pending.lock().unwrap().insert(request_id, tx);
+        let header = FrameHeader {
+            kind: FrameKind::Request,
+            message_len: message.len() as u32,
+            payload_len: payload.len() as u32,
+            request_id,
+        };
+        if connection
+            .outbound
+            .send((header, message, payload))
+            .await
+            .is_err()
+        {
+            connection.pending.lock().unwrap().remove(&request_id);
+            connection.broken.store(true, Ordering::Release);
+            return Err(TransportError::Disconnected {
+                addr,
+                detail: "writer closed".into(),
+            });
+        }
+        match tokio::time::timeout(self.config.request_timeout, rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(TransportError::Disconnected {
+                addr,
+                detail: "connection closed".into(),
+            }),
+            Err(_) => {
+                connection.pending.lock().unwrap().remove(&request_id);
+                Err(TransportError::Timeout {
+                    addr,
+                    timeout_ms: self.config.request_timeout.as_millis() as u64,
+                })
+            }
+        }
+    }
+}
+
+/// `TcpTransport` is used through an `Arc` so that calls can outlive the borrow.
+impl crate::Transport for Arc<TcpTransport> {
+    fn call(
+        &self,
+        addr: SocketAddr,
+        message: Bytes,
+        payload: Bytes,
+    ) -> BoxFuture<'static, Result<Reply, TransportError>> {
+        Box::pin(self.clone().call_inner(addr, message, payload))
+    }
+}
+
+fn tune(stream: &TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let socket = socket2::SockRef::from(stream);
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES);
+    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
+}
+
+/// Write queued frames, batching small ones into one flush.
+async fn write_frames(write: OwnedWriteHalf, mut rx: mpsc::Receiver<(FrameHeader, Bytes, Bytes)>) {
+    let mut out = BufWriter::with_capacity(STREAM_BUFFER_BYTES, write);
+    while let Some(mut frame) = rx.recv().await {
+        loop {
+            let (header, message, payload) = frame;
+            let ok = out.write_all(&header.encode()).await.is_ok()
+                && out.write_all(&message).await.is_ok()
+                && out.write_all(&payload).await.is_ok();
+            if !ok {
+                return;
+            }
+            match rx.try_recv() {
+                Ok(next) => frame = next,
+                Err(_) => break,
+            }
+        }
+        if out.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Read one frame: `Ok(None)` on a clean end of stream between frames.
+async fn read_frame(
+    read: &mut BufReader<OwnedReadHalf>,
+) -> Result<Option<(FrameHeader, Bytes, Bytes)>, String> {
+    let mut head = [0u8; FRAME_HEADER_BYTES];
+    match read.read_exact(&mut head[..1]).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    }
+    let body = async {
+        read.read_exact(&mut head[1..])
+            .await
+            .map_err(|e| e.to_string())?;
+        let header = FrameHeader::decode(&head).map_err(|e| e.to_string())?;
+        let mut message = BytesMut::zeroed(header.message_len as usize);
+        read.read_exact(&mut message)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut payload = BytesMut::zeroed(header.payload_len as usize);
+        read.read_exact(&mut payload)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>((header, message.freeze(), payload.freeze()))
+    };
+    match tokio::time::timeout(FRAME_BODY_TIMEOUT, body).await {
+        Ok(result) => result.map(Some),
+        Err(_) => Err("truncated frame: the rest did not arrive".into()),
+    }
+}
+
+async fn read_replies(
+    addr: SocketAddr,
+    read: OwnedReadHalf,
+    pending: Pending,
+    broken: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let mut read = BufReader::with_capacity(STREAM_BUFFER_BYTES, read);
+    let detail = loop {
+        match read_frame(&mut read).await {
+            Ok(Some((header, message, payload))) => {
+                if header.kind != FrameKind::Response {
+                    break "peer sent a request on a client connection".to_string();
+                }
+                if let Some(tx) = pending.lock().unwrap().remove(&header.request_id) {
+                    let _ = tx.send(Ok(Reply { message, payload }));
+                }
+            }
+            Ok(None) => break "closed by peer".to_string(),
+            Err(e) => break e,
+        }
+    };
+    broken.store(true, Ordering::Release);
+    for (_, tx) in pending.lock().unwrap().drain() {
+        let _ = tx.send(Err(TransportError::Disconnected {
+            addr,
+            detail: detail.clone(),
+        }));
+    }
+}
+
+/// Serve `handler` on `listener` until the task is dropped. Each connection reads requests and
+/// runs them concurrently (answers may go out of order); a connection that sends garbage is
+/// dropped without disturbing the others.
+pub async fn serve_tcp(listener: TcpListener, handler: Arc<dyn FrameHandler>) {
+    let next_connection = AtomicU64::new(1);
+    let connections = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            tracing::warn!("refusing {peer}: {CONNECTIONS_MAX} connections open");
+            continue;
+        };
+        tune(&stream);
+        let id = next_connection.fetch_add(1, Ordering::Relaxed);
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            serve_connection(id, stream, handler.clone()).await;
+            handler.closed(id);
+            drop(permit);
+        });
+    }
+}
+
+async fn serve_connection(id: ConnectionId, stream: TcpStream, handler: Arc<dyn FrameHandler>) {
+    let peer = stream.peer_addr().ok();
+    let (read, write) = stream.into_split();
+    let (tx, rx) = mpsc::channel(OUTBOUND_FRAMES_MAX);
+    let writer = tokio::spawn(write_frames(write, rx));
+    let mut read = BufReader::with_capacity(STREAM_BUFFER_BYTES, read);
+    let in_progress = Arc::new(Semaphore::new(REQUESTS_IN_PROGRESS_MAX));
+    let (violation_tx, mut violation_rx) = mpsc::channel::<()>(1);
+    loop {
+        let frame = tokio::select! {
+            frame = read_frame(&mut read) => frame,
+            _ = violation_rx.recv() => break,
+        };
+        let (header, message, payload) = match frame {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::info!("dropping connection from {peer:?}: {e}");
+                break;
+            }
+        };
+        if header.kind != FrameKind::Request {
+            tracing::info!("dropping connection from {peer:?}: response frame on a server");
+            break;
+        }
+        let Ok(permit) = in_progress.clone().acquire_owned().await else {
+            break;
+        };
+        let handler = handler.clone();
+        let tx = tx.clone();
+        let violation_tx = violation_tx.clone();
+        tokio::spawn(async move {
+            match handler.handle(id, message, payload).await {
+                Some((message, payload)) => {
+                    let header = FrameHeader {
+                        kind: FrameKind::Response,
+                        message_len: message.len() as u32,
+                        payload_len: payload.len() as u32,
+                        request_id: header.request_id,
+                    };
+                    let _ = tx.send((header, message, payload)).await;
+                }
+                None => {
+                    tracing::info!("dropping connection from {peer:?}: request not understood");
+                    let _ = violation_tx.try_send(());
+                }
+            }
+            drop(permit);
+        });
+    }
+    drop(tx);
+    // Let answers already computed go out before the socket closes.
+    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+}
