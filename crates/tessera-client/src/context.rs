@@ -45,7 +45,10 @@ pub(crate) struct FileContext {
 }
 
 impl Client {
-    pub(crate) async fn context_of(&self, file: tessera_wire::FileId) -> Result<FileContext, ClientError> {
+    pub(crate) async fn context_of(
+        &self,
+        file: tessera_wire::FileId,
+    ) -> Result<FileContext, ClientError> {
         let view = match self.manager_call(ManagerRequest::LookupId { file }).await? {
             ManagerResponse::File(view) => view,
             other => {
@@ -113,7 +116,12 @@ impl FileContext {
     pub fn unavailable(&self, columns: impl IntoIterator<Item = u32>) -> ClientError {
         let mut servers: Vec<(ServerId, SocketAddr)> = columns
             .into_iter()
-            .map(|c| (self.columns[c as usize].server, self.columns[c as usize].addr))
+            .map(|c| {
+                (
+                    self.columns[c as usize].server,
+                    self.columns[c as usize].addr,
+                )
+            })
             .collect();
         servers.sort();
         servers.dedup();
@@ -310,7 +318,10 @@ impl FileContext {
             if self.lost_entirely(column) {
                 return Some(column);
             }
-            match self.rpc(client, column, StorageRequest::Sync, Bytes::new()).await {
+            match self
+                .rpc(client, column, StorageRequest::Sync, Bytes::new())
+                .await
+            {
                 Ok(_) => None,
                 Err(_) => Some(column),
             }

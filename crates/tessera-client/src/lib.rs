@@ -326,7 +326,12 @@ impl Client {
     }
 
     /// Read up to `len` bytes at `offset` (fewer at the end of the file).
-    pub async fn read_at(&self, file: &File, offset: u64, len: u64) -> Result<Vec<u8>, ClientError> {
+    pub async fn read_at(
+        &self,
+        file: &File,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, ClientError> {
         let ctx = self.context_of(file.id).await?;
         ctx.read(self, offset, len).await
     }

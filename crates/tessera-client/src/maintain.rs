@@ -65,8 +65,15 @@ impl FileContext {
                     let bytes = match self.scheme() {
                         Scheme::Raid1 => {
                             let mirror = layout.mirror_slot(block).expect("mirror");
-                            self.read_from(client, column, mirror.column, stripe, Region::Redundancy, layout.local_offset(mirror))
-                                .await?
+                            self.read_from(
+                                client,
+                                column,
+                                mirror.column,
+                                stripe,
+                                Region::Redundancy,
+                                layout.local_offset(mirror),
+                            )
+                            .await?
                         }
                         _ => self.reconstruct_from_parity(client, block, 0, unit).await?,
                     };
@@ -75,7 +82,14 @@ impl FileContext {
                 StripeMember::Mirror { block } => {
                     let data = layout.data_slot(block);
                     let bytes = self
-                        .read_from(client, column, data.column, stripe, Region::Data, layout.local_offset(data))
+                        .read_from(
+                            client,
+                            column,
+                            data.column,
+                            stripe,
+                            Region::Data,
+                            layout.local_offset(data),
+                        )
                         .await?;
                     (layout.mirror_slot(block).expect("mirror"), bytes)
                 }
@@ -84,7 +98,14 @@ impl FileContext {
                     for block in layout.blocks_of_stripe(stripe) {
                         let data = layout.data_slot(block);
                         let bytes = self
-                            .read_from(client, column, data.column, stripe, Region::Data, layout.local_offset(data))
+                            .read_from(
+                                client,
+                                column,
+                                data.column,
+                                stripe,
+                                Region::Data,
+                                layout.local_offset(data),
+                            )
                             .await?;
                         tessera_parity::xor_into(&mut parity, &bytes);
                     }
@@ -97,7 +118,8 @@ impl FileContext {
                 offset: layout.local_offset(slot),
                 invalidate_overflow: self.scheme() == Scheme::Hybrid && slot.region == Region::Data,
             };
-            self.rpc_or_fail(client, column, request, Bytes::from(bytes)).await?;
+            self.rpc_or_fail(client, column, request, Bytes::from(bytes))
+                .await?;
         }
         if self.scheme() == Scheme::Hybrid {
             for block in layout.blocks_of_stripe(stripe) {
@@ -125,7 +147,8 @@ impl FileContext {
                             offset,
                             len: unit as u64,
                         };
-                        self.rpc_or_fail(client, column, invalidate, Bytes::new()).await?;
+                        self.rpc_or_fail(client, column, invalidate, Bytes::new())
+                            .await?;
                     }
                     // The primary's entries were trimmed by the data write above.
                     for (entry, bytes) in entries {
@@ -218,7 +241,14 @@ impl FileContext {
         for &block in &blocks {
             let slot = layout.data_slot(block);
             match self
-                .read_region(client, slot.column, Region::Data, layout.local_offset(slot), unit, false)
+                .read_region(
+                    client,
+                    slot.column,
+                    Region::Data,
+                    layout.local_offset(slot),
+                    unit,
+                    false,
+                )
                 .await
             {
                 Ok(bytes) => data.push(Some(bytes)),
@@ -234,7 +264,14 @@ impl FileContext {
             for &block in &blocks {
                 let slot = layout.mirror_slot(block).expect("mirror");
                 match self
-                    .read_region(client, slot.column, Region::Redundancy, layout.local_offset(slot), unit, false)
+                    .read_region(
+                        client,
+                        slot.column,
+                        Region::Redundancy,
+                        layout.local_offset(slot),
+                        unit,
+                        false,
+                    )
                     .await
                 {
                     Ok(bytes) => mirrors.push(Some(bytes)),
@@ -254,7 +291,10 @@ impl FileContext {
                 let mut sides = Vec::new();
                 for role in [OverflowRole::Primary, OverflowRole::Mirror] {
                     let column = layout.overflow_column(block, role);
-                    match self.overflow_list(client, column, role, offset, unit as u64).await {
+                    match self
+                        .overflow_list(client, column, role, offset, unit as u64)
+                        .await
+                    {
                         Ok(entries) => sides.push(Some(flatten(&entries))),
                         Err(Fault::Refused(StorageError::Corrupt { .. })) => {
                             corrupt.push(column);
@@ -274,7 +314,8 @@ impl FileContext {
         match corrupt.len() {
             0 => {}
             1 => {
-                self.rebuild_column_stripe(client, corrupt[0], stripe).await?;
+                self.rebuild_column_stripe(client, corrupt[0], stripe)
+                    .await?;
                 report.corrupt_repaired += 1;
                 return Ok(());
             }
@@ -282,7 +323,10 @@ impl FileContext {
                 report.unrepairable.push(format!(
                     "{} stripe {stripe}: corrupt blocks on servers {:?}",
                     self.meta.path,
-                    corrupt.iter().map(|&c| self.columns[c as usize].server).collect::<Vec<_>>()
+                    corrupt
+                        .iter()
+                        .map(|&c| self.columns[c as usize].server)
+                        .collect::<Vec<_>>()
                 ));
                 return Ok(());
             }
@@ -301,7 +345,8 @@ impl FileContext {
                     offset: layout.local_offset(slot),
                     unlock: false,
                 };
-                self.rpc_or_fail(client, slot.column, request, Bytes::from(expected)).await?;
+                self.rpc_or_fail(client, slot.column, request, Bytes::from(expected))
+                    .await?;
                 report.parity_repaired += 1;
             }
         }
@@ -314,7 +359,8 @@ impl FileContext {
                     offset: layout.local_offset(slot),
                     invalidate_overflow: false,
                 };
-                self.rpc_or_fail(client, slot.column, request, Bytes::from(data[i].clone())).await?;
+                self.rpc_or_fail(client, slot.column, request, Bytes::from(data[i].clone()))
+                    .await?;
                 report.mirrors_repaired += 1;
             }
         }

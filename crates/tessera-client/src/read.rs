@@ -21,7 +21,11 @@ fn coalesce(ctx: &FileContext, pieces: &[Piece]) -> Vec<Chunk> {
         .iter()
         .map(|p| {
             let slot = ctx.layout.data_slot(p.block);
-            (slot.column, ctx.layout.local_offset(slot) + p.offset_in_unit as u64, *p)
+            (
+                slot.column,
+                ctx.layout.local_offset(slot) + p.offset_in_unit as u64,
+                *p,
+            )
         })
         .collect();
     placed.sort_by_key(|(column, offset, _)| (*column, *offset));
@@ -69,17 +73,23 @@ impl FileContext {
                 !self.lost(column, self.layout.stripe_of_block(p.block))
             });
         let overlay = self.scheme() == Scheme::Hybrid;
-        let results: Vec<(Chunk, Result<Vec<u8>, Fault>)> =
-            stream::iter(coalesce(self, &healthy))
-                .map(|chunk| async move {
-                    let read = self
-                        .read_region(client, chunk.column, Region::Data, chunk.local_offset, chunk.len, overlay)
-                        .await;
-                    (chunk, read)
-                })
-                .buffer_unordered(REQUESTS_IN_FLIGHT_MAX)
-                .collect()
-                .await;
+        let results: Vec<(Chunk, Result<Vec<u8>, Fault>)> = stream::iter(coalesce(self, &healthy))
+            .map(|chunk| async move {
+                let read = self
+                    .read_region(
+                        client,
+                        chunk.column,
+                        Region::Data,
+                        chunk.local_offset,
+                        chunk.len,
+                        overlay,
+                    )
+                    .await;
+                (chunk, read)
+            })
+            .buffer_unordered(REQUESTS_IN_FLIGHT_MAX)
+            .collect()
+            .await;
         let mut retry: Vec<(Piece, Option<StorageError>)> =
             degraded.into_iter().map(|p| (p, None)).collect();
         for (chunk, result) in results {
@@ -129,11 +139,19 @@ impl FileContext {
                 piece.block,
                 self.columns[slot.column as usize].server
             );
-            self.rebuild_column_stripe(client, slot.column, stripe).await?;
+            self.rebuild_column_stripe(client, slot.column, stripe)
+                .await?;
             let offset = self.layout.local_offset(slot) + piece.offset_in_unit as u64;
             let overlay = self.scheme() == Scheme::Hybrid;
             match self
-                .read_region(client, slot.column, Region::Data, offset, piece.len as usize, overlay)
+                .read_region(
+                    client,
+                    slot.column,
+                    Region::Data,
+                    offset,
+                    piece.len as usize,
+                    overlay,
+                )
                 .await
             {
                 Ok(bytes) => return Ok(bytes),
@@ -162,16 +180,25 @@ impl FileContext {
                     return Err(self.unavailable([slot.column, mirror.column]));
                 }
                 let offset = self.layout.local_offset(mirror) + within;
-                self.read_region(client, mirror.column, Region::Redundancy, offset, len, false)
-                    .await
-                    .map_err(|fault| self.second_fault(slot.column, mirror.column, fault))
+                self.read_region(
+                    client,
+                    mirror.column,
+                    Region::Redundancy,
+                    offset,
+                    len,
+                    false,
+                )
+                .await
+                .map_err(|fault| self.second_fault(slot.column, mirror.column, fault))
             }
             Scheme::Raid4 | Scheme::Raid5 | Scheme::Hybrid => {
                 let mut bytes = self
                     .reconstruct_from_parity(client, piece.block, within, len)
                     .await?;
                 if self.scheme() == Scheme::Hybrid {
-                    let mirror = self.layout.overflow_column(piece.block, OverflowRole::Mirror);
+                    let mirror = self
+                        .layout
+                        .overflow_column(piece.block, OverflowRole::Mirror);
                     if self.lost(mirror, stripe) {
                         return Err(self.unavailable([slot.column, mirror]));
                     }
@@ -202,7 +229,11 @@ impl FileContext {
         let stripe = self.layout.stripe_of_block(block);
         let own = self.layout.data_slot(block).column;
         let parity = self.layout.parity_slot(stripe).expect("parity scheme");
-        let mut sources = vec![(parity.column, Region::Redundancy, self.layout.local_offset(parity))];
+        let mut sources = vec![(
+            parity.column,
+            Region::Redundancy,
+            self.layout.local_offset(parity),
+        )];
         for other in self.layout.blocks_of_stripe(stripe).filter(|&b| b != block) {
             let slot = self.layout.data_slot(other);
             sources.push((slot.column, Region::Data, self.layout.local_offset(slot)));

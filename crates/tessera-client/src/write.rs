@@ -111,7 +111,11 @@ impl FileContext {
             let lost = self.lost_members(stripe);
             let changed = self.changed_columns(sw);
             let lost_changed: BTreeSet<u32> = changed.intersection(&lost).copied().collect();
-            let relevant = if self.scheme().has_parity() { &lost } else { &lost_changed };
+            let relevant = if self.scheme().has_parity() {
+                &lost
+            } else {
+                &lost_changed
+            };
             if !self.tolerable(sw, relevant) {
                 return Err(self.unavailable(relevant.iter().copied()));
             }
@@ -138,7 +142,9 @@ impl FileContext {
                 .buffer_unordered(REQUESTS_IN_FLIGHT_MAX)
                 .collect()
                 .await;
-            results.into_iter().collect::<Result<Vec<()>, ClientError>>()
+            results
+                .into_iter()
+                .collect::<Result<Vec<()>, ClientError>>()
         };
         let partial = async {
             for sw in rmw {
@@ -180,7 +186,8 @@ impl FileContext {
                 if let Fault::Refused(e) = &fault {
                     tracing::warn!("write to column {} refused: {e}", op.column);
                 }
-                self.write_failed(client, op.column, op.stripes, failed).await
+                self.write_failed(client, op.column, op.stripes, failed)
+                    .await
             }
         }
     }
@@ -402,7 +409,8 @@ impl FileContext {
                 payload: Bytes::copy_from_slice(&data[piece.buf_range()]),
             })
         });
-        let results = futures::future::join_all(writes.map(|op| self.run_op(client, op, failed))).await;
+        let results =
+            futures::future::join_all(writes.map(|op| self.run_op(client, op, failed))).await;
         results.into_iter().collect()
     }
 
@@ -418,8 +426,16 @@ impl FileContext {
         let file = self.meta.id;
         let parity = self.layout.parity_slot(stripe).expect("parity");
         let pieces = &sw.extent.pieces;
-        let lo = pieces.iter().map(|p| p.offset_in_unit).min().expect("pieces") as usize;
-        let hi = pieces.iter().map(|p| p.offset_in_unit + p.len).max().expect("pieces") as usize;
+        let lo = pieces
+            .iter()
+            .map(|p| p.offset_in_unit)
+            .min()
+            .expect("pieces") as usize;
+        let hi = pieces
+            .iter()
+            .map(|p| p.offset_in_unit + p.len)
+            .max()
+            .expect("pieces") as usize;
         let parity_offset = self.layout.local_offset(parity) + lo as u64;
         let lock = StorageRequest::LockParity {
             file,
@@ -440,7 +456,8 @@ impl FileContext {
             }
             Err(Fault::Unreachable(_)) => return Ok(RmwOutcome::Retry),
             Err(Fault::Refused(StorageError::Corrupt { .. })) => {
-                self.rebuild_column_stripe(client, parity.column, stripe).await?;
+                self.rebuild_column_stripe(client, parity.column, stripe)
+                    .await?;
                 return Ok(RmwOutcome::Retry);
             }
             Err(Fault::Refused(e)) => return Err(self.storage_error(parity.column, e)),
@@ -450,8 +467,15 @@ impl FileContext {
             let offset = self.layout.local_offset(slot) + piece.offset_in_unit as u64;
             (
                 slot.column,
-                self.read_region(client, slot.column, Region::Data, offset, piece.len as usize, false)
-                    .await,
+                self.read_region(
+                    client,
+                    slot.column,
+                    Region::Data,
+                    offset,
+                    piece.len as usize,
+                    false,
+                )
+                .await,
             )
         });
         let olds = futures::future::join_all(old_reads).await;
@@ -503,7 +527,9 @@ impl FileContext {
             },
             payload: Bytes::from(new_parity),
         });
-        let results = futures::future::join_all(writes.into_iter().map(|op| self.run_op(client, op, failed))).await;
+        let results =
+            futures::future::join_all(writes.into_iter().map(|op| self.run_op(client, op, failed)))
+                .await;
         results.into_iter().collect::<Result<Vec<()>, _>>()?;
         Ok(RmwOutcome::Done)
     }
@@ -531,7 +557,9 @@ impl FileContext {
             Ok((_, bytes)) if bytes.len() == unit => bytes.to_vec(),
             Ok(_) | Err(Fault::Refused(_)) | Err(Fault::Unreachable(_)) => {
                 self.unlock(client, parity.column, stripe).await;
-                return Err(self.unavailable(self.lost_members(stripe).into_iter().chain([parity.column])));
+                return Err(
+                    self.unavailable(self.lost_members(stripe).into_iter().chain([parity.column]))
+                );
             }
         };
         let blocks: Vec<u64> = self.layout.blocks_of_stripe(stripe).collect();
@@ -540,10 +568,17 @@ impl FileContext {
             if self.lost(slot.column, stripe) {
                 return Ok(None);
             }
-            self.read_region(client, slot.column, Region::Data, self.layout.local_offset(slot), unit, false)
-                .await
-                .map(Some)
-                .map_err(|_| slot.column)
+            self.read_region(
+                client,
+                slot.column,
+                Region::Data,
+                self.layout.local_offset(slot),
+                unit,
+                false,
+            )
+            .await
+            .map(Some)
+            .map_err(|_| slot.column)
         });
         let mut units = match futures::future::try_join_all(reads).await {
             Ok(units) => units,
@@ -603,7 +638,9 @@ impl FileContext {
             },
             payload: Bytes::from(new_parity),
         });
-        let results = futures::future::join_all(writes.into_iter().map(|op| self.run_op(client, op, failed))).await;
+        let results =
+            futures::future::join_all(writes.into_iter().map(|op| self.run_op(client, op, failed)))
+                .await;
         results.into_iter().collect::<Result<Vec<()>, _>>()?;
         Ok(RmwOutcome::Done)
     }

@@ -242,11 +242,11 @@ impl FrameHandler for StorageHandler {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, StorageError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| Err(StorageError::Disk {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(StorageError::Disk {
             detail: format!("store task failed: {e}"),
-        }))
+        })
+    })
 }
 
 async fn serve(

@@ -1,0 +1,295 @@
+//! `tessera bench`: throughput of every scheme on a cluster, side by side with a raw TCP
+//! stream over loopback with the same socket buffers, so results are ratios from one run.
+
+use crate::cluster::LocalCluster;
+use crate::commands::{self, resolve_cluster};
+use anyhow::{bail, Context, Result};
+use futures::stream::{self, StreamExt};
+use rand::{Rng, RngCore, SeedableRng};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+use tessera_client::{Client, File, LayoutRequest, Scheme};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Socket buffers for the yardstick: the same as Tessera's TCP transport uses.
+const SOCKET_BUFFER_BYTES: usize = 4 << 20;
+const STRIPE_UNIT: u32 = 64 << 10;
+
+/// A local cluster in a temporary directory, stopped when dropped.
+pub struct EmbeddedCluster {
+    pub cluster: LocalCluster,
+    _dir: tempfile::TempDir,
+}
+
+impl EmbeddedCluster {
+    pub async fn start(servers: u32) -> Result<EmbeddedCluster> {
+        let dir = tempfile::Builder::new()
+            .prefix("tessera-")
+            .tempdir()
+            .context("cannot make a temporary directory")?;
+        let cluster = LocalCluster::up(dir.path(), servers).await?;
+        Ok(EmbeddedCluster { cluster, _dir: dir })
+    }
+}
+
+impl Drop for EmbeddedCluster {
+    fn drop(&mut self) {
+        self.cluster.down();
+    }
+}
+
+#[derive(Serialize)]
+struct Row {
+    scheme: String,
+    workload: String,
+    mb_s: f64,
+    overhead: f64,
+}
+
+#[derive(Serialize)]
+struct Yardstick {
+    tcp_stream_mb_s: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    yardstick: Yardstick,
+    results: Vec<Row>,
+}
+
+fn mb_s(bytes: u64, seconds: f64) -> f64 {
+    bytes as f64 / 1e6 / seconds.max(1e-9)
+}
+
+/// Write `data` at 0 with several whole-stripe chunks in flight.
+pub async fn write_all(client: &Client, file: &File, data: &[u8]) -> Result<()> {
+    let chunk = commands::chunk_bytes(client, file).await? as usize;
+    let writes = data
+        .chunks(chunk)
+        .enumerate()
+        .map(|(i, part)| async move { client.write_at(file, (i * chunk) as u64, part).await });
+    let results: Vec<_> = stream::iter(writes).buffer_unordered(3).collect().await;
+    for r in results {
+        r?;
+    }
+    Ok(())
+}
+
+/// Read `len` bytes from 0 with several chunks in flight.
+pub async fn read_all(client: &Client, file: &File, len: u64) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(len as usize);
+    let mut sink = std::io::Cursor::new(&mut out);
+    commands::download(
+        client,
+        file,
+        0,
+        len,
+        &mut sink,
+        &indicatif::ProgressBar::hidden(),
+    )
+    .await?;
+    Ok(out)
+}
+
+/// One raw TCP stream over loopback: bytes per second from first write to last byte read.
+async fn tcp_stream_mb_s(bytes: u64) -> Result<f64> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let sink = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await?;
+        let sock = socket2::SockRef::from(&stream);
+        sock.set_recv_buffer_size(SOCKET_BUFFER_BYTES)?;
+        let mut buf = vec![0u8; 256 << 10];
+        let mut got = 0u64;
+        while got < bytes {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            got += n as u64;
+        }
+        stream.write_all(b"k").await?;
+        Ok::<u64, std::io::Error>(got)
+    });
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    socket2::SockRef::from(&stream).set_send_buffer_size(SOCKET_BUFFER_BYTES)?;
+    let block = vec![0x5au8; 1 << 20];
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while sent < bytes {
+        let n = block.len().min((bytes - sent) as usize);
+        stream.write_all(&block[..n]).await?;
+        sent += n as u64;
+    }
+    let mut ack = [0u8; 1];
+    stream.read_exact(&mut ack).await?;
+    let seconds = start.elapsed().as_secs_f64();
+    let got = sink.await??;
+    if got != bytes {
+        bail!("yardstick stream lost bytes: {got} of {bytes}");
+    }
+    Ok(mb_s(bytes, seconds))
+}
+
+pub async fn run(cluster: Option<String>, quick: bool, json: Option<PathBuf>) -> Result<()> {
+    // Use the cluster named (or the default one) if it answers, else an embedded one.
+    let mut embedded = None;
+    let client = match resolve_cluster(cluster.clone()) {
+        Ok(addr) => match Client::connect(addr).await {
+            Ok(client) => client,
+            Err(e) if cluster.is_some() => return Err(e.into()),
+            Err(_) => {
+                let e = EmbeddedCluster::start(5).await?;
+                let client = Client::connect(e.cluster.manager_addr()?).await?;
+                embedded = Some(e);
+                client
+            }
+        },
+        Err(e) if cluster.is_some() => return Err(e),
+        Err(_) => {
+            let e = EmbeddedCluster::start(5).await?;
+            let client = Client::connect(e.cluster.manager_addr()?).await?;
+            embedded = Some(e);
+            client
+        }
+    };
+    let servers = client.status().await?.len();
+    let size: u64 = if quick { 32 << 20 } else { 256 << 20 };
+    let small_writes: u64 = if quick { 200 } else { 1000 };
+    eprintln!(
+        "bench: {servers} servers, {} MiB sequential, {small_writes} small writes of {} KiB{}",
+        size >> 20,
+        STRIPE_UNIT >> 10,
+        if embedded.is_some() {
+            " (embedded cluster)"
+        } else {
+            ""
+        }
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x7e55e2a);
+    let mut data = vec![0u8; size as usize];
+    rng.fill_bytes(&mut data);
+
+    let yardstick = tcp_stream_mb_s(size).await?;
+    let mut rows = Vec::new();
+    for scheme in Scheme::ALL {
+        let path = format!("bench/{}", scheme.name());
+        let file = client
+            .create_replacing(
+                &path,
+                LayoutRequest {
+                    scheme,
+                    stripe_unit: STRIPE_UNIT,
+                    width: None,
+                },
+            )
+            .await?;
+        let start = Instant::now();
+        write_all(&client, &file, &data).await?;
+        let write_s = start.elapsed().as_secs_f64();
+        let overhead = client.stat(&path).await?.stored_bytes as f64 / size as f64;
+        let start = Instant::now();
+        let back = read_all(&client, &file, size).await?;
+        let read_s = start.elapsed().as_secs_f64();
+        if back != data {
+            bail!("{scheme}: bytes read back differ from bytes written");
+        }
+        drop(back);
+        let unit = STRIPE_UNIT as u64;
+        let units = size / unit;
+        let payload = vec![0xa5u8; unit as usize];
+        let start = Instant::now();
+        for _ in 0..small_writes {
+            let at = rng.gen_range(0..units) * unit;
+            client.write_at(&file, at, &payload).await?;
+        }
+        let small_s = start.elapsed().as_secs_f64();
+        let small_overhead = client.stat(&path).await?.stored_bytes as f64 / size as f64;
+        client.remove(&path).await?;
+        for (workload, mb, ov) in [
+            ("seq_write", mb_s(size, write_s), overhead),
+            ("seq_read", mb_s(size, read_s), overhead),
+            (
+                "small_write",
+                mb_s(small_writes * unit, small_s),
+                small_overhead,
+            ),
+        ] {
+            rows.push(Row {
+                scheme: scheme.name().into(),
+                workload: workload.into(),
+                mb_s: mb,
+                overhead: ov,
+            });
+        }
+        eprintln!("bench: {scheme} done");
+    }
+    print_table(yardstick, &rows);
+    if let Some(path) = json {
+        let report = Report {
+            yardstick: Yardstick {
+                tcp_stream_mb_s: yardstick,
+            },
+            results: rows,
+        };
+        std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    drop(embedded);
+    Ok(())
+}
+
+fn print_table(yardstick: f64, rows: &[Row]) {
+    println!("raw TCP stream over loopback: {yardstick:.0} MB/s");
+    println!(
+        "{:<7} {:<12} {:>10} {:>9} {:>9}",
+        "scheme", "workload", "MB/s", "x TCP", "overhead"
+    );
+    for r in rows {
+        println!(
+            "{:<7} {:<12} {:>10.1} {:>9.3} {:>9.2}",
+            r.scheme,
+            r.workload,
+            r.mb_s,
+            r.mb_s / yardstick,
+            r.overhead
+        );
+    }
+    let get = |s: &str, w: &str| {
+        rows.iter()
+            .find(|r| r.scheme == s && r.workload == w)
+            .map(|r| r.mb_s)
+            .unwrap_or(0.0)
+    };
+    println!("ratios:");
+    println!(
+        "  raid0 seq read / TCP          {:.2} (target >= 0.5)",
+        get("raid0", "seq_read") / yardstick
+    );
+    println!(
+        "  raid0 seq write / TCP         {:.2} (target >= 0.4)",
+        get("raid0", "seq_write") / yardstick
+    );
+    println!(
+        "  raid5 seq write / raid1       {:.2} (target >= 1.2)",
+        get("raid5", "seq_write") / get("raid1", "seq_write")
+    );
+    println!(
+        "  hybrid seq write / raid1      {:.2} (target >= 1.2)",
+        get("hybrid", "seq_write") / get("raid1", "seq_write")
+    );
+    println!(
+        "  hybrid small / raid5 small    {:.2} (target >= 1.3)",
+        get("hybrid", "small_write") / get("raid5", "small_write")
+    );
+    println!(
+        "  hybrid small / raid1 small    {:.2} (target >= 0.9)",
+        get("hybrid", "small_write") / get("raid1", "small_write")
+    );
+    println!(
+        "  hybrid full-stripe / raid5    {:.2} (target >= 0.9)",
+        get("hybrid", "seq_write") / get("raid5", "seq_write")
+    );
+}

@@ -1,0 +1,379 @@
+//! The embedded local cluster: a manager and N servers as child processes on 127.0.0.1, their
+//! data and logs under one directory, described by `DIR/cluster.toml`.
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tessera_client::{Client, ServerState};
+
+/// How long to wait for daemons to come up.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// One daemon process of the local cluster.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Process {
+    /// Address it listens on.
+    pub addr: String,
+    /// Its data directory.
+    pub dir: PathBuf,
+    /// Process id, 0 when stopped.
+    pub pid: u32,
+}
+
+/// A storage server of the local cluster.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LocalServer {
+    /// Server id.
+    pub id: u32,
+    /// Its process.
+    #[serde(flatten)]
+    pub process: Process,
+}
+
+/// `DIR/cluster.toml`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClusterFile {
+    /// Format version of this file.
+    pub version: u32,
+    /// The manager's address (what clients need).
+    pub manager: String,
+    /// The manager process.
+    pub manager_process: Process,
+    /// The storage servers.
+    pub servers: Vec<LocalServer>,
+}
+
+/// A local cluster rooted at a directory.
+pub struct LocalCluster {
+    /// The directory.
+    pub dir: PathBuf,
+    /// What `cluster.toml` says.
+    pub file: ClusterFile,
+}
+
+pub fn pid_alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    pid != 0 && unsafe { libc::kill(pid as i32, 0) } == 0 && !is_zombie(pid)
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+fn signal(pid: u32, sig: i32) {
+    if pid != 0 {
+        // SAFETY: sending a signal to a pid we started.
+        unsafe {
+            libc::kill(pid as i32, sig);
+        }
+    }
+}
+
+/// Wait for a pid to exit (reaping it if it is our child).
+fn wait_exit(pid: u32, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        // SAFETY: non-blocking reap of a possible child; harmless if it is not ours.
+        unsafe {
+            libc::waitpid(pid as i32, std::ptr::null_mut(), libc::WNOHANG);
+        }
+        if !pid_alive(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+fn spawn_daemon(args: &[String], log: &Path) -> Result<u32> {
+    let exe = std::env::current_exe().context("cannot find the tessera executable")?;
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("cannot open log {}", log.display()))?;
+    let mut command = Command::new(exe);
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file);
+    // Own process group: a Ctrl-C at the terminal reaches `tessera up`, which stops the cluster
+    // in order, rather than killing every daemon at once.
+    use std::os::unix::process::CommandExt;
+    command.process_group(0);
+    let child = command.spawn().context("cannot start a daemon")?;
+    Ok(child.id())
+}
+
+fn wait_for_addr(file: &Path, pid: u32) -> Result<String> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Ok(addr) = std::fs::read_to_string(file) {
+            if !addr.trim().is_empty() {
+                return Ok(addr.trim().to_string());
+            }
+        }
+        if !pid_alive(pid) {
+            bail!(
+                "daemon exited during start-up (see {})",
+                file.with_file_name("log").display()
+            );
+        }
+        if Instant::now() > deadline {
+            bail!("daemon did not start within {START_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl LocalCluster {
+    pub fn cluster_file(dir: &Path) -> PathBuf {
+        dir.join("cluster.toml")
+    }
+
+    /// Load `DIR/cluster.toml`.
+    pub fn load(dir: &Path) -> Result<LocalCluster> {
+        let path = Self::cluster_file(dir);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("no local cluster at {}", path.display()))?;
+        let file: ClusterFile =
+            toml::from_str(&text).with_context(|| format!("{} is malformed", path.display()))?;
+        Ok(LocalCluster {
+            dir: dir.to_path_buf(),
+            file,
+        })
+    }
+
+    fn save(&self) -> Result<()> {
+        let path = Self::cluster_file(&self.dir);
+        let tmp = path.with_extension("toml.tmp");
+        std::fs::write(&tmp, toml::to_string(&self.file)?)?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(())
+    }
+
+    pub fn manager_addr(&self) -> Result<SocketAddr> {
+        self.file
+            .manager
+            .parse()
+            .map_err(|_| anyhow!("bad manager address '{}'", self.file.manager))
+    }
+
+    /// Start a manager and `servers` servers under `dir` (reusing data already there), and wait
+    /// until every server is up.
+    pub async fn up(dir: &Path, servers: u32) -> Result<LocalCluster> {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let dir = dir
+            .canonicalize()
+            .with_context(|| format!("cannot resolve {}", dir.display()))?;
+        if let Ok(existing) = Self::load(&dir) {
+            if pid_alive(existing.file.manager_process.pid) {
+                bail!(
+                    "a cluster is already running in {} (stop it with: tessera down --dir {})",
+                    dir.display(),
+                    dir.display()
+                );
+            }
+        }
+        if servers == 0 {
+            bail!("a cluster needs at least one server");
+        }
+        let previous = Self::load(&dir).ok();
+        let manager_dir = dir.join("manager");
+        std::fs::create_dir_all(&manager_dir)?;
+        let addr_file = manager_dir.join("addr");
+        let _ = std::fs::remove_file(&addr_file);
+        let listen = previous
+            .as_ref()
+            .map(|p| p.file.manager.clone())
+            .unwrap_or_else(|| "127.0.0.1:0".into());
+        let manager_pid = match Self::start_manager(&manager_dir, &listen) {
+            Ok(pid) => pid,
+            // The old port may be taken now; any free one will do.
+            Err(_) if listen != "127.0.0.1:0" => Self::start_manager(&manager_dir, "127.0.0.1:0")?,
+            Err(e) => return Err(e),
+        };
+        let manager = wait_for_addr(&addr_file, manager_pid)?;
+        let mut cluster = LocalCluster {
+            dir: dir.clone(),
+            file: ClusterFile {
+                version: 1,
+                manager: manager.clone(),
+                manager_process: Process {
+                    addr: manager,
+                    dir: manager_dir,
+                    pid: manager_pid,
+                },
+                servers: Vec::new(),
+            },
+        };
+        for id in 1..=servers {
+            let server_dir = dir.join(format!("server-{id}"));
+            let addr = previous
+                .as_ref()
+                .and_then(|p| p.file.servers.iter().find(|s| s.id == id))
+                .map(|s| s.process.addr.clone())
+                .unwrap_or_else(|| "127.0.0.1:0".into());
+            cluster.file.servers.push(LocalServer {
+                id,
+                process: Process {
+                    addr,
+                    dir: server_dir,
+                    pid: 0,
+                },
+            });
+        }
+        cluster.save()?;
+        for id in 1..=servers {
+            if let Err(e) = cluster.start_server(id) {
+                cluster.down();
+                return Err(e);
+            }
+        }
+        if let Err(e) = cluster.wait_all_up().await {
+            cluster.down();
+            return Err(e);
+        }
+        Ok(cluster)
+    }
+
+    fn start_manager(manager_dir: &Path, listen: &str) -> Result<u32> {
+        let args: Vec<String> = vec![
+            "manager".into(),
+            "--listen".into(),
+            listen.into(),
+            "--dir".into(),
+            manager_dir.display().to_string(),
+            "--addr-file".into(),
+            manager_dir.join("addr").display().to_string(),
+        ];
+        let pid = spawn_daemon(&args, &manager_dir.join("log"))?;
+        // A bind failure shows up as an early exit.
+        std::thread::sleep(Duration::from_millis(50));
+        if !pid_alive(pid) && !manager_dir.join("addr").exists() {
+            bail!("manager failed to start on {listen}");
+        }
+        Ok(pid)
+    }
+
+    /// Start server `id` (again), on its old address if it can have it.
+    pub fn start_server(&mut self, id: u32) -> Result<()> {
+        let manager = self.file.manager.clone();
+        let index = self
+            .file
+            .servers
+            .iter()
+            .position(|s| s.id == id)
+            .ok_or_else(|| anyhow!("no server {id} in this local cluster"))?;
+        if pid_alive(self.file.servers[index].process.pid) {
+            bail!("server {id} is already running");
+        }
+        let dir = self.file.servers[index].process.dir.clone();
+        std::fs::create_dir_all(&dir)?;
+        let addr_file = dir.with_extension("addr");
+        let mut last_error = None;
+        let wanted = self.file.servers[index].process.addr.clone();
+        for listen in [wanted.as_str(), "127.0.0.1:0"] {
+            let _ = std::fs::remove_file(&addr_file);
+            let args: Vec<String> = vec![
+                "server".into(),
+                "--manager".into(),
+                manager.clone(),
+                "--listen".into(),
+                listen.into(),
+                "--dir".into(),
+                dir.display().to_string(),
+                "--id".into(),
+                id.to_string(),
+                "--addr-file".into(),
+                addr_file.display().to_string(),
+            ];
+            let pid = spawn_daemon(&args, &dir.with_extension("log"))?;
+            match wait_for_addr(&addr_file, pid) {
+                Ok(addr) => {
+                    let server = &mut self.file.servers[index];
+                    server.process.addr = addr;
+                    server.process.pid = pid;
+                    return self.save();
+                }
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error
+            .expect("tried")
+            .context(format!("server {id} did not start")))
+    }
+
+    /// Kill server `id` at once, as a crash would.
+    pub fn stop_server(&mut self, id: u32) -> Result<()> {
+        let server = self
+            .file
+            .servers
+            .iter_mut()
+            .find(|s| s.id == id)
+            .ok_or_else(|| anyhow!("no server {id} in this local cluster"))?;
+        if !pid_alive(server.process.pid) {
+            bail!("server {id} is not running");
+        }
+        signal(server.process.pid, libc::SIGKILL);
+        wait_exit(server.process.pid, Duration::from_secs(5));
+        server.process.pid = 0;
+        self.save()
+    }
+
+    /// Wait until the manager sees every running server up (or stale).
+    pub async fn wait_all_up(&self) -> Result<()> {
+        let client = Client::connect(self.manager_addr()?).await?;
+        let wanted = self
+            .file
+            .servers
+            .iter()
+            .filter(|s| s.process.pid != 0)
+            .count();
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let status = client.status().await?;
+            let live = status
+                .iter()
+                .filter(|s| s.state != ServerState::Down)
+                .count();
+            if live >= wanted {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("only {live} of {wanted} servers registered within {START_TIMEOUT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stop every daemon (servers first), politely, then firmly.
+    pub fn down(&mut self) {
+        let mut pids: Vec<u32> = self.file.servers.iter().map(|s| s.process.pid).collect();
+        pids.push(self.file.manager_process.pid);
+        for &pid in &pids {
+            signal(pid, libc::SIGTERM);
+        }
+        for &pid in &pids {
+            if !wait_exit(pid, Duration::from_secs(5)) {
+                signal(pid, libc::SIGKILL);
+                wait_exit(pid, Duration::from_secs(2));
+            }
+        }
+        for s in &mut self.file.servers {
+            s.process.pid = 0;
+        }
+        self.file.manager_process.pid = 0;
+        let _ = self.save();
+    }
+}

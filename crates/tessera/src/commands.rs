@@ -1,0 +1,490 @@
+//! The client and cluster commands.
+
+use crate::cluster::LocalCluster;
+use anyhow::{anyhow, bail, Context, Result};
+use futures::stream::{FuturesUnordered, StreamExt};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::{IsTerminal, Read, Write};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use tessera_client::{Client, File, LayoutRequest, Scheme};
+
+/// Bytes moved by one client call in a streaming transfer (whole stripes where possible).
+const TRANSFER_CHUNK_BYTES: u64 = 8 << 20;
+/// Transfer calls kept in flight at once.
+const TRANSFERS_IN_FLIGHT: usize = 3;
+
+/// Find the manager: an address, a cluster.toml (or the directory holding one).
+pub fn resolve_cluster(spec: Option<String>) -> Result<SocketAddr> {
+    let given = spec.is_some();
+    let spec = spec.unwrap_or_else(|| "tessera-data/cluster.toml".into());
+    if let Ok(addr) = spec.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let path = Path::new(&spec);
+    let file = if path.is_dir() {
+        path.join("cluster.toml")
+    } else {
+        path.to_path_buf()
+    };
+    if file.exists() {
+        let dir = file.parent().unwrap_or(Path::new("."));
+        let cluster = LocalCluster::load(dir)?;
+        return cluster.manager_addr();
+    }
+    if given && spec.contains(':') {
+        if let Ok(mut addrs) = spec.to_socket_addrs() {
+            if let Some(addr) = addrs.next() {
+                return Ok(addr);
+            }
+        }
+    }
+    if given {
+        bail!("no cluster at '{spec}': not an address and no such cluster file");
+    }
+    bail!(
+        "no cluster found: {} does not exist (start one with `tessera up --detach`, or pass --cluster ADDR)",
+        file.display()
+    )
+}
+
+pub async fn connect(spec: Option<String>) -> Result<Client> {
+    let addr = resolve_cluster(spec)?;
+    Ok(Client::connect(addr).await?)
+}
+
+/// Parse a size such as `65536`, `64K`, `64KiB`, `1M`.
+pub fn parse_size(text: &str) -> Result<u32> {
+    let t = text.trim();
+    let digits: String = t.chars().take_while(|c| c.is_ascii_digit()).collect();
+    let unit = t[digits.len()..].trim().to_ascii_lowercase();
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| anyhow!("bad size '{text}' (expected e.g. 65536, 64K, 1M)"))?;
+    let scale = match unit.as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        _ => bail!("bad size '{text}' (expected e.g. 65536, 64K, 1M)"),
+    };
+    u32::try_from(value * scale).map_err(|_| anyhow!("size '{text}' is too large"))
+}
+
+fn progress_bar(total: u64, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("template")
+        .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// Chunk size for a file: whole stripes, about `TRANSFER_CHUNK_BYTES`.
+pub async fn chunk_bytes(client: &Client, file: &File) -> Result<u64> {
+    let stat = client.stat(&file.path).await?;
+    let stripe = stat.meta.layout.stripe_bytes();
+    Ok(stripe * (TRANSFER_CHUNK_BYTES / stripe).max(1))
+}
+
+/// Write everything `source` yields at `offset`, several chunks in flight.
+pub async fn upload(
+    client: &Client,
+    file: &File,
+    mut offset: u64,
+    source: &mut dyn Read,
+    bar: &ProgressBar,
+) -> Result<u64> {
+    let chunk = chunk_bytes(client, file).await? as usize;
+    let mut in_flight = FuturesUnordered::new();
+    let mut total = 0u64;
+    loop {
+        let mut buf = vec![0u8; chunk];
+        let mut filled = 0;
+        while filled < chunk {
+            let n = source
+                .read(&mut buf[filled..])
+                .context("cannot read input")?;
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        buf.truncate(filled);
+        if !buf.is_empty() {
+            let at = offset;
+            offset += filled as u64;
+            total += filled as u64;
+            in_flight.push(async move {
+                client.write_at(file, at, &buf).await?;
+                Ok::<u64, anyhow::Error>(buf.len() as u64)
+            });
+        }
+        while in_flight.len() >= TRANSFERS_IN_FLIGHT || (filled < chunk && !in_flight.is_empty()) {
+            let done = in_flight.next().await.expect("non-empty")?;
+            bar.inc(done);
+        }
+        if filled < chunk {
+            return Ok(total);
+        }
+    }
+}
+
+/// Read `len` bytes at `offset` into `sink`, in order, several chunks in flight.
+pub async fn download(
+    client: &Client,
+    file: &File,
+    offset: u64,
+    len: u64,
+    sink: &mut dyn Write,
+    bar: &ProgressBar,
+) -> Result<u64> {
+    let chunk = chunk_bytes(client, file).await?;
+    let chunks = (0..len.div_ceil(chunk)).map(|i| {
+        let at = offset + i * chunk;
+        let n = chunk.min(offset + len - at);
+        async move { client.read_at(file, at, n).await }
+    });
+    let mut reads = futures::stream::iter(chunks).buffered(TRANSFERS_IN_FLIGHT);
+    let mut total = 0;
+    while let Some(bytes) = reads.next().await {
+        let bytes = bytes?;
+        sink.write_all(&bytes).context("cannot write output")?;
+        bar.inc(bytes.len() as u64);
+        total += bytes.len() as u64;
+        if (bytes.len() as u64) < chunk {
+            break;
+        }
+    }
+    sink.flush().context("cannot write output")?;
+    Ok(total)
+}
+
+fn open_input(local: &str) -> Result<(Box<dyn Read>, Option<u64>)> {
+    if local == "-" {
+        return Ok((Box::new(std::io::stdin().lock()), None));
+    }
+    let file = std::fs::File::open(local).with_context(|| format!("cannot open {local}"))?;
+    let len = file.metadata().ok().map(|m| m.len());
+    Ok((
+        Box::new(std::io::BufReader::with_capacity(1 << 20, file)),
+        len,
+    ))
+}
+
+fn open_output(local: &str) -> Result<Box<dyn Write>> {
+    if local == "-" {
+        return Ok(Box::new(std::io::BufWriter::new(std::io::stdout().lock())));
+    }
+    let file = std::fs::File::create(local).with_context(|| format!("cannot create {local}"))?;
+    Ok(Box::new(std::io::BufWriter::with_capacity(1 << 20, file)))
+}
+
+pub async fn put(
+    cluster: Option<String>,
+    local: &str,
+    remote: &str,
+    scheme: &str,
+    stripe_unit: &str,
+    width: Option<u32>,
+) -> Result<()> {
+    let scheme: Scheme = scheme.parse()?;
+    let stripe_unit = parse_size(stripe_unit)?;
+    let (mut input, len) = open_input(local)?;
+    let client = connect(cluster).await?;
+    let file = client
+        .create_replacing(
+            remote,
+            LayoutRequest {
+                scheme,
+                stripe_unit,
+                width,
+            },
+        )
+        .await?;
+    let bar = progress_bar(len.unwrap_or(0), "put");
+    let stored = upload(&client, &file, 0, &mut input, &bar).await;
+    bar.finish_and_clear();
+    stored?;
+    client.sync(&file).await?;
+    Ok(())
+}
+
+pub async fn get(cluster: Option<String>, remote: &str, local: &str) -> Result<()> {
+    let client = connect(cluster).await?;
+    let file = client.open(remote).await?;
+    let size = client.size(&file).await?;
+    let mut out = open_output(local)?;
+    let bar = progress_bar(size, "get");
+    let got = download(&client, &file, 0, size, &mut out, &bar).await;
+    bar.finish_and_clear();
+    got?;
+    Ok(())
+}
+
+pub async fn write(cluster: Option<String>, remote: &str, offset: u64, local: &str) -> Result<()> {
+    let (mut input, len) = open_input(local)?;
+    let client = connect(cluster).await?;
+    let file = client.open(remote).await?;
+    let bar = progress_bar(len.unwrap_or(0), "write");
+    let written = upload(&client, &file, offset, &mut input, &bar).await;
+    bar.finish_and_clear();
+    written?;
+    client.sync(&file).await?;
+    Ok(())
+}
+
+pub async fn read(
+    cluster: Option<String>,
+    remote: &str,
+    offset: u64,
+    length: u64,
+    local: &str,
+) -> Result<()> {
+    let client = connect(cluster).await?;
+    let file = client.open(remote).await?;
+    let mut out = open_output(local)?;
+    download(
+        &client,
+        &file,
+        offset,
+        length,
+        &mut out,
+        &ProgressBar::hidden(),
+    )
+    .await?;
+    Ok(())
+}
+
+pub async fn ls(cluster: Option<String>, prefix: &str) -> Result<()> {
+    let client = connect(cluster).await?;
+    for meta in client.list(prefix).await? {
+        println!(
+            "{:>14}  {:<6}  {}",
+            meta.size,
+            meta.layout.scheme.name(),
+            meta.path
+        );
+    }
+    Ok(())
+}
+
+pub async fn rm(cluster: Option<String>, remote: &str) -> Result<()> {
+    let client = connect(cluster).await?;
+    client.remove(remote).await?;
+    Ok(())
+}
+
+pub async fn stat(cluster: Option<String>, remote: &str, json: bool) -> Result<()> {
+    let client = connect(cluster).await?;
+    let stat = client.stat(remote).await?;
+    let meta = &stat.meta;
+    if json {
+        let value = serde_json::json!({
+            "path": meta.path,
+            "id": meta.id,
+            "size": meta.size,
+            "scheme": meta.layout.scheme.name(),
+            "stripe_unit": meta.layout.stripe_unit,
+            "width": meta.layout.width,
+            "servers": meta.servers,
+            "stored_bytes": stat.stored_bytes,
+            "unreachable_servers": stat.unreachable,
+        });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        let ratio = if meta.size > 0 {
+            format!(" ({:.2}x)", stat.stored_bytes as f64 / meta.size as f64)
+        } else {
+            String::new()
+        };
+        println!("path         {}", meta.path);
+        println!("size         {}", meta.size);
+        println!("scheme       {}", meta.layout.scheme);
+        println!("stripe unit  {}", meta.layout.stripe_unit);
+        println!("width        {}", meta.layout.width);
+        let servers: Vec<String> = meta.servers.iter().map(|s| s.to_string()).collect();
+        println!("servers      {}", servers.join(" "));
+        println!("stored       {}{ratio}", stat.stored_bytes);
+        if !stat.unreachable.is_empty() {
+            println!(
+                "unreachable  {:?} (their bytes are not counted)",
+                stat.unreachable
+            );
+        }
+    }
+    Ok(())
+}
+
+pub async fn status(cluster: Option<String>, json: bool) -> Result<()> {
+    let addr = resolve_cluster(cluster.clone())?;
+    let client = Client::connect(addr).await?;
+    let servers = client.status().await?;
+    if json {
+        let list: Vec<_> = servers
+            .iter()
+            .map(|s| serde_json::json!({"id": s.id, "addr": s.addr, "state": s.state.name()}))
+            .collect();
+        let value = serde_json::json!({"manager": addr.to_string(), "servers": list});
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        println!("manager {addr}");
+        println!("{:>4}  {:<22}  state", "id", "address");
+        for s in servers {
+            println!("{:>4}  {:<22}  {}", s.id, s.addr, s.state.name());
+        }
+    }
+    Ok(())
+}
+
+pub async fn rebuild(cluster: Option<String>, id: u32) -> Result<()> {
+    let client = connect(cluster).await?;
+    let bar = if std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template("rebuild [{bar:30}] {pos}/{len} stripes {msg}")
+                .expect("template")
+                .progress_chars("=> "),
+        );
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let done = client
+        .rebuild(id, |p| {
+            bar.set_length(p.stripes_total);
+            bar.set_position(p.stripes_done);
+            bar.set_message(format!("({}/{} files)", p.files_done, p.files_total));
+        })
+        .await;
+    bar.finish_and_clear();
+    let done = done?;
+    println!(
+        "server {id} rebuilt: {} stripes in {} files",
+        done.stripes_done, done.files_total
+    );
+    Ok(())
+}
+
+pub async fn scrub(cluster: Option<String>, remote: Option<&str>) -> Result<()> {
+    let client = connect(cluster).await?;
+    let report = client.scrub(remote).await?;
+    println!(
+        "scrubbed {} files, {} stripes checked, {} skipped (server down or owed)",
+        report.files, report.stripes_checked, report.stripes_skipped
+    );
+    println!(
+        "repaired: {} corrupt blocks, {} parity mismatches, {} mirror mismatches",
+        report.corrupt_repaired, report.parity_repaired, report.mirrors_repaired
+    );
+    for line in &report.unrepairable {
+        println!("unrepairable: {line}");
+    }
+    if !report.unrepairable.is_empty() {
+        bail!(
+            "{} problems could not be repaired",
+            report.unrepairable.len()
+        );
+    }
+    Ok(())
+}
+
+pub async fn up(dir: &Path, servers: u32, detach: bool) -> Result<()> {
+    let mut cluster = LocalCluster::up(dir, servers).await?;
+    println!(
+        "tessera: manager at {} with {servers} servers, data in {}",
+        cluster.file.manager,
+        cluster.dir.display()
+    );
+    if detach {
+        println!("stop it with: tessera down --dir {}", dir.display());
+        return Ok(());
+    }
+    println!("press Ctrl-C to stop");
+    tokio::signal::ctrl_c()
+        .await
+        .context("cannot wait for Ctrl-C")?;
+    cluster.down();
+    Ok(())
+}
+
+pub fn down(dir: &Path) -> Result<()> {
+    let mut cluster = LocalCluster::load(dir)?;
+    cluster.down();
+    Ok(())
+}
+
+pub fn server_stop(dir: &Path, id: u32) -> Result<()> {
+    LocalCluster::load(dir)?.stop_server(id)
+}
+
+pub async fn server_start(dir: &Path, id: u32) -> Result<()> {
+    let mut cluster = LocalCluster::load(dir)?;
+    cluster.start_server(id)?;
+    cluster.wait_all_up().await
+}
+
+fn write_addr_file(addr_file: Option<PathBuf>, addr: SocketAddr) -> Result<()> {
+    if let Some(path) = addr_file {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, addr.to_string())?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    Ok(())
+}
+
+async fn until_terminated() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("signal handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+pub async fn run_manager(listen: &str, dir: &Path, addr_file: Option<PathBuf>) -> Result<()> {
+    let listen: SocketAddr = listen
+        .parse()
+        .map_err(|_| anyhow!("bad listen address '{listen}'"))?;
+    let manager =
+        tessera_manager::daemon::start(listen, dir, tessera_manager::ManagerConfig::default())
+            .await?;
+    write_addr_file(addr_file, manager.addr)?;
+    eprintln!("manager listening on {}", manager.addr);
+    until_terminated().await;
+    manager.stop();
+    Ok(())
+}
+
+pub async fn run_server(
+    manager: &str,
+    listen: &str,
+    dir: &Path,
+    id: Option<u32>,
+    addr_file: Option<PathBuf>,
+) -> Result<()> {
+    let manager = resolve_cluster(Some(manager.to_string()))?;
+    let listen: SocketAddr = listen
+        .parse()
+        .map_err(|_| anyhow!("bad listen address '{listen}'"))?;
+    let server = tessera_server::start(tessera_server::ServerConfig {
+        manager,
+        listen,
+        advertise: None,
+        dir: dir.to_path_buf(),
+        id,
+    })
+    .await?;
+    write_addr_file(addr_file, server.addr)?;
+    eprintln!("server listening on {}", server.addr);
+    until_terminated().await;
+    // Everything acknowledged is in the page cache; make it durable before going.
+    server.stop();
+    Ok(())
+}

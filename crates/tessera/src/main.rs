@@ -1,0 +1,254 @@
+//! The `tessera` command: the daemons, the embedded local cluster, the client commands, the
+//! demo and the benchmark. This is the edge where errors become one clear line for the user.
+
+mod bench;
+mod cluster;
+mod commands;
+mod demo;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "tessera",
+    version,
+    about = "Striped, redundant storage for large files"
+)]
+struct Cli {
+    /// The cluster: a manager address, or a cluster.toml file [default: ./tessera-data/cluster.toml]
+    #[arg(long, global = true, env = "TESSERA_CLUSTER")]
+    cluster: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start an embedded local cluster: a manager and N servers on 127.0.0.1.
+    Up {
+        /// Number of storage servers.
+        #[arg(long, default_value_t = 5)]
+        servers: u32,
+        /// Data directory.
+        #[arg(long, default_value = "tessera-data")]
+        dir: PathBuf,
+        /// Return once all servers are up, leaving the cluster running in the background.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Stop the local cluster in DIR.
+    Down {
+        /// Data directory.
+        #[arg(long, default_value = "tessera-data")]
+        dir: PathBuf,
+    },
+    /// Run the metadata manager daemon.
+    Manager {
+        /// Address to listen on.
+        #[arg(long)]
+        listen: String,
+        /// Data directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Write the bound address to this file once listening.
+        #[arg(long)]
+        addr_file: Option<PathBuf>,
+    },
+    /// Run a storage server daemon, or stop/start one server of the local cluster.
+    Server(ServerArgs),
+    /// Store a local file (`-` for stdin).
+    Put {
+        local: String,
+        remote: String,
+        /// raid0, raid1, raid4, raid5 or hybrid.
+        #[arg(long, default_value = "hybrid")]
+        scheme: String,
+        /// Stripe unit size, e.g. 64K.
+        #[arg(long, default_value = "64K")]
+        stripe_unit: String,
+        /// Number of servers to stripe over [default: all up].
+        #[arg(long)]
+        width: Option<u32>,
+    },
+    /// Fetch a stored file (`-` for stdout).
+    Get { remote: String, local: String },
+    /// Write a local file's bytes into a stored file at OFFSET (overwrite or extend).
+    Write {
+        remote: String,
+        offset: u64,
+        local: String,
+    },
+    /// Read LENGTH bytes at OFFSET of a stored file into LOCAL (`-` for stdout).
+    Read {
+        remote: String,
+        offset: u64,
+        length: u64,
+        local: String,
+    },
+    /// List stored files.
+    Ls { prefix: Option<String> },
+    /// Remove a stored file.
+    Rm { remote: String },
+    /// Show a file's layout, size and stored bytes.
+    Stat {
+        remote: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the cluster's servers.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rebuild everything server ID owes (missed regions, or all of it after a wipe).
+    Rebuild { id: u32 },
+    /// Check checksums and parity or mirrors of one file or all; repair what can be.
+    Scrub { remote: Option<String> },
+    /// Measure throughput of every scheme against a raw TCP stream.
+    Bench {
+        /// A shorter run.
+        #[arg(long)]
+        quick: bool,
+        /// Write the results as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Tessera's main job on an embedded cluster: store, lose a server, read degraded, rebuild.
+    Demo,
+}
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct ServerArgs {
+    #[command(subcommand)]
+    action: Option<ServerAction>,
+    /// The manager's address.
+    #[arg(long)]
+    manager: Option<String>,
+    /// Address to listen on.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Data directory.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Server id to claim if the store has none.
+    #[arg(long)]
+    id: Option<u32>,
+    /// Write the bound address to this file once listening.
+    #[arg(long)]
+    addr_file: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum ServerAction {
+    /// Stop (kill) server ID of the local cluster.
+    Stop {
+        id: u32,
+        /// Data directory of the local cluster.
+        #[arg(long, default_value = "tessera-data")]
+        dir: PathBuf,
+    },
+    /// Start server ID of the local cluster again.
+    Start {
+        id: u32,
+        /// Data directory of the local cluster.
+        #[arg(long, default_value = "tessera-data")]
+        dir: PathBuf,
+    },
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    if let Err(e) = runtime.block_on(run(cli)) {
+        eprintln!("tessera: {}", one_line(&e));
+        std::process::exit(1);
+    }
+}
+
+/// The error and its causes on one line, without repeating a cause the message already holds.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out.replace('\n', " ")
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let cluster = cli.cluster;
+    match cli.command {
+        Command::Up {
+            servers,
+            dir,
+            detach,
+        } => commands::up(&dir, servers, detach).await,
+        Command::Down { dir } => commands::down(&dir),
+        Command::Manager {
+            listen,
+            dir,
+            addr_file,
+        } => commands::run_manager(&listen, &dir, addr_file).await,
+        Command::Server(args) => match args.action {
+            Some(ServerAction::Stop { id, dir }) => commands::server_stop(&dir, id),
+            Some(ServerAction::Start { id, dir }) => commands::server_start(&dir, id).await,
+            None => {
+                let need = |v: Option<String>, flag: &str| {
+                    v.ok_or_else(|| anyhow::anyhow!("tessera server needs --{flag}"))
+                };
+                let manager = need(args.manager, "manager")?;
+                let listen = need(args.listen, "listen")?;
+                let dir = args
+                    .dir
+                    .ok_or_else(|| anyhow::anyhow!("tessera server needs --dir"))?;
+                commands::run_server(&manager, &listen, &dir, args.id, args.addr_file).await
+            }
+        },
+        Command::Put {
+            local,
+            remote,
+            scheme,
+            stripe_unit,
+            width,
+        } => commands::put(cluster, &local, &remote, &scheme, &stripe_unit, width).await,
+        Command::Get { remote, local } => commands::get(cluster, &remote, &local).await,
+        Command::Write {
+            remote,
+            offset,
+            local,
+        } => commands::write(cluster, &remote, offset, &local).await,
+        Command::Read {
+            remote,
+            offset,
+            length,
+            local,
+        } => commands::read(cluster, &remote, offset, length, &local).await,
+        Command::Ls { prefix } => commands::ls(cluster, prefix.as_deref().unwrap_or("")).await,
+        Command::Rm { remote } => commands::rm(cluster, &remote).await,
+        Command::Stat { remote, json } => commands::stat(cluster, &remote, json).await,
+        Command::Status { json } => commands::status(cluster, json).await,
+        Command::Rebuild { id } => commands::rebuild(cluster, id).await,
+        Command::Scrub { remote } => commands::scrub(cluster, remote.as_deref()).await,
+        Command::Bench { quick, json } => bench::run(cluster, quick, json).await,
+        Command::Demo => demo::run().await,
+    }
+}
