@@ -199,7 +199,7 @@ impl FileContext {
             .map_err(|fault| self.fault_error(column, fault))
     }
 
-    /// Read bytes of a data or redundancy file on a column.
+    /// Read bytes of a data or redundancy file on a column, into a buffer of our own.
     pub async fn read_region(
         &self,
         client: &Client,
@@ -209,6 +209,21 @@ impl FileContext {
         len: usize,
         overlay: bool,
     ) -> Result<Vec<u8>, Fault> {
+        self.read_region_bytes(client, column, region, offset, len, overlay)
+            .await
+            .map(|bytes| bytes.to_vec())
+    }
+
+    /// Read bytes of a data or redundancy file on a column, as received (no copy).
+    pub async fn read_region_bytes(
+        &self,
+        client: &Client,
+        column: u32,
+        region: Region,
+        offset: u64,
+        len: usize,
+        overlay: bool,
+    ) -> Result<Bytes, Fault> {
         let request = StorageRequest::Read {
             file: self.meta.id,
             region,
@@ -222,7 +237,7 @@ impl FileContext {
                 detail: format!("asked for {len} bytes, got {}", data.len()),
             }));
         }
-        Ok(data.to_vec())
+        Ok(data)
     }
 
     /// Overflow entries of `role` on a column for `offset..offset+len` of the primary's data file.

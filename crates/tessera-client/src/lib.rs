@@ -333,7 +333,22 @@ impl Client {
         len: u64,
     ) -> Result<Vec<u8>, ClientError> {
         let ctx = self.context_of(file.id).await?;
-        ctx.read(self, offset, len).await
+        let available = ctx.meta.size.saturating_sub(offset).min(len);
+        let mut out = vec![0u8; available as usize];
+        let n = ctx.read_into(self, offset, &mut out).await?;
+        out.truncate(n);
+        Ok(out)
+    }
+
+    /// Read into `buf` from `offset`; returns the bytes read (fewer at the end of the file).
+    pub async fn read_into(
+        &self,
+        file: &File,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, ClientError> {
+        let ctx = self.context_of(file.id).await?;
+        ctx.read_into(self, offset, buf).await
     }
 
     /// The file's size.

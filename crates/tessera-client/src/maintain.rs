@@ -63,6 +63,8 @@ impl FileContext {
                 StripeMember::Data { block } => {
                     let slot = layout.data_slot(block);
                     let bytes = match self.scheme() {
+                        // No redundancy: what the column held cannot be rebuilt.
+                        Scheme::Raid0 => return Err(self.unavailable([column])),
                         Scheme::Raid1 => {
                             let mirror = layout.mirror_slot(block).expect("mirror");
                             self.read_from(
@@ -313,7 +315,7 @@ impl FileContext {
         corrupt.dedup();
         match corrupt.len() {
             0 => {}
-            1 => {
+            1 if self.scheme() != Scheme::Raid0 => {
                 self.rebuild_column_stripe(client, corrupt[0], stripe)
                     .await?;
                 report.corrupt_repaired += 1;

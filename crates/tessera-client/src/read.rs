@@ -52,17 +52,18 @@ fn coalesce(ctx: &FileContext, pieces: &[Piece]) -> Vec<Chunk> {
 }
 
 impl FileContext {
-    pub(crate) async fn read(
+    /// Read into `out` from `offset`; returns how many bytes the file had there.
+    pub(crate) async fn read_into(
         &self,
         client: &Client,
         offset: u64,
-        len: u64,
-    ) -> Result<Vec<u8>, ClientError> {
-        let end = offset.saturating_add(len).min(self.meta.size);
+        out: &mut [u8],
+    ) -> Result<usize, ClientError> {
+        let end = offset.saturating_add(out.len() as u64).min(self.meta.size);
         if offset >= end {
-            return Ok(Vec::new());
+            return Ok(0);
         }
-        let mut out = vec![0u8; (end - offset) as usize];
+        let out = &mut out[..(end - offset) as usize];
         let (healthy, degraded): (Vec<Piece>, Vec<Piece>) = self
             .layout
             .split(offset, end - offset)
@@ -110,7 +111,7 @@ impl FileContext {
         }
         let recovered: Vec<(Piece, Result<Vec<u8>, ClientError>)> = stream::iter(retry)
             .map(|(piece, corrupt)| async move {
-                let bytes = self.recover_piece(client, piece, corrupt.is_some()).await;
+                let bytes = self.recover_piece(client, piece, corrupt).await;
                 (piece, bytes)
             })
             .buffer_unordered(REQUESTS_IN_FLIGHT_MAX)
@@ -119,7 +120,7 @@ impl FileContext {
         for (piece, bytes) in recovered {
             out[piece.buf_range()].copy_from_slice(&bytes?);
         }
-        Ok(out)
+        Ok(out.len())
     }
 
     /// Bytes of a piece whose column is lost or returned a corrupt block. A corrupt unit is
@@ -128,11 +129,15 @@ impl FileContext {
         &self,
         client: &Client,
         piece: Piece,
-        corrupt: bool,
+        corrupt: Option<StorageError>,
     ) -> Result<Vec<u8>, ClientError> {
         let slot = self.layout.data_slot(piece.block);
         let stripe = self.layout.stripe_of_block(piece.block);
-        if corrupt && !self.lost(slot.column, stripe) {
+        if let (Some(error), Scheme::Raid0) = (&corrupt, self.scheme()) {
+            // No redundancy to repair from: report the corruption, never the bad bytes.
+            return Err(self.storage_error(slot.column, error.clone()));
+        }
+        if corrupt.is_some() && !self.lost(slot.column, stripe) {
             tracing::warn!(
                 "corrupt block in file {} block {} on server {}: repairing",
                 self.meta.path,

@@ -23,6 +23,29 @@ struct WriteOp {
     payload: Bytes,
 }
 
+/// Where a base write's bytes come from: the caller's buffer (copied once, when requests are
+/// built) or a buffer computed here (parity).
+enum Source {
+    Caller(std::ops::Range<usize>),
+    Computed(Bytes),
+}
+
+impl Source {
+    fn len(&self) -> usize {
+        match self {
+            Source::Caller(range) => range.len(),
+            Source::Computed(bytes) => bytes.len(),
+        }
+    }
+
+    fn bytes<'a>(&'a self, data: &'a [u8]) -> &'a [u8] {
+        match self {
+            Source::Caller(range) => &data[range.clone()],
+            Source::Computed(bytes) => bytes,
+        }
+    }
+}
+
 /// A base-file write before coalescing.
 struct BaseWrite {
     column: u32,
@@ -30,7 +53,15 @@ struct BaseWrite {
     invalidate_overflow: bool,
     offset: u64,
     stripe: u64,
-    bytes: Bytes,
+    source: Source,
+}
+
+/// Trimming a column's mirror overflow entries away from a range (Hybrid full-stripe write).
+struct MirrorInvalidation {
+    column: u32,
+    offset: u64,
+    len: u64,
+    stripe: u64,
 }
 
 /// Whether a RAID-4/5 read-modify-write must start over with a fresh idea of what is lost.
@@ -214,6 +245,7 @@ impl FileContext {
         let file = self.meta.id;
         let hybrid = self.scheme() == Scheme::Hybrid;
         let mut base: Vec<BaseWrite> = Vec::new();
+        let mut invalidations: Vec<MirrorInvalidation> = Vec::new();
         let mut ops: Vec<WriteOp> = Vec::new();
         let one = |stripe: u64| IndexRange::new(stripe, stripe + 1);
         for sw in stripes {
@@ -222,7 +254,6 @@ impl FileContext {
                 WriteMethod::ReadModifyWrite => {}
                 WriteMethod::Plain | WriteMethod::Mirrored => {
                     for piece in &sw.extent.pieces {
-                        let bytes = Bytes::copy_from_slice(&data[piece.buf_range()]);
                         let mut slots = vec![layout.data_slot(piece.block)];
                         slots.extend(layout.mirror_slot(piece.block));
                         for slot in slots {
@@ -233,7 +264,7 @@ impl FileContext {
                                     invalidate_overflow: false,
                                     offset: layout.local_offset(slot) + piece.offset_in_unit as u64,
                                     stripe,
-                                    bytes: bytes.clone(),
+                                    source: Source::Caller(piece.buf_range()),
                                 });
                             }
                         }
@@ -252,21 +283,16 @@ impl FileContext {
                                 invalidate_overflow: hybrid,
                                 offset: layout.local_offset(slot),
                                 stripe,
-                                bytes: Bytes::copy_from_slice(unit),
+                                source: Source::Caller(piece.buf_range()),
                             });
                         }
                         let mirror = layout.overflow_column(piece.block, OverflowRole::Mirror);
                         if hybrid && !self.lost(mirror, stripe) {
-                            ops.push(WriteOp {
+                            invalidations.push(MirrorInvalidation {
                                 column: mirror,
-                                stripes: one(stripe),
-                                request: StorageRequest::OverflowInvalidate {
-                                    file,
-                                    role: OverflowRole::Mirror,
-                                    offset: layout.local_offset(slot),
-                                    len: self.unit() as u64,
-                                },
-                                payload: Bytes::new(),
+                                offset: layout.local_offset(slot),
+                                len: self.unit() as u64,
+                                stripe,
                             });
                         }
                     }
@@ -278,7 +304,7 @@ impl FileContext {
                             invalidate_overflow: false,
                             offset: layout.local_offset(slot),
                             stripe,
-                            bytes: Bytes::from(parity),
+                            source: Source::Computed(Bytes::from(parity)),
                         });
                     }
                 }
@@ -302,37 +328,77 @@ impl FileContext {
                 }
             }
         }
-        ops.extend(self.coalesce_writes(base));
+        ops.extend(self.coalesce_writes(base, data));
+        ops.extend(self.coalesce_invalidations(invalidations));
         ops
     }
 
+    /// Merge mirror invalidations that are back to back on one column into single requests.
+    fn coalesce_invalidations(&self, mut all: Vec<MirrorInvalidation>) -> Vec<WriteOp> {
+        all.sort_by_key(|i| (i.column, i.offset));
+        let mut merged: Vec<MirrorInvalidation> = Vec::new();
+        for i in all {
+            match merged.last_mut() {
+                Some(last) if last.column == i.column && last.offset + last.len == i.offset => {
+                    last.len += i.len;
+                }
+                _ => merged.push(i),
+            }
+        }
+        merged
+            .into_iter()
+            .map(|i| {
+                // The range holds mirrors of the previous column's blocks; sorted by offset, the
+                // first entry has the lowest stripe and the range's last block the highest.
+                let width = self.layout.width;
+                let data_column = (i.column + width - 1) % width;
+                let last_local = (i.offset + i.len) / self.unit() as u64 - 1;
+                let last_block = last_local * width as u64 + data_column as u64;
+                let last_stripe = self.layout.stripe_of_block(last_block);
+                let stripes = IndexRange::new(i.stripe, last_stripe + 1);
+                WriteOp {
+                    column: i.column,
+                    stripes,
+                    request: StorageRequest::OverflowInvalidate {
+                        file: self.meta.id,
+                        role: OverflowRole::Mirror,
+                        offset: i.offset,
+                        len: i.len,
+                    },
+                    payload: Bytes::new(),
+                }
+            })
+            .collect()
+    }
+
     /// Merge base writes that are back to back in one column's file into single requests.
-    fn coalesce_writes(&self, mut writes: Vec<BaseWrite>) -> Vec<WriteOp> {
+    fn coalesce_writes(&self, mut writes: Vec<BaseWrite>, data: &[u8]) -> Vec<WriteOp> {
         writes.sort_by_key(|w| (w.column, w.region, w.invalidate_overflow, w.offset));
         let mut ops = Vec::new();
         let mut i = 0;
         while i < writes.len() {
             let first = &writes[i];
             let mut j = i + 1;
-            let mut len = first.bytes.len();
+            let mut len = first.source.len();
             while j < writes.len()
                 && writes[j].column == first.column
                 && writes[j].region == first.region
                 && writes[j].invalidate_overflow == first.invalidate_overflow
                 && writes[j].offset == first.offset + len as u64
-                && len + writes[j].bytes.len() <= REQUEST_BYTES_MAX
+                && len + writes[j].source.len() <= REQUEST_BYTES_MAX
             {
-                len += writes[j].bytes.len();
+                len += writes[j].source.len();
                 j += 1;
             }
-            let payload = if j == i + 1 {
-                first.bytes.clone()
-            } else {
-                let mut joined = BytesMut::with_capacity(len);
-                for w in &writes[i..j] {
-                    joined.extend_from_slice(&w.bytes);
+            let payload = match (&first.source, j == i + 1) {
+                (Source::Computed(bytes), true) => bytes.clone(),
+                _ => {
+                    let mut joined = BytesMut::with_capacity(len);
+                    for w in &writes[i..j] {
+                        joined.extend_from_slice(w.source.bytes(data));
+                    }
+                    joined.freeze()
                 }
-                joined.freeze()
             };
             let stripes = writes[i..j].iter().map(|w| w.stripe);
             let (lo, hi) = stripes.fold((u64::MAX, 0), |(lo, hi), s| (lo.min(s), hi.max(s)));

@@ -67,6 +67,7 @@ pub struct RunningServer {
     pub addr: SocketAddr,
     /// Its id, once registered (0 until then).
     id: Arc<AtomicU32>,
+    store: Arc<Store>,
     serve: tokio::task::JoinHandle<()>,
     heartbeat: tokio::task::JoinHandle<()>,
 }
@@ -96,10 +97,18 @@ impl RunningServer {
         self.heartbeat.abort();
     }
 
-    /// Stop serving.
+    /// Stop serving at once (as a crash would, but for the page cache).
     pub fn stop(self) {
         self.serve.abort();
         self.heartbeat.abort();
+    }
+
+    /// Stop serving, then make everything written durable.
+    pub async fn shutdown(self) -> Result<(), StorageError> {
+        self.serve.abort();
+        self.heartbeat.abort();
+        let store = self.store;
+        blocking(move || store.sync()).await
     }
 }
 
@@ -135,13 +144,14 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let heartbeat = tokio::spawn(keep_registered(
         config.manager,
         advertise,
-        store,
+        store.clone(),
         config.id,
         id.clone(),
     ));
     Ok(RunningServer {
         addr,
         id,
+        store,
         serve,
         heartbeat,
     })

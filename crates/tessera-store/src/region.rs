@@ -72,8 +72,13 @@ impl RegionFile {
         }
         let block_first = offset / BLOCK_BYTES;
         let block_end = (offset + len as u64).div_ceil(BLOCK_BYTES);
-        let blocks = self.read_blocks(block_first, block_end - block_first)?;
+        let mut blocks = self.read_blocks(block_first, block_end - block_first)?;
         let skip = (offset - block_first * BLOCK_BYTES) as usize;
+        if skip == 0 {
+            // Aligned at the head (the common case): no second copy, just cut the tail.
+            blocks.truncate(len);
+            return Ok(blocks);
+        }
         Ok(blocks[skip..skip + len].to_vec())
     }
 
@@ -88,21 +93,17 @@ impl RegionFile {
         let block_first = offset / BLOCK_BYTES;
         let block_end = end.div_ceil(BLOCK_BYTES);
         let block_count = block_end - block_first;
-        let mut blocks = vec![0u8; (block_count * BLOCK_BYTES) as usize];
         let block_bytes = BLOCK_BYTES as usize;
-
         let head_partial = !offset.is_multiple_of(BLOCK_BYTES);
         let tail_partial = !end.is_multiple_of(BLOCK_BYTES);
-        if head_partial || (tail_partial && block_count == 1) {
-            let head = self.read_blocks(block_first, 1)?;
-            blocks[..block_bytes].copy_from_slice(&head);
-        }
-        if tail_partial && block_count > 1 {
-            let tail = self.read_blocks(block_end - 1, 1)?;
-            blocks[(block_count as usize - 1) * block_bytes..].copy_from_slice(&tail);
-        }
-        let skip = (offset - block_first * BLOCK_BYTES) as usize;
-        blocks[skip..skip + data.len()].copy_from_slice(data);
+        // Whole blocks (the common case) are written straight from the caller's buffer.
+        let merged: Vec<u8>;
+        let blocks: &[u8] = if !head_partial && !tail_partial {
+            data
+        } else {
+            merged = self.merge_edges(offset, data)?;
+            &merged
+        };
 
         let mut entries = vec![0u8; (block_count * CRC_ENTRY_BYTES) as usize];
         read_full_at(&self.crc, &mut entries, block_first * CRC_ENTRY_BYTES)
@@ -120,13 +121,37 @@ impl RegionFile {
         }
 
         self.bytes
-            .write_all_at(&blocks, block_first * BLOCK_BYTES)
+            .write_all_at(blocks, block_first * BLOCK_BYTES)
             .map_err(|error| self.disk("write blocks", error))?;
         self.crc
             .write_all_at(&entries, block_first * CRC_ENTRY_BYTES)
             .map_err(|error| self.disk("write checksums", error))?;
         self.blocks_written += blocks_new;
         Ok(())
+    }
+
+    /// `data` at `offset` merged into the whole blocks it partly covers (edge blocks read and
+    /// verified first).
+    fn merge_edges(&self, offset: u64, data: &[u8]) -> Result<Vec<u8>, StorageError> {
+        let end = offset + data.len() as u64;
+        let block_first = offset / BLOCK_BYTES;
+        let block_end = end.div_ceil(BLOCK_BYTES);
+        let block_count = block_end - block_first;
+        let block_bytes = BLOCK_BYTES as usize;
+        let mut blocks = vec![0u8; (block_count * BLOCK_BYTES) as usize];
+        let head_partial = !offset.is_multiple_of(BLOCK_BYTES);
+        let tail_partial = !end.is_multiple_of(BLOCK_BYTES);
+        if head_partial || (tail_partial && block_count == 1) {
+            let head = self.read_blocks(block_first, 1)?;
+            blocks[..block_bytes].copy_from_slice(&head);
+        }
+        if tail_partial && block_count > 1 {
+            let tail = self.read_blocks(block_end - 1, 1)?;
+            blocks[(block_count as usize - 1) * block_bytes..].copy_from_slice(&tail);
+        }
+        let skip = (offset - block_first * BLOCK_BYTES) as usize;
+        blocks[skip..skip + data.len()].copy_from_slice(data);
+        Ok(blocks)
     }
 
     /// Reads whole blocks `block_first..block_first+block_count` and verifies each.

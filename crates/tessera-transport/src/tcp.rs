@@ -206,20 +206,31 @@ async fn read_frame(
             .await
             .map_err(|e| e.to_string())?;
         let header = FrameHeader::decode(&head).map_err(|e| e.to_string())?;
-        let mut message = BytesMut::zeroed(header.message_len as usize);
-        read.read_exact(&mut message)
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut payload = BytesMut::zeroed(header.payload_len as usize);
-        read.read_exact(&mut payload)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok::<_, String>((header, message.freeze(), payload.freeze()))
+        let message = read_bytes(read, header.message_len as usize).await?;
+        let payload = read_bytes(read, header.payload_len as usize).await?;
+        Ok::<_, String>((header, message, payload))
     };
     match tokio::time::timeout(FRAME_BODY_TIMEOUT, body).await {
         Ok(result) => result.map(Some),
         Err(_) => Err("truncated frame: the rest did not arrive".into()),
     }
+}
+
+/// Read exactly `len` bytes into a fresh buffer, without zero-filling it first.
+async fn read_bytes(read: &mut BufReader<OwnedReadHalf>, len: usize) -> Result<Bytes, String> {
+    let mut buf = BytesMut::with_capacity(len);
+    while buf.len() < len {
+        let want = (len - buf.len()) as u64;
+        let got = (&mut *read)
+            .take(want)
+            .read_buf(&mut buf)
+            .await
+            .map_err(|e| e.to_string())?;
+        if got == 0 {
+            return Err("connection closed inside a frame".into());
+        }
+    }
+    Ok(buf.freeze())
 }
 
 async fn read_replies(

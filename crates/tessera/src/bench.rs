@@ -156,89 +156,108 @@ pub async fn run(cluster: Option<String>, quick: bool, json: Option<PathBuf>) ->
         }
     };
     let servers = client.status().await?.len();
-    let size: u64 = if quick { 32 << 20 } else { 256 << 20 };
+    let size: u64 = if quick { 64 << 20 } else { 256 << 20 };
     let small_writes: u64 = if quick { 200 } else { 1000 };
+    let rounds = if quick { 3 } else { 5 };
     eprintln!(
-        "bench: {servers} servers, {} MiB sequential, {small_writes} small writes of {} KiB{}",
+        "bench: {servers} servers, {rounds} rounds of {} MiB sequential and {small_writes} small writes of {} KiB per scheme{}",
         size >> 20,
         STRIPE_UNIT >> 10,
-        if embedded.is_some() {
-            " (embedded cluster)"
-        } else {
-            ""
-        }
+        if embedded.is_some() { " (embedded cluster)" } else { "" }
     );
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x7e55e2a);
     let mut data = vec![0u8; size as usize];
     rng.fill_bytes(&mut data);
 
-    let yardstick = tcp_stream_mb_s(size).await?;
-    let mut rows = Vec::new();
+    // Rounds interleave every scheme and the yardstick, so that noise from the machine falls
+    // on all of them alike; each figure is the median over the rounds.
+    let mut yardsticks = Vec::new();
+    let mut samples: Vec<(Scheme, &str, Vec<f64>, f64)> = Vec::new();
     for scheme in Scheme::ALL {
-        let path = format!("bench/{}", scheme.name());
-        let file = client
-            .create_replacing(
-                &path,
-                LayoutRequest {
-                    scheme,
-                    stripe_unit: STRIPE_UNIT,
-                    width: None,
-                },
-            )
-            .await?;
-        let start = Instant::now();
-        write_all(&client, &file, &data).await?;
-        let write_s = start.elapsed().as_secs_f64();
-        let overhead = client.stat(&path).await?.stored_bytes as f64 / size as f64;
-        let start = Instant::now();
-        let back = read_all(&client, &file, size).await?;
-        let read_s = start.elapsed().as_secs_f64();
-        if back != data {
-            bail!("{scheme}: bytes read back differ from bytes written");
+        for workload in ["seq_write", "seq_read", "small_write"] {
+            samples.push((scheme, workload, Vec::new(), 0.0));
         }
-        drop(back);
-        let unit = STRIPE_UNIT as u64;
-        let units = size / unit;
-        let payload = vec![0xa5u8; unit as usize];
-        let start = Instant::now();
-        for _ in 0..small_writes {
-            let at = rng.gen_range(0..units) * unit;
-            client.write_at(&file, at, &payload).await?;
-        }
-        let small_s = start.elapsed().as_secs_f64();
-        let small_overhead = client.stat(&path).await?.stored_bytes as f64 / size as f64;
-        client.remove(&path).await?;
-        for (workload, mb, ov) in [
-            ("seq_write", mb_s(size, write_s), overhead),
-            ("seq_read", mb_s(size, read_s), overhead),
-            (
-                "small_write",
-                mb_s(small_writes * unit, small_s),
-                small_overhead,
-            ),
-        ] {
-            rows.push(Row {
-                scheme: scheme.name().into(),
-                workload: workload.into(),
-                mb_s: mb,
-                overhead: ov,
-            });
-        }
-        eprintln!("bench: {scheme} done");
     }
+    for round in 0..rounds {
+        yardsticks.push(tcp_stream_mb_s(size).await?);
+        for scheme in Scheme::ALL {
+            let m = measure_scheme(&client, scheme, &data, small_writes, &mut rng).await?;
+            for (workload, mb, overhead) in m {
+                let slot = samples
+                    .iter_mut()
+                    .find(|(s, w, _, _)| *s == scheme && *w == workload)
+                    .expect("slot");
+                slot.2.push(mb);
+                slot.3 = overhead;
+            }
+        }
+        eprintln!("bench: round {} of {rounds} done", round + 1);
+    }
+    let yardstick = median(&mut yardsticks);
+    let rows: Vec<Row> = samples
+        .into_iter()
+        .map(|(scheme, workload, mut mbs, overhead)| Row {
+            scheme: scheme.name().into(),
+            workload: workload.into(),
+            mb_s: median(&mut mbs),
+            overhead,
+        })
+        .collect();
     print_table(yardstick, &rows);
     if let Some(path) = json {
-        let report = Report {
-            yardstick: Yardstick {
-                tcp_stream_mb_s: yardstick,
-            },
-            results: rows,
-        };
+        let report = Report { yardstick: Yardstick { tcp_stream_mb_s: yardstick }, results: rows };
         std::fs::write(&path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     drop(embedded);
     Ok(())
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+/// One round of one scheme: (workload, MB/s, overhead after it).
+async fn measure_scheme(
+    client: &Client,
+    scheme: Scheme,
+    data: &[u8],
+    small_writes: u64,
+    rng: &mut rand::rngs::StdRng,
+) -> Result<Vec<(&'static str, f64, f64)>> {
+    let size = data.len() as u64;
+    let path = format!("bench/{}", scheme.name());
+    let file = client
+        .create_replacing(&path, LayoutRequest { scheme, stripe_unit: STRIPE_UNIT, width: None })
+        .await?;
+    let start = Instant::now();
+    write_all(client, &file, data).await?;
+    let write_s = start.elapsed().as_secs_f64();
+    let overhead = client.stat(&path).await?.stored_bytes as f64 / size as f64;
+    let start = Instant::now();
+    let back = read_all(client, &file, size).await?;
+    let read_s = start.elapsed().as_secs_f64();
+    if back != data {
+        bail!("{scheme}: bytes read back differ from bytes written");
+    }
+    drop(back);
+    let unit = STRIPE_UNIT as u64;
+    let units = size / unit;
+    let payload = vec![0xa5u8; unit as usize];
+    let start = Instant::now();
+    for _ in 0..small_writes {
+        let at = rng.gen_range(0..units) * unit;
+        client.write_at(&file, at, &payload).await?;
+    }
+    let small_s = start.elapsed().as_secs_f64();
+    let small_overhead = client.stat(&path).await?.stored_bytes as f64 / size as f64;
+    client.remove(&path).await?;
+    Ok(vec![
+        ("seq_write", mb_s(size, write_s), overhead),
+        ("seq_read", mb_s(size, read_s), overhead),
+        ("small_write", mb_s(small_writes * unit, small_s), small_overhead),
+    ])
 }
 
 fn print_table(yardstick: f64, rows: &[Row]) {

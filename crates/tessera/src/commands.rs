@@ -485,6 +485,9 @@ pub async fn run_server(
     eprintln!("server listening on {}", server.addr);
     until_terminated().await;
     // Everything acknowledged is in the page cache; make it durable before going.
-    server.stop();
+    server
+        .shutdown()
+        .await
+        .context("cannot sync the store on shutdown")?;
     Ok(())
 }

@@ -10,6 +10,12 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
+/// Large transfer buffers are allocated and freed constantly; glibc's allocator returns them
+/// to the kernel each time, and the page faults to get them back cost more than the copying.
+/// mimalloc keeps them.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "tessera",
