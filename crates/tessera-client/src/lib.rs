@@ -93,6 +93,15 @@ pub enum ClientError {
     /// No server with that id.
     #[error("no server with id {0}")]
     NoSuchServer(ServerId),
+    /// Files without redundancy lost data on the server and cannot be rebuilt; everything else
+    /// was.
+    #[error("server {server} was rebuilt except raid0 files, which have no redundancy and lost data there: {}", .files.join(", "))]
+    Unrebuildable {
+        /// The server.
+        server: ServerId,
+        /// Paths of the files that could not be rebuilt.
+        files: Vec<String>,
+    },
 }
 
 fn describe_servers(servers: &[(ServerId, SocketAddr)]) -> String {

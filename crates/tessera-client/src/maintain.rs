@@ -379,10 +379,15 @@ impl FileContext {
     }
 }
 
-/// Overflow entries as comparable bytes: offsets, lengths and contents in order.
+/// Overflow entries as comparable bytes: offsets, lengths and contents in offset order.
+/// Listings come oldest first, and a primary and its mirror may receive disjoint entries from
+/// concurrent writers in different orders; entries of one role never overlap, so offset order
+/// is the same for equal contents.
 fn flatten(entries: &[(tessera_wire::OverflowExtent, Bytes)]) -> Vec<u8> {
+    let mut sorted: Vec<&(tessera_wire::OverflowExtent, Bytes)> = entries.iter().collect();
+    sorted.sort_by_key(|(entry, _)| entry.offset);
     let mut out = Vec::new();
-    for (entry, bytes) in entries {
+    for (entry, bytes) in sorted {
         out.extend_from_slice(&entry.offset.to_le_bytes());
         out.extend_from_slice(&entry.len.to_le_bytes());
         out.extend_from_slice(bytes);
@@ -432,6 +437,7 @@ impl Client {
             .map(|d| d.missed.iter().map(|r| owed(&d.meta, r)).sum::<u64>())
             .sum();
         progress(state);
+        let mut lost: Vec<String> = Vec::new();
         for debt in debts {
             let ctx = self.context_of(debt.meta.id).await?;
             let Some(column) = ctx.meta.servers.iter().position(|&s| s == server) else {
@@ -439,6 +445,14 @@ impl Client {
             };
             let column = column as u32;
             let stripes_total = ctx.layout.stripes_for_size(ctx.meta.size);
+            let owed_here: u64 = debt.missed.iter().map(|r| owed(&debt.meta, r)).sum();
+            if ctx.scheme() == Scheme::Raid0 && owed_here > 0 {
+                // Nothing to rebuild from: the file stays owed (and unreadable there) rather
+                // than ever serving zeros for lost bytes; the other files still get rebuilt.
+                lost.push(debt.meta.path.clone());
+                state.stripes_total -= owed_here;
+                continue;
+            }
             for range in &debt.missed {
                 let end = range.end.min(stripes_total);
                 let mut rebuilds = stream::iter(range.start..end.max(range.start))
@@ -458,6 +472,12 @@ impl Client {
             }
             state.files_done += 1;
             progress(state);
+        }
+        if !lost.is_empty() {
+            return Err(ClientError::Unrebuildable {
+                server,
+                files: lost,
+            });
         }
         Ok(state)
     }

@@ -565,7 +565,7 @@ impl FileContext {
             tessera_parity::update_parity(span, &old, &data[piece.buf_range()]);
         }
         let stripes = IndexRange::new(stripe, stripe + 1);
-        let mut writes: Vec<WriteOp> = pieces
+        let writes: Vec<WriteOp> = pieces
             .iter()
             .map(|piece| {
                 let slot = self.layout.data_slot(piece.block);
@@ -582,7 +582,7 @@ impl FileContext {
                 }
             })
             .collect();
-        writes.push(WriteOp {
+        let parity_write = WriteOp {
             column: parity.column,
             stripes,
             request: StorageRequest::WriteParity {
@@ -592,11 +592,9 @@ impl FileContext {
                 unlock: true,
             },
             payload: Bytes::from(new_parity),
-        });
-        let results =
-            futures::future::join_all(writes.into_iter().map(|op| self.run_op(client, op, failed)))
-                .await;
-        results.into_iter().collect::<Result<Vec<()>, _>>()?;
+        };
+        self.write_data_then_parity(client, writes, parity_write, failed)
+            .await?;
         Ok(RmwOutcome::Done)
     }
 
@@ -613,6 +611,16 @@ impl FileContext {
         let file = self.meta.id;
         let unit = self.unit();
         let parity = self.layout.parity_slot(stripe).expect("parity");
+        // The lost column's new bytes go into parity only. It may have been found unreachable
+        // during this operation, after the write recorded what lost columns miss: record it
+        // here, before any byte is written, so that it never serves its old unit again.
+        for piece in &sw.extent.pieces {
+            let column = self.layout.data_slot(piece.block).column;
+            if self.lost(column, stripe) {
+                self.report_missed(client, column, IndexRange::new(stripe, stripe + 1))
+                    .await?;
+            }
+        }
         let lock = StorageRequest::LockParity {
             file,
             stripe,
@@ -674,7 +682,7 @@ impl FileContext {
             tessera_parity::xor_into(&mut new_parity, u);
         }
         let stripes = IndexRange::new(stripe, stripe + 1);
-        let mut writes: Vec<WriteOp> = sw
+        let writes: Vec<WriteOp> = sw
             .extent
             .pieces
             .iter()
@@ -693,7 +701,7 @@ impl FileContext {
                 })
             })
             .collect();
-        writes.push(WriteOp {
+        let parity_write = WriteOp {
             column: parity.column,
             stripes,
             request: StorageRequest::WriteParity {
@@ -703,12 +711,30 @@ impl FileContext {
                 unlock: true,
             },
             payload: Bytes::from(new_parity),
-        });
-        let results =
-            futures::future::join_all(writes.into_iter().map(|op| self.run_op(client, op, failed)))
-                .await;
-        results.into_iter().collect::<Result<Vec<()>, _>>()?;
+        };
+        self.write_data_then_parity(client, writes, parity_write, failed)
+            .await?;
         Ok(RmwOutcome::Done)
+    }
+
+    /// The last step of a read-modify-write: the new data, then the new parity, whose write
+    /// releases the stripe's lock. Only once the data is written may the next writer queued on
+    /// the lock read it as its old data (CSAR 5.1); were the lock released alongside the data
+    /// write, an overlapping writer could read the bytes being replaced, or have its own data
+    /// overtaken by them, and leave parity that no longer matches the data. The parity is
+    /// written whatever became of the data writes, so the lock is always released.
+    async fn write_data_then_parity(
+        &self,
+        client: &Client,
+        data: Vec<WriteOp>,
+        parity: WriteOp,
+        failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
+    ) -> Result<(), ClientError> {
+        let data =
+            futures::future::join_all(data.into_iter().map(|op| self.run_op(client, op, failed)))
+                .await;
+        let parity = self.run_op(client, parity, failed).await;
+        data.into_iter().chain([parity]).collect()
     }
 
     pub(crate) async fn unlock(&self, client: &Client, column: u32, stripe: u64) {

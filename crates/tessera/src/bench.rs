@@ -205,7 +205,12 @@ pub async fn run(cluster: Option<String>, quick: bool, json: Option<PathBuf>) ->
         .collect();
     print_table(yardstick, &rows);
     if let Some(path) = json {
-        let report = Report { yardstick: Yardstick { tcp_stream_mb_s: yardstick }, results: rows };
+        let report = Report {
+            yardstick: Yardstick {
+                tcp_stream_mb_s: yardstick,
+            },
+            results: rows,
+        };
         std::fs::write(&path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
@@ -229,7 +234,14 @@ async fn measure_scheme(
     let size = data.len() as u64;
     let path = format!("bench/{}", scheme.name());
     let file = client
-        .create_replacing(&path, LayoutRequest { scheme, stripe_unit: STRIPE_UNIT, width: None })
+        .create_replacing(
+            &path,
+            LayoutRequest {
+                scheme,
+                stripe_unit: STRIPE_UNIT,
+                width: None,
+            },
+        )
         .await?;
     let start = Instant::now();
     write_all(client, &file, data).await?;
@@ -256,7 +268,11 @@ async fn measure_scheme(
     Ok(vec![
         ("seq_write", mb_s(size, write_s), overhead),
         ("seq_read", mb_s(size, read_s), overhead),
-        ("small_write", mb_s(small_writes * unit, small_s), small_overhead),
+        (
+            "small_write",
+            mb_s(small_writes * unit, small_s),
+            small_overhead,
+        ),
     ])
 }
 

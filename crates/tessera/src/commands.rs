@@ -224,6 +224,11 @@ pub async fn get(cluster: Option<String>, remote: &str, local: &str) -> Result<(
     let bar = progress_bar(size, "get");
     let got = download(&client, &file, 0, size, &mut out, &bar).await;
     bar.finish_and_clear();
+    if got.is_err() && local != "-" {
+        // Leave no partial copy behind that could pass for the file.
+        drop(out);
+        let _ = std::fs::remove_file(local);
+    }
     got?;
     Ok(())
 }

@@ -166,14 +166,23 @@ enum ServerAction {
 }
 
 fn main() {
+    let cli = Cli::parse();
+    // Daemons log what they do; client commands print one line on failure and nothing else
+    // unless TESSERA_LOG asks for more.
+    let daemon = matches!(
+        cli.command,
+        Command::Manager { .. } | Command::Server(ServerArgs { action: None, .. })
+    );
+    let default_level = if daemon { "info" } else { "error" };
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

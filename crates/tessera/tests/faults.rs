@@ -297,7 +297,10 @@ impl Model {
             .await
             .unwrap_or_else(|e| panic!("create {path}: {e}"));
         let meta = client.stat(path).await.expect("stat").meta;
-        assert_eq!(meta.layout.width, SERVERS, "{path}: striped over every server");
+        assert_eq!(
+            meta.layout.width, SERVERS,
+            "{path}: striped over every server"
+        );
         Model {
             file,
             scheme,
@@ -464,7 +467,10 @@ async fn degraded_read_write_rebuild(scheme: Scheme) {
             .write(&client, offset, &random_bytes(&mut rng, len))
             .await;
         model
-            .check(&client, &format!("write while server 3 is stale ({kind:?})"))
+            .check(
+                &client,
+                &format!("write while server 3 is stale ({kind:?})"),
+            )
             .await;
     }
 
@@ -534,12 +540,16 @@ async fn degraded_read_write_rebuild_hybrid() {
 
 /// An overwrite of bytes on server 2 while it was down.
 struct Missed {
+    /// File offset; the range lies in one of server 2's stripe units.
     offset: u64,
-    old: Vec<u8>,
+    /// The new bytes.
     new: Vec<u8>,
-    /// Whether a healthy server 2 would have put the new bytes in its data file (rather than
-    /// in its overflow region, as Hybrid does for a partial stripe).
-    in_place: bool,
+    /// Whether the write covers whole stripes. Otherwise Hybrid puts the new bytes in the
+    /// overflow regions, not the data files.
+    full_stripe: bool,
+    /// Server 2's data file under the range before the write (Hybrid's base data, which
+    /// partial writes left behind in overflow may shadow).
+    on_disk_before: Vec<u8>,
 }
 
 async fn returning_server_never_serves_missed_bytes(scheme: Scheme) {
@@ -559,34 +569,50 @@ async fn returning_server_never_serves_missed_bytes(scheme: Scheme) {
         .collect();
     assert!(blocks_on_2.len() >= 3, "{blocks_on_2:?}");
 
-    cluster.stop_server(2);
+    // Overwrites of server 2's units: partial ones inside two of them, and the whole stripe
+    // holding a third.
+    let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
     let mut missed = Vec::new();
-    // Partial overwrites inside server 2's units.
     for &block in &blocks_on_2[..2] {
         let len = rng.gen_range(512..UNIT / 2);
         let offset = block * UNIT + rng.gen_range(0..UNIT - len);
         let new = random_bytes(&mut rng, len);
-        let old = model.data[offset as usize..(offset + len) as usize].to_vec();
-        model.write(&client, offset, &new).await;
-        missed.push(Missed {
-            offset,
-            old,
-            new,
-            in_place: scheme != Scheme::Hybrid,
-        });
+        writes.push((offset, new.clone()));
+        missed.push((offset, new, false));
     }
-    // A whole stripe holding another of server 2's units (in place under every scheme).
     let block = blocks_on_2[2];
     let stripe_offset = layout.stripe_of_block(block) * model.stripe;
-    let old = model.data[(block * UNIT) as usize..((block + 1) * UNIT) as usize].to_vec();
     let bytes = random_bytes(&mut rng, model.stripe);
-    model.write(&client, stripe_offset, &bytes).await;
-    missed.push(Missed {
-        offset: block * UNIT,
-        old,
-        new: model.data[(block * UNIT) as usize..((block + 1) * UNIT) as usize].to_vec(),
-        in_place: true,
-    });
+    let within = (block * UNIT - stripe_offset) as usize;
+    missed.push((
+        block * UNIT,
+        bytes[within..within + UNIT as usize].to_vec(),
+        true,
+    ));
+    writes.push((stripe_offset, bytes));
+    let missed: Vec<Missed> = missed
+        .into_iter()
+        .map(|(offset, new, full_stripe)| {
+            let (server, local) = data_location(&meta, offset);
+            assert_eq!(server, 2);
+            let on_disk_before = cluster.raw(2, meta.id, "data", local, new.len() as u64);
+            if scheme != Scheme::Hybrid {
+                let old = &model.data[offset as usize..offset as usize + new.len()];
+                assert_bytes("server 2's data file before the kill", &on_disk_before, old);
+            }
+            Missed {
+                offset,
+                new,
+                full_stripe,
+                on_disk_before,
+            }
+        })
+        .collect();
+
+    cluster.stop_server(2);
+    for (offset, bytes) in &writes {
+        model.write(&client, *offset, bytes).await;
+    }
     model.check(&client, "server 2 down").await;
 
     cluster.start_server(2);
@@ -598,22 +624,23 @@ async fn returning_server_never_serves_missed_bytes(scheme: Scheme) {
     // Server 2 really holds the old bytes: the exact read above went around it.
     let overflow = cluster.raw_all(2, meta.id, "overflow");
     for m in &missed {
-        let (server, local) = data_location(&meta, m.offset);
-        assert_eq!(server, 2);
-        let raw = cluster.raw(2, meta.id, "data", local, m.old.len() as u64);
+        let (_, local) = data_location(&meta, m.offset);
+        let raw = cluster.raw(2, meta.id, "data", local, m.new.len() as u64);
         assert_bytes(
             &format!("server 2's data file at file offset {}", m.offset),
             &raw,
-            &m.old,
+            &m.on_disk_before,
         );
-        assert_ne!(raw, m.new, "the overwrite reached server 2's data file");
-        if !m.in_place {
-            assert!(
-                !contains(&overflow, &m.new),
-                "the overwrite at {} reached server 2's overflow region",
-                m.offset
-            );
-        }
+        assert!(
+            raw != m.new,
+            "the overwrite at {} reached server 2's data file",
+            m.offset
+        );
+        assert!(
+            !contains(&overflow, &m.new),
+            "the overwrite at {} reached server 2's overflow region",
+            m.offset
+        );
     }
 
     // A rebuild brings the missed bytes to server 2.
@@ -622,8 +649,8 @@ async fn returning_server_never_serves_missed_bytes(scheme: Scheme) {
     let overflow = cluster.raw_all(2, meta.id, "overflow");
     for m in &missed {
         let (_, local) = data_location(&meta, m.offset);
-        let raw = cluster.raw(2, meta.id, "data", local, m.old.len() as u64);
-        if m.in_place {
+        let raw = cluster.raw(2, meta.id, "data", local, m.new.len() as u64);
+        if m.full_stripe || scheme != Scheme::Hybrid {
             assert_bytes(
                 &format!("server 2's rebuilt data file at file offset {}", m.offset),
                 &raw,
@@ -640,7 +667,10 @@ async fn returning_server_never_serves_missed_bytes(scheme: Scheme) {
     let other = meta.servers[((column + 2) % SERVERS) as usize];
     cluster.stop_server(other);
     model
-        .check(&client, &format!("server {other} killed after rebuilding server 2"))
+        .check(
+            &client,
+            &format!("server {other} killed after rebuilding server 2"),
+        )
         .await;
 }
 
@@ -677,7 +707,9 @@ async fn concurrent_partial_writes_to_one_stripe(scheme: Scheme) {
     let client_b = cluster.client().await;
     let mut model = Model::create(&client_a, "concurrent", scheme).await;
     let size = 3 * model.stripe;
-    model.write(&client_a, 0, &random_bytes(&mut rng, size)).await;
+    model
+        .write(&client_a, 0, &random_bytes(&mut rng, size))
+        .await;
     client_a.sync(&model.file).await.expect("sync");
 
     // Stripe 1: client A owns its first unit and a part of the second, client B the rest of
@@ -685,7 +717,7 @@ async fn concurrent_partial_writes_to_one_stripe(scheme: Scheme) {
     // one checksummed block; neither ever writes the whole stripe.
     let start = model.stripe;
     let mut split = start + UNIT + rng.gen_range(1..UNIT);
-    if split % 4096 == 0 {
+    if split.is_multiple_of(4096) {
         split += 1;
     }
     let regions = [(start, split), (split, start + 3 * UNIT)];
@@ -745,10 +777,7 @@ async fn concurrent_partial_writes_to_one_stripe(scheme: Scheme) {
     cluster.start_server(shared);
     wait_state(&client_a, shared, ServerState::Up).await;
 
-    let report = client_a
-        .scrub(Some(&model.file.path))
-        .await
-        .expect("scrub");
+    let report = client_a.scrub(Some(&model.file.path)).await.expect("scrub");
     assert_clean("after concurrent partial writes", &report);
     assert_eq!(report.stripes_checked, 3, "{report:?}");
 }
@@ -761,6 +790,75 @@ async fn concurrent_partial_writes_to_one_stripe_raid5() {
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_partial_writes_to_one_stripe_hybrid() {
     concurrent_partial_writes_to_one_stripe(Scheme::Hybrid).await;
+}
+
+/// Two clients overwriting the same bytes of a RAID-5 stripe at once: whichever lands last
+/// wins, but parity must match whatever the data ended up being. The range spans two units, so
+/// the writes take two data columns.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_overlapping_writes_keep_parity_raid5() {
+    let mut rng = seeded("concurrent_overlapping_writes_keep_parity_raid5");
+    let cluster = Cluster::up();
+    let client_a = cluster.client().await;
+    let client_b = cluster.client().await;
+    let mut model = Model::create(&client_a, "overlapping", Scheme::Raid5).await;
+    let size = 3 * model.stripe;
+    model
+        .write(&client_a, 0, &random_bytes(&mut rng, size))
+        .await;
+    let lo = model.stripe + UNIT - rng.gen_range(1..8192);
+    let hi = model.stripe + UNIT + rng.gen_range(1..8192);
+    let plans: Vec<Vec<Vec<u8>>> = (0..2)
+        .map(|_| {
+            (0..CONCURRENT_WRITES)
+                .map(|_| random_bytes(&mut rng, hi - lo))
+                .collect()
+        })
+        .collect();
+    let tasks: Vec<_> = [client_a.clone(), client_b.clone()]
+        .into_iter()
+        .zip(plans.clone())
+        .map(|(client, plan)| {
+            let file = model.file.clone();
+            tokio::spawn(async move {
+                for bytes in plan {
+                    client
+                        .write_at(&file, lo, &bytes)
+                        .await
+                        .unwrap_or_else(|e| panic!("concurrent write at {lo}: {e}"));
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("writer task");
+    }
+    let healthy = client_a.read_at(&model.file, 0, size).await.expect("read");
+    let winner = &healthy[lo as usize..hi as usize];
+    let last: Vec<&Vec<u8>> = plans.iter().map(|p| p.last().expect("writes")).collect();
+    assert!(
+        last.iter().any(|l| l.as_slice() == winner),
+        "the overwritten range holds neither client's last write"
+    );
+    model.apply(lo, winner);
+    assert_bytes("after overlapping writes", &healthy, &model.data);
+
+    // Both data columns of the range, in turn, rebuilt from parity and the other columns.
+    let meta = model.meta(&client_a).await;
+    for offset in [lo, hi - 1] {
+        let (server, _) = data_location(&meta, offset);
+        cluster.stop_server(server);
+        model
+            .check(
+                &client_a,
+                &format!("server {server} (holding byte {offset}) killed"),
+            )
+            .await;
+        cluster.start_server(server);
+        wait_state(&client_a, server, ServerState::Up).await;
+    }
+    let report = client_a.scrub(Some(&model.file.path)).await.expect("scrub");
+    assert_clean("after overlapping concurrent writes", &report);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -792,7 +890,10 @@ async fn corrupt_block_is_reconstructed_and_repaired(scheme: Scheme) {
         "the flip did not reach the disk"
     );
     model
-        .check(&client, &format!("byte {offset} flipped on server {server}"))
+        .check(
+            &client,
+            &format!("byte {offset} flipped on server {server}"),
+        )
         .await;
     assert_bytes(
         &format!("server {server}'s data file after the read repaired it"),
@@ -967,7 +1068,10 @@ async fn server_survives_garbage_and_truncated_frames() {
     undecodable_frame.extend_from_slice(&undecodable);
     let cases: [(&str, Vec<u8>); 5] = [
         ("1000 random bytes", noise),
-        ("a valid header with an undecodable message", undecodable_frame),
+        (
+            "a valid header with an undecodable message",
+            undecodable_frame,
+        ),
         ("a header of another protocol version", wrong_version),
         ("a header announcing an oversized message", oversized),
         ("a response frame sent to a server", response_kind),
@@ -980,7 +1084,11 @@ async fn server_survives_garbage_and_truncated_frames() {
             closed_by_server(&mut stream).await,
             "{what}: the server kept the connection open"
         );
-        assert_eq!(ping(addr).await, Some(target), "{what}: server stopped serving");
+        assert_eq!(
+            ping(addr).await,
+            Some(target),
+            "{what}: server stopped serving"
+        );
         model.check(&client, &format!("after {what}")).await;
     }
 
@@ -990,7 +1098,11 @@ async fn server_survives_garbage_and_truncated_frames() {
     truncated.extend_from_slice(&random_bytes(&mut rng, 10));
     let mut hanging = TcpStream::connect(addr).await.expect("connect");
     hanging.write_all(&truncated).await.expect("send truncated");
-    assert_eq!(ping(addr).await, Some(target), "a truncated frame stalls the server");
+    assert_eq!(
+        ping(addr).await,
+        Some(target),
+        "a truncated frame stalls the server"
+    );
     model
         .check(&client, "while a truncated frame is pending")
         .await;
@@ -1040,8 +1152,8 @@ const PUT_WRITE_BYTES: u64 = 1 << 20;
 const PUT_WRITES: usize = 16;
 /// Writes made durable with a sync before the kill is set off.
 const PUT_SYNCED_WRITES: usize = 4;
-/// The kill is set off as this write starts.
-const PUT_KILL_AT: usize = 6;
+/// The kill is set off as this write starts, just after the sync.
+const PUT_KILL_AT: usize = PUT_SYNCED_WRITES;
 /// Writes from this one on wait for the kill to have happened, so some surely run degraded.
 const PUT_AFTER_KILL: usize = 12;
 
@@ -1068,18 +1180,26 @@ async fn server_killed_mid_put(scheme: Scheme) {
     let mut kill_tx = Some(kill_tx);
     let mut killed_at = None;
     let mut acknowledged = vec![false; PUT_WRITES];
-    let mut finished_at = Vec::new();
+    let mut spans = Vec::new();
     for (i, chunk) in data.chunks(PUT_WRITE_BYTES as usize).enumerate() {
         if i == PUT_SYNCED_WRITES {
-            client.sync(&model.file).await.expect("sync before the kill");
+            client
+                .sync(&model.file)
+                .await
+                .expect("sync before the kill");
         }
         if i == PUT_KILL_AT {
-            kill_tx.take().expect("once").send(()).expect("killer waits");
+            kill_tx
+                .take()
+                .expect("once")
+                .send(())
+                .expect("killer waits");
         }
         if i == PUT_AFTER_KILL && killed_at.is_none() {
             killed_at = Some((&mut killer).await.expect("killer"));
         }
         let offset = i as u64 * PUT_WRITE_BYTES;
+        let started = Instant::now();
         match client.write_at(&model.file, offset, chunk).await {
             Ok(()) => acknowledged[i] = true,
             Err(e @ (ClientError::Unavailable { .. } | ClientError::Storage { .. })) => {
@@ -1087,12 +1207,16 @@ async fn server_killed_mid_put(scheme: Scheme) {
             }
             Err(e) => panic!("write {i} failed with an unexpected error: {e:?}"),
         }
-        finished_at.push(Instant::now());
+        spans.push((started, Instant::now()));
     }
     let killed_at = killed_at.expect("the kill happened before the last writes");
-    let degraded = finished_at.iter().filter(|&&t| t > killed_at).count();
+    let degraded = spans.iter().filter(|(_, done)| *done > killed_at).count();
+    let in_flight = spans
+        .iter()
+        .position(|(start, done)| *start < killed_at && killed_at < *done);
     eprintln!(
-        "{scheme}: {degraded} writes finished after the kill; acknowledged: {acknowledged:?}"
+        "{scheme}: write {in_flight:?} in flight when the kill returned, {degraded} writes \
+         finished after it; acknowledged: {acknowledged:?}"
     );
     assert!(degraded >= PUT_WRITES - PUT_AFTER_KILL);
 
