@@ -341,11 +341,12 @@ impl FileContext {
                 Err(_) => Some(column),
             }
         });
-        let failed: Vec<u32> = futures::future::join_all(syncs)
-            .await
-            .into_iter()
-            .flatten()
-            .collect();
+        let (failed, metadata) = futures::join!(
+            futures::future::join_all(syncs),
+            client.manager_call(ManagerRequest::Sync)
+        );
+        metadata?;
+        let failed: Vec<u32> = failed.into_iter().flatten().collect();
         if failed.is_empty() {
             return Ok(());
         }

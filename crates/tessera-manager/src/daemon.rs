@@ -35,6 +35,7 @@ pub enum DaemonError {
 pub struct RunningManager {
     /// The address it listens on.
     pub addr: SocketAddr,
+    manager: Arc<Mutex<Manager>>,
     serve: tokio::task::JoinHandle<()>,
     ticker: tokio::task::JoinHandle<()>,
 }
@@ -50,6 +51,16 @@ impl RunningManager {
     pub fn stop(self) {
         self.serve.abort();
         self.ticker.abort();
+    }
+
+    /// Stop serving and make every metadata change durable.
+    pub async fn shutdown(self) -> Result<(), tessera_wire::ManagerError> {
+        self.serve.abort();
+        self.ticker.abort();
+        let manager = self.manager;
+        tokio::task::spawn_blocking(move || manager.lock().unwrap().flush())
+            .await
+            .unwrap_or_else(|e| Err(tessera_wire::ManagerError::Store(e.to_string())))
     }
 }
 
@@ -112,9 +123,15 @@ pub async fn start(
             ticking.lock().unwrap().tick(Instant::now());
         }
     });
-    let serve = tokio::spawn(serve_tcp(listener, Arc::new(ManagerHandler { manager })));
+    let serve = tokio::spawn(serve_tcp(
+        listener,
+        Arc::new(ManagerHandler {
+            manager: manager.clone(),
+        }),
+    ));
     Ok(RunningManager {
         addr,
+        manager,
         serve,
         ticker,
     })

@@ -162,6 +162,7 @@ impl Manager {
             } => self.report_missed(server, file, stripes),
             ManagerRequest::ReportDown { server } => self.report_down(server),
             ManagerRequest::Status => Ok(self.status()),
+            ManagerRequest::Sync => self.write(|_| Ok(())).map(|()| ManagerResponse::Done),
             ManagerRequest::FilesOnServer { server } => self.files_on_server(server),
             ManagerRequest::Resynced {
                 server,
@@ -402,7 +403,14 @@ impl Manager {
         size: u64,
         grow_only: bool,
     ) -> Result<ManagerResponse, Failure> {
-        self.write(|change| {
+        // Growth from sequential writes is made durable by the next `Sync` (clients send one
+        // when they sync data); everything else commits durably at once.
+        let durability = if grow_only {
+            redb::Durability::None
+        } else {
+            redb::Durability::Immediate
+        };
+        self.write_with(durability, |change| {
             let mut meta = store::read_file(&change.tables.files, file)?
                 .ok_or_else(|| ManagerError::NotFound(file.to_string()))?;
             meta.size = if grow_only { meta.size.max(size) } else { size };
@@ -496,7 +504,22 @@ impl Manager {
         &mut self,
         apply: impl FnOnce(&mut Change<'_>) -> Result<T, Failure>,
     ) -> Result<T, Failure> {
-        let txn = self.db.begin_write()?;
+        self.write_with(redb::Durability::Immediate, apply)
+    }
+
+    /// Make every earlier commit durable.
+    pub fn flush(&mut self) -> Result<(), ManagerError> {
+        self.write(|_| Ok(())).map_err(ManagerError::from)
+    }
+
+    fn write_with<T>(
+        &mut self,
+        durability: redb::Durability,
+        apply: impl FnOnce(&mut Change<'_>) -> Result<T, Failure>,
+    ) -> Result<T, Failure> {
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(durability)
+            .map_err(|e| ManagerError::Store(e.to_string()))?;
         let (value, servers, debtors) = {
             let mut change = Change::new(&txn)?;
             let value = apply(&mut change)?;

@@ -719,3 +719,18 @@ fn open_creates_the_directory() {
     drop(open(&nested));
     assert!(nested.join("manager.redb").is_file());
 }
+
+#[test]
+fn grown_size_is_durable_after_sync() {
+    let mut harness = Harness::with_servers(3);
+    let a = harness.create("/grown", Scheme::Raid5, None).meta;
+    let grow = ManagerRequest::SetSize {
+        file: a.id,
+        size: 777,
+        grow_only: true,
+    };
+    assert_eq!(harness.handle(grow), ManagerResponse::Done);
+    assert_eq!(harness.handle(ManagerRequest::Sync), ManagerResponse::Done);
+    harness.reopen();
+    assert_eq!(harness.lookup("/grown").meta.size, 777);
+}

@@ -374,6 +374,9 @@ pub enum ManagerRequest {
         /// Server.
         server: ServerId,
     },
+    /// Make every metadata change so far durable (sizes are grown lazily, like a file system
+    /// that persists a file's size at fsync).
+    Sync,
     /// The server has been resynced for these stripes of a file.
     Resynced {
         /// Server.

@@ -463,7 +463,10 @@ pub async fn run_manager(listen: &str, dir: &Path, addr_file: Option<PathBuf>) -
     write_addr_file(addr_file, manager.addr)?;
     eprintln!("manager listening on {}", manager.addr);
     until_terminated().await;
-    manager.stop();
+    manager
+        .shutdown()
+        .await
+        .context("cannot make metadata durable on shutdown")?;
     Ok(())
 }
 
