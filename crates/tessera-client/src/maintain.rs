@@ -167,6 +167,28 @@ impl FileContext {
         Ok(())
     }
 
+    /// A whole unit for scrub: `None` (and its column noted in `corrupt`) if it fails its
+    /// checksum.
+    async fn read_unit_for_scrub(
+        &self,
+        client: &Client,
+        slot: tessera_layout::Slot,
+        corrupt: &mut Vec<u32>,
+    ) -> Result<Option<Vec<u8>>, ClientError> {
+        let offset = self.layout.local_offset(slot);
+        match self
+            .read_region(client, slot.column, slot.region, offset, self.unit(), false)
+            .await
+        {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(Fault::Refused(StorageError::Corrupt { .. })) => {
+                corrupt.push(slot.column);
+                Ok(None)
+            }
+            Err(fault) => Err(self.second_fault(slot.column, slot.column, fault)),
+        }
+    }
+
     /// A whole unit from a surviving column, on behalf of `target`.
     async fn read_from(
         &self,
@@ -242,47 +264,13 @@ impl FileContext {
         let mut data: Vec<Option<Vec<u8>>> = Vec::new();
         for &block in &blocks {
             let slot = layout.data_slot(block);
-            match self
-                .read_region(
-                    client,
-                    slot.column,
-                    Region::Data,
-                    layout.local_offset(slot),
-                    unit,
-                    false,
-                )
-                .await
-            {
-                Ok(bytes) => data.push(Some(bytes)),
-                Err(Fault::Refused(StorageError::Corrupt { .. })) => {
-                    corrupt.push(slot.column);
-                    data.push(None);
-                }
-                Err(fault) => return Err(self.second_fault(slot.column, slot.column, fault)),
-            }
+            data.push(self.read_unit_for_scrub(client, slot, &mut corrupt).await?);
         }
         let mut mirrors: Vec<Option<Vec<u8>>> = Vec::new();
         if self.scheme() == Scheme::Raid1 {
             for &block in &blocks {
                 let slot = layout.mirror_slot(block).expect("mirror");
-                match self
-                    .read_region(
-                        client,
-                        slot.column,
-                        Region::Redundancy,
-                        layout.local_offset(slot),
-                        unit,
-                        false,
-                    )
-                    .await
-                {
-                    Ok(bytes) => mirrors.push(Some(bytes)),
-                    Err(Fault::Refused(StorageError::Corrupt { .. })) => {
-                        corrupt.push(slot.column);
-                        mirrors.push(None);
-                    }
-                    Err(fault) => return Err(self.second_fault(slot.column, slot.column, fault)),
-                }
+                mirrors.push(self.read_unit_for_scrub(client, slot, &mut corrupt).await?);
             }
         }
         // Overflow entries are checked against their checksums when listed.

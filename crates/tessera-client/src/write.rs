@@ -461,20 +461,12 @@ impl FileContext {
         failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
     ) -> Result<(), ClientError> {
         let stripe = sw.extent.stripe;
-        let writes = sw.extent.pieces.iter().filter_map(|piece| {
-            let slot = self.layout.data_slot(piece.block);
-            (!self.lost(slot.column, stripe)).then(|| WriteOp {
-                column: slot.column,
-                stripes: IndexRange::new(stripe, stripe + 1),
-                request: StorageRequest::Write {
-                    file: self.meta.id,
-                    region: Region::Data,
-                    offset: self.layout.local_offset(slot) + piece.offset_in_unit as u64,
-                    invalidate_overflow: false,
-                },
-                payload: Bytes::copy_from_slice(&data[piece.buf_range()]),
-            })
-        });
+        let writes = sw
+            .extent
+            .pieces
+            .iter()
+            .filter(|piece| !self.lost(self.layout.data_slot(piece.block).column, stripe))
+            .map(|piece| self.piece_write(stripe, piece, data));
         let results =
             futures::future::join_all(writes.map(|op| self.run_op(client, op, failed))).await;
         results.into_iter().collect()
@@ -564,35 +556,11 @@ impl FileContext {
             let span = &mut new_parity[at..at + piece.len as usize];
             tessera_parity::update_parity(span, &old, &data[piece.buf_range()]);
         }
-        let stripes = IndexRange::new(stripe, stripe + 1);
         let writes: Vec<WriteOp> = pieces
             .iter()
-            .map(|piece| {
-                let slot = self.layout.data_slot(piece.block);
-                WriteOp {
-                    column: slot.column,
-                    stripes,
-                    request: StorageRequest::Write {
-                        file,
-                        region: Region::Data,
-                        offset: self.layout.local_offset(slot) + piece.offset_in_unit as u64,
-                        invalidate_overflow: false,
-                    },
-                    payload: Bytes::copy_from_slice(&data[piece.buf_range()]),
-                }
-            })
+            .map(|piece| self.piece_write(stripe, piece, data))
             .collect();
-        let parity_write = WriteOp {
-            column: parity.column,
-            stripes,
-            request: StorageRequest::WriteParity {
-                file,
-                stripe,
-                offset: parity_offset,
-                unlock: true,
-            },
-            payload: Bytes::from(new_parity),
-        };
+        let parity_write = self.parity_write(stripe, parity_offset, new_parity);
         self.write_data_then_parity(client, writes, parity_write, failed)
             .await?;
         Ok(RmwOutcome::Done)
@@ -681,37 +649,14 @@ impl FileContext {
         for u in &units {
             tessera_parity::xor_into(&mut new_parity, u);
         }
-        let stripes = IndexRange::new(stripe, stripe + 1);
         let writes: Vec<WriteOp> = sw
             .extent
             .pieces
             .iter()
-            .filter_map(|piece: &Piece| {
-                let slot = self.layout.data_slot(piece.block);
-                (!self.lost(slot.column, stripe)).then(|| WriteOp {
-                    column: slot.column,
-                    stripes,
-                    request: StorageRequest::Write {
-                        file,
-                        region: Region::Data,
-                        offset: self.layout.local_offset(slot) + piece.offset_in_unit as u64,
-                        invalidate_overflow: false,
-                    },
-                    payload: Bytes::copy_from_slice(&data[piece.buf_range()]),
-                })
-            })
+            .filter(|piece| !self.lost(self.layout.data_slot(piece.block).column, stripe))
+            .map(|piece| self.piece_write(stripe, piece, data))
             .collect();
-        let parity_write = WriteOp {
-            column: parity.column,
-            stripes,
-            request: StorageRequest::WriteParity {
-                file,
-                stripe,
-                offset: self.layout.local_offset(parity),
-                unlock: true,
-            },
-            payload: Bytes::from(new_parity),
-        };
+        let parity_write = self.parity_write(stripe, self.layout.local_offset(parity), new_parity);
         self.write_data_then_parity(client, writes, parity_write, failed)
             .await?;
         Ok(RmwOutcome::Done)
@@ -735,6 +680,37 @@ impl FileContext {
                 .await;
         let parity = self.run_op(client, parity, failed).await;
         data.into_iter().chain([parity]).collect()
+    }
+
+    /// Write one piece into its data column (RAID-4/5 partial stripes).
+    fn piece_write(&self, stripe: u64, piece: &Piece, data: &[u8]) -> WriteOp {
+        let slot = self.layout.data_slot(piece.block);
+        WriteOp {
+            column: slot.column,
+            stripes: IndexRange::new(stripe, stripe + 1),
+            request: StorageRequest::Write {
+                file: self.meta.id,
+                region: Region::Data,
+                offset: self.layout.local_offset(slot) + piece.offset_in_unit as u64,
+                invalidate_overflow: false,
+            },
+            payload: Bytes::copy_from_slice(&data[piece.buf_range()]),
+        }
+    }
+
+    /// Write a stripe's new parity at `offset` of its column and release the stripe's lock.
+    fn parity_write(&self, stripe: u64, offset: u64, parity: Vec<u8>) -> WriteOp {
+        WriteOp {
+            column: self.layout.parity_slot(stripe).expect("parity").column,
+            stripes: IndexRange::new(stripe, stripe + 1),
+            request: StorageRequest::WriteParity {
+                file: self.meta.id,
+                stripe,
+                offset,
+                unlock: true,
+            },
+            payload: Bytes::from(parity),
+        }
     }
 
     pub(crate) async fn unlock(&self, client: &Client, column: u32, stripe: u64) {
