@@ -30,7 +30,9 @@ use bytes::Bytes;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tessera_transport::{TcpConfig, TcpTransport, Transport, TransportError};
+use tessera_transport::{
+    TcpConfig, TcpTransport, Transport, TransportError, UdpConfig, UdpTransport,
+};
 use tessera_wire::{
     FileId, FileMeta, ManagerError, ManagerRequest, ManagerResponse, ServerId, ServerStatus,
     StorageError,
@@ -38,6 +40,7 @@ use tessera_wire::{
 
 pub use maintain::{RebuildProgress, ScrubReport};
 pub use tessera_layout::{Layout, Scheme};
+pub use tessera_transport::{CongestionKind, DatagramConfig, TransportKind};
 pub use tessera_wire::{LayoutRequest, ServerState};
 
 /// Requests one operation keeps in flight at once.
@@ -133,12 +136,16 @@ pub struct FileStat {
 }
 
 /// Tunables of a client.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ClientConfig {
     /// How long a server may take to answer before it counts as down.
     pub request_timeout: Duration,
     /// How long to wait for a connection.
     pub connect_timeout: Duration,
+    /// What carries traffic to the storage servers (the manager is always reached over TCP).
+    pub transport: TransportKind,
+    /// The datagram protocol's settings, when `transport` is UDP.
+    pub datagram: DatagramConfig,
 }
 
 impl Default for ClientConfig {
@@ -146,6 +153,8 @@ impl Default for ClientConfig {
         ClientConfig {
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(1),
+            transport: TransportKind::default(),
+            datagram: DatagramConfig::default(),
         }
     }
 }
@@ -153,33 +162,61 @@ impl Default for ClientConfig {
 /// A connection to a Tessera cluster.
 #[derive(Clone)]
 pub struct Client {
+    /// Carries requests to storage servers.
     pub(crate) transport: Arc<dyn Transport>,
+    /// Carries requests to the manager.
+    pub(crate) manager_transport: Arc<dyn Transport>,
     pub(crate) manager: SocketAddr,
 }
 
 impl Client {
-    /// Connect over TCP with default timeouts, checking that the manager answers.
+    /// Connect with default settings (the datagram transport to servers), checking that the
+    /// manager answers.
     pub async fn connect(manager: SocketAddr) -> Result<Client, ClientError> {
         Self::connect_with(manager, ClientConfig::default()).await
     }
 
-    /// Connect over TCP with the given timeouts.
+    /// Connect with the given settings, checking that the manager answers.
     pub async fn connect_with(
         manager: SocketAddr,
         config: ClientConfig,
     ) -> Result<Client, ClientError> {
-        let transport = Arc::new(TcpTransport::new(TcpConfig {
+        let tcp = TcpConfig {
             connect_timeout: config.connect_timeout,
             request_timeout: config.request_timeout,
-        }));
-        let client = Client::with_transport(manager, Arc::new(transport));
+        };
+        let manager_transport: Arc<dyn Transport> = Arc::new(Arc::new(TcpTransport::new(tcp)));
+        let transport: Arc<dyn Transport> = match config.transport {
+            TransportKind::Tcp => Arc::new(Arc::new(TcpTransport::new(tcp))),
+            TransportKind::Udp => {
+                let udp = UdpTransport::new(UdpConfig {
+                    datagram: config.datagram.clone(),
+                    request_timeout: config.request_timeout,
+                })
+                .map_err(|e| ClientError::Protocol {
+                    peer: "local UDP socket".into(),
+                    detail: e.to_string(),
+                })?;
+                Arc::new(udp)
+            }
+        };
+        let client = Client {
+            transport,
+            manager_transport,
+            manager,
+        };
         client.status().await?;
         Ok(client)
     }
 
-    /// A client over any transport (no check that the manager answers).
+    /// A client over any transport, used for servers and manager alike (no check that the
+    /// manager answers).
     pub fn with_transport(manager: SocketAddr, transport: Arc<dyn Transport>) -> Client {
-        Client { transport, manager }
+        Client {
+            manager_transport: transport.clone(),
+            transport,
+            manager,
+        }
     }
 
     pub(crate) async fn manager_call(
@@ -187,7 +224,7 @@ impl Client {
         request: ManagerRequest,
     ) -> Result<ManagerResponse, ClientError> {
         let (response, _) = tessera_transport::call::<_, ManagerResponse>(
-            self.transport.as_ref(),
+            self.manager_transport.as_ref(),
             self.manager,
             &request,
             Bytes::new(),

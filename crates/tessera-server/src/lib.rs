@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tessera_store::{ParityLocks, Store};
 use tessera_transport::{
-    serve_tcp, BoxFuture, ConnectionId, FrameHandler, TcpConfig, TcpTransport, Transport,
+    serve_tcp, serve_udp, BoxFuture, ConnectionId, DatagramConfig, FrameHandler, TcpConfig,
+    TcpTransport, Transport, TransportKind, UdpServer,
 };
 use tessera_wire::{
     encode_message, ManagerError, ManagerRequest, ManagerResponse, OverflowExtent, ServerId,
@@ -59,6 +60,10 @@ pub struct ServerConfig {
     pub dir: PathBuf,
     /// Id to claim at registration if the store has none yet.
     pub id: Option<ServerId>,
+    /// What clients reach it over (the manager is always reached over TCP).
+    pub transport: TransportKind,
+    /// The datagram protocol's settings, when `transport` is UDP.
+    pub datagram: DatagramConfig,
 }
 
 /// A running server.
@@ -69,6 +74,8 @@ pub struct RunningServer {
     id: Arc<AtomicU32>,
     store: Arc<Store>,
     serve: tokio::task::JoinHandle<()>,
+    /// The datagram server's I/O thread, stopped when this is dropped.
+    _udp: Option<UdpServer>,
     heartbeat: tokio::task::JoinHandle<()>,
 }
 
@@ -123,22 +130,32 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             error,
         })?;
     let store = Arc::new(store);
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| ServerError::Listen {
-            addr: config.listen,
-            detail: e.to_string(),
-        })?;
-    let addr = listener.local_addr().map_err(|e| ServerError::Listen {
+    let listen_error = |e: std::io::Error| ServerError::Listen {
         addr: config.listen,
         detail: e.to_string(),
-    })?;
+    };
     let id = Arc::new(AtomicU32::new(0));
     let handler = Arc::new(StorageHandler {
         store: store.clone(),
         locks: Arc::new(ParityLocks::new()),
         id: id.clone(),
     });
+    // TCP is always served; with the datagram transport, UDP is served on the same port number
+    // too, so clients of either kind (and benchmarks comparing them) reach the same server.
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(listen_error)?;
+    let addr = listener.local_addr().map_err(listen_error)?;
+    let udp = match config.transport {
+        TransportKind::Tcp => None,
+        TransportKind::Udp => {
+            let socket = std::net::UdpSocket::bind(addr).map_err(listen_error)?;
+            Some(
+                serve_udp(socket, handler.clone(), config.datagram.clone())
+                    .map_err(listen_error)?,
+            )
+        }
+    };
     let serve = tokio::spawn(serve_tcp(listener, handler));
     let advertise = config.advertise.unwrap_or(addr);
     let heartbeat = tokio::spawn(keep_registered(
@@ -153,6 +170,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         id,
         store,
         serve,
+        _udp: udp,
         heartbeat,
     })
 }

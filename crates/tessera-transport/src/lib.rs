@@ -9,6 +9,7 @@
 //! transport plugs in behind the same two traits.
 
 mod tcp;
+mod udp;
 
 use bytes::Bytes;
 use serde::{de::DeserializeOwned, Serialize};
@@ -18,6 +19,39 @@ use std::pin::Pin;
 use tessera_wire::WireError;
 
 pub use tcp::{serve_tcp, TcpConfig, TcpTransport};
+pub use tessera_datagram::{Config as DatagramConfig, CongestionKind};
+pub use udp::{serve_udp, UdpConfig, UdpServer, UdpTransport};
+
+/// Which transport carries client-server traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TransportKind {
+    /// Tessera's adaptive datagram transport (the default).
+    #[default]
+    Udp,
+    /// One pipelined TCP connection per server.
+    Tcp,
+}
+
+impl TransportKind {
+    /// The name the command line uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Udp => "udp",
+            TransportKind::Tcp => "tcp",
+        }
+    }
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "udp" => Ok(TransportKind::Udp),
+            "tcp" => Ok(TransportKind::Tcp),
+            other => Err(format!("unknown transport '{other}' (expected udp or tcp)")),
+        }
+    }
+}
 
 /// A boxed, sendable future, so that the traits stay object-safe.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -2,14 +2,14 @@
 //! stream over loopback with the same socket buffers, so results are ratios from one run.
 
 use crate::cluster::LocalCluster;
-use crate::commands::{self, resolve_cluster};
+use crate::commands;
 use anyhow::{bail, Context, Result};
 use futures::stream::{self, StreamExt};
 use rand::{Rng, RngCore, SeedableRng};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
-use tessera_client::{Client, File, LayoutRequest, Scheme};
+use tessera_client::{Client, File, LayoutRequest, Scheme, TransportKind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Socket buffers for the yardstick: the same as Tessera's TCP transport uses.
@@ -28,7 +28,14 @@ impl EmbeddedCluster {
             .prefix("tessera-")
             .tempdir()
             .context("cannot make a temporary directory")?;
-        let cluster = LocalCluster::up(dir.path(), servers).await?;
+        let net = crate::commands::network();
+        let cluster = LocalCluster::up(
+            dir.path(),
+            servers,
+            net.transport.unwrap_or_default(),
+            net.window,
+        )
+        .await?;
         Ok(EmbeddedCluster { cluster, _dir: dir })
     }
 }
@@ -41,6 +48,7 @@ impl Drop for EmbeddedCluster {
 
 #[derive(Serialize)]
 struct Row {
+    transport: String,
     scheme: String,
     workload: String,
     mb_s: f64,
@@ -146,46 +154,60 @@ async fn tcp_stream_mb_s(bytes: u64) -> Result<f64> {
 pub async fn run(cluster: Option<String>, quick: bool, json: Option<PathBuf>) -> Result<()> {
     // Use the cluster named (or the default one) if it answers, else an embedded one.
     let mut embedded = None;
-    let client = match resolve_cluster(cluster.clone()) {
-        Ok(addr) => match Client::connect(addr).await {
-            Ok(client) => client,
-            Err(e) if cluster.is_some() => return Err(e.into()),
-            Err(_) => {
-                let e = EmbeddedCluster::start(5).await?;
-                let client = Client::connect(e.cluster.manager_addr()?).await?;
-                embedded = Some(e);
-                client
-            }
+    let found = match commands::resolve_cluster_and_transport(cluster.clone()) {
+        Ok((addr, transport)) => match commands::connect_to(addr, transport).await {
+            Ok(_) => Some((addr, transport.unwrap_or_default())),
+            Err(e) if cluster.is_some() => return Err(e),
+            Err(_) => None,
         },
         Err(e) if cluster.is_some() => return Err(e),
-        Err(_) => {
+        Err(_) => None,
+    };
+    let (addr, cluster_transport) = match found {
+        Some(found) => found,
+        None => {
             let e = EmbeddedCluster::start(5).await?;
-            let client = Client::connect(e.cluster.manager_addr()?).await?;
+            let found = (e.cluster.manager_addr()?, e.cluster.transport());
             embedded = Some(e);
-            client
+            found
         }
     };
-    let servers = client.status().await?.len();
+    // Servers of a datagram cluster also serve TCP: measure both, side by side, unless one
+    // was asked for.
+    let transports: Vec<TransportKind> = match (commands::network().transport, cluster_transport) {
+        (Some(t), _) => vec![t],
+        (None, TransportKind::Udp) => vec![TransportKind::Udp, TransportKind::Tcp],
+        (None, TransportKind::Tcp) => vec![TransportKind::Tcp],
+    };
+    let mut clients = Vec::new();
+    for &t in &transports {
+        clients.push((t, commands::connect_to(addr, Some(t)).await?));
+    }
+    let servers = clients[0].1.status().await?.len();
     let size: u64 = if quick { 64 << 20 } else { 256 << 20 };
     let small_writes: u64 = if quick { 200 } else { 1000 };
     let rounds = if quick { 3 } else { 5 };
+    let names: Vec<&str> = transports.iter().map(|t| t.name()).collect();
     eprintln!(
-        "bench: {servers} servers, {rounds} rounds of {} MiB sequential and {small_writes} small writes of {} KiB per scheme{}",
+        "bench: {servers} servers, {rounds} rounds of {} MiB sequential and {small_writes} small writes of {} KiB per scheme, over {}{}",
         size >> 20,
         STRIPE_UNIT >> 10,
+        names.join(" and "),
         if embedded.is_some() { " (embedded cluster)" } else { "" }
     );
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x7e55e2a);
     let mut data = vec![0u8; size as usize];
     rng.fill_bytes(&mut data);
 
-    // Rounds interleave every scheme and the yardstick, so that noise from the machine falls
-    // on all of them alike; each figure is the median over the rounds.
+    // Rounds interleave every scheme, transport and the yardstick, so that noise from the
+    // machine falls on all of them alike; each figure is the median over the rounds.
     let mut yardsticks = Vec::new();
-    let mut samples: Vec<(Scheme, &str, Vec<f64>, f64)> = Vec::new();
-    for scheme in Scheme::ALL {
-        for workload in ["seq_write", "seq_read", "small_write"] {
-            samples.push((scheme, workload, Vec::new(), 0.0));
+    let mut samples: Vec<(TransportKind, Scheme, &str, Vec<f64>, f64)> = Vec::new();
+    for &t in &transports {
+        for scheme in Scheme::ALL {
+            for workload in ["seq_write", "seq_read", "small_write"] {
+                samples.push((t, scheme, workload, Vec::new(), 0.0));
+            }
         }
     }
     // Like the yardstick's receive buffer, the read buffer is reused (and already faulted in),
@@ -197,16 +219,18 @@ pub async fn run(cluster: Option<String>, quick: bool, json: Option<PathBuf>) ->
         // pages being written back, a deleted file being freed) falls on every scheme in turn.
         for i in 0..Scheme::ALL.len() {
             let scheme = Scheme::ALL[(i + round) % Scheme::ALL.len()];
-            back.fill(0);
-            let m =
-                measure_scheme(&client, scheme, &data, &mut back, small_writes, &mut rng).await?;
-            for (workload, mb, overhead) in m {
-                let slot = samples
-                    .iter_mut()
-                    .find(|(s, w, _, _)| *s == scheme && *w == workload)
-                    .expect("slot");
-                slot.2.push(mb);
-                slot.3 = overhead;
+            for (t, client) in &clients {
+                back.fill(0);
+                let m = measure_scheme(client, scheme, &data, &mut back, small_writes, &mut rng)
+                    .await?;
+                for (workload, mb, overhead) in m {
+                    let slot = samples
+                        .iter_mut()
+                        .find(|(tt, s, w, _, _)| tt == t && *s == scheme && *w == workload)
+                        .expect("slot");
+                    slot.3.push(mb);
+                    slot.4 = overhead;
+                }
             }
         }
         eprintln!("bench: round {} of {rounds} done", round + 1);
@@ -214,14 +238,15 @@ pub async fn run(cluster: Option<String>, quick: bool, json: Option<PathBuf>) ->
     let yardstick = median(&mut yardsticks);
     let rows: Vec<Row> = samples
         .into_iter()
-        .map(|(scheme, workload, mut mbs, overhead)| Row {
+        .map(|(t, scheme, workload, mut mbs, overhead)| Row {
+            transport: t.name().into(),
             scheme: scheme.name().into(),
             workload: workload.into(),
             mb_s: median(&mut mbs),
             overhead,
         })
         .collect();
-    print_table(yardstick, &rows);
+    print_table(yardstick, &rows, &transports);
     if let Some(path) = json {
         let report = Report {
             yardstick: Yardstick {
@@ -232,6 +257,7 @@ pub async fn run(cluster: Option<String>, quick: bool, json: Option<PathBuf>) ->
         std::fs::write(&path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
+    drop(clients);
     drop(embedded);
     Ok(())
 }
@@ -294,15 +320,16 @@ async fn measure_scheme(
     ])
 }
 
-fn print_table(yardstick: f64, rows: &[Row]) {
+fn print_table(yardstick: f64, rows: &[Row], transports: &[TransportKind]) {
     println!("raw TCP stream over loopback: {yardstick:.0} MB/s");
     println!(
-        "{:<7} {:<12} {:>10} {:>9} {:>9}",
-        "scheme", "workload", "MB/s", "x TCP", "overhead"
+        "{:<9} {:<7} {:<12} {:>10} {:>9} {:>9}",
+        "transport", "scheme", "workload", "MB/s", "x TCP", "overhead"
     );
     for r in rows {
         println!(
-            "{:<7} {:<12} {:>10.1} {:>9.3} {:>9.2}",
+            "{:<9} {:<7} {:<12} {:>10.1} {:>9.3} {:>9.2}",
+            r.transport,
             r.scheme,
             r.workload,
             r.mb_s,
@@ -310,39 +337,69 @@ fn print_table(yardstick: f64, rows: &[Row]) {
             r.overhead
         );
     }
-    let get = |s: &str, w: &str| {
-        rows.iter()
-            .find(|r| r.scheme == s && r.workload == w)
-            .map(|r| r.mb_s)
-            .unwrap_or(0.0)
-    };
-    println!("ratios:");
-    println!(
-        "  raid0 seq read / TCP          {:.2} (target >= 0.5)",
-        get("raid0", "seq_read") / yardstick
-    );
-    println!(
-        "  raid0 seq write / TCP         {:.2} (target >= 0.4)",
-        get("raid0", "seq_write") / yardstick
-    );
-    println!(
-        "  raid5 seq write / raid1       {:.2} (target >= 1.2)",
-        get("raid5", "seq_write") / get("raid1", "seq_write")
-    );
-    println!(
-        "  hybrid seq write / raid1      {:.2} (target >= 1.2)",
-        get("hybrid", "seq_write") / get("raid1", "seq_write")
-    );
-    println!(
-        "  hybrid small / raid5 small    {:.2} (target >= 1.3)",
-        get("hybrid", "small_write") / get("raid5", "small_write")
-    );
-    println!(
-        "  hybrid small / raid1 small    {:.2} (target >= 0.9)",
-        get("hybrid", "small_write") / get("raid1", "small_write")
-    );
-    println!(
-        "  hybrid full-stripe / raid5    {:.2} (target >= 0.9)",
-        get("hybrid", "seq_write") / get("raid5", "seq_write")
-    );
+    for &t in transports {
+        let get = |s: &str, w: &str| {
+            rows.iter()
+                .find(|r| r.transport == t.name() && r.scheme == s && r.workload == w)
+                .map(|r| r.mb_s)
+                .unwrap_or(0.0)
+        };
+        println!("ratios over {}:", t.name());
+        let lines = [
+            (
+                "raid0 seq read / TCP stream",
+                get("raid0", "seq_read") / yardstick,
+                ">= 0.5",
+            ),
+            (
+                "raid0 seq write / TCP stream",
+                get("raid0", "seq_write") / yardstick,
+                ">= 0.4",
+            ),
+            (
+                "raid5 seq write / raid1",
+                get("raid5", "seq_write") / get("raid1", "seq_write"),
+                ">= 1.2",
+            ),
+            (
+                "hybrid seq write / raid1",
+                get("hybrid", "seq_write") / get("raid1", "seq_write"),
+                ">= 1.2",
+            ),
+            (
+                "hybrid small / raid5 small",
+                get("hybrid", "small_write") / get("raid5", "small_write"),
+                ">= 1.3",
+            ),
+            (
+                "hybrid small / raid1 small",
+                get("hybrid", "small_write") / get("raid1", "small_write"),
+                ">= 0.9",
+            ),
+            (
+                "hybrid full-stripe / raid5",
+                get("hybrid", "seq_write") / get("raid5", "seq_write"),
+                ">= 0.9",
+            ),
+        ];
+        for (what, ratio, target) in lines {
+            println!("  {what:<30} {ratio:>5.2} (target {target})");
+        }
+    }
+    if transports.len() == 2 {
+        println!("udp / tcp, same scheme and workload (target >= 0.9):");
+        for r in rows.iter().filter(|r| r.transport == "udp") {
+            if let Some(tcp) = rows
+                .iter()
+                .find(|o| o.transport == "tcp" && o.scheme == r.scheme && o.workload == r.workload)
+            {
+                println!(
+                    "  {:<7} {:<12} {:>5.2}",
+                    r.scheme,
+                    r.workload,
+                    r.mb_s / tcp.mb_s
+                );
+            }
+        }
+    }
 }

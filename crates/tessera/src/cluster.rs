@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tessera_client::{Client, ServerState};
+use tessera_client::{Client, ServerState, TransportKind};
 
 /// How long to wait for daemons to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -44,6 +44,16 @@ pub struct ClusterFile {
     pub manager_process: Process,
     /// The storage servers.
     pub servers: Vec<LocalServer>,
+    /// Transport the servers listen on ("udp" or "tcp").
+    #[serde(default = "default_transport")]
+    pub transport: String,
+    /// Fixed datagram window the servers use, if any.
+    #[serde(default)]
+    pub window: Option<u32>,
+}
+
+fn default_transport() -> String {
+    TransportKind::Udp.name().into()
 }
 
 /// A local cluster rooted at a directory.
@@ -162,6 +172,16 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// The transport the cluster's servers listen on.
+    pub fn transport(&self) -> TransportKind {
+        self.file.transport.parse().unwrap_or_default()
+    }
+
+    /// A client of this cluster over its transport.
+    pub async fn client(&self) -> Result<Client> {
+        crate::commands::connect_to(self.manager_addr()?, Some(self.transport())).await
+    }
+
     pub fn manager_addr(&self) -> Result<SocketAddr> {
         self.file
             .manager
@@ -171,7 +191,12 @@ impl LocalCluster {
 
     /// Start a manager and `servers` servers under `dir` (reusing data already there), and wait
     /// until every server is up.
-    pub async fn up(dir: &Path, servers: u32) -> Result<LocalCluster> {
+    pub async fn up(
+        dir: &Path,
+        servers: u32,
+        transport: TransportKind,
+        window: Option<u32>,
+    ) -> Result<LocalCluster> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let dir = dir
             .canonicalize()
@@ -215,6 +240,8 @@ impl LocalCluster {
                     pid: manager_pid,
                 },
                 servers: Vec::new(),
+                transport: transport.name().into(),
+                window,
             },
         };
         for id in 1..=servers {
@@ -297,7 +324,13 @@ impl LocalCluster {
                 id.to_string(),
                 "--addr-file".into(),
                 addr_file.display().to_string(),
+                "--transport".into(),
+                self.file.transport.clone(),
             ];
+            let mut args = args;
+            if let Some(window) = self.file.window {
+                args.extend(["--window".into(), window.to_string()]);
+            }
             let pid = spawn_daemon(&args, &dir.with_extension("log"))?;
             match wait_for_addr(&addr_file, pid) {
                 Ok(addr) => {
@@ -333,7 +366,7 @@ impl LocalCluster {
 
     /// Wait until the manager sees every running server up (or stale).
     pub async fn wait_all_up(&self) -> Result<()> {
-        let client = Client::connect(self.manager_addr()?).await?;
+        let client = self.client().await?;
         let wanted = self
             .file
             .servers

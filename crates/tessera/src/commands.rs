@@ -7,7 +7,55 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{IsTerminal, Read, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use tessera_client::{Client, File, LayoutRequest, Scheme};
+use std::sync::OnceLock;
+use tessera_client::{
+    Client, ClientConfig, CongestionKind, DatagramConfig, File, LayoutRequest, Scheme,
+    TransportKind,
+};
+
+/// The network choices given on the command line.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Network {
+    /// `--transport`, if given.
+    pub transport: Option<TransportKind>,
+    /// `--window`, if given.
+    pub window: Option<u32>,
+}
+
+static NETWORK: OnceLock<Network> = OnceLock::new();
+
+/// Record the command line's network choices (once, at start-up).
+pub fn set_network(network: Network) {
+    let _ = NETWORK.set(network);
+}
+
+/// The command line's network choices.
+pub fn network() -> Network {
+    NETWORK.get().copied().unwrap_or_default()
+}
+
+/// The datagram protocol's settings for a window choice.
+pub fn datagram_config(window: Option<u32>) -> DatagramConfig {
+    let mut config = DatagramConfig::default();
+    if let Some(n) = window {
+        config.congestion = CongestionKind::Fixed(n);
+    }
+    config
+}
+
+/// A client with the transport chosen on the command line, else the cluster's, else UDP.
+pub async fn connect_to(
+    addr: SocketAddr,
+    cluster_transport: Option<TransportKind>,
+) -> Result<Client> {
+    let net = network();
+    let config = ClientConfig {
+        transport: net.transport.or(cluster_transport).unwrap_or_default(),
+        datagram: datagram_config(net.window),
+        ..ClientConfig::default()
+    };
+    Ok(Client::connect_with(addr, config).await?)
+}
 
 /// Bytes moved by one client call in a streaming transfer (whole stripes where possible).
 const TRANSFER_CHUNK_BYTES: u64 = 8 << 20;
@@ -16,10 +64,17 @@ const TRANSFERS_IN_FLIGHT: usize = 3;
 
 /// Find the manager: an address, a cluster.toml (or the directory holding one).
 pub fn resolve_cluster(spec: Option<String>) -> Result<SocketAddr> {
+    resolve_cluster_and_transport(spec).map(|(addr, _)| addr)
+}
+
+/// The manager's address, and the transport of the local cluster if a cluster file said.
+pub fn resolve_cluster_and_transport(
+    spec: Option<String>,
+) -> Result<(SocketAddr, Option<TransportKind>)> {
     let given = spec.is_some();
     let spec = spec.unwrap_or_else(|| "tessera-data/cluster.toml".into());
     if let Ok(addr) = spec.parse::<SocketAddr>() {
-        return Ok(addr);
+        return Ok((addr, None));
     }
     let path = Path::new(&spec);
     let file = if path.is_dir() {
@@ -30,12 +85,12 @@ pub fn resolve_cluster(spec: Option<String>) -> Result<SocketAddr> {
     if file.exists() {
         let dir = file.parent().unwrap_or(Path::new("."));
         let cluster = LocalCluster::load(dir)?;
-        return cluster.manager_addr();
+        return Ok((cluster.manager_addr()?, Some(cluster.transport())));
     }
     if given && spec.contains(':') {
         if let Ok(mut addrs) = spec.to_socket_addrs() {
             if let Some(addr) = addrs.next() {
-                return Ok(addr);
+                return Ok((addr, None));
             }
         }
     }
@@ -49,8 +104,8 @@ pub fn resolve_cluster(spec: Option<String>) -> Result<SocketAddr> {
 }
 
 pub async fn connect(spec: Option<String>) -> Result<Client> {
-    let addr = resolve_cluster(spec)?;
-    Ok(Client::connect(addr).await?)
+    let (addr, transport) = resolve_cluster_and_transport(spec)?;
+    connect_to(addr, transport).await
 }
 
 /// Parse a size such as `65536`, `64K`, `64KiB`, `1M`.
@@ -328,8 +383,8 @@ pub async fn stat(cluster: Option<String>, remote: &str, json: bool) -> Result<(
 }
 
 pub async fn status(cluster: Option<String>, json: bool) -> Result<()> {
-    let addr = resolve_cluster(cluster.clone())?;
-    let client = Client::connect(addr).await?;
+    let (addr, transport) = resolve_cluster_and_transport(cluster.clone())?;
+    let client = connect_to(addr, transport).await?;
     let servers = client.status().await?;
     if json {
         let list: Vec<_> = servers
@@ -401,7 +456,9 @@ pub async fn scrub(cluster: Option<String>, remote: Option<&str>) -> Result<()> 
 }
 
 pub async fn up(dir: &Path, servers: u32, detach: bool) -> Result<()> {
-    let mut cluster = LocalCluster::up(dir, servers).await?;
+    let net = network();
+    let mut cluster =
+        LocalCluster::up(dir, servers, net.transport.unwrap_or_default(), net.window).await?;
     println!(
         "tessera: manager at {} with {servers} servers, data in {}",
         cluster.file.manager,
@@ -481,12 +538,15 @@ pub async fn run_server(
     let listen: SocketAddr = listen
         .parse()
         .map_err(|_| anyhow!("bad listen address '{listen}'"))?;
+    let net = network();
     let server = tessera_server::start(tessera_server::ServerConfig {
         manager,
         listen,
         advertise: None,
         dir: dir.to_path_buf(),
         id,
+        transport: net.transport.unwrap_or_default(),
+        datagram: datagram_config(net.window),
     })
     .await?;
     write_addr_file(addr_file, server.addr)?;

@@ -6,7 +6,7 @@ use crate::bench::{read_all, write_all, EmbeddedCluster};
 use anyhow::{bail, Result};
 use rand::{RngCore, SeedableRng};
 use std::time::Instant;
-use tessera_client::{Client, ClientError, LayoutRequest, Scheme};
+use tessera_client::{ClientError, LayoutRequest, Scheme};
 
 const SERVERS: u32 = 5;
 const LOST_SERVER: u32 = 3;
@@ -24,7 +24,7 @@ struct Line {
 pub async fn run() -> Result<()> {
     println!("starting a local cluster of {SERVERS} servers in a temporary directory");
     let mut embedded = EmbeddedCluster::start(SERVERS).await?;
-    let client = Client::connect(embedded.cluster.manager_addr()?).await?;
+    let client = embedded.cluster.client().await?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(2026);
     let mut models = Vec::new();
     let mut lines = Vec::new();

@@ -26,6 +26,14 @@ struct Cli {
     /// The cluster: a manager address, or a cluster.toml file [default: ./tessera-data/cluster.toml]
     #[arg(long, global = true, env = "TESSERA_CLUSTER")]
     cluster: Option<String>,
+    /// Transport between clients and servers: udp (Tessera's datagram transport) or tcp
+    /// [default: the local cluster's, else udp]
+    #[arg(long, global = true, env = "TESSERA_TRANSPORT")]
+    transport: Option<String>,
+    /// Datagram transport: fix the window at N datagrams in flight per session (1 is
+    /// stop-and-wait) instead of adapting it
+    #[arg(long, global = true, env = "TESSERA_WINDOW")]
+    window: Option<u32>,
     #[command(subcommand)]
     command: Command,
 }
@@ -210,6 +218,19 @@ fn one_line(e: &anyhow::Error) -> String {
 }
 
 async fn run(cli: Cli) -> Result<()> {
+    let transport = cli
+        .transport
+        .as_deref()
+        .map(str::parse)
+        .transpose()
+        .map_err(|e: String| anyhow::anyhow!(e))?;
+    if cli.window == Some(0) {
+        anyhow::bail!("--window must be at least 1");
+    }
+    commands::set_network(commands::Network {
+        transport,
+        window: cli.window,
+    });
     let cluster = cli.cluster;
     match cli.command {
         Command::Up {

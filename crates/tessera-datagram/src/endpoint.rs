@@ -1,0 +1,484 @@
+//! The endpoint: every session with every peer behind one local address, and the routing of
+//! datagrams, timers and events between them and the driver.
+
+use crate::packet::HEADER_LEN;
+use crate::packet::{decode, Packet, PacketError, PacketKind};
+use crate::session::{PendingEvent, Session, Verdict, WINDOW_INITIAL_PACKETS};
+use crate::{
+    Config, Event, LossReason, Micros, SendError, SessionId, SessionInfo, Stats, Transmit,
+};
+use bytes::Bytes;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::SocketAddr;
+
+/// Bytes a session may hold queued and unacknowledged; a single message larger than this is
+/// still accepted into an empty queue.
+pub const SEND_QUEUE_BYTES_MAX: usize = 64 << 20;
+/// RESETs waiting to be sent; more are dropped (the peer's own timeouts still end its session).
+pub const CONTROL_QUEUE_MAX: usize = 64;
+/// RESETs an endpoint may send in a burst.
+pub const RESET_BURST_MAX: u32 = 8;
+/// After a burst, one RESET per this many microseconds.
+pub const RESET_INTERVAL_US: Micros = 1_000;
+/// Events waiting for the application beyond which peers may open no more sessions. Messages
+/// are bounded by the receive windows; this bounds the `Opened` and `Lost` events of an
+/// application that does not poll.
+pub const EVENT_QUEUE_MAX: usize = 1 << 16;
+/// Sessions closed or lost that the endpoint remembers, so that late packets of theirs are
+/// answered with a RESET rather than opening them again.
+pub const FORGOTTEN_SESSIONS_MAX: usize = 1024;
+
+/// Why a session was forgotten.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Forgotten {
+    Closed,
+    Lost,
+}
+
+/// The protocol state of one local address: sessions, timers, and queues of datagrams and
+/// events for the driver. See the crate documentation for the order of calls.
+#[derive(Debug)]
+pub struct Endpoint {
+    config: Config,
+    rng: StdRng,
+    sessions: BTreeMap<SessionId, Session>,
+    /// Every session's earliest deadline, ordered.
+    timers: BTreeSet<(Micros, SessionId)>,
+    /// Sessions that may have a packet to send, in round-robin order.
+    ready: VecDeque<SessionId>,
+    /// RESETs waiting to be sent.
+    control: VecDeque<Transmit>,
+    events: VecDeque<PendingEvent>,
+    forgotten: BTreeMap<SessionId, (SocketAddr, Forgotten)>,
+    forgotten_order: VecDeque<SessionId>,
+    reset_tokens: u32,
+    reset_refilled_at: Micros,
+    /// The latest `now` seen, for the calls that take none.
+    now: Micros,
+    stats: Stats,
+}
+
+impl Endpoint {
+    /// An endpoint with these settings; `seed` is the only source of randomness (session
+    /// ids). Panics if the settings are invalid ([`Config::validate`]).
+    pub fn new(config: Config, seed: u64) -> Endpoint {
+        if let Err(error) = config.validate() {
+            panic!("invalid datagram transport config: {error}");
+        }
+        Endpoint {
+            config,
+            rng: StdRng::seed_from_u64(seed),
+            sessions: BTreeMap::new(),
+            timers: BTreeSet::new(),
+            ready: VecDeque::new(),
+            control: VecDeque::new(),
+            events: VecDeque::new(),
+            forgotten: BTreeMap::new(),
+            forgotten_order: VecDeque::new(),
+            reset_tokens: RESET_BURST_MAX,
+            reset_refilled_at: 0,
+            now: 0,
+            stats: Stats::default(),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Opens a session to `peer`. Nothing is sent until the first message; the peer learns
+    /// of the session from it. The id comes from the seeded generator. Sessions opened here
+    /// are bounded by the caller, not by `sessions_max`, which bounds those peers open.
+    pub fn connect(&mut self, peer: SocketAddr, now: Micros) -> SessionId {
+        let bytes = self.config.payload_bytes_max;
+        self.connect_with(peer, bytes, now)
+    }
+
+    /// Like [`connect`](Self::connect), with datagrams of at most `payload_bytes_max` bytes on
+    /// this session (what the path's MTU allows; see [`set_payload_bytes`](Self::set_payload_bytes)).
+    pub fn connect_with(
+        &mut self,
+        peer: SocketAddr,
+        payload_bytes_max: usize,
+        now: Micros,
+    ) -> SessionId {
+        self.observe(now);
+        let id = loop {
+            let id = SessionId(self.rng.gen());
+            if !self.sessions.contains_key(&id) && !self.forgotten.contains_key(&id) {
+                break id;
+            }
+        };
+        let mut session = Session::new(id, peer, &self.config);
+        session.fragment_bytes_max = fragment_bytes_for(payload_bytes_max);
+        self.sessions.insert(id, session);
+        id
+    }
+
+    /// Send datagrams of at most `payload_bytes_max` bytes on `session` from now on: each
+    /// path has its own MTU (1500 on most LANs, 9000 with jumbo frames, 65536 on loopback),
+    /// and fewer, larger datagrams cost less per byte. The receiver accepts any size up to
+    /// the protocol's limit.
+    pub fn set_payload_bytes(&mut self, session: SessionId, payload_bytes_max: usize) {
+        if let Some(state) = self.sessions.get_mut(&session) {
+            state.fragment_bytes_max = fragment_bytes_for(payload_bytes_max);
+        }
+    }
+
+    /// Queues a message on a session, cut into as many packets as it needs.
+    pub fn send(
+        &mut self,
+        session: SessionId,
+        message: Bytes,
+        now: Micros,
+    ) -> Result<(), SendError> {
+        self.observe(now);
+        let Some(state) = self.sessions.get_mut(&session) else {
+            return Err(match self.forgotten.get(&session) {
+                Some((_, Forgotten::Lost)) => SendError::Lost(session),
+                _ => SendError::UnknownSession(session),
+            });
+        };
+        if message.len() > self.config.message_bytes_max {
+            return Err(SendError::TooLarge {
+                len: message.len(),
+                max: self.config.message_bytes_max,
+            });
+        }
+        let queued_bytes = state.queued_bytes();
+        if queued_bytes > 0 && queued_bytes + message.len() > SEND_QUEUE_BYTES_MAX {
+            return Err(SendError::QueueFull {
+                session,
+                queued_bytes,
+                max: SEND_QUEUE_BYTES_MAX,
+            });
+        }
+        let fragment_bytes_max = state.fragment_bytes_max;
+        state.queue_message(message, fragment_bytes_max);
+        self.stats.messages_sent += 1;
+        self.touch(session, now);
+        Ok(())
+    }
+
+    /// Handles one datagram from `from`. Anything that is not a valid packet for a session
+    /// this endpoint knows (or may open) is dropped and counted in [`Stats`]; never panics.
+    pub fn handle_datagram(&mut self, from: SocketAddr, datagram: &[u8], now: Micros) {
+        self.observe(now);
+        self.stats.datagrams_received += 1;
+        let packet = match decode(datagram) {
+            Ok(packet) => packet,
+            Err(error) => {
+                self.count_refused(&error);
+                return;
+            }
+        };
+        let id = SessionId(packet.session);
+        match self.sessions.get(&id) {
+            Some(session) if session.peer == from => self.dispatch(id, packet, now),
+            Some(_) => {
+                // The id is taken by a session with another peer (ids are random, so this is
+                // a collision or a stray): refuse the newcomer.
+                self.stats.dropped_unknown_session += 1;
+                if packet.kind == PacketKind::Data {
+                    self.queue_reset(from, id, now, true);
+                }
+            }
+            None => self.on_unknown_session(from, id, packet, now),
+        }
+    }
+
+    fn count_refused(&mut self, error: &PacketError) {
+        let counter = match error {
+            PacketError::Truncated { .. } => &mut self.stats.dropped_truncated,
+            PacketError::Checksum { .. } => &mut self.stats.dropped_checksum,
+            PacketError::Version(_) => &mut self.stats.dropped_version,
+            PacketError::TrailingBytes { .. }
+            | PacketError::Magic(_)
+            | PacketError::Kind(_)
+            | PacketError::Reserved(_)
+            | PacketError::Flags { .. }
+            | PacketError::Payload { .. }
+            | PacketError::MessageLength { .. } => &mut self.stats.dropped_malformed,
+        };
+        *counter += 1;
+    }
+
+    fn on_unknown_session(&mut self, from: SocketAddr, id: SessionId, packet: Packet, now: Micros) {
+        let opens = packet.kind == PacketKind::Data && packet.seq == 0 && packet.first;
+        let forgotten = self
+            .forgotten
+            .get(&id)
+            .is_some_and(|(peer, _)| *peer == from);
+        if opens && !forgotten {
+            if self.sessions.len() >= self.config.sessions_max
+                || self.events.len() >= EVENT_QUEUE_MAX
+            {
+                self.stats.dropped_sessions_full += 1;
+                return;
+            }
+            self.sessions
+                .insert(id, Session::new(id, from, &self.config));
+            self.stats.sessions_opened += 1;
+            self.events.push_back(PendingEvent {
+                event: Event::Opened {
+                    session: id,
+                    peer: from,
+                },
+                session: id,
+                packets: 0,
+            });
+            self.dispatch(id, packet, now);
+            return;
+        }
+        self.stats.dropped_unknown_session += 1;
+        // Tell a peer that is waiting on this session that it is gone: one that sends data,
+        // asks for a resend, or probes a window. A DATA packet within the window every
+        // sender may assume ([`WINDOW_INITIAL_PACKETS`]) may be a new session whose first
+        // packet was lost or overtaken: drop it quietly, and the sender's retransmission of
+        // packet 0 opens the session. A packet past that window proves the peer heard from
+        // this endpoint on this session before, so this endpoint forgot it. Never answer a
+        // RESET or a bare ACK (ACKs after a close are normal; answering them would only add
+        // traffic). DATA for a session this endpoint forgot is answered whatever its number.
+        let answer = match packet.kind {
+            PacketKind::Data => forgotten || packet.seq >= WINDOW_INITIAL_PACKETS,
+            PacketKind::Restart => true,
+            PacketKind::Ack => packet.probe,
+            PacketKind::Reset => false,
+        };
+        if answer {
+            self.queue_reset(from, id, now, true);
+        }
+    }
+
+    fn dispatch(&mut self, id: SessionId, packet: Packet, now: Micros) {
+        let session = self
+            .sessions
+            .get_mut(&id)
+            .expect("dispatch to a known session");
+        let verdict =
+            session.on_packet(packet, now, &self.config, &mut self.stats, &mut self.events);
+        self.settle(id, verdict, now);
+    }
+
+    fn settle(&mut self, id: SessionId, verdict: Verdict, now: Micros) {
+        match verdict {
+            Verdict::Keep => self.touch(id, now),
+            Verdict::Reset => self.lose(id, LossReason::Reset),
+            Verdict::TimedOut => self.lose(id, LossReason::TimedOut),
+            Verdict::Violation => {
+                self.stats.protocol_violations += 1;
+                let peer = self.sessions[&id].peer;
+                self.queue_reset(peer, id, now, false);
+                self.lose(id, LossReason::Violation);
+            }
+        }
+    }
+
+    fn lose(&mut self, id: SessionId, reason: LossReason) {
+        let Some(session) = self.remove(id) else {
+            return;
+        };
+        self.stats.sessions_lost += 1;
+        self.events.push_back(PendingEvent {
+            event: Event::Lost {
+                session: id,
+                peer: session.peer,
+                reason,
+            },
+            session: id,
+            packets: 0,
+        });
+        self.remember(id, session.peer, Forgotten::Lost);
+    }
+
+    fn remove(&mut self, id: SessionId) -> Option<Session> {
+        let session = self.sessions.remove(&id)?;
+        if let Some(deadline) = session.timer {
+            self.timers.remove(&(deadline, id));
+        }
+        Some(session)
+    }
+
+    fn remember(&mut self, id: SessionId, peer: SocketAddr, why: Forgotten) {
+        if self.forgotten.insert(id, (peer, why)).is_none() {
+            self.forgotten_order.push_back(id);
+        }
+        while self.forgotten_order.len() > FORGOTTEN_SESSIONS_MAX {
+            if let Some(oldest) = self.forgotten_order.pop_front() {
+                self.forgotten.remove(&oldest);
+            }
+        }
+    }
+
+    /// Queues a RESET within the control queue's bound and, for RESETs that answer
+    /// strangers' packets (`rate_limited`), within the rate limit.
+    fn queue_reset(&mut self, to: SocketAddr, id: SessionId, now: Micros, rate_limited: bool) {
+        let refills = now.saturating_sub(self.reset_refilled_at) / RESET_INTERVAL_US;
+        if refills > 0 {
+            let tokens = (self.reset_tokens as u64 + refills).min(RESET_BURST_MAX as u64);
+            self.reset_tokens = tokens as u32;
+            self.reset_refilled_at = now;
+        }
+        let limited = rate_limited && self.reset_tokens == 0;
+        if limited || self.control.len() >= CONTROL_QUEUE_MAX {
+            self.stats.resets_suppressed += 1;
+            return;
+        }
+        if rate_limited {
+            self.reset_tokens -= 1;
+        }
+        let reset = Packet {
+            kind: PacketKind::Reset,
+            first: false,
+            last: false,
+            probe: false,
+            session: id.0,
+            seq: 0,
+            ack: 0,
+            window: 0,
+            timestamp: now as u32,
+            echo: 0,
+            message_len: 0,
+            payload: Bytes::new(),
+        };
+        self.control.push_back(Transmit {
+            destination: to,
+            contents: reset.encode(),
+        });
+        self.stats.resets_sent += 1;
+    }
+
+    /// Re-files a session's deadline and readiness after it changed.
+    fn touch(&mut self, id: SessionId, now: Micros) {
+        let Some(session) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        let deadline = session.next_deadline();
+        if session.timer != deadline {
+            if let Some(old) = session.timer {
+                self.timers.remove(&(old, id));
+            }
+            if let Some(new) = deadline {
+                self.timers.insert((new, id));
+            }
+            session.timer = deadline;
+        }
+        if !session.in_ready && session.wants_transmit(now, &self.config) {
+            session.in_ready = true;
+            self.ready.push_back(id);
+        }
+    }
+
+    fn observe(&mut self, now: Micros) {
+        self.now = self.now.max(now);
+    }
+
+    /// The next datagram to send, if any: RESETs first, then one packet per ready session in
+    /// turn.
+    pub fn poll_transmit(&mut self, now: Micros) -> Option<Transmit> {
+        self.observe(now);
+        if let Some(transmit) = self.control.pop_front() {
+            self.stats.datagrams_sent += 1;
+            return Some(transmit);
+        }
+        for _ in 0..self.ready.len() {
+            let id = self.ready.pop_front()?;
+            let Some(session) = self.sessions.get_mut(&id) else {
+                continue;
+            };
+            session.in_ready = false;
+            let packet = session.build_transmit(now, &self.config, &mut self.stats);
+            let destination = session.peer;
+            self.touch(id, now);
+            if let Some(packet) = packet {
+                self.stats.datagrams_sent += 1;
+                return Some(Transmit {
+                    destination,
+                    contents: packet.encode(),
+                });
+            }
+        }
+        None
+    }
+
+    /// The earliest time [`Endpoint::handle_timeout`] must be called, if any timer is set.
+    pub fn poll_timeout(&self) -> Option<Micros> {
+        self.timers.first().map(|&(deadline, _)| deadline)
+    }
+
+    /// Runs every timer due at `now`: delayed ACKs, retransmissions, window probes, and
+    /// sessions lost to timeouts.
+    pub fn handle_timeout(&mut self, now: Micros) {
+        self.observe(now);
+        let due: Vec<(Micros, SessionId)> = self
+            .timers
+            .range(..=(now, SessionId(u64::MAX)))
+            .copied()
+            .collect();
+        for (deadline, id) in due {
+            self.timers.remove(&(deadline, id));
+            let Some(session) = self.sessions.get_mut(&id) else {
+                continue;
+            };
+            session.timer = None;
+            let verdict = session.on_timeout(now, &self.config, &mut self.stats);
+            self.settle(id, verdict, now);
+        }
+    }
+
+    /// The next event for the application, if any. Taking a message frees its packets from
+    /// the session's receive window.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        let pending = self.events.pop_front()?;
+        if pending.packets > 0 {
+            if let Some(session) = self.sessions.get_mut(&pending.session) {
+                session.on_drained(pending.packets, &self.config);
+                let now = self.now;
+                self.touch(pending.session, now);
+            }
+        }
+        Some(pending.event)
+    }
+
+    /// Forgets a session: nothing more is sent or retransmitted on it, queued messages and
+    /// its events not yet polled are dropped, and the peer gets one RESET so that it forgets
+    /// the session too (it reports [`Event::Lost`]). No event is reported here.
+    pub fn close(&mut self, session: SessionId) {
+        if let Some(state) = self.remove(session) {
+            self.events.retain(|pending| pending.session != session);
+            let now = self.now;
+            self.queue_reset(state.peer, session, now, false);
+            self.remember(session, state.peer, Forgotten::Closed);
+        }
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Stats {
+        self.stats.clone()
+    }
+
+    /// A snapshot of a session's flow-control state.
+    pub fn session_info(&self, session: SessionId) -> Option<SessionInfo> {
+        self.sessions
+            .get(&session)
+            .map(|state| state.info(&self.config))
+    }
+
+    /// The sessions this endpoint has, in id order.
+    pub fn sessions(&self) -> impl Iterator<Item = SessionId> + '_ {
+        self.sessions.keys().copied()
+    }
+
+    /// How many sessions this endpoint has.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+}
+
+/// Payload bytes per packet for datagrams of `payload_bytes_max`, within the protocol's bounds.
+fn fragment_bytes_for(payload_bytes_max: usize) -> usize {
+    payload_bytes_max.clamp(HEADER_LEN + 1, crate::packet::DATAGRAM_LEN_MAX) - HEADER_LEN
+}

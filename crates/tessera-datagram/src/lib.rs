@@ -1,0 +1,496 @@
+//! The datagram transport protocol of Tessera, as a sans-IO state machine, and a deterministic
+//! network simulator to test it.
+//!
+//! This crate owns the protocol that moves whole messages between two peers over datagrams:
+//! sessions, fragmentation and reassembly, go-back-N retransmission with cumulative
+//! acknowledgements, receiver windows, RTT estimation and congestion control. It is the
+//! adaptive flow control of Swift/RAID (Fullmer, Long and Cabrera, "Adding adaptive flow
+//! control to Swift/RAID", 1995): go-back-N with TCP's congestion avoidance, a sender that
+//! never probes past the receiver's window, and retransmission on the first RESTART. It must
+//! never do I/O: no sockets, threads, clocks or unseeded randomness. Time comes in as
+//! `now: Micros` arguments, randomness from the seed given to [`Endpoint::new`], and datagrams
+//! go in through [`Endpoint::handle_datagram`] and out through [`Endpoint::poll_transmit`].
+//! The UDP driver and the [`sim`] simulator run the very same code.
+//!
+//! # Driving an endpoint
+//!
+//! In the manner of `quinn-proto`: feed inputs with `handle_*` (and `send`, `connect`,
+//! `close`), then drain every output before waiting again: `poll_transmit` until `None` (send
+//! each datagram), `poll_event` until `None` (deliver each event), and finally `poll_timeout`,
+//! the time by which `handle_timeout` must be called if nothing else arrives first. `now` must
+//! never go backwards.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use tessera_datagram::{Config, Endpoint, Event};
+//!
+//! let client_addr = "127.0.0.1:4000".parse().unwrap();
+//! let server_addr = "127.0.0.2:4000".parse().unwrap();
+//! let mut client = Endpoint::new(Config::default(), 1);
+//! let mut server = Endpoint::new(Config::default(), 2);
+//!
+//! let mut now = 0;
+//! let session = client.connect(server_addr, now);
+//! client.send(session, Bytes::from(vec![7u8; 5000]), now).unwrap();
+//!
+//! let mut received = None;
+//! while received.is_none() {
+//!     // A perfect network: every datagram arrives 50 µs later.
+//!     now += 50;
+//!     while let Some(transmit) = client.poll_transmit(now) {
+//!         server.handle_datagram(client_addr, &transmit.contents, now);
+//!     }
+//!     while let Some(transmit) = server.poll_transmit(now) {
+//!         client.handle_datagram(server_addr, &transmit.contents, now);
+//!     }
+//!     while let Some(event) = server.poll_event() {
+//!         if let Event::Message { message, .. } = event {
+//!             received = Some(message);
+//!         }
+//!     }
+//!     for endpoint in [&mut client, &mut server] {
+//!         if endpoint.poll_timeout().is_some_and(|deadline| deadline <= now) {
+//!             endpoint.handle_timeout(now);
+//!         }
+//!     }
+//! }
+//! assert_eq!(received.unwrap().len(), 5000);
+//! assert_eq!(server.stats().messages_delivered, 1);
+//! ```
+//!
+//! [`sim::Sim`] does this for many endpoints at once over a network with delay, jitter, loss,
+//! duplication and bottleneck queues, jumping virtual time from one event to the next.
+//!
+//! # Packet layout
+//!
+//! Every datagram is one packet: a fixed 44-byte header, big-endian, then the payload.
+//!
+//! ```text
+//! offset size field
+//!  0      2   magic        0x5453 ("TS")
+//!  2      1   version      1; checked first, so a later version may change all that follows
+//!  3      1   kind         1 DATA, 2 ACK, 3 RESTART, 4 RESET
+//!  4      4   checksum     CRC32C of the whole datagram with this field taken as zero
+//!  8      8   session      chosen at random by the connecting side
+//! 16      4   seq          DATA: sequence number; RESTART: the sequence number expected
+//! 20      4   ack          cumulative: the next sequence number expected from the peer
+//! 24      4   window       packets past `ack` the sender of this packet can still accept
+//! 28      4   timestamp    the sender's clock, µs, low 32 bits
+//! 32      4   echo         the timestamp of the packet that last advanced `ack`
+//! 36      4   message_len  DATA with FIRST: length of the whole message; 0 otherwise
+//! 40      1   flags        0x01 FIRST, 0x02 LAST (DATA); 0x04 PROBE (ACK)
+//! 41      1   reserved     0
+//! 42      2   payload_len  bytes after the header; the datagram is exactly 44 + payload_len
+//! 44      -   payload      DATA only: one fragment, at least one byte unless the message
+//!                          is empty
+//! ```
+//!
+//! [`packet::decode`] never panics and refuses (and the endpoint counts in [`Stats`]) anything
+//! truncated, with trailing bytes, of another magic or version, with a wrong checksum, or
+//! with inconsistent fields. Sequence numbers are 64-bit inside the endpoint and widened from
+//! the wire's 32 bits around the value expected ([`packet::widen`]).
+//!
+//! # Protocol
+//!
+//! **Sessions.** [`Endpoint::connect`] picks a random session id and sends nothing; the
+//! first DATA packet (sequence number 0) creates the session at the peer, which reports
+//! [`Event::Opened`] (up to `sessions_max` sessions; beyond that the packet is dropped and
+//! counted). Each session carries messages both ways, each direction with its own sequence
+//! numbers starting at 0. For a session it does not know (it restarted, or closed or lost
+//! the session), an endpoint answers with a RESET a RESTART, a window probe, or a DATA packet
+//! past the initial window ([`WINDOW_INITIAL_PACKETS`]), whose sender must have heard from
+//! it before; DATA within the initial window may belong to a new session whose first packet
+//! was lost, and is dropped quietly until that packet is retransmitted. These RESETs are
+//! rate-limited: [`RESET_BURST_MAX`] at once, then one per [`RESET_INTERVAL_US`]. A RESET
+//! makes the peer report [`Event::Lost`]. [`Endpoint::close`] forgets a session (with its
+//! events not yet polled) and sends the peer one RESET. The last [`FORGOTTEN_SESSIONS_MAX`]
+//! sessions closed or lost are remembered, so that a late duplicate of their first packet
+//! is answered with a RESET rather than opening them again.
+//!
+//! **Sender (go-back-N).** Messages are cut into fragments of at most
+//! `payload_bytes_max - 44` bytes and numbered. The sender keeps every unacknowledged packet
+//! and transmits packet `s` only if `s < base + min(congestion window, window_packets_max)`
+//! and `s < ack + window` as last advertised by the receiver: it never has more packets
+//! unacknowledged than the smaller window allows and never sends past the receiver's window
+//! (both `assert!`ed before every transmission). Until it hears a window it assumes
+//! [`WINDOW_INITIAL_PACKETS`]. On the first RESTART for a sequence number it goes back there
+//! and retransmits at once (a repeated RESTART for the same point is honoured again only
+//! after one smoothed RTT). When the retransmission timer expires it goes back to the oldest
+//! unacknowledged packet and doubles the timeout; the (`backoffs_max` + 1)-th consecutive
+//! timeout without progress reports the session [`Event::Lost`] and drops its queue. If the
+//! receiver's window is closed and nothing is in flight, the same timer sends window probes
+//! (ACKs with the PROBE flag), which the receiver answers at once; any answer proves the
+//! peer alive.
+//!
+//! **Receiver.** It accepts only the next expected sequence number and keeps nothing out of
+//! order. A packet past a gap is dropped and triggers one RESTART carrying the expected
+//! number, re-sent only if the gap outlives a retransmission timeout; a duplicate is dropped
+//! and acknowledged again; a packet past the advertised window edge is dropped. ACKs go out
+//! every `ack_every_packets` packets, at once for the last fragment of a message, and at most
+//! `ack_delay_us` late otherwise; every packet of the session also carries them. The receive
+//! window is `receive_window_packets` minus the packets held for the application (fragments
+//! of complete messages not yet taken by [`Endpoint::poll_event`], plus those of the message
+//! being reassembled unless the application took everything before it); its right edge
+//! never moves back. When the application's draining opens the window by a quarter, the
+//! receiver sends a window update at once.
+//!
+//! **Round-trip time.** Jacobson and Karels from timestamp echoes: srtt and rttvar, RTO =
+//! srtt + 4 rttvar clamped to `[rto_min_us, rto_max_us]`; no sample from a packet sent more
+//! than once (Karn).
+//!
+//! **Congestion.** Behind [`CongestionControl`]: [`Adaptive`] (the paper's: slow start from
+//! two packets, one more packet per window of ACKs above the threshold, halved on a restart,
+//! one packet after a timeout, never above the receiver's window nor `window_packets_max`)
+//! or [`Fixed`]; chosen with [`Config::congestion`].
+//!
+//! **Limits.** Every queue has a bound: messages up to `message_bytes_max`, at most
+//! [`SEND_QUEUE_BYTES_MAX`] (or one message, if larger) queued per session
+//! ([`SendError::QueueFull`] beyond), reassembly of one message at a time per session,
+//! `sessions_max` sessions opened by peers, [`CONTROL_QUEUE_MAX`] RESETs waiting to be sent,
+//! and the events waiting for the application by the receive windows (messages) and
+//! [`EVENT_QUEUE_MAX`] (no session opens while more wait). A peer that breaks the protocol
+//! (a fragment out of place, a message over `message_bytes_max`) is reset: both sides report
+//! [`Event::Lost`]. Sessions without traffic have no timer and stay until closed or reset.
+
+pub mod congestion;
+mod endpoint;
+pub mod packet;
+pub mod rtt;
+mod session;
+pub mod sim;
+
+use bytes::Bytes;
+use std::net::SocketAddr;
+
+pub use congestion::{Adaptive, CongestionControl, Fixed};
+pub use endpoint::{
+    Endpoint, CONTROL_QUEUE_MAX, EVENT_QUEUE_MAX, FORGOTTEN_SESSIONS_MAX, RESET_BURST_MAX,
+    RESET_INTERVAL_US, SEND_QUEUE_BYTES_MAX,
+};
+pub use packet::{decode, Packet, PacketError, PacketKind, HEADER_LEN};
+pub use session::WINDOW_INITIAL_PACKETS;
+
+// The drivers move endpoints between threads.
+const _: () = {
+    const fn assert_send<T: Send>() {}
+    assert_send::<Endpoint>();
+};
+
+/// Microseconds since an arbitrary origin.
+pub type Micros = u64;
+
+/// Names a session; chosen at random by the connecting side and carried in every packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(pub u64);
+
+/// Which congestion controller a session uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CongestionKind {
+    /// The paper's adaptive window ([`Adaptive`]).
+    Adaptive,
+    /// A window fixed at this many packets ([`Fixed`]); `Fixed(1)` is stop-and-wait.
+    Fixed(u32),
+}
+
+/// An endpoint's settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Largest datagram, our header included: 1472 fits a 1500-byte MTU after the IP and UDP
+    /// headers; 8972 fits a 9000-byte jumbo frame.
+    pub payload_bytes_max: usize,
+    /// Cap on the send window, in packets.
+    pub window_packets_max: u32,
+    /// Receive buffer this endpoint advertises per session, in packets.
+    pub receive_window_packets: u32,
+    /// Retransmission timeout before the first RTT sample.
+    pub rto_initial_us: u64,
+    /// Floor of the retransmission timeout.
+    pub rto_min_us: u64,
+    /// Ceiling of the retransmission timeout, backoff included.
+    pub rto_max_us: u64,
+    /// Consecutive timeouts (each doubling the timeout) after which the next one reports
+    /// the session lost.
+    pub backoffs_max: u32,
+    /// The congestion controller.
+    pub congestion: CongestionKind,
+    /// Largest message `send` accepts and reassembly will hold.
+    pub message_bytes_max: usize,
+    /// Most sessions peers may open with this endpoint.
+    pub sessions_max: usize,
+    /// In-order packets per ACK.
+    pub ack_every_packets: u32,
+    /// An ACK owed is sent at most this late.
+    pub ack_delay_us: u64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            payload_bytes_max: 1472,
+            window_packets_max: 64,
+            receive_window_packets: 256,
+            rto_initial_us: 2_000,
+            rto_min_us: 300,
+            rto_max_us: 200_000,
+            backoffs_max: 10,
+            congestion: CongestionKind::Adaptive,
+            message_bytes_max: 17 << 20,
+            sessions_max: 4096,
+            ack_every_packets: 2,
+            ack_delay_us: 100,
+        }
+    }
+}
+
+/// Why a [`Config`] cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// `payload_bytes_max` leaves no room for a payload, or exceeds what `payload_len` can say.
+    #[error("payload_bytes_max {0} must be in {min}..={max}", min = HEADER_LEN + 1, max = packet::DATAGRAM_LEN_MAX)]
+    PayloadBytes(usize),
+    /// `window_packets_max` is zero.
+    #[error("window_packets_max must be at least 1")]
+    WindowPackets,
+    /// `receive_window_packets` is below the window every sender may assume.
+    #[error("receive_window_packets {0} must be at least {WINDOW_INITIAL_PACKETS}")]
+    ReceiveWindow(u32),
+    /// The RTO bounds are not `1 <= min <= initial <= max`.
+    #[error("RTO bounds must satisfy 1 <= min ({min}) <= initial ({initial}) <= max ({max})")]
+    Rto {
+        /// `rto_min_us`.
+        min: u64,
+        /// `rto_initial_us`.
+        initial: u64,
+        /// `rto_max_us`.
+        max: u64,
+    },
+    /// `Fixed(0)` can never send.
+    #[error("a fixed congestion window must be at least 1 packet")]
+    FixedWindow,
+    /// `message_bytes_max` does not fit the 32-bit `message_len`.
+    #[error("message_bytes_max {0} exceeds u32::MAX")]
+    MessageBytes(usize),
+    /// `sessions_max` is zero.
+    #[error("sessions_max must be at least 1")]
+    Sessions,
+    /// `ack_every_packets` is zero.
+    #[error("ack_every_packets must be at least 1")]
+    AckEvery,
+}
+
+impl Config {
+    /// Checks the settings; [`Endpoint::new`] panics on what this refuses.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.payload_bytes_max <= HEADER_LEN || self.payload_bytes_max > packet::DATAGRAM_LEN_MAX
+        {
+            return Err(ConfigError::PayloadBytes(self.payload_bytes_max));
+        }
+        if self.window_packets_max == 0 {
+            return Err(ConfigError::WindowPackets);
+        }
+        if self.receive_window_packets < WINDOW_INITIAL_PACKETS {
+            return Err(ConfigError::ReceiveWindow(self.receive_window_packets));
+        }
+        if !(1 <= self.rto_min_us
+            && self.rto_min_us <= self.rto_initial_us
+            && self.rto_initial_us <= self.rto_max_us)
+        {
+            return Err(ConfigError::Rto {
+                min: self.rto_min_us,
+                initial: self.rto_initial_us,
+                max: self.rto_max_us,
+            });
+        }
+        if self.congestion == CongestionKind::Fixed(0) {
+            return Err(ConfigError::FixedWindow);
+        }
+        if u32::try_from(self.message_bytes_max).is_err() {
+            return Err(ConfigError::MessageBytes(self.message_bytes_max));
+        }
+        if self.sessions_max == 0 {
+            return Err(ConfigError::Sessions);
+        }
+        if self.ack_every_packets == 0 {
+            return Err(ConfigError::AckEvery);
+        }
+        Ok(())
+    }
+
+    /// Largest fragment of a message one packet carries.
+    pub fn fragment_bytes_max(&self) -> usize {
+        self.payload_bytes_max - HEADER_LEN
+    }
+}
+
+/// A datagram to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Where to.
+    pub destination: SocketAddr,
+    /// The datagram.
+    pub contents: Vec<u8>,
+}
+
+/// What the endpoint has to tell the application.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A peer opened a session to us.
+    Opened {
+        /// The new session.
+        session: SessionId,
+        /// Who opened it.
+        peer: SocketAddr,
+    },
+    /// One whole message, in order, exactly once.
+    Message {
+        /// The session it came on.
+        session: SessionId,
+        /// Who sent it.
+        peer: SocketAddr,
+        /// The message.
+        message: Bytes,
+    },
+    /// The peer stopped answering (after `backoffs_max` timeouts) or sent a RESET: the
+    /// session is gone, with whatever it had queued.
+    Lost {
+        /// The session.
+        session: SessionId,
+        /// Its peer.
+        peer: SocketAddr,
+        /// Why.
+        reason: LossReason,
+    },
+}
+
+/// Why a session was lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossReason {
+    /// The peer answered with a RESET: it is alive but does not know the session (it
+    /// restarted, or closed it). A new session to it may well work.
+    Reset,
+    /// The peer stopped answering.
+    TimedOut,
+    /// The peer broke the protocol (e.g. a message over the size limit).
+    Violation,
+}
+
+/// Why [`Endpoint::send`] refused a message.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SendError {
+    /// No such session: never opened, or closed.
+    #[error("unknown session {0:?}")]
+    UnknownSession(SessionId),
+    /// The message exceeds `message_bytes_max`.
+    #[error("message of {len} bytes exceeds the maximum of {max}")]
+    TooLarge {
+        /// The message's length.
+        len: usize,
+        /// `message_bytes_max`.
+        max: usize,
+    },
+    /// The session was lost (the peer stopped answering or reset it).
+    #[error("session {0:?} was lost")]
+    Lost(SessionId),
+    /// The session already holds as many unacknowledged bytes as it may
+    /// ([`SEND_QUEUE_BYTES_MAX`]); try again once some are acknowledged.
+    #[error("session {session:?} has {queued_bytes} bytes queued, at most {max}")]
+    QueueFull {
+        /// The session.
+        session: SessionId,
+        /// Bytes queued and not yet acknowledged.
+        queued_bytes: usize,
+        /// The bound.
+        max: usize,
+    },
+}
+
+/// Counters of everything an endpoint did and refused.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Datagrams handed out by `poll_transmit`.
+    pub datagrams_sent: u64,
+    /// Datagrams given to `handle_datagram`.
+    pub datagrams_received: u64,
+    /// DATA packets sent, retransmissions included.
+    pub data_packets_sent: u64,
+    /// DATA packets sent more than once.
+    pub retransmissions: u64,
+    /// RESTARTs sent (gaps seen, and re-sent).
+    pub restarts_sent: u64,
+    /// RESTARTs received.
+    pub restarts_received: u64,
+    /// RESTARTs that made the sender go back.
+    pub restarts_honoured: u64,
+    /// Retransmission (or window-probe) timer expiries.
+    pub timeouts: u64,
+    /// Bare ACKs sent (not counting acknowledgements piggybacked on other packets).
+    pub acks_sent: u64,
+    /// Window probes sent.
+    pub probes_sent: u64,
+    /// RESETs sent.
+    pub resets_sent: u64,
+    /// RESETs received for a known session.
+    pub resets_received: u64,
+    /// Datagrams dropped: shorter than their header or announced payload.
+    pub dropped_truncated: u64,
+    /// Datagrams dropped: checksum mismatch.
+    pub dropped_checksum: u64,
+    /// Datagrams dropped: another protocol version.
+    pub dropped_version: u64,
+    /// Datagrams dropped: another magic, trailing bytes, or inconsistent fields.
+    pub dropped_malformed: u64,
+    /// Packets dropped: for a session this endpoint does not know.
+    pub dropped_unknown_session: u64,
+    /// Packets dropped: would open a session beyond `sessions_max`.
+    pub dropped_sessions_full: u64,
+    /// Packets dropped: DATA past the advertised window edge, or an ACK of the never sent.
+    pub dropped_out_of_window: u64,
+    /// DATA packets dropped: past a gap (go-back-N keeps nothing out of order).
+    pub dropped_out_of_order: u64,
+    /// DATA packets dropped: already received.
+    pub dropped_duplicate: u64,
+    /// RESETs not sent because of the rate limit or a full control queue.
+    pub resets_suppressed: u64,
+    /// Sessions reset because the peer broke the protocol.
+    pub protocol_violations: u64,
+    /// Messages queued by `send`.
+    pub messages_sent: u64,
+    /// Whole messages delivered to the event queue.
+    pub messages_delivered: u64,
+    /// Sessions opened by peers.
+    pub sessions_opened: u64,
+    /// Sessions reported lost (timeouts, RESETs or violations).
+    pub sessions_lost: u64,
+    /// Times a sender with data and congestion window to spare was blocked by the
+    /// receiver's window.
+    pub window_limited: u64,
+}
+
+/// A snapshot of one session's flow-control state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// The peer.
+    pub peer: SocketAddr,
+    /// The congestion window, in packets (capped at `window_packets_max`).
+    pub congestion_window: u32,
+    /// Packets the peer can accept past the oldest unacknowledged one, as last advertised.
+    pub peer_receive_window: u32,
+    /// Packets sent and not acknowledged in the current round (go-back-N).
+    pub in_flight: u32,
+    /// Smoothed RTT, 0 before the first sample.
+    pub srtt_us: u64,
+    /// Retransmission timeout, without backoff.
+    pub rto_us: u64,
+    /// Packets queued and not yet sent in this round.
+    pub queued_packets: u64,
+    /// Bytes queued and not yet acknowledged.
+    pub queued_bytes: u64,
+    /// The receive window this side would advertise now.
+    pub receive_window: u32,
+    /// Consecutive timeouts without progress.
+    pub backoffs: u32,
+    /// Oldest unacknowledged sequence number.
+    pub send_base: u64,
+    /// Next sequence number expected from the peer.
+    pub recv_next: u64,
+}

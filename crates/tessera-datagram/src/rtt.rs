@@ -1,0 +1,102 @@
+//! Round-trip time estimation (Jacobson and Karels) and the retransmission timeout.
+
+use crate::Micros;
+
+/// Samples above this are taken for clock garbage (a wrapped or forged echo) and ignored.
+pub const RTT_SAMPLE_US_MAX: Micros = 60_000_000;
+
+/// Smoothed RTT and its mean deviation, from timestamp echoes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RttEstimator {
+    srtt_us: Option<Micros>,
+    rttvar_us: Micros,
+    rto_us: Micros,
+    rto_us_min: Micros,
+    rto_us_max: Micros,
+}
+
+impl RttEstimator {
+    /// An estimator with no samples yet: the RTO is `rto_us_initial`.
+    pub fn new(rto_us_initial: Micros, rto_us_min: Micros, rto_us_max: Micros) -> RttEstimator {
+        assert!(rto_us_min >= 1 && rto_us_min <= rto_us_initial && rto_us_initial <= rto_us_max);
+        RttEstimator {
+            srtt_us: None,
+            rttvar_us: 0,
+            rto_us: rto_us_initial,
+            rto_us_min,
+            rto_us_max,
+        }
+    }
+
+    /// Folds one RTT sample in: srtt += (r - srtt)/8, rttvar += (|r - srtt| - rttvar)/4,
+    /// rto = srtt + 4 rttvar, clamped.
+    pub fn on_sample(&mut self, sample_us: Micros) {
+        if sample_us > RTT_SAMPLE_US_MAX {
+            return;
+        }
+        match self.srtt_us {
+            None => {
+                self.srtt_us = Some(sample_us);
+                self.rttvar_us = sample_us / 2;
+            }
+            Some(srtt_us) => {
+                let deviation = srtt_us.abs_diff(sample_us);
+                self.rttvar_us = (3 * self.rttvar_us + deviation) / 4;
+                self.srtt_us = Some((7 * srtt_us + sample_us) / 8);
+            }
+        }
+        let srtt_us = self.srtt_us.unwrap_or(sample_us);
+        self.rto_us =
+            (srtt_us + (4 * self.rttvar_us).max(1)).clamp(self.rto_us_min, self.rto_us_max);
+    }
+
+    /// The smoothed RTT, if there was a sample.
+    pub fn srtt_us(&self) -> Option<Micros> {
+        self.srtt_us
+    }
+
+    /// The retransmission timeout without backoff.
+    pub fn rto_us(&self) -> Micros {
+        self.rto_us
+    }
+
+    /// The retransmission timeout after `backoffs` doublings, at most the maximum.
+    pub fn rto_us_backed_off(&self, backoffs: u32) -> Micros {
+        let factor = 1u64.checked_shl(backoffs).unwrap_or(u64::MAX);
+        self.rto_us.saturating_mul(factor).min(self.rto_us_max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_sample_sets_srtt_and_half_variance() {
+        let mut rtt = RttEstimator::new(2_000, 300, 200_000);
+        assert_eq!(rtt.rto_us(), 2_000);
+        rtt.on_sample(1_000);
+        assert_eq!(rtt.srtt_us(), Some(1_000));
+        assert_eq!(rtt.rto_us(), 3_000);
+    }
+
+    #[test]
+    fn steady_samples_converge_and_clamp_at_the_floor() {
+        let mut rtt = RttEstimator::new(2_000, 300, 200_000);
+        for _ in 0..100 {
+            rtt.on_sample(100);
+        }
+        assert_eq!(rtt.srtt_us(), Some(100));
+        assert_eq!(rtt.rto_us(), 300);
+        assert_eq!(rtt.rto_us_backed_off(3), 2_400);
+        assert_eq!(rtt.rto_us_backed_off(40), 200_000);
+        assert_eq!(rtt.rto_us_backed_off(100), 200_000);
+    }
+
+    #[test]
+    fn absurd_samples_are_ignored() {
+        let mut rtt = RttEstimator::new(2_000, 300, 200_000);
+        rtt.on_sample(u32::MAX as u64);
+        assert_eq!(rtt.srtt_us(), None);
+    }
+}

@@ -1,0 +1,705 @@
+//! One session: a go-back-N sender and a go-back-N receiver sharing one peer, one RTT
+//! estimate and one stream of piggybacked acknowledgements.
+
+use crate::congestion::{self, CongestionControl};
+use crate::packet::{widen, Packet, PacketKind};
+use crate::rtt::RttEstimator;
+use crate::{Config, Event, Micros, SessionId, SessionInfo, Stats};
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+
+/// The receive window every sender may assume before it has heard one, and that every
+/// receiver therefore promises from the start (`Config::receive_window_packets` must be at
+/// least this).
+pub const WINDOW_INITIAL_PACKETS: u32 = 2;
+
+/// What the endpoint must do with a session after it handled an input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Keep it.
+    Keep,
+    /// The peer sent a RESET: forget the session and report it lost.
+    Reset,
+    /// The peer stopped answering: forget the session and report it lost.
+    TimedOut,
+    /// The peer broke the protocol (a fragment out of place, an oversized message): reset it.
+    Violation,
+}
+
+/// An event waiting for the application, with the receive-window packets it holds.
+#[derive(Debug)]
+pub(crate) struct PendingEvent {
+    pub(crate) event: Event,
+    pub(crate) session: SessionId,
+    pub(crate) packets: u32,
+}
+
+/// A packet of the send queue: a fragment of a queued message.
+#[derive(Debug)]
+struct Outgoing {
+    payload: Bytes,
+    first: bool,
+    last: bool,
+    message_len: u32,
+    transmissions: u32,
+}
+
+/// A message being put back together from its fragments.
+#[derive(Debug)]
+struct Reassembly {
+    message_len: u32,
+    buffer: Vec<u8>,
+    packets: u32,
+}
+
+/// The receiver's record of the gap it reported.
+#[derive(Debug)]
+struct RestartState {
+    /// The sequence number the RESTART asks for (the receiver's next expected).
+    point: u64,
+    /// When the RESTART for this point was last sent.
+    sent_at: Option<Micros>,
+    /// How many times it was re-sent because the gap persisted.
+    resends: u32,
+    /// A RESTART is waiting to go out.
+    owed: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) id: SessionId,
+    pub(crate) peer: SocketAddr,
+    /// Payload bytes per packet this side sends (the path's datagram size less the header).
+    pub(crate) fragment_bytes_max: usize,
+
+    // Sender. Sequence numbers are 64-bit here and truncated on the wire. The send queue
+    // holds every packet from `send_base` (oldest unacknowledged) to the last one queued;
+    // `send_next` is the next to transmit, and goes back to a restart point or to
+    // `send_base` (go-back-N); `send_high` is one past the highest ever transmitted.
+    outgoing: VecDeque<Outgoing>,
+    send_base: u64,
+    send_next: u64,
+    send_high: u64,
+    queued_bytes: usize,
+    /// One past the highest sequence number the peer said it can accept (ack + window).
+    /// Only grows: receivers never take back window they advertised.
+    peer_window_edge: u64,
+    congestion: Box<dyn CongestionControl>,
+    rtt: RttEstimator,
+    /// Retransmission timer while packets are in flight; window-probe timer while the peer's
+    /// window is closed and nothing is in flight.
+    rto_deadline: Option<Micros>,
+    /// Consecutive timeouts without progress.
+    backoffs: u32,
+    /// Consecutive window probes (spaces them out exponentially).
+    probes: u32,
+    probe_owed: bool,
+    /// The last restart point acted on and when: a repeated RESTART for it is ignored until
+    /// the retransmission had time to arrive.
+    restart_honoured: Option<(u64, Micros)>,
+    window_blocked: bool,
+
+    // Receiver.
+    recv_next: u64,
+    reassembly: Option<Reassembly>,
+    /// Packets of complete messages waiting in the endpoint's event queue.
+    pub(crate) undrained_packets: u32,
+    /// One past the highest sequence number this side ever advertised (or promised).
+    advertised_edge: u64,
+    /// Timestamp of the packet that last advanced `recv_next`.
+    echo: u32,
+    ack_pending_packets: u32,
+    ack_deadline: Option<Micros>,
+    ack_now: bool,
+    restart: Option<RestartState>,
+
+    // The endpoint's bookkeeping.
+    pub(crate) timer: Option<Micros>,
+    pub(crate) in_ready: bool,
+}
+
+fn timestamp(now: Micros) -> u32 {
+    // The low 32 bits: RTTs are computed with wrapping subtraction.
+    now as u32
+}
+
+impl Session {
+    pub(crate) fn new(id: SessionId, peer: SocketAddr, config: &Config) -> Session {
+        Session {
+            id,
+            peer,
+            fragment_bytes_max: config.fragment_bytes_max(),
+            outgoing: VecDeque::new(),
+            send_base: 0,
+            send_next: 0,
+            send_high: 0,
+            queued_bytes: 0,
+            peer_window_edge: WINDOW_INITIAL_PACKETS as u64,
+            congestion: congestion::controller(config.congestion, config.window_packets_max),
+            rtt: RttEstimator::new(config.rto_initial_us, config.rto_min_us, config.rto_max_us),
+            rto_deadline: None,
+            backoffs: 0,
+            probes: 0,
+            probe_owed: false,
+            restart_honoured: None,
+            window_blocked: false,
+            recv_next: 0,
+            reassembly: None,
+            undrained_packets: 0,
+            advertised_edge: WINDOW_INITIAL_PACKETS as u64,
+            echo: 0,
+            ack_pending_packets: 0,
+            ack_deadline: None,
+            ack_now: false,
+            restart: None,
+            timer: None,
+            in_ready: false,
+        }
+    }
+
+    pub(crate) fn queued_bytes(&self) -> usize {
+        self.queued_bytes
+    }
+
+    fn send_end(&self) -> u64 {
+        self.send_base + self.outgoing.len() as u64
+    }
+
+    fn in_flight(&self) -> u64 {
+        self.send_next - self.send_base
+    }
+
+    fn congestion_window(&self, config: &Config) -> u32 {
+        self.congestion
+            .window()
+            .min(config.window_packets_max)
+            .max(1)
+    }
+
+    fn peer_receive_window(&self) -> u64 {
+        self.peer_window_edge.saturating_sub(self.send_base)
+    }
+
+    /// One past the highest sequence number the sender may transmit now: the smaller of the
+    /// congestion window and the peer's receive window, both counted from `send_base`.
+    fn send_limit(&self, config: &Config) -> u64 {
+        (self.send_base + self.congestion_window(config) as u64).min(self.peer_window_edge)
+    }
+
+    fn can_send_data(&self, config: &Config) -> bool {
+        self.send_next < self.send_end() && self.send_next < self.send_limit(config)
+    }
+
+    /// Queues a message, cut into fragments of at most `fragment_bytes_max`.
+    pub(crate) fn queue_message(&mut self, message: Bytes, fragment_bytes_max: usize) {
+        assert!(fragment_bytes_max >= 1);
+        let message_len = u32::try_from(message.len()).expect("message length checked by send");
+        self.queued_bytes += message.len();
+        if message.is_empty() {
+            self.outgoing.push_back(Outgoing {
+                payload: message,
+                first: true,
+                last: true,
+                message_len: 0,
+                transmissions: 0,
+            });
+            return;
+        }
+        let mut offset = 0;
+        while offset < message.len() {
+            let end = (offset + fragment_bytes_max).min(message.len());
+            self.outgoing.push_back(Outgoing {
+                payload: message.slice(offset..end),
+                first: offset == 0,
+                last: end == message.len(),
+                message_len,
+                transmissions: 0,
+            });
+            offset = end;
+        }
+    }
+
+    /// The receive window this side advertises: `receive_window_packets` minus the packets it
+    /// holds for the application (fragments of complete messages not yet taken by
+    /// `poll_event`, plus those of the message in reassembly unless everything before it was
+    /// taken, since a message larger than the window could otherwise never complete), but
+    /// never less than what it already promised.
+    pub(crate) fn receive_window(&self, config: &Config) -> u32 {
+        let reassembly_packets = self.reassembly.as_ref().map_or(0, |r| r.packets);
+        let held = if self.undrained_packets > 0 {
+            self.undrained_packets.saturating_add(reassembly_packets)
+        } else {
+            0
+        };
+        let computed = config.receive_window_packets.saturating_sub(held);
+        assert!(self.advertised_edge >= self.recv_next);
+        let promised = u32::try_from(self.advertised_edge - self.recv_next).unwrap_or(u32::MAX);
+        computed.max(promised)
+    }
+
+    fn fill_control_fields(&mut self, packet: &mut Packet, now: Micros, config: &Config) {
+        let window = self.receive_window(config);
+        self.advertised_edge = self.advertised_edge.max(self.recv_next + window as u64);
+        packet.ack = self.recv_next as u32;
+        packet.window = window;
+        packet.timestamp = timestamp(now);
+        packet.echo = self.echo;
+        // Every packet carries the cumulative acknowledgement.
+        self.ack_pending_packets = 0;
+        self.ack_deadline = None;
+        self.ack_now = false;
+    }
+
+    fn blank(&self, kind: PacketKind) -> Packet {
+        Packet {
+            kind,
+            first: false,
+            last: false,
+            probe: false,
+            session: self.id.0,
+            seq: self.send_next as u32,
+            ack: 0,
+            window: 0,
+            timestamp: 0,
+            echo: 0,
+            message_len: 0,
+            payload: Bytes::new(),
+        }
+    }
+
+    /// Whether `build_transmit` would return a packet.
+    pub(crate) fn wants_transmit(&self, now: Micros, config: &Config) -> bool {
+        self.restart.as_ref().is_some_and(|r| r.owed)
+            || self.can_send_data(config)
+            || self.probe_owed
+            || self.ack_now
+            || self.ack_deadline.is_some_and(|deadline| deadline <= now)
+    }
+
+    /// The next packet this session wants to send, if any: a RESTART, then DATA, then a window
+    /// probe, then a bare ACK.
+    pub(crate) fn build_transmit(
+        &mut self,
+        now: Micros,
+        config: &Config,
+        stats: &mut Stats,
+    ) -> Option<Packet> {
+        if let Some(restart) = self.restart.as_mut().filter(|r| r.owed) {
+            restart.owed = false;
+            restart.sent_at = Some(now);
+            let point = restart.point;
+            let mut packet = self.blank(PacketKind::Restart);
+            self.fill_control_fields(&mut packet, now, config);
+            packet.seq = point as u32;
+            stats.restarts_sent += 1;
+            return Some(packet);
+        }
+        if self.can_send_data(config) {
+            return Some(self.build_data(now, config, stats));
+        }
+        if self.probe_owed {
+            self.probe_owed = false;
+            let mut packet = self.blank(PacketKind::Ack);
+            packet.probe = true;
+            self.fill_control_fields(&mut packet, now, config);
+            stats.probes_sent += 1;
+            return Some(packet);
+        }
+        if self.ack_now || self.ack_deadline.is_some_and(|deadline| deadline <= now) {
+            let mut packet = self.blank(PacketKind::Ack);
+            self.fill_control_fields(&mut packet, now, config);
+            stats.acks_sent += 1;
+            return Some(packet);
+        }
+        None
+    }
+
+    fn build_data(&mut self, now: Micros, config: &Config, stats: &mut Stats) -> Packet {
+        let seq = self.send_next;
+        // The paper's rule: never more unacknowledged packets than the congestion window
+        // allows, and never a packet past the receiver's advertised window.
+        assert!(
+            seq < self.send_base + self.congestion_window(config) as u64,
+            "session {:?}: seq {seq} beyond the congestion window",
+            self.id
+        );
+        assert!(
+            seq < self.peer_window_edge,
+            "session {:?}: seq {seq} beyond the peer's receive window edge {}",
+            self.id,
+            self.peer_window_edge
+        );
+        let index = (seq - self.send_base) as usize;
+        let entry = &mut self.outgoing[index];
+        if entry.transmissions > 0 {
+            stats.retransmissions += 1;
+        }
+        entry.transmissions = entry.transmissions.saturating_add(1);
+        let mut packet = Packet {
+            kind: PacketKind::Data,
+            first: entry.first,
+            last: entry.last,
+            probe: false,
+            session: self.id.0,
+            seq: seq as u32,
+            ack: 0,
+            window: 0,
+            timestamp: 0,
+            echo: 0,
+            message_len: if entry.first { entry.message_len } else { 0 },
+            payload: entry.payload.clone(),
+        };
+        self.send_next += 1;
+        self.send_high = self.send_high.max(self.send_next);
+        stats.data_packets_sent += 1;
+        self.fill_control_fields(&mut packet, now, config);
+        self.rearm(now, stats);
+        assert!(self.in_flight() <= self.peer_receive_window());
+        packet
+    }
+
+    /// Re-establishes the timer and blocked state after any change.
+    fn rearm(&mut self, now: Micros, stats: &mut Stats) {
+        // Blocked by the receiver: data waits and the next packet would pass its window
+        // (whether or not the congestion window, which follows the receiver's, also stops it).
+        let blocked = self.send_next < self.send_end() && self.send_next >= self.peer_window_edge;
+        if blocked && !self.window_blocked {
+            stats.window_limited += 1;
+        }
+        self.window_blocked = blocked;
+        if self.in_flight() > 0 {
+            if self.rto_deadline.is_none() {
+                self.rto_deadline = Some(now + self.rtt.rto_us_backed_off(self.backoffs));
+            }
+        } else if self.window_blocked {
+            if self.rto_deadline.is_none() {
+                self.rto_deadline = Some(now + self.rtt.rto_us_backed_off(self.probes));
+            }
+        } else {
+            self.rto_deadline = None;
+            self.probes = 0;
+        }
+    }
+
+    /// The earliest time `on_timeout` must run.
+    pub(crate) fn next_deadline(&self) -> Option<Micros> {
+        match (self.rto_deadline, self.ack_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub(crate) fn on_timeout(
+        &mut self,
+        now: Micros,
+        config: &Config,
+        stats: &mut Stats,
+    ) -> Verdict {
+        if self.ack_deadline.is_some_and(|deadline| deadline <= now) {
+            self.ack_deadline = None;
+            self.ack_now = true;
+        }
+        if self.rto_deadline.is_some_and(|deadline| deadline <= now) {
+            self.rto_deadline = None;
+            stats.timeouts += 1;
+            if self.backoffs >= config.backoffs_max {
+                return Verdict::TimedOut;
+            }
+            self.backoffs += 1;
+            if self.in_flight() > 0 {
+                // Go back to the oldest unacknowledged packet; the timer restarts, doubled,
+                // with its retransmission.
+                self.send_next = self.send_base;
+                self.congestion.on_timeout();
+                self.restart_honoured = None;
+            } else if self.window_blocked {
+                // The window update may have been lost: ask for it again.
+                self.probe_owed = true;
+                self.probes += 1;
+                self.rto_deadline = Some(now + self.rtt.rto_us_backed_off(self.probes));
+            }
+        }
+        self.rearm(now, stats);
+        Verdict::Keep
+    }
+
+    /// Handles one packet from the peer.
+    pub(crate) fn on_packet(
+        &mut self,
+        packet: Packet,
+        now: Micros,
+        config: &Config,
+        stats: &mut Stats,
+        events: &mut VecDeque<PendingEvent>,
+    ) -> Verdict {
+        if packet.kind == PacketKind::Reset {
+            stats.resets_received += 1;
+            return Verdict::Reset;
+        }
+        // A DATA packet past the window edge is not from an honest peer: do not let its other
+        // fields touch the state either.
+        if packet.kind == PacketKind::Data
+            && widen(packet.seq, self.recv_next) >= self.advertised_edge
+        {
+            stats.dropped_out_of_window += 1;
+            return Verdict::Keep;
+        }
+        let ack = widen(packet.ack, self.send_base);
+        if ack > self.send_high {
+            // Acknowledges what was never sent.
+            stats.dropped_out_of_window += 1;
+            return Verdict::Keep;
+        }
+        if ack >= self.send_base {
+            self.on_ack(ack, packet.window, packet.echo, now);
+        }
+        if self.in_flight() == 0 && self.send_next >= self.peer_window_edge {
+            // Waiting for the peer's window with nothing at risk, the peer answering at all
+            // is progress: a sender that waits for a slow application does not declare a
+            // live peer lost.
+            self.backoffs = 0;
+        }
+        let verdict = match packet.kind {
+            PacketKind::Data => self.on_data(packet, now, config, stats, events),
+            PacketKind::Ack => {
+                if packet.probe {
+                    self.ack_now = true;
+                }
+                Verdict::Keep
+            }
+            PacketKind::Restart => {
+                self.on_restart(packet.seq, now, stats);
+                Verdict::Keep
+            }
+            PacketKind::Reset => unreachable!("handled above"),
+        };
+        self.rearm(now, stats);
+        verdict
+    }
+
+    fn on_ack(&mut self, ack: u64, window: u32, echo: u32, now: Micros) {
+        let edge = ack + window as u64;
+        if edge > self.peer_window_edge {
+            self.peer_window_edge = edge;
+            if self.in_flight() == 0 {
+                // The window opened: the probe timer has done its job.
+                self.rto_deadline = None;
+                self.probes = 0;
+            }
+        }
+        if ack == self.send_base {
+            return;
+        }
+        let newly_acked = ack - self.send_base;
+        let highest = &self.outgoing[(newly_acked - 1) as usize];
+        // Karn: a packet sent more than once gives an ambiguous sample.
+        if highest.transmissions == 1 {
+            self.rtt
+                .on_sample(timestamp(now).wrapping_sub(echo) as Micros);
+        }
+        for _ in 0..newly_acked {
+            let done = self
+                .outgoing
+                .pop_front()
+                .expect("acknowledged packets are queued");
+            self.queued_bytes -= done.payload.len();
+        }
+        self.send_base = ack;
+        self.send_next = self.send_next.max(ack);
+        self.backoffs = 0;
+        self.probes = 0;
+        // Progress restarts the retransmission timer.
+        self.rto_deadline = None;
+        if self.restart_honoured.is_some_and(|(point, _)| point < ack) {
+            self.restart_honoured = None;
+        }
+        let receiver_window = u32::try_from(self.peer_receive_window()).unwrap_or(u32::MAX);
+        self.congestion.on_ack(
+            u32::try_from(newly_acked).unwrap_or(u32::MAX),
+            receiver_window,
+        );
+    }
+
+    fn on_restart(&mut self, wire_point: u32, now: Micros, stats: &mut Stats) {
+        stats.restarts_received += 1;
+        let point = widen(wire_point, self.send_base);
+        if point != self.send_base || self.send_next <= point {
+            // Stale, or nothing past the point was sent since: nothing to resend.
+            return;
+        }
+        if let Some((honoured, at)) = self.restart_honoured {
+            let settle_us = self.rtt.srtt_us().unwrap_or(self.rtt.rto_us());
+            if honoured == point && now < at + settle_us {
+                // The retransmission for this point is already on its way.
+                return;
+            }
+        }
+        // Retransmit at once from the restart point: the paper's fast retransmit on the first
+        // RESTART, not after three duplicate acknowledgements.
+        self.send_next = point;
+        self.congestion.on_restart();
+        self.restart_honoured = Some((point, now));
+        stats.restarts_honoured += 1;
+        // The timer restarts with the retransmission.
+        self.rto_deadline = None;
+    }
+
+    fn on_data(
+        &mut self,
+        packet: Packet,
+        now: Micros,
+        config: &Config,
+        stats: &mut Stats,
+        events: &mut VecDeque<PendingEvent>,
+    ) -> Verdict {
+        let seq = widen(packet.seq, self.recv_next);
+        if seq < self.recv_next {
+            // A duplicate: the sender may have missed our acknowledgement, so acknowledge
+            // again (aggregated like in-order packets).
+            stats.dropped_duplicate += 1;
+            self.ack_owed(now, config, false);
+            return Verdict::Keep;
+        }
+        assert!(seq < self.advertised_edge, "checked by on_packet");
+        if seq > self.recv_next {
+            // A gap: go-back-N keeps nothing out of order. Ask for a resend once per gap, and
+            // again only if the gap outlives a retransmission timeout.
+            stats.dropped_out_of_order += 1;
+            self.note_gap(now, config);
+            return Verdict::Keep;
+        }
+        // The next expected packet: check it fits the message being reassembled before
+        // changing anything.
+        let payload_len = packet.payload.len();
+        match (&self.reassembly, packet.first) {
+            (None, true) => {
+                if packet.message_len as usize > config.message_bytes_max {
+                    return Verdict::Violation;
+                }
+            }
+            (Some(reassembly), false) => {
+                let len = reassembly.buffer.len() + payload_len;
+                let message_len = reassembly.message_len as usize;
+                if len > message_len || (packet.last && len != message_len) {
+                    return Verdict::Violation;
+                }
+            }
+            (None, false) | (Some(_), true) => return Verdict::Violation,
+        }
+        self.recv_next += 1;
+        self.echo = packet.timestamp;
+        if self
+            .restart
+            .as_ref()
+            .is_some_and(|r| r.point < self.recv_next)
+        {
+            self.restart = None;
+        }
+        let complete = if packet.first && packet.last {
+            Some((packet.payload, 1))
+        } else if packet.first {
+            let message_len = packet.message_len as usize;
+            // Grow with the data rather than trusting the announced length up front.
+            let mut buffer = Vec::with_capacity(message_len.min(1 << 20));
+            buffer.extend_from_slice(&packet.payload);
+            self.reassembly = Some(Reassembly {
+                message_len: packet.message_len,
+                buffer,
+                packets: 1,
+            });
+            None
+        } else {
+            let reassembly = self.reassembly.as_mut().expect("checked above");
+            reassembly.buffer.extend_from_slice(&packet.payload);
+            reassembly.packets += 1;
+            if packet.last {
+                let reassembly = self.reassembly.take().expect("checked above");
+                Some((Bytes::from(reassembly.buffer), reassembly.packets))
+            } else {
+                None
+            }
+        };
+        if let Some((message, packets)) = complete {
+            self.undrained_packets += packets;
+            stats.messages_delivered += 1;
+            events.push_back(PendingEvent {
+                event: Event::Message {
+                    session: self.id,
+                    peer: self.peer,
+                    message,
+                },
+                session: self.id,
+                packets,
+            });
+        }
+        self.ack_owed(now, config, packet.last);
+        Verdict::Keep
+    }
+
+    fn ack_owed(&mut self, now: Micros, config: &Config, immediate: bool) {
+        self.ack_pending_packets = self.ack_pending_packets.saturating_add(1);
+        if immediate
+            || self.ack_pending_packets >= config.ack_every_packets
+            || config.ack_delay_us == 0
+        {
+            self.ack_now = true;
+        } else if self.ack_deadline.is_none() {
+            self.ack_deadline = Some(now + config.ack_delay_us);
+        }
+    }
+
+    fn note_gap(&mut self, now: Micros, config: &Config) {
+        match self.restart.as_mut() {
+            Some(restart) if restart.point == self.recv_next => {
+                if restart.owed || restart.resends >= config.backoffs_max {
+                    return;
+                }
+                let resend_at = restart
+                    .sent_at
+                    .map(|at| at + self.rtt.rto_us_backed_off(restart.resends));
+                if resend_at.is_some_and(|at| now >= at) {
+                    restart.owed = true;
+                    restart.resends += 1;
+                }
+            }
+            _ => {
+                self.restart = Some(RestartState {
+                    point: self.recv_next,
+                    sent_at: None,
+                    resends: 0,
+                    owed: true,
+                });
+            }
+        }
+    }
+
+    /// The application took a message holding `packets` packets of the receive window: if
+    /// that opens the window noticeably, tell the peer at once.
+    pub(crate) fn on_drained(&mut self, packets: u32, config: &Config) {
+        assert!(packets <= self.undrained_packets);
+        self.undrained_packets -= packets;
+        let edge = self.recv_next + self.receive_window(config) as u64;
+        let step = (config.receive_window_packets / 4).max(1) as u64;
+        if edge >= self.advertised_edge + step {
+            self.ack_now = true;
+        }
+    }
+
+    pub(crate) fn info(&self, config: &Config) -> SessionInfo {
+        SessionInfo {
+            peer: self.peer,
+            congestion_window: self.congestion_window(config),
+            peer_receive_window: u32::try_from(self.peer_receive_window()).unwrap_or(u32::MAX),
+            in_flight: self.in_flight() as u32,
+            srtt_us: self.rtt.srtt_us().unwrap_or(0),
+            rto_us: self.rtt.rto_us(),
+            queued_packets: self.send_end() - self.send_next,
+            queued_bytes: self.queued_bytes as u64,
+            receive_window: self.receive_window(config),
+            backoffs: self.backoffs,
+            send_base: self.send_base,
+            recv_next: self.recv_next,
+        }
+    }
+}

@@ -1,0 +1,903 @@
+//! The datagram transport: `tessera-datagram`'s protocol core driven over a real UDP socket.
+//!
+//! One I/O thread per endpoint owns the socket and the [`Endpoint`]. It sends and receives in
+//! batches (`sendmmsg`/`recvmmsg`, dozens of datagrams per system call) and sleeps in `ppoll`
+//! with a microsecond timeout and a 1 µs timer slack, because a tokio timer alone has
+//! millisecond granularity and the protocol's retransmission timeouts are a few hundred
+//! microseconds. Async callers talk to the thread through a command queue and an eventfd that
+//! wakes it.
+
+use crate::{BoxFuture, ConnectionId, FrameHandler, Reply, TransportError};
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera_datagram::{
+    Config as DatagramConfig, Endpoint, Event, LossReason, SendError, SessionId, Transmit,
+};
+use tessera_wire::{Frame, FrameHeader, FrameKind};
+use tokio::sync::oneshot;
+
+/// Datagrams sent or received per system call at most.
+const BATCH_DATAGRAMS_MAX: usize = 32;
+/// Socket buffers: room for bursts from many peers.
+const SOCKET_BUFFER_BYTES: usize = 8 << 20;
+/// Commands handled per loop turn, so I/O is never starved by a flood of calls.
+const COMMANDS_PER_TURN_MAX: usize = 256;
+/// Largest UDP payload over IPv4.
+const DATAGRAM_BYTES_MAX: usize = 65_507;
+
+/// Tunables of the datagram transport.
+#[derive(Debug, Clone)]
+pub struct UdpConfig {
+    /// The protocol's configuration (window, timeouts, datagram size).
+    pub datagram: DatagramConfig,
+    /// How long a call waits for its answer.
+    pub request_timeout: Duration,
+}
+
+impl Default for UdpConfig {
+    fn default() -> Self {
+        UdpConfig {
+            datagram: DatagramConfig::default(),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Wakes the I/O thread out of `ppoll`.
+struct Waker(OwnedFd);
+
+impl Waker {
+    fn new() -> std::io::Result<Waker> {
+        // SAFETY: eventfd with valid flags; the returned fd is checked and then owned.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh, valid descriptor that nothing else owns.
+        Ok(Waker(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a live u64 to our eventfd.
+        unsafe {
+            libc::write(
+                self.0.as_raw_fd(),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            );
+        }
+    }
+
+    fn drain(&self) {
+        let mut value: u64 = 0;
+        // SAFETY: reading 8 bytes into a live u64 from our non-blocking eventfd.
+        unsafe {
+            libc::read(
+                self.0.as_raw_fd(),
+                &mut value as *mut u64 as *mut libc::c_void,
+                8,
+            );
+        }
+    }
+}
+
+/// What async callers ask of the I/O thread.
+enum Command {
+    /// Send a request frame to `addr`; answer on `reply`.
+    Call {
+        addr: SocketAddr,
+        request_id: u64,
+        frame: Bytes,
+        reply: oneshot::Sender<Result<Reply, TransportError>>,
+    },
+    /// The caller gave up waiting.
+    Cancel { request_id: u64 },
+    /// Send a response frame on a session (server side).
+    Respond { session: SessionId, frame: Bytes },
+    /// Drop a session whose peer sent garbage (server side).
+    Close { session: SessionId },
+    /// Stop the thread.
+    Shutdown,
+}
+
+/// A queue of commands plus the waker that makes the I/O thread look at it.
+#[derive(Clone)]
+struct Mailbox {
+    commands: mpsc::Sender<Command>,
+    waker: Arc<Waker>,
+}
+
+impl Mailbox {
+    fn post(&self, command: Command) -> bool {
+        let sent = self.commands.send(command).is_ok();
+        self.waker.wake();
+        sent
+    }
+}
+
+/// The client side: requests to any server over one datagram session per server.
+pub struct UdpTransport {
+    mailbox: Mailbox,
+    next_request_id: AtomicU64,
+    request_timeout: Duration,
+}
+
+impl UdpTransport {
+    /// Bind an ephemeral UDP socket and start the I/O thread.
+    pub fn new(config: UdpConfig) -> std::io::Result<Arc<UdpTransport>> {
+        let socket = UdpSocket::bind("0.0.0.0:0")?;
+        let request_timeout = config.request_timeout;
+        let mailbox = spawn_driver(
+            socket,
+            config.datagram,
+            Role::Client {
+                pending: HashMap::new(),
+                sessions: HashMap::new(),
+                deferred: Default::default(),
+            },
+        )?;
+        Ok(Arc::new(UdpTransport {
+            mailbox,
+            next_request_id: AtomicU64::new(1),
+            request_timeout,
+        }))
+    }
+
+    async fn call_inner(
+        self: Arc<Self>,
+        addr: SocketAddr,
+        message: Bytes,
+        payload: Bytes,
+    ) -> Result<Reply, TransportError> {
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let frame = encode_frame(FrameKind::Request, request_id, &message, &payload);
+        let (reply, answer) = oneshot::channel();
+        if !self.mailbox.post(Command::Call {
+            addr,
+            request_id,
+            frame,
+            reply,
+        }) {
+            return Err(TransportError::Disconnected {
+                addr,
+                detail: "transport stopped".into(),
+            });
+        }
+        match tokio::time::timeout(self.request_timeout, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(TransportError::Disconnected {
+                addr,
+                detail: "transport stopped".into(),
+            }),
+            Err(_) => {
+                self.mailbox.post(Command::Cancel { request_id });
+                Err(TransportError::Timeout {
+                    addr,
+                    timeout_ms: self.request_timeout.as_millis() as u64,
+                })
+            }
+        }
+    }
+}
+
+impl Drop for UdpTransport {
+    fn drop(&mut self) {
+        self.mailbox.post(Command::Shutdown);
+    }
+}
+
+impl crate::Transport for Arc<UdpTransport> {
+    fn call(
+        &self,
+        addr: SocketAddr,
+        message: Bytes,
+        payload: Bytes,
+    ) -> BoxFuture<'static, Result<Reply, TransportError>> {
+        Box::pin(self.clone().call_inner(addr, message, payload))
+    }
+}
+
+/// A running datagram server; dropping it stops the I/O thread.
+pub struct UdpServer {
+    mailbox: Mailbox,
+    /// The bound address.
+    pub addr: SocketAddr,
+}
+
+impl Drop for UdpServer {
+    fn drop(&mut self) {
+        self.mailbox.post(Command::Shutdown);
+    }
+}
+
+/// Serve `handler` on `socket`: each datagram session is a connection; its requests run on the
+/// current tokio runtime and may answer out of order. A session whose frames do not decode is
+/// closed; the others go on.
+pub fn serve_udp(
+    socket: UdpSocket,
+    handler: Arc<dyn FrameHandler>,
+    config: DatagramConfig,
+) -> std::io::Result<UdpServer> {
+    let addr = socket.local_addr()?;
+    let runtime = tokio::runtime::Handle::current();
+    let mailbox = spawn_driver(
+        socket,
+        config,
+        Role::Server {
+            handler,
+            runtime,
+            connections: HashMap::new(),
+            next_connection: 1,
+            mailbox: None,
+        },
+    )?;
+    Ok(UdpServer { mailbox, addr })
+}
+
+fn encode_frame(kind: FrameKind, request_id: u64, message: &[u8], payload: &[u8]) -> Bytes {
+    let header = FrameHeader {
+        kind,
+        message_len: message.len() as u32,
+        payload_len: payload.len() as u32,
+        request_id,
+    };
+    let mut out = Vec::with_capacity(header.frame_len());
+    out.extend_from_slice(&header.encode());
+    out.extend_from_slice(message);
+    out.extend_from_slice(payload);
+    Bytes::from(out)
+}
+
+/// A request waiting for its answer.
+struct Pending {
+    session: SessionId,
+    addr: SocketAddr,
+    frame: Bytes,
+    /// Whether it was already sent again after its session was reset.
+    resent: bool,
+    reply: oneshot::Sender<Result<Reply, TransportError>>,
+}
+
+/// What the I/O thread does with messages, by side.
+enum Role {
+    Client {
+        /// Requests sent and not yet answered.
+        pending: HashMap<u64, Pending>,
+        /// One session per server.
+        sessions: HashMap<SocketAddr, SessionId>,
+        /// Calls the protocol could not queue yet (a session's send queue was full).
+        deferred: std::collections::VecDeque<Command>,
+    },
+    Server {
+        handler: Arc<dyn FrameHandler>,
+        runtime: tokio::runtime::Handle,
+        connections: HashMap<SessionId, ConnectionId>,
+        next_connection: ConnectionId,
+        mailbox: Option<Mailbox>,
+    },
+}
+
+fn spawn_driver(
+    socket: UdpSocket,
+    config: DatagramConfig,
+    mut role: Role,
+) -> std::io::Result<Mailbox> {
+    socket.set_nonblocking(true)?;
+    let sock = socket2::SockRef::from(&socket);
+    let _ = sock.set_send_buffer_size(SOCKET_BUFFER_BYTES);
+    let _ = sock.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
+    let waker = Arc::new(Waker::new()?);
+    let (commands, inbox) = mpsc::channel();
+    let mailbox = Mailbox {
+        commands,
+        waker: waker.clone(),
+    };
+    if let Role::Server { mailbox: slot, .. } = &mut role {
+        *slot = Some(mailbox.clone());
+    }
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+        ^ (std::process::id() as u64) << 32;
+    let endpoint = Endpoint::new(config.clone(), seed);
+    // Room for the largest datagram any path may carry (loopback's).
+    let buffer_bytes = DATAGRAM_BYTES_MAX;
+    std::thread::Builder::new()
+        .name("tessera-udp".into())
+        .spawn(move || {
+            let mut driver = Driver {
+                socket,
+                endpoint,
+                role,
+                inbox,
+                waker,
+                origin: Instant::now(),
+                unsent: Vec::new(),
+                buffers: vec![vec![0u8; buffer_bytes]; BATCH_DATAGRAMS_MAX],
+                datagram_bytes: HashMap::new(),
+            };
+            driver.run();
+        })?;
+    Ok(mailbox)
+}
+
+struct Driver {
+    socket: UdpSocket,
+    endpoint: Endpoint,
+    role: Role,
+    inbox: mpsc::Receiver<Command>,
+    waker: Arc<Waker>,
+    origin: Instant,
+    /// Datagrams the kernel did not take yet (its buffer was full).
+    unsent: Vec<Transmit>,
+    buffers: Vec<Vec<u8>>,
+    /// Datagram size per peer address, from the path MTU.
+    datagram_bytes: HashMap<std::net::IpAddr, usize>,
+}
+
+impl Driver {
+    fn now(&self) -> u64 {
+        self.origin.elapsed().as_micros() as u64
+    }
+
+    fn run(&mut self) {
+        // Fine-grained sleeps: the default 50 µs timer slack would blur sub-millisecond timeouts.
+        // SAFETY: prctl on the calling thread with an integer argument.
+        unsafe {
+            libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0u64, 0u64, 0u64);
+        }
+        loop {
+            if !self.take_commands() {
+                return;
+            }
+            self.retry_deferred();
+            let now = self.now();
+            if self.endpoint.poll_timeout().is_some_and(|t| t <= now) {
+                self.endpoint.handle_timeout(now);
+            }
+            self.handle_events();
+            self.transmit();
+            let timeout = self
+                .endpoint
+                .poll_timeout()
+                .map(|t| t.saturating_sub(self.now()));
+            self.wait(timeout);
+            self.receive();
+            self.handle_events();
+        }
+    }
+
+    /// Apply queued commands; false once told to shut down.
+    fn take_commands(&mut self) -> bool {
+        for _ in 0..COMMANDS_PER_TURN_MAX {
+            let command = match self.inbox.try_recv() {
+                Ok(command) => command,
+                Err(mpsc::TryRecvError::Empty) => return true,
+                Err(mpsc::TryRecvError::Disconnected) => return false,
+            };
+            let now = self.now();
+            match command {
+                Command::Shutdown => return false,
+                call @ Command::Call { .. } => self.call(call, now),
+                Command::Cancel { request_id } => {
+                    if let Role::Client { pending, .. } = &mut self.role {
+                        pending.remove(&request_id);
+                    }
+                }
+                Command::Respond { session, frame } => {
+                    // A session lost meanwhile has nobody to answer.
+                    let _ = self.endpoint.send(session, frame, now);
+                }
+                Command::Close { session } => {
+                    self.endpoint.close(session);
+                    self.forget_session(session);
+                }
+            }
+        }
+        true
+    }
+
+    /// Queue a call on its server's session (opening one sized to the path), or defer it if
+    /// the session's queue is full.
+    fn call(&mut self, call: Command, now: u64) {
+        let Command::Call {
+            addr,
+            request_id,
+            frame,
+            reply,
+        } = call
+        else {
+            return;
+        };
+        let payload_bytes = self.payload_bytes_for(addr);
+        let Role::Client {
+            pending,
+            sessions,
+            deferred,
+        } = &mut self.role
+        else {
+            return;
+        };
+        let session = *sessions
+            .entry(addr)
+            .or_insert_with(|| self.endpoint.connect_with(addr, payload_bytes, now));
+        match self.endpoint.send(session, frame.clone(), now) {
+            Ok(()) => {
+                pending.insert(
+                    request_id,
+                    Pending {
+                        session,
+                        addr,
+                        frame,
+                        resent: false,
+                        reply,
+                    },
+                );
+            }
+            Err(SendError::QueueFull { .. }) => deferred.push_back(Command::Call {
+                addr,
+                request_id,
+                frame,
+                reply,
+            }),
+            Err(e) => {
+                sessions.remove(&addr);
+                let _ = reply.send(Err(TransportError::Disconnected {
+                    addr,
+                    detail: e.to_string(),
+                }));
+            }
+        }
+    }
+
+    /// Calls deferred because a send queue was full, tried again.
+    fn retry_deferred(&mut self) {
+        let Role::Client { deferred, .. } = &mut self.role else {
+            return;
+        };
+        let waiting: Vec<Command> = deferred.drain(..).collect();
+        let now = self.now();
+        for call in waiting {
+            self.call(call, now);
+        }
+    }
+
+    /// Payload bytes per datagram toward `addr`: its path MTU less the IP and UDP headers.
+    fn payload_bytes_for(&mut self, addr: SocketAddr) -> usize {
+        let fallback = self.endpoint.config().payload_bytes_max;
+        *self
+            .datagram_bytes
+            .entry(addr.ip())
+            .or_insert_with(|| path_payload_bytes(addr).unwrap_or(fallback))
+    }
+
+    fn forget_session(&mut self, session: SessionId) {
+        match &mut self.role {
+            Role::Client {
+                pending, sessions, ..
+            } => {
+                sessions.retain(|_, s| *s != session);
+                let lost: Vec<u64> = pending
+                    .iter()
+                    .filter(|(_, p)| p.session == session)
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in lost {
+                    if let Some(p) = pending.remove(&id) {
+                        let _ = p.reply.send(Err(TransportError::Disconnected {
+                            addr: p.addr,
+                            detail: "datagram session closed".into(),
+                        }));
+                    }
+                }
+            }
+            Role::Server {
+                handler,
+                connections,
+                ..
+            } => {
+                if let Some(connection) = connections.remove(&session) {
+                    handler.closed(connection);
+                }
+            }
+        }
+    }
+
+    fn handle_events(&mut self) {
+        while let Some(event) = self.endpoint.poll_event() {
+            match event {
+                Event::Opened { session, peer } => {
+                    let bytes = self.payload_bytes_for(peer);
+                    self.endpoint.set_payload_bytes(session, bytes);
+                    if let Role::Server {
+                        connections,
+                        next_connection,
+                        ..
+                    } = &mut self.role
+                    {
+                        connections.insert(session, *next_connection);
+                        *next_connection += 1;
+                    }
+                }
+                Event::Lost {
+                    session,
+                    peer,
+                    reason,
+                } => self.session_lost(session, peer, reason),
+                Event::Message {
+                    session,
+                    peer,
+                    message,
+                } => self.handle_message(session, peer, message),
+            }
+        }
+    }
+
+    /// A session is gone. A client whose server answered with a RESET (it restarted) sends
+    /// the waiting requests once more on a fresh session, as a TCP client reconnects; requests
+    /// to a server that stopped answering fail, so the caller goes degraded.
+    fn session_lost(&mut self, session: SessionId, peer: SocketAddr, reason: LossReason) {
+        let Role::Client {
+            pending, sessions, ..
+        } = &mut self.role
+        else {
+            self.forget_session(session);
+            return;
+        };
+        sessions.retain(|_, s| *s != session);
+        let lost: Vec<u64> = pending
+            .iter()
+            .filter(|(_, p)| p.session == session)
+            .map(|(id, _)| *id)
+            .collect();
+        let mut again = Vec::new();
+        for id in lost {
+            let Some(p) = pending.remove(&id) else {
+                continue;
+            };
+            if reason == LossReason::Reset && !p.resent {
+                again.push((id, p));
+            } else {
+                let _ = p.reply.send(Err(TransportError::Disconnected {
+                    addr: peer,
+                    detail: match reason {
+                        LossReason::Reset => "server restarted".into(),
+                        LossReason::TimedOut => "server stopped answering".into(),
+                        LossReason::Violation => "protocol violation".into(),
+                    },
+                }));
+            }
+        }
+        // Oldest first, so a server sees them in the order they were first sent.
+        again.sort_by_key(|(id, _)| *id);
+        let now = self.now();
+        for (request_id, p) in again {
+            self.call(
+                Command::Call {
+                    addr: p.addr,
+                    request_id,
+                    frame: p.frame,
+                    reply: p.reply,
+                },
+                now,
+            );
+            if let Role::Client { pending, .. } = &mut self.role {
+                if let Some(p) = pending.get_mut(&request_id) {
+                    p.resent = true;
+                }
+            }
+        }
+    }
+
+    fn handle_message(&mut self, session: SessionId, peer: SocketAddr, message: Bytes) {
+        let frame = match Frame::decode(&message) {
+            Ok(Some((frame, used))) if used == message.len() => frame,
+            _ => {
+                tracing::info!("closing datagram session from {peer}: undecodable frame");
+                self.endpoint.close(session);
+                self.forget_session(session);
+                return;
+            }
+        };
+        match &mut self.role {
+            Role::Client { pending, .. } => {
+                if frame.kind != FrameKind::Response {
+                    return;
+                }
+                if let Some(p) = pending.remove(&frame.request_id) {
+                    let _ = p.reply.send(Ok(Reply {
+                        message: frame.message,
+                        payload: frame.payload,
+                    }));
+                }
+            }
+            Role::Server {
+                handler,
+                runtime,
+                connections,
+                next_connection,
+                mailbox,
+            } => {
+                if frame.kind != FrameKind::Request {
+                    self.endpoint.close(session);
+                    return;
+                }
+                let connection = *connections.entry(session).or_insert_with(|| {
+                    *next_connection += 1;
+                    *next_connection - 1
+                });
+                let handler = handler.clone();
+                let mailbox = mailbox.clone().expect("server mailbox");
+                runtime.spawn(async move {
+                    let request_id = frame.request_id;
+                    match handler
+                        .handle(connection, frame.message, frame.payload)
+                        .await
+                    {
+                        Some((message, payload)) => {
+                            let frame =
+                                encode_frame(FrameKind::Response, request_id, &message, &payload);
+                            mailbox.post(Command::Respond { session, frame });
+                        }
+                        None => {
+                            mailbox.post(Command::Close { session });
+                        }
+                    }
+                });
+            }
+        }
+    }
+
+    /// Send everything the endpoint has, in batches.
+    fn transmit(&mut self) {
+        let now = self.now();
+        loop {
+            while self.unsent.len() < BATCH_DATAGRAMS_MAX {
+                match self.endpoint.poll_transmit(now) {
+                    Some(t) => self.unsent.push(t),
+                    None => break,
+                }
+            }
+            if self.unsent.is_empty() {
+                return;
+            }
+            match send_batch(self.socket.as_raw_fd(), &self.unsent) {
+                Ok(0) => return,
+                Ok(n) => {
+                    self.unsent.drain(..n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    // A datagram the kernel refuses (e.g. no route) is lost like any other.
+                    tracing::debug!("sendmmsg: {e}");
+                    self.unsent.remove(0);
+                }
+            }
+        }
+    }
+
+    fn wait(&mut self, timeout_us: Option<u64>) {
+        let mut fds = [
+            libc::pollfd {
+                fd: self.socket.as_raw_fd(),
+                events: libc::POLLIN
+                    | if self.unsent.is_empty() {
+                        0
+                    } else {
+                        libc::POLLOUT
+                    },
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.waker.0.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let spec = timeout_us.map(|us| libc::timespec {
+            tv_sec: (us / 1_000_000) as libc::time_t,
+            tv_nsec: ((us % 1_000_000) * 1000) as libc::c_long,
+        });
+        let spec_ptr = spec
+            .as_ref()
+            .map_or(std::ptr::null(), |s| s as *const libc::timespec);
+        // SAFETY: two valid pollfds that live across the call; the timespec (if any) too.
+        unsafe {
+            libc::ppoll(fds.as_mut_ptr(), 2, spec_ptr, std::ptr::null());
+        }
+        if fds[1].revents != 0 {
+            self.waker.drain();
+        }
+    }
+
+    /// Read every datagram waiting, in batches.
+    fn receive(&mut self) {
+        loop {
+            let received = match recv_batch(self.socket.as_raw_fd(), &mut self.buffers) {
+                Ok(received) => received,
+                Err(_) => return,
+            };
+            let now = self.now();
+            let full = received.len() == BATCH_DATAGRAMS_MAX;
+            for (index, len, from) in received {
+                self.endpoint
+                    .handle_datagram(from, &self.buffers[index][..len], now);
+            }
+            if !full {
+                return;
+            }
+        }
+    }
+}
+
+/// The largest UDP payload the route to `addr` carries without IP fragmentation: the route's
+/// MTU (from a connected probe socket's `IP_MTU`) less the IP and UDP headers.
+fn path_payload_bytes(addr: SocketAddr) -> Option<usize> {
+    let bind: SocketAddr = match addr {
+        SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+        SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
+    };
+    let probe = UdpSocket::bind(bind).ok()?;
+    probe.connect(addr).ok()?;
+    let (level, option, headers) = match addr {
+        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_MTU, 20 + 8),
+        SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_MTU, 40 + 8),
+    };
+    let mut mtu: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt on a live socket into a c_int with its size.
+    let rc = unsafe {
+        libc::getsockopt(
+            probe.as_raw_fd(),
+            level,
+            option,
+            &mut mtu as *mut libc::c_int as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if rc != 0 || mtu <= headers {
+        return None;
+    }
+    Some((mtu as usize - headers as usize).min(DATAGRAM_BYTES_MAX))
+}
+
+/// A socket address in the kernel's layout.
+fn sockaddr_of(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: an all-zero sockaddr_storage is valid; we then fill in one family's fields.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match addr {
+        SocketAddr::V4(v4) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for a sockaddr_in.
+            let sin = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = v4.port().to_be();
+            sin.sin_addr.s_addr = u32::from_ne_bytes(v4.ip().octets());
+            (
+                storage,
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        }
+        SocketAddr::V6(v6) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for a sockaddr_in6.
+            let sin6 = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in6) };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = v6.port().to_be();
+            sin6.sin6_addr.s6_addr = v6.ip().octets();
+            sin6.sin6_flowinfo = v6.flowinfo();
+            sin6.sin6_scope_id = v6.scope_id();
+            (
+                storage,
+                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            )
+        }
+    }
+}
+
+/// The socket address the kernel wrote, if it is IPv4 or IPv6.
+fn socket_addr_from(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match storage.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin = unsafe { &*(storage as *const _ as *const libc::sockaddr_in) };
+            let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::from((ip, u16::from_be(sin.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sin6 = unsafe { &*(storage as *const _ as *const libc::sockaddr_in6) };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// `sendmmsg` of up to a batch of datagrams; returns how many the kernel took.
+fn send_batch(fd: RawFd, batch: &[Transmit]) -> std::io::Result<usize> {
+    let n = batch.len().min(BATCH_DATAGRAMS_MAX);
+    let mut addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)> = batch[..n]
+        .iter()
+        .map(|t| sockaddr_of(&t.destination))
+        .collect();
+    let mut iovs: Vec<libc::iovec> = batch[..n]
+        .iter()
+        .map(|t| libc::iovec {
+            iov_base: t.contents.as_ptr() as *mut libc::c_void,
+            iov_len: t.contents.len(),
+        })
+        .collect();
+    // SAFETY: an all-zero mmsghdr is a valid empty header.
+    let mut headers: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+    for i in 0..n {
+        headers[i].msg_hdr.msg_name = &mut addrs[i].0 as *mut _ as *mut libc::c_void;
+        headers[i].msg_hdr.msg_namelen = addrs[i].1;
+        headers[i].msg_hdr.msg_iov = &mut iovs[i];
+        headers[i].msg_hdr.msg_iovlen = 1;
+    }
+    // SAFETY: headers, addresses, iovecs and datagram contents all outlive the call.
+    let sent = unsafe { libc::sendmmsg(fd, headers.as_mut_ptr(), n as u32, 0) };
+    if sent < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(sent as usize)
+}
+
+/// `recvmmsg` into the buffers; returns (buffer index, length, sender) of each whole datagram
+/// received (a truncated one is dropped).
+fn recv_batch(
+    fd: RawFd,
+    buffers: &mut [Vec<u8>],
+) -> std::io::Result<Vec<(usize, usize, SocketAddr)>> {
+    let n = buffers.len();
+    // SAFETY: zeroed sockaddr_storage and mmsghdr are valid initial values.
+    let mut addrs: Vec<libc::sockaddr_storage> =
+        (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+    let mut iovs: Vec<libc::iovec> = buffers
+        .iter_mut()
+        .map(|b| libc::iovec {
+            iov_base: b.as_mut_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        })
+        .collect();
+    let mut headers: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+    for i in 0..n {
+        headers[i].msg_hdr.msg_name = &mut addrs[i] as *mut _ as *mut libc::c_void;
+        headers[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+        headers[i].msg_hdr.msg_iov = &mut iovs[i];
+        headers[i].msg_hdr.msg_iovlen = 1;
+    }
+    // SAFETY: every pointer refers to memory that lives across the call; non-blocking socket.
+    let got = unsafe {
+        libc::recvmmsg(
+            fd,
+            headers.as_mut_ptr(),
+            n as u32,
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+        )
+    };
+    if got < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut out = Vec::with_capacity(got as usize);
+    for i in 0..got as usize {
+        let truncated = headers[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+        if let (false, Some(from)) = (truncated, socket_addr_from(&addrs[i])) {
+            out.push((i, headers[i].msg_len as usize, from));
+        }
+    }
+    Ok(out)
+}
