@@ -5,6 +5,7 @@ mod bench;
 mod cluster;
 mod commands;
 mod demo;
+mod lab;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
@@ -131,6 +132,11 @@ enum Command {
     },
     /// Tessera's main job on an embedded cluster: store, lose a server, read degraded, rebuild.
     Demo,
+    /// Build a test network of namespaces and run experiments on it (needs root).
+    Lab(lab::LabArgs),
+    /// The lab's measurement client (run by `tessera lab` inside a namespace).
+    #[command(hide = true)]
+    LabClient(lab::LabClientArgs),
 }
 
 #[derive(Args)]
@@ -286,5 +292,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Scrub { remote } => commands::scrub(cluster, remote.as_deref()).await,
         Command::Bench { quick, json } => bench::run(cluster, quick, json).await,
         Command::Demo => demo::run().await,
+        Command::Lab(args) => lab::run(args).await,
+        Command::LabClient(args) => lab::client(args).await,
     }
 }

@@ -1,0 +1,444 @@
+//! What the measurement client does: jobs in, reports out, both JSON.
+//!
+//! The lab runs `tessera lab-client --job JSON` inside the client's namespace (see
+//! [`crate::cluster::Cluster::run_job`]); that command connects a
+//! [`tessera_client::Client`] with the transport it is told to use and calls [`run`], which
+//! does the job and returns the [`ClientReport`] it prints. Timing happens here, inside the
+//! client, around the client library's calls only.
+
+use crate::net::HOST_INTERFACE;
+use crate::probe::CpuTimes;
+use crate::LabError;
+use futures::stream::{self, StreamExt};
+use rand::{RngCore, SeedableRng};
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, Instant};
+use tessera_client::{Client, File, LayoutRequest, Scheme, ServerState};
+
+/// Bytes one client call moves in a large transfer (whole stripes near this).
+const TRANSFER_CHUNK_BYTES: u64 = 8 << 20;
+/// Transfer calls kept in flight at once in a large transfer, as `tessera put`/`get` do.
+const TRANSFERS_IN_FLIGHT: usize = 3;
+/// Largest file a job may make; its bytes are held in the client's memory.
+pub const FILE_BYTES_MAX: u64 = 1 << 30;
+/// Most timed repetitions of one measurement.
+pub const REPETITIONS_MAX: u32 = 1000;
+/// How often a wait asks the manager.
+const STATUS_POLL: Duration = Duration::from_millis(100);
+
+/// One file a job works on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileSpec {
+    /// Its path in the cluster.
+    pub path: String,
+    /// Its scheme.
+    pub scheme: Scheme,
+    /// Its stripe unit (one "block" in Swift/RAID's terms).
+    pub stripe_unit_bytes: u32,
+    /// Its size.
+    pub bytes: u64,
+    /// Seed of its contents.
+    pub seed: u64,
+}
+
+impl FileSpec {
+    /// Its contents: the same bytes for the same seed and size.
+    pub fn contents(&self) -> Vec<u8> {
+        assert!(self.bytes <= FILE_BYTES_MAX, "file of {} bytes", self.bytes);
+        let mut data = vec![0u8; self.bytes as usize];
+        rand::rngs::StdRng::seed_from_u64(self.seed).fill_bytes(&mut data);
+        data
+    }
+}
+
+/// A timed operation on a whole file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    /// Overwrite the whole file (it exists, as Swift/RAID's files were preallocated).
+    Write,
+    /// Read the whole file.
+    Read,
+}
+
+impl Op {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Write => "write",
+            Op::Read => "read",
+        }
+    }
+}
+
+/// Work for the measurement client.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "job", rename_all = "snake_case")]
+pub enum ClientJob {
+    /// Wait until the manager reports servers `up` as up and `down` as down.
+    WaitServers {
+        /// Ids that must be up.
+        up: Vec<u32>,
+        /// Ids that must be down.
+        down: Vec<u32>,
+        /// Give up after this long.
+        timeout_ms: u64,
+    },
+    /// Create each file (replacing any of that path) and write its contents.
+    Prepare {
+        /// The files.
+        files: Vec<FileSpec>,
+    },
+    /// Per repetition, for each file, each op in order, timed; after the last read of each
+    /// file, compare its bytes with the contents written.
+    Measure {
+        /// The files, already prepared.
+        files: Vec<FileSpec>,
+        /// The ops.
+        ops: Vec<Op>,
+        /// Repetitions.
+        repetitions: u32,
+    },
+    /// Create, write, read back and compare, remove: the smoke test.
+    Check {
+        /// The file.
+        file: FileSpec,
+    },
+}
+
+impl ClientJob {
+    /// The job's kind, for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ClientJob::WaitServers { .. } => "wait_servers",
+            ClientJob::Prepare { .. } => "prepare",
+            ClientJob::Measure { .. } => "measure",
+            ClientJob::Check { .. } => "check",
+        }
+    }
+}
+
+/// One timed operation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// The file.
+    pub path: String,
+    /// The op.
+    pub op: Op,
+    /// Bytes of the file moved (user bytes: no parity).
+    pub bytes: u64,
+    /// How long it took.
+    pub seconds: f64,
+    /// Share of the machine's CPU time that was busy meanwhile, 0..=1.
+    pub cpu_busy: f64,
+    /// Bytes of frames the client's interface received meanwhile (as `tbf` counts them:
+    /// headers, parity, requests and all), if its counters could be read.
+    #[serde(default)]
+    pub link_rx_bytes: Option<u64>,
+    /// Bytes of frames it sent meanwhile.
+    #[serde(default)]
+    pub link_tx_bytes: Option<u64>,
+}
+
+impl Sample {
+    /// User bytes per second.
+    pub fn bytes_per_s(&self) -> f64 {
+        self.bytes as f64 / self.seconds.max(1e-9)
+    }
+
+    /// Bytes of the busier direction of the client's link, if measured.
+    pub fn link_bytes(&self) -> Option<u64> {
+        Some(self.link_rx_bytes?.max(self.link_tx_bytes?))
+    }
+}
+
+/// Bytes received and sent so far by the interface of the namespace this runs in
+/// (`ip netns exec` shows the namespace's own `/sys/class/net`).
+fn link_counters() -> Option<(u64, u64)> {
+    let read = |name: &str| -> Option<u64> {
+        let path = format!("/sys/class/net/{HOST_INTERFACE}/statistics/{name}");
+        std::fs::read_to_string(path).ok()?.trim().parse().ok()
+    };
+    Some((read("rx_bytes")?, read("tx_bytes")?))
+}
+
+/// A prepared file and where its columns are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedFile {
+    /// The file.
+    pub path: String,
+    /// The server of each column, in column order (RAID-4's parity is the last).
+    pub columns: Vec<u32>,
+}
+
+/// What the measurement client answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "report", rename_all = "snake_case")]
+pub enum ClientReport {
+    /// To [`ClientJob::WaitServers`]: the servers as the manager last reported them.
+    Servers {
+        /// Ids up.
+        up: Vec<u32>,
+        /// Ids down or stale.
+        down: Vec<u32>,
+    },
+    /// To [`ClientJob::Prepare`].
+    Prepared {
+        /// The files.
+        files: Vec<PreparedFile>,
+    },
+    /// To [`ClientJob::Measure`].
+    Measured {
+        /// Every timed op, in the order done.
+        samples: Vec<Sample>,
+    },
+    /// To [`ClientJob::Check`].
+    Checked {
+        /// The write.
+        write: Sample,
+        /// The read back.
+        read: Sample,
+    },
+}
+
+/// Do `job` with `client`.
+pub async fn run(client: &Client, job: &ClientJob) -> Result<ClientReport, LabError> {
+    match job {
+        ClientJob::WaitServers {
+            up,
+            down,
+            timeout_ms,
+        } => wait_servers(client, up, down, Duration::from_millis(*timeout_ms)).await,
+        ClientJob::Prepare { files } => {
+            let mut prepared = Vec::with_capacity(files.len());
+            for spec in files {
+                let file = create(client, spec).await?;
+                write_file(client, &file, &spec.contents()).await?;
+                let stat = client.stat(&spec.path).await?;
+                prepared.push(PreparedFile {
+                    path: spec.path.clone(),
+                    columns: stat.meta.servers.clone(),
+                });
+            }
+            Ok(ClientReport::Prepared { files: prepared })
+        }
+        ClientJob::Measure {
+            files,
+            ops,
+            repetitions,
+        } => {
+            assert!(*repetitions <= REPETITIONS_MAX, "{repetitions} repetitions");
+            let mut opened = Vec::with_capacity(files.len());
+            for spec in files {
+                let data = spec.contents();
+                let back = vec![0u8; data.len()];
+                opened.push((spec, client.open(&spec.path).await?, data, back));
+            }
+            let mut samples = Vec::new();
+            for _ in 0..*repetitions {
+                for (spec, file, data, back) in &mut opened {
+                    for op in ops {
+                        samples.push(timed(client, spec, file, *op, data, back).await?);
+                    }
+                }
+            }
+            for (spec, _, data, back) in &opened {
+                if ops.contains(&Op::Read) && *repetitions > 0 && back != data {
+                    return Err(LabError::Corrupt {
+                        path: spec.path.clone(),
+                    });
+                }
+            }
+            Ok(ClientReport::Measured { samples })
+        }
+        ClientJob::Check { file: spec } => {
+            let file = create(client, spec).await?;
+            let data = spec.contents();
+            let mut back = vec![0u8; data.len()];
+            let write = timed(client, spec, &file, Op::Write, &data, &mut back).await?;
+            client.sync(&file).await?;
+            let read = timed(client, spec, &file, Op::Read, &data, &mut back).await?;
+            if back != data {
+                return Err(LabError::Corrupt {
+                    path: spec.path.clone(),
+                });
+            }
+            client.remove(&spec.path).await?;
+            Ok(ClientReport::Checked { write, read })
+        }
+    }
+}
+
+async fn create(client: &Client, spec: &FileSpec) -> Result<File, LabError> {
+    Ok(client
+        .create_replacing(
+            &spec.path,
+            LayoutRequest {
+                scheme: spec.scheme,
+                stripe_unit: spec.stripe_unit_bytes,
+                width: None,
+            },
+        )
+        .await?)
+}
+
+async fn timed(
+    client: &Client,
+    spec: &FileSpec,
+    file: &File,
+    op: Op,
+    data: &[u8],
+    back: &mut [u8],
+) -> Result<Sample, LabError> {
+    let link = link_counters();
+    let cpu = CpuTimes::now()?;
+    let start = Instant::now();
+    match op {
+        Op::Write => write_file(client, file, data).await?,
+        Op::Read => read_file(client, file, spec, back).await?,
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu_busy = CpuTimes::now()?.busy_since(&cpu);
+    let moved = link
+        .zip(link_counters())
+        .map(|((rx0, tx0), (rx1, tx1))| (rx1 - rx0, tx1 - tx0));
+    Ok(Sample {
+        path: spec.path.clone(),
+        op,
+        bytes: data.len() as u64,
+        seconds,
+        cpu_busy,
+        link_rx_bytes: moved.map(|m| m.0),
+        link_tx_bytes: moved.map(|m| m.1),
+    })
+}
+
+/// Whole stripes near [`TRANSFER_CHUNK_BYTES`]: one call for a small file, several for a
+/// large one.
+async fn chunk_bytes(client: &Client, file: &File) -> Result<usize, LabError> {
+    let stripe = client.stat(&file.path).await?.meta.layout.stripe_bytes();
+    Ok((stripe * (TRANSFER_CHUNK_BYTES / stripe).max(1)) as usize)
+}
+
+async fn write_file(client: &Client, file: &File, data: &[u8]) -> Result<(), LabError> {
+    let chunk = chunk_bytes(client, file).await?;
+    let writes = data
+        .chunks(chunk)
+        .enumerate()
+        .map(|(i, part)| async move { client.write_at(file, (i * chunk) as u64, part).await });
+    let results: Vec<_> = stream::iter(writes)
+        .buffer_unordered(TRANSFERS_IN_FLIGHT)
+        .collect()
+        .await;
+    for result in results {
+        result?;
+    }
+    Ok(())
+}
+
+async fn read_file(
+    client: &Client,
+    file: &File,
+    spec: &FileSpec,
+    out: &mut [u8],
+) -> Result<(), LabError> {
+    let chunk = chunk_bytes(client, file).await?;
+    let reads = out
+        .chunks_mut(chunk)
+        .enumerate()
+        .map(|(i, part)| async move {
+            let want = part.len();
+            let got = client.read_into(file, (i * chunk) as u64, part).await?;
+            Ok::<bool, LabError>(got == want)
+        });
+    let results: Vec<_> = stream::iter(reads)
+        .buffer_unordered(TRANSFERS_IN_FLIGHT)
+        .collect()
+        .await;
+    for result in results {
+        if !result? {
+            return Err(LabError::Corrupt {
+                path: spec.path.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+async fn wait_servers(
+    client: &Client,
+    up: &[u32],
+    down: &[u32],
+    timeout: Duration,
+) -> Result<ClientReport, LabError> {
+    let start = Instant::now();
+    loop {
+        let servers = client.status().await?;
+        let ids = |want: fn(ServerState) -> bool| -> Vec<u32> {
+            servers
+                .iter()
+                .filter(|s| want(s.state))
+                .map(|s| s.id)
+                .collect()
+        };
+        let now_up = ids(|s| s == ServerState::Up);
+        let now_down = ids(|s| s != ServerState::Up);
+        // A server the manager does not list at all counts as down.
+        if up.iter().all(|id| now_up.contains(id)) && !down.iter().any(|id| now_up.contains(id)) {
+            return Ok(ClientReport::Servers {
+                up: now_up,
+                down: now_down,
+            });
+        }
+        if start.elapsed() >= timeout {
+            return Err(LabError::Timeout {
+                what: format!("servers {up:?} up and {down:?} down (up now: {now_up:?})"),
+                seconds: timeout.as_secs_f64(),
+            });
+        }
+        tokio::time::sleep(STATUS_POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_round_trip_as_json() {
+        let job = ClientJob::Measure {
+            files: vec![FileSpec {
+                path: "lab/raid5-40".into(),
+                scheme: Scheme::Raid5,
+                stripe_unit_bytes: 65536,
+                bytes: 40 * 65536,
+                seed: 7,
+            }],
+            ops: vec![Op::Write, Op::Read],
+            repetitions: 3,
+        };
+        let text = serde_json::to_string(&job).unwrap();
+        assert!(text.contains("\"job\":\"measure\""), "{text}");
+        assert_eq!(serde_json::from_str::<ClientJob>(&text).unwrap(), job);
+        let report = ClientReport::Servers {
+            up: vec![1, 2],
+            down: vec![3],
+        };
+        let text = serde_json::to_string(&report).unwrap();
+        assert_eq!(serde_json::from_str::<ClientReport>(&text).unwrap(), report);
+    }
+
+    #[test]
+    fn contents_depend_on_seed_only() {
+        let spec = |seed| FileSpec {
+            path: "x".into(),
+            scheme: Scheme::Raid0,
+            stripe_unit_bytes: 4096,
+            bytes: 1000,
+            seed,
+        };
+        assert_eq!(spec(1).contents(), spec(1).contents());
+        assert_ne!(spec(1).contents(), spec(2).contents());
+        assert_eq!(spec(1).contents().len(), 1000);
+    }
+}

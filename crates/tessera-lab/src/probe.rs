@@ -1,0 +1,308 @@
+//! Raw measurements across the lab network, from threads inside its namespaces: a UDP echo
+//! (the lab's ping) and one TCP stream (the yardstick that tells whether the configured link
+//! rate is what the testbed delivers), and the machine's CPU time.
+
+use crate::net::{run_in_namespace, Network};
+use crate::LabError;
+use serde::Serialize;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Port of the echo probe.
+const ECHO_PORT: u16 = 7901;
+/// Port of the stream probe.
+const STREAM_PORT: u16 = 7902;
+/// How long one echo waits for its answer.
+const ECHO_TIMEOUT: Duration = Duration::from_millis(500);
+/// Most echoes one probe sends.
+pub const ECHOES_MAX: u32 = 1000;
+/// Bytes one stream write hands the kernel.
+const STREAM_WRITE_BYTES: usize = 256 << 10;
+
+/// Round trips of a UDP echo.
+#[derive(Debug, Clone, Serialize)]
+pub struct EchoStats {
+    /// Echoes sent.
+    pub sent: u32,
+    /// Echoes answered in time.
+    pub received: u32,
+    /// Shortest round trip, in microseconds.
+    pub rtt_us_min: f64,
+    /// Median round trip, in microseconds.
+    pub rtt_us_median: f64,
+    /// Longest round trip, in microseconds.
+    pub rtt_us_max: f64,
+}
+
+/// Send `count` small datagrams from host `from` to host `to` and time their echoes; they
+/// cross both hosts' links, the bridge and its `tbf` ports.
+pub fn udp_echo(
+    network: &Network,
+    from: &str,
+    to: &str,
+    count: u32,
+) -> Result<EchoStats, LabError> {
+    assert!((1..=ECHOES_MAX).contains(&count), "1..={ECHOES_MAX} echoes");
+    let (from_ns, to_ns) = (network.namespace(from)?, network.namespace(to)?);
+    let target = SocketAddrV4::new(network.addr(to)?, ECHO_PORT);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    std::thread::scope(|scope| {
+        let echo = scope.spawn(move || {
+            run_in_namespace(&to_ns, || {
+                let socket = UdpSocket::bind(target).map_err(LabError::io("bind the echo"))?;
+                socket
+                    .set_read_timeout(Some(ECHO_TIMEOUT * 2))
+                    .map_err(LabError::io("set a timeout"))?;
+                let _ = ready_tx.send(());
+                let mut buf = [0u8; 64];
+                // Answers until the prober stops sending (a read times out).
+                while let Ok((n, peer)) = socket.recv_from(&mut buf) {
+                    if &buf[..n] == b"done" {
+                        break;
+                    }
+                    socket
+                        .send_to(&buf[..n], peer)
+                        .map_err(LabError::io("answer an echo"))?;
+                }
+                Ok(())
+            })
+        });
+        let prober = run_in_namespace(&from_ns, move || {
+            ready_rx.recv().map_err(|_| LabError::Timeout {
+                what: "the echo to start".into(),
+                seconds: 0.0,
+            })?;
+            let socket = UdpSocket::bind("0.0.0.0:0").map_err(LabError::io("bind the prober"))?;
+            socket
+                .set_read_timeout(Some(ECHO_TIMEOUT))
+                .map_err(LabError::io("set a timeout"))?;
+            let mut rtts_us = Vec::new();
+            let mut buf = [0u8; 64];
+            for seq in 0..count {
+                let message = seq.to_be_bytes();
+                let sent = Instant::now();
+                socket
+                    .send_to(&message, target)
+                    .map_err(LabError::io(format!("send an echo to {target}")))?;
+                // Skip late answers to earlier echoes; wait for this one or time out.
+                while let Ok(n) = socket.recv(&mut buf) {
+                    if buf[..n] == message {
+                        rtts_us.push(sent.elapsed().as_secs_f64() * 1e6);
+                        break;
+                    }
+                }
+            }
+            let _ = socket.send_to(b"done", target);
+            Ok(rtts_us)
+        });
+        let echo = echo.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        // The echo's failure (it could not bind, say) is the cause of the prober's.
+        echo?;
+        let mut rtts_us = prober?;
+        rtts_us.sort_by(f64::total_cmp);
+        let pick = |i: usize| rtts_us.get(i).copied().unwrap_or(f64::NAN);
+        Ok(EchoStats {
+            sent: count,
+            received: rtts_us.len() as u32,
+            rtt_us_min: pick(0),
+            rtt_us_median: pick(rtts_us.len() / 2),
+            rtt_us_max: pick(rtts_us.len().wrapping_sub(1)),
+        })
+    })
+}
+
+/// One TCP stream's throughput.
+#[derive(Debug, Clone, Serialize)]
+pub struct StreamStats {
+    /// Bytes carried.
+    pub bytes: u64,
+    /// From the sender's connect to the receiver's last byte.
+    pub seconds: f64,
+    /// Payload bits per second.
+    pub bits_per_s: f64,
+    /// Share of the machine's CPU time that was busy meanwhile (all processes, 0..=1).
+    pub cpu_busy: f64,
+    /// Frames the network's `tbf` queues dropped meanwhile.
+    pub drops: u64,
+}
+
+/// Send `bytes` over one TCP connection from host `from` to host `to`.
+pub fn tcp_stream(
+    network: &Network,
+    from: &str,
+    to: &str,
+    bytes: u64,
+    timeout: Duration,
+) -> Result<StreamStats, LabError> {
+    let (from_ns, to_ns) = (network.namespace(from)?, network.namespace(to)?);
+    let target = SocketAddr::V4(SocketAddrV4::new(network.addr(to)?, STREAM_PORT));
+    let drops_before = network.tbf_drops()?;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    std::thread::scope(|scope| {
+        let sink = scope.spawn(move || {
+            run_in_namespace(&to_ns, || {
+                let listener = TcpListener::bind(target).map_err(LabError::io("bind the sink"))?;
+                let _ = ready_tx.send(());
+                let mut stream = accept_within(&listener, timeout)?;
+                stream
+                    .set_read_timeout(Some(timeout))
+                    .map_err(LabError::io("set a timeout"))?;
+                let mut buf = vec![0u8; STREAM_WRITE_BYTES];
+                let mut got = 0u64;
+                loop {
+                    let n = stream
+                        .read(&mut buf)
+                        .map_err(LabError::io("read the stream"))?;
+                    if n == 0 {
+                        return Ok((got, Instant::now()));
+                    }
+                    got += n as u64;
+                }
+            })
+        });
+        let source = run_in_namespace(&from_ns, move || {
+            ready_rx.recv().map_err(|_| LabError::Timeout {
+                what: "the stream sink to start".into(),
+                seconds: 0.0,
+            })?;
+            let cpu = CpuTimes::now()?;
+            let start = Instant::now();
+            let mut stream = TcpStream::connect_timeout(&target, timeout)
+                .map_err(LabError::io(format!("connect to {target}")))?;
+            stream
+                .set_write_timeout(Some(timeout))
+                .map_err(LabError::io("set a timeout"))?;
+            let block = vec![0x5au8; STREAM_WRITE_BYTES];
+            let mut sent = 0u64;
+            while sent < bytes {
+                let n = block.len().min((bytes - sent) as usize);
+                stream
+                    .write_all(&block[..n])
+                    .map_err(LabError::io("write the stream"))?;
+                sent += n as u64;
+            }
+            Ok((start, cpu))
+        });
+        let sunk = sink.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        let (got, end) = sunk?;
+        let (start, cpu) = source?;
+        let cpu_busy = CpuTimes::now()?.busy_since(&cpu);
+        if got != bytes {
+            return Err(LabError::Io {
+                action: format!("carry {bytes} bytes over TCP"),
+                source: std::io::Error::other(format!("only {got} arrived")),
+            });
+        }
+        let seconds = (end - start).as_secs_f64();
+        Ok(StreamStats {
+            bytes,
+            seconds,
+            bits_per_s: bytes as f64 * 8.0 / seconds.max(1e-9),
+            cpu_busy,
+            drops: network.tbf_drops()?.saturating_sub(drops_before),
+        })
+    })
+}
+
+/// Accept one connection, giving up after `timeout` (a sender that failed never connects).
+fn accept_within(listener: &TcpListener, timeout: Duration) -> Result<TcpStream, LabError> {
+    listener
+        .set_nonblocking(true)
+        .map_err(LabError::io("make the listener non-blocking"))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                stream
+                    .set_nonblocking(false)
+                    .map_err(LabError::io("make the stream blocking"))?;
+                return Ok(stream);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(LabError::Timeout {
+                        what: "the stream's sender to connect".into(),
+                        seconds: timeout.as_secs_f64(),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(LabError::io("accept the stream")(e)),
+        }
+    }
+}
+
+/// The machine's CPU time so far (all CPUs, from `/proc/stat`), in clock ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuTimes {
+    /// Ticks spent running anything (user, nice, system, interrupts, steal).
+    pub busy: u64,
+    /// All ticks, idle and I/O wait included.
+    pub total: u64,
+}
+
+impl CpuTimes {
+    /// Read them now.
+    pub fn now() -> Result<CpuTimes, LabError> {
+        let stat =
+            std::fs::read_to_string("/proc/stat").map_err(LabError::io("read /proc/stat"))?;
+        Ok(CpuTimes::parse(&stat))
+    }
+
+    /// From the text of `/proc/stat`: its first line sums all CPUs.
+    pub fn parse(stat: &str) -> CpuTimes {
+        let fields: Vec<u64> = stat
+            .lines()
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal [guest guest_nice, already in user].
+        let total: u64 = fields.iter().take(8).sum();
+        let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+        CpuTimes {
+            busy: total - idle,
+            total,
+        }
+    }
+
+    /// The busy share of the time between `earlier` and `self`, 0..=1.
+    pub fn busy_since(&self, earlier: &CpuTimes) -> f64 {
+        let total = self.total.saturating_sub(earlier.total);
+        if total == 0 {
+            return 0.0;
+        }
+        self.busy.saturating_sub(earlier.busy) as f64 / total as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_times_from_proc_stat() {
+        let a = CpuTimes::parse("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n");
+        assert_eq!(
+            a,
+            CpuTimes {
+                busy: 150,
+                total: 1000
+            }
+        );
+        let b = CpuTimes::parse("cpu  200 0 100 1600 100 0 0 0 0 0\n");
+        assert!((b.busy_since(&a) - 0.15).abs() < 1e-9);
+        assert_eq!(a.busy_since(&a), 0.0);
+    }
+
+    #[test]
+    fn cpu_times_of_this_machine_grow() {
+        let a = CpuTimes::now().unwrap();
+        let b = CpuTimes::now().unwrap();
+        assert!(b.total >= a.total && b.busy >= a.busy);
+    }
+}

@@ -1,0 +1,330 @@
+//! `tessera lab` and the hidden `tessera lab-client`: command-line arguments, the signal
+//! handler, and calls into `tessera-lab`, which does the work.
+//!
+//! The global `--transport` and `--window` pick what `swift-window` measures (TCP only, the
+//! datagram transport only, one window); the lab passes them on to the daemons and to
+//! `lab-client`, which connects with them like every client command.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use tessera_client::Scheme;
+use tessera_lab::cluster::Transport;
+use tessera_lab::experiments::calibrate::{self, CalibrateConfig};
+use tessera_lab::experiments::check::{self, CheckConfig};
+use tessera_lab::experiments::swift_window::{self, SwiftWindowConfig};
+use tessera_lab::experiments::LabConfig;
+use tessera_lab::job::ClientJob;
+use tessera_lab::net::{self, Buffer, LinkSpec, Rate};
+use tessera_lab::Cancel;
+
+/// Build a test network of namespaces and run experiments on it (needs root).
+#[derive(Args)]
+pub struct LabArgs {
+    #[command(subcommand)]
+    experiment: Experiment,
+}
+
+#[derive(Subcommand)]
+enum Experiment {
+    /// Smoke test: build the network, echo across it, store and read a file, tear down
+    /// (over TCP unless --transport udp).
+    Check {
+        /// Servers in the cluster.
+        #[arg(long, default_value_t = 3)]
+        servers: u32,
+        /// Scheme of the file.
+        #[arg(long, default_value = "raid5")]
+        scheme: Scheme,
+        /// Bytes of the file, e.g. 4M.
+        #[arg(long, default_value = "4M")]
+        size: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Swift/RAID figures 2-5: throughput against the window, TCP, degraded mode.
+    SwiftWindow(SwiftWindowArgs),
+    /// A raw TCP stream and Tessera at several link rates, with CPU use.
+    Calibrate {
+        /// A shorter sweep.
+        #[arg(long)]
+        quick: bool,
+        /// Link rates to try, e.g. 100mbit,1gbit [default: 100mbit to 2gbit].
+        #[arg(long, value_delimiter = ',')]
+        rates: Vec<Rate>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Remove lab namespaces (and their links and processes) left by runs that died.
+    Cleanup {
+        /// Also those of runs still alive.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+/// Settings every experiment takes.
+#[derive(Args)]
+struct Common {
+    /// Rate of every link, each way (tc units: 200mbit, 1gbit).
+    #[arg(long, default_value = "200mbit")]
+    rate: Rate,
+    /// Queue of each switch port toward a host: frames (128p) or bytes (192K).
+    #[arg(long, default_value = "128p")]
+    buffer: Buffer,
+    /// Transmit queue of each host: frames or bytes.
+    #[arg(long, default_value = "1000p")]
+    nic_buffer: Buffer,
+    /// Token bucket of each link in bytes [default: 1 ms of the rate].
+    #[arg(long)]
+    burst: Option<u64>,
+    /// Directory for NAME.json, NAME.csv, NAME.md and NAME.png.
+    #[arg(long, default_value = "results")]
+    dir: PathBuf,
+    /// An extra flag for every `tessera server` (repeat for more), e.g. --server-arg=--foo.
+    #[arg(long, allow_hyphen_values = true)]
+    server_arg: Vec<String>,
+}
+
+#[derive(Args)]
+struct SwiftWindowArgs {
+    /// The subset that runs in under two minutes. (--transport tcp|udp measures one
+    /// transport only, --window N one window only.)
+    #[arg(long)]
+    quick: bool,
+    /// Windows of the datagram transport, e.g. 1,2,4 [default: 1 to 8; quick: 1,2,3,8].
+    #[arg(long, value_delimiter = ',')]
+    windows: Vec<u32>,
+    /// Numbers of servers, e.g. 3,5 [default: 3,4,5; quick: 3].
+    #[arg(long, value_delimiter = ',')]
+    servers: Vec<u32>,
+    /// Schemes, e.g. raid0,raid5 [default: raid0,raid4,raid5; quick: raid5].
+    #[arg(long, value_delimiter = ',')]
+    schemes: Vec<Scheme>,
+    /// Bytes of the large file, e.g. 32M.
+    #[arg(long)]
+    large_size: Option<String>,
+    /// Stripe unit (one block), e.g. 64K.
+    #[arg(long)]
+    stripe_unit: Option<String>,
+    /// Skip degraded mode.
+    #[arg(long)]
+    no_degraded: bool,
+    /// An extra flag for the measurement client (repeat for more).
+    #[arg(long, allow_hyphen_values = true)]
+    client_arg: Vec<String>,
+    #[command(flatten)]
+    common: Common,
+}
+
+/// The measurement client: runs one lab job against a cluster and prints its report as JSON.
+/// It connects with the global `--transport` and `--window`.
+#[derive(Args)]
+pub struct LabClientArgs {
+    /// The manager's address.
+    #[arg(long)]
+    manager: SocketAddr,
+    /// The job, as JSON.
+    #[arg(long)]
+    job: String,
+}
+
+pub async fn run(args: LabArgs) -> Result<()> {
+    let (common, experiment) = match args.experiment {
+        Experiment::Cleanup { all } => return cleanup(all),
+        Experiment::Check {
+            servers,
+            scheme,
+            size,
+            common,
+        } => {
+            // TCP unless --transport udp asks for the datagram transport.
+            let network = crate::commands::network();
+            let transport = match (network.transport.map(|t| t.name()), network.window) {
+                (Some("tcp"), _) | (None, None) => Transport::Tcp,
+                (_, Some(window)) => Transport::Datagram { window },
+                (Some(_), None) => Transport::Adaptive,
+            };
+            let config = CheckConfig {
+                servers,
+                scheme,
+                bytes: u64::from(crate::commands::parse_size(&size)?),
+                transport,
+                server_args: common.server_arg.clone(),
+                ..CheckConfig::default()
+            };
+            (common, Config::Check(config))
+        }
+        Experiment::Calibrate {
+            quick,
+            rates,
+            common,
+        } => {
+            let mut config = if quick {
+                CalibrateConfig::quick()
+            } else {
+                CalibrateConfig::full()
+            };
+            if !rates.is_empty() {
+                config.rates = rates;
+            }
+            (common, Config::Calibrate(config))
+        }
+        Experiment::SwiftWindow(args) => {
+            let config = swift_window_config(&args)?;
+            (args.common, Config::SwiftWindow(config))
+        }
+    };
+    let cancel = Cancel::new();
+    watch_signals(cancel.clone())?;
+    let exe = std::env::current_exe().context("cannot find the tessera binary")?;
+    let lab = LabConfig::new(exe, common.link(), common.dir, cancel);
+    // The lab waits on processes and sockets with plain blocking calls.
+    let paths = tokio::task::spawn_blocking(move || run_experiment(&lab, experiment)).await??;
+    for path in paths {
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn cleanup(all: bool) -> Result<()> {
+    let report = net::cleanup(all)?;
+    for ns in &report.removed {
+        println!("removed {ns}");
+    }
+    for ns in &report.kept {
+        println!("kept {ns} (its run is alive; --all removes it too)");
+    }
+    for dir in &report.removed_dirs {
+        println!("removed {}", dir.display());
+    }
+    if report.removed.is_empty() && report.kept.is_empty() && report.removed_dirs.is_empty() {
+        println!("no lab namespaces");
+    }
+    Ok(())
+}
+
+/// An experiment, configured.
+enum Config {
+    Check(CheckConfig),
+    Calibrate(CalibrateConfig),
+    SwiftWindow(SwiftWindowConfig),
+}
+
+fn swift_window_config(args: &SwiftWindowArgs) -> Result<SwiftWindowConfig> {
+    let mut config = if args.quick {
+        SwiftWindowConfig::quick()
+    } else {
+        SwiftWindowConfig::full()
+    };
+    let network = crate::commands::network();
+    if !args.windows.is_empty() {
+        config.windows = args.windows.clone();
+    }
+    if let Some(window) = network.window {
+        config.windows = vec![window];
+        config.degraded_window = window;
+    }
+    if config.windows.contains(&0) {
+        bail!("a window must be at least 1");
+    }
+    if !args.servers.is_empty() {
+        config.servers = args.servers.clone();
+        config.degraded_servers = args.servers.clone();
+    }
+    if config.servers.iter().any(|n| *n < 3) {
+        bail!("RAID-4 and RAID-5 need at least 3 servers");
+    }
+    if !args.schemes.is_empty() {
+        config.schemes = args.schemes.clone();
+        config
+            .degraded
+            .retain(|case| args.schemes.contains(&case.scheme));
+    }
+    match network.transport.map(|t| t.name()) {
+        None => {}
+        Some("tcp") => config.windows.clear(),
+        Some(_) => config.tcp = false,
+    }
+    if let Some(size) = &args.large_size {
+        config.large_bytes = u64::from(crate::commands::parse_size(size)?);
+    }
+    if let Some(unit) = &args.stripe_unit {
+        config.stripe_unit_bytes = crate::commands::parse_size(unit)?;
+    }
+    if args.no_degraded {
+        config.degraded.clear();
+    }
+    config.server_args = args.common.server_arg.clone();
+    config.client_args = args.client_arg.clone();
+    Ok(config)
+}
+
+impl Common {
+    fn link(&self) -> LinkSpec {
+        LinkSpec {
+            rate: self.rate,
+            switch_buffer: self.buffer,
+            nic_buffer: self.nic_buffer,
+            burst_bytes: self.burst,
+        }
+    }
+}
+
+fn run_experiment(lab: &LabConfig, experiment: Config) -> Result<Vec<PathBuf>> {
+    Ok(match experiment {
+        Config::Check(config) => {
+            let report = check::run(lab, &config)?;
+            println!(
+                "check passed: wrote and read {} bytes over the bridge at {:.1} and {:.1} MB/s",
+                report.bytes,
+                report.write_bytes_per_s / 1e6,
+                report.read_bytes_per_s / 1e6
+            );
+            report.outputs
+        }
+        Config::Calibrate(config) => calibrate::run(lab, &config)?.1,
+        Config::SwiftWindow(config) => {
+            let (report, paths) = swift_window::run(lab, &config)?;
+            eprintln!("lab: swift-window took {:.0} s", report.duration_s);
+            if let Some(md) = paths
+                .iter()
+                .find(|p| p.extension().is_some_and(|e| e == "md"))
+            {
+                print!("{}", std::fs::read_to_string(md).unwrap_or_default());
+            }
+            paths
+        }
+    })
+}
+
+/// On Ctrl-C, SIGTERM or SIGHUP, ask the experiment to stop; its guards then tear down.
+/// Registering replaces the default action (exit at once, leaving the network behind).
+fn watch_signals(cancel: Cancel) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut signals = Vec::new();
+    for kind in [
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+    ] {
+        signals.push(signal(kind).context("cannot install a signal handler")?);
+    }
+    tokio::spawn(async move {
+        let waits = signals.iter_mut().map(|s| Box::pin(s.recv()));
+        futures::future::select_all(waits).await;
+        eprintln!("lab: interrupted; tearing down");
+        cancel.cancel();
+    });
+    Ok(())
+}
+
+/// `tessera lab-client`: one job, its report on stdout.
+pub async fn client(args: LabClientArgs) -> Result<()> {
+    let job: ClientJob = serde_json::from_str(&args.job).context("bad --job")?;
+    let client = crate::commands::connect(Some(args.manager.to_string())).await?;
+    let report = tessera_lab::job::run(&client, &job).await?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
