@@ -341,7 +341,7 @@ fn a_bad_log_header_is_an_error_not_a_silent_loss() {
     drop(populated(dir.path()));
     let log_path = on_disk(dir.path(), "overflow.log");
     let log = OpenOptions::new().write(true).open(&log_path).unwrap();
-    log.write_all_at(b"XXXX", 0).unwrap();
+    log.write_all_at(b"JUNK", 0).unwrap();
     drop(log);
     let store = Store::open(dir.path()).unwrap();
     let read = store.read(FILE, Region::Data, 0, 10, true);

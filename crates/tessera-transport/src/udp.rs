@@ -255,6 +255,25 @@ fn encode_frame(kind: FrameKind, request_id: u64, message: &[u8], payload: &[u8]
     Bytes::from(out)
 }
 
+/// Forget a client session: its server mapping and its waiting requests, returned oldest
+/// first (so that any sent again reach the server in the order they were first sent).
+fn take_session(
+    pending: &mut HashMap<u64, Pending>,
+    sessions: &mut HashMap<SocketAddr, SessionId>,
+    session: SessionId,
+) -> Vec<(u64, Pending)> {
+    sessions.retain(|_, s| *s != session);
+    let mut ids: Vec<u64> = pending
+        .iter()
+        .filter(|(_, p)| p.session == session)
+        .map(|(id, _)| *id)
+        .collect();
+    ids.sort_unstable();
+    ids.into_iter()
+        .filter_map(|id| pending.remove(&id).map(|p| (id, p)))
+        .collect()
+}
+
 /// A request waiting for its answer.
 struct Pending {
     session: SessionId,
@@ -484,19 +503,11 @@ impl Driver {
             Role::Client {
                 pending, sessions, ..
             } => {
-                sessions.retain(|_, s| *s != session);
-                let lost: Vec<u64> = pending
-                    .iter()
-                    .filter(|(_, p)| p.session == session)
-                    .map(|(id, _)| *id)
-                    .collect();
-                for id in lost {
-                    if let Some(p) = pending.remove(&id) {
-                        let _ = p.reply.send(Err(TransportError::Disconnected {
-                            addr: p.addr,
-                            detail: "datagram session closed".into(),
-                        }));
-                    }
+                for (_, p) in take_session(pending, sessions, session) {
+                    let _ = p.reply.send(Err(TransportError::Disconnected {
+                        addr: p.addr,
+                        detail: "datagram session closed".into(),
+                    }));
                 }
             }
             Role::Server {
@@ -552,17 +563,8 @@ impl Driver {
             self.forget_session(session);
             return;
         };
-        sessions.retain(|_, s| *s != session);
-        let lost: Vec<u64> = pending
-            .iter()
-            .filter(|(_, p)| p.session == session)
-            .map(|(id, _)| *id)
-            .collect();
         let mut again = Vec::new();
-        for id in lost {
-            let Some(p) = pending.remove(&id) else {
-                continue;
-            };
+        for (id, p) in take_session(pending, sessions, session) {
             if reason == LossReason::Reset && !p.resent {
                 again.push((id, p));
             } else {
@@ -576,8 +578,6 @@ impl Driver {
                 }));
             }
         }
-        // Oldest first, so a server sees them in the order they were first sent.
-        again.sort_by_key(|(id, _)| *id);
         let now = self.now();
         for (request_id, p) in again {
             self.call(
