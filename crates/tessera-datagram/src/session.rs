@@ -492,12 +492,14 @@ impl Session {
             return;
         }
         let newly_acked = ack - self.send_base;
-        let highest = &self.outgoing[(newly_acked - 1) as usize];
-        // Karn: a packet sent more than once gives an ambiguous sample.
-        if highest.transmissions == 1 {
-            self.rtt
-                .on_sample(timestamp(now).wrapping_sub(echo) as Micros);
-        }
+        // Every transmission carries its own timestamp and the receiver echoes the one that
+        // advanced its acknowledgement, so a sample is unambiguous even for a retransmitted
+        // packet (RFC 7323's argument). Karn's rule would discard exactly those samples, and a
+        // session whose timeout fell below a grown queueing delay then retransmitted every
+        // window and never measured the round trip again (seen in the simulator: three fixed
+        // windows of 8 into one 200 Mbit/s port, srtt stuck at 271 us against 1.9 ms real).
+        self.rtt
+            .on_sample(timestamp(now).wrapping_sub(echo) as Micros);
         for _ in 0..newly_acked {
             let done = self
                 .outgoing

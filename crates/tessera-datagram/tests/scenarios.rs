@@ -1618,3 +1618,78 @@ fn sessions_carry_datagrams_sized_to_their_path() {
     // The answer went in fragments of 9 000 - 44 bytes: 23 data packets.
     assert_eq!(sim.endpoint_ref(server).stats().data_packets_sent, 23);
 }
+
+/// Three servers answer one client through one 200 Mbit/s port with fixed windows of 8 and 16:
+/// the queue they build raises the round trip well above its early samples. The timeout must
+/// follow (samples from retransmitted packets are taken: their timestamps make them
+/// unambiguous), or every window times out and go-back-N resends it, which is how the lab saw
+/// reads collapse at large windows with no packet lost.
+#[test]
+fn large_windows_into_one_port_do_not_time_out_spuriously() {
+    for window in [8u32, 16] {
+        let config = Config {
+            congestion: CongestionKind::Fixed(window),
+            ..Config::default()
+        };
+        let mut sim = Sim::new(7);
+        let client = addr(1);
+        let servers = [addr(2), addr(3), addr(4)];
+        sim.add_endpoint(client, config.clone());
+        for s in servers {
+            sim.add_endpoint(s, config.clone());
+        }
+        sim.set_default_link(LinkConfig {
+            delay_us: 30,
+            jitter_us: 0,
+            loss: 0.0,
+            duplicate: 0.0,
+        });
+        let rate_bits_per_s = 200_000_000;
+        sim.set_bottleneck(
+            client,
+            BottleneckConfig {
+                rate_bits_per_s,
+                buffer_bytes: 193_792,
+            },
+        );
+        for s in servers {
+            let id = sim.endpoint(client).connect(s, 0);
+            sim.endpoint(client)
+                .send(id, Bytes::from_static(b"go"), 0)
+                .unwrap();
+        }
+        let response = Bytes::from(vec![7u8; 4 << 20]);
+        let mut got = 0usize;
+        let end = sim
+            .run_until(60_000_000, |sim| {
+                for s in servers {
+                    while let Some(event) = sim.endpoint(s).poll_event() {
+                        if let Event::Message { session, .. } = event {
+                            let now = sim.now();
+                            sim.endpoint(s)
+                                .send(session, response.clone(), now)
+                                .unwrap();
+                        }
+                    }
+                }
+                while let Some(event) = sim.endpoint(client).poll_event() {
+                    if let Event::Message { message, .. } = event {
+                        got += message.len();
+                    }
+                }
+                got == 3 * response.len()
+            })
+            .unwrap_or_else(|error| panic!("{error}"));
+        let timeouts: u64 = servers
+            .iter()
+            .map(|&s| sim.endpoint_ref(s).stats().timeouts)
+            .sum();
+        let port_bytes_per_us = rate_bits_per_s as f64 / 8.0 / 1e6;
+        let fraction = got as f64 / end as f64 / port_bytes_per_us;
+        assert!(
+            fraction >= 0.9,
+            "window {window}: {fraction:.2} of the port (timeouts {timeouts})"
+        );
+        assert!(timeouts <= 3, "window {window}: {timeouts} timeouts");
+    }
+}
