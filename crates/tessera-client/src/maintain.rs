@@ -82,33 +82,13 @@ impl FileContext {
                     (slot, bytes)
                 }
                 StripeMember::Mirror { block } => {
-                    let data = layout.data_slot(block);
-                    let bytes = self
-                        .read_from(
-                            client,
-                            column,
-                            data.column,
-                            stripe,
-                            Region::Data,
-                            layout.local_offset(data),
-                        )
-                        .await?;
+                    let bytes = self.read_data_unit(client, column, stripe, block).await?;
                     (layout.mirror_slot(block).expect("mirror"), bytes)
                 }
                 StripeMember::Parity => {
                     let mut parity = vec![0u8; unit];
                     for block in layout.blocks_of_stripe(stripe) {
-                        let data = layout.data_slot(block);
-                        let bytes = self
-                            .read_from(
-                                client,
-                                column,
-                                data.column,
-                                stripe,
-                                Region::Data,
-                                layout.local_offset(data),
-                            )
-                            .await?;
+                        let bytes = self.read_data_unit(client, column, stripe, block).await?;
                         tessera_parity::xor_into(&mut parity, &bytes);
                     }
                     (layout.parity_slot(stripe).expect("parity"), parity)
@@ -187,6 +167,20 @@ impl FileContext {
             }
             Err(fault) => Err(self.second_fault(slot.column, slot.column, fault)),
         }
+    }
+
+    /// Data block `block`'s whole base unit from its column, on behalf of `target`.
+    async fn read_data_unit(
+        &self,
+        client: &Client,
+        target: u32,
+        stripe: u64,
+        block: u64,
+    ) -> Result<Vec<u8>, ClientError> {
+        let data = self.layout.data_slot(block);
+        let offset = self.layout.local_offset(data);
+        self.read_from(client, target, data.column, stripe, Region::Data, offset)
+            .await
     }
 
     /// A whole unit from a surviving column, on behalf of `target`.
