@@ -13,6 +13,7 @@
 
 use crate::cmd::{self, Cmd};
 use crate::LabError;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
@@ -485,6 +486,57 @@ impl Network {
         Ok(drops)
     }
 
+    /// Frames dropped so far by the `tbf` of each switch port, by the name of the host the
+    /// port leads to: what a full output queue toward that host discarded.
+    pub fn port_drops(&self) -> Result<BTreeMap<String, u64>, LabError> {
+        let stats = Cmd::new("tc")
+            .args([
+                "-s",
+                "-n",
+                &self.topology.switch_namespace(),
+                "qdisc",
+                "show",
+            ])
+            .run()?;
+        let by_port = parse_tbf_drops_by_device(&stats);
+        Ok(self
+            .topology
+            .hosts
+            .iter()
+            .map(|h| {
+                let drops = by_port.get(&port_name(&h.name)).copied().unwrap_or(0);
+                (h.name.clone(), drops)
+            })
+            .collect())
+    }
+
+    /// Frames dropped so far by the `tbf` on host `name`'s interface (a full transmit queue).
+    pub fn nic_drops(&self, name: &str) -> Result<u64, LabError> {
+        let stats = Cmd::new("tc")
+            .args(["-s", "-n", &self.namespace(name)?, "qdisc", "show"])
+            .args(["dev", HOST_INTERFACE])
+            .run()?;
+        Ok(parse_tbf_drops(&stats))
+    }
+
+    /// Set (or with `None` remove) the minimum TCP retransmission timeout of host `name`'s
+    /// route to the lab's subnet. It applies to connections made afterwards.
+    pub fn set_rto_min(&self, name: &str, rto_min_ms: Option<u32>) -> Result<(), LabError> {
+        let ns = self.namespace(name)?;
+        let routes = Cmd::new("ip").args(["-n", &ns, "route", "show"]).run()?;
+        let subnet = subnet_prefix();
+        let route = routes
+            .lines()
+            .find(|line| line.split_whitespace().next() == Some(subnet.as_str()))
+            .ok_or_else(|| LabError::BadValue {
+                what: "route table",
+                text: routes.trim().to_string(),
+                expected: "a route to the lab's subnet",
+            })?;
+        rto_min_route_command(&ns, route, rto_min_ms).run()?;
+        Ok(())
+    }
+
     /// Tear down now and check that nothing is left.
     pub fn teardown(mut self) -> Result<(), LabError> {
         self.teardown_all();
@@ -531,6 +583,61 @@ pub fn parse_tbf_drops(stats: &str) -> u64 {
         }
     }
     drops
+}
+
+/// The `dropped` count of each `tbf` qdisc in the output of `tc -s qdisc show`, by device.
+pub fn parse_tbf_drops_by_device(stats: &str) -> BTreeMap<String, u64> {
+    let mut drops = BTreeMap::new();
+    let mut device: Option<String> = None;
+    for line in stats.lines() {
+        if line.starts_with("qdisc ") {
+            device = line
+                .starts_with("qdisc tbf ")
+                .then(|| {
+                    let mut words = line.split_whitespace();
+                    words.find(|w| *w == "dev")?;
+                    words.next().map(str::to_string)
+                })
+                .flatten();
+        } else if let Some(dev) = &device {
+            if let Some(rest) = line.split("(dropped ").nth(1) {
+                let count: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+                *drops.entry(dev.clone()).or_insert(0) += count.parse::<u64>().unwrap_or(0);
+                device = None;
+            }
+        }
+    }
+    drops
+}
+
+/// The lab's subnet as `ip route` shows it: `10.77.0.0/24`.
+pub fn subnet_prefix() -> String {
+    let [a, b, c] = SUBNET;
+    format!("{a}.{b}.{c}.0/24")
+}
+
+/// `ip route change` of the route `route` (a line of `ip route show`) in `namespace`, with
+/// its fields kept and its `rto_min` set to `rto_min_ms` milliseconds, or removed.
+pub fn rto_min_route_command(namespace: &str, route: &str, rto_min_ms: Option<u32>) -> Cmd {
+    let mut fields = Vec::new();
+    let mut words = route.split_whitespace();
+    while let Some(word) = words.next() {
+        if word == "rto_min" {
+            // `ip route show` prints a locked metric as `rto_min lock 1ms`.
+            if words.next() == Some("lock") {
+                words.next();
+            }
+        } else {
+            fields.push(word.to_string());
+        }
+    }
+    let mut cmd = Cmd::new("ip")
+        .args(["-n", namespace, "route", "change"])
+        .args(fields);
+    if let Some(ms) = rto_min_ms {
+        cmd = cmd.args(["rto_min".to_string(), format!("{ms}ms")]);
+    }
+    cmd
 }
 
 /// Run `f` on a new thread whose network namespace is `namespace`; sockets it opens live
@@ -782,6 +889,40 @@ qdisc tbf 8001: dev p-a root refcnt 3 rate 100Mbit burst 12500b lat 11ms \n Sent
 qdisc tbf 8002: dev p-b root refcnt 3 rate 100Mbit burst 12500b lat 11ms \n Sent 0 bytes 0 pkt (dropped 12, overlimits 0 requeues 0) \n backlog 0b 0p requeues 0\n";
         assert_eq!(parse_tbf_drops(stats), 15, "only tbf qdiscs count");
         assert_eq!(parse_tbf_drops(""), 0);
+    }
+
+    #[test]
+    fn tbf_drops_are_told_apart_by_port() {
+        let stats = "qdisc noqueue 0: dev br0 root refcnt 2 \n Sent 10 bytes 1 pkt (dropped 7, overlimits 0 requeues 0) \n backlog 0b 0p requeues 0\n\
+qdisc tbf 8001: dev p-cli root refcnt 3 rate 1Gbit burst 12112b lat 262us \n Sent 9000 bytes 6 pkt (dropped 3, overlimits 40 requeues 0) \n backlog 0b 0p requeues 0\n\
+qdisc tbf 8002: dev p-s1 root refcnt 3 rate 1Gbit burst 12112b lat 262us \n Sent 0 bytes 0 pkt (dropped 12, overlimits 0 requeues 0) \n backlog 0b 0p requeues 0\n";
+        let drops = parse_tbf_drops_by_device(stats);
+        assert_eq!(
+            drops,
+            BTreeMap::from([("p-cli".to_string(), 3), ("p-s1".to_string(), 12)])
+        );
+        assert_eq!(drops.values().sum::<u64>(), parse_tbf_drops(stats));
+        assert!(parse_tbf_drops_by_device("").is_empty());
+    }
+
+    #[test]
+    fn rto_min_is_set_and_removed_keeping_the_route() {
+        let route = "10.77.0.0/24 dev eth0 proto kernel scope link src 10.77.0.2 ";
+        assert_eq!(subnet_prefix(), "10.77.0.0/24");
+        assert_eq!(
+            rto_min_route_command("tl-1-0-cli", route, Some(1)).to_string(),
+            "ip -n tl-1-0-cli route change 10.77.0.0/24 dev eth0 proto kernel scope link src 10.77.0.2 rto_min 1ms"
+        );
+        // What `ip route show` prints once it is set: the value after `lock`.
+        let set = "10.77.0.0/24 dev eth0 proto kernel scope link src 10.77.0.2 rto_min lock 1ms";
+        assert_eq!(
+            rto_min_route_command("ns", set, None).to_string(),
+            "ip -n ns route change 10.77.0.0/24 dev eth0 proto kernel scope link src 10.77.0.2"
+        );
+        assert_eq!(
+            rto_min_route_command("ns", "10.77.0.0/24 dev eth0 rto_min 5ms", Some(2)).to_string(),
+            "ip -n ns route change 10.77.0.0/24 dev eth0 rto_min 2ms"
+        );
     }
 
     #[test]

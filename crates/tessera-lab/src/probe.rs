@@ -280,9 +280,124 @@ impl CpuTimes {
     }
 }
 
+/// The kernel's TCP counters of one network namespace (each namespace counts its own).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TcpCounters {
+    /// Segments retransmitted (`Tcp: RetransSegs` of `/proc/net/snmp`).
+    pub retransmitted_segments: u64,
+    /// Retransmission timer expiries (`TcpExt: TCPTimeouts` of `/proc/net/netstat`).
+    pub timeouts: u64,
+}
+
+impl TcpCounters {
+    /// From the texts of `/proc/net/snmp` and `/proc/net/netstat`; missing counters are 0.
+    pub fn parse(snmp: &str, netstat: &str) -> TcpCounters {
+        TcpCounters {
+            retransmitted_segments: proc_net_counter(snmp, "Tcp", "RetransSegs").unwrap_or(0),
+            timeouts: proc_net_counter(netstat, "TcpExt", "TCPTimeouts").unwrap_or(0),
+        }
+    }
+
+    /// Those of host `name`'s namespace now, read from a thread inside it.
+    pub fn of_host(network: &Network, name: &str) -> Result<TcpCounters, LabError> {
+        let ns = network.namespace(name)?;
+        run_in_namespace(&ns, || {
+            // `/proc/net` is the namespace of the process; `thread-self` that of this thread.
+            let read = |file: &str| {
+                let path = format!("/proc/thread-self/net/{file}");
+                std::fs::read_to_string(&path).map_err(LabError::io(format!("read {path}")))
+            };
+            Ok(TcpCounters::parse(&read("snmp")?, &read("netstat")?))
+        })
+    }
+
+    /// The growth from `earlier` to `self`.
+    pub fn since(&self, earlier: &TcpCounters) -> TcpCounters {
+        TcpCounters {
+            retransmitted_segments: self
+                .retransmitted_segments
+                .saturating_sub(earlier.retransmitted_segments),
+            timeouts: self.timeouts.saturating_sub(earlier.timeouts),
+        }
+    }
+
+    /// Both counts added.
+    pub fn plus(&self, other: &TcpCounters) -> TcpCounters {
+        TcpCounters {
+            retransmitted_segments: self.retransmitted_segments + other.retransmitted_segments,
+            timeouts: self.timeouts + other.timeouts,
+        }
+    }
+}
+
+/// Counter `name` of section `section` in a `/proc/net/snmp`-style text: a line of names
+/// (`Tcp: RtoAlgorithm RtoMin ...`) followed by a line of values (`Tcp: 1 200 ...`).
+pub fn proc_net_counter(text: &str, section: &str, name: &str) -> Option<u64> {
+    let tag = format!("{section}:");
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let mut names = line.split_whitespace();
+        if names.next() != Some(tag.as_str()) {
+            continue;
+        }
+        let values = lines.next()?;
+        let mut values = values.split_whitespace();
+        if values.next() != Some(tag.as_str()) {
+            return None;
+        }
+        let index = names.position(|n| n == name)?;
+        return values.nth(index)?.parse().ok();
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tcp_counters_from_proc_net() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 2 64\n\
+Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails EstabResets CurrEstab InSegs OutSegs RetransSegs InErrs OutRsts InCsumErrors\n\
+Tcp: 1 200 120000 -1 7 3 0 0 2 5000 6000 42 0 1 0\n\
+Udp: InDatagrams NoPorts\nUdp: 10 0\n";
+        let netstat = "TcpExt: SyncookiesSent TCPTimeouts TCPLossProbes\nTcpExt: 0 17 3\n\
+IpExt: InNoRoutes\nIpExt: 0\n";
+        let c = TcpCounters::parse(snmp, netstat);
+        assert_eq!(
+            c,
+            TcpCounters {
+                retransmitted_segments: 42,
+                timeouts: 17
+            }
+        );
+        assert_eq!(proc_net_counter(snmp, "Tcp", "MaxConn"), None, "negative");
+        assert_eq!(proc_net_counter(snmp, "Udp", "InDatagrams"), Some(10));
+        assert_eq!(proc_net_counter(snmp, "Tcp", "Nothing"), None);
+        assert_eq!(proc_net_counter("", "Tcp", "RetransSegs"), None);
+        assert_eq!(TcpCounters::parse("", ""), TcpCounters::default());
+        let later = TcpCounters {
+            retransmitted_segments: 50,
+            timeouts: 20,
+        };
+        assert_eq!(
+            later.since(&c),
+            TcpCounters {
+                retransmitted_segments: 8,
+                timeouts: 3
+            }
+        );
+        assert_eq!(c.plus(&later).timeouts, 37);
+    }
+
+    #[test]
+    fn tcp_counters_of_this_namespace_parse() {
+        // Every Linux has these two counters; a parse failure would read as zero.
+        let snmp = std::fs::read_to_string("/proc/net/snmp").unwrap();
+        let netstat = std::fs::read_to_string("/proc/net/netstat").unwrap();
+        assert!(proc_net_counter(&snmp, "Tcp", "RetransSegs").is_some());
+        assert!(proc_net_counter(&netstat, "TcpExt", "TCPTimeouts").is_some());
+    }
 
     #[test]
     fn cpu_times_from_proc_stat() {
