@@ -206,10 +206,44 @@ pub struct LinePanel {
     pub y_label: String,
     /// Span of the x axis.
     pub x_range: (f64, f64),
+    /// How x values are spaced.
+    pub x_scale: XScale,
     /// Span of the y axis.
     pub y_range: (f64, f64),
     /// The lines.
     pub series: Vec<LineSeries>,
+}
+
+/// How a line panel spaces its x values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum XScale {
+    /// Evenly.
+    #[default]
+    Linear,
+    /// Each doubling one step, for sweeps over 1, 2, 4, 8, ... (values must be positive).
+    Log2,
+}
+
+impl XScale {
+    /// Where value `x` sits on the axis.
+    pub fn position(self, x: f64) -> f64 {
+        match self {
+            XScale::Linear => x,
+            XScale::Log2 => x.log2(),
+        }
+    }
+
+    /// The label of the tick at axis position `at`, which shows whole steps only.
+    fn label(self, at: f64, whole: bool) -> String {
+        match (self, whole) {
+            (XScale::Linear, true) => format!("{at:.0}"),
+            (XScale::Linear, false) => format!("{at}"),
+            (XScale::Log2, _) if (at - at.round()).abs() < 1e-6 => {
+                format!("{}", 2f64.powf(at.round()))
+            }
+            (XScale::Log2, _) => String::new(),
+        }
+    }
 }
 
 /// One line.
@@ -299,31 +333,27 @@ type DrawResult = Result<(), Box<dyn std::error::Error>>;
 
 fn draw_lines(panel: &LinePanel, area: &Area<'_>) -> DrawResult {
     let area = area.margin(8, 8, 8, 8);
+    let scale = panel.x_scale;
+    let x_range = (
+        scale.position(panel.x_range.0),
+        scale.position(panel.x_range.1),
+    );
     let mut chart = ChartBuilder::on(&area)
         .caption(&panel.title, (FONT, 18))
         .x_label_area_size(40)
         .y_label_area_size(56)
-        .build_cartesian_2d(
-            panel.x_range.0..panel.x_range.1,
-            panel.y_range.0..panel.y_range.1,
-        )?;
-    let whole_x = panel.x_range.1 - panel.x_range.0 <= 20.0;
+        .build_cartesian_2d(x_range.0..x_range.1, panel.y_range.0..panel.y_range.1)?;
+    let whole_x = x_range.1 - x_range.0 <= 20.0;
     chart
         .configure_mesh()
         .x_desc(&panel.x_label)
         .y_desc(&panel.y_label)
         .x_labels(if whole_x {
-            (panel.x_range.1 - panel.x_range.0) as usize + 1
+            (x_range.1 - x_range.0) as usize + 1
         } else {
             10
         })
-        .x_label_formatter(&|x| {
-            if whole_x {
-                format!("{x:.0}")
-            } else {
-                format!("{x}")
-            }
-        })
+        .x_label_formatter(&|x| scale.label(*x, whole_x))
         .y_label_formatter(&|y| format!("{y:.1}"))
         .label_style((FONT, 13))
         .axis_desc_style((FONT, 14))
@@ -333,15 +363,15 @@ fn draw_lines(panel: &LinePanel, area: &Area<'_>) -> DrawResult {
     for series in &panel.series {
         let color = PALETTE[series.color % PALETTE.len()];
         let style = color.stroke_width(2);
+        let points: Vec<(f64, f64)> = series
+            .points
+            .iter()
+            .map(|&(x, y)| (scale.position(x), y))
+            .collect();
         let legend_color = color;
         if series.dashed {
             chart
-                .draw_series(DashedLineSeries::new(
-                    series.points.iter().copied(),
-                    8,
-                    5,
-                    style,
-                ))?
+                .draw_series(DashedLineSeries::new(points, 8, 5, style))?
                 .label(&series.label)
                 .legend(move |(x, y)| {
                     plotters::element::DashedPathElement::new(
@@ -353,10 +383,7 @@ fn draw_lines(panel: &LinePanel, area: &Area<'_>) -> DrawResult {
                 });
         } else {
             chart
-                .draw_series(
-                    plotters::series::LineSeries::new(series.points.iter().copied(), style)
-                        .point_size(3),
-                )?
+                .draw_series(plotters::series::LineSeries::new(points, style).point_size(3))?
                 .label(&series.label)
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 20, y)], legend_color.stroke_width(2))
@@ -540,6 +567,7 @@ mod tests {
                     x_label: "window (datagrams)".into(),
                     y_label: "fraction of link rate".into(),
                     x_range: (1.0, 8.0),
+                    x_scale: XScale::Linear,
                     y_range: (0.0, 1.05),
                     series: vec![
                         line("3 servers", 0, false, 1.0),
@@ -586,6 +614,15 @@ mod tests {
         let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
         let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
         assert_eq!((width, height), (600, 50 + 2 * 300));
+    }
+
+    #[test]
+    fn log2_axes_step_once_per_doubling() {
+        assert_eq!(XScale::Log2.position(64.0), 6.0);
+        assert_eq!(XScale::Linear.position(64.0), 64.0);
+        assert_eq!(XScale::Log2.label(4.0, true), "16");
+        assert_eq!(XScale::Log2.label(4.5, true), "");
+        assert_eq!(XScale::Linear.label(3.0, true), "3");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use super::{calibrate, LabConfig, Limit, Testbed};
 use crate::cluster::{Cluster, ClusterSpec, Transport};
 use crate::job::{ClientJob, FileSpec, Op};
 use crate::net::{LinkSpec, Network, Rate, RunPrefix, Topology, CLIENT_HOST};
-use crate::results::{self, Cell, Figure, LinePanel, LineSeries, Panel, Table};
+use crate::results::{self, Cell, Figure, LinePanel, LineSeries, Panel, Table, XScale};
 use crate::LabError;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -320,6 +320,7 @@ fn figure(report: &CalibrateReport) -> Figure {
             x_label: "configured link rate (Mbit/s)".into(),
             y_label: y_label.into(),
             x_range: (0.0, x_max * 1.05),
+            x_scale: XScale::Linear,
             y_range: (0.0, 1.1),
             series,
         })

@@ -18,7 +18,7 @@ use crate::cluster::{Cluster, ClusterSpec, Transport};
 use crate::job::{ClientJob, ClientReport, FileSpec, Op, PreparedFile, Sample};
 use crate::net::{Network, RunPrefix, Topology, CLIENT_HOST};
 use crate::results::{
-    self, BarPanel, BarSeries, Cell, Figure, LinePanel, LineSeries, Panel, Table,
+    self, BarPanel, BarSeries, Cell, Figure, LinePanel, LineSeries, Panel, Table, XScale,
 };
 use crate::LabError;
 use serde::Serialize;
@@ -813,6 +813,7 @@ fn figure(report: &SwiftWindowReport) -> Figure {
                     x_label: "window (datagrams in flight per session)".into(),
                     y_label: "throughput / link rate".into(),
                     x_range: (1.0, x_max),
+                    x_scale: XScale::Linear,
                     y_range: (0.0, y_max),
                     series,
                 }));
