@@ -232,17 +232,19 @@ pub fn server_command(
         .in_namespace(&topology.namespace(&host)))
 }
 
-/// `tessera lab-client` doing `job` in the client's namespace.
+/// `tessera lab-client` doing `job` in the client's namespace, connecting over `transport`
+/// (normally the cluster's; servers of the datagram transport serve TCP as well).
 pub fn client_command(
     topology: &Topology,
     spec: &ClusterSpec,
+    transport: Transport,
     flags: &DaemonFlags,
     job: &ClientJob,
 ) -> Result<Cmd, LabError> {
     let job = serde_json::to_string(job).expect("jobs serialize");
     Ok(tessera(spec)
         .arg("lab-client")
-        .args(spec.transport.daemon_args("lab-client", flags, true)?)
+        .args(transport.daemon_args("lab-client", flags, true)?)
         .args(spec.client_args.iter().cloned())
         .args(["--manager".to_string(), manager_addr(topology)?.to_string()])
         .args(["--job".to_string(), job])
@@ -469,6 +471,17 @@ impl<'n> Cluster<'n> {
         job: &ClientJob,
         timeout: Duration,
     ) -> Result<ClientReport, LabError> {
+        self.run_job_over(job, self.spec.transport, timeout)
+    }
+
+    /// Run `job` on the client host with the client connecting over `transport`, which
+    /// may differ from the cluster's (servers of the datagram transport also serve TCP).
+    pub fn run_job_over(
+        &mut self,
+        job: &ClientJob,
+        transport: Transport,
+        timeout: Duration,
+    ) -> Result<ClientReport, LabError> {
         self.jobs_run += 1;
         let out_path = self
             .dir
@@ -481,7 +494,13 @@ impl<'n> Cluster<'n> {
         let create = |p: &Path| {
             std::fs::File::create(p).map_err(LabError::io(format!("create {}", p.display())))
         };
-        let command = client_command(self.network.topology(), &self.spec, &self.client_flags, job)?;
+        let command = client_command(
+            self.network.topology(),
+            &self.spec,
+            transport,
+            &self.client_flags,
+            job,
+        )?;
         let mut child = command.spawn(
             Stdio::from(create(&out_path)?),
             Stdio::from(create(&err_path)?),
@@ -628,7 +647,7 @@ mod tests {
             ops: vec![Op::Read],
             repetitions: 2,
         };
-        let cmd = client_command(&t, &s, &flags, &job).unwrap();
+        let cmd = client_command(&t, &s, s.transport, &flags, &job).unwrap();
         let n = cmd.args.len();
         assert_eq!(
             cmd.args[..n - 1],
@@ -649,11 +668,24 @@ mod tests {
         );
         let parsed: ClientJob = serde_json::from_str(&cmd.args[n - 1]).unwrap();
         assert_eq!(parsed, job);
-        let tcp = client_command(&t, &spec(Transport::Tcp), &DaemonFlags::default(), &job).unwrap();
+        let tcp = client_command(
+            &t,
+            &spec(Transport::Tcp),
+            Transport::Tcp,
+            &DaemonFlags::default(),
+            &job,
+        )
+        .unwrap();
         assert_eq!(
             tcp.args[4..6],
             ["lab-client", "--manager"],
             "no flags the binary lacks"
+        );
+        let over_tcp = client_command(&t, &s, Transport::Tcp, &flags, &job).unwrap();
+        assert_eq!(
+            over_tcp.args[4..7],
+            ["lab-client", "--transport", "tcp"],
+            "a datagram cluster's client over TCP"
         );
     }
 }
