@@ -643,6 +643,7 @@ mod tests {
                 stripe_unit_bytes: 65536,
                 bytes: 1 << 20,
                 seed: 1,
+                width: None,
             }],
             ops: vec![Op::Read],
             repetitions: 2,

@@ -39,6 +39,9 @@ pub struct FileSpec {
     pub bytes: u64,
     /// Seed of its contents.
     pub seed: u64,
+    /// Servers it is striped over (all of the cluster's if `None`).
+    #[serde(default)]
+    pub width: Option<u32>,
 }
 
 impl FileSpec {
@@ -276,7 +279,7 @@ async fn create(client: &Client, spec: &FileSpec) -> Result<File, LabError> {
             LayoutRequest {
                 scheme: spec.scheme,
                 stripe_unit: spec.stripe_unit_bytes,
-                width: None,
+                width: spec.width,
             },
         )
         .await?)
@@ -413,6 +416,7 @@ mod tests {
                 stripe_unit_bytes: 65536,
                 bytes: 40 * 65536,
                 seed: 7,
+                width: None,
             }],
             ops: vec![Op::Write, Op::Read],
             repetitions: 3,
@@ -436,6 +440,7 @@ mod tests {
             stripe_unit_bytes: 4096,
             bytes: 1000,
             seed,
+            width: None,
         };
         assert_eq!(spec(1).contents(), spec(1).contents());
         assert_ne!(spec(1).contents(), spec(2).contents());

@@ -63,6 +63,7 @@
 //!     stripe_unit_bytes: 65536,
 //!     bytes: 1 << 20,
 //!     seed: 1,
+//!     width: None,
 //! };
 //! let report = cluster.run_job(&ClientJob::Check { file }, Duration::from_secs(60))?;
 //! # Ok::<(), tessera_lab::LabError>(())

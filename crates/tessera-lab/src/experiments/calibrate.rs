@@ -247,6 +247,7 @@ fn measure_tessera(
         stripe_unit_bytes: 64 << 10,
         bytes: config.tessera_bytes,
         seed: 9,
+        width: None,
     };
     // At a fiftieth of the rate something is broken; stop well before then.
     let timeout = Duration::from_secs_f64(

@@ -124,6 +124,7 @@ pub fn run(lab: &LabConfig, config: &CheckConfig) -> Result<CheckReport, LabErro
         stripe_unit_bytes: config.stripe_unit_bytes,
         bytes: config.bytes,
         seed: 1,
+        width: None,
     };
     let report = cluster.run_job(&ClientJob::Check { file }, Duration::from_secs(120))?;
     let ClientReport::Checked { write, read } = report else {

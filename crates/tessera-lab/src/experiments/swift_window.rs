@@ -187,6 +187,7 @@ impl SwiftWindowConfig {
             stripe_unit_bytes: self.stripe_unit_bytes,
             bytes,
             seed,
+            width: None,
         };
         [
             spec(FileSize::Small, self.small_bytes(), seed),
