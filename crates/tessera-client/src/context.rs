@@ -159,11 +159,13 @@ impl FileContext {
         payload: Bytes,
     ) -> Result<(StorageResponse, Bytes), Fault> {
         let addr = self.columns[column as usize].addr;
-        match tessera_transport::call::<_, StorageResponse>(
+        let reply_bytes = reply_frame_bytes(&request);
+        match tessera_transport::call_expecting::<_, StorageResponse>(
             client.transport.as_ref(),
             addr,
             &request,
             payload,
+            reply_bytes,
         )
         .await
         {
@@ -355,5 +357,24 @@ impl FileContext {
         }
         self.report_missed(client, failed[0], IndexRange::new(0, u64::MAX))
             .await
+    }
+}
+
+/// The size of the answer frame a request will get if it succeeds, so that the transport can
+/// grant it receive budget ahead (an error answer is shorter; a short grant only costs a
+/// little time, see `tessera_datagram::grants`). Overflow listings carry at most the bytes
+/// asked for, plus their extents.
+pub(crate) fn reply_frame_bytes(request: &StorageRequest) -> Option<usize> {
+    let data = |len: u64| {
+        let message = tessera_wire::encode_message(&StorageResponse::Data).len();
+        tessera_wire::FRAME_HEADER_BYTES + message + len as usize
+    };
+    match request {
+        StorageRequest::Read { len, .. } | StorageRequest::LockParity { len, .. } => {
+            Some(data(u64::from(*len)))
+        }
+        StorageRequest::OverflowList { len, .. } => Some(data(*len)),
+        // Everything else is answered in a few bytes: one packet.
+        _ => Some(tessera_wire::FRAME_HEADER_BYTES + 16),
     }
 }

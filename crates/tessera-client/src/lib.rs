@@ -27,6 +27,7 @@ mod read;
 mod write;
 
 use bytes::Bytes;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -148,13 +149,24 @@ pub struct ClientConfig {
     pub datagram: DatagramConfig,
 }
 
+/// Packets of answers a client may have granted and not yet received, across all servers
+/// (the datagram transport's receive budget): under the 32 KiB buffer of a switch port
+/// (22 full-size frames), so that servers answering at once cannot overflow it whatever
+/// their number, and above the bandwidth-delay product of a LAN link up to 1 Gbit/s with
+/// about 100 µs round trips (9 frames), so that the link stays busy. See
+/// `tessera_datagram::grants`.
+pub const RECEIVE_BUDGET_PACKETS: u32 = 20;
+
 impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(1),
             transport: TransportKind::default(),
-            datagram: DatagramConfig::default(),
+            datagram: DatagramConfig {
+                receive_budget_packets: Some(RECEIVE_BUDGET_PACKETS),
+                ..DatagramConfig::default()
+            },
         }
     }
 }
@@ -255,6 +267,49 @@ impl Client {
         }
     }
 
+    /// This client's transport counters by name (the datagram endpoint's statistics:
+    /// "retransmissions", "timeouts", "timeout_us_max", "grants", ...); empty over TCP.
+    pub async fn transport_counters(&self) -> BTreeMap<String, u64> {
+        self.transport.counters().await.into_iter().collect()
+    }
+
+    /// Every up server's transport counters by name, with its id (the datagram endpoint's
+    /// statistics; empty for a server that serves TCP only). A server that does not answer
+    /// is left out.
+    pub async fn server_counters(
+        &self,
+    ) -> Result<Vec<(ServerId, BTreeMap<String, u64>)>, ClientError> {
+        let servers = self.status().await?;
+        let asks = servers
+            .into_iter()
+            .filter(|s| s.state == tessera_wire::ServerState::Up)
+            .filter_map(|s| Some((s.id, s.addr.parse::<SocketAddr>().ok()?)))
+            .map(|(id, addr)| {
+                let transport = self.transport.clone();
+                async move {
+                    let request = tessera_wire::StorageRequest::TransportCounters;
+                    let answer = tessera_transport::call_expecting::<
+                        _,
+                        tessera_wire::StorageResponse,
+                    >(
+                        transport.as_ref(), addr, &request, Bytes::new(), None
+                    )
+                    .await;
+                    match answer {
+                        Ok((tessera_wire::StorageResponse::Counters { counters }, _)) => {
+                            Some((id, counters.into_iter().collect()))
+                        }
+                        _ => None,
+                    }
+                }
+            });
+        Ok(futures::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+            .collect())
+    }
+
     /// Create a file (an existing file of that path is an error).
     pub async fn create(&self, path: &str, layout: LayoutRequest) -> Result<File, ClientError> {
         let request = ManagerRequest::Create {
@@ -342,11 +397,12 @@ impl Client {
             let request = tessera_wire::StorageRequest::Remove { file: meta.id };
             let transport = self.transport.clone();
             Some(async move {
-                let _ = tessera_transport::call::<_, tessera_wire::StorageResponse>(
+                let _ = tessera_transport::call_expecting::<_, tessera_wire::StorageResponse>(
                     transport.as_ref(),
                     addr,
                     &request,
                     Bytes::new(),
+                    context::reply_frame_bytes(&request),
                 )
                 .await;
             })

@@ -69,6 +69,7 @@ impl CongestionControl for Adaptive {
     }
 
     fn on_ack(&mut self, newly_acked: u32, receiver_window: u32) {
+        let before = self.window;
         let mut acked = newly_acked;
         // Slow start: one more packet per packet acknowledged, up to the threshold.
         if self.window < self.threshold {
@@ -82,7 +83,12 @@ impl CongestionControl for Adaptive {
             self.acked_in_window -= self.window;
             self.window += 1;
         }
-        let cap = self.window_max.min(receiver_window).max(1);
+        // Growth stops at the receiver's window: the window never grows past what the
+        // receiver can take, so it never probes past it. A receiver window that shrinks as
+        // the sender uses up a grant is no sign of congestion, though, and does not cut the
+        // window: the sender is held to the receiver's window when it sends anyway. (Cutting
+        // it sent every answer of a receiver-driven client back to slow start.)
+        let cap = self.window_max.min(receiver_window.max(before)).max(1);
         self.window = self.window.min(cap);
         self.acked_in_window = self.acked_in_window.min(self.window - 1);
         assert!(self.window >= 1 && self.window <= self.window_max);
@@ -182,8 +188,22 @@ mod tests {
             assert!(adaptive.window() <= 64);
         }
         assert_eq!(adaptive.window(), 64);
+        // A receiver window that closes stops growth but is no congestion signal.
         adaptive.on_ack(1, 0);
-        assert_eq!(adaptive.window(), 1);
+        assert_eq!(adaptive.window(), 64);
+    }
+
+    #[test]
+    fn a_shrinking_receiver_window_does_not_cut_the_window_but_stops_its_growth() {
+        let mut adaptive = Adaptive::new(64);
+        adaptive.on_ack(14, 1000);
+        assert_eq!(adaptive.window(), 16);
+        adaptive.on_ack(4, 3);
+        assert_eq!(adaptive.window(), 16);
+        adaptive.on_ack(4, 16);
+        assert_eq!(adaptive.window(), 16);
+        adaptive.on_ack(4, 17);
+        assert_eq!(adaptive.window(), 17);
     }
 
     #[test]

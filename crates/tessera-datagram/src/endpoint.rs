@@ -57,6 +57,8 @@ pub struct Endpoint {
     reset_refilled_at: Micros,
     /// The latest `now` seen, for the calls that take none.
     now: Micros,
+    /// Next ticket of the receive budget's first-come order.
+    next_ticket: u64,
     stats: Stats,
 }
 
@@ -80,6 +82,7 @@ impl Endpoint {
             reset_tokens: RESET_BURST_MAX,
             reset_refilled_at: 0,
             now: 0,
+            next_ticket: 0,
             stats: Stats::default(),
         }
     }
@@ -112,8 +115,10 @@ impl Endpoint {
                 break id;
             }
         };
-        let mut session = Session::new(id, peer, &self.config);
+        let mut session = Session::new(id, peer, &self.config, false);
         session.fragment_bytes_max = fragment_bytes_for(payload_bytes_max);
+        // Until the peer shows its datagram size, assume the path carries the same both ways.
+        session.peer_fragment_bytes = session.fragment_bytes_max;
         self.sessions.insert(id, session);
         id
     }
@@ -163,6 +168,58 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Announces that a message of `bytes` (`None`: size unknown) is expected from the peer
+    /// of `session`, typically the answer to a request just sent on it. Under a receive
+    /// budget ([`Config::receive_budget_packets`]) this is what earns the session window;
+    /// without one it changes nothing. Unknown sessions are ignored.
+    pub fn expect(&mut self, session: SessionId, bytes: Option<usize>, now: Micros) {
+        self.observe(now);
+        if self.config.receive_budget_packets.is_none() {
+            return;
+        }
+        let ticket = self.next_ticket;
+        let Some(state) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        self.next_ticket += 1;
+        state.expect(bytes, ticket);
+        self.grant(now);
+    }
+
+    /// Withdraws one expectation announced with [`expect`](Self::expect) (the application
+    /// stopped waiting for that answer), so that it holds no budget.
+    pub fn expect_cancelled(&mut self, session: SessionId, now: Micros) {
+        self.observe(now);
+        if let Some(state) = self.sessions.get_mut(&session) {
+            state.expect_cancelled();
+            self.grant(now);
+        }
+    }
+
+    /// Hands out the free part of the receive budget. See [`crate::grants`].
+    fn grant(&mut self, now: Micros) {
+        let Some(budget) = self.config.receive_budget_packets else {
+            return;
+        };
+        let mut promised_total = 0;
+        let mut claims = Vec::new();
+        for (id, session) in &self.sessions {
+            promised_total += session.promised_packets();
+            if let Some(claim) = session.claim(&self.config) {
+                claims.push((*id, claim));
+            }
+        }
+        if claims.is_empty() {
+            return;
+        }
+        for (id, packets) in crate::grants::allocate(budget as u64, promised_total, &mut claims) {
+            if let Some(session) = self.sessions.get_mut(&id) {
+                session.grant(packets, &self.config, &mut self.stats);
+            }
+            self.touch(id, now);
+        }
+    }
+
     /// Handles one datagram from `from`. Anything that is not a valid packet for a session
     /// this endpoint knows (or may open) is dropped and counted in [`Stats`]; never panics.
     pub fn handle_datagram(&mut self, from: SocketAddr, datagram: &[u8], now: Micros) {
@@ -177,7 +234,14 @@ impl Endpoint {
         };
         let id = SessionId(packet.session);
         match self.sessions.get(&id) {
-            Some(session) if session.peer == from => self.dispatch(id, packet, now),
+            Some(session) if session.peer == from => {
+                let data = packet.kind == PacketKind::Data;
+                self.dispatch(id, packet, now);
+                if data {
+                    // An arrival frees budget (or ends a session, freeing its promise).
+                    self.grant(now);
+                }
+            }
             Some(_) => {
                 // The id is taken by a session with another peer (ids are random, so this is
                 // a collision or a stray): refuse the newcomer.
@@ -220,7 +284,7 @@ impl Endpoint {
                 return;
             }
             self.sessions
-                .insert(id, Session::new(id, from, &self.config));
+                .insert(id, Session::new(id, from, &self.config, true));
             self.stats.sessions_opened += 1;
             self.events.push_back(PendingEvent {
                 event: Event::Opened {
@@ -292,6 +356,9 @@ impl Endpoint {
             packets: 0,
         });
         self.remember(id, session.peer, Forgotten::Lost);
+        // Its promise is void: the budget it held goes to the others.
+        let now = self.now;
+        self.grant(now);
     }
 
     fn remove(&mut self, id: SessionId) -> Option<Session> {
@@ -438,6 +505,10 @@ impl Endpoint {
                 session.on_drained(pending.packets, &self.config);
                 let now = self.now;
                 self.touch(pending.session, now);
+                // Drained buffer may let a session take more of the budget.
+                if self.config.receive_budget_packets.is_some() {
+                    self.grant(now);
+                }
             }
         }
         Some(pending.event)
@@ -452,6 +523,8 @@ impl Endpoint {
             let now = self.now;
             self.queue_reset(state.peer, session, now, false);
             self.remember(session, state.peer, Forgotten::Closed);
+            // Its promise is void: the budget it held goes to the others.
+            self.grant(now);
         }
     }
 

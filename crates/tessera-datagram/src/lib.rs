@@ -132,15 +132,29 @@
 //! of complete messages not yet taken by [`Endpoint::poll_event`], plus those of the message
 //! being reassembled unless the application took everything before it); its right edge
 //! never moves back. When the application's draining opens the window by a quarter, the
-//! receiver sends a window update at once.
+//! receiver sends a window update at once. The connecting side's first packet carries its
+//! window, and the accepting side sends nothing before it has that packet, so the connecting
+//! side (a client) promises nothing it did not advertise.
+//!
+//! **Receive budget** ([`grants`]). With [`Config::receive_budget_packets`], an endpoint
+//! drives what is sent to it: the window of each session is exactly what the endpoint
+//! granted it from a budget shared by all sessions, and a session earns grants only for the
+//! messages the application announced with [`Endpoint::expect`] (the answers to its
+//! requests). What is in flight toward the endpoint then never exceeds the budget, however
+//! many peers answer at once, which is what keeps a switch port from overflowing under
+//! incast.
 //!
 //! **Round-trip time.** Jacobson and Karels from timestamp echoes: srtt and rttvar, RTO =
-//! srtt + 4 rttvar clamped to `[rto_min_us, rto_max_us]`; no sample from a packet sent more
-//! than once (Karn).
+//! srtt + 4 rttvar clamped to `[rto_min_us, rto_max_us]`. Samples come from every
+//! acknowledgement that advances, retransmissions included: the echoed timestamp names the
+//! transmission that was acknowledged, so Karn's ambiguity does not arise (RFC 7323). Each
+//! timer is armed for the RTO plus up to a quarter more at random, so that senders that
+//! lost packets in the same overflow do not retransmit in lockstep.
 //!
 //! **Congestion.** Behind [`CongestionControl`]: [`Adaptive`] (the paper's: slow start from
 //! two packets, one more packet per window of ACKs above the threshold, halved on a restart,
-//! one packet after a timeout, never above the receiver's window nor `window_packets_max`)
+//! one packet after a timeout, never growing past the receiver's window nor
+//! `window_packets_max`)
 //! or [`Fixed`]; chosen with [`Config::congestion`].
 //!
 //! **Limits.** Every queue has a bound: messages up to `message_bytes_max`, at most
@@ -154,6 +168,7 @@
 
 pub mod congestion;
 mod endpoint;
+pub mod grants;
 pub mod packet;
 pub mod rtt;
 mod session;
@@ -221,6 +236,13 @@ pub struct Config {
     pub ack_every_packets: u32,
     /// An ACK owed is sent at most this late.
     pub ack_delay_us: u64,
+    /// Receiver-driven flow control across sessions: at most this many packets granted and
+    /// not yet arrived, summed over every session of the endpoint (about one bandwidth-delay
+    /// product plus the switch buffer in front of this host). `None`: each session
+    /// advertises `receive_window_packets` on its own. With a budget, sessions get window
+    /// only for messages announced with [`Endpoint::expect`]: for endpoints that receive only
+    /// answers they asked for, such as a client.
+    pub receive_budget_packets: Option<u32>,
 }
 
 impl Default for Config {
@@ -238,6 +260,7 @@ impl Default for Config {
             sessions_max: 4096,
             ack_every_packets: 2,
             ack_delay_us: 100,
+            receive_budget_packets: None,
         }
     }
 }
@@ -276,6 +299,9 @@ pub enum ConfigError {
     /// `ack_every_packets` is zero.
     #[error("ack_every_packets must be at least 1")]
     AckEvery,
+    /// `receive_budget_packets` is zero.
+    #[error("receive_budget_packets must be at least 1")]
+    ReceiveBudget,
 }
 
 impl Config {
@@ -312,6 +338,9 @@ impl Config {
         }
         if self.ack_every_packets == 0 {
             return Err(ConfigError::AckEvery);
+        }
+        if self.receive_budget_packets == Some(0) {
+            return Err(ConfigError::ReceiveBudget);
         }
         Ok(())
     }
@@ -421,8 +450,14 @@ pub struct Stats {
     pub restarts_received: u64,
     /// RESTARTs that made the sender go back.
     pub restarts_honoured: u64,
-    /// Retransmission (or window-probe) timer expiries.
+    /// Retransmission timer expiries (packets were in flight and went unacknowledged).
     pub timeouts: u64,
+    /// The longest retransmission timeout that expired, from its arming to its expiry, µs.
+    pub timeout_us_max: u64,
+    /// Window-probe timer expiries (the peer's window was closed and nothing in flight).
+    pub probe_timeouts: u64,
+    /// Times this receiver extended a session's window from its receive budget.
+    pub grants: u64,
     /// Bare ACKs sent (not counting acknowledgements piggybacked on other packets).
     pub acks_sent: u64,
     /// Window probes sent.
@@ -466,6 +501,45 @@ pub struct Stats {
     pub window_limited: u64,
 }
 
+impl Stats {
+    /// Every counter by name, for metrics and experiment reports.
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("datagrams_sent", self.datagrams_sent),
+            ("datagrams_received", self.datagrams_received),
+            ("data_packets_sent", self.data_packets_sent),
+            ("retransmissions", self.retransmissions),
+            ("restarts_sent", self.restarts_sent),
+            ("restarts_received", self.restarts_received),
+            ("restarts_honoured", self.restarts_honoured),
+            ("timeouts", self.timeouts),
+            ("timeout_us_max", self.timeout_us_max),
+            ("probe_timeouts", self.probe_timeouts),
+            ("grants", self.grants),
+            ("acks_sent", self.acks_sent),
+            ("probes_sent", self.probes_sent),
+            ("resets_sent", self.resets_sent),
+            ("resets_received", self.resets_received),
+            ("dropped_truncated", self.dropped_truncated),
+            ("dropped_checksum", self.dropped_checksum),
+            ("dropped_version", self.dropped_version),
+            ("dropped_malformed", self.dropped_malformed),
+            ("dropped_unknown_session", self.dropped_unknown_session),
+            ("dropped_sessions_full", self.dropped_sessions_full),
+            ("dropped_out_of_window", self.dropped_out_of_window),
+            ("dropped_out_of_order", self.dropped_out_of_order),
+            ("dropped_duplicate", self.dropped_duplicate),
+            ("resets_suppressed", self.resets_suppressed),
+            ("protocol_violations", self.protocol_violations),
+            ("messages_sent", self.messages_sent),
+            ("messages_delivered", self.messages_delivered),
+            ("sessions_opened", self.sessions_opened),
+            ("sessions_lost", self.sessions_lost),
+            ("window_limited", self.window_limited),
+        ]
+    }
+}
+
 /// A snapshot of one session's flow-control state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionInfo {
@@ -493,4 +567,20 @@ pub struct SessionInfo {
     pub send_base: u64,
     /// Next sequence number expected from the peer.
     pub recv_next: u64,
+}
+
+#[cfg(test)]
+mod stats_tests {
+    use super::Stats;
+
+    #[test]
+    fn counters_name_every_field_once() {
+        let counters = Stats::default().counters();
+        let fields = format!("{:?}", Stats::default()).matches(": 0").count();
+        assert_eq!(counters.len(), fields);
+        let mut names: Vec<_> = counters.iter().map(|(name, _)| *name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), fields);
+    }
 }

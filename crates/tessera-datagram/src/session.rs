@@ -53,6 +53,31 @@ struct Reassembly {
     packets: u32,
 }
 
+/// A message the application expects from the peer (an answer to its request), for the
+/// receive budget.
+#[derive(Debug, Clone, Copy)]
+struct Expectation {
+    /// Its place in the endpoint's first-come order of expectations.
+    ticket: u64,
+    /// Packets it will take.
+    packets: u64,
+}
+
+/// Packets assumed for an expected message whose size the application did not say: one at a
+/// time, since budget granted beyond a message stays promised to its session.
+pub(crate) const UNKNOWN_MESSAGE_PACKETS: u64 = 1;
+
+/// What a session under a receive budget asks of it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claim {
+    /// First come, first granted: the ticket of its oldest expected message.
+    pub(crate) ticket: u64,
+    /// Packets granted and not yet arrived.
+    pub(crate) promised: u64,
+    /// Packets more it could use now (expected and not yet granted, within its buffer).
+    pub(crate) wanted: u64,
+}
+
 /// The receiver's record of the gap it reported.
 #[derive(Debug)]
 struct RestartState {
@@ -90,8 +115,12 @@ pub(crate) struct Session {
     /// Retransmission timer while packets are in flight; window-probe timer while the peer's
     /// window is closed and nothing is in flight.
     rto_deadline: Option<Micros>,
+    /// When the retransmission timer was armed (its expiry minus its length).
+    rto_armed_at: Micros,
     /// Consecutive timeouts without progress.
     backoffs: u32,
+    /// State of the generator that spreads retransmission timeouts (xorshift).
+    jitter: u64,
     /// Consecutive window probes (spaces them out exponentially).
     probes: u32,
     probe_owed: bool,
@@ -113,6 +142,12 @@ pub(crate) struct Session {
     ack_deadline: Option<Micros>,
     ack_now: bool,
     restart: Option<RestartState>,
+    /// Messages the application expects from the peer, oldest first (receive budget).
+    expected: VecDeque<Expectation>,
+    /// Packets of the oldest expected message received so far.
+    expected_received: u64,
+    /// Largest fragment the peer sent, to turn expected bytes into packets.
+    pub(crate) peer_fragment_bytes: usize,
 
     // The endpoint's bookkeeping.
     pub(crate) timer: Option<Micros>,
@@ -125,7 +160,17 @@ fn timestamp(now: Micros) -> u32 {
 }
 
 impl Session {
-    pub(crate) fn new(id: SessionId, peer: SocketAddr, config: &Config) -> Session {
+    /// A session. The side that connects promises the peer only what its first packet will
+    /// advertise (`advertised_edge` 0), and the side that accepts learns the connector's
+    /// window from that first packet (`peer_window_edge` 0): the connecting side, a client,
+    /// decides what may come back to it. The accepting side promises
+    /// [`WINDOW_INITIAL_PACKETS`], which the connector assumes before it hears a window.
+    pub(crate) fn new(id: SessionId, peer: SocketAddr, config: &Config, accepted: bool) -> Session {
+        let (peer_window_edge, advertised_edge) = if accepted {
+            (0, WINDOW_INITIAL_PACKETS as u64)
+        } else {
+            (WINDOW_INITIAL_PACKETS as u64, 0)
+        };
         Session {
             id,
             peer,
@@ -135,11 +180,14 @@ impl Session {
             send_next: 0,
             send_high: 0,
             queued_bytes: 0,
-            peer_window_edge: WINDOW_INITIAL_PACKETS as u64,
+            peer_window_edge,
             congestion: congestion::controller(config.congestion, config.window_packets_max),
             rtt: RttEstimator::new(config.rto_initial_us, config.rto_min_us, config.rto_max_us),
             rto_deadline: None,
+            rto_armed_at: 0,
             backoffs: 0,
+            // Any odd, id-derived state: deterministic per session, different across them.
+            jitter: id.0 | 1,
             probes: 0,
             probe_owed: false,
             restart_honoured: None,
@@ -147,12 +195,15 @@ impl Session {
             recv_next: 0,
             reassembly: None,
             undrained_packets: 0,
-            advertised_edge: WINDOW_INITIAL_PACKETS as u64,
+            advertised_edge,
             echo: 0,
             ack_pending_packets: 0,
             ack_deadline: None,
             ack_now: false,
             restart: None,
+            expected: VecDeque::new(),
+            expected_received: 0,
+            peer_fragment_bytes: config.fragment_bytes_max(),
             timer: None,
             in_ready: false,
         }
@@ -225,17 +276,96 @@ impl Session {
     /// `poll_event`, plus those of the message in reassembly unless everything before it was
     /// taken, since a message larger than the window could otherwise never complete), but
     /// never less than what it already promised.
+    /// Under a receive budget the window is exactly what was granted and not yet used.
     pub(crate) fn receive_window(&self, config: &Config) -> u32 {
-        let reassembly_packets = self.reassembly.as_ref().map_or(0, |r| r.packets);
-        let held = if self.undrained_packets > 0 {
-            self.undrained_packets.saturating_add(reassembly_packets)
-        } else {
+        let computed = if config.receive_budget_packets.is_some() {
             0
+        } else {
+            config
+                .receive_window_packets
+                .saturating_sub(self.held_packets())
         };
-        let computed = config.receive_window_packets.saturating_sub(held);
         assert!(self.advertised_edge >= self.recv_next);
         let promised = u32::try_from(self.advertised_edge - self.recv_next).unwrap_or(u32::MAX);
         computed.max(promised)
+    }
+
+    /// Packets of the receive buffer the application holds: see [`Session::receive_window`].
+    fn held_packets(&self) -> u32 {
+        let reassembly_packets = self.reassembly.as_ref().map_or(0, |r| r.packets);
+        if self.undrained_packets > 0 {
+            self.undrained_packets.saturating_add(reassembly_packets)
+        } else {
+            0
+        }
+    }
+
+    /// The application expects a message of `bytes` (or of a size it does not know) from
+    /// the peer.
+    pub(crate) fn expect(&mut self, bytes: Option<usize>, ticket: u64) {
+        let packets = match bytes {
+            Some(bytes) => bytes.div_ceil(self.peer_fragment_bytes).max(1) as u64,
+            None => UNKNOWN_MESSAGE_PACKETS,
+        };
+        self.expected.push_back(Expectation { ticket, packets });
+    }
+
+    /// The application no longer expects a message it announced with `expect` (it gave up
+    /// waiting): forget the newest expectation.
+    pub(crate) fn expect_cancelled(&mut self) {
+        self.expected.pop_back();
+        if self.expected.is_empty() {
+            self.expected_received = 0;
+        }
+    }
+
+    /// What this session asks of the receive budget, if it expects anything.
+    pub(crate) fn claim(&self, config: &Config) -> Option<Claim> {
+        let oldest = self.expected.front()?;
+        let expected: u64 = self.expected.iter().map(|e| e.packets).sum();
+        // At least one packet while any message is expected: an estimate that was short
+        // must not leave the sender waiting for a grant that never comes.
+        let outstanding = expected.saturating_sub(self.expected_received).max(1);
+        let promised = self.advertised_edge - self.recv_next;
+        let buffer_room = (config.receive_window_packets as u64)
+            .saturating_sub(self.held_packets() as u64)
+            .saturating_sub(promised);
+        Some(Claim {
+            ticket: oldest.ticket,
+            promised,
+            wanted: outstanding.saturating_sub(promised).min(buffer_room),
+        })
+    }
+
+    /// Packets granted and not yet arrived.
+    pub(crate) fn promised_packets(&self) -> u64 {
+        self.advertised_edge - self.recv_next
+    }
+
+    /// Extends the window by `packets` from the receive budget. A sender that has used up
+    /// (or nearly) what it had is told at once; otherwise the next ACK carries it.
+    pub(crate) fn grant(&mut self, packets: u64, config: &Config, stats: &mut Stats) {
+        if packets == 0 {
+            return;
+        }
+        let promised_before = self.promised_packets();
+        self.advertised_edge += packets;
+        stats.grants += 1;
+        if promised_before <= config.ack_every_packets as u64 {
+            self.ack_now = true;
+        }
+    }
+
+    /// The retransmission timeout after `backoffs` doublings, spread at random over up to a
+    /// quarter more, so that senders that lost packets in the same overflow do not all
+    /// retransmit at the same instant (the randomised timeout of Vasudevan et al., "Safe and
+    /// effective fine-grained TCP retransmissions for datacenter communication", 2009).
+    fn rto_jittered(&mut self, backoffs: u32) -> Micros {
+        let rto = self.rtt.rto_us_backed_off(backoffs);
+        self.jitter ^= self.jitter << 13;
+        self.jitter ^= self.jitter >> 7;
+        self.jitter ^= self.jitter << 17;
+        rto + self.jitter % (rto / 4 + 1)
     }
 
     fn fill_control_fields(&mut self, packet: &mut Packet, now: Micros, config: &Config) {
@@ -370,11 +500,13 @@ impl Session {
         self.window_blocked = blocked;
         if self.in_flight() > 0 {
             if self.rto_deadline.is_none() {
-                self.rto_deadline = Some(now + self.rtt.rto_us_backed_off(self.backoffs));
+                self.rto_armed_at = now;
+                self.rto_deadline = Some(now + self.rto_jittered(self.backoffs));
             }
         } else if self.window_blocked {
             if self.rto_deadline.is_none() {
-                self.rto_deadline = Some(now + self.rtt.rto_us_backed_off(self.probes));
+                self.rto_armed_at = now;
+                self.rto_deadline = Some(now + self.rto_jittered(self.probes));
             }
         } else {
             self.rto_deadline = None;
@@ -402,7 +534,12 @@ impl Session {
         }
         if self.rto_deadline.is_some_and(|deadline| deadline <= now) {
             self.rto_deadline = None;
-            stats.timeouts += 1;
+            if self.in_flight() > 0 {
+                stats.timeouts += 1;
+                stats.timeout_us_max = stats.timeout_us_max.max(now - self.rto_armed_at);
+            } else {
+                stats.probe_timeouts += 1;
+            }
             if self.backoffs >= config.backoffs_max {
                 return Verdict::TimedOut;
             }
@@ -417,7 +554,8 @@ impl Session {
                 // The window update may have been lost: ask for it again.
                 self.probe_owed = true;
                 self.probes += 1;
-                self.rto_deadline = Some(now + self.rtt.rto_us_backed_off(self.probes));
+                self.rto_armed_at = now;
+                self.rto_deadline = Some(now + self.rto_jittered(self.probes));
             }
         }
         self.rearm(now, stats);
@@ -591,6 +729,13 @@ impl Session {
         }
         self.recv_next += 1;
         self.echo = packet.timestamp;
+        if !packet.last {
+            // Every fragment but a message's last is as large as the peer sends.
+            self.peer_fragment_bytes = self.peer_fragment_bytes.max(payload_len);
+        }
+        if !self.expected.is_empty() {
+            self.expected_received += 1;
+        }
         if self
             .restart
             .as_ref()
@@ -623,6 +768,11 @@ impl Session {
             }
         };
         if let Some((message, packets)) = complete {
+            // Answers may come in any order; the oldest expectation stands for whichever
+            // came, so the estimate is right in sum.
+            if self.expected.pop_front().is_some() {
+                self.expected_received = 0;
+            }
             self.undrained_packets += packets;
             stats.messages_delivered += 1;
             events.push_back(PendingEvent {

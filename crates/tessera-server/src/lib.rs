@@ -10,12 +10,12 @@ use bytes::Bytes;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tessera_store::{ParityLocks, Store};
 use tessera_transport::{
     serve_tcp, serve_udp, BoxFuture, ConnectionId, DatagramConfig, FrameHandler, TcpConfig,
-    TcpTransport, Transport, TransportKind, UdpServer,
+    TcpTransport, Transport, TransportKind, UdpCounters, UdpServer,
 };
 use tessera_wire::{
     encode_message, ManagerError, ManagerRequest, ManagerResponse, OverflowExtent, ServerId,
@@ -139,6 +139,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         store: store.clone(),
         locks: Arc::new(ParityLocks::new()),
         id: id.clone(),
+        counters: Arc::new(OnceLock::new()),
     });
     // TCP is always served; with the datagram transport, UDP is served on the same port number
     // too, so clients of either kind (and benchmarks comparing them) reach the same server.
@@ -150,10 +151,10 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         TransportKind::Tcp => None,
         TransportKind::Udp => {
             let socket = std::net::UdpSocket::bind(addr).map_err(listen_error)?;
-            Some(
-                serve_udp(socket, handler.clone(), config.datagram.clone())
-                    .map_err(listen_error)?,
-            )
+            let server = serve_udp(socket, handler.clone(), config.datagram.clone())
+                .map_err(listen_error)?;
+            let _ = handler.counters.set(server.counters());
+            Some(server)
         }
     };
     let serve = tokio::spawn(serve_tcp(listener, handler));
@@ -234,6 +235,8 @@ struct StorageHandler {
     store: Arc<Store>,
     locks: Arc<ParityLocks>,
     id: Arc<AtomicU32>,
+    /// The datagram transport's counters, once it serves.
+    counters: Arc<OnceLock<UdpCounters>>,
 }
 
 impl FrameHandler for StorageHandler {
@@ -253,6 +256,17 @@ impl FrameHandler for StorageHandler {
         let store = self.store.clone();
         let locks = self.locks.clone();
         let id = self.id.load(Ordering::Acquire);
+        if matches!(request, StorageRequest::TransportCounters) {
+            let counters = self.counters.get().cloned();
+            return Box::pin(async move {
+                let counters = match counters {
+                    Some(counters) => counters.get().await,
+                    None => Vec::new(),
+                };
+                let response = StorageResponse::Counters { counters };
+                Some((Bytes::from(encode_message(&response)), Bytes::new()))
+            });
+        }
         Box::pin(async move {
             let (response, payload) = serve(store, locks, id, connection, request, payload)
                 .await
@@ -287,6 +301,9 @@ async fn serve(
 ) -> Result<(StorageResponse, Bytes), StorageError> {
     let done = Ok((StorageResponse::Done, Bytes::new()));
     match request {
+        StorageRequest::TransportCounters => Err(StorageError::BadRequest {
+            detail: "transport counters are answered by the handler".into(),
+        }),
         StorageRequest::Ping => Ok((
             StorageResponse::Pong {
                 server: (id != 0).then_some(id),

@@ -20,7 +20,7 @@ use tessera_wire::WireError;
 
 pub use tcp::{serve_tcp, TcpConfig, TcpTransport};
 pub use tessera_datagram::{Config as DatagramConfig, CongestionKind};
-pub use udp::{serve_udp, UdpConfig, UdpServer, UdpTransport};
+pub use udp::{serve_udp, UdpConfig, UdpCounters, UdpServer, UdpTransport};
 
 /// Which transport carries client-server traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -114,6 +114,26 @@ pub trait Transport: Send + Sync + 'static {
         message: Bytes,
         payload: Bytes,
     ) -> BoxFuture<'static, Result<Reply, TransportError>>;
+
+    /// Like [`call`](Self::call), saying how large the answer frame will be (`None`: unknown),
+    /// so that a receiver-driven transport can grant the answer its share of the receive
+    /// budget before it is sent. Others ignore the hint.
+    fn call_expecting(
+        &self,
+        addr: SocketAddr,
+        message: Bytes,
+        payload: Bytes,
+        reply_bytes: Option<usize>,
+    ) -> BoxFuture<'static, Result<Reply, TransportError>> {
+        let _ = reply_bytes;
+        self.call(addr, message, payload)
+    }
+
+    /// The transport's own counters by name (the datagram endpoint's statistics); empty for
+    /// transports that keep none.
+    fn counters(&self) -> BoxFuture<'static, Vec<(String, u64)>> {
+        Box::pin(async { Vec::new() })
+    }
 }
 
 /// Send a typed request and decode a typed answer.
@@ -123,8 +143,21 @@ pub async fn call<Req: Serialize, Resp: DeserializeOwned>(
     request: &Req,
     payload: Bytes,
 ) -> Result<(Resp, Bytes), TransportError> {
+    call_expecting(transport, addr, request, payload, None).await
+}
+
+/// [`call`] with the size of the answer frame, if known ([`Transport::call_expecting`]).
+pub async fn call_expecting<Req: Serialize, Resp: DeserializeOwned>(
+    transport: &dyn Transport,
+    addr: SocketAddr,
+    request: &Req,
+    payload: Bytes,
+    reply_bytes: Option<usize>,
+) -> Result<(Resp, Bytes), TransportError> {
     let message = Bytes::from(tessera_wire::encode_message(request));
-    let reply = transport.call(addr, message, payload).await?;
+    let reply = transport
+        .call_expecting(addr, message, payload, reply_bytes)
+        .await?;
     let response = tessera_wire::decode_message(&reply.message)
         .map_err(|error| TransportError::Protocol { addr, error })?;
     Ok((response, reply.payload))

@@ -17,7 +17,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_datagram::{
-    Config as DatagramConfig, Endpoint, Event, LossReason, SendError, SessionId, Transmit,
+    Config as DatagramConfig, Endpoint, Event, LossReason, SendError, SessionId, Stats, Transmit,
 };
 use tessera_wire::{Frame, FrameHeader, FrameKind};
 use tokio::sync::oneshot;
@@ -90,13 +90,17 @@ impl Waker {
 
 /// What async callers ask of the I/O thread.
 enum Command {
-    /// Send a request frame to `addr`; answer on `reply`.
+    /// Send a request frame to `addr`; answer on `reply`. The answer frame will be about
+    /// `reply_bytes` long, if known.
     Call {
         addr: SocketAddr,
         request_id: u64,
         frame: Bytes,
+        reply_bytes: Option<usize>,
         reply: oneshot::Sender<Result<Reply, TransportError>>,
     },
+    /// Report the endpoint's counters.
+    Counters { reply: oneshot::Sender<Stats> },
     /// The caller gave up waiting.
     Cancel { request_id: u64 },
     /// Send a response frame on a session (server side).
@@ -155,6 +159,7 @@ impl UdpTransport {
         addr: SocketAddr,
         message: Bytes,
         payload: Bytes,
+        reply_bytes: Option<usize>,
     ) -> Result<Reply, TransportError> {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let frame = encode_frame(FrameKind::Request, request_id, &message, &payload);
@@ -163,6 +168,7 @@ impl UdpTransport {
             addr,
             request_id,
             frame,
+            reply_bytes,
             reply,
         }) {
             return Err(TransportError::Disconnected {
@@ -187,6 +193,28 @@ impl UdpTransport {
     }
 }
 
+/// Asks a datagram endpoint's I/O thread for its counters.
+#[derive(Clone)]
+pub struct UdpCounters(Mailbox);
+
+impl UdpCounters {
+    /// The endpoint's counters by name; empty if its thread has stopped.
+    pub async fn get(&self) -> Vec<(String, u64)> {
+        let (reply, answer) = oneshot::channel();
+        if !self.0.post(Command::Counters { reply }) {
+            return Vec::new();
+        }
+        match answer.await {
+            Ok(stats) => stats
+                .counters()
+                .into_iter()
+                .map(|(name, value)| (name.to_string(), value))
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
 impl Drop for UdpTransport {
     fn drop(&mut self) {
         self.mailbox.post(Command::Shutdown);
@@ -200,7 +228,22 @@ impl crate::Transport for Arc<UdpTransport> {
         message: Bytes,
         payload: Bytes,
     ) -> BoxFuture<'static, Result<Reply, TransportError>> {
-        Box::pin(self.clone().call_inner(addr, message, payload))
+        Box::pin(self.clone().call_inner(addr, message, payload, None))
+    }
+
+    fn call_expecting(
+        &self,
+        addr: SocketAddr,
+        message: Bytes,
+        payload: Bytes,
+        reply_bytes: Option<usize>,
+    ) -> BoxFuture<'static, Result<Reply, TransportError>> {
+        Box::pin(self.clone().call_inner(addr, message, payload, reply_bytes))
+    }
+
+    fn counters(&self) -> BoxFuture<'static, Vec<(String, u64)>> {
+        let counters = UdpCounters(self.mailbox.clone());
+        Box::pin(async move { counters.get().await })
     }
 }
 
@@ -209,6 +252,13 @@ pub struct UdpServer {
     mailbox: Mailbox,
     /// The bound address.
     pub addr: SocketAddr,
+}
+
+impl UdpServer {
+    /// A handle that reads the server endpoint's counters.
+    pub fn counters(&self) -> UdpCounters {
+        UdpCounters(self.mailbox.clone())
+    }
 }
 
 impl Drop for UdpServer {
@@ -279,6 +329,8 @@ struct Pending {
     session: SessionId,
     addr: SocketAddr,
     frame: Bytes,
+    /// Expected size of the answer frame, if known.
+    reply_bytes: Option<usize>,
     /// Whether it was already sent again after its session was reset.
     resent: bool,
     reply: oneshot::Sender<Result<Reply, TransportError>>,
@@ -408,8 +460,14 @@ impl Driver {
                 call @ Command::Call { .. } => self.call(call, now),
                 Command::Cancel { request_id } => {
                     if let Role::Client { pending, .. } = &mut self.role {
-                        pending.remove(&request_id);
+                        if let Some(p) = pending.remove(&request_id) {
+                            // The answer is no longer awaited: release its grant.
+                            self.endpoint.expect_cancelled(p.session, now);
+                        }
                     }
+                }
+                Command::Counters { reply } => {
+                    let _ = reply.send(self.endpoint.stats());
                 }
                 Command::Respond { session, frame } => {
                     // A session lost meanwhile has nobody to answer.
@@ -431,6 +489,7 @@ impl Driver {
             addr,
             request_id,
             frame,
+            reply_bytes,
             reply,
         } = call
         else {
@@ -450,12 +509,15 @@ impl Driver {
             .or_insert_with(|| self.endpoint.connect_with(addr, payload_bytes, now));
         match self.endpoint.send(session, frame.clone(), now) {
             Ok(()) => {
+                // Announced with the request, so the grant rides on the request's packets.
+                self.endpoint.expect(session, reply_bytes, now);
                 pending.insert(
                     request_id,
                     Pending {
                         session,
                         addr,
                         frame,
+                        reply_bytes,
                         resent: false,
                         reply,
                     },
@@ -465,6 +527,7 @@ impl Driver {
                 addr,
                 request_id,
                 frame,
+                reply_bytes,
                 reply,
             }),
             Err(e) => {
@@ -585,6 +648,7 @@ impl Driver {
                     addr: p.addr,
                     request_id,
                     frame: p.frame,
+                    reply_bytes: p.reply_bytes,
                     reply: p.reply,
                 },
                 now,

@@ -145,6 +145,8 @@ pub enum StorageRequest {
         /// File.
         file: FileId,
     },
+    /// The counters of the server's datagram transport (metrics, experiments).
+    TransportCounters,
 }
 
 /// One overflow entry in a listing; its bytes follow in the payload in listing order.
@@ -180,6 +182,12 @@ pub enum StorageResponse {
     },
     /// The request failed.
     Error(StorageError),
+    /// Answer to `TransportCounters`: each counter by name; none if the server serves TCP
+    /// only.
+    Counters {
+        /// Name and value of each counter.
+        counters: Vec<(String, u64)>,
+    },
 }
 
 /// Why a storage request failed.

@@ -20,6 +20,8 @@ pub struct Network {
     pub transport: Option<TransportKind>,
     /// `--window`, if given.
     pub window: Option<u32>,
+    /// `--receive-budget`, if given (0: off).
+    pub receive_budget: Option<u32>,
 }
 
 static NETWORK: OnceLock<Network> = OnceLock::new();
@@ -43,6 +45,17 @@ pub fn datagram_config(window: Option<u32>) -> DatagramConfig {
     config
 }
 
+/// The datagram protocol's settings for a client: the window choice and the receive budget.
+pub fn client_datagram_config(net: Network) -> DatagramConfig {
+    let mut config = datagram_config(net.window);
+    config.receive_budget_packets = match net.receive_budget {
+        Some(0) => None,
+        Some(n) => Some(n),
+        None => Some(tessera_client::RECEIVE_BUDGET_PACKETS),
+    };
+    config
+}
+
 /// A client with the transport chosen on the command line, else the cluster's, else UDP.
 pub async fn connect_to(
     addr: SocketAddr,
@@ -51,7 +64,7 @@ pub async fn connect_to(
     let net = network();
     let config = ClientConfig {
         transport: net.transport.or(cluster_transport).unwrap_or_default(),
-        datagram: datagram_config(net.window),
+        datagram: client_datagram_config(net),
         ..ClientConfig::default()
     };
     Ok(Client::connect_with(addr, config).await?)

@@ -35,6 +35,11 @@ struct Cli {
     /// stop-and-wait) instead of adapting it
     #[arg(long, global = true, env = "TESSERA_WINDOW")]
     window: Option<u32>,
+    /// Datagram transport, client side: packets of answers granted and not yet arrived,
+    /// across all servers (about the switch buffer in front of the client plus one
+    /// bandwidth-delay product); 0 turns receiver-driven grants off [default: 20]
+    #[arg(long, global = true, env = "TESSERA_RECEIVE_BUDGET")]
+    receive_budget: Option<u32>,
     #[command(subcommand)]
     command: Command,
 }
@@ -236,6 +241,7 @@ async fn run(cli: Cli) -> Result<()> {
     commands::set_network(commands::Network {
         transport,
         window: cli.window,
+        receive_budget: cli.receive_budget,
     });
     let cluster = cli.cluster;
     match cli.command {

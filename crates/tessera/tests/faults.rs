@@ -1329,3 +1329,43 @@ async fn manager_restart_keeps_namespace() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Transport counters: the receive budget at work, and servers' counters over the wire.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn striped_reads_are_granted_by_the_client_and_counted_at_the_servers() {
+    let cluster = Cluster::up();
+    let client = cluster.client().await;
+    let layout = LayoutRequest {
+        scheme: Scheme::Raid0,
+        stripe_unit: 32 << 10,
+        width: None,
+    };
+    let file = client.create("granted", layout).await.expect("create");
+    let mut rng = seeded("granted");
+    let data = random_bytes(&mut rng, 3 << 20);
+    client.write_at(&file, 0, &data).await.expect("write");
+    let before = client.server_counters().await.expect("server counters");
+    assert_eq!(before.len(), 5, "every server answers: {before:?}");
+    let sent_before: u64 = before.iter().map(|(_, c)| c["data_packets_sent"]).sum();
+    let got = client
+        .read_at(&file, 0, data.len() as u64)
+        .await
+        .expect("read");
+    assert_bytes("read back", &got, &data);
+    let after = client.server_counters().await.expect("server counters");
+    let sent_after: u64 = after.iter().map(|(_, c)| c["data_packets_sent"]).sum();
+    // 3 MiB of answers went out as DATA packets from the servers.
+    assert!(
+        sent_after - sent_before >= 48,
+        "{sent_before} -> {sent_after}"
+    );
+    let mine = client.transport_counters().await;
+    assert!(
+        mine["grants"] > 0,
+        "the client granted the answers: {mine:?}"
+    );
+    assert!(mine["messages_delivered"] > 0, "{mine:?}");
+}
