@@ -12,6 +12,7 @@ use crate::LabError;
 use futures::stream::{self, StreamExt};
 use rand::{RngCore, SeedableRng};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tessera_client::{Client, File, LayoutRequest, Scheme, ServerState};
 
@@ -23,6 +24,8 @@ const TRANSFERS_IN_FLIGHT: usize = 3;
 pub const FILE_BYTES_MAX: u64 = 1 << 30;
 /// Most timed repetitions of one measurement.
 pub const REPETITIONS_MAX: u32 = 1000;
+/// Most timed reads of one [`ClientJob::SyncReads`].
+pub const SYNC_READS_MAX: u32 = 100_000;
 /// How often a wait asks the manager.
 const STATUS_POLL: Duration = Duration::from_millis(100);
 
@@ -102,6 +105,19 @@ pub enum ClientJob {
         /// Repetitions.
         repetitions: u32,
     },
+    /// Read the prepared `file` one block of `block_bytes` at a time (a whole stripe: one
+    /// request to each of its servers, sent together and all awaited before the next block),
+    /// block after block, wrapping around the file: the synchronized reads of TCP incast.
+    /// One untimed read of the first block comes first (connections, and a first check of
+    /// the bytes); then `reads` timed ones, the last of which is checked too.
+    SyncReads {
+        /// The file, prepared, a whole number of blocks long.
+        file: FileSpec,
+        /// Bytes of one block.
+        block_bytes: u64,
+        /// Timed reads.
+        reads: u32,
+    },
     /// Create, write, read back and compare, remove: the smoke test.
     Check {
         /// The file.
@@ -116,6 +132,7 @@ impl ClientJob {
             ClientJob::WaitServers { .. } => "wait_servers",
             ClientJob::Prepare { .. } => "prepare",
             ClientJob::Measure { .. } => "measure",
+            ClientJob::SyncReads { .. } => "sync_reads",
             ClientJob::Check { .. } => "check",
         }
     }
@@ -152,6 +169,51 @@ impl Sample {
     /// Bytes of the busier direction of the client's link, if measured.
     pub fn link_bytes(&self) -> Option<u64> {
         Some(self.link_rx_bytes?.max(self.link_tx_bytes?))
+    }
+}
+
+/// Transport counters by name (the datagram endpoint's statistics).
+pub type Counters = BTreeMap<String, u64>;
+
+/// What [`ClientJob::SyncReads`] measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SyncReadsSample {
+    /// Timed reads.
+    pub reads: u32,
+    /// Bytes of one block.
+    pub block_bytes: u64,
+    /// User bytes the timed reads returned.
+    pub bytes: u64,
+    /// How long the timed reads took.
+    pub seconds: f64,
+    /// Median time of one read, in microseconds.
+    pub read_us_median: f64,
+    /// 99th percentile of the time of one read, in microseconds.
+    pub read_us_p99: f64,
+    /// Longest read, in microseconds.
+    pub read_us_max: f64,
+    /// Share of the machine's CPU time that was busy meanwhile, 0..=1.
+    pub cpu_busy: f64,
+    /// Bytes of frames the client's interface received meanwhile, if readable.
+    pub link_rx_bytes: Option<u64>,
+    /// Bytes of frames it sent meanwhile.
+    pub link_tx_bytes: Option<u64>,
+    /// Blocks whose bytes were compared with the file's contents (and matched).
+    pub verified_blocks: u32,
+    /// Each server's transport counters before the first (untimed) read.
+    pub server_counters_before: Vec<(u32, Counters)>,
+    /// And after the last.
+    pub server_counters_after: Vec<(u32, Counters)>,
+    /// The client's own transport counters before the first read.
+    pub client_counters_before: Counters,
+    /// And after the last.
+    pub client_counters_after: Counters,
+}
+
+impl SyncReadsSample {
+    /// User bytes per second.
+    pub fn bytes_per_s(&self) -> f64 {
+        self.bytes as f64 / self.seconds.max(1e-9)
     }
 }
 
@@ -195,6 +257,8 @@ pub enum ClientReport {
         /// Every timed op, in the order done.
         samples: Vec<Sample>,
     },
+    /// To [`ClientJob::SyncReads`].
+    SyncReads(SyncReadsSample),
     /// To [`ClientJob::Check`].
     Checked {
         /// The write.
@@ -254,6 +318,11 @@ pub async fn run(client: &Client, job: &ClientJob) -> Result<ClientReport, LabEr
             }
             Ok(ClientReport::Measured { samples })
         }
+        ClientJob::SyncReads {
+            file,
+            block_bytes,
+            reads,
+        } => sync_reads(client, file, *block_bytes, *reads).await,
         ClientJob::Check { file: spec } => {
             let file = create(client, spec).await?;
             let data = spec.contents();
@@ -368,6 +437,91 @@ async fn read_file(
     Ok(())
 }
 
+async fn sync_reads(
+    client: &Client,
+    spec: &FileSpec,
+    block_bytes: u64,
+    reads: u32,
+) -> Result<ClientReport, LabError> {
+    assert!(reads <= SYNC_READS_MAX, "{reads} reads");
+    assert!(
+        block_bytes > 0 && spec.bytes >= block_bytes && spec.bytes.is_multiple_of(block_bytes),
+        "a file of {} bytes is no whole number of {block_bytes}-byte blocks",
+        spec.bytes
+    );
+    let file = client.open(&spec.path).await?;
+    let data = spec.contents();
+    let blocks = spec.bytes / block_bytes;
+    let block = |index: u64| {
+        let start = (index % blocks * block_bytes) as usize;
+        &data[start..start + block_bytes as usize]
+    };
+    let mut back = vec![0u8; block_bytes as usize];
+    let corrupt = || LabError::Corrupt {
+        path: spec.path.clone(),
+    };
+
+    let server_counters_before = client.server_counters().await?;
+    let client_counters_before = client.transport_counters().await;
+    let got = client.read_into(&file, 0, &mut back).await?;
+    if got != back.len() || back != block(0) {
+        return Err(corrupt());
+    }
+    let link = link_counters();
+    let cpu = CpuTimes::now()?;
+    let mut read_us = Vec::with_capacity(reads as usize);
+    let start = Instant::now();
+    for index in 1..=u64::from(reads) {
+        let began = Instant::now();
+        let got = client
+            .read_into(&file, index % blocks * block_bytes, &mut back)
+            .await?;
+        read_us.push(began.elapsed().as_secs_f64() * 1e6);
+        if got != back.len() {
+            return Err(corrupt());
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu_busy = CpuTimes::now()?.busy_since(&cpu);
+    let moved = link
+        .zip(link_counters())
+        .map(|((rx0, tx0), (rx1, tx1))| (rx1 - rx0, tx1 - tx0));
+    let mut verified_blocks = 1;
+    if reads > 0 {
+        if back != block(u64::from(reads)) {
+            return Err(corrupt());
+        }
+        verified_blocks += 1;
+    }
+    let server_counters_after = client.server_counters().await?;
+    let client_counters_after = client.transport_counters().await;
+    read_us.sort_by(f64::total_cmp);
+    let quantile = |q: f64| {
+        let last = read_us.len().saturating_sub(1);
+        read_us
+            .get((last as f64 * q).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    Ok(ClientReport::SyncReads(SyncReadsSample {
+        reads,
+        block_bytes,
+        bytes: u64::from(reads) * block_bytes,
+        seconds,
+        read_us_median: quantile(0.5),
+        read_us_p99: quantile(0.99),
+        read_us_max: quantile(1.0),
+        cpu_busy,
+        link_rx_bytes: moved.map(|m| m.0),
+        link_tx_bytes: moved.map(|m| m.1),
+        verified_blocks,
+        server_counters_before,
+        server_counters_after,
+        client_counters_before,
+        client_counters_after,
+    }))
+}
+
 async fn wait_servers(
     client: &Client,
     up: &[u32],
@@ -430,6 +584,56 @@ mod tests {
         };
         let text = serde_json::to_string(&report).unwrap();
         assert_eq!(serde_json::from_str::<ClientReport>(&text).unwrap(), report);
+    }
+
+    #[test]
+    fn sync_reads_round_trip_as_json() {
+        let job = ClientJob::SyncReads {
+            file: FileSpec {
+                path: "lab/incast-32k".into(),
+                scheme: Scheme::Raid0,
+                stripe_unit_bytes: 32768,
+                bytes: 8 * 4 * 32768,
+                seed: 3,
+                width: Some(4),
+            },
+            block_bytes: 4 * 32768,
+            reads: 100,
+        };
+        let text = serde_json::to_string(&job).unwrap();
+        assert!(text.contains("\"job\":\"sync_reads\""), "{text}");
+        assert_eq!(serde_json::from_str::<ClientJob>(&text).unwrap(), job);
+        let counters = Counters::from([("timeouts".to_string(), 2)]);
+        let report = ClientReport::SyncReads(SyncReadsSample {
+            reads: 100,
+            block_bytes: 131072,
+            bytes: 13_107_200,
+            seconds: 0.5,
+            read_us_median: 1000.0,
+            read_us_p99: 2000.0,
+            read_us_max: 3000.0,
+            cpu_busy: 0.5,
+            link_rx_bytes: Some(14_000_000),
+            link_tx_bytes: None,
+            verified_blocks: 2,
+            server_counters_before: vec![(1, Counters::new())],
+            server_counters_after: vec![(1, counters.clone())],
+            client_counters_before: Counters::new(),
+            client_counters_after: counters,
+        });
+        let text = serde_json::to_string(&report).unwrap();
+        assert!(text.contains("\"report\":\"sync_reads\""), "{text}");
+        assert_eq!(serde_json::from_str::<ClientReport>(&text).unwrap(), report);
+        // A job without a width (written before there was one) still parses.
+        let old = text_without_width();
+        assert!(serde_json::from_str::<FileSpec>(&old)
+            .unwrap()
+            .width
+            .is_none());
+    }
+
+    fn text_without_width() -> String {
+        r#"{"path":"f","scheme":"Raid0","stripe_unit_bytes":4096,"bytes":1,"seed":1}"#.into()
     }
 
     #[test]
