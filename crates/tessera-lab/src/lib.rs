@@ -24,7 +24,7 @@
 //!   jobs for the measurement client (`tessera lab-client`) in the client's.
 //! - [`job`]: what the measurement client does with [`tessera_client::Client`].
 //! - [`results`]: tables (CSV, Markdown) and figures (PNG).
-//! - [`experiments`]: `check`, `calibrate` and `swift-window`.
+//! - [`experiments`]: `check`, `calibrate`, `swift-window` and `incast`.
 //!
 //! A network, an echo across it and a TCP stream through its `tbf` ports (as root):
 //!

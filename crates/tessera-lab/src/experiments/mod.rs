@@ -5,9 +5,12 @@
 //! - [`calibrate`](mod@calibrate): a raw TCP stream and Tessera at several link rates, with CPU use, to show
 //!   at which rates this machine is network-bound.
 //! - [`swift_window`]: Swift/RAID's figures 2–5 (Fullmer, Long, Cabrera 1995).
+//! - [`incast`]: TCP incast (Phanishayee et al.): synchronized reads from 1 to 64 servers
+//!   through one switch port, over TCP, TCP with a 1 ms minimum RTO, and Tessera.
 
 pub mod calibrate;
 pub mod check;
+pub mod incast;
 pub mod swift_window;
 
 use crate::cmd::Cancel;
