@@ -3,7 +3,10 @@
 //!
 //! The global `--transport` and `--window` pick what `swift-window` measures (TCP only, the
 //! datagram transport only, one window); the lab passes them on to the daemons and to
-//! `lab-client`, which connects with them like every client command.
+//! `lab-client`, which connects with them like every client command. `incast` ignores them:
+//! each of its lines picks the transport. Link settings left out take each experiment's
+//! defaults (`incast` measures at 1 Gbit/s with 32 KiB switch buffers, the others at
+//! 200 Mbit/s with 128 frames).
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -13,6 +16,7 @@ use tessera_client::Scheme;
 use tessera_lab::cluster::Transport;
 use tessera_lab::experiments::calibrate::{self, CalibrateConfig};
 use tessera_lab::experiments::check::{self, CheckConfig};
+use tessera_lab::experiments::incast::{self, IncastConfig, Line};
 use tessera_lab::experiments::swift_window::{self, SwiftWindowConfig};
 use tessera_lab::experiments::LabConfig;
 use tessera_lab::job::ClientJob;
@@ -45,6 +49,9 @@ enum Experiment {
     },
     /// Swift/RAID figures 2-5: throughput against the window, TCP, degraded mode.
     SwiftWindow(SwiftWindowArgs),
+    /// TCP incast: goodput of synchronized reads from 1 to 64 servers through one switch
+    /// port, over TCP, TCP with rto_min 1 ms and Tessera's transport.
+    Incast(IncastArgs),
     /// A raw TCP stream and Tessera at several link rates, with CPU use.
     Calibrate {
         /// A shorter sweep.
@@ -64,19 +71,21 @@ enum Experiment {
     },
 }
 
-/// Settings every experiment takes.
+/// Settings every experiment takes. Link settings left out take the experiment's defaults.
 #[derive(Args)]
 struct Common {
-    /// Rate of every link, each way (tc units: 200mbit, 1gbit).
-    #[arg(long, default_value = "200mbit")]
-    rate: Rate,
-    /// Queue of each switch port toward a host: frames (128p) or bytes (192K).
-    #[arg(long, default_value = "128p")]
-    buffer: Buffer,
-    /// Transmit queue of each host: frames or bytes.
-    #[arg(long, default_value = "1000p")]
-    nic_buffer: Buffer,
-    /// Token bucket of each link in bytes [default: 1 ms of the rate].
+    /// Rate of every link, each way (tc units: 200mbit, 1gbit) [default: 200mbit; incast:
+    /// 1gbit].
+    #[arg(long)]
+    rate: Option<Rate>,
+    /// Queue of each switch port toward a host: frames (128p) or bytes (192K) [default:
+    /// 128p; incast: 32K].
+    #[arg(long)]
+    buffer: Option<Buffer>,
+    /// Transmit queue of each host: frames or bytes [default: 1000p].
+    #[arg(long)]
+    nic_buffer: Option<Buffer>,
+    /// Token bucket of each link in bytes [default: 1 ms of the rate; incast: 8 frames].
     #[arg(long)]
     burst: Option<u64>,
     /// Directory for NAME.json, NAME.csv, NAME.md and NAME.png.
@@ -111,6 +120,32 @@ struct SwiftWindowArgs {
     /// Skip degraded mode.
     #[arg(long)]
     no_degraded: bool,
+    /// An extra flag for the measurement client (repeat for more).
+    #[arg(long, allow_hyphen_values = true)]
+    client_arg: Vec<String>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct IncastArgs {
+    /// N = 1 to 16 with fewer reads per point: under two minutes.
+    #[arg(long)]
+    quick: bool,
+    /// Numbers of servers, e.g. 1,4,16 [default: 1,2,4,8,16,32,64; quick: 1 to 16].
+    #[arg(long, value_delimiter = ',')]
+    servers: Vec<u32>,
+    /// Stripe units (the paper's server request units), e.g. 32K,256K [default: 32K,256K].
+    #[arg(long, value_delimiter = ',')]
+    units: Vec<String>,
+    /// Lines to measure: tcp, tcp-rto1ms, tessera [default: all three]. The global
+    /// --transport and --window are not used: each line picks its transport.
+    #[arg(long, value_delimiter = ',')]
+    lines: Vec<Line>,
+    /// Timed reads per point [default: about 64 MiB of blocks, 10 to 2000 reads; quick:
+    /// 8 MiB, 8 to 256 reads].
+    #[arg(long)]
+    reads: Option<u32>,
     /// An extra flag for the measurement client (repeat for more).
     #[arg(long, allow_hyphen_values = true)]
     client_arg: Vec<String>,
@@ -175,11 +210,16 @@ pub async fn run(args: LabArgs) -> Result<()> {
             let config = swift_window_config(&args)?;
             (args.common, Config::SwiftWindow(config))
         }
+        Experiment::Incast(args) => {
+            let config = incast_config(&args)?;
+            (args.common, Config::Incast(config))
+        }
     };
     let cancel = Cancel::new();
     watch_signals(cancel.clone())?;
     let exe = std::env::current_exe().context("cannot find the tessera binary")?;
-    let lab = LabConfig::new(exe, common.link(), common.dir, cancel);
+    let link = common.link(experiment.link_defaults());
+    let lab = LabConfig::new(exe, link, common.dir, cancel);
     // The lab waits on processes and sockets with plain blocking calls.
     let paths = tokio::task::spawn_blocking(move || run_experiment(&lab, experiment)).await??;
     for path in paths {
@@ -210,6 +250,70 @@ enum Config {
     Check(CheckConfig),
     Calibrate(CalibrateConfig),
     SwiftWindow(SwiftWindowConfig),
+    Incast(IncastConfig),
+}
+
+impl Config {
+    /// The links of the experiment where the command line does not say.
+    fn link_defaults(&self) -> LinkSpec {
+        match self {
+            Config::Incast(_) => IncastConfig::link_defaults(),
+            Config::Check(_) | Config::Calibrate(_) | Config::SwiftWindow(_) => {
+                LinkSpec::new(Rate::mbit(200))
+            }
+        }
+    }
+}
+
+fn incast_config(args: &IncastArgs) -> Result<IncastConfig> {
+    let mut config = if args.quick {
+        IncastConfig::quick()
+    } else {
+        IncastConfig::full()
+    };
+    if !args.servers.is_empty() {
+        config.servers = args.servers.clone();
+    }
+    if let Some(n) = config
+        .servers
+        .iter()
+        .find(|n| !(1..=net::SERVERS_MAX).contains(*n))
+    {
+        bail!("{n} servers: the lab holds 1 to {}", net::SERVERS_MAX);
+    }
+    if !args.units.is_empty() {
+        config.stripe_units_bytes = args
+            .units
+            .iter()
+            .map(|unit| crate::commands::parse_size(unit))
+            .collect::<Result<_>>()?;
+    }
+    if config.stripe_units_bytes.contains(&0) {
+        bail!("a stripe unit must be at least one byte");
+    }
+    if !args.lines.is_empty() {
+        config.lines = args.lines.clone();
+    }
+    if args.reads == Some(0) {
+        bail!("--reads must be at least 1");
+    }
+    config.reads = args.reads;
+    for &servers in &config.servers {
+        for &unit in &config.stripe_units_bytes {
+            let file = config.file(servers, unit);
+            if file.bytes > tessera_lab::job::FILE_BYTES_MAX {
+                bail!(
+                    "{servers} servers with {unit}-byte stripe units need a file of {} bytes, \
+                     more than the lab's {}",
+                    file.bytes,
+                    tessera_lab::job::FILE_BYTES_MAX
+                );
+            }
+        }
+    }
+    config.server_args = args.common.server_arg.clone();
+    config.client_args = args.client_arg.clone();
+    Ok(config)
 }
 
 fn swift_window_config(args: &SwiftWindowArgs) -> Result<SwiftWindowConfig> {
@@ -262,12 +366,13 @@ fn swift_window_config(args: &SwiftWindowArgs) -> Result<SwiftWindowConfig> {
 }
 
 impl Common {
-    fn link(&self) -> LinkSpec {
+    /// The links: what was given, else the experiment's `defaults`.
+    fn link(&self, defaults: LinkSpec) -> LinkSpec {
         LinkSpec {
-            rate: self.rate,
-            switch_buffer: self.buffer,
-            nic_buffer: self.nic_buffer,
-            burst_bytes: self.burst,
+            rate: self.rate.unwrap_or(defaults.rate),
+            switch_buffer: self.buffer.unwrap_or(defaults.switch_buffer),
+            nic_buffer: self.nic_buffer.unwrap_or(defaults.nic_buffer),
+            burst_bytes: self.burst.or(defaults.burst_bytes),
         }
     }
 }
@@ -285,18 +390,29 @@ fn run_experiment(lab: &LabConfig, experiment: Config) -> Result<Vec<PathBuf>> {
             report.outputs
         }
         Config::Calibrate(config) => calibrate::run(lab, &config)?.1,
+        Config::Incast(config) => {
+            let (report, paths) = incast::run(lab, &config)?;
+            eprintln!("lab: incast took {:.0} s", report.duration_s);
+            print_markdown(&paths);
+            paths
+        }
         Config::SwiftWindow(config) => {
             let (report, paths) = swift_window::run(lab, &config)?;
             eprintln!("lab: swift-window took {:.0} s", report.duration_s);
-            if let Some(md) = paths
-                .iter()
-                .find(|p| p.extension().is_some_and(|e| e == "md"))
-            {
-                print!("{}", std::fs::read_to_string(md).unwrap_or_default());
-            }
+            print_markdown(&paths);
             paths
         }
     })
+}
+
+/// Print the Markdown file among an experiment's outputs.
+fn print_markdown(paths: &[PathBuf]) {
+    if let Some(md) = paths
+        .iter()
+        .find(|p| p.extension().is_some_and(|e| e == "md"))
+    {
+        print!("{}", std::fs::read_to_string(md).unwrap_or_default());
+    }
 }
 
 /// On Ctrl-C, SIGTERM or SIGHUP, ask the experiment to stop; its guards then tear down.
