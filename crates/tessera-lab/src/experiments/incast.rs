@@ -286,6 +286,20 @@ pub struct Point {
     pub verified_blocks: u32,
 }
 
+/// A point that could not be measured: the measurement client failed (a request timed out,
+/// the bytes differed) or took too long. The other points go on.
+#[derive(Debug, Clone, Serialize)]
+pub struct FailedPoint {
+    /// Servers.
+    pub servers: u32,
+    /// Stripe unit.
+    pub stripe_unit_bytes: u32,
+    /// The line.
+    pub line: Line,
+    /// Why.
+    pub error: String,
+}
+
 /// How long one cluster took to get ready.
 #[derive(Debug, Clone, Serialize)]
 pub struct ClusterTiming {
@@ -333,6 +347,8 @@ pub struct IncastReport {
     pub config: IncastConfig,
     /// The measurements.
     pub points: Vec<Point>,
+    /// Points that failed.
+    pub failed: Vec<FailedPoint>,
     /// The targets, computed from the points.
     pub targets: Vec<Target>,
 }
@@ -365,20 +381,24 @@ pub fn run(
     let calibration = calibrate(&network, &lab.link, CLIENT_HOST, "s1", seconds, &lab.cancel)?;
     lab.say(&calibration.markdown());
 
-    let mut points = Vec::new();
+    let mut measured = Measured::default();
     let mut clusters = Vec::new();
     for &servers in &config.servers {
         lab.cancel.check()?;
-        let (measured, timing) = measure_cluster(lab, config, &network, servers)?;
-        points.extend(measured);
-        clusters.push(timing);
+        clusters.push(measure_cluster(
+            lab,
+            config,
+            &network,
+            servers,
+            &mut measured,
+        )?);
     }
     let began = Instant::now();
     network.teardown()?;
     let teardown_s = began.elapsed().as_secs_f64();
     lab.say(&format!("torn down in {teardown_s:.1} s"));
 
-    let targets = targets(config, &points);
+    let targets = targets(config, &measured.points, &measured.failed);
     let report = IncastReport {
         experiment: "incast",
         version: 1,
@@ -390,7 +410,8 @@ pub fn run(
         testbed: Testbed::describe(lab),
         calibration,
         config: config.clone(),
-        points,
+        points: measured.points,
+        failed: measured.failed,
         targets,
     };
     let paths = results::write_outputs(
@@ -404,13 +425,21 @@ pub fn run(
     Ok((report, paths))
 }
 
+/// The points so far.
+#[derive(Debug, Default)]
+struct Measured {
+    points: Vec<Point>,
+    failed: Vec<FailedPoint>,
+}
+
 /// Every line and stripe unit on one cluster of `servers` servers.
 fn measure_cluster(
     lab: &LabConfig,
     config: &IncastConfig,
     network: &Network,
     servers: u32,
-) -> Result<(Vec<Point>, ClusterTiming), LabError> {
+    measured: &mut Measured,
+) -> Result<ClusterTiming, LabError> {
     let began = Instant::now();
     // The datagram transport's servers serve TCP too: one cluster serves every line.
     let mut spec = ClusterSpec::new(lab.exe.clone(), servers, Transport::Adaptive);
@@ -446,7 +475,6 @@ fn measure_cluster(
     let senders: Vec<String> = std::iter::once(CLIENT_HOST.to_string())
         .chain((1..=servers).map(server_host))
         .collect();
-    let mut points = Vec::new();
     for &line in &config.lines {
         for host in &senders {
             network.set_rto_min(host, line.rto_min_ms())?;
@@ -454,15 +482,37 @@ fn measure_cluster(
         for file in &files {
             lab.cancel.check()?;
             let began = Instant::now();
-            let point = measure_point(lab, config, network, &mut cluster, &senders, file, line)?;
-            lab.say(&format!(
-                "{servers} servers, {} KiB, {}: {} in {:.1} s",
+            let what = format!(
+                "{servers} servers, {} KiB, {}",
                 file.stripe_unit_bytes >> 10,
-                line.name(),
-                brief(&point),
-                began.elapsed().as_secs_f64()
-            ));
-            points.push(point);
+                line.name()
+            );
+            match measure_point(lab, config, network, &mut cluster, &senders, file, line) {
+                Ok(point) => {
+                    lab.say(&format!(
+                        "{what}: {} in {:.1} s",
+                        brief(&point),
+                        began.elapsed().as_secs_f64()
+                    ));
+                    measured.points.push(point);
+                }
+                // The client gave up (a server silent past its request timeout, wrong
+                // bytes) or ran out of time: a result of this point, not of the run.
+                Err(
+                    e @ (LabError::ClientFailed { .. }
+                    | LabError::Timeout { .. }
+                    | LabError::Corrupt { .. }),
+                ) => {
+                    lab.say(&format!("{what}: failed: {e}"));
+                    measured.failed.push(FailedPoint {
+                        servers,
+                        stripe_unit_bytes: file.stripe_unit_bytes,
+                        line,
+                        error: e.to_string(),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
         }
         if line.rto_min_ms().is_some() {
             for host in &senders {
@@ -470,14 +520,11 @@ fn measure_cluster(
             }
         }
     }
-    Ok((
-        points,
-        ClusterTiming {
-            servers,
-            start_s,
-            prepare_s,
-        },
-    ))
+    Ok(ClusterTiming {
+        servers,
+        start_s,
+        prepare_s,
+    })
 }
 
 /// Drop counters of the cluster's part of the network.
@@ -629,10 +676,11 @@ pub fn counters_grown(before: &[(u32, Counters)], after: &[(u32, Counters)]) -> 
     out
 }
 
-/// The targets, from the points.
-pub fn targets(config: &IncastConfig, points: &[Point]) -> Vec<Target> {
+/// The targets, from the points; a failed Tessera point fails the goodput target.
+pub fn targets(config: &IncastConfig, points: &[Point], failed: &[FailedPoint]) -> Vec<Target> {
     let of = |line: Line| points.iter().filter(move |p| p.line == line);
     let mut out = Vec::new();
+    let tessera_failed = failed.iter().find(|f| f.line == Line::Tessera);
 
     let lowest = of(Line::Tessera).min_by(|a, b| a.goodput_fraction.total_cmp(&b.goodput_fraction));
     out.push(Target {
@@ -640,15 +688,25 @@ pub fn targets(config: &IncastConfig, points: &[Point]) -> Vec<Target> {
             "Tessera's goodput at least {GOODPUT_TARGET} of the link at every N, for every \
              stripe unit"
         ),
-        measured: lowest.map_or("no Tessera points".into(), |p| {
-            format!(
+        measured: match (tessera_failed, lowest) {
+            (Some(f), _) => format!(
+                "failed at N = {}, {} KiB: {}",
+                f.servers,
+                f.stripe_unit_bytes >> 10,
+                f.error
+            ),
+            (None, Some(p)) => format!(
                 "lowest {:.3} (N = {}, {} KiB)",
                 p.goodput_fraction,
                 p.servers,
                 p.stripe_unit_bytes >> 10
-            )
-        }),
-        pass: lowest.map(|p| p.goodput_fraction >= GOODPUT_TARGET),
+            ),
+            (None, None) => "no Tessera points".into(),
+        },
+        pass: match tessera_failed {
+            Some(_) => Some(false),
+            None => lowest.map(|p| p.goodput_fraction >= GOODPUT_TARGET),
+        },
     });
 
     let longest = of(Line::Tessera)
@@ -845,6 +903,18 @@ fn preamble(report: &IncastReport) -> String {
             None => "**unknown**",
         };
         out += &format!("- {}: {verdict} — {}.\n", t.goal, t.measured);
+    }
+    if !report.failed.is_empty() {
+        out += "\n## Failed points\n\n";
+        for f in &report.failed {
+            out += &format!(
+                "- N = {}, {} KiB, {}: {}\n",
+                f.servers,
+                f.stripe_unit_bytes >> 10,
+                f.line.label(),
+                f.error
+            );
+        }
     }
     for &unit in &c.stripe_units_bytes {
         out += &format!(
@@ -1097,9 +1167,10 @@ mod tests {
                 echo,
                 limit: Limit::Network,
             },
-            targets: targets(&config, &points),
+            targets: targets(&config, &points, &[]),
             config,
             points,
+            failed: Vec::new(),
         }
     }
 
@@ -1171,7 +1242,7 @@ mod tests {
 
     #[test]
     fn targets_are_computed_from_the_points() {
-        let t = targets(&IncastConfig::quick(), &points());
+        let t = targets(&IncastConfig::quick(), &points(), &[]);
         assert_eq!(t.len(), 3);
         assert_eq!(t[0].pass, Some(true), "{:?}", t[0]);
         assert_eq!(t[1].pass, Some(false), "1500 us is over a millisecond");
@@ -1181,12 +1252,21 @@ mod tests {
         slow[2].goodput_fraction = 0.5;
         slow[2].timeout_us_max = None;
         slow[2].client_port_drops = 250;
-        let t = targets(&IncastConfig::quick(), &slow);
+        let t = targets(&IncastConfig::quick(), &slow, &[]);
         assert_eq!(t[0].pass, Some(false));
         assert_eq!(t[1].pass, None, "not reported");
         assert_eq!(t[2].pass, Some(false), "not fewer than rto_min's 250");
-        let t = targets(&IncastConfig::quick(), &[]);
+        let t = targets(&IncastConfig::quick(), &[], &[]);
         assert!(t.iter().all(|t| t.pass.is_none()));
+        let failed = FailedPoint {
+            servers: 16,
+            stripe_unit_bytes: 32 << 10,
+            line: Line::Tessera,
+            error: "timed out".into(),
+        };
+        let t = targets(&IncastConfig::quick(), &points(), &[failed]);
+        assert_eq!(t[0].pass, Some(false), "a failed point misses the target");
+        assert!(t[0].measured.contains("N = 16"));
     }
 
     #[test]
