@@ -85,7 +85,7 @@ struct Common {
     /// Transmit queue of each host: frames or bytes [default: 1000p].
     #[arg(long)]
     nic_buffer: Option<Buffer>,
-    /// Token bucket of each link in bytes [default: 1 ms of the rate; incast: 8 frames].
+    /// Token bucket of each link in bytes [default: 1 ms of the rate].
     #[arg(long)]
     burst: Option<u64>,
     /// Directory for NAME.json, NAME.csv, NAME.md and NAME.png.
@@ -142,8 +142,8 @@ struct IncastArgs {
     /// --transport and --window are not used: each line picks its transport.
     #[arg(long, value_delimiter = ',')]
     lines: Vec<Line>,
-    /// Timed reads per point [default: about 64 MiB of blocks, 10 to 2000 reads; quick:
-    /// 8 MiB, 8 to 256 reads].
+    /// Timed reads per point [default: about 128 MiB of blocks, 20 to 4000 reads; quick:
+    /// 48 MiB, 24 to 1500 reads].
     #[arg(long)]
     reads: Option<u32>,
     /// An extra flag for the measurement client (repeat for more).
