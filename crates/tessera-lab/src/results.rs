@@ -354,7 +354,7 @@ fn draw_lines(panel: &LinePanel, area: &Area<'_>) -> DrawResult {
             10
         })
         .x_label_formatter(&|x| scale.label(*x, whole_x))
-        .y_label_formatter(&|y| format!("{y:.1}"))
+        .y_label_formatter(&|y| y_label(*y, panel.y_range))
         .label_style((FONT, 13))
         .axis_desc_style((FONT, 14))
         .light_line_style(RGBColor(235, 235, 235))
@@ -401,6 +401,15 @@ fn draw_lines(panel: &LinePanel, area: &Area<'_>) -> DrawResult {
             .draw()?;
     }
     Ok(())
+}
+
+/// A y tick: shares and rates with a decimal, counts (a range over 20) without.
+fn y_label(y: f64, range: (f64, f64)) -> String {
+    if range.1 - range.0 > 20.0 {
+        format!("{y:.0}")
+    } else {
+        format!("{y:.1}")
+    }
 }
 
 fn draw_bars(panel: &BarPanel, area: &Area<'_>) -> DrawResult {
@@ -623,6 +632,8 @@ mod tests {
         assert_eq!(XScale::Log2.label(4.0, true), "16");
         assert_eq!(XScale::Log2.label(4.5, true), "");
         assert_eq!(XScale::Linear.label(3.0, true), "3");
+        assert_eq!(y_label(0.5, (0.0, 1.05)), "0.5");
+        assert_eq!(y_label(14000.0, (0.0, 15000.0)), "14000");
     }
 
     #[test]

@@ -275,6 +275,9 @@ pub struct Point {
     /// Tessera: the longest retransmission timeout that expired at any server (since it
     /// started) or at the client, in microseconds. `None` for TCP and when not reported.
     pub timeout_us_max: Option<u64>,
+    /// The servers' longest before the job: if `timeout_us_max` is no larger, that timeout
+    /// expired before this point (an earlier job, the files' writing).
+    pub timeout_us_max_before: Option<u64>,
     /// The kernel's TCP counters, servers and client summed (every line: for Tessera only
     /// the manager's and the counters' own traffic).
     pub kernel_tcp: TcpCounters,
@@ -617,6 +620,13 @@ fn point(
         datagram_servers.get(name).copied().unwrap_or(0)
             + datagram_client.get(name).copied().unwrap_or(0)
     };
+    let timeout_us_max_before = sample
+        .server_counters_before
+        .iter()
+        .filter_map(|(_, c)| c.get("timeout_us_max"))
+        .copied()
+        .max()
+        .filter(|_| !line.is_tcp());
     let (retransmissions, timeouts, timeout_us_max) = if line.is_tcp() {
         (kernel_tcp.retransmitted_segments, kernel_tcp.timeouts, None)
     } else {
@@ -651,6 +661,7 @@ fn point(
         retransmissions,
         timeouts,
         timeout_us_max,
+        timeout_us_max_before,
         kernel_tcp,
         datagram_servers,
         datagram_client,
@@ -719,9 +730,15 @@ pub fn targets(config: &IncastConfig, points: &[Point], failed: &[FailedPoint]) 
         goal: format!("no Tessera retransmission timeout longer than {TIMEOUT_US_TARGET} us"),
         measured: match longest {
             Some((us, p)) if reported => format!(
-                "longest {us} us (after N = {}, {} KiB; servers count since they started)",
+                "longest {us} us (after N = {}, {} KiB; servers count since they started{})",
                 p.servers,
-                p.stripe_unit_bytes >> 10
+                p.stripe_unit_bytes >> 10,
+                match p.timeout_us_max_before {
+                    Some(before) if before >= us => {
+                        ", and it had expired before that point's reads".to_string()
+                    }
+                    _ => String::new(),
+                }
             ),
             _ => "not reported by the servers".into(),
         },
@@ -797,6 +814,7 @@ fn table(report: &IncastReport) -> Table {
         "retransmissions",
         "timeouts",
         "timeout us max",
+        "before: timeout us max",
         "kernel TCP retransmissions",
         "kernel TCP timeouts",
     ]);
@@ -820,6 +838,9 @@ fn table(report: &IncastReport) -> Table {
             Cell::Int(p.retransmissions as i64),
             Cell::Int(p.timeouts as i64),
             p.timeout_us_max.map(|us| Cell::Int(us as i64)).into(),
+            p.timeout_us_max_before
+                .map(|us| Cell::Int(us as i64))
+                .into(),
             Cell::Int(p.kernel_tcp.retransmitted_segments as i64),
             Cell::Int(p.kernel_tcp.timeouts as i64),
         ]);
@@ -985,7 +1006,16 @@ fn figure(report: &IncastReport) -> Figure {
                 format!("goodput, stripe unit {} KiB", unit >> 10),
                 "goodput / link rate",
                 goodput_max,
-                series(unit, &|p| p.goodput_fraction),
+                {
+                    let mut lines = series(unit, &|p| p.goodput_fraction);
+                    lines.push(LineSeries {
+                        label: format!("target {GOODPUT_TARGET}"),
+                        color: 7,
+                        dashed: true,
+                        points: vec![(x_min, GOODPUT_TARGET), (x_max, GOODPUT_TARGET)],
+                    });
+                    lines
+                },
             )
         })
         .collect();
@@ -1237,6 +1267,7 @@ mod tests {
         // Tessera: servers' 6 and the client's 1.
         assert_eq!((p[2].retransmissions, p[2].timeouts), (7, 2));
         assert_eq!(p[2].timeout_us_max, Some(1500));
+        assert_eq!(p[2].timeout_us_max_before, None, "none before");
         assert!(p[2].goodput_fraction > 0.9);
         assert_eq!(p[2].limit, Limit::Network);
     }
@@ -1299,5 +1330,10 @@ mod tests {
         assert!(text.contains("## Stripe unit 32 KiB"));
         let f = figure(&r);
         assert_eq!(f.rows.len(), 2);
+        let Panel::Lines(goodput) = &f.rows[0][0] else {
+            panic!("a line panel")
+        };
+        assert_eq!(goodput.series.len(), 4, "three lines and the target");
+        assert_eq!(goodput.x_scale, XScale::Log2);
     }
 }
