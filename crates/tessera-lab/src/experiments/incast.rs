@@ -48,7 +48,7 @@ pub enum Line {
     /// TCP with the kernel's defaults (a 200 ms minimum retransmission timeout).
     #[serde(rename = "tcp")]
     Tcp,
-    /// TCP with `rto_min 1ms` on the routes of the client and every server.
+    /// TCP with `rto_min 1ms` on the routes of the client, the manager and every server.
     #[serde(rename = "tcp-rto1ms")]
     TcpRtoMin,
     /// Tessera's datagram transport.
@@ -266,11 +266,11 @@ pub struct Point {
     pub client_port_drops: u64,
     /// Frames every `tbf` of the cluster's hosts and their switch ports dropped.
     pub tbf_drops: u64,
-    /// Retransmissions of the line's transport, servers and client summed: the kernel's
-    /// retransmitted TCP segments for the TCP lines, the datagram endpoints'
-    /// `retransmissions` for Tessera.
+    /// Retransmissions of the line's transport, summed over the hosts: the kernel's
+    /// retransmitted TCP segments of the servers, the client and the manager for the TCP
+    /// lines, the datagram endpoints' `retransmissions` (servers and client) for Tessera.
     pub retransmissions: u64,
-    /// Retransmission timer expiries of the line's transport, servers and client summed.
+    /// Retransmission timer expiries of the line's transport, summed the same way.
     pub timeouts: u64,
     /// Tessera: the longest retransmission timeout that expired at any server (since it
     /// started) or at the client, in microseconds. `None` for TCP and when not reported.
@@ -278,8 +278,8 @@ pub struct Point {
     /// The servers' longest before the job: if `timeout_us_max` is no larger, that timeout
     /// expired before this point (an earlier job, the files' writing).
     pub timeout_us_max_before: Option<u64>,
-    /// The kernel's TCP counters, servers and client summed (every line: for Tessera only
-    /// the manager's and the counters' own traffic).
+    /// The kernel's TCP counters, servers, client and manager summed (every line: for
+    /// Tessera only the lookups at the manager).
     pub kernel_tcp: TcpCounters,
     /// The datagram endpoints' counters, grown during the job and summed over servers
     /// (maxima: the largest value after it).
@@ -462,7 +462,10 @@ fn measure_cluster(
     let job = ClientJob::Prepare {
         files: files.clone(),
     };
-    match cluster.run_job(&job, config.job_timeout(bytes, 0, lab))? {
+    // Written over TCP, so that the servers' datagram counters (their longest timeout
+    // above all, which counts since they started) begin with the Tessera line's reads.
+    let timeout = config.job_timeout(bytes, 0, lab);
+    match cluster.run_job_over(&job, Transport::Tcp, timeout)? {
         ClientReport::Prepared { .. } => {}
         _ => {
             return Err(LabError::WrongReport {
@@ -475,8 +478,12 @@ fn measure_cluster(
         "{servers} servers: cluster up in {start_s:.1} s, files written in {prepare_s:.1} s"
     ));
 
-    // The hosts that send data, and the client: they get the line's rto_min.
-    let senders: Vec<String> = std::iter::once(CLIENT_HOST.to_string())
+    // The hosts that send data toward the client's port, and the client: they get the
+    // line's rto_min, and their TCP counters are summed. The manager is one of them: the
+    // client looks the file up before every read, and its answers queue at the same port.
+    let senders: Vec<String> = [CLIENT_HOST, MANAGER_HOST]
+        .into_iter()
+        .map(str::to_string)
         .chain((1..=servers).map(server_host))
         .collect();
     for &line in &config.lines {
@@ -540,7 +547,7 @@ struct Drops {
 fn drops(network: &Network, hosts: &[String]) -> Result<Drops, LabError> {
     let ports = network.port_drops()?;
     let mut total: u64 = ports.values().sum();
-    for host in hosts.iter().map(String::as_str).chain([MANAGER_HOST]) {
+    for host in hosts {
         total += network.nic_drops(host)?;
     }
     Ok(Drops {
@@ -895,11 +902,14 @@ fn preamble(report: &IncastReport) -> String {
          Reads per point: {}. Goodput is user bytes per second over the link rate. \
          \"drops\" are the frames the switch port toward the client dropped (its `tbf` \
          queue), \"retrans.\" and \"timeouts\" the retransmitted segments and retransmission \
-         timer expiries of the kernel's TCP (`RetransSegs`, `TCPTimeouts`) in every server's \
-         and the client's namespace for the TCP lines, and those of Tessera's datagram \
-         endpoints (servers and client) for Tessera; drops and counters cover the whole job \
-         (an untimed first read included). TCP with rto_min 1 ms sets `rto_min 1ms` on the \
-         routes of the client and of every server. Took {:.0} s; building the {} \
+         timer expiries of the kernel's TCP (`RetransSegs`, `TCPTimeouts`) in the namespaces of \
+         every server, the client and the manager (the client looks the file up at the \
+         manager before each read, and those answers queue at the client's port too) for the \
+         TCP lines, and those of Tessera's datagram endpoints (servers and client) for \
+         Tessera; drops and counters cover the whole job (an untimed first read included). \
+         TCP with rto_min 1 ms sets `rto_min 1ms` on the routes of the client, the manager \
+         and every server. Files are written over TCP, so the servers' longest datagram \
+         timeout (kept since they started) covers the Tessera line's jobs only. Took {:.0} s; building the {} \
          namespaces took {:.1} s, tearing them down {:.1} s.\n\n## Targets\n\n",
         if c.quick { " (quick)" } else { "" },
         report.testbed.markdown(),
