@@ -5,6 +5,7 @@
 use crate::net::{run_in_namespace, Network};
 use crate::LabError;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::sync::mpsc;
@@ -281,20 +282,27 @@ impl CpuTimes {
 }
 
 /// The kernel's TCP counters of one network namespace (each namespace counts its own).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct TcpCounters {
     /// Segments retransmitted (`Tcp: RetransSegs` of `/proc/net/snmp`).
     pub retransmitted_segments: u64,
     /// Retransmission timer expiries (`TcpExt: TCPTimeouts` of `/proc/net/netstat`).
     pub timeouts: u64,
+    /// Every counter of the `Tcp` and `TcpExt` sections, as `Tcp.Name` and `TcpExt.Name`
+    /// (loss probes, recoveries, zero windows, ... for a closer look); zeros left out.
+    pub all: BTreeMap<String, u64>,
 }
 
 impl TcpCounters {
     /// From the texts of `/proc/net/snmp` and `/proc/net/netstat`; missing counters are 0.
     pub fn parse(snmp: &str, netstat: &str) -> TcpCounters {
+        let mut all = proc_net_section(snmp, "Tcp");
+        all.extend(proc_net_section(netstat, "TcpExt"));
+        all.retain(|_, v| *v > 0);
         TcpCounters {
             retransmitted_segments: proc_net_counter(snmp, "Tcp", "RetransSegs").unwrap_or(0),
             timeouts: proc_net_counter(netstat, "TcpExt", "TCPTimeouts").unwrap_or(0),
+            all,
         }
     }
 
@@ -311,23 +319,58 @@ impl TcpCounters {
         })
     }
 
-    /// The growth from `earlier` to `self`.
+    /// The growth from `earlier` to `self` (gauges such as `Tcp.CurrEstab` that shrank
+    /// count as 0).
     pub fn since(&self, earlier: &TcpCounters) -> TcpCounters {
+        let mut all = self.all.clone();
+        for (name, value) in &mut all {
+            *value = value.saturating_sub(earlier.all.get(name).copied().unwrap_or(0));
+        }
+        all.retain(|_, v| *v > 0);
         TcpCounters {
             retransmitted_segments: self
                 .retransmitted_segments
                 .saturating_sub(earlier.retransmitted_segments),
             timeouts: self.timeouts.saturating_sub(earlier.timeouts),
+            all,
         }
     }
 
-    /// Both counts added.
+    /// Both added, counter by counter.
     pub fn plus(&self, other: &TcpCounters) -> TcpCounters {
+        let mut all = self.all.clone();
+        for (name, value) in &other.all {
+            *all.entry(name.clone()).or_insert(0) += value;
+        }
         TcpCounters {
             retransmitted_segments: self.retransmitted_segments + other.retransmitted_segments,
             timeouts: self.timeouts + other.timeouts,
+            all,
         }
     }
+}
+
+/// Every counter of section `section` in a `/proc/net/snmp`-style text, as `SECTION.Name`;
+/// negative values (`Tcp: MaxConn -1`) are left out.
+pub fn proc_net_section(text: &str, section: &str) -> BTreeMap<String, u64> {
+    let tag = format!("{section}:");
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let mut names = line.split_whitespace();
+        if names.next() != Some(tag.as_str()) {
+            continue;
+        }
+        let Some(values) = lines.next() else { break };
+        let mut values = values.split_whitespace();
+        if values.next() != Some(tag.as_str()) {
+            break;
+        }
+        return names
+            .zip(values)
+            .filter_map(|(name, value)| Some((format!("{section}.{name}"), value.parse().ok()?)))
+            .collect();
+    }
+    BTreeMap::new()
 }
 
 /// Counter `name` of section `section` in a `/proc/net/snmp`-style text: a line of names
@@ -364,30 +407,37 @@ Udp: InDatagrams NoPorts\nUdp: 10 0\n";
         let netstat = "TcpExt: SyncookiesSent TCPTimeouts TCPLossProbes\nTcpExt: 0 17 3\n\
 IpExt: InNoRoutes\nIpExt: 0\n";
         let c = TcpCounters::parse(snmp, netstat);
-        assert_eq!(
-            c,
-            TcpCounters {
-                retransmitted_segments: 42,
-                timeouts: 17
-            }
-        );
+        assert_eq!((c.retransmitted_segments, c.timeouts), (42, 17));
+        assert_eq!(c.all["TcpExt.TCPTimeouts"], 17);
+        assert_eq!(c.all["Tcp.InSegs"], 5000);
+        assert!(!c.all.contains_key("Tcp.MaxConn"), "negative");
+        assert!(!c.all.contains_key("TcpExt.SyncookiesSent"), "zero");
+        assert!(!c.all.contains_key("Udp.InDatagrams"), "another section");
         assert_eq!(proc_net_counter(snmp, "Tcp", "MaxConn"), None, "negative");
         assert_eq!(proc_net_counter(snmp, "Udp", "InDatagrams"), Some(10));
         assert_eq!(proc_net_counter(snmp, "Tcp", "Nothing"), None);
         assert_eq!(proc_net_counter("", "Tcp", "RetransSegs"), None);
         assert_eq!(TcpCounters::parse("", ""), TcpCounters::default());
-        let later = TcpCounters {
-            retransmitted_segments: 50,
-            timeouts: 20,
-        };
-        assert_eq!(
-            later.since(&c),
-            TcpCounters {
-                retransmitted_segments: 8,
-                timeouts: 3
-            }
+        let later = TcpCounters::parse(
+            &snmp
+                .replace("6000 42 0", "6100 50 0")
+                .replace(" 2 5000", " 1 5000"),
+            &netstat.replace("0 17 3", "0 20 3"),
         );
-        assert_eq!(c.plus(&later).timeouts, 37);
+        let grown = later.since(&c);
+        assert_eq!((grown.retransmitted_segments, grown.timeouts), (8, 3));
+        assert_eq!(
+            grown.all,
+            BTreeMap::from([
+                ("Tcp.OutSegs".to_string(), 100),
+                ("Tcp.RetransSegs".to_string(), 8),
+                ("TcpExt.TCPTimeouts".to_string(), 3),
+            ]),
+            "CurrEstab shrank: left out"
+        );
+        let sum = c.plus(&later);
+        assert_eq!(sum.timeouts, 37);
+        assert_eq!(sum.all["TcpExt.TCPLossProbes"], 6);
     }
 
     #[test]

@@ -1222,6 +1222,7 @@ mod tests {
         let tcp = TcpCounters {
             retransmitted_segments: 40,
             timeouts: 12,
+            all: Default::default(),
         };
         let drops = |n| Drops {
             client_port: n,
@@ -1234,7 +1235,7 @@ mod tests {
                 &file,
                 Line::Tcp,
                 &sample(1.0, Counters::new()),
-                tcp,
+                tcp.clone(),
                 drops(300),
             ),
             point(
