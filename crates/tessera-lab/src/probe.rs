@@ -319,6 +319,12 @@ impl TcpCounters {
         })
     }
 
+    /// Tail loss probes sent (`TcpExt: TCPLossProbes`): a timer, like the retransmission
+    /// timer, which with one segment in flight waits two round trips plus `rto_min`.
+    pub fn loss_probes(&self) -> u64 {
+        self.all.get("TcpExt.TCPLossProbes").copied().unwrap_or(0)
+    }
+
     /// The growth from `earlier` to `self` (gauges such as `Tcp.CurrEstab` that shrank
     /// count as 0).
     pub fn since(&self, earlier: &TcpCounters) -> TcpCounters {
@@ -437,7 +443,7 @@ IpExt: InNoRoutes\nIpExt: 0\n";
         );
         let sum = c.plus(&later);
         assert_eq!(sum.timeouts, 37);
-        assert_eq!(sum.all["TcpExt.TCPLossProbes"], 6);
+        assert_eq!(sum.loss_probes(), 6);
     }
 
     #[test]

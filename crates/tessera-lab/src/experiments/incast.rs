@@ -824,6 +824,7 @@ fn table(report: &IncastReport) -> Table {
         "before: timeout us max",
         "kernel TCP retransmissions",
         "kernel TCP timeouts",
+        "kernel TCP loss probes",
     ]);
     for p in &report.points {
         table.push(vec![
@@ -850,6 +851,7 @@ fn table(report: &IncastReport) -> Table {
                 .into(),
             Cell::Int(p.kernel_tcp.retransmitted_segments as i64),
             Cell::Int(p.kernel_tcp.timeouts as i64),
+            Cell::Int(p.kernel_tcp.loss_probes() as i64),
         ]);
     }
     table
@@ -908,7 +910,10 @@ fn preamble(report: &IncastReport) -> String {
          TCP lines, and those of Tessera's datagram endpoints (servers and client) for \
          Tessera; drops and counters cover the whole job (an untimed first read included). \
          TCP with rto_min 1 ms sets `rto_min 1ms` on the routes of the client, the manager \
-         and every server. Files are written over TCP, so the servers' longest datagram \
+         and every server. A lost tail of a small answer is often recovered by TCP's tail \
+         loss probe rather than by a timeout: with one segment in flight the probe waits two \
+         round trips plus rto_min (200 ms by default), a stall as long as a timeout that \
+         `TCPTimeouts` does not count; the last table has the probes (`TCPLossProbes`). Files are written over TCP, so the servers' longest datagram \
          timeout (kept since they started) covers the Tessera line's jobs only. Took {:.0} s; building the {} \
          namespaces took {:.1} s, tearing them down {:.1} s.\n\n## Targets\n\n",
         if c.quick { " (quick)" } else { "" },
