@@ -129,6 +129,8 @@ impl Mailbox {
 /// The client side: requests to any server over one datagram session per server.
 pub struct UdpTransport {
     mailbox: Mailbox,
+    /// The I/O thread, joined on drop so that its goodbyes go out before the process ends.
+    driver: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     next_request_id: AtomicU64,
     request_timeout: Duration,
 }
@@ -138,7 +140,7 @@ impl UdpTransport {
     pub fn new(config: UdpConfig) -> std::io::Result<Arc<UdpTransport>> {
         let socket = UdpSocket::bind("0.0.0.0:0")?;
         let request_timeout = config.request_timeout;
-        let mailbox = spawn_driver(
+        let (mailbox, driver) = spawn_driver(
             socket,
             config.datagram,
             Role::Client {
@@ -149,6 +151,7 @@ impl UdpTransport {
         )?;
         Ok(Arc::new(UdpTransport {
             mailbox,
+            driver: std::sync::Mutex::new(Some(driver)),
             next_request_id: AtomicU64::new(1),
             request_timeout,
         }))
@@ -218,6 +221,11 @@ impl UdpCounters {
 impl Drop for UdpTransport {
     fn drop(&mut self) {
         self.mailbox.post(Command::Shutdown);
+        // The thread closes every session (a RESET to each server, so that none keeps
+        // retransmitting to a client that is gone) and returns at once.
+        if let Some(driver) = self.driver.lock().ok().and_then(|mut d| d.take()) {
+            let _ = driver.join();
+        }
     }
 }
 
@@ -277,7 +285,7 @@ pub fn serve_udp(
 ) -> std::io::Result<UdpServer> {
     let addr = socket.local_addr()?;
     let runtime = tokio::runtime::Handle::current();
-    let mailbox = spawn_driver(
+    let (mailbox, _driver) = spawn_driver(
         socket,
         config,
         Role::Server {
@@ -359,7 +367,7 @@ fn spawn_driver(
     socket: UdpSocket,
     config: DatagramConfig,
     mut role: Role,
-) -> std::io::Result<Mailbox> {
+) -> std::io::Result<(Mailbox, std::thread::JoinHandle<()>)> {
     socket.set_nonblocking(true)?;
     let sock = socket2::SockRef::from(&socket);
     let _ = sock.set_send_buffer_size(SOCKET_BUFFER_BYTES);
@@ -381,7 +389,7 @@ fn spawn_driver(
     let endpoint = Endpoint::new(config.clone(), seed);
     // Room for the largest datagram any path may carry (loopback's).
     let buffer_bytes = DATAGRAM_BYTES_MAX;
-    std::thread::Builder::new()
+    let driver = std::thread::Builder::new()
         .name("tessera-udp".into())
         .spawn(move || {
             let mut driver = Driver {
@@ -397,7 +405,7 @@ fn spawn_driver(
             };
             driver.run();
         })?;
-    Ok(mailbox)
+    Ok((mailbox, driver))
 }
 
 struct Driver {
@@ -456,7 +464,10 @@ impl Driver {
             };
             let now = self.now();
             match command {
-                Command::Shutdown => return false,
+                Command::Shutdown => {
+                    self.say_goodbye();
+                    return false;
+                }
                 call @ Command::Call { .. } => self.call(call, now),
                 Command::Cancel { request_id } => {
                     if let Role::Client { pending, .. } = &mut self.role {
@@ -480,6 +491,23 @@ impl Driver {
             }
         }
         true
+    }
+
+    /// A client going away closes its sessions: each server gets a RESET and forgets the
+    /// session at once, instead of retransmitting to a closed port until its backoffs run
+    /// out (an answer whose last ACK had not gone out yet). Best effort: what the socket
+    /// does not take now is not waited for.
+    fn say_goodbye(&mut self) {
+        if !matches!(self.role, Role::Client { .. }) {
+            return;
+        }
+        // ACKs owed first, so that nothing delivered is sent again before the RESET lands.
+        self.transmit();
+        let sessions: Vec<SessionId> = self.endpoint.sessions().collect();
+        for session in sessions {
+            self.endpoint.close(session);
+        }
+        self.transmit();
     }
 
     /// Queue a call on its server's session (opening one sized to the path), or defer it if

@@ -1369,3 +1369,42 @@ async fn striped_reads_are_granted_by_the_client_and_counted_at_the_servers() {
     );
     assert!(mine["messages_delivered"] > 0, "{mine:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_goes_away_resets_its_sessions_so_servers_stop_at_once() {
+    let cluster = Cluster::up();
+    let observer = cluster.client().await;
+    let before = observer.server_counters().await.expect("server counters");
+    let resets_before: u64 = before.iter().map(|(_, c)| c["resets_received"]).sum();
+    {
+        let client = cluster.client().await;
+        let layout = LayoutRequest {
+            scheme: Scheme::Raid5,
+            stripe_unit: 64 << 10,
+            width: None,
+        };
+        let file = client.create("goodbye", layout).await.expect("create");
+        client
+            .write_at(&file, 0, &vec![9u8; 1 << 20])
+            .await
+            .expect("write");
+        client.read_at(&file, 0, 1 << 20).await.expect("read");
+    }
+    // Dropping the client closed its sessions: every server it used got a RESET, so none
+    // retransmits to it after it is gone.
+    // (The RESETs and the observer's question travel on different sockets: allow them a
+    // moment to land.)
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let after = observer.server_counters().await.expect("server counters");
+        let resets_after: u64 = after.iter().map(|(_, c)| c["resets_received"]).sum();
+        if resets_after - resets_before >= 5 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{resets_before} -> {resets_after} RESETs"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
