@@ -256,21 +256,12 @@ impl FrameHandler for StorageHandler {
         let store = self.store.clone();
         let locks = self.locks.clone();
         let id = self.id.load(Ordering::Acquire);
-        if matches!(request, StorageRequest::TransportCounters) {
-            let counters = self.counters.get().cloned();
-            return Box::pin(async move {
-                let counters = match counters {
-                    Some(counters) => counters.get().await,
-                    None => Vec::new(),
-                };
-                let response = StorageResponse::Counters { counters };
-                Some((Bytes::from(encode_message(&response)), Bytes::new()))
-            });
-        }
+        let counters = self.counters.get().cloned();
         Box::pin(async move {
-            let (response, payload) = serve(store, locks, id, connection, request, payload)
-                .await
-                .unwrap_or_else(|e| (StorageResponse::Error(e), Bytes::new()));
+            let (response, payload) =
+                serve(store, locks, counters, id, connection, request, payload)
+                    .await
+                    .unwrap_or_else(|e| (StorageResponse::Error(e), Bytes::new()));
             Some((Bytes::from(encode_message(&response)), payload))
         })
     }
@@ -294,6 +285,7 @@ async fn blocking<T: Send + 'static>(
 async fn serve(
     store: Arc<Store>,
     locks: Arc<ParityLocks>,
+    counters: Option<UdpCounters>,
     id: ServerId,
     connection: ConnectionId,
     request: StorageRequest,
@@ -301,9 +293,13 @@ async fn serve(
 ) -> Result<(StorageResponse, Bytes), StorageError> {
     let done = Ok((StorageResponse::Done, Bytes::new()));
     match request {
-        StorageRequest::TransportCounters => Err(StorageError::BadRequest {
-            detail: "transport counters are answered by the handler".into(),
-        }),
+        StorageRequest::TransportCounters => {
+            let counters = match counters {
+                Some(counters) => counters.get().await,
+                None => Vec::new(),
+            };
+            Ok((StorageResponse::Counters { counters }, Bytes::new()))
+        }
         StorageRequest::Ping => Ok((
             StorageResponse::Pong {
                 server: (id != 0).then_some(id),
