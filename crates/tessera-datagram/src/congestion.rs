@@ -18,6 +18,9 @@ pub trait CongestionControl: fmt::Debug + Send {
     fn on_restart(&mut self);
     /// The retransmission timer expired: nothing came back for a whole RTO.
     fn on_timeout(&mut self);
+    /// The timeouts since the last acknowledgement were spurious (the packets had arrived):
+    /// return to the window from before the first of them (RFC 4015's response).
+    fn undo_timeout(&mut self);
 }
 
 /// Builds the controller a [`CongestionKind`] names, capped at `window_packets_max`.
@@ -38,6 +41,8 @@ pub struct Adaptive {
     threshold: u32,
     acked_in_window: u32,
     window_max: u32,
+    /// Window and threshold before the first of the timeouts since the last acknowledgement.
+    before_timeout: Option<(u32, u32)>,
 }
 
 impl Adaptive {
@@ -54,6 +59,7 @@ impl Adaptive {
             threshold: window_max,
             acked_in_window: 0,
             window_max,
+            before_timeout: None,
         }
     }
 
@@ -69,6 +75,7 @@ impl CongestionControl for Adaptive {
     }
 
     fn on_ack(&mut self, newly_acked: u32, receiver_window: u32) {
+        self.before_timeout = None;
         let before = self.window;
         let mut acked = newly_acked;
         // Slow start: one more packet per packet acknowledged, up to the threshold.
@@ -101,9 +108,19 @@ impl CongestionControl for Adaptive {
     }
 
     fn on_timeout(&mut self) {
+        self.before_timeout
+            .get_or_insert((self.window, self.threshold));
         self.threshold = (self.window / 2).max(Self::THRESHOLD_MIN);
         self.window = 1;
         self.acked_in_window = 0;
+    }
+
+    fn undo_timeout(&mut self) {
+        if let Some((window, threshold)) = self.before_timeout.take() {
+            self.window = window;
+            self.threshold = threshold;
+            self.acked_in_window = 0;
+        }
     }
 }
 
@@ -131,6 +148,8 @@ impl CongestionControl for Fixed {
     fn on_restart(&mut self) {}
 
     fn on_timeout(&mut self) {}
+
+    fn undo_timeout(&mut self) {}
 }
 
 #[cfg(test)]

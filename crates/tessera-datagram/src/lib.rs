@@ -454,6 +454,10 @@ pub struct Stats {
     pub timeouts: u64,
     /// The longest retransmission timeout that expired, from its arming to its expiry, µs.
     pub timeout_us_max: u64,
+    /// Retransmission timeouts found spurious afterwards: the packet had arrived, only its
+    /// acknowledgement was late (Eifel detection, RFC 3522). They are counted in `timeouts`
+    /// too.
+    pub spurious_timeouts: u64,
     /// Window-probe timer expiries (the peer's window was closed and nothing in flight).
     pub probe_timeouts: u64,
     /// Times this receiver extended a session's window from its receive budget.
@@ -480,8 +484,9 @@ pub struct Stats {
     pub dropped_sessions_full: u64,
     /// Packets dropped: DATA past the advertised window edge, or an ACK of the never sent.
     pub dropped_out_of_window: u64,
-    /// DATA packets dropped: past a gap (go-back-N keeps nothing out of order).
-    pub dropped_out_of_order: u64,
+    /// DATA packets that arrived past a gap and were kept until it filled (reordered on the
+    /// way, or after a loss until the RESTART's retransmission came).
+    pub held_out_of_order: u64,
     /// DATA packets dropped: already received.
     pub dropped_duplicate: u64,
     /// RESETs not sent because of the rate limit or a full control queue.
@@ -514,6 +519,7 @@ impl Stats {
             ("restarts_honoured", self.restarts_honoured),
             ("timeouts", self.timeouts),
             ("timeout_us_max", self.timeout_us_max),
+            ("spurious_timeouts", self.spurious_timeouts),
             ("probe_timeouts", self.probe_timeouts),
             ("grants", self.grants),
             ("acks_sent", self.acks_sent),
@@ -527,7 +533,7 @@ impl Stats {
             ("dropped_unknown_session", self.dropped_unknown_session),
             ("dropped_sessions_full", self.dropped_sessions_full),
             ("dropped_out_of_window", self.dropped_out_of_window),
-            ("dropped_out_of_order", self.dropped_out_of_order),
+            ("held_out_of_order", self.held_out_of_order),
             ("dropped_duplicate", self.dropped_duplicate),
             ("resets_suppressed", self.resets_suppressed),
             ("protocol_violations", self.protocol_violations),

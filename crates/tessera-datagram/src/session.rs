@@ -6,7 +6,7 @@ use crate::packet::{widen, Packet, PacketKind};
 use crate::rtt::RttEstimator;
 use crate::{Config, Event, Micros, SessionId, SessionInfo, Stats};
 use bytes::Bytes;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 
 /// The receive window every sender may assume before it has heard one, and that every
@@ -66,6 +66,10 @@ struct Expectation {
 /// Packets assumed for an expected message whose size the application did not say: one at a
 /// time, since budget granted beyond a message stays promised to its session.
 pub(crate) const UNKNOWN_MESSAGE_PACKETS: u64 = 1;
+
+/// Packets that must arrive past a gap before it is taken for a loss: fewer may just have
+/// been overtaken on the way.
+pub const REORDER_PACKETS: usize = 3;
 
 /// What a session under a receive budget asks of it.
 #[derive(Debug, Clone, Copy)]
@@ -127,11 +131,17 @@ pub(crate) struct Session {
     /// The last restart point acted on and when: a repeated RESTART for it is ignored until
     /// the retransmission had time to arrive.
     restart_honoured: Option<(u64, Micros)>,
+    /// Since the first of the timeouts not yet followed by an acknowledgement: when its
+    /// retransmission went out (wire timestamp), and how far the sender had sent before going
+    /// back.
+    timed_out: Option<TimedOut>,
     window_blocked: bool,
 
     // Receiver.
     recv_next: u64,
     reassembly: Option<Reassembly>,
+    /// DATA packets that arrived past a gap, by sequence number, until it fills.
+    out_of_order: BTreeMap<u64, Packet>,
     /// Packets of complete messages waiting in the endpoint's event queue.
     pub(crate) undrained_packets: u32,
     /// One past the highest sequence number this side ever advertised (or promised).
@@ -157,6 +167,13 @@ pub(crate) struct Session {
 fn timestamp(now: Micros) -> u32 {
     // The low 32 bits: RTTs are computed with wrapping subtraction.
     now as u32
+}
+
+/// See [`Session::timed_out`].
+#[derive(Clone, Copy, Debug)]
+struct TimedOut {
+    retransmitted_at: u32,
+    sent_up_to: u64,
 }
 
 impl Session {
@@ -191,9 +208,11 @@ impl Session {
             probes: 0,
             probe_owed: false,
             restart_honoured: None,
+            timed_out: None,
             window_blocked: false,
             recv_next: 0,
             reassembly: None,
+            out_of_order: BTreeMap::new(),
             undrained_packets: 0,
             advertised_edge,
             echo: 0,
@@ -547,6 +566,10 @@ impl Session {
             if self.in_flight() > 0 {
                 // Go back to the oldest unacknowledged packet; the timer restarts, doubled,
                 // with its retransmission.
+                self.timed_out.get_or_insert(TimedOut {
+                    retransmitted_at: timestamp(now),
+                    sent_up_to: self.send_next,
+                });
                 self.send_next = self.send_base;
                 self.congestion.on_timeout();
                 self.restart_honoured = None;
@@ -590,7 +613,7 @@ impl Session {
             return Verdict::Keep;
         }
         if ack >= self.send_base {
-            self.on_ack(ack, packet.window, packet.echo, now);
+            self.on_ack(ack, packet.window, packet.echo, now, stats);
         }
         if self.in_flight() == 0 && self.send_next >= self.peer_window_edge {
             // Waiting for the peer's window with nothing at risk, the peer answering at all
@@ -616,7 +639,7 @@ impl Session {
         verdict
     }
 
-    fn on_ack(&mut self, ack: u64, window: u32, echo: u32, now: Micros) {
+    fn on_ack(&mut self, ack: u64, window: u32, echo: u32, now: Micros, stats: &mut Stats) {
         let edge = ack + window as u64;
         if edge > self.peer_window_edge {
             self.peer_window_edge = edge;
@@ -647,6 +670,19 @@ impl Session {
         }
         self.send_base = ack;
         self.send_next = self.send_next.max(ack);
+        if let Some(timed_out) = self.timed_out.take() {
+            // Eifel detection (RFC 3522): the receiver echoes the timestamp of the packet that
+            // advanced its acknowledgement. One sent before the retransmission means the
+            // original had arrived and only the acknowledgement was late (a receiver that
+            // was not scheduled, on a busy host): undo the timeout's cut (RFC 4015) and go
+            // on from where the sender was rather than resending what is already there.
+            // Anything that was in fact lost shows up as a gap, answered by a RESTART.
+            if (timed_out.retransmitted_at.wrapping_sub(echo) as i32) > 0 {
+                stats.spurious_timeouts += 1;
+                self.congestion.undo_timeout();
+                self.send_next = self.send_next.max(timed_out.sent_up_to.min(self.send_high));
+            }
+        }
         self.backoffs = 0;
         self.probes = 0;
         // Progress restarts the retransmission timer.
@@ -703,12 +739,49 @@ impl Session {
         }
         assert!(seq < self.advertised_edge, "checked by on_packet");
         if seq > self.recv_next {
-            // A gap: go-back-N keeps nothing out of order. Ask for a resend once per gap, and
-            // again only if the gap outlives a retransmission timeout.
-            stats.dropped_out_of_order += 1;
-            self.note_gap(now, config);
+            // A gap. Packets can overtake each other on the way (two CPUs' backlogs on a
+            // virtual link, several paths), so the ones past it are kept, within the window
+            // already promised, and the gap is taken for a loss only once REORDER_PACKETS
+            // of them have come (TCP's duplicate-ACK threshold, RFC 5681): then a RESTART
+            // asks for a resend, once per gap, and again only if the gap outlives a
+            // retransmission timeout. The go-back-N sender resends from the gap on; what
+            // is kept here already is dropped as duplicate.
+            if self.out_of_order.insert(seq, packet).is_some() {
+                stats.dropped_duplicate += 1;
+            } else {
+                stats.held_out_of_order += 1;
+            }
+            if self.out_of_order.len() >= REORDER_PACKETS {
+                self.note_gap(now, config);
+            }
             return Verdict::Keep;
         }
+        let timestamp = packet.timestamp;
+        let verdict = self.accept_in_order(packet, now, config, stats, events);
+        // The packets kept past the gap it filled follow it.
+        let mut verdict = verdict;
+        while verdict == Verdict::Keep {
+            let Some(next) = self.out_of_order.remove(&self.recv_next) else {
+                break;
+            };
+            verdict = self.accept_in_order(next, now, config, stats, events);
+        }
+        // Echo the packet that filled the gap, not those it released: their timestamps are
+        // older and would pass a retransmission off as a late original (RFC 7323, 4.3).
+        self.echo = timestamp;
+        verdict
+    }
+
+    /// Takes the next expected packet, `recv_next`, into the message being reassembled.
+    fn accept_in_order(
+        &mut self,
+        packet: Packet,
+        now: Micros,
+        config: &Config,
+        stats: &mut Stats,
+        events: &mut VecDeque<PendingEvent>,
+    ) -> Verdict {
+        debug_assert_eq!(widen(packet.seq, self.recv_next), self.recv_next);
         // The next expected packet: check it fits the message being reassembled before
         // changing anything.
         let payload_len = packet.payload.len();

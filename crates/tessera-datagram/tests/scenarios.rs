@@ -361,7 +361,7 @@ fn total_stats(sim: &Sim) -> Stats {
         total.timeouts += stats.timeouts;
         total.restarts_sent += stats.restarts_sent;
         total.dropped_duplicate += stats.dropped_duplicate;
-        total.dropped_out_of_order += stats.dropped_out_of_order;
+        total.held_out_of_order += stats.held_out_of_order;
         total.messages_delivered += stats.messages_delivered;
         total.window_limited += stats.window_limited;
         total.sessions_lost += stats.sessions_lost;
@@ -1304,6 +1304,75 @@ fn one_dropped_packet_is_recovered_by_the_first_restart_without_a_timeout() {
     assert!(end < Config::default().rto_initial_us * 2);
 }
 
+#[test]
+fn a_packet_overtaken_by_two_others_is_waited_for_not_resent() {
+    let mut sim = Sim::new(41);
+    let (client, server) = (addr(1), addr(2));
+    // Three packets in flight at a time, so the three below are all there is on the way.
+    let fixed_3 = Config {
+        congestion: CongestionKind::Fixed(3),
+        ..Config::default()
+    };
+    sim.add_endpoint(client, fixed_3);
+    sim.add_endpoint(server, Config::default());
+    // Packets 9, 10 and 11 are held back, then delivered 20 us apart as 10, 11, 9.
+    let held: Rc<RefCell<BTreeMap<u32, Vec<u8>>>> = Rc::new(RefCell::new(BTreeMap::new()));
+    let hold = held.clone();
+    let mut seen = [false; 3];
+    sim.set_filter(move |_, from, _, contents| {
+        let packet = decode(contents).unwrap();
+        let first = from == client
+            && packet.kind == PacketKind::Data
+            && (9..12).contains(&packet.seq)
+            && !std::mem::replace(&mut seen[packet.seq as usize - 9], true);
+        if first {
+            hold.borrow_mut().insert(packet.seq, contents.to_vec());
+        }
+        !first
+    });
+    let session = sim.endpoint(client).connect(server, 0);
+    let len = 30 * Config::default().fragment_bytes_max();
+    sim.endpoint(client)
+        .send(session, message(5, 0, len), 0)
+        .unwrap();
+    let mut order = vec![9u32, 11, 10];
+    let mut next_at = None;
+    let mut done = false;
+    sim.run_until(1_000_000, |sim| {
+        let now = sim.now();
+        if held.borrow().len() == 3 && next_at.is_none_or(|at| now >= at) {
+            if let Some(seq) = order.pop() {
+                let contents = held.borrow()[&seq].clone();
+                sim.inject(client, server, contents);
+                next_at = Some(now + 20);
+                sim.wake_at(now + 20);
+            }
+        }
+        while let Some(event) = sim.endpoint(server).poll_event() {
+            if let Event::Message { message: m, .. } = event {
+                assert!(m == message(5, 0, len));
+                done = true;
+            }
+        }
+        done
+    })
+    .unwrap_or_else(|error| panic!("{error}"));
+    assert!(order.is_empty(), "all three delivered late");
+    let (sender, receiver) = (
+        sim.endpoint_ref(client).stats(),
+        sim.endpoint_ref(server).stats(),
+    );
+    println!("sender {sender:?}\nreceiver {receiver:?}");
+    assert_eq!(receiver.held_out_of_order, 2, "{receiver:?}");
+    assert_eq!(
+        receiver.restarts_sent, 0,
+        "two packets past a gap are not a loss"
+    );
+    assert_eq!(sender.retransmissions, 0);
+    assert_eq!(sender.timeouts, 0);
+    assert_eq!(receiver.dropped_duplicate, 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Limits and errors.
 
@@ -1628,6 +1697,106 @@ fn sessions_carry_datagrams_sized_to_their_path() {
 /// follow (samples from retransmitted packets are taken: their timestamps make them
 /// unambiguous), or every window times out and go-back-N resends it, which is how the lab saw
 /// reads collapse at large windows with no packet lost.
+/// One message from host 1 to host 2 while, from `stall_at` for `stall_us`, host 2's
+/// acknowledgements take `stall_delay_us` to come back (a receiver that is not scheduled on a
+/// busy host). Returns the sender's and the receiver's statistics once it is delivered.
+fn transfer_with_late_acknowledgements(
+    drop_seq: Option<u32>,
+    stall_at: Micros,
+    stall_us: Micros,
+    stall_delay_us: Micros,
+) -> (Stats, Stats) {
+    let mut sim = Sim::new(77);
+    let (sender, receiver) = (addr(1), addr(2));
+    sim.add_endpoint(sender, Config::default());
+    sim.add_endpoint(receiver, Config::default());
+    // 400 packets take about 50 ms through a 100 Mbit/s port.
+    sim.set_bottleneck(
+        receiver,
+        BottleneckConfig {
+            rate_bits_per_s: 100_000_000,
+            buffer_bytes: 1 << 20,
+        },
+    );
+    if let Some(seq) = drop_seq {
+        let dropped = Rc::new(RefCell::new(false));
+        sim.set_filter(move |_, from, _, contents| {
+            let packet = decode(contents).unwrap();
+            let drop = from == sender
+                && packet.kind == PacketKind::Data
+                && packet.seq == seq
+                && !*dropped.borrow();
+            if drop {
+                *dropped.borrow_mut() = true;
+            }
+            !drop
+        });
+    }
+    let session = sim.endpoint(sender).connect(receiver, 0);
+    let len = 400 * Config::default().fragment_bytes_max();
+    sim.endpoint(sender)
+        .send(session, message(9, 0, len), 0)
+        .unwrap();
+    sim.run_for(stall_at);
+    let late = LinkConfig {
+        delay_us: stall_delay_us,
+        ..LinkConfig::default()
+    };
+    sim.set_link(receiver, sender, late);
+    sim.run_for(stall_us);
+    sim.set_link(receiver, sender, LinkConfig::default());
+    let mut done = false;
+    sim.run_until(sim.now() + 5_000_000, |sim| {
+        while let Some(event) = sim.endpoint(receiver).poll_event() {
+            if let Event::Message { message: m, .. } = event {
+                assert!(m == message(9, 0, len));
+                done = true;
+            }
+        }
+        done
+    })
+    .unwrap_or_else(|error| panic!("{error}"));
+    (
+        sim.endpoint_ref(sender).stats(),
+        sim.endpoint_ref(receiver).stats(),
+    )
+}
+
+#[test]
+fn a_timeout_on_a_late_acknowledgement_is_found_spurious_and_resends_one_packet() {
+    // For 20 ms mid-transfer acknowledgements take 20 ms, twice the timeout (the
+    // window of 64 packets queued at the port makes the round trip about 8 ms).
+    let (sender, receiver) = transfer_with_late_acknowledgements(None, 10_000, 20_000, 20_000);
+    println!("sender {sender:?}\nreceiver {receiver:?}");
+    assert!(sender.timeouts >= 1, "the stall outlasts the timeout");
+    assert_eq!(
+        sender.spurious_timeouts, sender.timeouts,
+        "nothing was lost: every timeout was spurious"
+    );
+    // Each timeout resent the oldest packet only; the sender then went on from where it was
+    // instead of going back over the window it had sent, which had all arrived.
+    assert!(
+        sender.retransmissions <= sender.timeouts,
+        "{} retransmissions for {} timeouts",
+        sender.retransmissions,
+        sender.timeouts
+    );
+    assert_eq!(receiver.dropped_duplicate, sender.retransmissions);
+}
+
+#[test]
+fn a_timeout_after_a_real_loss_is_not_found_spurious() {
+    // The last packet is lost: nothing after it shows a gap, so only the timer finds it, and
+    // what the receiver then acknowledges is the retransmission.
+    let (sender, _) = transfer_with_late_acknowledgements(Some(399), 0, 0, 50);
+    println!("sender {sender:?}");
+    assert!(
+        sender.timeouts >= 1,
+        "a lost last packet is found by the timer"
+    );
+    assert_eq!(sender.spurious_timeouts, 0, "the loss was real");
+}
+
 #[test]
 fn large_windows_into_one_port_do_not_time_out_spuriously() {
     for window in [8u32, 16] {
