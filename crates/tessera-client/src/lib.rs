@@ -44,8 +44,10 @@ pub use tessera_layout::{Layout, Scheme};
 pub use tessera_transport::{CongestionKind, DatagramConfig, TransportKind};
 pub use tessera_wire::{LayoutRequest, ServerState};
 
-/// Requests one operation keeps in flight at once.
-pub(crate) const REQUESTS_IN_FLIGHT_MAX: usize = 32;
+/// Requests one operation keeps in flight at once: a whole stripe of 64 servers goes out
+/// together. What they answer does not all come at once: the datagram transport's receive
+/// budget grants it toward the client's port a little at a time.
+pub(crate) const REQUESTS_IN_FLIGHT_MAX: usize = 64;
 /// Largest single request a read or write is coalesced into.
 pub(crate) const REQUEST_BYTES_MAX: usize = 1 << 20;
 
@@ -451,6 +453,40 @@ impl Client {
     ) -> Result<usize, ClientError> {
         let ctx = self.context_of(file.id).await?;
         ctx.read_into(self, offset, buf).await
+    }
+
+    /// Read the blocks of `block_bytes` that start at each of `offsets`, keeping up to
+    /// `read_ahead` of them in flight, and yield them in order, each with how long it took from
+    /// its requests going out to its last byte arriving. A block is shorter than `block_bytes`
+    /// (empty past the end) where the file is.
+    ///
+    /// This is read-ahead for sequential (or otherwise known) access: the requests for the next
+    /// block go out while the current one arrives, so the link does not idle for a round trip
+    /// between blocks. The file is looked up once, not per block; a server that fails
+    /// meanwhile counts as lost for the blocks after, which are read degraded.
+    pub async fn read_blocks(
+        &self,
+        file: &File,
+        offsets: impl IntoIterator<Item = u64, IntoIter: Send + 'static>,
+        block_bytes: usize,
+        read_ahead: usize,
+    ) -> Result<impl futures::Stream<Item = Result<(Vec<u8>, Duration), ClientError>>, ClientError>
+    {
+        use futures::StreamExt;
+        let ctx = Arc::new(self.context_of(file.id).await?);
+        let client = self.clone();
+        Ok(futures::stream::iter(offsets)
+            .map(move |offset| {
+                let (client, ctx) = (client.clone(), ctx.clone());
+                async move {
+                    let began = std::time::Instant::now();
+                    let mut block = vec![0u8; block_bytes];
+                    let got = ctx.read_into(&client, offset, &mut block).await?;
+                    block.truncate(got);
+                    Ok((block, began.elapsed()))
+                }
+            })
+            .buffered(read_ahead.max(1)))
     }
 
     /// The file's size.

@@ -24,6 +24,10 @@ const TRANSFERS_IN_FLIGHT: usize = 3;
 pub const FILE_BYTES_MAX: u64 = 1 << 30;
 /// Most timed repetitions of one measurement.
 pub const REPETITIONS_MAX: u32 = 1000;
+fn one() -> u32 {
+    1
+}
+
 /// Most timed reads of one [`ClientJob::SyncReads`].
 pub const SYNC_READS_MAX: u32 = 100_000;
 /// How often a wait asks the manager.
@@ -106,8 +110,10 @@ pub enum ClientJob {
         repetitions: u32,
     },
     /// Read the prepared `file` one block of `block_bytes` at a time (a whole stripe: one
-    /// request to each of its servers, sent together and all awaited before the next block),
-    /// block after block, wrapping around the file: the synchronized reads of TCP incast.
+    /// request to each of its servers, sent together), block after block, wrapping around
+    /// the file: the synchronized reads of TCP incast. With `read_ahead` 1 every block is
+    /// awaited whole before the next is asked for, as in the paper; with more, the client's
+    /// read-ahead keeps that many blocks in flight (`Client::read_blocks`).
     /// One untimed read of the first block comes first (connections, and a first check of
     /// the bytes); then `reads` timed ones, the last of which is checked too.
     SyncReads {
@@ -117,6 +123,9 @@ pub enum ClientJob {
         block_bytes: u64,
         /// Timed reads.
         reads: u32,
+        /// Blocks in flight at once.
+        #[serde(default = "one")]
+        read_ahead: u32,
     },
     /// Create, write, read back and compare, remove: the smoke test.
     Check {
@@ -322,7 +331,8 @@ pub async fn run(client: &Client, job: &ClientJob) -> Result<ClientReport, LabEr
             file,
             block_bytes,
             reads,
-        } => sync_reads(client, file, *block_bytes, *reads).await,
+            read_ahead,
+        } => sync_reads(client, file, *block_bytes, *reads, *read_ahead).await,
         ClientJob::Check { file: spec } => {
             let file = create(client, spec).await?;
             let data = spec.contents();
@@ -442,6 +452,7 @@ async fn sync_reads(
     spec: &FileSpec,
     block_bytes: u64,
     reads: u32,
+    read_ahead: u32,
 ) -> Result<ClientReport, LabError> {
     assert!(reads <= SYNC_READS_MAX, "{reads} reads");
     assert!(
@@ -470,16 +481,20 @@ async fn sync_reads(
     let link = link_counters();
     let cpu = CpuTimes::now()?;
     let mut read_us = Vec::with_capacity(reads as usize);
+    let offsets = (1..=u64::from(reads)).map(move |index| index % blocks * block_bytes);
     let start = Instant::now();
-    for index in 1..=u64::from(reads) {
-        let began = Instant::now();
-        let got = client
-            .read_into(&file, index % blocks * block_bytes, &mut back)
-            .await?;
-        read_us.push(began.elapsed().as_secs_f64() * 1e6);
-        if got != back.len() {
+    let mut timed = Box::pin(
+        client
+            .read_blocks(&file, offsets, block_bytes as usize, read_ahead as usize)
+            .await?,
+    );
+    while let Some(read) = timed.next().await {
+        let (bytes, took) = read?;
+        read_us.push(took.as_secs_f64() * 1e6);
+        if bytes.len() != back.len() {
             return Err(corrupt());
         }
+        back = bytes;
     }
     let seconds = start.elapsed().as_secs_f64();
     let cpu_busy = CpuTimes::now()?.busy_since(&cpu);
@@ -599,6 +614,7 @@ mod tests {
             },
             block_bytes: 4 * 32768,
             reads: 100,
+            read_ahead: 2,
         };
         let text = serde_json::to_string(&job).unwrap();
         assert!(text.contains("\"job\":\"sync_reads\""), "{text}");

@@ -146,6 +146,10 @@ struct IncastArgs {
     /// 48 MiB, 24 to 1500 reads].
     #[arg(long)]
     reads: Option<u32>,
+    /// Blocks the client keeps in flight: 1 waits for each block whole before asking for the
+    /// next, as in the paper; more is the client's read-ahead.
+    #[arg(long, default_value_t = 1)]
+    read_ahead: u32,
     /// An extra flag for the measurement client (repeat for more).
     #[arg(long, allow_hyphen_values = true)]
     client_arg: Vec<String>,
@@ -298,6 +302,10 @@ fn incast_config(args: &IncastArgs) -> Result<IncastConfig> {
         bail!("--reads must be at least 1");
     }
     config.reads = args.reads;
+    if !(1..=64).contains(&args.read_ahead) {
+        bail!("--read-ahead must be 1 to 64 blocks");
+    }
+    config.read_ahead = args.read_ahead;
     for &servers in &config.servers {
         for &unit in &config.stripe_units_bytes {
             let file = config.file(servers, unit);

@@ -1408,3 +1408,68 @@ async fn a_client_that_goes_away_resets_its_sessions_so_servers_stop_at_once() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Read-ahead: blocks in order, short at the end, degraded once a server is gone.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn read_ahead_yields_every_block_in_order_and_reads_degraded_after_a_loss() {
+    use futures::StreamExt;
+    let cluster = Cluster::up();
+    let client = cluster.client().await;
+    let layout = LayoutRequest {
+        scheme: Scheme::Raid5,
+        stripe_unit: UNIT as u32,
+        width: None,
+    };
+    let file = client.create("read-ahead", layout).await.expect("create");
+    let mut rng = seeded("read-ahead");
+    // Not a whole number of blocks: the last one is short, the one after it empty.
+    let block = 3 * UNIT as usize + 1000;
+    let data = random_bytes(&mut rng, 7 * block as u64 + 12_345);
+    client.write_at(&file, 0, &data).await.expect("write");
+    let offsets: Vec<u64> = (0..9).map(|i| (i * block) as u64).collect();
+    let expected = |offset: u64| {
+        let start = (offset as usize).min(data.len());
+        &data[start..(start + block).min(data.len())]
+    };
+    for (what, read_ahead) in [("one at a time", 1), ("three ahead", 3)] {
+        let blocks: Vec<_> = client
+            .read_blocks(&file, offsets.clone(), block, read_ahead)
+            .await
+            .expect("read_blocks")
+            .collect()
+            .await;
+        assert_eq!(blocks.len(), offsets.len());
+        for (offset, got) in offsets.iter().zip(blocks) {
+            let (bytes, _took) = got.unwrap_or_else(|e| panic!("{what}: block at {offset}: {e}"));
+            assert_bytes(
+                &format!("{what}: block at {offset}"),
+                &bytes,
+                expected(*offset),
+            );
+        }
+    }
+    // A server lost before the reads: every block is reconstructed from the others.
+    cluster.stop_server(2);
+    let mut stream = Box::pin(
+        client
+            .read_blocks(&file, offsets.clone(), block, 4)
+            .await
+            .expect("read_blocks, one server down"),
+    );
+    for offset in &offsets {
+        let (bytes, _) = stream
+            .next()
+            .await
+            .expect("a block per offset")
+            .unwrap_or_else(|e| panic!("degraded block at {offset}: {e}"));
+        assert_bytes(
+            &format!("degraded block at {offset}"),
+            &bytes,
+            expected(*offset),
+        );
+    }
+    assert!(stream.next().await.is_none());
+}

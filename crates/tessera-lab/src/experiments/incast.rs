@@ -130,6 +130,9 @@ pub struct IncastConfig {
     pub lines: Vec<Line>,
     /// Timed reads of each point; `None`: enough blocks for about `bytes_per_point`.
     pub reads: Option<u32>,
+    /// Blocks the client keeps in flight: 1 is the paper's barrier (the next block is asked
+    /// for when the last has arrived whole), more is the client's read-ahead.
+    pub read_ahead: u32,
     /// Bytes each point reads, roughly, when `reads` is not given.
     pub bytes_per_point: u64,
     /// Fewest timed reads of a point, when `reads` is not given.
@@ -155,6 +158,7 @@ impl IncastConfig {
             stripe_units_bytes: vec![32 << 10, 256 << 10],
             lines: Line::ALL.to_vec(),
             reads: None,
+            read_ahead: 1,
             bytes_per_point: 128 << 20,
             reads_min: 20,
             reads_max: 4000,
@@ -579,6 +583,7 @@ fn measure_point(
         file: file.clone(),
         block_bytes,
         reads,
+        read_ahead: config.read_ahead,
     };
     let timeout = config.job_timeout(block_bytes * u64::from(reads), reads, lab);
     let tcp_before = tcp_counters(network, hosts)?;
@@ -899,15 +904,14 @@ fn preamble(report: &IncastReport) -> String {
     let mut out = format!(
         "# TCP incast: synchronized reads against the number of servers{}\n\n{}\n\n{}\n\n\
          Each point reads a RAID-0 file striped over N servers one block at a time: a block \
-         is a whole stripe, a stripe unit from every server, all requested at once, and the \
-         next block only after all of it arrived (`Client::read_into`, timed in the client). \
-         Reads per point: {}. Goodput is user bytes per second over the link rate. \
+         is a whole stripe, a stripe unit from every server, all requested at once{} \
+         (`Client::read_blocks`, each read timed in the client from its requests to its last \
+         byte). Reads per point: {}. Goodput is user bytes per second over the link rate. \
          \"drops\" are the frames the switch port toward the client dropped (its `tbf` \
          queue), \"retrans.\" and \"timeouts\" the retransmitted segments and retransmission \
          timer expiries of the kernel's TCP (`RetransSegs`, `TCPTimeouts`) in the namespaces of \
          every server, the client and the manager (the client looks the file up at the \
-         manager before each read, and those answers queue at the client's port too) for the \
-         TCP lines, and those of Tessera's datagram endpoints (servers and client) for \
+         manager once, before the first read) for the TCP lines, and those of Tessera's datagram endpoints (servers and client) for \
          Tessera; drops and counters cover the whole job (an untimed first read included). \
          TCP with rto_min 1 ms sets `rto_min 1ms` on the routes of the client, the manager \
          and every server. A lost tail of a small answer is often recovered by TCP's tail \
@@ -919,6 +923,15 @@ fn preamble(report: &IncastReport) -> String {
         if c.quick { " (quick)" } else { "" },
         report.testbed.markdown(),
         report.calibration.markdown(),
+        if c.read_ahead <= 1 {
+            ", and the next block only after all of it arrived".to_string()
+        } else {
+            format!(
+                "; the client reads ahead, {} blocks in flight (the next block's requests go \
+                 out when the oldest block has arrived whole)",
+                c.read_ahead
+            )
+        },
         match c.reads {
             Some(reads) => format!("{reads}"),
             None => format!(
