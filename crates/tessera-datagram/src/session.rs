@@ -757,9 +757,8 @@ impl Session {
             return Verdict::Keep;
         }
         let timestamp = packet.timestamp;
-        let verdict = self.accept_in_order(packet, now, config, stats, events);
+        let mut verdict = self.accept_in_order(packet, now, config, stats, events);
         // The packets kept past the gap it filled follow it.
-        let mut verdict = verdict;
         while verdict == Verdict::Keep {
             let Some(next) = self.out_of_order.remove(&self.recv_next) else {
                 break;

@@ -24,10 +24,6 @@ const TRANSFERS_IN_FLIGHT: usize = 3;
 pub const FILE_BYTES_MAX: u64 = 1 << 30;
 /// Most timed repetitions of one measurement.
 pub const REPETITIONS_MAX: u32 = 1000;
-fn one() -> u32 {
-    1
-}
-
 /// Most timed reads of one [`ClientJob::SyncReads`].
 pub const SYNC_READS_MAX: u32 = 100_000;
 /// How often a wait asks the manager.
@@ -123,8 +119,8 @@ pub enum ClientJob {
         block_bytes: u64,
         /// Timed reads.
         reads: u32,
-        /// Blocks in flight at once.
-        #[serde(default = "one")]
+        /// Blocks in flight at once (1 in jobs written before there was a choice).
+        #[serde(default = "one_block")]
         read_ahead: u32,
     },
     /// Create, write, read back and compare, remove: the smoke test.
@@ -132,6 +128,10 @@ pub enum ClientJob {
         /// The file.
         file: FileSpec,
     },
+}
+
+fn one_block() -> u32 {
+    1
 }
 
 impl ClientJob {
