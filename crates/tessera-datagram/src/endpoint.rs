@@ -220,10 +220,25 @@ impl Endpoint {
         }
     }
 
-    /// Handles one datagram from `from`. Anything that is not a valid packet for a session
-    /// this endpoint knows (or may open) is dropped and counted in [`Stats`]; never panics.
+    /// Handles one datagram from `from` that arrived just now. Anything that is not a valid
+    /// packet for a session this endpoint knows (or may open) is dropped and counted in
+    /// [`Stats`]; never panics.
     pub fn handle_datagram(&mut self, from: SocketAddr, datagram: &[u8], now: Micros) {
+        self.handle_datagram_arrived(from, datagram, now, now);
+    }
+
+    /// Handles one datagram from `from` that arrived at `arrived` (the kernel's receive
+    /// timestamp, earlier than `now` when the host was busy and read it late). Round-trip
+    /// samples end at `arrived`, so they measure the network, not this host's scheduling.
+    pub fn handle_datagram_arrived(
+        &mut self,
+        from: SocketAddr,
+        datagram: &[u8],
+        arrived: Micros,
+        now: Micros,
+    ) {
         self.observe(now);
+        let arrived = arrived.min(now);
         self.stats.datagrams_received += 1;
         let packet = match decode(datagram) {
             Ok(packet) => packet,
@@ -236,7 +251,7 @@ impl Endpoint {
         match self.sessions.get(&id) {
             Some(session) if session.peer == from => {
                 let data = packet.kind == PacketKind::Data;
-                self.dispatch(id, packet, now);
+                self.dispatch(id, packet, arrived, now);
                 if data {
                     // An arrival frees budget (or ends a session, freeing its promise).
                     self.grant(now);
@@ -250,7 +265,7 @@ impl Endpoint {
                     self.queue_reset(from, id, now, true);
                 }
             }
-            None => self.on_unknown_session(from, id, packet, now),
+            None => self.on_unknown_session(from, id, packet, arrived, now),
         }
     }
 
@@ -270,7 +285,14 @@ impl Endpoint {
         *counter += 1;
     }
 
-    fn on_unknown_session(&mut self, from: SocketAddr, id: SessionId, packet: Packet, now: Micros) {
+    fn on_unknown_session(
+        &mut self,
+        from: SocketAddr,
+        id: SessionId,
+        packet: Packet,
+        arrived: Micros,
+        now: Micros,
+    ) {
         let opens = packet.kind == PacketKind::Data && packet.seq == 0 && packet.first;
         let forgotten = self
             .forgotten
@@ -294,7 +316,7 @@ impl Endpoint {
                 session: id,
                 packets: 0,
             });
-            self.dispatch(id, packet, now);
+            self.dispatch(id, packet, arrived, now);
             return;
         }
         self.stats.dropped_unknown_session += 1;
@@ -317,13 +339,19 @@ impl Endpoint {
         }
     }
 
-    fn dispatch(&mut self, id: SessionId, packet: Packet, now: Micros) {
+    fn dispatch(&mut self, id: SessionId, packet: Packet, arrived: Micros, now: Micros) {
         let session = self
             .sessions
             .get_mut(&id)
             .expect("dispatch to a known session");
-        let verdict =
-            session.on_packet(packet, now, &self.config, &mut self.stats, &mut self.events);
+        let verdict = session.on_packet(
+            packet,
+            arrived,
+            now,
+            &self.config,
+            &mut self.stats,
+            &mut self.events,
+        );
         self.settle(id, verdict, now);
     }
 
@@ -409,6 +437,7 @@ impl Endpoint {
             timestamp: now as u32,
             echo: 0,
             message_len: 0,
+            ack_delay: 0,
             payload: Bytes::new(),
         };
         self.control.push_back(Transmit {

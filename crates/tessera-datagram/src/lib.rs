@@ -68,7 +68,7 @@
 //! ```text
 //! offset size field
 //!  0      2   magic        0x5453 ("TS")
-//!  2      1   version      1; checked first, so a later version may change all that follows
+//!  2      1   version      2; checked first, so a later version may change all that follows
 //!  3      1   kind         1 DATA, 2 ACK, 3 RESTART, 4 RESET
 //!  4      4   checksum     CRC32C of the whole datagram with this field taken as zero
 //!  8      8   session      chosen at random by the connecting side
@@ -77,7 +77,9 @@
 //! 24      4   window       packets past `ack` the sender of this packet can still accept
 //! 28      4   timestamp    the sender's clock, µs, low 32 bits
 //! 32      4   echo         the timestamp of the packet that last advanced `ack`
-//! 36      4   message_len  DATA with FIRST: length of the whole message; 0 otherwise
+//! 36      4   message_len  DATA with FIRST: length of the whole message
+//!             or ack_delay otherwise: µs from the arrival of the packet whose timestamp
+//!                          is echoed to the sending of this one
 //! 40      1   flags        0x01 FIRST, 0x02 LAST (DATA); 0x04 PROBE (ACK)
 //! 41      1   reserved     0
 //! 42      2   payload_len  bytes after the header; the datagram is exactly 44 + payload_len
@@ -117,15 +119,19 @@
 //! and retransmits at once (a repeated RESTART for the same point is honoured again only
 //! after one smoothed RTT). When the retransmission timer expires it goes back to the oldest
 //! unacknowledged packet and doubles the timeout; the (`backoffs_max` + 1)-th consecutive
-//! timeout without progress reports the session [`Event::Lost`] and drops its queue. If the
-//! receiver's window is closed and nothing is in flight, the same timer sends window probes
-//! (ACKs with the PROBE flag), which the receiver answers at once; any answer proves the
-//! peer alive.
+//! timeout without progress reports the session [`Event::Lost`] and drops its queue. A
+//! timeout whose first advancing ACK echoes a transmission from before it was spurious
+//! (Eifel, RFC 3522): the window cut is undone and the sender goes on from where it was. If
+//! the receiver's window is closed and nothing is in flight, the same timer sends window
+//! probes (ACKs with the PROBE flag), at most one per `probe_interval_min_us` and backing
+//! off like the timeout, which the receiver answers at once; any answer proves the peer
+//! alive.
 //!
-//! **Receiver.** It accepts only the next expected sequence number and keeps nothing out of
-//! order. A packet past a gap is dropped and triggers one RESTART carrying the expected
-//! number, re-sent only if the gap outlives a retransmission timeout; a duplicate is dropped
-//! and acknowledged again; a packet past the advertised window edge is dropped. ACKs go out
+//! **Receiver.** It delivers in sequence. Packets past a gap are kept (within the window
+//! promised) until it fills; once [`REORDER_PACKETS`] of them wait, the gap is taken for a
+//! loss and one RESTART carries the expected number, re-sent only if the gap outlives a
+//! retransmission timeout; a duplicate is dropped and acknowledged again; a packet past the
+//! advertised window edge is dropped. ACKs go out
 //! every `ack_every_packets` packets, at once for the last fragment of a message, and at most
 //! `ack_delay_us` late otherwise; every packet of the session also carries them. The receive
 //! window is `receive_window_packets` minus the packets held for the application (fragments
@@ -147,7 +153,11 @@
 //! **Round-trip time.** Jacobson and Karels from timestamp echoes: srtt and rttvar, RTO =
 //! srtt + 4 rttvar clamped to `[rto_min_us, rto_max_us]`. Samples come from every
 //! acknowledgement that advances, retransmissions included: the echoed timestamp names the
-//! transmission that was acknowledged, so Karn's ambiguity does not arise (RFC 7323). Each
+//! transmission that was acknowledged, so Karn's ambiguity does not arise (RFC 7323). A
+//! sample ends when the acknowledgement arrived ([`Endpoint::handle_datagram_arrived`]: the
+//! kernel's receive timestamp), not when this host read it, and leaves out the `ack_delay`
+//! the peer reports having held the echoed packet (QUIC's ack delay, RFC 9002): the RTO
+//! follows the network, not the scheduling of busy hosts. Each
 //! timer is armed for the RTO plus up to a quarter more at random, so that senders that
 //! lost packets in the same overflow do not retransmit in lockstep.
 //!
@@ -183,7 +193,7 @@ pub use endpoint::{
     RESET_INTERVAL_US, SEND_QUEUE_BYTES_MAX,
 };
 pub use packet::{decode, Packet, PacketError, PacketKind, HEADER_LEN};
-pub use session::WINDOW_INITIAL_PACKETS;
+pub use session::{REORDER_PACKETS, WINDOW_INITIAL_PACKETS};
 
 // The drivers move endpoints between threads.
 const _: () = {
@@ -226,6 +236,11 @@ pub struct Config {
     /// Consecutive timeouts (each doubling the timeout) after which the next one reports
     /// the session lost.
     pub backoffs_max: u32,
+    /// Shortest wait before a window probe, µs. A closed window opens by the receiver's
+    /// own update, so a probe is only insurance against that update's loss: probing every
+    /// RTO while a receiver hands out its budget to others (64 servers waiting their turn
+    /// behind one client's grants) costs both sides a wakeup per probe and no throughput.
+    pub probe_interval_min_us: u64,
     /// The congestion controller.
     pub congestion: CongestionKind,
     /// Largest message `send` accepts and reassembly will hold.
@@ -255,6 +270,7 @@ impl Default for Config {
             rto_min_us: 300,
             rto_max_us: 200_000,
             backoffs_max: 10,
+            probe_interval_min_us: 20_000,
             congestion: CongestionKind::Adaptive,
             message_bytes_max: 17 << 20,
             sessions_max: 4096,
@@ -452,8 +468,11 @@ pub struct Stats {
     pub restarts_honoured: u64,
     /// Retransmission timer expiries (packets were in flight and went unacknowledged).
     pub timeouts: u64,
-    /// The longest retransmission timeout that expired, from its arming to its expiry, µs.
+    /// The longest retransmission timeout that expired, from its arming to its handling, µs:
+    /// the timer's length plus however late a busy host ran it.
     pub timeout_us_max: u64,
+    /// The longest retransmission timer (the length armed) among those that expired, µs.
+    pub timer_us_max: u64,
     /// Retransmission timeouts found spurious afterwards: the packet had arrived, only its
     /// acknowledgement was late (Eifel detection, RFC 3522). They are counted in `timeouts`
     /// too.
@@ -519,6 +538,7 @@ impl Stats {
             ("restarts_honoured", self.restarts_honoured),
             ("timeouts", self.timeouts),
             ("timeout_us_max", self.timeout_us_max),
+            ("timer_us_max", self.timer_us_max),
             ("spurious_timeouts", self.spurious_timeouts),
             ("probe_timeouts", self.probe_timeouts),
             ("grants", self.grants),

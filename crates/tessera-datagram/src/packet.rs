@@ -9,7 +9,7 @@ use bytes::Bytes;
 pub const MAGIC: u16 = 0x5453;
 /// The protocol version this crate speaks. Checked before anything else, so that a later
 /// version may change the rest of the layout.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Size of the fixed header that precedes the payload.
 pub const HEADER_LEN: usize = 44;
 /// Largest payload one packet can describe (`payload_len` is a `u16`).
@@ -34,7 +34,9 @@ const OFFSET_ACK: usize = 20;
 const OFFSET_WINDOW: usize = 24;
 const OFFSET_TIMESTAMP: usize = 28;
 const OFFSET_ECHO: usize = 32;
-const OFFSET_MESSAGE_LEN: usize = 36;
+/// `message_len` on a first fragment, `ack_delay` on every other packet: one field, so that
+/// the header stays 44 bytes and a 32 KiB stripe unit fits 23 packets of a 1500-byte MTU.
+const OFFSET_MESSAGE_LEN_OR_ACK_DELAY: usize = 36;
 const OFFSET_FLAGS: usize = 40;
 const OFFSET_RESERVED: usize = 41;
 const OFFSET_PAYLOAD_LEN: usize = 42;
@@ -104,6 +106,11 @@ pub struct Packet {
     pub echo: u32,
     /// DATA with `first`: the length of the whole message. Zero otherwise.
     pub message_len: u32,
+    /// Microseconds between the arrival of the packet whose timestamp is echoed and the
+    /// sending of this one: the time the peer held it, which the RTT sample leaves out
+    /// (QUIC's ack delay, RFC 9000 section 19.3). Zero on a first fragment, which carries
+    /// `message_len` in its place.
+    pub ack_delay: u32,
     /// DATA only: the fragment's bytes.
     pub payload: Bytes,
 }
@@ -164,7 +171,8 @@ pub enum PacketError {
         payload_len: usize,
     },
     /// `message_len` on a packet that is no first fragment, or smaller than the first
-    /// fragment, or different from the payload of a one-fragment message.
+    /// fragment, or different from the payload of a one-fragment message; or an
+    /// `ack_delay` on a first fragment, whose field holds the message length instead.
     #[error("message length {message_len} inconsistent with a {payload_len}-byte fragment")]
     MessageLength {
         /// The `message_len` field.
@@ -247,7 +255,7 @@ impl Packet {
         } else {
             self.message_len == 0
         };
-        if !message_len_ok {
+        if !message_len_ok || (self.first && self.ack_delay != 0) {
             return Err(PacketError::MessageLength {
                 message_len: self.message_len,
                 payload_len,
@@ -274,7 +282,12 @@ impl Packet {
         buffer.extend_from_slice(&self.window.to_be_bytes());
         buffer.extend_from_slice(&self.timestamp.to_be_bytes());
         buffer.extend_from_slice(&self.echo.to_be_bytes());
-        buffer.extend_from_slice(&self.message_len.to_be_bytes());
+        let message_len_or_ack_delay = if self.first {
+            self.message_len
+        } else {
+            self.ack_delay
+        };
+        buffer.extend_from_slice(&message_len_or_ack_delay.to_be_bytes());
         buffer.push(self.flags());
         buffer.push(0);
         buffer.extend_from_slice(&(self.payload.len() as u16).to_be_bytes());
@@ -377,7 +390,16 @@ pub fn decode(datagram: &[u8]) -> Result<Packet, PacketError> {
         window: read_u32(datagram, OFFSET_WINDOW),
         timestamp: read_u32(datagram, OFFSET_TIMESTAMP),
         echo: read_u32(datagram, OFFSET_ECHO),
-        message_len: read_u32(datagram, OFFSET_MESSAGE_LEN),
+        message_len: if flags & FLAG_FIRST != 0 {
+            read_u32(datagram, OFFSET_MESSAGE_LEN_OR_ACK_DELAY)
+        } else {
+            0
+        },
+        ack_delay: if flags & FLAG_FIRST != 0 {
+            0
+        } else {
+            read_u32(datagram, OFFSET_MESSAGE_LEN_OR_ACK_DELAY)
+        },
         payload: Bytes::copy_from_slice(&datagram[HEADER_LEN..]),
     };
     packet.check()?;
@@ -418,42 +440,47 @@ mod tests {
             any::<(u64, u32, u32, u32, u32, u32)>(),
             prop::collection::vec(any::<u8>(), 0..3000),
             0u32..1_000_000,
+            any::<u32>(),
         )
-            .prop_map(|(kind, (first, last, probe), fields, payload, extra)| {
-                let (session, seq, ack, window, timestamp, echo) = fields;
-                let mut packet = Packet {
-                    kind,
-                    first: false,
-                    last: false,
-                    probe: false,
-                    session,
-                    seq,
-                    ack,
-                    window,
-                    timestamp,
-                    echo,
-                    message_len: 0,
-                    payload: Bytes::new(),
-                };
-                match kind {
-                    PacketKind::Data => {
-                        packet.first = first;
-                        packet.last = last;
-                        let mut payload = payload;
-                        if payload.is_empty() && !(first && last) {
-                            payload.push(7);
+            .prop_map(
+                |(kind, (first, last, probe), fields, payload, extra, ack_delay)| {
+                    let (session, seq, ack, window, timestamp, echo) = fields;
+                    let mut packet = Packet {
+                        kind,
+                        first: false,
+                        last: false,
+                        probe: false,
+                        session,
+                        seq,
+                        ack,
+                        window,
+                        timestamp,
+                        echo,
+                        message_len: 0,
+                        ack_delay,
+                        payload: Bytes::new(),
+                    };
+                    match kind {
+                        PacketKind::Data => {
+                            packet.first = first;
+                            packet.last = last;
+                            let mut payload = payload;
+                            if payload.is_empty() && !(first && last) {
+                                payload.push(7);
+                            }
+                            if first {
+                                packet.ack_delay = 0;
+                                packet.message_len =
+                                    payload.len() as u32 + if last { 0 } else { 1 + extra };
+                            }
+                            packet.payload = Bytes::from(payload);
                         }
-                        if first {
-                            packet.message_len =
-                                payload.len() as u32 + if last { 0 } else { 1 + extra };
-                        }
-                        packet.payload = Bytes::from(payload);
+                        PacketKind::Ack => packet.probe = probe,
+                        PacketKind::Restart | PacketKind::Reset => {}
                     }
-                    PacketKind::Ack => packet.probe = probe,
-                    PacketKind::Restart | PacketKind::Reset => {}
-                }
-                packet
-            })
+                    packet
+                },
+            )
     }
 
     proptest! {
@@ -480,7 +507,7 @@ mod tests {
             // later checks are exercised too.
             let packet = Packet {
                 kind: PacketKind::Ack, first: false, last: false, probe: false, session: 1,
-                seq: 2, ack: 3, window: 4, timestamp: 5, echo: 6, message_len: 0,
+                seq: 2, ack: 3, window: 4, timestamp: 5, echo: 6, message_len: 0, ack_delay: 7,
                 payload: Bytes::new(),
             };
             let mut bytes = packet.encode();
@@ -520,6 +547,7 @@ mod tests {
             timestamp: 1,
             echo: 0,
             message_len: 3,
+            ack_delay: 0,
             payload: Bytes::from_static(b"abc"),
         };
         let bytes = packet.encode();
@@ -544,8 +572,8 @@ mod tests {
             Err(PacketError::TrailingBytes { .. })
         ));
         let mut version = bytes.clone();
-        version[OFFSET_VERSION] = 2;
-        assert_eq!(decode(&version), Err(PacketError::Version(2)));
+        version[OFFSET_VERSION] = 1;
+        assert_eq!(decode(&version), Err(PacketError::Version(1)));
         let mut magic = bytes.clone();
         magic[0] = 0;
         assert_eq!(decode(&magic), Err(PacketError::Magic(0x0053)));

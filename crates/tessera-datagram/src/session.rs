@@ -127,6 +127,8 @@ pub(crate) struct Session {
     jitter: u64,
     /// Consecutive window probes (spaces them out exponentially).
     probes: u32,
+    /// See [`Config::probe_interval_min_us`].
+    probe_interval_min_us: Micros,
     probe_owed: bool,
     /// The last restart point acted on and when: a repeated RESTART for it is ignored until
     /// the retransmission had time to arrive.
@@ -148,6 +150,8 @@ pub(crate) struct Session {
     advertised_edge: u64,
     /// Timestamp of the packet that last advanced `recv_next`.
     echo: u32,
+    /// When that packet arrived, if any did: the ACK delay is counted from there.
+    echo_arrived_at: Option<Micros>,
     ack_pending_packets: u32,
     ack_deadline: Option<Micros>,
     ack_now: bool,
@@ -167,6 +171,15 @@ pub(crate) struct Session {
 fn timestamp(now: Micros) -> u32 {
     // The low 32 bits: RTTs are computed with wrapping subtraction.
     now as u32
+}
+
+/// What an acknowledgement tells about the round trip: the echoed timestamp, how long the
+/// peer held the packet before acknowledging it, and when the acknowledgement arrived here.
+#[derive(Clone, Copy, Debug)]
+struct Echo {
+    timestamp: u32,
+    ack_delay: u32,
+    arrived: Micros,
 }
 
 /// See [`Session::timed_out`].
@@ -206,6 +219,7 @@ impl Session {
             // Any odd, id-derived state: deterministic per session, different across them.
             jitter: id.0 | 1,
             probes: 0,
+            probe_interval_min_us: config.probe_interval_min_us,
             probe_owed: false,
             restart_honoured: None,
             timed_out: None,
@@ -216,6 +230,7 @@ impl Session {
             undrained_packets: 0,
             advertised_edge,
             echo: 0,
+            echo_arrived_at: None,
             ack_pending_packets: 0,
             ack_deadline: None,
             ack_now: false,
@@ -381,6 +396,20 @@ impl Session {
     /// effective fine-grained TCP retransmissions for datacenter communication", 2009).
     fn rto_jittered(&mut self, backoffs: u32) -> Micros {
         let rto = self.rtt.rto_us_backed_off(backoffs);
+        self.jittered(rto)
+    }
+
+    /// The window-probe interval after `probes` probes: the backed-off RTO, but at least
+    /// `probe_interval_min_us`, spread like the RTO.
+    fn probe_interval_jittered(&mut self) -> Micros {
+        let interval = self
+            .rtt
+            .rto_us_backed_off(self.probes)
+            .max(self.probe_interval_min_us);
+        self.jittered(interval)
+    }
+
+    fn jittered(&mut self, rto: Micros) -> Micros {
         self.jitter ^= self.jitter << 13;
         self.jitter ^= self.jitter >> 7;
         self.jitter ^= self.jitter << 17;
@@ -394,6 +423,12 @@ impl Session {
         packet.window = window;
         packet.timestamp = timestamp(now);
         packet.echo = self.echo;
+        if !packet.first {
+            // A first fragment has no room for it (see `Packet::ack_delay`).
+            packet.ack_delay = self.echo_arrived_at.map_or(0, |arrived| {
+                u32::try_from(now.saturating_sub(arrived)).unwrap_or(u32::MAX)
+            });
+        }
         // Every packet carries the cumulative acknowledgement.
         self.ack_pending_packets = 0;
         self.ack_deadline = None;
@@ -413,6 +448,7 @@ impl Session {
             timestamp: 0,
             echo: 0,
             message_len: 0,
+            ack_delay: 0,
             payload: Bytes::new(),
         }
     }
@@ -497,6 +533,7 @@ impl Session {
             timestamp: 0,
             echo: 0,
             message_len: if entry.first { entry.message_len } else { 0 },
+            ack_delay: 0,
             payload: entry.payload.clone(),
         };
         self.send_next += 1;
@@ -525,7 +562,7 @@ impl Session {
         } else if self.window_blocked {
             if self.rto_deadline.is_none() {
                 self.rto_armed_at = now;
-                self.rto_deadline = Some(now + self.rto_jittered(self.probes));
+                self.rto_deadline = Some(now + self.probe_interval_jittered());
             }
         } else {
             self.rto_deadline = None;
@@ -551,11 +588,12 @@ impl Session {
             self.ack_deadline = None;
             self.ack_now = true;
         }
-        if self.rto_deadline.is_some_and(|deadline| deadline <= now) {
+        if let Some(deadline) = self.rto_deadline.filter(|deadline| *deadline <= now) {
             self.rto_deadline = None;
             if self.in_flight() > 0 {
                 stats.timeouts += 1;
                 stats.timeout_us_max = stats.timeout_us_max.max(now - self.rto_armed_at);
+                stats.timer_us_max = stats.timer_us_max.max(deadline - self.rto_armed_at);
             } else {
                 stats.probe_timeouts += 1;
             }
@@ -578,17 +616,19 @@ impl Session {
                 self.probe_owed = true;
                 self.probes += 1;
                 self.rto_armed_at = now;
-                self.rto_deadline = Some(now + self.rto_jittered(self.probes));
+                self.rto_deadline = Some(now + self.probe_interval_jittered());
             }
         }
         self.rearm(now, stats);
         Verdict::Keep
     }
 
-    /// Handles one packet from the peer.
+    /// Handles one packet from the peer, which arrived at `arrived` (at most `now`: a host
+    /// that was busy reads what waited in its socket late, and the RTT must not count that).
     pub(crate) fn on_packet(
         &mut self,
         packet: Packet,
+        arrived: Micros,
         now: Micros,
         config: &Config,
         stats: &mut Stats,
@@ -613,7 +653,12 @@ impl Session {
             return Verdict::Keep;
         }
         if ack >= self.send_base {
-            self.on_ack(ack, packet.window, packet.echo, now, stats);
+            let round_trip = Echo {
+                timestamp: packet.echo,
+                ack_delay: packet.ack_delay,
+                arrived,
+            };
+            self.on_ack(ack, packet.window, round_trip, stats);
         }
         if self.in_flight() == 0 && self.send_next >= self.peer_window_edge {
             // Waiting for the peer's window with nothing at risk, the peer answering at all
@@ -622,7 +667,7 @@ impl Session {
             self.backoffs = 0;
         }
         let verdict = match packet.kind {
-            PacketKind::Data => self.on_data(packet, now, config, stats, events),
+            PacketKind::Data => self.on_data(packet, arrived, now, config, stats, events),
             PacketKind::Ack => {
                 if packet.probe {
                     self.ack_now = true;
@@ -639,7 +684,7 @@ impl Session {
         verdict
     }
 
-    fn on_ack(&mut self, ack: u64, window: u32, echo: u32, now: Micros, stats: &mut Stats) {
+    fn on_ack(&mut self, ack: u64, window: u32, echo: Echo, stats: &mut Stats) {
         let edge = ack + window as u64;
         if edge > self.peer_window_edge {
             self.peer_window_edge = edge;
@@ -659,8 +704,20 @@ impl Session {
         // session whose timeout fell below a grown queueing delay then retransmitted every
         // window and never measured the round trip again (seen in the simulator: three fixed
         // windows of 8 into one 200 Mbit/s port, srtt stuck at 271 us against 1.9 ms real).
-        self.rtt
-            .on_sample(timestamp(now).wrapping_sub(echo) as Micros);
+        //
+        // The sample runs from the original's sending to the ACK's arrival at this host (not
+        // to when this side got around to reading it) less the time the peer held the packet
+        // before acknowledging it (QUIC's ack delay, RFC 9002 section 5.3): what is left is
+        // the network's round trip, not the scheduling delays of two busy hosts. Those are
+        // what the Eifel check below is for; an RTO inflated by them only stalls the link
+        // after a real loss. A delay longer than the whole round trip is not believed.
+        let round_trip = timestamp(echo.arrived).wrapping_sub(echo.timestamp) as Micros;
+        let held = echo.ack_delay as Micros;
+        self.rtt.on_sample(if held < round_trip {
+            round_trip - held
+        } else {
+            round_trip
+        });
         for _ in 0..newly_acked {
             let done = self
                 .outgoing
@@ -677,7 +734,7 @@ impl Session {
             // was not scheduled, on a busy host): undo the timeout's cut (RFC 4015) and go
             // on from where the sender was rather than resending what is already there.
             // Anything that was in fact lost shows up as a gap, answered by a RESTART.
-            if (timed_out.retransmitted_at.wrapping_sub(echo) as i32) > 0 {
+            if (timed_out.retransmitted_at.wrapping_sub(echo.timestamp) as i32) > 0 {
                 stats.spurious_timeouts += 1;
                 self.congestion.undo_timeout();
                 self.send_next = self.send_next.max(timed_out.sent_up_to.min(self.send_high));
@@ -724,6 +781,7 @@ impl Session {
     fn on_data(
         &mut self,
         packet: Packet,
+        arrived: Micros,
         now: Micros,
         config: &Config,
         stats: &mut Stats,
@@ -768,6 +826,7 @@ impl Session {
         // Echo the packet that filled the gap, not those it released: their timestamps are
         // older and would pass a retransmission off as a late original (RFC 7323, 4.3).
         self.echo = timestamp;
+        self.echo_arrived_at = Some(arrived);
         verdict
     }
 

@@ -15,8 +15,8 @@ use tessera_datagram::sim::{
     addr, BottleneckConfig, LinkConfig, NetworkStats, Sim, TraceEvent, TraceKind,
 };
 use tessera_datagram::{
-    decode, Config, CongestionKind, Event, LossReason, Micros, SendError, SessionId, Stats,
-    SEND_QUEUE_BYTES_MAX, WINDOW_INITIAL_PACKETS,
+    decode, Config, CongestionKind, Endpoint, Event, LossReason, Micros, SendError, SessionId,
+    Stats, SEND_QUEUE_BYTES_MAX, WINDOW_INITIAL_PACKETS,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -876,7 +876,7 @@ fn garbage_is_dropped_and_counted_and_the_session_keeps_delivering() {
     }
     // Another version, correctly sealed.
     let mut version = real.clone();
-    version[2] = 2;
+    version[2] = tessera_datagram::packet::VERSION + 1;
     reseal(&mut version);
     garbage.push((client, version));
     // Not ours at all.
@@ -895,6 +895,7 @@ fn garbage_is_dropped_and_counted_and_the_session_keeps_delivering() {
         timestamp: 0,
         echo: 0,
         message_len: 0,
+        ack_delay: 0,
         payload: if kind == PacketKind::Data {
             Bytes::from_static(b"x")
         } else {
@@ -1592,6 +1593,7 @@ fn resets_to_strangers_are_rate_limited() {
             timestamp: 0,
             echo: 0,
             message_len: 0,
+            ack_delay: 0,
             payload: Bytes::from_static(b"stale"),
         };
         sim.inject(stranger, server, packet.encode());
@@ -2010,4 +2012,71 @@ fn with_a_receive_budget_incast_neither_drops_nor_times_out_at_any_fan_in() {
             assert!(run.fraction >= 0.85, "{case}");
         }
     }
+}
+
+/// Delivers everything `from` sends at `sent` to `to`, as having arrived at `arrived` but
+/// read only at `now`.
+fn deliver_late(
+    endpoints: &mut [(SocketAddr, Endpoint)],
+    (from, to): (usize, usize),
+    sent: Micros,
+    arrived: Micros,
+    now: Micros,
+) -> usize {
+    let mut transmits = Vec::new();
+    while let Some(transmit) = endpoints[from].1.poll_transmit(sent) {
+        transmits.push(transmit);
+    }
+    let sender = endpoints[from].0;
+    for transmit in &transmits {
+        assert_eq!(transmit.destination, endpoints[to].0);
+        endpoints[to]
+            .1
+            .handle_datagram_arrived(sender, &transmit.contents, arrived, now);
+    }
+    transmits.len()
+}
+
+#[test]
+fn time_a_packet_waited_to_be_read_is_left_out_of_the_round_trip() {
+    // A receiver that was not scheduled reads a packet 5 ms after it arrived, and a sender
+    // that was not scheduled reads the acknowledgement 3 ms late; the network's round trip
+    // is 200 µs. The samples must measure the 200 µs: counting the hosts' scheduling would
+    // make the timeout wait out every stall (and idle the link after a real loss).
+    let config = Config {
+        ack_every_packets: 1,
+        ..Config::default()
+    };
+    let (client, server) = (addr(1), addr(2));
+    let mut endpoints = vec![
+        (client, Endpoint::new(config.clone(), 1)),
+        (server, Endpoint::new(config.clone(), 2)),
+    ];
+    let session = endpoints[0].1.connect(server, 0);
+    let mut now: Micros = 1_000;
+    for round in 0..10u8 {
+        endpoints[0]
+            .1
+            .send(session, Bytes::from(vec![round; 100]), now)
+            .unwrap();
+        // Sent at `now`, arrives 100 µs later, read 5 ms after that.
+        let sent = deliver_late(&mut endpoints, (0, 1), now, now + 100, now + 5_100);
+        assert!(sent > 0, "round {round}: the sender sends");
+        now += 5_100;
+        while endpoints[1].1.poll_event().is_some() {}
+        // The acknowledgement goes out at once, arrives 100 µs later, is read 3 ms late.
+        let acks = deliver_late(&mut endpoints, (1, 0), now, now + 100, now + 3_100);
+        assert!(acks > 0, "round {round}: the receiver acknowledges");
+        now += 3_100;
+        endpoints[0].1.handle_timeout(now);
+    }
+    let info = endpoints[0].1.session_info(session).unwrap();
+    println!("{info:?}");
+    assert!(
+        (150..=250).contains(&info.srtt_us),
+        "srtt {} µs against a 200 µs network round trip",
+        info.srtt_us
+    );
+    assert!(info.rto_us < 1_000, "rto {} µs", info.rto_us);
+    assert_eq!(endpoints[0].1.stats().timeouts, 0);
 }

@@ -372,6 +372,10 @@ fn spawn_driver(
     let sock = socket2::SockRef::from(&socket);
     let _ = sock.set_send_buffer_size(SOCKET_BUFFER_BYTES);
     let _ = sock.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
+    // The kernel stamps each datagram with its arrival, so a driver that was not scheduled for
+    // a while still hands the endpoint true arrival times (for its round-trip samples).
+    // Without it (an error is not fatal) the time of reading stands in.
+    enable_receive_timestamps(socket.as_raw_fd());
     let waker = Arc::new(Waker::new()?);
     let (commands, inbox) = mpsc::channel();
     let mailbox = Mailbox {
@@ -818,10 +822,20 @@ impl Driver {
                 Err(_) => return,
             };
             let now = self.now();
+            let wall_now = std::time::SystemTime::now();
             let full = received.len() == BATCH_DATAGRAMS_MAX;
-            for (index, len, from) in received {
-                self.endpoint
-                    .handle_datagram(from, &self.buffers[index][..len], now);
+            for datagram in received {
+                // How long it waited in the socket, by the wall clock the kernel stamps with.
+                let waited = datagram
+                    .arrived
+                    .and_then(|arrived| wall_now.duration_since(arrived).ok())
+                    .map_or(0, |waited| waited.as_micros() as u64);
+                self.endpoint.handle_datagram_arrived(
+                    datagram.from,
+                    &self.buffers[datagram.index][..datagram.len],
+                    now.saturating_sub(waited),
+                    now,
+                );
             }
             if !full {
                 return;
@@ -947,13 +961,58 @@ fn send_batch(fd: RawFd, batch: &[Transmit]) -> std::io::Result<usize> {
     Ok(sent as usize)
 }
 
-/// `recvmmsg` into the buffers; returns (buffer index, length, sender) of each whole datagram
-/// received (a truncated one is dropped).
-fn recv_batch(
-    fd: RawFd,
-    buffers: &mut [Vec<u8>],
-) -> std::io::Result<Vec<(usize, usize, SocketAddr)>> {
+/// Asks the kernel for the arrival time of every datagram (`SO_TIMESTAMPNS`).
+fn enable_receive_timestamps(fd: RawFd) {
+    let on: libc::c_int = 1;
+    // SAFETY: a valid socket and a c_int option value that lives across the call.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            &on as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+/// One datagram `recv_batch` read.
+struct Received {
+    /// Index of the buffer that holds it.
+    index: usize,
+    len: usize,
+    from: SocketAddr,
+    /// The kernel's receive timestamp, if it gave one.
+    arrived: Option<std::time::SystemTime>,
+}
+
+/// Control-message room per datagram: one `SCM_TIMESTAMPNS` (a `timespec`) with its header.
+const CONTROL_BYTES: usize = 64;
+
+/// The `SCM_TIMESTAMPNS` timestamp among a received message's control messages.
+fn receive_timestamp(header: &libc::msghdr) -> Option<std::time::SystemTime> {
+    // SAFETY: the header's control buffer was filled by recvmmsg; the CMSG macros walk it
+    // within `msg_controllen`.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(header);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_TIMESTAMPNS
+            {
+                let spec = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const libc::timespec);
+                let since_epoch = std::time::Duration::new(spec.tv_sec as u64, spec.tv_nsec as u32);
+                return std::time::UNIX_EPOCH.checked_add(since_epoch);
+            }
+            cmsg = libc::CMSG_NXTHDR(header, cmsg);
+        }
+    }
+    None
+}
+
+/// `recvmmsg` into the buffers; returns each whole datagram received (a truncated one is
+/// dropped), with its sender and arrival time.
+fn recv_batch(fd: RawFd, buffers: &mut [Vec<u8>]) -> std::io::Result<Vec<Received>> {
     let n = buffers.len();
+    let mut controls = vec![[0u8; CONTROL_BYTES]; n];
     // SAFETY: zeroed sockaddr_storage and mmsghdr are valid initial values.
     let mut addrs: Vec<libc::sockaddr_storage> =
         (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
@@ -970,6 +1029,8 @@ fn recv_batch(
         headers[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
         headers[i].msg_hdr.msg_iov = &mut iovs[i];
         headers[i].msg_hdr.msg_iovlen = 1;
+        headers[i].msg_hdr.msg_control = controls[i].as_mut_ptr() as *mut libc::c_void;
+        headers[i].msg_hdr.msg_controllen = CONTROL_BYTES as _;
     }
     // SAFETY: every pointer refers to memory that lives across the call; non-blocking socket.
     let got = unsafe {
@@ -988,7 +1049,12 @@ fn recv_batch(
     for i in 0..got as usize {
         let truncated = headers[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
         if let (false, Some(from)) = (truncated, socket_addr_from(&addrs[i])) {
-            out.push((i, headers[i].msg_len as usize, from));
+            out.push(Received {
+                index: i,
+                len: headers[i].msg_len as usize,
+                from,
+                arrived: receive_timestamp(&headers[i].msg_hdr),
+            });
         }
     }
     Ok(out)
