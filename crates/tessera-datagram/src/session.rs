@@ -174,11 +174,12 @@ fn timestamp(now: Micros) -> u32 {
 }
 
 /// What an acknowledgement tells about the round trip: the echoed timestamp, how long the
-/// peer held the packet before acknowledging it, and when the acknowledgement arrived here.
+/// peer held the packet before acknowledging it (if the packet could say), and when the
+/// acknowledgement arrived here.
 #[derive(Clone, Copy, Debug)]
 struct Echo {
     timestamp: u32,
-    ack_delay: u32,
+    ack_delay: Option<u32>,
     arrived: Micros,
 }
 
@@ -655,7 +656,8 @@ impl Session {
         if ack >= self.send_base {
             let round_trip = Echo {
                 timestamp: packet.echo,
-                ack_delay: packet.ack_delay,
+                // A first fragment has no room for the delay (see `Packet::ack_delay`).
+                ack_delay: (!packet.first).then_some(packet.ack_delay),
                 arrived,
             };
             self.on_ack(ack, packet.window, round_trip, stats);
@@ -711,13 +713,17 @@ impl Session {
         // the network's round trip, not the scheduling delays of two busy hosts. Those are
         // what the Eifel check below is for; an RTO inflated by them only stalls the link
         // after a real loss. A delay longer than the whole round trip is not believed.
-        let round_trip = timestamp(echo.arrived).wrapping_sub(echo.timestamp) as Micros;
-        let held = echo.ack_delay as Micros;
-        self.rtt.on_sample(if held < round_trip {
-            round_trip - held
-        } else {
-            round_trip
-        });
+        // A first fragment of an answer says nothing of how long the peer held the request
+        // it acknowledges (waiting for a grant, for the disk): no sample from it.
+        if let Some(held) = echo.ack_delay {
+            let round_trip = timestamp(echo.arrived).wrapping_sub(echo.timestamp) as Micros;
+            let held = held as Micros;
+            self.rtt.on_sample(if held < round_trip {
+                round_trip - held
+            } else {
+                round_trip
+            });
+        }
         for _ in 0..newly_acked {
             let done = self
                 .outgoing

@@ -13,7 +13,9 @@ use std::path::PathBuf;
 
 /// Large transfer buffers are allocated and freed constantly; glibc's allocator returns them
 /// to the kernel each time, and the page faults to get them back cost more than the copying.
-/// mimalloc keeps them.
+/// mimalloc keeps them. Built without transparent huge pages (the `no_thp` feature): with
+/// them, a page it purged and then reused faulted in as a 2 MiB huge page to zero, which was
+/// a third of all CPU time with 64 mostly idle servers on one host.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
