@@ -379,9 +379,16 @@ pub fn decode(datagram: &[u8]) -> Result<Packet, PacketError> {
     if flags & !(FLAG_FIRST | FLAG_LAST | FLAG_PROBE) != 0 {
         return Err(PacketError::Flags { kind, flags });
     }
+    let first = flags & FLAG_FIRST != 0;
+    let shared_field = read_u32(datagram, OFFSET_MESSAGE_LEN_OR_ACK_DELAY);
+    let (message_len, ack_delay) = if first {
+        (shared_field, 0)
+    } else {
+        (0, shared_field)
+    };
     let packet = Packet {
         kind,
-        first: flags & FLAG_FIRST != 0,
+        first,
         last: flags & FLAG_LAST != 0,
         probe: flags & FLAG_PROBE != 0,
         session: read_u64(datagram, OFFSET_SESSION),
@@ -390,16 +397,8 @@ pub fn decode(datagram: &[u8]) -> Result<Packet, PacketError> {
         window: read_u32(datagram, OFFSET_WINDOW),
         timestamp: read_u32(datagram, OFFSET_TIMESTAMP),
         echo: read_u32(datagram, OFFSET_ECHO),
-        message_len: if flags & FLAG_FIRST != 0 {
-            read_u32(datagram, OFFSET_MESSAGE_LEN_OR_ACK_DELAY)
-        } else {
-            0
-        },
-        ack_delay: if flags & FLAG_FIRST != 0 {
-            0
-        } else {
-            read_u32(datagram, OFFSET_MESSAGE_LEN_OR_ACK_DELAY)
-        },
+        message_len,
+        ack_delay,
         payload: Bytes::copy_from_slice(&datagram[HEADER_LEN..]),
     };
     packet.check()?;

@@ -712,9 +712,9 @@ impl Session {
         // before acknowledging it (QUIC's ack delay, RFC 9002 section 5.3): what is left is
         // the network's round trip, not the scheduling delays of two busy hosts. Those are
         // what the Eifel check below is for; an RTO inflated by them only stalls the link
-        // after a real loss. A delay longer than the whole round trip is not believed.
-        // A first fragment of an answer says nothing of how long the peer held the request
-        // it acknowledges (waiting for a grant, for the disk): no sample from it.
+        // after a real loss. A delay longer than the whole round trip is not believed. A
+        // first fragment of an answer says nothing of how long the peer held the request it
+        // acknowledges (waiting for a grant, for the disk): no sample from it.
         if let Some(held) = echo.ack_delay {
             let round_trip = timestamp(echo.arrived).wrapping_sub(echo.timestamp) as Micros;
             let held = held as Micros;
