@@ -118,8 +118,9 @@
 //! [`WINDOW_INITIAL_PACKETS`]. On the first RESTART for a sequence number it goes back there
 //! and retransmits at once (a repeated RESTART for the same point is honoured again only
 //! after one smoothed RTT). When the retransmission timer expires it goes back to the oldest
-//! unacknowledged packet and doubles the timeout; the (`backoffs_max` + 1)-th consecutive
-//! timeout without progress reports the session [`Event::Lost`] and drops its queue. A
+//! unacknowledged packet and doubles the timeout, up to `retransmit_timer_max_us` (1 ms);
+//! a timeout that finds the peer silent for `peer_lost_after_us` since the first timeout
+//! without progress reports the session [`Event::Lost`] and drops its queue. A
 //! timeout whose first advancing ACK echoes a transmission from before it was spurious
 //! (Eifel, RFC 3522): the window cut is undone and the sender goes on from where it was. If
 //! the receiver's window is closed and nothing is in flight, the same timer sends window
@@ -159,7 +160,8 @@
 //! the peer reports having held the echoed packet (QUIC's ack delay, RFC 9002): the RTO
 //! follows the network, not the scheduling of busy hosts. Each
 //! timer is armed for the RTO plus up to a quarter more at random, so that senders that
-//! lost packets in the same overflow do not retransmit in lockstep.
+//! lost packets in the same overflow do not retransmit in lockstep; backoff doubles it up to
+//! `retransmit_timer_max_us` (1 ms) or the spread RTO, whichever is longer.
 //!
 //! **Congestion.** Behind [`CongestionControl`]: [`Adaptive`] (the paper's: slow start from
 //! two packets, one more packet per window of ACKs above the threshold, halved on a restart,
@@ -231,11 +233,21 @@ pub struct Config {
     pub rto_initial_us: u64,
     /// Floor of the retransmission timeout.
     pub rto_min_us: u64,
-    /// Ceiling of the retransmission timeout, backoff included.
+    /// Ceiling of the RTO estimate and of the window-probe interval.
     pub rto_max_us: u64,
-    /// Consecutive timeouts (each doubling the timeout) after which the next one reports
-    /// the session lost.
-    pub backoffs_max: u32,
+    /// Longest a retransmission timer is armed for, backoff and spread included. Doubling
+    /// stops here rather than at `rto_max_us`: a datacenter round trip is tens to hundreds
+    /// of microseconds, and a timer of many milliseconds leaves the link idle after a loss,
+    /// which is the incast collapse itself (the incast paper's fine-grained timeouts). What
+    /// one retransmission every millisecond or so costs is bounded: a timeout resends one
+    /// packet (the window drops to one), and a receiver with a budget bounds what is in
+    /// flight toward it anyway. Paths whose round trip exceeds this need a larger value, or
+    /// every timer fires early (harmless to the data, by the Eifel check, but wasteful).
+    pub retransmit_timer_max_us: u64,
+    /// How long a session may wait without any answer from its peer (timeouts and window
+    /// probes unanswered) before it is reported lost. A time, not a count of timeouts: with
+    /// short timers a count would give up on a live peer that a busy host did not schedule.
+    pub peer_lost_after_us: u64,
     /// Shortest wait before a window probe, µs. A closed window opens by the receiver's
     /// own update, so a probe is only insurance against that update's loss: probing every
     /// RTO while a receiver hands out its budget to others (64 servers waiting their turn
@@ -266,10 +278,11 @@ impl Default for Config {
             payload_bytes_max: 1472,
             window_packets_max: 64,
             receive_window_packets: 256,
-            rto_initial_us: 2_000,
+            rto_initial_us: 1_000,
             rto_min_us: 300,
             rto_max_us: 200_000,
-            backoffs_max: 10,
+            retransmit_timer_max_us: 1_000,
+            peer_lost_after_us: 1_000_000,
             probe_interval_min_us: 20_000,
             congestion: CongestionKind::Adaptive,
             message_bytes_max: 17 << 20,
@@ -303,6 +316,17 @@ pub enum ConfigError {
         /// `rto_max_us`.
         max: u64,
     },
+    /// `retransmit_timer_max_us` is below `rto_min_us`.
+    #[error("retransmit_timer_max_us {timer_max} must be at least rto_min_us {min}")]
+    RetransmitTimer {
+        /// `retransmit_timer_max_us`.
+        timer_max: u64,
+        /// `rto_min_us`.
+        min: u64,
+    },
+    /// `peer_lost_after_us` is zero.
+    #[error("peer_lost_after_us must be at least 1")]
+    PeerLostAfter,
     /// `Fixed(0)` can never send.
     #[error("a fixed congestion window must be at least 1 packet")]
     FixedWindow,
@@ -342,6 +366,15 @@ impl Config {
                 initial: self.rto_initial_us,
                 max: self.rto_max_us,
             });
+        }
+        if self.retransmit_timer_max_us < self.rto_min_us {
+            return Err(ConfigError::RetransmitTimer {
+                timer_max: self.retransmit_timer_max_us,
+                min: self.rto_min_us,
+            });
+        }
+        if self.peer_lost_after_us == 0 {
+            return Err(ConfigError::PeerLostAfter);
         }
         if self.congestion == CongestionKind::Fixed(0) {
             return Err(ConfigError::FixedWindow);
@@ -395,7 +428,7 @@ pub enum Event {
         /// The message.
         message: Bytes,
     },
-    /// The peer stopped answering (after `backoffs_max` timeouts) or sent a RESET: the
+    /// The peer stopped answering (for `peer_lost_after_us`) or sent a RESET: the
     /// session is gone, with whatever it had queued.
     Lost {
         /// The session.
@@ -473,9 +506,9 @@ pub struct Stats {
     pub timeout_us_max: u64,
     /// The longest retransmission timer (the length armed) among those that expired, µs.
     pub timer_us_max: u64,
-    /// Retransmission timeouts found spurious afterwards: the packet had arrived, only its
-    /// acknowledgement was late (Eifel detection, RFC 3522). They are counted in `timeouts`
-    /// too.
+    /// Runs of retransmission timeouts (one or more in a row without progress) found
+    /// spurious afterwards: the packet had arrived, only its acknowledgement was late (Eifel
+    /// detection, RFC 3522). Their timeouts are counted in `timeouts` too.
     pub spurious_timeouts: u64,
     /// Window-probe timer expiries (the peer's window was closed and nothing in flight).
     pub probe_timeouts: u64,

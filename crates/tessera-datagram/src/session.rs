@@ -71,6 +71,10 @@ pub(crate) const UNKNOWN_MESSAGE_PACKETS: u64 = 1;
 /// been overtaken on the way.
 pub const REORDER_PACKETS: usize = 3;
 
+/// RESTARTs sent for one gap: after these, the sender's own timer is what recovers it (and
+/// what notices a peer that is gone).
+const RESTART_RESENDS_MAX: u32 = 10;
+
 /// What a session under a receive budget asks of it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Claim {
@@ -123,6 +127,11 @@ pub(crate) struct Session {
     rto_armed_at: Micros,
     /// Consecutive timeouts without progress.
     backoffs: u32,
+    /// When the timer whose expiry began those timeouts was armed: the peer has been silent
+    /// since (see [`Config::peer_lost_after_us`]).
+    stalled_since: Option<Micros>,
+    /// See [`Config::retransmit_timer_max_us`].
+    retransmit_timer_max_us: Micros,
     /// State of the generator that spreads retransmission timeouts (xorshift).
     jitter: u64,
     /// Consecutive window probes (spaces them out exponentially).
@@ -217,6 +226,8 @@ impl Session {
             rto_deadline: None,
             rto_armed_at: 0,
             backoffs: 0,
+            stalled_since: None,
+            retransmit_timer_max_us: config.retransmit_timer_max_us,
             // Any odd, id-derived state: deterministic per session, different across them.
             jitter: id.0 | 1,
             probes: 0,
@@ -391,13 +402,25 @@ impl Session {
         }
     }
 
-    /// The retransmission timeout after `backoffs` doublings, spread at random over up to a
-    /// quarter more, so that senders that lost packets in the same overflow do not all
-    /// retransmit at the same instant (the randomised timeout of Vasudevan et al., "Safe and
-    /// effective fine-grained TCP retransmissions for datacenter communication", 2009).
-    fn rto_jittered(&mut self, backoffs: u32) -> Micros {
-        let rto = self.rtt.rto_us_backed_off(backoffs);
-        self.jittered(rto)
+    /// The retransmission timer after `backoffs` doublings of the RTO, spread at random over
+    /// up to a quarter more, so that senders that lost packets in the same overflow do not
+    /// all retransmit at the same instant (the randomised timeout of Vasudevan et al., "Safe
+    /// and effective fine-grained TCP retransmissions for datacenter communication", 2009).
+    ///
+    /// Backoff stops at `retransmit_timer_max_us`, or at the spread RTO where the measured
+    /// round trip is longer than that: a timer shorter than the round trip would only fire
+    /// early, again and again (the simulator's queue of three windows into one port took
+    /// such a sender to 17% of the port). A timer that would pass the ceiling is spread over
+    /// the fifth below it instead, which keeps timers apart at the ceiling too.
+    fn retransmit_timer(&mut self, backoffs: u32) -> Micros {
+        let timer = self.jittered(self.rtt.rto_us_backed_off(backoffs));
+        let rto = self.rtt.rto_us();
+        let ceiling = self.retransmit_timer_max_us.max(rto + rto / 4);
+        if timer <= ceiling {
+            timer
+        } else {
+            ceiling - self.random() % (ceiling / 5 + 1)
+        }
     }
 
     /// The window-probe interval after `probes` probes: the backed-off RTO, but at least
@@ -411,10 +434,14 @@ impl Session {
     }
 
     fn jittered(&mut self, rto: Micros) -> Micros {
+        rto + self.random() % (rto / 4 + 1)
+    }
+
+    fn random(&mut self) -> u64 {
         self.jitter ^= self.jitter << 13;
         self.jitter ^= self.jitter >> 7;
         self.jitter ^= self.jitter << 17;
-        rto + self.jitter % (rto / 4 + 1)
+        self.jitter
     }
 
     fn fill_control_fields(&mut self, packet: &mut Packet, now: Micros, config: &Config) {
@@ -558,7 +585,7 @@ impl Session {
         if self.in_flight() > 0 {
             if self.rto_deadline.is_none() {
                 self.rto_armed_at = now;
-                self.rto_deadline = Some(now + self.rto_jittered(self.backoffs));
+                self.rto_deadline = Some(now + self.retransmit_timer(self.backoffs));
             }
         } else if self.window_blocked {
             if self.rto_deadline.is_none() {
@@ -598,7 +625,8 @@ impl Session {
             } else {
                 stats.probe_timeouts += 1;
             }
-            if self.backoffs >= config.backoffs_max {
+            let stalled_since = *self.stalled_since.get_or_insert(self.rto_armed_at);
+            if now.saturating_sub(stalled_since) >= config.peer_lost_after_us {
                 return Verdict::TimedOut;
             }
             self.backoffs += 1;
@@ -667,6 +695,7 @@ impl Session {
             // is progress: a sender that waits for a slow application does not declare a
             // live peer lost.
             self.backoffs = 0;
+            self.stalled_since = None;
         }
         let verdict = match packet.kind {
             PacketKind::Data => self.on_data(packet, arrived, now, config, stats, events),
@@ -747,6 +776,7 @@ impl Session {
             }
         }
         self.backoffs = 0;
+        self.stalled_since = None;
         self.probes = 0;
         // Progress restarts the retransmission timer.
         self.rto_deadline = None;
@@ -816,7 +846,7 @@ impl Session {
                 stats.held_out_of_order += 1;
             }
             if self.out_of_order.len() >= REORDER_PACKETS {
-                self.note_gap(now, config);
+                self.note_gap(now);
             }
             return Verdict::Keep;
         }
@@ -938,10 +968,10 @@ impl Session {
         }
     }
 
-    fn note_gap(&mut self, now: Micros, config: &Config) {
+    fn note_gap(&mut self, now: Micros) {
         match self.restart.as_mut() {
             Some(restart) if restart.point == self.recv_next => {
-                if restart.owed || restart.resends >= config.backoffs_max {
+                if restart.owed || restart.resends >= RESTART_RESENDS_MAX {
                     return;
                 }
                 let resend_at = restart
