@@ -404,7 +404,8 @@ fn spawn_driver(
                 waker,
                 origin: Instant::now(),
                 unsent: Vec::new(),
-                buffers: vec![vec![0u8; buffer_bytes]; BATCH_DATAGRAMS_MAX],
+                sending: SendBatch::default(),
+                receiving: ReceiveBatch::new(buffer_bytes),
                 datagram_bytes: HashMap::new(),
             };
             driver.run();
@@ -421,7 +422,8 @@ struct Driver {
     origin: Instant,
     /// Datagrams the kernel did not take yet (its buffer was full).
     unsent: Vec<Transmit>,
-    buffers: Vec<Vec<u8>>,
+    sending: SendBatch,
+    receiving: ReceiveBatch,
     /// Datagram size per peer address, from the path MTU.
     datagram_bytes: HashMap<std::net::IpAddr, usize>,
 }
@@ -765,7 +767,7 @@ impl Driver {
             if self.unsent.is_empty() {
                 return;
             }
-            match send_batch(self.socket.as_raw_fd(), &self.unsent) {
+            match self.sending.send(self.socket.as_raw_fd(), &self.unsent) {
                 Ok(0) => return,
                 Ok(n) => {
                     self.unsent.drain(..n);
@@ -817,14 +819,14 @@ impl Driver {
     /// Read every datagram waiting, in batches.
     fn receive(&mut self) {
         loop {
-            let received = match recv_batch(self.socket.as_raw_fd(), &mut self.buffers) {
-                Ok(received) => received,
+            let got = match self.receiving.receive(self.socket.as_raw_fd()) {
+                Ok(got) => got,
                 Err(_) => return,
             };
             let now = self.now();
             let wall_now = std::time::SystemTime::now();
-            let full = received.len() == BATCH_DATAGRAMS_MAX;
-            for datagram in received {
+            let full = got == BATCH_DATAGRAMS_MAX;
+            for datagram in &self.receiving.received {
                 // How long it waited in the socket, by the wall clock the kernel stamps with.
                 let waited = datagram
                     .arrived
@@ -832,7 +834,7 @@ impl Driver {
                     .map_or(0, |waited| waited.as_micros() as u64);
                 self.endpoint.handle_datagram_arrived(
                     datagram.from,
-                    &self.buffers[datagram.index][..datagram.len],
+                    &self.receiving.buffers[datagram.index][..datagram.len],
                     now.saturating_sub(waited),
                     now,
                 );
@@ -931,34 +933,44 @@ fn socket_addr_from(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
-/// `sendmmsg` of up to a batch of datagrams; returns how many the kernel took.
-fn send_batch(fd: RawFd, batch: &[Transmit]) -> std::io::Result<usize> {
-    let n = batch.len().min(BATCH_DATAGRAMS_MAX);
-    let mut addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)> = batch[..n]
-        .iter()
-        .map(|t| sockaddr_of(&t.destination))
-        .collect();
-    let mut iovs: Vec<libc::iovec> = batch[..n]
-        .iter()
-        .map(|t| libc::iovec {
+/// The headers `sendmmsg` takes, kept across calls so that sending allocates nothing.
+#[derive(Default)]
+struct SendBatch {
+    addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)>,
+    iovs: Vec<libc::iovec>,
+    headers: Vec<libc::mmsghdr>,
+}
+
+impl SendBatch {
+    /// `sendmmsg` of up to a batch of datagrams; returns how many the kernel took.
+    fn send(&mut self, fd: RawFd, batch: &[Transmit]) -> std::io::Result<usize> {
+        let n = batch.len().min(BATCH_DATAGRAMS_MAX);
+        self.addrs.clear();
+        self.addrs
+            .extend(batch[..n].iter().map(|t| sockaddr_of(&t.destination)));
+        self.iovs.clear();
+        self.iovs.extend(batch[..n].iter().map(|t| libc::iovec {
             iov_base: t.contents.as_ptr() as *mut libc::c_void,
             iov_len: t.contents.len(),
-        })
-        .collect();
-    // SAFETY: an all-zero mmsghdr is a valid empty header.
-    let mut headers: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
-    for i in 0..n {
-        headers[i].msg_hdr.msg_name = &mut addrs[i].0 as *mut _ as *mut libc::c_void;
-        headers[i].msg_hdr.msg_namelen = addrs[i].1;
-        headers[i].msg_hdr.msg_iov = &mut iovs[i];
-        headers[i].msg_hdr.msg_iovlen = 1;
+        }));
+        self.headers.clear();
+        // SAFETY: an all-zero mmsghdr is a valid empty header.
+        self.headers
+            .extend((0..n).map(|_| unsafe { std::mem::zeroed::<libc::mmsghdr>() }));
+        for i in 0..n {
+            let header = &mut self.headers[i].msg_hdr;
+            header.msg_name = &mut self.addrs[i].0 as *mut _ as *mut libc::c_void;
+            header.msg_namelen = self.addrs[i].1;
+            header.msg_iov = &mut self.iovs[i];
+            header.msg_iovlen = 1;
+        }
+        // SAFETY: headers, addresses, iovecs and datagram contents all outlive the call.
+        let sent = unsafe { libc::sendmmsg(fd, self.headers.as_mut_ptr(), n as u32, 0) };
+        if sent < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(sent as usize)
     }
-    // SAFETY: headers, addresses, iovecs and datagram contents all outlive the call.
-    let sent = unsafe { libc::sendmmsg(fd, headers.as_mut_ptr(), n as u32, 0) };
-    if sent < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(sent as usize)
 }
 
 /// Asks the kernel for the arrival time of every datagram (`SO_TIMESTAMPNS`).
@@ -976,7 +988,7 @@ fn enable_receive_timestamps(fd: RawFd) {
     }
 }
 
-/// One datagram `recv_batch` read.
+/// One datagram [`ReceiveBatch::receive`] read.
 struct Received {
     /// Index of the buffer that holds it.
     index: usize,
@@ -1008,54 +1020,82 @@ fn receive_timestamp(header: &libc::msghdr) -> Option<std::time::SystemTime> {
     None
 }
 
-/// `recvmmsg` into the buffers; returns each whole datagram received (a truncated one is
-/// dropped), with its sender and arrival time.
-fn recv_batch(fd: RawFd, buffers: &mut [Vec<u8>]) -> std::io::Result<Vec<Received>> {
-    let n = buffers.len();
-    let mut controls = vec![[0u8; CONTROL_BYTES]; n];
-    // SAFETY: zeroed sockaddr_storage and mmsghdr are valid initial values.
-    let mut addrs: Vec<libc::sockaddr_storage> =
-        (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
-    let mut iovs: Vec<libc::iovec> = buffers
-        .iter_mut()
-        .map(|b| libc::iovec {
-            iov_base: b.as_mut_ptr() as *mut libc::c_void,
-            iov_len: b.len(),
-        })
-        .collect();
-    let mut headers: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
-    for i in 0..n {
-        headers[i].msg_hdr.msg_name = &mut addrs[i] as *mut _ as *mut libc::c_void;
-        headers[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
-        headers[i].msg_hdr.msg_iov = &mut iovs[i];
-        headers[i].msg_hdr.msg_iovlen = 1;
-        headers[i].msg_hdr.msg_control = controls[i].as_mut_ptr() as *mut libc::c_void;
-        headers[i].msg_hdr.msg_controllen = CONTROL_BYTES as _;
-    }
-    // SAFETY: every pointer refers to memory that lives across the call; non-blocking socket.
-    let got = unsafe {
-        libc::recvmmsg(
-            fd,
-            headers.as_mut_ptr(),
-            n as u32,
-            libc::MSG_DONTWAIT,
-            std::ptr::null_mut(),
-        )
-    };
-    if got < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut out = Vec::with_capacity(got as usize);
-    for i in 0..got as usize {
-        let truncated = headers[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-        if let (false, Some(from)) = (truncated, socket_addr_from(&addrs[i])) {
-            out.push(Received {
-                index: i,
-                len: headers[i].msg_len as usize,
-                from,
-                arrived: receive_timestamp(&headers[i].msg_hdr),
-            });
+/// What `recvmmsg` reads into, kept across calls: the receive path allocates nothing.
+struct ReceiveBatch {
+    buffers: Vec<Vec<u8>>,
+    controls: Vec<[u8; CONTROL_BYTES]>,
+    addrs: Vec<libc::sockaddr_storage>,
+    iovs: Vec<libc::iovec>,
+    headers: Vec<libc::mmsghdr>,
+    /// The whole datagrams of the last call (a truncated one is dropped).
+    received: Vec<Received>,
+}
+
+impl ReceiveBatch {
+    fn new(buffer_bytes: usize) -> ReceiveBatch {
+        let n = BATCH_DATAGRAMS_MAX;
+        let mut buffers = vec![vec![0u8; buffer_bytes]; n];
+        let iovs = buffers
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+        ReceiveBatch {
+            buffers,
+            controls: vec![[0u8; CONTROL_BYTES]; n],
+            // SAFETY: zeroed sockaddr_storage and mmsghdr are valid initial values.
+            addrs: (0..n).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            iovs,
+            headers: (0..n).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            received: Vec::with_capacity(n),
         }
     }
-    Ok(out)
+
+    /// `recvmmsg` into the buffers: fills `received` with each whole datagram, its sender and
+    /// arrival time, and returns how many datagrams the kernel handed over.
+    fn receive(&mut self, fd: RawFd) -> std::io::Result<usize> {
+        let n = self.buffers.len();
+        // The kernel rewrites the name and control lengths: set them (and the pointers, which
+        // cost nothing) afresh for every call.
+        for i in 0..n {
+            let header = &mut self.headers[i].msg_hdr;
+            header.msg_name = &mut self.addrs[i] as *mut _ as *mut libc::c_void;
+            header.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+            header.msg_iov = &mut self.iovs[i];
+            header.msg_iovlen = 1;
+            header.msg_control = self.controls[i].as_mut_ptr() as *mut libc::c_void;
+            header.msg_controllen = CONTROL_BYTES as _;
+            header.msg_flags = 0;
+        }
+        self.received.clear();
+        // SAFETY: every pointer refers to memory owned by `self`, which outlives the call;
+        // the buffers are never resized, so the iovecs stay valid. Non-blocking socket.
+        let got = unsafe {
+            libc::recvmmsg(
+                fd,
+                self.headers.as_mut_ptr(),
+                n as u32,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if got < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        for i in 0..got as usize {
+            let header = &self.headers[i];
+            let truncated = header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            if let (false, Some(from)) = (truncated, socket_addr_from(&self.addrs[i])) {
+                self.received.push(Received {
+                    index: i,
+                    len: header.msg_len as usize,
+                    from,
+                    arrived: receive_timestamp(&header.msg_hdr),
+                });
+            }
+        }
+        Ok(got as usize)
+    }
 }
