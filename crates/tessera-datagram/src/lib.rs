@@ -506,6 +506,10 @@ pub struct Stats {
     pub timeout_us_max: u64,
     /// The longest retransmission timer (the length armed) among those that expired, µs.
     pub timer_us_max: u64,
+    /// Retransmission timeouts whose timer was armed for longer than
+    /// `retransmit_timer_max_us`, because the measured RTO itself was longer (a slow path,
+    /// or hosts too busy to move packets on time).
+    pub long_timeouts: u64,
     /// Runs of retransmission timeouts (one or more in a row without progress) found
     /// spurious afterwards: the packet had arrived, only its acknowledgement was late (Eifel
     /// detection, RFC 3522). Their timeouts are counted in `timeouts` too.
@@ -572,6 +576,7 @@ impl Stats {
             ("timeouts", self.timeouts),
             ("timeout_us_max", self.timeout_us_max),
             ("timer_us_max", self.timer_us_max),
+            ("long_timeouts", self.long_timeouts),
             ("spurious_timeouts", self.spurious_timeouts),
             ("probe_timeouts", self.probe_timeouts),
             ("grants", self.grants),

@@ -621,7 +621,11 @@ impl Session {
             if self.in_flight() > 0 {
                 stats.timeouts += 1;
                 stats.timeout_us_max = stats.timeout_us_max.max(now - self.rto_armed_at);
-                stats.timer_us_max = stats.timer_us_max.max(deadline - self.rto_armed_at);
+                let timer = deadline - self.rto_armed_at;
+                stats.timer_us_max = stats.timer_us_max.max(timer);
+                if timer > config.retransmit_timer_max_us {
+                    stats.long_timeouts += 1;
+                }
             } else {
                 stats.probe_timeouts += 1;
             }
