@@ -125,7 +125,7 @@
 //! (Eifel, RFC 3522): the window cut is undone and the sender goes on from where it was. If
 //! the receiver's window is closed and nothing is in flight, the same timer sends window
 //! probes (ACKs with the PROBE flag), at most one per `probe_interval_min_us` and backing
-//! off like the timeout, which the receiver answers at once; any answer proves the peer
+//! off up to `rto_max_us`, which the receiver answers at once; any answer proves the peer
 //! alive.
 //!
 //! **Receiver.** It delivers in sequence. Packets past a gap are kept (within the window
