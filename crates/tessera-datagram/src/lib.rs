@@ -235,14 +235,14 @@ pub struct Config {
     pub rto_min_us: u64,
     /// Ceiling of the RTO estimate and of the window-probe interval.
     pub rto_max_us: u64,
-    /// Longest a retransmission timer is armed for, backoff and spread included. Doubling
-    /// stops here rather than at `rto_max_us`: a datacenter round trip is tens to hundreds
-    /// of microseconds, and a timer of many milliseconds leaves the link idle after a loss,
-    /// which is the incast collapse itself (the incast paper's fine-grained timeouts). What
-    /// one retransmission every millisecond or so costs is bounded: a timeout resends one
-    /// packet (the window drops to one), and a receiver with a budget bounds what is in
-    /// flight toward it anyway. Paths whose round trip exceeds this need a larger value, or
-    /// every timer fires early (harmless to the data, by the Eifel check, but wasteful).
+    /// Longest a retransmission timer is armed for, backoff and spread included, unless the
+    /// measured RTO (spread) is longer: then that, since a timer shorter than the round trip
+    /// would only fire early, again and again. Doubling stops here rather than at
+    /// `rto_max_us`: a datacenter round trip is tens to hundreds of microseconds, and a
+    /// timer of many milliseconds leaves the link idle after a loss, which is the incast
+    /// collapse itself (the incast paper's fine-grained timeouts). What one retransmission
+    /// every millisecond or so costs is bounded: a timeout resends one packet (the window
+    /// drops to one), and a receiver with a budget bounds what is in flight toward it anyway.
     pub retransmit_timer_max_us: u64,
     /// How long a session may wait without any answer from its peer (timeouts and window
     /// probes unanswered) before it is reported lost. A time, not a count of timeouts: with
