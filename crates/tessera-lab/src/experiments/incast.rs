@@ -738,20 +738,17 @@ pub fn targets(config: &IncastConfig, points: &[Point], failed: &[FailedPoint]) 
         .max_by_key(|(us, _)| *us);
     let reported =
         of(Line::Tessera).count() > 0 && of(Line::Tessera).all(|p| p.timeout_us_max.is_some());
-    // The timer's own length, without the time a busy host took to get to it.
-    let longest_timer = of(Line::Tessera)
-        .flat_map(|p| [&p.datagram_servers, &p.datagram_client])
-        .filter_map(|counters| counters.get("timer_us_max"))
-        .copied()
-        .max();
-    // How many timers were armed past the ceiling because the measured RTO was longer.
-    let counted = |name: &str| -> u64 {
+    // A datagram counter of every Tessera point, servers' and client's.
+    let counter = |name: &'static str| {
         of(Line::Tessera)
             .flat_map(|p| [&p.datagram_servers, &p.datagram_client])
-            .filter_map(|counters| counters.get(name))
-            .sum()
+            .filter_map(move |counters| counters.get(name).copied())
     };
-    let (long_timeouts, timeouts) = (counted("long_timeouts"), counted("timeouts"));
+    // The timer's own length, without the time a busy host took to get to it.
+    let longest_timer = counter("timer_us_max").max();
+    // How many timers were armed past the ceiling because the measured RTO was longer.
+    let long_timeouts: u64 = counter("long_timeouts").sum();
+    let timeouts: u64 = counter("timeouts").sum();
     out.push(Target {
         goal: format!("no Tessera retransmission timeout longer than {TIMEOUT_US_TARGET} us"),
         measured: match longest {
