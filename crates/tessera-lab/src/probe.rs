@@ -382,22 +382,9 @@ pub fn proc_net_section(text: &str, section: &str) -> BTreeMap<String, u64> {
 /// Counter `name` of section `section` in a `/proc/net/snmp`-style text: a line of names
 /// (`Tcp: RtoAlgorithm RtoMin ...`) followed by a line of values (`Tcp: 1 200 ...`).
 pub fn proc_net_counter(text: &str, section: &str, name: &str) -> Option<u64> {
-    let tag = format!("{section}:");
-    let mut lines = text.lines();
-    while let Some(line) = lines.next() {
-        let mut names = line.split_whitespace();
-        if names.next() != Some(tag.as_str()) {
-            continue;
-        }
-        let values = lines.next()?;
-        let mut values = values.split_whitespace();
-        if values.next() != Some(tag.as_str()) {
-            return None;
-        }
-        let index = names.position(|n| n == name)?;
-        return values.nth(index)?.parse().ok();
-    }
-    None
+    proc_net_section(text, section)
+        .get(&format!("{section}.{name}"))
+        .copied()
 }
 
 #[cfg(test)]
