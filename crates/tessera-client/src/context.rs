@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use tessera_layout::{Layout, OverflowRole, Region, Scheme};
 use tessera_transport::TransportError;
 use tessera_wire::{
-    FileMeta, IndexRange, ManagerRequest, ManagerResponse, OverflowExtent, ServerId, ServerState,
-    StorageError, StorageRequest, StorageResponse,
+    FileMeta, Incarnation, IndexRange, ManagerRequest, ManagerResponse, OverflowExtent, ServerId,
+    ServerState, StorageCall, StorageError, StorageRequest, StorageResponse,
 };
 
 /// One column's server.
@@ -18,6 +18,8 @@ use tessera_wire::{
 pub(crate) struct Column {
     pub server: ServerId,
     pub addr: SocketAddr,
+    /// Its store: requests name it, and another store at the address refuses them.
+    pub incarnation: Incarnation,
     /// Down at the manager when the view was taken.
     pub down: bool,
     /// Stripes of this file the server owes.
@@ -75,6 +77,7 @@ impl Client {
                 Ok(Column {
                     server: status.id,
                     addr,
+                    incarnation: status.incarnation,
                     down: status.state == ServerState::Down,
                     missed,
                 })
@@ -158,17 +161,10 @@ impl FileContext {
         request: StorageRequest,
         payload: Bytes,
     ) -> Result<(StorageResponse, Bytes), Fault> {
-        let addr = self.columns[column as usize].addr;
-        let reply_bytes = reply_frame_bytes(&request);
-        match tessera_transport::call_expecting::<_, StorageResponse>(
-            client.transport.as_ref(),
-            addr,
-            &request,
-            payload,
-            reply_bytes,
-        )
-        .await
-        {
+        let Column {
+            addr, incarnation, ..
+        } = self.columns[column as usize];
+        match call_store(client, addr, incarnation, request, payload).await {
             Ok((StorageResponse::Error(e), _)) => Err(Fault::Refused(e)),
             Ok(answer) => Ok(answer),
             Err(e) => {
@@ -360,6 +356,39 @@ impl FileContext {
     }
 }
 
+/// Send one request to the store `incarnation` at `addr`. An answer from another store (the
+/// address was reused) is as good as no answer: the store meant is not there.
+pub(crate) async fn call_store(
+    client: &Client,
+    addr: SocketAddr,
+    incarnation: Incarnation,
+    request: StorageRequest,
+    payload: Bytes,
+) -> Result<(StorageResponse, Bytes), TransportError> {
+    let reply_bytes = reply_frame_bytes(&request);
+    let call = StorageCall {
+        incarnation,
+        request,
+    };
+    let answer = tessera_transport::call_expecting::<_, StorageResponse>(
+        client.transport.as_ref(),
+        addr,
+        &call,
+        payload,
+        reply_bytes,
+    )
+    .await?;
+    match answer {
+        (StorageResponse::Error(e @ StorageError::WrongStore { .. }), _) => {
+            Err(TransportError::Disconnected {
+                addr,
+                detail: e.to_string(),
+            })
+        }
+        answer => Ok(answer),
+    }
+}
+
 /// The size of the answer frame a request will get if it succeeds, so that the transport can
 /// grant it receive budget ahead (an error answer is shorter; a short grant only costs a
 /// little time, see `tessera_datagram::grants`). Overflow listings carry at most the bytes
@@ -374,6 +403,8 @@ pub(crate) fn reply_frame_bytes(request: &StorageRequest) -> Option<usize> {
             Some(data(u64::from(*len)))
         }
         StorageRequest::OverflowList { len, .. } => Some(data(*len)),
+        // A list of named counters: its size is not known ahead.
+        StorageRequest::TransportCounters => None,
         // Everything else is answered in a few bytes: one packet.
         _ => Some(tessera_wire::FRAME_HEADER_BYTES + 16),
     }

@@ -285,24 +285,16 @@ impl Client {
         let asks = servers
             .into_iter()
             .filter(|s| s.state == tessera_wire::ServerState::Up)
-            .filter_map(|s| Some((s.id, s.addr.parse::<SocketAddr>().ok()?)))
-            .map(|(id, addr)| {
-                let transport = self.transport.clone();
-                async move {
-                    let request = tessera_wire::StorageRequest::TransportCounters;
-                    let answer = tessera_transport::call_expecting::<
-                        _,
-                        tessera_wire::StorageResponse,
-                    >(
-                        transport.as_ref(), addr, &request, Bytes::new(), None
-                    )
-                    .await;
-                    match answer {
-                        Ok((tessera_wire::StorageResponse::Counters { counters }, _)) => {
-                            Some((id, counters.into_iter().collect()))
-                        }
-                        _ => None,
+            .filter_map(|s| Some((s.id, s.addr.parse::<SocketAddr>().ok()?, s.incarnation)))
+            .map(|(id, addr, incarnation)| async move {
+                let request = tessera_wire::StorageRequest::TransportCounters;
+                let answer =
+                    context::call_store(self, addr, incarnation, request, Bytes::new()).await;
+                match answer {
+                    Ok((tessera_wire::StorageResponse::Counters { counters }, _)) => {
+                        Some((id, counters.into_iter().collect()))
                     }
+                    _ => None,
                 }
             });
         Ok(futures::future::join_all(asks)
@@ -397,19 +389,17 @@ impl Client {
             let status = servers.iter().find(|s| s.id == *id)?;
             let addr: SocketAddr = status.addr.parse().ok()?;
             let request = tessera_wire::StorageRequest::Remove { file: meta.id };
-            let transport = self.transport.clone();
-            Some(async move {
-                let _ = tessera_transport::call_expecting::<_, tessera_wire::StorageResponse>(
-                    transport.as_ref(),
-                    addr,
-                    &request,
-                    Bytes::new(),
-                    context::reply_frame_bytes(&request),
-                )
-                .await;
-            })
+            // Only the store that holds the file: another at a reused address keeps its own.
+            Some(context::call_store(
+                self,
+                addr,
+                status.incarnation,
+                request,
+                Bytes::new(),
+            ))
         });
-        futures::future::join_all(deletions).await;
+        // Best effort: a server down now keeps an orphan, which nothing reads.
+        let _ = futures::future::join_all(deletions).await;
         Ok(())
     }
 

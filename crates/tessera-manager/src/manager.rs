@@ -201,13 +201,12 @@ impl Manager {
     }
 
     fn server_status(&self, server: ServerId) -> ServerStatus {
+        let record = self.servers.get(&server);
         ServerStatus {
             id: server,
-            addr: self
-                .servers
-                .get(&server)
-                .map(|record| record.addr.clone())
-                .unwrap_or_default(),
+            addr: record.map(|r| r.addr.clone()).unwrap_or_default(),
+            // 0 for a server never registered: no store has it, so requests are refused.
+            incarnation: record.map_or(0, |r| r.incarnation),
             state: self.server_state(server).unwrap_or(ServerState::Down),
         }
     }

@@ -590,6 +590,7 @@ fn register_keeps_a_known_id_and_never_reuses_it() {
         ServerStatus {
             id: 1,
             addr: "10.0.0.1:9".into(),
+            incarnation: INCARNATION,
             state: ServerState::Up
         }
     );

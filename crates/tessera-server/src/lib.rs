@@ -1,7 +1,8 @@
 //! Tessera's storage server daemon.
 //!
 //! This crate owns the glue between a transport and a [`tessera_store::Store`]: it decodes
-//! [`StorageRequest`]s, runs them against the store (disk work on the blocking pool), keeps the
+//! [`StorageRequest`]s, refuses those meant for another store (see [`StorageCall`]), runs the
+//! rest against the store (disk work on the blocking pool), keeps the
 //! CSAR parity locks per connection (released when the connection goes), and keeps the server
 //! registered and heartbeating with the metadata manager. It holds no layout knowledge: the
 //! client tells it byte offsets in its data, redundancy and overflow files.
@@ -19,7 +20,7 @@ use tessera_transport::{
 };
 use tessera_wire::{
     encode_message, ManagerError, ManagerRequest, ManagerResponse, OverflowExtent, ServerId,
-    StorageError, StorageRequest, StorageResponse,
+    StorageCall, StorageError, StorageRequest, StorageResponse,
 };
 use tokio::net::TcpListener;
 
@@ -246,13 +247,28 @@ impl FrameHandler for StorageHandler {
         message: Bytes,
         payload: Bytes,
     ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
-        let request: StorageRequest = match tessera_wire::decode_message(&message) {
-            Ok(request) => request,
+        let StorageCall {
+            incarnation,
+            request,
+        } = match tessera_wire::decode_message(&message) {
+            Ok(call) => call,
             Err(e) => {
                 tracing::info!("undecodable request: {e}");
                 return Box::pin(async { None });
             }
         };
+        let found = self.store.incarnation();
+        if incarnation != found {
+            // Meant for a server that used to listen here, or for this one before its store
+            // was wiped: serving it would hand out (or overwrite, or remove) the wrong bytes.
+            let refusal = StorageResponse::Error(StorageError::WrongStore {
+                wanted: incarnation,
+                found,
+            });
+            return Box::pin(
+                async move { Some((Bytes::from(encode_message(&refusal)), Bytes::new())) },
+            );
+        }
         let store = self.store.clone();
         let locks = self.locks.clone();
         let id = self.id.load(Ordering::Acquire);

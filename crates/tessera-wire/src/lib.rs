@@ -1,8 +1,8 @@
 //! Tessera's wire messages and their framing.
 //!
 //! This crate owns every byte that crosses the network between clients, storage servers and the
-//! metadata manager: the typed messages ([`StorageRequest`], [`ManagerRequest`] and their
-//! responses) and the frame that carries them. It is pure: it turns values into bytes and bytes
+//! metadata manager: the typed messages ([`StorageRequest`], addressed to one store as a
+//! [`StorageCall`], [`ManagerRequest`] and their responses) and the frame that carries them. It is pure: it turns values into bytes and bytes
 //! into values, and never touches a socket. Transports (TCP now, the datagram transport later)
 //! move [`Frame`]s and know nothing of what is inside.
 //!

@@ -7,6 +7,9 @@ use tessera_layout::{Layout, OverflowRole, Region, Scheme};
 pub type FileId = u64;
 /// Identifies a storage server (assigned by the manager at first registration).
 pub type ServerId = u32;
+/// Identifies a storage server's on-disk store: random, chosen when the store is created, so
+/// that a wiped store, or another cluster's server, is told apart from the one meant.
+pub type Incarnation = u64;
 
 /// A half-open range of stripes or blocks, `start..end`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
@@ -32,6 +35,17 @@ impl IndexRange {
     pub fn is_empty(&self) -> bool {
         self.end <= self.start
     }
+}
+
+/// A request addressed to one store. Addresses are reused (a dead server's port may be taken
+/// by another server before the manager notices), so a server answers only requests meant for
+/// its own store and refuses the rest with [`StorageError::WrongStore`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StorageCall {
+    /// The store meant, as the manager knows it.
+    pub incarnation: Incarnation,
+    /// What to do there.
+    pub request: StorageRequest,
 }
 
 /// A request from a client to a storage server. Bulk data travels in the frame's payload.
@@ -221,6 +235,15 @@ pub enum StorageError {
         /// Stripe.
         stripe: u64,
     },
+    /// The request was meant for another store: the address now belongs to another server
+    /// (or to this one with a wiped store). Nothing was done.
+    #[error("the server here has store {found:#x}, not store {wanted:#x}: the address was reused")]
+    WrongStore {
+        /// The store the request named.
+        wanted: Incarnation,
+        /// The store this server has.
+        found: Incarnation,
+    },
 }
 
 /// State of a storage server as the manager sees it.
@@ -252,6 +275,8 @@ pub struct ServerStatus {
     pub id: ServerId,
     /// Address clients reach it at.
     pub addr: String,
+    /// Its store, as last registered; requests name it.
+    pub incarnation: Incarnation,
     /// Up, down or stale.
     pub state: ServerState,
 }
@@ -313,14 +338,14 @@ pub enum ManagerRequest {
         /// Address clients reach it at.
         addr: String,
         /// Random id of the server's on-disk store.
-        incarnation: u64,
+        incarnation: Incarnation,
     },
     /// A storage server is alive.
     Heartbeat {
         /// Server id.
         server: ServerId,
         /// Id of its on-disk store.
-        incarnation: u64,
+        incarnation: Incarnation,
     },
     /// Create a file (replacing an existing one if `replace`).
     Create {

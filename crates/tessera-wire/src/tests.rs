@@ -50,13 +50,14 @@ fn storage_request() -> impl Strategy<Value = StorageRequest> {
 
 proptest! {
     #[test]
-    fn storage_requests_round_trip(req in storage_request(), payload in prop::collection::vec(any::<u8>(), 0..3000), id in any::<u64>()) {
+    fn storage_requests_round_trip(request in storage_request(), incarnation in any::<u64>(), payload in prop::collection::vec(any::<u8>(), 0..3000), id in any::<u64>()) {
+        let req = StorageCall { incarnation, request };
         let frame = Frame::new(FrameKind::Request, id, &req, Bytes::from(payload.clone()));
         let bytes = frame.to_bytes();
         let (decoded, used) = Frame::decode(&bytes).unwrap().unwrap();
         prop_assert_eq!(used, bytes.len());
         prop_assert_eq!(&decoded, &frame);
-        prop_assert_eq!(decoded.decode_message::<StorageRequest>().unwrap(), req);
+        prop_assert_eq!(decoded.decode_message::<StorageCall>().unwrap(), req);
         // Every strict prefix asks for more bytes rather than failing or inventing a frame.
         for cut in [0, 1, FRAME_HEADER_BYTES - 1, FRAME_HEADER_BYTES, bytes.len() - 1] {
             if cut < bytes.len() {
@@ -69,6 +70,7 @@ proptest! {
     fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
         let _ = Frame::decode(&bytes);
         let _ = decode_message::<StorageRequest>(&bytes);
+        let _ = decode_message::<StorageCall>(&bytes);
         let _ = decode_message::<StorageResponse>(&bytes);
         let _ = decode_message::<ManagerRequest>(&bytes);
         let _ = decode_message::<ManagerResponse>(&bytes);
@@ -76,10 +78,10 @@ proptest! {
 
     #[test]
     fn flipped_bytes_in_a_message_never_panic(req in storage_request(), at in any::<prop::sample::Index>(), bit in 0u8..8) {
-        let mut bytes = encode_message(&req);
+        let mut bytes = encode_message(&StorageCall { incarnation: 7, request: req });
         let i = at.index(bytes.len());
         bytes[i] ^= 1 << bit;
-        let _ = decode_message::<StorageRequest>(&bytes);
+        let _ = decode_message::<StorageCall>(&bytes);
     }
 }
 

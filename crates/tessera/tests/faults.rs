@@ -18,8 +18,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use tessera_client::{Client, ClientError, File, LayoutRequest, Scheme, ScrubReport, ServerState};
 use tessera_wire::{
-    decode_message, FileMeta, Frame, FrameHeader, FrameKind, ServerId, StorageError,
-    StorageRequest, StorageResponse, FRAME_HEADER_BYTES, MESSAGE_BYTES_MAX,
+    decode_message, FileMeta, Frame, FrameHeader, FrameKind, Incarnation, ServerId, ServerStatus,
+    StorageCall, StorageError, StorageRequest, StorageResponse, FRAME_HEADER_BYTES,
+    MESSAGE_BYTES_MAX,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -236,7 +237,8 @@ fn assert_clean(what: &str, report: &ScrubReport) {
     );
 }
 
-async fn state_of(client: &Client, server: ServerId) -> ServerState {
+/// A server's record at the manager.
+async fn status_of(client: &Client, server: ServerId) -> ServerStatus {
     client
         .status()
         .await
@@ -244,7 +246,10 @@ async fn state_of(client: &Client, server: ServerId) -> ServerState {
         .into_iter()
         .find(|s| s.id == server)
         .unwrap_or_else(|| panic!("server {server} unknown to the manager"))
-        .state
+}
+
+async fn state_of(client: &Client, server: ServerId) -> ServerState {
+    status_of(client, server).await.state
 }
 
 async fn wait_state(client: &Client, server: ServerId, want: ServerState) {
@@ -987,8 +992,13 @@ fn header(kind: FrameKind, message_len: u32, payload_len: u32) -> [u8; FRAME_HEA
     .encode()
 }
 
-fn request_frame(request_id: u64, request: &StorageRequest) -> Vec<u8> {
-    Frame::new(FrameKind::Request, request_id, request, Bytes::new()).to_bytes()
+/// A request frame meant for the store `incarnation`.
+fn request_frame(request_id: u64, incarnation: Incarnation, request: StorageRequest) -> Vec<u8> {
+    let call = StorageCall {
+        incarnation,
+        request,
+    };
+    Frame::new(FrameKind::Request, request_id, &call, Bytes::new()).to_bytes()
 }
 
 /// Read one response frame.
@@ -1006,10 +1016,10 @@ async fn read_response(stream: &mut TcpStream) -> (FrameHeader, StorageResponse)
 }
 
 /// A fresh connection answers a ping with the server's id.
-async fn ping(addr: SocketAddr) -> Option<ServerId> {
+async fn ping(addr: SocketAddr, incarnation: Incarnation) -> Option<ServerId> {
     let mut stream = TcpStream::connect(addr).await.expect("connect for ping");
     stream
-        .write_all(&request_frame(1, &StorageRequest::Ping))
+        .write_all(&request_frame(1, incarnation, StorageRequest::Ping))
         .await
         .expect("send ping");
     match read_response(&mut stream).await {
@@ -1041,21 +1051,16 @@ async fn server_survives_garbage_and_truncated_frames() {
     let client = cluster.client().await;
     let model = populated(&client, &mut rng, "garbage", Scheme::Raid5, 3).await;
     let target: ServerId = 1;
-    let addr: SocketAddr = client
-        .status()
-        .await
-        .expect("status")
-        .into_iter()
-        .find(|s| s.id == target)
-        .expect("server 1")
-        .addr
-        .parse()
-        .expect("server address");
-    assert_eq!(ping(addr).await, Some(target));
+    let status = status_of(&client, target).await;
+    let (addr, store): (SocketAddr, Incarnation) = (
+        status.addr.parse().expect("server address"),
+        status.incarnation,
+    );
+    assert_eq!(ping(addr, store).await, Some(target));
 
-    let valid = request_frame(9, &StorageRequest::Ping);
+    let valid = request_frame(9, store, StorageRequest::Ping);
     let undecodable = vec![0xFFu8; 16];
-    assert!(decode_message::<StorageRequest>(&undecodable).is_err());
+    assert!(decode_message::<StorageCall>(&undecodable).is_err());
     let mut noise = random_bytes(&mut rng, 1000);
     noise[0] = b'x';
     let mut wrong_version = valid.clone();
@@ -1085,7 +1090,7 @@ async fn server_survives_garbage_and_truncated_frames() {
             "{what}: the server kept the connection open"
         );
         assert_eq!(
-            ping(addr).await,
+            ping(addr, store).await,
             Some(target),
             "{what}: server stopped serving"
         );
@@ -1099,7 +1104,7 @@ async fn server_survives_garbage_and_truncated_frames() {
     let mut hanging = TcpStream::connect(addr).await.expect("connect");
     hanging.write_all(&truncated).await.expect("send truncated");
     assert_eq!(
-        ping(addr).await,
+        ping(addr, store).await,
         Some(target),
         "a truncated frame stalls the server"
     );
@@ -1107,7 +1112,7 @@ async fn server_survives_garbage_and_truncated_frames() {
         .check(&client, "while a truncated frame is pending")
         .await;
     drop(hanging);
-    assert_eq!(ping(addr).await, Some(target));
+    assert_eq!(ping(addr, store).await, Some(target));
 
     // A well-formed request with an absurd length is answered with an error, and the
     // connection stays usable.
@@ -1120,7 +1125,7 @@ async fn server_survives_garbage_and_truncated_frames() {
         overlay: false,
     };
     stream
-        .write_all(&request_frame(3, &absurd))
+        .write_all(&request_frame(3, store, absurd))
         .await
         .expect("send");
     match read_response(&mut stream).await {
@@ -1129,8 +1134,26 @@ async fn server_survives_garbage_and_truncated_frames() {
         }
         (_, other) => panic!("an out-of-bounds read was answered with {other:?}"),
     }
+    // A request meant for another store is refused, and the connection stays usable.
+    let wrong = store.wrapping_add(1);
     stream
-        .write_all(&request_frame(4, &StorageRequest::Ping))
+        .write_all(&request_frame(
+            4,
+            wrong,
+            StorageRequest::Remove {
+                file: model.file.id,
+            },
+        ))
+        .await
+        .expect("send");
+    match read_response(&mut stream).await {
+        (header, StorageResponse::Error(StorageError::WrongStore { wanted, found })) => {
+            assert_eq!((header.request_id, wanted, found), (4, wrong, store))
+        }
+        (_, other) => panic!("a request for another store was answered with {other:?}"),
+    }
+    stream
+        .write_all(&request_frame(5, store, StorageRequest::Ping))
         .await
         .expect("send");
     assert!(matches!(
@@ -1328,6 +1351,80 @@ async fn manager_restart_keeps_namespace() {
             model.check(&client, "old client after the restart").await;
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. A server of another cluster at a dead server's address is never trusted.
+// ---------------------------------------------------------------------------------------------
+
+impl Cluster {
+    /// Start server `id` again, listening on `addr` instead of its own address.
+    fn start_server_at(&self, id: ServerId, addr: &str) {
+        let path = self.dir.join("cluster.toml");
+        let mut file: toml::Table = std::fs::read_to_string(&path)
+            .expect("cluster.toml")
+            .parse()
+            .expect("cluster.toml parses");
+        let servers = file["servers"].as_array_mut().expect("servers");
+        let server = servers
+            .iter_mut()
+            .find(|s| s["id"].as_integer() == Some(i64::from(id)))
+            .expect("server in cluster.toml");
+        server["addr"] = toml::Value::String(addr.into());
+        std::fs::write(&path, toml::to_string(&file).expect("toml")).expect("write cluster.toml");
+        self.start_server(id);
+    }
+}
+
+/// Ports are reused: a server that dies frees its address, and another process (here a server
+/// of another cluster, holding a file of the same id) may listen there before the manager
+/// notices. Requests name the store they are meant for, so that server refuses them: reads
+/// are served degraded from the survivors, and a removal never touches the other cluster.
+#[tokio::test(flavor = "multi_thread")]
+async fn server_at_a_reused_address_is_refused() {
+    let mut rng = seeded("server_at_a_reused_address");
+    let (ours, theirs) = (Cluster::up(), Cluster::up());
+    let (client, other) = (ours.client().await, theirs.client().await);
+    let model = populated(&client, &mut rng, "reused", Scheme::Raid1, 4).await;
+    let their_model = populated(&other, &mut rng, "reused", Scheme::Raid1, 4).await;
+    assert_eq!(
+        model.file.id, their_model.file.id,
+        "both clusters number their first file alike, so a wrong server would have it"
+    );
+
+    let victim: ServerId = 2;
+    let addr = status_of(&client, victim).await.addr;
+    ours.stop_server(victim);
+    theirs.stop_server(victim);
+    theirs.start_server_at(victim, &addr);
+    wait_state(&other, victim, ServerState::Up).await;
+    assert_eq!(
+        status_of(&other, victim).await.addr,
+        addr,
+        "took over the address"
+    );
+
+    model
+        .check(
+            &client,
+            &format!("server {victim} killed, another cluster's server at {addr}"),
+        )
+        .await;
+    client
+        .remove(&model.file.path)
+        .await
+        .expect("remove, one server down");
+    their_model
+        .check(
+            &other,
+            "after the other cluster removed its file of the same id",
+        )
+        .await;
+    let report = other
+        .scrub(Some(&their_model.file.path))
+        .await
+        .expect("scrub");
+    assert_clean("the other cluster's file after the removal", &report);
 }
 
 // ---------------------------------------------------------------------------------------------
