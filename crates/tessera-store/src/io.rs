@@ -3,15 +3,42 @@
 use std::fmt::Display;
 use std::fs::File;
 use std::io::{self, ErrorKind};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 
 use tessera_wire::StorageError;
 
+/// Whether a read may wait for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Read from the disk if need be.
+    Yes,
+    /// Only what the page cache holds; anything else fails with [`ErrorKind::WouldBlock`].
+    No,
+}
+
 /// Fills `buf` from `offset`, with zeros past the end of the file (a never-written region).
 pub(crate) fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    read_full_at_with(file, buf, offset, Wait::Yes)
+}
+
+/// [`read_full_at`], or with [`Wait::No`] only from the page cache (`preadv2` with
+/// `RWF_NOWAIT`, Linux 4.14): the kernel fails the read rather than start disk I/O. A file
+/// system without it fails the same way, so the caller takes the slow path.
+pub(crate) fn read_full_at_with(
+    file: &File,
+    buf: &mut [u8],
+    offset: u64,
+    wait: Wait,
+) -> io::Result<()> {
     let mut done = 0;
     while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
+        let at = offset + done as u64;
+        let read = match wait {
+            Wait::Yes => file.read_at(&mut buf[done..], at),
+            Wait::No => read_cached_at(file, &mut buf[done..], at),
+        };
+        match read {
             Ok(0) => {
                 buf[done..].fill(0);
                 break;
@@ -22,6 +49,26 @@ pub(crate) fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Resu
         }
     }
     Ok(())
+}
+
+/// One `preadv2(RWF_NOWAIT)`; a file system that does not support it counts as "would block".
+fn read_cached_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let offset =
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from(ErrorKind::InvalidInput))?;
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: one iovec over `buf`, valid and writable for its whole length during the call.
+    let read = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, offset, libc::RWF_NOWAIT) };
+    if read >= 0 {
+        return Ok(read as usize);
+    }
+    let error = io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => Err(ErrorKind::WouldBlock.into()),
+        _ => Err(error),
+    }
 }
 
 /// A disk error, with what was being done.

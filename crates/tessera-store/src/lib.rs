@@ -42,6 +42,13 @@
 //! emptied since). A crash may leave a block whose checksum does not match its bytes; reading
 //! it reports [`StorageError::Corrupt`] and the client rebuilds it from redundancy.
 //!
+//! # Reads that never wait
+//!
+//! [`Store::read_cached`] answers a read only from the page cache (`preadv2` with
+//! `RWF_NOWAIT`), and says so when it would have to wait for the disk or for another operation
+//! on the file. A server answers those reads on its network thread; the rest go to its blocking
+//! pool through [`Store::read`].
+//!
 //! ```
 //! use tessera_layout::{OverflowRole, Region};
 //! use tessera_store::Store;

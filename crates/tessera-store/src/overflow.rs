@@ -387,6 +387,14 @@ impl OverflowFiles {
         })
     }
 
+    /// Whether live primary entries cover any of `offset..offset+len` of the data file.
+    pub(crate) fn overlays(&self, offset: u64, len: u64) -> bool {
+        !self
+            .table
+            .overlapping(OverflowRole::Primary, offset, len)
+            .is_empty()
+    }
+
     /// Overlays the live primary entries onto `buf`, which holds the data file's bytes at
     /// `offset`.
     pub(crate) fn overlay(&self, offset: u64, buf: &mut [u8]) -> Result<(), StorageError> {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tessera_layout::Region;
 use tessera_wire::{FileId, StorageError};
 
-use crate::io::{disk, read_full_at};
+use crate::io::{disk, disk_format, read_full_at, read_full_at_with, Wait};
 use crate::BLOCK_BYTES;
 
 /// Bytes of one checksum entry in the sidecar.
@@ -67,19 +67,42 @@ impl RegionFile {
 
     /// Reads `len` bytes at `offset`, verifying every block touched.
     pub(crate) fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, StorageError> {
+        self.read_with(offset, len, Wait::Yes)?
+            .ok_or_else(|| disk_format("a read that may wait for the disk did not"))
+    }
+
+    /// Like [`read`](Self::read), from the page cache only: `None` where the blocks or their
+    /// checksums would have to come from the disk.
+    pub(crate) fn read_cached(
+        &self,
+        offset: u64,
+        len: usize,
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        self.read_with(offset, len, Wait::No)
+    }
+
+    fn read_with(
+        &self,
+        offset: u64,
+        len: usize,
+        wait: Wait,
+    ) -> Result<Option<Vec<u8>>, StorageError> {
         if len == 0 {
-            return Ok(Vec::new());
+            return Ok(Some(Vec::new()));
         }
         let block_first = offset / BLOCK_BYTES;
         let block_end = (offset + len as u64).div_ceil(BLOCK_BYTES);
-        let mut blocks = self.read_blocks(block_first, block_end - block_first)?;
+        let Some(mut blocks) = self.read_blocks_with(block_first, block_end - block_first, wait)?
+        else {
+            return Ok(None);
+        };
         let skip = (offset - block_first * BLOCK_BYTES) as usize;
         if skip == 0 {
             // Aligned at the head (the common case): no second copy, just cut the tail.
             blocks.truncate(len);
-            return Ok(blocks);
+            return Ok(Some(blocks));
         }
-        Ok(blocks[skip..skip + len].to_vec())
+        Ok(Some(blocks[skip..skip + len].to_vec()))
     }
 
     /// Writes `data` at `offset` in whole blocks: edge blocks partly covered are read (and
@@ -156,12 +179,30 @@ impl RegionFile {
 
     /// Reads whole blocks `block_first..block_first+block_count` and verifies each.
     fn read_blocks(&self, block_first: u64, block_count: u64) -> Result<Vec<u8>, StorageError> {
+        self.read_blocks_with(block_first, block_count, Wait::Yes)?
+            .ok_or_else(|| disk_format("a read that may wait for the disk did not"))
+    }
+
+    /// [`read_blocks`](Self::read_blocks); with [`Wait::No`], `None` if that would wait.
+    fn read_blocks_with(
+        &self,
+        block_first: u64,
+        block_count: u64,
+        wait: Wait,
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        let would_wait = |error: &std::io::Error| {
+            wait == Wait::No && error.kind() == std::io::ErrorKind::WouldBlock
+        };
         let mut entries = vec![0u8; (block_count * CRC_ENTRY_BYTES) as usize];
-        read_full_at(&self.crc, &mut entries, block_first * CRC_ENTRY_BYTES)
-            .map_err(|error| self.disk("read checksums", error))?;
+        match read_full_at_with(&self.crc, &mut entries, block_first * CRC_ENTRY_BYTES, wait) {
+            Err(error) if would_wait(&error) => return Ok(None),
+            result => result.map_err(|error| self.disk("read checksums", error))?,
+        }
         let mut blocks = vec![0u8; (block_count * BLOCK_BYTES) as usize];
-        read_full_at(&self.bytes, &mut blocks, block_first * BLOCK_BYTES)
-            .map_err(|error| self.disk("read blocks", error))?;
+        match read_full_at_with(&self.bytes, &mut blocks, block_first * BLOCK_BYTES, wait) {
+            Err(error) if would_wait(&error) => return Ok(None),
+            result => result.map_err(|error| self.disk("read blocks", error))?,
+        }
         let pairs = blocks
             .chunks_exact(BLOCK_BYTES as usize)
             .zip(entries.chunks_exact(CRC_ENTRY_BYTES as usize));
@@ -174,7 +215,7 @@ impl RegionFile {
                 });
             }
         }
-        Ok(blocks)
+        Ok(Some(blocks))
     }
 
     fn disk(&self, what: &str, error: std::io::Error) -> StorageError {

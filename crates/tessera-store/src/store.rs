@@ -237,12 +237,7 @@ impl Store {
         len: u32,
         overlay: bool,
     ) -> Result<Vec<u8>, StorageError> {
-        check_range(offset, u64::from(len), u64::from(REQUEST_BYTES_MAX))?;
-        if overlay && region == Region::Redundancy {
-            return Err(bad_request(
-                "overlay applies to the data file only; overflow entries are not parity",
-            ));
-        }
+        check_read(region, offset, len, overlay)?;
         if len == 0 {
             return Ok(Vec::new());
         }
@@ -256,6 +251,35 @@ impl Store {
             }
             _ => Ok(vec![0; len as usize]),
         })
+    }
+
+    /// [`read`](Self::read) without waiting: `Ok(None)` where the answer needs the disk (the
+    /// blocks or checksums are not in the page cache, the file is not loaded, overflow entries
+    /// overlay the range) or another operation holds the file. A server answers what this
+    /// returns on its network thread, with no hand-off to the blocking pool and back.
+    pub fn read_cached(
+        &self,
+        file: FileId,
+        region: Region,
+        offset: u64,
+        len: u32,
+        overlay: bool,
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        check_read(region, offset, len, overlay)?;
+        let slot = self.slot(file);
+        let Ok(state) = slot.state.try_read() else {
+            return Ok(None);
+        };
+        match &*state {
+            FileState::Unloaded => Ok(None),
+            FileState::Present(data) => {
+                if overlay && data.overflow.overlays(offset, u64::from(len)) {
+                    return Ok(None);
+                }
+                data.region(region).read_cached(offset, len as usize)
+            }
+            _ => Ok(Some(vec![0; len as usize])),
+        }
     }
 
     /// Writes `data` at `offset` of a file's data or redundancy file, in whole 4 KiB blocks.
@@ -627,6 +651,17 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Shares a file's state. If an operation panicked while owning it, the in-memory state may
 /// disagree with the disk, so it is forgotten and reloaded.
+/// A read's range and overlay flag, checked.
+fn check_read(region: Region, offset: u64, len: u32, overlay: bool) -> Result<(), StorageError> {
+    check_range(offset, u64::from(len), u64::from(REQUEST_BYTES_MAX))?;
+    if overlay && region == Region::Redundancy {
+        return Err(bad_request(
+            "overlay applies to the data file only; overflow entries are not parity",
+        ));
+    }
+    Ok(())
+}
+
 fn read_state(slot: &FileSlot) -> RwLockReadGuard<'_, FileState> {
     loop {
         match slot.state.read() {

@@ -505,3 +505,93 @@ fn store_and_parity_locks_are_shareable_across_threads() {
     shareable::<Store>();
     shareable::<tessera_store::ParityLocks>();
 }
+
+/// Drops a file's clean pages from the page cache, so that the next read of it needs the disk.
+fn evict(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let handle = std::fs::File::open(path).unwrap();
+    handle.sync_all().unwrap();
+    // SAFETY: an advisory call on a descriptor we hold open.
+    let done = unsafe { libc::posix_fadvise(handle.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(done, 0, "posix_fadvise");
+}
+
+/// A cached read answers exactly what a read would (bytes, zeros, corruption), but only from the
+/// page cache: what would need the disk (evicted pages, a file not loaded, overflow entries under
+/// the range) is `None`, and a read that may wait then fetches it.
+#[test]
+fn cached_reads_answer_from_the_page_cache_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocks = 8 * BLOCK_BYTES as usize;
+    let data = pattern(blocks, 3);
+    let overflow_at = 6 * BLOCK_BYTES;
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store.write(FILE, Region::Data, 0, &data, false).unwrap();
+        store
+            .overflow_write(FILE, OverflowRole::Primary, overflow_at, &[7u8; 100])
+            .unwrap();
+        store.sync().unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let head = 4 * BLOCK_BYTES as u32;
+    assert_eq!(
+        store.read_cached(FILE, Region::Data, 0, head, false),
+        Ok(None),
+        "a file not loaded yet needs the disk"
+    );
+    assert_eq!(
+        store.read(FILE, Region::Data, 0, 10, false),
+        Ok(data[..10].to_vec())
+    );
+
+    evict(&on_disk(dir.path(), FILE, "data"));
+    assert_eq!(
+        store.read_cached(FILE, Region::Data, 0, head, false),
+        Ok(None),
+        "evicted blocks need the disk"
+    );
+    let waited = store.read(FILE, Region::Data, 0, head, false).unwrap();
+    assert_eq!(waited, &data[..head as usize]);
+    assert_eq!(
+        store.read_cached(FILE, Region::Data, 0, head, false),
+        Ok(Some(waited)),
+        "the read that waited brought them into the page cache"
+    );
+    assert_eq!(
+        store.read_cached(FILE, Region::Data, 100, 5000, true),
+        Ok(Some(data[100..5100].to_vec())),
+        "unaligned, with no overflow entry under it"
+    );
+    assert_eq!(
+        store.read_cached(FILE, Region::Data, overflow_at, 4096, true),
+        Ok(None),
+        "overflow entries are read from their log"
+    );
+    let never_stored = FILE + 1;
+    assert_eq!(
+        store.read_cached(never_stored, Region::Data, 0, 10, false),
+        Ok(None),
+        "whether a file exists is looked up on disk"
+    );
+    assert_eq!(
+        store.read(never_stored, Region::Data, 0, 10, false),
+        Ok(vec![0; 10])
+    );
+    assert_eq!(
+        store.read_cached(never_stored, Region::Data, 0, 10, false),
+        Ok(Some(vec![0; 10])),
+        "once looked up, a file this server never stored reads as zeros, as with read"
+    );
+
+    flip_byte(&on_disk(dir.path(), FILE, "data"), BLOCK_BYTES + 5);
+    assert_eq!(
+        store.read_cached(FILE, Region::Data, 0, head, false),
+        Err(corrupt(Region::Data, BLOCK_BYTES))
+    );
+    assert_eq!(
+        store.read_cached(FILE, Region::Redundancy, 0, 10, true),
+        store.read(FILE, Region::Redundancy, 0, 10, true).map(Some),
+        "a bad request is refused alike"
+    );
+}

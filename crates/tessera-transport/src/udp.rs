@@ -732,6 +732,21 @@ impl Driver {
                     *next_connection += 1;
                     *next_connection - 1
                 });
+                match handler.handle_now(connection, &frame.message, &frame.payload) {
+                    Some(Some((message, payload))) => {
+                        let frame =
+                            encode_frame(FrameKind::Response, frame.request_id, &message, &payload);
+                        let now = self.now();
+                        let _ = self.endpoint.send(session, frame, now);
+                        return;
+                    }
+                    Some(None) => {
+                        self.endpoint.close(session);
+                        self.forget_session(session);
+                        return;
+                    }
+                    None => {}
+                }
                 let handler = handler.clone();
                 let mailbox = mailbox.clone().expect("server mailbox");
                 runtime.spawn(async move {

@@ -1459,6 +1459,21 @@ async fn striped_reads_are_granted_by_the_client_and_counted_at_the_servers() {
         sent_after - sent_before >= 48,
         "{sent_before} -> {sent_after}"
     );
+    // A stripe of 32 KiB units, just written, is in the servers' page caches: each unit is
+    // answered on the server's network thread.
+    let inline = |counters: &[(ServerId, std::collections::BTreeMap<String, u64>)]| -> u64 {
+        counters.iter().map(|(_, c)| c["reads_inline"]).sum()
+    };
+    let stripe = 5 * (32 << 10);
+    let got = client.read_at(&file, 0, stripe).await.expect("read");
+    assert_bytes("a stripe read back", &got, &data[..stripe as usize]);
+    let last = client.server_counters().await.expect("server counters");
+    assert!(
+        inline(&last) >= inline(&after) + 5,
+        "reads answered inline: {} -> {}",
+        inline(&after),
+        inline(&last)
+    );
     let mine = client.transport_counters().await;
     assert!(
         mine["grants"] > 0,
