@@ -1,10 +1,10 @@
 //! The datagram transport: `tessera-datagram`'s protocol core driven over a real UDP socket.
 //!
 //! One I/O thread per endpoint owns the socket and the [`Endpoint`]. It sends and receives in
-//! batches (`sendmmsg`/`recvmmsg`, dozens of datagrams per system call) and sleeps in `ppoll`
-//! with a microsecond timeout and a 1 µs timer slack, because a tokio timer alone has
-//! millisecond granularity and the protocol's retransmission timeouts are a few hundred
-//! microseconds. Async callers talk to the thread through a command queue and an eventfd that
+//! batches (`sendmmsg`/`recvmmsg`, dozens of datagrams per system call; a window of DATA
+//! packets to one peer as one UDP GSO message) and sleeps in `ppoll` with a microsecond timeout
+//! and a 1 µs timer slack, because a tokio timer alone has millisecond granularity and the
+//! protocol's retransmission timeouts are a few hundred microseconds. Async callers talk to the thread through a command queue and an eventfd that
 //! wakes it.
 
 use crate::{BoxFuture, ConnectionId, FrameHandler, Reply, TransportError};
@@ -17,7 +17,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_datagram::{
-    Config as DatagramConfig, Endpoint, Event, LossReason, SendError, SessionId, Stats, Transmit,
+    Config as DatagramConfig, Endpoint, Event, LossReason, SendError, SessionId, Transmit,
 };
 use tessera_wire::{Frame, FrameHeader, FrameKind};
 use tokio::sync::oneshot;
@@ -100,7 +100,9 @@ enum Command {
         reply: oneshot::Sender<Result<Reply, TransportError>>,
     },
     /// Report the endpoint's counters.
-    Counters { reply: oneshot::Sender<Stats> },
+    Counters {
+        reply: oneshot::Sender<Vec<(String, u64)>>,
+    },
     /// The caller gave up waiting.
     Cancel { request_id: u64 },
     /// Send a response frame on a session (server side).
@@ -201,20 +203,14 @@ impl UdpTransport {
 pub struct UdpCounters(Mailbox);
 
 impl UdpCounters {
-    /// The endpoint's counters by name; empty if its thread has stopped.
+    /// The endpoint's counters by name, with the socket's (`gso_sends`, `gso_datagrams`);
+    /// empty if its thread has stopped.
     pub async fn get(&self) -> Vec<(String, u64)> {
         let (reply, answer) = oneshot::channel();
         if !self.0.post(Command::Counters { reply }) {
             return Vec::new();
         }
-        match answer.await {
-            Ok(stats) => stats
-                .counters()
-                .into_iter()
-                .map(|(name, value)| (name.to_string(), value))
-                .collect(),
-            Err(_) => Vec::new(),
-        }
+        answer.await.unwrap_or_default()
     }
 }
 
@@ -484,7 +480,16 @@ impl Driver {
                     }
                 }
                 Command::Counters { reply } => {
-                    let _ = reply.send(self.endpoint.stats());
+                    let mut counters: Vec<(String, u64)> = self
+                        .endpoint
+                        .stats()
+                        .counters()
+                        .into_iter()
+                        .map(|(name, value)| (name.to_string(), value))
+                        .collect();
+                    counters.push(("gso_sends".into(), self.sending.gso_sends));
+                    counters.push(("gso_datagrams".into(), self.sending.gso_datagrams));
+                    let _ = reply.send(counters);
                 }
                 Command::Respond { session, frame } => {
                     // A session lost meanwhile has nobody to answer.
@@ -948,43 +953,168 @@ fn socket_addr_from(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
+/// Segments in one UDP GSO send at most (the kernel's `UDP_MAX_SEGMENTS` is 64 on older
+/// kernels, 128 on newer).
+const GSO_SEGMENTS_MAX: usize = 64;
+/// Bytes in one UDP GSO send at most: all segments travel as one IP packet up to the device.
+const GSO_BYTES_MAX: usize = 65_000;
+/// `UDP_SEGMENT` (linux/udp.h), the control message that asks for segmentation offload.
+const UDP_SEGMENT: libc::c_int = 103;
+
+/// Room for one `UDP_SEGMENT` control message (a `u16`), aligned as a `cmsghdr`.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(8))]
+struct SegmentControl([u8; 32]);
+
 /// The headers `sendmmsg` takes, kept across calls so that sending allocates nothing.
-#[derive(Default)]
+///
+/// Back-to-back datagrams to one peer of one size (a window of DATA packets) go out as one
+/// UDP GSO message (`UDP_SEGMENT`, Linux 4.18): the kernel builds and routes one large packet
+/// and cuts it into the datagrams at the device, instead of running the UDP and IP layers once
+/// per datagram. The receiver sees the same datagrams either way.
 struct SendBatch {
     addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)>,
     iovs: Vec<libc::iovec>,
     headers: Vec<libc::mmsghdr>,
+    controls: Vec<SegmentControl>,
+    /// Datagrams carried by each header.
+    segments: Vec<usize>,
+    /// Whether to use segmentation offload; off for good once the kernel refuses it.
+    gso: bool,
+    /// GSO messages sent, and the datagrams they carried.
+    gso_sends: u64,
+    gso_datagrams: u64,
+}
+
+impl Default for SendBatch {
+    fn default() -> Self {
+        SendBatch {
+            addrs: Vec::new(),
+            iovs: Vec::new(),
+            headers: Vec::new(),
+            controls: Vec::new(),
+            segments: Vec::new(),
+            gso: true,
+            gso_sends: 0,
+            gso_datagrams: 0,
+        }
+    }
 }
 
 impl SendBatch {
     /// `sendmmsg` of up to a batch of datagrams; returns how many the kernel took.
     fn send(&mut self, fd: RawFd, batch: &[Transmit]) -> std::io::Result<usize> {
         let n = batch.len().min(BATCH_DATAGRAMS_MAX);
+        match self.send_grouped(fd, &batch[..n]) {
+            Err(e) if self.gso && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
+                // No offload here (e.g. a device without checksum offload): one by one.
+                tracing::debug!("UDP segmentation offload refused ({e}); sending datagrams singly");
+                self.gso = false;
+                self.send_grouped(fd, &batch[..n])
+            }
+            sent => sent,
+        }
+    }
+
+    fn send_grouped(&mut self, fd: RawFd, batch: &[Transmit]) -> std::io::Result<usize> {
+        self.segments.clear();
+        let mut start = 0;
+        while start < batch.len() {
+            let count = if self.gso {
+                gso_run(&batch[start..])
+            } else {
+                1
+            };
+            self.segments.push(count);
+            start += count;
+        }
+        let groups = self.segments.len();
         self.addrs.clear();
-        self.addrs
-            .extend(batch[..n].iter().map(|t| sockaddr_of(&t.destination)));
         self.iovs.clear();
-        self.iovs.extend(batch[..n].iter().map(|t| libc::iovec {
+        self.controls.clear();
+        self.headers.clear();
+        let mut start = 0;
+        for &count in &self.segments {
+            self.addrs.push(sockaddr_of(&batch[start].destination));
+            let mut control = SegmentControl::default();
+            if count > 1 {
+                fill_segment_control(&mut control, batch[start].contents.len());
+            }
+            self.controls.push(control);
+            start += count;
+        }
+        self.iovs.extend(batch.iter().map(|t| libc::iovec {
             iov_base: t.contents.as_ptr() as *mut libc::c_void,
             iov_len: t.contents.len(),
         }));
-        self.headers.clear();
         // SAFETY: an all-zero mmsghdr is a valid empty header.
         self.headers
-            .extend((0..n).map(|_| unsafe { std::mem::zeroed::<libc::mmsghdr>() }));
-        for i in 0..n {
+            .extend((0..groups).map(|_| unsafe { std::mem::zeroed::<libc::mmsghdr>() }));
+        let mut start = 0;
+        for (i, &count) in self.segments.iter().enumerate() {
             let header = &mut self.headers[i].msg_hdr;
             header.msg_name = &mut self.addrs[i].0 as *mut _ as *mut libc::c_void;
             header.msg_namelen = self.addrs[i].1;
-            header.msg_iov = &mut self.iovs[i];
-            header.msg_iovlen = 1;
+            header.msg_iov = &mut self.iovs[start];
+            header.msg_iovlen = count as _;
+            if count > 1 {
+                header.msg_control = self.controls[i].0.as_mut_ptr().cast();
+                // SAFETY: CMSG_SPACE only computes a size.
+                header.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as _;
+            }
+            start += count;
         }
-        // SAFETY: headers, addresses, iovecs and datagram contents all outlive the call.
-        let sent = unsafe { libc::sendmmsg(fd, self.headers.as_mut_ptr(), n as u32, 0) };
+        // SAFETY: headers, addresses, iovecs, control messages and datagram contents all
+        // outlive the call, and none of the vectors grows after the pointers were taken.
+        let sent = unsafe { libc::sendmmsg(fd, self.headers.as_mut_ptr(), groups as u32, 0) };
         if sent < 0 {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(sent as usize)
+        let sent = &self.segments[..sent as usize];
+        for &count in sent.iter().filter(|&&count| count > 1) {
+            self.gso_sends += 1;
+            self.gso_datagrams += count as u64;
+        }
+        Ok(sent.iter().sum())
+    }
+}
+
+/// How many datagrams from the head of `batch` can go as one GSO message: same peer, same
+/// size, except that the last may be shorter.
+fn gso_run(batch: &[Transmit]) -> usize {
+    let first = &batch[0];
+    let size = first.contents.len();
+    let mut count = 1;
+    let mut bytes = size;
+    for t in &batch[1..] {
+        let len = t.contents.len();
+        if t.destination != first.destination
+            || len > size
+            || len == 0
+            || count == GSO_SEGMENTS_MAX
+            || bytes + len > GSO_BYTES_MAX
+        {
+            break;
+        }
+        count += 1;
+        bytes += len;
+        if len < size {
+            break;
+        }
+    }
+    count
+}
+
+/// Writes a `UDP_SEGMENT` control message with segment size `size` into `control`.
+fn fill_segment_control(control: &mut SegmentControl, size: usize) {
+    // SAFETY: `control` is aligned for a cmsghdr and larger than CMSG_SPACE(2); the header and
+    // its data are written within it.
+    unsafe {
+        let cmsg = control.0.as_mut_ptr().cast::<libc::cmsghdr>();
+        (*cmsg).cmsg_level = libc::SOL_UDP;
+        (*cmsg).cmsg_type = UDP_SEGMENT;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(2) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), size as u16);
     }
 }
 
@@ -1112,5 +1242,58 @@ impl ReceiveBatch {
             }
         }
         Ok(got as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn datagram(port: u16, len: usize) -> Transmit {
+        Transmit {
+            destination: SocketAddr::from(([10, 0, 0, 1], port)),
+            contents: vec![0; len],
+        }
+    }
+
+    fn runs(batch: &[Transmit]) -> Vec<usize> {
+        let mut runs = Vec::new();
+        let mut start = 0;
+        while start < batch.len() {
+            let count = gso_run(&batch[start..]);
+            runs.push(count);
+            start += count;
+        }
+        runs
+    }
+
+    #[test]
+    fn gso_runs_are_one_peer_one_size_with_a_shorter_last() {
+        let batch = [
+            datagram(1, 1472),
+            datagram(1, 1472),
+            datagram(1, 1472),
+            datagram(1, 300), // the end of a message: ends the run
+            datagram(1, 1472),
+            datagram(2, 1472), // another peer
+            datagram(2, 1472),
+            datagram(2, 1500), // larger than the run's size
+            datagram(3, 60),
+        ];
+        assert_eq!(runs(&batch), vec![4, 1, 2, 1, 1]);
+    }
+
+    #[test]
+    fn gso_runs_stay_within_the_kernel_limits() {
+        let small: Vec<Transmit> = (0..200).map(|_| datagram(1, 100)).collect();
+        assert_eq!(runs(&small), vec![64, 64, 64, 8]);
+        let large: Vec<Transmit> = (0..100).map(|_| datagram(1, 8972)).collect();
+        let counts = runs(&large);
+        assert!(
+            counts.iter().all(|&c| c * 8972 <= GSO_BYTES_MAX),
+            "{counts:?}"
+        );
+        assert_eq!(counts.iter().sum::<usize>(), 100);
+        assert_eq!(counts[0], GSO_BYTES_MAX / 8972);
     }
 }
