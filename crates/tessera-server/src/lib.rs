@@ -2,9 +2,10 @@
 //!
 //! This crate owns the glue between a transport and a [`tessera_store::Store`]: it decodes
 //! [`StorageRequest`]s, refuses those meant for another store (see [`StorageCall`]), runs the
-//! rest against the store (disk work on the blocking pool), keeps the
-//! CSAR parity locks per connection (released when the connection goes), and keeps the server
-//! registered and heartbeating with the metadata manager. It holds no layout knowledge: the
+//! rest against the store, keeps the CSAR parity locks per connection (released when the
+//! connection goes), and keeps the server registered and heartbeating with the metadata
+//! manager. Small reads the page cache holds are answered on the transport's network thread
+//! ([`Store::read_cached`]); everything that may wait for the disk runs on the blocking pool. It holds no layout knowledge: the
 //! client tells it byte offsets in its data, redundancy and overflow files.
 
 use bytes::Bytes;

@@ -184,7 +184,9 @@ impl Store {
                     .map_err(|error| disk(format_args!("create {}", files_dir.display()), error))?;
                 meta::sync_dir(root)?;
                 let meta = StoreMeta {
-                    incarnation: rand::random(),
+                    // Never 0: the manager names an unregistered server's store 0, which
+                    // then matches no store.
+                    incarnation: rand::random::<u64>().max(1),
                     server_id: None,
                 };
                 meta::save(root, &meta)?;
