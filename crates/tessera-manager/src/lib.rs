@@ -21,6 +21,11 @@
 //! [`Up`](tessera_wire::ServerState::Up) otherwise. A server that comes back with a new
 //! incarnation has lost its store and owes every stripe of every file it holds a column of.
 //!
+//! The cluster has a random id, drawn when the store is created. A server remembers the id of
+//! the cluster it joined and names it when it registers and heartbeats; a manager of another
+//! cluster (one that took over its manager's address) refuses it with
+//! [`WrongCluster`](tessera_wire::ManagerError::WrongCluster).
+//!
 //! ```
 //! use std::time::{Duration, Instant};
 //! use tessera_layout::Scheme;
@@ -34,7 +39,7 @@
 //! // Three storage servers register and are given ids 1, 2 and 3.
 //! for port in 7001..7004 {
 //!     let addr = format!("127.0.0.1:{port}");
-//!     let request = ManagerRequest::Register { server: None, addr, incarnation: 42 };
+//!     let request = ManagerRequest::Register { server: None, addr, incarnation: 42, cluster: None };
 //!     let answer = manager.handle(request, start);
 //!     assert!(matches!(answer, ManagerResponse::Registered { state: ServerState::Up, .. }));
 //! }
@@ -47,8 +52,9 @@
 //!
 //! // Server 3 falls silent; the others keep heartbeating.
 //! let later = start + Duration::from_secs(3);
+//! let cluster = manager.cluster();
 //! for server in [1, 2] {
-//!     manager.handle(ManagerRequest::Heartbeat { server, incarnation: 42 }, later);
+//!     manager.handle(ManagerRequest::Heartbeat { server, incarnation: 42, cluster }, later);
 //! }
 //! manager.tick(later);
 //! assert_eq!(manager.server_state(3), Some(ServerState::Down));

@@ -2,8 +2,8 @@
 
 use crate::ranges;
 use crate::store::{
-    self, Failure, ServerRecord, Tables, DB_FILE_NAME, FORMAT_VERSION, ID_FIRST, KEY_FILE_ID_NEXT,
-    KEY_FORMAT_VERSION, KEY_SERVER_ID_NEXT,
+    self, Failure, ServerRecord, Tables, DB_FILE_NAME, FORMAT_VERSION, ID_FIRST, KEY_CLUSTER_ID,
+    KEY_FILE_ID_NEXT, KEY_FORMAT_VERSION, KEY_SERVER_ID_NEXT,
 };
 use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
 use std::collections::{BTreeMap, BTreeSet};
@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tessera_layout::{Layout, WIDTH_MAX};
 use tessera_wire::{
-    FileDebt, FileId, FileMeta, FileView, IndexRange, LayoutRequest, ManagerError, ManagerRequest,
-    ManagerResponse, MissedStripes, ServerId, ServerState, ServerStatus,
+    ClusterId, FileDebt, FileId, FileMeta, FileView, IndexRange, LayoutRequest, ManagerError,
+    ManagerRequest, ManagerResponse, MissedStripes, ServerId, ServerState, ServerStatus,
 };
 
 /// Default time without a heartbeat after which a server counts as down.
@@ -87,6 +87,8 @@ pub enum ManagerOpenError {
 pub struct Manager {
     db: Database,
     config: ManagerConfig,
+    /// This cluster's id, drawn when the store was created.
+    cluster: ClusterId,
     /// Copy of the `servers` table, updated after each commit that writes it.
     servers: BTreeMap<ServerId, ServerRecord>,
     /// Last heartbeat of every live server; a known server missing here is down.
@@ -106,10 +108,11 @@ impl Manager {
         let opened = Database::create(&path)
             .map_err(Failure::from)
             .and_then(|db| {
-                let (servers, indebted) = load(&db)?;
+                let (cluster, servers, indebted) = load(&db)?;
                 Ok(Manager {
                     db,
                     config,
+                    cluster,
                     servers,
                     heartbeats: BTreeMap::new(),
                     indebted,
@@ -136,11 +139,17 @@ impl Manager {
                 server,
                 addr,
                 incarnation,
-            } => self.register(server, addr, incarnation, now),
+                cluster,
+            } => self
+                .check_cluster(cluster)
+                .and_then(|()| self.register(server, addr, incarnation, now)),
             ManagerRequest::Heartbeat {
                 server,
                 incarnation,
-            } => self.heartbeat(server, incarnation, now),
+                cluster,
+            } => self
+                .check_cluster(Some(cluster))
+                .and_then(|()| self.heartbeat(server, incarnation, now)),
             ManagerRequest::Create {
                 path,
                 layout,
@@ -216,6 +225,26 @@ impl Manager {
         ManagerResponse::Registered {
             server,
             state: state.expect("a registered server is recorded before it is answered"),
+            cluster: self.cluster,
+        }
+    }
+
+    /// This cluster's id, which every server that joins remembers.
+    pub fn cluster(&self) -> ClusterId {
+        self.cluster
+    }
+
+    /// Refuses a server whose store joined another cluster: its manager's address was taken
+    /// over by this one, and letting it in would put the other cluster's bytes under this
+    /// cluster's file ids.
+    fn check_cluster(&self, cluster: Option<ClusterId>) -> Result<(), Failure> {
+        match cluster {
+            Some(theirs) if theirs != self.cluster => Err(ManagerError::WrongCluster {
+                ours: self.cluster,
+                theirs,
+            }
+            .into()),
+            _ => Ok(()),
         }
     }
 
@@ -635,7 +664,17 @@ fn read_counter(meta: &impl ReadableTable<&'static str, u64>, key: &str) -> Resu
 
 /// Initialises a fresh store or checks an existing one's version, then reads what the manager
 /// keeps in memory: the servers and which of them owe stripes.
-fn load(db: &Database) -> Result<(BTreeMap<ServerId, ServerRecord>, BTreeSet<ServerId>), Failure> {
+#[allow(clippy::type_complexity)]
+fn load(
+    db: &Database,
+) -> Result<
+    (
+        ClusterId,
+        BTreeMap<ServerId, ServerRecord>,
+        BTreeSet<ServerId>,
+    ),
+    Failure,
+> {
     let txn = db.begin_write()?;
     let loaded = {
         let mut tables = Tables::open(&txn)?;
@@ -649,6 +688,16 @@ fn load(db: &Database) -> Result<(BTreeMap<ServerId, ServerRecord>, BTreeSet<Ser
                 tables.meta.insert(KEY_SERVER_ID_NEXT, ID_FIRST)?;
             }
         }
+        // Stores from before cluster ids get one now.
+        let stored = tables.meta.get(KEY_CLUSTER_ID)?.map(|v| v.value());
+        let cluster = match stored {
+            Some(cluster) => cluster,
+            None => {
+                let cluster = rand::random::<u64>().max(1);
+                tables.meta.insert(KEY_CLUSTER_ID, cluster)?;
+                cluster
+            }
+        };
         let mut servers = BTreeMap::new();
         for entry in tables.servers.iter()? {
             let (server, record) = entry?;
@@ -659,7 +708,7 @@ fn load(db: &Database) -> Result<(BTreeMap<ServerId, ServerRecord>, BTreeSet<Ser
             let (key, _) = entry?;
             indebted.insert(key.value().0);
         }
-        (servers, indebted)
+        (cluster, servers, indebted)
     };
     txn.commit()?;
     Ok(loaded)

@@ -3,7 +3,8 @@
 //! Layout of format version 1 (records are postcard-encoded):
 //!
 //! ```text
-//! meta:    &str                -> u64              format_version, file_id_next, server_id_next
+//! meta:    &str                -> u64              format_version, file_id_next, server_id_next,
+//!                                                  cluster_id
 //! files:   FileId              -> FileMeta
 //! paths:   &str                -> FileId           the namespace, an index into `files`
 //! servers: ServerId            -> ServerRecord
@@ -23,6 +24,8 @@ pub(crate) const FORMAT_VERSION: u64 = 1;
 pub(crate) const KEY_FORMAT_VERSION: &str = "format_version";
 /// Key in `meta` of the next file id to hand out.
 pub(crate) const KEY_FILE_ID_NEXT: &str = "file_id_next";
+/// Key in `meta` of the cluster's id (random, drawn when the store is created).
+pub(crate) const KEY_CLUSTER_ID: &str = "cluster_id";
 /// Key in `meta` of the next server id to hand out (kept as u64 so it can pass `ServerId::MAX`).
 pub(crate) const KEY_SERVER_ID_NEXT: &str = "server_id_next";
 /// First id handed out, for files and for servers alike.

@@ -70,6 +70,7 @@ impl Harness {
             server,
             addr,
             incarnation,
+            cluster: None,
         }) {
             ManagerResponse::Registered { server, .. } => server,
             other => panic!("register answered {other:?}"),
@@ -77,9 +78,11 @@ impl Harness {
     }
 
     fn heartbeat(&mut self, server: ServerId, incarnation: u64) -> ManagerResponse {
+        let cluster = self.manager().cluster();
         self.handle(ManagerRequest::Heartbeat {
             server,
             incarnation,
+            cluster,
         })
     }
 
@@ -295,6 +298,7 @@ fn unknown_servers_are_refused() {
         ManagerRequest::Heartbeat {
             server: 9,
             incarnation: INCARNATION,
+            cluster: harness.manager().cluster(),
         },
         ManagerRequest::ReportMissed {
             server: 9,
@@ -392,7 +396,8 @@ fn silent_server_goes_down_on_tick_and_up_on_heartbeat() {
         harness.heartbeat(1, INCARNATION),
         ManagerResponse::Registered {
             server: 1,
-            state: ServerState::Up
+            state: ServerState::Up,
+            cluster: harness.manager().cluster(),
         }
     );
     harness.advance(timeout / 2);
@@ -410,7 +415,8 @@ fn silent_server_goes_down_on_tick_and_up_on_heartbeat() {
         harness.heartbeat(2, INCARNATION),
         ManagerResponse::Registered {
             server: 2,
-            state: ServerState::Up
+            state: ServerState::Up,
+            cluster: harness.manager().cluster(),
         }
     );
     assert_eq!(harness.state(2), Some(ServerState::Up));
@@ -459,7 +465,8 @@ fn missed_stripes_make_server_stale_until_resynced() {
         harness.heartbeat(2, INCARNATION),
         ManagerResponse::Registered {
             server: 2,
-            state: ServerState::Stale
+            state: ServerState::Stale,
+            cluster: harness.manager().cluster(),
         }
     );
 
@@ -534,7 +541,8 @@ fn wiped_store_owes_every_file_it_holds() {
         answer,
         ManagerResponse::Registered {
             server: 3,
-            state: ServerState::Stale
+            state: ServerState::Stale,
+            cluster: harness.manager().cluster(),
         }
     );
     for meta in &metas {
@@ -570,16 +578,19 @@ fn register_keeps_a_known_id_and_never_reuses_it() {
     assert_eq!(harness.register(Some(10), INCARNATION), 10);
     assert_eq!(harness.register(None, INCARNATION), 11);
     // Re-registering updates the address and keeps the id.
+    let cluster = harness.manager().cluster();
     let answer = harness.handle(ManagerRequest::Register {
         server: Some(1),
         addr: "10.0.0.1:9".into(),
         incarnation: INCARNATION,
+        cluster: Some(cluster),
     });
     assert_eq!(
         answer,
         ManagerResponse::Registered {
             server: 1,
-            state: ServerState::Up
+            state: ServerState::Up,
+            cluster: harness.manager().cluster(),
         }
     );
     let ManagerResponse::Servers(servers) = harness.handle(ManagerRequest::Status) else {
@@ -647,7 +658,8 @@ fn everything_survives_reopen_and_servers_start_down() {
             harness.heartbeat(server, INCARNATION),
             ManagerResponse::Registered {
                 server,
-                state: expected
+                state: expected,
+                cluster: harness.manager().cluster(),
             }
         );
     }
@@ -734,4 +746,56 @@ fn grown_size_is_durable_after_sync() {
     assert_eq!(harness.handle(ManagerRequest::Sync), ManagerResponse::Done);
     harness.reopen();
     assert_eq!(harness.lookup("/grown").meta.size, 777);
+}
+
+#[test]
+fn servers_of_another_cluster_are_refused_and_the_cluster_id_persists() {
+    let mut harness = Harness::with_servers(2);
+    let ours = harness.manager().cluster();
+    assert_ne!(ours, 0);
+    let theirs = ours ^ 0x5a5a;
+    let refused = ManagerError::WrongCluster { ours, theirs };
+    // A server of another cluster, whose manager's address this manager now has: neither a
+    // fresh registration nor a heartbeat under an id this cluster also uses gets it in.
+    let stranger = ManagerRequest::Register {
+        server: Some(1),
+        addr: "10.9.9.9:7000".into(),
+        incarnation: INCARNATION + 99,
+        cluster: Some(theirs),
+    };
+    assert_eq!(
+        harness.handle(stranger),
+        ManagerResponse::Error(refused.clone())
+    );
+    let heartbeat = ManagerRequest::Heartbeat {
+        server: 2,
+        incarnation: INCARNATION + 99,
+        cluster: theirs,
+    };
+    assert_eq!(harness.handle(heartbeat), ManagerResponse::Error(refused));
+    let ManagerResponse::Servers(servers) = harness.handle(ManagerRequest::Status) else {
+        panic!()
+    };
+    assert!(
+        servers
+            .iter()
+            .all(|s| s.incarnation == INCARNATION && !s.addr.starts_with("10.9.")),
+        "the strangers changed nothing: {servers:?}"
+    );
+    assert!(harness.debts(1).is_empty() && harness.debts(2).is_empty());
+
+    // A server of this cluster, or one that never joined any, is welcome.
+    assert_eq!(harness.register(None, INCARNATION), 3);
+    let member = ManagerRequest::Register {
+        server: Some(1),
+        addr: "127.0.0.1:7001".into(),
+        incarnation: INCARNATION,
+        cluster: Some(ours),
+    };
+    assert!(matches!(
+        harness.handle(member),
+        ManagerResponse::Registered { server: 1, cluster, .. } if cluster == ours
+    ));
+    harness.reopen();
+    assert_eq!(harness.manager().cluster(), ours, "kept across a restart");
 }

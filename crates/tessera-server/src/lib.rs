@@ -200,17 +200,18 @@ async fn keep_registered(
     let incarnation = store.incarnation();
     let mut registered = false;
     loop {
-        let request = if registered {
-            ManagerRequest::Heartbeat {
+        let request = match (registered, store.cluster_id()) {
+            (true, Some(cluster)) => ManagerRequest::Heartbeat {
                 server: id.load(Ordering::Acquire),
                 incarnation,
-            }
-        } else {
-            ManagerRequest::Register {
+                cluster,
+            },
+            (_, cluster) => ManagerRequest::Register {
                 server: store.server_id().or(wanted_id),
                 addr: advertise.to_string(),
                 incarnation,
-            }
+                cluster,
+            },
         };
         let answer = tessera_transport::call::<_, ManagerResponse>(
             &transport as &dyn Transport,
@@ -220,19 +221,37 @@ async fn keep_registered(
         )
         .await;
         match answer {
-            Ok((ManagerResponse::Registered { server, .. }, _)) => {
-                if store.server_id() != Some(server) {
+            Ok((
+                ManagerResponse::Registered {
+                    server, cluster, ..
+                },
+                _,
+            )) => {
+                if (store.server_id(), store.cluster_id()) != (Some(server), Some(cluster)) {
                     let store = store.clone();
                     let saved =
-                        tokio::task::spawn_blocking(move || store.set_server_id(server)).await;
+                        tokio::task::spawn_blocking(move || store.set_membership(cluster, server))
+                            .await;
                     if !matches!(saved, Ok(Ok(()))) {
-                        tracing::error!("cannot persist server id {server}");
+                        // Not registered until it is remembered: a heartbeat needs the cluster.
+                        tracing::error!(
+                            "cannot persist server id {server} of cluster {cluster:#x}"
+                        );
+                        tokio::time::sleep(HEARTBEAT_INTERVAL).await;
+                        continue;
                     }
                 }
                 id.store(server, Ordering::Release);
                 registered = true;
             }
             Ok((ManagerResponse::Error(ManagerError::UnknownServer(_)), _)) => registered = false,
+            Ok((ManagerResponse::Error(e @ ManagerError::WrongCluster { .. }), _)) => {
+                // The manager's address now belongs to another cluster's manager. Stay out of
+                // it (serving its clients would hand them this cluster's bytes) and keep asking,
+                // in case ours comes back there.
+                tracing::error!("manager {manager} refused this server: {e}");
+                registered = false;
+            }
             Ok((other, _)) => tracing::warn!("manager answered {other:?}"),
             Err(e) => tracing::debug!("manager unreachable: {e}"),
         }

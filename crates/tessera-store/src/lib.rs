@@ -17,7 +17,8 @@
 //!
 //! ```text
 //! <root>/store.lock        held with flock(LOCK_EX) while a Store is open
-//! <root>/store.toml        format_version = 1, incarnation = "<16 hex digits>", server_id = N
+//! <root>/store.toml        format_version = 1, incarnation = "<16 hex digits>", server_id = N,
+//!                          cluster = "<16 hex digits>" (the cluster joined)
 //! <root>/files/<F>/data            data file, written in whole 4 KiB blocks
 //! <root>/files/<F>/data.crc        8 bytes per block: crc32c u32 LE, marker u32 LE ("TSB1")
 //! <root>/files/<F>/redundancy      redundancy file, same rules as data

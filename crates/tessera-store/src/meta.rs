@@ -1,4 +1,4 @@
-//! `store.toml`: the store's format version, incarnation and server id.
+//! `store.toml`: the store's format version, incarnation, server id and cluster.
 
 use std::fs::{self, File};
 use std::io::{ErrorKind, Write};
@@ -21,9 +21,12 @@ pub(crate) struct StoreMeta {
     pub(crate) incarnation: u64,
     /// The id the manager gave this server, once registered.
     pub(crate) server_id: Option<u32>,
+    /// The cluster the server joined, once registered.
+    pub(crate) cluster_id: Option<u64>,
 }
 
-/// The file as written. The incarnation is a hex string because TOML integers are signed.
+/// The file as written. The incarnation and cluster are hex strings because TOML integers are
+/// signed.
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MetaFile {
@@ -31,6 +34,8 @@ struct MetaFile {
     incarnation: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     server_id: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cluster: Option<String>,
 }
 
 /// Reads `store.toml`; `None` if there is none (a new or wiped store).
@@ -50,16 +55,19 @@ pub(crate) fn load(root: &Path) -> Result<Option<StoreMeta>, StorageError> {
             file.format_version
         )));
     }
-    let incarnation = u64::from_str_radix(&file.incarnation, 16).map_err(|error| {
-        disk_format(format!(
-            "{}: bad incarnation {:?}: {error}",
-            path.display(),
-            file.incarnation
-        ))
-    })?;
+    let hex = |what: &str, text: &str| {
+        u64::from_str_radix(text, 16).map_err(|error| {
+            disk_format(format!("{}: bad {what} {text:?}: {error}", path.display()))
+        })
+    };
     Ok(Some(StoreMeta {
-        incarnation,
+        incarnation: hex("incarnation", &file.incarnation)?,
         server_id: file.server_id,
+        cluster_id: file
+            .cluster
+            .as_deref()
+            .map(|text| hex("cluster", text))
+            .transpose()?,
     }))
 }
 
@@ -69,6 +77,7 @@ pub(crate) fn save(root: &Path, meta: &StoreMeta) -> Result<(), StorageError> {
         format_version: STORE_FORMAT_VERSION,
         incarnation: format!("{:016x}", meta.incarnation),
         server_id: meta.server_id,
+        cluster: meta.cluster_id.map(|cluster| format!("{cluster:016x}")),
     };
     let body = toml::to_string(&file)
         .map_err(|error| disk_format(format!("serialize {META_FILE}: {error}")))?;

@@ -188,6 +188,7 @@ impl Store {
                     // then matches no store.
                     incarnation: rand::random::<u64>().max(1),
                     server_id: None,
+                    cluster_id: None,
                 };
                 meta::save(root, &meta)?;
                 meta
@@ -210,16 +211,23 @@ impl Store {
         self.incarnation
     }
 
-    /// The server id persisted with [`Store::set_server_id`], if any.
+    /// The server id persisted with [`Store::set_membership`], if any.
     pub fn server_id(&self) -> Option<u32> {
         lock(&self.meta).server_id
     }
 
-    /// Persists the server id the manager assigned (durably, before returning).
-    pub fn set_server_id(&self, id: u32) -> Result<(), StorageError> {
+    /// The cluster persisted with [`Store::set_membership`], if any.
+    pub fn cluster_id(&self) -> Option<u64> {
+        lock(&self.meta).cluster_id
+    }
+
+    /// Persists the cluster this server joined and the id its manager assigned (durably,
+    /// before returning).
+    pub fn set_membership(&self, cluster: u64, server: u32) -> Result<(), StorageError> {
         let mut meta = lock(&self.meta);
         let updated = StoreMeta {
-            server_id: Some(id),
+            server_id: Some(server),
+            cluster_id: Some(cluster),
             ..*meta
         };
         meta::save(&self.root, &updated)?;

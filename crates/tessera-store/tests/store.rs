@@ -345,20 +345,28 @@ fn remove_deletes_everything_and_unknown_files_are_fine() {
 }
 
 #[test]
-fn incarnation_and_server_id_persist_and_a_wiped_store_is_new() {
+fn incarnation_and_membership_persist_and_a_wiped_store_is_new() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("store");
     let store = Store::open(&root).unwrap();
     let incarnation = store.incarnation();
-    assert_eq!(store.server_id(), None);
-    store.set_server_id(17).unwrap();
-    assert_eq!(store.server_id(), Some(17));
+    assert_ne!(incarnation, 0, "0 names no store");
+    assert_eq!((store.server_id(), store.cluster_id()), (None, None));
+    let cluster = 0xfeed_0000_0000_beef;
+    store.set_membership(cluster, 17).unwrap();
+    assert_eq!(
+        (store.server_id(), store.cluster_id()),
+        (Some(17), Some(cluster))
+    );
     store.write(FILE, Region::Data, 0, b"kept", false).unwrap();
     drop(store);
 
     let store = Store::open(&root).unwrap();
     assert_eq!(store.incarnation(), incarnation);
-    assert_eq!(store.server_id(), Some(17));
+    assert_eq!(
+        (store.server_id(), store.cluster_id()),
+        (Some(17), Some(cluster))
+    );
     assert_eq!(
         store.read(FILE, Region::Data, 0, 4, false).unwrap(),
         b"kept"
@@ -368,7 +376,7 @@ fn incarnation_and_server_id_persist_and_a_wiped_store_is_new() {
     std::fs::remove_dir_all(&root).unwrap();
     let store = Store::open(&root).unwrap();
     assert_ne!(store.incarnation(), incarnation);
-    assert_eq!(store.server_id(), None);
+    assert_eq!((store.server_id(), store.cluster_id()), (None, None));
     drop(store);
 
     // Losing store.toml is a wipe too: the files it described are dropped with it.

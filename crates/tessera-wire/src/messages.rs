@@ -10,6 +10,10 @@ pub type ServerId = u32;
 /// Identifies a storage server's on-disk store: random, chosen when the store is created, so
 /// that a wiped store, or another cluster's server, is told apart from the one meant.
 pub type Incarnation = u64;
+/// Identifies a cluster: random, chosen by its manager when its metadata store is created, and
+/// remembered by every server that joins, so that a server never joins another cluster whose
+/// manager took over its manager's address.
+pub type ClusterId = u64;
 
 /// A half-open range of stripes or blocks, `start..end`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
@@ -339,6 +343,8 @@ pub enum ManagerRequest {
         addr: String,
         /// Random id of the server's on-disk store.
         incarnation: Incarnation,
+        /// The cluster the store joined, if it joined one: a manager of another refuses it.
+        cluster: Option<ClusterId>,
     },
     /// A storage server is alive.
     Heartbeat {
@@ -346,6 +352,8 @@ pub enum ManagerRequest {
         server: ServerId,
         /// Id of its on-disk store.
         incarnation: Incarnation,
+        /// The cluster the store joined.
+        cluster: ClusterId,
     },
     /// Create a file (replacing an existing one if `replace`).
     Create {
@@ -441,6 +449,8 @@ pub enum ManagerResponse {
         server: ServerId,
         /// State the manager holds for it.
         state: ServerState,
+        /// The manager's cluster, for the server to remember.
+        cluster: ClusterId,
     },
     /// A file, ready for I/O.
     File(FileView),
@@ -479,6 +489,16 @@ pub enum ManagerError {
     /// No server with that id.
     #[error("unknown server {0}")]
     UnknownServer(ServerId),
+    /// The server's store belongs to another cluster than this manager's.
+    #[error(
+        "this manager runs cluster {ours:#x}; the server's store belongs to cluster {theirs:#x}"
+    )]
+    WrongCluster {
+        /// This manager's cluster.
+        ours: ClusterId,
+        /// The cluster the server's store joined.
+        theirs: ClusterId,
+    },
     /// The manager's store failed.
     #[error("metadata store error: {0}")]
     Store(String),

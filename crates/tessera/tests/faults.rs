@@ -1358,20 +1358,27 @@ async fn manager_restart_keeps_namespace() {
 // ---------------------------------------------------------------------------------------------
 
 impl Cluster {
-    /// Start server `id` again, listening on `addr` instead of its own address.
-    fn start_server_at(&self, id: ServerId, addr: &str) {
+    /// Change `cluster.toml`, as the `tessera` commands will read it.
+    fn edit_cluster_toml(&self, edit: impl FnOnce(&mut toml::Table)) {
         let path = self.dir.join("cluster.toml");
         let mut file: toml::Table = std::fs::read_to_string(&path)
             .expect("cluster.toml")
             .parse()
             .expect("cluster.toml parses");
-        let servers = file["servers"].as_array_mut().expect("servers");
-        let server = servers
-            .iter_mut()
-            .find(|s| s["id"].as_integer() == Some(i64::from(id)))
-            .expect("server in cluster.toml");
-        server["addr"] = toml::Value::String(addr.into());
+        edit(&mut file);
         std::fs::write(&path, toml::to_string(&file).expect("toml")).expect("write cluster.toml");
+    }
+
+    /// Start server `id` again, listening on `addr` instead of its own address.
+    fn start_server_at(&self, id: ServerId, addr: &str) {
+        self.edit_cluster_toml(|file| {
+            let servers = file["servers"].as_array_mut().expect("servers");
+            let server = servers
+                .iter_mut()
+                .find(|s| s["id"].as_integer() == Some(i64::from(id)))
+                .expect("server in cluster.toml");
+            server["addr"] = toml::Value::String(addr.into());
+        });
         self.start_server(id);
     }
 }
@@ -1425,6 +1432,63 @@ async fn server_at_a_reused_address_is_refused() {
         .await
         .expect("scrub");
     assert_clean("the other cluster's file after the removal", &report);
+}
+
+/// The same for the manager's address: a server of one cluster started against another
+/// cluster's manager (as after a manager's port was taken over) is refused, so that manager
+/// never sends its clients to the stranger, whose store holds a file of the same id.
+#[tokio::test(flavor = "multi_thread")]
+async fn server_of_another_cluster_is_refused_by_the_manager() {
+    let mut rng = seeded("server_of_another_cluster");
+    let (ours, theirs) = (Cluster::up(), Cluster::up());
+    let (client, other) = (ours.client().await, theirs.client().await);
+    let _model = populated(&client, &mut rng, "stranger", Scheme::Raid5, 2).await;
+    let their_model = populated(&other, &mut rng, "stranger", Scheme::Raid5, 2).await;
+    let before = other.status().await.expect("status");
+
+    // Our server 2 comes back pointed at their manager.
+    let victim: ServerId = 2;
+    ours.stop_server(victim);
+    ours.edit_cluster_toml(|file| {
+        file["manager"] = toml::Value::String(theirs.manager.to_string());
+    });
+    ours.start_server(victim);
+    let log = ours.dir.join(format!("server-{victim}.log"));
+    let refused = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("refused this server")
+    };
+    // A few heartbeats' time, or until the server says it was refused.
+    let deadline = Instant::now() + 4 * tessera_server::HEARTBEAT_INTERVAL;
+    while !refused() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let records = |servers: &[ServerStatus]| -> Vec<(ServerId, String, Incarnation)> {
+        servers
+            .iter()
+            .map(|s| (s.id, s.addr.clone(), s.incarnation))
+            .collect()
+    };
+    let after = other.status().await.expect("status");
+    assert_eq!(
+        records(&after),
+        records(&before),
+        "their manager's servers are unchanged"
+    );
+    assert!(
+        refused(),
+        "the server logs why it stays out: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    their_model
+        .check(&other, "with a stranger knocking at their manager")
+        .await;
+    let report = other
+        .scrub(Some(&their_model.file.path))
+        .await
+        .expect("scrub");
+    assert_clean("their file", &report);
 }
 
 // ---------------------------------------------------------------------------------------------
