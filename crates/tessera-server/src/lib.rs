@@ -199,6 +199,8 @@ async fn keep_registered(
     }));
     let incarnation = store.incarnation();
     let mut registered = false;
+    // Said once per run of refusals, not every heartbeat interval.
+    let mut refusal_logged = false;
     loop {
         let request = match (registered, store.cluster_id()) {
             (true, Some(cluster)) => ManagerRequest::Heartbeat {
@@ -243,13 +245,17 @@ async fn keep_registered(
                 }
                 id.store(server, Ordering::Release);
                 registered = true;
+                refusal_logged = false;
             }
             Ok((ManagerResponse::Error(ManagerError::UnknownServer(_)), _)) => registered = false,
             Ok((ManagerResponse::Error(e @ ManagerError::WrongCluster { .. }), _)) => {
                 // The manager's address now belongs to another cluster's manager. Stay out of
                 // it (serving its clients would hand them this cluster's bytes) and keep asking,
                 // in case ours comes back there.
-                tracing::error!("manager {manager} refused this server: {e}");
+                if !refusal_logged {
+                    tracing::error!("manager {manager} refused this server: {e}");
+                    refusal_logged = true;
+                }
                 registered = false;
             }
             Ok((other, _)) => tracing::warn!("manager answered {other:?}"),
