@@ -161,7 +161,11 @@
 //! follows the network, not the scheduling of busy hosts. Each
 //! timer is armed for the RTO plus up to a quarter more at random, so that senders that
 //! lost packets in the same overflow do not retransmit in lockstep; backoff doubles it up to
-//! `retransmit_timer_max_us` (1 ms) or the spread RTO, whichever is longer.
+//! `retransmit_timer_max_us` (1 ms). Only where the round trip stays longer than that (even
+//! the smallest of the latest [`rtt::RECENT_SAMPLES`] samples reaches it) do timers follow
+//! the spread RTO past it; a short path's late samples (a passing queue, a host that was not
+//! scheduled) raise srtt + 4 rttvar but not the timers, and a timer that fires during one is
+//! found spurious.
 //!
 //! **Congestion.** Behind [`CongestionControl`]: [`Adaptive`] (the paper's: slow start from
 //! two packets, one more packet per window of ACKs above the threshold, halved on a restart,
@@ -236,8 +240,9 @@ pub struct Config {
     /// Ceiling of the RTO estimate and of the window-probe interval.
     pub rto_max_us: u64,
     /// Longest a retransmission timer is armed for, backoff and spread included, unless the
-    /// measured RTO (spread) is longer: then that, since a timer shorter than the round trip
-    /// would only fire early, again and again. Doubling stops here rather than at
+    /// round trip stays longer (the smallest of the latest [`rtt::RECENT_SAMPLES`] samples
+    /// reaches it): then the spread RTO, since a timer shorter than the round trip would only
+    /// fire early, again and again. Doubling stops here rather than at
     /// `rto_max_us`: a datacenter round trip is tens to hundreds of microseconds, and a
     /// timer of many milliseconds leaves the link idle after a loss, which is the incast
     /// collapse itself (the incast paper's fine-grained timeouts). What one retransmission
@@ -507,8 +512,8 @@ pub struct Stats {
     /// The longest retransmission timer (the length armed) among those that expired, µs.
     pub timer_us_max: u64,
     /// Retransmission timeouts whose timer was armed for longer than
-    /// `retransmit_timer_max_us`, because the measured RTO itself was longer (a slow path,
-    /// or hosts too busy to move packets on time).
+    /// `retransmit_timer_max_us`, because the round trip stayed longer than that (a slow
+    /// path, a standing queue, or hosts too busy to move packets on time).
     pub long_timeouts: u64,
     /// Runs of retransmission timeouts (one or more in a row without progress) found
     /// spurious afterwards: the packet had arrived, only its acknowledgement was late (Eifel

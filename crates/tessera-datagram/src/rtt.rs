@@ -1,9 +1,14 @@
-//! Round-trip time estimation (Jacobson and Karels) and the retransmission timeout.
+//! Round-trip time estimation (Jacobson and Karels) and the retransmission timeout, and the
+//! smallest of the latest samples: the path's own round trip, without the queues and busy
+//! hosts that come and go.
 
 use crate::Micros;
 
 /// Samples above this are taken for clock garbage (a wrapped or forged echo) and ignored.
 pub const RTT_SAMPLE_US_MAX: Micros = 60_000_000;
+
+/// How many of the latest samples [`RttEstimator::recent_min_us`] looks at.
+pub const RECENT_SAMPLES: usize = 8;
 
 /// Smoothed RTT and its mean deviation, from timestamp echoes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -13,6 +18,10 @@ pub struct RttEstimator {
     rto_us: Micros,
     rto_us_min: Micros,
     rto_us_max: Micros,
+    /// The latest samples, a ring; `recent_count` of them are filled.
+    recent: [Micros; RECENT_SAMPLES],
+    recent_count: usize,
+    recent_next: usize,
 }
 
 impl RttEstimator {
@@ -25,6 +34,9 @@ impl RttEstimator {
             rto_us: rto_us_initial,
             rto_us_min,
             rto_us_max,
+            recent: [0; RECENT_SAMPLES],
+            recent_count: 0,
+            recent_next: 0,
         }
     }
 
@@ -34,6 +46,9 @@ impl RttEstimator {
         if sample_us > RTT_SAMPLE_US_MAX {
             return;
         }
+        self.recent[self.recent_next] = sample_us;
+        self.recent_next = (self.recent_next + 1) % RECENT_SAMPLES;
+        self.recent_count = (self.recent_count + 1).min(RECENT_SAMPLES);
         match self.srtt_us {
             None => {
                 self.srtt_us = Some(sample_us);
@@ -53,6 +68,13 @@ impl RttEstimator {
     /// The smoothed RTT, if there was a sample.
     pub fn srtt_us(&self) -> Option<Micros> {
         self.srtt_us
+    }
+
+    /// The smallest of the latest [`RECENT_SAMPLES`] samples, if there was one: what the
+    /// round trip is when nothing delays it. Unlike srtt it does not follow a passing queue
+    /// or a host that was not scheduled, only a round trip that stays long.
+    pub fn recent_min_us(&self) -> Option<Micros> {
+        self.recent[..self.recent_count].iter().copied().min()
     }
 
     /// The retransmission timeout without backoff.
@@ -98,5 +120,21 @@ mod tests {
         let mut rtt = RttEstimator::new(2_000, 300, 200_000);
         rtt.on_sample(u32::MAX as u64);
         assert_eq!(rtt.srtt_us(), None);
+        assert_eq!(rtt.recent_min_us(), None);
+    }
+
+    #[test]
+    fn the_recent_minimum_forgets_a_short_sample_only_after_enough_long_ones() {
+        let mut rtt = RttEstimator::new(2_000, 300, 200_000);
+        assert_eq!(rtt.recent_min_us(), None);
+        rtt.on_sample(100);
+        for _ in 0..RECENT_SAMPLES - 1 {
+            rtt.on_sample(5_000);
+            assert_eq!(rtt.recent_min_us(), Some(100));
+        }
+        rtt.on_sample(4_000);
+        assert_eq!(rtt.recent_min_us(), Some(4_000));
+        // srtt followed the long samples meanwhile.
+        assert!(rtt.srtt_us().unwrap() > 2_000);
     }
 }
