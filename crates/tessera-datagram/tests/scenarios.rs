@@ -2033,6 +2033,17 @@ fn deliver_late(
     transmits.len()
 }
 
+/// A client (index 0) and a server (index 1) stepped by hand, and the client's session.
+fn client_and_server(config: &Config) -> (Vec<(SocketAddr, Endpoint)>, SessionId) {
+    let (client, server) = (addr(1), addr(2));
+    let mut endpoints = vec![
+        (client, Endpoint::new(config.clone(), 1)),
+        (server, Endpoint::new(config.clone(), 2)),
+    ];
+    let session = endpoints[0].1.connect(server, 0);
+    (endpoints, session)
+}
+
 #[test]
 fn late_acknowledgements_on_a_short_path_do_not_stretch_the_timers() {
     // Requests one at a time over a 100 µs round trip, but one acknowledgement in four takes
@@ -2045,12 +2056,8 @@ fn late_acknowledgements_on_a_short_path_do_not_stretch_the_timers() {
         ack_every_packets: 1,
         ..Config::default()
     };
-    let (client, server) = (addr(1), addr(2));
-    let mut endpoints = vec![
-        (client, Endpoint::new(config.clone(), 1)),
-        (server, Endpoint::new(config.clone(), 2)),
-    ];
-    let session = endpoints[0].1.connect(server, 0);
+    let (mut endpoints, session) = client_and_server(&config);
+    let server = endpoints[1].0;
     let ack_delays: [Micros; 8] = [50, 50, 2_500, 50, 50, 50, 3_000, 50];
     let mut now: Micros = 1_000;
     let mut max_rto = 0;
@@ -2115,12 +2122,7 @@ fn time_a_packet_waited_to_be_read_is_left_out_of_the_round_trip() {
         ack_every_packets: 1,
         ..Config::default()
     };
-    let (client, server) = (addr(1), addr(2));
-    let mut endpoints = vec![
-        (client, Endpoint::new(config.clone(), 1)),
-        (server, Endpoint::new(config.clone(), 2)),
-    ];
-    let session = endpoints[0].1.connect(server, 0);
+    let (mut endpoints, session) = client_and_server(&config);
     let mut now: Micros = 1_000;
     for round in 0..10u8 {
         endpoints[0]
