@@ -765,8 +765,7 @@ pub fn targets(config: &IncastConfig, points: &[Point], failed: &[FailedPoint]) 
                 },
                 longest_timer.map_or(String::new(), |timer| format!(
                     "; the longest timer armed was {timer} us, the rest is how late the busy \
-                     host ran it; {long_timeouts} of {timeouts} timeouts had timers longer \
-                     than {TIMEOUT_US_TARGET} us, because the measured RTO was"
+                     host ran it"
                 ))
             ),
             _ => "not reported by the servers".into(),
@@ -774,6 +773,23 @@ pub fn targets(config: &IncastConfig, points: &[Point], failed: &[FailedPoint]) 
         pass: longest
             .filter(|_| reported)
             .map(|(us, _)| us <= TIMEOUT_US_TARGET),
+    });
+    // The protocol's part of the target above: how long it armed its timers. How late a host
+    // of 65 on two CPUs gets to run an expired timer is the testbed's.
+    out.push(Target {
+        goal: format!(
+            "no Tessera retransmission timer armed for longer than {TIMEOUT_US_TARGET} us"
+        ),
+        measured: match longest_timer {
+            Some(timer) if reported => format!(
+                "longest {timer} us; {long_timeouts} of {timeouts} timeouts had timers longer \
+                 than {TIMEOUT_US_TARGET} us, because the round trip stayed longer"
+            ),
+            _ => "not reported by the servers".into(),
+        },
+        pass: longest_timer
+            .filter(|_| reported)
+            .map(|timer| timer <= TIMEOUT_US_TARGET),
     });
 
     let total = |line: Line| -> Option<u64> {
@@ -1291,6 +1307,7 @@ mod tests {
                         ("retransmissions", 6),
                         ("timeouts", 2),
                         ("timeout_us_max", 1500),
+                        ("timer_us_max", 900),
                     ]),
                 ),
                 TcpCounters::default(),
@@ -1321,11 +1338,13 @@ mod tests {
     #[test]
     fn targets_are_computed_from_the_points() {
         let t = targets(&IncastConfig::quick(), &points(), &[]);
-        assert_eq!(t.len(), 3);
+        assert_eq!(t.len(), 4);
         assert_eq!(t[0].pass, Some(true), "{:?}", t[0]);
         assert_eq!(t[1].pass, Some(false), "1500 us is over a millisecond");
-        assert_eq!(t[2].pass, Some(true));
-        assert_eq!(t[2].measured, "Tessera 5, TCP 300, TCP, rto_min 1 ms 250");
+        assert_eq!(t[2].pass, Some(true), "armed for 900 us: {:?}", t[2]);
+        assert!(t[2].measured.starts_with("longest 900 us"), "{:?}", t[2]);
+        assert_eq!(t[3].pass, Some(true));
+        assert_eq!(t[3].measured, "Tessera 5, TCP 300, TCP, rto_min 1 ms 250");
         let mut slow = points();
         slow[2].goodput_fraction = 0.5;
         slow[2].timeout_us_max = None;
@@ -1333,7 +1352,8 @@ mod tests {
         let t = targets(&IncastConfig::quick(), &slow, &[]);
         assert_eq!(t[0].pass, Some(false));
         assert_eq!(t[1].pass, None, "not reported");
-        assert_eq!(t[2].pass, Some(false), "not fewer than rto_min's 250");
+        assert_eq!(t[2].pass, None, "not reported");
+        assert_eq!(t[3].pass, Some(false), "not fewer than rto_min's 250");
         let t = targets(&IncastConfig::quick(), &[], &[]);
         assert!(t.iter().all(|t| t.pass.is_none()));
         let failed = FailedPoint {
