@@ -76,7 +76,10 @@ impl RttEstimator {
     /// a few first samples say too little (a session's first round trips at N = 64 in
     /// `tessera lab incast` were 6 ms and more, while most later ones were under 1 ms).
     pub fn recent_min_us(&self) -> Option<Micros> {
-        (self.recent_count == RECENT_SAMPLES).then(|| self.recent.iter().copied().min())?
+        if self.recent_count < RECENT_SAMPLES {
+            return None;
+        }
+        self.recent.iter().copied().min()
     }
 
     /// The retransmission timeout without backoff.

@@ -2033,15 +2033,20 @@ fn deliver_late(
     transmits.len()
 }
 
-/// A client (index 0) and a server (index 1) stepped by hand, and the client's session.
-fn client_and_server(config: &Config) -> (Vec<(SocketAddr, Endpoint)>, SessionId) {
+/// A client (index 0) and a server (index 1) stepped by hand, each acknowledging every packet
+/// at once, with their config and the client's session.
+fn client_and_server() -> (Config, Vec<(SocketAddr, Endpoint)>, SessionId) {
+    let config = Config {
+        ack_every_packets: 1,
+        ..Config::default()
+    };
     let (client, server) = (addr(1), addr(2));
     let mut endpoints = vec![
         (client, Endpoint::new(config.clone(), 1)),
         (server, Endpoint::new(config.clone(), 2)),
     ];
     let session = endpoints[0].1.connect(server, 0);
-    (endpoints, session)
+    (config, endpoints, session)
 }
 
 #[test]
@@ -2052,11 +2057,7 @@ fn late_acknowledgements_on_a_short_path_do_not_stretch_the_timers() {
     // follows those samples to several milliseconds; the timers must not, since the smallest
     // recent round trip stays short: a timer that fires during a late ACK is found spurious,
     // and a real loss is still resent within the 1 ms ceiling.
-    let config = Config {
-        ack_every_packets: 1,
-        ..Config::default()
-    };
-    let (mut endpoints, session) = client_and_server(&config);
+    let (config, mut endpoints, session) = client_and_server();
     let server = endpoints[1].0;
     let ack_delays: [Micros; 8] = [50, 50, 2_500, 50, 50, 50, 3_000, 50];
     let mut now: Micros = 1_000;
@@ -2069,7 +2070,7 @@ fn late_acknowledgements_on_a_short_path_do_not_stretch_the_timers() {
         assert!(deliver_late(&mut endpoints, (0, 1), now, now + 50, now + 50) > 0);
         now += 50;
         while endpoints[1].1.poll_event().is_some() {}
-        // The ACK leaves now and arrives `back` later; the client's timer may fire first,
+        // The ACK leaves now and arrives `arrives`; the client's timer may fire first,
         // and its retransmission is lost (the late original ACK must then show it spurious).
         let mut acks = Vec::new();
         while let Some(transmit) = endpoints[1].1.poll_transmit(now) {
@@ -2118,11 +2119,7 @@ fn time_a_packet_waited_to_be_read_is_left_out_of_the_round_trip() {
     // that was not scheduled reads the acknowledgement 3 ms late; the network's round trip
     // is 200 µs. The samples must measure the 200 µs: counting the hosts' scheduling would
     // make the timeout wait out every stall (and idle the link after a real loss).
-    let config = Config {
-        ack_every_packets: 1,
-        ..Config::default()
-    };
-    let (mut endpoints, session) = client_and_server(&config);
+    let (_, mut endpoints, session) = client_and_server();
     let mut now: Micros = 1_000;
     for round in 0..10u8 {
         endpoints[0]
