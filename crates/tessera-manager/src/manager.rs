@@ -108,7 +108,11 @@ impl Manager {
         let opened = Database::create(&path)
             .map_err(Failure::from)
             .and_then(|db| {
-                let (cluster, servers, indebted) = load(&db)?;
+                let Loaded {
+                    cluster,
+                    servers,
+                    indebted,
+                } = load(&db)?;
                 Ok(Manager {
                     db,
                     config,
@@ -662,19 +666,17 @@ fn read_counter(meta: &impl ReadableTable<&'static str, u64>, key: &str) -> Resu
         .ok_or_else(|| ManagerError::Store(format!("counter {key} is missing")).into())
 }
 
+/// What the manager keeps in memory from its store.
+struct Loaded {
+    cluster: ClusterId,
+    servers: BTreeMap<ServerId, ServerRecord>,
+    /// The servers that owe stripes.
+    indebted: BTreeSet<ServerId>,
+}
+
 /// Initialises a fresh store or checks an existing one's version, then reads what the manager
-/// keeps in memory: the servers and which of them owe stripes.
-#[allow(clippy::type_complexity)]
-fn load(
-    db: &Database,
-) -> Result<
-    (
-        ClusterId,
-        BTreeMap<ServerId, ServerRecord>,
-        BTreeSet<ServerId>,
-    ),
-    Failure,
-> {
+/// keeps in memory: the cluster id, the servers and which of them owe stripes.
+fn load(db: &Database) -> Result<Loaded, Failure> {
     let txn = db.begin_write()?;
     let loaded = {
         let mut tables = Tables::open(&txn)?;
@@ -708,7 +710,11 @@ fn load(
             let (key, _) = entry?;
             indebted.insert(key.value().0);
         }
-        (cluster, servers, indebted)
+        Loaded {
+            cluster,
+            servers,
+            indebted,
+        }
     };
     txn.commit()?;
     Ok(loaded)

@@ -5,8 +5,9 @@
 //! rest against the store, keeps the CSAR parity locks per connection (released when the
 //! connection goes), and keeps the server registered and heartbeating with the metadata
 //! manager. Small reads the page cache holds are answered on the transport's network thread
-//! ([`Store::read_cached`]); everything that may wait for the disk runs on the blocking pool. It holds no layout knowledge: the
-//! client tells it byte offsets in its data, redundancy and overflow files.
+//! ([`Store::read_cached`]); everything that may wait for the disk runs on the blocking pool.
+//! It holds no layout knowledge: the client tells it byte offsets in its data, redundancy and
+//! overflow files.
 
 use bytes::Bytes;
 use std::net::SocketAddr;

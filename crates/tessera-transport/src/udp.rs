@@ -4,8 +4,8 @@
 //! batches (`sendmmsg`/`recvmmsg`, dozens of datagrams per system call; a window of DATA
 //! packets to one peer as one UDP GSO message) and sleeps in `ppoll` with a microsecond timeout
 //! and a 1 µs timer slack, because a tokio timer alone has millisecond granularity and the
-//! protocol's retransmission timeouts are a few hundred microseconds. Async callers talk to the thread through a command queue and an eventfd that
-//! wakes it.
+//! protocol's retransmission timeouts are a few hundred microseconds. Async callers talk to
+//! the thread through a command queue and an eventfd that wakes it.
 
 use crate::{BoxFuture, ConnectionId, FrameHandler, Reply, TransportError};
 use bytes::Bytes;
