@@ -73,6 +73,7 @@ pub mod cluster;
 pub mod cmd;
 mod error;
 pub mod experiments;
+pub mod host;
 pub mod job;
 pub mod net;
 pub mod probe;

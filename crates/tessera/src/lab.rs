@@ -94,6 +94,11 @@ struct Common {
     /// An extra flag for every `tessera server` (repeat for more), e.g. --server-arg=--foo.
     #[arg(long, allow_hyphen_values = true)]
     server_arg: Vec<String>,
+    /// Microseconds an idle CPU polls before it halts, for the run (the kernel's haltpoll
+    /// guest_halt_poll_ns; restored afterwards). On a virtual machine that boots with 0, waking
+    /// a halted CPU adds tens of microseconds to every hop between the lab's processes.
+    #[arg(long, default_value_t = tessera_lab::host::HALT_POLL_US_DEFAULT)]
+    halt_poll_us: u64,
 }
 
 #[derive(Args)]
@@ -223,9 +228,21 @@ pub async fn run(args: LabArgs) -> Result<()> {
     watch_signals(cancel.clone())?;
     let exe = std::env::current_exe().context("cannot find the tessera binary")?;
     let link = common.link(experiment.link_defaults());
+    tessera_lab::cmd::require_lab_host()?;
+    let halt_poll = tessera_lab::host::HaltPoll::set(common.halt_poll_us)?;
+    if let Some(guard) = &halt_poll {
+        if guard.before_us() != common.halt_poll_us {
+            eprintln!(
+                "lab: idle CPUs poll {} us before halting for this run (was {} us)",
+                common.halt_poll_us,
+                guard.before_us()
+            );
+        }
+    }
     let lab = LabConfig::new(exe, link, common.dir, cancel);
     // The lab waits on processes and sockets with plain blocking calls.
     let paths = tokio::task::spawn_blocking(move || run_experiment(&lab, experiment)).await??;
+    drop(halt_poll);
     for path in paths {
         println!("wrote {}", path.display());
     }

@@ -75,6 +75,9 @@ pub struct Testbed {
     pub cpus: usize,
     /// Kernel release.
     pub kernel: String,
+    /// How long an idle CPU polled before halting, in microseconds ([`crate::host`]);
+    /// `None` on a machine without the `haltpoll` governor.
+    pub halt_poll_us: Option<u64>,
     /// The tessera binary.
     pub tessera: String,
 }
@@ -92,6 +95,7 @@ impl Testbed {
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
                 .map(|s| s.trim().to_string())
                 .unwrap_or_default(),
+            halt_poll_us: crate::host::halt_poll_us(),
             tessera: config.exe.display().to_string(),
         }
     }
@@ -101,7 +105,7 @@ impl Testbed {
         format!(
             "Testbed: hosts in network namespaces on one bridge; every link {} each way (`tbf`, \
              bucket {} bytes), switch port buffer {} bytes, host transmit queue {} bytes; \
-             offloads off, so frames are at most {} bytes. {} CPUs shared by every host; \
+             offloads off, so frames are at most {} bytes. {} CPUs shared by every host{}; \
              Linux {}.",
             crate::net::Rate {
                 bits_per_s: self.link_rate_bits_per_s
@@ -111,6 +115,10 @@ impl Testbed {
             self.nic_buffer_bytes,
             self.frame_bytes,
             self.cpus,
+            match self.halt_poll_us {
+                Some(us) => format!(", an idle CPU polls {us} us before it halts (haltpoll)"),
+                None => String::new(),
+            },
             self.kernel
         )
     }
