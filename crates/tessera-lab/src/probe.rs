@@ -288,8 +288,9 @@ pub struct TcpCounters {
     pub retransmitted_segments: u64,
     /// Retransmission timer expiries (`TcpExt: TCPTimeouts` of `/proc/net/netstat`).
     pub timeouts: u64,
-    /// Every counter of the `Tcp` and `TcpExt` sections, as `Tcp.Name` and `TcpExt.Name`
-    /// (loss probes, recoveries, zero windows, ... for a closer look); zeros left out.
+    /// Every counter of the `Tcp`, `TcpExt` and `Udp` sections, as `Tcp.Name`, `TcpExt.Name`
+    /// and `Udp.Name` (loss probes, recoveries, zero windows, datagrams a full socket buffer
+    /// dropped, ... for a closer look); zeros left out.
     pub all: BTreeMap<String, u64>,
 }
 
@@ -298,6 +299,7 @@ impl TcpCounters {
     pub fn parse(snmp: &str, netstat: &str) -> TcpCounters {
         let mut all = proc_net_section(snmp, "Tcp");
         all.extend(proc_net_section(netstat, "TcpExt"));
+        all.extend(proc_net_section(snmp, "Udp"));
         all.retain(|_, v| *v > 0);
         TcpCounters {
             retransmitted_segments: proc_net_counter(snmp, "Tcp", "RetransSegs").unwrap_or(0),
@@ -396,7 +398,7 @@ mod tests {
         let snmp = "Ip: Forwarding DefaultTTL\nIp: 2 64\n\
 Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails EstabResets CurrEstab InSegs OutSegs RetransSegs InErrs OutRsts InCsumErrors\n\
 Tcp: 1 200 120000 -1 7 3 0 0 2 5000 6000 42 0 1 0\n\
-Udp: InDatagrams NoPorts\nUdp: 10 0\n";
+Udp: InDatagrams NoPorts RcvbufErrors\nUdp: 10 0 4\nUdpLite: InDatagrams\nUdpLite: 9\n";
         let netstat = "TcpExt: SyncookiesSent TCPTimeouts TCPLossProbes\nTcpExt: 0 17 3\n\
 IpExt: InNoRoutes\nIpExt: 0\n";
         let c = TcpCounters::parse(snmp, netstat);
@@ -405,7 +407,14 @@ IpExt: InNoRoutes\nIpExt: 0\n";
         assert_eq!(c.all["Tcp.InSegs"], 5000);
         assert!(!c.all.contains_key("Tcp.MaxConn"), "negative");
         assert!(!c.all.contains_key("TcpExt.SyncookiesSent"), "zero");
-        assert!(!c.all.contains_key("Udp.InDatagrams"), "another section");
+        // UDP's too: a full socket buffer drops datagrams before any transport sees them.
+        assert_eq!(c.all["Udp.RcvbufErrors"], 4);
+        assert_eq!(c.all["Udp.InDatagrams"], 10);
+        assert!(
+            !c.all.contains_key("UdpLite.InDatagrams"),
+            "another section"
+        );
+        assert!(!c.all.contains_key("IpExt.InNoRoutes"), "another section");
         assert_eq!(proc_net_counter(snmp, "Tcp", "MaxConn"), None, "negative");
         assert_eq!(proc_net_counter(snmp, "Udp", "InDatagrams"), Some(10));
         assert_eq!(proc_net_counter(snmp, "Tcp", "Nothing"), None);
