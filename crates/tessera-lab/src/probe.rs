@@ -37,6 +37,65 @@ pub struct EchoStats {
     pub rtt_us_max: f64,
 }
 
+/// How late this machine wakes a thread from a short sleep. Every hop of a message between
+/// the lab's processes is such a wakeup, and on a virtual machine the hypervisor decides
+/// when a virtual CPU runs, so a busy host makes every process of the lab late, whatever
+/// the transport: this is what the run's figures stand on.
+#[derive(Debug, Clone, Serialize)]
+pub struct WakeupStats {
+    /// The sleep asked for, in microseconds.
+    pub sleep_us: u64,
+    /// Sleeps timed.
+    pub samples: usize,
+    /// Lateness past the sleep asked for, in microseconds: median, 99th percentile, most.
+    pub late_us_median: f64,
+    /// See `late_us_median`.
+    pub late_us_p99: f64,
+    /// See `late_us_median`.
+    pub late_us_max: f64,
+    /// Share of the measured time lost to wakeups more than a millisecond late.
+    pub lost_to_late_over_1ms: f64,
+}
+
+impl WakeupStats {
+    /// From the lateness of each sleep (microseconds) over `elapsed_us` of measurement.
+    pub fn of(sleep_us: u64, late_us: &mut [f64], elapsed_us: f64) -> WakeupStats {
+        late_us.sort_by(f64::total_cmp);
+        let at = |q: f64| -> f64 {
+            if late_us.is_empty() {
+                return 0.0;
+            }
+            late_us[((late_us.len() - 1) as f64 * q).round() as usize]
+        };
+        let lost: f64 = late_us.iter().filter(|&&l| l > 1000.0).sum();
+        WakeupStats {
+            sleep_us,
+            samples: late_us.len(),
+            late_us_median: at(0.5),
+            late_us_p99: at(0.99),
+            late_us_max: late_us.last().copied().unwrap_or(0.0),
+            lost_to_late_over_1ms: if elapsed_us > 0.0 {
+                lost / elapsed_us
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+/// Sleep `sleep` over and over for `duration` and time how late each wakeup is.
+pub fn wakeup_lateness(sleep: Duration, duration: Duration) -> WakeupStats {
+    let start = Instant::now();
+    let mut late_us = Vec::new();
+    while start.elapsed() < duration {
+        let asleep = Instant::now();
+        std::thread::sleep(sleep);
+        late_us.push(asleep.elapsed().saturating_sub(sleep).as_secs_f64() * 1e6);
+    }
+    let elapsed_us = start.elapsed().as_secs_f64() * 1e6;
+    WakeupStats::of(sleep.as_micros() as u64, &mut late_us, elapsed_us)
+}
+
 /// Send `count` small datagrams from host `from` to host `to` and time their echoes; they
 /// cross both hosts' links, the bridge and its `tbf` ports.
 pub fn udp_echo(
@@ -392,6 +451,29 @@ pub fn proc_net_counter(text: &str, section: &str, name: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wakeup_lateness_quantiles_and_time_lost() {
+        // 100 sleeps: 97 late by 10 us, then 2 ms, 3 ms and 500 us.
+        let mut late: Vec<f64> = vec![10.0; 97];
+        late.extend([2000.0, 3000.0, 500.0]);
+        let stats = WakeupStats::of(100, &mut late, 50_000.0);
+        assert_eq!((stats.sleep_us, stats.samples), (100, 100));
+        assert_eq!(stats.late_us_median, 10.0);
+        assert_eq!(stats.late_us_p99, 2000.0);
+        assert_eq!(stats.late_us_max, 3000.0);
+        // Only the two wakeups over a millisecond count: 5 ms of 50.
+        assert!((stats.lost_to_late_over_1ms - 0.1).abs() < 1e-9);
+        let none = WakeupStats::of(100, &mut [], 0.0);
+        assert_eq!((none.samples, none.late_us_max), (0, 0.0));
+    }
+
+    #[test]
+    fn a_real_sleep_wakes_no_earlier_than_asked() {
+        let stats = wakeup_lateness(Duration::from_micros(200), Duration::from_millis(20));
+        assert!(stats.samples >= 1 && stats.samples <= 100, "{stats:?}");
+        assert!(stats.late_us_median >= 0.0 && stats.late_us_max >= stats.late_us_p99);
+    }
 
     #[test]
     fn tcp_counters_from_proc_net() {

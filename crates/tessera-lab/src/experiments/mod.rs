@@ -16,7 +16,7 @@ pub mod swift_window;
 use crate::cmd::Cancel;
 use crate::job::Sample;
 use crate::net::{LinkSpec, Network, Rate, FRAME_BYTES_MAX};
-use crate::probe::{self, EchoStats, StreamStats};
+use crate::probe::{self, EchoStats, StreamStats, WakeupStats};
 use crate::LabError;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -191,6 +191,8 @@ pub struct Calibration {
     pub background_cpu_busy: f64,
     /// Round trips of small datagrams client to server 1.
     pub echo: EchoStats,
+    /// How late the machine woke a thread from 100 us sleeps, with the network idle.
+    pub wakeups: WakeupStats,
     /// What limited the stream.
     pub limit: Limit,
 }
@@ -202,7 +204,9 @@ impl Calibration {
             "Calibration: one raw TCP stream through the links reached {:.1} Mbit/s from the \
              client and {:.1} Mbit/s to it, {:.3} of the configured rate, with {:.0}% of the \
              CPUs busy ({:.0}% before it, with the network idle): **{}-bound**. Echo round \
-             trip {:.0} us (min {:.0} us).",
+             trip {:.0} us (min {:.0} us). Sleeps of {} us woke late by {:.0} us (median), \
+             {:.0} us (p99), {:.0} us at most; wakeups over 1 ms late took {:.1}% of the time \
+             (the host's scheduling, which every line of the run shares).",
             self.stream_from_client.bits_per_s / 1e6,
             self.stream_to_client.bits_per_s / 1e6,
             self.stream_fraction,
@@ -211,9 +215,19 @@ impl Calibration {
             self.limit.name(),
             self.echo.rtt_us_median,
             self.echo.rtt_us_min,
+            self.wakeups.sleep_us,
+            self.wakeups.late_us_median,
+            self.wakeups.late_us_p99,
+            self.wakeups.late_us_max,
+            self.wakeups.lost_to_late_over_1ms * 100.0,
         )
     }
 }
+
+/// The sleep whose lateness the calibration times: about a Tessera round trip.
+const WAKEUP_SLEEP: Duration = Duration::from_micros(100);
+/// How long it times it.
+const WAKEUP_PROBE: Duration = Duration::from_secs(1);
 
 /// Stream `seconds` worth of the configured rate each way between `client` and `server`.
 pub fn calibrate(
@@ -227,6 +241,8 @@ pub fn calibrate(
     let idle = probe::CpuTimes::now()?;
     cancel.sleep(Duration::from_millis(500))?;
     let background_cpu_busy = probe::CpuTimes::now()?.busy_since(&idle);
+    let wakeups = probe::wakeup_lateness(WAKEUP_SLEEP, WAKEUP_PROBE);
+    cancel.check()?;
     let echo = probe::udp_echo(network, client, server, 20)?;
     let bytes = (link.rate.bytes_per_s() * seconds) as u64;
     // A stream below a fifth of the rate is hopeless; give up long before that.
@@ -245,6 +261,7 @@ pub fn calibrate(
         cpu_busy,
         background_cpu_busy,
         echo,
+        wakeups,
         limit: Limit::classify(stream_utilization(stream_fraction), cpu_busy),
     })
 }

@@ -1002,6 +1002,7 @@ mod tests {
             cpu_busy: 0.1,
             background_cpu_busy: 0.0,
             echo,
+            wakeups: crate::probe::WakeupStats::of(100, &mut [5.0, 1500.0], 10_000.0),
             limit: Limit::Network,
         };
         let context = Context {
