@@ -16,6 +16,10 @@ use std::net::SocketAddr;
 /// Bytes a session may hold queued and unacknowledged; a single message larger than this is
 /// still accepted into an empty queue.
 pub const SEND_QUEUE_BYTES_MAX: usize = 64 << 20;
+/// Packets an answer must take for [`Endpoint::request`] to hold its request until the
+/// receive budget grants the session: smaller answers (a write's acknowledgement, a
+/// lookup) go at once, since waiting would only delay them behind large reads.
+pub const HOLD_ANSWER_PACKETS_MIN: u64 = 4;
 /// RESETs waiting to be sent; more are dropped (the peer's own timeouts still end its session).
 pub const CONTROL_QUEUE_MAX: usize = 64;
 /// RESETs an endpoint may send in a burst.
@@ -150,28 +154,91 @@ impl Endpoint {
         now: Micros,
     ) -> Result<(), SendError> {
         self.observe(now);
-        let Some(state) = self.sessions.get_mut(&session) else {
+        self.send_checks(session, message.len())?;
+        let state = self
+            .sessions
+            .get_mut(&session)
+            .expect("checked by send_checks");
+        if state.holds_requests() {
+            // Nothing overtakes a held request: the peer sees a session's messages in order.
+            state.hold_request(message);
+        } else {
+            let fragment_bytes_max = state.fragment_bytes_max;
+            state.queue_message(message, fragment_bytes_max);
+        }
+        self.stats.messages_sent += 1;
+        self.touch(session, now);
+        Ok(())
+    }
+
+    /// Why a message of `len` bytes cannot be queued on `session` now, if it cannot.
+    fn send_checks(&self, session: SessionId, len: usize) -> Result<(), SendError> {
+        let Some(state) = self.sessions.get(&session) else {
             return Err(match self.forgotten.get(&session) {
                 Some((_, Forgotten::Lost)) => SendError::Lost(session),
                 _ => SendError::UnknownSession(session),
             });
         };
-        if message.len() > self.config.message_bytes_max {
+        if len > self.config.message_bytes_max {
             return Err(SendError::TooLarge {
-                len: message.len(),
+                len,
                 max: self.config.message_bytes_max,
             });
         }
         let queued_bytes = state.queued_bytes();
-        if queued_bytes > 0 && queued_bytes + message.len() > SEND_QUEUE_BYTES_MAX {
+        if queued_bytes > 0 && queued_bytes + len > SEND_QUEUE_BYTES_MAX {
             return Err(SendError::QueueFull {
                 session,
                 queued_bytes,
                 max: SEND_QUEUE_BYTES_MAX,
             });
         }
-        let fragment_bytes_max = state.fragment_bytes_max;
-        state.queue_message(message, fragment_bytes_max);
+        Ok(())
+    }
+
+    /// Sends a request and announces its answer of `answer_bytes` (`None`: size unknown):
+    /// [`send`](Self::send), then [`expect`](Self::expect). Under a receive budget, a request
+    /// whose answer takes at least [`HOLD_ANSWER_PACKETS_MIN`] packets waits here until its
+    /// session is granted part of the budget, and then goes out with the grant. A client
+    /// that asks 64 servers at once for their stripe units would otherwise wake all 64 to
+    /// take a request that most cannot answer yet: each acknowledges it, sleeps, and wakes
+    /// again for its grant, and on two shared CPUs the crowd of wakeups delayed the
+    /// acknowledgements past the client's retransmission timer (about 20 spurious request
+    /// timeouts per read in `tessera lab incast` at N = 64). Held, a request reaches its
+    /// server when that server may answer it, as grants pace the answers (Homa, pHost).
+    pub fn request(
+        &mut self,
+        session: SessionId,
+        message: Bytes,
+        answer_bytes: Option<usize>,
+        now: Micros,
+    ) -> Result<(), SendError> {
+        let hold = self.config.receive_budget_packets.is_some()
+            && self.sessions.get(&session).is_some_and(|state| {
+                answer_bytes
+                    .is_some_and(|bytes| state.packets_from_peer(bytes) >= HOLD_ANSWER_PACKETS_MIN)
+            });
+        if !hold {
+            self.send(session, message, now)?;
+            // Announced with the request, so a grant rides on the request's packets.
+            self.expect(session, answer_bytes, now);
+            return Ok(());
+        }
+        // Validated and counted like any message, then held unless a grant is there
+        // already: `expect` grants at once if the budget has room.
+        self.send_checks(session, message.len())?;
+        self.expect(session, answer_bytes, now);
+        let state = self
+            .sessions
+            .get_mut(&session)
+            .expect("checked by send_checks");
+        if state.promised_packets() > 0 && !state.holds_requests() {
+            let fragment_bytes_max = state.fragment_bytes_max;
+            state.queue_message(message, fragment_bytes_max);
+        } else {
+            state.hold_request(message);
+            self.stats.requests_held += 1;
+        }
         self.stats.messages_sent += 1;
         self.touch(session, now);
         Ok(())
@@ -203,6 +270,7 @@ impl Endpoint {
         if let Some(state) = self.sessions.get_mut(&session) {
             state.expect_cancelled();
             self.grants_due = true;
+            self.touch(session, now);
         }
     }
 

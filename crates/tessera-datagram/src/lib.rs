@@ -149,7 +149,9 @@
 //! messages the application announced with [`Endpoint::expect`] (the answers to its
 //! requests). What is in flight toward the endpoint then never exceeds the budget, however
 //! many peers answer at once, which is what keeps a switch port from overflowing under
-//! incast.
+//! incast. [`Endpoint::request`] sends a request and announces its answer together, and
+//! holds a request for a large answer until its session is granted, so that a server is
+//! asked only when it may answer.
 //!
 //! **Round-trip time.** Jacobson and Karels from timestamp echoes: srtt and rttvar, RTO =
 //! srtt + 4 rttvar clamped to `[rto_min_us, rto_max_us]`. Samples come from every
@@ -195,8 +197,8 @@ use std::net::SocketAddr;
 
 pub use congestion::{Adaptive, CongestionControl, Fixed};
 pub use endpoint::{
-    Endpoint, CONTROL_QUEUE_MAX, EVENT_QUEUE_MAX, FORGOTTEN_SESSIONS_MAX, RESET_BURST_MAX,
-    RESET_INTERVAL_US, SEND_QUEUE_BYTES_MAX,
+    Endpoint, CONTROL_QUEUE_MAX, EVENT_QUEUE_MAX, FORGOTTEN_SESSIONS_MAX, HOLD_ANSWER_PACKETS_MIN,
+    RESET_BURST_MAX, RESET_INTERVAL_US, SEND_QUEUE_BYTES_MAX,
 };
 pub use packet::{decode, Packet, PacketError, PacketKind, HEADER_LEN};
 pub use session::{REORDER_PACKETS, WINDOW_INITIAL_PACKETS};
@@ -523,6 +525,8 @@ pub struct Stats {
     pub probe_timeouts: u64,
     /// Times this receiver extended a session's window from its receive budget.
     pub grants: u64,
+    /// Requests held until the receive budget granted their session ([`Endpoint::request`]).
+    pub requests_held: u64,
     /// Bare ACKs sent (not counting acknowledgements piggybacked on other packets).
     pub acks_sent: u64,
     /// Window probes sent.
@@ -585,6 +589,7 @@ impl Stats {
             ("spurious_timeouts", self.spurious_timeouts),
             ("probe_timeouts", self.probe_timeouts),
             ("grants", self.grants),
+            ("requests_held", self.requests_held),
             ("acks_sent", self.acks_sent),
             ("probes_sent", self.probes_sent),
             ("resets_sent", self.resets_sent),

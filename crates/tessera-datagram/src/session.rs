@@ -115,6 +115,9 @@ pub(crate) struct Session {
     send_next: u64,
     send_high: u64,
     queued_bytes: usize,
+    /// Requests waiting for this session's first grant of the receive budget, oldest first
+    /// (see [`crate::Endpoint::request`]); their bytes count in `queued_bytes`.
+    held_requests: VecDeque<Bytes>,
     /// One past the highest sequence number the peer said it can accept (ack + window).
     /// Only grows: receivers never take back window they advertised.
     peer_window_edge: u64,
@@ -220,6 +223,7 @@ impl Session {
             send_next: 0,
             send_high: 0,
             queued_bytes: 0,
+            held_requests: VecDeque::new(),
             peer_window_edge,
             congestion: congestion::controller(config.congestion, config.window_packets_max),
             rtt: RttEstimator::new(config.rto_initial_us, config.rto_min_us, config.rto_max_us),
@@ -350,18 +354,45 @@ impl Session {
     /// the peer.
     pub(crate) fn expect(&mut self, bytes: Option<usize>, ticket: u64) {
         let packets = match bytes {
-            Some(bytes) => bytes.div_ceil(self.peer_fragment_bytes).max(1) as u64,
+            Some(bytes) => self.packets_from_peer(bytes),
             None => UNKNOWN_MESSAGE_PACKETS,
         };
         self.expected.push_back(Expectation { ticket, packets });
     }
 
+    /// Packets of a message of `bytes` from the peer.
+    pub(crate) fn packets_from_peer(&self, bytes: usize) -> u64 {
+        bytes.div_ceil(self.peer_fragment_bytes).max(1) as u64
+    }
+
+    /// Holds `request` until this session is granted part of the receive budget.
+    pub(crate) fn hold_request(&mut self, request: Bytes) {
+        self.queued_bytes += request.len();
+        self.held_requests.push_back(request);
+    }
+
+    /// Whether requests wait for a grant: any queued after them must wait too, in order.
+    pub(crate) fn holds_requests(&self) -> bool {
+        !self.held_requests.is_empty()
+    }
+
+    /// Sends the held requests: the session was granted.
+    fn release_held_requests(&mut self) {
+        while let Some(request) = self.held_requests.pop_front() {
+            self.queued_bytes -= request.len();
+            self.queue_message(request, self.fragment_bytes_max);
+        }
+    }
+
     /// The application no longer expects a message it announced with `expect` (it gave up
-    /// waiting): forget the newest expectation.
+    /// waiting): forget the newest expectation. Held requests stay in order (which of them
+    /// was given up is the application's business); once nothing is expected, no grant
+    /// will come for them, so they go out now.
     pub(crate) fn expect_cancelled(&mut self) {
         self.expected.pop_back();
         if self.expected.is_empty() {
             self.expected_received = 0;
+            self.release_held_requests();
         }
     }
 
@@ -397,6 +428,8 @@ impl Session {
         let promised_before = self.promised_packets();
         self.advertised_edge += packets;
         stats.grants += 1;
+        // The requests go out with the grant: the peer wakes once for both.
+        self.release_held_requests();
         if promised_before <= config.ack_every_packets as u64 {
             self.ack_now = true;
         }

@@ -1921,9 +1921,8 @@ fn incast(servers: u8, unit_bytes: usize, budget: Option<u32>, rounds: u32) -> I
     let ask = |sim: &mut Sim| {
         let now = sim.now();
         for &session in &sessions {
-            sim.endpoint(client).expect(session, Some(unit_bytes), now);
             sim.endpoint(client)
-                .send(session, Bytes::from_static(b"read"), now)
+                .request(session, Bytes::from_static(b"read"), Some(unit_bytes), now)
                 .unwrap();
         }
     };
@@ -2007,6 +2006,131 @@ fn with_a_receive_budget_incast_neither_drops_nor_times_out_at_any_fan_in() {
             // Measured 0.88 (one sender of 32 KiB: a round trip per block) to 0.95.
             assert!(run.fraction >= 0.85, "{case}");
         }
+    }
+}
+
+/// A client with a receive budget of `budget` packets and one session to each of `servers`
+/// servers, stepped by hand.
+fn client_with_budget(budget: u32, servers: u8) -> (Endpoint, Vec<SessionId>) {
+    let config = Config {
+        receive_budget_packets: Some(budget),
+        ..Config::default()
+    };
+    let mut client = Endpoint::new(config, 1);
+    let sessions = (0..servers)
+        .map(|i| client.connect(addr(2 + i), 0))
+        .collect();
+    (client, sessions)
+}
+
+/// Where the datagrams the client has to send now go.
+fn destinations(client: &mut Endpoint, now: Micros) -> Vec<SocketAddr> {
+    std::iter::from_fn(|| client.poll_transmit(now))
+        .map(|t| t.destination)
+        .collect()
+}
+
+#[test]
+fn a_request_for_a_large_answer_waits_for_its_grant() {
+    // A budget of 4 packets, all granted to the first server's 8 KiB answer: the second
+    // server's request is held (it could not answer it yet), and so is a message sent after
+    // it on that session (nothing overtakes); a request whose answer is one packet is not.
+    let (mut client, sessions) = client_with_budget(4, 3);
+    let now = 0;
+    client
+        .request(sessions[0], Bytes::from_static(b"read"), Some(8 << 10), now)
+        .unwrap();
+    client
+        .request(sessions[1], Bytes::from_static(b"read"), Some(8 << 10), now)
+        .unwrap();
+    client
+        .send(sessions[1], Bytes::from_static(b"after"), now)
+        .unwrap();
+    client
+        .request(sessions[2], Bytes::from_static(b"small"), Some(100), now)
+        .unwrap();
+    assert_eq!(client.stats().requests_held, 1);
+    assert_eq!(client.stats().messages_sent, 4);
+    let sent = destinations(&mut client, now);
+    assert!(
+        sent.contains(&addr(2)) && sent.contains(&addr(4)),
+        "{sent:?}"
+    );
+    assert!(
+        !sent.contains(&addr(3)),
+        "a held request went out: {sent:?}"
+    );
+    // Giving up on the only answer expected there releases what was held (no grant would
+    // come for it): the request and the message after it, one packet each.
+    client.expect_cancelled(sessions[1], now);
+    assert_eq!(destinations(&mut client, now), vec![addr(3), addr(3)]);
+}
+
+#[test]
+fn held_requests_go_out_with_their_grant_and_every_answer_arrives() {
+    // Eight servers answer 32 KiB each through a 4-packet budget: every request but the
+    // first is held, and each server sees its request only once it may answer it, so it
+    // sends its first packets at once rather than waiting for a grant with nothing to do.
+    let budget = 4;
+    let mut sim = Sim::new(11);
+    let client = addr(1);
+    let servers: Vec<SocketAddr> = (0..8).map(|i| addr(2 + i)).collect();
+    sim.add_endpoint(
+        client,
+        Config {
+            receive_budget_packets: Some(budget),
+            ..Config::default()
+        },
+    );
+    for &s in &servers {
+        sim.add_endpoint(s, Config::default());
+    }
+    let sessions: Vec<SessionId> = servers
+        .iter()
+        .map(|&s| sim.endpoint(client).connect(s, 0))
+        .collect();
+    let now = sim.now();
+    for &session in &sessions {
+        sim.endpoint(client)
+            .request(session, Bytes::from_static(b"read"), Some(32 << 10), now)
+            .unwrap();
+    }
+    assert_eq!(sim.endpoint_ref(client).stats().requests_held, 7);
+    let answer = Bytes::from(vec![9u8; 32 << 10]);
+    let mut answers = 0;
+    sim.run_until(10_000_000, |sim| {
+        for &s in &servers {
+            while let Some(event) = sim.endpoint(s).poll_event() {
+                if let Event::Message { session, .. } = event {
+                    // The request came with a grant: the first packets can go at once.
+                    let info = sim.endpoint_ref(s).session_info(session).unwrap();
+                    assert!(
+                        info.peer_receive_window > 0,
+                        "{s}: a request without a grant"
+                    );
+                    let now = sim.now();
+                    sim.endpoint(s).send(session, answer.clone(), now).unwrap();
+                }
+            }
+        }
+        while let Some(event) = sim.endpoint(client).poll_event() {
+            if let Event::Message { message, .. } = event {
+                assert_eq!(message.len(), 32 << 10);
+                answers += 1;
+            }
+        }
+        answers == servers.len()
+    })
+    .unwrap_or_else(|error| panic!("{error}"));
+    let stats = sim.endpoint_ref(client).stats();
+    assert_eq!((stats.timeouts, stats.retransmissions), (0, 0), "{stats:?}");
+    for &s in &servers {
+        let stats = sim.endpoint_ref(s).stats();
+        assert_eq!(
+            (stats.timeouts, stats.probes_sent),
+            (0, 0),
+            "{s}: {stats:?}"
+        );
     }
 }
 

@@ -546,10 +546,12 @@ impl Driver {
         let session = *sessions
             .entry(addr)
             .or_insert_with(|| self.endpoint.connect_with(addr, payload_bytes, now));
-        match self.endpoint.send(session, frame.clone(), now) {
+        // With its answer's size: under the receive budget the request waits for the grant.
+        match self
+            .endpoint
+            .request(session, frame.clone(), reply_bytes, now)
+        {
             Ok(()) => {
-                // Announced with the request, so the grant rides on the request's packets.
-                self.endpoint.expect(session, reply_bytes, now);
                 pending.insert(
                     request_id,
                     Pending {
