@@ -67,7 +67,11 @@ impl WakeupStats {
             }
             late_us[((late_us.len() - 1) as f64 * q).round() as usize]
         };
-        let lost: f64 = late_us.iter().filter(|&&l| l > 1000.0).sum();
+        // A fold from +0.0: an empty float sum is -0.0, printed "-0.0%".
+        let lost = late_us
+            .iter()
+            .filter(|&&l| l > 1000.0)
+            .fold(0.0, |sum, l| sum + l);
         WakeupStats {
             sleep_us,
             samples: late_us.len(),
@@ -466,6 +470,11 @@ mod tests {
         assert!((stats.lost_to_late_over_1ms - 0.1).abs() < 1e-9);
         let none = WakeupStats::of(100, &mut [], 0.0);
         assert_eq!((none.samples, none.late_us_max), (0, 0.0));
+        let punctual = WakeupStats::of(100, &mut [3.0, 4.0], 1000.0);
+        assert_eq!(
+            format!("{:.1}", punctual.lost_to_late_over_1ms * 100.0),
+            "0.0"
+        );
     }
 
     #[test]
