@@ -155,12 +155,18 @@ impl Endpoint {
     ) -> Result<(), SendError> {
         self.observe(now);
         self.send_checks(session, message.len())?;
+        self.enqueue(session, message, false, now);
+        Ok(())
+    }
+
+    /// Queues a checked message, or holds it if `hold` or if requests are held already
+    /// (nothing overtakes a held request: the peer sees a session's messages in order).
+    fn enqueue(&mut self, session: SessionId, message: Bytes, hold: bool, now: Micros) {
         let state = self
             .sessions
             .get_mut(&session)
             .expect("checked by send_checks");
-        if state.holds_requests() {
-            // Nothing overtakes a held request: the peer sees a session's messages in order.
+        if hold || state.holds_requests() {
             state.hold_request(message);
         } else {
             let fragment_bytes_max = state.fragment_bytes_max;
@@ -168,7 +174,6 @@ impl Endpoint {
         }
         self.stats.messages_sent += 1;
         self.touch(session, now);
-        Ok(())
     }
 
     /// Why a message of `len` bytes cannot be queued on `session` now, if it cannot.
@@ -228,19 +233,12 @@ impl Endpoint {
         // already: `expect` grants at once if the budget has room.
         self.send_checks(session, message.len())?;
         self.expect(session, answer_bytes, now);
-        let state = self
-            .sessions
-            .get_mut(&session)
-            .expect("checked by send_checks");
-        if state.promised_packets() > 0 && !state.holds_requests() {
-            let fragment_bytes_max = state.fragment_bytes_max;
-            state.queue_message(message, fragment_bytes_max);
-        } else {
-            state.hold_request(message);
+        let state = &self.sessions[&session];
+        let hold = state.promised_packets() == 0 || state.holds_requests();
+        if hold {
             self.stats.requests_held += 1;
         }
-        self.stats.messages_sent += 1;
-        self.touch(session, now);
+        self.enqueue(session, message, hold, now);
         Ok(())
     }
 
