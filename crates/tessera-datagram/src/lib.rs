@@ -150,8 +150,8 @@
 //! requests). What is in flight toward the endpoint then never exceeds the budget, however
 //! many peers answer at once, which is what keeps a switch port from overflowing under
 //! incast. [`Endpoint::request`] sends a request and announces its answer together, and
-//! holds a request for a large answer until its session is granted, so that a server is
-//! asked only when it may answer.
+//! holds a request for a large answer until the grant of its session reaches into that
+//! answer, so that a server is asked only when it may answer.
 //!
 //! **Round-trip time.** Jacobson and Karels from timestamp echoes: srtt and rttvar, RTO =
 //! srtt + 4 rttvar clamped to `[rto_min_us, rto_max_us]`. Samples come from every
@@ -525,7 +525,7 @@ pub struct Stats {
     pub probe_timeouts: u64,
     /// Times this receiver extended a session's window from its receive budget.
     pub grants: u64,
-    /// Requests held until the receive budget granted their session ([`Endpoint::request`]).
+    /// Requests held until the receive budget granted into their answers ([`Endpoint::request`]).
     pub requests_held: u64,
     /// Bare ACKs sent (not counting acknowledgements piggybacked on other packets).
     pub acks_sent: u64,

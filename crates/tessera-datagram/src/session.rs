@@ -78,11 +78,13 @@ const RESTART_RESENDS_MAX: u32 = 10;
 /// What a session under a receive budget asks of it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Claim {
-    /// First come, first granted: the ticket of its oldest expected message.
+    /// First come, first granted: the ticket of its oldest expected message not granted
+    /// whole.
     pub(crate) ticket: u64,
     /// Packets granted and not yet arrived.
     pub(crate) promised: u64,
-    /// Packets more it could use now (expected and not yet granted, within its buffer).
+    /// Packets more that message could use now (expected and not yet granted, within the
+    /// session's buffer).
     pub(crate) wanted: u64,
 }
 
@@ -97,6 +99,15 @@ struct RestartState {
     resends: u32,
     /// A RESTART is waiting to go out.
     owed: bool,
+}
+
+/// A message held back in [`Session::held_requests`].
+#[derive(Debug)]
+struct HeldMessage {
+    message: Bytes,
+    /// The expectation of the request's answer; `None` for a message that only keeps its
+    /// place behind a held request.
+    answer: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -115,9 +126,10 @@ pub(crate) struct Session {
     send_next: u64,
     send_high: u64,
     queued_bytes: usize,
-    /// Requests waiting for this session's first grant of the receive budget, oldest first
-    /// (see [`crate::Endpoint::request`]); their bytes count in `queued_bytes`.
-    held_requests: VecDeque<Bytes>,
+    /// Requests waiting until the grant of the receive budget reaches into their answers,
+    /// oldest first, with any message sent after them (see [`crate::Endpoint::request`]);
+    /// their bytes count in `queued_bytes`.
+    held_requests: VecDeque<HeldMessage>,
     /// One past the highest sequence number the peer said it can accept (ack + window).
     /// Only grows: receivers never take back window they advertised.
     peer_window_edge: u64,
@@ -351,7 +363,7 @@ impl Session {
     }
 
     /// The application expects a message of `bytes` (or of a size it does not know) from
-    /// the peer.
+    /// the peer; `ticket` is its place in the endpoint's first-come order.
     pub(crate) fn expect(&mut self, bytes: Option<usize>, ticket: u64) {
         let packets = match bytes {
             Some(bytes) => self.packets_from_peer(bytes),
@@ -365,52 +377,91 @@ impl Session {
         bytes.div_ceil(self.peer_fragment_bytes).max(1) as u64
     }
 
-    /// Holds `request` until this session is granted part of the receive budget.
-    pub(crate) fn hold_request(&mut self, request: Bytes) {
-        self.queued_bytes += request.len();
-        self.held_requests.push_back(request);
+    /// Queues `message`, or holds it back: behind requests held already (the peer sees a
+    /// session's messages in order), and, if it is a request whose answer is the
+    /// expectation `answer`, until the grant reaches into that answer. Returns whether it
+    /// was held.
+    pub(crate) fn queue_or_hold(&mut self, message: Bytes, answer: Option<u64>) -> bool {
+        let hold = !self.held_requests.is_empty()
+            || answer.is_some_and(|ticket| !self.granted_into(ticket));
+        if hold {
+            self.queued_bytes += message.len();
+            self.held_requests
+                .push_back(HeldMessage { message, answer });
+        } else {
+            self.queue_message(message, self.fragment_bytes_max);
+        }
+        hold
     }
 
-    /// Whether requests wait for a grant: any queued after them must wait too, in order.
-    pub(crate) fn holds_requests(&self) -> bool {
-        !self.held_requests.is_empty()
+    /// Whether the window granted reaches into the answer of expectation `ticket`: every
+    /// packet still expected ahead of it is granted, and at least one of its own. A server
+    /// asked earlier would hold the request with nothing it may send, then wait for the
+    /// grant (probing for it), while a request sent with the grant that lets it start is
+    /// answered at once. An expectation no longer there (given up) is granted nothing more
+    /// and waits for nothing.
+    fn granted_into(&self, ticket: u64) -> bool {
+        let Some(position) = self.expected.iter().position(|e| e.ticket == ticket) else {
+            return true;
+        };
+        let ahead: u64 = self.expected.iter().take(position).map(|e| e.packets).sum();
+        self.promised_packets() > ahead.saturating_sub(self.expected_received)
     }
 
-    /// Sends the held requests: the session was granted.
-    fn release_held_requests(&mut self) {
-        while let Some(request) = self.held_requests.pop_front() {
-            self.queued_bytes -= request.len();
-            self.queue_message(request, self.fragment_bytes_max);
+    /// Sends, in order, the held requests whose answers the grant now reaches into.
+    fn release_granted_requests(&mut self) {
+        while let Some(held) = self.held_requests.front() {
+            if held.answer.is_some_and(|ticket| !self.granted_into(ticket)) {
+                break;
+            }
+            let held = self.held_requests.pop_front().expect("looked at above");
+            self.queued_bytes -= held.message.len();
+            self.queue_message(held.message, self.fragment_bytes_max);
         }
     }
 
     /// The application no longer expects a message it announced with `expect` (it gave up
     /// waiting): forget the newest expectation. Held requests stay in order (which of them
-    /// was given up is the application's business); once nothing is expected, no grant
-    /// will come for them, so they go out now.
+    /// was given up is the application's business); the one whose expectation went and
+    /// any behind it that are granted go out now, and all of them once nothing is
+    /// expected, since no grant would come for them.
     pub(crate) fn expect_cancelled(&mut self) {
         self.expected.pop_back();
         if self.expected.is_empty() {
             self.expected_received = 0;
-            self.release_held_requests();
         }
+        self.release_granted_requests();
     }
 
-    /// What this session asks of the receive budget, if it expects anything.
+    /// What this session asks of the receive budget, if it expects anything: for its
+    /// oldest expected message not granted whole, under that message's own ticket. What is
+    /// received and promised covers the expected messages oldest first, so an answer asked
+    /// for later (a client reading ahead) waits its turn behind the other sessions' older
+    /// ones, even on a session that holds a grant; granted as one, it would let the server
+    /// start an answer that then waits for the rest of its grant behind all of those.
     pub(crate) fn claim(&self, config: &Config) -> Option<Claim> {
         let oldest = self.expected.front()?;
-        let expected: u64 = self.expected.iter().map(|e| e.packets).sum();
-        // At least one packet while any message is expected: an estimate that was short
-        // must not leave the sender waiting for a grant that never comes.
-        let outstanding = expected.saturating_sub(self.expected_received).max(1);
-        let promised = self.advertised_edge - self.recv_next;
+        let promised = self.promised_packets();
+        let mut covered = self.expected_received + promised;
+        let mut current = None;
+        for expectation in &self.expected {
+            if covered < expectation.packets {
+                current = Some((expectation.ticket, expectation.packets - covered));
+                break;
+            }
+            covered -= expectation.packets;
+        }
+        // At least one packet while any message is expected and nothing is promised: an
+        // estimate that was short must not leave the sender waiting for a grant that
+        // never comes.
+        let (ticket, outstanding) = current.unwrap_or((oldest.ticket, u64::from(promised == 0)));
         let buffer_room = (config.receive_window_packets as u64)
             .saturating_sub(self.held_packets() as u64)
             .saturating_sub(promised);
         Some(Claim {
-            ticket: oldest.ticket,
+            ticket,
             promised,
-            wanted: outstanding.saturating_sub(promised).min(buffer_room),
+            wanted: outstanding.min(buffer_room),
         })
     }
 
@@ -429,7 +480,7 @@ impl Session {
         self.advertised_edge += packets;
         stats.grants += 1;
         // The requests go out with the grant: the peer wakes once for both.
-        self.release_held_requests();
+        self.release_granted_requests();
         if promised_before <= config.ack_every_packets as u64 {
             self.ack_now = true;
         }
@@ -990,6 +1041,8 @@ impl Session {
             // came, so the estimate is right in sum.
             if self.expected.pop_front().is_some() {
                 self.expected_received = 0;
+                // A grant that outran a short estimate may reach the next answer already.
+                self.release_granted_requests();
             }
             self.undrained_packets += packets;
             stats.messages_delivered += 1;

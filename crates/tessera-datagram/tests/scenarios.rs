@@ -2066,11 +2066,11 @@ fn a_request_for_a_large_answer_waits_for_its_grant() {
     assert_eq!(destinations(&mut client, now), vec![addr(3), addr(3)]);
 }
 
-#[test]
-fn held_requests_go_out_with_their_grant_and_every_answer_arrives() {
-    // Eight servers answer 32 KiB each through a 4-packet budget: every request but the
-    // first is held, and each server sees its request only once it may answer it, so it
-    // sends its first packets at once rather than waiting for a grant with nothing to do.
+/// Eight servers answer `requests` requests of 32 KiB each (sent all at once, as a client
+/// reading ahead does) through a client's 4-packet budget. Returns the client's
+/// `requests_held`; asserts that every answer arrives whole, and that nothing timed out,
+/// was retransmitted or probed for window.
+fn held_requests_run(requests: usize) -> u64 {
     let budget = 4;
     let mut sim = Sim::new(11);
     let client = addr(1);
@@ -2090,19 +2090,21 @@ fn held_requests_go_out_with_their_grant_and_every_answer_arrives() {
         .map(|&s| sim.endpoint(client).connect(s, 0))
         .collect();
     let now = sim.now();
-    for &session in &sessions {
-        sim.endpoint(client)
-            .request(session, Bytes::from_static(b"read"), Some(32 << 10), now)
-            .unwrap();
+    for _ in 0..requests {
+        for &session in &sessions {
+            sim.endpoint(client)
+                .request(session, Bytes::from_static(b"read"), Some(32 << 10), now)
+                .unwrap();
+        }
     }
-    assert_eq!(sim.endpoint_ref(client).stats().requests_held, 7);
     let answer = Bytes::from(vec![9u8; 32 << 10]);
     let mut answers = 0;
     sim.run_until(10_000_000, |sim| {
         for &s in &servers {
             while let Some(event) = sim.endpoint(s).poll_event() {
                 if let Event::Message { session, .. } = event {
-                    // The request came with a grant: the first packets can go at once.
+                    // The request came with a grant that reaches into its answer: the
+                    // answer's first packets can go as soon as what was asked before.
                     let info = sim.endpoint_ref(s).session_info(session).unwrap();
                     assert!(
                         info.peer_receive_window > 0,
@@ -2119,7 +2121,7 @@ fn held_requests_go_out_with_their_grant_and_every_answer_arrives() {
                 answers += 1;
             }
         }
-        answers == servers.len()
+        answers == servers.len() * requests
     })
     .unwrap_or_else(|error| panic!("{error}"));
     let stats = sim.endpoint_ref(client).stats();
@@ -2132,6 +2134,23 @@ fn held_requests_go_out_with_their_grant_and_every_answer_arrives() {
             "{s}: {stats:?}"
         );
     }
+    stats.requests_held
+}
+
+#[test]
+fn held_requests_go_out_with_their_grant_and_every_answer_arrives() {
+    // Every request but the first is held, and each server sees its request only once it
+    // may answer it, so it sends its first packets at once rather than waiting for a grant
+    // with nothing to do.
+    assert_eq!(held_requests_run(1), 7);
+}
+
+#[test]
+fn a_second_request_waits_until_the_grant_reaches_its_answer() {
+    // Reading ahead, two requests per server at once. The first server's second request is
+    // held too, although its session holds a grant: that grant is for the first answer, and
+    // a server given the second request now would sit on it, probing for window.
+    assert_eq!(held_requests_run(2), 15);
 }
 
 /// Delivers everything `from` sends at `sent` to `to`, as having arrived at `arrived` but
