@@ -203,6 +203,9 @@ pub struct SyncReadsSample {
     pub read_us_max: f64,
     /// Share of the machine's CPU time that was busy meanwhile, 0..=1.
     pub cpu_busy: f64,
+    /// The part of it spent in the kernel, 0..=1 of all CPU time.
+    #[serde(default)]
+    pub cpu_kernel: f64,
     /// Bytes of frames the client's interface received meanwhile, if readable.
     pub link_rx_bytes: Option<u64>,
     /// Bytes of frames it sent meanwhile.
@@ -497,7 +500,8 @@ async fn sync_reads(
         back = bytes;
     }
     let seconds = start.elapsed().as_secs_f64();
-    let cpu_busy = CpuTimes::now()?.busy_since(&cpu);
+    let cpu_after = CpuTimes::now()?;
+    let (cpu_busy, cpu_kernel) = (cpu_after.busy_since(&cpu), cpu_after.kernel_since(&cpu));
     let moved = link
         .zip(link_counters())
         .map(|((rx0, tx0), (rx1, tx1))| (rx1 - rx0, tx1 - tx0));
@@ -527,6 +531,7 @@ async fn sync_reads(
         read_us_p99: quantile(0.99),
         read_us_max: quantile(1.0),
         cpu_busy,
+        cpu_kernel,
         link_rx_bytes: moved.map(|m| m.0),
         link_tx_bytes: moved.map(|m| m.1),
         verified_blocks,
@@ -629,6 +634,7 @@ mod tests {
             read_us_p99: 2000.0,
             read_us_max: 3000.0,
             cpu_busy: 0.5,
+            cpu_kernel: 0.25,
             link_rx_bytes: Some(14_000_000),
             link_tx_bytes: None,
             verified_blocks: 2,

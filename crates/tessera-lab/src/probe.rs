@@ -303,6 +303,10 @@ fn accept_within(listener: &TcpListener, timeout: Duration) -> Result<TcpStream,
 pub struct CpuTimes {
     /// Ticks spent running anything (user, nice, system, interrupts, steal).
     pub busy: u64,
+    /// Ticks spent in the kernel (system, interrupts, softirqs): on the lab's hosts, mostly
+    /// the emulated network (veth, bridge, `tbf`), which runs in the sender's system call or
+    /// in softirqs.
+    pub kernel: u64,
     /// All ticks, idle and I/O wait included.
     pub total: u64,
 }
@@ -328,8 +332,10 @@ impl CpuTimes {
         // user nice system idle iowait irq softirq steal [guest guest_nice, already in user].
         let total: u64 = fields.iter().take(8).sum();
         let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+        let kernel = [2, 5, 6].iter().filter_map(|&i| fields.get(i)).sum();
         CpuTimes {
             busy: total - idle,
+            kernel,
             total,
         }
     }
@@ -341,6 +347,15 @@ impl CpuTimes {
             return 0.0;
         }
         self.busy.saturating_sub(earlier.busy) as f64 / total as f64
+    }
+
+    /// The share of the time between `earlier` and `self` spent in the kernel, 0..=1.
+    pub fn kernel_since(&self, earlier: &CpuTimes) -> f64 {
+        let total = self.total.saturating_sub(earlier.total);
+        if total == 0 {
+            return 0.0;
+        }
+        self.kernel.saturating_sub(earlier.kernel) as f64 / total as f64
     }
 }
 
@@ -544,17 +559,21 @@ IpExt: InNoRoutes\nIpExt: 0\n";
 
     #[test]
     fn cpu_times_from_proc_stat() {
-        let a = CpuTimes::parse("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n");
+        // user nice system idle iowait irq softirq steal
+        let a = CpuTimes::parse("cpu  100 0 50 800 40 4 6 0 0 0\ncpu0 1 2 3\n");
         assert_eq!(
             a,
             CpuTimes {
-                busy: 150,
+                busy: 160,
+                kernel: 60,
                 total: 1000
             }
         );
-        let b = CpuTimes::parse("cpu  200 0 100 1600 100 0 0 0 0 0\n");
-        assert!((b.busy_since(&a) - 0.15).abs() < 1e-9);
+        let b = CpuTimes::parse("cpu  200 0 100 1600 80 8 12 0 0 0\n");
+        assert!((b.busy_since(&a) - 0.16).abs() < 1e-9);
+        assert!((b.kernel_since(&a) - 0.06).abs() < 1e-9);
         assert_eq!(a.busy_since(&a), 0.0);
+        assert_eq!(a.kernel_since(&a), 0.0);
     }
 
     #[test]

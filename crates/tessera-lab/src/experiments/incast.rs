@@ -264,6 +264,10 @@ pub struct Point {
     pub link_utilization: Option<f64>,
     /// Busy share of the CPUs during the timed reads.
     pub cpu_busy: f64,
+    /// The part of it spent in the kernel (share of all CPU time): mostly the emulated
+    /// network's per-frame work (veth, bridge, `tbf`), which every line pays.
+    #[serde(default)]
+    pub cpu_kernel: f64,
     /// What limited it.
     pub limit: Limit,
     /// Frames the switch port toward the client dropped (its `tbf`), during the whole job.
@@ -667,6 +671,7 @@ fn point(
         read_us_max: sample.read_us_max,
         link_utilization,
         cpu_busy: sample.cpu_busy,
+        cpu_kernel: sample.cpu_kernel,
         limit: Limit::classify(link_utilization.unwrap_or(0.0), sample.cpu_busy),
         client_port_drops: drops.client_port,
         tbf_drops: drops.total,
@@ -765,7 +770,10 @@ pub fn targets(config: &IncastConfig, points: &[Point], failed: &[FailedPoint]) 
                 },
                 longest_timer.map_or(String::new(), |timer| format!(
                     "; the longest timer armed was {timer} us, the rest is how late the busy \
-                     host ran it"
+                     host ran it (its CPUs were {:.0}% busy during that point's reads, {:.0}% \
+                     in the kernel)",
+                    p.cpu_busy * 100.0,
+                    p.cpu_kernel * 100.0
                 ))
             ),
             _ => "not reported by the servers".into(),
@@ -825,7 +833,7 @@ pub fn targets(config: &IncastConfig, points: &[Point], failed: &[FailedPoint]) 
 fn brief(p: &Point) -> String {
     format!(
         "goodput {:.3}, port drops {}, retransmissions {}, timeouts {}{}, read max {:.1} ms, \
-         CPU {:.0}% ({})",
+         CPU {:.0}% ({:.0}% in the kernel; {})",
         p.goodput_fraction,
         p.client_port_drops,
         p.retransmissions,
@@ -834,6 +842,7 @@ fn brief(p: &Point) -> String {
             .map_or(String::new(), |us| format!(" (longest {us} us)")),
         p.read_us_max / 1000.0,
         p.cpu_busy * 100.0,
+        p.cpu_kernel * 100.0,
         p.limit.name()
     )
 }
@@ -853,6 +862,7 @@ fn table(report: &IncastReport) -> Table {
         "read ms max",
         "link busy",
         "CPU busy",
+        "CPU in kernel",
         "limit",
         "client port drops",
         "tbf drops",
@@ -878,6 +888,7 @@ fn table(report: &IncastReport) -> Table {
             Cell::float(p.read_us_max / 1000.0, 2),
             p.link_utilization.map(|u| Cell::float(u, 3)).into(),
             Cell::float(p.cpu_busy, 2),
+            Cell::float(p.cpu_kernel, 2),
             p.limit.name().into(),
             Cell::Int(p.client_port_drops as i64),
             Cell::Int(p.tbf_drops as i64),
@@ -1204,6 +1215,7 @@ mod tests {
             read_us_p99: 3000.0,
             read_us_max: 200_000.0,
             cpu_busy: 0.4,
+            cpu_kernel: 0.3,
             link_rx_bytes: Some(13_700_000),
             link_tx_bytes: Some(100_000),
             verified_blocks: 2,
