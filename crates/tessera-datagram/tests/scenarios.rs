@@ -2290,3 +2290,131 @@ fn time_a_packet_waited_to_be_read_is_left_out_of_the_round_trip() {
     assert!(info.rto_us < 1_000, "rto {} µs", info.rto_us);
     assert_eq!(endpoints[0].1.stats().timeouts, 0);
 }
+
+/// How a client announces the size of an answer it asks for.
+#[derive(Debug, Clone, Copy)]
+enum Announced {
+    /// The true size.
+    Exact,
+    /// Half of it (the grants run out before the answer ends).
+    Half,
+    /// Twice it (the grants outrun the answer).
+    Double,
+    /// No size.
+    Unknown,
+}
+
+proptest! {
+    #![proptest_config(scenario_config(48))]
+
+    #[test]
+    fn reading_ahead_under_a_budget_delivers_every_answer_in_order_whatever_was_announced(
+        seed in any::<u64>(),
+        servers in 1u8..7,
+        depth in 1usize..4,
+        budget in 2u32..24,
+        loss in prop_oneof![Just(0.0f64), 0.0f64..0.08],
+        jitter_us in prop_oneof![Just(0u64), 1u64..200],
+        announced in prop_oneof![
+            Just(Announced::Exact),
+            Just(Announced::Half),
+            Just(Announced::Double),
+            Just(Announced::Unknown)
+        ],
+    ) {
+        // A client keeps `depth` requests in flight on each server's session (its read-ahead);
+        // each request names the size of its answer, which the client announces right, short,
+        // long or not at all. Held requests and per-answer grants must never strand a request
+        // (every answer arrives, in order) nor grant past the budget.
+        let requests_per_server = depth + 3;
+        let mut sim = Sim::new(seed);
+        sim.set_default_link(LinkConfig { delay_us: 20, jitter_us, loss, duplicate: 0.0 });
+        let client = addr(1);
+        sim.add_endpoint(
+            client,
+            Config { receive_budget_packets: Some(budget), ..Config::default() },
+        );
+        let server_addrs: Vec<SocketAddr> = (0..servers).map(|i| addr(2 + i)).collect();
+        for &s in &server_addrs {
+            sim.add_endpoint(s, Config::default());
+        }
+        let sessions: Vec<SessionId> = server_addrs
+            .iter()
+            .map(|&s| sim.endpoint(client).connect(s, 0))
+            .collect();
+        let mut rng = seed;
+        // Answer sizes per session, in the order asked; the next to ask and to receive.
+        let sizes: Vec<Vec<usize>> = sessions
+            .iter()
+            .map(|_| {
+                (0..requests_per_server)
+                    .map(|_| 1 + (splitmix(&mut rng) % (64 << 10)) as usize)
+                    .collect()
+            })
+            .collect();
+        let mut asked = vec![0usize; sessions.len()];
+        let mut received = vec![0usize; sessions.len()];
+        let ask = |sim: &mut Sim, i: usize, asked: &mut Vec<usize>| {
+            let size = sizes[i][asked[i]];
+            let announce = match announced {
+                Announced::Exact => Some(size),
+                Announced::Half => Some(size / 2),
+                Announced::Double => Some(size * 2),
+                Announced::Unknown => None,
+            };
+            let now = sim.now();
+            // The answer's size, and a tag its every byte depends on.
+            let tag = (i * 1000 + asked[i]) as u64;
+            let mut request = (size as u64).to_le_bytes().to_vec();
+            request.extend_from_slice(&tag.to_le_bytes());
+            sim.endpoint(client).request(sessions[i], Bytes::from(request), announce, now).unwrap();
+            asked[i] += 1;
+        };
+        for i in 0..sessions.len() {
+            for _ in 0..depth {
+                ask(&mut sim, i, &mut asked);
+            }
+        }
+        let mut promised_max = 0u64;
+        sim.run_until(600_000_000, |sim| {
+            for &s in &server_addrs {
+                while let Some(event) = sim.endpoint(s).poll_event() {
+                    if let Event::Message { session, message, .. } = event {
+                        let size = u64::from_le_bytes(message[..8].try_into().unwrap()) as usize;
+                        let tag = u64::from_le_bytes(message[8..16].try_into().unwrap());
+                        let now = sim.now();
+                        let answer = self::message(tag, 0, size);
+                        sim.endpoint(s).send(session, answer, now).unwrap();
+                    }
+                }
+            }
+            let promised: u64 = sessions
+                .iter()
+                .filter_map(|&id| sim.endpoint_ref(client).session_info(id))
+                .map(|info| info.receive_window as u64)
+                .sum();
+            promised_max = promised_max.max(promised);
+            while let Some(event) = sim.endpoint(client).poll_event() {
+                if let Event::Message { session, message, .. } = event {
+                    let i = sessions.iter().position(|&s| s == session).unwrap();
+                    let size = sizes[i][received[i]];
+                    let tag = (i * 1000 + received[i]) as u64;
+                    assert!(
+                        message == self::message(tag, 0, size),
+                        "seed {seed}: answer {} of server {i} is not the one asked for",
+                        received[i]
+                    );
+                    received[i] += 1;
+                    if asked[i] < requests_per_server {
+                        ask(sim, i, &mut asked);
+                    }
+                }
+            }
+            received.iter().all(|&r| r == requests_per_server)
+        })
+        .unwrap_or_else(|error| panic!("seed {seed}: {error}"));
+        prop_assert!(promised_max <= budget as u64, "seed {seed}: {promised_max} promised");
+        let stats = sim.endpoint_ref(client).stats();
+        prop_assert_eq!(stats.messages_delivered as usize, sessions.len() * requests_per_server);
+    }
+}
