@@ -15,11 +15,16 @@
 //!   to its requests, with their sizes), so nothing unasked-for takes budget.
 //! - Grants go first come, first served by the oldest expected message (Homa grants the
 //!   shortest remaining message first; for striped reads, whose blocks are all needed, the
-//!   oldest request is the one whose completion unblocks the reader soonest).
-//! - Requests wait for their grant ([`crate::Endpoint::request`]): the receiver here is
-//!   also the requester, so it schedules when each server starts as well as how fast it
-//!   sends. A server asked before it may answer wakes twice (request, then grant) and, on
-//!   a busy host, acknowledges late enough to trip the client's retransmission timer.
+//!   oldest request is the one whose completion unblocks the reader soonest). Each expected
+//!   message competes under its own ticket, as each message does in Homa: a session whose
+//!   oldest answer is granted whole claims for its next one only in that one's turn, so a
+//!   client reading ahead does not let a server start its second answer and then stall it
+//!   behind everyone's first.
+//! - Requests wait for their grant ([`crate::Endpoint::request`]), the one that reaches into
+//!   their own answer: the receiver here is also the requester, so it schedules when each
+//!   server starts as well as how fast it sends. A server asked before it may answer wakes
+//!   twice (request, then grant) and, on a busy host, acknowledges late enough to trip the
+//!   client's retransmission timer.
 //! - Like Homa's overcommitment, up to [`OVERCOMMIT_SESSIONS`] senders hold grants at once,
 //!   each up to an equal share of the budget, so one slow or stalled sender does not idle the
 //!   link; with fewer senders waiting each gets a larger share, a single one all of it.
