@@ -2414,6 +2414,14 @@ proptest! {
         })
         .unwrap_or_else(|error| panic!("seed {seed}: {error}"));
         prop_assert!(promised_max <= budget as u64, "seed {seed}: {promised_max} promised");
+        for host in sim.addrs() {
+            let stats = sim.endpoint_ref(host).stats();
+            // In virtual time every timer runs when it is due: none later than its length.
+            prop_assert!(
+                stats.timeout_us_max <= stats.timer_us_max,
+                "seed {seed}: {host} {stats:?}"
+            );
+        }
         let stats = sim.endpoint_ref(client).stats();
         prop_assert_eq!(stats.messages_delivered as usize, sessions.len() * requests_per_server);
     }
