@@ -314,6 +314,14 @@ pub fn checksum(datagram: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, &datagram[OFFSET_CHECKSUM + 4..])
 }
 
+/// Writes the checksum of `datagram` (at least [`HEADER_LEN`] bytes) into its checksum
+/// field, after other bytes of it were changed: for tests and fuzzing, which alter packets
+/// and still want them to reach the checks behind the checksum.
+pub fn seal(datagram: &mut [u8]) {
+    let checksum = checksum(datagram);
+    datagram[OFFSET_CHECKSUM..OFFSET_CHECKSUM + 4].copy_from_slice(&checksum.to_be_bytes());
+}
+
 fn read_u16(datagram: &[u8], offset: usize) -> u16 {
     u16::from_be_bytes([datagram[offset], datagram[offset + 1]])
 }
