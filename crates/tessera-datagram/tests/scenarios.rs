@@ -774,7 +774,6 @@ proptest! {
 /// A datagram in flight: from, to, contents.
 type Datagram = (SocketAddr, SocketAddr, Vec<u8>);
 
-
 /// Sends `count` messages each way on `session` and checks they all arrive intact.
 fn exchange(sim: &mut Sim, client: SocketAddr, server: SocketAddr, session: SessionId, round: u32) {
     let count = 4;
