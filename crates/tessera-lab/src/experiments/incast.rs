@@ -410,7 +410,12 @@ pub fn run(
     let teardown_s = began.elapsed().as_secs_f64();
     lab.say(&format!("torn down in {teardown_s:.1} s"));
 
-    let targets = targets(config, &measured.points, &measured.failed);
+    let targets = targets(
+        config,
+        &measured.points,
+        &measured.failed,
+        Some(calibration.wakeups.late_us_max),
+    );
     let report = IncastReport {
         experiment: "incast",
         version: 1,
@@ -706,7 +711,14 @@ pub fn counters_grown(before: &[(u32, Counters)], after: &[(u32, Counters)]) -> 
 }
 
 /// The targets, from the points; a failed Tessera point fails the goodput target.
-pub fn targets(config: &IncastConfig, points: &[Point], failed: &[FailedPoint]) -> Vec<Target> {
+/// `idle_wakeup_late_us_max` is how late the idle host woke a short sleep at most (from the
+/// calibration), the floor under how late any process of the run can run a timer.
+pub fn targets(
+    config: &IncastConfig,
+    points: &[Point],
+    failed: &[FailedPoint],
+    idle_wakeup_late_us_max: Option<f64>,
+) -> Vec<Target> {
     let of = |line: Line| points.iter().filter(move |p| p.line == line);
     let mut out = Vec::new();
     let tessera_failed = failed.iter().find(|f| f.line == Line::Tessera);
@@ -771,9 +783,12 @@ pub fn targets(config: &IncastConfig, points: &[Point], failed: &[FailedPoint]) 
                 longest_timer.map_or(String::new(), |timer| format!(
                     "; the longest timer armed was {timer} us, the rest is how late the busy \
                      host ran it (its CPUs were {:.0}% busy during that point's reads, {:.0}% \
-                     in the kernel)",
+                     in the kernel{})",
                     p.cpu_busy * 100.0,
-                    p.cpu_kernel * 100.0
+                    p.cpu_kernel * 100.0,
+                    idle_wakeup_late_us_max.map_or(String::new(), |late| format!(
+                        "; idle, it woke a 100 us sleep up to {late:.0} us late"
+                    ))
                 ))
             ),
             _ => "not reported by the servers".into(),
@@ -1272,7 +1287,7 @@ mod tests {
                 wakeups: crate::probe::WakeupStats::of(100, &mut [5.0, 1500.0], 10_000.0),
                 limit: Limit::Network,
             },
-            targets: targets(&config, &points, &[]),
+            targets: targets(&config, &points, &[], None),
             config,
             points,
             failed: Vec::new(),
@@ -1350,10 +1365,16 @@ mod tests {
 
     #[test]
     fn targets_are_computed_from_the_points() {
-        let t = targets(&IncastConfig::quick(), &points(), &[]);
+        let t = targets(&IncastConfig::quick(), &points(), &[], Some(1200.0));
         assert_eq!(t.len(), 4);
         assert_eq!(t[0].pass, Some(true), "{:?}", t[0]);
         assert_eq!(t[1].pass, Some(false), "1500 us is over a millisecond");
+        assert!(
+            t[1].measured
+                .contains("woke a 100 us sleep up to 1200 us late"),
+            "{:?}",
+            t[1]
+        );
         assert_eq!(t[2].pass, Some(true), "armed for 900 us: {:?}", t[2]);
         assert!(t[2].measured.starts_with("longest 900 us"), "{:?}", t[2]);
         assert_eq!(t[3].pass, Some(true));
@@ -1362,12 +1383,12 @@ mod tests {
         slow[2].goodput_fraction = 0.5;
         slow[2].timeout_us_max = None;
         slow[2].client_port_drops = 250;
-        let t = targets(&IncastConfig::quick(), &slow, &[]);
+        let t = targets(&IncastConfig::quick(), &slow, &[], Some(1200.0));
         assert_eq!(t[0].pass, Some(false));
         assert_eq!(t[1].pass, None, "not reported");
         assert_eq!(t[2].pass, None, "not reported");
         assert_eq!(t[3].pass, Some(false), "not fewer than rto_min's 250");
-        let t = targets(&IncastConfig::quick(), &[], &[]);
+        let t = targets(&IncastConfig::quick(), &[], &[], Some(1200.0));
         assert!(t.iter().all(|t| t.pass.is_none()));
         let failed = FailedPoint {
             servers: 16,
@@ -1375,7 +1396,7 @@ mod tests {
             line: Line::Tessera,
             error: "timed out".into(),
         };
-        let t = targets(&IncastConfig::quick(), &points(), &[failed]);
+        let t = targets(&IncastConfig::quick(), &points(), &[failed], Some(1200.0));
         assert_eq!(t[0].pass, Some(false), "a failed point misses the target");
         assert!(t[0].measured.contains("N = 16"));
     }
