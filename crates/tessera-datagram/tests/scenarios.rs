@@ -1863,6 +1863,41 @@ fn large_windows_into_one_port_do_not_time_out_spuriously() {
 // ---------------------------------------------------------------------------------------------
 // 10. Incast: synchronized answers from many senders into one small switch buffer.
 
+/// A client, under a receive budget of `budget` packets if any, with a session to each of
+/// `servers` servers, in a simulator of `seed`.
+struct FanIn {
+    sim: Sim,
+    client: SocketAddr,
+    servers: Vec<SocketAddr>,
+    sessions: Vec<SessionId>,
+}
+
+fn fan_in(seed: u64, servers: u8, budget: Option<u32>) -> FanIn {
+    let mut sim = Sim::new(seed);
+    let client = addr(1);
+    sim.add_endpoint(
+        client,
+        Config {
+            receive_budget_packets: budget,
+            ..Config::default()
+        },
+    );
+    let servers: Vec<SocketAddr> = (0..servers).map(|i| addr(2 + i)).collect();
+    for &s in &servers {
+        sim.add_endpoint(s, Config::default());
+    }
+    let sessions = servers
+        .iter()
+        .map(|&s| sim.endpoint(client).connect(s, 0))
+        .collect();
+    FanIn {
+        sim,
+        client,
+        servers,
+        sessions,
+    }
+}
+
 /// What one incast run saw.
 #[derive(Debug)]
 struct IncastRun {
@@ -1881,18 +1916,12 @@ struct IncastRun {
 /// a 1 Gbit/s port with a 32 KiB buffer toward the client (the incast testbed of the issue);
 /// the client asks for the next block only when the whole last one arrived.
 fn incast(servers: u8, unit_bytes: usize, budget: Option<u32>, rounds: u32) -> IncastRun {
-    let server_config = Config::default();
-    let client_config = Config {
-        receive_budget_packets: budget,
-        ..Config::default()
-    };
-    let mut sim = Sim::new(40 + servers as u64);
-    let client = addr(1);
-    let server_addrs: Vec<SocketAddr> = (0..servers).map(|i| addr(2 + i)).collect();
-    sim.add_endpoint(client, client_config);
-    for &s in &server_addrs {
-        sim.add_endpoint(s, server_config.clone());
-    }
+    let FanIn {
+        mut sim,
+        client,
+        servers: server_addrs,
+        sessions,
+    } = fan_in(40 + servers as u64, servers, budget);
     sim.set_default_link(LinkConfig {
         delay_us: 10,
         // No jitter: a switch does not reorder the packets of one flow.
@@ -1908,10 +1937,6 @@ fn incast(servers: u8, unit_bytes: usize, budget: Option<u32>, rounds: u32) -> I
             buffer_bytes: 32 << 10,
         },
     );
-    let sessions: Vec<SessionId> = server_addrs
-        .iter()
-        .map(|&s| sim.endpoint(client).connect(s, 0))
-        .collect();
     let answer = Bytes::from(vec![5u8; unit_bytes]);
     let ask = |sim: &mut Sim| {
         let now = sim.now();
@@ -2066,24 +2091,12 @@ fn a_request_for_a_large_answer_waits_for_its_grant() {
 /// `requests_held`; asserts that every answer arrives whole, and that nothing timed out,
 /// was retransmitted or probed for window.
 fn held_requests_run(requests: usize) -> u64 {
-    let budget = 4;
-    let mut sim = Sim::new(11);
-    let client = addr(1);
-    let servers: Vec<SocketAddr> = (0..8).map(|i| addr(2 + i)).collect();
-    sim.add_endpoint(
+    let FanIn {
+        mut sim,
         client,
-        Config {
-            receive_budget_packets: Some(budget),
-            ..Config::default()
-        },
-    );
-    for &s in &servers {
-        sim.add_endpoint(s, Config::default());
-    }
-    let sessions: Vec<SessionId> = servers
-        .iter()
-        .map(|&s| sim.endpoint(client).connect(s, 0))
-        .collect();
+        servers,
+        sessions,
+    } = fan_in(11, 8, Some(4));
     let now = sim.now();
     for _ in 0..requests {
         for &session in &sessions {
@@ -2322,21 +2335,9 @@ proptest! {
         // long or not at all. Held requests and per-answer grants must never strand a request
         // (every answer arrives, in order) nor grant past the budget.
         let requests_per_server = depth + 3;
-        let mut sim = Sim::new(seed);
+        let FanIn { mut sim, client, servers: server_addrs, sessions } =
+            fan_in(seed, servers, Some(budget));
         sim.set_default_link(LinkConfig { delay_us: 20, jitter_us, loss, duplicate: 0.0 });
-        let client = addr(1);
-        sim.add_endpoint(
-            client,
-            Config { receive_budget_packets: Some(budget), ..Config::default() },
-        );
-        let server_addrs: Vec<SocketAddr> = (0..servers).map(|i| addr(2 + i)).collect();
-        for &s in &server_addrs {
-            sim.add_endpoint(s, Config::default());
-        }
-        let sessions: Vec<SessionId> = server_addrs
-            .iter()
-            .map(|&s| sim.endpoint(client).connect(s, 0))
-            .collect();
         let mut rng = seed;
         // Answer sizes per session, in the order asked; the next to ask and to receive.
         let sizes: Vec<Vec<usize>> = sessions
