@@ -342,20 +342,21 @@ impl CpuTimes {
 
     /// The busy share of the time between `earlier` and `self`, 0..=1.
     pub fn busy_since(&self, earlier: &CpuTimes) -> f64 {
-        let total = self.total.saturating_sub(earlier.total);
-        if total == 0 {
-            return 0.0;
-        }
-        self.busy.saturating_sub(earlier.busy) as f64 / total as f64
+        self.share_since(earlier, |times| times.busy)
     }
 
     /// The share of the time between `earlier` and `self` spent in the kernel, 0..=1.
     pub fn kernel_since(&self, earlier: &CpuTimes) -> f64 {
+        self.share_since(earlier, |times| times.kernel)
+    }
+
+    /// The share of all ticks between `earlier` and `self` that `ticks` counts.
+    fn share_since(&self, earlier: &CpuTimes, ticks: impl Fn(&CpuTimes) -> u64) -> f64 {
         let total = self.total.saturating_sub(earlier.total);
         if total == 0 {
             return 0.0;
         }
-        self.kernel.saturating_sub(earlier.kernel) as f64 / total as f64
+        ticks(self).saturating_sub(ticks(earlier)) as f64 / total as f64
     }
 }
 
