@@ -4,7 +4,8 @@
 //! The global `--transport` and `--window` pick what `swift-window` measures (TCP only, the
 //! datagram transport only, one window); the lab passes them on to the daemons and to
 //! `lab-client`, which connects with them like every client command. `incast` ignores them:
-//! each of its lines picks the transport. Link settings left out take each experiment's
+//! each of its lines picks the transport. The global `--receive-budget` goes to `lab-client`
+//! (the datagram transport's client side). Link settings left out take each experiment's
 //! defaults (`incast` measures at 1 Gbit/s with 32 KiB switch buffers, the others at
 //! 200 Mbit/s with 128 frames).
 
@@ -286,6 +287,18 @@ impl Config {
     }
 }
 
+/// The measurement client's extra flags: `--client-arg`s, and the global `--receive-budget`
+/// if given, which belongs to the client (a flag, so that it shows in the client's command
+/// line; the lab's own process has no use for it).
+fn client_args(given: &[String]) -> Vec<String> {
+    let mut args = given.to_vec();
+    let set_already = given.iter().any(|a| a.starts_with("--receive-budget"));
+    if let (Some(budget), false) = (crate::commands::network().receive_budget, set_already) {
+        args.push(format!("--receive-budget={budget}"));
+    }
+    args
+}
+
 fn incast_config(args: &IncastArgs) -> Result<IncastConfig> {
     let mut config = if args.quick {
         IncastConfig::quick()
@@ -337,7 +350,7 @@ fn incast_config(args: &IncastArgs) -> Result<IncastConfig> {
         }
     }
     config.server_args = args.common.server_arg.clone();
-    config.client_args = args.client_arg.clone();
+    config.client_args = client_args(&args.client_arg);
     Ok(config)
 }
 
@@ -386,7 +399,7 @@ fn swift_window_config(args: &SwiftWindowArgs) -> Result<SwiftWindowConfig> {
         config.degraded.clear();
     }
     config.server_args = args.common.server_arg.clone();
-    config.client_args = args.client_arg.clone();
+    config.client_args = client_args(&args.client_arg);
     Ok(config)
 }
 
