@@ -13,23 +13,41 @@
 //! - block an async runtime: [`Store`] does blocking `std::fs` I/O and is meant to be called
 //!   from `spawn_blocking`; only [`ParityLocks::lock`] is async.
 //!
-//! # On-disk format (version 1)
+//! # On-disk format (version 2)
 //!
 //! ```text
 //! <root>/store.lock        held with flock(LOCK_EX) while a Store is open
-//! <root>/store.toml        format_version = 1, incarnation = "<16 hex digits>", server_id = N,
-//!                          cluster = "<16 hex digits>" (the cluster joined)
+//! <root>/store.toml        format_version = 2, incarnation = "<16 hex digits>", server_id = N,
+//!                          cluster = "<16 hex digits>" (the cluster joined),
+//!                          last line checksum = "<crc32c of the bytes before it, 8 hex digits>"
 //! <root>/files/<F>/data            data file, written in whole 4 KiB blocks
 //! <root>/files/<F>/data.crc        8 bytes per block: crc32c u32 LE, marker u32 LE ("TSB1")
 //! <root>/files/<F>/redundancy      redundancy file, same rules as data
 //! <root>/files/<F>/redundancy.crc
-//! <root>/files/<F>/overflow        overflow bytes, append-only
-//! <root>/files/<F>/overflow.log    header "TSOL" + version u32 LE, then 36-byte records
+//! <root>/files/<F>/overflow        overflow bytes, append-only; each entry's crc32c is in its
+//!                                  log record
+//! <root>/files/<F>/overflow.log    header "TSOL" + version u32 LE + crc32c u32 LE, then 36-byte
+//!                                  records, each with its own crc32c (see `overflow.rs`)
 //! ```
 //!
-//! A checksum entry of all zeros means the block was never written: it must read as zeros.
-//! The `incarnation` is a random number drawn when the store is created; a wiped store draws a
-//! new one, which tells the manager that everything this server held is gone.
+//! Every byte is covered by a checksum, so one flipped bit anywhere is found:
+//! - A block is checked against its entry on every read. An entry of all zeros means the block
+//!   was never written and must read as zeros; a written entry carries the marker, so no single
+//!   flipped bit turns it into "never written" (it reads as [`StorageError::Corrupt`]).
+//! - An overflow log record that fails its checksum, anywhere but in a torn tail, is damage:
+//!   every overflow range of the file reads as [`StorageError::Corrupt`] on this server until
+//!   the client has rewritten it from redundancy (details in `overflow.rs`). A damaged log
+//!   header is rewritten in place (it holds nothing but constants).
+//! - A `store.toml` that fails its checksum makes [`Store::open`] fail with an error naming
+//!   the file: the server does not start. The operator moves the directory away and starts the
+//!   server on an empty one; it joins as a new incarnation, and `tessera rebuild` restores its
+//!   data from the others.
+//! - A flipped bit in overflow bytes that no live entry refers to changes nothing that is ever
+//!   read; those bytes are dropped when the overflow files are next emptied.
+//!
+//! Version 1 stores (no checksum in `store.toml` or the log header) are refused by
+//! [`Store::open`] with an error saying so; there is no migration: start the server on an
+//! empty directory and rebuild it from the others, as for a damaged `store.toml`.
 //!
 //! Overflow entries are addressed by a byte range of the primary column's data file and carry a
 //! role ([`OverflowRole::Primary`] or [`OverflowRole::Mirror`]). Per role, live entries never
@@ -93,5 +111,6 @@ pub const LIST_EXTENTS_MAX: usize = 1 << 18;
 /// Most files whose state and open handles are cached at once (six handles each).
 pub const OPEN_FILES_MAX: usize = 64;
 
-/// Version of `store.toml` and of the layout of the files it describes.
-pub const STORE_FORMAT_VERSION: u32 = 1;
+/// Version of `store.toml` and of the layout of the files it describes (2: `store.toml` and
+/// the overflow log's header checksummed, damaged log records told apart from torn tails).
+pub const STORE_FORMAT_VERSION: u32 = 2;

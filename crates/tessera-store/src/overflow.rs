@@ -1,12 +1,14 @@
 //! CSAR Hybrid overflow regions: an append-only byte file and the log of its table.
 //!
-//! `overflow` holds entry bytes, appended. `overflow.log` starts with an 8-byte header
-//! (`"TSOL"`, version u32 LE) and then holds fixed 36-byte records, each with its own crc32c:
+//! `overflow` holds entry bytes, appended; each entry's record carries their crc32c, so every
+//! live byte of it is checked when read. `overflow.log` starts with a 12-byte header
+//! (`"TSOL"`, version u32 LE = 2, crc32c u32 LE of the first 8 bytes) and then holds fixed
+//! 36-byte records, each with its own crc32c:
 //!
 //! ```text
 //! 0      kind u8         1 = entry, 2 = invalidate
 //! 1      role u8         0 = primary, 1 = mirror
-//! 2..4   zero
+//! 2..4   marker          "OR" (so that no single flipped bit makes a record all zeros)
 //! 4..8   crc32c u32      of the entry's bytes (entry), zero (invalidate)
 //! 8..16  offset u64      in the primary column's data file
 //! 16..24 len u64
@@ -14,8 +16,20 @@
 //! 32..36 crc32c u32      of bytes 0..32 of this record
 //! ```
 //!
-//! Replaying the log in order rebuilds the table. A record that is cut short or fails its
-//! checksum is a torn tail from a crash: replay stops there and the log is truncated.
+//! Replaying the log in order rebuilds the table. Damage is told apart from a torn tail:
+//! - A tail shorter than a record, and all-zero records at the end, are a torn append from a
+//!   crash (nothing after the last sync was acknowledged as durable): they are cut off.
+//! - Any other record that fails its checksum is **damage**: what it said is unknown, so from
+//!   that point of the log every range of both roles is *damaged* ([`OverflowTable`]). Replay
+//!   goes on (records have a fixed size), and each later entry or invalidation of a role
+//!   clears the damage over its range, since it decides the bytes there whatever the damaged
+//!   record said. Reads and listings that touch a damaged range fail with
+//!   [`StorageError::Corrupt`], never bytes: the client treats it as a lost column, rebuilds
+//!   the stripe from redundancy and writes it back, and those writes clear the damage. The
+//!   damaged record stays in the log (the log is emptied only when nothing is live and nothing
+//!   damaged), and replay reaches the same state on every open.
+//! - A header that fails its checksum carries no information (the version comes from
+//!   `store.toml`, and records check themselves): it is rewritten in place.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -30,10 +44,13 @@ use crate::{FILE_BYTES_MAX, LIST_EXTENTS_MAX, REQUEST_BYTES_MAX};
 
 /// First bytes of an overflow log.
 const LOG_MAGIC: [u8; 4] = *b"TSOL";
-/// Version of the overflow log's record format.
-const LOG_VERSION: u32 = 1;
-/// Bytes of the log header: magic and version.
-pub(crate) const LOG_HEADER_BYTES: u64 = 8;
+/// Version of the overflow log's record format (2: checksummed header, record marker, damage
+/// kept apart from torn tails).
+const LOG_VERSION: u32 = 2;
+/// Bytes of the log header: magic, version and their crc32c.
+pub(crate) const LOG_HEADER_BYTES: u64 = 12;
+/// Bytes 2..4 of every record.
+const RECORD_MARKER: [u8; 2] = *b"OR";
 /// Bytes of one log record.
 pub(crate) const LOG_RECORD_BYTES: u64 = 36;
 /// Largest overflow log read at replay (about 30 million records).
@@ -124,6 +141,7 @@ impl Record {
             OverflowRole::Primary => 0,
             OverflowRole::Mirror => 1,
         };
+        record[2..4].copy_from_slice(&RECORD_MARKER);
         record[4..8].copy_from_slice(&crc.to_le_bytes());
         record[8..16].copy_from_slice(&offset.to_le_bytes());
         record[16..24].copy_from_slice(&len.to_le_bytes());
@@ -141,7 +159,7 @@ impl Record {
         }
         let u32_at = |at: usize| u32::from_le_bytes(record[at..at + 4].try_into().unwrap());
         let u64_at = |at: usize| u64::from_le_bytes(record[at..at + 8].try_into().unwrap());
-        if crc32c::crc32c(&record[..32]) != u32_at(32) || record[2..4] != [0, 0] {
+        if crc32c::crc32c(&record[..32]) != u32_at(32) || record[2..4] != RECORD_MARKER {
             return None;
         }
         let role = match record[1] {
@@ -178,10 +196,13 @@ impl Record {
     }
 }
 
-/// The overflow table of one file: per role, live extents keyed by offset, never overlapping.
+/// The overflow table of one file: per role, live extents keyed by offset, never overlapping,
+/// and the ranges a damaged log record may have changed (see the module doc).
 #[derive(Debug, Default)]
 pub(crate) struct OverflowTable {
     roles: [BTreeMap<u64, Extent>; 2],
+    /// Per role, damaged ranges as start -> end, disjoint.
+    damaged: [BTreeMap<u64, u64>; 2],
     sequence_next: u64,
     live_bytes: u64,
 }
@@ -194,7 +215,8 @@ fn role_index(role: OverflowRole) -> usize {
 }
 
 impl OverflowTable {
-    /// Applies one log record.
+    /// Applies one log record. An entry or invalidation decides its role's bytes over its
+    /// range, so it clears any damage there.
     pub(crate) fn apply(&mut self, record: &Record) {
         match *record {
             Record::Entry {
@@ -203,6 +225,7 @@ impl OverflowTable {
                 origin,
             } => {
                 self.trim(role, offset, origin.len);
+                self.clear_damage(role, offset, origin.len);
                 let extent = Extent {
                     offset,
                     len: origin.len,
@@ -220,8 +243,59 @@ impl OverflowTable {
             }
             Record::Invalidate { role, offset, len } => {
                 self.trim(role, offset, len);
+                self.clear_damage(role, offset, len);
             }
         }
+    }
+
+    /// A record that failed its checksum: whatever it said, every range of both roles may
+    /// have changed.
+    pub(crate) fn damage_all(&mut self) {
+        for damaged in &mut self.damaged {
+            damaged.clear();
+            damaged.insert(0, FILE_BYTES_MAX);
+        }
+    }
+
+    /// Removes `offset..offset+len` from the damaged ranges of `role`.
+    fn clear_damage(&mut self, role: OverflowRole, offset: u64, len: u64) {
+        let end = offset + len;
+        let damaged = &mut self.damaged[role_index(role)];
+        let mut hit: Vec<(u64, u64)> = damaged
+            .range(offset..end)
+            .map(|(&start, &stop)| (start, stop))
+            .collect();
+        if let Some((&start, &stop)) = damaged.range(..offset).next_back() {
+            if stop > offset {
+                hit.push((start, stop));
+            }
+        }
+        for (start, stop) in hit {
+            damaged.remove(&start);
+            if start < offset {
+                damaged.insert(start, offset);
+            }
+            if stop > end {
+                damaged.insert(end, stop);
+            }
+        }
+    }
+
+    /// The first damaged byte of `role` in `offset..offset+len`, if any.
+    pub(crate) fn damaged_at(&self, role: OverflowRole, offset: u64, len: u64) -> Option<u64> {
+        let end = offset + len;
+        let damaged = &self.damaged[role_index(role)];
+        let before = damaged
+            .range(..=offset)
+            .next_back()
+            .filter(|(_, &stop)| stop > offset)
+            .map(|_| offset);
+        before.or_else(|| damaged.range(offset..end).next().map(|(&start, _)| start))
+    }
+
+    /// Whether no range of either role is damaged.
+    pub(crate) fn is_undamaged(&self) -> bool {
+        self.damaged.iter().all(BTreeMap::is_empty)
     }
 
     /// Trims the extents of `role` away from `offset..offset+len`; true if any was touched.
@@ -291,6 +365,17 @@ pub(crate) struct Touched {
     pub(crate) log: bool,
 }
 
+/// What replaying a log found wrong, for the server's log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ReplayDamage {
+    /// The header failed its checksum and was rewritten.
+    pub(crate) header_rewritten: bool,
+    /// Records that failed their checksum before the tail (damage, not a torn append).
+    pub(crate) records_damaged: u64,
+    /// Bytes of torn tail cut off.
+    pub(crate) torn_bytes: u64,
+}
+
 /// A file's overflow byte file and log, open, with the table they describe.
 pub(crate) struct OverflowFiles {
     file: FileId,
@@ -304,18 +389,18 @@ pub(crate) struct OverflowFiles {
 }
 
 impl OverflowFiles {
-    /// Opens the overflow files and replays the log. A torn tail is cut off, and files whose
-    /// entries are all dead are emptied.
+    /// Opens the overflow files and replays the log. A torn tail is cut off, a damaged header
+    /// rewritten, and files whose entries are all dead (and none damaged) are emptied.
     pub(crate) fn open(
         file: FileId,
         bytes: File,
         log: File,
-    ) -> Result<(Self, Touched), StorageError> {
+    ) -> Result<(Self, Touched, ReplayDamage), StorageError> {
         let bytes_len = bytes
             .metadata()
             .map_err(|error| disk(format_args!("stat overflow of file {file}"), error))?
             .len();
-        let (table, log_len, log_truncated) = replay(file, &log)?;
+        let (table, log_len, damage) = replay(file, &log)?;
         let mut overflow = OverflowFiles {
             file,
             bytes: Arc::new(bytes),
@@ -326,16 +411,34 @@ impl OverflowFiles {
         };
         let mut touched = Touched {
             bytes: false,
-            log: log_truncated,
+            log: damage.header_rewritten || damage.torn_bytes > 0,
         };
-        if overflow.table.is_empty() && (overflow.bytes_len > 0 || overflow.log_len > 0) {
+        if overflow.compactable() && (overflow.bytes_len > 0 || overflow.log_len > 0) {
             overflow.compact()?;
             touched = Touched {
                 bytes: true,
                 log: true,
             };
         }
-        Ok((overflow, touched))
+        Ok((overflow, touched, damage))
+    }
+
+    /// Whether both files may be emptied: no entry live, no range damaged.
+    fn compactable(&self) -> bool {
+        self.table.is_empty() && self.table.is_undamaged()
+    }
+
+    /// [`StorageError::Corrupt`] if a damaged log record may have changed `role`'s entries
+    /// in `offset..offset+len`.
+    fn check_damage(&self, role: OverflowRole, offset: u64, len: u64) -> Result<(), StorageError> {
+        match self.table.damaged_at(role, offset, len) {
+            Some(at) => Err(StorageError::Corrupt {
+                file: self.file,
+                region: Region::Data,
+                offset: at,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Appends an entry: its bytes, then its log record.
@@ -370,11 +473,13 @@ impl OverflowFiles {
         offset: u64,
         len: u64,
     ) -> Result<Touched, StorageError> {
-        if len == 0 || self.table.overlapping(role, offset, len).is_empty() {
+        let idle = self.table.overlapping(role, offset, len).is_empty()
+            && self.table.damaged_at(role, offset, len).is_none();
+        if len == 0 || idle {
             return Ok(Touched::default());
         }
         self.append_record(&Record::Invalidate { role, offset, len })?;
-        if self.table.is_empty() {
+        if self.compactable() {
             self.compact()?;
             return Ok(Touched {
                 bytes: true,
@@ -387,17 +492,18 @@ impl OverflowFiles {
         })
     }
 
-    /// Whether live primary entries cover any of `offset..offset+len` of the data file.
+    /// Whether live primary entries (or damage) cover any of `offset..offset+len` of the data
+    /// file.
     pub(crate) fn overlays(&self, offset: u64, len: u64) -> bool {
-        !self
-            .table
-            .overlapping(OverflowRole::Primary, offset, len)
-            .is_empty()
+        let role = OverflowRole::Primary;
+        !self.table.overlapping(role, offset, len).is_empty()
+            || self.table.damaged_at(role, offset, len).is_some()
     }
 
     /// Overlays the live primary entries onto `buf`, which holds the data file's bytes at
     /// `offset`.
     pub(crate) fn overlay(&self, offset: u64, buf: &mut [u8]) -> Result<(), StorageError> {
+        self.check_damage(OverflowRole::Primary, offset, buf.len() as u64)?;
         let end = offset + buf.len() as u64;
         let pieces: Vec<(Extent, Extent)> = self
             .table
@@ -419,6 +525,7 @@ impl OverflowFiles {
         offset: u64,
         len: u64,
     ) -> Result<(Vec<OverflowExtent>, Vec<u8>), StorageError> {
+        self.check_damage(role, offset, len)?;
         let end = offset + len;
         let mut pieces: Vec<(Extent, Extent)> = self
             .table
@@ -512,10 +619,10 @@ impl OverflowFiles {
         Ok(())
     }
 
-    /// Empties both files; only valid when no entry is live. The log goes first, so a crash in
-    /// between leaves no record pointing at missing bytes.
+    /// Empties both files; only valid when no entry is live and nothing is damaged. The log
+    /// goes first, so a crash in between leaves no record pointing at missing bytes.
     fn compact(&mut self) -> Result<(), StorageError> {
-        assert!(self.table.is_empty());
+        assert!(self.compactable());
         self.log
             .set_len(0)
             .map_err(|error| self.disk("truncate overflow log", error))?;
@@ -536,20 +643,24 @@ impl OverflowFiles {
 fn log_header() -> [u8; LOG_HEADER_BYTES as usize] {
     let mut header = [0u8; LOG_HEADER_BYTES as usize];
     header[..4].copy_from_slice(&LOG_MAGIC);
-    header[4..].copy_from_slice(&LOG_VERSION.to_le_bytes());
+    header[4..8].copy_from_slice(&LOG_VERSION.to_le_bytes());
+    let crc = crc32c::crc32c(&header[..8]);
+    header[8..].copy_from_slice(&crc.to_le_bytes());
     header
 }
 
-/// Replays a log: the table, the length of the valid prefix, and whether a torn tail was cut.
-fn replay(file: FileId, log: &File) -> Result<(OverflowTable, u64, bool), StorageError> {
+/// Replays a log: the table, the length of the valid prefix, and what was found wrong (and
+/// put right on disk: a torn tail cut, a damaged header rewritten).
+fn replay(file: FileId, log: &File) -> Result<(OverflowTable, u64, ReplayDamage), StorageError> {
     let context = |what: &str| format!("{what} overflow log of file {file}");
     let len = log
         .metadata()
         .map_err(|error| disk(context("stat"), error))?
         .len();
     let mut table = OverflowTable::default();
+    let mut damage = ReplayDamage::default();
     if len == 0 {
-        return Ok((table, 0, false));
+        return Ok((table, 0, damage));
     }
     if len > LOG_BYTES_MAX {
         return Err(disk_format(format!(
@@ -559,37 +670,46 @@ fn replay(file: FileId, log: &File) -> Result<(OverflowTable, u64, bool), Storag
     }
     let mut bytes = vec![0u8; len as usize];
     read_full_at(log, &mut bytes, 0).map_err(|error| disk(context("read"), error))?;
+    // A header cut short: the first append was torn, and nothing follows it.
     let mut valid = 0u64;
     if len >= LOG_HEADER_BYTES {
-        if bytes[..4] != LOG_MAGIC {
-            return Err(disk_format(format!(
-                "overflow log of file {file} has a bad header"
-            )));
+        if bytes[..LOG_HEADER_BYTES as usize] != log_header() {
+            log.write_all_at(&log_header(), 0)
+                .map_err(|error| disk(context("rewrite the header of"), error))?;
+            damage.header_rewritten = true;
         }
-        let version = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
-        if version != LOG_VERSION {
-            return Err(disk_format(format!(
-                "overflow log of file {file} has version {version}; this build reads \
-                 {LOG_VERSION}"
-            )));
+        let records = &bytes[LOG_HEADER_BYTES as usize..];
+        let whole = torn_tail_start(records) / LOG_RECORD_BYTES as usize;
+        for record in records.chunks_exact(LOG_RECORD_BYTES as usize).take(whole) {
+            match Record::decode(record) {
+                Some(record) => table.apply(&record),
+                None => {
+                    table.damage_all();
+                    damage.records_damaged += 1;
+                }
+            }
         }
-        valid = LOG_HEADER_BYTES;
-        for record in bytes[LOG_HEADER_BYTES as usize..].chunks_exact(LOG_RECORD_BYTES as usize) {
-            let Some(record) = Record::decode(record) else {
-                break;
-            };
-            table.apply(&record);
-            valid += LOG_RECORD_BYTES;
-        }
+        valid = LOG_HEADER_BYTES + (whole as u64) * LOG_RECORD_BYTES;
     }
-    // A header cut short, a record cut short or a record failing its checksum: the tail was
-    // being written when the server stopped, and nothing after it was acknowledged as synced.
-    let truncated = valid < len;
-    if truncated {
+    if valid < len {
         log.set_len(valid)
             .map_err(|error| disk(context("truncate torn tail of"), error))?;
+        damage.torn_bytes = len - valid;
     }
-    Ok((table, valid, truncated))
+    Ok((table, valid, damage))
+}
+
+/// Where the torn tail of the records starts: after the last whole record that is not all
+/// zeros. A crash mid-append leaves a record cut short or not yet filled in; a flipped bit
+/// leaves neither (a record's marker and checksums are never all zeros).
+fn torn_tail_start(records: &[u8]) -> usize {
+    let whole = records.len() / LOG_RECORD_BYTES as usize;
+    let kept = records
+        .chunks_exact(LOG_RECORD_BYTES as usize)
+        .rposition(|record| record.iter().any(|&byte| byte != 0))
+        .map_or(0, |last| last + 1);
+    debug_assert!(kept <= whole);
+    kept * LOG_RECORD_BYTES as usize
 }
 
 #[cfg(test)]

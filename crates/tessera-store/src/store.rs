@@ -574,7 +574,20 @@ impl Store {
         let mut next = || handles.next().expect("six handles were opened");
         let data = RegionFile::open(file, Region::Data, next(), next())?;
         let redundancy = RegionFile::open(file, Region::Redundancy, next(), next())?;
-        let (overflow, touched) = OverflowFiles::open(file, next(), next())?;
+        let (overflow, touched, damage) = OverflowFiles::open(file, next(), next())?;
+        if damage.header_rewritten || damage.records_damaged > 0 {
+            tracing::warn!(
+                "overflow log of file {file} in {}: {} damaged record(s){}; reads of the \
+                 ranges they may have changed report corrupt until repaired from redundancy",
+                self.root.display(),
+                damage.records_damaged,
+                if damage.header_rewritten {
+                    ", damaged header rewritten"
+                } else {
+                    ""
+                }
+            );
+        }
         let present = FileData {
             data,
             redundancy,

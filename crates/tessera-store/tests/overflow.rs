@@ -190,8 +190,14 @@ fn overflow_table_survives_reopen() {
 }
 
 #[test]
-fn garbage_tail_of_the_log_is_dropped_on_reopen() {
-    for garbage in [&[0xabu8; 50][..], &[1, 2, 3][..], &[0u8; 36][..]] {
+fn a_torn_tail_of_the_log_is_dropped_on_reopen() {
+    // A record cut short, zeros where a record was not filled in yet, or both.
+    for torn in [
+        &[1, 2, 3][..],
+        &[0u8; 36][..],
+        &[0u8; 50][..],
+        &[0u8; 72][..],
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let store = populated(dir.path());
         let primary = list(&store, OverflowRole::Primary, 0, 100);
@@ -200,7 +206,7 @@ fn garbage_tail_of_the_log_is_dropped_on_reopen() {
         let log_path = on_disk(dir.path(), "overflow.log");
         let log_len = std::fs::metadata(&log_path).unwrap().len();
         let mut log = OpenOptions::new().append(true).open(&log_path).unwrap();
-        log.write_all(garbage).unwrap();
+        log.write_all(torn).unwrap();
         drop(log);
 
         let store = Store::open(dir.path()).unwrap();
@@ -211,7 +217,7 @@ fn garbage_tail_of_the_log_is_dropped_on_reopen() {
             expected_overlay()
         );
         assert_eq!(std::fs::metadata(&log_path).unwrap().len(), log_len);
-        // New records go where the garbage was, and replay again.
+        // New records go where the torn tail was, and replay again.
         store
             .overflow_write(FILE, OverflowRole::Primary, 0, b"N")
             .unwrap();
@@ -221,22 +227,88 @@ fn garbage_tail_of_the_log_is_dropped_on_reopen() {
     }
 }
 
+/// The corrupt answer for a damaged log: every range of both roles.
+fn damaged_at(offset: u64) -> Result<(Vec<OverflowExtent>, Vec<u8>), StorageError> {
+    Err(StorageError::Corrupt {
+        file: FILE,
+        region: Region::Data,
+        offset,
+    })
+}
+
 #[test]
-fn a_torn_record_ends_replay_there() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = populated(dir.path());
-    drop(store);
-    // Damage the second record (B): replay keeps A only, and drops B and M after it.
-    let log_path = on_disk(dir.path(), "overflow.log");
-    let log = OpenOptions::new().write(true).open(&log_path).unwrap();
-    log.write_all_at(&[0xff], 8 + 36 + 9).unwrap();
-    drop(log);
-    let store = Store::open(dir.path()).unwrap();
-    let (extents, bytes) = list(&store, OverflowRole::Primary, 0, 100);
-    assert_eq!(extents, vec![extent(10, 20)]);
-    assert_eq!(bytes, vec![b'A'; 20]);
-    assert!(list(&store, OverflowRole::Mirror, 0, 100).0.is_empty());
-    assert_eq!(std::fs::metadata(&log_path).unwrap().len(), 8 + 36);
+fn a_damaged_record_is_corrupt_until_rewritten_never_a_silent_loss() {
+    // The second record (B), the last one (M), and a whole garbage record at the tail: none
+    // may be taken for a torn tail and dropped, since each may have been synced.
+    let record_b = 12 + 36 + 9;
+    let record_m = 12 + 2 * 36 + 20;
+    for at in [record_b, record_m, 12 + 3 * 36 + 5] {
+        let dir = tempfile::tempdir().unwrap();
+        drop(populated(dir.path()));
+        let log_path = on_disk(dir.path(), "overflow.log");
+        let log_len = std::fs::metadata(&log_path).unwrap().len();
+        let log = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&log_path)
+            .unwrap();
+        if at >= log_len {
+            log.write_all_at(&[0xab; 36], log_len).unwrap();
+        } else {
+            let mut byte = [0u8];
+            log.read_exact_at(&mut byte, at).unwrap();
+            log.write_all_at(&[byte[0] ^ 0x04], at).unwrap();
+        }
+        drop(log);
+        let store = Store::open(dir.path()).unwrap();
+        let primary = store.overflow_list(FILE, OverflowRole::Primary, 0, 100);
+        assert_eq!(primary, damaged_at(0), "flip at {at}");
+        let read = store.read(FILE, Region::Data, 30, 10, true);
+        assert_eq!(read.map(|_| ()), damaged_at(30).map(|_| ()), "flip at {at}");
+        assert_eq!(
+            store.overflow_list(FILE, OverflowRole::Mirror, 60, 10),
+            damaged_at(60)
+        );
+        // A read without overlay does not depend on the log.
+        assert_eq!(
+            store.read(FILE, Region::Data, 0, 100, false).unwrap(),
+            vec![b'd'; 100]
+        );
+        // The client's repair: the base rewritten with the primary's entries trimmed, the
+        // entries written again from the other copy, the mirror role invalidated and
+        // rewritten. Damage is gone where it was rewritten, and stays gone after a reopen.
+        store
+            .write(FILE, Region::Data, 0, &[b'd'; 100], true)
+            .unwrap();
+        store
+            .overflow_write(FILE, OverflowRole::Primary, 10, &[b'A'; 10])
+            .unwrap();
+        store
+            .overflow_write(FILE, OverflowRole::Primary, 20, &[b'B'; 20])
+            .unwrap();
+        store
+            .overflow_invalidate(FILE, OverflowRole::Mirror, 0, 100)
+            .unwrap();
+        store
+            .overflow_write(FILE, OverflowRole::Mirror, 0, &[b'M'; 50])
+            .unwrap();
+        let check = |store: &Store| {
+            assert_eq!(
+                store.read(FILE, Region::Data, 0, 100, true).unwrap(),
+                expected_overlay()
+            );
+            let (_, mirror) = list(store, OverflowRole::Mirror, 0, 100);
+            assert_eq!(mirror, vec![b'M'; 50]);
+            assert_eq!(
+                store.overflow_list(FILE, OverflowRole::Primary, 100, 10),
+                damaged_at(100),
+                "outside what was rewritten, the damage stays"
+            );
+        };
+        check(&store);
+        drop(store);
+        check(&Store::open(dir.path()).unwrap());
+    }
 }
 
 #[test]
@@ -336,14 +408,22 @@ fn files_are_emptied_once_no_entry_is_live() {
 }
 
 #[test]
-fn a_bad_log_header_is_an_error_not_a_silent_loss() {
+fn a_damaged_log_header_is_rewritten_and_costs_nothing() {
     let dir = tempfile::tempdir().unwrap();
     drop(populated(dir.path()));
     let log_path = on_disk(dir.path(), "overflow.log");
-    let log = OpenOptions::new().write(true).open(&log_path).unwrap();
-    log.write_all_at(b"JUNK", 0).unwrap();
-    drop(log);
-    let store = Store::open(dir.path()).unwrap();
-    let read = store.read(FILE, Region::Data, 0, 10, true);
-    assert!(matches!(read, Err(StorageError::Disk { .. })), "{read:?}");
+    let header = std::fs::read(&log_path).unwrap()[..12].to_vec();
+    for at in 0..12 {
+        let log = OpenOptions::new().write(true).open(&log_path).unwrap();
+        log.write_all_at(&[header[at] ^ 0x20], at as u64).unwrap();
+        drop(log);
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(
+            store.read(FILE, Region::Data, 0, 100, true).unwrap(),
+            expected_overlay(),
+            "flip in header byte {at}"
+        );
+        drop(store);
+        assert_eq!(std::fs::read(&log_path).unwrap()[..12], header[..]);
+    }
 }
