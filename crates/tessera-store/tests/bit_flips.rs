@@ -1,0 +1,357 @@
+//! One flipped bit anywhere in a store's directory is found, never served, and put right by
+//! rewriting from redundancy (issue 15, item 3).
+//!
+//! A store is filled as a Hybrid column would be (base data with a never-written block in the
+//! middle, redundancy, overflow entries of both roles that shadow and trim each other), and its
+//! answers to every read and listing, unit by unit, are kept as the model. Then, many times:
+//! every file is put back as it was, one random bit of one random file is flipped, the store is
+//! reopened, and every unit is read again. Each answer must be the model's bytes or
+//! [`StorageError::Corrupt`]; a damaged `store.toml` must make `open` fail naming the file.
+//! Units that answered corrupt are rewritten as the client's repair does (base with the
+//! primary's entries trimmed, redundancy, mirror entries invalidated, entries written again
+//! from the other copy), and then every answer must equal the model, before and after another
+//! reopen. The seed is printed; `TESSERA_TEST_SEED` replays it, `TESSERA_FLIPS` sets the count,
+//! and `TESSERA_FLIP_FILES` (names, comma-separated) flips bits in those files only.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+use tessera_store::{OverflowExtent, OverflowRole, Region, StorageError, Store};
+
+const FILE: u64 = 3;
+/// Bytes of one stripe unit of the column.
+const UNIT: u64 = 8 << 10;
+/// Units of the column's data file.
+const UNITS: u64 = 4;
+/// Flips when `TESSERA_FLIPS` is not set.
+const FLIPS_DEFAULT: u64 = 10_000;
+
+type Listing = (Vec<OverflowExtent>, Vec<u8>);
+
+/// What the store answers for one unit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct UnitAnswers {
+    base: Vec<u8>,
+    newest: Vec<u8>,
+    redundancy: Vec<u8>,
+    primary: Listing,
+    mirror: Listing,
+}
+
+/// Each answer of a unit: the bytes, or the error.
+struct UnitResults {
+    base: Result<Vec<u8>, StorageError>,
+    newest: Result<Vec<u8>, StorageError>,
+    redundancy: Result<Vec<u8>, StorageError>,
+    primary: Result<Listing, StorageError>,
+    mirror: Result<Listing, StorageError>,
+}
+
+fn seed() -> u64 {
+    let seed = std::env::var("TESSERA_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::thread_rng().next_u64());
+    eprintln!("bit_flips: seed {seed} (set TESSERA_TEST_SEED={seed} to replay)");
+    seed
+}
+
+fn random_bytes(rng: &mut StdRng, len: u64) -> Vec<u8> {
+    let mut bytes = vec![0u8; len as usize];
+    rng.fill_bytes(&mut bytes);
+    bytes
+}
+
+/// Fills a store as a Hybrid column: base units (one block left unwritten), redundancy, and
+/// overflow entries of both roles within units, some shadowing or trimming older ones.
+fn populate(store: &Store, rng: &mut StdRng) {
+    for unit in 0..UNITS {
+        let offset = unit * UNIT;
+        let mut base = random_bytes(rng, UNIT);
+        if unit == 1 {
+            // Block 2 of the data file stays never written (a zero checksum entry).
+            base.truncate(4096);
+            store
+                .write(FILE, Region::Data, offset, &base, false)
+                .unwrap();
+        } else {
+            store
+                .write(FILE, Region::Data, offset, &base, false)
+                .unwrap();
+        }
+        let redundancy = random_bytes(rng, UNIT);
+        store
+            .write(FILE, Region::Redundancy, offset, &redundancy, false)
+            .unwrap();
+    }
+    for _ in 0..40 {
+        let role = if rng.gen_bool(0.5) {
+            OverflowRole::Primary
+        } else {
+            OverflowRole::Mirror
+        };
+        let unit = rng.gen_range(0..UNITS);
+        let len = rng.gen_range(1..=UNIT / 4);
+        let offset = unit * UNIT + rng.gen_range(0..=UNIT - len);
+        match rng.gen_range(0..10) {
+            // A partial-stripe write, now and then superseded by a full-stripe one.
+            0 => store.overflow_invalidate(FILE, role, offset, len).unwrap(),
+            _ => {
+                let bytes = random_bytes(rng, len);
+                store.overflow_write(FILE, role, offset, &bytes).unwrap();
+            }
+        }
+    }
+    store.sync().unwrap();
+}
+
+fn answers(store: &Store, unit: u64) -> UnitResults {
+    let offset = unit * UNIT;
+    let len = UNIT as u32;
+    UnitResults {
+        base: store.read(FILE, Region::Data, offset, len, false),
+        newest: store.read(FILE, Region::Data, offset, len, true),
+        redundancy: store.read(FILE, Region::Redundancy, offset, len, false),
+        primary: store.overflow_list(FILE, OverflowRole::Primary, offset, UNIT),
+        mirror: store.overflow_list(FILE, OverflowRole::Mirror, offset, UNIT),
+    }
+}
+
+fn model_of(store: &Store) -> Vec<UnitAnswers> {
+    (0..UNITS)
+        .map(|unit| {
+            let got = answers(store, unit);
+            UnitAnswers {
+                base: got.base.unwrap(),
+                newest: got.newest.unwrap(),
+                redundancy: got.redundancy.unwrap(),
+                primary: got.primary.unwrap(),
+                mirror: got.mirror.unwrap(),
+            }
+        })
+        .collect()
+}
+
+/// Whether one answer is the model's or a corrupt report; panics on anything else.
+fn exact_or_corrupt<T: PartialEq + std::fmt::Debug>(
+    what: &str,
+    got: &Result<T, StorageError>,
+    want: &T,
+) -> bool {
+    match got {
+        Ok(value) => {
+            assert!(value == want, "{what}: wrong answer served with no error");
+            false
+        }
+        Err(StorageError::Corrupt { file, .. }) => {
+            assert_eq!(*file, FILE, "{what}");
+            true
+        }
+        Err(other) => panic!("{what}: {other} (neither the bytes nor a corrupt report)"),
+    }
+}
+
+/// Units whose answers reported corruption; panics if any answer was wrong.
+fn corrupt_units(store: &Store, model: &[UnitAnswers], context: &str) -> Vec<u64> {
+    let mut corrupt = Vec::new();
+    for unit in 0..UNITS {
+        let got = answers(store, unit);
+        let want = &model[unit as usize];
+        let what = |name: &str| format!("{context}: unit {unit} {name}");
+        let hits = [
+            exact_or_corrupt(&what("base"), &got.base, &want.base),
+            exact_or_corrupt(&what("newest"), &got.newest, &want.newest),
+            exact_or_corrupt(&what("redundancy"), &got.redundancy, &want.redundancy),
+            exact_or_corrupt(&what("primary"), &got.primary, &want.primary),
+            exact_or_corrupt(&what("mirror"), &got.mirror, &want.mirror),
+        ];
+        if hits.contains(&true) {
+            corrupt.push(unit);
+        }
+    }
+    corrupt
+}
+
+/// The client's repair of one unit from the other copies (`rebuild_column_stripe`).
+fn repair(store: &Store, unit: u64, want: &UnitAnswers) {
+    let offset = unit * UNIT;
+    store
+        .write(FILE, Region::Data, offset, &want.base, true)
+        .unwrap();
+    store
+        .write(FILE, Region::Redundancy, offset, &want.redundancy, false)
+        .unwrap();
+    store
+        .overflow_invalidate(FILE, OverflowRole::Mirror, offset, UNIT)
+        .unwrap();
+    for (role, (extents, bytes)) in [
+        (OverflowRole::Primary, &want.primary),
+        (OverflowRole::Mirror, &want.mirror),
+    ] {
+        let mut at = 0usize;
+        for extent in extents {
+            let piece = &bytes[at..at + extent.len as usize];
+            store
+                .overflow_write(FILE, role, extent.offset, piece)
+                .unwrap();
+            at += extent.len as usize;
+        }
+    }
+}
+
+/// Every file under `root`, with its bytes.
+fn snapshot(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    paths(root)
+        .into_iter()
+        .map(|path| {
+            let bytes = std::fs::read(&path).unwrap();
+            (path, bytes)
+        })
+        .collect()
+}
+
+/// Every file under `root`.
+fn paths(root: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+/// Puts every file back as it was (and removes any file added since).
+fn restore(root: &Path, pristine: &BTreeMap<PathBuf, Vec<u8>>) {
+    for path in paths(root) {
+        if !pristine.contains_key(&path) {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    for (path, bytes) in pristine {
+        std::fs::write(path, bytes).unwrap();
+    }
+}
+
+fn flip_bit(path: &Path, bit: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// What became of the flips in one file.
+#[derive(Debug, Default)]
+struct Tally {
+    flips: u64,
+    /// `open` refused the store, naming the damaged file.
+    refused: u64,
+    /// Reads answered corrupt, and the rewrite made every answer exact.
+    detected_repaired: u64,
+    /// The store found the damage at open and rewrote it itself (the log header).
+    repaired_at_open: u64,
+    /// Bytes no read depends on (overflow bytes of no live entry): every answer exact.
+    unread: u64,
+}
+
+#[test]
+fn every_flipped_bit_is_detected_and_repaired() {
+    let seed = seed();
+    let flips: u64 = std::env::var("TESSERA_FLIPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(FLIPS_DEFAULT);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let model = {
+        let store = Store::open(root).unwrap();
+        store.set_membership(0x1234_5678_9abc_def0, 4).unwrap();
+        populate(&store, &mut rng);
+        model_of(&store)
+    };
+    let pristine = snapshot(root);
+    let only: Option<Vec<String>> = std::env::var("TESSERA_FLIP_FILES")
+        .ok()
+        .map(|names| names.split(',').map(str::to_owned).collect());
+    let chosen = |path: &Path| {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        only.as_ref().is_none_or(|only| only.contains(&name))
+    };
+    let candidates: Vec<&PathBuf> = pristine
+        .iter()
+        .filter(|(path, bytes)| !bytes.is_empty() && chosen(path))
+        .map(|(path, _)| path)
+        .collect();
+    assert!(!candidates.is_empty(), "no file to flip bits in");
+    let mut tallies: BTreeMap<String, Tally> = BTreeMap::new();
+    for trial in 0..flips {
+        restore(root, &pristine);
+        let path = candidates[rng.gen_range(0..candidates.len())];
+        let bit = rng.gen_range(0..pristine[path].len() as u64 * 8);
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let context = format!("seed {seed} trial {trial}: bit {bit} of {name}");
+        flip_bit(path, bit);
+        let tally = tallies.entry(name.clone()).or_default();
+        tally.flips += 1;
+        let store = match Store::open(root) {
+            Ok(store) => store,
+            Err(error) => {
+                assert_eq!(name, "store.toml", "{context}: open failed: {error}");
+                assert!(
+                    error.to_string().contains("store.toml"),
+                    "{context}: {error}"
+                );
+                tally.refused += 1;
+                continue;
+            }
+        };
+        assert_ne!(
+            name, "store.toml",
+            "{context}: a damaged store.toml was accepted"
+        );
+        assert_eq!(store.server_id(), Some(4), "{context}");
+        let corrupt = corrupt_units(&store, &model, &context);
+        if corrupt.is_empty() {
+            drop(store);
+            if std::fs::read(path).unwrap() == pristine[path] {
+                tally.repaired_at_open += 1;
+            } else {
+                assert_eq!(name, "overflow", "{context}: the flip went unnoticed");
+                tally.unread += 1;
+            }
+            continue;
+        }
+        for &unit in &corrupt {
+            repair(&store, unit, &model[unit as usize]);
+        }
+        let after = format!("{context}, after repairing units {corrupt:?}");
+        assert!(corrupt_units(&store, &model, &after).is_empty(), "{after}");
+        drop(store);
+        let store = Store::open(root).unwrap();
+        let reopened = format!("{after} and reopening");
+        assert!(
+            corrupt_units(&store, &model, &reopened).is_empty(),
+            "{reopened}"
+        );
+        tally.detected_repaired += 1;
+    }
+    let mut total = Tally::default();
+    for (name, tally) in &tallies {
+        eprintln!("bit_flips: {name:<15} {tally:?}");
+        total.flips += tally.flips;
+        total.refused += tally.refused;
+        total.detected_repaired += tally.detected_repaired;
+        total.repaired_at_open += tally.repaired_at_open;
+        total.unread += tally.unread;
+    }
+    eprintln!("bit_flips: total           {total:?}");
+    assert_eq!(total.flips, flips);
+}
