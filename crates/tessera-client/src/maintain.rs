@@ -1,5 +1,15 @@
 //! Keeping redundancy whole: rebuilding what a column holds for a stripe (used for repair of
 //! corrupt blocks, resync of missed regions and rebuild of a wiped server) and scrubbing.
+//!
+//! Which copy scrub trusts is decided by checksums, never by the order of reading: a server
+//! answers [`StorageError::Corrupt`] for a block, an overflow entry or an overflow log record
+//! that fails its checksum, and that column is rebuilt from the others. Only where two copies
+//! both verify and still differ (a RAID-1 data unit and its mirror, a Hybrid primary overflow
+//! entry and its mirror) does a rule decide: **the primary copy wins**. It is what reads have
+//! been served, and copies that both verify can only differ after a write that was never
+//! acknowledged as durable (a client or server crash between the two copies), for which
+//! either value is allowed; what matters is that both copies agree afterwards. Scrub says so
+//! (a warning naming the stripe, and its count of mirror mismatches).
 
 use crate::context::{Fault, FileContext};
 use crate::{Client, ClientError};
@@ -40,7 +50,8 @@ pub struct ScrubReport {
     pub corrupt_repaired: u64,
     /// Stripes whose parity did not match their data, rewritten.
     pub parity_repaired: u64,
-    /// RAID-1 mirror copies or Hybrid overflow mirrors that differed, rewritten.
+    /// RAID-1 mirror copies or Hybrid overflow mirrors that passed their checksums but
+    /// differed from the primary copy, rewritten from it (the rule in the module doc).
     pub mirrors_repaired: u64,
     /// Problems that could not be repaired, one line each.
     pub unrepairable: Vec<String>,
@@ -201,6 +212,15 @@ impl FileContext {
             .map_err(|fault| self.second_fault(target, source, fault))
     }
 
+    /// Both copies of a block verified and differ: the primary's is kept.
+    fn warn_copies_differ(&self, stripe: u64, block: u64, what: &str) {
+        tracing::warn!(
+            "{} stripe {stripe} block {block}: the primary copy and its {what} both pass their \
+             checksums but differ; keeping the primary copy (what reads have served)",
+            self.meta.path
+        );
+    }
+
     /// Check one stripe: every stored unit's checksum, then parity or mirrors, then overflow
     /// mirrors. Repairs what one column's loss can explain.
     async fn scrub_stripe(&self, client: &Client, stripe: u64) -> Result<ScrubReport, ClientError> {
@@ -336,6 +356,7 @@ impl FileContext {
         }
         for (i, mirror) in mirrors.into_iter().enumerate() {
             if mirror.as_deref() != Some(&data[i][..]) {
+                self.warn_copies_differ(stripe, blocks[i], "RAID-1 mirror");
                 let slot = layout.mirror_slot(blocks[i]).expect("mirror");
                 let request = StorageRequest::Write {
                     file: self.meta.id,
@@ -351,6 +372,7 @@ impl FileContext {
         for (i, sides) in overflow.into_iter().enumerate() {
             if let Some((primary, mirror)) = sides {
                 if primary != mirror {
+                    self.warn_copies_differ(stripe, blocks[i], "overflow mirror");
                     let column = layout.overflow_column(blocks[i], OverflowRole::Mirror);
                     self.rebuild_column_stripe(client, column, stripe).await?;
                     report.mirrors_repaired += 1;

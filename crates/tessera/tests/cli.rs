@@ -934,7 +934,9 @@ fn flip_bit(path: &Path, bit: u64) {
 /// nothing), and a degraded `get` without that server is exact. A flipped bit in `store.toml`
 /// keeps the server from starting, with its log naming the file; the documented recovery
 /// (start it on an empty directory, `rebuild`) restores it. The first flip is the issue's
-/// reproduction: the first record of a Hybrid file's `overflow.log`. `TESSERA_CLI_FLIPS` sets the
+/// reproduction: the first record of a Hybrid file's `overflow.log`, read before any scrub;
+/// the third is another server's log, scrubbed before any read (so scrub alone decides which
+/// copy is right). `TESSERA_CLI_FLIPS` sets the
 /// number of flips (default 10).
 #[test]
 fn bit_flips_in_a_stopped_servers_directory_are_found_served_and_scrubbed() {
@@ -972,12 +974,14 @@ fn bit_flips_in_a_stopped_servers_directory_are_found_served_and_scrubbed() {
     let mut scrub_totals = [0u64; 3];
     for flip in 0..flips {
         let (server, path) = match flip {
-            0 => {
-                // The server with the longest log (entries of both roles, most likely).
+            0 | 2 => {
+                // The servers with the longest logs (entries of both roles, most likely).
                 let log_len = |s: &u32| {
                     std::fs::metadata(c.stored(*s, hybrid, "overflow.log")).map_or(0, |m| m.len())
                 };
-                let server = (1..=SERVERS).max_by_key(log_len).expect("servers");
+                let mut by_length: Vec<u32> = (1..=SERVERS).collect();
+                by_length.sort_by_key(|s| std::cmp::Reverse(log_len(s)));
+                let server = by_length[flip / 2];
                 assert!(log_len(&server) >= 12 + 3 * 36, "too few overflow records");
                 (server, c.stored(server, hybrid, "overflow.log"))
             }
@@ -997,8 +1001,8 @@ fn bit_flips_in_a_stopped_servers_directory_are_found_served_and_scrubbed() {
         };
         c.server("stop", server);
         let len = std::fs::metadata(&path).expect("stored file").len();
-        // The first flip lands in the first record: every record after it counts.
-        let bits = if flip == 0 {
+        // A log flip lands in the first record: every record after it counts.
+        let bits = if flip == 0 || flip == 2 {
             12 * 8..48 * 8
         } else {
             0..len * 8
@@ -1029,13 +1033,18 @@ fn bit_flips_in_a_stopped_servers_directory_are_found_served_and_scrubbed() {
             c.ok(&["rebuild", &id]);
         } else {
             c.server("start", server);
-            check_all(&what);
+            // Reads repair what they meet; scrubbing first leaves every decision to scrub.
+            let scrub_first = flip == 2 || (flip > 2 && rng.gen_bool(0.5));
+            if !scrub_first {
+                check_all(&what);
+            }
             let out = c.ok(&["scrub"]);
             for (total, count) in scrub_totals.iter_mut().zip(repairs(&out)) {
                 *total += count;
             }
             let again = c.ok(&["scrub"]);
             assert_eq!(repairs(&again), [0, 0, 0], "{what}: second scrub:\n{again}");
+            check_all(&format!("{what}, scrubbed"));
         }
         let other = (server % SERVERS) + 1;
         for victim in [server, other] {
