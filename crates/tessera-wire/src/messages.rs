@@ -211,7 +211,8 @@ pub enum StorageResponse {
 /// Why a storage request failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum StorageError {
-    /// A stored block failed its checksum: the bytes on disk are not what was written.
+    /// A stored block, overflow entry or overflow log record failed its checksum: the bytes on
+    /// disk are not what was written (the client reads from redundancy and repairs).
     #[error("corrupt block at {region:?} offset {offset} of file {file}")]
     Corrupt {
         /// File.
