@@ -408,18 +408,55 @@ fn unknown_format_version_is_refused() {
     let store_incarnation = Store::open(dir.path()).unwrap().incarnation();
     let meta = dir.path().join("store.toml");
     let text = std::fs::read_to_string(&meta).unwrap();
-    assert!(text.contains("format_version = 1"), "{text}");
+    assert!(text.contains("format_version = 2"), "{text}");
     let incarnation = format!("incarnation = \"{:016x}\"", store_incarnation);
     assert!(text.contains(&incarnation), "{text}");
-    std::fs::write(
-        &meta,
-        text.replace("format_version = 1", "format_version = 99"),
-    )
-    .unwrap();
+    // A version this build does not know, with a checksum that matches it.
+    let body = text[..text.rfind("checksum = ").unwrap()].replace("= 2", "= 99");
+    let crc = crc32c::crc32c(body.as_bytes());
+    std::fs::write(&meta, format!("{body}checksum = \"{crc:08x}\"\n")).unwrap();
     let error = Store::open(dir.path()).unwrap_err();
     assert!(
         matches!(&error, StorageError::Disk { detail } if detail.contains("version 99")),
         "{error:?}"
+    );
+    // A version 1 store, as the build before checksums wrote it: refused, saying what to do.
+    let old = format!(
+        "# Tessera storage server store. Written by the server; do not edit.\n\
+         format_version = 1\n{incarnation}\n"
+    );
+    std::fs::write(&meta, old).unwrap();
+    let error = Store::open(dir.path()).unwrap_err().to_string();
+    for words in ["store.toml", "format version 1", "rebuild"] {
+        assert!(error.contains(words), "{error}");
+    }
+}
+
+#[test]
+fn a_damaged_store_toml_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.set_membership(0xabcd, 3).unwrap();
+    drop(store);
+    let meta = dir.path().join("store.toml");
+    let text = std::fs::read(&meta).unwrap();
+    // A hex digit's case is one bit: "a" and "A" parse alike, so the check compares text.
+    let at = text.iter().rposition(|&byte| byte == b'a').unwrap();
+    for (at, bit) in [(at, 0x20), (text.len() - 1, 0x01), (0, 0x01)] {
+        let mut damaged = text.clone();
+        damaged[at] ^= bit;
+        std::fs::write(&meta, &damaged).unwrap();
+        let error = Store::open(dir.path()).unwrap_err().to_string();
+        assert!(
+            error.contains("store.toml") && error.contains("checksum"),
+            "flip at {at}: {error}"
+        );
+    }
+    std::fs::write(&meta, &text).unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(
+        (store.server_id(), store.cluster_id()),
+        (Some(3), Some(0xabcd))
     );
 }
 
