@@ -28,6 +28,7 @@
 //!                                  log record
 //! <root>/files/<F>/overflow.log    header "TSOL" + version u32 LE + crc32c u32 LE, then 36-byte
 //!                                  records, each with its own crc32c (see `overflow.rs`)
+//! <root>/files/<F>/overflow.log.new  a shorter log being written, before it is renamed over
 //! ```
 //!
 //! Every byte is covered by a checksum, so one flipped bit anywhere is found:
@@ -36,7 +37,8 @@
 //!   flipped bit turns it into "never written" (it reads as [`StorageError::Corrupt`]).
 //! - An overflow log record that fails its checksum, anywhere but in a torn tail, is damage:
 //!   every overflow range of the file reads as [`StorageError::Corrupt`] on this server until
-//!   the client has rewritten it from redundancy (details in `overflow.rs`). A damaged log
+//!   the client has rewritten it from redundancy (details in `overflow.rs`); once no entry is
+//!   live, the log is replaced by one holding only the ranges still damaged. A damaged log
 //!   header is rewritten in place (it holds nothing but constants).
 //! - A `store.toml` that fails its checksum makes [`Store::open`] fail with an error naming
 //!   the file: the server does not start. The operator moves the directory away and starts the

@@ -6,13 +6,13 @@
 //! 36-byte records, each with its own crc32c:
 //!
 //! ```text
-//! 0      kind u8         1 = entry, 2 = invalidate
+//! 0      kind u8         1 = entry, 2 = invalidate, 3 = damaged
 //! 1      role u8         0 = primary, 1 = mirror
 //! 2..4   marker          "OR" (so that no single flipped bit makes a record all zeros)
-//! 4..8   crc32c u32      of the entry's bytes (entry), zero (invalidate)
+//! 4..8   crc32c u32      of the entry's bytes (entry), zero (others)
 //! 8..16  offset u64      in the primary column's data file
 //! 16..24 len u64
-//! 24..32 position u64    of the entry's bytes in `overflow` (entry), zero (invalidate)
+//! 24..32 position u64    of the entry's bytes in `overflow` (entry), zero (others)
 //! 32..36 crc32c u32      of bytes 0..32 of this record
 //! ```
 //!
@@ -25,15 +25,18 @@
 //!   clears the damage over its range, since it decides the bytes there whatever the damaged
 //!   record said. Reads and listings that touch a damaged range fail with
 //!   [`StorageError::Corrupt`], never bytes: the client treats it as a lost column, rebuilds
-//!   the stripe from redundancy and writes it back, and those writes clear the damage. The
-//!   damaged record stays in the log (the log is emptied only when nothing is live and nothing
-//!   damaged), and replay reaches the same state on every open.
+//!   the stripe from redundancy and writes it back, and those writes clear the damage. Replay
+//!   reaches the same state on every open. Once no entry is live, the log is replaced (written
+//!   aside, synced, renamed over) by one holding only "damaged" records for the ranges still
+//!   damaged, and the byte file is emptied: the damaged record is then gone from the disk.
 //! - A header that fails its checksum carries no information (the version comes from
 //!   `store.toml`, and records check themselves): it is rewritten in place.
 
 use std::collections::BTreeMap;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
 use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tessera_layout::{OverflowRole, Region};
@@ -58,6 +61,7 @@ const LOG_BYTES_MAX: u64 = 1 << 30;
 
 const KIND_ENTRY: u8 = 1;
 const KIND_INVALIDATE: u8 = 2;
+const KIND_DAMAGED: u8 = 3;
 
 /// The bytes one entry was written with, which its checksum covers. Trimmed pieces of an
 /// entry keep their origin so they can still be verified.
@@ -116,6 +120,13 @@ pub(crate) enum Record {
         offset: u64,
         len: u64,
     },
+    /// What `role` holds in `offset..offset+len` is unknown (a damaged record said something
+    /// about it): reads there are corrupt until an entry or invalidation covers them.
+    Damaged {
+        role: OverflowRole,
+        offset: u64,
+        len: u64,
+    },
 }
 
 impl Record {
@@ -134,6 +145,7 @@ impl Record {
                 origin.position,
             ),
             Record::Invalidate { role, offset, len } => (KIND_INVALIDATE, role, 0, offset, len, 0),
+            Record::Damaged { role, offset, len } => (KIND_DAMAGED, role, 0, offset, len, 0),
         };
         let mut record = [0u8; LOG_RECORD_BYTES as usize];
         record[0] = kind;
@@ -191,6 +203,9 @@ impl Record {
             KIND_INVALIDATE if u32_at(4) == 0 && u64_at(24) == 0 => {
                 Some(Record::Invalidate { role, offset, len })
             }
+            KIND_DAMAGED if u32_at(4) == 0 && u64_at(24) == 0 => {
+                Some(Record::Damaged { role, offset, len })
+            }
             _ => None,
         }
     }
@@ -245,7 +260,27 @@ impl OverflowTable {
                 self.trim(role, offset, len);
                 self.clear_damage(role, offset, len);
             }
+            Record::Damaged { role, offset, len } => {
+                self.clear_damage(role, offset, len);
+                self.damaged[role_index(role)].insert(offset, offset + len);
+            }
         }
+    }
+
+    /// The damaged ranges as records that rebuild them.
+    fn damaged_records(&self) -> Vec<Record> {
+        [OverflowRole::Primary, OverflowRole::Mirror]
+            .into_iter()
+            .flat_map(|role| {
+                self.damaged[role_index(role)]
+                    .iter()
+                    .map(move |(&offset, &end)| Record::Damaged {
+                        role,
+                        offset,
+                        len: end - offset,
+                    })
+            })
+            .collect()
     }
 
     /// A record that failed its checksum: whatever it said, every range of both roles may
@@ -291,11 +326,6 @@ impl OverflowTable {
             .filter(|(_, &stop)| stop > offset)
             .map(|_| offset);
         before.or_else(|| damaged.range(offset..end).next().map(|(&start, _)| start))
-    }
-
-    /// Whether no range of either role is damaged.
-    pub(crate) fn is_undamaged(&self) -> bool {
-        self.damaged.iter().all(BTreeMap::is_empty)
     }
 
     /// Trims the extents of `role` away from `offset..offset+len`; true if any was touched.
@@ -379,6 +409,8 @@ pub(crate) struct ReplayDamage {
 /// A file's overflow byte file and log, open, with the table they describe.
 pub(crate) struct OverflowFiles {
     file: FileId,
+    /// Where the log is, to replace it by a shorter one.
+    log_path: PathBuf,
     pub(crate) bytes: Arc<File>,
     pub(crate) log: Arc<File>,
     /// Where the next entry's bytes go.
@@ -395,6 +427,7 @@ impl OverflowFiles {
         file: FileId,
         bytes: File,
         log: File,
+        log_path: PathBuf,
     ) -> Result<(Self, Touched, ReplayDamage), StorageError> {
         let bytes_len = bytes
             .metadata()
@@ -403,6 +436,7 @@ impl OverflowFiles {
         let (table, log_len, damage) = replay(file, &log)?;
         let mut overflow = OverflowFiles {
             file,
+            log_path,
             bytes: Arc::new(bytes),
             log: Arc::new(log),
             bytes_len,
@@ -413,7 +447,7 @@ impl OverflowFiles {
             bytes: false,
             log: damage.header_rewritten || damage.torn_bytes > 0,
         };
-        if overflow.compactable() && (overflow.bytes_len > 0 || overflow.log_len > 0) {
+        if overflow.compactable() {
             overflow.compact()?;
             touched = Touched {
                 bytes: true,
@@ -423,9 +457,13 @@ impl OverflowFiles {
         Ok((overflow, touched, damage))
     }
 
-    /// Whether both files may be emptied: no entry live, no range damaged.
+    /// Whether no entry is live and the files hold more than the damaged ranges need.
     fn compactable(&self) -> bool {
-        self.table.is_empty() && self.table.is_undamaged()
+        let damaged_log_bytes = match self.table.damaged_records().len() as u64 {
+            0 => 0,
+            records => LOG_HEADER_BYTES + records * LOG_RECORD_BYTES,
+        };
+        self.table.is_empty() && (self.bytes_len > 0 || self.log_len > damaged_log_bytes)
     }
 
     /// [`StorageError::Corrupt`] if a damaged log record may have changed `role`'s entries
@@ -619,19 +657,59 @@ impl OverflowFiles {
         Ok(())
     }
 
-    /// Empties both files; only valid when no entry is live and nothing is damaged. The log
+    /// Empties both files, or (if some ranges are damaged) replaces the log by one holding only
+    /// the damaged ranges and empties the byte file; only valid when no entry is live. The log
     /// goes first, so a crash in between leaves no record pointing at missing bytes.
     fn compact(&mut self) -> Result<(), StorageError> {
-        assert!(self.compactable());
-        self.log
-            .set_len(0)
-            .map_err(|error| self.disk("truncate overflow log", error))?;
-        self.log_len = 0;
+        assert!(self.table.is_empty());
+        let damaged = self.table.damaged_records();
+        if damaged.is_empty() {
+            self.log
+                .set_len(0)
+                .map_err(|error| self.disk("truncate overflow log", error))?;
+            self.log_len = 0;
+        } else {
+            self.replace_log(&damaged)?;
+        }
         self.bytes
             .set_len(0)
             .map_err(|error| self.disk("truncate overflow", error))?;
         self.bytes_len = 0;
-        self.table = OverflowTable::default();
+        let mut table = OverflowTable::default();
+        for record in &damaged {
+            table.apply(record);
+        }
+        self.table = table;
+        Ok(())
+    }
+
+    /// Writes a log of `records` aside, syncs it, renames it over the log and syncs the
+    /// directory, so a crash leaves the old log or the new one, never neither.
+    fn replace_log(&mut self, records: &[Record]) -> Result<(), StorageError> {
+        let mut bytes = log_header().to_vec();
+        for record in records {
+            bytes.extend_from_slice(&record.encode());
+        }
+        let aside = self.log_path.with_extension("log.new");
+        let fail = |what: &str, error| disk(format_args!("{what} {}", aside.display()), error);
+        let mut new = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&aside)
+            .map_err(|error| fail("create", error))?;
+        new.write_all(&bytes)
+            .and_then(|()| new.sync_all())
+            .map_err(|error| fail("write", error))?;
+        std::fs::rename(&aside, &self.log_path).map_err(|error| fail("rename", error))?;
+        let dir = self
+            .log_path
+            .parent()
+            .expect("a log is in a file's directory");
+        crate::meta::sync_dir(dir)?;
+        self.log = Arc::new(new);
+        self.log_len = bytes.len() as u64;
         Ok(())
     }
 
@@ -703,12 +781,10 @@ fn replay(file: FileId, log: &File) -> Result<(OverflowTable, u64, ReplayDamage)
 /// zeros. A crash mid-append leaves a record cut short or not yet filled in; a flipped bit
 /// leaves neither (a record's marker and checksums are never all zeros).
 fn torn_tail_start(records: &[u8]) -> usize {
-    let whole = records.len() / LOG_RECORD_BYTES as usize;
     let kept = records
         .chunks_exact(LOG_RECORD_BYTES as usize)
         .rposition(|record| record.iter().any(|&byte| byte != 0))
         .map_or(0, |last| last + 1);
-    debug_assert!(kept <= whole);
     kept * LOG_RECORD_BYTES as usize
 }
 
@@ -748,6 +824,11 @@ mod tests {
                 role: OverflowRole::Primary,
                 offset: 0,
                 len: FILE_BYTES_MAX,
+            },
+            Record::Damaged {
+                role: OverflowRole::Mirror,
+                offset: 100,
+                len: FILE_BYTES_MAX - 100,
             },
         ];
         for record in records {

@@ -574,7 +574,8 @@ impl Store {
         let mut next = || handles.next().expect("six handles were opened");
         let data = RegionFile::open(file, Region::Data, next(), next())?;
         let redundancy = RegionFile::open(file, Region::Redundancy, next(), next())?;
-        let (overflow, touched, damage) = OverflowFiles::open(file, next(), next())?;
+        let log_path = dir.join(FileKind::OverflowLog.name());
+        let (overflow, touched, damage) = OverflowFiles::open(file, next(), next(), log_path)?;
         if damage.header_rewritten || damage.records_damaged > 0 {
             tracing::warn!(
                 "overflow log of file {file} in {}: {} damaged record(s){}; reads of the \
@@ -604,10 +605,10 @@ impl Store {
     fn mark_dirty(&self, file: FileId, present: &FileData, kinds: &[FileKind]) {
         let mut dirty = lock(&self.dirty);
         for &kind in kinds {
+            // The current handle: a log replaced by a shorter one has a new one.
             dirty
                 .files
-                .entry((file, kind))
-                .or_insert_with(|| Arc::clone(present.handle(kind)));
+                .insert((file, kind), Arc::clone(present.handle(kind)));
         }
     }
 
