@@ -216,6 +216,36 @@ fn never_written_block_that_became_nonzero_is_corrupt() {
 }
 
 #[test]
+fn every_flipped_bit_of_a_checksum_entry_is_a_corrupt_block_never_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    // Block 0 written with zeros, block 1 never written, block 2 written.
+    store
+        .write(FILE, Region::Data, 0, &[0u8; 4096], false)
+        .unwrap();
+    store
+        .write(FILE, Region::Data, 8192, &pattern(4096, 5), false)
+        .unwrap();
+    drop(store);
+    let crc = on_disk(dir.path(), FILE, "data.crc");
+    let entries = std::fs::read(&crc).unwrap();
+    assert_eq!(entries.len(), 24);
+    assert_eq!(entries[8..16], [0u8; 8], "block 1 is never written");
+    for bit in 0..24 * 8 {
+        let mut damaged = entries.clone();
+        damaged[bit / 8] ^= 1 << (bit % 8);
+        std::fs::write(&crc, &damaged).unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let block = (bit / 64) as u64 * 4096;
+        assert_eq!(
+            store.read(FILE, Region::Data, block, 4096, false),
+            Err(corrupt(Region::Data, block)),
+            "bit {bit} of the checksum entries"
+        );
+    }
+}
+
+#[test]
 fn out_of_bounds_requests_are_rejected() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
