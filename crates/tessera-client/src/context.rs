@@ -103,6 +103,20 @@ impl FileContext {
         self.layout.stripe_unit as usize
     }
 
+    /// Refuse `offset..offset+len` if it ends past the file's maximum size (or past `u64`).
+    pub fn check_range(&self, offset: u64, len: u64) -> Result<(), ClientError> {
+        let max = self.layout.file_bytes_max();
+        match offset.checked_add(len) {
+            Some(end) if end <= max => Ok(()),
+            _ => Err(ClientError::TooLarge {
+                path: self.meta.path.clone(),
+                offset,
+                len,
+                max,
+            }),
+        }
+    }
+
     /// Whether `column` must not be used for `stripe`: down, owing it, or found unreachable.
     pub fn lost(&self, column: u32, stripe: u64) -> bool {
         let c = &self.columns[column as usize];
@@ -403,8 +417,8 @@ pub(crate) fn reply_frame_bytes(request: &StorageRequest) -> Option<usize> {
             Some(data(u64::from(*len)))
         }
         StorageRequest::OverflowList { len, .. } => Some(data(*len)),
-        // A list of named counters: its size is not known ahead.
-        StorageRequest::TransportCounters => None,
+        // Lists whose size is not known ahead.
+        StorageRequest::TransportCounters | StorageRequest::Allocated { .. } => None,
         // Everything else is answered in a few bytes: one packet.
         _ => Some(tessera_wire::FRAME_HEADER_BYTES + 16),
     }

@@ -40,6 +40,7 @@ use tessera_wire::{
 };
 
 pub use maintain::{RebuildProgress, ScrubReport};
+pub use tessera_layout::COLUMN_BYTES_MAX;
 pub use tessera_layout::{Layout, Scheme};
 pub use tessera_transport::{CongestionKind, DatagramConfig, TransportKind};
 pub use tessera_wire::{LayoutRequest, ServerState};
@@ -99,15 +100,37 @@ pub enum ClientError {
     /// No server with that id.
     #[error("no server with id {0}")]
     NoSuchServer(ServerId),
-    /// Files without redundancy lost data on the server and cannot be rebuilt; everything else
-    /// was.
-    #[error("server {server} was rebuilt except raid0 files, which have no redundancy and lost data there: {}", .files.join(", "))]
+    /// Some files could not be rebuilt on the server (no redundancy, or too many servers
+    /// lost); every other file was.
+    #[error("server {server}: {} of {files_total} files could not be rebuilt: {}", .failed.len(), describe_failures(.failed))]
     Unrebuildable {
         /// The server.
         server: ServerId,
-        /// Paths of the files that could not be rebuilt.
-        files: Vec<String>,
+        /// Files the rebuild tried.
+        files_total: u64,
+        /// Path of each file that could not be rebuilt, and why.
+        failed: Vec<(String, String)>,
     },
+    /// A byte range passes the largest size a file of its layout can have (or `u64`).
+    #[error("bytes {offset}+{len} of '{path}' pass its maximum size of {max} bytes")]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// Start of the range.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// The file's maximum size ([`Layout::file_bytes_max`]).
+        max: u64,
+    },
+}
+
+fn describe_failures(failed: &[(String, String)]) -> String {
+    let lines: Vec<String> = failed
+        .iter()
+        .map(|(path, why)| format!("{path} ({why})"))
+        .collect();
+    lines.join("; ")
 }
 
 fn describe_servers(servers: &[(ServerId, SocketAddr)]) -> String {
@@ -125,6 +148,17 @@ pub struct File {
     pub id: FileId,
     /// Path.
     pub path: String,
+}
+
+/// A file being written to take a path atomically: no path names it until
+/// [`Client::commit_pending`], and the manager removes it (and its servers its data) if it is
+/// neither committed nor renewed within its lease.
+#[derive(Debug, Clone)]
+pub struct PendingFile {
+    /// The new file (its path is the one it will take).
+    pub file: File,
+    /// How long it lives without a renewal.
+    pub lease: Duration,
 }
 
 /// A file's metadata and the bytes it occupies.
@@ -320,6 +354,85 @@ impl Client {
         }
     }
 
+    /// Start writing a new file that will take `path` when committed, replacing any file that
+    /// has it then (an atomic replace: readers see the old file whole until the commit, and
+    /// the new one whole after it).
+    pub async fn create_pending(
+        &self,
+        path: &str,
+        layout: LayoutRequest,
+    ) -> Result<PendingFile, ClientError> {
+        let request = ManagerRequest::CreatePending {
+            path: path.to_string(),
+            layout,
+        };
+        match self.manager_call(request).await? {
+            ManagerResponse::Pending { view, lease_ms } => Ok(PendingFile {
+                file: File {
+                    id: view.meta.id,
+                    path: view.meta.path,
+                },
+                lease: Duration::from_millis(lease_ms),
+            }),
+            other => Err(self.unexpected("pending file", other)),
+        }
+    }
+
+    /// Keep a pending file alive for another lease.
+    pub async fn renew_pending(&self, file: &File) -> Result<(), ClientError> {
+        let request = ManagerRequest::RenewPending { file: file.id };
+        self.manager_call(request).await.map(|_| ())
+    }
+
+    /// Run `work` (the writing of a pending file) while renewing the file's lease at a third
+    /// of its length, so that a long write or sync does not outlive it. The renewals run as a
+    /// task of their own, so that they go on while `work` waits for its source (even in a
+    /// blocking read); they stop when `work` is done.
+    pub async fn keep_pending<T>(
+        &self,
+        pending: &PendingFile,
+        work: impl std::future::Future<Output = T>,
+    ) -> T {
+        let (client, file, every) = (self.clone(), pending.file.clone(), pending.lease / 3);
+        let renewals = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = client.renew_pending(&file).await {
+                    // The commit will say so, if the lease is lost.
+                    tracing::warn!("cannot renew pending file {}: {e}", file.id);
+                }
+            }
+        });
+        let done = work.await;
+        renewals.abort();
+        done
+    }
+
+    /// Give a pending file its path. The file that had the path is removed in the same step;
+    /// its data is deleted now on the servers that are up, and by the others when they learn
+    /// of it from the manager. Sync the file first: the commit is what makes it visible.
+    pub async fn commit_pending(&self, file: &File) -> Result<(), ClientError> {
+        let request = ManagerRequest::CommitPending { file: file.id };
+        match self.manager_call(request).await? {
+            ManagerResponse::Committed { replaced } => {
+                if let Some(old) = replaced {
+                    self.delete_data(&old).await?;
+                }
+                Ok(())
+            }
+            other => Err(self.unexpected("committed", other)),
+        }
+    }
+
+    /// Give up a pending file: it is removed, and its data deleted.
+    pub async fn abandon_pending(&self, file: &File) -> Result<(), ClientError> {
+        let request = ManagerRequest::AbandonPending { file: file.id };
+        match self.manager_call(request).await? {
+            ManagerResponse::Meta(meta) => self.delete_data(&meta).await,
+            other => Err(self.unexpected("meta", other)),
+        }
+    }
+
     /// Create a file, first removing any existing file of that path and its data.
     pub async fn create_replacing(
         &self,
@@ -363,6 +476,17 @@ impl Client {
         }
     }
 
+    /// A file's metadata, by id (a pending file's too).
+    pub async fn meta(&self, file: &File) -> Result<FileMeta, ClientError> {
+        Ok(self.context_of(file.id).await?.meta)
+    }
+
+    /// Refuse a byte range that passes the largest size a file of this layout can have, or
+    /// whose end does not fit in a `u64`.
+    pub async fn check_range(&self, file: &File, offset: u64, len: u64) -> Result<(), ClientError> {
+        self.context_of(file.id).await?.check_range(offset, len)
+    }
+
     /// Metadata and stored bytes of a file.
     pub async fn stat(&self, path: &str) -> Result<FileStat, ClientError> {
         let meta = self.lookup(path).await?;
@@ -384,6 +508,12 @@ impl Client {
             ManagerResponse::Meta(meta) => meta,
             other => return Err(self.unexpected("meta", other)),
         };
+        self.delete_data(&meta).await
+    }
+
+    /// Delete a removed file's data on the servers that are up now. Best effort: a server down
+    /// now deletes it when it next asks the manager for orphans.
+    async fn delete_data(&self, meta: &FileMeta) -> Result<(), ClientError> {
         let servers = self.status().await?;
         let deletions = meta.servers.iter().filter_map(|id| {
             let status = servers.iter().find(|s| s.id == *id)?;
@@ -398,16 +528,19 @@ impl Client {
                 Bytes::new(),
             ))
         });
-        // Best effort: a server down now keeps an orphan, which nothing reads.
         let _ = futures::future::join_all(deletions).await;
         Ok(())
     }
 
-    /// Write `data` at `offset`, extending the file if needed.
+    /// Write `data` at `offset`, extending the file if needed. A range past the file's maximum
+    /// size ([`Layout::file_bytes_max`]) is refused with [`ClientError::TooLarge`] before
+    /// anything is written.
     pub async fn write_at(&self, file: &File, offset: u64, data: &[u8]) -> Result<(), ClientError> {
         let ctx = self.context_of(file.id).await?;
+        let end = ctx
+            .check_range(offset, data.len() as u64)
+            .map(|()| offset + data.len() as u64)?;
         ctx.write(self, offset, data).await?;
-        let end = offset + data.len() as u64;
         if end > ctx.meta.size {
             self.manager_call(ManagerRequest::SetSize {
                 file: file.id,
@@ -419,7 +552,8 @@ impl Client {
         Ok(())
     }
 
-    /// Read up to `len` bytes at `offset` (fewer at the end of the file).
+    /// Read up to `len` bytes at `offset` (fewer at the end of the file). A range past the
+    /// file's maximum size is refused with [`ClientError::TooLarge`].
     pub async fn read_at(
         &self,
         file: &File,
@@ -427,6 +561,7 @@ impl Client {
         len: u64,
     ) -> Result<Vec<u8>, ClientError> {
         let ctx = self.context_of(file.id).await?;
+        ctx.check_range(offset, len)?;
         let available = ctx.meta.size.saturating_sub(offset).min(len);
         let mut out = vec![0u8; available as usize];
         let n = ctx.read_into(self, offset, &mut out).await?;
@@ -442,6 +577,7 @@ impl Client {
         buf: &mut [u8],
     ) -> Result<usize, ClientError> {
         let ctx = self.context_of(file.id).await?;
+        ctx.check_range(offset, buf.len() as u64)?;
         ctx.read_into(self, offset, buf).await
     }
 
@@ -470,6 +606,7 @@ impl Client {
                 let (client, ctx) = (client.clone(), ctx.clone());
                 async move {
                     let began = std::time::Instant::now();
+                    ctx.check_range(offset, block_bytes as u64)?;
                     let mut block = vec![0u8; block_bytes];
                     let got = ctx.read_into(&client, offset, &mut block).await?;
                     block.truncate(got);

@@ -15,10 +15,11 @@ use crate::context::{Fault, FileContext};
 use crate::{Client, ClientError};
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
+use std::ops::Range;
 use tessera_layout::{OverflowRole, Region, Scheme, StripeMember};
 use tessera_wire::{
-    FileMeta, IndexRange, ManagerRequest, ManagerResponse, ServerId, ServerState, StorageError,
-    StorageRequest,
+    FileDebt, FileMeta, IndexRange, ManagerError, ManagerRequest, ManagerResponse, ServerId,
+    ServerState, StorageError, StorageRequest, StorageResponse,
 };
 
 /// Stripes rebuilt or scrubbed at once.
@@ -35,6 +36,9 @@ pub struct RebuildProgress {
     pub files_done: u64,
     /// Files to rebuild.
     pub files_total: u64,
+    /// Stripes owed that are a hole on every other server (never written: zeros), so there
+    /// was nothing to rebuild.
+    pub stripes_unallocated: u64,
 }
 
 /// What a scrub found and did.
@@ -46,6 +50,8 @@ pub struct ScrubReport {
     pub stripes_checked: u64,
     /// Stripes not checked because a server was down or owed them.
     pub stripes_skipped: u64,
+    /// Stripes not read because every server holds a hole there (never written: zeros).
+    pub stripes_unallocated: u64,
     /// Stored blocks that failed their checksum and were rewritten from redundancy.
     pub corrupt_repaired: u64,
     /// Stripes whose parity did not match their data, rewritten.
@@ -399,9 +405,102 @@ fn flatten(entries: &[(tessera_wire::OverflowExtent, Bytes)]) -> Vec<u8> {
     out
 }
 
+impl FileContext {
+    /// The stripes of `0..stripes_total` that may hold written bytes, as sorted, disjoint
+    /// ranges, learned from every column but `exclude` (the column being rebuilt): the stripes
+    /// whose slots overlap an allocated extent of some column's data or redundancy file, and
+    /// every stripe some column owes. Any other stripe is a hole in every column: zeros, whose
+    /// parity and mirrors are zeros too, so there is nothing to check or rebuild. `None` when a
+    /// column cannot say (down or unreachable): then every stripe must be visited.
+    async fn allocated_stripes(
+        &self,
+        client: &Client,
+        exclude: Option<u32>,
+        stripes_total: u64,
+    ) -> Option<Vec<Range<u64>>> {
+        let layout = self.layout;
+        let unit = u64::from(layout.stripe_unit);
+        // No slot of stripe `s` sits past local index `s` on its column.
+        let local_len = stripes_total
+            .saturating_mul(unit)
+            .min(tessera_layout::COLUMN_BYTES_MAX);
+        let mut stripes: Vec<Range<u64>> = Vec::new();
+        for column in (0..layout.width).filter(|&c| Some(c) != exclude) {
+            if self.lost_entirely(column) {
+                return None;
+            }
+            let owed = &self.columns[column as usize].missed;
+            stripes.extend(owed.iter().map(|r| r.start..r.end.min(stripes_total)));
+            for region in [Region::Data, Region::Redundancy] {
+                let request = StorageRequest::Allocated {
+                    file: self.meta.id,
+                    region,
+                    offset: 0,
+                    len: local_len,
+                };
+                let ranges = match self.rpc(client, column, request, Bytes::new()).await {
+                    Ok((StorageResponse::Allocated { ranges }, _)) => ranges,
+                    _ => return None,
+                };
+                for range in ranges.iter().filter(|r| !r.is_empty()) {
+                    let local_first = range.start / unit;
+                    let local_last = (range.end - 1) / unit;
+                    let map = |local| layout.stripe_of_local(column, region, local);
+                    let (Some(first), Some(last)) = (map(local_first), map(local_last)) else {
+                        continue;
+                    };
+                    // A Hybrid mirror overflow entry sits under the offsets of the block
+                    // before, which may be in the stripe before or after.
+                    let (first, last) = match (layout.scheme, region) {
+                        (Scheme::Hybrid, Region::Data) => {
+                            (first.saturating_sub(1), last.saturating_add(1))
+                        }
+                        _ => (first, last),
+                    };
+                    stripes.push(first..last.saturating_add(1).min(stripes_total));
+                }
+            }
+        }
+        Some(merge_ranges(stripes))
+    }
+}
+
+/// Sorted, disjoint, non-empty ranges covering the same indices as `ranges`.
+fn merge_ranges(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
+    ranges.retain(|r| r.start < r.end);
+    ranges.sort_by_key(|r| r.start);
+    let mut merged: Vec<Range<u64>> = Vec::new();
+    for range in ranges {
+        match merged.last_mut() {
+            Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
+            _ => merged.push(range),
+        }
+    }
+    merged
+}
+
+/// The stripes of `range` that are in `allocated` (all of them if `allocated` is `None`).
+fn clip_to(range: Range<u64>, allocated: Option<&[Range<u64>]>) -> Vec<Range<u64>> {
+    let Some(allocated) = allocated else {
+        return vec![range];
+    };
+    allocated
+        .iter()
+        .map(|a| a.start.max(range.start)..a.end.min(range.end))
+        .filter(|r| r.start < r.end)
+        .collect()
+}
+
+/// Stripes in a list of ranges.
+fn count(ranges: &[Range<u64>]) -> u64 {
+    ranges.iter().map(|r| r.end - r.start).sum()
+}
+
 impl Client {
     /// Rebuild everything server `server` owes: the regions it missed, or every file it holds
-    /// if its store was wiped. `progress` is called as stripes finish.
+    /// if its store was wiped. `progress` is called as stripes finish. A file that cannot be
+    /// rebuilt (no redundancy, too many servers lost) stays owed and the rebuild goes on with
+    /// the others; [`ClientError::Unrebuildable`] names every such file at the end.
     pub async fn rebuild(
         &self,
         server: ServerId,
@@ -432,61 +531,93 @@ impl Client {
             files_total: debts.len() as u64,
             ..Default::default()
         };
-        let owed = |meta: &FileMeta, range: &IndexRange| {
-            let stripes = meta.layout.stripes_for_size(meta.size);
-            range.end.min(stripes).saturating_sub(range.start)
-        };
         state.stripes_total = debts
             .iter()
             .map(|d| d.missed.iter().map(|r| owed(&d.meta, r)).sum::<u64>())
             .sum();
         progress(state);
-        let mut lost: Vec<String> = Vec::new();
+        let mut failed: Vec<(String, String)> = Vec::new();
         for debt in debts {
-            let ctx = self.context_of(debt.meta.id).await?;
-            let Some(column) = ctx.meta.servers.iter().position(|&s| s == server) else {
-                continue;
-            };
-            let column = column as u32;
-            let stripes_total = ctx.layout.stripes_for_size(ctx.meta.size);
             let owed_here: u64 = debt.missed.iter().map(|r| owed(&debt.meta, r)).sum();
-            if ctx.scheme() == Scheme::Raid0 && owed_here > 0 {
+            let done_before = state.stripes_done + state.stripes_unallocated;
+            let result = if debt.meta.layout.scheme == Scheme::Raid0 && owed_here > 0 {
                 // Nothing to rebuild from: the file stays owed (and unreadable there) rather
-                // than ever serving zeros for lost bytes; the other files still get rebuilt.
-                lost.push(debt.meta.path.clone());
-                state.stripes_total -= owed_here;
-                continue;
-            }
-            for range in &debt.missed {
-                let end = range.end.min(stripes_total);
-                let mut rebuilds = stream::iter(range.start..end.max(range.start))
-                    .map(|stripe| ctx.rebuild_column_stripe(self, column, stripe))
-                    .buffer_unordered(STRIPES_IN_FLIGHT_MAX);
-                while let Some(result) = rebuilds.next().await {
-                    result?;
-                    state.stripes_done += 1;
-                    progress(state);
+                // than ever serving zeros for lost bytes.
+                Err("raid0 has no redundancy to rebuild from".to_string())
+            } else {
+                match self
+                    .rebuild_file(server, &debt, &mut state, &mut progress)
+                    .await
+                {
+                    Ok(()) => Ok(()),
+                    // Removed meanwhile (or a pending file given up): nothing is owed.
+                    Err(ClientError::Metadata(ManagerError::NotFound(_))) => Ok(()),
+                    // Nothing else can succeed either.
+                    Err(e @ ClientError::ManagerUnreachable { .. }) => return Err(e),
+                    Err(e) => Err(e.to_string()),
                 }
-                self.manager_call(ManagerRequest::Resynced {
-                    server,
-                    file: debt.meta.id,
-                    stripes: *range,
-                })
-                .await?;
+            };
+            if let Err(why) = result {
+                failed.push((debt.meta.path.clone(), why));
+                let done_here = state.stripes_done + state.stripes_unallocated - done_before;
+                state.stripes_total -= owed_here.saturating_sub(done_here);
             }
             state.files_done += 1;
             progress(state);
         }
-        if !lost.is_empty() {
+        if !failed.is_empty() {
             return Err(ClientError::Unrebuildable {
                 server,
-                files: lost,
+                files_total: state.files_total,
+                failed,
             });
         }
         Ok(state)
     }
 
-    /// Check every stripe of one file, or of every file, and repair what can be repaired.
+    /// Rebuild what `server` owes of one file, range by range, walking only the stripes that
+    /// hold bytes; each range is reported resynced once all of it is done.
+    async fn rebuild_file(
+        &self,
+        server: ServerId,
+        debt: &FileDebt,
+        state: &mut RebuildProgress,
+        progress: &mut impl FnMut(RebuildProgress),
+    ) -> Result<(), ClientError> {
+        let ctx = self.context_of(debt.meta.id).await?;
+        let Some(column) = ctx.meta.servers.iter().position(|&s| s == server) else {
+            return Ok(());
+        };
+        let column = column as u32;
+        let stripes_total = ctx.layout.stripes_for_size(ctx.meta.size);
+        let allocated = ctx
+            .allocated_stripes(self, Some(column), stripes_total)
+            .await;
+        for range in &debt.missed {
+            let owed_range = range.start..range.end.min(stripes_total).max(range.start);
+            let walk = clip_to(owed_range.clone(), allocated.as_deref());
+            let holes = (owed_range.end - owed_range.start) - count(&walk);
+            let mut rebuilds = stream::iter(walk.into_iter().flatten())
+                .map(|stripe| ctx.rebuild_column_stripe(self, column, stripe))
+                .buffer_unordered(STRIPES_IN_FLIGHT_MAX);
+            while let Some(result) = rebuilds.next().await {
+                result?;
+                state.stripes_done += 1;
+                progress(*state);
+            }
+            state.stripes_unallocated += holes;
+            self.manager_call(ManagerRequest::Resynced {
+                server,
+                file: debt.meta.id,
+                stripes: *range,
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Check every stripe that holds bytes of one file, or of every file, and repair what can
+    /// be repaired. Stripes that are a hole on every server are counted, not read.
     pub async fn scrub(&self, path: Option<&str>) -> Result<ScrubReport, ClientError> {
         let files = match path {
             Some(path) => vec![self.open(path).await?.id],
@@ -497,7 +628,10 @@ impl Client {
             let ctx = self.context_of(file).await?;
             report.files += 1;
             let stripes = ctx.layout.stripes_for_size(ctx.meta.size);
-            let mut checks = stream::iter(0..stripes)
+            let allocated = ctx.allocated_stripes(self, None, stripes).await;
+            let walk = clip_to(0..stripes, allocated.as_deref());
+            report.stripes_unallocated += stripes - count(&walk);
+            let mut checks = stream::iter(walk.into_iter().flatten())
                 .map(|stripe| ctx.scrub_stripe(self, stripe))
                 .buffer_unordered(STRIPES_IN_FLIGHT_MAX);
             while let Some(result) = checks.next().await {
@@ -512,4 +646,10 @@ impl Client {
         }
         Ok(report)
     }
+}
+
+/// Stripes of `range` that hold some of a file of `meta`'s size.
+fn owed(meta: &FileMeta, range: &IndexRange) -> u64 {
+    let stripes = meta.layout.stripes_for_size(meta.size);
+    range.end.min(stripes).saturating_sub(range.start)
 }

@@ -27,6 +27,10 @@ pub const STRIPE_UNIT_BYTES_MAX: u32 = 4 << 20;
 pub const STRIPE_UNIT_BYTES_DEFAULT: u32 = 64 << 10;
 /// Widest layout accepted.
 pub const WIDTH_MAX: u32 = 256;
+/// Largest byte offset (exclusive) of a column's data or redundancy file: 1 TiB. A storage
+/// server refuses anything past it (`tessera_store::FILE_BYTES_MAX` is this), so a file holds
+/// at most [`Layout::file_bytes_max`] bytes.
+pub const COLUMN_BYTES_MAX: u64 = 1 << 40;
 
 /// A redundancy scheme.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
@@ -340,6 +344,38 @@ impl Layout {
     pub fn blocks_of_stripe(&self, stripe: u64) -> Range<u64> {
         let d = self.data_per_stripe() as u64;
         stripe * d..(stripe + 1) * d
+    }
+
+    /// Largest size of a file with this layout: as many stripes as a column's file holds
+    /// stripe units. Every slot of stripe `s` has a local index of at most `s` (data block
+    /// `b < (s+1)·d` sits at `b / W` or, under RAID-4, at `s`; parity at `s / W` or `s`), so
+    /// every byte of such a file lies within [`COLUMN_BYTES_MAX`] on its column. That is 1 TiB
+    /// per data column whatever the stripe unit: `W` TiB under RAID-0 and RAID-1, `W-1` TiB
+    /// under the parity schemes.
+    pub fn file_bytes_max(&self) -> u64 {
+        (COLUMN_BYTES_MAX / u64::from(self.stripe_unit)) * self.stripe_bytes()
+    }
+
+    /// The stripe whose member sits at local index `local_index` of `region` on `column`, if
+    /// a member of some stripe sits there. Monotone in `local_index`, so a range of local
+    /// indices maps to a range of stripes (scrub and rebuild use it to walk only the stripes
+    /// that hold allocated bytes).
+    pub fn stripe_of_local(&self, column: u32, region: Region, local_index: u64) -> Option<u64> {
+        let w = u64::from(self.width);
+        let c = u64::from(column);
+        match (self.scheme, region) {
+            (Scheme::Raid4, Region::Data) => (c < w - 1).then_some(local_index),
+            (_, Region::Data) => Some(self.stripe_of_block(local_index * w + c)),
+            (Scheme::Raid4, Region::Redundancy) => (c == w - 1).then_some(local_index),
+            (Scheme::Raid5 | Scheme::Hybrid, Region::Redundancy) => {
+                Some(local_index * w + (w - 1 - c))
+            }
+            // The mirror of block `b` sits on the column after `b`'s, at the same local index.
+            (Scheme::Raid1, Region::Redundancy) => {
+                Some(self.stripe_of_block(local_index * w + (c + w - 1) % w))
+            }
+            (Scheme::Raid0, Region::Redundancy) => None,
+        }
     }
 
     /// Number of stripes that hold a file of `size` bytes.

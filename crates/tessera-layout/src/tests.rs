@@ -99,6 +99,29 @@ proptest! {
     }
 
     #[test]
+    fn every_slot_maps_back_to_its_stripe_and_fits_its_column(
+        layout in layout_strategy(), from_start in 0u64..40, from_end in 1u64..40,
+    ) {
+        let stripes_max = layout.file_bytes_max() / layout.stripe_bytes();
+        prop_assert_eq!(layout.file_bytes_max() % layout.stripe_bytes(), 0);
+        let unit = u64::from(layout.stripe_unit);
+        for stripe in [from_start, stripes_max - from_end] {
+            let mut slots: Vec<Slot> = layout.parity_slot(stripe).into_iter().collect();
+            for block in layout.blocks_of_stripe(stripe) {
+                slots.push(layout.data_slot(block));
+                slots.extend(layout.mirror_slot(block));
+            }
+            for slot in slots {
+                prop_assert_eq!(
+                    layout.stripe_of_local(slot.column, slot.region, slot.local_index),
+                    Some(stripe), "{:?}", slot
+                );
+                prop_assert!(layout.local_offset(slot) + unit <= COLUMN_BYTES_MAX);
+            }
+        }
+    }
+
+    #[test]
     fn every_slot_is_used_once_and_one_column_holds_one_member_per_stripe(
         layout in layout_strategy(), stripes in 1u64..12,
     ) {

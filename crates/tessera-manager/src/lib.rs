@@ -21,6 +21,15 @@
 //! [`Up`](tessera_wire::ServerState::Up) otherwise. A server that comes back with a new
 //! incarnation has lost its store and owes every stripe of every file it holds a column of.
 //!
+//! Replacing a file is atomic: a writer creates a *pending* file (a fresh id that no path names
+//! yet), writes and syncs it, and commits it, which in one transaction points the path at it
+//! and removes the file that had it. A pending file whose writer goes silent for
+//! [`ManagerConfig::pending_lease`] (no renewal, lookup or size change) is removed by
+//! [`Manager::tick`]. Every removed file becomes an *orphan* of each of its servers until that
+//! server says it deleted its data (`Orphans`, `OrphansRemoved`): servers ask, because the
+//! manager never calls them, and a server that was down when the file went learns of it when it
+//! is back.
+//!
 //! The cluster has a random id, drawn when the store is created. A server remembers the id of
 //! the cluster it joined and names it when it registers and heartbeats; a manager of another
 //! cluster (one that took over its manager's address) refuses it with
@@ -67,6 +76,7 @@ mod store;
 
 pub use manager::{
     Manager, ManagerConfig, ManagerOpenError, HEARTBEAT_TIMEOUT_DEFAULT, PATH_BYTES_MAX,
+    PENDING_LEASE_DEFAULT,
 };
 
 #[cfg(test)]

@@ -13,10 +13,15 @@ use tessera_layout::{Layout, WIDTH_MAX};
 use tessera_wire::{
     ClusterId, FileDebt, FileId, FileMeta, FileView, IndexRange, LayoutRequest, ManagerError,
     ManagerRequest, ManagerResponse, MissedStripes, ServerId, ServerState, ServerStatus,
+    ORPHANS_LISTED_MAX,
 };
 
 /// Default time without a heartbeat after which a server counts as down.
 pub const HEARTBEAT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
+/// Default lease of a pending file: removed with its data if its writer neither renews nor
+/// commits it for this long. Long enough for a `sync` of a large file between renewals (the
+/// client renews at a third of it), short enough that a dead writer's bytes do not linger.
+pub const PENDING_LEASE_DEFAULT: Duration = Duration::from_secs(60);
 /// Longest path accepted, in bytes.
 pub const PATH_BYTES_MAX: usize = 4096;
 
@@ -25,12 +30,15 @@ pub const PATH_BYTES_MAX: usize = 4096;
 pub struct ManagerConfig {
     /// Time without a heartbeat after which a server counts as down.
     pub heartbeat_timeout: Duration,
+    /// Time a pending file lives without a renewal or a commit.
+    pub pending_lease: Duration,
 }
 
 impl Default for ManagerConfig {
     fn default() -> Self {
         ManagerConfig {
             heartbeat_timeout: HEARTBEAT_TIMEOUT_DEFAULT,
+            pending_lease: PENDING_LEASE_DEFAULT,
         }
     }
 }
@@ -83,7 +91,8 @@ pub enum ManagerOpenError {
 /// servers itself, so a late tick never lets a silent server look alive to a request.
 /// Persistent state lives in the store and is committed before a mutating request is answered;
 /// liveness lives in memory only, so after [`Manager::open`] every server is down until it
-/// registers or heartbeats.
+/// registers or heartbeats. Leases of pending files are in memory too: after `open` each
+/// pending file gets a whole lease from the first tick.
 pub struct Manager {
     db: Database,
     config: ManagerConfig,
@@ -95,6 +104,8 @@ pub struct Manager {
     heartbeats: BTreeMap<ServerId, Instant>,
     /// Servers owing stripes of at least one file, updated after each commit that writes debts.
     indebted: BTreeSet<ServerId>,
+    /// Every pending file with the end of its lease (`None` until the first tick after open).
+    pending: BTreeMap<FileId, Option<Instant>>,
 }
 
 impl Manager {
@@ -112,6 +123,7 @@ impl Manager {
                     cluster,
                     servers,
                     indebted,
+                    pending,
                 } = load(&db)?;
                 Ok(Manager {
                     db,
@@ -120,6 +132,7 @@ impl Manager {
                     servers,
                     heartbeats: BTreeMap::new(),
                     indebted,
+                    pending: pending.into_iter().map(|file| (file, None)).collect(),
                 })
             });
         opened.map_err(|failure| match failure {
@@ -160,14 +173,20 @@ impl Manager {
                 replace,
             } => self.create(path, layout, replace),
             ManagerRequest::Lookup { path } => self.lookup(&path),
-            ManagerRequest::LookupId { file } => self.lookup_id(file),
+            ManagerRequest::LookupId { file } => {
+                self.renew(file, now);
+                self.lookup_id(file)
+            }
             ManagerRequest::List { prefix } => self.list(&prefix),
             ManagerRequest::Remove { path } => self.remove(&path),
             ManagerRequest::SetSize {
                 file,
                 size,
                 grow_only,
-            } => self.set_size(file, size, grow_only),
+            } => {
+                self.renew(file, now);
+                self.set_size(file, size, grow_only)
+            }
             ManagerRequest::ReportMissed {
                 server,
                 file,
@@ -182,21 +201,68 @@ impl Manager {
                 file,
                 stripes,
             } => self.resynced(server, file, stripes),
+            ManagerRequest::CreatePending { path, layout } => {
+                self.create_pending(path, layout, now)
+            }
+            ManagerRequest::RenewPending { file } => self.renew_pending(file, now),
+            ManagerRequest::CommitPending { file } => self.commit_pending(file),
+            ManagerRequest::AbandonPending { file } => self.abandon_pending(file),
+            ManagerRequest::Orphans { server } => self.orphans(server),
+            ManagerRequest::OrphansRemoved { server, files } => {
+                self.orphans_removed(server, &files)
+            }
         };
         answer.unwrap_or_else(|failure| ManagerResponse::Error(failure.into()))
     }
 
-    /// Marks down every server whose last heartbeat is `heartbeat_timeout` or more before `now`.
+    /// Marks down every server whose last heartbeat is `heartbeat_timeout` or more before `now`,
+    /// and removes every pending file whose lease ended at or before `now` (its servers learn
+    /// of it as an orphan). A pending file that cannot be removed now (the store failed) is
+    /// tried again at the next tick.
     pub fn tick(&mut self, now: Instant) {
         let timeout = self.config.heartbeat_timeout;
         self.heartbeats
             .retain(|_, last| now.saturating_duration_since(*last) < timeout);
+        let lease = self.config.pending_lease;
+        let mut expired = Vec::new();
+        for (&file, deadline) in self.pending.iter_mut() {
+            match deadline {
+                None => *deadline = Some(now + lease),
+                Some(end) if *end <= now => expired.push(file),
+                Some(_) => {}
+            }
+        }
+        if expired.is_empty() {
+            return;
+        }
+        let removed = self.write(|change| {
+            for &file in &expired {
+                change.drop_pending(file)?;
+            }
+            Ok(())
+        });
+        if removed.is_ok() {
+            for file in expired {
+                self.pending.remove(&file);
+            }
+        }
     }
 
-    /// When the next server will time out if it stays silent: call [`Manager::tick`] then.
+    /// When the next server will time out if it stays silent, or the next pending file's lease
+    /// ends: call [`Manager::tick`] then.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let last = self.heartbeats.values().min()?;
-        Some(*last + self.config.heartbeat_timeout)
+        let heartbeat = self
+            .heartbeats
+            .values()
+            .min()
+            .map(|last| *last + self.config.heartbeat_timeout);
+        let lease = self.pending.values().flatten().min().copied();
+        heartbeat.into_iter().chain(lease).min()
+    }
+
+    /// Files waiting for their writer to commit them, in id order.
+    pub fn pending_files(&self) -> Vec<FileId> {
+        self.pending.keys().copied().collect()
     }
 
     /// A server's state as requests see it, or `None` for a server the manager does not know.
@@ -308,14 +374,9 @@ impl Manager {
         Ok(self.registered(server))
     }
 
-    fn create(
-        &mut self,
-        path: String,
-        request: LayoutRequest,
-        replace: bool,
-    ) -> Result<ManagerResponse, Failure> {
-        check_path(&path)?;
-        // Live servers, Up or Stale, in id order.
+    /// The layout a request asks for and the live servers (Up or Stale, in id order) to place
+    /// it on, or why not.
+    fn place(&self, request: &LayoutRequest) -> Result<(Layout, Vec<ServerId>), Failure> {
         let candidates: Vec<ServerId> = self.heartbeats.keys().copied().collect();
         let up = u32::try_from(candidates.len()).unwrap_or(u32::MAX);
         let width = request
@@ -328,6 +389,17 @@ impl Manager {
         if width > up {
             return Err(ManagerError::NotEnoughServers { wanted: width, up }.into());
         }
+        Ok((layout, candidates))
+    }
+
+    fn create(
+        &mut self,
+        path: String,
+        request: LayoutRequest,
+        replace: bool,
+    ) -> Result<ManagerResponse, Failure> {
+        check_path(&path)?;
+        let (layout, candidates) = self.place(&request)?;
         let meta = self.write(|change| {
             if let Some(old) = change.file_id(&path)? {
                 if !replace {
@@ -337,23 +409,115 @@ impl Manager {
                     change.remove_file(&old)?;
                 }
             }
-            let id = change.take_counter(KEY_FILE_ID_NEXT)?;
-            // Start each file at a different column so that files spread over the servers.
-            let start = (id % candidates.len() as u64) as usize;
-            let servers = (0..width as usize)
-                .map(|column| candidates[(start + column) % candidates.len()])
-                .collect();
-            let meta = FileMeta {
-                id,
-                path,
-                layout,
-                servers,
-                size: 0,
-            };
+            let meta = change.new_file(path, layout, &candidates)?;
             change.put_file(&meta)?;
             Ok(meta)
         })?;
         Ok(ManagerResponse::File(self.view(meta, Vec::new())))
+    }
+
+    /// A new file that takes `path` only when committed; until then no path names it.
+    fn create_pending(
+        &mut self,
+        path: String,
+        request: LayoutRequest,
+        now: Instant,
+    ) -> Result<ManagerResponse, Failure> {
+        check_path(&path)?;
+        let (layout, candidates) = self.place(&request)?;
+        let meta = self.write(|change| {
+            let meta = change.new_file(path, layout, &candidates)?;
+            change.put_file_record(&meta)?;
+            change.tables.pending.insert(meta.id, ())?;
+            Ok(meta)
+        })?;
+        let lease = self.config.pending_lease;
+        self.pending.insert(meta.id, Some(now + lease));
+        Ok(ManagerResponse::Pending {
+            view: self.view(meta, Vec::new()),
+            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    /// Moves a pending file's lease on to `now` plus a whole lease; nothing for other files.
+    fn renew(&mut self, file: FileId, now: Instant) {
+        if let Some(deadline) = self.pending.get_mut(&file) {
+            *deadline = Some(now + self.config.pending_lease);
+        }
+    }
+
+    fn renew_pending(&mut self, file: FileId, now: Instant) -> Result<ManagerResponse, Failure> {
+        if !self.pending.contains_key(&file) {
+            return Err(ManagerError::NotPending(file).into());
+        }
+        self.renew(file, now);
+        Ok(ManagerResponse::Done)
+    }
+
+    /// Gives a pending file its path and removes the file that had it, in one transaction: a
+    /// reader sees the old file whole or the new one whole, never neither.
+    fn commit_pending(&mut self, file: FileId) -> Result<ManagerResponse, Failure> {
+        let replaced = self.write(|change| {
+            if change.tables.pending.remove(file)?.is_none() {
+                return Err(ManagerError::NotPending(file).into());
+            }
+            let meta = store::read_file(&change.tables.files, file)?
+                .ok_or_else(|| ManagerError::Store(format!("pending file {file} has no record")))?;
+            let replaced = match change.file_id(&meta.path)? {
+                Some(old) => store::read_file(&change.tables.files, old)?,
+                None => None,
+            };
+            if let Some(old) = &replaced {
+                change.remove_file(old)?;
+            }
+            change.put_file(&meta)?;
+            Ok(replaced)
+        })?;
+        self.pending.remove(&file);
+        Ok(ManagerResponse::Committed { replaced })
+    }
+
+    fn abandon_pending(&mut self, file: FileId) -> Result<ManagerResponse, Failure> {
+        let meta = self.write(|change| change.drop_pending(file))?;
+        self.pending.remove(&file);
+        Ok(ManagerResponse::Meta(meta))
+    }
+
+    /// Removed files whose data `server` may still hold.
+    fn orphans(&self, server: ServerId) -> Result<ManagerResponse, Failure> {
+        self.check_known(server)?;
+        let txn = self.db.begin_read()?;
+        let orphans = txn.open_table(store::ORPHANS)?;
+        let mut files = Vec::new();
+        for entry in orphans
+            .range((server, FileId::MIN)..=(server, FileId::MAX))?
+            .take(ORPHANS_LISTED_MAX)
+        {
+            files.push(entry?.0.value().1);
+        }
+        Ok(ManagerResponse::Orphans(files))
+    }
+
+    fn orphans_removed(
+        &mut self,
+        server: ServerId,
+        files: &[FileId],
+    ) -> Result<ManagerResponse, Failure> {
+        self.check_known(server)?;
+        if files.len() > ORPHANS_LISTED_MAX {
+            return Err(ManagerError::Layout(format!(
+                "{} orphans at once; at most {ORPHANS_LISTED_MAX} are listed",
+                files.len()
+            ))
+            .into());
+        }
+        self.write(|change| {
+            for &file in files {
+                change.tables.orphans.remove((server, file))?;
+            }
+            Ok(())
+        })?;
+        Ok(ManagerResponse::Done)
     }
 
     fn lookup(&self, path: &str) -> Result<ManagerResponse, Failure> {
@@ -445,8 +609,16 @@ impl Manager {
         self.write_with(durability, |change| {
             let mut meta = store::read_file(&change.tables.files, file)?
                 .ok_or_else(|| ManagerError::NotFound(file.to_string()))?;
+            let max = meta.layout.file_bytes_max();
+            if size > max {
+                return Err(ManagerError::TooLarge {
+                    what: format!("size {size} of file {file}"),
+                    max,
+                }
+                .into());
+            }
             meta.size = if grow_only { meta.size.max(size) } else { size };
-            change.put_file(&meta)
+            change.put_file_record(&meta)
         })?;
         Ok(ManagerResponse::Done)
     }
@@ -614,21 +786,71 @@ impl<'txn> Change<'txn> {
         Ok(self.tables.paths.get(path)?.map(|file| file.value()))
     }
 
+    /// A new file's metadata under a fresh id, placed over `candidates` (not yet stored).
+    fn new_file(
+        &mut self,
+        path: String,
+        layout: Layout,
+        candidates: &[ServerId],
+    ) -> Result<FileMeta, Failure> {
+        assert!(
+            candidates.len() >= layout.width as usize,
+            "placed on too few servers"
+        );
+        let id = self.take_counter(KEY_FILE_ID_NEXT)?;
+        // Start each file at a different column so that files spread over the servers.
+        let start = (id % candidates.len() as u64) as usize;
+        let servers = (0..layout.width as usize)
+            .map(|column| candidates[(start + column) % candidates.len()])
+            .collect();
+        Ok(FileMeta {
+            id,
+            path,
+            layout,
+            servers,
+            size: 0,
+        })
+    }
+
+    /// Stores a file's record and names it by its path.
     fn put_file(&mut self, meta: &FileMeta) -> Result<(), Failure> {
-        let record = postcard::to_allocvec(meta)?;
-        self.tables.files.insert(meta.id, record.as_slice())?;
+        self.put_file_record(meta)?;
         self.tables.paths.insert(meta.path.as_str(), meta.id)?;
         Ok(())
     }
 
-    /// Removes a file from the namespace together with everything its servers owe of it.
+    /// Stores a file's record only (a pending file has no path yet; a named one keeps its own).
+    fn put_file_record(&mut self, meta: &FileMeta) -> Result<(), Failure> {
+        let record = postcard::to_allocvec(meta)?;
+        self.tables.files.insert(meta.id, record.as_slice())?;
+        Ok(())
+    }
+
+    /// Removes a file from the namespace together with everything its servers owe of it, and
+    /// records it as an orphan on each of its servers, which delete its data when they next
+    /// ask. Its path is freed only if it names this file (a pending file's path names another).
     fn remove_file(&mut self, meta: &FileMeta) -> Result<(), Failure> {
         self.tables.files.remove(meta.id)?;
-        self.tables.paths.remove(meta.path.as_str())?;
+        if self.file_id(&meta.path)? == Some(meta.id) {
+            self.tables.paths.remove(meta.path.as_str())?;
+        }
+        self.tables.pending.remove(meta.id)?;
         for &server in &meta.servers {
             self.set_debt(server, meta.id, &[])?;
+            self.tables.orphans.insert((server, meta.id), ())?;
         }
         Ok(())
+    }
+
+    /// Removes a pending file (abandoned, or its lease ended), answering its metadata.
+    fn drop_pending(&mut self, file: FileId) -> Result<FileMeta, Failure> {
+        if self.tables.pending.get(file)?.is_none() {
+            return Err(ManagerError::NotPending(file).into());
+        }
+        let meta = store::read_file(&self.tables.files, file)?
+            .ok_or_else(|| ManagerError::Store(format!("pending file {file} has no record")))?;
+        self.remove_file(&meta)?;
+        Ok(meta)
     }
 
     fn put_server(&mut self, server: ServerId, record: ServerRecord) -> Result<(), Failure> {
@@ -672,6 +894,8 @@ struct Loaded {
     servers: BTreeMap<ServerId, ServerRecord>,
     /// The servers that owe stripes.
     indebted: BTreeSet<ServerId>,
+    /// The pending files.
+    pending: Vec<FileId>,
 }
 
 /// Initialises a fresh store or checks an existing one's version, then reads what the manager
@@ -710,10 +934,15 @@ fn load(db: &Database) -> Result<Loaded, Failure> {
             let (key, _) = entry?;
             indebted.insert(key.value().0);
         }
+        let mut pending = Vec::new();
+        for entry in tables.pending.iter()? {
+            pending.push(entry?.0.value());
+        }
         Loaded {
             cluster,
             servers,
             indebted,
+            pending,
         }
     };
     txn.commit()?;

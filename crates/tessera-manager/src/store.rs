@@ -9,7 +9,15 @@
 //! paths:   &str                -> FileId           the namespace, an index into `files`
 //! servers: ServerId            -> ServerRecord
 //! debts:   (ServerId, FileId)  -> Vec<IndexRange>  normal (see `ranges`), never empty
+//! pending: FileId              -> ()               files written for an atomic replace: in
+//!                                                  `files`, not yet in `paths`
+//! orphans: (ServerId, FileId)  -> ()               removed files whose data the server may
+//!                                                  still hold, until it says it deleted them
 //! ```
+//!
+//! `pending` and `orphans` extend version 1 compatibly: they are created when missing, and a
+//! store without them has no pending files and no orphans. A pending file's `FileMeta::path`
+//! is the path it will take; only `paths` says which file a path names.
 
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
@@ -36,6 +44,8 @@ pub(crate) const FILES: TableDefinition<FileId, &[u8]> = TableDefinition::new("f
 pub(crate) const PATHS: TableDefinition<&str, FileId> = TableDefinition::new("paths");
 pub(crate) const SERVERS: TableDefinition<ServerId, &[u8]> = TableDefinition::new("servers");
 pub(crate) const DEBTS: TableDefinition<(ServerId, FileId), &[u8]> = TableDefinition::new("debts");
+pub(crate) const PENDING: TableDefinition<FileId, ()> = TableDefinition::new("pending");
+pub(crate) const ORPHANS: TableDefinition<(ServerId, FileId), ()> = TableDefinition::new("orphans");
 
 /// What the manager remembers of a storage server across restarts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,6 +121,8 @@ pub(crate) struct Tables<'txn> {
     pub paths: Table<'txn, &'static str, FileId>,
     pub servers: Table<'txn, ServerId, &'static [u8]>,
     pub debts: Table<'txn, (ServerId, FileId), &'static [u8]>,
+    pub pending: Table<'txn, FileId, ()>,
+    pub orphans: Table<'txn, (ServerId, FileId), ()>,
 }
 
 impl<'txn> Tables<'txn> {
@@ -122,6 +134,8 @@ impl<'txn> Tables<'txn> {
             paths: txn.open_table(PATHS)?,
             servers: txn.open_table(SERVERS)?,
             debts: txn.open_table(DEBTS)?,
+            pending: txn.open_table(PENDING)?,
+            orphans: txn.open_table(ORPHANS)?,
         })
     }
 }

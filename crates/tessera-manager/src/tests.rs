@@ -799,3 +799,205 @@ fn servers_of_another_cluster_are_refused_and_the_cluster_id_persists() {
     harness.reopen();
     assert_eq!(harness.manager().cluster(), ours, "kept across a restart");
 }
+
+impl Harness {
+    fn create_pending(&mut self, path: &str) -> (FileView, Duration) {
+        let answer = self.handle(ManagerRequest::CreatePending {
+            path: path.to_string(),
+            layout: LayoutRequest {
+                scheme: Scheme::Raid5,
+                stripe_unit: STRIPE_UNIT,
+                width: None,
+            },
+        });
+        match answer {
+            ManagerResponse::Pending { view, lease_ms } => (view, Duration::from_millis(lease_ms)),
+            other => panic!("create pending {path} answered {other:?}"),
+        }
+    }
+
+    fn orphans(&mut self, server: ServerId) -> Vec<FileId> {
+        match self.handle(ManagerRequest::Orphans { server }) {
+            ManagerResponse::Orphans(files) => files,
+            other => panic!("orphans of {server} answered {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn pending_file_is_unnamed_until_committed_then_takes_the_path_in_one_step() {
+    let mut harness = Harness::with_servers(3);
+    let old = harness.create("/a", Scheme::Raid1, Some(2));
+    let (pending, lease) = harness.create_pending("/a");
+    assert_eq!(lease, PENDING_LEASE_DEFAULT);
+    assert_ne!(pending.meta.id, old.meta.id);
+    assert_eq!(pending.meta.path, "/a");
+    // Readers still see the old file, and listings show one "/a".
+    assert_eq!(harness.lookup("/a").meta.id, old.meta.id);
+    assert_eq!(harness.list(""), vec!["/a"]);
+    // The writer reaches the pending file by id and grows it.
+    let id = pending.meta.id;
+    let grow = ManagerRequest::SetSize {
+        file: id,
+        size: 12345,
+        grow_only: true,
+    };
+    assert_eq!(harness.handle(grow), ManagerResponse::Done);
+    assert_eq!(harness.lookup("/a").meta.size, 0);
+    assert!(harness.orphans(1).is_empty());
+
+    let committed = harness.handle(ManagerRequest::CommitPending { file: id });
+    assert_eq!(
+        committed,
+        ManagerResponse::Committed {
+            replaced: Some(old.meta.clone())
+        }
+    );
+    let now = harness.lookup("/a").meta;
+    assert_eq!((now.id, now.size), (id, 12345));
+    assert_eq!(harness.list(""), vec!["/a"]);
+    assert_eq!(
+        error(harness.handle(ManagerRequest::LookupId { file: old.meta.id })),
+        ManagerError::NotFound(old.meta.id.to_string())
+    );
+    // A second commit, and an abandon after it, find nothing pending.
+    for request in [
+        ManagerRequest::CommitPending { file: id },
+        ManagerRequest::AbandonPending { file: id },
+        ManagerRequest::RenewPending { file: id },
+    ] {
+        assert_eq!(error(harness.handle(request)), ManagerError::NotPending(id));
+    }
+    // The old file's servers are told to delete its data, until they say they did.
+    for &server in &old.meta.servers {
+        assert_eq!(harness.orphans(server), vec![old.meta.id]);
+        let removed = ManagerRequest::OrphansRemoved {
+            server,
+            files: vec![old.meta.id],
+        };
+        assert_eq!(harness.handle(removed), ManagerResponse::Done);
+        assert!(harness.orphans(server).is_empty());
+    }
+    // Committing to a free path just names the file.
+    let (fresh, _) = harness.create_pending("/b");
+    let committed = harness.handle(ManagerRequest::CommitPending {
+        file: fresh.meta.id,
+    });
+    assert_eq!(committed, ManagerResponse::Committed { replaced: None });
+    assert_eq!(harness.list(""), vec!["/a", "/b"]);
+}
+
+#[test]
+fn pending_file_of_a_silent_writer_is_removed_after_its_lease() {
+    let mut harness = Harness::with_servers(3);
+    let old = harness.create("/a", Scheme::Raid5, None);
+    let (pending, lease) = harness.create_pending("/a");
+    let id = pending.meta.id;
+    assert_eq!(harness.manager().pending_files(), vec![id]);
+    assert_eq!(
+        harness.manager().poll_timeout(),
+        Some(harness.now + HEARTBEAT_TIMEOUT_DEFAULT)
+    );
+
+    // Renewals (explicit, or any lookup by id) keep it alive past its first lease.
+    harness.advance(lease / 2);
+    assert_eq!(
+        harness.handle(ManagerRequest::RenewPending { file: id }),
+        ManagerResponse::Done
+    );
+    harness.advance(lease * 3 / 4);
+    assert!(matches!(
+        harness.handle(ManagerRequest::LookupId { file: id }),
+        ManagerResponse::File(_)
+    ));
+    harness.advance(lease - Duration::from_millis(1));
+    let now = harness.now;
+    harness.manager().tick(now);
+    assert_eq!(harness.manager().pending_files(), vec![id]);
+
+    // Silent for a whole lease: gone, with its data left to its servers to delete.
+    harness.advance(Duration::from_millis(1));
+    let now = harness.now;
+    harness.manager().tick(now);
+    assert!(harness.manager().pending_files().is_empty());
+    assert_eq!(
+        error(harness.handle(ManagerRequest::CommitPending { file: id })),
+        ManagerError::NotPending(id)
+    );
+    for &server in &pending.meta.servers {
+        assert_eq!(harness.orphans(server), vec![id]);
+    }
+    // The old file is untouched.
+    assert_eq!(harness.lookup("/a").meta, old.meta);
+}
+
+#[test]
+fn abandoned_pending_file_is_removed_and_leaves_the_path_alone() {
+    let mut harness = Harness::with_servers(3);
+    let old = harness.create("/a", Scheme::Raid5, None);
+    let (pending, _) = harness.create_pending("/a");
+    let abandoned = harness.handle(ManagerRequest::AbandonPending {
+        file: pending.meta.id,
+    });
+    assert_eq!(abandoned, ManagerResponse::Meta(pending.meta.clone()));
+    assert_eq!(harness.lookup("/a").meta, old.meta);
+    assert!(harness.manager().pending_files().is_empty());
+    for &server in &pending.meta.servers {
+        assert_eq!(harness.orphans(server), vec![pending.meta.id]);
+    }
+}
+
+#[test]
+fn pending_file_survives_a_restart_with_a_fresh_lease() {
+    let mut harness = Harness::with_servers(3);
+    let (pending, lease) = harness.create_pending("/a");
+    let id = pending.meta.id;
+    harness.advance(lease - Duration::from_secs(1));
+    harness.reopen();
+    assert_eq!(harness.manager().pending_files(), vec![id]);
+    assert!(harness.list("").is_empty());
+    // The lease starts at the first tick after the restart.
+    let now = harness.now;
+    harness.manager().tick(now);
+    harness.advance(lease - Duration::from_millis(1));
+    let now = harness.now;
+    harness.manager().tick(now);
+    assert_eq!(harness.manager().pending_files(), vec![id]);
+    harness.advance(Duration::from_millis(1));
+    let now = harness.now;
+    harness.manager().tick(now);
+    assert!(harness.manager().pending_files().is_empty());
+}
+
+#[test]
+fn sizes_past_the_layouts_maximum_are_refused() {
+    let mut harness = Harness::with_servers(3);
+    let file = harness.create("/a", Scheme::Raid5, None);
+    let max = file.meta.layout.file_bytes_max();
+    // Width 3, RAID-5: two data columns of 1 TiB each.
+    assert_eq!(max, 2 << 40);
+    for size in [max + 1, u64::MAX] {
+        for grow_only in [true, false] {
+            let request = ManagerRequest::SetSize {
+                file: file.meta.id,
+                size,
+                grow_only,
+            };
+            let refused = error(harness.handle(request));
+            assert!(
+                matches!(refused, ManagerError::TooLarge { max: m, .. } if m == max),
+                "{refused:?}"
+            );
+        }
+    }
+    assert_eq!(harness.lookup("/a").meta.size, 0);
+    for size in [max - 1, max] {
+        let request = ManagerRequest::SetSize {
+            file: file.meta.id,
+            size,
+            grow_only: true,
+        };
+        assert_eq!(harness.handle(request), ManagerResponse::Done);
+        assert_eq!(harness.lookup("/a").meta.size, size);
+    }
+}

@@ -35,6 +35,10 @@ pub const INLINE_READ_BYTES_MAX: u32 = 256 << 10;
 /// How often the server tells the manager it is alive.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(300);
 
+/// Heartbeats between two askings of the manager for orphans (removed files whose data this
+/// server still holds): every 3 s.
+pub const ORPHAN_POLL_HEARTBEATS: u32 = 10;
+
 /// Errors starting a server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -202,6 +206,7 @@ async fn keep_registered(
     let mut registered = false;
     // Said once per run of refusals, not every heartbeat interval.
     let mut refusal_logged = false;
+    let mut beats = 0u32;
     loop {
         let request = match (registered, store.cluster_id()) {
             (true, Some(cluster)) => ManagerRequest::Heartbeat {
@@ -262,8 +267,47 @@ async fn keep_registered(
             Ok((other, _)) => tracing::warn!("manager answered {other:?}"),
             Err(e) => tracing::debug!("manager unreachable: {e}"),
         }
+        beats = beats.wrapping_add(1);
+        if registered && beats.is_multiple_of(ORPHAN_POLL_HEARTBEATS) {
+            let server = id.load(Ordering::Acquire);
+            remove_orphans(&transport as &dyn Transport, manager, &store, server).await;
+        }
         tokio::time::sleep(HEARTBEAT_INTERVAL).await;
     }
+}
+
+/// Deletes the data of files the manager has removed (a replaced file, a pending file whose
+/// writer died, a file removed while this server was down), makes that durable, and tells the
+/// manager which are gone. The manager never calls servers, so servers ask; a failure here is
+/// tried again at the next poll.
+async fn remove_orphans(
+    transport: &dyn Transport,
+    manager: SocketAddr,
+    store: &Arc<Store>,
+    server: ServerId,
+) {
+    let ask = ManagerRequest::Orphans { server };
+    let files = match tessera_transport::call(transport, manager, &ask, Bytes::new()).await {
+        Ok((ManagerResponse::Orphans(files), _)) if !files.is_empty() => files,
+        _ => return,
+    };
+    let store = store.clone();
+    let removed = tokio::task::spawn_blocking(move || {
+        let removed: Vec<_> = files
+            .into_iter()
+            .filter(|&file| store.remove(file).is_ok())
+            .collect();
+        // Gone for good before the manager forgets them.
+        store.sync().map(|()| removed)
+    })
+    .await;
+    let Ok(Ok(files)) = removed else {
+        tracing::warn!("cannot remove orphaned files");
+        return;
+    };
+    let told = ManagerRequest::OrphansRemoved { server, files };
+    let _ = tessera_transport::call::<_, ManagerResponse>(transport, manager, &told, Bytes::new())
+        .await;
 }
 
 struct StorageHandler {
@@ -534,6 +578,15 @@ async fn serve(
         StorageRequest::Usage { file } => {
             let stored_bytes = blocking(move || store.usage(file)).await?;
             Ok((StorageResponse::Usage { stored_bytes }, Bytes::new()))
+        }
+        StorageRequest::Allocated {
+            file,
+            region,
+            offset,
+            len,
+        } => {
+            let ranges = blocking(move || store.allocated(file, region, offset, len)).await?;
+            Ok((StorageResponse::Allocated { ranges }, Bytes::new()))
         }
     }
 }

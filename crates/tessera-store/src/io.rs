@@ -108,3 +108,56 @@ pub(crate) fn check_range(offset: u64, len: u64, len_max: u64) -> Result<(), Sto
         ))),
     }
 }
+
+/// `(start, end)` byte ranges of `file` within `offset..end` that hold data, in order: the
+/// file system's extents (`lseek` with `SEEK_DATA` and `SEEK_HOLE`), so holes are skipped
+/// without reading them. A file system without them reports the whole file as data, which is
+/// what the kernel's generic fallback does too. At most `ranges_max` ranges: past that, the
+/// last runs to `end`.
+pub(crate) fn data_ranges(
+    file: &File,
+    offset: u64,
+    end: u64,
+    ranges_max: usize,
+) -> io::Result<Vec<(u64, u64)>> {
+    assert!(ranges_max > 0, "room for at least one range");
+    let end = end.min(file.metadata()?.len());
+    let mut ranges = Vec::new();
+    let mut at = offset;
+    while at < end {
+        let data = match seek(file, at, libc::SEEK_DATA) {
+            Ok(data) => data,
+            // No data at or past `at`.
+            Err(error) if error.raw_os_error() == Some(libc::ENXIO) => break,
+            Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
+                ranges.push((at, end));
+                break;
+            }
+            Err(error) => return Err(error),
+        };
+        if data >= end {
+            break;
+        }
+        let hole = seek(file, data, libc::SEEK_HOLE)?.min(end);
+        assert!(hole > data, "a data extent is not empty");
+        if ranges.len() + 1 == ranges_max {
+            ranges.push((data, end));
+            break;
+        }
+        ranges.push((data, hole));
+        at = hole;
+    }
+    Ok(ranges)
+}
+
+/// One `lseek` with `whence`; the file position it moves is not used by positioned I/O.
+fn seek(file: &File, offset: u64, whence: libc::c_int) -> io::Result<u64> {
+    let offset =
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from(ErrorKind::InvalidInput))?;
+    // SAFETY: lseek on a file descriptor we own for the duration of the call.
+    let found = unsafe { libc::lseek(file.as_raw_fd(), offset, whence) };
+    if found < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(found as u64)
+}

@@ -104,8 +104,10 @@ pub const BLOCK_BYTES: u64 = 4096;
 /// Largest read, write or overflow entry, in bytes: one frame's payload.
 pub const REQUEST_BYTES_MAX: u32 = tessera_wire::PAYLOAD_BYTES_MAX;
 
-/// Largest offset (exclusive end) in a data, redundancy or overflow address space: 1 TiB.
-pub const FILE_BYTES_MAX: u64 = 1 << 40;
+/// Largest offset (exclusive end) in a data, redundancy or overflow address space: 1 TiB, the
+/// layout's [`tessera_layout::COLUMN_BYTES_MAX`], from which a whole file's maximum size
+/// follows ([`tessera_layout::Layout::file_bytes_max`]).
+pub const FILE_BYTES_MAX: u64 = tessera_layout::COLUMN_BYTES_MAX;
 
 /// Most overflow extents one listing returns, so that it fits in one message.
 pub const LIST_EXTENTS_MAX: usize = 1 << 18;

@@ -606,6 +606,16 @@ impl OverflowFiles {
         self.table.live_bytes()
     }
 
+    /// `(start, end)` of the live entries of both roles overlapping `offset..offset+len`,
+    /// unclipped, in no particular order.
+    pub(crate) fn covered(&self, offset: u64, len: u64) -> Vec<(u64, u64)> {
+        [OverflowRole::Primary, OverflowRole::Mirror]
+            .into_iter()
+            .flat_map(|role| self.table.overlapping(role, offset, len))
+            .map(|extent| (extent.offset, extent.end()))
+            .collect()
+    }
+
     /// Reads the bytes of each `(live extent, clipped piece)` and hands them to `sink` with the
     /// piece's index, verifying the checksum of the entry each came from. Pieces of one entry
     /// are served from one read of that entry.

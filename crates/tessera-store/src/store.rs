@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tessera_layout::{OverflowRole, Region};
-use tessera_wire::{FileId, OverflowExtent, StorageError};
+use tessera_wire::{FileId, IndexRange, OverflowExtent, StorageError};
 
-use crate::io::{bad_request, check_range, disk, disk_format};
+use crate::io::{bad_request, check_range, data_ranges, disk, disk_format};
 use crate::meta::{self, StoreMeta};
 use crate::overflow::{OverflowFiles, Touched};
 use crate::region::RegionFile;
@@ -411,6 +411,52 @@ impl Store {
                 + present.overflow.live_bytes()),
             _ => Ok(0),
         })
+    }
+
+    /// Byte ranges of `offset..offset+len` of a file's data or redundancy file that may hold
+    /// written bytes: its file system extents, and for the data file also every live overflow
+    /// entry of either role. Sorted, disjoint, at most [`tessera_wire::ALLOCATED_RANGES_MAX`]
+    /// (past that the last range runs to the end: a superset, never a subset). Everything
+    /// outside reads as zeros, so scrub and rebuild need not visit it.
+    pub fn allocated(
+        &self,
+        file: FileId,
+        region: Region,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<IndexRange>, StorageError> {
+        check_range(offset, len, FILE_BYTES_MAX)?;
+        let end = offset + len;
+        let ranges_max = tessera_wire::ALLOCATED_RANGES_MAX;
+        let mut ranges = self.with_read(file, |state| match state {
+            FileState::Present(present) => {
+                let bytes = &present.region(region).bytes;
+                let mut ranges = data_ranges(bytes, offset, end, ranges_max)
+                    .map_err(|error| disk(format_args!("extents of file {file}"), error))?;
+                if region == Region::Data {
+                    ranges.extend(present.overflow.covered(offset, len));
+                }
+                Ok(ranges)
+            }
+            _ => Ok(Vec::new()),
+        })?;
+        ranges.sort_unstable();
+        let mut merged: Vec<IndexRange> = Vec::new();
+        for (start, stop) in ranges {
+            let (start, stop) = (start.max(offset), stop.min(end));
+            if start >= stop {
+                continue;
+            }
+            let full = merged.len() == ranges_max;
+            if let Some(last) = merged.last_mut() {
+                if start <= last.end || full {
+                    last.end = if full { end } else { last.end.max(stop) };
+                    continue;
+                }
+            }
+            merged.push(IndexRange::new(start, stop));
+        }
+        Ok(merged)
     }
 
     /// Makes everything written before this call durable: `fdatasync` of every file written

@@ -670,3 +670,65 @@ fn cached_reads_answer_from_the_page_cache_only() {
         "a bad request is refused alike"
     );
 }
+
+/// `(start, end)` pairs of an `allocated` answer.
+fn allocated(store: &Store, region: Region, offset: u64, len: u64) -> Vec<(u64, u64)> {
+    store
+        .allocated(FILE, region, offset, len)
+        .unwrap()
+        .into_iter()
+        .map(|range| (range.start, range.end))
+        .collect()
+}
+
+#[test]
+fn allocated_lists_written_extents_and_skips_holes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    // A file never written holds nothing.
+    assert!(allocated(&store, Region::Data, 0, FILE_BYTES_MAX).is_empty());
+    let last = FILE_BYTES_MAX - BLOCK_BYTES;
+    store
+        .write(FILE, Region::Data, 0, &pattern(8192, 1), false)
+        .unwrap();
+    store
+        .write(FILE, Region::Data, last, &pattern(4096, 2), false)
+        .unwrap();
+    // Both ends of a 1 TiB sparse file, and nothing between (the file system's extents are
+    // at least block-sized, and these writes are whole blocks).
+    let both = allocated(&store, Region::Data, 0, FILE_BYTES_MAX);
+    assert_eq!(both, vec![(0, 8192), (last, FILE_BYTES_MAX)]);
+    // Clipped to the range asked.
+    assert_eq!(
+        allocated(&store, Region::Data, 4096, last - 4096),
+        vec![(4096, 8192)]
+    );
+    assert!(allocated(&store, Region::Data, 8192, last - 8192).is_empty());
+    // The redundancy file is its own.
+    assert!(allocated(&store, Region::Redundancy, 0, FILE_BYTES_MAX).is_empty());
+    // Overflow entries of either role count for the data file, under the offsets they cover.
+    let middle = 1 << 30;
+    store
+        .overflow_write(FILE, OverflowRole::Mirror, middle + 100, b"mirror")
+        .unwrap();
+    assert_eq!(
+        allocated(&store, Region::Data, 0, FILE_BYTES_MAX),
+        vec![
+            (0, 8192),
+            (middle + 100, middle + 106),
+            (last, FILE_BYTES_MAX)
+        ]
+    );
+    // Past the maximum file size is a bad request, not an overflow.
+    for (offset, len) in [(0, FILE_BYTES_MAX + 1), (u64::MAX, 1), (1, u64::MAX)] {
+        let refused = store
+            .allocated(FILE, Region::Data, offset, len)
+            .unwrap_err();
+        assert!(
+            matches!(refused, StorageError::BadRequest { .. }),
+            "{refused:?}"
+        );
+    }
+    store.remove(FILE).unwrap();
+    assert!(allocated(&store, Region::Data, 0, FILE_BYTES_MAX).is_empty());
+}

@@ -15,6 +15,14 @@
 //!
 //! Every length is bounded before anything is allocated, and decoding garbage returns an error,
 //! never a panic.
+//!
+//! Protocol version 1 grows only by appending variants at the ends of the message enums
+//! (postcard numbers variants by position, so every earlier message keeps its bytes; an older
+//! peer answers a variant it does not know as an undecodable message). Appended since the
+//! first release: the manager's pending files and orphans (`CreatePending`, `RenewPending`,
+//! `CommitPending`, `AbandonPending`, `Orphans`, `OrphansRemoved`; responses `Pending`,
+//! `Committed`, `Orphans`; errors `NotPending`, `TooLarge`) and the storage request
+//! `Allocated` with its response.
 
 mod frame;
 mod messages;

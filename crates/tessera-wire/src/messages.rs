@@ -165,7 +165,25 @@ pub enum StorageRequest {
     },
     /// The counters of the server's datagram transport (metrics, experiments).
     TransportCounters,
+    /// Byte ranges of `offset..offset+len` of a file's data or redundancy file that may hold
+    /// written bytes (for the data file, also those covered by overflow entries of either
+    /// role); everything outside reads as zeros. Answered with [`StorageResponse::Allocated`].
+    /// Scrub and rebuild walk only these, not the holes of a sparse file.
+    Allocated {
+        /// File.
+        file: FileId,
+        /// Data or redundancy file.
+        region: Region,
+        /// Byte offset within that file.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
 }
+
+/// Most ranges one [`StorageResponse::Allocated`] lists; past it, the last range runs to the
+/// end of the range asked for (a superset, never a subset, of what is allocated).
+pub const ALLOCATED_RANGES_MAX: usize = 4096;
 
 /// One overflow entry in a listing; its bytes follow in the payload in listing order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -205,6 +223,11 @@ pub enum StorageResponse {
     Counters {
         /// Name and value of each counter.
         counters: Vec<(String, u64)>,
+    },
+    /// Answer to `Allocated`: byte ranges, sorted, disjoint, at most [`ALLOCATED_RANGES_MAX`].
+    Allocated {
+        /// The ranges that may hold written bytes.
+        ranges: Vec<IndexRange>,
     },
 }
 
@@ -428,6 +451,47 @@ pub enum ManagerRequest {
         /// Stripes now whole.
         stripes: IndexRange,
     },
+    /// Create a new, unnamed file that will take `path` when committed (an atomic replace):
+    /// it is invisible to `Lookup` and `List` until [`ManagerRequest::CommitPending`], and
+    /// removed with its data if it is not committed within its lease. Answered with
+    /// [`ManagerResponse::Pending`].
+    CreatePending {
+        /// The path it will take.
+        path: String,
+        /// Layout wanted.
+        layout: LayoutRequest,
+    },
+    /// Keep a pending file alive for another lease (any `LookupId` or `SetSize` of it does too).
+    RenewPending {
+        /// The pending file.
+        file: FileId,
+    },
+    /// Give a pending file its path, in one transaction removing the file that had it; answered
+    /// with [`ManagerResponse::Committed`].
+    CommitPending {
+        /// The pending file.
+        file: FileId,
+    },
+    /// Remove a pending file that will not be committed; answered with its metadata so the
+    /// caller can delete its data on the servers.
+    AbandonPending {
+        /// The pending file.
+        file: FileId,
+    },
+    /// Files removed from the namespace whose data `server` may still hold; answered with
+    /// [`ManagerResponse::Orphans`]. Servers ask, delete them, and say so with
+    /// [`ManagerRequest::OrphansRemoved`].
+    Orphans {
+        /// The server asking.
+        server: ServerId,
+    },
+    /// `server` deleted its data of these removed files.
+    OrphansRemoved {
+        /// The server.
+        server: ServerId,
+        /// The files it deleted.
+        files: Vec<FileId>,
+    },
 }
 
 /// A file and what its server owes of it, for rebuild.
@@ -465,7 +529,24 @@ pub enum ManagerResponse {
     Debts(Vec<FileDebt>),
     /// The request failed.
     Error(ManagerError),
+    /// A pending file, ready for I/O, and how long it lives without a renewal.
+    Pending {
+        /// The file (its path is the one it will take).
+        view: FileView,
+        /// Its lease in milliseconds: renew it well within this.
+        lease_ms: u64,
+    },
+    /// A pending file took its path.
+    Committed {
+        /// The file that had the path before, whose data is now to be deleted.
+        replaced: Option<FileMeta>,
+    },
+    /// Removed files whose data a server may still hold (at most [`ORPHANS_LISTED_MAX`]).
+    Orphans(Vec<FileId>),
 }
+
+/// Most orphans one [`ManagerResponse::Orphans`] lists.
+pub const ORPHANS_LISTED_MAX: usize = 1024;
 
 /// Why a manager request failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -503,4 +584,16 @@ pub enum ManagerError {
     /// The manager's store failed.
     #[error("metadata store error: {0}")]
     Store(String),
+    /// The file is not pending: its lease ran out (its writer went silent), or it was already
+    /// committed or abandoned.
+    #[error("file {0} is not pending: its lease ran out, or it was committed or abandoned")]
+    NotPending(FileId),
+    /// A size or range passes the largest file the layout can hold.
+    #[error("{what} passes the maximum file size of {max} bytes")]
+    TooLarge {
+        /// What was asked for.
+        what: String,
+        /// The file's maximum size.
+        max: u64,
+    },
 }

@@ -156,8 +156,8 @@ fn progress_bar(total: u64, what: &str) -> ProgressBar {
 
 /// Chunk size for a file: whole stripes, about `TRANSFER_CHUNK_BYTES`.
 pub async fn chunk_bytes(client: &Client, file: &File) -> Result<u64> {
-    let stat = client.stat(&file.path).await?;
-    let stripe = stat.meta.layout.stripe_bytes();
+    // By id: a pending file has no path yet, and the path may name another file.
+    let stripe = client.meta(file).await?.layout.stripe_bytes();
     Ok(stripe * (TRANSFER_CHUNK_BYTES / stripe).max(1))
 }
 
@@ -187,7 +187,8 @@ pub async fn upload(
         buf.truncate(filled);
         if !buf.is_empty() {
             let at = offset;
-            offset += filled as u64;
+            // Past `u64` the write of this chunk is refused, so the next offset never matters.
+            offset = offset.saturating_add(filled as u64);
             total += filled as u64;
             in_flight.push(async move {
                 client.write_at(file, at, &buf).await?;
@@ -213,6 +214,7 @@ pub async fn download(
     sink: &mut dyn Write,
     bar: &ProgressBar,
 ) -> Result<u64> {
+    client.check_range(file, offset, len).await?;
     let chunk = chunk_bytes(client, file).await?;
     let chunks = (0..len.div_ceil(chunk)).map(|i| {
         let at = offset + i * chunk;
@@ -239,7 +241,13 @@ fn open_input(local: &str) -> Result<(Box<dyn Read>, Option<u64>)> {
         return Ok((Box::new(std::io::stdin().lock()), None));
     }
     let file = std::fs::File::open(local).with_context(|| format!("cannot open {local}"))?;
-    let len = file.metadata().ok().map(|m| m.len());
+    let metadata = file
+        .metadata()
+        .with_context(|| format!("cannot read {local}"))?;
+    if metadata.is_dir() {
+        bail!("cannot read {local}: it is a directory");
+    }
+    let len = Some(metadata.len());
     Ok((
         Box::new(std::io::BufReader::with_capacity(1 << 20, file)),
         len,
@@ -264,23 +272,39 @@ pub async fn put(
 ) -> Result<()> {
     let scheme: Scheme = scheme.parse()?;
     let stripe_unit = parse_size(stripe_unit)?;
+    // A source that cannot be read fails here, before anything at the destination changes.
     let (mut input, len) = open_input(local)?;
     let client = connect(cluster).await?;
-    let file = client
-        .create_replacing(
-            remote,
-            LayoutRequest {
-                scheme,
-                stripe_unit,
-                width,
-            },
-        )
-        .await?;
+    // Written as a new, unnamed file and given the path only once all of it is durable: a put
+    // that fails or is killed leaves the old file whole (and the manager removes the new one
+    // when its lease runs out, if this process is not there to).
+    let layout = LayoutRequest {
+        scheme,
+        stripe_unit,
+        width,
+    };
+    let pending = client.create_pending(remote, layout).await?;
     let bar = progress_bar(len.unwrap_or(0), "put");
-    let stored = upload(&client, &file, 0, &mut input, &bar).await;
+    let stored = client
+        .keep_pending(&pending, async {
+            upload(&client, &pending.file, 0, &mut input, &bar).await?;
+            client.sync(&pending.file).await?;
+            anyhow::Ok(())
+        })
+        .await;
     bar.finish_and_clear();
-    stored?;
-    client.sync(&file).await?;
+    let committed = match stored {
+        Ok(()) => client
+            .commit_pending(&pending.file)
+            .await
+            .map_err(Into::into),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = committed {
+        // Best effort: if this fails too, the lease runs out and the manager removes it.
+        let _ = client.abandon_pending(&pending.file).await;
+        return Err(e.context(format!("{remote} is unchanged")));
+    }
     Ok(())
 }
 
@@ -305,6 +329,7 @@ pub async fn write(cluster: Option<String>, remote: &str, offset: u64, local: &s
     let (mut input, len) = open_input(local)?;
     let client = connect(cluster).await?;
     let file = client.open(remote).await?;
+    client.check_range(&file, offset, len.unwrap_or(0)).await?;
     let bar = progress_bar(len.unwrap_or(0), "write");
     let written = upload(&client, &file, offset, &mut input, &bar).await;
     bar.finish_and_clear();
@@ -439,8 +464,8 @@ pub async fn rebuild(cluster: Option<String>, id: u32) -> Result<()> {
     bar.finish_and_clear();
     let done = done?;
     println!(
-        "server {id} rebuilt: {} stripes in {} files",
-        done.stripes_done, done.files_total
+        "server {id} rebuilt: {} stripes in {} files ({} stripes never written, nothing to rebuild)",
+        done.stripes_done, done.files_total, done.stripes_unallocated
     );
     Ok(())
 }
@@ -449,8 +474,8 @@ pub async fn scrub(cluster: Option<String>, remote: Option<&str>) -> Result<()> 
     let client = connect(cluster).await?;
     let report = client.scrub(remote).await?;
     println!(
-        "scrubbed {} files, {} stripes checked, {} skipped (server down or owed)",
-        report.files, report.stripes_checked, report.stripes_skipped
+        "scrubbed {} files, {} stripes checked, {} skipped (server down or owed), {} never written",
+        report.files, report.stripes_checked, report.stripes_skipped, report.stripes_unallocated
     );
     println!(
         "repaired: {} corrupt blocks, {} parity mismatches, {} mirror mismatches",
@@ -523,13 +548,23 @@ async fn until_terminated() {
     }
 }
 
-pub async fn run_manager(listen: &str, dir: &Path, addr_file: Option<PathBuf>) -> Result<()> {
+pub async fn run_manager(
+    listen: &str,
+    dir: &Path,
+    addr_file: Option<PathBuf>,
+    pending_lease_ms: Option<u64>,
+) -> Result<()> {
     let listen: SocketAddr = listen
         .parse()
         .map_err(|_| anyhow!("bad listen address '{listen}'"))?;
-    let manager =
-        tessera_manager::daemon::start(listen, dir, tessera_manager::ManagerConfig::default())
-            .await?;
+    let mut config = tessera_manager::ManagerConfig::default();
+    if let Some(ms) = pending_lease_ms {
+        if ms == 0 {
+            bail!("--pending-lease-ms must be at least 1");
+        }
+        config.pending_lease = std::time::Duration::from_millis(ms);
+    }
+    let manager = tessera_manager::daemon::start(listen, dir, config).await?;
     write_addr_file(addr_file, manager.addr)?;
     eprintln!("manager listening on {}", manager.addr);
     until_terminated().await;

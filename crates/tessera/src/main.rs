@@ -77,6 +77,10 @@ enum Command {
         /// Write the bound address to this file once listening.
         #[arg(long)]
         addr_file: Option<PathBuf>,
+        /// How long a file being written by `put` lives without its writer renewing or
+        /// committing it, in milliseconds [default: 60000]
+        #[arg(long, env = "TESSERA_PENDING_LEASE_MS")]
+        pending_lease_ms: Option<u64>,
     },
     /// Run a storage server daemon, or stop/start one server of the local cluster.
     Server(ServerArgs),
@@ -257,7 +261,8 @@ async fn run(cli: Cli) -> Result<()> {
             listen,
             dir,
             addr_file,
-        } => commands::run_manager(&listen, &dir, addr_file).await,
+            pending_lease_ms,
+        } => commands::run_manager(&listen, &dir, addr_file, pending_lease_ms).await,
         Command::Server(args) => match args.action {
             Some(ServerAction::Stop { id, dir }) => commands::server_stop(&dir, id),
             Some(ServerAction::Start { id, dir }) => commands::server_start(&dir, id).await,
