@@ -102,7 +102,7 @@ pub enum ClientError {
     NoSuchServer(ServerId),
     /// Some files could not be rebuilt on the server (no redundancy, or too many servers
     /// lost); every other file was.
-    #[error("server {server}: {} of {files_total} files could not be rebuilt: {}", .failed.len(), describe_failures(.failed))]
+    #[error("server {server} was rebuilt except {} of {files_total} files, which could not be: {}", .failed.len(), describe_failures(.failed))]
     Unrebuildable {
         /// The server.
         server: ServerId,

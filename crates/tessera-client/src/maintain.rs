@@ -514,19 +514,7 @@ impl Client {
         if me.state == ServerState::Down {
             return Err(ClientError::ServerDown(server));
         }
-        let debts = match self
-            .manager_call(ManagerRequest::FilesOnServer { server })
-            .await?
-        {
-            ManagerResponse::Debts(debts) => debts,
-            other => {
-                return Err(ClientError::Protocol {
-                    peer: format!("manager {}", self.manager),
-                    detail: format!("expected debts, got {other:?}"),
-                })
-            }
-        };
-        let debts: Vec<_> = debts.into_iter().filter(|d| !d.missed.is_empty()).collect();
+        let debts = self.debts_of(server).await?;
         let mut state = RebuildProgress {
             files_total: debts.len() as u64,
             ..Default::default()
@@ -573,6 +561,22 @@ impl Client {
             });
         }
         Ok(state)
+    }
+
+    /// The files `server` owes stripes of, with what it owes.
+    async fn debts_of(&self, server: ServerId) -> Result<Vec<FileDebt>, ClientError> {
+        match self
+            .manager_call(ManagerRequest::FilesOnServer { server })
+            .await?
+        {
+            ManagerResponse::Debts(debts) => {
+                Ok(debts.into_iter().filter(|d| !d.missed.is_empty()).collect())
+            }
+            other => Err(ClientError::Protocol {
+                peer: format!("manager {}", self.manager),
+                detail: format!("expected debts, got {other:?}"),
+            }),
+        }
     }
 
     /// Rebuild what `server` owes of one file, range by range, walking only the stripes that

@@ -16,7 +16,7 @@ use crate::io::{disk, disk_format, read_full_at, read_full_at_with, Wait};
 use crate::BLOCK_BYTES;
 
 /// Bytes of one checksum entry in the sidecar.
-const CRC_ENTRY_BYTES: u64 = 8;
+pub(crate) const CRC_ENTRY_BYTES: u64 = 8;
 
 /// Second half of a checksum entry: the block was written (format version 1 of blocks).
 pub(crate) const CRC_MARKER_WRITTEN: u32 = u32::from_le_bytes(*b"TSB1");

@@ -14,7 +14,7 @@ use tessera_wire::{FileId, IndexRange, OverflowExtent, StorageError};
 use crate::io::{bad_request, check_range, data_ranges, disk, disk_format};
 use crate::meta::{self, StoreMeta};
 use crate::overflow::{OverflowFiles, Touched};
-use crate::region::RegionFile;
+use crate::region::{RegionFile, CRC_ENTRY_BYTES};
 use crate::{BLOCK_BYTES, FILE_BYTES_MAX, OPEN_FILES_MAX, REQUEST_BYTES_MAX};
 
 /// Directory under the root holding one directory per file id.
@@ -430,9 +430,20 @@ impl Store {
         let ranges_max = tessera_wire::ALLOCATED_RANGES_MAX;
         let mut ranges = self.with_read(file, |state| match state {
             FileState::Present(present) => {
-                let bytes = &present.region(region).bytes;
-                let mut ranges = data_ranges(bytes, offset, end, ranges_max)
-                    .map_err(|error| disk(format_args!("extents of file {file}"), error))?;
+                let extents = |handle: &File, from: u64, to: u64| {
+                    data_ranges(handle, from, to, ranges_max)
+                        .map_err(|error| disk(format_args!("extents of file {file}"), error))
+                };
+                let files = present.region(region);
+                let mut ranges = extents(&files.bytes, offset, end)?;
+                // Blocks whose checksum entries are on disk too, though their bytes are a hole:
+                // a damaged entry there must be found by a scrub.
+                let entries_per_block = BLOCK_BYTES / CRC_ENTRY_BYTES;
+                let (crc_first, crc_end) = (offset / entries_per_block, end / entries_per_block);
+                for (start, stop) in extents(&files.crc, crc_first, crc_end + CRC_ENTRY_BYTES)? {
+                    let blocks = start / CRC_ENTRY_BYTES..stop.div_ceil(CRC_ENTRY_BYTES);
+                    ranges.push((blocks.start * BLOCK_BYTES, blocks.end * BLOCK_BYTES));
+                }
                 if region == Region::Data {
                     ranges.extend(present.overflow.covered(offset, len));
                 }

@@ -694,16 +694,21 @@ fn allocated_lists_written_extents_and_skips_holes() {
     store
         .write(FILE, Region::Data, last, &pattern(4096, 2), false)
         .unwrap();
-    // Both ends of a 1 TiB sparse file, and nothing between (the file system's extents are
-    // at least block-sized, and these writes are whole blocks).
+    // Both ends of a 1 TiB sparse file, and nothing between. Each end is as wide as the
+    // blocks one page of checksum entries covers (512 entries of 8 bytes: 2 MiB), so that a
+    // damaged entry of a block that is a hole is visited too.
+    let page = 512 * BLOCK_BYTES;
     let both = allocated(&store, Region::Data, 0, FILE_BYTES_MAX);
-    assert_eq!(both, vec![(0, 8192), (last, FILE_BYTES_MAX)]);
+    assert_eq!(
+        both,
+        vec![(0, page), (FILE_BYTES_MAX - page, FILE_BYTES_MAX)]
+    );
     // Clipped to the range asked.
     assert_eq!(
-        allocated(&store, Region::Data, 4096, last - 4096),
-        vec![(4096, 8192)]
+        allocated(&store, Region::Data, 4096, 8192),
+        vec![(4096, 12288)]
     );
-    assert!(allocated(&store, Region::Data, 8192, last - 8192).is_empty());
+    assert!(allocated(&store, Region::Data, page, FILE_BYTES_MAX - 2 * page).is_empty());
     // The redundancy file is its own.
     assert!(allocated(&store, Region::Redundancy, 0, FILE_BYTES_MAX).is_empty());
     // Overflow entries of either role count for the data file, under the offsets they cover.
@@ -714,9 +719,9 @@ fn allocated_lists_written_extents_and_skips_holes() {
     assert_eq!(
         allocated(&store, Region::Data, 0, FILE_BYTES_MAX),
         vec![
-            (0, 8192),
+            (0, page),
             (middle + 100, middle + 106),
-            (last, FILE_BYTES_MAX)
+            (FILE_BYTES_MAX - page, FILE_BYTES_MAX)
         ]
     );
     // Past the maximum file size is a bad request, not an overflow.

@@ -141,3 +141,65 @@ fn manager_messages_round_trip() {
         resp
     );
 }
+
+#[test]
+fn appended_messages_round_trip_and_leave_earlier_variants_alone() {
+    // Appending variants must not renumber earlier ones: the first variant still encodes as 0.
+    assert_eq!(encode_message(&StorageRequest::Ping), vec![0]);
+    let requests = [
+        ManagerRequest::CreatePending {
+            path: "a".into(),
+            layout: LayoutRequest {
+                scheme: tessera_layout::Scheme::Raid5,
+                stripe_unit: 65536,
+                width: None,
+            },
+        },
+        ManagerRequest::RenewPending { file: u64::MAX },
+        ManagerRequest::CommitPending { file: 7 },
+        ManagerRequest::AbandonPending { file: 7 },
+        ManagerRequest::Orphans { server: 3 },
+        ManagerRequest::OrphansRemoved {
+            server: 3,
+            files: vec![1, 2, u64::MAX],
+        },
+    ];
+    for req in requests {
+        assert_eq!(
+            decode_message::<ManagerRequest>(&encode_message(&req)).unwrap(),
+            req
+        );
+    }
+    let responses = [
+        ManagerResponse::Committed { replaced: None },
+        ManagerResponse::Orphans(vec![5, 6]),
+        ManagerResponse::Error(ManagerError::NotPending(9)),
+        ManagerResponse::Error(ManagerError::TooLarge {
+            what: "size".into(),
+            max: 1 << 42,
+        }),
+    ];
+    for resp in responses {
+        assert_eq!(
+            decode_message::<ManagerResponse>(&encode_message(&resp)).unwrap(),
+            resp
+        );
+    }
+    let req = StorageRequest::Allocated {
+        file: 1,
+        region: tessera_layout::Region::Redundancy,
+        offset: 0,
+        len: 1 << 40,
+    };
+    assert_eq!(
+        decode_message::<StorageRequest>(&encode_message(&req)).unwrap(),
+        req
+    );
+    let resp = StorageResponse::Allocated {
+        ranges: vec![IndexRange::new(0, 4096), IndexRange::new(1 << 39, 1 << 40)],
+    };
+    assert_eq!(
+        decode_message::<StorageResponse>(&encode_message(&resp)).unwrap(),
+        resp
+    );
+}
