@@ -405,19 +405,27 @@ fn flatten(entries: &[(tessera_wire::OverflowExtent, Bytes)]) -> Vec<u8> {
     out
 }
 
+/// Which stripes of a file hold bytes, as far as the columns asked could say.
+struct Allocation {
+    /// Sorted, disjoint ranges of stripes that may hold written bytes on a column asked.
+    stripes: Vec<Range<u64>>,
+    /// Whether every column asked answered; if not, a stripe outside `stripes` may still hold
+    /// bytes on a column that did not.
+    complete: bool,
+}
+
 impl FileContext {
-    /// The stripes of `0..stripes_total` that may hold written bytes, as sorted, disjoint
-    /// ranges, learned from every column but `exclude` (the column being rebuilt): the stripes
-    /// whose slots overlap an allocated extent of some column's data or redundancy file, and
-    /// every stripe some column owes. Any other stripe is a hole in every column: zeros, whose
-    /// parity and mirrors are zeros too, so there is nothing to check or rebuild. `None` when a
-    /// column cannot say (down or unreachable): then every stripe must be visited.
+    /// The stripes of `0..stripes_total` that may hold written bytes, learned from every
+    /// column but `exclude` (the column being rebuilt): the stripes whose slots overlap an
+    /// allocated extent of some column's data or redundancy file, and every stripe some column
+    /// owes. Any other stripe is a hole in every column that answered: if all did, it holds
+    /// zeros, whose parity and mirrors are zeros too, so there is nothing to check or rebuild.
     async fn allocated_stripes(
         &self,
         client: &Client,
         exclude: Option<u32>,
         stripes_total: u64,
-    ) -> Option<Vec<Range<u64>>> {
+    ) -> Allocation {
         let layout = self.layout;
         let unit = u64::from(layout.stripe_unit);
         // No slot of stripe `s` sits past local index `s` on its column.
@@ -425,9 +433,11 @@ impl FileContext {
             .saturating_mul(unit)
             .min(tessera_layout::COLUMN_BYTES_MAX);
         let mut stripes: Vec<Range<u64>> = Vec::new();
+        let mut complete = true;
         for column in (0..layout.width).filter(|&c| Some(c) != exclude) {
             if self.lost_entirely(column) {
-                return None;
+                complete = false;
+                continue;
             }
             let owed = &self.columns[column as usize].missed;
             stripes.extend(owed.iter().map(|r| r.start..r.end.min(stripes_total)));
@@ -440,7 +450,10 @@ impl FileContext {
                 };
                 let ranges = match self.rpc(client, column, request, Bytes::new()).await {
                     Ok((StorageResponse::Allocated { ranges }, _)) => ranges,
-                    _ => return None,
+                    _ => {
+                        complete = false;
+                        continue;
+                    }
                 };
                 for range in ranges.iter().filter(|r| !r.is_empty()) {
                     let local_first = range.start / unit;
@@ -461,7 +474,10 @@ impl FileContext {
                 }
             }
         }
-        Some(merge_ranges(stripes))
+        Allocation {
+            stripes: merge_ranges(stripes),
+            complete,
+        }
     }
 }
 
@@ -594,9 +610,12 @@ impl Client {
         };
         let column = column as u32;
         let stripes_total = ctx.layout.stripes_for_size(ctx.meta.size);
-        let allocated = ctx
+        // A stripe whose bytes might be only on a column that could not say is rebuilt (and
+        // fails if it needs that column), never taken for zeros.
+        let allocation = ctx
             .allocated_stripes(self, Some(column), stripes_total)
             .await;
+        let allocated = allocation.complete.then_some(allocation.stripes);
         for range in &debt.missed {
             let owed_range = range.start..range.end.min(stripes_total).max(range.start);
             let walk = clip_to(owed_range.clone(), allocated.as_deref());
@@ -632,9 +651,19 @@ impl Client {
             let ctx = self.context_of(file).await?;
             report.files += 1;
             let stripes = ctx.layout.stripes_for_size(ctx.meta.size);
-            let allocated = ctx.allocated_stripes(self, None, stripes).await;
-            let walk = clip_to(0..stripes, allocated.as_deref());
-            report.stripes_unallocated += stripes - count(&walk);
+            let allocation = ctx.allocated_stripes(self, None, stripes).await;
+            let lost = (0..ctx.layout.width).any(|c| ctx.lost_entirely(c));
+            // With a column lost, every stripe is skipped rather than read, so those that hold
+            // nothing on the other columns are counted without a visit. A column that
+            // answered but refused to say is not lost: then everything is visited.
+            let known = (allocation.complete || lost).then_some(&allocation.stripes[..]);
+            let walk = clip_to(0..stripes, known);
+            let not_walked = stripes - count(&walk);
+            if allocation.complete {
+                report.stripes_unallocated += not_walked;
+            } else {
+                report.stripes_skipped += not_walked;
+            }
             let mut checks = stream::iter(walk.into_iter().flatten())
                 .map(|stripe| ctx.scrub_stripe(self, stripe))
                 .buffer_unordered(STRIPES_IN_FLIGHT_MAX);

@@ -470,6 +470,10 @@ fn offsets_at_the_limits_and_sparse_scrub_and_rebuild() {
     c.server("stop", 1);
     assert_eq!(c.read("s", max - 1, 1), b"z");
     assert_eq!(c.read("s", 0, head.len() as u64), head);
+    // With a server down, every stripe is skipped, without a visit to each.
+    let scrub = c.ok(&["scrub", "s"]);
+    assert_eq!(number_before(&scrub, "stripes checked"), 0, "{scrub}");
+    assert_eq!(number_before(&scrub, "skipped"), stripes, "{scrub}");
     c.server("start", 1);
     let scrub = c.ok(&["scrub", "s"]);
     assert!(scrub.contains("repaired: 0 corrupt blocks, 0 parity mismatches, 0 mirror"));
