@@ -157,6 +157,8 @@ pub struct File {
 pub struct PendingFile {
     /// The new file (its path is the one it will take).
     pub file: File,
+    /// Its metadata when created: the servers that hold its data.
+    pub meta: FileMeta,
     /// How long it lives without a renewal.
     pub lease: Duration,
 }
@@ -370,8 +372,9 @@ impl Client {
             ManagerResponse::Pending { view, lease_ms } => Ok(PendingFile {
                 file: File {
                     id: view.meta.id,
-                    path: view.meta.path,
+                    path: view.meta.path.clone(),
                 },
+                meta: view.meta,
                 lease: Duration::from_millis(lease_ms),
             }),
             other => Err(self.unexpected("pending file", other)),
@@ -424,12 +427,28 @@ impl Client {
         }
     }
 
-    /// Give up a pending file: it is removed, and its data deleted.
-    pub async fn abandon_pending(&self, file: &File) -> Result<(), ClientError> {
-        let request = ManagerRequest::AbandonPending { file: file.id };
-        match self.manager_call(request).await? {
-            ManagerResponse::Meta(meta) => self.delete_data(&meta).await,
-            other => Err(self.unexpected("meta", other)),
+    /// Give up a pending file: it is removed, and its data deleted. If its lease already ran
+    /// out, its data is deleted all the same (the servers may have deleted it as an orphan
+    /// before this client wrote its last bytes); if it was committed, it stays.
+    pub async fn abandon_pending(&self, pending: &PendingFile) -> Result<(), ClientError> {
+        let id = pending.file.id;
+        match self
+            .manager_call(ManagerRequest::AbandonPending { file: id })
+            .await
+        {
+            Ok(ManagerResponse::Meta(meta)) => self.delete_data(&meta).await,
+            Ok(other) => Err(self.unexpected("meta", other)),
+            Err(ClientError::Metadata(ManagerError::NotPending(_))) => {
+                // Ids are never reused: a file the manager does not know is gone for good.
+                match self.context_of(id).await {
+                    Ok(_) => Ok(()),
+                    Err(ClientError::Metadata(ManagerError::NotFound(_))) => {
+                        self.delete_data(&pending.meta).await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
         }
     }
 

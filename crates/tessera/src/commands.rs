@@ -9,9 +9,10 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use tessera_client::{
-    Client, ClientConfig, CongestionKind, DatagramConfig, File, LayoutRequest, Scheme,
+    Client, ClientConfig, ClientError, CongestionKind, DatagramConfig, File, LayoutRequest, Scheme,
     TransportKind,
 };
+use tessera_wire::ManagerError;
 
 /// The network choices given on the command line.
 #[derive(Debug, Clone, Copy, Default)]
@@ -293,19 +294,30 @@ pub async fn put(
         })
         .await;
     bar.finish_and_clear();
-    let committed = match stored {
-        Ok(()) => client
-            .commit_pending(&pending.file)
-            .await
-            .map_err(Into::into),
-        Err(e) => Err(e),
+    let failed = match stored {
+        Ok(()) => match client.commit_pending(&pending.file).await {
+            Ok(()) => return Ok(()),
+            // The commit may have been applied and its answer lost.
+            Err(e @ ClientError::ManagerUnreachable { .. }) => {
+                return Err(anyhow::Error::new(e)
+                    .context(format!("cannot tell whether {remote} was replaced")));
+            }
+            Err(e) => e.into(),
+        },
+        Err(e) => e,
     };
-    if let Err(e) = committed {
-        // Best effort: if this fails too, the lease runs out and the manager removes it.
-        let _ = client.abandon_pending(&pending.file).await;
-        return Err(e.context(format!("{remote} is unchanged")));
-    }
-    Ok(())
+    // A pending file that vanished under the writer lost its lease (the writer was stopped or
+    // cut off for that long): say so, rather than "no such file: <id>".
+    let id = pending.file.id;
+    let failed = match failed.downcast_ref::<ClientError>() {
+        Some(ClientError::Metadata(ManagerError::NotFound(what))) if *what == id.to_string() => {
+            anyhow::Error::new(ManagerError::NotPending(id))
+        }
+        _ => failed,
+    };
+    // Best effort: if this fails too, the lease runs out and the manager removes it.
+    let _ = client.abandon_pending(&pending).await;
+    Err(failed.context(format!("{remote} is unchanged")))
 }
 
 pub async fn get(cluster: Option<String>, remote: &str, local: &str) -> Result<()> {

@@ -520,3 +520,45 @@ fn rebuild_goes_on_past_files_it_cannot_rebuild() {
     let status = c.ok(&["status"]);
     assert!(!status.contains("stale"), "{status}");
 }
+
+/// A writer stopped (SIGSTOP) past its lease loses its pending file; when it runs again, its
+/// put fails with one line saying the file is unchanged, and the old file is whole.
+#[test]
+fn put_stopped_past_its_lease_fails_and_leaves_the_old_file() {
+    let c = Cluster::start();
+    let mut rng = seeded("put_stopped_past_its_lease_fails_and_leaves_the_old_file");
+    let old = random_bytes(&mut rng, 1 << 20);
+    c.put("p", &old, "raid5");
+    let kept: BTreeSet<u64> = [c.file_id("p")].into();
+    let source = c.local("big");
+    std::fs::write(&source, random_bytes(&mut rng, 64 << 20)).expect("write local file");
+    let args = c.args(&["put", text(&source), "p", "--scheme", "raid5"]);
+    let mut child = spawn(&args);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.ids_on_disk().len() < 2 {
+        assert!(Instant::now() < deadline, "the put wrote nothing");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: signals to our own child, which has not been reaped.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // The lease runs out and the servers delete what the writer had written.
+    c.wait_ids_on_disk(&kept, "while the writer is stopped");
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let deadline = Instant::now() + COMMAND_TIMEOUT;
+    while child.try_wait().expect("wait for put").is_none() {
+        assert!(Instant::now() < deadline, "the put did not finish");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let output = child.wait_with_output().expect("output of put");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stderr}");
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let last = stderr.trim_end().lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("tessera: p is unchanged") && last.contains("lease ran out"),
+        "last line of stderr: {stderr}"
+    );
+    assert_eq!(c.paths(), vec!["p".to_string()]);
+    assert_bytes(&c.get("p"), &old, "old file after the stopped put");
+}
