@@ -30,7 +30,8 @@ const STRIPES_IN_FLIGHT_MAX: usize = 8;
 pub struct RebuildProgress {
     /// Stripes rebuilt so far.
     pub stripes_done: u64,
-    /// Stripes to rebuild in all.
+    /// Stripes to rebuild in all (owed stripes found never written are taken off as they are
+    /// found, and so are those of files that fail).
     pub stripes_total: u64,
     /// Files finished.
     pub files_done: u64,
@@ -564,7 +565,9 @@ impl Client {
             if let Err(why) = result {
                 failed.push((debt.meta.path.clone(), why));
                 let done_here = state.stripes_done + state.stripes_unallocated - done_before;
-                state.stripes_total -= owed_here.saturating_sub(done_here);
+                state.stripes_total = state
+                    .stripes_total
+                    .saturating_sub(owed_here.saturating_sub(done_here));
             }
             state.files_done += 1;
             progress(state);
@@ -628,7 +631,10 @@ impl Client {
                 state.stripes_done += 1;
                 progress(*state);
             }
+            // Nothing to do for them: no longer part of the work the progress bar shows.
             state.stripes_unallocated += holes;
+            // (The file may have grown since its debt was listed: never below zero.)
+            state.stripes_total = state.stripes_total.saturating_sub(holes);
             self.manager_call(ManagerRequest::Resynced {
                 server,
                 file: debt.meta.id,

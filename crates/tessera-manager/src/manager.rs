@@ -232,18 +232,13 @@ impl Manager {
                 Some(_) => {}
             }
         }
-        if expired.is_empty() {
-            return;
-        }
-        let removed = self.write(|change| {
-            for &file in &expired {
-                change.drop_pending(file)?;
-            }
-            Ok(())
-        });
-        if removed.is_ok() {
-            for file in expired {
-                self.pending.remove(&file);
+        // One transaction each, so that one file the store cannot remove holds up no other.
+        for file in expired {
+            match self.write(|change| change.drop_pending(file)) {
+                Ok(_) | Err(Failure::Refused(ManagerError::NotPending(_))) => {
+                    self.pending.remove(&file);
+                }
+                Err(_) => {}
             }
         }
     }
