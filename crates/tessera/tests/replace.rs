@@ -593,17 +593,20 @@ fn sparse_hybrid_overflow_far_out_is_scrubbed_and_repaired() {
     let patch = random_bytes(&mut rng, 5000);
     c.write("hy", far, &patch);
     let id = c.file_id("hy");
-    // A copy of the far entry: the tail of an overflow file (the last thing appended there).
-    let copy = (1..=SERVERS)
-        .map(|s| {
-            c.dir
-                .join(format!("server-{s}"))
-                .join("files")
-                .join(id.to_string())
-                .join("overflow")
-        })
-        .find(|path| std::fs::read(path).is_ok_and(|bytes| bytes.ends_with(&patch)))
-        .expect("a server holds the far overflow entry");
+    // The two copies of the far entry (primary and mirror): the tail of an overflow file,
+    // the last thing appended there.
+    let overflow = |s: u32| {
+        c.dir
+            .join(format!("server-{s}"))
+            .join("files")
+            .join(id.to_string())
+            .join("overflow")
+    };
+    let holders: Vec<u32> = (1..=SERVERS)
+        .filter(|&s| std::fs::read(overflow(s)).is_ok_and(|bytes| bytes.ends_with(&patch)))
+        .collect();
+    assert_eq!(holders.len(), 2, "primary and mirror: {holders:?}");
+    let copy = overflow(holders[0]);
     let mut bytes = std::fs::read(&copy).expect("read overflow file");
     let last = bytes.len() - 1;
     bytes[last] ^= 0x40;
@@ -621,4 +624,22 @@ fn sparse_hybrid_overflow_far_out_is_scrubbed_and_repaired() {
     assert_eq!(repairs(&again), 0, "{again}");
     assert_eq!(c.read("hy", far, patch.len() as u64), patch);
     assert_eq!(c.read("hy", 0, head.len() as u64), head);
+    // Each copy's server wiped and rebuilt (from the other's listing of its extents) stands
+    // alone for the entry afterwards.
+    for (wiped, other) in [(holders[0], holders[1]), (holders[1], holders[0])] {
+        c.wipe(wiped);
+        let rebuilt = c.ok(&["rebuild", &wiped.to_string()]);
+        assert!(
+            number_before(&rebuilt, "stripes never written") > 1_000_000,
+            "{rebuilt}"
+        );
+        c.server("stop", other);
+        assert_eq!(
+            c.read("hy", far, patch.len() as u64),
+            patch,
+            "{wiped} rebuilt"
+        );
+        assert_eq!(c.read("hy", 0, head.len() as u64), head, "{wiped} rebuilt");
+        c.server("start", other);
+    }
 }
