@@ -464,7 +464,9 @@ impl FileContext {
                         continue;
                     };
                     // A Hybrid mirror overflow entry sits under the offsets of the block
-                    // before, which may be in the stripe before or after.
+                    // before: one stripe off either way at most (tessera-layout's test
+                    // `overflow_entries_map_back_to_within_one_stripe_of_their_own`). Missing
+                    // it would rebuild a column without the entry and clear its debt.
                     let (first, last) = match (layout.scheme, region) {
                         (Scheme::Hybrid, Region::Data) => {
                             (first.saturating_sub(1), last.saturating_add(1))

@@ -121,6 +121,27 @@ proptest! {
         }
     }
 
+    /// Scrub and rebuild find a Hybrid overflow entry's stripe from the column that holds it,
+    /// at the primary's local index, widened by one stripe either way: the mirror copy sits on
+    /// the next column, under the offsets of the block before.
+    #[test]
+    fn overflow_entries_map_back_to_within_one_stripe_of_their_own(
+        width in 3u32..9, shift in 0u32..3, from_start in 0u64..40, from_end in 1u64..40,
+    ) {
+        let layout = Layout::new(Scheme::Hybrid, 4096 << shift, width).unwrap();
+        let stripes_max = layout.file_bytes_max() / layout.stripe_bytes();
+        for stripe in [from_start, stripes_max - from_end] {
+            for block in layout.blocks_of_stripe(stripe) {
+                let local = layout.data_slot(block).local_index;
+                for role in [OverflowRole::Primary, OverflowRole::Mirror] {
+                    let column = layout.overflow_column(block, role);
+                    let found = layout.stripe_of_local(column, Region::Data, local).unwrap();
+                    prop_assert!(found.abs_diff(stripe) <= 1, "{role:?}: {found} for {stripe}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_slot_is_used_once_and_one_column_holds_one_member_per_stripe(
         layout in layout_strategy(), stripes in 1u64..12,
