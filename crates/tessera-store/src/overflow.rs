@@ -316,6 +316,13 @@ impl OverflowTable {
         }
     }
 
+    /// Every damaged range of either role, as `(start, end)`.
+    pub(crate) fn damaged_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.damaged
+            .iter()
+            .flat_map(|ranges| ranges.iter().map(|(&start, &end)| (start, end)))
+    }
+
     /// The first damaged byte of `role` in `offset..offset+len`, if any.
     pub(crate) fn damaged_at(&self, role: OverflowRole, offset: u64, len: u64) -> Option<u64> {
         let end = offset + len;
@@ -607,12 +614,15 @@ impl OverflowFiles {
     }
 
     /// `(start, end)` of the live entries of both roles overlapping `offset..offset+len`,
-    /// unclipped, in no particular order.
+    /// unclipped, in no particular order, and of every damaged range of either role.
+    /// Damaged ranges are included (unclipped): a read there answers corrupt until the client
+    /// rewrites it, so a scrub must visit them.
     pub(crate) fn covered(&self, offset: u64, len: u64) -> Vec<(u64, u64)> {
         [OverflowRole::Primary, OverflowRole::Mirror]
             .into_iter()
             .flat_map(|role| self.table.overlapping(role, offset, len))
             .map(|extent| (extent.offset, extent.end()))
+            .chain(self.table.damaged_ranges())
             .collect()
     }
 

@@ -737,3 +737,28 @@ fn allocated_lists_written_extents_and_skips_holes() {
     store.remove(FILE).unwrap();
     assert!(allocated(&store, Region::Data, 0, FILE_BYTES_MAX).is_empty());
 }
+
+#[test]
+fn allocated_includes_overflow_ranges_a_damaged_log_record_may_have_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .overflow_write(FILE, OverflowRole::Primary, 4096, b"first")
+            .unwrap();
+        store
+            .overflow_write(FILE, OverflowRole::Mirror, 1 << 30, b"second")
+            .unwrap();
+        store.sync().unwrap();
+    }
+    // A bit of the second record (after the 12-byte header and the first 36-byte record).
+    flip_byte(&on_disk(dir.path(), FILE, "overflow.log"), 12 + 36 + 9);
+    let store = Store::open(dir.path()).unwrap();
+    // What the record said is unknown, so every range reads corrupt until rewritten: a scrub
+    // must visit all of them.
+    assert_eq!(
+        allocated(&store, Region::Data, 0, FILE_BYTES_MAX),
+        vec![(0, FILE_BYTES_MAX)]
+    );
+    assert!(allocated(&store, Region::Redundancy, 0, FILE_BYTES_MAX).is_empty());
+}
