@@ -1,6 +1,7 @@
 //! The endpoint: every session with every peer behind one local address, and the routing of
 //! datagrams, timers and events between them and the driver.
 
+use crate::admission::{Admission, Refusal};
 use crate::packet::HEADER_LEN;
 use crate::packet::{decode, Packet, PacketError, PacketKind};
 use crate::session::{PendingEvent, Session, Verdict, WINDOW_INITIAL_PACKETS};
@@ -70,6 +71,13 @@ pub struct Endpoint {
     grants_due: bool,
     /// Reused across grants.
     claims: Vec<(SessionId, crate::session::Claim)>,
+    /// Rate limits on the sessions peers open.
+    admission: Admission,
+    /// Sessions opened by peers that have not delivered a whole message yet, by when they
+    /// were last heard (their DATA), oldest first; see [`crate::admission`].
+    half_open: BTreeSet<(Micros, SessionId)>,
+    /// When each half-open session was last heard: its key in `half_open`.
+    half_open_heard: BTreeMap<SessionId, Micros>,
     stats: Stats,
 }
 
@@ -96,6 +104,9 @@ impl Endpoint {
             next_ticket: 0,
             grants_due: false,
             claims: Vec::new(),
+            admission: Admission::new(),
+            half_open: BTreeSet::new(),
+            half_open_heard: BTreeMap::new(),
             stats: Stats::default(),
         }
     }
@@ -375,24 +386,14 @@ impl Endpoint {
             .get(&id)
             .is_some_and(|(peer, _)| *peer == from);
         if opens && !forgotten {
-            if self.sessions.len() >= self.config.sessions_max
-                || self.events.len() >= EVENT_QUEUE_MAX
-            {
-                self.stats.dropped_sessions_full += 1;
-                return;
+            if self.make_room(from, now) {
+                self.sessions
+                    .insert(id, Session::new(id, from, &self.config, true));
+                self.half_open.insert((now, id));
+                self.half_open_heard.insert(id, now);
+                self.stats.sessions_opened += 1;
+                self.dispatch(id, packet, arrived, now);
             }
-            self.sessions
-                .insert(id, Session::new(id, from, &self.config, true));
-            self.stats.sessions_opened += 1;
-            self.events.push_back(PendingEvent {
-                event: Event::Opened {
-                    session: id,
-                    peer: from,
-                },
-                session: id,
-                packets: 0,
-            });
-            self.dispatch(id, packet, arrived, now);
             return;
         }
         self.stats.dropped_unknown_session += 1;
@@ -415,7 +416,51 @@ impl Endpoint {
         }
     }
 
+    /// Whether a session from `from` may open now, within the rate limits and the bounds on
+    /// sessions and events, after evicting the half-open session silent longest if the table
+    /// is full. Counts the refusal if not.
+    fn make_room(&mut self, from: SocketAddr, now: Micros) -> bool {
+        match self.admission.admit(from.ip(), now, &self.config.admission) {
+            Ok(()) => {}
+            Err(Refusal::SourceRate) => {
+                self.stats.dropped_opens_source_rate += 1;
+                return false;
+            }
+            Err(Refusal::TotalRate) => {
+                self.stats.dropped_opens_total_rate += 1;
+                return false;
+            }
+        }
+        if self.events.len() >= EVENT_QUEUE_MAX {
+            self.stats.dropped_sessions_full += 1;
+            return false;
+        }
+        let full = self.sessions.len() >= self.config.sessions_max
+            || self.half_open.len() >= self.config.admission.half_open_sessions_max;
+        if full {
+            let Some(&(_, oldest)) = self.half_open.first() else {
+                self.stats.dropped_sessions_full += 1;
+                return false;
+            };
+            self.evict_half_open(oldest);
+        }
+        assert!(self.half_open.len() < self.config.admission.half_open_sessions_max);
+        true
+    }
+
+    /// Forgets a half-open session without a word to anyone: the application never heard
+    /// of it, and an honest peer's retransmission of its first packet opens it again (one
+    /// past the initial window is answered with a RESET, so the peer starts over).
+    fn evict_half_open(&mut self, id: SessionId) {
+        assert!(self.half_open_heard.contains_key(&id));
+        self.remove(id);
+        self.stats.half_open_evicted += 1;
+        self.grants_due = true;
+    }
+
     fn dispatch(&mut self, id: SessionId, packet: Packet, arrived: Micros, now: Micros) {
+        let events_before = self.events.len();
+        let data = packet.kind == PacketKind::Data;
         let session = self
             .sessions
             .get_mut(&id)
@@ -428,7 +473,39 @@ impl Endpoint {
             &mut self.stats,
             &mut self.events,
         );
+        if let Some(heard) = self.half_open_heard.get(&id).copied() {
+            let delivered = self
+                .events
+                .range(events_before..)
+                .any(|pending| matches!(pending.event, Event::Message { .. }));
+            if delivered {
+                self.establish(id, events_before);
+            } else if data && heard < now {
+                self.half_open.remove(&(heard, id));
+                self.half_open.insert((now, id));
+                self.half_open_heard.insert(id, now);
+            }
+        }
         self.settle(id, verdict, now);
+    }
+
+    /// A half-open session delivered its first message: the application learns of it now,
+    /// just before that message (at `events_at` in the queue).
+    fn establish(&mut self, id: SessionId, events_at: usize) {
+        let heard = self
+            .half_open_heard
+            .remove(&id)
+            .expect("establish a half-open session");
+        self.half_open.remove(&(heard, id));
+        let peer = self.sessions[&id].peer;
+        self.events.insert(
+            events_at,
+            PendingEvent {
+                event: Event::Opened { session: id, peer },
+                session: id,
+                packets: 0,
+            },
+        );
     }
 
     fn settle(&mut self, id: SessionId, verdict: Verdict, now: Micros) {
@@ -446,10 +523,17 @@ impl Endpoint {
     }
 
     fn lose(&mut self, id: SessionId, reason: LossReason) {
+        let half_open = self.half_open_heard.contains_key(&id);
         let Some(session) = self.remove(id) else {
             return;
         };
         self.stats.sessions_lost += 1;
+        if half_open {
+            // The application never heard of it: nothing to report.
+            self.remember(id, session.peer, Forgotten::Lost);
+            self.grants_due = true;
+            return;
+        }
         self.events.push_back(PendingEvent {
             event: Event::Lost {
                 session: id,
@@ -468,6 +552,9 @@ impl Endpoint {
         let session = self.sessions.remove(&id)?;
         if let Some(deadline) = session.timer {
             self.timers.remove(&(deadline, id));
+        }
+        if let Some(heard) = self.half_open_heard.remove(&id) {
+            self.half_open.remove(&(heard, id));
         }
         Some(session)
     }
@@ -580,13 +667,28 @@ impl Endpoint {
 
     /// The earliest time [`Endpoint::handle_timeout`] must be called, if any timer is set.
     pub fn poll_timeout(&self) -> Option<Micros> {
-        self.timers.first().map(|&(deadline, _)| deadline)
+        let session = self.timers.first().map(|&(deadline, _)| deadline);
+        let half_open = self
+            .half_open
+            .first()
+            .map(|&(heard, _)| heard + self.config.admission.half_open_timeout_us);
+        match (session, half_open) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
-    /// Runs every timer due at `now`: delayed ACKs, retransmissions, window probes, and
-    /// sessions lost to timeouts.
+    /// Runs every timer due at `now`: delayed ACKs, retransmissions, window probes, sessions
+    /// lost to timeouts, and half-open sessions evicted for their silence.
     pub fn handle_timeout(&mut self, now: Micros) {
         self.observe(now);
+        let timeout_us = self.config.admission.half_open_timeout_us;
+        while let Some(&(heard, id)) = self.half_open.first() {
+            if heard + timeout_us > now {
+                break;
+            }
+            self.evict_half_open(id);
+        }
         let due: Vec<(Micros, SessionId)> = self
             .timers
             .range(..=(now, SessionId(u64::MAX)))

@@ -95,9 +95,12 @@
 //! # Protocol
 //!
 //! **Sessions.** [`Endpoint::connect`] picks a random session id and sends nothing; the
-//! first DATA packet (sequence number 0) creates the session at the peer, which reports
-//! [`Event::Opened`] (up to `sessions_max` sessions; beyond that the packet is dropped and
-//! counted). Each session carries messages both ways, each direction with its own sequence
+//! first DATA packet (sequence number 0) creates the session at the peer, within the limits
+//! of [`admission`] (rates per source and in total; at most `sessions_max` sessions): beyond
+//! them the packet is dropped and counted. The session is half-open until it delivers its
+//! first whole message, when the peer reports [`Event::Opened`] just before that message; a
+//! half-open session is evicted without a word when silent for the half-open timeout or to
+//! make room for a newcomer, so junk that opens sessions never holds the table. Each session carries messages both ways, each direction with its own sequence
 //! numbers starting at 0. For a session it does not know (it restarted, or closed or lost
 //! the session), an endpoint answers with a RESET a RESTART, a window probe, or a DATA packet
 //! past the initial window ([`WINDOW_INITIAL_PACKETS`]), whose sender must have heard from
@@ -180,10 +183,13 @@
 //! ([`SendError::QueueFull`] beyond), reassembly of one message at a time per session,
 //! `sessions_max` sessions opened by peers, [`CONTROL_QUEUE_MAX`] RESETs waiting to be sent,
 //! and the events waiting for the application by the receive windows (messages) and
-//! [`EVENT_QUEUE_MAX`] (no session opens while more wait). A peer that breaks the protocol
-//! (a fragment out of place, a message over `message_bytes_max`) is reset: both sides report
-//! [`Event::Lost`]. Sessions without traffic have no timer and stay until closed or reset.
+//! [`EVENT_QUEUE_MAX`] (no session opens while more wait), sessions opened per second per
+//! source and in total, and half-open sessions ([`AdmissionConfig`]). A peer that breaks the
+//! protocol (a fragment out of place, a message over `message_bytes_max`) is reset: both sides
+//! report [`Event::Lost`] (the accepting side only if the session had delivered a message).
+//! Established sessions without traffic have no timer and stay until closed or reset.
 
+pub mod admission;
 pub mod congestion;
 mod endpoint;
 pub mod grants;
@@ -195,6 +201,7 @@ pub mod sim;
 use bytes::Bytes;
 use std::net::SocketAddr;
 
+pub use admission::AdmissionConfig;
 pub use congestion::{Adaptive, CongestionControl, Fixed};
 pub use endpoint::{
     Endpoint, CONTROL_QUEUE_MAX, EVENT_QUEUE_MAX, FORGOTTEN_SESSIONS_MAX, HOLD_ANSWER_PACKETS_MIN,
@@ -277,6 +284,8 @@ pub struct Config {
     /// only for messages announced with [`Endpoint::expect`]: for endpoints that receive only
     /// answers they asked for, such as a client.
     pub receive_budget_packets: Option<u32>,
+    /// Limits on the sessions peers open: rates, and the eviction of half-open sessions.
+    pub admission: AdmissionConfig,
 }
 
 impl Default for Config {
@@ -297,6 +306,7 @@ impl Default for Config {
             ack_every_packets: 2,
             ack_delay_us: 100,
             receive_budget_packets: None,
+            admission: AdmissionConfig::default(),
         }
     }
 }
@@ -349,6 +359,9 @@ pub enum ConfigError {
     /// `receive_budget_packets` is zero.
     #[error("receive_budget_packets must be at least 1")]
     ReceiveBudget,
+    /// A limit of [`AdmissionConfig`] is zero, so no session could ever open.
+    #[error("every admission limit (rates, bursts, sources, half-open sessions and timeout) must be at least 1")]
+    Admission,
 }
 
 impl Config {
@@ -397,6 +410,9 @@ impl Config {
         }
         if self.receive_budget_packets == Some(0) {
             return Err(ConfigError::ReceiveBudget);
+        }
+        if !self.admission.is_valid() {
+            return Err(ConfigError::Admission);
         }
         Ok(())
     }
@@ -547,6 +563,14 @@ pub struct Stats {
     pub dropped_unknown_session: u64,
     /// Packets dropped: would open a session beyond `sessions_max`.
     pub dropped_sessions_full: u64,
+    /// Packets dropped: would open a session faster than its source may
+    /// ([`AdmissionConfig::opens_per_second_per_source`]).
+    pub dropped_opens_source_rate: u64,
+    /// Packets dropped: would open a session faster than all peers together may
+    /// ([`AdmissionConfig::opens_per_second`]).
+    pub dropped_opens_total_rate: u64,
+    /// Half-open sessions evicted, for their silence or to make room for a newcomer.
+    pub half_open_evicted: u64,
     /// Packets dropped: DATA past the advertised window edge, or an ACK of the never sent.
     pub dropped_out_of_window: u64,
     /// DATA packets that arrived past a gap and were kept until it filled (reordered on the
@@ -600,6 +624,9 @@ impl Stats {
             ("dropped_malformed", self.dropped_malformed),
             ("dropped_unknown_session", self.dropped_unknown_session),
             ("dropped_sessions_full", self.dropped_sessions_full),
+            ("dropped_opens_source_rate", self.dropped_opens_source_rate),
+            ("dropped_opens_total_rate", self.dropped_opens_total_rate),
+            ("half_open_evicted", self.half_open_evicted),
             ("dropped_out_of_window", self.dropped_out_of_window),
             ("held_out_of_order", self.held_out_of_order),
             ("dropped_duplicate", self.dropped_duplicate),
