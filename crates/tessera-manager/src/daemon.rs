@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tessera_transport::{serve_tcp, BoxFuture, ConnectionId, FrameHandler};
+use tessera_transport::{serve_tcp_limited, BoxFuture, ConnectionId, FrameHandler, TcpLimits};
 use tessera_wire::{encode_message, ManagerRequest};
 use tokio::net::TcpListener;
 
@@ -95,11 +95,23 @@ impl FrameHandler for ManagerHandler {
     }
 }
 
-/// Open the metadata store in `dir` and serve it on `listen`.
+/// Open the metadata store in `dir` and serve it on `listen`, within the default
+/// [`TcpLimits`].
 pub async fn start(
     listen: SocketAddr,
     dir: &Path,
     config: ManagerConfig,
+) -> Result<RunningManager, DaemonError> {
+    start_limited(listen, dir, config, TcpLimits::default()).await
+}
+
+/// Open the metadata store in `dir` and serve it on `listen`; what TCP peers may hold
+/// (connections, idle time, memory for requests in flight) is bounded by `limits`.
+pub async fn start_limited(
+    listen: SocketAddr,
+    dir: &Path,
+    config: ManagerConfig,
+    limits: TcpLimits,
 ) -> Result<RunningManager, DaemonError> {
     let dir = dir.to_path_buf();
     let manager = tokio::task::spawn_blocking(move || Manager::open(&dir, config))
@@ -123,11 +135,12 @@ pub async fn start(
             ticking.lock().unwrap().tick(Instant::now());
         }
     });
-    let serve = tokio::spawn(serve_tcp(
+    let serve = tokio::spawn(serve_tcp_limited(
         listener,
         Arc::new(ManagerHandler {
             manager: manager.clone(),
         }),
+        limits,
     ));
     Ok(RunningManager {
         addr,

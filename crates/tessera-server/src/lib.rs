@@ -17,8 +17,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tessera_store::{ParityLocks, Store};
 use tessera_transport::{
-    serve_tcp, serve_udp, BoxFuture, ConnectionId, DatagramConfig, FrameHandler, TcpConfig,
-    TcpTransport, Transport, TransportKind, UdpCounters, UdpServer,
+    serve_tcp_limited, serve_udp, BoxFuture, ConnectionId, DatagramConfig, FrameHandler, TcpConfig,
+    TcpLimits, TcpTransport, Transport, TransportKind, UdpCounters, UdpServer,
 };
 use tessera_wire::{
     encode_message, ManagerError, ManagerRequest, ManagerResponse, OverflowExtent, ServerId,
@@ -77,6 +77,8 @@ pub struct ServerConfig {
     pub transport: TransportKind,
     /// The datagram protocol's settings, when `transport` is UDP.
     pub datagram: DatagramConfig,
+    /// What TCP peers may hold: connections, idle time, memory for frames in flight.
+    pub tcp: TcpLimits,
 }
 
 /// A running server.
@@ -171,7 +173,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             Some(server)
         }
     };
-    let serve = tokio::spawn(serve_tcp(listener, handler));
+    let serve = tokio::spawn(serve_tcp_limited(listener, handler, config.tcp.clone()));
     let advertise = config.advertise.unwrap_or(addr);
     let heartbeat = tokio::spawn(keep_registered(
         config.manager,

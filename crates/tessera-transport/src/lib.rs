@@ -8,6 +8,7 @@
 //! It knows nothing of what the messages mean; `tessera-wire` does. The adaptive datagram
 //! transport plugs in behind the same two traits.
 
+pub mod limits;
 mod tcp;
 mod udp;
 
@@ -18,7 +19,8 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use tessera_wire::WireError;
 
-pub use tcp::{serve_tcp, TcpConfig, TcpTransport};
+pub use limits::TcpLimits;
+pub use tcp::{serve_tcp, serve_tcp_limited, TcpConfig, TcpTransport};
 pub use tessera_datagram::{Config as DatagramConfig, CongestionKind};
 pub use udp::{serve_udp, UdpConfig, UdpCounters, UdpServer, UdpTransport};
 

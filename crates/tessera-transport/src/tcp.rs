@@ -1,7 +1,8 @@
 //! TCP: one multiplexed connection per peer, length-delimited frames, pipelined requests.
 
+use crate::limits::{Limiter, Slot, TcpLimits};
 use crate::{BoxFuture, ConnectionId, FrameHandler, Reply, TransportError};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,19 +12,23 @@ use tessera_wire::{FrameHeader, FrameKind, FRAME_HEADER_BYTES};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 /// Socket buffer used on both ends; large enough to keep a loopback or LAN path full.
 const SOCKET_BUFFER_BYTES: usize = 4 << 20;
 /// User-space buffering around the socket.
 const STREAM_BUFFER_BYTES: usize = 256 << 10;
+/// User-space read buffering of a server's connection: small, since every connection of the
+/// thousand a server admits may fill it, outside the frame budget.
+const SERVER_READ_BUFFER_BYTES: usize = 64 << 10;
+/// A frame's buffer starts at most this large and doubles as its bytes arrive.
+const FRAME_BUFFER_BYTES_MIN: usize = 64 << 10;
 /// Frames queued for the writer of one connection.
 const OUTBOUND_FRAMES_MAX: usize = 256;
 /// Requests one connection may have in progress at a server at once.
 const REQUESTS_IN_PROGRESS_MAX: usize = 256;
-/// Connections a server accepts at once.
-const CONNECTIONS_MAX: usize = 1024;
-/// Once a frame's header has arrived, the rest must follow within this time.
+/// Once a frame's header has arrived at a client, the rest must follow within this time
+/// (servers follow their [`TcpLimits`]).
 const FRAME_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Timeouts of the TCP transport.
@@ -103,8 +108,26 @@ impl TcpTransport {
         Ok(connection)
     }
 
+    /// A call, sent once more on a fresh connection if its connection was closed under it:
+    /// a server closes connections that are idle or evicted for newcomers, and those have no
+    /// request in progress there, so the request was not served (as the datagram transport
+    /// sends a request once more after its server's RESET).
     async fn call_inner(
         self: Arc<Self>,
+        addr: SocketAddr,
+        message: Bytes,
+        payload: Bytes,
+    ) -> Result<Reply, TransportError> {
+        match self.call_once(addr, message.clone(), payload.clone()).await {
+            Err(TransportError::Disconnected { .. }) => {
+                self.call_once(addr, message, payload).await
+            }
+            result => result,
+        }
+    }
+
+    async fn call_once(
+        &self,
         addr: SocketAddr,
         message: Bytes,
         payload: Bytes,
@@ -206,9 +229,9 @@ async fn read_frame(
             .await
             .map_err(|e| e.to_string())?;
         let header = FrameHeader::decode(&head).map_err(|e| e.to_string())?;
-        let message = read_bytes(read, header.message_len as usize).await?;
-        let payload = read_bytes(read, header.payload_len as usize).await?;
-        Ok::<_, String>((header, message, payload))
+        let (mut body, _) = read_body(read, body_len(&header), None).await?;
+        let message = body.split_to(header.message_len as usize);
+        Ok::<_, String>((header, message, body))
     };
     match tokio::time::timeout(FRAME_BODY_TIMEOUT, body).await {
         Ok(result) => result.map(Some),
@@ -216,21 +239,47 @@ async fn read_frame(
     }
 }
 
-/// Read exactly `len` bytes into a fresh buffer, without zero-filling it first.
-async fn read_bytes(read: &mut BufReader<OwnedReadHalf>, len: usize) -> Result<Bytes, String> {
-    let mut buf = BytesMut::with_capacity(len);
+fn body_len(header: &FrameHeader) -> usize {
+    header.message_len as usize + header.payload_len as usize
+}
+
+/// Read exactly `len` bytes into a fresh buffer that grows (doubling) as they arrive, never
+/// to more than has come plus as much again: a header that announces megabytes and is
+/// followed by nothing costs nothing. With a `slot`, every byte of buffer is charged to the
+/// server's frame budget first (waiting while it is spent); the charge is returned.
+async fn read_body<R: tokio::io::AsyncRead + Unpin>(
+    read: &mut R,
+    len: usize,
+    slot: Option<&Slot>,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), String> {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut charged: Option<OwnedSemaphorePermit> = None;
     while buf.len() < len {
-        let want = (len - buf.len()) as u64;
+        if buf.len() == buf.capacity() {
+            let capacity = (buf.capacity() * 2).clamp(FRAME_BUFFER_BYTES_MIN.min(len), len);
+            if let Some(slot) = slot {
+                let more = slot.charge(capacity - buf.capacity()).await;
+                match charged.as_mut() {
+                    Some(held) => held.merge(more),
+                    None => charged = Some(more),
+                }
+            }
+            buf.reserve_exact(capacity - buf.len());
+        }
+        let want = (len - buf.len()).min(buf.capacity() - buf.len());
         let got = (&mut *read)
-            .take(want)
+            .take(want as u64)
             .read_buf(&mut buf)
             .await
             .map_err(|e| e.to_string())?;
         if got == 0 {
             return Err("connection closed inside a frame".into());
         }
+        if let Some(slot) = slot {
+            slot.touch();
+        }
     }
-    Ok(buf.freeze())
+    Ok((Bytes::from(buf), charged))
 }
 
 async fn read_replies(
@@ -263,12 +312,24 @@ async fn read_replies(
     }
 }
 
+/// Serve `handler` on `listener` until the task is dropped, within the default
+/// [`TcpLimits`]. See [`serve_tcp_limited`].
+pub async fn serve_tcp(listener: TcpListener, handler: Arc<dyn FrameHandler>) {
+    serve_tcp_limited(listener, handler, TcpLimits::default()).await
+}
+
 /// Serve `handler` on `listener` until the task is dropped. Each connection reads requests and
 /// runs them concurrently (answers may go out of order); a connection that sends garbage is
-/// dropped without disturbing the others.
-pub async fn serve_tcp(listener: TcpListener, handler: Arc<dyn FrameHandler>) {
+/// dropped without disturbing the others. Connections, their idle time, the time a frame may
+/// take and the memory frames in flight may hold are bounded by `limits` (see
+/// [`crate::limits`]). Panics if `limits` are invalid ([`TcpLimits::validate`]).
+pub async fn serve_tcp_limited(
+    listener: TcpListener,
+    handler: Arc<dyn FrameHandler>,
+    limits: TcpLimits,
+) {
+    let limiter = Limiter::new(limits);
     let next_connection = AtomicU64::new(1);
-    let connections = Arc::new(Semaphore::new(CONNECTIONS_MAX));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -278,37 +339,101 @@ pub async fn serve_tcp(listener: TcpListener, handler: Arc<dyn FrameHandler>) {
                 continue;
             }
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            tracing::warn!("refusing {peer}: {CONNECTIONS_MAX} connections open");
-            continue;
+        let slot = match limiter.admit(peer.ip()) {
+            Ok(slot) => slot,
+            Err(refused) => {
+                tracing::warn!("refusing {peer}: {refused:?} (every connection busy)");
+                continue;
+            }
         };
         tune(&stream);
         let id = next_connection.fetch_add(1, Ordering::Relaxed);
         let handler = handler.clone();
         tokio::spawn(async move {
-            serve_connection(id, stream, handler.clone()).await;
+            serve_connection(id, stream, handler.clone(), &slot).await;
             handler.closed(id);
-            drop(permit);
+            drop(slot);
         });
     }
 }
 
-async fn serve_connection(id: ConnectionId, stream: TcpStream, handler: Arc<dyn FrameHandler>) {
+/// What a server read from a connection.
+enum Incoming {
+    /// A whole frame, with the budget its bytes are charged to.
+    Frame(FrameHeader, Bytes, Bytes, Option<OwnedSemaphorePermit>),
+    /// Nothing for the idle timeout.
+    Idle,
+    /// The peer closed the connection between frames.
+    Closed,
+}
+
+/// Read one request frame within the slot's limits: its header within `header_timeout` of its
+/// first byte, its body within the time its length allows, its buffer charged to the budget.
+async fn read_request(
+    read: &mut BufReader<OwnedReadHalf>,
+    slot: &Slot,
+) -> Result<Incoming, String> {
+    let limits = slot.limits().clone();
+    let mut head = [0u8; FRAME_HEADER_BYTES];
+    // One byte: either it arrived or nothing was taken, so the timeout loses nothing.
+    match tokio::time::timeout(limits.idle_timeout, read.read_exact(&mut head[..1])).await {
+        Err(_) => return Ok(Incoming::Idle),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(Incoming::Closed),
+        Ok(Err(e)) => return Err(e.to_string()),
+        Ok(Ok(_)) => slot.touch(),
+    }
+    tokio::time::timeout(limits.header_timeout, read.read_exact(&mut head[1..]))
+        .await
+        .map_err(|_| {
+            format!(
+                "frame header not complete within {:?}",
+                limits.header_timeout
+            )
+        })?
+        .map_err(|e| e.to_string())?;
+    let header = FrameHeader::decode(&head).map_err(|e| e.to_string())?;
+    let timeout = limits.body_timeout(body_len(&header));
+    let (mut body, charged) =
+        tokio::time::timeout(timeout, read_body(read, body_len(&header), Some(slot)))
+            .await
+            .map_err(|_| format!("frame body not complete within {timeout:?}"))??;
+    slot.frame_read();
+    let message = body.split_to(header.message_len as usize);
+    Ok(Incoming::Frame(header, message, body, charged))
+}
+
+async fn serve_connection(
+    id: ConnectionId,
+    stream: TcpStream,
+    handler: Arc<dyn FrameHandler>,
+    slot: &Slot,
+) {
     let peer = stream.peer_addr().ok();
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::channel(OUTBOUND_FRAMES_MAX);
     let writer = tokio::spawn(write_frames(write, rx));
-    let mut read = BufReader::with_capacity(STREAM_BUFFER_BYTES, read);
+    let mut read = BufReader::with_capacity(SERVER_READ_BUFFER_BYTES, read);
     let in_progress = Arc::new(Semaphore::new(REQUESTS_IN_PROGRESS_MAX));
     let (violation_tx, mut violation_rx) = mpsc::channel::<()>(1);
     loop {
-        let frame = tokio::select! {
-            frame = read_frame(&mut read) => frame,
+        let incoming = tokio::select! {
+            incoming = read_request(&mut read, slot) => incoming,
             _ = violation_rx.recv() => break,
+            _ = slot.evicted() => {
+                tracing::info!("closing the connection from {peer:?}: evicted for a newcomer");
+                break;
+            }
         };
-        let (header, message, payload) = match frame {
-            Ok(Some(frame)) => frame,
-            Ok(None) => break,
+        let (header, message, payload, charged) = match incoming {
+            Ok(Incoming::Frame(header, message, payload, charged)) => {
+                (header, message, payload, charged)
+            }
+            Ok(Incoming::Idle) if slot.busy() => continue,
+            Ok(Incoming::Idle) => {
+                tracing::info!("closing the connection from {peer:?}: idle");
+                break;
+            }
+            Ok(Incoming::Closed) => break,
             Err(e) => {
                 tracing::info!("dropping connection from {peer:?}: {e}");
                 break;
@@ -318,6 +443,7 @@ async fn serve_connection(id: ConnectionId, stream: TcpStream, handler: Arc<dyn 
             tracing::info!("dropping connection from {peer:?}: response frame on a server");
             break;
         }
+        let request = slot.request();
         let Ok(permit) = in_progress.clone().acquire_owned().await else {
             break;
         };
@@ -325,7 +451,10 @@ async fn serve_connection(id: ConnectionId, stream: TcpStream, handler: Arc<dyn 
         let tx = tx.clone();
         let violation_tx = violation_tx.clone();
         tokio::spawn(async move {
-            match handler.handle(id, message, payload).await {
+            let answer = handler.handle(id, message, payload).await;
+            // The request's bytes are handled: they leave the budget.
+            drop(charged);
+            match answer {
                 Some((message, payload)) => {
                     let header = FrameHeader {
                         kind: FrameKind::Response,
@@ -340,6 +469,7 @@ async fn serve_connection(id: ConnectionId, stream: TcpStream, handler: Arc<dyn 
                     let _ = violation_tx.try_send(());
                 }
             }
+            drop(request);
             drop(permit);
         });
     }

@@ -565,6 +565,7 @@ pub async fn run_manager(
     dir: &Path,
     addr_file: Option<PathBuf>,
     pending_lease_ms: Option<u64>,
+    limits: tessera_transport::TcpLimits,
 ) -> Result<()> {
     let listen: SocketAddr = listen
         .parse()
@@ -576,7 +577,7 @@ pub async fn run_manager(
         }
         config.pending_lease = std::time::Duration::from_millis(ms);
     }
-    let manager = tessera_manager::daemon::start(listen, dir, config).await?;
+    let manager = tessera_manager::daemon::start_limited(listen, dir, config, limits).await?;
     write_addr_file(addr_file, manager.addr)?;
     eprintln!("manager listening on {}", manager.addr);
     until_terminated().await;
@@ -593,6 +594,7 @@ pub async fn run_server(
     dir: &Path,
     id: Option<u32>,
     addr_file: Option<PathBuf>,
+    limits: tessera_transport::TcpLimits,
 ) -> Result<()> {
     let manager = resolve_cluster(Some(manager.to_string()))?;
     let listen: SocketAddr = listen
@@ -607,6 +609,7 @@ pub async fn run_server(
         id,
         transport: net.transport.unwrap_or_default(),
         datagram: datagram_config(net.window),
+        tcp: limits,
     })
     .await?;
     write_addr_file(addr_file, server.addr)?;

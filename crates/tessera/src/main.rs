@@ -81,6 +81,8 @@ enum Command {
         /// committing it, in milliseconds [default: 60000]
         #[arg(long, env = "TESSERA_PENDING_LEASE_MS")]
         pending_lease_ms: Option<u64>,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
     /// Run a storage server daemon, or stop/start one server of the local cluster.
     Server(ServerArgs),
@@ -170,6 +172,49 @@ struct ServerArgs {
     /// Write the bound address to this file once listening.
     #[arg(long)]
     addr_file: Option<PathBuf>,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// What a daemon lets its TCP peers hold (see the README's "Wire and transport").
+#[derive(Args, Clone, Default)]
+struct LimitArgs {
+    /// TCP connections open at once; a newcomer evicts the idle one silent longest
+    /// [default: 1024]
+    #[arg(long, env = "TESSERA_CONNECTIONS_MAX")]
+    connections_max: Option<usize>,
+    /// TCP connections open at once from one IP address [default: 256]
+    #[arg(long, env = "TESSERA_CONNECTIONS_PER_PEER_MAX")]
+    connections_per_peer_max: Option<usize>,
+    /// Seconds a TCP connection with nothing in progress may stay silent [default: 300]
+    #[arg(long, env = "TESSERA_IDLE_TIMEOUT")]
+    idle_timeout: Option<f64>,
+    /// Bytes buffered for requests received and not yet answered, e.g. 256M [default: 256M]
+    #[arg(long, env = "TESSERA_FRAME_BUDGET")]
+    frame_budget: Option<String>,
+}
+
+impl LimitArgs {
+    fn tcp_limits(&self) -> anyhow::Result<tessera_transport::TcpLimits> {
+        let mut limits = tessera_transport::TcpLimits::default();
+        if let Some(n) = self.connections_max {
+            limits.connections_max = n;
+        }
+        if let Some(n) = self.connections_per_peer_max {
+            limits.connections_per_peer_max = n;
+        }
+        if let Some(seconds) = self.idle_timeout {
+            limits.idle_timeout = std::time::Duration::try_from_secs_f64(seconds)
+                .map_err(|_| anyhow::anyhow!("bad --idle-timeout {seconds}"))?;
+        }
+        if let Some(size) = &self.frame_budget {
+            limits.frame_bytes_budget = commands::parse_size(size)? as usize;
+        }
+        limits
+            .validate()
+            .map_err(|e| anyhow::anyhow!("bad connection limits: {e}"))?;
+        Ok(limits)
+    }
 }
 
 #[derive(Subcommand)]
@@ -262,7 +307,11 @@ async fn run(cli: Cli) -> Result<()> {
             dir,
             addr_file,
             pending_lease_ms,
-        } => commands::run_manager(&listen, &dir, addr_file, pending_lease_ms).await,
+            limits,
+        } => {
+            let limits = limits.tcp_limits()?;
+            commands::run_manager(&listen, &dir, addr_file, pending_lease_ms, limits).await
+        }
         Command::Server(args) => match args.action {
             Some(ServerAction::Stop { id, dir }) => commands::server_stop(&dir, id),
             Some(ServerAction::Start { id, dir }) => commands::server_start(&dir, id).await,
@@ -275,7 +324,8 @@ async fn run(cli: Cli) -> Result<()> {
                 let dir = args
                     .dir
                     .ok_or_else(|| anyhow::anyhow!("tessera server needs --dir"))?;
-                commands::run_server(&manager, &listen, &dir, args.id, args.addr_file).await
+                let limits = args.limits.tcp_limits()?;
+                commands::run_server(&manager, &listen, &dir, args.id, args.addr_file, limits).await
             }
         },
         Command::Put {
