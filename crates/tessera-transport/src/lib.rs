@@ -8,6 +8,7 @@
 //! It knows nothing of what the messages mean; `tessera-wire` does. The adaptive datagram
 //! transport plugs in behind the same two traits.
 
+mod frame_buffer;
 pub mod limits;
 mod tcp;
 mod udp;

@@ -14,19 +14,25 @@
 //! - **Time.** A connection with no request in progress and no byte for `idle_timeout` is
 //!   closed. Once a frame has begun, its header must be complete within `header_timeout`
 //!   and its body within `body_timeout_base` plus its length at `body_bytes_per_second_min`.
-//! - **Memory.** A frame's buffer grows as its bytes arrive, never to the length its header
-//!   announces, and every byte of buffer is charged to a server-wide budget of
-//!   `frame_bytes_budget` until the handler has answered the frame. A connection whose next
-//!   bytes do not fit waits (TCP flow control stops its sender) until others' frames are
-//!   answered; while it waits, the connection whose half-received frame has been silent
-//!   longest is evicted, so that stalled frames cannot hold the budget until their deadlines.
+//! - **Memory.** A server-wide budget of `frame_bytes_budget` bytes for frames received and
+//!   not yet answered. A frame's length is reserved from it once its header has been read
+//!   (twice that for frames under 256 KiB, whose buffers come from the allocator, which
+//!   keeps what growing them frees; larger ones get pages of their own), and released when
+//!   the handler has answered; the buffer itself grows as the bytes arrive, so a header that
+//!   announces megabytes and is followed by nothing costs no memory. Reserving the whole frame up front (rather than charging each chunk as it comes)
+//!   is what keeps the budget free of deadlock: a frame that holds a reservation can always
+//!   complete, whereas frames holding parts each could all wait for the rest. A frame that
+//!   does not fit waits, its connection unread (TCP flow control stops its sender); smaller
+//!   frames that fit go past it. While a frame waits, the reservation of the connection
+//!   that has been silent longest in the middle of a frame is taken back (that connection
+//!   is closed), so frames begun and stalled hold the budget only while nobody needs it.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tessera_wire::{FRAME_HEADER_BYTES, MESSAGE_BYTES_MAX, PAYLOAD_BYTES_MAX};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// Largest frame a peer may send, header included.
@@ -130,8 +136,10 @@ struct Entry {
     active_at: Instant,
     /// Requests read and not yet answered.
     requests: u32,
-    /// Bytes of the frame being received charged to the budget.
+    /// Bytes reserved for the frame being received.
     partial_bytes: usize,
+    /// Waiting for a reservation: not silent by its own doing.
+    waiting: bool,
     /// Told to close when evicted.
     evicted: Arc<Notify>,
 }
@@ -153,8 +161,8 @@ impl Table {
             .map(|(id, _)| *id)
     }
 
-    /// The connection other than `except` whose half-received frame holds budget and that
-    /// has been silent longest, if silent since `silent_since` at least.
+    /// The connection other than `except` whose half-received frame holds a reservation and
+    /// that has been silent longest, if silent since `silent_since` at least.
     fn budget_victim(&self, except: u64, silent_since: Instant) -> Option<u64> {
         self.entries
             .iter()
@@ -162,6 +170,7 @@ impl Table {
                 **id != except
                     && e.requests == 0
                     && e.partial_bytes > 0
+                    && !e.waiting
                     && e.active_at <= silent_since
             })
             .min_by_key(|(_, e)| e.active_at)
@@ -188,11 +197,46 @@ impl Table {
     }
 }
 
+/// Bytes that frames in flight may reserve. Not a FIFO semaphore on purpose: a frame that
+/// fits goes ahead of a larger one that waits, so that a queue of the largest frames cannot
+/// hold up the small requests of everyone else.
+struct Budget {
+    free: Mutex<usize>,
+    released: Notify,
+}
+
+impl Budget {
+    fn try_take(self: &Arc<Self>, bytes: usize) -> Option<Reservation> {
+        let mut free = self.free.lock().unwrap();
+        if *free < bytes {
+            return None;
+        }
+        *free -= bytes;
+        Some(Reservation {
+            budget: self.clone(),
+            bytes,
+        })
+    }
+}
+
+/// Bytes of the frame budget held for one frame, given back when dropped.
+pub(crate) struct Reservation {
+    budget: Arc<Budget>,
+    bytes: usize,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        *self.budget.free.lock().unwrap() += self.bytes;
+        self.budget.released.notify_waiters();
+    }
+}
+
 /// The connections of one server and its budget for frames in flight.
 pub(crate) struct Limiter {
     limits: TcpLimits,
     table: Mutex<Table>,
-    budget: Arc<Semaphore>,
+    budget: Arc<Budget>,
 }
 
 /// Why a connection was refused.
@@ -210,7 +254,10 @@ impl Limiter {
         if let Err(error) = limits.validate() {
             panic!("invalid TCP limits: {error}");
         }
-        let budget = Arc::new(Semaphore::new(limits.frame_bytes_budget));
+        let budget = Arc::new(Budget {
+            free: Mutex::new(limits.frame_bytes_budget),
+            released: Notify::new(),
+        });
         Arc::new(Limiter {
             limits,
             table: Mutex::new(Table::default()),
@@ -239,6 +286,7 @@ impl Limiter {
                 active_at: Instant::now(),
                 requests: 0,
                 partial_bytes: 0,
+                waiting: false,
                 evicted: evicted.clone(),
             },
         );
@@ -254,7 +302,7 @@ impl Limiter {
     /// Bytes of the frame budget free now.
     #[cfg(test)]
     fn budget_free(&self) -> usize {
-        self.budget.available_permits()
+        *self.budget.free.lock().unwrap()
     }
 }
 
@@ -299,39 +347,51 @@ impl Slot {
         &self.limiter.limits
     }
 
-    /// Charges `bytes` more of buffer to the frame budget, waiting until they fit. While it
-    /// waits, every [`BUDGET_WAIT_EVICT`] it evicts the connection whose half-received frame
-    /// holds budget and that has been silent longest (at least [`BUDGET_HOLDER_SILENT_MIN`]),
-    /// so that peers who send most of a frame and stop cannot keep the budget from those who
-    /// send.
-    pub(crate) async fn charge(&self, bytes: usize) -> OwnedSemaphorePermit {
-        let permits = u32::try_from(bytes).expect("a frame's growth fits u32");
-        let budget = self.limiter.budget.clone();
-        let permit = loop {
-            let acquire = budget.clone().acquire_many_owned(permits);
-            match tokio::time::timeout(BUDGET_WAIT_EVICT, acquire).await {
-                Ok(permit) => break permit.expect("the budget is never closed"),
-                Err(_) => {
-                    let mut table = self.limiter.table.lock().unwrap();
-                    let silent_since = Instant::now() - BUDGET_HOLDER_SILENT_MIN;
-                    if let Some(victim) = table.budget_victim(self.id, silent_since) {
-                        tracing::info!("evicting a stalled frame to free the frame budget");
-                        table.evict(victim);
-                    }
+    /// Reserves `bytes` of the frame budget for the frame being received, waiting until they
+    /// fit. While it waits, every [`BUDGET_WAIT_EVICT`] it evicts the connection whose
+    /// half-received frame holds a reservation and that has been silent longest (at least
+    /// [`BUDGET_HOLDER_SILENT_MIN`]; connections waiting themselves are not silent by their
+    /// own doing), so that peers who begin frames and stop cannot keep the budget from those
+    /// who send.
+    pub(crate) async fn reserve(&self, bytes: usize) -> Reservation {
+        let budget = &self.limiter.budget;
+        loop {
+            let released = budget.released.notified();
+            tokio::pin!(released);
+            // Registered before looking, so that a release in between is not missed.
+            released.as_mut().enable();
+            if let Some(reservation) = budget.try_take(bytes) {
+                self.set_reserved(bytes, false);
+                return reservation;
+            }
+            self.set_reserved(0, true);
+            if tokio::time::timeout(BUDGET_WAIT_EVICT, released)
+                .await
+                .is_err()
+            {
+                let mut table = self.limiter.table.lock().unwrap();
+                let silent_since = Instant::now() - BUDGET_HOLDER_SILENT_MIN;
+                if let Some(victim) = table.budget_victim(self.id, silent_since) {
+                    tracing::info!("evicting a stalled frame to free the frame budget");
+                    table.evict(victim);
                 }
             }
-        };
-        if let Some(entry) = self.limiter.table.lock().unwrap().entries.get_mut(&self.id) {
-            entry.partial_bytes += bytes;
         }
-        permit
+    }
+
+    fn set_reserved(&self, bytes: usize, waiting: bool) {
+        if let Some(entry) = self.limiter.table.lock().unwrap().entries.get_mut(&self.id) {
+            entry.partial_bytes = bytes;
+            entry.waiting = waiting;
+            if !waiting {
+                entry.active_at = Instant::now();
+            }
+        }
     }
 
     /// The frame being received is complete: its bytes go to the handler with it.
     pub(crate) fn frame_read(&self) {
-        if let Some(entry) = self.limiter.table.lock().unwrap().entries.get_mut(&self.id) {
-            entry.partial_bytes = 0;
-        }
+        self.set_reserved(0, false);
     }
 }
 
@@ -425,20 +485,51 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_budget_makes_a_charge_wait_until_bytes_are_released() {
+    async fn a_frame_waits_for_the_budget_and_smaller_ones_go_past_it() {
         let limiter = Limiter::new(TcpLimits {
-            frame_bytes_budget: FRAME_BYTES_MAX,
+            frame_bytes_budget: 2 * FRAME_BYTES_MAX,
             ..TcpLimits::default()
         });
         let slot = limiter.admit("10.0.0.1".parse().unwrap()).unwrap();
-        let held = slot.charge(FRAME_BYTES_MAX - 10).await;
-        assert_eq!(limiter.budget_free(), 10);
-        let waiting = tokio::time::timeout(Duration::from_millis(50), slot.charge(11)).await;
-        assert!(waiting.is_err(), "a charge past the budget waits");
+        let held = slot.reserve(2 * FRAME_BYTES_MAX - 100).await;
+        assert_eq!(limiter.budget_free(), 100);
+        let other = limiter.admit("10.0.0.2".parse().unwrap()).unwrap();
+        let large = other.reserve(1_000);
+        tokio::pin!(large);
+        let waited = tokio::time::timeout(Duration::from_millis(50), large.as_mut()).await;
+        assert!(waited.is_err(), "a frame past the budget waits");
+        let third = limiter.admit("10.0.0.3".parse().unwrap()).unwrap();
+        let small = tokio::time::timeout(Duration::from_millis(50), third.reserve(100)).await;
+        assert!(small.is_ok(), "a frame that fits goes past the waiting one");
+        drop(small);
         drop(held);
-        let _fits = tokio::time::timeout(Duration::from_secs(1), slot.charge(11))
+        tokio::time::timeout(Duration::from_secs(1), large)
             .await
             .expect("released bytes admit it");
+    }
+
+    #[tokio::test]
+    async fn a_waiting_frame_evicts_the_stalled_holder_not_another_waiter() {
+        let limiter = Limiter::new(TcpLimits {
+            frame_bytes_budget: 2 * FRAME_BYTES_MAX,
+            ..TcpLimits::default()
+        });
+        let stalled = limiter.admit("10.0.0.1".parse().unwrap()).unwrap();
+        let _held = stalled.reserve(2 * FRAME_BYTES_MAX).await;
+        let first = limiter.admit("10.0.0.2".parse().unwrap()).unwrap();
+        let second = limiter.admit("10.0.0.3".parse().unwrap()).unwrap();
+        let waiting = tokio::spawn(async move {
+            let _ = second.reserve(10).await;
+            second
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // The stalled holder is told to go once a waiter has waited long enough.
+        let evicted = tokio::time::timeout(Duration::from_secs(2), stalled.evicted()).await;
+        assert!(evicted.is_ok(), "the stalled holder was not evicted");
+        let table = limiter.table.lock().unwrap();
+        assert!(table.entries.contains_key(&first.id));
+        drop(table);
+        waiting.abort();
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! TCP: one multiplexed connection per peer, length-delimited frames, pipelined requests.
 
-use crate::limits::{Limiter, Slot, TcpLimits};
+use crate::frame_buffer::FrameBuffer;
+use crate::limits::{Limiter, Reservation, Slot, TcpLimits};
 use crate::{BoxFuture, ConnectionId, FrameHandler, Reply, TransportError};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -12,7 +13,7 @@ use tessera_wire::{FrameHeader, FrameKind, FRAME_HEADER_BYTES};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 /// Socket buffer used on both ends; large enough to keep a loopback or LAN path full.
 const SOCKET_BUFFER_BYTES: usize = 4 << 20;
@@ -23,6 +24,10 @@ const STREAM_BUFFER_BYTES: usize = 256 << 10;
 const SERVER_READ_BUFFER_BYTES: usize = 64 << 10;
 /// A frame's buffer starts at most this large and doubles as its bytes arrive.
 const FRAME_BUFFER_BYTES_MIN: usize = 64 << 10;
+/// Frames of at least this many bytes are received into pages mapped for them alone.
+const MAPPED_FRAME_BYTES_MIN: usize = 256 << 10;
+/// The unit in which the system maps memory.
+const PAGE_BYTES: usize = 4096;
 /// Frames queued for the writer of one connection.
 const OUTBOUND_FRAMES_MAX: usize = 256;
 /// Requests one connection may have in progress at a server at once.
@@ -229,7 +234,7 @@ async fn read_frame(
             .await
             .map_err(|e| e.to_string())?;
         let header = FrameHeader::decode(&head).map_err(|e| e.to_string())?;
-        let (mut body, _) = read_body(read, body_len(&header), None).await?;
+        let mut body = read_bytes(read, body_len(&header)).await?;
         let message = body.split_to(header.message_len as usize);
         Ok::<_, String>((header, message, body))
     };
@@ -243,27 +248,44 @@ fn body_len(header: &FrameHeader) -> usize {
     header.message_len as usize + header.payload_len as usize
 }
 
-/// Read exactly `len` bytes into a fresh buffer that grows (doubling) as they arrive, never
-/// to more than has come plus as much again: a header that announces megabytes and is
-/// followed by nothing costs nothing. With a `slot`, every byte of buffer is charged to the
-/// server's frame budget first (waiting while it is spent); the charge is returned.
-async fn read_body<R: tokio::io::AsyncRead + Unpin>(
-    read: &mut R,
+/// The next size of a frame buffer of `capacity` on its way to `len`: `len` halved as often
+/// as it stays above [`FRAME_BUFFER_BYTES_MIN`] and `capacity`. The sizes a buffer takes are
+/// `len / 2^k`, ..., `len / 2`, `len`, so what growing it frees is less than `len`.
+fn next_capacity(capacity: usize, len: usize) -> usize {
+    assert!(capacity < len);
+    let mut next = len;
+    while next / 2 > capacity && next / 2 >= FRAME_BUFFER_BYTES_MIN {
+        next /= 2;
+    }
+    next
+}
+
+/// Bytes of the frame budget a frame of `len` body bytes reserves: mapped buffers cost their
+/// length (rounded to pages); smaller ones from the allocator twice it (the buffer, and what
+/// growing it frees, which the allocator keeps).
+fn frame_cost(len: usize) -> usize {
+    if len >= MAPPED_FRAME_BYTES_MIN {
+        len.next_multiple_of(PAGE_BYTES)
+    } else {
+        2 * len
+    }
+}
+
+/// Read exactly `len` bytes of a frame's body at a server, into a buffer that grows (by
+/// [`next_capacity`]) as they arrive: a header that announces megabytes and is followed by
+/// nothing costs nothing. Each arrival counts as activity of `slot`.
+async fn read_body(
+    read: &mut BufReader<OwnedReadHalf>,
     len: usize,
-    slot: Option<&Slot>,
-) -> Result<(Bytes, Option<OwnedSemaphorePermit>), String> {
+    slot: &Slot,
+) -> Result<Bytes, String> {
+    if len >= MAPPED_FRAME_BYTES_MIN {
+        return read_mapped(read, len, slot).await;
+    }
     let mut buf: Vec<u8> = Vec::new();
-    let mut charged: Option<OwnedSemaphorePermit> = None;
     while buf.len() < len {
         if buf.len() == buf.capacity() {
-            let capacity = (buf.capacity() * 2).clamp(FRAME_BUFFER_BYTES_MIN.min(len), len);
-            if let Some(slot) = slot {
-                let more = slot.charge(capacity - buf.capacity()).await;
-                match charged.as_mut() {
-                    Some(held) => held.merge(more),
-                    None => charged = Some(more),
-                }
-            }
+            let capacity = next_capacity(buf.capacity(), len);
             buf.reserve_exact(capacity - buf.len());
         }
         let want = (len - buf.len()).min(buf.capacity() - buf.len());
@@ -275,11 +297,54 @@ async fn read_body<R: tokio::io::AsyncRead + Unpin>(
         if got == 0 {
             return Err("connection closed inside a frame".into());
         }
-        if let Some(slot) = slot {
-            slot.touch();
+        slot.touch();
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// [`read_body`] for a large frame, into pages mapped for it alone ([`FrameBuffer`]).
+async fn read_mapped(
+    read: &mut BufReader<OwnedReadHalf>,
+    len: usize,
+    slot: &Slot,
+) -> Result<Bytes, String> {
+    let mut buf = FrameBuffer::new();
+    while buf.len() < len {
+        if buf.len() == buf.capacity() {
+            let capacity = next_capacity(buf.capacity(), len).next_multiple_of(PAGE_BYTES);
+            buf.grow(capacity)
+                .map_err(|e| format!("cannot map a frame buffer: {e}"))?;
+        }
+        let want = (len - buf.len()).min(buf.capacity() - buf.len());
+        let got = read
+            .read(&mut buf.spare()[..want])
+            .await
+            .map_err(|e| e.to_string())?;
+        if got == 0 {
+            return Err("connection closed inside a frame".into());
+        }
+        buf.advance(got);
+        slot.touch();
+    }
+    Ok(buf.into_bytes())
+}
+
+/// Read exactly `len` bytes into a fresh buffer at a client, which trusts the servers it
+/// chose to ask.
+async fn read_bytes(read: &mut BufReader<OwnedReadHalf>, len: usize) -> Result<Bytes, String> {
+    let mut buf = Vec::with_capacity(len);
+    while buf.len() < len {
+        let want = (len - buf.len()) as u64;
+        let got = (&mut *read)
+            .take(want)
+            .read_buf(&mut buf)
+            .await
+            .map_err(|e| e.to_string())?;
+        if got == 0 {
+            return Err("connection closed inside a frame".into());
         }
     }
-    Ok((Bytes::from(buf), charged))
+    Ok(Bytes::from(buf))
 }
 
 async fn read_replies(
@@ -359,8 +424,8 @@ pub async fn serve_tcp_limited(
 
 /// What a server read from a connection.
 enum Incoming {
-    /// A whole frame, with the budget its bytes are charged to.
-    Frame(FrameHeader, Bytes, Bytes, Option<OwnedSemaphorePermit>),
+    /// A whole frame, with its reservation of the frame budget.
+    Frame(FrameHeader, Bytes, Bytes, Reservation),
     /// Nothing for the idle timeout.
     Idle,
     /// The peer closed the connection between frames.
@@ -368,7 +433,8 @@ enum Incoming {
 }
 
 /// Read one request frame within the slot's limits: its header within `header_timeout` of its
-/// first byte, its body within the time its length allows, its buffer charged to the budget.
+/// first byte, its length reserved from the frame budget, its body within the time its length
+/// allows.
 async fn read_request(
     read: &mut BufReader<OwnedReadHalf>,
     slot: &Slot,
@@ -392,14 +458,15 @@ async fn read_request(
         })?
         .map_err(|e| e.to_string())?;
     let header = FrameHeader::decode(&head).map_err(|e| e.to_string())?;
+    let reservation = slot.reserve(frame_cost(body_len(&header))).await;
+    // The body's time starts once it may be read: waiting for the budget is the server's doing.
     let timeout = limits.body_timeout(body_len(&header));
-    let (mut body, charged) =
-        tokio::time::timeout(timeout, read_body(read, body_len(&header), Some(slot)))
-            .await
-            .map_err(|_| format!("frame body not complete within {timeout:?}"))??;
+    let mut body = tokio::time::timeout(timeout, read_body(read, body_len(&header), slot))
+        .await
+        .map_err(|_| format!("frame body not complete within {timeout:?}"))??;
     slot.frame_read();
     let message = body.split_to(header.message_len as usize);
-    Ok(Incoming::Frame(header, message, body, charged))
+    Ok(Incoming::Frame(header, message, body, reservation))
 }
 
 async fn serve_connection(
@@ -424,9 +491,9 @@ async fn serve_connection(
                 break;
             }
         };
-        let (header, message, payload, charged) = match incoming {
-            Ok(Incoming::Frame(header, message, payload, charged)) => {
-                (header, message, payload, charged)
+        let (header, message, payload, reservation) = match incoming {
+            Ok(Incoming::Frame(header, message, payload, reservation)) => {
+                (header, message, payload, reservation)
             }
             Ok(Incoming::Idle) if slot.busy() => continue,
             Ok(Incoming::Idle) => {
@@ -453,7 +520,7 @@ async fn serve_connection(
         tokio::spawn(async move {
             let answer = handler.handle(id, message, payload).await;
             // The request's bytes are handled: they leave the budget.
-            drop(charged);
+            drop(reservation);
             match answer {
                 Some((message, payload)) => {
                     let header = FrameHeader {
@@ -476,4 +543,37 @@ async fn serve_connection(
     drop(tx);
     // Let answers already computed go out before the socket closes.
     let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_buffer_grows_by_halves_of_its_length_and_frees_less_than_it() {
+        for len in [
+            1,
+            1000,
+            64 << 10,
+            (64 << 10) + 1,
+            1 << 20,
+            (16 << 20) + 1,
+            24 << 20,
+        ] {
+            let (mut capacity, mut freed, mut steps) = (0, 0, 0);
+            while capacity < len {
+                let next = next_capacity(capacity, len);
+                assert!(next > capacity && next <= len);
+                assert!(
+                    capacity == 0 || next <= 2 * capacity + 1,
+                    "{len}: {capacity} -> {next}"
+                );
+                freed += capacity;
+                capacity = next;
+                steps += 1;
+            }
+            assert!(freed < len.max(2), "{len}: freed {freed}");
+            assert!(steps <= 10, "{len}: {steps} steps");
+        }
+    }
 }
