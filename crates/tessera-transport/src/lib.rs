@@ -6,7 +6,9 @@
 //! carries opaque request and response frames, matched by request id and pipelined: many
 //! requests may be in flight on one connection and their answers may come back in any order.
 //! It knows nothing of what the messages mean; `tessera-wire` does. The adaptive datagram
-//! transport plugs in behind the same two traits.
+//! transport plugs in behind the same two traits. A TCP server bounds what its peers may
+//! hold ([`limits`]): connections per address and in all, idle and half-sent time, and the
+//! memory of frames in flight.
 
 mod frame_buffer;
 pub mod limits;
