@@ -69,9 +69,10 @@
 //! Positions are global: they go on across views.
 //!
 //! **Fast path (sections 3.1-3.2).** A sender numbers its messages 0, 1, 2... (FIFO) and
-//! broadcasts them in DATA packets; at most `window_messages` of its messages may be unacked
-//! by some member of the view (local flow control), and the messages this defers are packed
-//! together into packets of at most `mtu_bytes` (the paper's Nagle-like aggregation; with
+//! broadcasts them in DATA packets; at most `window_packets` of its packets may hold
+//! messages unacked by some member of the view (local flow control), and the messages this
+//! defers are packed together into packets of at most `mtu_bytes` (the paper's Nagle-like
+//! aggregation: when the window slides by `n`, up to `n` full packets go out; with
 //! `aggregate` off each message goes alone). A member appends each message to its log in
 //! arrival order, if it is the next of its sender (a later one waits, and the gap is NACKed
 //! to its sender), and delivers it at once as PO ([`Event::Optimistic`]). It acknowledges
@@ -82,8 +83,10 @@
 //! every member holds the same messages at every position below it: it UTO-delivers them
 //! ([`Event::Deliver`]). Nobody waits for the leader for this.
 //!
-//! **Loss.** A sender retransmits a message not acked by every member after
-//! `retransmit_after_us`, and at once when NACKed. A receiver NACKs a gap in a sender's
+//! **Loss.** A sender keeps each message until some node reports it UTO-delivered (the
+//! per-sender counts of delivered messages in every ACK, or its own delivery), which is
+//! when its window slot opens; it retransmits a message after `retransmit_after_us`, and at
+//! once when NACKed. A receiver NACKs a gap in a sender's
 //! numbering, and a message that another member's ACK counts but it lacks. Where members'
 //! logs disagree (one lost a message and appended later ones before its retransmission),
 //! the leader's order takes over (section 3.4.2, Pedone and Schiper's optimistic atomic
@@ -132,6 +135,10 @@
 //! nodes crash and restart, as long as at no time a majority of the receivers has lost its
 //! memory. Each message type keeps one invariant:
 //!
+//! - **Window release** (I0): a sender forgets a message only once some node delivered it
+//!   in UTO; by I5 below it is then in the log of every later view, so no member ever needs
+//!   it from the sender again. (Releasing on mere presence in every member's log would not
+//!   do: a late ENTRIES may take it out of a follower's undelivered suffix.)
 //! - **DATA** (I1, FIFO): a log holds each sender's messages as a prefix `0..k` of its
 //!   numbering; [`log::Log::append`] asserts it. Duplicates and reordered packets are
 //!   dropped or held, never appended twice.
@@ -214,8 +221,8 @@
 //!
 //! # Limits
 //!
-//! Every queue has a bound: `send_queue_messages_max` proposals waiting, `window_messages`
-//! in flight per sender, as many held out of order per sender, [`ACK_HISTORY_MAX`] ACKs
+//! Every queue has a bound: `send_queue_messages_max` proposals waiting, `window_packets`
+//! in flight per sender, what those can carry held out of order per sender, [`ACK_HISTORY_MAX`] ACKs
 //! remembered per member, ENTRIES of at most `repair_bytes_max` bytes per packet, at most
 //! [`GROUP_NODES_MAX`] nodes; logs keep positions until every member delivered them, and at
 //! most `log_retain_entries` more.
@@ -387,8 +394,9 @@ pub struct Config {
     /// Pack the messages that flow control deferred into full packets (section 3.2.1);
     /// `false`: one message per packet.
     pub aggregate: bool,
-    /// Own messages that may be unacked by some member at once (local flow control).
-    pub window_messages: u32,
+    /// Own DATA packets whose messages may be unacked by some member at once (local flow
+    /// control); without aggregation, one message each.
+    pub window_packets: u32,
     /// Proposals that may wait for the window.
     pub send_queue_messages_max: usize,
     /// ACK aggregation: appends per ACK.
@@ -414,7 +422,7 @@ impl Default for Config {
         Config {
             mtu_bytes: 1500,
             aggregate: true,
-            window_messages: 64,
+            window_packets: 64,
             send_queue_messages_max: 4096,
             ack_every_messages: 4,
             ack_delay_us: 100,
@@ -447,7 +455,7 @@ impl Config {
             return Err(ConfigError::Mtu(self.mtu_bytes));
         }
         for (value, name) in [
-            (self.window_messages as u64, "window_messages"),
+            (self.window_packets as u64, "window_packets"),
             (
                 self.send_queue_messages_max as u64,
                 "send_queue_messages_max",

@@ -79,6 +79,16 @@ impl Log {
         self.counts.get(&sender).copied().unwrap_or(0)
     }
 
+    /// Per sender, its messages at positions `..position` (within the retained log).
+    pub fn counts_at(&self, position: u64) -> BTreeMap<SenderId, u64> {
+        assert!(position >= self.start && position <= self.end(), "{position} not retained");
+        let mut counts = self.start_counts.clone();
+        for entry in self.entries.range(..(position - self.start) as usize) {
+            *counts.entry(entry.id.sender).or_insert(0) += 1;
+        }
+        counts
+    }
+
     /// Every sender's count.
     pub fn counts(&self) -> &BTreeMap<SenderId, u64> {
         &self.counts
@@ -126,10 +136,7 @@ impl Log {
     /// Positions `from..end` as an image (with the counts and hash at `from`).
     pub fn image(&self, from: u64) -> LogImage {
         let from = from.clamp(self.start, self.end());
-        let mut start_counts = self.start_counts.clone();
-        for entry in self.entries.range(..(from - self.start) as usize) {
-            *start_counts.entry(entry.id.sender).or_insert(0) += 1;
-        }
+        let start_counts = self.counts_at(from);
         LogImage {
             start: from,
             start_hash: self.hash_at(from).expect("from within the log"),

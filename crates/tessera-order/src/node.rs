@@ -26,6 +26,8 @@ pub struct Stats {
     pub stale: u64,
     /// Packets sent.
     pub packets_sent: u64,
+    /// DATA packets sent.
+    pub data_packets_sent: u64,
     /// Messages sent for the first time.
     pub messages_sent: u64,
     /// Messages sent again.
@@ -49,6 +51,8 @@ pub struct Stats {
 struct Flight {
     message: Bytes,
     sent_at: Micros,
+    /// The DATA packet that first carried it.
+    packet: u64,
 }
 
 /// The sender's side: FIFO numbering, the window, retransmission.
@@ -57,12 +61,13 @@ struct SendState {
     next_seq: u64,
     queue: VecDeque<Bytes>,
     in_flight: BTreeMap<u64, Flight>,
+    /// Per DATA packet first sent and not wholly acked: its messages still in flight.
+    packets_in_flight: BTreeMap<u64, u32>,
+    next_packet: u64,
     /// NACKed sequence numbers, sent again at the next transmit.
     nacked: BTreeSet<u64>,
-    /// Per receiver: the view of its latest ACK and how many of our messages its log holds.
-    acks: BTreeMap<NodeId, (u64, u64)>,
+    /// The highest view a receiver's ACK named (a sender-only node's header carries it).
     known_view: u64,
-    known_members: u64,
 }
 
 /// What this node knows of another member's log in the current view.
@@ -88,6 +93,8 @@ struct ReceiveState {
     pending: BTreeMap<SenderId, BTreeMap<u64, Bytes>>,
     commit: u64,
     delivered: u64,
+    /// Per sender, its messages at positions `..delivered`.
+    delivered_counts: BTreeMap<SenderId, u64>,
     /// Positions reported with [`Event::Optimistic`].
     optimistic_end: u64,
     peers: BTreeMap<NodeId, Peer>,
@@ -194,10 +201,7 @@ impl Node {
             latest_incarnation: BTreeMap::from([(id, incarnation)]),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
-            send: SendState {
-                known_members: all,
-                ..SendState::default()
-            },
+            send: SendState::default(),
             receive: ReceiveState::default(),
             change: ChangeState {
                 joining_since: now,
@@ -241,6 +245,36 @@ impl Node {
     /// The end of its log (the next position of its preliminary order).
     pub fn log_end(&self) -> u64 {
         self.receive.log.end()
+    }
+
+    /// One line of this node's state, for a failing run's report.
+    pub fn summary(&self) -> String {
+        let matched: Vec<(u16, u64, usize)> = self
+            .receive
+            .peers
+            .iter()
+            .map(|(node, peer)| (node.0, peer.matched, peer.history.len()))
+            .collect();
+        format!(
+            "node {} inc {} {:?} view {} members {:#b} last_normal {:?} log {}..{} commit {} \
+             delivered {} unacked {} (queue {}, next_seq {}, known view {}) peers(matched, history) {:?} pending {:?}",
+            self.id.0,
+            self.incarnation,
+            self.status,
+            self.view,
+            self.members,
+            self.last_normal,
+            self.receive.log.start(),
+            self.receive.log.end(),
+            self.receive.commit,
+            self.receive.delivered,
+            self.unacked(),
+            self.send.queue.len(),
+            self.send.next_seq,
+            self.send.known_view,
+            matched,
+            self.receive.pending.iter().map(|(s, m)| (s.node.0, s.incarnation, self.receive.log.count(*s), m.keys().next().copied())).collect::<Vec<_>>(),
+        )
     }
 
     /// Own messages proposed and not yet acked by every member.

@@ -83,8 +83,8 @@ pub struct Ack {
     pub commit: u64,
     /// The view's members, one bit per node id.
     pub members: u64,
-    /// Per sender (latest incarnations only): how many of its messages the log holds, which
-    /// is a FIFO prefix of what it sent.
+    /// Per sender (latest incarnations only): how many of its messages the acknowledging
+    /// node UTO-delivered, a FIFO prefix of what it sent.
     pub counts: Vec<(SenderId, u64)>,
 }
 

@@ -91,6 +91,9 @@ pub struct Scenario {
     pub trunk_rate_bits_per_s: u64,
     /// Extra delay of a reordered packet, at most.
     pub reorder_delay_us_max: Micros,
+    /// Crashes at given times, `(at, node, down for)`, besides the random ones; they obey
+    /// the same limit (never a majority of receivers out) and stop at `faults_until_us`.
+    pub scripted_crashes: Vec<(Micros, NodeId, Micros)>,
 }
 
 impl Scenario {
@@ -108,6 +111,7 @@ impl Scenario {
             link_delay_us: 10,
             trunk_rate_bits_per_s: 1_000_000_000,
             reorder_delay_us_max: 200,
+            scripted_crashes: Vec::new(),
         }
     }
 
@@ -123,7 +127,7 @@ impl Scenario {
         let config = Config {
             mtu_bytes: if rng.gen_bool(0.5) { 1500 } else { 9000 },
             aggregate: rng.gen_bool(0.8),
-            window_messages: rng.gen_range(2..=64),
+            window_packets: rng.gen_range(2..=64),
             ack_every_messages: rng.gen_range(1..=8),
             ack_delay_us: rng.gen_range(10..=200),
             retransmit_after_us: rng.gen_range(500..=3_000),
@@ -161,6 +165,7 @@ impl Scenario {
             link_delay_us: rng.gen_range(5..=50),
             trunk_rate_bits_per_s: 1_000_000_000,
             reorder_delay_us_max: 300,
+            scripted_crashes: Vec::new(),
         }
     }
 }
@@ -199,6 +204,10 @@ pub struct Outcome {
     pub end_us: Micros,
     /// Everything settled before the deadline (every correct node delivered the same).
     pub settled_early: bool,
+    /// What each node's last incarnation counted.
+    pub node_stats: Vec<crate::Stats>,
+    /// Each node's state at the end, one line each.
+    pub node_summaries: Vec<String>,
 }
 
 /// Steps without virtual time advancing after which a run is declared a livelock.
@@ -241,8 +250,20 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         }
         sim.stats.view_changes += host.view_changes_before;
     }
+    let node_stats = sim
+        .hosts
+        .iter()
+        .map(|host| host.node.as_ref().map(|node| node.stats().clone()).unwrap_or_default())
+        .collect();
+    let node_summaries = sim
+        .hosts
+        .iter()
+        .map(|host| host.node.as_ref().map_or("down".to_string(), Node::summary))
+        .collect();
     Outcome {
         seed,
+        node_stats,
+        node_summaries,
         history: sim.history,
         stats: sim.stats,
         end_us: sim.now,
@@ -373,6 +394,7 @@ impl<'a> Sim<'a> {
         if !self.healed {
             consider(self.next_crash);
             consider(self.next_partition);
+            consider(self.scenario.scripted_crashes.iter().map(|c| c.0).filter(|&at| at > self.now).min());
             consider(Some(self.scenario.faults_until_us));
         }
         next.map(|at| at.max(self.now))
@@ -543,6 +565,16 @@ impl<'a> Sim<'a> {
 
     fn faults(&mut self) {
         let now = self.now;
+        for &(at, node, down) in &self.scenario.scripted_crashes {
+            let host = node.0 as usize;
+            let receiver = self.scenario.group.roles[host].receiver;
+            let tolerated = (self.scenario.group.receivers().len() - 1) / 2;
+            let allowed = !receiver || self.receivers_out() < tolerated;
+            if at == now && allowed && self.hosts[host].node.is_some() {
+                self.crash(host);
+                self.hosts[host].down_until = Some(now + down.max(1));
+            }
+        }
         if self.next_crash.is_some_and(|at| at <= now) {
             self.next_crash = self.draw(self.scenario.faults.crash_every_us);
             let host = self.rng.gen_range(0..self.hosts.len());

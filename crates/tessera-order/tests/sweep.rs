@@ -45,6 +45,12 @@ fn seeded_runs_keep_uto_and_fifo() {
             "{:#?}\nsettled early: {} at {} µs",
             outcome.stats, outcome.settled_early, outcome.end_us
         );
+        for line in &outcome.node_summaries {
+            println!("{line}");
+        }
+        for stats in &outcome.node_stats {
+            println!("{stats:?}");
+        }
         if let Err(violations) = check::check(&outcome.history) {
             panic!("seed {seed}: {violations:#?}");
         }

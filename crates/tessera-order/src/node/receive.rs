@@ -33,7 +33,8 @@ impl Node {
     /// Keeps a message past a gap of its sender's numbering, within the window's reach.
     fn hold(&mut self, id: MsgId, message: Bytes) -> bool {
         let next = self.receive.log.count(id.sender);
-        let reach = 2 * u64::from(self.config.window_messages);
+        let per_packet = (self.config.packet_bytes_max() / crate::packet::MESSAGE_OVERHEAD) as u64;
+        let reach = 2 * u64::from(self.config.window_packets) * per_packet;
         if id.seq < next || id.seq - next >= reach {
             return false;
         }
@@ -135,7 +136,7 @@ impl Node {
         self.nack_range(sender, None, now);
     }
 
-    /// Another member's log holds messages of a sender that ours lacks: NACK them.
+    /// Another member delivered messages of a sender that our log lacks: NACK them.
     fn nack_counted(&mut self, counts: &[(SenderId, u64)], now: Micros) {
         for &(sender, count) in counts {
             let latest = self.latest_incarnation.get(&sender.node) == Some(&sender.incarnation);
@@ -229,8 +230,13 @@ impl Node {
                 id: entry.id,
                 message: entry.message.clone(),
             });
+            *self.receive.delivered_counts.entry(entry.id.sender).or_insert(0) += 1;
             self.receive.delivered += 1;
             self.stats.delivered += 1;
+        }
+        if self.role.sender {
+            let mine = self.receive.delivered_counts.get(&self.sender_id()).copied();
+            self.release(mine.unwrap_or(0));
         }
     }
 
@@ -376,8 +382,9 @@ impl Node {
             hash: log.hash_at(log.end()).expect("end is known"),
             commit: self.receive.delivered,
             members: self.members,
-            counts: log
-                .counts()
+            counts: self
+                .receive
+                .delivered_counts
                 .iter()
                 .filter(|(sender, _)| {
                     self.latest_incarnation.get(&sender.node) == Some(&sender.incarnation)

@@ -14,48 +14,41 @@ impl Node {
         }
     }
 
-    /// Learns from any receiver's ACK how many of our messages its log holds.
+    /// Learns from any receiver's ACK how many of our messages it UTO-delivered.
     pub(super) fn on_sender_ack(&mut self, header: &Header, ack: &Ack) {
         if !self.role.sender || header.status != Status::Normal {
             return;
         }
+        self.send.known_view = self.send.known_view.max(header.view);
         let me = self.sender_id();
-        let count = ack
+        let delivered = ack
             .counts
             .iter()
             .find(|(sender, _)| *sender == me)
             .map_or(0, |(_, count)| *count);
-        self.send.acks.insert(header.from, (header.view, count));
-        if header.view > self.send.known_view {
-            self.send.known_view = header.view;
-            self.send.known_members = ack.members;
-        }
-        self.release();
+        self.release(delivered);
     }
 
-    /// Forgets the messages every member of the latest view known holds: they are in every
-    /// log that any later view can start from (see the safety argument).
-    fn release(&mut self) {
-        let view = self.send.known_view;
-        let acked = super::members_of(self.send.known_members)
-            .into_iter()
-            .map(|node| match self.send.acks.get(&node) {
-                Some(&(acked_view, count)) if acked_view == view => count,
-                _ => 0,
-            })
-            .min()
-            .unwrap_or(0);
-        assert!(
-            acked <= self.send.next_seq,
-            "acked {acked} messages never sent"
-        );
+    /// Forgets our messages `..delivered`: some node UTO-delivered them, so they are in the
+    /// log of every later view (I5) and no member needs them from us again.
+    pub(super) fn release(&mut self, delivered: u64) {
+        assert!(delivered <= self.send.next_seq, "{delivered} messages delivered, never sent");
         while let Some(entry) = self.send.in_flight.first_entry() {
-            if *entry.key() >= acked {
+            if *entry.key() >= delivered {
                 break;
             }
-            entry.remove();
+            let flight = entry.remove();
+            let left = self
+                .send
+                .packets_in_flight
+                .get_mut(&flight.packet)
+                .expect("its packet is in flight");
+            *left -= 1;
+            if *left == 0 {
+                self.send.packets_in_flight.remove(&flight.packet);
+            }
         }
-        self.send.nacked.retain(|&seq| seq >= acked);
+        self.send.nacked.retain(|&seq| seq >= delivered);
     }
 
     pub(super) fn on_nack(&mut self, sender: SenderId, from: u64, to: u64) {
@@ -119,7 +112,10 @@ impl Node {
             self.send.nacked.remove(&seq);
             self.stats.retransmitted += 1;
         }
-        while self.send.in_flight.len() < self.config.window_messages as usize {
+        // New messages take one window slot, the packet's; retransmissions ride along free.
+        let packet = self.send.next_packet;
+        let mut fresh = 0;
+        while self.send.packets_in_flight.len() < self.config.window_packets as usize {
             let Some(message) = self.send.queue.front() else {
                 break;
             };
@@ -128,23 +124,28 @@ impl Node {
                 break;
             }
             let message = self.send.queue.pop_front().expect("front exists");
-            self.send.in_flight.insert(
-                seq,
-                Flight {
-                    message,
-                    sent_at: now,
-                },
-            );
+            let flight = Flight {
+                message,
+                sent_at: now,
+                packet,
+            };
+            self.send.in_flight.insert(seq, flight);
             self.send.next_seq += 1;
             self.stats.messages_sent += 1;
+            fresh += 1;
         }
-        assert!(self.send.in_flight.len() <= self.config.window_messages as usize);
+        if fresh > 0 {
+            self.send.packets_in_flight.insert(packet, fresh);
+            self.send.next_packet += 1;
+        }
+        assert!(self.send.packets_in_flight.len() <= self.config.window_packets as usize);
         if messages.is_empty() {
             return None;
         }
         if ack.is_some() {
             self.ack_sent();
         }
+        self.stats.data_packets_sent += 1;
         Some(self.packet(Destination::All, Body::Data { ack, messages }))
     }
 }

@@ -219,6 +219,7 @@ impl Node {
             });
             self.receive.delivered = log.start();
         }
+        self.receive.delivered_counts = log.counts_at(self.receive.delivered);
         self.receive.log = log;
         self.receive.commit = commit.max(self.receive.delivered);
         if self.receive.optimistic_end > self.receive.delivered {
