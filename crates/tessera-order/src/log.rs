@@ -81,7 +81,10 @@ impl Log {
 
     /// Per sender, its messages at positions `..position` (within the retained log).
     pub fn counts_at(&self, position: u64) -> BTreeMap<SenderId, u64> {
-        assert!(position >= self.start && position <= self.end(), "{position} not retained");
+        assert!(
+            position >= self.start && position <= self.end(),
+            "{position} not retained"
+        );
         let mut counts = self.start_counts.clone();
         for entry in self.entries.range(..(position - self.start) as usize) {
             *counts.entry(entry.id.sender).or_insert(0) += 1;

@@ -5,7 +5,7 @@
 //! through switch B over each node's RX link (a packet for one node goes the same way and
 //! is delivered to that node only). Loss can strike on a TX link, on the trunk or on an RX
 //! link; rarely an RX link delays a packet past later ones (reordering, to show that safety
-//! does not depend on FIFO). Nodes crash (losing everything) and restart with a higher
+//! does not depend on FIFO) or delivers it twice. Nodes crash (losing everything) and restart with a higher
 //! incarnation; nodes are cut off (partitions). Virtual time jumps from one event to the
 //! next. Until `faults_until_us` the faults run; then the network heals, crashed nodes
 //! restart, and the run goes on until everything settles or `deadline_us`.
@@ -40,6 +40,8 @@ pub struct Faults {
     pub loss_rx: f64,
     /// Probability that a packet is delayed on an RX link past later ones.
     pub reorder: f64,
+    /// Probability that an RX link delivers a packet twice.
+    pub duplicate: f64,
     /// Mean time between crashes; `None`: no crash.
     pub crash_every_us: Option<Micros>,
     /// Longest a crashed node stays down.
@@ -58,6 +60,7 @@ impl Faults {
             loss_trunk: 0.0,
             loss_rx: 0.0,
             reorder: 0.0,
+            duplicate: 0.0,
             crash_every_us: None,
             down_us_max: 0,
             partition_every_us: None,
@@ -148,6 +151,7 @@ impl Scenario {
             loss_trunk: chance(0.3, 0.02),
             loss_rx: chance(0.5, 0.05),
             reorder: chance(0.3, 0.02),
+            duplicate: chance(0.2, 0.02),
             crash_every_us: rng.gen_bool(0.4).then(|| rng.gen_range(10_000..=80_000)),
             down_us_max: rng.gen_range(1_000..=60_000),
             partition_every_us: rng.gen_bool(0.4).then(|| rng.gen_range(10_000..=80_000)),
@@ -181,6 +185,8 @@ pub struct NetworkStats {
     pub lost: u64,
     /// Packets delayed past later ones.
     pub reordered: u64,
+    /// Extra copies delivered.
+    pub duplicated: u64,
     /// Packets dropped at a cut-off or down node.
     pub cut: u64,
     /// Crashes.
@@ -253,7 +259,12 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     let node_stats = sim
         .hosts
         .iter()
-        .map(|host| host.node.as_ref().map(|node| node.stats().clone()).unwrap_or_default())
+        .map(|host| {
+            host.node
+                .as_ref()
+                .map(|node| node.stats().clone())
+                .unwrap_or_default()
+        })
         .collect();
     let node_summaries = sim
         .hosts
@@ -394,7 +405,14 @@ impl<'a> Sim<'a> {
         if !self.healed {
             consider(self.next_crash);
             consider(self.next_partition);
-            consider(self.scenario.scripted_crashes.iter().map(|c| c.0).filter(|&at| at > self.now).min());
+            consider(
+                self.scenario
+                    .scripted_crashes
+                    .iter()
+                    .map(|c| c.0)
+                    .filter(|&at| at > self.now)
+                    .min(),
+            );
             consider(Some(self.scenario.faults_until_us));
         }
         next.map(|at| at.max(self.now))
@@ -544,11 +562,18 @@ impl<'a> Sim<'a> {
                 self.stats.reordered += 1;
                 at += self.rng.gen_range(1..=self.scenario.reorder_delay_us_max);
             }
-            self.scheduled += 1;
-            self.queue.insert(
-                (at, self.scheduled),
-                (destination, transmit.contents.clone()),
-            );
+            let copies = if self.rng.gen_bool(faults.duplicate) {
+                self.stats.duplicated += 1;
+                2
+            } else {
+                1
+            };
+            for copy in 0..copies {
+                self.scheduled += 1;
+                let at = at + copy * self.rng.gen_range(0..=self.scenario.reorder_delay_us_max);
+                let packet = (destination, transmit.contents.clone());
+                self.queue.insert((at, self.scheduled), packet);
+            }
         }
     }
 

@@ -8,7 +8,11 @@ fn run_checked(seed: u64, scenario: &Scenario) -> sim::Outcome {
     if let Err(violations) = check::check(&outcome.history) {
         panic!("seed {seed}: {violations:#?}");
     }
-    assert!(outcome.settled_early, "seed {seed} did not settle: {:?}", outcome.stats);
+    assert!(
+        outcome.settled_early,
+        "seed {seed} did not settle: {:?}",
+        outcome.stats
+    );
     outcome
 }
 
@@ -38,8 +42,8 @@ fn s3_2_1_deferred_messages_are_packed() {
     let mut scenario = Scenario::clean(3);
     scenario.messages_per_sender = 300;
     scenario.propose_until_us = 0; // every message at once: most wait for the window
-    // Proposed one by one, the first messages go alone while the window is open; the rest
-    // wait for it and are packed.
+                                   // Proposed one by one, the first messages go alone while the window is open; the rest
+                                   // wait for it and are packed.
     scenario.config = Config {
         window_packets: 4,
         ..Config::default()
@@ -53,7 +57,11 @@ fn s3_2_1_deferred_messages_are_packed() {
     let packets = |o: &sim::Outcome| total(o, |s| s.data_packets_sent);
     // Messages of 8-64 bytes, 1472-byte packets: dozens a packet when packed.
     assert_eq!(packets(&alone), 900);
-    assert!(packets(&packed) * 10 < 900 && packets(&packed) >= 12, "{} packets", packets(&packed));
+    assert!(
+        packets(&packed) * 10 < 900 && packets(&packed) >= 12,
+        "{} packets",
+        packets(&packed)
+    );
 }
 
 /// Section 3.2.2: jumbo frames hold more messages per packet than 1500-byte ones.
@@ -67,7 +75,12 @@ fn s3_2_2_jumbo_frames_carry_more() {
     scenario.config.mtu_bytes = 9000;
     let jumbo = run_checked(3, &scenario);
     let packets = |o: &sim::Outcome| total(o, |s| s.data_packets_sent);
-    assert!(packets(&jumbo) < packets(&standard), "{} vs {}", packets(&jumbo), packets(&standard));
+    assert!(
+        packets(&jumbo) < packets(&standard),
+        "{} vs {}",
+        packets(&jumbo),
+        packets(&standard)
+    );
 }
 
 /// Table 4's two cases: loss at the senders' side (everyone misses the same packet) keeps
@@ -92,7 +105,10 @@ fn table_4_sender_side_loss_keeps_the_po() {
     };
     let outcome = run_checked(4, &scenario);
     assert!(total(&outcome, |s| s.nacks_sent) > 0);
-    assert!(total(&outcome, |s| s.repairs_sent) > 0, "receivers' POs never disagreed");
+    assert!(
+        total(&outcome, |s| s.repairs_sent) > 0,
+        "receivers' POs never disagreed"
+    );
     assert!(total(&outcome, |s| s.positions_replaced) > 0);
 }
 

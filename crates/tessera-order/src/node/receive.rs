@@ -230,12 +230,20 @@ impl Node {
                 id: entry.id,
                 message: entry.message.clone(),
             });
-            *self.receive.delivered_counts.entry(entry.id.sender).or_insert(0) += 1;
+            *self
+                .receive
+                .delivered_counts
+                .entry(entry.id.sender)
+                .or_insert(0) += 1;
             self.receive.delivered += 1;
             self.stats.delivered += 1;
         }
         if self.role.sender {
-            let mine = self.receive.delivered_counts.get(&self.sender_id()).copied();
+            let mine = self
+                .receive
+                .delivered_counts
+                .get(&self.sender_id())
+                .copied();
             self.release(mine.unwrap_or(0));
         }
     }

@@ -32,7 +32,9 @@ impl Node {
     /// Forgets our messages `..delivered`: some node UTO-delivered them, so they are in the
     /// log of every later view (I5) and no member needs them from us again.
     pub(super) fn release(&mut self, delivered: u64) {
-        assert!(delivered <= self.send.next_seq, "{delivered} messages delivered, never sent");
+        // A count past what we sent comes from a confused peer (or an earlier incarnation of
+        // ours under the same number): it releases nothing we did not send.
+        let delivered = delivered.min(self.send.next_seq);
         while let Some(entry) = self.send.in_flight.first_entry() {
             if *entry.key() >= delivered {
                 break;
