@@ -5,7 +5,9 @@
 //! include those that crashed; properties about *correct* processes (UTO1's "eventually",
 //! UTO2) apply to the processes alive at the end of a run whose faults stopped early enough
 //! for the group to settle ([`History::settled`]). A restarted process delivers from the
-//! position it joined at ([`crate::Event::Joined`]); what came before is state transfer.
+//! position it joined at ([`crate::Event::Joined`]); what came before is state transfer. So
+//! does a process after a reported gap ([`crate::Event::Gap`]), which happens only when it fell
+//! further behind than the members retain.
 
 use crate::{MsgId, NodeId, SenderId};
 use bytes::Bytes;
@@ -25,7 +27,9 @@ pub struct Process {
     pub joined_at: Option<u64>,
     /// Its UTO deliveries, in the order it made them.
     pub deliveries: Vec<(u64, MsgId, Bytes)>,
-    /// Positions it skipped ([`crate::Event::Gap`]).
+    /// Positions it skipped ([`crate::Event::Gap`]): it fell behind what the members
+    /// retained (`log_retain_entries`) and transferred state, which the checker treats as a
+    /// restart at the gap's end: properties of correct processes hold from there on.
     pub gaps: Vec<(u64, u64)>,
     /// It crashed before the end of the run.
     pub crashed: bool,
@@ -176,14 +180,12 @@ fn check_process(history: &History, process: &Process, violations: &mut Vec<Viol
     let mut seen = BTreeSet::new();
     let mut next_seq: BTreeMap<SenderId, u64> = BTreeMap::new();
     let mut expected = process.joined_at.unwrap_or(0);
-    for &(start, end) in &process.gaps {
-        violations.push(Violation::Skipped {
-            node,
-            expected: start,
-            got: end,
-        });
-    }
     for (position, id, message) in &process.deliveries {
+        // A gap the node reported starts a new segment, as if it had restarted there.
+        if process.gaps.contains(&(expected, *position)) {
+            expected = *position;
+            next_seq.clear();
+        }
         let proposed = history
             .proposals
             .get(&id.sender)
@@ -262,7 +264,8 @@ fn check_liveness(
             });
         }
         let mine: BTreeSet<MsgId> = process.deliveries.iter().map(|d| d.1).collect();
-        let joined = process.joined_at.unwrap_or(0);
+        let rejoined = process.gaps.iter().map(|gap| gap.1).max();
+        let joined = process.joined_at.unwrap_or(0).max(rejoined.unwrap_or(0));
         for (sender, messages) in &history.proposals {
             if !correct_senders.contains(sender) {
                 continue;

@@ -137,6 +137,11 @@ impl Scenario {
             heartbeat_interval_us: 1_000,
             suspect_after_us: rng.gen_range(4_000..=12_000),
             view_change_timeout_us: rng.gen_range(5_000..=20_000),
+            log_retain_entries: if rng.gen_bool(0.3) {
+                rng.gen_range(0..=32)
+            } else {
+                Config::default().log_retain_entries
+            },
             ..Config::default()
         };
         let mut chance = |p: f64, max: f64| {

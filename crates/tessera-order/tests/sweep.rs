@@ -62,12 +62,19 @@ fn seeded_runs_keep_uto_and_fifo() {
     let mut failures = Vec::new();
     let (mut crashes, mut partitions, mut lost, mut view_changes, mut delivered) = (0, 0, 0, 0, 0);
     let mut unsettled = Vec::new();
+    let mut gaps = 0;
     for seed in start..start + seeds {
         match run_seed(seed) {
             Ok(outcome) => {
                 if !outcome.settled_early {
                     unsettled.push(seed);
                 }
+                gaps += outcome
+                    .history
+                    .processes
+                    .iter()
+                    .map(|p| p.gaps.len() as u64)
+                    .sum::<u64>();
                 crashes += outcome.stats.crashes;
                 partitions += outcome.stats.partitions;
                 lost += outcome.stats.lost;
@@ -87,7 +94,7 @@ fn seeded_runs_keep_uto_and_fifo() {
     }
     println!(
         "{seeds} seeds from {start} in {:.1} s: {} violations; {crashes} crashes, {partitions} \
-         partitions, {lost} packets lost, {view_changes} view changes, {delivered} deliveries; \
+         partitions, {lost} packets lost, {view_changes} view changes, {delivered} deliveries, {gaps} gaps (state transfers); \
          {} runs reached the deadline unsettled {:?}",
         began.elapsed().as_secs_f64(),
         failures.len(),
