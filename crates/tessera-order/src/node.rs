@@ -340,6 +340,14 @@ impl Node {
     }
 
     fn dispatch(&mut self, header: Header, body: Body, own: bool, now: Micros) {
+        // Only receivers take part in ordering; a sender hears ACKs and NACKs.
+        let ordering = matches!(
+            body,
+            Body::Entries { .. } | Body::DoViewChange { .. } | Body::StartView { .. }
+        );
+        if ordering && !self.role.receiver {
+            return;
+        }
         let sender = SenderId {
             node: header.from,
             incarnation: header.incarnation,
