@@ -35,25 +35,30 @@ fn run_seed(seed: u64) -> Result<sim::Outcome, Vec<String>> {
     }
 }
 
+/// Runs one seed, printing its scenario, the network's and every node's counts and state.
+fn replay(seed: u64) {
+    let scenario = sim::Scenario::random(seed);
+    println!("{scenario:#?}");
+    let outcome = sim::run(seed, &scenario);
+    println!(
+        "{:#?}\nsettled early: {} at {} µs",
+        outcome.stats, outcome.settled_early, outcome.end_us
+    );
+    for line in &outcome.node_summaries {
+        println!("{line}");
+    }
+    for stats in &outcome.node_stats {
+        println!("{stats:?}");
+    }
+    if let Err(violations) = check::check(&outcome.history) {
+        panic!("seed {seed}: {violations:#?}");
+    }
+}
+
 #[test]
 fn seeded_runs_keep_uto_and_fifo() {
     if let Some(seed) = env("TESSERA_ORDER_SEED") {
-        let scenario = sim::Scenario::random(seed);
-        println!("{scenario:#?}");
-        let outcome = sim::run(seed, &scenario);
-        println!(
-            "{:#?}\nsettled early: {} at {} µs",
-            outcome.stats, outcome.settled_early, outcome.end_us
-        );
-        for line in &outcome.node_summaries {
-            println!("{line}");
-        }
-        for stats in &outcome.node_stats {
-            println!("{stats:?}");
-        }
-        if let Err(violations) = check::check(&outcome.history) {
-            panic!("seed {seed}: {violations:#?}");
-        }
+        replay(seed);
         return;
     }
     let start = env("TESSERA_ORDER_SEED_START").unwrap_or(0);

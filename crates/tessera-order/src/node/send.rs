@@ -79,25 +79,32 @@ impl Node {
         if !self.role.sender {
             return None;
         }
-        let mut budget =
-            self.config.packet_bytes_max() - packet::HEADER_LEN - packet::DATA_FIXED_LEN;
+        let mut packer = Packer {
+            budget: self.config.packet_bytes_max() - packet::HEADER_LEN - packet::DATA_FIXED_LEN,
+            one: !self.config.aggregate,
+            messages: Vec::new(),
+        };
         let ack = (self.role.receiver && self.status == Status::Normal)
             .then(|| self.ack())
-            .filter(|ack| packet::ack_len(ack) <= budget / 2);
+            .filter(|ack| packet::ack_len(ack) <= packer.budget / 2);
         if let Some(ack) = &ack {
-            budget -= packet::ack_len(ack);
+            packer.budget -= packet::ack_len(ack);
         }
-        let one = !self.config.aggregate;
-        let mut messages: Vec<(u64, Bytes)> = Vec::new();
-        let mut take = |messages: &mut Vec<(u64, Bytes)>, seq: u64, message: &Bytes| {
-            let cost = packet::MESSAGE_OVERHEAD + message.len();
-            if cost > budget || (one && !messages.is_empty()) {
-                return false;
-            }
-            budget -= cost;
-            messages.push((seq, message.clone()));
-            true
-        };
+        self.pack_retransmissions(&mut packer, now);
+        self.pack_new(&mut packer, now);
+        assert!(self.send.packets_in_flight.len() <= self.config.window_packets as usize);
+        if packer.messages.is_empty() {
+            return None;
+        }
+        if ack.is_some() {
+            self.ack_sent();
+        }
+        self.stats.data_packets_sent += 1;
+        let messages = packer.messages;
+        Some(self.packet(Destination::All, Body::Data { ack, messages }))
+    }
+
+    fn pack_retransmissions(&mut self, packer: &mut Packer, now: Micros) {
         let due: Vec<u64> = self
             .send
             .in_flight
@@ -107,22 +114,24 @@ impl Node {
             .collect();
         for seq in due {
             let flight = self.send.in_flight.get_mut(&seq).expect("due is in flight");
-            if !take(&mut messages, seq, &flight.message) {
+            if !packer.take(seq, &flight.message) {
                 break;
             }
             flight.sent_at = now;
             self.send.nacked.remove(&seq);
             self.stats.retransmitted += 1;
         }
-        // New messages take one window slot, the packet's; retransmissions ride along free.
+    }
+
+    /// New messages take one window slot, the packet's; retransmissions ride along free.
+    fn pack_new(&mut self, packer: &mut Packer, now: Micros) {
         let packet = self.send.next_packet;
         let mut fresh = 0;
         while self.send.packets_in_flight.len() < self.config.window_packets as usize {
             let Some(message) = self.send.queue.front() else {
                 break;
             };
-            let seq = self.send.next_seq;
-            if !take(&mut messages, seq, message) {
+            if !packer.take(self.send.next_seq, message) {
                 break;
             }
             let message = self.send.queue.pop_front().expect("front exists");
@@ -131,7 +140,7 @@ impl Node {
                 sent_at: now,
                 packet,
             };
-            self.send.in_flight.insert(seq, flight);
+            self.send.in_flight.insert(self.send.next_seq, flight);
             self.send.next_seq += 1;
             self.stats.messages_sent += 1;
             fresh += 1;
@@ -140,14 +149,25 @@ impl Node {
             self.send.packets_in_flight.insert(packet, fresh);
             self.send.next_packet += 1;
         }
-        assert!(self.send.packets_in_flight.len() <= self.config.window_packets as usize);
-        if messages.is_empty() {
-            return None;
+    }
+}
+
+/// Messages gathered for one DATA packet, within its byte budget.
+struct Packer {
+    budget: usize,
+    /// Without aggregation: one message per packet.
+    one: bool,
+    messages: Vec<(u64, Bytes)>,
+}
+
+impl Packer {
+    fn take(&mut self, seq: u64, message: &Bytes) -> bool {
+        let cost = packet::MESSAGE_OVERHEAD + message.len();
+        if cost > self.budget || (self.one && !self.messages.is_empty()) {
+            return false;
         }
-        if ack.is_some() {
-            self.ack_sent();
-        }
-        self.stats.data_packets_sent += 1;
-        Some(self.packet(Destination::All, Body::Data { ack, messages }))
+        self.budget -= cost;
+        self.messages.push((seq, message.clone()));
+        true
     }
 }
