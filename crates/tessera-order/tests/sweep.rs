@@ -96,6 +96,15 @@ fn seeded_runs_keep_uto_and_fifo() {
                 failures.append(&mut lines);
             }
         }
+        // The soak's progress, so that a long run stopped early still says how far it got.
+        let done = seed - start + 1;
+        if done % 10_000 == 0 && done < seeds {
+            eprintln!(
+                "{done} seeds from {start} in {:.0} s: {} violations so far",
+                began.elapsed().as_secs_f64(),
+                failures.len()
+            );
+        }
     }
     println!(
         "{seeds} seeds from {start} in {:.1} s: {} violations; {crashes} crashes, {partitions} \
