@@ -113,8 +113,8 @@
 //! retained position, the last view it was a normal member of, and what it delivered. The
 //! leader waits for these from a majority of all receivers that hold state (a restarted
 //! node does not count), then briefly for the others, and chooses the log of the node whose
-//! last normal view is highest (the longest among those), extended downward from another
-//! vote to the lowest position some voter has not delivered; it sends START-VIEW with that
+//! last normal view is highest (the longest among those), extended downward from the vote
+//! of a node that delivered those positions, to the lowest one some voter has not delivered; it sends START-VIEW with that
 //! log, the members (every node whose DO-VIEW-CHANGE it has) and the highest delivered
 //! position reported. Members adopt it and return to the fast path. A node that finds it is
 //! not a member (excluded, or restarted) says so in its heartbeats ("joining"), and the
@@ -166,9 +166,10 @@
 //!   for `u > v`, because its log began as START-VIEW(`u`)'s, which contains `P` by this same
 //!   argument, and changed since only by appends and by I3. The chosen log has the highest
 //!   last normal view, at least `m`'s, which is `>= v`: it contains `P`. Positions the
-//!   leader adds below the chosen log's first retained one come from another vote; the
-//!   chosen node delivered them, so both votes agree there (the leader asserts the two hash
-//!   chains meet). A restarted node counts for no majority, since it may have forgotten a
+//!   leader adds below the chosen log's first retained one come from another vote whose
+//!   node delivered them too (not merely holds them: a stale log may hold an older view's
+//!   replaced suffix there); both delivered them, so both agree (the leader asserts that the
+//!   two hash chains meet). A restarted node counts for no majority, since it may have forgotten a
 //!   promise or a prefix.
 //!
 //! Together: all deliveries at a position in one view agree (I2, I3), and every view's

@@ -148,16 +148,18 @@ impl Node {
             .min()
             .expect("voters");
         let mut image = best.log.clone();
+        // Only a voter that delivered every position below the chosen log's start vouches for
+        // them: another's log there may hold an older view's undelivered, replaced suffix.
         let base = holders
             .iter()
-            .filter(|vote| vote.log.start < image.start && vote.log.end() >= image.start)
+            .filter(|vote| vote.log.start < image.start && vote.delivered >= image.start)
             .min_by_key(|vote| vote.log.start);
         if let (true, Some(base)) = (floor < image.start, base) {
             let base_log = Log::from_image(&base.log).expect("our own votes are FIFO");
             assert_eq!(
                 base_log.hash_at(image.start),
                 Some(image.start_hash),
-                "delivered prefixes of two voters differ"
+                "the delivered prefixes of two voters differ"
             );
             let mut lower = base_log.image(floor.max(base.log.start));
             lower.entries.truncate((image.start - lower.start) as usize);
