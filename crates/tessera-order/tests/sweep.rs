@@ -98,7 +98,7 @@ fn seeded_runs_keep_uto_and_fifo() {
         }
         // The soak's progress, so that a long run stopped early still says how far it got.
         let done = seed - start + 1;
-        if done % 10_000 == 0 && done < seeds {
+        if done.is_multiple_of(10_000) && done < seeds {
             eprintln!(
                 "{done} seeds from {start} in {:.0} s: {} violations so far",
                 began.elapsed().as_secs_f64(),
