@@ -121,11 +121,10 @@
 //! leader starts another view change to let it in. A view change that does not finish
 //! within `view_change_timeout_us` (plus jitter) moves to the next view and leader.
 //!
-//! **Known gap in liveness.** Messages of a crashed sender that reached some members but
-//! not the leader stay at the end of those members' logs, neither delivered nor dropped,
-//! until the next message makes the logs differ (and the leader's order drops them) or a
-//! view change chooses such a log (and they are delivered). Nothing else waits on them, so
-//! every other message is still delivered (one seed in 100,000 of the soak ended so).
+//! **Orphans.** Messages of a crashed sender that reached some members but not the leader
+//! cannot be retransmitted to it. A member whose log matches the leader's ACK up to its
+//! length and goes on past it only with messages of earlier incarnations drops them; they
+//! lie past every delivered position, since the delivered prefix is the leader's.
 //!
 //! **Restart.** A node that restarts has lost its memory; it comes back with a higher
 //! incarnation (the driver keeps it: a counter in a file, or the clock) and [`Start::Restarted`].

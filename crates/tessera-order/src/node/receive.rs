@@ -169,6 +169,30 @@ impl Node {
         peer.history.push_back((ack.len, ack.hash));
         self.verify(header.from, now);
         self.nack_counted(&ack.counts, now);
+        if header.from == self.leader() {
+            self.drop_orphans(ack.len, ack.hash);
+        }
+    }
+
+    /// Our log goes on past the leader's, which matches ours up to there, with messages only
+    /// of crashed senders (earlier incarnations): nobody can retransmit them to the leader,
+    /// so they would wait there for ever. Past our commit point they are past every delivered
+    /// position (the delivered prefix is the leader's), so dropping them is safe.
+    fn drop_orphans(&mut self, leader_len: u64, leader_hash: u64) {
+        let log = &self.receive.log;
+        let stale = leader_len < self.receive.commit;
+        if stale || leader_len >= log.end() || log.hash_at(leader_len) != Some(leader_hash) {
+            return;
+        }
+        let orphans = (leader_len..log.end()).all(|position| {
+            let sender = log.get(position).expect("within the log").id.sender;
+            self.latest_incarnation
+                .get(&sender.node)
+                .is_some_and(|&latest| latest > sender.incarnation)
+        });
+        if orphans {
+            self.truncate(leader_len);
+        }
     }
 
     /// Compares a member's remembered ACKs with our log where it is long enough.
