@@ -192,6 +192,20 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     })
 }
 
+/// The request handling of a server with id `id` (0: not registered yet) over `store`, without
+/// sockets, heartbeats or registration: what [`start`] serves, for a caller that moves the
+/// frames itself (a simulator's in-memory network). Its parity locks are its own, so a handler
+/// dropped and made anew for a reopened store is a restarted server.
+pub fn handler(store: Arc<Store>, id: ServerId) -> Arc<dyn FrameHandler> {
+    Arc::new(StorageHandler {
+        store,
+        locks: Arc::new(ParityLocks::new()),
+        id: Arc::new(AtomicU32::new(id)),
+        counters: Arc::new(OnceLock::new()),
+        reads: Arc::new(ReadCounts::default()),
+    })
+}
+
 /// Register (once an id is known, re-register whenever the manager forgets us) and heartbeat.
 async fn keep_registered(
     manager: SocketAddr,
