@@ -460,10 +460,25 @@ impl StorageHandler {
     }
 }
 
-/// Run a blocking store call on the blocking pool.
+thread_local! {
+    /// Whether store calls made on this thread run in place (see [`run_disk_inline`]).
+    static DISK_INLINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Make the store calls of handlers polled on this thread run in place instead of on tokio's
+/// blocking pool: for a simulator on a current-thread runtime, whose run must not depend on
+/// which pool thread finishes first. Never for a daemon (a disk wait would stall the network).
+pub fn run_disk_inline(inline: bool) {
+    DISK_INLINE.with(|cell| cell.set(inline));
+}
+
+/// Run a blocking store call on the blocking pool (in place under [`run_disk_inline`]).
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, StorageError> {
+    if DISK_INLINE.with(|cell| cell.get()) {
+        return f();
+    }
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
         Err(StorageError::Disk {
             detail: format!("store task failed: {e}"),

@@ -157,7 +157,7 @@ impl SimCluster {
         // Requests the crashed server had begun may still hold its store (and the directory's
         // lock); they finish on their own, as disk writes already issued do.
         while self.servers[index].last_store.upgrade().is_some() {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let server = &mut self.servers[index];
         let store = Arc::new(Store::open(&server.dir).expect("a simulated server's store opens"));
@@ -211,10 +211,37 @@ impl SimCluster {
     pub async fn wipe_server(&mut self, index: usize) {
         self.crash_server(index);
         while self.servers[index].last_store.upgrade().is_some() {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let dir = &self.servers[index].dir;
         std::fs::remove_dir_all(dir).expect("a simulated server's directory is removable");
+    }
+
+    /// What every server owes, as the manager holds it: `server id: path [stripes) ...`, for
+    /// traces (read from the state machine, not over the network).
+    pub fn debts(&self) -> String {
+        let mut out = Vec::new();
+        for server in &self.servers {
+            let request = ManagerRequest::FilesOnServer { server: server.id };
+            let answer = self.manager.lock().unwrap().handle(request, now());
+            let ManagerResponse::Debts(debts) = answer else {
+                continue;
+            };
+            for debt in debts.iter().filter(|d| !d.missed.is_empty()) {
+                let ranges: Vec<String> = debt
+                    .missed
+                    .iter()
+                    .map(|r| format!("[{}, {})", r.start, r.end))
+                    .collect();
+                out.push(format!(
+                    "{}: {} {}",
+                    server.id,
+                    debt.meta.path,
+                    ranges.join(" ")
+                ));
+            }
+        }
+        out.join("; ")
     }
 
     /// Sync every running server's store (as SIGTERM does).

@@ -100,13 +100,21 @@ impl fmt::Display for Failure {
             "seed {} failed at {}: {} (replay: TESSERA_SIM_SEED={} or tessera_sim::replay)",
             self.seed, self.phase, self.detail, self.seed
         )?;
-        let skip = self.trace.len().saturating_sub(40);
+        let skip = self.trace.len().saturating_sub(200);
         for line in &self.trace[skip..] {
             writeln!(f, "  {line}")?;
         }
         Ok(())
     }
 }
+
+/// Virtual time a run may take: far more than any run without a hang needs (a run's timeouts
+/// are seconds each).
+const RUN_VIRTUAL_MAX: Duration = Duration::from_secs(3600);
+
+/// How long requests may stay at servers after their operation ended (only a wait for a
+/// parity lock lasts longer than the disk calls, which take no virtual time).
+const QUIESCE_MAX: Duration = Duration::from_secs(60);
 
 /// Run one seed on a fresh current-thread runtime whose clock starts paused (virtual time).
 pub fn replay(seed: u64, config: &ExploreConfig) -> Result<RunReport, Failure> {
@@ -115,10 +123,17 @@ pub fn replay(seed: u64, config: &ExploreConfig) -> Result<RunReport, Failure> {
         .start_paused(true)
         .build()
         .expect("a runtime");
+    // Disk calls in place: nothing of the run happens on another thread.
+    tessera_server::run_disk_inline(true);
     runtime.block_on(async {
         let cluster = SimCluster::start(seed, config.servers).await;
         let mut explorer = Explorer::new(seed, config.clone(), cluster);
-        explorer.run().await?;
+        let ran = tokio::time::timeout(RUN_VIRTUAL_MAX, explorer.run()).await;
+        let Ok(ran) = ran else {
+            let detail = format!("not done after {RUN_VIRTUAL_MAX:?} of virtual time: a hang");
+            return Err(explorer.fail("the deadline".into(), detail, None));
+        };
+        ran?;
         explorer.report.network = explorer.cluster.network.stats();
         Ok(explorer.report)
     })
@@ -187,6 +202,10 @@ struct Explorer {
     down: Option<(usize, usize)>,
     report: RunReport,
     trace: Vec<String>,
+    /// What servers owed after the last operation, to trace changes.
+    debts: String,
+    /// Files created so far (each gets a new path).
+    paths: usize,
 }
 
 impl Explorer {
@@ -205,6 +224,8 @@ impl Explorer {
             down: None,
             report: RunReport::default(),
             trace: Vec::new(),
+            debts: String::new(),
+            paths: 0,
         }
     }
 
@@ -230,9 +251,9 @@ impl Explorer {
             let client_at = kill_client.then(|| self.rng.gen_range(1..=16u64));
             let server_kill = kill_server.then(|| self.pick_server_kill());
             let server_at = self.rng.gen_range(1..=16u64);
-            // Lost messages only while no server is down or being killed: one that made
-            // another server stale would be a second lost column.
-            let calm = self.down.is_none() && server_kill.is_none();
+            // Lost messages only while every server is up and none is being killed: one that
+            // made a second server stale would be a second failure (see the crate docs).
+            let calm = self.down.is_none() && server_kill.is_none() && self.all_up().await;
             let faults = if calm {
                 self.config.network
             } else {
@@ -251,9 +272,14 @@ impl Explorer {
                 )),
             ));
             let outcome = self
-                .execute(op.clone(), client_at, server_kill, server_at)
-                .await;
+                .execute(op.clone(), client_at, server_kill, server_at, step)
+                .await?;
             self.apply(step, op, outcome).await?;
+            let debts = self.cluster.debts();
+            if debts != self.debts {
+                self.trace.push(format!("{step}: owed now: {debts}"));
+                self.debts = debts;
+            }
         }
         self.recover().await?;
         self.check_all("after recovery", false).await?;
@@ -270,6 +296,8 @@ impl Explorer {
 
     /// Rebuild stale servers; whether all are up now.
     async fn single_failure_ready(&mut self, step: usize) -> Result<bool, Failure> {
+        // Servers reported down by a lost message heartbeat back meanwhile.
+        tokio::time::sleep(Duration::from_secs(1)).await;
         if self.all_up().await {
             return Ok(true);
         }
@@ -297,7 +325,8 @@ impl Explorer {
         if self.files.is_empty() || (self.files.len() < 4 && rng.gen_bool(0.15)) {
             let scheme = self.config.schemes[rng.gen_range(0..self.config.schemes.len())];
             let unit = [4096, 8192][rng.gen_range(0..2)];
-            let path = format!("/f{}", self.files.len());
+            self.paths += 1;
+            let path = format!("/f{}", self.paths);
             return Op::Create { path, scheme, unit };
         }
         let file = rng.gen_range(0..self.files.len());
@@ -329,7 +358,8 @@ impl Explorer {
         client_at: Option<u64>,
         server_kill: Option<ServerKill>,
         server_at: u64,
-    ) -> Outcome {
+        step: usize,
+    ) -> Result<Outcome, Failure> {
         let network = self.cluster.network.clone();
         let start = network.stats().calls;
         let killer = server_kill.as_ref().map(|kill| {
@@ -355,14 +385,24 @@ impl Explorer {
             self.client = self.cluster.client();
             self.report.client_crashes += 1;
         }
-        network.quiesce().await;
+        if tokio::time::timeout(QUIESCE_MAX, network.quiesce())
+            .await
+            .is_err()
+        {
+            let detail = format!(
+                "requests still waiting at servers {QUIESCE_MAX:?} after their operation \
+                 ended (a parity lock never released?): (server, connection, bytes) {:?}",
+                network.waiting()
+            );
+            return Err(self.fail(format!("operation {step}"), detail, None));
+        }
         if let Some(killer) = killer {
             killer.abort();
         }
         if let Some(kill) = server_kill {
             self.finish_server_kill(kill).await;
         }
-        outcome
+        Ok(outcome)
     }
 
     async fn finish_server_kill(&mut self, kill: ServerKill) {
@@ -411,14 +451,14 @@ impl Explorer {
             self.trace.push(format!("{step}: failed: {e}"));
         }
         match (op, outcome) {
-            (Op::Create { path, scheme, .. }, outcome) => {
+            (Op::Create { path, .. }, outcome) => {
                 let file = match outcome {
                     Outcome::Created(file) => Some(file),
                     // It may have been created before the answer was lost.
                     _ => self.client.open(&path).await.ok(),
                 };
                 if let Some(file) = file {
-                    self.add_file(file, scheme).await;
+                    self.add_file(file).await;
                 }
             }
             (Op::Write { file, offset, data }, Outcome::Wrote) => {
@@ -444,13 +484,19 @@ impl Explorer {
         Ok(())
     }
 
-    async fn add_file(&mut self, file: File, scheme: Scheme) {
-        let Ok(stat) = self.client.stat(&file.path).await else {
+    /// Track a file the manager has (its layout as the manager says, asked with faults off).
+    async fn add_file(&mut self, file: File) {
+        let network = self.cluster.network.clone();
+        network.set_faults(MemFaults::default());
+        let stat = self.client.stat(&file.path).await;
+        network.set_faults(self.config.network);
+        let stat = stat.expect("the manager answers a stat with no faults");
+        if self.files.iter().any(|f| f.file.id == file.id) {
             return;
-        };
+        }
         self.files.push(SimFile {
             file,
-            scheme,
+            scheme: stat.meta.layout.scheme,
             stripe_bytes: stat.meta.layout.stripe_bytes(),
             model: FileModel::default(),
             lost: false,

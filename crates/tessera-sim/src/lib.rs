@@ -25,9 +25,11 @@
 //! seed and the trace of the run; [`replay`] runs one seed again.
 //!
 //! # Determinism, and what is not simulated yet
-//! The workload and the network draw from generators seeded by the seed; the network hands
-//! one request at a time to the daemons, in arrival order, so the order of disk calls does not
-//! depend on which of tokio's blocking threads finishes first. Store incarnations are still
+//! The workload and the network draw from generators seeded by the seed, and the servers'
+//! disk calls run in place on the runtime's one thread ([`tessera_server::run_disk_inline`])
+//! instead of on tokio's blocking pool, so nothing depends on which thread finishes first
+//! (with the pool, a test of the same seed twice differed in a few requests); the network
+//! also hands one request at a time to the daemons, in arrival order. Store incarnations are still
 //! drawn by `rand::random` in `Store::open`; they only ever compare equal or not, so the run
 //! does not depend on them. Servers keep the page cache when they are killed (a process
 //! crash): writes not yet synced are not lost, and bytes reach the disk whole.

@@ -94,16 +94,17 @@ fn server_kills_losses_and_wipes_every_scheme() {
         network: slow(),
         ..ExploreConfig::default()
     };
-    explore("server faults, every scheme", config, 150);
+    explore("server faults, every scheme", config, 400);
 }
 
-/// As above with lost requests and answers too. Fails today: lost messages make two servers
-/// stale at once, and neither rebuild then finishes ("raid5 file is unavailable: server 1 and
-/// server 4"; seeds 4 and 23 of the first runs: 2 servers still stale after recovery).
-/// Whether that is a true double fault (both missed the same stripes) or rebuild refusing a
-/// file it could rebuild stripe by stripe is the next thing to find out.
+/// As above with lost requests and answers too (only while every server is up). Fails today,
+/// 3 of seeds 0..300 (215, 218, 269): a request (17 bytes: a parity lock's size) still waits
+/// at a server 60 s after its operation ended. A lost answer to a `LockParity` leaves the lock
+/// held by the live client's open connection; its next partial write of that stripe queues
+/// behind its own lock, times out and marks the healthy parity server down (issue 15 item 2:
+/// leases and fencing). Enable when the parity helper's lock leases land.
 #[test]
-#[ignore = "two servers stale at once after lost messages are never rebuilt: to be diagnosed"]
+#[ignore = "parity lock leaked after a lost LockParity answer, issue 15 item 2: enable with leases"]
 fn lost_messages_with_server_faults_every_scheme() {
     let config = ExploreConfig {
         server_crash: 0.2,
@@ -128,13 +129,36 @@ fn client_kills_with_server_faults_raid0_raid1() {
         network: slow(),
         ..ExploreConfig::default()
     };
-    explore("client kills, raid0 and raid1", config, 150);
+    explore("client kills, raid0 and raid1", config, 400);
+}
+
+/// A seed replays: the same run, to the network's last counter, every time.
+#[test]
+fn a_seed_replays_exactly() {
+    let config = ExploreConfig {
+        client_crash: 0.25,
+        server_crash: 0.2,
+        server_loss: 0.5,
+        wipe: 0.2,
+        network: lossy(),
+        schemes: vec![Scheme::Raid1, Scheme::Hybrid],
+        ..ExploreConfig::default()
+    };
+    for seed in 0..5 {
+        let first = format!("{:?}", replay(seed, &config));
+        let again = format!("{:?}", replay(seed, &config));
+        assert_eq!(first, again, "seed {seed} ran differently twice");
+        assert!(first.contains("network: MemStats"), "{first}");
+    }
 }
 
 /// The RAID-4/5 write hole (issue 15 item 1): a client killed between its data and parity
-/// writes, then a server lost, makes reconstruction from the stale parity wrong. Fails today
-/// (seed 2: raid4, 3,622 bytes of an unacknowledged write rebuilt as neither old nor new);
-/// to be enabled when the parity fix lands.
+/// writes, then a server lost, makes reconstruction from the stale parity wrong. Fails today:
+/// 13 of seeds 0..100, 7 of them losing acknowledged bytes (seed 6: 8,161 acknowledged bytes
+/// of a raid4 file read wrong with server 1 lost after recovery; 13, 72, 77, 84, 89, 95), the
+/// others unacknowledged bytes rebuilt as neither old nor new (seed 73 on a Hybrid file: a
+/// whole-stripe write's data and parity are not atomic either). Enable when the parity fix
+/// lands.
 #[test]
 #[ignore = "RAID-4/5 write hole, issue 15 item 1: enable when the parity helper's fix lands"]
 fn write_hole_client_kills_then_server_loss_parity_schemes() {

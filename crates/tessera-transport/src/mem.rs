@@ -15,7 +15,8 @@
 //! started are lost, those it had started finish, as a disk write already issued does).
 //!
 //! Deliveries are serialized network-wide by default: one handler runs at a time, in the order
-//! requests arrive. The storage server runs disk calls on tokio's blocking pool, whose threads
+//! requests arrive (one that waits for another request, such as a parity lock, gives up its
+//! turn after [`TURN_MAX`] of virtual time). The storage server runs disk calls on tokio's blocking pool, whose threads
 //! finish in any order; with one delivery at a time, what the servers see, and so the whole
 //! run on a current-thread runtime, follows from the seed alone. Time is tokio's clock, so a
 //! runtime started paused makes every timeout and delay virtual.
@@ -28,6 +29,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// How long a request keeps the network's turn while its handler waits. Disk calls on tokio's
+/// blocking pool stop a paused clock from advancing, so only a handler waiting for another
+/// request (a parity lock) ever reaches this, in virtual time.
+const TURN_MAX: Duration = Duration::from_millis(1);
 
 /// Probabilities and bounds of the faults a [`MemNetwork`] injects into every call.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -84,6 +90,9 @@ struct Inner {
     next_transport: u64,
     next_connection: ConnectionId,
     stats: MemStats,
+    /// Requests being handled, by delivery: address, connection and how long the request is.
+    handling: BTreeMap<u64, (SocketAddr, ConnectionId, usize)>,
+    next_delivery: u64,
 }
 
 /// What a call decided before it was sent.
@@ -124,6 +133,8 @@ impl MemNetwork {
                 next_transport: 1,
                 next_connection: 1,
                 stats: MemStats::default(),
+                handling: BTreeMap::new(),
+                next_delivery: 0,
             }),
             serial: serial.then(|| Arc::new(tokio::sync::Mutex::new(()))),
             calls: tokio::sync::watch::channel(0).0,
@@ -217,6 +228,18 @@ impl MemNetwork {
         let _ = in_flight.wait_for(|&n| n == 0).await;
     }
 
+    /// Requests being handled now: daemon, connection, request bytes (for a simulator's report
+    /// of a request that never ends).
+    pub fn waiting(&self) -> Vec<(SocketAddr, ConnectionId, usize)> {
+        self.inner
+            .lock()
+            .unwrap()
+            .handling
+            .values()
+            .copied()
+            .collect()
+    }
+
     /// Draw this call's faults, counting it.
     fn plan(&self) -> Plan {
         let mut inner = self.inner.lock().unwrap();
@@ -297,7 +320,7 @@ impl MemNetwork {
         payload: Bytes,
     ) -> Option<(Bytes, Bytes)> {
         let _pending = Pending(&self.in_flight);
-        let _turn = match &self.serial {
+        let turn = match &self.serial {
             Some(serial) => Some(serial.clone().lock_owned().await),
             None => None,
         };
@@ -305,11 +328,31 @@ impl MemNetwork {
             self.count(|s| s.discarded += 1);
             return None;
         }
-        self.count(|s| s.delivered += 1);
+        let delivery = {
+            let mut inner = self.inner.lock().unwrap();
+            inner.stats.delivered += 1;
+            inner.next_delivery += 1;
+            let delivery = inner.next_delivery;
+            let entry = (addr, connection, message.len() + payload.len());
+            inner.handling.insert(delivery, entry);
+            delivery
+        };
         let answer = match handler.handle_now(connection, &message, &payload) {
             Some(answer) => answer,
-            None => handler.handle(connection, message, payload).await,
+            None => {
+                let mut work = handler.handle(connection, message, payload);
+                match tokio::time::timeout(TURN_MAX, &mut work).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        // Waiting for something other than the disk (a parity lock another
+                        // connection holds): let the others go, or that wait never ends.
+                        drop(turn);
+                        work.await
+                    }
+                }
+            }
         };
+        self.inner.lock().unwrap().handling.remove(&delivery);
         if !self.is_open(addr, epoch, connection) {
             // Closed while the request ran: whatever it took (a parity lock) goes too, as the
             // daemon's connection reader would release it after its last request.
@@ -413,5 +456,109 @@ impl Transport for MemTransport {
             message,
             payload,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Echoes the message and counts requests and closed connections.
+    #[derive(Default)]
+    struct Echo {
+        handled: AtomicU64,
+        closed: Mutex<Vec<ConnectionId>>,
+    }
+
+    impl FrameHandler for Echo {
+        fn handle(
+            &self,
+            _connection: ConnectionId,
+            message: Bytes,
+            payload: Bytes,
+        ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
+            self.handled.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move { Some((message, payload)) })
+        }
+
+        fn closed(&self, connection: ConnectionId) {
+            self.closed.lock().unwrap().push(connection);
+        }
+    }
+
+    const TIMEOUT: Duration = Duration::from_secs(1);
+
+    fn addr() -> SocketAddr {
+        "10.0.0.1:1".parse().unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_reach_the_handler_and_closing_reaches_it_too() {
+        let network = MemNetwork::new(1);
+        let echo = Arc::new(Echo::default());
+        network.listen(addr(), echo.clone());
+        let transport = network.transport(TIMEOUT);
+        let reply = transport
+            .call(addr(), Bytes::from_static(b"m"), Bytes::from_static(b"p"))
+            .await
+            .unwrap();
+        assert_eq!(
+            (&reply.message[..], &reply.payload[..]),
+            (&b"m"[..], &b"p"[..])
+        );
+        drop(transport);
+        assert_eq!(
+            echo.closed.lock().unwrap().len(),
+            1,
+            "the dead client's connection"
+        );
+        // A crashed daemon refuses calls; its connections are closed.
+        let transport = network.transport(TIMEOUT);
+        transport
+            .call(addr(), Bytes::new(), Bytes::new())
+            .await
+            .unwrap();
+        assert!(network.crash(addr()));
+        assert_eq!(echo.closed.lock().unwrap().len(), 2);
+        let refused = transport.call(addr(), Bytes::new(), Bytes::new()).await;
+        assert!(
+            matches!(refused, Err(TransportError::Connect { .. })),
+            "{refused:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn partitions_and_lost_messages_time_out_and_lost_answers_were_handled() {
+        let network = MemNetwork::new(7);
+        let echo = Arc::new(Echo::default());
+        network.listen(addr(), echo.clone());
+        let transport = network.transport(TIMEOUT);
+        network.partition(addr(), true);
+        let start = tokio::time::Instant::now();
+        let cut = transport.call(addr(), Bytes::new(), Bytes::new()).await;
+        assert!(
+            matches!(cut, Err(TransportError::Timeout { .. })),
+            "{cut:?}"
+        );
+        assert_eq!(start.elapsed(), TIMEOUT, "virtual time");
+        assert_eq!(echo.handled.load(Ordering::SeqCst), 0);
+        network.heal();
+        network.set_faults(MemFaults {
+            drop_answer: 1.0,
+            ..MemFaults::default()
+        });
+        let lost = transport.call(addr(), Bytes::new(), Bytes::new()).await;
+        assert!(
+            matches!(lost, Err(TransportError::Timeout { .. })),
+            "{lost:?}"
+        );
+        assert_eq!(
+            echo.handled.load(Ordering::SeqCst),
+            1,
+            "handled, answer lost"
+        );
+        let stats = network.stats();
+        assert_eq!((stats.partitioned, stats.answers_dropped), (1, 1));
     }
 }
