@@ -192,6 +192,20 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     })
 }
 
+/// The request handling of a server with id `id` (0: not registered yet) over `store`, without
+/// sockets, heartbeats or registration: what [`start`] serves, for a caller that moves the
+/// frames itself (a simulator's in-memory network). Its parity locks are its own, so a handler
+/// dropped and made anew for a reopened store is a restarted server.
+pub fn handler(store: Arc<Store>, id: ServerId) -> Arc<dyn FrameHandler> {
+    Arc::new(StorageHandler {
+        store,
+        locks: Arc::new(ParityLocks::new()),
+        id: Arc::new(AtomicU32::new(id)),
+        counters: Arc::new(OnceLock::new()),
+        reads: Arc::new(ReadCounts::default()),
+    })
+}
+
 /// Register (once an id is known, re-register whenever the manager forgets us) and heartbeat.
 async fn keep_registered(
     manager: SocketAddr,
@@ -446,10 +460,25 @@ impl StorageHandler {
     }
 }
 
-/// Run a blocking store call on the blocking pool.
+thread_local! {
+    /// Whether store calls made on this thread run in place (see [`run_disk_inline`]).
+    static DISK_INLINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Make the store calls of handlers polled on this thread run in place instead of on tokio's
+/// blocking pool: for a simulator on a current-thread runtime, whose run must not depend on
+/// which pool thread finishes first. Never for a daemon (a disk wait would stall the network).
+pub fn run_disk_inline(inline: bool) {
+    DISK_INLINE.with(|cell| cell.set(inline));
+}
+
+/// Run a blocking store call on the blocking pool (in place under [`run_disk_inline`]).
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, StorageError> {
+    if DISK_INLINE.with(|cell| cell.get()) {
+        return f();
+    }
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
         Err(StorageError::Disk {
             detail: format!("store task failed: {e}"),

@@ -12,6 +12,7 @@
 
 mod frame_buffer;
 pub mod limits;
+mod mem;
 mod tcp;
 mod udp;
 
@@ -23,6 +24,7 @@ use std::pin::Pin;
 use tessera_wire::WireError;
 
 pub use limits::TcpLimits;
+pub use mem::{MemFaults, MemNetwork, MemStats, MemTransport};
 pub use tcp::{serve_tcp, serve_tcp_limited, TcpConfig, TcpTransport};
 pub use tessera_datagram::{Config as DatagramConfig, CongestionKind};
 pub use udp::{serve_udp, UdpConfig, UdpCounters, UdpServer, UdpTransport};
