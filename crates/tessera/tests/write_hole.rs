@@ -461,12 +461,14 @@ fn sigkilled_writers_lose_no_acknowledged_byte(scheme: &str, transport: &str) {
             local,
             "hole",
             "--scheme",
-            "raid5",
+            scheme,
             "--stripe-unit",
             "64K",
         ],
         None,
     );
+    let stat = cluster.run(&["stat", "hole"], None);
+    assert!(stat.contains(&format!("scheme       {scheme}")), "{stat}");
     let out = cluster.dir.join("out");
     let (mut killed, mut finished, mut resolved) = (0, 0, 0);
     let mut slowest = Duration::ZERO;
