@@ -56,7 +56,9 @@
 //! - A slow holder whose lease was broken: its later `WriteParity` carries a stale token and is
 //!   refused (nothing written); its data writes may land after the next holder resolved the
 //!   record, which is the case of two overlapping writers (CSAR 5.1 makes no promise there);
-//!   a scrub finds and repairs such parity.
+//!   a scrub finds and repairs such parity. (The token is checked before the parity write,
+//!   not in the same step: a write that passed the check and then took longer than a whole
+//!   lease on the disk could land after the lock was broken.)
 //! - Parity server lost: parity is rebuilt from the data columns, whatever they hold; the
 //!   record goes with the server, and is not needed.
 //!
