@@ -22,6 +22,7 @@
 //! ```
 
 mod context;
+mod intent;
 mod maintain;
 mod read;
 mod write;

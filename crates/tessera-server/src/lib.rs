@@ -2,8 +2,10 @@
 //!
 //! This crate owns the glue between a transport and a [`tessera_store::Store`]: it decodes
 //! [`StorageRequest`]s, refuses those meant for another store (see [`StorageCall`]), runs the
-//! rest against the store, keeps the CSAR parity locks per connection (released when the
-//! connection goes), and keeps the server registered and heartbeating with the metadata
+//! rest against the store, keeps the CSAR parity locks per connection (leased and fenced:
+//! released when the connection goes, or broken when their holder stays silent past
+//! [`PARITY_LEASE`] while another locker waits; see `tessera_store`'s intent records for what
+//! happens to the holder's half-done write), and keeps the server registered and heartbeating with the metadata
 //! manager. Small reads the page cache holds are answered on the transport's network thread
 //! ([`Store::read_cached`]); everything that may wait for the disk runs on the blocking pool.
 //! It holds no layout knowledge: the client tells it byte offsets in its data, redundancy and
@@ -15,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tessera_store::{ParityLocks, Store};
+use tessera_store::{ParityLocks, Region, Store};
 use tessera_transport::{
     serve_tcp_limited, serve_udp, BoxFuture, ConnectionId, DatagramConfig, FrameHandler, TcpConfig,
     TcpLimits, TcpTransport, Transport, TransportKind, UdpCounters, UdpServer,
@@ -31,6 +33,16 @@ use tokio::net::TcpListener;
 /// is never busy long enough to delay ACKs and retransmissions (256 KiB is ~50 us of copying
 /// and checksumming, ~2 ms on a 1 Gbit/s wire).
 pub const INLINE_READ_BYTES_MAX: u32 = 256 << 10;
+
+/// How long a parity lock lasts past its holder's last request to this server (grant,
+/// intent, renewal, parity write): a few retransmission timeouts and request round trips, so
+/// that the lock of a client that died is broken well within a second, while a live holder
+/// renews it (the client renews every third of it while its data requests are out).
+pub const PARITY_LEASE: Duration = Duration::from_millis(600);
+
+/// Longest a `LockParity` waits in the queue before it is answered `LockBusy`: well inside a
+/// client's request timeout, so that waiting for a lock is never taken for a dead server.
+pub const PARITY_LOCK_WAIT_MAX: Duration = Duration::from_secs(2);
 
 /// How often the server tells the manager it is alive.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(300);
@@ -152,7 +164,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let id = Arc::new(AtomicU32::new(0));
     let handler = Arc::new(StorageHandler {
         store: store.clone(),
-        locks: Arc::new(ParityLocks::new()),
+        locks: Arc::new(ParityLocks::new(PARITY_LEASE, rand::random::<u64>() >> 16)),
         id: id.clone(),
         counters: Arc::new(OnceLock::new()),
         reads: Arc::new(ReadCounts::default()),
@@ -536,43 +548,81 @@ async fn serve(
             offset,
             len,
         } => {
-            locks.lock(file, stripe, connection).await;
+            let token = locks
+                .lock(file, stripe, connection, PARITY_LOCK_WAIT_MAX)
+                .await?;
             let read = blocking(move || {
-                store.read(file, tessera_layout::Region::Redundancy, offset, len, false)
+                let parity = store.read(file, Region::Redundancy, offset, len, false)?;
+                Ok((parity, store.intent(file, stripe)?))
             })
             .await;
             match read {
-                Ok(data) => Ok((StorageResponse::Data, Bytes::from(data))),
+                Ok((parity, intent)) => {
+                    let mut payload = parity;
+                    let intent = intent.map(|(intent, bytes)| {
+                        payload.extend_from_slice(&bytes);
+                        intent
+                    });
+                    let locked = StorageResponse::Locked { token, intent };
+                    Ok((locked, Bytes::from(payload)))
+                }
                 Err(e) => {
-                    let _ = locks.unlock(file, stripe, connection);
+                    let _ = locks.unlock(file, stripe, token);
                     Err(e)
                 }
             }
+        }
+        StorageRequest::RecordIntent {
+            file,
+            stripe,
+            token,
+            intent,
+        } => {
+            locks.renew(file, stripe, token)?;
+            blocking(move || store.record_intent(file, stripe, &intent, &payload)).await?;
+            // The record may have taken a while to reach the disk.
+            locks.renew(file, stripe, token)?;
+            done
+        }
+        StorageRequest::RenewParity {
+            file,
+            stripe,
+            token,
+        } => {
+            locks.renew(file, stripe, token)?;
+            done
+        }
+        StorageRequest::ReadIntent { file, stripe } => {
+            let intent = blocking(move || store.intent(file, stripe)).await?;
+            let (intent, bytes) = intent.map_or((None, Vec::new()), |(i, b)| (Some(i), b));
+            Ok((StorageResponse::Intent { intent }, Bytes::from(bytes)))
         }
         StorageRequest::WriteParity {
             file,
             stripe,
             offset,
             unlock,
+            token,
         } => {
-            let written = blocking(move || {
-                store.write(
-                    file,
-                    tessera_layout::Region::Redundancy,
-                    offset,
-                    &payload,
-                    false,
-                )
+            // Fenced: a holder whose lease was broken writes nothing.
+            locks.renew(file, stripe, token)?;
+            blocking(move || {
+                store.write(file, Region::Redundancy, offset, &payload, false)?;
+                // Parity now matches what the holder wrote (or resolved): the record is done.
+                store.clear_intent(file, stripe)
             })
-            .await;
+            .await?;
             if unlock {
-                locks.unlock(file, stripe, connection)?;
+                locks.unlock(file, stripe, token)?;
             }
-            written?;
             done
         }
-        StorageRequest::UnlockParity { file, stripe } => {
-            locks.unlock(file, stripe, connection)?;
+        StorageRequest::UnlockParity {
+            file,
+            stripe,
+            token,
+        } => {
+            locks.unlock(file, stripe, token)?;
             done
         }
         StorageRequest::OverflowWrite { file, role, offset } => {

@@ -3,8 +3,10 @@
 use bytes::Bytes;
 use serde::{de::DeserializeOwned, Serialize};
 
-/// Version of the wire protocol; a frame of any other version is refused.
-pub const PROTOCOL_VERSION: u8 = 1;
+/// Version of the wire protocol; a frame of any other version is refused. Version 2: parity
+/// locks carry fencing tokens and intent records (`RecordIntent`, `RenewParity`,
+/// `ReadIntent`, `Locked`, `Intent`, `StaleLock`, `LockBusy`).
+pub const PROTOCOL_VERSION: u8 = 2;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.
