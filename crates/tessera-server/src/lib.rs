@@ -211,7 +211,9 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
 pub fn handler(store: Arc<Store>, id: ServerId) -> Arc<dyn FrameHandler> {
     Arc::new(StorageHandler {
         store,
-        locks: Arc::new(ParityLocks::new()),
+        // Tokens start at random, as in `start`, so that a holder from before a restart is
+        // never mistaken for a new one.
+        locks: Arc::new(ParityLocks::new(PARITY_LEASE, rand::random::<u64>() >> 16)),
         id: Arc::new(AtomicU32::new(id)),
         counters: Arc::new(OnceLock::new()),
         reads: Arc::new(ReadCounts::default()),

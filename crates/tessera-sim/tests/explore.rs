@@ -97,14 +97,11 @@ fn server_kills_losses_and_wipes_every_scheme() {
     explore("server faults, every scheme", config, 400);
 }
 
-/// As above with lost requests and answers too (only while every server is up). Fails today,
-/// 3 of seeds 0..300 (215, 218, 269): a request (17 bytes: a parity lock's size) still waits
-/// at a server 60 s after its operation ended. A lost answer to a `LockParity` leaves the lock
-/// held by the live client's open connection; its next partial write of that stripe queues
-/// behind its own lock, times out and marks the healthy parity server down (issue 15 item 2:
-/// leases and fencing). Enable when the parity helper's lock leases land.
+/// As above with lost requests and answers too (only while every server is up). Before parity
+/// locks had leases, 3 of seeds 0..300 (215, 218, 269) failed: a lost answer to a `LockParity`
+/// left the lock held by the live client's open connection, its next partial write of that
+/// stripe queued behind its own lock and marked the healthy parity server down.
 #[test]
-#[ignore = "parity lock leaked after a lost LockParity answer, issue 15 item 2: enable with leases"]
 fn lost_messages_with_server_faults_every_scheme() {
     let config = ExploreConfig {
         server_crash: 0.2,
@@ -152,17 +149,68 @@ fn a_seed_replays_exactly() {
     }
 }
 
-/// The RAID-4/5 write hole (issue 15 item 1): a client killed between its data and parity
-/// writes, then a server lost, makes reconstruction from the stale parity wrong. Fails today:
-/// 13 of seeds 0..100, 7 of them losing acknowledged bytes (seed 6: 8,161 acknowledged bytes
-/// of a raid4 file read wrong with server 1 lost after recovery; 13, 72, 77, 84, 89, 95), the
-/// others unacknowledged bytes rebuilt as neither old nor new (seed 73 on a Hybrid file: a
-/// whole-stripe write's data and parity are not atomic either). Enable when the parity fix
-/// lands.
+/// The RAID-4/5 write hole (issue 15 item 1): clients killed at random requests, with server
+/// faults and losses, on the parity schemes: no *acknowledged* byte is ever read wrong. Before
+/// the intent records, 7 of seeds 0..100 lost acknowledged bytes (seed 6: 8,161 bytes of a
+/// raid4 file with server 1 lost after recovery; 13, 72, 77, 84, 89, 95). A run that ends at a
+/// byte of an unacknowledged write read as neither old nor new (an interrupted full-stripe
+/// write, which takes no intent record: see the strict test below) is counted, not failed; the
+/// count is printed and must stay below the runs.
+///
+/// Fails today at seed 77 of 0..150 (4,084 acknowledged bytes of a raid4 file): a client killed
+/// inside a full-stripe write leaves that stripe's parity stale with no intent record; a later,
+/// acknowledged read-modify-write of the same stripe computes `P ^ D ^ D'` from the stale `P`,
+/// so the stripe stays inconsistent, and a server lost afterwards reconstructs acknowledged
+/// bytes wrong. Full-stripe writes need an intent record too (issue 15 item 1, left).
 #[test]
-#[ignore = "RAID-4/5 write hole, issue 15 item 1: enable when the parity helper's fix lands"]
+#[ignore = "torn full-stripe write then an acknowledged RMW (seed 77): issue 15 item 1, left"]
+fn write_hole_no_acknowledged_byte_lost_parity_schemes() {
+    let config = write_hole_config();
+    let (base, count) = match env("TESSERA_SIM_SEED") {
+        Some(seed) => (seed, 1),
+        None => (
+            env("TESSERA_SIM_SEED_BASE").unwrap_or(0),
+            env("TESSERA_SIM_SEEDS").unwrap_or(150),
+        ),
+    };
+    let mut torn_unacknowledged = Vec::new();
+    for seed in base..base + count {
+        let Err(failure) = replay(seed, &config) else {
+            continue;
+        };
+        match &failure.mismatch {
+            Some(m) if m.wrong_acknowledged == 0 => torn_unacknowledged.push(seed),
+            _ => panic!("write hole, acknowledged bytes: {failure}"),
+        }
+    }
+    eprintln!(
+        "write hole: seeds {base}..{}: 0 acknowledged bytes wrong; {} runs ended at an \
+         unacknowledged write read as neither old nor new: {torn_unacknowledged:?}",
+        base + count,
+        torn_unacknowledged.len()
+    );
+    assert!(
+        (torn_unacknowledged.len() as u64) < count.max(2),
+        "every run ended early at a torn unacknowledged write, so nothing was checked"
+    );
+}
+
+/// The strict form: bytes of an interrupted write read as old or new, never a mix computed
+/// from stale parity. Fails today (seed 8: 3,004 bytes of an interrupted raid4 write, none of
+/// them acknowledged): an interrupted full-stripe write takes no intent record, so a later
+/// reconstruction of its stripe may produce neither. Run it with `--ignored`.
+#[test]
+#[ignore = "interrupted full-stripe writes take no intent record yet (issue 15 item 1, left)"]
 fn write_hole_client_kills_then_server_loss_parity_schemes() {
-    let config = ExploreConfig {
+    explore(
+        "write hole: client kills, parity schemes",
+        write_hole_config(),
+        150,
+    );
+}
+
+fn write_hole_config() -> ExploreConfig {
+    ExploreConfig {
         schemes: vec![Scheme::Raid4, Scheme::Raid5, Scheme::Hybrid],
         client_crash: 0.25,
         server_crash: 0.2,
@@ -170,6 +218,5 @@ fn write_hole_client_kills_then_server_loss_parity_schemes() {
         wipe: 0.2,
         network: slow(),
         ..ExploreConfig::default()
-    };
-    explore("write hole: client kills, parity schemes", config, 150);
+    }
 }
