@@ -60,6 +60,14 @@ impl Client {
                 })
             }
         };
+        self.context_from(view)
+    }
+
+    /// The context of a file the manager just described.
+    pub(crate) fn context_from(
+        &self,
+        view: tessera_wire::FileView,
+    ) -> Result<FileContext, ClientError> {
         let columns = view
             .columns
             .iter()
@@ -369,16 +377,45 @@ impl FileContext {
         (total, unreachable)
     }
 
-    /// Sync every column; a column that cannot sync owes the whole file.
+    /// Tells every column's server the file's metadata (its record, for recovery of a lost
+    /// manager store; see `tessera_store::FileRecord`). Best effort: a server that misses it
+    /// is told again at the next sync, and recovery reads the record of any column.
+    pub async fn describe(&self, client: &Client, committed: bool) {
+        let tell =
+            (0..self.layout.width).map(|column| self.describe_column(client, column, committed));
+        futures::future::join_all(tell).await;
+    }
+
+    pub(crate) async fn describe_column(&self, client: &Client, column: u32, committed: bool) {
+        if self.lost_entirely(column) {
+            return;
+        }
+        let request = StorageRequest::Describe {
+            meta: self.meta.clone(),
+            committed,
+        };
+        if let Err(fault) = self.rpc(client, column, request, Bytes::new()).await {
+            let server = self.columns[column as usize].server;
+            tracing::debug!(
+                "server {server} did not keep the record of {}: {fault:?}",
+                self.meta.path
+            );
+        }
+    }
+
+    /// Sync every column, and renew each one's record of the file (its size grows with
+    /// writes); a column that cannot sync owes the whole file.
     pub async fn sync(&self, client: &Client) -> Result<(), ClientError> {
         let syncs = (0..self.layout.width).map(|column| async move {
             if self.lost_entirely(column) {
                 return Some(column);
             }
-            match self
-                .rpc(client, column, StorageRequest::Sync, Bytes::new())
-                .await
-            {
+            let (_, synced) = futures::join!(
+                // Whether the file is committed is not known here; a record that knows keeps it.
+                self.describe_column(client, column, false),
+                self.rpc(client, column, StorageRequest::Sync, Bytes::new())
+            );
+            match synced {
                 Ok(_) => None,
                 Err(_) => Some(column),
             }
@@ -448,7 +485,9 @@ pub(crate) fn reply_frame_bytes(request: &StorageRequest) -> Option<usize> {
         }
         StorageRequest::OverflowList { len, .. } => Some(data(*len)),
         // Lists whose size is not known ahead.
-        StorageRequest::TransportCounters | StorageRequest::Allocated { .. } => None,
+        StorageRequest::TransportCounters
+        | StorageRequest::Allocated { .. }
+        | StorageRequest::Records { .. } => None,
         // Everything else is answered in a few bytes: one packet.
         _ => Some(tessera_wire::FRAME_HEADER_BYTES + 16),
     }

@@ -348,13 +348,18 @@ impl Client {
             layout,
             replace: false,
         };
-        match self.manager_call(request).await? {
-            ManagerResponse::File(view) => Ok(File {
-                id: view.meta.id,
-                path: view.meta.path,
-            }),
-            other => Err(self.unexpected("file", other)),
-        }
+        let view = match self.manager_call(request).await? {
+            ManagerResponse::File(view) => view,
+            other => return Err(self.unexpected("file", other)),
+        };
+        let file = File {
+            id: view.meta.id,
+            path: view.meta.path.clone(),
+        };
+        // Each column's server keeps the file's record from the start, so that the file is
+        // found again if the manager's store is lost.
+        self.context_from(view)?.describe(self, true).await;
+        Ok(file)
     }
 
     /// Start writing a new file that will take `path` when committed, replacing any file that
@@ -419,6 +424,11 @@ impl Client {
         let request = ManagerRequest::CommitPending { file: file.id };
         match self.manager_call(request).await? {
             ManagerResponse::Committed { replaced } => {
+                // Its servers' records now say it took its path (recovery gives a file only
+                // ever recorded uncommitted no path). Best effort, like every record.
+                if let Ok(ctx) = self.context_of(file.id).await {
+                    ctx.describe(self, true).await;
+                }
                 if let Some(old) = replaced {
                     self.delete_data(&old).await?;
                 }

@@ -640,6 +640,8 @@ impl Client {
             })
             .await?;
         }
+        // A wiped store lost its records too: give it the file's back.
+        ctx.describe_column(self, column, false).await;
         Ok(())
     }
 

@@ -121,6 +121,8 @@ pub struct DaemonFlags {
     pub transport: bool,
     /// `--window N`.
     pub window: bool,
+    /// `--init` (a manager creates its store only when asked, since issue 15).
+    pub init: bool,
 }
 
 impl DaemonFlags {
@@ -141,6 +143,7 @@ impl DaemonFlags {
         DaemonFlags {
             transport: has("--transport"),
             window: has("--window"),
+            init: has("--init"),
         }
     }
 }
@@ -203,6 +206,8 @@ pub fn manager_command(
             addr_file(dir, "manager").display().to_string(),
         ])
         .args(spec.transport.daemon_args("manager", flags, false)?)
+        // Each lab run starts a new cluster in a fresh directory.
+        .args(flags.init.then(|| "--init".to_string()))
         .args(spec.manager_args.iter().cloned())
         .in_namespace(&topology.namespace(MANAGER_HOST)))
 }
@@ -550,7 +555,8 @@ mod tests {
             DaemonFlags::from_help(help),
             DaemonFlags {
                 transport: true,
-                window: false
+                window: false,
+                init: false,
             }
         );
         assert_eq!(DaemonFlags::from_help("--windows"), DaemonFlags::default());
@@ -563,6 +569,7 @@ mod tests {
         let all = DaemonFlags {
             transport: true,
             window: true,
+            init: true,
         };
         assert!(Transport::Tcp
             .daemon_args("server", &none, true)
@@ -635,6 +642,7 @@ mod tests {
         let flags = DaemonFlags {
             transport: true,
             window: true,
+            init: true,
         };
         let job = ClientJob::Measure {
             files: vec![FileSpec {

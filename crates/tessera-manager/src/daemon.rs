@@ -1,11 +1,16 @@
 //! The manager as a network daemon: the [`Manager`] state machine behind a mutex, fed by a
 //! transport and ticked by a timer. This is the only part of the crate that does I/O beyond
 //! the embedded store.
+//!
+//! Started without `init` on a directory with no store, the daemon serves anyway but refuses
+//! every request ([`refuse_without_store`]), and opens the store as soon as one appears there
+//! (written by `tessera manager recover`); every tick it also checks that its store's file is
+//! still there ([`Manager::check_store`]).
 
-use crate::{Manager, ManagerConfig, ManagerOpenError};
+use crate::{refuse_without_store, Manager, ManagerConfig, ManagerOpenError};
 use bytes::Bytes;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tessera_transport::{serve_tcp_limited, BoxFuture, ConnectionId, FrameHandler, TcpLimits};
@@ -31,11 +36,51 @@ pub enum DaemonError {
     },
 }
 
+/// The manager, or where its store should appear.
+enum Served {
+    /// The store is open.
+    Running(Manager),
+    /// No store at this path yet: every request is refused.
+    NoStore(PathBuf),
+}
+
+impl Served {
+    fn handle(&mut self, request: ManagerRequest, now: Instant) -> tessera_wire::ManagerResponse {
+        match self {
+            Served::Running(manager) => manager.handle(request, now),
+            Served::NoStore(path) => refuse_without_store(path, &request),
+        }
+    }
+
+    /// Ticks the manager and checks its store's file; without a store, opens one that has
+    /// appeared.
+    fn tick(&mut self, dir: &Path, config: ManagerConfig, now: Instant) {
+        match self {
+            Served::Running(manager) => {
+                manager.tick(now);
+                let _ = manager.check_store();
+            }
+            Served::NoStore(path) if path.exists() => match Manager::open_existing(dir, config) {
+                Ok(manager) => {
+                    tracing::warn!(
+                        "metadata store {} appeared (recovered); serving cluster {:#x}",
+                        path.display(),
+                        manager.cluster()
+                    );
+                    *self = Served::Running(manager);
+                }
+                Err(e) => tracing::error!("cannot open the store that appeared: {e}"),
+            },
+            Served::NoStore(_) => {}
+        }
+    }
+}
+
 /// A running manager daemon.
 pub struct RunningManager {
     /// The address it listens on.
     pub addr: SocketAddr,
-    manager: Arc<Mutex<Manager>>,
+    manager: Arc<Mutex<Served>>,
     serve: tokio::task::JoinHandle<()>,
     ticker: tokio::task::JoinHandle<()>,
 }
@@ -58,14 +103,17 @@ impl RunningManager {
         self.serve.abort();
         self.ticker.abort();
         let manager = self.manager;
-        tokio::task::spawn_blocking(move || manager.lock().unwrap().flush())
-            .await
-            .unwrap_or_else(|e| Err(tessera_wire::ManagerError::Store(e.to_string())))
+        tokio::task::spawn_blocking(move || match &mut *manager.lock().unwrap() {
+            Served::Running(manager) => manager.flush(),
+            Served::NoStore(_) => Ok(()),
+        })
+        .await
+        .unwrap_or_else(|e| Err(tessera_wire::ManagerError::Store(e.to_string())))
     }
 }
 
 struct ManagerHandler {
-    manager: Arc<Mutex<Manager>>,
+    manager: Arc<Mutex<Served>>,
 }
 
 impl FrameHandler for ManagerHandler {
@@ -95,29 +143,63 @@ impl FrameHandler for ManagerHandler {
     }
 }
 
-/// Open the metadata store in `dir` and serve it on `listen`, within the default
+/// Open the metadata store in `dir` and serve it on `listen`. With `init`, a missing store is
+/// created (a new cluster); without, the daemon waits for one, refusing every request (see
+/// the module doc). TCP peers are bounded by the default
 /// [`TcpLimits`].
 pub async fn start(
     listen: SocketAddr,
     dir: &Path,
     config: ManagerConfig,
+    init: bool,
 ) -> Result<RunningManager, DaemonError> {
-    start_limited(listen, dir, config, TcpLimits::default()).await
+    start_limited(listen, dir, config, init, TcpLimits::default()).await
 }
 
 /// Open the metadata store in `dir` and serve it on `listen`; what TCP peers may hold
-/// (connections, idle time, memory for requests in flight) is bounded by `limits`.
+/// (connections, idle time, memory for requests in flight) is bounded by `limits`; `init` as
+/// for [`start`].
 pub async fn start_limited(
     listen: SocketAddr,
     dir: &Path,
     config: ManagerConfig,
+    init: bool,
     limits: TcpLimits,
 ) -> Result<RunningManager, DaemonError> {
-    let dir = dir.to_path_buf();
-    let manager = tokio::task::spawn_blocking(move || Manager::open(&dir, config))
-        .await
-        .expect("open does not panic")?;
-    let manager = Arc::new(Mutex::new(manager));
+    let opening = dir.to_path_buf();
+    let opened = tokio::task::spawn_blocking(move || {
+        if init {
+            Manager::open(&opening, config)
+        } else {
+            Manager::open_existing(&opening, config)
+        }
+    })
+    .await
+    .expect("open does not panic");
+    let served = match opened {
+        Ok(manager) => Served::Running(manager),
+        Err(ManagerOpenError::NoStore { path }) => {
+            tracing::error!(
+                "no metadata store at {}: refusing every request until one is there. If servers \
+                 hold this cluster's data, rebuild it with `tessera manager recover --dir {} \
+                 --servers ADDR,...`; for a new, empty cluster, start with --init",
+                path.display(),
+                dir.display()
+            );
+            for rescued in rescued_copies(dir) {
+                tracing::error!(
+                    "{} is a whole copy a manager made when it found its store deleted or \
+                     replaced; if it is this cluster's latest, move it to {} instead of \
+                     recovering (it keeps what servers owe, which recovery cannot know)",
+                    rescued.display(),
+                    path.display()
+                );
+            }
+            Served::NoStore(path)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let manager = Arc::new(Mutex::new(served));
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|e| DaemonError::Listen {
@@ -129,10 +211,17 @@ pub async fn start_limited(
         detail: e.to_string(),
     })?;
     let ticking = manager.clone();
+    let dir = dir.to_path_buf();
     let ticker = tokio::spawn(async move {
         loop {
             tokio::time::sleep(TICK_INTERVAL).await;
-            ticking.lock().unwrap().tick(Instant::now());
+            let ticking = ticking.clone();
+            let dir = dir.clone();
+            // A stat of the store's file, or opening it: off the async workers.
+            let _ = tokio::task::spawn_blocking(move || {
+                ticking.lock().unwrap().tick(&dir, config, Instant::now())
+            })
+            .await;
         }
     });
     let serve = tokio::spawn(serve_tcp_limited(
@@ -148,4 +237,21 @@ pub async fn start_limited(
         serve,
         ticker,
     })
+}
+
+/// The copies a manager made of its store when it found the store's file lost.
+fn rescued_copies(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(|entry| Some(entry.ok()?.path()))
+        .filter(|path| {
+            path.file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("manager.redb.rescued-"))
+        })
+        .collect();
+    found.sort();
+    found
 }

@@ -35,6 +35,29 @@
 //! cluster (one that took over its manager's address) refuses it with
 //! [`WrongCluster`](tessera_wire::ManagerError::WrongCluster).
 //!
+//! # Losing the store, and getting it back
+//!
+//! The store is the cluster: without it the servers' bytes have no names. The rules:
+//! - **A store is created only when asked.** [`Manager::open`] creates a missing store (a new
+//!   cluster): `tessera manager --init`, and `tessera up` on its first start.
+//!   [`Manager::open_existing`] never does; the daemon started without `--init` on a directory
+//!   with no store serves anyway, refusing every request with
+//!   [`NoStore`](tessera_wire::ManagerError::NoStore) (naming the cluster a server's store
+//!   joined and `tessera manager recover`), so that a server holding a cluster's data is never
+//!   let into a new, empty one, and opens the store as soon as one appears.
+//! - **A store lost while running is noticed.** The store's file is identified by device and
+//!   inode when opened; [`Manager::check_store`] (every daemon tick, 100 ms, and before every
+//!   commit) finds it deleted or replaced. From then on every change is refused with
+//!   [`StoreLost`](tessera_wire::ManagerError::StoreLost), since it would be committed into a
+//!   file that is gone at the next start; reads and heartbeats go on from the open database.
+//!   The open database, still whole, is copied to `manager.redb.rescued-<inode>` beside it,
+//!   and the error log says to stop the manager and move that copy into place.
+//! - **The servers hold enough to rebuild it.** Each server keeps a checksummed record of every
+//!   file it holds a column of (`tessera_store::FileRecord`); [`recovery`] merges them into a
+//!   new store with the old cluster id, servers and incarnations (`tessera manager recover`).
+//!   What recovery cannot know is listed in the [`recovery`] module's doc: above all the stripes
+//!   servers owed, so a rescued copy is better when there is one.
+//!
 //! ```
 //! use std::time::{Duration, Instant};
 //! use tessera_layout::Scheme;
@@ -42,6 +65,7 @@
 //! use tessera_wire::{LayoutRequest, ManagerRequest, ManagerResponse, ServerState};
 //!
 //! let dir = tempfile::tempdir().unwrap();
+//! // A new cluster: the store is created (`--init`).
 //! let mut manager = Manager::open(dir.path(), ManagerConfig::default()).unwrap();
 //! let start = Instant::now();
 //!
@@ -72,12 +96,15 @@
 pub mod daemon;
 mod manager;
 mod ranges;
+pub mod recovery;
 mod store;
 
 pub use manager::{
-    Manager, ManagerConfig, ManagerOpenError, HEARTBEAT_TIMEOUT_DEFAULT, PATH_BYTES_MAX,
-    PENDING_LEASE_DEFAULT,
+    refuse_without_store, Manager, ManagerConfig, ManagerOpenError, HEARTBEAT_TIMEOUT_DEFAULT,
+    PATH_BYTES_MAX, PENDING_LEASE_DEFAULT,
 };
 
+#[cfg(test)]
+mod store_loss_tests;
 #[cfg(test)]
 mod tests;

@@ -86,6 +86,30 @@ pub enum ManagerOpenError {
         /// What the decoder said.
         error: postcard::Error,
     },
+    /// There is no store, and none may be created without being asked (`--init`): servers may
+    /// hold a cluster's data that a new, empty store would disown.
+    #[error(
+        "no metadata store at {path}: start with --init for a new cluster, or rebuild a lost \
+         store from the servers with `tessera manager recover`"
+    )]
+    NoStore {
+        /// Database file expected.
+        path: PathBuf,
+    },
+    /// Recovery never writes over a store that exists.
+    #[error("a metadata store already exists at {path}; recovery writes only where there is none")]
+    StoreExists {
+        /// Database file.
+        path: PathBuf,
+    },
+    /// The store's file could not be looked at, renamed or synced.
+    #[error("metadata store {path}: {error}")]
+    File {
+        /// Database file.
+        path: PathBuf,
+        /// What the OS said.
+        error: std::io::Error,
+    },
 }
 
 /// The metadata manager: the namespace, file layouts, servers and what they owe.
@@ -100,6 +124,10 @@ pub enum ManagerOpenError {
 pub struct Manager {
     db: Database,
     config: ManagerConfig,
+    /// Where the store's file is, and which file it was when opened.
+    store_file: StoreFile,
+    /// Set once the store's file is found deleted or replaced: every later change is refused.
+    store_lost: Option<ManagerError>,
     /// This cluster's id, drawn when the store was created.
     cluster: ClusterId,
     /// Copy of the `servers` table, updated after each commit that writes it.
@@ -113,14 +141,32 @@ pub struct Manager {
 }
 
 impl Manager {
-    /// Opens (or creates) the store at `dir/manager.redb`, creating `dir` if needed.
+    /// Opens the store at `dir/manager.redb`, creating it (a new cluster, with a new id) and
+    /// `dir` if there is none: what `tessera manager --init` and a first `tessera up` do.
     pub fn open(dir: &Path, config: ManagerConfig) -> Result<Manager, ManagerOpenError> {
         std::fs::create_dir_all(dir).map_err(|error| ManagerOpenError::CreateDir {
             path: dir.to_path_buf(),
             error,
         })?;
+        Self::open_at(&dir.join(DB_FILE_NAME), config)
+    }
+
+    /// Opens the store at `dir/manager.redb` only if it exists; otherwise
+    /// [`ManagerOpenError::NoStore`]. A manager that finds its store gone must not start a new
+    /// cluster by itself (see the crate doc).
+    pub fn open_existing(dir: &Path, config: ManagerConfig) -> Result<Manager, ManagerOpenError> {
         let path = dir.join(DB_FILE_NAME);
-        let opened = Database::create(&path)
+        match std::fs::symlink_metadata(&path) {
+            Ok(_) => Self::open_at(&path, config),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                Err(ManagerOpenError::NoStore { path })
+            }
+            Err(error) => Err(ManagerOpenError::File { path, error }),
+        }
+    }
+
+    fn open_at(path: &Path, config: ManagerConfig) -> Result<Manager, ManagerOpenError> {
+        let opened = Database::create(path)
             .map_err(Failure::from)
             .and_then(|db| {
                 let Loaded {
@@ -129,26 +175,84 @@ impl Manager {
                     indebted,
                     pending,
                 } = load(&db, config.cluster_id)?;
-                Ok(Manager {
-                    db,
-                    config,
-                    cluster,
-                    servers,
-                    heartbeats: BTreeMap::new(),
-                    indebted,
-                    pending: pending.into_iter().map(|file| (file, None)).collect(),
-                })
+                Ok((db, cluster, servers, indebted, pending))
             });
-        opened.map_err(|failure| match failure {
-            Failure::Store(error) => ManagerOpenError::Store { path, error },
-            Failure::Codec(error) => ManagerOpenError::Corrupt { path, error },
-            Failure::UnknownFormat(found) => ManagerOpenError::UnknownFormat {
-                path,
-                found,
-                expected: FORMAT_VERSION,
-            },
-            Failure::Refused(error) => unreachable!("opening refused a request: {error}"),
+        let (db, cluster, servers, indebted, pending) = opened.map_err(|failure| {
+            let path = path.to_path_buf();
+            match failure {
+                Failure::Store(error) => ManagerOpenError::Store { path, error },
+                Failure::Codec(error) => ManagerOpenError::Corrupt { path, error },
+                Failure::UnknownFormat(found) => ManagerOpenError::UnknownFormat {
+                    path,
+                    found,
+                    expected: FORMAT_VERSION,
+                },
+                Failure::Refused(error) => unreachable!("opening refused a request: {error}"),
+            }
+        })?;
+        // Taken after opening, so it names the file the database really is.
+        let store_file = StoreFile::identify(path).map_err(|error| ManagerOpenError::File {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        Ok(Manager {
+            db,
+            config,
+            store_file,
+            store_lost: None,
+            cluster,
+            servers,
+            heartbeats: BTreeMap::new(),
+            indebted,
+            pending: pending.into_iter().map(|file| (file, None)).collect(),
         })
+    }
+
+    /// Checks that the store's file is still the one opened: not deleted, not replaced by
+    /// another file. The daemon calls it every tick, and every change calls it before it
+    /// commits. Once the file is found gone, every later change is refused with
+    /// [`ManagerError::StoreLost`] (committing into an unlinked file would acknowledge changes
+    /// that vanish at the next start), the open store, still whole, is copied to
+    /// `manager.redb.rescued-<inode>` beside it, and the finding is logged as an error, once.
+    pub fn check_store(&mut self) -> Result<(), ManagerError> {
+        if let Some(lost) = &self.store_lost {
+            return Err(lost.clone());
+        }
+        let Some(what) = self.store_file.changed() else {
+            return Ok(());
+        };
+        let lost = ManagerError::StoreLost {
+            path: self.store_file.path.display().to_string(),
+            what,
+        };
+        let rescued = self.store_file.rescue_path();
+        let kept = match self.rescue(&rescued) {
+            Ok(()) => format!(
+                "everything it held (namespace, servers, debts) was copied to {}: stop the \
+                 manager, move that file to {} and start it again",
+                rescued.display(),
+                self.store_file.path.display()
+            ),
+            Err(error) => format!(
+                "it could not be copied to {} ({error}): once the manager is stopped, rebuild \
+                 the store from the servers with `tessera manager recover`",
+                rescued.display()
+            ),
+        };
+        tracing::error!("{lost}; {kept}");
+        self.store_lost = Some(lost.clone());
+        Err(lost)
+    }
+
+    /// Copies the open store, still whole, to `path` (never over an existing file).
+    fn rescue(&self, path: &Path) -> Result<(), ManagerError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| ManagerError::Store(e.to_string()))?;
+        }
+        if path.exists() {
+            return Err(ManagerError::Store(format!("{} exists", path.display())));
+        }
+        store::copy_store(&self.db, path).map_err(ManagerError::from)
     }
 
     /// Answers one request at time `now`; a store failure is answered as
@@ -720,6 +824,7 @@ impl Manager {
         durability: redb::Durability,
         apply: impl FnOnce(&mut Change<'_>) -> Result<T, Failure>,
     ) -> Result<T, Failure> {
+        self.check_store()?;
         let mut txn = self.db.begin_write()?;
         txn.set_durability(durability)
             .map_err(|e| ManagerError::Store(e.to_string()))?;
@@ -887,6 +992,48 @@ fn read_counter(meta: &impl ReadableTable<&'static str, u64>, key: &str) -> Resu
         .ok_or_else(|| ManagerError::Store(format!("counter {key} is missing")).into())
 }
 
+/// The store's file, as the device and inode it was when opened.
+struct StoreFile {
+    path: PathBuf,
+    device: u64,
+    inode: u64,
+}
+
+impl StoreFile {
+    fn identify(path: &Path) -> std::io::Result<StoreFile> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path)?;
+        Ok(StoreFile {
+            path: path.to_path_buf(),
+            device: meta.dev(),
+            inode: meta.ino(),
+        })
+    }
+
+    /// Where a copy of the store is kept when its file is lost: named after the lost file's
+    /// inode, so that it never overwrites an earlier rescue.
+    fn rescue_path(&self) -> PathBuf {
+        let mut name = self.path.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(".rescued-{}", self.inode));
+        self.path.with_file_name(name)
+    }
+
+    /// What happened to the file since it was opened, if anything.
+    fn changed(&self) -> Option<String> {
+        match StoreFile::identify(&self.path) {
+            Ok(now) if (now.device, now.inode) == (self.device, self.inode) => None,
+            Ok(now) => Some(format!(
+                "replaced by another file (inode {} on device {:#x}, was {} on {:#x})",
+                now.inode, now.device, self.inode, self.device
+            )),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                Some("deleted".to_string())
+            }
+            Err(error) => Some(format!("made unreachable ({error})")),
+        }
+    }
+}
+
 /// What the manager keeps in memory from its store.
 struct Loaded {
     cluster: ClusterId,
@@ -946,6 +1093,21 @@ fn load(db: &Database, new_cluster: Option<ClusterId>) -> Result<Loaded, Failure
     };
     txn.commit()?;
     Ok(loaded)
+}
+
+/// The answer of a manager that has no store (see [`Manager::open_existing`]) to any request:
+/// [`ManagerError::NoStore`], naming the cluster a registering or heartbeating server's store
+/// joined, so that its log tells the operator what was lost and how to recover it.
+pub fn refuse_without_store(store: &Path, request: &ManagerRequest) -> ManagerResponse {
+    let cluster = match request {
+        ManagerRequest::Register { cluster, .. } => *cluster,
+        ManagerRequest::Heartbeat { cluster, .. } => Some(*cluster),
+        _ => None,
+    };
+    ManagerResponse::Error(ManagerError::NoStore {
+        path: store.display().to_string(),
+        cluster,
+    })
 }
 
 /// Refuses paths the namespace cannot hold.

@@ -19,7 +19,7 @@
 //! store without them has no pending files and no orphans. A pending file's `FileMeta::path`
 //! is the path it will take; only `paths` says which file a path names.
 
-use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
+use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
 use tessera_wire::{FileId, FileMeta, IndexRange, ManagerError, ServerId};
 
@@ -200,4 +200,44 @@ pub(crate) fn has_debt(
         .next()
         .transpose()?;
     Ok(first.is_some())
+}
+
+/// Copies every table of the open store `db` into a new store at `path`, in one durable
+/// commit: a store whose file was deleted or replaced under the manager is still whole in the
+/// open database, debts included, and this copy keeps it (see `Manager::check_store`).
+pub(crate) fn copy_store(db: &Database, path: &std::path::Path) -> Result<(), Failure> {
+    let from = db.begin_read()?;
+    let to_db = Database::create(path)?;
+    let to = to_db.begin_write()?;
+    {
+        let mut tables = Tables::open(&to)?;
+        for entry in from.open_table(META)?.iter()? {
+            let (key, value) = entry?;
+            tables.meta.insert(key.value(), value.value())?;
+        }
+        for entry in from.open_table(FILES)?.iter()? {
+            let (key, value) = entry?;
+            tables.files.insert(key.value(), value.value())?;
+        }
+        for entry in from.open_table(PATHS)?.iter()? {
+            let (key, value) = entry?;
+            tables.paths.insert(key.value(), value.value())?;
+        }
+        for entry in from.open_table(SERVERS)?.iter()? {
+            let (key, value) = entry?;
+            tables.servers.insert(key.value(), value.value())?;
+        }
+        for entry in from.open_table(DEBTS)?.iter()? {
+            let (key, value) = entry?;
+            tables.debts.insert(key.value(), value.value())?;
+        }
+        for entry in from.open_table(PENDING)?.iter()? {
+            tables.pending.insert(entry?.0.value(), ())?;
+        }
+        for entry in from.open_table(ORPHANS)?.iter()? {
+            tables.orphans.insert(entry?.0.value(), ())?;
+        }
+    }
+    to.commit()?;
+    Ok(())
 }

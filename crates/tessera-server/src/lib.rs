@@ -9,7 +9,12 @@
 //! manager. Small reads the page cache holds are answered on the transport's network thread
 //! ([`Store::read_cached`]); everything that may wait for the disk runs on the blocking pool.
 //! It holds no layout knowledge: the client tells it byte offsets in its data, redundancy and
-//! overflow files.
+//! overflow files. It keeps the file records clients describe (`StorageRequest::Describe`,
+//! stamped with its cluster) and lists them for `tessera manager recover`
+//! (`StorageRequest::Records`, answered whatever store the call names, since recovery does not
+//! know the incarnations yet; a record stamped with another cluster is listed as damaged). A
+//! manager without a store refuses it ([`ManagerError::NoStore`]); it logs why once and keeps
+//! asking, so that it joins as soon as the store is recovered.
 
 use bytes::Bytes;
 use std::net::SocketAddr;
@@ -24,7 +29,7 @@ use tessera_transport::{
 };
 use tessera_wire::{
     encode_message, ManagerError, ManagerRequest, ManagerResponse, OverflowExtent, ServerId,
-    StorageCall, StorageError, StorageRequest, StorageResponse,
+    StorageCall, StorageError, StorageRequest, StorageResponse, RECORDS_PER_PAGE,
 };
 use tokio::net::TcpListener;
 
@@ -284,6 +289,15 @@ async fn keep_registered(
                 refusal_logged = false;
             }
             Ok((ManagerResponse::Error(ManagerError::UnknownServer(_)), _)) => registered = false,
+            Ok((ManagerResponse::Error(e @ ManagerError::NoStore { .. }), _)) => {
+                // The manager lost its store: it must not hand this server's files to a new,
+                // empty cluster. Wait, saying why once, until its store is recovered.
+                if !refusal_logged {
+                    tracing::error!("manager {manager} refused this server: {e}");
+                    refusal_logged = true;
+                }
+                registered = false;
+            }
             Ok((ManagerResponse::Error(e @ ManagerError::WrongCluster { .. }), _)) => {
                 // The manager's address now belongs to another cluster's manager. Stay out of
                 // it (serving its clients would hand them this cluster's bytes) and keep asking,
@@ -461,7 +475,10 @@ impl StorageHandler {
             None
         })?;
         let found = self.store.incarnation();
-        if incarnation != found {
+        // A listing of records names the store it comes from, and recovery asks before it
+        // knows any incarnation.
+        let names_itself = matches!(request, StorageRequest::Records { .. });
+        if incarnation != found && !names_itself {
             // Meant for a server that used to listen here, or for this one before its store
             // was wiped: serving it would hand out (or overwrite, or remove) the wrong bytes.
             let refusal = StorageResponse::Error(StorageError::WrongStore {
@@ -670,6 +687,41 @@ async fn serve(
         } => {
             let ranges = blocking(move || store.allocated(file, region, offset, len)).await?;
             Ok((StorageResponse::Allocated { ranges }, Bytes::new()))
+        }
+        StorageRequest::Describe { meta, committed } => {
+            blocking(move || store.describe(&meta, committed)).await?;
+            done
+        }
+        StorageRequest::Records { after } => {
+            let answer = blocking(move || {
+                let page = store.records(after, RECORDS_PER_PAGE)?;
+                let (records, mut damaged) = (page.records, page.damaged);
+                let cluster = store.cluster_id();
+                // A record stamped with another cluster than the store's is not this
+                // cluster's metadata, whatever it says.
+                let (ours, strangers): (Vec<_>, Vec<_>) = records
+                    .into_iter()
+                    .partition(|record| record.cluster == cluster);
+                damaged.extend(strangers.into_iter().map(|record| record.meta.id));
+                damaged.sort_unstable();
+                let uncommitted = ours
+                    .iter()
+                    .filter(|record| !record.committed)
+                    .map(|record| record.meta.id)
+                    .collect();
+                Ok(StorageResponse::Records {
+                    server: store.server_id(),
+                    incarnation: store.incarnation(),
+                    cluster,
+                    records: ours.into_iter().map(|record| record.meta).collect(),
+                    damaged,
+                    unrecorded: page.unrecorded,
+                    uncommitted,
+                    more: page.more,
+                })
+            })
+            .await?;
+            Ok((answer, Bytes::new()))
         }
     }
 }

@@ -36,6 +36,7 @@
 //! <root>/files/<F>/overflow.log.new  a shorter log being written, before it is renamed over
 //! <root>/intents/<F>.<stripe>      an unresolved intent record: "TSIR" + version u32 LE
 //!                                  (INTENT_FORMAT_VERSION) + crc32c + the record
+//! <root>/files/<F>/record          the file's metadata for recovery (see `record`, own version)
 //! ```
 //!
 //! Every byte is covered by a checksum, so one flipped bit anywhere is found:
@@ -51,6 +52,9 @@
 //!   the file: the server does not start. The operator moves the directory away and starts the
 //!   server on an empty one; it joins as a new incarnation, and `tessera rebuild` restores its
 //!   data from the others.
+//! - A file's `record` (its metadata for `tessera manager recover`, [`FileRecord`]) carries
+//!   its own crc32c; a damaged one is listed as damaged, never read, and recovery takes the
+//!   file's record from another column's server.
 //! - A flipped bit in overflow bytes that no live entry refers to changes nothing that is ever
 //!   read; those bytes are dropped when the overflow files are next emptied.
 //!
@@ -97,11 +101,13 @@ mod io;
 mod locks;
 mod meta;
 mod overflow;
+mod record;
 mod region;
 mod store;
 
 pub use intent::{IntentRecord, INTENT_FORMAT_VERSION};
 pub use locks::ParityLocks;
+pub use record::{FileRecord, RecordError, RecordPage, RECORD_FORMAT_VERSION};
 pub use store::Store;
 
 pub use tessera_layout::{OverflowRole, Region};

@@ -9,12 +9,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tessera_layout::{OverflowRole, Region};
-use tessera_wire::{FileId, IndexRange, OverflowExtent, ParityIntent, StorageError};
+use tessera_wire::{FileId, FileMeta, IndexRange, OverflowExtent, ParityIntent, StorageError};
 
 use crate::intent::{IntentRecord, Intents, INTENTS_DIR};
 use crate::io::{bad_request, check_range, data_ranges, disk, disk_format};
 use crate::meta::{self, StoreMeta};
 use crate::overflow::{OverflowFiles, Touched};
+use crate::record::{self, FileRecord, RecordError, RecordPage};
 use crate::region::{RegionFile, CRC_ENTRY_BYTES};
 use crate::{BLOCK_BYTES, FILE_BYTES_MAX, OPEN_FILES_MAX, REQUEST_BYTES_MAX};
 
@@ -538,6 +539,64 @@ impl Store {
             dirty.dirs.extend(owed.dirs);
         }
         result
+    }
+
+    /// Keeps `meta` as the file's record (see [`FileRecord`]), stamped with the cluster this
+    /// store joined, durably before returning; an unchanged record is not rewritten. Once a
+    /// record says the file was committed it keeps saying so: `committed` false means "not
+    /// known to be", as a sync that does not know tells.
+    pub fn describe(&self, meta: &FileMeta, committed: bool) -> Result<(), StorageError> {
+        self.with_write(meta.id, |state| {
+            self.make_present(meta.id, state)?;
+            let dir = self.file_dir(meta.id);
+            let was_committed = matches!(record::load(&dir), Ok(Some(old)) if old.committed);
+            let record = FileRecord {
+                meta: meta.clone(),
+                cluster: self.cluster_id(),
+                committed: committed || was_committed,
+            };
+            record::save(&dir, &record)
+        })?;
+        // The file's directory may be new: its entry must be durable before the record is.
+        let created = lock(&self.dirty).dirs.remove(&self.files_dir);
+        if created {
+            meta::sync_dir(&self.files_dir)?;
+        }
+        Ok(())
+    }
+
+    /// Up to `limit` files with an id above `after`, in file id order: their records, or
+    /// whether their record is damaged or missing.
+    pub fn records(&self, after: FileId, limit: usize) -> Result<RecordPage, StorageError> {
+        let entries = fs::read_dir(&self.files_dir)
+            .map_err(|error| disk(format_args!("list {}", self.files_dir.display()), error))?;
+        let mut ids = Vec::new();
+        for entry in entries {
+            let entry = entry
+                .map_err(|error| disk(format_args!("list {}", self.files_dir.display()), error))?;
+            match entry.file_name().to_str().map(str::parse::<FileId>) {
+                Some(Ok(id)) if id > after => ids.push(id),
+                _ => {}
+            }
+        }
+        ids.sort_unstable();
+        let mut page = RecordPage::default();
+        for &id in &ids {
+            if page.records.len() + page.damaged.len() + page.unrecorded.len() == limit {
+                page.more = true;
+                return Ok(page);
+            }
+            // Under the file's lock, so that a record being replaced is read whole.
+            let slot = self.slot(id);
+            let _state = read_state(&slot);
+            match record::load(&self.file_dir(id)) {
+                Ok(Some(record)) => page.records.push(record),
+                Ok(None) => page.unrecorded.push(id),
+                Err(RecordError::Damaged(_)) => page.damaged.push(id),
+                Err(RecordError::Disk(error)) => return Err(error),
+            }
+        }
+        Ok(page)
     }
 
     /// Deletes everything stored for a file. Removing a file that is not stored is fine.

@@ -22,7 +22,8 @@
 //! first release: the manager's pending files and orphans (`CreatePending`, `RenewPending`,
 //! `CommitPending`, `AbandonPending`, `Orphans`, `OrphansRemoved`; responses `Pending`,
 //! `Committed`, `Orphans`; errors `NotPending`, `TooLarge`) and the storage request
-//! `Allocated` with its response.
+//! `Allocated` with its response; the manager's store (issue 15, item 8): `StorageRequest::Describe`
+//! and `Records`, `StorageResponse::Records`, `ManagerError::StoreLost` and `NoStore`.
 
 mod frame;
 mod messages;

@@ -219,11 +219,32 @@ pub enum StorageRequest {
         /// Bytes.
         len: u64,
     },
+    /// Keep this metadata of a file this server holds a column of (durably, before
+    /// answering), so that a lost manager store can be rebuilt from the servers
+    /// (`tessera manager recover`). The server adds the cluster it joined.
+    Describe {
+        /// The file as the manager last told the client.
+        meta: FileMeta,
+        /// The file is known to be committed (created whole, or an atomic replace's file
+        /// after its commit); false means not known to be, which never undoes a true.
+        committed: bool,
+    },
+    /// The file records this server keeps, in file id order, starting after `after`, at most
+    /// [`RECORDS_PER_PAGE`] at a time. Answered whatever store the call names: the answer says
+    /// which store it came from (recovery does not know the incarnations yet).
+    Records {
+        /// List files with an id above this one.
+        after: FileId,
+    },
 }
 
 /// Most ranges one [`StorageResponse::Allocated`] lists; past it, the last range runs to the
 /// end of the range asked for (a superset, never a subset, of what is allocated).
 pub const ALLOCATED_RANGES_MAX: usize = 4096;
+
+/// Most file records in one [`StorageResponse::Records`] (a path is at most 4 KiB, so a page
+/// stays far below the message bound).
+pub const RECORDS_PER_PAGE: usize = 256;
 
 /// One overflow entry in a listing; its bytes follow in the payload in listing order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -329,6 +350,25 @@ pub enum StorageResponse {
     Allocated {
         /// The ranges that may hold written bytes.
         ranges: Vec<IndexRange>,
+    },
+    /// Answer to `Records`: who this server is, and a page of its file records.
+    Records {
+        /// The server's id, once registered.
+        server: Option<ServerId>,
+        /// Its store.
+        incarnation: Incarnation,
+        /// The cluster its store joined, once registered.
+        cluster: Option<ClusterId>,
+        /// Records in file id order, each as the manager last described the file.
+        records: Vec<FileMeta>,
+        /// Files whose record is damaged (failed its checksum or did not decode).
+        damaged: Vec<FileId>,
+        /// Files stored without a record: not in the namespace, but their ids are taken.
+        unrecorded: Vec<FileId>,
+        /// Files among `records` never recorded as committed (pending files of a `put`).
+        uncommitted: Vec<FileId>,
+        /// Whether more records follow this page.
+        more: bool,
     },
 }
 
@@ -707,4 +747,38 @@ pub enum ManagerError {
         /// The file's maximum size.
         max: u64,
     },
+    /// The manager's store file was deleted or replaced while it ran: metadata changes are
+    /// refused, because they would go to a file that is gone at the next start.
+    #[error(
+        "the manager's metadata store {path} was {what} while the manager ran; metadata \
+         changes are refused (stop the manager and see `tessera manager recover`)"
+    )]
+    StoreLost {
+        /// The store's file.
+        path: String,
+        /// What happened to it ("deleted", "replaced by another file").
+        what: String,
+    },
+    /// The manager has no metadata store: it will not start a new, empty cluster by itself.
+    #[error("{}", no_store_message(path, *cluster))]
+    NoStore {
+        /// Where the store should be.
+        path: String,
+        /// The cluster the refused server's store joined, if any.
+        cluster: Option<ClusterId>,
+    },
+}
+
+fn no_store_message(path: &str, cluster: Option<ClusterId>) -> String {
+    let what = match cluster {
+        Some(cluster) => format!(
+            "this server holds data of cluster {cluster:#x}, whose metadata is gone with it: \
+             rebuild the store from the servers with `tessera manager recover --dir DIR \
+             --servers ADDR,...`"
+        ),
+        None => "start the manager once with --init to begin a new, empty cluster, or rebuild \
+                 a lost store with `tessera manager recover`"
+            .to_string(),
+    };
+    format!("the manager has no metadata store ({path} is missing): {what}")
 }

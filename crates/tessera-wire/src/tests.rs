@@ -9,6 +9,20 @@ fn storage_request() -> impl Strategy<Value = StorageRequest> {
     prop_oneof![
         Just(StorageRequest::Ping),
         Just(StorageRequest::Sync),
+        any::<u64>().prop_map(|after| StorageRequest::Records { after }),
+        (any::<u64>(), any::<u64>(), ".{0,40}").prop_map(|(id, size, path)| {
+            StorageRequest::Describe {
+                meta: FileMeta {
+                    id,
+                    path,
+                    layout: tessera_layout::Layout::new(tessera_layout::Scheme::Raid5, 65536, 3)
+                        .unwrap(),
+                    servers: vec![1, 2, 3],
+                    size,
+                },
+                committed: size % 2 == 0,
+            }
+        }),
         (any::<u64>(), any::<u64>(), any::<u32>(), any::<bool>()).prop_map(
             |(file, offset, len, overlay)| {
                 StorageRequest::Read {

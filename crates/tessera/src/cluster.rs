@@ -215,6 +215,11 @@ impl LocalCluster {
         }
         let previous = Self::load(&dir).ok();
         let manager_dir = dir.join("manager");
+        // Only a first start creates the manager's store: later, its servers hold the
+        // cluster's data, and a new, empty store would disown it.
+        let init = previous.is_none();
+        let store = manager_dir.join("manager.redb");
+        let store_missing = !init && !store.exists();
         std::fs::create_dir_all(&manager_dir)?;
         let addr_file = manager_dir.join("addr");
         let _ = std::fs::remove_file(&addr_file);
@@ -222,10 +227,12 @@ impl LocalCluster {
             .as_ref()
             .map(|p| p.file.manager.clone())
             .unwrap_or_else(|| "127.0.0.1:0".into());
-        let manager_pid = match Self::start_manager(&manager_dir, &listen) {
+        let manager_pid = match Self::start_manager(&manager_dir, &listen, init) {
             Ok(pid) => pid,
             // The old port may be taken now; any free one will do.
-            Err(_) if listen != "127.0.0.1:0" => Self::start_manager(&manager_dir, "127.0.0.1:0")?,
+            Err(_) if listen != "127.0.0.1:0" => {
+                Self::start_manager(&manager_dir, "127.0.0.1:0", init)?
+            }
             Err(e) => return Err(e),
         };
         let manager = wait_for_addr(&addr_file, manager_pid)?;
@@ -236,7 +243,7 @@ impl LocalCluster {
                 manager: manager.clone(),
                 manager_process: Process {
                     addr: manager,
-                    dir: manager_dir,
+                    dir: manager_dir.clone(),
                     pid: manager_pid,
                 },
                 servers: Vec::new(),
@@ -267,6 +274,19 @@ impl LocalCluster {
                 return Err(e);
             }
         }
+        if store_missing {
+            bail!(
+                "the manager's store {} is missing, but the servers hold this cluster's data, so \
+                 the manager refuses them rather than start a new, empty cluster. The manager \
+                 and servers are running: rebuild the store from the servers with `tessera \
+                 manager recover --dir {} --cluster {}` (the manager opens it at once), or stop \
+                 them with `tessera down --dir {}`",
+                store.display(),
+                manager_dir.display(),
+                dir.display(),
+                dir.display()
+            );
+        }
         if let Err(e) = cluster.wait_all_up().await {
             cluster.down();
             return Err(e);
@@ -274,8 +294,8 @@ impl LocalCluster {
         Ok(cluster)
     }
 
-    fn start_manager(manager_dir: &Path, listen: &str) -> Result<u32> {
-        let args: Vec<String> = vec![
+    fn start_manager(manager_dir: &Path, listen: &str, init: bool) -> Result<u32> {
+        let mut args: Vec<String> = vec![
             "manager".into(),
             "--listen".into(),
             listen.into(),
@@ -284,6 +304,9 @@ impl LocalCluster {
             "--addr-file".into(),
             manager_dir.join("addr").display().to_string(),
         ];
+        if init {
+            args.push("--init".into());
+        }
         let pid = spawn_daemon(&args, &manager_dir.join("log"))?;
         // A bind failure shows up as an early exit.
         std::thread::sleep(Duration::from_millis(50));

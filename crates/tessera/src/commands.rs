@@ -566,6 +566,7 @@ pub async fn run_manager(
     addr_file: Option<PathBuf>,
     pending_lease_ms: Option<u64>,
     limits: tessera_transport::TcpLimits,
+    init: bool,
 ) -> Result<()> {
     let listen: SocketAddr = listen
         .parse()
@@ -577,7 +578,7 @@ pub async fn run_manager(
         }
         config.pending_lease = std::time::Duration::from_millis(ms);
     }
-    let manager = tessera_manager::daemon::start_limited(listen, dir, config, limits).await?;
+    let manager = tessera_manager::daemon::start_limited(listen, dir, config, init, limits).await?;
     write_addr_file(addr_file, manager.addr)?;
     eprintln!("manager listening on {}", manager.addr);
     until_terminated().await;

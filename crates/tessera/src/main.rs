@@ -6,6 +6,7 @@ mod cluster;
 mod commands;
 mod demo;
 mod lab;
+mod recover;
 mod s3;
 
 use anyhow::Result;
@@ -67,24 +68,8 @@ enum Command {
         #[arg(long, default_value = "tessera-data")]
         dir: PathBuf,
     },
-    /// Run the metadata manager daemon.
-    Manager {
-        /// Address to listen on.
-        #[arg(long)]
-        listen: String,
-        /// Data directory.
-        #[arg(long)]
-        dir: PathBuf,
-        /// Write the bound address to this file once listening.
-        #[arg(long)]
-        addr_file: Option<PathBuf>,
-        /// How long a file being written by `put` lives without its writer renewing or
-        /// committing it, in milliseconds [default: 60000]
-        #[arg(long, env = "TESSERA_PENDING_LEASE_MS")]
-        pending_lease_ms: Option<u64>,
-        #[command(flatten)]
-        limits: LimitArgs,
-    },
+    /// Run the metadata manager daemon, or rebuild its lost store from the servers.
+    Manager(ManagerArgs),
     /// Run a storage server daemon, or stop/start one server of the local cluster.
     Server(ServerArgs),
     /// Store a local file (`-` for stdin).
@@ -242,6 +227,48 @@ impl LimitArgs {
     }
 }
 
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct ManagerArgs {
+    #[command(subcommand)]
+    action: Option<ManagerAction>,
+    /// Address to listen on.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Data directory.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Write the bound address to this file once listening.
+    #[arg(long)]
+    addr_file: Option<PathBuf>,
+    /// How long a file being written by `put` lives without its writer renewing or
+    /// committing it, in milliseconds [default: 60000]
+    #[arg(long, env = "TESSERA_PENDING_LEASE_MS")]
+    pending_lease_ms: Option<u64>,
+    #[command(flatten)]
+    limits: LimitArgs,
+    /// Create the metadata store (a new, empty cluster) if DIR has none. Without it, a
+    /// manager whose store is missing refuses every server and waits for
+    /// `tessera manager recover`.
+    #[arg(long)]
+    init: bool,
+}
+
+#[derive(Subcommand)]
+enum ManagerAction {
+    /// Rebuild a lost metadata store from the file records the servers keep. Run it where the
+    /// manager's store is missing (the manager may be running: it opens the store once written).
+    Recover {
+        /// The manager's data directory, where the store is written.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Addresses of every server, comma-separated [default: the servers of the cluster
+        /// file named by --cluster, else ./tessera-data/cluster.toml]
+        #[arg(long, value_delimiter = ',')]
+        servers: Vec<String>,
+    },
+}
+
 #[derive(Subcommand)]
 enum ServerAction {
     /// Stop (kill) server ID of the local cluster.
@@ -266,7 +293,7 @@ fn main() {
     // unless TESSERA_LOG asks for more.
     let daemon = matches!(
         cli.command,
-        Command::Manager { .. }
+        Command::Manager(ManagerArgs { action: None, .. })
             | Command::Server(ServerArgs { action: None, .. })
             | Command::S3 { .. }
     );
@@ -334,16 +361,29 @@ async fn run(cli: Cli) -> Result<()> {
             detach,
         } => commands::up(&dir, servers, detach).await,
         Command::Down { dir } => commands::down(&dir),
-        Command::Manager {
-            listen,
-            dir,
-            addr_file,
-            pending_lease_ms,
-            limits,
-        } => {
-            let limits = limits.tcp_limits()?;
-            commands::run_manager(&listen, &dir, addr_file, pending_lease_ms, limits).await
-        }
+        Command::Manager(args) => match args.action {
+            Some(ManagerAction::Recover { dir, servers }) => {
+                recover::run(cluster, &dir, servers).await
+            }
+            None => {
+                let listen = args
+                    .listen
+                    .ok_or_else(|| anyhow::anyhow!("tessera manager needs --listen"))?;
+                let dir = args
+                    .dir
+                    .ok_or_else(|| anyhow::anyhow!("tessera manager needs --dir"))?;
+                let limits = args.limits.tcp_limits()?;
+                commands::run_manager(
+                    &listen,
+                    &dir,
+                    args.addr_file,
+                    args.pending_lease_ms,
+                    limits,
+                    args.init,
+                )
+                .await
+            }
+        },
         Command::Server(args) => match args.action {
             Some(ServerAction::Stop { id, dir }) => commands::server_stop(&dir, id),
             Some(ServerAction::Start { id, dir }) => commands::server_start(&dir, id).await,
