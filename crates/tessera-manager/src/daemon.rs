@@ -39,7 +39,7 @@ pub enum DaemonError {
 /// The manager, or where its store should appear.
 enum Served {
     /// The store is open.
-    Running(Manager),
+    Running(Box<Manager>),
     /// No store at this path yet: every request is refused.
     NoStore(PathBuf),
 }
@@ -67,7 +67,7 @@ impl Served {
                         path.display(),
                         manager.cluster()
                     );
-                    *self = Served::Running(manager);
+                    *self = Served::Running(Box::new(manager));
                 }
                 Err(e) => tracing::error!("cannot open the store that appeared: {e}"),
             },
@@ -177,7 +177,7 @@ pub async fn start_limited(
     .await
     .expect("open does not panic");
     let served = match opened {
-        Ok(manager) => Served::Running(manager),
+        Ok(manager) => Served::Running(Box::new(manager)),
         Err(ManagerOpenError::NoStore { path }) => {
             tracing::error!(
                 "no metadata store at {}: refusing every request until one is there. If servers \
