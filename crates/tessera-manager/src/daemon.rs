@@ -1,15 +1,21 @@
 //! The manager as a network daemon: the [`Manager`] state machine behind a mutex, fed by a
 //! transport and ticked by a timer. This is the only part of the crate that does I/O beyond
-//! the embedded store.
+//! the embedded store. It authenticates every connection (admin and server keys derived from
+//! the cluster secret, client access keys from its store) and refuses each request the
+//! connection's role may not make (see [`crate::authorize`]).
 
 use crate::{Manager, ManagerConfig, ManagerOpenError};
 use bytes::Bytes;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tessera_transport::{serve_tcp_limited, BoxFuture, ConnectionId, FrameHandler, TcpLimits};
-use tessera_wire::{encode_message, ManagerRequest};
+use tessera_auth::{Claim, Key, Secret};
+use tessera_transport::{
+    serve_tcp_limited, Accepted, BoxFuture, ConnectionId, FrameHandler, TcpLimits,
+};
+use tessera_wire::{encode_message, ManagerError, ManagerRequest, ManagerResponse};
 use tokio::net::TcpListener;
 
 /// How often liveness is re-evaluated when nothing else happens.
@@ -66,12 +72,36 @@ impl RunningManager {
 
 struct ManagerHandler {
     manager: Arc<Mutex<Manager>>,
+    /// The admin's and the servers' keys, derived from the cluster secret.
+    admin_key: Key,
+    server_key: Key,
+    /// The claim each open connection authenticated as.
+    claims: Mutex<HashMap<ConnectionId, Claim>>,
 }
 
 impl FrameHandler for ManagerHandler {
+    fn peer_key(&self, claim: &Claim) -> Option<Key> {
+        match claim {
+            Claim::Admin => Some(self.admin_key),
+            Claim::Server => Some(self.server_key),
+            Claim::Client(id) => self.manager.lock().unwrap().access_key(*id),
+        }
+    }
+
+    fn opened(&self, connection: ConnectionId, accepted: &Accepted) {
+        self.claims
+            .lock()
+            .unwrap()
+            .insert(connection, accepted.claim);
+    }
+
+    fn closed(&self, connection: ConnectionId) {
+        self.claims.lock().unwrap().remove(&connection);
+    }
+
     fn handle(
         &self,
-        _connection: ConnectionId,
+        connection: ConnectionId,
         message: Bytes,
         _payload: Bytes,
     ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
@@ -82,11 +112,31 @@ impl FrameHandler for ManagerHandler {
                 return Box::pin(async { None });
             }
         };
+        // Every connection is authenticated before its first request; one without a role
+        // would be a transport bug, and is dropped rather than served.
+        let Some(claim) = self.claims.lock().unwrap().get(&connection).copied() else {
+            return Box::pin(async { None });
+        };
+        let role = claim.role();
+        if let Err(refused) = crate::authorize(&request, role) {
+            tracing::info!("refused {request:?} from a {role}: {refused}");
+            let response = ManagerResponse::Error(refused);
+            return Box::pin(async move {
+                Some((Bytes::from(encode_message(&response)), Bytes::new()))
+            });
+        }
         let manager = self.manager.clone();
         Box::pin(async move {
             // Mutations commit to the store (an fsync): keep them off the async workers.
             let response = tokio::task::spawn_blocking(move || {
-                manager.lock().unwrap().handle(request, Instant::now())
+                let mut manager = manager.lock().unwrap();
+                match claim {
+                    // A key revoked while its connection was open is refused from then on.
+                    Claim::Client(id) if manager.access_key(id).is_none() => {
+                        ManagerResponse::Error(ManagerError::UnknownKey(id))
+                    }
+                    _ => manager.handle(request, Instant::now()),
+                }
             })
             .await
             .ok()?;
@@ -96,13 +146,15 @@ impl FrameHandler for ManagerHandler {
 }
 
 /// Open the metadata store in `dir` and serve it on `listen`, within the default
-/// [`TcpLimits`].
+/// [`TcpLimits`], authenticating every peer with keys derived from `secret` (admin, servers)
+/// or issued by this manager (clients).
 pub async fn start(
     listen: SocketAddr,
     dir: &Path,
     config: ManagerConfig,
+    secret: &Secret,
 ) -> Result<RunningManager, DaemonError> {
-    start_limited(listen, dir, config, TcpLimits::default()).await
+    start_limited(listen, dir, config, TcpLimits::default(), secret).await
 }
 
 /// Open the metadata store in `dir` and serve it on `listen`; what TCP peers may hold
@@ -112,6 +164,7 @@ pub async fn start_limited(
     dir: &Path,
     config: ManagerConfig,
     limits: TcpLimits,
+    secret: &Secret,
 ) -> Result<RunningManager, DaemonError> {
     let dir = dir.to_path_buf();
     let manager = tokio::task::spawn_blocking(move || Manager::open(&dir, config))
@@ -139,6 +192,9 @@ pub async fn start_limited(
         listener,
         Arc::new(ManagerHandler {
             manager: manager.clone(),
+            admin_key: secret.admin_key(),
+            server_key: secret.server_key(),
+            claims: Mutex::new(HashMap::new()),
         }),
         limits,
     ));

@@ -94,7 +94,7 @@ pub enum ManagerOpenError {
 /// registers or heartbeats. Leases of pending files are in memory too: after `open` each
 /// pending file gets a whole lease from the first tick.
 pub struct Manager {
-    db: Database,
+    pub(crate) db: Database,
     config: ManagerConfig,
     /// This cluster's id, drawn when the store was created.
     cluster: ClusterId,
@@ -106,6 +106,8 @@ pub struct Manager {
     indebted: BTreeSet<ServerId>,
     /// Every pending file with the end of its lease (`None` until the first tick after open).
     pending: BTreeMap<FileId, Option<Instant>>,
+    /// Copy of the `access_keys` table (see `keys.rs`).
+    pub(crate) access_keys: BTreeMap<tessera_auth::KeyId, crate::keys::AccessKeyRecord>,
 }
 
 impl Manager {
@@ -125,7 +127,9 @@ impl Manager {
                     indebted,
                     pending,
                 } = load(&db)?;
+                let access_keys = crate::keys::load(&db)?;
                 Ok(Manager {
+                    access_keys,
                     db,
                     config,
                     cluster,
@@ -211,6 +215,10 @@ impl Manager {
             ManagerRequest::OrphansRemoved { server, files } => {
                 self.orphans_removed(server, &files)
             }
+            ManagerRequest::KeyCreate { name } => self.key_create(name, rand::random()),
+            ManagerRequest::KeyList => Ok(self.key_list()),
+            ManagerRequest::KeyRemove { key } => self.key_remove(key),
+            ManagerRequest::StorageKeys => Ok(self.storage_keys()),
         };
         answer.unwrap_or_else(|failure| ManagerResponse::Error(failure.into()))
     }

@@ -7,7 +7,10 @@
 //! manager. Small reads the page cache holds are answered on the transport's network thread
 //! ([`Store::read_cached`]); everything that may wait for the disk runs on the blocking pool.
 //! It holds no layout knowledge: the client tells it byte offsets in its data, redundancy and
-//! overflow files.
+//! overflow files. Every peer is authenticated when it connects (`keys.rs`: the admin and the
+//! servers by keys derived from the cluster secret, clients by the storage keys of their
+//! access keys, which the manager hands out), and the server proves itself to the manager with
+//! the servers' key.
 
 use bytes::Bytes;
 use std::net::SocketAddr;
@@ -25,6 +28,9 @@ use tessera_wire::{
     StorageCall, StorageError, StorageRequest, StorageResponse,
 };
 use tokio::net::TcpListener;
+
+mod keys;
+pub use keys::{STORAGE_KEYS_INTERVAL, STORAGE_KEYS_REFRESH_MIN};
 
 /// Largest read answered on the network thread when the page cache holds it (see
 /// [`Store::read_cached`]); a larger copy goes to the blocking pool, so that the network thread
@@ -79,6 +85,9 @@ pub struct ServerConfig {
     pub datagram: DatagramConfig,
     /// What TCP peers may hold: connections, idle time, memory for frames in flight.
     pub tcp: TcpLimits,
+    /// The cluster secret: the server authenticates to the manager, and accepts the admin,
+    /// with keys derived from it.
+    pub secret: tessera_auth::Secret,
 }
 
 /// A running server.
@@ -92,6 +101,8 @@ pub struct RunningServer {
     /// The datagram server's I/O thread, stopped when this is dropped.
     _udp: Option<UdpServer>,
     heartbeat: tokio::task::JoinHandle<()>,
+    /// Keeps the client access keys up to date.
+    fetch_keys: tokio::task::JoinHandle<()>,
 }
 
 impl RunningServer {
@@ -117,18 +128,21 @@ impl RunningServer {
     pub async fn wait(self) {
         let _ = self.serve.await;
         self.heartbeat.abort();
+        self.fetch_keys.abort();
     }
 
     /// Stop serving at once (as a crash would, but for the page cache).
     pub fn stop(self) {
         self.serve.abort();
         self.heartbeat.abort();
+        self.fetch_keys.abort();
     }
 
     /// Stop serving, then make everything written durable.
     pub async fn shutdown(self) -> Result<(), StorageError> {
         self.serve.abort();
         self.heartbeat.abort();
+        self.fetch_keys.abort();
         let store = self.store;
         blocking(move || store.sync()).await
     }
@@ -150,7 +164,9 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         detail: e.to_string(),
     };
     let id = Arc::new(AtomicU32::new(0));
+    let keys = Arc::new(keys::ServerKeys::new(&config.secret, config.manager));
     let handler = Arc::new(StorageHandler {
+        keys: keys.clone(),
         store: store.clone(),
         locks: Arc::new(ParityLocks::new()),
         id: id.clone(),
@@ -175,7 +191,9 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     };
     let serve = tokio::spawn(serve_tcp_limited(listener, handler, config.tcp.clone()));
     let advertise = config.advertise.unwrap_or(addr);
+    let fetch_keys = tokio::spawn(keys::keep_keys(keys.clone()));
     let heartbeat = tokio::spawn(keep_registered(
+        keys.credential,
         config.manager,
         advertise,
         store.clone(),
@@ -189,21 +207,26 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         serve,
         _udp: udp,
         heartbeat,
+        fetch_keys,
     })
 }
 
 /// Register (once an id is known, re-register whenever the manager forgets us) and heartbeat.
 async fn keep_registered(
+    credential: tessera_auth::Credential,
     manager: SocketAddr,
     advertise: SocketAddr,
     store: Arc<Store>,
     wanted_id: Option<ServerId>,
     id: Arc<AtomicU32>,
 ) {
-    let transport: Arc<TcpTransport> = Arc::new(TcpTransport::new(TcpConfig {
-        connect_timeout: Duration::from_secs(1),
-        request_timeout: Duration::from_secs(3),
-    }));
+    let transport: Arc<TcpTransport> = Arc::new(TcpTransport::with_credential(
+        TcpConfig {
+            connect_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(3),
+        },
+        Some(credential),
+    ));
     let incarnation = store.incarnation();
     let mut registered = false;
     // Said once per run of refusals, not every heartbeat interval.
@@ -267,6 +290,19 @@ async fn keep_registered(
                 registered = false;
             }
             Ok((other, _)) => tracing::warn!("manager answered {other:?}"),
+            Err(
+                e @ (tessera_transport::TransportError::Refused { .. }
+                | tessera_transport::TransportError::NotAuthentic { .. }),
+            ) => {
+                // A manager of another cluster (or a wrong secret): the handshake failed.
+                if !refusal_logged {
+                    tracing::error!(
+                        "manager {manager} refused this server (the handshake failed): {e}"
+                    );
+                    refusal_logged = true;
+                }
+                registered = false;
+            }
             Err(e) => tracing::debug!("manager unreachable: {e}"),
         }
         beats = beats.wrapping_add(1);
@@ -313,6 +349,8 @@ async fn remove_orphans(
 }
 
 struct StorageHandler {
+    /// The keys peers are authenticated with.
+    keys: Arc<keys::ServerKeys>,
     store: Arc<Store>,
     locks: Arc<ParityLocks>,
     id: Arc<AtomicU32>,
@@ -356,6 +394,15 @@ impl Counters {
 }
 
 impl FrameHandler for StorageHandler {
+    fn peer_key(&self, claim: &tessera_auth::Claim) -> Option<tessera_auth::Key> {
+        self.keys.key(claim)
+    }
+
+    fn refresh_keys(&self) -> BoxFuture<'static, bool> {
+        let keys = self.keys.clone();
+        Box::pin(async move { keys.fetch(keys::STORAGE_KEYS_REFRESH_MIN).await })
+    }
+
     fn handle(
         &self,
         connection: ConnectionId,

@@ -4,7 +4,8 @@ use bytes::Bytes;
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Version of the wire protocol; a frame of any other version is refused.
-pub const PROTOCOL_VERSION: u8 = 1;
+/// Version 2: every connection opens with a [`crate::Handshake`] (version 1 had none).
+pub const PROTOCOL_VERSION: u8 = 2;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.

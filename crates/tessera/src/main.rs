@@ -4,6 +4,7 @@
 mod bench;
 mod cluster;
 mod commands;
+mod credentials;
 mod demo;
 mod lab;
 
@@ -42,6 +43,14 @@ struct Cli {
     /// bandwidth-delay product); 0 turns receiver-driven grants off [default: 20]
     #[arg(long, global = true, env = "TESSERA_RECEIVE_BUDGET")]
     receive_budget: Option<u32>,
+    /// Client access key, KEYID:SECRET (from `tessera key create`) [default: the local
+    /// cluster's]
+    #[arg(long, global = true, env = "TESSERA_KEY", hide_env_values = true)]
+    key: Option<String>,
+    /// The cluster secret file: daemons authenticate with it, and client commands given it
+    /// act as the admin [default: the local cluster's, for admin commands]
+    #[arg(long, global = true, env = "TESSERA_SECRET")]
+    secret: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -83,6 +92,15 @@ enum Command {
         pending_lease_ms: Option<u64>,
         #[command(flatten)]
         limits: LimitArgs,
+        /// Create the cluster secret (DIR/cluster.secret, or --secret FILE) if it does not
+        /// exist yet.
+        #[arg(long)]
+        init: bool,
+    },
+    /// Issue, list and revoke client access keys (needs the cluster secret).
+    Key {
+        #[command(subcommand)]
+        action: KeyAction,
     },
     /// Run a storage server daemon, or stop/start one server of the local cluster.
     Server(ServerArgs),
@@ -218,6 +236,23 @@ impl LimitArgs {
 }
 
 #[derive(Subcommand)]
+enum KeyAction {
+    /// Issue an access key and print it as KEYID:SECRET (it is not shown again).
+    Create {
+        /// Who or what holds it, for `key ls`.
+        #[arg(default_value = "unnamed")]
+        name: String,
+    },
+    /// List the live access keys.
+    Ls,
+    /// Revoke an access key.
+    Rm {
+        /// Its id, k followed by 16 hex digits.
+        id: String,
+    },
+}
+
+#[derive(Subcommand)]
 enum ServerAction {
     /// Stop (kill) server ID of the local cluster.
     Stop {
@@ -294,6 +329,10 @@ async fn run(cli: Cli) -> Result<()> {
         window: cli.window,
         receive_budget: cli.receive_budget,
     });
+    credentials::set_flags(credentials::Flags {
+        key: cli.key,
+        secret: cli.secret,
+    });
     let cluster = cli.cluster;
     match cli.command {
         Command::Up {
@@ -308,10 +347,16 @@ async fn run(cli: Cli) -> Result<()> {
             addr_file,
             pending_lease_ms,
             limits,
+            init,
         } => {
             let limits = limits.tcp_limits()?;
-            commands::run_manager(&listen, &dir, addr_file, pending_lease_ms, limits).await
+            commands::run_manager(&listen, &dir, addr_file, pending_lease_ms, limits, init).await
         }
+        Command::Key { action } => match action {
+            KeyAction::Create { name } => commands::key_create(cluster, &name).await,
+            KeyAction::Ls => commands::key_ls(cluster).await,
+            KeyAction::Rm { id } => commands::key_rm(cluster, &id).await,
+        },
         Command::Server(args) => match args.action {
             Some(ServerAction::Stop { id, dir }) => commands::server_stop(&dir, id),
             Some(ServerAction::Start { id, dir }) => commands::server_start(&dir, id).await,
