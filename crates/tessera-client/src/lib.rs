@@ -257,6 +257,7 @@ impl Client {
                 let udp = UdpTransport::new(UdpConfig {
                     datagram: config.datagram.clone(),
                     request_timeout: config.request_timeout,
+                    credential: storage_credential,
                 })
                 .map_err(|e| ClientError::Protocol {
                     peer: "local UDP socket".into(),

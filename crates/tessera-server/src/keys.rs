@@ -30,9 +30,14 @@ pub(crate) struct ServerKeys {
     clients: RwLock<HashMap<KeyId, Key>>,
     manager: SocketAddr,
     transport: Arc<TcpTransport>,
-    /// When the last fetch started; one fetch at a time.
-    last_fetch: tokio::sync::Mutex<Option<Instant>>,
+    /// When the last fetch started and when one last succeeded; one fetch at a time.
+    last_fetch: tokio::sync::Mutex<(Option<Instant>, Option<Instant>)>,
+    /// Keys of datagram sessions keyed by handshakes and not opened yet, oldest first.
+    datagram: std::sync::Mutex<(HashMap<u64, Key>, std::collections::VecDeque<u64>)>,
 }
+
+/// Datagram session keys a server keeps waiting for their sessions; the oldest go first.
+const DATAGRAM_KEYS_WAITING_MAX: usize = 4096;
 
 impl ServerKeys {
     /// The keys derived from `secret`, with no client key yet.
@@ -52,8 +57,32 @@ impl ServerKeys {
             clients: RwLock::new(HashMap::new()),
             manager,
             transport: Arc::new(TcpTransport::with_credential(config, Some(credential))),
-            last_fetch: tokio::sync::Mutex::new(None),
+            last_fetch: tokio::sync::Mutex::new((None, None)),
+            datagram: std::sync::Mutex::new(Default::default()),
         }
+    }
+
+    /// A handshake keyed datagram session `session`.
+    pub(crate) fn datagram_keyed(&self, session: u64, key: Key) {
+        let mut guard = self.datagram.lock().unwrap();
+        let (keys, order) = &mut *guard;
+        if keys.insert(session, key).is_none() {
+            order.push_back(session);
+        }
+        while order.len() > DATAGRAM_KEYS_WAITING_MAX {
+            if let Some(old) = order.pop_front() {
+                keys.remove(&old);
+            }
+        }
+    }
+
+    /// The key of datagram session `session`, handed out once.
+    pub(crate) fn take_datagram_key(&self, session: u64) -> Option<Key> {
+        let mut guard = self.datagram.lock().unwrap();
+        let (keys, order) = &mut *guard;
+        let key = keys.remove(&session)?;
+        order.retain(|s| *s != session);
+        Some(key)
     }
 
     /// The storage key `claim` must prove here.
@@ -65,14 +94,20 @@ impl ServerKeys {
         }
     }
 
-    /// Fetch the keys now, unless a fetch started less than `min_gap` ago; whether they were
-    /// fetched.
+    /// Have keys fetched after this call began: fetch them, at least `min_gap` after the
+    /// last fetch started (waiting out the rest), unless a fetch that began after this call
+    /// already brought them. Whether fresh keys are in.
     pub(crate) async fn fetch(&self, min_gap: Duration) -> bool {
+        let asked = Instant::now();
         let mut last = self.last_fetch.lock().await;
-        if last.is_some_and(|at| at.elapsed() < min_gap) {
-            return false;
+        let (started, succeeded) = &mut *last;
+        if succeeded.is_some_and(|done| done > asked) && started.is_some_and(|s| s >= asked) {
+            return true;
         }
-        *last = Some(Instant::now());
+        if let Some(wait) = started.and_then(|s| min_gap.checked_sub(s.elapsed())) {
+            tokio::time::sleep(wait).await;
+        }
+        *started = Some(Instant::now());
         let answer = tessera_transport::call::<_, ManagerResponse>(
             &self.transport as &dyn Transport,
             self.manager,
@@ -83,6 +118,7 @@ impl ServerKeys {
         match answer {
             Ok((ManagerResponse::StorageKeys(list), _)) => {
                 *self.clients.write().unwrap() = list.into_iter().collect();
+                *succeeded = Some(Instant::now());
                 true
             }
             Ok((other, _)) => {

@@ -183,8 +183,12 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         TransportKind::Tcp => None,
         TransportKind::Udp => {
             let socket = std::net::UdpSocket::bind(addr).map_err(listen_error)?;
-            let server = serve_udp(socket, handler.clone(), config.datagram.clone())
-                .map_err(listen_error)?;
+            // Every session is keyed by a handshake over TCP first (see `keys.rs`).
+            let datagram = DatagramConfig {
+                require_session_keys: true,
+                ..config.datagram.clone()
+            };
+            let server = serve_udp(socket, handler.clone(), datagram).map_err(listen_error)?;
             let _ = handler.counters.set(server.counters());
             Some(server)
         }
@@ -396,6 +400,14 @@ impl Counters {
 impl FrameHandler for StorageHandler {
     fn peer_key(&self, claim: &tessera_auth::Claim) -> Option<tessera_auth::Key> {
         self.keys.key(claim)
+    }
+
+    fn datagram_keyed(&self, session: u64, key: tessera_auth::Key) {
+        self.keys.datagram_keyed(session, key);
+    }
+
+    fn datagram_key(&self, session: u64) -> Option<tessera_auth::Key> {
+        self.keys.take_datagram_key(session)
     }
 
     fn refresh_keys(&self) -> BoxFuture<'static, bool> {

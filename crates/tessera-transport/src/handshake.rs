@@ -157,11 +157,15 @@ async fn accept_steps(
     if !proof_c.verify(&proof(&key, Side::Connecting, &claim, &nonce, &accepting)) {
         return Err(Step::Refused(Refusal::BadProof(claim)));
     }
-    write_step(stream, FrameKind::Response, &Handshake::Welcome).await?;
     let datagram = datagram.map(|session| {
         let key = tessera_auth::session_key(&key, session, &nonce, &accepting);
         (session, key)
     });
+    // Before the welcome: the peer's first datagram may follow it at once.
+    if let Some((session, key)) = datagram {
+        handler.datagram_keyed(session, key);
+    }
+    write_step(stream, FrameKind::Response, &Handshake::Welcome).await?;
     Ok(Accepted { claim, datagram })
 }
 

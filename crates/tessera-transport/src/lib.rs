@@ -229,6 +229,20 @@ pub trait FrameHandler: Send + Sync + 'static {
         Box::pin(async { false })
     }
 
+    /// A handshake keyed datagram session `session` with `key` (called before the peer is
+    /// welcomed, so before its first datagram can arrive). The default drops it.
+    fn datagram_keyed(&self, session: u64, key: Key) {
+        let _ = (session, key);
+    }
+
+    /// The key of datagram session `session`, if a handshake keyed it here
+    /// ([`datagram_keyed`](Self::datagram_keyed)); asked once, when its first datagram
+    /// arrives. The default knows none.
+    fn datagram_key(&self, session: u64) -> Option<Key> {
+        let _ = session;
+        None
+    }
+
     /// Connection `connection` was authenticated as `accepted.claim`; called before any of its
     /// requests reaches [`handle`](Self::handle).
     fn opened(&self, connection: ConnectionId, accepted: &Accepted) {

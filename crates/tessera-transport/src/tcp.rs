@@ -494,6 +494,10 @@ async fn serve_connection(
         return;
     };
     handler.opened(id, &accepted);
+    if accepted.datagram.is_some() {
+        // The handshake keyed a datagram session: its requests come over UDP.
+        return;
+    }
     let peer = stream.peer_addr().ok();
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::channel(OUTBOUND_FRAMES_MAX);

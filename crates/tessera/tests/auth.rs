@@ -601,3 +601,108 @@ async fn access_keys_round_trip_and_a_revoked_key_is_refused() {
     );
     assert!(line.contains("admin"), "{line}");
 }
+
+/// The datagram transport: a session opened without a handshake (the public key, as any
+/// stranger's) is dropped by the server without an answer, a forged key is refused at the
+/// handshake that would key a session, and a keyed client is served.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_peer_without_a_key_cannot_use_the_datagram_transport() {
+    use tessera_transport::{Transport, TransportError, UdpConfig, UdpTransport};
+    let cluster = Cluster::up();
+    let client = cluster.client().await;
+    let (file, data) = stored_file(&client, "udp.bin", 100_000).await;
+    let (server, incarnation) = first_server(&client, "udp.bin").await;
+    let udp = |credential: Option<Credential>| {
+        UdpTransport::new(UdpConfig {
+            request_timeout: Duration::from_millis(1500),
+            credential,
+            ..UdpConfig::default()
+        })
+        .expect("UDP socket")
+    };
+    let requests = [
+        StorageRequest::Read {
+            file: file.id,
+            region: Region::Data,
+            offset: 0,
+            len: 4096,
+            overlay: true,
+        },
+        StorageRequest::Remove { file: file.id },
+    ];
+    let before = client.server_counters().await.expect("counters");
+    let stranger = udp(None);
+    for request in &requests {
+        let call = StorageCall {
+            incarnation,
+            request: request.clone(),
+        };
+        let answer = tessera_transport::call::<_, StorageResponse>(
+            &stranger as &dyn Transport,
+            server,
+            &call,
+            Bytes::new(),
+        )
+        .await;
+        // No answer: the request times out, or the session is given up for lost.
+        assert!(
+            matches!(
+                answer,
+                Err(TransportError::Timeout { .. } | TransportError::Disconnected { .. })
+            ),
+            "{request:?} without a key: {answer:?}"
+        );
+    }
+    let forger = udp(Some(forged(Claim::Client(KeyId(5))).for_storage()));
+    let call = StorageCall {
+        incarnation,
+        request: requests[1].clone(),
+    };
+    let answer = tessera_transport::call::<_, StorageResponse>(
+        &forger as &dyn Transport,
+        server,
+        &call,
+        Bytes::new(),
+    )
+    .await;
+    assert!(
+        matches!(
+            answer,
+            Err(TransportError::Refused {
+                refusal: Refusal::UnknownKey(_),
+                ..
+            })
+        ),
+        "{answer:?}"
+    );
+    // The server dropped the stranger's datagrams as unauthentic, and served nothing.
+    let after = client.server_counters().await.expect("counters");
+    let dropped = |counters: &Vec<(u32, std::collections::BTreeMap<String, u64>)>| -> u64 {
+        counters
+            .iter()
+            .map(|(_, c)| c.get("dropped_unauthentic").copied().unwrap_or(0))
+            .sum()
+    };
+    assert!(
+        dropped(&after) > dropped(&before),
+        "before {before:?} after {after:?}"
+    );
+    assert_eq!(read_all(&client, "udp.bin").await, data, "nothing removed");
+    // The same request from a keyed client is answered.
+    let keyed = udp(Some(cluster.client_key().for_storage()));
+    let call = StorageCall {
+        incarnation,
+        request: requests[0].clone(),
+    };
+    let answer = tessera_transport::call::<_, StorageResponse>(
+        &keyed as &dyn Transport,
+        server,
+        &call,
+        Bytes::new(),
+    )
+    .await;
+    assert!(
+        matches!(answer, Ok((StorageResponse::Data, _))),
+        "{answer:?}"
+    );
+}
