@@ -490,9 +490,15 @@ async fn serve_connection(
     slot: &Slot,
 ) {
     let mut stream = stream;
-    let Some(accepted) = crate::handshake::accept(&mut stream, handler.as_ref()).await else {
+    // A peer still in its handshake is as evictable as an idle one.
+    let accepted = tokio::select! {
+        accepted = crate::handshake::accept(&mut stream, handler.as_ref()) => accepted,
+        _ = slot.evicted() => None,
+    };
+    let Some(accepted) = accepted else {
         return;
     };
+    slot.touch();
     handler.opened(id, &accepted);
     if accepted.datagram.is_some() {
         // The handshake keyed a datagram session: its requests come over UDP.

@@ -34,6 +34,8 @@ const SLOWDOWN_MAX: f64 = 4.0;
 #[derive(Deserialize)]
 struct ClusterToml {
     manager: String,
+    /// The local cluster's access key.
+    key: String,
     manager_process: ProcessToml,
     servers: Vec<ServerToml>,
 }
@@ -80,6 +82,7 @@ impl Cluster {
             transport,
             file: toml::from_str(&text.unwrap_or_default()).unwrap_or(ClusterToml {
                 manager: String::new(),
+                key: String::new(),
                 manager_process: ProcessToml { pid: 0 },
                 servers: Vec::new(),
             }),
@@ -102,8 +105,10 @@ impl Cluster {
     }
 
     async fn client(&self) -> Client {
+        let key = tessera_client::parse_access_key(&self.file.key).expect("access key");
         let config = ClientConfig {
             transport: self.transport,
+            credential: Some(key),
             ..ClientConfig::default()
         };
         Client::connect_with(self.manager(), config)
