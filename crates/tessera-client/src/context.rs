@@ -178,9 +178,21 @@ impl FileContext {
         let Column {
             addr, incarnation, ..
         } = self.columns[column as usize];
+        let lock = match &request {
+            StorageRequest::LockParity { stripe, .. } => Some(*stripe),
+            _ => None,
+        };
         match call_store(client, addr, incarnation, request, payload).await {
             Ok((StorageResponse::Error(e), _)) => Err(Fault::Refused(e)),
             Ok(answer) => Ok(answer),
+            Err(TransportError::Timeout { .. })
+                if lock.is_some() && self.answers(client, column).await =>
+            {
+                // Waiting for a lock is not a server failure: the server answers, so the
+                // lock is only busy (the server bounds waits itself; this is a fallback).
+                let stripe = lock.expect("a lock request");
+                Err(Fault::Refused(StorageError::LockBusy { stripe }))
+            }
             Err(e) => {
                 let first = {
                     let mut lost = self.lost_now.lock().unwrap();
@@ -196,6 +208,24 @@ impl FileContext {
                 Err(Fault::Unreachable(e))
             }
         }
+    }
+
+    /// Whether `column`'s server answers a ping.
+    async fn answers(&self, client: &Client, column: u32) -> bool {
+        let Column {
+            addr, incarnation, ..
+        } = self.columns[column as usize];
+        matches!(
+            call_store(
+                client,
+                addr,
+                incarnation,
+                StorageRequest::Ping,
+                Bytes::new()
+            )
+            .await,
+            Ok((StorageResponse::Pong { .. }, _))
+        )
     }
 
     /// Like [`rpc`](Self::rpc), with a fault turned into an error naming the server.

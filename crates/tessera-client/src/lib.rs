@@ -22,6 +22,7 @@
 //! ```
 
 mod context;
+mod intent;
 mod keys;
 mod maintain;
 mod read;

@@ -12,6 +12,7 @@
 //! (a warning naming the stripe, and its count of mirror mismatches).
 
 use crate::context::{Fault, FileContext};
+use crate::intent::ParityLock;
 use crate::{Client, ClientError};
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
@@ -242,31 +243,25 @@ impl FileContext {
         // Hold the parity lock while checking, so a concurrent read-modify-write is not taken
         // for corruption.
         let parity_slot = layout.parity_slot(stripe);
-        let mut locked = false;
+        let mut lock = None;
         let mut parity: Option<Vec<u8>> = None;
         let mut corrupt: Vec<u32> = Vec::new();
         if let Some(slot) = parity_slot {
-            let lock = StorageRequest::LockParity {
-                file: self.meta.id,
-                stripe,
-                offset: layout.local_offset(slot),
-                len: unit as u32,
-            };
-            match self.rpc(client, slot.column, lock, Bytes::new()).await {
-                Ok((_, bytes)) => {
-                    locked = true;
-                    parity = Some(bytes.to_vec());
+            let offset = layout.local_offset(slot);
+            match self.lock_parity(client, stripe, offset, unit as u32).await {
+                Ok(grant) => {
+                    lock = Some((grant.lock, grant.orphan.is_some()));
+                    parity = Some(grant.parity.to_vec());
                 }
                 Err(Fault::Refused(StorageError::Corrupt { .. })) => corrupt.push(slot.column),
                 Err(fault) => return Err(self.second_fault(slot.column, slot.column, fault)),
             }
         }
         let result = self
-            .scrub_locked(client, stripe, parity, corrupt, &mut report)
+            .scrub_locked(client, stripe, parity, lock, corrupt, &mut report)
             .await;
-        if locked {
-            self.unlock(client, parity_slot.expect("locked").column, stripe)
-                .await;
+        if let Some((lock, _)) = lock {
+            self.unlock(client, lock).await;
         }
         result.map(|()| report)
     }
@@ -276,6 +271,7 @@ impl FileContext {
         client: &Client,
         stripe: u64,
         parity: Option<Vec<u8>>,
+        lock: Option<(ParityLock, bool)>,
         mut corrupt: Vec<u32>,
         report: &mut ScrubReport,
     ) -> Result<(), ClientError> {
@@ -348,17 +344,17 @@ impl FileContext {
             for d in &data {
                 tessera_parity::xor_into(&mut expected, d);
             }
-            if expected != parity {
-                // Every data block passed its checksum, so the data is right and parity is not.
-                let request = StorageRequest::WriteParity {
-                    file: self.meta.id,
-                    stripe,
-                    offset: layout.local_offset(slot),
-                    unlock: false,
-                };
-                self.rpc_or_fail(client, slot.column, request, Bytes::from(expected))
-                    .await?;
-                report.parity_repaired += 1;
+            let (lock, orphan) = lock.expect("parity was read under its lock");
+            if expected != parity || orphan {
+                // Every data block passed its checksum, so the data is right and parity is not
+                // (or a dead writer's record is resolved: parity from the data covers it).
+                let offset = layout.local_offset(slot);
+                self.write_parity(client, lock, offset, Bytes::from(expected.clone()), false)
+                    .await
+                    .map_err(|fault| self.second_fault(slot.column, slot.column, fault))?;
+                if expected != parity {
+                    report.parity_repaired += 1;
+                }
             }
         }
         for (i, mirror) in mirrors.into_iter().enumerate() {

@@ -254,12 +254,31 @@ impl FileContext {
         let reads = sources.iter().map(|&(column, region, base)| async move {
             self.read_region(client, column, region, base + within, len, false)
                 .await
+                .map(|unit| (column, unit))
                 .map_err(|fault| self.second_fault(own, column, fault))
         });
         let units = futures::future::try_join_all(reads).await?;
         let mut out = vec![0u8; len];
-        for unit in &units {
+        for (_, unit) in &units {
             tessera_parity::xor_into(&mut out, unit);
+        }
+        // A record a dead writer left (see `intent.rs`): the parity read does not match what
+        // the written columns hold inside its span. Asked after the reads, so that a record
+        // present while they ran is seen.
+        let intent = self
+            .read_intent(client, stripe)
+            .await
+            .map_err(|fault| self.second_fault(own, parity.column, fault))?;
+        if let Some((intent, bytes)) = intent {
+            crate::intent::parity_as_before(
+                &mut out,
+                within,
+                own,
+                parity.column,
+                &units,
+                &intent,
+                &bytes,
+            );
         }
         Ok(out)
     }

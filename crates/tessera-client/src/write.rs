@@ -7,13 +7,14 @@
 //! skipped and recorded at the manager as owing the stripes, before the write is acknowledged.
 
 use crate::context::{Fault, FileContext};
+use crate::intent::ParityLock;
 use crate::{Client, ClientError, REQUESTS_IN_FLIGHT_MAX, REQUEST_BYTES_MAX};
 use bytes::{Bytes, BytesMut};
 use futures::stream::{self, StreamExt};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use tessera_layout::{OverflowRole, Piece, Region, Scheme, StripeWrite, WriteMethod};
-use tessera_wire::{IndexRange, StorageError, StorageRequest};
+use tessera_wire::{IndexRange, IntentPiece, ParityIntent, StorageError, StorageRequest};
 
 /// One request of a write, with the stripes it carries (for recording what a failure missed).
 struct WriteOp {
@@ -481,7 +482,6 @@ impl FileContext {
         failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
     ) -> Result<RmwOutcome, ClientError> {
         let stripe = sw.extent.stripe;
-        let file = self.meta.id;
         let parity = self.layout.parity_slot(stripe).expect("parity");
         let pieces = &sw.extent.pieces;
         let lo = pieces
@@ -495,23 +495,11 @@ impl FileContext {
             .max()
             .expect("pieces") as usize;
         let parity_offset = self.layout.local_offset(parity) + lo as u64;
-        let lock = StorageRequest::LockParity {
-            file,
-            stripe,
-            offset: parity_offset,
-            len: (hi - lo) as u32,
-        };
-        let mut new_parity = match self.rpc(client, parity.column, lock, Bytes::new()).await {
-            Ok((_, bytes)) if bytes.len() == hi - lo => bytes.to_vec(),
-            Ok(_) => {
-                self.unlock(client, parity.column, stripe).await;
-                return Err(self.storage_error(
-                    parity.column,
-                    StorageError::BadRequest {
-                        detail: "short parity read".into(),
-                    },
-                ));
-            }
+        let grant = match self
+            .lock_parity(client, stripe, parity_offset, (hi - lo) as u32)
+            .await
+        {
+            Ok(grant) => grant,
             Err(Fault::Unreachable(_)) => return Ok(RmwOutcome::Retry),
             Err(Fault::Refused(StorageError::Corrupt { .. })) => {
                 self.rebuild_column_stripe(client, parity.column, stripe)
@@ -520,6 +508,12 @@ impl FileContext {
             }
             Err(Fault::Refused(e)) => return Err(self.storage_error(parity.column, e)),
         };
+        let lock = grant.lock;
+        if let Some((intent, bytes)) = &grant.orphan {
+            self.resolve_orphan(client, lock, intent, bytes).await?;
+            return Ok(RmwOutcome::Retry);
+        }
+        let mut new_parity = grant.parity.to_vec();
         let old_reads = pieces.iter().map(|piece| async move {
             let slot = self.layout.data_slot(piece.block);
             let offset = self.layout.local_offset(slot) + piece.offset_in_unit as u64;
@@ -536,12 +530,15 @@ impl FileContext {
                 .await,
             )
         });
-        let olds = futures::future::join_all(old_reads).await;
+        let olds = self
+            .renewing(client, lock, futures::future::join_all(old_reads))
+            .await;
+        let mut old_data = Vec::with_capacity(hi - lo);
         for (piece, (column, old)) in pieces.iter().zip(olds) {
             let old = match old {
                 Ok(old) => old,
                 Err(fault) => {
-                    self.unlock(client, parity.column, stripe).await;
+                    self.unlock(client, lock).await;
                     return match fault {
                         Fault::Unreachable(_) => Ok(RmwOutcome::Retry),
                         Fault::Refused(StorageError::Corrupt { .. }) => {
@@ -555,15 +552,46 @@ impl FileContext {
             let at = piece.offset_in_unit as usize - lo;
             let span = &mut new_parity[at..at + piece.len as usize];
             tessera_parity::update_parity(span, &old, &data[piece.buf_range()]);
+            old_data.extend_from_slice(&old);
         }
+        let intent = self.intent_of(stripe, lo as u32, (hi - lo) as u32, pieces.iter());
         let writes: Vec<WriteOp> = pieces
             .iter()
             .map(|piece| self.piece_write(stripe, piece, data))
             .collect();
-        let parity_write = self.parity_write(stripe, parity_offset, new_parity);
-        self.write_data_then_parity(client, writes, parity_write, failed)
-            .await?;
-        Ok(RmwOutcome::Done)
+        let new_parity = Bytes::from(new_parity);
+        self.write_data_then_parity(
+            client,
+            lock,
+            (intent, old_data),
+            writes,
+            (parity_offset, new_parity),
+            failed,
+        )
+        .await
+    }
+
+    /// The intent record of pieces of `stripe` inside bytes `start..start+len` of the unit.
+    fn intent_of<'a>(
+        &self,
+        stripe: u64,
+        start: u32,
+        len: u32,
+        pieces: impl Iterator<Item = &'a Piece>,
+    ) -> ParityIntent {
+        let parity = self.layout.parity_slot(stripe).expect("parity");
+        ParityIntent {
+            unit_offset: self.layout.local_offset(parity),
+            span_start: start,
+            span_len: len,
+            pieces: pieces
+                .map(|piece| IntentPiece {
+                    column: self.layout.data_slot(piece.block).column,
+                    offset_in_unit: piece.offset_in_unit,
+                    len: piece.len,
+                })
+                .collect(),
+        }
     }
 
     /// A touched data column is lost: rebuild its unit from parity, apply the write to whole
@@ -576,7 +604,6 @@ impl FileContext {
         failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
     ) -> Result<RmwOutcome, ClientError> {
         let stripe = sw.extent.stripe;
-        let file = self.meta.id;
         let unit = self.unit();
         let parity = self.layout.parity_slot(stripe).expect("parity");
         // The lost column's new bytes go into parity only. It may have been found unreachable
@@ -589,21 +616,28 @@ impl FileContext {
                     .await?;
             }
         }
-        let lock = StorageRequest::LockParity {
-            file,
-            stripe,
-            offset: self.layout.local_offset(parity),
-            len: unit as u32,
-        };
-        let parity_bytes = match self.rpc(client, parity.column, lock, Bytes::new()).await {
-            Ok((_, bytes)) if bytes.len() == unit => bytes.to_vec(),
-            Ok(_) | Err(Fault::Refused(_)) | Err(Fault::Unreachable(_)) => {
-                self.unlock(client, parity.column, stripe).await;
+        let grant = match self
+            .lock_parity(
+                client,
+                stripe,
+                self.layout.local_offset(parity),
+                unit as u32,
+            )
+            .await
+        {
+            Ok(grant) => grant,
+            Err(_) => {
                 return Err(
                     self.unavailable(self.lost_members(stripe).into_iter().chain([parity.column]))
                 );
             }
         };
+        let lock = grant.lock;
+        if let Some((intent, bytes)) = &grant.orphan {
+            self.resolve_orphan(client, lock, intent, bytes).await?;
+            return Ok(RmwOutcome::Retry);
+        }
+        let parity_bytes = grant.parity.to_vec();
         let blocks: Vec<u64> = self.layout.blocks_of_stripe(stripe).collect();
         let reads = blocks.iter().map(|&block| async move {
             let slot = self.layout.data_slot(block);
@@ -622,16 +656,19 @@ impl FileContext {
             .map(Some)
             .map_err(|_| slot.column)
         });
-        let mut units = match futures::future::try_join_all(reads).await {
+        let mut units = match self
+            .renewing(client, lock, futures::future::try_join_all(reads))
+            .await
+        {
             Ok(units) => units,
             Err(column) => {
-                self.unlock(client, parity.column, stripe).await;
+                self.unlock(client, lock).await;
                 return Err(self.unavailable(self.lost_members(stripe).into_iter().chain([column])));
             }
         };
         let missing: Vec<usize> = (0..units.len()).filter(|&i| units[i].is_none()).collect();
         if missing.len() != 1 {
-            self.unlock(client, parity.column, stripe).await;
+            self.unlock(client, lock).await;
             return Err(self.unavailable(self.lost_members(stripe)));
         }
         let mut lost_unit = parity_bytes;
@@ -641,6 +678,17 @@ impl FileContext {
         units[missing[0]] = Some(lost_unit);
         let mut units: Vec<Vec<u8>> = units.into_iter().map(|u| u.expect("filled")).collect();
         let first = blocks[0];
+        let written: Vec<&Piece> = sw
+            .extent
+            .pieces
+            .iter()
+            .filter(|piece| !self.lost(self.layout.data_slot(piece.block).column, stripe))
+            .collect();
+        let mut old_data = Vec::new();
+        for piece in &written {
+            old_data.extend_from_slice(&units[(piece.block - first) as usize][piece.unit_range()]);
+        }
+        let intent = self.intent_of(stripe, 0, unit as u32, written.iter().copied());
         for piece in &sw.extent.pieces {
             units[(piece.block - first) as usize][piece.unit_range()]
                 .copy_from_slice(&data[piece.buf_range()]);
@@ -649,37 +697,76 @@ impl FileContext {
         for u in &units {
             tessera_parity::xor_into(&mut new_parity, u);
         }
-        let writes: Vec<WriteOp> = sw
-            .extent
-            .pieces
+        let writes: Vec<WriteOp> = written
             .iter()
-            .filter(|piece| !self.lost(self.layout.data_slot(piece.block).column, stripe))
             .map(|piece| self.piece_write(stripe, piece, data))
             .collect();
-        let parity_write = self.parity_write(stripe, self.layout.local_offset(parity), new_parity);
-        self.write_data_then_parity(client, writes, parity_write, failed)
-            .await?;
-        Ok(RmwOutcome::Done)
+        let parity_write = (self.layout.local_offset(parity), Bytes::from(new_parity));
+        self.write_data_then_parity(
+            client,
+            lock,
+            (intent, old_data),
+            writes,
+            parity_write,
+            failed,
+        )
+        .await
     }
 
-    /// The last step of a read-modify-write: the new data, then the new parity, whose write
-    /// releases the stripe's lock. Only once the data is written may the next writer queued on
-    /// the lock read it as its old data (CSAR 5.1); were the lock released alongside the data
-    /// write, an overlapping writer could read the bytes being replaced, or have its own data
-    /// overtaken by them, and leave parity that no longer matches the data. The parity is
-    /// written whatever became of the data writes, so the lock is always released.
+    /// The last steps of a read-modify-write: the intent record (durable at the parity
+    /// server before any data is written, see `intent.rs`), the new data, then the new parity,
+    /// whose write releases the stripe's lock and deletes the record. Only once the data is
+    /// written may the next writer queued on the lock read it as its old data (CSAR 5.1);
+    /// were the lock released alongside the data write, an overlapping writer could read the
+    /// bytes being replaced, or have its own data overtaken by them, and leave parity that no
+    /// longer matches the data. A lock lost on the way (its lease broken) means starting over:
+    /// the next attempt resolves the record this one left.
     async fn write_data_then_parity(
         &self,
         client: &Client,
+        lock: ParityLock,
+        (intent, old_data): (ParityIntent, Vec<u8>),
         data: Vec<WriteOp>,
-        parity: WriteOp,
+        (parity_offset, parity): (u64, Bytes),
         failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
-    ) -> Result<(), ClientError> {
-        let data =
-            futures::future::join_all(data.into_iter().map(|op| self.run_op(client, op, failed)))
-                .await;
-        let parity = self.run_op(client, parity, failed).await;
-        data.into_iter().chain([parity]).collect()
+    ) -> Result<RmwOutcome, ClientError> {
+        // Only the parity changes when every piece is on a lost column: nothing to record.
+        let recorded = if intent.pieces.is_empty() {
+            Ok(())
+        } else {
+            self.record_intent(client, lock, intent, old_data).await
+        };
+        match recorded {
+            Ok(()) => {}
+            Err(Fault::Unreachable(_)) | Err(Fault::Refused(StorageError::StaleLock { .. })) => {
+                return Ok(RmwOutcome::Retry)
+            }
+            Err(Fault::Refused(e)) => {
+                self.unlock(client, lock).await;
+                return Err(self.storage_error(lock.column, e));
+            }
+        }
+        let writes = data.into_iter().map(|op| self.run_op(client, op, failed));
+        let data = self
+            .renewing(client, lock, futures::future::join_all(writes))
+            .await;
+        data.into_iter().collect::<Result<(), ClientError>>()?;
+        let stripes = IndexRange::new(lock.stripe, lock.stripe + 1);
+        match self
+            .write_parity(client, lock, parity_offset, parity, true)
+            .await
+        {
+            Ok(()) => Ok(RmwOutcome::Done),
+            Err(Fault::Refused(StorageError::StaleLock { .. })) => Ok(RmwOutcome::Retry),
+            Err(fault) => {
+                if let Fault::Refused(e) = &fault {
+                    tracing::warn!("parity write to column {} refused: {e}", lock.column);
+                }
+                self.write_failed(client, lock.column, stripes, failed)
+                    .await
+                    .map(|()| RmwOutcome::Done)
+            }
+        }
     }
 
     /// Write one piece into its data column (RAID-4/5 partial stripes).
@@ -696,29 +783,6 @@ impl FileContext {
             },
             payload: Bytes::copy_from_slice(&data[piece.buf_range()]),
         }
-    }
-
-    /// Write a stripe's new parity at `offset` of its column and release the stripe's lock.
-    fn parity_write(&self, stripe: u64, offset: u64, parity: Vec<u8>) -> WriteOp {
-        WriteOp {
-            column: self.layout.parity_slot(stripe).expect("parity").column,
-            stripes: IndexRange::new(stripe, stripe + 1),
-            request: StorageRequest::WriteParity {
-                file: self.meta.id,
-                stripe,
-                offset,
-                unlock: true,
-            },
-            payload: Bytes::from(parity),
-        }
-    }
-
-    pub(crate) async fn unlock(&self, client: &Client, column: u32, stripe: u64) {
-        let request = StorageRequest::UnlockParity {
-            file: self.meta.id,
-            stripe,
-        };
-        let _ = self.rpc(client, column, request, Bytes::new()).await;
     }
 }
 

@@ -32,6 +32,9 @@ pub struct ManagerConfig {
     pub heartbeat_timeout: Duration,
     /// Time a pending file lives without a renewal or a commit.
     pub pending_lease: Duration,
+    /// The id a store created now gets (`None`: drawn at random). A simulator passes one in so
+    /// that a seed replays; an existing store keeps the id it has.
+    pub cluster_id: Option<ClusterId>,
 }
 
 impl Default for ManagerConfig {
@@ -39,6 +42,7 @@ impl Default for ManagerConfig {
         ManagerConfig {
             heartbeat_timeout: HEARTBEAT_TIMEOUT_DEFAULT,
             pending_lease: PENDING_LEASE_DEFAULT,
+            cluster_id: None,
         }
     }
 }
@@ -126,7 +130,7 @@ impl Manager {
                     servers,
                     indebted,
                     pending,
-                } = load(&db)?;
+                } = load(&db, config.cluster_id)?;
                 let access_keys = crate::keys::load(&db)?;
                 Ok(Manager {
                     access_keys,
@@ -903,7 +907,7 @@ struct Loaded {
 
 /// Initialises a fresh store or checks an existing one's version, then reads what the manager
 /// keeps in memory: the cluster id, the servers and which of them owe stripes.
-fn load(db: &Database) -> Result<Loaded, Failure> {
+fn load(db: &Database, new_cluster: Option<ClusterId>) -> Result<Loaded, Failure> {
     let txn = db.begin_write()?;
     let loaded = {
         let mut tables = Tables::open(&txn)?;
@@ -922,7 +926,7 @@ fn load(db: &Database) -> Result<Loaded, Failure> {
         let cluster = match stored {
             Some(cluster) => cluster,
             None => {
-                let cluster = rand::random::<u64>().max(1);
+                let cluster = new_cluster.unwrap_or_else(rand::random::<u64>).max(1);
                 tables.meta.insert(KEY_CLUSTER_ID, cluster)?;
                 cluster
             }

@@ -1001,3 +1001,26 @@ fn sizes_past_the_layouts_maximum_are_refused() {
         assert_eq!(harness.lookup("/a").meta.size, size);
     }
 }
+
+#[test]
+fn a_cluster_id_passed_in_is_used_for_a_new_store_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let seeded = |cluster_id| ManagerConfig {
+        cluster_id,
+        ..ManagerConfig::default()
+    };
+    let manager = Manager::open(dir.path(), seeded(Some(0x1234))).unwrap();
+    assert_eq!(manager.cluster(), 0x1234);
+    drop(manager);
+    // An existing store keeps its id whatever the configuration says.
+    let manager = Manager::open(dir.path(), seeded(Some(0x9999))).unwrap();
+    assert_eq!(manager.cluster(), 0x1234);
+    // 0 names no cluster, so it is never drawn nor given.
+    let other = tempfile::tempdir().unwrap();
+    assert_eq!(
+        Manager::open(other.path(), seeded(Some(0)))
+            .unwrap()
+            .cluster(),
+        1
+    );
+}

@@ -2,8 +2,10 @@
 //!
 //! This crate owns the glue between a transport and a [`tessera_store::Store`]: it decodes
 //! [`StorageRequest`]s, refuses those meant for another store (see [`StorageCall`]), runs the
-//! rest against the store, keeps the CSAR parity locks per connection (released when the
-//! connection goes), and keeps the server registered and heartbeating with the metadata
+//! rest against the store, keeps the CSAR parity locks per connection (leased and fenced:
+//! released when the connection goes, or broken when their holder stays silent past
+//! [`PARITY_LEASE`] while another locker waits; see `tessera_store`'s intent records for what
+//! happens to the holder's half-done write), and keeps the server registered and heartbeating with the metadata
 //! manager. Small reads the page cache holds are answered on the transport's network thread
 //! ([`Store::read_cached`]); everything that may wait for the disk runs on the blocking pool.
 //! It holds no layout knowledge: the client tells it byte offsets in its data, redundancy and
@@ -18,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tessera_store::{ParityLocks, Store};
+use tessera_store::{ParityLocks, Region, Store};
 use tessera_transport::{
     serve_tcp_limited, serve_udp, BoxFuture, ConnectionId, DatagramConfig, FrameHandler, TcpConfig,
     TcpLimits, TcpTransport, Transport, TransportKind, UdpCounters, UdpServer,
@@ -37,6 +39,16 @@ pub use keys::{STORAGE_KEYS_INTERVAL, STORAGE_KEYS_REFRESH_MIN};
 /// is never busy long enough to delay ACKs and retransmissions (256 KiB is ~50 us of copying
 /// and checksumming, ~2 ms on a 1 Gbit/s wire).
 pub const INLINE_READ_BYTES_MAX: u32 = 256 << 10;
+
+/// How long a parity lock lasts past its holder's last request to this server (grant,
+/// intent, renewal, parity write): a few retransmission timeouts and request round trips, so
+/// that the lock of a client that died is broken well within a second, while a live holder
+/// renews it (the client renews every third of it while its data requests are out).
+pub const PARITY_LEASE: Duration = Duration::from_millis(600);
+
+/// Longest a `LockParity` waits in the queue before it is answered `LockBusy`: well inside a
+/// client's request timeout, so that waiting for a lock is never taken for a dead server.
+pub const PARITY_LOCK_WAIT_MAX: Duration = Duration::from_secs(2);
 
 /// How often the server tells the manager it is alive.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(300);
@@ -168,7 +180,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let handler = Arc::new(StorageHandler {
         keys: keys.clone(),
         store: store.clone(),
-        locks: Arc::new(ParityLocks::new()),
+        locks: Arc::new(ParityLocks::new(PARITY_LEASE, rand::random::<u64>() >> 16)),
         id: id.clone(),
         counters: Arc::new(OnceLock::new()),
         reads: Arc::new(ReadCounts::default()),
@@ -212,6 +224,29 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         _udp: udp,
         heartbeat,
         fetch_keys,
+    })
+}
+
+/// The request handling of a server with id `id` (0: not registered yet) over `store`, without
+/// sockets, heartbeats or registration: what [`start`] serves, for a caller that moves the
+/// frames itself (a simulator's in-memory network). Its parity locks are its own, so a handler
+/// dropped and made anew for a reopened store is a restarted server.
+pub fn handler(store: Arc<Store>, id: ServerId) -> Arc<dyn FrameHandler> {
+    Arc::new(StorageHandler {
+        store,
+        // Tokens start at random, as in `start`, so that a holder from before a restart is
+        // never mistaken for a new one.
+        locks: Arc::new(ParityLocks::new(PARITY_LEASE, rand::random::<u64>() >> 16)),
+        id: Arc::new(AtomicU32::new(id)),
+        counters: Arc::new(OnceLock::new()),
+        reads: Arc::new(ReadCounts::default()),
+        // Nothing authenticates through this handler (its caller moves the frames itself, past
+        // any handshake), so its keys come from a random secret no peer holds and are never
+        // fetched.
+        keys: Arc::new(keys::ServerKeys::new(
+            &tessera_auth::Secret::from_bytes(rand::random()),
+            SocketAddr::from(([0, 0, 0, 0], 0)),
+        )),
     })
 }
 
@@ -505,10 +540,25 @@ impl StorageHandler {
     }
 }
 
-/// Run a blocking store call on the blocking pool.
+thread_local! {
+    /// Whether store calls made on this thread run in place (see [`run_disk_inline`]).
+    static DISK_INLINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Make the store calls of handlers polled on this thread run in place instead of on tokio's
+/// blocking pool: for a simulator on a current-thread runtime, whose run must not depend on
+/// which pool thread finishes first. Never for a daemon (a disk wait would stall the network).
+pub fn run_disk_inline(inline: bool) {
+    DISK_INLINE.with(|cell| cell.set(inline));
+}
+
+/// Run a blocking store call on the blocking pool (in place under [`run_disk_inline`]).
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, StorageError> {
+    if DISK_INLINE.with(|cell| cell.get()) {
+        return f();
+    }
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
         Err(StorageError::Disk {
             detail: format!("store task failed: {e}"),
@@ -566,43 +616,81 @@ async fn serve(
             offset,
             len,
         } => {
-            locks.lock(file, stripe, connection).await;
+            let token = locks
+                .lock(file, stripe, connection, PARITY_LOCK_WAIT_MAX)
+                .await?;
             let read = blocking(move || {
-                store.read(file, tessera_layout::Region::Redundancy, offset, len, false)
+                let parity = store.read(file, Region::Redundancy, offset, len, false)?;
+                Ok((parity, store.intent(file, stripe)?))
             })
             .await;
             match read {
-                Ok(data) => Ok((StorageResponse::Data, Bytes::from(data))),
+                Ok((parity, intent)) => {
+                    let mut payload = parity;
+                    let intent = intent.map(|(intent, bytes)| {
+                        payload.extend_from_slice(&bytes);
+                        intent
+                    });
+                    let locked = StorageResponse::Locked { token, intent };
+                    Ok((locked, Bytes::from(payload)))
+                }
                 Err(e) => {
-                    let _ = locks.unlock(file, stripe, connection);
+                    let _ = locks.unlock(file, stripe, token);
                     Err(e)
                 }
             }
+        }
+        StorageRequest::RecordIntent {
+            file,
+            stripe,
+            token,
+            intent,
+        } => {
+            locks.renew(file, stripe, token)?;
+            blocking(move || store.record_intent(file, stripe, &intent, &payload)).await?;
+            // The record may have taken a while to reach the disk.
+            locks.renew(file, stripe, token)?;
+            done
+        }
+        StorageRequest::RenewParity {
+            file,
+            stripe,
+            token,
+        } => {
+            locks.renew(file, stripe, token)?;
+            done
+        }
+        StorageRequest::ReadIntent { file, stripe } => {
+            let intent = blocking(move || store.intent(file, stripe)).await?;
+            let (intent, bytes) = intent.map_or((None, Vec::new()), |(i, b)| (Some(i), b));
+            Ok((StorageResponse::Intent { intent }, Bytes::from(bytes)))
         }
         StorageRequest::WriteParity {
             file,
             stripe,
             offset,
             unlock,
+            token,
         } => {
-            let written = blocking(move || {
-                store.write(
-                    file,
-                    tessera_layout::Region::Redundancy,
-                    offset,
-                    &payload,
-                    false,
-                )
+            // Fenced: a holder whose lease was broken writes nothing.
+            locks.renew(file, stripe, token)?;
+            blocking(move || {
+                store.write(file, Region::Redundancy, offset, &payload, false)?;
+                // Parity now matches what the holder wrote (or resolved): the record is done.
+                store.clear_intent(file, stripe)
             })
-            .await;
+            .await?;
             if unlock {
-                locks.unlock(file, stripe, connection)?;
+                locks.unlock(file, stripe, token)?;
             }
-            written?;
             done
         }
-        StorageRequest::UnlockParity { file, stripe } => {
-            locks.unlock(file, stripe, connection)?;
+        StorageRequest::UnlockParity {
+            file,
+            stripe,
+            token,
+        } => {
+            locks.unlock(file, stripe, token)?;
             done
         }
         StorageRequest::OverflowWrite { file, role, offset } => {

@@ -4,7 +4,12 @@
 //! over it: per file, the data file (its column's stripe units), the redundancy file (parity
 //! units, or mirror copies under RAID-1), and CSAR's overflow region (Hybrid partial-stripe
 //! writes, kept apart so the old blocks still match the parity until a full-stripe write
-//! supersedes them). It also owns the FIFO parity locks of CSAR 5.1 ([`ParityLocks`]).
+//! supersedes them). It also owns the FIFO parity locks of CSAR 5.1 ([`ParityLocks`], leased
+//! and fenced by a token) and the intent records that close the RAID-5 write hole: what a
+//! read-modify-write is about to change, durable at the parity server before the data is
+//! written, so that a writer that dies between its data and its parity never makes a later
+//! reconstruction wrong ([`Store::record_intent`]; the `intent` module's doc states the
+//! protocol, each crash point, and why no acknowledged byte is lost).
 //!
 //! What it must never do:
 //! - return bytes that fail their checksum: a bad block is [`StorageError::Corrupt`], always;
@@ -29,6 +34,8 @@
 //! <root>/files/<F>/overflow.log    header "TSOL" + version u32 LE + crc32c u32 LE, then 36-byte
 //!                                  records, each with its own crc32c (see `overflow.rs`)
 //! <root>/files/<F>/overflow.log.new  a shorter log being written, before it is renamed over
+//! <root>/intents/<F>.<stripe>      an unresolved intent record: "TSIR" + version u32 LE
+//!                                  (INTENT_FORMAT_VERSION) + crc32c + the record
 //! ```
 //!
 //! Every byte is covered by a checksum, so one flipped bit anywhere is found:
@@ -85,6 +92,7 @@
 //! store.sync().unwrap();
 //! ```
 
+mod intent;
 mod io;
 mod locks;
 mod meta;
@@ -92,11 +100,12 @@ mod overflow;
 mod region;
 mod store;
 
+pub use intent::{IntentRecord, INTENT_FORMAT_VERSION};
 pub use locks::ParityLocks;
 pub use store::Store;
 
 pub use tessera_layout::{OverflowRole, Region};
-pub use tessera_wire::{FileId, OverflowExtent, StorageError};
+pub use tessera_wire::{FileId, IntentPiece, OverflowExtent, ParityIntent, StorageError};
 
 /// Bytes per checksummed block: the unit of every write to the data and redundancy files.
 pub const BLOCK_BYTES: u64 = 4096;

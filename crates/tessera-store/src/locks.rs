@@ -1,30 +1,43 @@
-//! CSAR 5.1 parity locks: one FIFO lock per (file, stripe), held by a connection.
+//! CSAR 5.1 parity locks: one FIFO lock per (file, stripe), held under a lease, fenced by a
+//! token.
 //!
 //! A client doing a read-modify-write of a partial stripe reads the parity unit with a lock,
 //! and writes it back with an unlock. Meanwhile other lockers of that stripe queue in arrival
-//! order. A connection that closes releases its locks and leaves the queues it waited in.
+//! order. A lock is a lease: each grant, renewal and fenced request from its holder extends it
+//! by [`ParityLocks::lease`], and once it has run out a waiting locker breaks it (the lock
+//! passes to the next waiter). The holder's requests carry the grant's token, and a token that
+//! no longer names the holder is refused with [`StorageError::StaleLock`], so a holder that
+//! was only slow cannot write parity over the next holder's. A connection that closes releases
+//! its locks at once and leaves the queues it waited in; over a datagram transport a dead
+//! client's session may never close, and the lease is what frees its locks.
+//!
+//! What a broken lock's holder left half done is not this module's business: the store keeps
+//! its intent record, and the next holder is told of it (see `intent.rs`).
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
-use tessera_wire::{FileId, StorageError};
+use tessera_wire::{FileId, LockToken, StorageError};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 type LockKey = (FileId, u64);
 
-/// Who holds a lock: the owner (a connection id) and the ticket of the `lock` call.
+/// Who holds a lock: the owner (a connection id), the grant's token, and when its lease ends.
 #[derive(Clone, Copy, Debug)]
 struct Holder {
     owner: u64,
-    ticket: u64,
+    token: LockToken,
+    lease_end: Instant,
 }
 
 /// A queued `lock` call, woken by sending on `grant`.
 struct Waiter {
     owner: u64,
-    ticket: u64,
+    token: LockToken,
     grant: oneshot::Sender<()>,
 }
 
@@ -35,48 +48,71 @@ struct LockState {
 }
 
 /// The parity locks of one storage server (CSAR 5.1): FIFO per (file, stripe), owned by a
-/// connection id. `Send + Sync`; share it in an `Arc`.
+/// connection id, leased and fenced. `Send + Sync`; share it in an `Arc`.
 ///
 /// An entry exists only while its lock is held, so memory is bounded by the locks held and
 /// the calls waiting, which the server bounds by its limit on requests in flight.
-#[derive(Default)]
 pub struct ParityLocks {
     table: Mutex<HashMap<LockKey, LockState>>,
-    ticket_next: AtomicU64,
+    token_next: AtomicU64,
+    lease: Duration,
+    broken: AtomicU64,
 }
 
 impl ParityLocks {
-    /// No locks held.
-    pub fn new() -> Self {
-        Self::default()
+    /// No locks held. Each lease lasts `lease` past the holder's last sign of life; tokens are
+    /// handed out from `first_token` on (draw it at random, so that a holder from before a
+    /// restart never holds a token of this run).
+    pub fn new(lease: Duration, first_token: LockToken) -> Self {
+        assert!(!lease.is_zero(), "a lease must last some time");
+        ParityLocks {
+            table: Mutex::new(HashMap::new()),
+            token_next: AtomicU64::new(first_token.max(1)),
+            lease,
+            broken: AtomicU64::new(0),
+        }
     }
 
-    /// Takes the lock of `stripe` of `file` for `owner`; resolves once it is granted. Lockers
-    /// queue in arrival order behind the holder. A lock is not reentrant: an owner locking a
-    /// stripe it holds queues behind itself until it unlocks.
+    /// How long a lock lasts past its holder's last sign of life.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// Takes the lock of `stripe` of `file` for `owner`; resolves with the grant's token once
+    /// it is granted. Lockers queue in arrival order behind the holder; a holder whose lease
+    /// has run out is broken. Waits `wait_max` at most, then fails with
+    /// [`StorageError::LockBusy`]. A lock is not reentrant: an owner locking a stripe it holds
+    /// queues behind itself until it unlocks or its lease ends.
     ///
     /// Cancel-safe: if the future is dropped while queued, it leaves the queue; if it is
     /// dropped after the lock was handed to it, the lock passes on to the next waiter.
-    /// If [`ParityLocks::release_all`] drops the wait (its owner closed), the future resolves
-    /// without the lock; [`ParityLocks::unlock`] by that owner then fails.
-    pub async fn lock(&self, file: FileId, stripe: u64, owner: u64) {
+    /// If [`ParityLocks::release_all`] drops the wait (its owner closed), the future fails with
+    /// [`StorageError::StaleLock`].
+    pub async fn lock(
+        &self,
+        file: FileId,
+        stripe: u64,
+        owner: u64,
+        wait_max: Duration,
+    ) -> Result<LockToken, StorageError> {
         let key = (file, stripe);
-        let ticket = self.ticket_next.fetch_add(1, Ordering::Relaxed);
-        let granted = {
+        let token = self.token_next.fetch_add(1, Ordering::Relaxed);
+        let give_up = Instant::now() + wait_max;
+        let mut granted = {
             let mut table = self.table();
             match table.entry(key) {
                 Entry::Vacant(vacant) => {
                     vacant.insert(LockState {
-                        holder: Holder { owner, ticket },
+                        holder: self.holder(owner, token, Instant::now()),
                         queue: VecDeque::new(),
                     });
-                    return;
+                    return Ok(token);
                 }
                 Entry::Occupied(mut occupied) => {
                     let (grant, granted) = oneshot::channel();
                     occupied.get_mut().queue.push_back(Waiter {
                         owner,
-                        ticket,
+                        token,
                         grant,
                     });
                     granted
@@ -86,25 +122,52 @@ impl ParityLocks {
         let mut pending = PendingLock {
             locks: self,
             key,
-            ticket,
+            token,
             settled: false,
         };
-        // An error means release_all dropped this wait; either way the call is over.
-        let _ = granted.await;
-        pending.settled = true;
+        loop {
+            let wake = self.lease_end(key).map_or(give_up, |end| end.min(give_up));
+            match tokio::time::timeout_at(wake, &mut granted).await {
+                Ok(answer) => {
+                    pending.settled = true;
+                    // An error means release_all dropped this wait: its connection is gone.
+                    return answer
+                        .map(|()| token)
+                        .map_err(|_| StorageError::StaleLock { stripe, token });
+                }
+                Err(_) if Instant::now() >= give_up => {
+                    // `pending` leaves the queue (or passes on a lock granted just now).
+                    return Err(StorageError::LockBusy { stripe });
+                }
+                Err(_) => self.break_expired(key, Instant::now()),
+            }
+        }
     }
 
-    /// Releases the lock of `stripe` of `file` held by `owner` and hands it to the next
-    /// waiter still waiting. [`StorageError::NotLockHolder`] if `owner` does not hold it.
-    pub fn unlock(&self, file: FileId, stripe: u64, owner: u64) -> Result<(), StorageError> {
+    /// Extends the lease of the lock of `stripe` of `file` held with `token`;
+    /// [`StorageError::StaleLock`] if `token` does not hold it.
+    pub fn renew(&self, file: FileId, stripe: u64, token: LockToken) -> Result<(), StorageError> {
+        let mut table = self.table();
+        match table.get_mut(&(file, stripe)) {
+            Some(state) if state.holder.token == token => {
+                state.holder.lease_end = Instant::now() + self.lease;
+                Ok(())
+            }
+            _ => Err(StorageError::StaleLock { stripe, token }),
+        }
+    }
+
+    /// Releases the lock of `stripe` of `file` held with `token` and hands it to the next
+    /// waiter still waiting. [`StorageError::StaleLock`] if `token` does not hold it.
+    pub fn unlock(&self, file: FileId, stripe: u64, token: LockToken) -> Result<(), StorageError> {
         let key = (file, stripe);
         let mut table = self.table();
         match table.get(&key) {
-            Some(state) if state.holder.owner == owner => {
-                hand_over(&mut table, key);
+            Some(state) if state.holder.token == token => {
+                hand_over(&mut table, key, self.lease);
                 Ok(())
             }
-            _ => Err(StorageError::NotLockHolder { stripe }),
+            _ => Err(StorageError::StaleLock { stripe, token }),
         }
     }
 
@@ -117,7 +180,7 @@ impl ParityLocks {
             let state = table.get_mut(&key).expect("key was just listed");
             state.queue.retain(|waiter| waiter.owner != owner);
             if state.holder.owner == owner {
-                hand_over(&mut table, key);
+                hand_over(&mut table, key, self.lease);
             }
         }
     }
@@ -128,7 +191,7 @@ impl ParityLocks {
     }
 
     /// The owner holding the lock of `stripe` of `file`, if any.
-    pub fn holder(&self, file: FileId, stripe: u64) -> Option<u64> {
+    pub fn holder_of(&self, file: FileId, stripe: u64) -> Option<u64> {
         self.table()
             .get(&(file, stripe))
             .map(|state| state.holder.owner)
@@ -140,14 +203,45 @@ impl ParityLocks {
         self.table().values().map(|state| state.queue.len()).sum()
     }
 
+    /// Number of locks broken because their lease ran out.
+    pub fn broken(&self) -> u64 {
+        self.broken.load(Ordering::Relaxed)
+    }
+
+    fn holder(&self, owner: u64, token: LockToken, now: Instant) -> Holder {
+        Holder {
+            owner,
+            token,
+            lease_end: now + self.lease,
+        }
+    }
+
+    /// When the lease of the lock at `key` ends, if it is held.
+    fn lease_end(&self, key: LockKey) -> Option<Instant> {
+        self.table().get(&key).map(|state| state.holder.lease_end)
+    }
+
+    /// Breaks the lock at `key` if its lease has run out by `now`.
+    fn break_expired(&self, key: LockKey, now: Instant) {
+        let mut table = self.table();
+        if table
+            .get(&key)
+            .is_some_and(|state| state.holder.lease_end <= now)
+        {
+            self.broken.fetch_add(1, Ordering::Relaxed);
+            hand_over(&mut table, key, self.lease);
+        }
+    }
+
     /// The table; every step leaves it consistent, so a poisoned mutex is still usable.
     fn table(&self) -> MutexGuard<'_, HashMap<LockKey, LockState>> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// Gives the lock at `key` to the first waiter whose future is still alive, or removes it.
-fn hand_over(table: &mut HashMap<LockKey, LockState>, key: LockKey) {
+/// Gives the lock at `key` to the first waiter whose future is still alive (with a fresh
+/// lease), or removes it.
+fn hand_over(table: &mut HashMap<LockKey, LockState>, key: LockKey, lease: Duration) {
     let Some(state) = table.get_mut(&key) else {
         return;
     };
@@ -156,7 +250,8 @@ fn hand_over(table: &mut HashMap<LockKey, LockState>, key: LockKey) {
         if waiter.grant.send(()).is_ok() {
             state.holder = Holder {
                 owner: waiter.owner,
-                ticket: waiter.ticket,
+                token: waiter.token,
+                lease_end: Instant::now() + lease,
             };
             return;
         }
@@ -164,11 +259,11 @@ fn hand_over(table: &mut HashMap<LockKey, LockState>, key: LockKey) {
     table.remove(&key);
 }
 
-/// Cleans up after a `lock` future dropped before it resolved.
+/// Cleans up after a `lock` future dropped (or given up) before it resolved.
 struct PendingLock<'a> {
     locks: &'a ParityLocks,
     key: LockKey,
-    ticket: u64,
+    token: LockToken,
     settled: bool,
 }
 
@@ -181,11 +276,11 @@ impl Drop for PendingLock<'_> {
         let Some(state) = table.get_mut(&self.key) else {
             return;
         };
-        if state.holder.ticket == self.ticket {
+        if state.holder.token == self.token {
             // Granted, but nobody will ever know: pass it on.
-            hand_over(&mut table, self.key);
+            hand_over(&mut table, self.key, self.locks.lease);
         } else {
-            state.queue.retain(|waiter| waiter.ticket != self.ticket);
+            state.queue.retain(|waiter| waiter.token != self.token);
         }
     }
 }

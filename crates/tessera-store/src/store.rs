@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tessera_layout::{OverflowRole, Region};
-use tessera_wire::{FileId, IndexRange, OverflowExtent, StorageError};
+use tessera_wire::{FileId, IndexRange, OverflowExtent, ParityIntent, StorageError};
 
+use crate::intent::{IntentRecord, Intents, INTENTS_DIR};
 use crate::io::{bad_request, check_range, data_ranges, disk, disk_format};
 use crate::meta::{self, StoreMeta};
 use crate::overflow::{OverflowFiles, Touched};
@@ -137,6 +138,8 @@ pub struct Store {
     /// Serializes `sync` calls, so that one returns only after everything written before it
     /// is durable, even if another sync took those files from the dirty set first.
     sync_lock: Mutex<()>,
+    /// Unresolved intent records of read-modify-writes (see `intent.rs`).
+    intents: Mutex<Intents>,
     /// Keeps the exclusive `flock` on `store.lock` for the store's lifetime.
     _lock_file: File,
 }
@@ -173,11 +176,13 @@ impl Store {
                 meta
             }
             None => {
-                match fs::remove_dir_all(&files_dir) {
-                    Ok(()) => {}
-                    Err(error) if error.kind() == ErrorKind::NotFound => {}
-                    Err(error) => {
-                        return Err(disk(format_args!("clear {}", files_dir.display()), error))
+                for dir in [files_dir.clone(), root.join(INTENTS_DIR)] {
+                    match fs::remove_dir_all(&dir) {
+                        Ok(()) => {}
+                        Err(error) if error.kind() == ErrorKind::NotFound => {}
+                        Err(error) => {
+                            return Err(disk(format_args!("clear {}", dir.display()), error))
+                        }
                     }
                 }
                 fs::create_dir(&files_dir)
@@ -194,7 +199,9 @@ impl Store {
                 meta
             }
         };
+        let intents = Intents::open(root)?;
         Ok(Store {
+            intents: Mutex::new(intents),
             root: root.to_path_buf(),
             files_dir,
             incarnation: meta.incarnation,
@@ -327,7 +334,53 @@ impl Store {
                 self.mark_overflow_dirty(file, present, touched);
             }
             Ok(())
-        })
+        })?;
+        if region == Region::Redundancy {
+            // Parity written over a whole span was computed from the data (full-stripe write,
+            // rebuilt unit): the span's record describes nothing left to resolve.
+            let mut intents = lock(&self.intents);
+            if intents.clear_covered(file, offset, data.len() as u64)? {
+                lock(&self.dirty).dirs.insert(intents.dir().to_path_buf());
+            }
+        }
+        Ok(())
+    }
+
+    /// Records durably what a read-modify-write of `stripe` of `file` is about to change:
+    /// `intent`, the span's current parity (read here) and the pieces' old data. Answered
+    /// only once the record is on disk; the writer writes no data before that. Refused if
+    /// the stripe has an unresolved record. See `intent.rs`.
+    pub fn record_intent(
+        &self,
+        file: FileId,
+        stripe: u64,
+        intent: &ParityIntent,
+        old_data: &[u8],
+    ) -> Result<(), StorageError> {
+        let offset = intent
+            .unit_offset
+            .checked_add(u64::from(intent.span_start))
+            .ok_or_else(|| bad_request("intent span past the end of any file"))?;
+        if intent.span_len > REQUEST_BYTES_MAX {
+            return Err(bad_request("intent span longer than one request"));
+        }
+        let old_parity = self.read(file, Region::Redundancy, offset, intent.span_len, false)?;
+        lock(&self.intents).record(file, stripe, intent, &old_parity, old_data)
+    }
+
+    /// The unresolved intent record of `stripe` of `file`, with its old parity then old data.
+    pub fn intent(&self, file: FileId, stripe: u64) -> Result<Option<IntentRecord>, StorageError> {
+        lock(&self.intents).get(file, stripe)
+    }
+
+    /// Deletes the intent record of `stripe` of `file` (its parity was written by the lock's
+    /// holder). The deletion becomes durable at the next [`sync`](Self::sync).
+    pub fn clear_intent(&self, file: FileId, stripe: u64) -> Result<(), StorageError> {
+        let mut intents = lock(&self.intents);
+        if intents.clear(file, stripe)? {
+            lock(&self.dirty).dirs.insert(intents.dir().to_path_buf());
+        }
+        Ok(())
     }
 
     /// Appends an overflow entry of `role` covering `offset..offset+data.len()` of the
@@ -502,7 +555,12 @@ impl Store {
             }
         }
         *state = FileState::Absent;
+        let mut intents = lock(&self.intents);
+        let intents_changed = intents.clear_file(file)?;
         let mut dirty = lock(&self.dirty);
+        if intents_changed {
+            dirty.dirs.insert(intents.dir().to_path_buf());
+        }
         dirty.files.retain(|(owner, _), _| *owner != file);
         dirty.dirs.remove(&dir);
         dirty.dirs.insert(self.files_dir.clone());

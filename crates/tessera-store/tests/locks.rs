@@ -1,4 +1,4 @@
-//! CSAR 5.1: parity locks, FIFO per (file, stripe), owned by connections.
+//! CSAR 5.1: parity locks, FIFO per (file, stripe), owned by connections, leased and fenced.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,6 +7,13 @@ use tessera_store::{ParityLocks, StorageError};
 use tokio::task::JoinHandle;
 
 const FILE: u64 = 5;
+const LEASE: Duration = Duration::from_millis(500);
+/// Long enough that no test here waits that long for a lock.
+const WAIT: Duration = Duration::from_secs(3600);
+
+fn locks() -> Arc<ParityLocks> {
+    Arc::new(ParityLocks::new(LEASE, 1))
+}
 
 /// Lets spawned tasks on the current-thread runtime run until they block.
 async fn settle() {
@@ -15,96 +22,103 @@ async fn settle() {
     }
 }
 
-fn spawn_lock(locks: &Arc<ParityLocks>, stripe: u64, owner: u64) -> JoinHandle<()> {
+async fn lock(locks: &ParityLocks, stripe: u64, owner: u64) -> u64 {
+    locks
+        .lock(FILE, stripe, owner, WAIT)
+        .await
+        .expect("granted")
+}
+
+fn spawn_lock(
+    locks: &Arc<ParityLocks>,
+    stripe: u64,
+    owner: u64,
+) -> JoinHandle<Result<u64, StorageError>> {
     let locks = Arc::clone(locks);
-    tokio::spawn(async move { locks.lock(FILE, stripe, owner).await })
+    tokio::spawn(async move { locks.lock(FILE, stripe, owner, WAIT).await })
 }
 
 #[tokio::test]
 async fn csar_5_1_second_locker_waits_until_unlock() {
-    let locks = Arc::new(ParityLocks::new());
-    locks.lock(FILE, 0, 1).await;
+    let locks = locks();
+    let first = lock(&locks, 0, 1).await;
     assert_eq!(locks.held(), 1);
     // Another stripe, and another file, are independent.
-    locks.lock(FILE, 1, 2).await;
-    locks.lock(FILE + 1, 0, 2).await;
+    let other_stripe = lock(&locks, 1, 2).await;
+    let other_file = locks.lock(FILE + 1, 0, 2, WAIT).await.unwrap();
     assert_eq!(locks.held(), 3);
 
     let second = spawn_lock(&locks, 0, 2);
     settle().await;
     assert!(!second.is_finished());
     assert_eq!(locks.waiting(), 1);
-    locks.unlock(FILE, 0, 1).unwrap();
-    second.await.unwrap();
-    assert_eq!(locks.holder(FILE, 0), Some(2));
-    locks.unlock(FILE, 0, 2).unwrap();
-    locks.unlock(FILE, 1, 2).unwrap();
-    locks.unlock(FILE + 1, 0, 2).unwrap();
+    locks.unlock(FILE, 0, first).unwrap();
+    let second = second.await.unwrap().unwrap();
+    assert_eq!(locks.holder_of(FILE, 0), Some(2));
+    locks.unlock(FILE, 0, second).unwrap();
+    locks.unlock(FILE, 1, other_stripe).unwrap();
+    locks.unlock(FILE + 1, 0, other_file).unwrap();
     assert_eq!(locks.held(), 0);
     assert_eq!(locks.waiting(), 0);
 }
 
 #[tokio::test]
 async fn csar_5_1_waiters_are_granted_in_arrival_order() {
-    let locks = Arc::new(ParityLocks::new());
-    locks.lock(FILE, 7, 10).await;
+    let locks = locks();
+    let mut token = lock(&locks, 7, 10).await;
     let mut waiters = Vec::new();
     for owner in [11, 12, 13] {
         waiters.push(spawn_lock(&locks, 7, owner));
         settle().await;
     }
     for ((holder, next), waiter) in [(10, 11), (11, 12), (12, 13)].into_iter().zip(waiters) {
-        assert_eq!(locks.holder(FILE, 7), Some(holder));
+        assert_eq!(locks.holder_of(FILE, 7), Some(holder));
         assert!(!waiter.is_finished());
-        locks.unlock(FILE, 7, holder).unwrap();
-        waiter.await.unwrap();
-        assert_eq!(locks.holder(FILE, 7), Some(next));
+        locks.unlock(FILE, 7, token).unwrap();
+        token = waiter.await.unwrap().unwrap();
+        assert_eq!(locks.holder_of(FILE, 7), Some(next));
     }
-    locks.unlock(FILE, 7, 13).unwrap();
+    locks.unlock(FILE, 7, token).unwrap();
     assert_eq!(locks.held(), 0);
 }
 
 #[tokio::test]
-async fn unlock_by_a_non_holder_is_refused() {
-    let locks = ParityLocks::new();
-    assert_eq!(
-        locks.unlock(FILE, 3, 1),
-        Err(StorageError::NotLockHolder { stripe: 3 })
-    );
-    locks.lock(FILE, 3, 1).await;
-    assert_eq!(
-        locks.unlock(FILE, 3, 2),
-        Err(StorageError::NotLockHolder { stripe: 3 })
-    );
-    assert_eq!(locks.holder(FILE, 3), Some(1));
-    locks.unlock(FILE, 3, 1).unwrap();
-    assert_eq!(
-        locks.unlock(FILE, 3, 1),
-        Err(StorageError::NotLockHolder { stripe: 3 })
-    );
+async fn unlock_with_a_token_that_does_not_hold_the_lock_is_refused() {
+    let locks = locks();
+    let stale = |token| Err(StorageError::StaleLock { stripe: 3, token });
+    assert_eq!(locks.unlock(FILE, 3, 1), stale(1));
+    let token = lock(&locks, 3, 1).await;
+    assert_eq!(locks.unlock(FILE, 3, token + 1), stale(token + 1));
+    assert_eq!(locks.renew(FILE, 3, token + 1), stale(token + 1));
+    assert_eq!(locks.holder_of(FILE, 3), Some(1));
+    locks.unlock(FILE, 3, token).unwrap();
+    assert_eq!(locks.unlock(FILE, 3, token), stale(token));
 }
 
 #[tokio::test]
 async fn release_all_frees_held_locks_passes_them_on_and_drops_queued_waits() {
-    let locks = Arc::new(ParityLocks::new());
-    locks.lock(FILE, 1, 100).await;
-    locks.lock(FILE, 2, 100).await;
-    locks.lock(FILE, 3, 200).await;
+    let locks = locks();
+    lock(&locks, 1, 100).await;
+    lock(&locks, 2, 100).await;
+    let on_3 = lock(&locks, 3, 200).await;
     let next_on_1 = spawn_lock(&locks, 1, 200);
     let queued_on_3 = spawn_lock(&locks, 3, 100);
     settle().await;
     assert_eq!(locks.waiting(), 2);
 
     locks.release_all(100);
-    next_on_1.await.unwrap();
-    assert_eq!(locks.holder(FILE, 1), Some(200));
-    assert_eq!(locks.holder(FILE, 2), None);
-    assert_eq!(locks.holder(FILE, 3), Some(200));
+    next_on_1.await.unwrap().unwrap();
+    assert_eq!(locks.holder_of(FILE, 1), Some(200));
+    assert_eq!(locks.holder_of(FILE, 2), None);
+    assert_eq!(locks.holder_of(FILE, 3), Some(200));
     // The closed connection's wait resolved without the lock.
-    queued_on_3.await.unwrap();
+    assert!(matches!(
+        queued_on_3.await.unwrap(),
+        Err(StorageError::StaleLock { stripe: 3, .. })
+    ));
     assert_eq!(locks.waiting(), 0);
-    locks.unlock(FILE, 3, 200).unwrap();
-    assert_eq!(locks.holder(FILE, 3), None);
+    locks.unlock(FILE, 3, on_3).unwrap();
+    assert_eq!(locks.holder_of(FILE, 3), None);
     assert_eq!(locks.held(), 1);
     locks.release_all(200);
     assert_eq!(locks.held(), 0);
@@ -112,43 +126,104 @@ async fn release_all_frees_held_locks_passes_them_on_and_drops_queued_waits() {
 
 #[tokio::test]
 async fn a_dropped_waiter_is_skipped() {
-    let locks = Arc::new(ParityLocks::new());
-    locks.lock(FILE, 0, 1).await;
+    let locks = locks();
+    let first = lock(&locks, 0, 1).await;
     // A waiter that gives up: its future is dropped while queued.
-    let gave_up = tokio::time::timeout(Duration::from_millis(10), locks.lock(FILE, 0, 2)).await;
+    let gave_up = tokio::time::timeout(Duration::from_millis(10), lock(&locks, 0, 2)).await;
     assert!(gave_up.is_err());
     let aborted = spawn_lock(&locks, 0, 3);
     let patient = spawn_lock(&locks, 0, 4);
     settle().await;
     aborted.abort();
     settle().await;
-    locks.unlock(FILE, 0, 1).unwrap();
-    patient.await.unwrap();
-    assert_eq!(locks.holder(FILE, 0), Some(4));
+    locks.unlock(FILE, 0, first).unwrap();
+    patient.await.unwrap().unwrap();
+    assert_eq!(locks.holder_of(FILE, 0), Some(4));
     assert_eq!(locks.waiting(), 0);
 }
 
 #[tokio::test]
 async fn a_lock_granted_to_a_dropped_future_passes_on() {
-    let locks = Arc::new(ParityLocks::new());
-    locks.lock(FILE, 0, 1).await;
+    let locks = locks();
+    let first = lock(&locks, 0, 1).await;
     let doomed = spawn_lock(&locks, 0, 2);
     settle().await;
     let patient = spawn_lock(&locks, 0, 3);
     settle().await;
     // The lock is handed to owner 2's future, which is dropped before it ever runs again.
-    locks.unlock(FILE, 0, 1).unwrap();
-    assert_eq!(locks.holder(FILE, 0), Some(2));
+    locks.unlock(FILE, 0, first).unwrap();
+    assert_eq!(locks.holder_of(FILE, 0), Some(2));
     doomed.abort();
-    patient.await.unwrap();
-    assert_eq!(locks.holder(FILE, 0), Some(3));
-    locks.unlock(FILE, 0, 3).unwrap();
+    let token = patient.await.unwrap().unwrap();
+    assert_eq!(locks.holder_of(FILE, 0), Some(3));
+    locks.unlock(FILE, 0, token).unwrap();
+    assert_eq!(locks.held(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_holder_is_broken_after_its_lease_and_fenced_off() {
+    let locks = locks();
+    let dead = lock(&locks, 4, 1).await;
+    let started = tokio::time::Instant::now();
+    // Renewed halfway: the lease runs from the renewal.
+    tokio::time::sleep(LEASE / 2).await;
+    locks.renew(FILE, 4, dead).unwrap();
+    let next = lock(&locks, 4, 2).await;
+    let waited = started.elapsed();
+    assert_eq!(
+        waited,
+        LEASE / 2 + LEASE,
+        "broken exactly when the lease ran out"
+    );
+    assert_eq!(locks.broken(), 1);
+    assert_eq!(locks.holder_of(FILE, 4), Some(2));
+    assert!(next > dead, "tokens grow");
+    // The old holder's late requests are refused; the new holder's are not.
+    let stale = Err(StorageError::StaleLock {
+        stripe: 4,
+        token: dead,
+    });
+    assert_eq!(locks.renew(FILE, 4, dead), stale);
+    assert_eq!(locks.unlock(FILE, 4, dead), stale);
+    locks.unlock(FILE, 4, next).unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_uncontended_expired_lock_is_kept_until_someone_waits() {
+    let locks = locks();
+    let slow = lock(&locks, 0, 1).await;
+    tokio::time::sleep(LEASE * 4).await;
+    // Nobody needed the lock: the slow holder may still finish.
+    locks.renew(FILE, 0, slow).unwrap();
+    locks.unlock(FILE, 0, slow).unwrap();
+    assert_eq!(locks.broken(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_longer_than_its_bound_is_busy_not_granted() {
+    let locks = locks();
+    let holder = lock(&locks, 0, 1).await;
+    let busy = tokio::spawn({
+        let locks = Arc::clone(&locks);
+        async move { locks.lock(FILE, 0, 2, LEASE / 5).await }
+    });
+    // The holder keeps renewing, so its lease never runs out.
+    for _ in 0..4 {
+        tokio::time::sleep(LEASE / 10).await;
+        locks.renew(FILE, 0, holder).unwrap();
+    }
+    assert_eq!(
+        busy.await.unwrap(),
+        Err(StorageError::LockBusy { stripe: 0 })
+    );
+    assert_eq!(locks.waiting(), 0, "a busy waiter leaves the queue");
+    locks.unlock(FILE, 0, holder).unwrap();
     assert_eq!(locks.held(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_lockers_of_one_stripe_hold_it_one_at_a_time() {
-    let locks = Arc::new(ParityLocks::new());
+    let locks = Arc::new(ParityLocks::new(Duration::from_secs(60), 1));
     let inside = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let tasks: Vec<_> = (0..32u64)
         .map(|owner| {
@@ -156,12 +231,12 @@ async fn many_lockers_of_one_stripe_hold_it_one_at_a_time() {
             let inside = Arc::clone(&inside);
             tokio::spawn(async move {
                 for _ in 0..20 {
-                    locks.lock(FILE, 9, owner).await;
+                    let token = lock(&locks, 9, owner).await;
                     let before = inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     assert_eq!(before, 0, "two holders at once");
                     tokio::task::yield_now().await;
                     inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                    locks.unlock(FILE, 9, owner).unwrap();
+                    locks.unlock(FILE, 9, token).unwrap();
                 }
             })
         })

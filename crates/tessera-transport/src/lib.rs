@@ -16,6 +16,7 @@
 mod frame_buffer;
 mod handshake;
 pub mod limits;
+mod mem;
 mod tcp;
 mod udp;
 
@@ -28,6 +29,7 @@ use tessera_wire::WireError;
 
 pub use handshake::Accepted;
 pub use limits::TcpLimits;
+pub use mem::{MemFaults, MemNetwork, MemStats, MemTransport};
 pub use tcp::{serve_tcp, serve_tcp_limited, TcpConfig, TcpTransport};
 pub use tessera_auth::{Claim, Credential, Key, Refusal};
 pub use tessera_datagram::{Config as DatagramConfig, CongestionKind};

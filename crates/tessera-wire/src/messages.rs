@@ -87,8 +87,12 @@ pub enum StorageRequest {
         invalidate_overflow: bool,
     },
     /// Lock the parity unit of `stripe` (FIFO queue behind any holder), then return `len`
-    /// bytes at `offset` of the redundancy file. The lock is held by this connection until a
-    /// `WriteParity` with `unlock`, an `UnlockParity`, or the connection closes.
+    /// bytes at `offset` of the redundancy file. Answered with [`StorageResponse::Locked`]: a
+    /// fencing token, and any intent record a dead holder left behind (which the new holder
+    /// must resolve before anything else). The lock is a lease: held until a `WriteParity`
+    /// with `unlock`, an `UnlockParity`, the connection closes, or its holder stays silent
+    /// longer than the lease while another locker waits. A wait that cannot be granted
+    /// within a bounded time is answered with [`StorageError::LockBusy`].
     LockParity {
         /// File.
         file: FileId,
@@ -100,7 +104,8 @@ pub enum StorageRequest {
         len: u32,
     },
     /// Write the payload as parity at `offset` of the redundancy file, then release the
-    /// stripe's lock if `unlock` (waking the next queued locker).
+    /// stripe's lock if `unlock` (waking the next queued locker). The stripe's intent record
+    /// is cleared: the holder's parity covers whatever the data columns hold.
     WriteParity {
         /// File.
         file: FileId,
@@ -110,12 +115,47 @@ pub enum StorageRequest {
         offset: u64,
         /// Release the lock after writing.
         unlock: bool,
+        /// The lock's fencing token; a stale one is refused with [`StorageError::StaleLock`].
+        token: LockToken,
     },
-    /// Release a parity lock without writing (a read-modify-write that failed half-way).
+    /// Release a parity lock without writing (a read-modify-write that failed before writing
+    /// any data).
     UnlockParity {
         /// File.
         file: FileId,
         /// Stripe whose lock is released.
+        stripe: u64,
+        /// The lock's fencing token.
+        token: LockToken,
+    },
+    /// Record durably, under the stripe's lock, what a read-modify-write is about to change
+    /// (the payload holds the old bytes of each piece, in order), before any data is
+    /// written. The server adds the old parity of the span itself. Renews the lease.
+    RecordIntent {
+        /// File.
+        file: FileId,
+        /// Stripe being written.
+        stripe: u64,
+        /// The lock's fencing token.
+        token: LockToken,
+        /// What is written where.
+        intent: ParityIntent,
+    },
+    /// Keep holding the stripe's lock (the lease is renewed).
+    RenewParity {
+        /// File.
+        file: FileId,
+        /// Stripe whose lock is renewed.
+        stripe: u64,
+        /// The lock's fencing token.
+        token: LockToken,
+    },
+    /// The stripe's unresolved intent record, if any, without locking: answered with
+    /// [`StorageResponse::Intent`], whose payload is the old parity then the old data.
+    ReadIntent {
+        /// File.
+        file: FileId,
+        /// Stripe.
         stripe: u64,
     },
     /// Append the payload to the overflow region as an entry covering `offset..offset+len` of
@@ -195,6 +235,54 @@ pub struct OverflowExtent {
     pub len: u32,
 }
 
+/// A parity lock's fencing token: increases with every grant at a server, so a holder whose
+/// lease was broken is told apart from the one holding the lock now.
+pub type LockToken = u64;
+
+/// What a RAID-4/5 read-modify-write is about to change in one stripe, recorded at the parity
+/// server before the data is written: the span of the parity unit it touches and the data
+/// pieces inside it. Stored with the span's old parity and the pieces' old bytes, it tells how
+/// to make parity consistent with whatever the data columns hold if the writer dies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParityIntent {
+    /// Byte offset of the stripe's parity unit in the redundancy file.
+    pub unit_offset: u64,
+    /// First byte of the span within the unit.
+    pub span_start: u32,
+    /// Bytes in the span.
+    pub span_len: u32,
+    /// The pieces written, in payload order; each lies inside the span.
+    pub pieces: Vec<IntentPiece>,
+}
+
+/// One data piece of a [`ParityIntent`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntentPiece {
+    /// Column of the stripe whose data unit is written.
+    pub column: u32,
+    /// First byte within the unit.
+    pub offset_in_unit: u32,
+    /// Bytes.
+    pub len: u32,
+}
+
+impl ParityIntent {
+    /// Whether the pieces lie inside the span and the span inside a unit of `unit_bytes`.
+    pub fn is_well_formed(&self, unit_bytes: u64) -> bool {
+        let span_end = u64::from(self.span_start) + u64::from(self.span_len);
+        span_end <= unit_bytes
+            && self.pieces.iter().all(|p| {
+                p.offset_in_unit >= self.span_start
+                    && u64::from(p.offset_in_unit) + u64::from(p.len) <= span_end
+            })
+    }
+
+    /// Bytes of old data the record carries: the sum of the pieces' lengths.
+    pub fn old_data_bytes(&self) -> u64 {
+        self.pieces.iter().map(|p| u64::from(p.len)).sum()
+    }
+}
+
 /// A storage server's answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StorageResponse {
@@ -219,6 +307,19 @@ pub enum StorageResponse {
     },
     /// The request failed.
     Error(StorageError),
+    /// Answer to `LockParity`: the lock is held; the parity bytes asked for are in the
+    /// payload, followed by the old parity and old data of `intent` if a dead holder left one.
+    Locked {
+        /// The lock's fencing token.
+        token: LockToken,
+        /// An intent record left by a holder whose lease was broken, unresolved.
+        intent: Option<ParityIntent>,
+    },
+    /// Answer to `ReadIntent`: the record, and its old parity then old data in the payload.
+    Intent {
+        /// The stripe's unresolved intent record, if any.
+        intent: Option<ParityIntent>,
+    },
     /// Answer to `TransportCounters`: each counter by name; none if the server serves TCP
     /// only.
     Counters {
@@ -258,9 +359,19 @@ pub enum StorageError {
         /// What is wrong.
         detail: String,
     },
-    /// The parity lock named is not held by this connection.
-    #[error("parity lock of stripe {stripe} is not held by this client")]
-    NotLockHolder {
+    /// The parity lock's token is not the holder's: the lock was released, or its lease was
+    /// broken and the lock handed to another client. Nothing was written.
+    #[error("parity lock of stripe {stripe} is no longer held with token {token}")]
+    StaleLock {
+        /// Stripe.
+        stripe: u64,
+        /// The token presented.
+        token: LockToken,
+    },
+    /// The parity lock could not be granted within the server's bound on waiting (other
+    /// clients hold it); the server is fine, ask again.
+    #[error("parity lock of stripe {stripe} is busy")]
+    LockBusy {
         /// Stripe.
         stripe: u64,
     },

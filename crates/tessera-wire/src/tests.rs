@@ -45,6 +45,41 @@ fn storage_request() -> impl Strategy<Value = StorageRequest> {
                 }
             }
         ),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            prop::collection::vec((any::<u32>(), any::<u32>(), any::<u32>()), 0..4)
+        )
+            .prop_map(|(file, stripe, token, pieces)| {
+                StorageRequest::RecordIntent {
+                    file,
+                    stripe,
+                    token,
+                    intent: ParityIntent {
+                        unit_offset: file ^ stripe,
+                        span_start: pieces.first().map_or(0, |p| p.0),
+                        span_len: pieces.first().map_or(0, |p| p.1),
+                        pieces: pieces
+                            .into_iter()
+                            .map(|(column, offset_in_unit, len)| IntentPiece {
+                                column,
+                                offset_in_unit,
+                                len,
+                            })
+                            .collect(),
+                    },
+                }
+            }),
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<bool>()).prop_map(
+            |(file, stripe, token, unlock)| StorageRequest::WriteParity {
+                file,
+                stripe,
+                offset: token / 3,
+                unlock,
+                token,
+            }
+        ),
     ]
 }
 

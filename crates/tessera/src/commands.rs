@@ -596,7 +596,7 @@ pub async fn server_start(dir: &Path, id: u32) -> Result<()> {
     cluster.wait_all_up().await
 }
 
-fn write_addr_file(addr_file: Option<PathBuf>, addr: SocketAddr) -> Result<()> {
+pub(crate) fn write_addr_file(addr_file: Option<PathBuf>, addr: SocketAddr) -> Result<()> {
     if let Some(path) = addr_file {
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, addr.to_string())?;
@@ -605,7 +605,7 @@ fn write_addr_file(addr_file: Option<PathBuf>, addr: SocketAddr) -> Result<()> {
     Ok(())
 }
 
-async fn until_terminated() {
+pub(crate) async fn until_terminated() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("signal handler");
     tokio::select! {

@@ -7,6 +7,7 @@ mod commands;
 mod credentials;
 mod demo;
 mod lab;
+mod s3;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
@@ -161,6 +162,30 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Serve the cluster over S3 (buckets are top-level directories, objects files).
+    S3 {
+        /// Address to listen on, e.g. 127.0.0.1:9000.
+        #[arg(long)]
+        listen: String,
+        /// Access key requests must be signed with [default: generated and printed].
+        #[arg(long, env = "TESSERA_S3_ACCESS_KEY")]
+        access_key: Option<String>,
+        /// Its secret key.
+        #[arg(long, env = "TESSERA_S3_SECRET_KEY", hide_env_values = true)]
+        secret_key: Option<String>,
+        /// Default scheme of new buckets: raid0, raid1, raid4, raid5 or hybrid.
+        #[arg(long, default_value = "hybrid")]
+        scheme: String,
+        /// Default stripe unit of new buckets, e.g. 64K.
+        #[arg(long, default_value = "64K")]
+        stripe_unit: String,
+        /// Default width of new buckets [default: all servers up at each put].
+        #[arg(long)]
+        width: Option<u32>,
+        /// Write the bound address to this file once listening.
+        #[arg(long)]
+        addr_file: Option<PathBuf>,
+    },
     /// Tessera's main job on an embedded cluster: store, lose a server, read degraded, rebuild.
     Demo,
     /// Build a test network of namespaces and run experiments on it (needs root).
@@ -276,9 +301,16 @@ fn main() {
     // unless TESSERA_LOG asks for more.
     let daemon = matches!(
         cli.command,
-        Command::Manager { .. } | Command::Server(ServerArgs { action: None, .. })
+        Command::Manager { .. }
+            | Command::Server(ServerArgs { action: None, .. })
+            | Command::S3 { .. }
     );
-    let default_level = if daemon { "info" } else { "error" };
+    let default_level = match cli.command {
+        // s3s logs every refused request as an error; the client is told, the log need not be.
+        Command::S3 { .. } => "info,s3s::ops=off",
+        _ if daemon => "info",
+        _ => "error",
+    };
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -399,6 +431,26 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Rebuild { id } => commands::rebuild(cluster, id).await,
         Command::Scrub { remote } => commands::scrub(cluster, remote.as_deref()).await,
         Command::Bench { quick, json } => bench::run(cluster, quick, json).await,
+        Command::S3 {
+            listen,
+            access_key,
+            secret_key,
+            scheme,
+            stripe_unit,
+            width,
+            addr_file,
+        } => {
+            let args = s3::S3Args {
+                listen,
+                access_key,
+                secret_key,
+                scheme,
+                stripe_unit,
+                width,
+                addr_file,
+            };
+            s3::run(cluster, args).await
+        }
         Command::Demo => demo::run().await,
         Command::Lab(args) => lab::run(args).await,
         Command::LabClient(args) => lab::client(args).await,

@@ -1,0 +1,110 @@
+//! Nodes on 127.0.0.1 over real UDP sockets: every node delivers the same messages in the
+//! same order; when one node stops, the others change view and go on.
+
+use bytes::Bytes;
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+use tessera_order::{Config, Event, Group, MsgId, NodeId, Start};
+use tessera_order_udp::{spawn, DriverConfig, Handle};
+
+fn start(nodes: usize) -> Vec<Handle> {
+    let sockets: Vec<UdpSocket> = (0..nodes)
+        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let peers: Vec<SocketAddr> = sockets.iter().map(|s| s.local_addr().unwrap()).collect();
+    sockets
+        .into_iter()
+        .enumerate()
+        .map(|(i, socket)| {
+            let driver = DriverConfig {
+                config: Config::default(),
+                group: Group::all_to_all(nodes),
+                node: NodeId(i as u16),
+                incarnation: 0,
+                start: Start::Initial,
+                seed: i as u64,
+                peers: peers.clone(),
+            };
+            spawn(driver, socket).unwrap()
+        })
+        .collect()
+}
+
+/// UTO deliveries from `handle` until `count` of them, or panics after `timeout`.
+fn deliveries(handle: &Handle, count: usize, timeout: Duration) -> Vec<(u64, MsgId, Bytes)> {
+    let began = Instant::now();
+    let mut out = Vec::new();
+    while out.len() < count {
+        let left = timeout.saturating_sub(began.elapsed());
+        assert!(
+            !left.is_zero(),
+            "{} of {count} delivered before the timeout",
+            out.len()
+        );
+        if let Ok(Event::Deliver {
+            position,
+            id,
+            message,
+        }) = handle.events().recv_timeout(left)
+        {
+            out.push((position, id, message));
+        }
+    }
+    out
+}
+
+#[test]
+fn three_nodes_deliver_one_order_over_udp() {
+    let handles = start(3);
+    for round in 0..300u32 {
+        for (i, handle) in handles.iter().enumerate() {
+            let message: Vec<u8> = [i as u8].into_iter().chain(round.to_be_bytes()).collect();
+            handle.propose(Bytes::from(message)).unwrap();
+        }
+    }
+    let orders: Vec<_> = handles
+        .iter()
+        .map(|handle| deliveries(handle, 900, Duration::from_secs(60)))
+        .collect();
+    for order in &orders[1..] {
+        assert_eq!(order, &orders[0]);
+    }
+    for (position, (at, id, message)) in orders[0].iter().enumerate() {
+        assert_eq!(*at, position as u64);
+        assert_eq!(message[0] as u16, id.sender.node.0);
+        // FIFO: a sender's messages in the order it proposed them.
+        assert_eq!(
+            u32::from_be_bytes(message[1..5].try_into().unwrap()),
+            id.seq as u32
+        );
+    }
+    for handle in handles {
+        let (stats, driver) = handle.stop().unwrap();
+        assert_eq!(stats.delivered, 900);
+        assert_eq!(driver.oversized, 0);
+    }
+}
+
+#[test]
+fn the_others_go_on_when_a_node_stops() {
+    let mut handles = start(3);
+    handles[0].propose(Bytes::from_static(b"before")).unwrap();
+    for handle in &handles {
+        assert_eq!(
+            deliveries(handle, 1, Duration::from_secs(20))[0].2,
+            &b"before"[..]
+        );
+    }
+    // Node 0 leads view 0; without it the others must agree on a view of their own.
+    handles.remove(0).stop().unwrap();
+    handles[0].propose(Bytes::from_static(b"after")).unwrap();
+    for handle in &handles {
+        let after = deliveries(handle, 1, Duration::from_secs(20));
+        assert_eq!(after[0].0, 1);
+        assert_eq!(after[0].2, &b"after"[..]);
+    }
+    for handle in handles {
+        let (stats, _) = handle.stop().unwrap();
+        assert!(stats.view_changes >= 1);
+    }
+}

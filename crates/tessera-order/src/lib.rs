@@ -1,0 +1,587 @@
+//! Uniform total order broadcast with the network as sequencer, as a sans-IO state machine,
+//! with a deterministic simulator of the two-switch topology and a checker of histories.
+//!
+//! This crate owns the ordering protocol of Greenman's "High Speed Total Order for SAN
+//! infrastructure" (`papers/high-speed-total-order-san.txt`): every node sends through one
+//! switch and receives through a second, the two joined by one link, so that all receivers
+//! see all messages in the same *preliminary order* (PO) almost always; a cheap round of
+//! ACKs turns that order into the *uniform total order* (UTO) of the paper's section 2.2
+//! (UTO1 uniform agreement, UTO2 termination, UTO3 uniform total order, UTO4 integrity, and
+//! FIFO per sender). It must never do I/O: no sockets, threads, clocks or unseeded
+//! randomness. Time comes in as `now: Micros`, randomness from the seed given to
+//! [`Node::new`], packets in through [`Node::handle_packet`] and out through
+//! [`Node::poll_transmit`]. [`sim`] runs the very same code; [`check`] judges what it did.
+//!
+//! # Driving a node
+//!
+//! As `quinn-proto` and `tessera-datagram`: feed inputs ([`Node::propose`],
+//! [`Node::handle_packet`], [`Node::handle_timeout`]), then drain every output before waiting
+//! again: [`Node::poll_transmit`] until `None` (send each packet to its [`Destination`]: a
+//! broadcast goes through the sequencer link to every node, the sender included),
+//! [`Node::poll_event`] until `None`, and [`Node::poll_timeout`], the time by which
+//! `handle_timeout` must be called if nothing else arrives first. `now` never goes back.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use tessera_order::{Config, Event, Group, Node, NodeId, Start};
+//!
+//! // Three nodes, each a sender and a receiver; the network is perfect and FIFO.
+//! let group = Group::all_to_all(3);
+//! let mut nodes: Vec<Node> = (0..3)
+//!     .map(|i| Node::new(Config::default(), group.clone(), NodeId(i), 0, Start::Initial, i as u64, 0))
+//!     .collect();
+//! nodes[1].propose(Bytes::from_static(b"hello"), 0).unwrap();
+//! let mut delivered = vec![Vec::new(); 3];
+//! for now in (0..2_000).step_by(10) {
+//!     let mut wire = Vec::new();
+//!     for node in nodes.iter_mut() {
+//!         while let Some(transmit) = node.poll_transmit(now) {
+//!             wire.push(transmit.contents);
+//!         }
+//!     }
+//!     for packet in &wire {
+//!         for node in nodes.iter_mut() {
+//!             node.handle_packet(packet, now);
+//!         }
+//!     }
+//!     for (i, node) in nodes.iter_mut().enumerate() {
+//!         if node.poll_timeout().is_some_and(|deadline| deadline <= now) {
+//!             node.handle_timeout(now);
+//!         }
+//!         while let Some(event) = node.poll_event() {
+//!             if let Event::Deliver { position, message, .. } = event {
+//!                 delivered[i].push((position, message));
+//!             }
+//!         }
+//!     }
+//! }
+//! for log in &delivered {
+//!     assert_eq!(log, &vec![(0, Bytes::from_static(b"hello"))]);
+//! }
+//! ```
+//!
+//! # Protocol
+//!
+//! **Group and views.** The group is known ([`Group`]): up to [`GROUP_NODES_MAX`] nodes, each
+//! a sender, a receiver or both. The receivers hold the order. They move through numbered
+//! *views*; a view has a set of *members* (receivers, at least a majority of all of them)
+//! and a *leader*, receiver number `view mod receivers`. View 0 has every receiver.
+//! Positions are global: they go on across views.
+//!
+//! **Fast path (sections 3.1-3.2).** A sender numbers its messages 0, 1, 2... (FIFO) and
+//! broadcasts them in DATA packets; at most `window_packets` of its packets may hold
+//! messages unacked by some member of the view (local flow control), and the messages this
+//! defers are packed together into packets of at most `mtu_bytes` (the paper's Nagle-like
+//! aggregation: when the window slides by `n`, up to `n` full packets go out; with
+//! `aggregate` off each message goes alone). A member appends each message to its log in
+//! arrival order, if it is the next of its sender (a later one waits, and the gap is NACKed
+//! to its sender), and delivers it at once as PO ([`Event::Optimistic`]). It acknowledges
+//! its log as `(view, length, hash)`, where the hash chains the identities of every message
+//! in the log, after `ack_every_messages` appends or `ack_delay_us` (the threshold of ACK
+//! aggregation), piggybacked on its DATA when it sends. A member that holds ACKs from every
+//! member of the view whose `(length, hash)` equal its own log's at that length knows that
+//! every member holds the same messages at every position below it: it UTO-delivers them
+//! ([`Event::Deliver`]). Nobody waits for the leader for this.
+//!
+//! **Loss.** A sender keeps each message until some node reports it UTO-delivered (the
+//! per-sender counts of delivered messages in every ACK, or its own delivery), which is
+//! when its window slot opens; it retransmits a message after `retransmit_after_us`, and at
+//! once when NACKed. A receiver NACKs a gap in a sender's
+//! numbering, and a message that another member's ACK counts but it lacks. Where members'
+//! logs disagree (one lost a message and appended later ones before its retransmission),
+//! the leader's order takes over (section 3.4.2, Pedone and Schiper's optimistic atomic
+//! broadcast): the leader, seeing an ACK whose hash differs from its own log at that length,
+//! or a member that has not matched its log for a while, sends that member ENTRIES: its own
+//! entries from the last position they agreed on. The member replaces its log from the first
+//! position where it differs from the leader's, and only there.
+//!
+//! **Failure (section 3.4.1).** Every packet carries the sender's view and status and counts
+//! as a heartbeat; a node that has sent nothing for `heartbeat_interval_us` sends one. A
+//! member that hears nothing from another member for `suspect_after_us` suspects it and
+//! starts a view change.
+//!
+//! **View change.** The slower, safe ordering is a view change in the manner of
+//! Viewstamped Replication and NOPaxos, rather than the paper's per-message Paxos
+//! (announce and precommit to majorities for every message): the fast path stays the
+//! paper's, and consensus runs only once per failure, to agree on which log the new view
+//! starts from and who is in it. This choice keeps the common case at one ACK round and no
+//! leader, where a per-message Paxos would add two majority rounds to every message while a
+//! node is down; and it reuses a proof that is well trodden (VR revisited, NOPaxos). A node
+//! starting a view change to view `v` sets its status to changing, stops appending and
+//! acknowledging, tells everyone (its heartbeat says so, and nodes join the highest view
+//! change they hear of) and sends DO-VIEW-CHANGE to `v`'s leader: its log from its first
+//! retained position, the last view it was a normal member of, and what it delivered. The
+//! leader waits for these from a majority of all receivers that hold state (a restarted
+//! node does not count), then briefly for the others, and chooses the log of the node whose
+//! last normal view is highest (the longest among those), extended downward from the vote
+//! of a node that delivered those positions, to the lowest one some voter has not delivered; it sends START-VIEW with that
+//! log, the members (every node whose DO-VIEW-CHANGE it has) and the highest delivered
+//! position reported. Members adopt it and return to the fast path. A node that finds it is
+//! not a member (excluded, or restarted) says so in its heartbeats ("joining"), and the
+//! leader starts another view change to let it in. A view change that does not finish
+//! within `view_change_timeout_us` (plus jitter) moves to the next view and leader.
+//!
+//! **Orphans.** Messages of a crashed sender that reached some members but not the leader
+//! cannot be retransmitted to it. A member whose log matches the leader's ACK up to its
+//! length and goes on past it only with messages of earlier incarnations drops them; they
+//! lie past every delivered position, since the delivered prefix is the leader's.
+//!
+//! **Restart.** A node that restarts has lost its memory; it comes back with a higher
+//! incarnation (the driver keeps it: a counter in a file, or the clock) and [`Start::Restarted`].
+//! Its messages of earlier incarnations are no longer retransmitted. As a receiver it
+//! holds nothing, so it does not count toward a view change's majority; it joins a view,
+//! takes its log and delivers from that view's highest delivered position on
+//! ([`Event::Joined`]); what came before is the application's state transfer (the
+//! replicated manager's snapshots).
+//!
+//! # Safety argument
+//!
+//! The claim: no two nodes UTO-deliver different messages at one position, in any view,
+//! whatever the network does (loss, duplication, reordering, partitions) and whichever
+//! nodes crash and restart, as long as at no time a majority of the receivers has lost its
+//! memory. Each message type keeps one invariant:
+//!
+//! - **Window release** (I0): a sender forgets a message only once some node delivered it
+//!   in UTO; by I5 below it is then in the log of every later view, so no member ever needs
+//!   it from the sender again. (Releasing on mere presence in every member's log would not
+//!   do: a late ENTRIES may take it out of a follower's undelivered suffix.)
+//! - **DATA** (I1, FIFO): a log holds each sender's messages as a prefix `0..k` of its
+//!   numbering; [`log::Log::append`] asserts it. Duplicates and reordered packets are
+//!   dropped or held, never appended twice.
+//! - **ACK** (I2, agreement on prefixes): an ACK `(view v, length n, hash h)` is sent only by
+//!   a normal member of `v`, about its own log. Since `h` chains every identity below `n`,
+//!   a node whose log has hash `h` at `n` holds the same messages at positions `0..n`. A node
+//!   delivers position `p` in view `v` only with such matching ACKs at lengths `> p` from
+//!   every member of `v`, so at that moment every member of `v` holds the same prefix `P`
+//!   through `p`, the leader included.
+//! - **ENTRIES** (I3, the leader's log is the reference): within a view the leader never
+//!   changes its own log, and a follower replaces its log only from the first position where
+//!   it differs from the leader's entries, after checking that the leader's hash before
+//!   `from` equals its own. Since every delivered prefix is a prefix of the leader's log
+//!   (I2), the first difference lies past it: a member of `v` never loses `P` while in `v`,
+//!   even when ENTRIES packets arrive late or out of order.
+//! - **DO-VIEW-CHANGE** (I4, promise): a node that sends it for view `v'` has stopped
+//!   appending and acknowledging in every view below `v'`; it reports its log as it was, so
+//!   the log contains everything it ever acknowledged as a member of its last normal view.
+//! - **START-VIEW** (I5, the new log extends every delivered prefix): the leader of `v'`
+//!   chooses among DO-VIEW-CHANGEs from a majority of the receivers that hold state. Let `p`
+//!   have been delivered in view `v < v'`. The members of `v` are at least a majority, so
+//!   the majority answering for `v'` includes a member `m` of `v`. By induction on views, the
+//!   log of any node whose last normal view is `u >= v` contains `P`: for `u = v` by I2-I4;
+//!   for `u > v`, because its log began as START-VIEW(`u`)'s, which contains `P` by this same
+//!   argument, and changed since only by appends and by I3. The chosen log has the highest
+//!   last normal view, at least `m`'s, which is `>= v`: it contains `P`. Positions the
+//!   leader adds below the chosen log's first retained one come from another vote whose
+//!   node delivered them too (not merely holds them: a stale log may hold an older view's
+//!   replaced suffix there); both delivered them, so both agree (the leader asserts that the
+//!   two hash chains meet). A restarted node counts for no majority, since it may have forgotten a
+//!   promise or a prefix.
+//!
+//! Together: all deliveries at a position in one view agree (I2, I3), and every view's
+//! log extends the prefixes delivered in earlier views (I5), so a position delivered anywhere
+//! holds the same message everywhere (UTO3); each node delivers positions in increasing
+//! order once (UTO4; a message is appended once per sender number, I1), and the message at
+//! a position is one some sender broadcast. Liveness (UTO1, UTO2) needs what consensus
+//! needs: eventually a majority of the receivers up, connected and not suspected, for long
+//! enough to finish a view change; then the fast path resumes, retransmission fills every
+//! loss and the leader aligns every divergence. The checker ([`check`]) tests all of this
+//! over the simulator's histories ([`sim`]), with loss, reordering, crashes, restarts and
+//! partitions.
+//!
+//! # Packet layout
+//!
+//! Every datagram is one packet: a fixed 28-byte header, big-endian, then the body.
+//!
+//! ```text
+//! offset size field
+//!  0      2   magic        0x544F ("TO")
+//!  2      1   version      1; checked first, so a later version may change all that follows
+//!  3      1   kind         1 DATA, 2 ACK, 3 NACK, 4 HEARTBEAT, 5 ENTRIES,
+//!                          6 DO-VIEW-CHANGE, 7 START-VIEW
+//!  4      2   from         the sending node
+//!  6      4   incarnation  of the sending node
+//! 10      8   view         the sender's view (or the view it is changing to)
+//! 18      1   status       1 normal, 2 changing view, 3 joining, 4 sender only
+//! 19      1   reserved     0
+//! 20      4   checksum     CRC32C of the whole packet with this field taken as zero
+//! 24      4   body_len     bytes after the header; the packet is exactly 28 + body_len
+//! 28      -   body
+//! ```
+//!
+//! Bodies (counts `u16` unless said, lengths `u32`):
+//!
+//! ```text
+//! ack        len u64, hash u64, commit u64, members u64 (bit per node),
+//!            n, n x (node u16, incarnation u32, count u64)
+//! DATA       has_ack u8 (0|1), [ack], n, n x (seq u64, len, bytes)
+//! ACK        ack
+//! NACK       node u16, incarnation u32, from u64, to u64 (from < to)
+//! HEARTBEAT  empty
+//! ENTRIES    from u64, prev_hash u64, entries
+//! entries    n u32, n x (node u16, incarnation u32, seq u64, len, bytes)
+//! image      start u64, start_hash u64, n, n x (node u16, incarnation u32, count u64), entries
+//! DO-VIEW-CHANGE  last_normal u64 (u64::MAX: none), commit u64, image
+//! START-VIEW      members u64, commit u64, image
+//! ```
+//!
+//! [`packet::decode`] never panics and refuses anything truncated, with trailing bytes, of
+//! another magic or version, with a wrong checksum, over [`packet::PACKET_BYTES_MAX`], or with
+//! a field out of range (a count that the remaining bytes cannot hold is refused before any
+//! allocation).
+//!
+//! # Limits
+//!
+//! Every queue has a bound: `send_queue_messages_max` proposals waiting, `window_packets`
+//! in flight per sender, what those can carry held out of order per sender, [`ACK_HISTORY_MAX`] ACKs
+//! remembered per member, ENTRIES of at most `repair_bytes_max` bytes per packet, at most
+//! [`GROUP_NODES_MAX`] nodes; logs keep positions until every member delivered them, and at
+//! most `log_retain_entries` more.
+
+pub mod check;
+pub mod log;
+mod node;
+pub mod packet;
+pub mod sim;
+
+pub use node::{Node, Stats};
+
+use bytes::Bytes;
+
+/// Microseconds since an arbitrary origin.
+pub type Micros = u64;
+
+/// Most nodes in a group (members travel as a 64-bit set).
+pub const GROUP_NODES_MAX: usize = 64;
+/// ACKs of one member remembered until the local log reaches their length.
+pub const ACK_HISTORY_MAX: usize = 64;
+
+/// A node of the group: `0..GROUP_NODES_MAX`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub u16);
+
+/// A sender: a node in one incarnation (a restarted node numbers its messages anew).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SenderId {
+    /// The node.
+    pub node: NodeId,
+    /// Its incarnation.
+    pub incarnation: u32,
+}
+
+/// A message's identity: its sender and its number in the sender's FIFO order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MsgId {
+    /// Who sent it.
+    pub sender: SenderId,
+    /// Its sequence number, from 0 in each incarnation.
+    pub seq: u64,
+}
+
+/// A node's status, carried in every packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    /// A member of the view, on the fast path.
+    Normal = 1,
+    /// Changing to the view named.
+    ViewChange = 2,
+    /// A receiver that is not a member (excluded or restarted) and asks to join.
+    Joining = 3,
+    /// A node that only sends.
+    Sender = 4,
+}
+
+impl Status {
+    /// The status a byte encodes.
+    pub fn from_byte(byte: u8) -> Option<Status> {
+        Some(match byte {
+            1 => Status::Normal,
+            2 => Status::ViewChange,
+            3 => Status::Joining,
+            4 => Status::Sender,
+            _ => return None,
+        })
+    }
+}
+
+/// What a node does in the group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Role {
+    /// It broadcasts messages.
+    pub sender: bool,
+    /// It orders and delivers messages.
+    pub receiver: bool,
+}
+
+/// The known group: node `i` has role `roles[i]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    /// One role per node id.
+    pub roles: Vec<Role>,
+}
+
+impl Group {
+    /// `n` nodes, each a sender and a receiver.
+    pub fn all_to_all(n: usize) -> Group {
+        Group {
+            roles: vec![
+                Role {
+                    sender: true,
+                    receiver: true
+                };
+                n
+            ],
+        }
+    }
+
+    /// `senders` nodes that only send, then `receivers` that only receive.
+    pub fn disjoint(senders: usize, receivers: usize) -> Group {
+        let mut roles = vec![
+            Role {
+                sender: true,
+                receiver: false
+            };
+            senders
+        ];
+        roles.extend(std::iter::repeat_n(
+            Role {
+                sender: false,
+                receiver: true,
+            },
+            receivers,
+        ));
+        Group { roles }
+    }
+
+    /// The receivers, in id order.
+    pub fn receivers(&self) -> Vec<NodeId> {
+        (0..self.roles.len())
+            .filter(|&i| self.roles[i].receiver)
+            .map(|i| NodeId(i as u16))
+            .collect()
+    }
+
+    /// The role of `node`, if it is in the group.
+    pub fn role(&self, node: NodeId) -> Option<Role> {
+        self.roles.get(node.0 as usize).copied()
+    }
+
+    /// Receivers that make a majority.
+    pub fn majority(&self) -> usize {
+        self.receivers().len() / 2 + 1
+    }
+
+    /// The leader of `view`.
+    pub fn leader(&self, view: u64) -> NodeId {
+        let receivers = self.receivers();
+        receivers[(view % receivers.len() as u64) as usize]
+    }
+}
+
+/// Why a [`Group`] or [`Config`] cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// No receiver, or more than [`GROUP_NODES_MAX`] nodes.
+    #[error("a group needs 1..={GROUP_NODES_MAX} nodes and at least one receiver")]
+    Group,
+    /// `mtu_bytes` cannot hold a header, an ACK and a message byte.
+    #[error("mtu_bytes {0} is too small")]
+    Mtu(usize),
+    /// A window, queue, threshold or interval is zero.
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+    /// `suspect_after_us` is not above `heartbeat_interval_us`.
+    #[error("suspect_after_us must exceed heartbeat_interval_us")]
+    Suspect,
+}
+
+/// A node's settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The link MTU (1500, or 9000 for jumbo frames); a data packet is at most this minus
+    /// the 28 bytes of IPv4 and UDP headers.
+    pub mtu_bytes: usize,
+    /// Pack the messages that flow control deferred into full packets (section 3.2.1);
+    /// `false`: one message per packet.
+    pub aggregate: bool,
+    /// Own DATA packets whose messages may be unacked by some member at once (local flow
+    /// control); without aggregation, one message each.
+    pub window_packets: u32,
+    /// Proposals that may wait for the window.
+    pub send_queue_messages_max: usize,
+    /// ACK aggregation: appends per ACK.
+    pub ack_every_messages: u32,
+    /// An owed ACK is sent at most this late.
+    pub ack_delay_us: u64,
+    /// A message unacked this long is sent again; also the leader's repair interval.
+    pub retransmit_after_us: u64,
+    /// A node silent this long sends a heartbeat.
+    pub heartbeat_interval_us: u64,
+    /// A member silent this long is suspected.
+    pub suspect_after_us: u64,
+    /// A view change unfinished this long (plus up to as much again at random) moves on.
+    pub view_change_timeout_us: u64,
+    /// Delivered positions kept past what every member delivered, for stale members.
+    pub log_retain_entries: u64,
+    /// Bytes of messages per ENTRIES packet.
+    pub repair_bytes_max: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            mtu_bytes: 1500,
+            aggregate: true,
+            window_packets: 64,
+            send_queue_messages_max: 4096,
+            ack_every_messages: 4,
+            ack_delay_us: 100,
+            retransmit_after_us: 2_000,
+            heartbeat_interval_us: 1_000,
+            suspect_after_us: 10_000,
+            view_change_timeout_us: 20_000,
+            log_retain_entries: 1 << 16,
+            repair_bytes_max: 64 << 10,
+        }
+    }
+}
+
+impl Config {
+    /// Bytes of a data packet (the MTU minus IPv4 and UDP headers).
+    pub fn packet_bytes_max(&self) -> usize {
+        self.mtu_bytes.saturating_sub(28)
+    }
+
+    /// The largest message [`Node::propose`] accepts: one that fits a data packet alone,
+    /// without a piggybacked ACK.
+    pub fn message_bytes_max(&self) -> usize {
+        self.packet_bytes_max()
+            .saturating_sub(packet::HEADER_LEN + packet::DATA_FIXED_LEN + packet::MESSAGE_OVERHEAD)
+    }
+
+    /// Checks the settings; [`Node::new`] panics on what this refuses.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.message_bytes_max() == 0 {
+            return Err(ConfigError::Mtu(self.mtu_bytes));
+        }
+        for (value, name) in [
+            (self.window_packets as u64, "window_packets"),
+            (
+                self.send_queue_messages_max as u64,
+                "send_queue_messages_max",
+            ),
+            (self.ack_every_messages as u64, "ack_every_messages"),
+            (self.retransmit_after_us, "retransmit_after_us"),
+            (self.heartbeat_interval_us, "heartbeat_interval_us"),
+            (self.view_change_timeout_us, "view_change_timeout_us"),
+            (self.repair_bytes_max as u64, "repair_bytes_max"),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Zero(name));
+            }
+        }
+        if self.suspect_after_us <= self.heartbeat_interval_us {
+            return Err(ConfigError::Suspect);
+        }
+        Ok(())
+    }
+}
+
+/// How a node begins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// With the group: a member of view 0 with an empty log.
+    Initial,
+    /// After a crash, with nothing remembered: joins the current view.
+    Restarted,
+}
+
+/// Where a packet goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Destination {
+    /// Every node, through the sequencer link (multicast, or unicast fan-out).
+    All,
+    /// One node.
+    Node(NodeId),
+}
+
+/// A packet to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Where.
+    pub destination: Destination,
+    /// The encoded packet.
+    pub contents: Vec<u8>,
+}
+
+/// What a node tells its application.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// PO delivery: `message` holds `position` in this node's preliminary order. It may be
+    /// revoked ([`Event::Revoked`]) until delivered in UTO.
+    Optimistic {
+        /// The position.
+        position: u64,
+        /// The message's identity.
+        id: MsgId,
+        /// Its bytes.
+        message: Bytes,
+    },
+    /// The preliminary order from `from` on was replaced (the leader's order took over or a
+    /// view change); the positions will be reported again.
+    Revoked {
+        /// First position revoked.
+        from: u64,
+    },
+    /// UTO delivery: final, the same at every node, in increasing positions.
+    Deliver {
+        /// The position.
+        position: u64,
+        /// The message's identity.
+        id: MsgId,
+        /// Its bytes.
+        message: Bytes,
+    },
+    /// This node is a normal member of `view`.
+    View {
+        /// The view number.
+        view: u64,
+        /// Its members.
+        members: Vec<NodeId>,
+        /// Its leader.
+        leader: NodeId,
+    },
+    /// This incarnation delivers from `position` on (the earlier positions are state the
+    /// application must get elsewhere).
+    Joined {
+        /// First position it will deliver.
+        position: u64,
+    },
+    /// A member was silent for `suspect_after_us`.
+    Suspected {
+        /// The member.
+        node: NodeId,
+    },
+    /// A view started past positions this node had not delivered and no member retained:
+    /// the application must transfer state (only if `log_retain_entries` was too small).
+    Gap {
+        /// First position this node did not deliver.
+        from: u64,
+        /// The position it delivers from now on.
+        to: u64,
+    },
+}
+
+/// Why [`Node::propose`] refused a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    /// This node is not a sender in the group.
+    #[error("this node is not a sender")]
+    NotSender,
+    /// Larger than [`Config::message_bytes_max`].
+    #[error("message of {0} bytes does not fit a packet")]
+    TooLarge(usize),
+    /// `send_queue_messages_max` proposals already wait.
+    #[error("send queue full")]
+    QueueFull,
+}

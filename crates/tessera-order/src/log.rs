@@ -1,0 +1,249 @@
+//! A receiver's log: messages by position, each with the hash chain of the prefix it ends.
+//!
+//! The log holds positions `start..end`; positions below `start` were UTO-delivered and
+//! dropped. Per sender it keeps how many of its messages the whole log (dropped prefix
+//! included) holds: a receiver appends a sender's messages only in FIFO order, so these
+//! are always a prefix `0..count` of what the sender sent, which the assertions keep.
+
+use crate::packet::{Entry, LogImage};
+use crate::{MsgId, SenderId};
+use bytes::Bytes;
+use std::collections::{BTreeMap, VecDeque};
+
+/// One position of the log.
+#[derive(Clone, Debug)]
+pub struct LogEntry {
+    /// The message's identity.
+    pub id: MsgId,
+    /// Its bytes.
+    pub message: Bytes,
+    /// Hash chain of the log up to and including this position.
+    pub hash: u64,
+}
+
+/// The hash chain: the hash of a prefix extended by one message.
+pub fn chain(hash: u64, id: MsgId) -> u64 {
+    let mut x = hash ^ mix(u64::from(id.sender.node.0) << 32 | u64::from(id.sender.incarnation));
+    x = mix(x ^ mix(id.seq.wrapping_add(0x5851_F42D_4C95_7F2D)));
+    mix(x)
+}
+
+/// SplitMix64's finalizer.
+pub fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Positions `start..end` of a receiver's order.
+#[derive(Clone, Debug, Default)]
+pub struct Log {
+    start: u64,
+    start_hash: u64,
+    start_counts: BTreeMap<SenderId, u64>,
+    entries: VecDeque<LogEntry>,
+    counts: BTreeMap<SenderId, u64>,
+}
+
+impl Log {
+    /// First retained position.
+    pub fn start(&self) -> u64 {
+        self.start
+    }
+
+    /// The next position.
+    pub fn end(&self) -> u64 {
+        self.start + self.entries.len() as u64
+    }
+
+    /// The hash chain of positions `0..position`, if the log can tell.
+    pub fn hash_at(&self, position: u64) -> Option<u64> {
+        if position == self.start {
+            return Some(self.start_hash);
+        }
+        if position < self.start || position > self.end() {
+            return None;
+        }
+        Some(self.entries[(position - self.start - 1) as usize].hash)
+    }
+
+    /// The entry at `position`, if retained.
+    pub fn get(&self, position: u64) -> Option<&LogEntry> {
+        let index = position.checked_sub(self.start)?;
+        self.entries.get(usize::try_from(index).ok()?)
+    }
+
+    /// How many of `sender`'s messages the log holds (its next expected sequence number).
+    pub fn count(&self, sender: SenderId) -> u64 {
+        self.counts.get(&sender).copied().unwrap_or(0)
+    }
+
+    /// Per sender, its messages at positions `..position` (within the retained log).
+    pub fn counts_at(&self, position: u64) -> BTreeMap<SenderId, u64> {
+        assert!(
+            position >= self.start && position <= self.end(),
+            "{position} not retained"
+        );
+        let mut counts = self.start_counts.clone();
+        for entry in self.entries.range(..(position - self.start) as usize) {
+            *counts.entry(entry.id.sender).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    /// Every sender's count.
+    pub fn counts(&self) -> &BTreeMap<SenderId, u64> {
+        &self.counts
+    }
+
+    /// Appends the next message of its sender; returns its position.
+    pub fn append(&mut self, id: MsgId, message: Bytes) -> u64 {
+        let count = self.counts.entry(id.sender).or_insert(0);
+        assert_eq!(*count, id.seq, "FIFO: {id:?} appended out of order");
+        *count += 1;
+        let hash = chain(self.hash_at(self.end()).expect("end is known"), id);
+        self.entries.push_back(LogEntry { id, message, hash });
+        self.end() - 1
+    }
+
+    /// Drops positions `at..`, giving each sender's counts back.
+    pub fn truncate(&mut self, at: u64) {
+        assert!(
+            at >= self.start,
+            "truncate at {at} below start {}",
+            self.start
+        );
+        while self.end() > at {
+            let entry = self.entries.pop_back().expect("end > at >= start");
+            let count = self.counts.get_mut(&entry.id.sender).expect("counted");
+            assert_eq!(
+                *count,
+                entry.id.seq + 1,
+                "FIFO: truncating a non-last message"
+            );
+            *count -= 1;
+        }
+    }
+
+    /// Forgets positions below `below` (already delivered everywhere that matters).
+    pub fn forget_below(&mut self, below: u64) {
+        while self.start < below && !self.entries.is_empty() {
+            let entry = self.entries.pop_front().expect("not empty");
+            *self.start_counts.entry(entry.id.sender).or_insert(0) += 1;
+            self.start_hash = entry.hash;
+            self.start += 1;
+        }
+    }
+
+    /// Positions `from..end` as an image (with the counts and hash at `from`).
+    pub fn image(&self, from: u64) -> LogImage {
+        let from = from.clamp(self.start, self.end());
+        let start_counts = self.counts_at(from);
+        LogImage {
+            start: from,
+            start_hash: self.hash_at(from).expect("from within the log"),
+            start_counts: start_counts.into_iter().collect(),
+            entries: self
+                .entries
+                .range((from - self.start) as usize..)
+                .map(|entry| Entry {
+                    id: entry.id,
+                    message: entry.message.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The log an image describes. `None` if it breaks FIFO (a hostile or corrupt image).
+    pub fn from_image(image: &LogImage) -> Option<Log> {
+        let start_counts: BTreeMap<SenderId, u64> = image.start_counts.iter().copied().collect();
+        let mut log = Log {
+            start: image.start,
+            start_hash: image.start_hash,
+            counts: start_counts.clone(),
+            start_counts,
+            entries: VecDeque::with_capacity(image.entries.len()),
+        };
+        for entry in &image.entries {
+            if log.count(entry.id.sender) != entry.id.seq {
+                return None;
+            }
+            log.append(entry.id, entry.message.clone());
+        }
+        Some(log)
+    }
+
+    /// Entries `from..` up to about `bytes_max` bytes of messages (at least one entry).
+    pub fn entries_from(&self, from: u64, bytes_max: usize) -> Vec<Entry> {
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        let mut position = from;
+        while let Some(entry) = self.get(position) {
+            if !out.is_empty() && bytes + entry.message.len() + 18 > bytes_max {
+                break;
+            }
+            bytes += entry.message.len() + 18;
+            out.push(Entry {
+                id: entry.id,
+                message: entry.message.clone(),
+            });
+            position += 1;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::NodeId;
+
+    fn id(node: u16, seq: u64) -> MsgId {
+        MsgId {
+            sender: SenderId {
+                node: NodeId(node),
+                incarnation: 0,
+            },
+            seq,
+        }
+    }
+
+    #[test]
+    fn hash_chain_names_the_prefix() {
+        let mut a = Log::default();
+        let mut b = Log::default();
+        a.append(id(0, 0), Bytes::new());
+        a.append(id(1, 0), Bytes::new());
+        b.append(id(1, 0), Bytes::new());
+        b.append(id(0, 0), Bytes::new());
+        assert_ne!(a.hash_at(2), b.hash_at(2));
+        b.truncate(0);
+        b.append(id(0, 0), Bytes::new());
+        b.append(id(1, 0), Bytes::new());
+        assert_eq!(a.hash_at(2), b.hash_at(2));
+    }
+
+    #[test]
+    fn image_round_trips_after_forgetting() {
+        let mut a = Log::default();
+        for seq in 0..5 {
+            a.append(id(0, seq), Bytes::from(vec![seq as u8]));
+            a.append(id(1, seq), Bytes::new());
+        }
+        a.forget_below(3);
+        let image = a.image(4);
+        let b = Log::from_image(&image).unwrap();
+        assert_eq!(b.end(), a.end());
+        assert_eq!(b.hash_at(10), a.hash_at(10));
+        assert_eq!(b.count(id(0, 0).sender), 5);
+        assert_eq!(a.hash_at(2), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "FIFO")]
+    fn out_of_fifo_order_is_refused() {
+        let mut a = Log::default();
+        a.append(id(0, 1), Bytes::new());
+    }
+}

@@ -1,0 +1,559 @@
+//! The node: sender, receiver and view change in one sans-IO state machine.
+
+mod receive;
+mod send;
+mod view;
+
+use crate::log::Log;
+use crate::packet::{self, Body, Header, LogImage, Packet};
+use crate::{
+    Config, Destination, Event, Group, Micros, NodeId, ProposeError, Role, SenderId, Start, Status,
+    Transmit,
+};
+use bytes::Bytes;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// What a node counted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Packets handed to [`Node::handle_packet`].
+    pub packets_received: u64,
+    /// Packets refused by the decoder.
+    pub malformed: u64,
+    /// Packets from nodes outside the group or from an earlier incarnation.
+    pub stale: u64,
+    /// Packets sent.
+    pub packets_sent: u64,
+    /// DATA packets sent.
+    pub data_packets_sent: u64,
+    /// Messages sent for the first time.
+    pub messages_sent: u64,
+    /// Messages sent again.
+    pub retransmitted: u64,
+    /// Messages received again after they were in the log.
+    pub duplicates: u64,
+    /// NACKs sent.
+    pub nacks_sent: u64,
+    /// ENTRIES the leader sent to align a member's log.
+    pub repairs_sent: u64,
+    /// Positions replaced by the leader's order.
+    pub positions_replaced: u64,
+    /// View changes started.
+    pub view_changes: u64,
+    /// Messages UTO-delivered.
+    pub delivered: u64,
+}
+
+/// A message of this node's, sent and not yet acked by every member.
+#[derive(Debug)]
+struct Flight {
+    message: Bytes,
+    sent_at: Micros,
+    /// The DATA packet that first carried it.
+    packet: u64,
+}
+
+/// The sender's side: FIFO numbering, the window, retransmission.
+#[derive(Debug, Default)]
+struct SendState {
+    next_seq: u64,
+    queue: VecDeque<Bytes>,
+    in_flight: BTreeMap<u64, Flight>,
+    /// Per DATA packet first sent and not wholly acked: its messages still in flight.
+    packets_in_flight: BTreeMap<u64, u32>,
+    next_packet: u64,
+    /// NACKed sequence numbers, sent again at the next transmit.
+    nacked: BTreeSet<u64>,
+    /// The highest view a receiver's ACK named (a sender-only node's header carries it).
+    known_view: u64,
+}
+
+/// What this node knows of another member's log in the current view.
+#[derive(Debug, Default)]
+struct Peer {
+    /// ACKs `(length, hash)` not yet compared with our log (it is shorter).
+    history: VecDeque<(u64, u64)>,
+    /// The member's log equals ours at positions `0..matched`.
+    matched: u64,
+    /// Positions the member delivered.
+    delivered: u64,
+    /// `matched` at the leader's last repair check.
+    matched_at_check: u64,
+    /// When the leader last sent it ENTRIES.
+    repaired_at: Option<Micros>,
+}
+
+/// The receiver's side: the log, delivery, ACKs.
+#[derive(Debug, Default)]
+struct ReceiveState {
+    log: Log,
+    /// Messages past a gap in their sender's numbering, by sender and sequence number.
+    pending: BTreeMap<SenderId, BTreeMap<u64, Bytes>>,
+    commit: u64,
+    delivered: u64,
+    /// Per sender, its messages at positions `..delivered`.
+    delivered_counts: BTreeMap<SenderId, u64>,
+    /// Positions reported with [`Event::Optimistic`].
+    optimistic_end: u64,
+    peers: BTreeMap<NodeId, Peer>,
+    ack_owed: u32,
+    ack_due: Option<Micros>,
+    ack_now: bool,
+    nacked_at: BTreeMap<SenderId, Micros>,
+    repair_check_at: Micros,
+}
+
+/// A DO-VIEW-CHANGE as the new leader keeps it.
+#[derive(Clone, Debug)]
+struct ViewChangeVote {
+    last_normal: Option<u64>,
+    delivered: u64,
+    log: LogImage,
+}
+
+/// The view change in progress.
+#[derive(Debug, Default)]
+struct ChangeState {
+    deadline: Micros,
+    votes: BTreeMap<NodeId, ViewChangeVote>,
+    quorum_at: Option<Micros>,
+    joining_since: Micros,
+}
+
+/// One member of the group: see the crate documentation for the protocol and the order in
+/// which to call the methods.
+#[derive(Debug)]
+pub struct Node {
+    config: Config,
+    group: Group,
+    id: NodeId,
+    incarnation: u32,
+    role: Role,
+    rng: StdRng,
+    view: u64,
+    status: Status,
+    members: u64,
+    last_normal: Option<u64>,
+    last_heard: BTreeMap<NodeId, Micros>,
+    last_sent: Micros,
+    next_tick: Micros,
+    latest_incarnation: BTreeMap<NodeId, u32>,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<Event>,
+    send: SendState,
+    receive: ReceiveState,
+    change: ChangeState,
+    stats: Stats,
+}
+
+fn bit(node: NodeId) -> u64 {
+    1u64 << node.0
+}
+
+/// The nodes of a member set.
+pub fn members_of(members: u64) -> Vec<NodeId> {
+    (0..64u16)
+        .filter(|i| members & (1 << i) != 0)
+        .map(NodeId)
+        .collect()
+}
+
+impl Node {
+    /// Node `id` of `group` in its `incarnation` (higher after every restart), seeded with
+    /// `seed`, at time `now`. Panics if the group or config is invalid or `id` not in it.
+    pub fn new(
+        config: Config,
+        group: Group,
+        id: NodeId,
+        incarnation: u32,
+        start: Start,
+        seed: u64,
+        now: Micros,
+    ) -> Node {
+        config.validate().expect("valid config");
+        let receivers = group.receivers();
+        assert!(
+            !receivers.is_empty() && group.roles.len() <= crate::GROUP_NODES_MAX,
+            "invalid group"
+        );
+        let role = group.role(id).expect("node in the group");
+        let all = receivers.iter().fold(0, |set, &node| set | bit(node));
+        let status = match (role.receiver, start) {
+            (false, _) => Status::Sender,
+            (true, Start::Initial) => Status::Normal,
+            (true, Start::Restarted) => Status::Joining,
+        };
+        let mut node = Node {
+            config,
+            id,
+            incarnation,
+            role,
+            rng: StdRng::seed_from_u64(crate::log::mix(seed)),
+            view: 0,
+            status,
+            members: if status == Status::Normal { all } else { 0 },
+            last_normal: (status == Status::Normal).then_some(0),
+            last_heard: receivers.iter().map(|&node| (node, now)).collect(),
+            last_sent: now,
+            next_tick: now,
+            latest_incarnation: BTreeMap::from([(id, incarnation)]),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            send: SendState::default(),
+            receive: ReceiveState::default(),
+            change: ChangeState {
+                joining_since: now,
+                ..ChangeState::default()
+            },
+            stats: Stats::default(),
+            group,
+        };
+        if status == Status::Normal {
+            node.enter_normal(now);
+            node.events.push_back(Event::Joined { position: 0 });
+        }
+        node
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The view this node is in (or changing to).
+    pub fn view(&self) -> u64 {
+        self.view
+    }
+
+    /// Its status.
+    pub fn status(&self) -> Status {
+        self.status
+    }
+
+    /// Whether it holds no state it could vouch for (restarted and not yet in a view).
+    pub fn is_fresh(&self) -> bool {
+        self.role.receiver && self.last_normal.is_none()
+    }
+
+    /// Positions UTO-delivered.
+    pub fn delivered(&self) -> u64 {
+        self.receive.delivered
+    }
+
+    /// The end of its log (the next position of its preliminary order).
+    pub fn log_end(&self) -> u64 {
+        self.receive.log.end()
+    }
+
+    /// One line of this node's state, for a failing run's report.
+    pub fn summary(&self) -> String {
+        let matched: Vec<(u16, u64, usize)> = self
+            .receive
+            .peers
+            .iter()
+            .map(|(node, peer)| (node.0, peer.matched, peer.history.len()))
+            .collect();
+        format!(
+            "node {} inc {} {:?} view {} members {:#b} last_normal {:?} log {}..{} commit {} \
+             delivered {} unacked {} (queue {}, next_seq {}, known view {}) peers(matched, history) {:?} pending {:?}",
+            self.id.0,
+            self.incarnation,
+            self.status,
+            self.view,
+            self.members,
+            self.last_normal,
+            self.receive.log.start(),
+            self.receive.log.end(),
+            self.receive.commit,
+            self.receive.delivered,
+            self.unacked(),
+            self.send.queue.len(),
+            self.send.next_seq,
+            self.send.known_view,
+            matched,
+            self.receive.pending.iter().map(|(s, m)| (s.node.0, s.incarnation, self.receive.log.count(*s), m.keys().next().copied())).collect::<Vec<_>>(),
+        )
+    }
+
+    /// Own messages proposed and not yet acked by every member.
+    pub fn unacked(&self) -> usize {
+        self.send.queue.len() + self.send.in_flight.len()
+    }
+
+    /// What it counted.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Broadcasts `message` in total order. Refused if this node does not send, the message
+    /// does not fit a packet, or `send_queue_messages_max` proposals wait.
+    pub fn propose(&mut self, message: Bytes, _now: Micros) -> Result<(), ProposeError> {
+        if !self.role.sender {
+            return Err(ProposeError::NotSender);
+        }
+        if message.len() > self.config.message_bytes_max() {
+            return Err(ProposeError::TooLarge(message.len()));
+        }
+        if self.send.queue.len() >= self.config.send_queue_messages_max {
+            return Err(ProposeError::QueueFull);
+        }
+        self.send.queue.push_back(message);
+        Ok(())
+    }
+
+    /// A packet arrived (from any node, this one included: a node receives its own
+    /// broadcasts through the network, as everyone's).
+    pub fn handle_packet(&mut self, bytes: &[u8], now: Micros) {
+        self.stats.packets_received += 1;
+        let Ok(packet) = packet::decode(bytes) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        let header = packet.header;
+        let Some(role) = self.group.role(header.from) else {
+            self.stats.stale += 1;
+            return;
+        };
+        let latest = *self
+            .latest_incarnation
+            .entry(header.from)
+            .or_insert(header.incarnation);
+        if header.incarnation < latest {
+            self.stats.stale += 1;
+            return;
+        }
+        if header.incarnation > latest {
+            self.new_incarnation(header.from, header.incarnation);
+        }
+        let own = header.from == self.id;
+        if !own {
+            self.last_heard.insert(header.from, now);
+            let start_view = matches!(packet.body, Body::StartView { .. });
+            if self.role.receiver && role.receiver && !start_view {
+                self.observe(&header, now);
+            }
+        }
+        self.dispatch(header, packet.body, own, now);
+        self.progress(now);
+    }
+
+    fn dispatch(&mut self, header: Header, body: Body, own: bool, now: Micros) {
+        // Only receivers take part in ordering; a sender hears ACKs and NACKs.
+        let ordering = matches!(
+            body,
+            Body::Entries { .. } | Body::DoViewChange { .. } | Body::StartView { .. }
+        );
+        if ordering && !self.role.receiver {
+            return;
+        }
+        let sender = SenderId {
+            node: header.from,
+            incarnation: header.incarnation,
+        };
+        match body {
+            Body::Data { ack, messages } => {
+                if let Some(ack) = ack {
+                    self.on_ack(&header, &ack, own, now);
+                }
+                self.on_data(sender, messages, now);
+            }
+            Body::Ack(ack) => self.on_ack(&header, &ack, own, now),
+            Body::Nack { sender, from, to } => self.on_nack(sender, from, to),
+            Body::Heartbeat => {}
+            Body::Entries {
+                from,
+                prev_hash,
+                entries,
+            } => self.on_entries(&header, from, prev_hash, entries, now),
+            Body::DoViewChange {
+                last_normal,
+                commit,
+                log,
+            } => {
+                let vote = ViewChangeVote {
+                    last_normal,
+                    delivered: commit,
+                    log,
+                };
+                self.on_do_view_change(&header, vote, now);
+            }
+            Body::StartView {
+                members,
+                commit,
+                log,
+            } => {
+                if !own {
+                    self.on_start_view(&header, members, commit, &log, now);
+                }
+            }
+        }
+    }
+
+    fn new_incarnation(&mut self, node: NodeId, incarnation: u32) {
+        self.latest_incarnation.insert(node, incarnation);
+        self.receive
+            .pending
+            .retain(|sender, _| sender.node != node || sender.incarnation >= incarnation);
+        self.receive
+            .nacked_at
+            .retain(|sender, _| sender.node != node || sender.incarnation >= incarnation);
+    }
+
+    /// Time passed; call when [`Node::poll_timeout`] says.
+    pub fn handle_timeout(&mut self, now: Micros) {
+        if now >= self.next_tick {
+            self.next_tick = now + self.tick_interval();
+            self.tick(now);
+        }
+        self.progress(now);
+    }
+
+    fn tick_interval(&self) -> Micros {
+        (self
+            .config
+            .heartbeat_interval_us
+            .min(self.config.retransmit_after_us)
+            / 2)
+        .max(1)
+    }
+
+    /// When [`Node::handle_timeout`] must be called at the latest.
+    pub fn poll_timeout(&self) -> Option<Micros> {
+        let mut deadline = self.next_tick;
+        if let Some(due) = self
+            .receive
+            .ack_due
+            .filter(|_| self.status == Status::Normal)
+        {
+            deadline = deadline.min(due);
+        }
+        Some(deadline)
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The next packet to send.
+    pub fn poll_transmit(&mut self, now: Micros) -> Option<Transmit> {
+        let transmit = self
+            .transmits
+            .pop_front()
+            .or_else(|| self.data_packet(now))
+            .or_else(|| self.ack_packet(now))
+            .or_else(|| self.heartbeat_packet(now))?;
+        self.last_sent = now;
+        self.stats.packets_sent += 1;
+        Some(transmit)
+    }
+
+    fn header(&self) -> Header {
+        Header {
+            from: self.id,
+            incarnation: self.incarnation,
+            view: if self.role.receiver {
+                self.view
+            } else {
+                self.send.known_view
+            },
+            status: self.status,
+        }
+    }
+
+    fn packet(&self, destination: Destination, body: Body) -> Transmit {
+        Transmit {
+            destination,
+            contents: Packet {
+                header: self.header(),
+                body,
+            }
+            .encode(),
+        }
+    }
+
+    fn queue(&mut self, destination: Destination, body: Body) {
+        let transmit = self.packet(destination, body);
+        self.transmits.push_back(transmit);
+    }
+
+    fn heartbeat_packet(&mut self, now: Micros) -> Option<Transmit> {
+        if now < self.last_sent + self.config.heartbeat_interval_us {
+            return None;
+        }
+        if self.role.receiver && self.status == Status::Normal {
+            return self.ack_packet_now();
+        }
+        Some(self.packet(Destination::All, Body::Heartbeat))
+    }
+
+    fn is_member(&self, node: NodeId) -> bool {
+        self.members & bit(node) != 0
+    }
+
+    fn leader(&self) -> NodeId {
+        self.group.leader(self.view)
+    }
+
+    fn tick(&mut self, now: Micros) {
+        if !self.role.receiver {
+            return;
+        }
+        match self.status {
+            Status::Normal => {
+                if self.detect_failures(now) {
+                    return;
+                }
+                if self.leader() == self.id
+                    && now >= self.receive.repair_check_at + self.config.retransmit_after_us
+                {
+                    self.receive.repair_check_at = now;
+                    self.repair_laggards(now);
+                }
+            }
+            Status::ViewChange => {
+                if self.leader() == self.id {
+                    self.try_start_view(now);
+                }
+                if self.status == Status::ViewChange && now >= self.change.deadline {
+                    self.start_view_change(self.view + 1, now);
+                }
+            }
+            Status::Joining => {
+                if now >= self.change.joining_since + 2 * self.config.view_change_timeout_us {
+                    self.start_view_change(self.view + 1, now);
+                }
+            }
+            Status::Sender => {}
+        }
+    }
+
+    fn detect_failures(&mut self, now: Micros) -> bool {
+        let silent = crate::node::members_of(self.members)
+            .into_iter()
+            .filter(|&node| node != self.id)
+            .find(|node| {
+                let heard = self.last_heard.get(node).copied().unwrap_or(0);
+                now.saturating_sub(heard) > self.config.suspect_after_us
+            });
+        if let Some(node) = silent {
+            self.events.push_back(Event::Suspected { node });
+            self.start_view_change(self.view + 1, now);
+            return true;
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_round_trip() {
+        assert_eq!(members_of(0b1011), vec![NodeId(0), NodeId(1), NodeId(3)]);
+        assert_eq!(bit(NodeId(3)), 8);
+    }
+}

@@ -1,0 +1,460 @@
+//! The receiver's side of the fast path: appending in arrival order (PO), ACKs, UTO delivery
+//! once every member's ACK matches, NACKs of gaps, and the leader's order where logs differ.
+
+use super::{Node, Peer};
+use crate::packet::{Ack, Body, Entry, Header};
+use crate::ACK_HISTORY_MAX;
+use crate::{Destination, Event, Micros, MsgId, NodeId, SenderId, Status, Transmit};
+use bytes::Bytes;
+
+impl Node {
+    pub(super) fn on_data(&mut self, sender: SenderId, messages: Vec<(u64, Bytes)>, now: Micros) {
+        if !self.role.receiver
+            || self.latest_incarnation.get(&sender.node) != Some(&sender.incarnation)
+        {
+            return;
+        }
+        match self.status {
+            Status::Normal => {
+                for (seq, message) in messages {
+                    self.offer(MsgId { sender, seq }, message, now);
+                }
+            }
+            // Held until the new view's log is known, then appended after it.
+            Status::ViewChange => {
+                for (seq, message) in messages {
+                    self.hold(MsgId { sender, seq }, message);
+                }
+            }
+            Status::Joining | Status::Sender => {}
+        }
+    }
+
+    /// Keeps a message past a gap of its sender's numbering, within the window's reach.
+    fn hold(&mut self, id: MsgId, message: Bytes) -> bool {
+        let next = self.receive.log.count(id.sender);
+        let per_packet = (self.config.packet_bytes_max() / crate::packet::MESSAGE_OVERHEAD) as u64;
+        let reach = 2 * u64::from(self.config.window_packets) * per_packet;
+        if id.seq < next || id.seq - next >= reach {
+            return false;
+        }
+        self.receive
+            .pending
+            .entry(id.sender)
+            .or_default()
+            .insert(id.seq, message);
+        true
+    }
+
+    fn offer(&mut self, id: MsgId, message: Bytes, now: Micros) {
+        let next = self.receive.log.count(id.sender);
+        if id.seq < next {
+            self.stats.duplicates += 1;
+        } else if id.seq == next {
+            self.append(id, message, now);
+            self.drain_pending(id.sender, now);
+        } else if self.hold(id, message) {
+            self.nack_gap(id.sender, now);
+        }
+    }
+
+    fn append(&mut self, id: MsgId, message: Bytes, now: Micros) {
+        let position = self.receive.log.append(id, message.clone());
+        assert_eq!(
+            position, self.receive.optimistic_end,
+            "PO positions are reported in order"
+        );
+        self.receive.optimistic_end = position + 1;
+        self.events.push_back(Event::Optimistic {
+            position,
+            id,
+            message,
+        });
+        self.receive.ack_owed += 1;
+        if self.receive.ack_owed >= self.config.ack_every_messages {
+            self.receive.ack_now = true;
+        } else if self.receive.ack_due.is_none() {
+            self.receive.ack_due = Some(now + self.config.ack_delay_us);
+        }
+    }
+
+    fn drain_pending(&mut self, sender: SenderId, now: Micros) {
+        loop {
+            let next = self.receive.log.count(sender);
+            let Some(held) = self.receive.pending.get_mut(&sender) else {
+                return;
+            };
+            held.retain(|&seq, _| seq >= next);
+            let Some(message) = held.remove(&next) else {
+                if held.is_empty() {
+                    self.receive.pending.remove(&sender);
+                }
+                return;
+            };
+            self.append(MsgId { sender, seq: next }, message, now);
+        }
+    }
+
+    pub(super) fn drain_all_pending(&mut self, now: Micros) {
+        let senders: Vec<SenderId> = self.receive.pending.keys().copied().collect();
+        for sender in senders {
+            self.drain_pending(sender, now);
+        }
+    }
+
+    /// Asks `sender` for its messages from the first we lack up to the first we hold (or
+    /// `to`), at most once per quarter retransmission timeout.
+    fn nack_range(&mut self, sender: SenderId, to: Option<u64>, now: Micros) {
+        let from = self.receive.log.count(sender);
+        let held = self
+            .receive
+            .pending
+            .get(&sender)
+            .and_then(|held| held.keys().next().copied());
+        let to = match (held, to) {
+            (Some(held), _) if held == from => return,
+            (Some(held), _) => held,
+            (None, Some(to)) => to,
+            (None, None) => return,
+        };
+        if to <= from || sender.node == self.id && sender.incarnation == self.incarnation {
+            return;
+        }
+        let last = self.receive.nacked_at.get(&sender).copied();
+        if last.is_some_and(|at| now < at + self.config.retransmit_after_us / 4) {
+            return;
+        }
+        self.receive.nacked_at.insert(sender, now);
+        self.stats.nacks_sent += 1;
+        self.queue(
+            Destination::Node(sender.node),
+            Body::Nack { sender, from, to },
+        );
+    }
+
+    fn nack_gap(&mut self, sender: SenderId, now: Micros) {
+        self.nack_range(sender, None, now);
+    }
+
+    /// Another member delivered messages of a sender that our log lacks: NACK them.
+    fn nack_counted(&mut self, counts: &[(SenderId, u64)], now: Micros) {
+        for &(sender, count) in counts {
+            let latest = self.latest_incarnation.get(&sender.node) == Some(&sender.incarnation);
+            if latest && count > self.receive.log.count(sender) {
+                self.nack_range(sender, Some(count), now);
+            }
+        }
+    }
+
+    pub(super) fn on_ack(&mut self, header: &Header, ack: &Ack, own: bool, now: Micros) {
+        if self
+            .group
+            .role(header.from)
+            .is_some_and(|role| role.receiver)
+        {
+            self.on_sender_ack(header, ack);
+        }
+        let current = self.role.receiver
+            && self.status == Status::Normal
+            && header.status == Status::Normal
+            && header.view == self.view;
+        if own || !current || !self.is_member(header.from) {
+            return;
+        }
+        let peer = self.receive.peers.entry(header.from).or_default();
+        peer.delivered = ack.commit;
+        if peer.history.len() == ACK_HISTORY_MAX {
+            peer.history.pop_front();
+        }
+        peer.history.push_back((ack.len, ack.hash));
+        self.verify(header.from, now);
+        self.nack_counted(&ack.counts, now);
+        if header.from == self.leader() {
+            self.drop_orphans(ack.len, ack.hash);
+        }
+    }
+
+    /// Our log goes on past the leader's, which matches ours up to there, with messages only
+    /// of crashed senders (earlier incarnations): nobody can retransmit them to the leader,
+    /// so they would wait there for ever. Past our commit point they are past every delivered
+    /// position (the delivered prefix is the leader's), so dropping them is safe.
+    fn drop_orphans(&mut self, leader_len: u64, leader_hash: u64) {
+        let log = &self.receive.log;
+        let stale = leader_len < self.receive.commit;
+        if stale || leader_len >= log.end() || log.hash_at(leader_len) != Some(leader_hash) {
+            return;
+        }
+        let orphans = (leader_len..log.end()).all(|position| {
+            let sender = log.get(position).expect("within the log").id.sender;
+            self.latest_incarnation
+                .get(&sender.node)
+                .is_some_and(|&latest| latest > sender.incarnation)
+        });
+        if orphans {
+            self.truncate(leader_len);
+        }
+    }
+
+    /// Compares a member's remembered ACKs with our log where it is long enough.
+    fn verify(&mut self, node: NodeId, now: Micros) {
+        let log = &self.receive.log;
+        let Some(peer) = self.receive.peers.get_mut(&node) else {
+            return;
+        };
+        let end = log.end();
+        let mut conflict = false;
+        peer.history.retain(|&(len, hash)| {
+            if len > end {
+                return true;
+            }
+            match log.hash_at(len) {
+                Some(ours) if ours == hash => peer.matched = peer.matched.max(len),
+                Some(_) => conflict = true,
+                None => {}
+            }
+            false
+        });
+        if conflict && self.leader() == self.id {
+            self.repair(node, now);
+        }
+    }
+
+    /// After any input: compare ACKs, advance the commit point, deliver, forget.
+    pub(super) fn progress(&mut self, now: Micros) {
+        if !self.role.receiver || self.status != Status::Normal {
+            return;
+        }
+        let peers: Vec<NodeId> = self.receive.peers.keys().copied().collect();
+        for node in peers {
+            self.verify(node, now);
+        }
+        let mut commit = self.receive.log.end();
+        for node in super::members_of(self.members) {
+            if node != self.id {
+                commit = commit.min(self.receive.peers.get(&node).map_or(0, |peer| peer.matched));
+            }
+        }
+        if commit > self.receive.commit {
+            self.receive.commit = commit;
+        }
+        self.deliver();
+        self.forget();
+    }
+
+    pub(super) fn deliver(&mut self) {
+        while self.receive.delivered < self.receive.commit {
+            let position = self.receive.delivered;
+            let entry = self
+                .receive
+                .log
+                .get(position)
+                .expect("committed positions are retained");
+            self.events.push_back(Event::Deliver {
+                position,
+                id: entry.id,
+                message: entry.message.clone(),
+            });
+            *self
+                .receive
+                .delivered_counts
+                .entry(entry.id.sender)
+                .or_insert(0) += 1;
+            self.receive.delivered += 1;
+            self.stats.delivered += 1;
+        }
+        if self.role.sender {
+            let mine = self
+                .receive
+                .delivered_counts
+                .get(&self.sender_id())
+                .copied();
+            self.release(mine.unwrap_or(0));
+        }
+    }
+
+    /// Drops positions every member delivered, past `log_retain_entries`.
+    fn forget(&mut self) {
+        let mut floor = self.receive.delivered;
+        for node in super::members_of(self.members) {
+            if node != self.id {
+                floor = floor.min(
+                    self.receive
+                        .peers
+                        .get(&node)
+                        .map_or(0, |peer| peer.delivered),
+                );
+            }
+        }
+        let below = floor.saturating_sub(self.config.log_retain_entries);
+        if below > self.receive.log.start() {
+            self.receive.log.forget_below(below);
+        }
+    }
+
+    /// The leader's order from `from` on: keep our log up to its first difference from
+    /// `entries`, take the leader's from there (I3).
+    pub(super) fn on_entries(
+        &mut self,
+        header: &Header,
+        from: u64,
+        prev_hash: u64,
+        entries: Vec<Entry>,
+        now: Micros,
+    ) {
+        let current = self.status == Status::Normal
+            && header.view == self.view
+            && header.status == Status::Normal
+            && header.from == self.leader()
+            && self.id != header.from;
+        if !current || self.receive.log.hash_at(from) != Some(prev_hash) {
+            return;
+        }
+        let mut position = from;
+        for entry in entries {
+            match self.receive.log.get(position) {
+                Some(ours) if ours.id == entry.id => {
+                    position += 1;
+                    continue;
+                }
+                Some(_) => self.truncate(position),
+                None => {}
+            }
+            if self.receive.log.count(entry.id.sender) != entry.id.seq {
+                break;
+            }
+            self.append(entry.id, entry.message, now);
+            position += 1;
+        }
+        // An ACK of exactly the prefix the leader sent, which it can check even when our
+        // log goes on past its own (a message of a crashed sender that it never got).
+        if position < self.receive.log.end() {
+            let mut ack = self.ack();
+            ack.len = position;
+            ack.hash = self
+                .receive
+                .log
+                .hash_at(position)
+                .expect("position within the log");
+            self.queue(Destination::All, Body::Ack(ack));
+        }
+        self.drain_all_pending(now);
+        self.receive.ack_now = true;
+    }
+
+    /// Drops our positions `at..`; never a delivered one (I3).
+    fn truncate(&mut self, at: u64) {
+        assert!(
+            at >= self.receive.commit,
+            "node {:?} would replace position {at} below its commit point {}",
+            self.id,
+            self.receive.commit
+        );
+        self.stats.positions_replaced += self.receive.log.end() - at;
+        self.receive.log.truncate(at);
+        for peer in self.receive.peers.values_mut() {
+            peer.matched = peer.matched.min(at);
+        }
+        if self.receive.optimistic_end > at {
+            self.receive.optimistic_end = at;
+            self.events.push_back(Event::Revoked { from: at });
+        }
+    }
+
+    /// Leader: sends `node` our entries from the last position it agreed with us.
+    fn repair(&mut self, node: NodeId, now: Micros) {
+        let log = &self.receive.log;
+        let Some(peer) = self.receive.peers.get_mut(&node) else {
+            return;
+        };
+        if peer
+            .repaired_at
+            .is_some_and(|at| now < at + self.config.retransmit_after_us / 4)
+        {
+            return;
+        }
+        let from = peer.matched.max(log.start());
+        let entries = log.entries_from(from, self.config.repair_bytes_max);
+        if entries.is_empty() {
+            return;
+        }
+        peer.repaired_at = Some(now);
+        let prev_hash = log.hash_at(from).expect("from is retained");
+        self.stats.repairs_sent += 1;
+        self.queue(
+            Destination::Node(node),
+            Body::Entries {
+                from,
+                prev_hash,
+                entries,
+            },
+        );
+    }
+
+    /// Leader: members that lag behind our log and did not move since the last check get
+    /// our entries (they lost a message whose sender is gone, or diverged).
+    pub(super) fn repair_laggards(&mut self, now: Micros) {
+        let end = self.receive.log.end();
+        let mut stuck = Vec::new();
+        for (&node, peer) in self.receive.peers.iter_mut() {
+            if peer.matched < end && peer.matched == peer.matched_at_check {
+                stuck.push(node);
+            }
+            peer.matched_at_check = peer.matched;
+        }
+        for node in stuck {
+            self.repair(node, now);
+        }
+    }
+
+    /// Our log as an ACK.
+    pub(super) fn ack(&self) -> Ack {
+        let log = &self.receive.log;
+        Ack {
+            len: log.end(),
+            hash: log.hash_at(log.end()).expect("end is known"),
+            commit: self.receive.delivered,
+            members: self.members,
+            counts: self
+                .receive
+                .delivered_counts
+                .iter()
+                .filter(|(sender, _)| {
+                    self.latest_incarnation.get(&sender.node) == Some(&sender.incarnation)
+                })
+                .map(|(&sender, &count)| (sender, count))
+                .collect(),
+        }
+    }
+
+    pub(super) fn ack_sent(&mut self) {
+        self.receive.ack_owed = 0;
+        self.receive.ack_due = None;
+        self.receive.ack_now = false;
+    }
+
+    pub(super) fn ack_packet(&mut self, now: Micros) -> Option<Transmit> {
+        let owed = self.receive.ack_now || self.receive.ack_due.is_some_and(|due| due <= now);
+        if !owed || !self.role.receiver || self.status != Status::Normal {
+            return None;
+        }
+        self.ack_packet_now()
+    }
+
+    pub(super) fn ack_packet_now(&mut self) -> Option<Transmit> {
+        let ack = self.ack();
+        self.ack_sent();
+        Some(self.packet(Destination::All, Body::Ack(ack)))
+    }
+
+    /// Resets what we know of the members' logs for a new view.
+    pub(super) fn reset_peers(&mut self, now: Micros) {
+        self.receive.peers.clear();
+        for node in super::members_of(self.members) {
+            if node != self.id {
+                self.receive.peers.insert(node, Peer::default());
+                self.last_heard.insert(node, now);
+            }
+        }
+        self.receive.repair_check_at = now;
+    }
+}

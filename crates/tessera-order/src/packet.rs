@@ -1,0 +1,745 @@
+//! The packet format: every datagram is one packet, a fixed header and a body by kind.
+//!
+//! The byte layout is in the crate documentation. [`decode`] never panics: it refuses
+//! anything truncated, with trailing bytes, of another magic or version, with a wrong
+//! checksum, longer than [`PACKET_BYTES_MAX`], or with a field outside its range, and what it
+//! accepts encodes back to the same bytes (one packet, one encoding).
+
+use crate::{MsgId, NodeId, SenderId, Status};
+use bytes::Bytes;
+
+/// "TO": total order.
+pub const MAGIC: u16 = 0x544F;
+/// The version of this layout; checked first, so a later version may change all that follows.
+pub const VERSION: u8 = 1;
+/// Bytes of the fixed header.
+pub const HEADER_LEN: usize = 28;
+/// Largest packet: the view-change messages carry the undelivered suffix of a log, which the
+/// UDP driver sends over a datagram session (messages up to 17 MiB) rather than as one
+/// datagram; data, ACK and NACK packets fit one MTU.
+pub const PACKET_BYTES_MAX: usize = 16 << 20;
+/// Bytes of an [`Ack`] with no per-sender counts.
+pub const ACK_FIXED_LEN: usize = 34;
+/// Bytes of one per-sender count in an [`Ack`] or a [`LogImage`].
+pub const COUNT_LEN: usize = 14;
+/// Bytes a data packet spends per message besides the message itself.
+pub const MESSAGE_OVERHEAD: usize = 12;
+/// Bytes of a data packet's body besides its messages and its ACK.
+pub const DATA_FIXED_LEN: usize = 3;
+
+const OFFSET_CHECKSUM: usize = 20;
+
+/// Why bytes are not a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PacketError {
+    /// Fewer bytes than the header or than a field needs.
+    #[error("truncated packet")]
+    Truncated,
+    /// More bytes than the header and body declare.
+    #[error("trailing bytes after the packet")]
+    Trailing,
+    /// Not our magic number.
+    #[error("bad magic")]
+    Magic,
+    /// A version this code does not speak.
+    #[error("unknown version {0}")]
+    Version(u8),
+    /// An unknown kind byte.
+    #[error("unknown kind {0}")]
+    Kind(u8),
+    /// The checksum does not match.
+    #[error("bad checksum")]
+    Checksum,
+    /// Longer than [`PACKET_BYTES_MAX`].
+    #[error("packet of {0} bytes exceeds the maximum")]
+    TooLong(usize),
+    /// A field holds a value outside its range.
+    #[error("field {0} out of range")]
+    Field(&'static str),
+}
+
+/// What every packet says about its sender: also the heartbeat and the view announcement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// The sending node.
+    pub from: NodeId,
+    /// The sending node's incarnation.
+    pub incarnation: u32,
+    /// The view the sender is in (or changing to).
+    pub view: u64,
+    /// The sender's status in that view.
+    pub status: Status,
+}
+
+/// A receiver's acknowledgement: its log in the header's view.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ack {
+    /// Entries in the log (the next position).
+    pub len: u64,
+    /// Hash chain of the whole log up to `len`: two logs with the same hash at one length
+    /// hold the same messages at every position below it.
+    pub hash: u64,
+    /// Positions UTO-delivered by the acknowledging node.
+    pub commit: u64,
+    /// The view's members, one bit per node id.
+    pub members: u64,
+    /// Per sender (latest incarnations only): how many of its messages the acknowledging
+    /// node UTO-delivered, a FIFO prefix of what it sent.
+    pub counts: Vec<(SenderId, u64)>,
+}
+
+/// One message at a position of a log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Who sent it, and its number in the sender's FIFO order.
+    pub id: MsgId,
+    /// The application's bytes.
+    pub message: Bytes,
+}
+
+/// A suffix of a log, as carried by view changes.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct LogImage {
+    /// Position of the first entry.
+    pub start: u64,
+    /// Hash chain up to `start`.
+    pub start_hash: u64,
+    /// Per sender, its messages at positions below `start`.
+    pub start_counts: Vec<(SenderId, u64)>,
+    /// The entries from `start` on.
+    pub entries: Vec<Entry>,
+}
+
+impl LogImage {
+    /// The position after the last entry.
+    pub fn end(&self) -> u64 {
+        self.start + self.entries.len() as u64
+    }
+}
+
+/// A packet's body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Body {
+    /// Messages of the sending node, numbered in its FIFO order, and its ACK if it receives.
+    Data {
+        /// Piggybacked acknowledgement.
+        ack: Option<Ack>,
+        /// `(sequence number, message)`.
+        messages: Vec<(u64, Bytes)>,
+    },
+    /// A standalone acknowledgement.
+    Ack(Ack),
+    /// To a sender: retransmit your messages `from..to`.
+    Nack {
+        /// The sender (incarnation included) whose messages are missing.
+        sender: SenderId,
+        /// First missing sequence number.
+        from: u64,
+        /// One past the last.
+        to: u64,
+    },
+    /// Nothing but the header: alive, in this view, with this status.
+    Heartbeat,
+    /// The leader's order for positions `from..`: replaces a follower's divergent suffix.
+    Entries {
+        /// Position of the first entry.
+        from: u64,
+        /// The leader's hash chain up to `from`.
+        prev_hash: u64,
+        /// The leader's entries.
+        entries: Vec<Entry>,
+    },
+    /// To the new view's leader: my state, and my promise to accept nothing in older views.
+    DoViewChange {
+        /// The last view this node was a normal member of; `None` for a node that restarted
+        /// and holds nothing.
+        last_normal: Option<u64>,
+        /// Positions this node UTO-delivered.
+        commit: u64,
+        /// Its log from its first retained position.
+        log: LogImage,
+    },
+    /// From the new view's leader: the view's members and its starting log.
+    StartView {
+        /// One bit per member node id.
+        members: u64,
+        /// Positions known UTO-delivered by some node.
+        commit: u64,
+        /// The view's log.
+        log: LogImage,
+    },
+}
+
+/// One packet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Packet {
+    /// Who sends, in which view.
+    pub header: Header,
+    /// What it says.
+    pub body: Body,
+}
+
+const KIND_DATA: u8 = 1;
+const KIND_ACK: u8 = 2;
+const KIND_NACK: u8 = 3;
+const KIND_HEARTBEAT: u8 = 4;
+const KIND_ENTRIES: u8 = 5;
+const KIND_DO_VIEW_CHANGE: u8 = 6;
+const KIND_START_VIEW: u8 = 7;
+
+fn put_u16(out: &mut Vec<u8>, value: u16) {
+    out.extend_from_slice(&value.to_be_bytes());
+}
+fn put_u32(out: &mut Vec<u8>, value: u32) {
+    out.extend_from_slice(&value.to_be_bytes());
+}
+fn put_u64(out: &mut Vec<u8>, value: u64) {
+    out.extend_from_slice(&value.to_be_bytes());
+}
+
+fn put_counts(out: &mut Vec<u8>, counts: &[(SenderId, u64)]) {
+    put_u16(
+        out,
+        u16::try_from(counts.len()).expect("at most 65535 senders"),
+    );
+    for (sender, count) in counts {
+        put_u16(out, sender.node.0);
+        put_u32(out, sender.incarnation);
+        put_u64(out, *count);
+    }
+}
+
+fn put_ack(out: &mut Vec<u8>, ack: &Ack) {
+    put_u64(out, ack.len);
+    put_u64(out, ack.hash);
+    put_u64(out, ack.commit);
+    put_u64(out, ack.members);
+    put_counts(out, &ack.counts);
+}
+
+fn put_entries(out: &mut Vec<u8>, entries: &[Entry]) {
+    put_u32(out, u32::try_from(entries.len()).expect("entries fit u32"));
+    for entry in entries {
+        put_u16(out, entry.id.sender.node.0);
+        put_u32(out, entry.id.sender.incarnation);
+        put_u64(out, entry.id.seq);
+        put_u32(
+            out,
+            u32::try_from(entry.message.len()).expect("message fits u32"),
+        );
+        out.extend_from_slice(&entry.message);
+    }
+}
+
+fn put_image(out: &mut Vec<u8>, image: &LogImage) {
+    put_u64(out, image.start);
+    put_u64(out, image.start_hash);
+    put_counts(out, &image.start_counts);
+    put_entries(out, &image.entries);
+}
+
+/// Bytes an [`Ack`] takes in a packet.
+pub fn ack_len(ack: &Ack) -> usize {
+    ACK_FIXED_LEN + COUNT_LEN * ack.counts.len()
+}
+
+impl Packet {
+    /// The packet's bytes, checksum sealed.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN + 64);
+        put_u16(&mut out, MAGIC);
+        out.push(VERSION);
+        out.push(self.kind());
+        put_u16(&mut out, self.header.from.0);
+        put_u32(&mut out, self.header.incarnation);
+        put_u64(&mut out, self.header.view);
+        out.push(self.header.status as u8);
+        out.push(0);
+        put_u32(&mut out, 0); // checksum, sealed below
+        put_u32(&mut out, 0); // body length, written below
+        self.encode_body(&mut out);
+        let body_len = out.len() - HEADER_LEN;
+        assert!(
+            out.len() <= PACKET_BYTES_MAX,
+            "packet of {} bytes",
+            out.len()
+        );
+        out[24..28].copy_from_slice(&(body_len as u32).to_be_bytes());
+        seal(&mut out);
+        out
+    }
+
+    fn kind(&self) -> u8 {
+        match self.body {
+            Body::Data { .. } => KIND_DATA,
+            Body::Ack(_) => KIND_ACK,
+            Body::Nack { .. } => KIND_NACK,
+            Body::Heartbeat => KIND_HEARTBEAT,
+            Body::Entries { .. } => KIND_ENTRIES,
+            Body::DoViewChange { .. } => KIND_DO_VIEW_CHANGE,
+            Body::StartView { .. } => KIND_START_VIEW,
+        }
+    }
+
+    fn encode_body(&self, out: &mut Vec<u8>) {
+        match &self.body {
+            Body::Data { ack, messages } => {
+                match ack {
+                    Some(ack) => {
+                        out.push(1);
+                        put_ack(out, ack);
+                    }
+                    None => out.push(0),
+                }
+                put_u16(
+                    out,
+                    u16::try_from(messages.len()).expect("messages fit u16"),
+                );
+                for (seq, message) in messages {
+                    put_u64(out, *seq);
+                    put_u32(out, u32::try_from(message.len()).expect("message fits u32"));
+                    out.extend_from_slice(message);
+                }
+            }
+            Body::Ack(ack) => put_ack(out, ack),
+            Body::Nack { sender, from, to } => {
+                put_u16(out, sender.node.0);
+                put_u32(out, sender.incarnation);
+                put_u64(out, *from);
+                put_u64(out, *to);
+            }
+            Body::Heartbeat => {}
+            Body::Entries {
+                from,
+                prev_hash,
+                entries,
+            } => {
+                put_u64(out, *from);
+                put_u64(out, *prev_hash);
+                put_entries(out, entries);
+            }
+            Body::DoViewChange {
+                last_normal,
+                commit,
+                log,
+            } => {
+                assert!(*last_normal != Some(u64::MAX), "view u64::MAX is reserved");
+                put_u64(out, last_normal.unwrap_or(u64::MAX));
+                put_u64(out, *commit);
+                put_image(out, log);
+            }
+            Body::StartView {
+                members,
+                commit,
+                log,
+            } => {
+                put_u64(out, *members);
+                put_u64(out, *commit);
+                put_image(out, log);
+            }
+        }
+    }
+}
+
+/// CRC32C of a packet with its checksum field taken as zero.
+pub fn checksum(packet: &[u8]) -> u32 {
+    assert!(packet.len() >= HEADER_LEN);
+    let crc = crc32c::crc32c(&packet[..OFFSET_CHECKSUM]);
+    let crc = crc32c::crc32c_append(crc, &[0; 4]);
+    crc32c::crc32c_append(crc, &packet[OFFSET_CHECKSUM + 4..])
+}
+
+/// Writes the checksum of a packet of at least [`HEADER_LEN`] bytes into it.
+pub fn seal(packet: &mut [u8]) {
+    let crc = checksum(packet);
+    packet[OFFSET_CHECKSUM..OFFSET_CHECKSUM + 4].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// Reads fields off a byte slice, refusing to run past its end.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], PacketError> {
+        let end = self.at.checked_add(n).ok_or(PacketError::Truncated)?;
+        let slice = self.bytes.get(self.at..end).ok_or(PacketError::Truncated)?;
+        self.at = end;
+        Ok(slice)
+    }
+    fn u8(&mut self) -> Result<u8, PacketError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, PacketError> {
+        Ok(u16::from_be_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+    fn u32(&mut self) -> Result<u32, PacketError> {
+        Ok(u32::from_be_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, PacketError> {
+        Ok(u64::from_be_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn remaining(&self) -> usize {
+        self.bytes.len() - self.at
+    }
+    fn bytes(&mut self, len: u32) -> Result<Bytes, PacketError> {
+        Ok(Bytes::copy_from_slice(self.take(len as usize)?))
+    }
+    fn sender(&mut self) -> Result<SenderId, PacketError> {
+        let node = NodeId(self.u16()?);
+        let incarnation = self.u32()?;
+        Ok(SenderId { node, incarnation })
+    }
+    /// A count of items of at least `item_min` bytes each: refused if the rest cannot hold
+    /// them, so that no allocation follows a hostile count.
+    fn count(&mut self, count: usize, item_min: usize) -> Result<usize, PacketError> {
+        if count.saturating_mul(item_min) > self.remaining() {
+            return Err(PacketError::Truncated);
+        }
+        Ok(count)
+    }
+    fn counts(&mut self) -> Result<Vec<(SenderId, u64)>, PacketError> {
+        let raw = self.u16()? as usize;
+        let n = self.count(raw, COUNT_LEN)?;
+        let mut counts = Vec::with_capacity(n);
+        for _ in 0..n {
+            let sender = self.sender()?;
+            counts.push((sender, self.u64()?));
+        }
+        Ok(counts)
+    }
+    fn ack(&mut self) -> Result<Ack, PacketError> {
+        Ok(Ack {
+            len: self.u64()?,
+            hash: self.u64()?,
+            commit: self.u64()?,
+            members: self.u64()?,
+            counts: self.counts()?,
+        })
+    }
+    fn entries(&mut self) -> Result<Vec<Entry>, PacketError> {
+        let raw = self.u32()? as usize;
+        let n = self.count(raw, 18)?;
+        let mut entries = Vec::with_capacity(n);
+        for _ in 0..n {
+            let sender = self.sender()?;
+            let seq = self.u64()?;
+            let len = self.u32()?;
+            entries.push(Entry {
+                id: MsgId { sender, seq },
+                message: self.bytes(len)?,
+            });
+        }
+        Ok(entries)
+    }
+    fn image(&mut self) -> Result<LogImage, PacketError> {
+        let start = self.u64()?;
+        let start_hash = self.u64()?;
+        let start_counts = self.counts()?;
+        let entries = self.entries()?;
+        if start.checked_add(entries.len() as u64).is_none() {
+            return Err(PacketError::Field("start"));
+        }
+        Ok(LogImage {
+            start,
+            start_hash,
+            start_counts,
+            entries,
+        })
+    }
+}
+
+/// Parses one packet; never panics.
+pub fn decode(bytes: &[u8]) -> Result<Packet, PacketError> {
+    if bytes.len() > PACKET_BYTES_MAX {
+        return Err(PacketError::TooLong(bytes.len()));
+    }
+    let mut reader = Reader { bytes, at: 0 };
+    if reader.u16().map_err(|_| PacketError::Truncated)? != MAGIC {
+        return Err(PacketError::Magic);
+    }
+    let version = reader.u8()?;
+    if version != VERSION {
+        return Err(PacketError::Version(version));
+    }
+    let kind = reader.u8()?;
+    let from = NodeId(reader.u16()?);
+    let incarnation = reader.u32()?;
+    let view = reader.u64()?;
+    let status = Status::from_byte(reader.u8()?).ok_or(PacketError::Field("status"))?;
+    if reader.u8()? != 0 {
+        return Err(PacketError::Field("reserved"));
+    }
+    let stored_checksum = reader.u32()?;
+    let body_len = reader.u32()? as usize;
+    if HEADER_LEN.checked_add(body_len) != Some(bytes.len()) {
+        return Err(if HEADER_LEN + body_len > bytes.len() {
+            PacketError::Truncated
+        } else {
+            PacketError::Trailing
+        });
+    }
+    if checksum(bytes) != stored_checksum {
+        return Err(PacketError::Checksum);
+    }
+    let header = Header {
+        from,
+        incarnation,
+        view,
+        status,
+    };
+    let body = decode_body(kind, &mut reader)?;
+    if reader.remaining() != 0 {
+        return Err(PacketError::Trailing);
+    }
+    Ok(Packet { header, body })
+}
+
+fn decode_body(kind: u8, reader: &mut Reader<'_>) -> Result<Body, PacketError> {
+    Ok(match kind {
+        KIND_DATA => {
+            let ack = match reader.u8()? {
+                0 => None,
+                1 => Some(reader.ack()?),
+                _ => return Err(PacketError::Field("ack flag")),
+            };
+            let raw = reader.u16()? as usize;
+            let n = reader.count(raw, MESSAGE_OVERHEAD)?;
+            let mut messages = Vec::with_capacity(n);
+            for _ in 0..n {
+                let seq = reader.u64()?;
+                let len = reader.u32()?;
+                messages.push((seq, reader.bytes(len)?));
+            }
+            Body::Data { ack, messages }
+        }
+        KIND_ACK => Body::Ack(reader.ack()?),
+        KIND_NACK => {
+            let sender = reader.sender()?;
+            let from = reader.u64()?;
+            let to = reader.u64()?;
+            if from >= to {
+                return Err(PacketError::Field("nack range"));
+            }
+            Body::Nack { sender, from, to }
+        }
+        KIND_HEARTBEAT => Body::Heartbeat,
+        KIND_ENTRIES => {
+            let from = reader.u64()?;
+            let prev_hash = reader.u64()?;
+            let entries = reader.entries()?;
+            if from.checked_add(entries.len() as u64).is_none() {
+                return Err(PacketError::Field("from"));
+            }
+            Body::Entries {
+                from,
+                prev_hash,
+                entries,
+            }
+        }
+        KIND_DO_VIEW_CHANGE => {
+            let last_normal = match reader.u64()? {
+                u64::MAX => None,
+                view => Some(view),
+            };
+            let commit = reader.u64()?;
+            let log = reader.image()?;
+            Body::DoViewChange {
+                last_normal,
+                commit,
+                log,
+            }
+        }
+        KIND_START_VIEW => {
+            let members = reader.u64()?;
+            let commit = reader.u64()?;
+            let log = reader.image()?;
+            Body::StartView {
+                members,
+                commit,
+                log,
+            }
+        }
+        other => return Err(PacketError::Kind(other)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sender() -> impl Strategy<Value = SenderId> {
+        (0u16..64, any::<u32>()).prop_map(|(node, incarnation)| SenderId {
+            node: NodeId(node),
+            incarnation,
+        })
+    }
+
+    fn message() -> impl Strategy<Value = Bytes> {
+        proptest::collection::vec(any::<u8>(), 0..40).prop_map(Bytes::from)
+    }
+
+    fn ack() -> impl Strategy<Value = Ack> {
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            proptest::collection::vec((sender(), any::<u64>()), 0..5),
+        )
+            .prop_map(|(len, hash, commit, members, counts)| Ack {
+                len,
+                hash,
+                commit,
+                members,
+                counts,
+            })
+    }
+
+    fn entries() -> impl Strategy<Value = Vec<Entry>> {
+        proptest::collection::vec(
+            (sender(), any::<u64>(), message()).prop_map(|(sender, seq, message)| Entry {
+                id: MsgId { sender, seq },
+                message,
+            }),
+            0..5,
+        )
+    }
+
+    fn image() -> impl Strategy<Value = LogImage> {
+        (
+            0u64..1 << 40,
+            any::<u64>(),
+            proptest::collection::vec((sender(), any::<u64>()), 0..4),
+            entries(),
+        )
+            .prop_map(|(start, start_hash, start_counts, entries)| LogImage {
+                start,
+                start_hash,
+                start_counts,
+                entries,
+            })
+    }
+
+    fn body() -> impl Strategy<Value = Body> {
+        prop_oneof![
+            (
+                proptest::option::of(ack()),
+                proptest::collection::vec((any::<u64>(), message()), 0..5)
+            )
+                .prop_map(|(ack, messages)| Body::Data { ack, messages }),
+            ack().prop_map(Body::Ack),
+            (sender(), 0u64..1000, 1u64..1000).prop_map(|(sender, from, len)| Body::Nack {
+                sender,
+                from,
+                to: from + len
+            }),
+            Just(Body::Heartbeat),
+            (0u64..1 << 40, any::<u64>(), entries()).prop_map(|(from, prev_hash, entries)| {
+                Body::Entries {
+                    from,
+                    prev_hash,
+                    entries,
+                }
+            }),
+            (proptest::option::of(0u64..u64::MAX), any::<u64>(), image()).prop_map(
+                |(last_normal, commit, log)| Body::DoViewChange {
+                    last_normal,
+                    commit,
+                    log
+                }
+            ),
+            (any::<u64>(), any::<u64>(), image()).prop_map(|(members, commit, log)| {
+                Body::StartView {
+                    members,
+                    commit,
+                    log,
+                }
+            }),
+        ]
+    }
+
+    fn packet() -> impl Strategy<Value = Packet> {
+        (0u16..64, any::<u32>(), any::<u64>(), 0usize..4, body()).prop_map(
+            |(from, incarnation, view, status, body)| Packet {
+                header: Header {
+                    from: NodeId(from),
+                    incarnation,
+                    view,
+                    status: [
+                        Status::Normal,
+                        Status::ViewChange,
+                        Status::Joining,
+                        Status::Sender,
+                    ][status],
+                },
+                body,
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn decode_of_encode_is_identity(packet in packet()) {
+            let bytes = packet.encode();
+            prop_assert_eq!(decode(&bytes).unwrap(), packet);
+        }
+
+        #[test]
+        fn decode_never_panics_and_round_trips(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            if let Ok(packet) = decode(&bytes) {
+                prop_assert_eq!(packet.encode(), bytes);
+            }
+        }
+
+        #[test]
+        fn a_flipped_bit_is_refused(packet in packet(), bit in any::<usize>()) {
+            let mut bytes = packet.encode();
+            let bit = bit % (bytes.len() * 8);
+            bytes[bit / 8] ^= 1 << (bit % 8);
+            prop_assert!(decode(&bytes).is_err());
+        }
+
+        #[test]
+        fn sealed_garbage_never_panics(mut bytes in proptest::collection::vec(any::<u8>(), HEADER_LEN..300)) {
+            bytes[0..3].copy_from_slice(&[0x54, 0x4F, VERSION]);
+            let body_len = (bytes.len() - HEADER_LEN) as u32;
+            bytes[24..28].copy_from_slice(&body_len.to_be_bytes());
+            seal(&mut bytes);
+            if let Ok(packet) = decode(&bytes) {
+                prop_assert_eq!(packet.encode(), bytes);
+            }
+        }
+    }
+
+    #[test]
+    fn truncations_are_refused() {
+        let packet = Packet {
+            header: Header {
+                from: NodeId(3),
+                incarnation: 1,
+                view: 9,
+                status: Status::Normal,
+            },
+            body: Body::Data {
+                ack: None,
+                messages: vec![(0, Bytes::from_static(b"hello"))],
+            },
+        };
+        let bytes = packet.encode();
+        for len in 0..bytes.len() {
+            assert!(decode(&bytes[..len]).is_err(), "{len}");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert_eq!(decode(&long), Err(PacketError::Trailing));
+    }
+}

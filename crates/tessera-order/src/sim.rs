@@ -1,0 +1,680 @@
+//! A deterministic simulator of the paper's two-switch topology, for [`Node`]s.
+//!
+//! Every packet a node sends crosses its TX link into switch A, then the one link from A to
+//! B (the *sequencer*: a FIFO queue serializing at `trunk_rate_bits_per_s`), then fans out
+//! through switch B over each node's RX link (a packet for one node goes the same way and
+//! is delivered to that node only). Loss can strike on a TX link, on the trunk or on an RX
+//! link; rarely an RX link delays a packet past later ones (reordering, to show that safety
+//! does not depend on FIFO) or delivers it twice. Nodes crash (losing everything) and restart with a higher
+//! incarnation; nodes are cut off (partitions). Virtual time jumps from one event to the
+//! next. Until `faults_until_us` the faults run; then the network heals, crashed nodes
+//! restart, and the run goes on until everything settles or `deadline_us`.
+//!
+//! Everything is drawn from the seed: [`run`] with the same seed and scenario replays the
+//! same run, and [`Scenario::random`] derives a scenario from a seed, so one number names a
+//! failing run.
+//!
+//! ```
+//! use tessera_order::{check, sim};
+//!
+//! let scenario = sim::Scenario::random(7);
+//! let outcome = sim::run(7, &scenario);
+//! check::check(&outcome.history).expect("UTO1-4 and FIFO hold");
+//! ```
+
+use crate::check::{History, Process};
+use crate::{Config, Event, Group, Micros, Node, NodeId, SenderId, Start, Transmit};
+use bytes::Bytes;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+
+/// Which faults strike, and how often, until `faults_until_us`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Faults {
+    /// Probability that a packet is lost on its sender's TX link (all receivers miss it).
+    pub loss_tx: f64,
+    /// Probability that a packet is lost on the trunk.
+    pub loss_trunk: f64,
+    /// Probability that one receiver misses a packet (on its RX link).
+    pub loss_rx: f64,
+    /// Probability that a packet is delayed on an RX link past later ones.
+    pub reorder: f64,
+    /// Probability that an RX link delivers a packet twice.
+    pub duplicate: f64,
+    /// Mean time between crashes; `None`: no crash.
+    pub crash_every_us: Option<Micros>,
+    /// Longest a crashed node stays down.
+    pub down_us_max: Micros,
+    /// Mean time between partitions (a node cut off); `None`: none.
+    pub partition_every_us: Option<Micros>,
+    /// Longest a partition lasts.
+    pub partition_us_max: Micros,
+}
+
+impl Faults {
+    /// No fault at all.
+    pub fn none() -> Faults {
+        Faults {
+            loss_tx: 0.0,
+            loss_trunk: 0.0,
+            loss_rx: 0.0,
+            reorder: 0.0,
+            duplicate: 0.0,
+            crash_every_us: None,
+            down_us_max: 0,
+            partition_every_us: None,
+            partition_us_max: 0,
+        }
+    }
+}
+
+/// A run's setting: the group, the workload, the network and the faults.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// The group.
+    pub group: Group,
+    /// Every node's config.
+    pub config: Config,
+    /// Messages each sender proposes (if up at the time).
+    pub messages_per_sender: usize,
+    /// Largest message, bytes (each at least 8).
+    pub message_bytes_max: usize,
+    /// Proposals are spread over `0..propose_until_us`.
+    pub propose_until_us: Micros,
+    /// The faults.
+    pub faults: Faults,
+    /// Faults stop here; the network heals and crashed nodes restart.
+    pub faults_until_us: Micros,
+    /// The run ends here at the latest.
+    pub deadline_us: Micros,
+    /// One-way delay of each link.
+    pub link_delay_us: Micros,
+    /// The sequencer link's rate.
+    pub trunk_rate_bits_per_s: u64,
+    /// Extra delay of a reordered packet, at most.
+    pub reorder_delay_us_max: Micros,
+    /// Crashes at given times, `(at, node, down for)`, besides the random ones; they obey
+    /// the same limit (never a majority of receivers out) and stop at `faults_until_us`.
+    pub scripted_crashes: Vec<(Micros, NodeId, Micros)>,
+}
+
+impl Scenario {
+    /// A clean 3-node all-to-all run.
+    pub fn clean(nodes: usize) -> Scenario {
+        Scenario {
+            group: Group::all_to_all(nodes),
+            config: Config::default(),
+            messages_per_sender: 50,
+            message_bytes_max: 64,
+            propose_until_us: 20_000,
+            faults: Faults::none(),
+            faults_until_us: 0,
+            deadline_us: 2_000_000,
+            link_delay_us: 10,
+            trunk_rate_bits_per_s: 1_000_000_000,
+            reorder_delay_us_max: 200,
+            scripted_crashes: Vec::new(),
+        }
+    }
+
+    /// A scenario drawn from `seed`: 2-5 nodes all-to-all or disjoint, random windows,
+    /// thresholds and MTU, loss everywhere, reordering, crashes and partitions.
+    pub fn random(seed: u64) -> Scenario {
+        let mut rng = StdRng::seed_from_u64(crate::log::mix(seed ^ 0x5CE4_A210));
+        let group = if rng.gen_bool(0.7) {
+            Group::all_to_all(rng.gen_range(2..=5))
+        } else {
+            Group::disjoint(rng.gen_range(1..=3), rng.gen_range(1..=4))
+        };
+        let config = Config {
+            mtu_bytes: if rng.gen_bool(0.5) { 1500 } else { 9000 },
+            aggregate: rng.gen_bool(0.8),
+            window_packets: rng.gen_range(2..=64),
+            ack_every_messages: rng.gen_range(1..=8),
+            ack_delay_us: rng.gen_range(10..=200),
+            retransmit_after_us: rng.gen_range(500..=3_000),
+            heartbeat_interval_us: 1_000,
+            suspect_after_us: rng.gen_range(4_000..=12_000),
+            view_change_timeout_us: rng.gen_range(5_000..=20_000),
+            log_retain_entries: if rng.gen_bool(0.3) {
+                rng.gen_range(0..=32)
+            } else {
+                Config::default().log_retain_entries
+            },
+            ..Config::default()
+        };
+        let mut chance = |p: f64, max: f64| {
+            if rng.gen_bool(p) {
+                rng.gen_range(0.0..max)
+            } else {
+                0.0
+            }
+        };
+        let faults = Faults {
+            loss_tx: chance(0.5, 0.05),
+            loss_trunk: chance(0.3, 0.02),
+            loss_rx: chance(0.5, 0.05),
+            reorder: chance(0.3, 0.02),
+            duplicate: chance(0.2, 0.02),
+            crash_every_us: rng.gen_bool(0.4).then(|| rng.gen_range(10_000..=80_000)),
+            down_us_max: rng.gen_range(1_000..=60_000),
+            partition_every_us: rng.gen_bool(0.4).then(|| rng.gen_range(10_000..=80_000)),
+            partition_us_max: rng.gen_range(1_000..=40_000),
+        };
+        Scenario {
+            group,
+            config,
+            messages_per_sender: rng.gen_range(1..=40),
+            message_bytes_max: rng.gen_range(8..=200),
+            propose_until_us: rng.gen_range(1_000..=100_000),
+            faults,
+            faults_until_us: rng.gen_range(20_000..=150_000),
+            deadline_us: 3_000_000,
+            link_delay_us: rng.gen_range(5..=50),
+            trunk_rate_bits_per_s: 1_000_000_000,
+            reorder_delay_us_max: 300,
+            scripted_crashes: Vec::new(),
+        }
+    }
+}
+
+/// What the network and the faults did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetworkStats {
+    /// Packets nodes sent.
+    pub sent: u64,
+    /// Packets handed to nodes.
+    pub delivered: u64,
+    /// Packets lost at random.
+    pub lost: u64,
+    /// Packets delayed past later ones.
+    pub reordered: u64,
+    /// Extra copies delivered.
+    pub duplicated: u64,
+    /// Packets dropped at a cut-off or down node.
+    pub cut: u64,
+    /// Crashes.
+    pub crashes: u64,
+    /// Partitions.
+    pub partitions: u64,
+    /// View changes started, summed over nodes.
+    pub view_changes: u64,
+}
+
+/// A finished run.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// The seed that replays it.
+    pub seed: u64,
+    /// Every proposal and delivery, for [`crate::check::check`].
+    pub history: History,
+    /// What the network did.
+    pub stats: NetworkStats,
+    /// Virtual time at the end.
+    pub end_us: Micros,
+    /// Everything settled before the deadline (every correct node delivered the same).
+    pub settled_early: bool,
+    /// What each node's last incarnation counted.
+    pub node_stats: Vec<crate::Stats>,
+    /// Each node's state at the end, one line each.
+    pub node_summaries: Vec<String>,
+}
+
+/// Steps without virtual time advancing after which a run is declared a livelock.
+pub const STEPS_AT_ONE_TIME_MAX: u64 = 100_000;
+
+struct Host {
+    node: Option<Node>,
+    incarnation: u32,
+    process: usize,
+    down_until: Option<Micros>,
+    cut_until: Micros,
+    view_changes_before: u64,
+}
+
+struct Sim<'a> {
+    scenario: &'a Scenario,
+    seed: u64,
+    rng: StdRng,
+    now: Micros,
+    hosts: Vec<Host>,
+    queue: BTreeMap<(Micros, u64), (usize, Vec<u8>)>,
+    scheduled: u64,
+    trunk_free_ns: u128,
+    proposals: Vec<(Micros, usize)>,
+    next_crash: Option<Micros>,
+    next_partition: Option<Micros>,
+    healed: bool,
+    history: History,
+    stats: NetworkStats,
+}
+
+/// Runs `scenario` with `seed`.
+pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
+    let mut sim = Sim::new(seed, scenario);
+    let settled_early = sim.run();
+    sim.history.settled = true;
+    for host in &sim.hosts {
+        if let Some(node) = &host.node {
+            sim.stats.view_changes += node.stats().view_changes;
+        }
+        sim.stats.view_changes += host.view_changes_before;
+    }
+    let node_stats = sim
+        .hosts
+        .iter()
+        .map(|host| {
+            host.node
+                .as_ref()
+                .map(|node| node.stats().clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    let node_summaries = sim
+        .hosts
+        .iter()
+        .map(|host| host.node.as_ref().map_or("down".to_string(), Node::summary))
+        .collect();
+    Outcome {
+        seed,
+        node_stats,
+        node_summaries,
+        history: sim.history,
+        stats: sim.stats,
+        end_us: sim.now,
+        settled_early,
+    }
+}
+
+fn node_seed(seed: u64, host: usize, incarnation: u32) -> u64 {
+    crate::log::mix(seed ^ crate::log::mix(host as u64 + 1) ^ u64::from(incarnation) << 40)
+}
+
+impl<'a> Sim<'a> {
+    fn new(seed: u64, scenario: &'a Scenario) -> Sim<'a> {
+        let mut rng = StdRng::seed_from_u64(crate::log::mix(seed));
+        let mut proposals = Vec::new();
+        for (i, role) in scenario.group.roles.iter().enumerate() {
+            if role.sender {
+                for _ in 0..scenario.messages_per_sender {
+                    proposals.push((rng.gen_range(0..=scenario.propose_until_us), i));
+                }
+            }
+        }
+        proposals.sort_unstable_by(|a, b| b.cmp(a));
+        let mut sim = Sim {
+            scenario,
+            seed,
+            rng,
+            now: 0,
+            hosts: Vec::new(),
+            queue: BTreeMap::new(),
+            scheduled: 0,
+            trunk_free_ns: 0,
+            proposals,
+            next_crash: None,
+            next_partition: None,
+            healed: false,
+            history: History::default(),
+            stats: NetworkStats::default(),
+        };
+        sim.next_crash = sim.draw(scenario.faults.crash_every_us);
+        sim.next_partition = sim.draw(scenario.faults.partition_every_us);
+        for i in 0..scenario.group.roles.len() {
+            sim.hosts.push(Host {
+                node: None,
+                incarnation: 0,
+                process: 0,
+                down_until: None,
+                cut_until: 0,
+                view_changes_before: 0,
+            });
+            sim.boot(i, Start::Initial);
+        }
+        sim
+    }
+
+    fn draw(&mut self, every: Option<Micros>) -> Option<Micros> {
+        every.map(|mean| self.now + self.rng.gen_range(1..=2 * mean))
+    }
+
+    fn boot(&mut self, host: usize, start: Start) {
+        let id = NodeId(host as u16);
+        let incarnation = self.hosts[host].incarnation;
+        let node = Node::new(
+            self.scenario.config.clone(),
+            self.scenario.group.clone(),
+            id,
+            incarnation,
+            start,
+            node_seed(self.seed, host, incarnation),
+            self.now,
+        );
+        self.history.processes.push(Process {
+            node: id,
+            incarnation,
+            receiver: self.scenario.group.roles[host].receiver,
+            ..Process::default()
+        });
+        let entry = &mut self.hosts[host];
+        entry.process = self.history.processes.len() - 1;
+        entry.node = Some(node);
+        entry.down_until = None;
+        self.flush(host);
+    }
+
+    /// Runs to the deadline or until settled; whether it settled.
+    fn run(&mut self) -> bool {
+        let mut settle_check = 0;
+        let mut steps_now = 0;
+        loop {
+            if !self.healed && self.now >= self.scenario.faults_until_us {
+                self.heal();
+            }
+            if self.healed && self.now >= settle_check {
+                settle_check = self.now + 1_000;
+                if self.settled() {
+                    return true;
+                }
+            }
+            let Some(next) = self.next_time() else {
+                return self.settled();
+            };
+            if next > self.scenario.deadline_us {
+                return false;
+            }
+            steps_now = if next == self.now { steps_now + 1 } else { 0 };
+            assert!(
+                steps_now < STEPS_AT_ONE_TIME_MAX,
+                "livelock at {next} µs (seed {})",
+                self.seed
+            );
+            self.now = next;
+            self.step();
+        }
+    }
+
+    fn next_time(&self) -> Option<Micros> {
+        let mut next = self.queue.keys().next().map(|&(at, _)| at);
+        let mut consider = |at: Option<Micros>| {
+            if let Some(at) = at {
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+        };
+        for host in &self.hosts {
+            consider(host.node.as_ref().and_then(Node::poll_timeout));
+            consider(host.down_until);
+        }
+        consider(self.proposals.last().map(|p| p.0));
+        if !self.healed {
+            consider(self.next_crash);
+            consider(self.next_partition);
+            consider(
+                self.scenario
+                    .scripted_crashes
+                    .iter()
+                    .map(|c| c.0)
+                    .filter(|&at| at > self.now)
+                    .min(),
+            );
+            consider(Some(self.scenario.faults_until_us));
+        }
+        next.map(|at| at.max(self.now))
+    }
+
+    fn step(&mut self) {
+        let now = self.now;
+        while let Some(entry) = self.queue.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let (host, bytes) = entry.remove();
+            self.arrive(host, &bytes);
+        }
+        for host in 0..self.hosts.len() {
+            if self.hosts[host].down_until.is_some_and(|at| at <= now) {
+                self.hosts[host].incarnation += 1;
+                self.boot(host, Start::Restarted);
+            }
+            let due = self.hosts[host]
+                .node
+                .as_ref()
+                .and_then(Node::poll_timeout)
+                .is_some_and(|at| at <= now);
+            if due {
+                self.hosts[host]
+                    .node
+                    .as_mut()
+                    .expect("up")
+                    .handle_timeout(now);
+                self.flush(host);
+            }
+        }
+        while self.proposals.last().is_some_and(|p| p.0 <= now) {
+            let (_, host) = self.proposals.pop().expect("last exists");
+            self.propose(host);
+        }
+        if !self.healed {
+            self.faults();
+        }
+    }
+
+    fn propose(&mut self, host: usize) {
+        let incarnation = self.hosts[host].incarnation;
+        let Some(node) = self.hosts[host].node.as_mut() else {
+            return;
+        };
+        let sender = SenderId {
+            node: NodeId(host as u16),
+            incarnation,
+        };
+        let index = self.history.proposals.get(&sender).map_or(0, Vec::len) as u32;
+        let len = self
+            .rng
+            .gen_range(8..=self.scenario.message_bytes_max.max(8));
+        let mut message = vec![0u8; len];
+        message[..2].copy_from_slice(&(host as u16).to_be_bytes());
+        message[2..4].copy_from_slice(&(incarnation as u16).to_be_bytes());
+        message[4..8].copy_from_slice(&index.to_be_bytes());
+        self.rng.fill(&mut message[8..]);
+        let message = Bytes::from(message);
+        if node.propose(message.clone(), self.now).is_ok() {
+            self.history
+                .proposals
+                .entry(sender)
+                .or_default()
+                .push(message);
+        }
+        self.flush(host);
+    }
+
+    fn arrive(&mut self, host: usize, bytes: &[u8]) {
+        let cut = self.hosts[host].cut_until > self.now;
+        let Some(node) = self.hosts[host].node.as_mut().filter(|_| !cut) else {
+            self.stats.cut += 1;
+            return;
+        };
+        self.stats.delivered += 1;
+        node.handle_packet(bytes, self.now);
+        self.flush(host);
+    }
+
+    /// Drains a node's outputs: packets into the network, events into the history.
+    fn flush(&mut self, host: usize) {
+        let now = self.now;
+        let process = self.hosts[host].process;
+        let Some(node) = self.hosts[host].node.as_mut() else {
+            return;
+        };
+        let mut transmits = Vec::new();
+        while let Some(transmit) = node.poll_transmit(now) {
+            transmits.push(transmit);
+        }
+        let process = &mut self.history.processes[process];
+        while let Some(event) = node.poll_event() {
+            match event {
+                Event::Deliver {
+                    position,
+                    id,
+                    message,
+                } => process.deliveries.push((position, id, message)),
+                Event::Joined { position } => {
+                    process.joined_at.get_or_insert(position);
+                }
+                Event::Gap { from, to } => process.gaps.push((from, to)),
+                _ => {}
+            }
+        }
+        for transmit in transmits {
+            self.send(host, transmit);
+        }
+    }
+
+    /// TX link, the sequencer link (FIFO), then switch B fans out over the RX links.
+    fn send(&mut self, host: usize, transmit: Transmit) {
+        self.stats.sent += 1;
+        let faults = if self.healed {
+            Faults::none()
+        } else {
+            self.scenario.faults.clone()
+        };
+        if self.hosts[host].cut_until > self.now || self.rng.gen_bool(faults.loss_tx) {
+            self.stats.lost += 1;
+            return;
+        }
+        let delay = self.scenario.link_delay_us;
+        let at_switch_ns = u128::from(self.now + delay) * 1_000;
+        let bits = (transmit.contents.len() as u128 + 28) * 8;
+        let serialize_ns = bits * 1_000_000_000 / u128::from(self.scenario.trunk_rate_bits_per_s);
+        self.trunk_free_ns = self.trunk_free_ns.max(at_switch_ns) + serialize_ns;
+        if self.rng.gen_bool(faults.loss_trunk) {
+            self.stats.lost += 1;
+            return;
+        }
+        let at_b = (self.trunk_free_ns / 1_000) as Micros + delay;
+        let destinations: Vec<usize> = match transmit.destination {
+            crate::Destination::All => (0..self.hosts.len()).collect(),
+            crate::Destination::Node(node) => vec![node.0 as usize],
+        };
+        for destination in destinations {
+            if self.rng.gen_bool(faults.loss_rx) {
+                self.stats.lost += 1;
+                continue;
+            }
+            let mut at = at_b + delay;
+            if self.rng.gen_bool(faults.reorder) {
+                self.stats.reordered += 1;
+                at += self.rng.gen_range(1..=self.scenario.reorder_delay_us_max);
+            }
+            let copies = if self.rng.gen_bool(faults.duplicate) {
+                self.stats.duplicated += 1;
+                2
+            } else {
+                1
+            };
+            for copy in 0..copies {
+                self.scheduled += 1;
+                let at = at + copy * self.rng.gen_range(0..=self.scenario.reorder_delay_us_max);
+                let packet = (destination, transmit.contents.clone());
+                self.queue.insert((at, self.scheduled), packet);
+            }
+        }
+    }
+
+    /// Receivers out of the count of those holding state: down, or restarted and not yet
+    /// in a view. At most a minority may be, or a view change could forget a delivery.
+    fn receivers_out(&self) -> usize {
+        self.hosts
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.scenario.group.roles[*i].receiver)
+            .filter(|(_, host)| host.node.as_ref().is_none_or(Node::is_fresh))
+            .count()
+    }
+
+    fn faults(&mut self) {
+        let now = self.now;
+        for &(at, node, down) in &self.scenario.scripted_crashes {
+            let host = node.0 as usize;
+            let receiver = self.scenario.group.roles[host].receiver;
+            let tolerated = (self.scenario.group.receivers().len() - 1) / 2;
+            let allowed = !receiver || self.receivers_out() < tolerated;
+            if at == now && allowed && self.hosts[host].node.is_some() {
+                self.crash(host);
+                self.hosts[host].down_until = Some(now + down.max(1));
+            }
+        }
+        if self.next_crash.is_some_and(|at| at <= now) {
+            self.next_crash = self.draw(self.scenario.faults.crash_every_us);
+            let host = self.rng.gen_range(0..self.hosts.len());
+            let receiver = self.scenario.group.roles[host].receiver;
+            let tolerated = (self.scenario.group.receivers().len() - 1) / 2;
+            let allowed = !receiver || self.receivers_out() < tolerated;
+            if allowed && self.hosts[host].node.is_some() {
+                self.crash(host);
+            }
+        }
+        if self.next_partition.is_some_and(|at| at <= now) {
+            self.next_partition = self.draw(self.scenario.faults.partition_every_us);
+            let host = self.rng.gen_range(0..self.hosts.len());
+            let until = now
+                + self
+                    .rng
+                    .gen_range(1..=self.scenario.faults.partition_us_max.max(1));
+            self.hosts[host].cut_until = until;
+            self.stats.partitions += 1;
+        }
+    }
+
+    fn crash(&mut self, host: usize) {
+        let down = self
+            .rng
+            .gen_range(1..=self.scenario.faults.down_us_max.max(1));
+        let entry = &mut self.hosts[host];
+        let node = entry.node.take().expect("up");
+        entry.view_changes_before += node.stats().view_changes;
+        entry.down_until = Some(self.now + down);
+        self.history.processes[entry.process].crashed = true;
+        self.stats.crashes += 1;
+    }
+
+    /// Faults stop: links heal, crashed nodes come back.
+    fn heal(&mut self) {
+        self.healed = true;
+        for host in 0..self.hosts.len() {
+            self.hosts[host].cut_until = 0;
+            if self.hosts[host].node.is_none() {
+                self.hosts[host].incarnation += 1;
+                self.boot(host, Start::Restarted);
+            }
+        }
+    }
+
+    /// Every proposal made, every own message acked, every receiver a normal member of one
+    /// view with the same deliveries.
+    fn settled(&self) -> bool {
+        if !self.proposals.is_empty() {
+            return false;
+        }
+        let mut delivered = None;
+        for (i, host) in self.hosts.iter().enumerate() {
+            let Some(node) = &host.node else {
+                return false;
+            };
+            if node.unacked() > 0 {
+                return false;
+            }
+            if self.scenario.group.roles[i].receiver {
+                if node.status() != crate::Status::Normal || node.delivered() != node.log_end() {
+                    return false;
+                }
+                let mine = (node.view(), node.delivered());
+                if *delivered.get_or_insert(mine) != mine {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}

@@ -1,0 +1,271 @@
+//! The gateway's state and the storage steps the S3 operations share: bucket configs, small
+//! gateway records, streaming an object's body in and out in stripe-sized chunks.
+
+use crate::meta::{BucketConfig, ObjectMeta};
+use crate::names;
+use bytes::Bytes;
+use futures::StreamExt;
+use md5::{Digest, Md5};
+use s3s::dto::StreamingBlob;
+use s3s::{s3_error, S3Error, S3ErrorCode, S3Result};
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tessera_client::{Client, ClientError, File, LayoutRequest, PendingFile};
+use tessera_wire::ManagerError;
+
+/// Bytes one client call of a streamed body moves (rounded to whole stripes).
+const CHUNK_BYTES: u64 = 8 << 20;
+/// Chunk writes of one upload in flight while the next chunk arrives: with the chunk being
+/// filled, an upload holds at most `(WRITES_IN_FLIGHT + 1) * CHUNK_BYTES` (plus a stripe).
+const WRITES_IN_FLIGHT: usize = 2;
+/// Chunk reads of one download ahead of the one being sent.
+const READ_AHEAD: usize = 2;
+/// Largest gateway record (bucket config, object metadata) read back.
+const RECORD_BYTES_MAX: u64 = 1 << 20;
+/// Header overriding the scheme of a new bucket or object.
+pub const SCHEME_HEADER: &str = "x-amz-meta-tessera-scheme";
+/// Header overriding the stripe unit (bytes, or with K/M).
+pub const STRIPE_UNIT_HEADER: &str = "x-amz-meta-tessera-stripe-unit";
+/// Header overriding the width (servers to stripe over).
+pub const WIDTH_HEADER: &str = "x-amz-meta-tessera-width";
+
+/// An S3 gateway over one Tessera cluster.
+#[derive(Clone)]
+pub struct Gateway {
+    pub(crate) client: Client,
+    /// Layout of new buckets unless their creation says otherwise.
+    pub(crate) defaults: LayoutRequest,
+}
+
+/// A client error as an S3 error; `missing` is what a missing path means in context.
+pub(crate) fn s3_err(e: ClientError, missing: S3ErrorCode) -> S3Error {
+    let code = match &e {
+        ClientError::Metadata(ManagerError::NotFound(_)) => missing,
+        ClientError::Metadata(ManagerError::Layout(_)) => S3ErrorCode::InvalidArgument,
+        ClientError::Metadata(ManagerError::NotEnoughServers { .. })
+        | ClientError::Unavailable { .. }
+        | ClientError::ManagerUnreachable { .. }
+        | ClientError::Storage { .. } => S3ErrorCode::ServiceUnavailable,
+        ClientError::TooLarge { .. } => S3ErrorCode::EntityTooLarge,
+        _ => S3ErrorCode::InternalError,
+    };
+    S3Error::with_message(code, e.to_string())
+}
+
+/// A name error as S3's error for it.
+pub(crate) fn name_err(e: names::NameError) -> S3Error {
+    let code = match e {
+        names::NameError::Bucket(_) => S3ErrorCode::InvalidBucketName,
+        names::NameError::KeyTooLong(_) => S3ErrorCode::KeyTooLongError,
+        _ => S3ErrorCode::InvalidArgument,
+    };
+    S3Error::with_message(code, e.to_string())
+}
+
+fn is_not_found(e: &ClientError) -> bool {
+    matches!(e, ClientError::Metadata(ManagerError::NotFound(_)))
+}
+
+impl Gateway {
+    /// A gateway over `client`; new buckets get `defaults` unless their creation overrides it.
+    pub fn new(client: Client, defaults: LayoutRequest) -> Gateway {
+        Gateway { client, defaults }
+    }
+
+    /// A small file's bytes, or `None` if there is no such file.
+    pub(crate) async fn read_record(&self, path: &str) -> Result<Option<Vec<u8>>, ClientError> {
+        let file = match self.client.open(path).await {
+            Ok(file) => file,
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let size = self.client.size(&file).await?.min(RECORD_BYTES_MAX);
+        self.client.read_at(&file, 0, size).await.map(Some)
+    }
+
+    /// The layout defaults of `bucket`; `NoSuchBucket` if it does not exist.
+    pub(crate) async fn bucket_layout(&self, bucket: &str) -> S3Result<LayoutRequest> {
+        names::check_bucket(bucket).map_err(name_err)?;
+        let record = self
+            .read_record(&names::marker_path(bucket))
+            .await
+            .map_err(|e| s3_err(e, S3ErrorCode::NoSuchBucket))?;
+        match record {
+            None => Err(s3_error!(NoSuchBucket, "no bucket '{bucket}'")),
+            // A creation cut off before its config was written.
+            Some(bytes) if bytes.is_empty() => Ok(self.defaults.clone()),
+            Some(bytes) => BucketConfig::decode(&bytes)
+                .and_then(|config| config.layout())
+                .map_err(|e| s3_error!(InternalError, "bucket '{bucket}': {e}")),
+        }
+    }
+
+    /// The metadata of the object in `file`, if they were stored and describe that file.
+    pub(crate) async fn object_meta(
+        &self,
+        bucket: &str,
+        key: &str,
+        file: u64,
+    ) -> Option<ObjectMeta> {
+        let bytes = self
+            .read_record(&names::meta_path(bucket, key))
+            .await
+            .ok()??;
+        let meta = ObjectMeta::decode(&bytes)
+            .inspect_err(|e| tracing::warn!("{bucket}/{key}: {e}"))
+            .ok()?;
+        (meta.file == file).then_some(meta)
+    }
+
+    /// Write `bytes` as a new file that takes `path` when committed; it is synced, not yet
+    /// committed.
+    pub(crate) async fn write_pending_record(
+        &self,
+        path: &str,
+        layout: LayoutRequest,
+        bytes: &[u8],
+    ) -> Result<PendingFile, ClientError> {
+        let pending = self.client.create_pending(path, layout).await?;
+        let written = async {
+            self.client.write_at(&pending.file, 0, bytes).await?;
+            self.client.sync(&pending.file).await
+        };
+        match written.await {
+            Ok(()) => Ok(pending),
+            Err(e) => {
+                let _ = self.client.abandon_pending(&pending).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Bytes per chunk of a file's transfers: whole stripes, about [`CHUNK_BYTES`].
+    pub(crate) async fn chunk_bytes(&self, file: &File) -> Result<u64, ClientError> {
+        let stripe = self.client.meta(file).await?.layout.stripe_bytes();
+        Ok(stripe * (CHUNK_BYTES / stripe).max(1))
+    }
+
+    /// Write a request body into `file` from offset 0, a chunk at a time, as it arrives;
+    /// returns its length and MD5.
+    pub(crate) async fn write_body(
+        &self,
+        file: &File,
+        body: Option<StreamingBlob>,
+    ) -> S3Result<(u64, [u8; 16])> {
+        let chunk = self
+            .chunk_bytes(file)
+            .await
+            .map_err(|e| s3_err(e, S3ErrorCode::InternalError))? as usize;
+        let mut md5 = Md5::new();
+        let (mut buf, mut offset) = (Vec::with_capacity(chunk), 0u64);
+        let mut writes = VecDeque::new();
+        let mut body = body.map(|b| b.boxed());
+        let result = async {
+            loop {
+                let next = match body.as_mut() {
+                    Some(stream) => stream.next().await,
+                    None => None,
+                };
+                let end = next.is_none();
+                if let Some(bytes) = next {
+                    let bytes = bytes.map_err(body_err)?;
+                    md5.update(&bytes);
+                    buf.extend_from_slice(&bytes);
+                }
+                while buf.len() >= chunk || (end && !buf.is_empty()) {
+                    let rest = buf.split_off(chunk.min(buf.len()));
+                    let full = std::mem::replace(&mut buf, rest);
+                    let (client, file, at) = (self.client.clone(), file.clone(), offset);
+                    offset += full.len() as u64;
+                    writes.push_back(tokio::spawn(async move {
+                        client.write_at(&file, at, &full).await
+                    }));
+                    if writes.len() > WRITES_IN_FLIGHT {
+                        join_write(writes.pop_front().expect("non-empty")).await?;
+                    }
+                }
+                if end {
+                    while let Some(write) = writes.pop_front() {
+                        join_write(write).await?;
+                    }
+                    return Ok((offset, md5.finalize().into()));
+                }
+            }
+        }
+        .await;
+        for write in writes {
+            write.abort();
+        }
+        result
+    }
+
+    /// Stream bytes `start..end` of `file`, a chunk at a time with [`READ_AHEAD`] chunks read
+    /// ahead; the reads stop when the receiver of the body goes away.
+    pub(crate) fn read_body(&self, file: File, start: u64, end: u64, chunk: u64) -> StreamingBlob {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            let offsets = (start..end).step_by(chunk as usize);
+            let blocks = match client
+                .read_blocks(&file, offsets, chunk as usize, READ_AHEAD)
+                .await
+            {
+                Ok(blocks) => blocks,
+                Err(e) => {
+                    let _ = tx.send(Err(std::io::Error::other(e))).await;
+                    return;
+                }
+            };
+            let mut blocks = std::pin::pin!(blocks);
+            let mut at = start;
+            while let Some(block) = blocks.next().await {
+                let wanted = chunk.min(end - at) as usize;
+                let block = match block {
+                    Ok((mut block, _)) if block.len() >= wanted => {
+                        block.truncate(wanted);
+                        Ok(Bytes::from(block))
+                    }
+                    Ok((block, _)) => Err(std::io::Error::other(format!(
+                        "{}: {} bytes at {at} where {wanted} were expected (changed under the read?)",
+                        file.path,
+                        block.len()
+                    ))),
+                    Err(e) => Err(std::io::Error::other(e)),
+                };
+                let failed = block.is_err();
+                if tx.send(block).await.is_err() || failed {
+                    return;
+                }
+                at += wanted as u64;
+            }
+        });
+        StreamingBlob::wrap(ChannelStream(rx))
+    }
+}
+
+async fn join_write(write: tokio::task::JoinHandle<Result<(), ClientError>>) -> S3Result<()> {
+    match write.await {
+        Ok(done) => done.map_err(|e| s3_err(e, S3ErrorCode::InternalError)),
+        Err(e) => Err(s3_error!(InternalError, "write task failed: {e}")),
+    }
+}
+
+/// A body that could not be read: S3's own error if s3s gave one (a bad chunk signature),
+/// else `IncompleteBody`.
+fn body_err(e: s3s::StdError) -> S3Error {
+    match e.downcast::<S3Error>() {
+        Ok(e) => *e,
+        Err(e) => s3_error!(IncompleteBody, "cannot read the request body: {e}"),
+    }
+}
+
+/// The receiving end of a download's chunks, as a byte stream for the response body.
+struct ChannelStream(tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>);
+
+impl futures::Stream for ChannelStream {
+    type Item = Result<Bytes, std::io::Error>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}

@@ -1,0 +1,101 @@
+//! Tessera's S3 gateway: the S3 protocol over the client library.
+//!
+//! [`s3s`] parses requests, checks their AWS Signature V4 against the gateway's access key and
+//! writes the answers; this crate owns what they mean for Tessera's namespace ([`names`]:
+//! buckets are top-level directories, objects files under them), the small records the
+//! gateway keeps beside the data ([`meta`]), listings ([`listing`]) and moving bodies in and
+//! out in stripe-sized chunks, so that memory stays bounded whatever the object's size. A put
+//! writes a pending file that takes the key only once synced (an interrupted upload leaves
+//! the object it replaces whole).
+
+mod gateway;
+pub mod listing;
+pub mod meta;
+pub mod names;
+mod ops;
+
+pub use gateway::{Gateway, SCHEME_HEADER, STRIPE_UNIT_HEADER, WIDTH_HEADER};
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use rand::Rng;
+use s3s::auth::{S3Auth, SecretKey, SimpleAuth};
+use s3s::service::S3ServiceBuilder;
+use tokio::net::TcpListener;
+
+/// The access key and secret key requests must be signed with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    /// Access key id.
+    pub access: String,
+    /// Secret access key.
+    pub secret: String,
+}
+
+impl Keys {
+    /// A fresh pair: a 20-character access key and a 40-character secret from the OS's
+    /// random source (the lengths AWS uses).
+    pub fn generate() -> Keys {
+        const ACCESS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+        const SECRET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut rng = rand::rngs::OsRng;
+        let mut pick = |set: &[u8], n: usize| -> String {
+            (0..n)
+                .map(|_| set[rng.gen_range(0..set.len())] as char)
+                .collect()
+        };
+        Keys {
+            access: pick(ACCESS, 20),
+            secret: pick(SECRET, 40),
+        }
+    }
+}
+
+/// The gateway's one access key. An unknown key is `InvalidAccessKeyId`, as in AWS (s3s's
+/// `SimpleAuth` alone answers `NotSignedUp`, which clients do not expect).
+struct GatewayAuth(SimpleAuth);
+
+#[async_trait::async_trait]
+impl S3Auth for GatewayAuth {
+    async fn get_secret_key(&self, access_key: &str) -> s3s::S3Result<SecretKey> {
+        self.0.get_secret_key(access_key).await.map_err(|_| {
+            s3s::s3_error!(
+                InvalidAccessKeyId,
+                "the access key '{access_key}' is not this gateway's"
+            )
+        })
+    }
+}
+
+/// Serve S3 on `listener` until the task is dropped, with requests signed by `keys` (any
+/// other request gets `AccessDenied`).
+pub async fn serve(listener: TcpListener, gateway: Gateway, keys: Keys) -> std::io::Result<()> {
+    let service = {
+        let mut builder = S3ServiceBuilder::new(gateway);
+        builder.set_auth(GatewayAuth(SimpleAuth::from_single(
+            keys.access,
+            keys.secret,
+        )));
+        builder.build()
+    };
+    let connections = ConnBuilder::new(TokioExecutor::new());
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of descriptors and the like: wait instead of spinning.
+                tracing::warn!("cannot accept a connection: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let connection = connections
+            .serve_connection(TokioIo::new(stream), service.clone())
+            .into_owned();
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("connection from {peer}: {e}");
+            }
+        });
+    }
+}

@@ -1,0 +1,289 @@
+//! A whole cluster in one process: the manager's state machine and N storage servers behind a
+//! [`MemNetwork`], clients over [`MemTransport`]s, and the faults a simulator plays on them.
+
+use bytes::Bytes;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tessera_client::Client;
+use tessera_manager::{Manager, ManagerConfig};
+use tessera_store::Store;
+use tessera_transport::{BoxFuture, ConnectionId, FrameHandler, MemNetwork};
+use tessera_wire::{encode_message, ManagerRequest, ManagerResponse, ServerId};
+
+/// How often a running server heartbeats (as `tessera_server::HEARTBEAT_INTERVAL`).
+const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(300);
+
+/// The manager's state machine as a daemon on the in-memory network: every request is handled
+/// at once with tokio's (virtual) clock as `now`.
+struct ManagerHost {
+    manager: Arc<Mutex<Manager>>,
+}
+
+/// The (virtual) time now, as the manager takes it.
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+impl FrameHandler for ManagerHost {
+    fn handle(
+        &self,
+        _connection: ConnectionId,
+        message: Bytes,
+        _payload: Bytes,
+    ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
+        let answer = tessera_wire::decode_message::<ManagerRequest>(&message)
+            .ok()
+            .map(|request| {
+                let response = self.manager.lock().unwrap().handle(request, now());
+                (Bytes::from(encode_message(&response)), Bytes::new())
+            });
+        Box::pin(async move { answer })
+    }
+}
+
+/// One storage server of the simulated cluster.
+struct SimServer {
+    addr: SocketAddr,
+    dir: PathBuf,
+    /// Id the manager gave it (0 before its first start).
+    id: ServerId,
+    running: Option<Running>,
+    /// The last store it ran on, to wait until every request still holding it has finished
+    /// before the directory is opened again.
+    last_store: Weak<Store>,
+}
+
+struct Running {
+    store: Arc<Store>,
+    heartbeat: tokio::task::JoinHandle<()>,
+}
+
+/// The cluster: manager, servers, network and their directories.
+pub struct SimCluster {
+    /// The network everything talks over.
+    pub network: Arc<MemNetwork>,
+    /// The manager's address.
+    pub manager_addr: SocketAddr,
+    manager: Arc<Mutex<Manager>>,
+    servers: Vec<SimServer>,
+    request_timeout: Duration,
+    /// Holds every directory; removed when the cluster is dropped.
+    _root: tempfile::TempDir,
+}
+
+impl SimCluster {
+    /// A manager and `servers` storage servers, all started and registered; directories under
+    /// `/dev/shm` when it exists (fsync costs nothing there), else the system's temp dir.
+    pub async fn start(seed: u64, servers: usize) -> SimCluster {
+        let shm = std::path::Path::new("/dev/shm");
+        let root = match shm.is_dir() {
+            true => tempfile::Builder::new()
+                .prefix("tessera-sim")
+                .tempdir_in(shm),
+            false => tempfile::Builder::new().prefix("tessera-sim").tempdir(),
+        }
+        .expect("a temporary directory");
+        let network = MemNetwork::new(seed);
+        let config = ManagerConfig {
+            cluster_id: Some(seed | 1),
+            ..ManagerConfig::default()
+        };
+        let manager = Manager::open(&root.path().join("manager"), config).expect("manager store");
+        let manager = Arc::new(Mutex::new(manager));
+        let manager_addr: SocketAddr = "10.0.0.1:7000".parse().unwrap();
+        network.listen(
+            manager_addr,
+            Arc::new(ManagerHost {
+                manager: manager.clone(),
+            }),
+        );
+        let servers = (0..servers)
+            .map(|i| SimServer {
+                addr: SocketAddr::from(([10, 0, 1, i as u8 + 1], 7100)),
+                dir: root.path().join(format!("server{}", i + 1)),
+                id: 0,
+                running: None,
+                last_store: Weak::new(),
+            })
+            .collect();
+        let mut cluster = SimCluster {
+            network,
+            manager_addr,
+            manager,
+            servers,
+            request_timeout: Duration::from_secs(1),
+            _root: root,
+        };
+        for index in 0..cluster.servers.len() {
+            cluster.start_server(index).await;
+        }
+        cluster
+    }
+
+    /// A new client process.
+    pub fn client(&self) -> Client {
+        let transport = self.network.transport(self.request_timeout);
+        Client::with_transport(self.manager_addr, Arc::new(transport))
+    }
+
+    /// Number of servers.
+    pub fn servers(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// The manager's id for server `index`.
+    pub fn server_id(&self, index: usize) -> ServerId {
+        self.servers[index].id
+    }
+
+    /// Server `index`'s address.
+    pub fn server_addr(&self, index: usize) -> SocketAddr {
+        self.servers[index].addr
+    }
+
+    /// Whether server `index` runs.
+    pub fn is_running(&self, index: usize) -> bool {
+        self.servers[index].running.is_some()
+    }
+
+    /// Open server `index`'s store (its directory as the last run left it), register it and
+    /// serve it. Does nothing if it runs.
+    pub async fn start_server(&mut self, index: usize) {
+        if self.is_running(index) {
+            return;
+        }
+        // Requests the crashed server had begun may still hold its store (and the directory's
+        // lock); they finish on their own, as disk writes already issued do.
+        while self.servers[index].last_store.upgrade().is_some() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let server = &mut self.servers[index];
+        let store = Arc::new(Store::open(&server.dir).expect("a simulated server's store opens"));
+        let incarnation = store.incarnation();
+        let request = ManagerRequest::Register {
+            server: store.server_id().or((server.id != 0).then_some(server.id)),
+            addr: server.addr.to_string(),
+            incarnation,
+            cluster: store.cluster_id(),
+        };
+        let answer = self.manager.lock().unwrap().handle(request, now());
+        let ManagerResponse::Registered {
+            server: id,
+            cluster,
+            ..
+        } = answer
+        else {
+            panic!("the manager refused server {}: {answer:?}", index + 1);
+        };
+        if (store.server_id(), store.cluster_id()) != (Some(id), Some(cluster)) {
+            store
+                .set_membership(cluster, id)
+                .expect("membership persists");
+        }
+        server.id = id;
+        server.last_store = Arc::downgrade(&store);
+        let handler = tessera_server::handler(store.clone(), id);
+        self.network.listen(server.addr, handler);
+        let heartbeat = tokio::spawn(heartbeat(
+            self.manager.clone(),
+            self.network.clone(),
+            server.addr,
+            [id as u64, incarnation, cluster],
+        ));
+        server.running = Some(Running { store, heartbeat });
+    }
+
+    /// Server `index`'s process dies: its connections close, it stops heartbeating, its store
+    /// is closed once the requests it had begun are done. The page cache survives (what it
+    /// wrote stays written); losing unsynced writes is the in-memory disk's job (crate docs).
+    pub fn crash_server(&mut self, index: usize) {
+        let server = &mut self.servers[index];
+        if let Some(running) = server.running.take() {
+            running.heartbeat.abort();
+            self.network.crash(server.addr);
+            drop(running.store);
+        }
+    }
+
+    /// Crash server `index` and empty its directory: a disk replaced by a blank one.
+    pub async fn wipe_server(&mut self, index: usize) {
+        self.crash_server(index);
+        while self.servers[index].last_store.upgrade().is_some() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let dir = &self.servers[index].dir;
+        std::fs::remove_dir_all(dir).expect("a simulated server's directory is removable");
+    }
+
+    /// What every server owes, as the manager holds it: `server id: path [stripes) ...`, for
+    /// traces (read from the state machine, not over the network).
+    pub fn debts(&self) -> String {
+        let mut out = Vec::new();
+        for server in &self.servers {
+            let request = ManagerRequest::FilesOnServer { server: server.id };
+            let answer = self.manager.lock().unwrap().handle(request, now());
+            let ManagerResponse::Debts(debts) = answer else {
+                continue;
+            };
+            for debt in debts.iter().filter(|d| !d.missed.is_empty()) {
+                let ranges: Vec<String> = debt
+                    .missed
+                    .iter()
+                    .map(|r| format!("[{}, {})", r.start, r.end))
+                    .collect();
+                out.push(format!(
+                    "{}: {} {}",
+                    server.id,
+                    debt.meta.path,
+                    ranges.join(" ")
+                ));
+            }
+        }
+        out.join("; ")
+    }
+
+    /// Sync every running server's store (as SIGTERM does).
+    pub fn sync_all(&self) {
+        for server in &self.servers {
+            if let Some(running) = &server.running {
+                running.store.sync().expect("sync");
+            }
+        }
+    }
+}
+
+impl Drop for SimCluster {
+    fn drop(&mut self) {
+        for server in &mut self.servers {
+            if let Some(running) = server.running.take() {
+                running.heartbeat.abort();
+            }
+        }
+    }
+}
+
+/// Heartbeat as `tessera_server` does, straight into the manager's state machine, while the
+/// server's address is served (a server killed in the middle of an operation falls silent at
+/// once, before the simulator reaps it).
+async fn heartbeat(
+    manager: Arc<Mutex<Manager>>,
+    network: Arc<MemNetwork>,
+    addr: SocketAddr,
+    [server, incarnation, cluster]: [u64; 3],
+) {
+    let server = server as ServerId;
+    loop {
+        tokio::time::sleep(HEARTBEAT_INTERVAL).await;
+        if !network.is_listening(addr) {
+            return;
+        }
+        let request = ManagerRequest::Heartbeat {
+            server,
+            incarnation,
+            cluster,
+        };
+        manager.lock().unwrap().handle(request, now());
+    }
+}

@@ -1,0 +1,670 @@
+//! The explorer: per seed, a random workload on a [`SimCluster`] with faults at random steps,
+//! every read checked against a [`FileModel`], then recovery and a check of every file, whole
+//! and with each server lost in turn.
+
+use crate::cluster::SimCluster;
+use crate::model::{FileModel, Mismatch};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::fmt;
+use std::time::Duration;
+use tessera_client::{Client, ClientError, File, LayoutRequest, Scheme};
+use tessera_transport::{MemFaults, MemStats};
+use tessera_wire::ServerState;
+
+/// What a run explores.
+#[derive(Debug, Clone)]
+pub struct ExploreConfig {
+    /// Schemes files are created with.
+    pub schemes: Vec<Scheme>,
+    /// Storage servers.
+    pub servers: usize,
+    /// Operations per run.
+    pub steps: usize,
+    /// Chance per operation that the client is killed at a random request of it.
+    pub client_crash: f64,
+    /// Chance per operation that a server is killed at a random request of it (then restarted
+    /// at once, or after some operations, or with its disk wiped).
+    pub server_crash: f64,
+    /// Chance that a killed server stays down for some operations (degraded reads and writes,
+    /// then it returns stale).
+    pub server_loss: f64,
+    /// Chance that a killed server comes back on a blank disk.
+    pub wipe: f64,
+    /// Faults of the network while the workload runs.
+    pub network: MemFaults,
+    /// After recovery, read every redundant file with each server lost in turn.
+    pub degraded_check: bool,
+}
+
+impl Default for ExploreConfig {
+    fn default() -> Self {
+        ExploreConfig {
+            schemes: Scheme::ALL.to_vec(),
+            servers: 4,
+            steps: 24,
+            client_crash: 0.0,
+            server_crash: 0.0,
+            server_loss: 0.0,
+            wipe: 0.0,
+            network: MemFaults::default(),
+            degraded_check: true,
+        }
+    }
+}
+
+/// What one run did.
+#[derive(Debug, Clone, Default)]
+pub struct RunReport {
+    /// Writes acknowledged.
+    pub writes_acked: u64,
+    /// Writes cancelled or failed.
+    pub writes_unacked: u64,
+    /// Reads compared with the model.
+    pub reads_checked: u64,
+    /// Reads that failed (tolerated while faults ran, never after recovery).
+    pub reads_failed: u64,
+    /// Bytes compared with the model.
+    pub bytes_checked: u64,
+    /// Clients killed.
+    pub client_crashes: u64,
+    /// Servers killed.
+    pub server_crashes: u64,
+    /// Servers wiped.
+    pub wipes: u64,
+    /// Rebuilds completed.
+    pub rebuilds: u64,
+    /// What the network did.
+    pub network: MemStats,
+}
+
+/// A run that found a wrong answer (or could not recover): everything needed to replay it.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// The seed: `replay(seed, &config)` runs it again.
+    pub seed: u64,
+    /// Where: the operation's number, or the recovery phase.
+    pub phase: String,
+    /// What went wrong.
+    pub detail: String,
+    /// The wrong byte, if the failure is one.
+    pub mismatch: Option<Mismatch>,
+    /// The last operations and faults of the run.
+    pub trace: Vec<String>,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "seed {} failed at {}: {} (replay: TESSERA_SIM_SEED={} or tessera_sim::replay)",
+            self.seed, self.phase, self.detail, self.seed
+        )?;
+        let skip = self.trace.len().saturating_sub(200);
+        for line in &self.trace[skip..] {
+            writeln!(f, "  {line}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Virtual time a run may take: far more than any run without a hang needs (a run's timeouts
+/// are seconds each).
+const RUN_VIRTUAL_MAX: Duration = Duration::from_secs(3600);
+
+/// How long requests may stay at servers after their operation ended (only a wait for a
+/// parity lock lasts longer than the disk calls, which take no virtual time).
+const QUIESCE_MAX: Duration = Duration::from_secs(60);
+
+/// Run one seed on a fresh current-thread runtime whose clock starts paused (virtual time).
+pub fn replay(seed: u64, config: &ExploreConfig) -> Result<RunReport, Failure> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    // Disk calls in place: nothing of the run happens on another thread.
+    tessera_server::run_disk_inline(true);
+    runtime.block_on(async {
+        let cluster = SimCluster::start(seed, config.servers).await;
+        let mut explorer = Explorer::new(seed, config.clone(), cluster);
+        let ran = tokio::time::timeout(RUN_VIRTUAL_MAX, explorer.run()).await;
+        let Ok(ran) = ran else {
+            let detail = format!("not done after {RUN_VIRTUAL_MAX:?} of virtual time: a hang");
+            return Err(explorer.fail("the deadline".into(), detail, None));
+        };
+        ran?;
+        explorer.report.network = explorer.cluster.network.stats();
+        Ok(explorer.report)
+    })
+}
+
+/// A file of the run.
+struct SimFile {
+    file: File,
+    scheme: Scheme,
+    stripe_bytes: u64,
+    model: FileModel,
+    /// Without redundancy and on a wiped server: may no longer be read, never read wrong.
+    lost: bool,
+}
+
+/// One operation of the workload.
+#[derive(Debug, Clone)]
+enum Op {
+    Create {
+        path: String,
+        scheme: Scheme,
+        unit: u32,
+    },
+    Write {
+        file: usize,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Read {
+        file: usize,
+        offset: u64,
+        len: u64,
+    },
+    Sync {
+        file: usize,
+    },
+}
+
+/// How an operation ended.
+enum Outcome {
+    Created(File),
+    Wrote,
+    Read(Vec<u8>),
+    Synced,
+    Failed(ClientError),
+    /// The client was killed during it.
+    Killed,
+}
+
+/// A server killed during the next operation, and what happens to it afterwards.
+struct ServerKill {
+    index: usize,
+    /// Operations it stays down for (0: restarted right after).
+    down_for: usize,
+    wipe: bool,
+}
+
+struct Explorer {
+    seed: u64,
+    config: ExploreConfig,
+    rng: StdRng,
+    cluster: SimCluster,
+    client: Client,
+    files: Vec<SimFile>,
+    /// A server that is down: its index and the operations left before it restarts.
+    down: Option<(usize, usize)>,
+    report: RunReport,
+    trace: Vec<String>,
+    /// What servers owed after the last operation, to trace changes.
+    debts: String,
+    /// Files created so far (each gets a new path).
+    paths: usize,
+}
+
+impl Explorer {
+    fn new(seed: u64, config: ExploreConfig, cluster: SimCluster) -> Explorer {
+        assert!(!config.schemes.is_empty(), "at least one scheme to explore");
+        cluster.network.set_faults(config.network);
+        Explorer {
+            seed,
+            // The workload's generator is apart from the network's, so that changing the
+            // faults' draws does not change the workload.
+            rng: StdRng::seed_from_u64(seed ^ 0x5eed_f0e5_5e7a),
+            client: cluster.client(),
+            cluster,
+            config,
+            files: Vec::new(),
+            down: None,
+            report: RunReport::default(),
+            trace: Vec::new(),
+            debts: String::new(),
+            paths: 0,
+        }
+    }
+
+    fn fail(&self, phase: String, detail: String, mismatch: Option<Mismatch>) -> Failure {
+        Failure {
+            seed: self.seed,
+            phase,
+            detail,
+            mismatch,
+            trace: self.trace.clone(),
+        }
+    }
+
+    async fn run(&mut self) -> Result<(), Failure> {
+        for step in 0..self.config.steps {
+            self.restart_if_due(step).await;
+            let op = self.pick_op();
+            let kill_client = self.rng.gen_bool(self.config.client_crash);
+            let kill_server = self.down.is_none() && self.rng.gen_bool(self.config.server_crash);
+            // One failure at a time: a server made stale by a lost request is rebuilt before
+            // another is killed (a stale server and a lost one are two lost columns).
+            let kill_server = kill_server && self.single_failure_ready(step).await?;
+            let client_at = kill_client.then(|| self.rng.gen_range(1..=16u64));
+            let server_kill = kill_server.then(|| self.pick_server_kill());
+            let server_at = self.rng.gen_range(1..=16u64);
+            // Lost messages only while every server is up and none is being killed: one that
+            // made a second server stale would be a second failure (see the crate docs).
+            let calm = self.down.is_none() && server_kill.is_none() && self.all_up().await;
+            let faults = if calm {
+                self.config.network
+            } else {
+                MemFaults::default()
+            };
+            self.cluster.network.set_faults(faults);
+            self.trace.push(format!(
+                "{step}: {} {}{}",
+                describe(&op),
+                client_at.map_or(String::new(), |k| format!(" [client killed at call {k}]")),
+                server_kill.as_ref().map_or(String::new(), |s| format!(
+                    " [server {} killed at call {server_at}, down for {}{}]",
+                    s.index + 1,
+                    s.down_for,
+                    if s.wipe { ", wiped" } else { "" }
+                )),
+            ));
+            let outcome = self
+                .execute(op.clone(), client_at, server_kill, server_at, step)
+                .await?;
+            self.apply(step, op, outcome).await?;
+            let debts = self.cluster.debts();
+            if debts != self.debts {
+                self.trace.push(format!("{step}: owed now: {debts}"));
+                self.debts = debts;
+            }
+        }
+        self.recover().await?;
+        self.check_all("after recovery", false).await?;
+        if self.config.degraded_check {
+            for index in 0..self.cluster.servers() {
+                self.cluster.crash_server(index);
+                let phase = format!("after recovery, server {} lost", index + 1);
+                self.check_all(&phase, true).await?;
+                self.cluster.start_server(index).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Rebuild stale servers; whether all are up now.
+    async fn single_failure_ready(&mut self, step: usize) -> Result<bool, Failure> {
+        // Servers reported down by a lost message heartbeat back meanwhile.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if self.all_up().await {
+            return Ok(true);
+        }
+        let network = self.cluster.network.clone();
+        network.set_faults(MemFaults::default());
+        let phase = format!("operation {step}, before a kill");
+        let rebuilt = self.rebuild_stale(&phase).await;
+        network.set_faults(self.config.network);
+        rebuilt?;
+        Ok(self.all_up().await)
+    }
+
+    fn pick_server_kill(&mut self) -> ServerKill {
+        let index = self.rng.gen_range(0..self.cluster.servers());
+        let lost = self.rng.gen_bool(self.config.server_loss);
+        ServerKill {
+            index,
+            down_for: if lost { self.rng.gen_range(1..=6) } else { 0 },
+            wipe: self.rng.gen_bool(self.config.wipe),
+        }
+    }
+
+    fn pick_op(&mut self) -> Op {
+        let rng = &mut self.rng;
+        if self.files.is_empty() || (self.files.len() < 4 && rng.gen_bool(0.15)) {
+            let scheme = self.config.schemes[rng.gen_range(0..self.config.schemes.len())];
+            let unit = [4096, 8192][rng.gen_range(0..2)];
+            self.paths += 1;
+            let path = format!("/f{}", self.paths);
+            return Op::Create { path, scheme, unit };
+        }
+        let file = rng.gen_range(0..self.files.len());
+        let stripe = self.files[file].stripe_bytes;
+        match rng.gen_range(0..10) {
+            0..=5 => {
+                let offset = rng.gen_range(0..=stripe * 4);
+                // Partial stripes, whole ones and both, starting and ending anywhere.
+                let len = rng.gen_range(1..=stripe * 5 / 2) as usize;
+                let mut data = vec![0u8; len];
+                rng.fill(&mut data[..]);
+                Op::Write { file, offset, data }
+            }
+            6..=8 => {
+                let size = self.files[file].model.size();
+                let offset = rng.gen_range(0..=size);
+                let len = rng.gen_range(0..=size - offset);
+                Op::Read { file, offset, len }
+            }
+            _ => Op::Sync { file },
+        }
+    }
+
+    /// Run `op`, killing the client at its `client_at`-th request and a server at its
+    /// `server_at`-th, if asked.
+    async fn execute(
+        &mut self,
+        op: Op,
+        client_at: Option<u64>,
+        server_kill: Option<ServerKill>,
+        server_at: u64,
+        step: usize,
+    ) -> Result<Outcome, Failure> {
+        let network = self.cluster.network.clone();
+        let start = network.stats().calls;
+        let killer = server_kill.as_ref().map(|kill| {
+            let network = network.clone();
+            let addr = self.cluster.server_addr(kill.index);
+            tokio::spawn(async move {
+                network.calls_reached(start + server_at).await;
+                network.crash(addr);
+            })
+        });
+        let work = run_op(self.client.clone(), self.files_of(&op), op);
+        let outcome = match client_at {
+            None => work.await,
+            Some(k) => tokio::select! {
+                biased;
+                _ = network.calls_reached(start + k) => Outcome::Killed,
+                outcome = work => outcome,
+            },
+        };
+        if matches!(outcome, Outcome::Killed) {
+            // The process is gone: its connections close (the old client's transport drops)
+            // and a new client starts.
+            self.client = self.cluster.client();
+            self.report.client_crashes += 1;
+        }
+        if tokio::time::timeout(QUIESCE_MAX, network.quiesce())
+            .await
+            .is_err()
+        {
+            let detail = format!(
+                "requests still waiting at servers {QUIESCE_MAX:?} after their operation \
+                 ended (a parity lock never released?): (server, connection, bytes) {:?}",
+                network.waiting()
+            );
+            return Err(self.fail(format!("operation {step}"), detail, None));
+        }
+        if let Some(killer) = killer {
+            killer.abort();
+        }
+        if let Some(kill) = server_kill {
+            self.finish_server_kill(kill).await;
+        }
+        Ok(outcome)
+    }
+
+    async fn finish_server_kill(&mut self, kill: ServerKill) {
+        self.cluster.crash_server(kill.index);
+        self.report.server_crashes += 1;
+        if kill.wipe {
+            self.cluster.wipe_server(kill.index).await;
+            self.report.wipes += 1;
+            for file in &mut self.files {
+                file.lost |= file.scheme == Scheme::Raid0;
+            }
+        }
+        if kill.down_for == 0 {
+            self.cluster.start_server(kill.index).await;
+        } else {
+            self.down = Some((kill.index, kill.down_for));
+        }
+    }
+
+    async fn restart_if_due(&mut self, step: usize) {
+        let Some((index, left)) = self.down else {
+            return;
+        };
+        if left > 0 {
+            self.down = Some((index, left - 1));
+            return;
+        }
+        self.down = None;
+        self.cluster.start_server(index).await;
+        self.trace
+            .push(format!("{step}: server {} restarts", index + 1));
+    }
+
+    fn files_of(&self, op: &Op) -> Option<File> {
+        match op {
+            Op::Create { .. } => None,
+            Op::Write { file, .. } | Op::Read { file, .. } | Op::Sync { file } => {
+                Some(self.files[*file].file.clone())
+            }
+        }
+    }
+
+    /// Fold an operation's outcome into the model, checking what it read.
+    async fn apply(&mut self, step: usize, op: Op, outcome: Outcome) -> Result<(), Failure> {
+        if let Outcome::Failed(e) = &outcome {
+            self.trace.push(format!("{step}: failed: {e}"));
+        }
+        match (op, outcome) {
+            (Op::Create { path, .. }, outcome) => {
+                let file = match outcome {
+                    Outcome::Created(file) => Some(file),
+                    // It may have been created before the answer was lost.
+                    _ => self.client.open(&path).await.ok(),
+                };
+                if let Some(file) = file {
+                    self.add_file(file).await;
+                }
+            }
+            (Op::Write { file, offset, data }, Outcome::Wrote) => {
+                self.files[file].model.write(offset, &data);
+                self.report.writes_acked += 1;
+            }
+            (Op::Write { file, offset, data }, _) => {
+                self.files[file].model.write_unacknowledged(offset, &data);
+                self.report.writes_unacked += 1;
+            }
+            (Op::Read { file, offset, .. }, Outcome::Read(bytes)) => {
+                let f = &self.files[file];
+                if let Err(m) = f.model.check(offset, &bytes) {
+                    let detail = describe_mismatch(f, &m);
+                    return Err(self.fail(format!("operation {step}"), detail, Some(m)));
+                }
+                self.report.reads_checked += 1;
+                self.report.bytes_checked += bytes.len() as u64;
+            }
+            (Op::Read { .. }, _) => self.report.reads_failed += 1,
+            (Op::Sync { .. }, _) => {}
+        }
+        Ok(())
+    }
+
+    /// Track a file the manager has (its layout as the manager says, asked with faults off).
+    async fn add_file(&mut self, file: File) {
+        let network = self.cluster.network.clone();
+        network.set_faults(MemFaults::default());
+        let stat = self.client.stat(&file.path).await;
+        network.set_faults(self.config.network);
+        let stat = stat.expect("the manager answers a stat with no faults");
+        if self.files.iter().any(|f| f.file.id == file.id) {
+            return;
+        }
+        self.files.push(SimFile {
+            file,
+            scheme: stat.meta.layout.scheme,
+            stripe_bytes: stat.meta.layout.stripe_bytes(),
+            model: FileModel::default(),
+            lost: false,
+        });
+    }
+
+    /// Heal the network, restart every server, rebuild what is owed.
+    async fn recover(&mut self) -> Result<(), Failure> {
+        let network = &self.cluster.network;
+        network.set_faults(MemFaults::default());
+        network.heal();
+        self.down = None;
+        for index in 0..self.cluster.servers() {
+            self.cluster.start_server(index).await;
+        }
+        self.trace.push("recovery: every server started".into());
+        // A heartbeat from each, so that none still counts as down.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Rebuilding one server may need another rebuilt first: passes until none is owed.
+        for _ in 0..self.cluster.servers() {
+            if self.rebuild_stale("recovery").await? == 0 {
+                return Ok(());
+            }
+        }
+        match self.rebuild_stale("recovery").await? {
+            0 => Ok(()),
+            n => Err(self.fail("recovery".into(), format!("{n} servers still stale"), None)),
+        }
+    }
+
+    /// Rebuild every stale server (as an operator would), tolerating failures; returns how
+    /// many are still stale.
+    async fn rebuild_stale(&mut self, phase: &str) -> Result<usize, Failure> {
+        let status = self
+            .client
+            .status()
+            .await
+            .map_err(|e| self.fail(phase.into(), format!("status: {e}"), None))?;
+        let mut left = 0;
+        for server in status {
+            if server.state != ServerState::Stale {
+                continue;
+            }
+            match self.client.rebuild(server.id, |_| {}).await {
+                Ok(_) | Err(ClientError::Unrebuildable { .. }) => {
+                    // RAID-0 files it owes stay owed: unreadable from now on, never wrong.
+                    for file in &mut self.files {
+                        file.lost |= file.scheme == Scheme::Raid0;
+                    }
+                    self.report.rebuilds += 1;
+                    self.trace
+                        .push(format!("{phase}: server {} rebuilt", server.id));
+                }
+                Err(e) => {
+                    self.trace
+                        .push(format!("{phase}: rebuild of server {}: {e}", server.id));
+                    left += 1;
+                }
+            }
+        }
+        Ok(left)
+    }
+
+    /// Whether every server is up and owes nothing (asked with faults off).
+    async fn all_up(&mut self) -> bool {
+        let network = self.cluster.network.clone();
+        network.set_faults(MemFaults::default());
+        let up = match self.client.status().await {
+            Ok(status) => status.iter().all(|s| s.state == ServerState::Up),
+            Err(_) => false,
+        };
+        network.set_faults(self.config.network);
+        up
+    }
+
+    /// Read every file whole and compare with the model; `redundant_only` skips RAID-0 files
+    /// (a lost server makes them unavailable, rightly).
+    async fn check_all(&mut self, phase: &str, redundant_only: bool) -> Result<(), Failure> {
+        for index in 0..self.files.len() {
+            let f = &self.files[index];
+            if redundant_only && f.scheme == Scheme::Raid0 {
+                continue;
+            }
+            let (size, read) = match self.client.size(&f.file).await {
+                Ok(size) => (size, self.client.read_at(&f.file, 0, size).await),
+                Err(e) => (0, Err(e)),
+            };
+            let f = &self.files[index];
+            let bytes = match read {
+                Ok(bytes) => bytes,
+                Err(_) if f.lost => continue,
+                Err(e) => {
+                    let detail = format!("{} ({}): read failed: {e}", f.file.path, f.scheme);
+                    return Err(self.fail(phase.into(), detail, None));
+                }
+            };
+            if size < f.model.size() || size > f.model.size_max() || bytes.len() as u64 != size {
+                let detail = format!(
+                    "{} ({}): size {size} (read {}), model allows {}..={}",
+                    f.file.path,
+                    f.scheme,
+                    bytes.len(),
+                    f.model.size(),
+                    f.model.size_max()
+                );
+                return Err(self.fail(phase.into(), detail, None));
+            }
+            if let Err(m) = f.model.check(0, &bytes) {
+                let detail = describe_mismatch(f, &m);
+                return Err(self.fail(phase.into(), detail, Some(m)));
+            }
+            self.report.bytes_checked += size;
+        }
+        Ok(())
+    }
+}
+
+/// Run one operation on `client`.
+async fn run_op(client: Client, file: Option<File>, op: Op) -> Outcome {
+    let result = match (op, file) {
+        (Op::Create { path, scheme, unit }, _) => {
+            let layout = LayoutRequest {
+                scheme,
+                stripe_unit: unit,
+                width: None,
+            };
+            client.create(&path, layout).await.map(Outcome::Created)
+        }
+        (Op::Write { offset, data, .. }, Some(file)) => client
+            .write_at(&file, offset, &data)
+            .await
+            .map(|()| Outcome::Wrote),
+        (Op::Read { offset, len, .. }, Some(file)) => {
+            client.read_at(&file, offset, len).await.map(Outcome::Read)
+        }
+        (Op::Sync { .. }, Some(file)) => client.sync(&file).await.map(|()| Outcome::Synced),
+        (op, None) => unreachable!("{op:?} names a file"),
+    };
+    result.unwrap_or_else(Outcome::Failed)
+}
+
+fn describe(op: &Op) -> String {
+    match op {
+        Op::Create { path, scheme, unit } => format!("create {path} {scheme} unit {unit}"),
+        Op::Write { file, offset, data } => {
+            format!("write file#{file} {offset}+{}", data.len())
+        }
+        Op::Read { file, offset, len } => format!("read file#{file} {offset}+{len}"),
+        Op::Sync { file } => format!("sync file#{file}"),
+    }
+}
+
+fn describe_mismatch(f: &SimFile, m: &Mismatch) -> String {
+    format!(
+        "{} ({}, stripe {} bytes): byte {} read {:#04x}, acknowledged {:#04x}{}; {} wrong bytes, \
+         {} of them acknowledged",
+        f.file.path,
+        f.scheme,
+        f.stripe_bytes,
+        m.offset,
+        m.got,
+        m.acked,
+        if m.acknowledged {
+            ""
+        } else {
+            " (or an unacknowledged write's)"
+        },
+        m.wrong_bytes,
+        m.wrong_acknowledged
+    )
+}

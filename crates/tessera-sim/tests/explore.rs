@@ -1,0 +1,222 @@
+//! The explorer in CI: fixed seed ranges per fault combination (see the crate docs). Each
+//! failing seed is printed with its trace; `TESSERA_SIM_SEED=N` replays one seed,
+//! `TESSERA_SIM_SEEDS=N` runs N seeds per test (a soak), from `TESSERA_SIM_SEED_BASE`.
+
+use std::time::{Duration, Instant};
+use tessera_client::Scheme;
+use tessera_sim::{replay, ExploreConfig};
+use tessera_transport::MemFaults;
+
+fn env(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    Some(
+        value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={value} is not a number")),
+    )
+}
+
+/// Run `seeds` seeds (or what the environment asks) and fail with the first failure's seed.
+fn explore(name: &str, config: ExploreConfig, seeds: u64) {
+    let (base, count) = match env("TESSERA_SIM_SEED") {
+        Some(seed) => (seed, 1),
+        None => (
+            env("TESSERA_SIM_SEED_BASE").unwrap_or(0),
+            env("TESSERA_SIM_SEEDS").unwrap_or(seeds),
+        ),
+    };
+    let started = Instant::now();
+    let mut total = tessera_sim::RunReport::default();
+    for seed in base..base + count {
+        match replay(seed, &config) {
+            Ok(report) => {
+                total.writes_acked += report.writes_acked;
+                total.writes_unacked += report.writes_unacked;
+                total.reads_checked += report.reads_checked;
+                total.bytes_checked += report.bytes_checked;
+                total.client_crashes += report.client_crashes;
+                total.server_crashes += report.server_crashes;
+                total.wipes += report.wipes;
+                total.rebuilds += report.rebuilds;
+                total.network.requests_dropped += report.network.requests_dropped;
+                total.network.answers_dropped += report.network.answers_dropped;
+            }
+            Err(failure) => panic!("{name}: {failure}"),
+        }
+    }
+    eprintln!(
+        "{name}: seeds {base}..{} passed in {:.1} s: {} writes acknowledged, {} not, {} reads \
+         checked, {} bytes checked, {} client kills, {} server kills ({} wiped), {} rebuilds, \
+         {} requests and {} answers dropped",
+        base + count,
+        started.elapsed().as_secs_f64(),
+        total.writes_acked,
+        total.writes_unacked,
+        total.reads_checked,
+        total.bytes_checked,
+        total.client_crashes,
+        total.server_crashes,
+        total.wipes,
+        total.rebuilds,
+        total.network.requests_dropped,
+        total.network.answers_dropped,
+    );
+}
+
+/// Delayed messages only.
+fn slow() -> MemFaults {
+    MemFaults {
+        delay: 0.1,
+        delay_max: Duration::from_millis(5),
+        ..MemFaults::default()
+    }
+}
+
+/// Lost and delayed messages.
+fn lossy() -> MemFaults {
+    MemFaults {
+        drop_request: 0.002,
+        drop_answer: 0.002,
+        delay: 0.1,
+        delay_max: Duration::from_millis(5),
+    }
+}
+
+/// Servers killed at random requests (restarted at once, kept down for some operations, or
+/// wiped), delayed messages, every scheme: no client is killed, so every write either is
+/// acknowledged and must read back exact, or failed cleanly.
+#[test]
+fn server_kills_losses_and_wipes_every_scheme() {
+    let config = ExploreConfig {
+        server_crash: 0.2,
+        server_loss: 0.5,
+        wipe: 0.2,
+        network: slow(),
+        ..ExploreConfig::default()
+    };
+    explore("server faults, every scheme", config, 400);
+}
+
+/// As above with lost requests and answers too (only while every server is up). Before parity
+/// locks had leases, 3 of seeds 0..300 (215, 218, 269) failed: a lost answer to a `LockParity`
+/// left the lock held by the live client's open connection, its next partial write of that
+/// stripe queued behind its own lock and marked the healthy parity server down.
+#[test]
+fn lost_messages_with_server_faults_every_scheme() {
+    let config = ExploreConfig {
+        server_crash: 0.2,
+        server_loss: 0.5,
+        wipe: 0.2,
+        network: lossy(),
+        ..ExploreConfig::default()
+    };
+    explore("lost messages and server faults, every scheme", config, 150);
+}
+
+/// Clients killed at random requests, with the server faults above, for the schemes without
+/// parity (a killed RAID-1 write leaves the copies differing only in unacknowledged bytes).
+#[test]
+fn client_kills_with_server_faults_raid0_raid1() {
+    let config = ExploreConfig {
+        schemes: vec![Scheme::Raid0, Scheme::Raid1],
+        client_crash: 0.25,
+        server_crash: 0.2,
+        server_loss: 0.5,
+        wipe: 0.2,
+        network: slow(),
+        ..ExploreConfig::default()
+    };
+    explore("client kills, raid0 and raid1", config, 400);
+}
+
+/// A seed replays: the same run, to the network's last counter, every time.
+#[test]
+fn a_seed_replays_exactly() {
+    let config = ExploreConfig {
+        client_crash: 0.25,
+        server_crash: 0.2,
+        server_loss: 0.5,
+        wipe: 0.2,
+        network: lossy(),
+        schemes: vec![Scheme::Raid1, Scheme::Hybrid],
+        ..ExploreConfig::default()
+    };
+    for seed in 0..5 {
+        let first = format!("{:?}", replay(seed, &config));
+        let again = format!("{:?}", replay(seed, &config));
+        assert_eq!(first, again, "seed {seed} ran differently twice");
+        assert!(first.contains("network: MemStats"), "{first}");
+    }
+}
+
+/// The RAID-4/5 write hole (issue 15 item 1): clients killed at random requests, with server
+/// faults and losses, on the parity schemes: no *acknowledged* byte is ever read wrong. Before
+/// the intent records, 7 of seeds 0..100 lost acknowledged bytes (seed 6: 8,161 bytes of a
+/// raid4 file with server 1 lost after recovery; 13, 72, 77, 84, 89, 95). A run that ends at a
+/// byte of an unacknowledged write read as neither old nor new (an interrupted full-stripe
+/// write, which takes no intent record: see the strict test below) is counted, not failed; the
+/// count is printed and must stay below the runs.
+///
+/// Fails today at seed 77 of 0..150 (4,084 acknowledged bytes of a raid4 file): a client killed
+/// inside a full-stripe write leaves that stripe's parity stale with no intent record; a later,
+/// acknowledged read-modify-write of the same stripe computes `P ^ D ^ D'` from the stale `P`,
+/// so the stripe stays inconsistent, and a server lost afterwards reconstructs acknowledged
+/// bytes wrong. Full-stripe writes need an intent record too (issue 15 item 1, left).
+#[test]
+#[ignore = "torn full-stripe write then an acknowledged RMW (seed 77): issue 15 item 1, left"]
+fn write_hole_no_acknowledged_byte_lost_parity_schemes() {
+    let config = write_hole_config();
+    let (base, count) = match env("TESSERA_SIM_SEED") {
+        Some(seed) => (seed, 1),
+        None => (
+            env("TESSERA_SIM_SEED_BASE").unwrap_or(0),
+            env("TESSERA_SIM_SEEDS").unwrap_or(150),
+        ),
+    };
+    let mut torn_unacknowledged = Vec::new();
+    for seed in base..base + count {
+        let Err(failure) = replay(seed, &config) else {
+            continue;
+        };
+        match &failure.mismatch {
+            Some(m) if m.wrong_acknowledged == 0 => torn_unacknowledged.push(seed),
+            _ => panic!("write hole, acknowledged bytes: {failure}"),
+        }
+    }
+    eprintln!(
+        "write hole: seeds {base}..{}: 0 acknowledged bytes wrong; {} runs ended at an \
+         unacknowledged write read as neither old nor new: {torn_unacknowledged:?}",
+        base + count,
+        torn_unacknowledged.len()
+    );
+    assert!(
+        (torn_unacknowledged.len() as u64) < count.max(2),
+        "every run ended early at a torn unacknowledged write, so nothing was checked"
+    );
+}
+
+/// The strict form: bytes of an interrupted write read as old or new, never a mix computed
+/// from stale parity. Fails today (seed 8: 3,004 bytes of an interrupted raid4 write, none of
+/// them acknowledged): an interrupted full-stripe write takes no intent record, so a later
+/// reconstruction of its stripe may produce neither. Run it with `--ignored`.
+#[test]
+#[ignore = "interrupted full-stripe writes take no intent record yet (issue 15 item 1, left)"]
+fn write_hole_client_kills_then_server_loss_parity_schemes() {
+    explore(
+        "write hole: client kills, parity schemes",
+        write_hole_config(),
+        150,
+    );
+}
+
+fn write_hole_config() -> ExploreConfig {
+    ExploreConfig {
+        schemes: vec![Scheme::Raid4, Scheme::Raid5, Scheme::Hybrid],
+        client_crash: 0.25,
+        server_crash: 0.2,
+        server_loss: 0.5,
+        wipe: 0.2,
+        network: slow(),
+        ..ExploreConfig::default()
+    }
+}

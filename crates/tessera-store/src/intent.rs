@@ -1,0 +1,345 @@
+//! Intent records: what a RAID-4/5 read-modify-write is about to change, kept at the parity
+//! server until its parity is written, so that a writer's death never leaves parity that a
+//! later reconstruction would trust.
+//!
+//! # The write hole, and how the records close it
+//!
+//! A partial-stripe write changes data `D` to `D'` on a data column and parity `P` to
+//! `P ^ D ^ D'` on the parity column: two servers, no atomic step across them. A client that
+//! dies between the two leaves the data column holding `D'` (in whole or in part, per 4 KiB
+//! block) and parity still `P`. Reconstructing any *other* column of the stripe from that
+//! parity then yields `P ^ D' ^ rest`, which is wrong in every byte where `D != D'`: bytes
+//! that were acknowledged long ago, on a column the write never touched, would be rebuilt
+//! wrong for good.
+//!
+//! The protocol, under the stripe's parity lock (see `locks.rs`):
+//!
+//! 1. `LockParity` grants the lock (a fencing token) and returns the parity asked for, and
+//!    any record a dead holder left (step 6).
+//! 2. The client reads the old data `D` of each piece it will write.
+//! 3. `RecordIntent` hands the parity server the pieces (column, range) and `D`. The server
+//!    adds the span's current parity `P` and makes the record durable (written, `fdatasync`,
+//!    directory synced) **before it answers**. The client writes no data before that answer.
+//! 4. The client writes `D'` to the data columns.
+//! 5. `WriteParity` writes `P' = P ^ D ^ D'` and then deletes the record.
+//! 6. If the holder dies (its connection closes, or its lease runs out while another locker
+//!    waits), the lock passes on and the record stays. The next holder is handed it with its
+//!    grant and *resolves* it before anything else: it reads what each piece's column holds
+//!    now, `X`, and writes parity `P ^ D ^ X` over the span with an unlock. That is
+//!    consistent with the data byte by byte, whether the column holds `D`, `D'` or a mix of
+//!    blocks of both. A column it cannot read is rolled back instead: parity `P` (consistent
+//!    with `D`) and the column recorded at the manager as owing the stripe, so that it is
+//!    rebuilt to `D` and never serves what it holds.
+//!
+//! Until a record is resolved, nobody reconstructs from the span's parity alone: a degraded
+//! read or a rebuild asks for the record (`ReadIntent`) and, inside the span, uses the
+//! record's `P` and, for the pieces' columns, the record's `D` in place of what they hold.
+//! `P ^ D ^ rest` is exactly the parity of the stripe as it was before the write, and the
+//! columns the write did not touch still hold what they held then; so every byte outside
+//! the write is reconstructed exactly, and a byte of the write itself comes back old (the
+//! write was not acknowledged: its client died before step 5 was answered). A scrub holds the
+//! lock and rewrites the whole unit's parity from checksummed data, which resolves the record
+//! too. Any write of the redundancy file covering the span (a full-stripe write, a rebuilt
+//! parity unit) computes parity from the data and deletes the record.
+//!
+//! # Each crash point
+//!
+//! - Client dies before step 3 is answered: no data written; parity is right. A torn record
+//!   (server died while writing it) fails its checksum and is dropped at the next open: no
+//!   data was written after it, since its answer never went out.
+//! - Client dies between 3 and 5, after any number of its data writes reached disk: the record
+//!   is durable; reconstruction uses it, resolution makes parity match the data.
+//! - Client dies after 5 was sent: the parity server either wrote `P'` and deleted the record
+//!   (consistent: the data writes were all answered before 5 was sent), or died itself between
+//!   writing `P'` and deleting the record. A record describes the state *before* the write, so
+//!   it stays correct whether parity already holds `P'`: resolution yields `P ^ D ^ D' = P'`.
+//! - A slow holder whose lease was broken: its later `WriteParity` carries a stale token and is
+//!   refused (nothing written); its data writes may land after the next holder resolved the
+//!   record, which is the case of two overlapping writers (CSAR 5.1 makes no promise there);
+//!   a scrub finds and repairs such parity. (The token is checked before the parity write,
+//!   not in the same step: a write that passed the check and then took longer than a whole
+//!   lease on the disk could land after the lock was broken.)
+//! - Parity server lost: parity is rebuilt from the data columns, whatever they hold; the
+//!   record goes with the server, and is not needed.
+//!
+//! Deleting a record is not synced at once; [`crate::Store::sync`] makes it durable with
+//! everything else. A record resurrected by a power loss therefore implies that no sync ran
+//! since it was deleted, so nothing written to the stripe since was acknowledged as durable.
+//!
+//! # On-disk format (version 1)
+//!
+//! ```text
+//! <root>/intents/<file>.<stripe>
+//!   magic "TSIR" | version u32 LE | crc32c u32 LE of all that follows | message_len u32 LE
+//!   | ParityIntent (postcard) | old parity (span_len bytes) | old data (the pieces, in order)
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+
+use tessera_wire::{FileId, ParityIntent, StorageError};
+
+use crate::io::{bad_request, disk, disk_format};
+use crate::REQUEST_BYTES_MAX;
+
+/// Directory of intent records under the store's root.
+pub(crate) const INTENTS_DIR: &str = "intents";
+/// First bytes of a record.
+const MAGIC: [u8; 4] = *b"TSIR";
+/// Version of a record's format.
+pub const INTENT_FORMAT_VERSION: u32 = 1;
+/// Magic, version, checksum, message length.
+const HEADER_BYTES: usize = 16;
+
+/// Redundancy-file bytes `start..end` a record's span covers.
+type Span = (u64, u64);
+
+/// The records of one store: on disk, and their spans in memory so that a redundancy write
+/// finds the records it supersedes without touching the disk.
+pub(crate) struct Intents {
+    dir: PathBuf,
+    spans: HashMap<FileId, BTreeMap<u64, Span>>,
+}
+
+/// An unresolved record and its bytes: old parity of the span, then old data of the pieces.
+pub type IntentRecord = (ParityIntent, Vec<u8>);
+
+impl Intents {
+    /// Opens (creating) the records directory under `root`, dropping torn or damaged records.
+    pub(crate) fn open(root: &Path) -> Result<Intents, StorageError> {
+        let dir = root.join(INTENTS_DIR);
+        let created = match fs::create_dir(&dir) {
+            Ok(()) => true,
+            Err(error) if error.kind() == ErrorKind::AlreadyExists => false,
+            Err(error) => return Err(disk(format_args!("create {}", dir.display()), error)),
+        };
+        if created {
+            crate::meta::sync_dir(root)?;
+        }
+        let mut intents = Intents {
+            dir,
+            spans: HashMap::new(),
+        };
+        let entries =
+            fs::read_dir(&intents.dir).map_err(|e| disk(format_args!("list intents"), e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| disk(format_args!("list intents"), e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let parsed = parse_name(&name);
+            let record = parsed.and_then(|(file, stripe)| {
+                intents.load(file, stripe).ok().map(|r| (file, stripe, r))
+            });
+            match record {
+                Some((file, stripe, (intent, _))) => intents.remember(file, stripe, &intent),
+                // Torn while being recorded (never answered, so no data was written after
+                // it) or not ours: it describes nothing to resolve.
+                None => fs::remove_file(entry.path())
+                    .map_err(|e| disk(format_args!("remove torn intent {name}"), e))?,
+            }
+        }
+        Ok(intents)
+    }
+
+    /// Records `intent` for `stripe` of `file` with its old parity and old data, durably.
+    /// Refused if the stripe has an unresolved record: it must be resolved first.
+    pub(crate) fn record(
+        &mut self,
+        file: FileId,
+        stripe: u64,
+        intent: &ParityIntent,
+        old_parity: &[u8],
+        old_data: &[u8],
+    ) -> Result<(), StorageError> {
+        check(intent)?;
+        assert_eq!(
+            old_parity.len(),
+            intent.span_len as usize,
+            "span's old parity"
+        );
+        if old_data.len() as u64 != intent.old_data_bytes() {
+            return Err(bad_request(format!(
+                "intent carries {} bytes of old data, its pieces {}",
+                old_data.len(),
+                intent.old_data_bytes()
+            )));
+        }
+        if self.has(file, stripe) {
+            return Err(bad_request(format!(
+                "stripe {stripe} of file {file} has an unresolved intent record"
+            )));
+        }
+        let path = self.path(file, stripe);
+        let bytes = encode(intent, old_parity, old_data);
+        let written = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .and_then(|mut handle| {
+                handle.write_all(&bytes)?;
+                handle.sync_data()
+            });
+        written.map_err(|e| disk(format_args!("record intent {}", path.display()), e))?;
+        crate::meta::sync_dir(&self.dir)?;
+        self.remember(file, stripe, intent);
+        Ok(())
+    }
+
+    /// The unresolved record of `stripe` of `file`, if any.
+    pub(crate) fn get(
+        &self,
+        file: FileId,
+        stripe: u64,
+    ) -> Result<Option<IntentRecord>, StorageError> {
+        if !self.has(file, stripe) {
+            return Ok(None);
+        }
+        self.load(file, stripe).map(Some)
+    }
+
+    /// Deletes the record of `stripe` of `file`, if any. Returns whether the directory changed
+    /// (and owes a sync).
+    pub(crate) fn clear(&mut self, file: FileId, stripe: u64) -> Result<bool, StorageError> {
+        let Some(stripes) = self.spans.get_mut(&file) else {
+            return Ok(false);
+        };
+        if stripes.remove(&stripe).is_none() {
+            return Ok(false);
+        }
+        if stripes.is_empty() {
+            self.spans.remove(&file);
+        }
+        let path = self.path(file, stripe);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(error) if error.kind() == ErrorKind::NotFound => Ok(true),
+            Err(error) => Err(disk(format_args!("remove {}", path.display()), error)),
+        }
+    }
+
+    /// Deletes the records whose span lies inside redundancy bytes `offset..offset+len` of
+    /// `file` (that write computed parity from the data). Returns whether any was deleted.
+    pub(crate) fn clear_covered(
+        &mut self,
+        file: FileId,
+        offset: u64,
+        len: u64,
+    ) -> Result<bool, StorageError> {
+        let Some(stripes) = self.spans.get(&file) else {
+            return Ok(false);
+        };
+        let end = offset.saturating_add(len);
+        let covered: Vec<u64> = stripes
+            .iter()
+            .filter(|(_, &(start, stop))| offset <= start && stop <= end)
+            .map(|(&stripe, _)| stripe)
+            .collect();
+        let mut changed = false;
+        for stripe in covered {
+            changed |= self.clear(file, stripe)?;
+        }
+        Ok(changed)
+    }
+
+    /// Deletes every record of `file` (it was removed).
+    pub(crate) fn clear_file(&mut self, file: FileId) -> Result<bool, StorageError> {
+        let stripes: Vec<u64> = self
+            .spans
+            .get(&file)
+            .map(|s| s.keys().copied().collect())
+            .unwrap_or_default();
+        let mut changed = false;
+        for stripe in stripes {
+            changed |= self.clear(file, stripe)?;
+        }
+        Ok(changed)
+    }
+
+    /// The records directory, for syncing.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn has(&self, file: FileId, stripe: u64) -> bool {
+        self.spans
+            .get(&file)
+            .is_some_and(|stripes| stripes.contains_key(&stripe))
+    }
+
+    fn remember(&mut self, file: FileId, stripe: u64, intent: &ParityIntent) {
+        let start = intent.unit_offset + u64::from(intent.span_start);
+        let span = (start, start + u64::from(intent.span_len));
+        self.spans.entry(file).or_default().insert(stripe, span);
+    }
+
+    fn path(&self, file: FileId, stripe: u64) -> PathBuf {
+        self.dir.join(format!("{file}.{stripe}"))
+    }
+
+    fn load(&self, file: FileId, stripe: u64) -> Result<IntentRecord, StorageError> {
+        let path = self.path(file, stripe);
+        let bytes = fs::read(&path).map_err(|e| disk(format_args!("read intent"), e))?;
+        decode(&bytes).ok_or_else(|| {
+            disk_format(format!(
+                "intent record {} is damaged (bad header, checksum or length)",
+                path.display()
+            ))
+        })
+    }
+}
+
+/// Bounds a record from the wire: a span of at most one request, pieces inside it.
+fn check(intent: &ParityIntent) -> Result<(), StorageError> {
+    let well_formed = intent.span_len > 0
+        && intent.span_len <= REQUEST_BYTES_MAX
+        && intent.is_well_formed(u64::from(intent.span_start) + u64::from(intent.span_len))
+        && intent
+            .unit_offset
+            .checked_add(u64::from(intent.span_start) + u64::from(intent.span_len))
+            .is_some_and(|end| end <= crate::FILE_BYTES_MAX)
+        && !intent.pieces.is_empty()
+        && intent.old_data_bytes() <= u64::from(REQUEST_BYTES_MAX);
+    if well_formed {
+        Ok(())
+    } else {
+        Err(bad_request(format!("malformed intent record {intent:?}")))
+    }
+}
+
+fn parse_name(name: &str) -> Option<(FileId, u64)> {
+    let (file, stripe) = name.split_once('.')?;
+    Some((file.parse().ok()?, stripe.parse().ok()?))
+}
+
+fn encode(intent: &ParityIntent, old_parity: &[u8], old_data: &[u8]) -> Vec<u8> {
+    let message = tessera_wire::encode_message(intent);
+    let mut body = Vec::with_capacity(4 + message.len() + old_parity.len() + old_data.len());
+    body.extend_from_slice(&(message.len() as u32).to_le_bytes());
+    body.extend_from_slice(&message);
+    body.extend_from_slice(old_parity);
+    body.extend_from_slice(old_data);
+    let mut bytes = Vec::with_capacity(12 + body.len());
+    bytes.extend_from_slice(&MAGIC);
+    bytes.extend_from_slice(&INTENT_FORMAT_VERSION.to_le_bytes());
+    bytes.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    bytes.extend_from_slice(&body);
+    bytes
+}
+
+fn decode(bytes: &[u8]) -> Option<IntentRecord> {
+    if bytes.len() < HEADER_BYTES || bytes[..4] != MAGIC {
+        return None;
+    }
+    let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    if word(4) != INTENT_FORMAT_VERSION || word(8) != crc32c::crc32c(&bytes[12..]) {
+        return None;
+    }
+    let message_len = word(12) as usize;
+    let message = bytes.get(HEADER_BYTES..HEADER_BYTES.checked_add(message_len)?)?;
+    let intent: ParityIntent = tessera_wire::decode_message(message).ok()?;
+    let rest = &bytes[HEADER_BYTES + message_len..];
+    let expected = u64::from(intent.span_len) + intent.old_data_bytes();
+    (rest.len() as u64 == expected).then(|| (intent, rest.to_vec()))
+}

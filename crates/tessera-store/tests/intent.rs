@@ -1,0 +1,155 @@
+//! Intent records of read-modify-writes: durable before the data is written, kept across a
+//! restart, refused twice, cleared by the holder's parity write or by parity written over
+//! their whole span, and dropped when torn.
+
+use std::path::Path;
+
+use tessera_store::{IntentPiece, ParityIntent, Region, StorageError, Store};
+
+const FILE: u64 = 9;
+const STRIPE: u64 = 3;
+const UNIT: u64 = 64 << 10;
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|index| (index as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Two pieces inside bytes 4096..12288 of the parity unit of stripe 3 (at `UNIT` in the
+/// redundancy file).
+fn intent() -> ParityIntent {
+    ParityIntent {
+        unit_offset: UNIT,
+        span_start: 4096,
+        span_len: 8192,
+        pieces: vec![
+            IntentPiece {
+                column: 1,
+                offset_in_unit: 4096,
+                len: 100,
+            },
+            IntentPiece {
+                column: 2,
+                offset_in_unit: 5000,
+                len: 7288,
+            },
+        ],
+    }
+}
+
+/// A store with a parity unit written, and a record taken over it.
+fn recorded(root: &Path) -> (Store, Vec<u8>, Vec<u8>) {
+    let store = Store::open(root).unwrap();
+    let parity = pattern(UNIT as usize, 7);
+    store
+        .write(FILE, Region::Redundancy, UNIT, &parity, false)
+        .unwrap();
+    let old_data = pattern(7388, 40);
+    store
+        .record_intent(FILE, STRIPE, &intent(), &old_data)
+        .unwrap();
+    (store, parity, old_data)
+}
+
+#[test]
+fn a_record_holds_the_spans_old_parity_and_the_old_data_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, parity, old_data) = recorded(dir.path());
+    let expected = [&parity[4096..12288], &old_data[..]].concat();
+    assert_eq!(
+        store.intent(FILE, STRIPE).unwrap(),
+        Some((intent(), expected.clone()))
+    );
+    assert_eq!(store.intent(FILE, STRIPE + 1).unwrap(), None);
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(
+        store.intent(FILE, STRIPE).unwrap(),
+        Some((intent(), expected))
+    );
+}
+
+#[test]
+fn a_second_record_for_a_stripe_is_refused_until_the_first_is_cleared() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _, old_data) = recorded(dir.path());
+    let again = store.record_intent(FILE, STRIPE, &intent(), &old_data);
+    assert!(
+        matches!(again, Err(StorageError::BadRequest { .. })),
+        "{again:?}"
+    );
+    store.clear_intent(FILE, STRIPE).unwrap();
+    assert_eq!(store.intent(FILE, STRIPE).unwrap(), None);
+    store
+        .record_intent(FILE, STRIPE, &intent(), &old_data)
+        .unwrap();
+}
+
+#[test]
+fn malformed_records_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let mut outside = intent();
+    outside.pieces[1].len += 1;
+    let short = store.record_intent(FILE, STRIPE, &intent(), &[0u8; 10]);
+    let past = store.record_intent(FILE, STRIPE, &outside, &[0u8; 7389]);
+    for refused in [short, past] {
+        assert!(
+            matches!(refused, Err(StorageError::BadRequest { .. })),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(store.intent(FILE, STRIPE).unwrap(), None);
+}
+
+#[test]
+fn parity_written_over_the_whole_span_clears_the_record_and_a_part_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _, _) = recorded(dir.path());
+    // A part of the span: the record still describes the rest.
+    store
+        .write(FILE, Region::Redundancy, UNIT + 4096, &[1u8; 4096], false)
+        .unwrap();
+    // Data writes never touch it.
+    store
+        .write(FILE, Region::Data, UNIT, &[1u8; 65536], false)
+        .unwrap();
+    assert!(store.intent(FILE, STRIPE).unwrap().is_some());
+    // A whole unit of parity (full-stripe write, rebuilt unit) covers it.
+    store
+        .write(FILE, Region::Redundancy, UNIT, &[2u8; 65536], false)
+        .unwrap();
+    assert_eq!(store.intent(FILE, STRIPE).unwrap(), None);
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.intent(FILE, STRIPE).unwrap(), None);
+}
+
+#[test]
+fn a_torn_record_is_dropped_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _, _) = recorded(dir.path());
+    drop(store);
+    let path = dir.path().join("intents").join(format!("{FILE}.{STRIPE}"));
+    let bytes = std::fs::read(&path).unwrap();
+    // Torn: the server died while writing it (so it never answered, and no data followed).
+    std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.intent(FILE, STRIPE).unwrap(), None);
+    assert!(!path.exists());
+}
+
+#[test]
+fn removing_a_file_removes_its_records_and_a_wiped_store_has_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _, _) = recorded(dir.path());
+    store.remove(FILE).unwrap();
+    assert_eq!(store.intent(FILE, STRIPE).unwrap(), None);
+    drop(store);
+    let (store, _, _) = recorded(dir.path());
+    drop(store);
+    std::fs::remove_file(dir.path().join("store.toml")).unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.intent(FILE, STRIPE).unwrap(), None);
+}

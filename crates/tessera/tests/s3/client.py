@@ -1,0 +1,190 @@
+"""Drives a Tessera S3 gateway with boto3: every operation the gateway claims, every byte checked.
+
+Usage: client.py ENDPOINT ACCESS_KEY SECRET_KEY SEED. Exits non-zero with one line per failure.
+"""
+import hashlib
+import random
+import sys
+import urllib.error
+import urllib.request
+
+import boto3
+import botocore
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config
+from botocore.credentials import Credentials
+
+endpoint, access, secret, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+rng = random.Random(seed)
+MiB = 1 << 20
+
+
+def client(access_key=access, secret_key=secret, **extra):
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, **extra),
+    )
+
+
+s3 = client()
+
+
+def error_code(call, *args, **kwargs):
+    """The S3 error code a call fails with (and its HTTP status), or fail if it succeeds."""
+    try:
+        call(*args, **kwargs)
+    except botocore.exceptions.ClientError as e:
+        return e.response["Error"]["Code"], e.response["ResponseMetadata"]["HTTPStatusCode"]
+    raise AssertionError(f"{call.__name__}{args} {kwargs} succeeded; an error was expected")
+
+
+def expect(got, want, what):
+    if got != want:
+        raise AssertionError(f"{what}: got {got!r}, want {want!r}")
+
+
+def get_bytes(bucket, key, range_header=None):
+    kwargs = {"Range": range_header} if range_header else {}
+    return s3.get_object(Bucket=bucket, Key=key, **kwargs)["Body"].read()
+
+
+# Buckets.
+s3.create_bucket(Bucket="photos")
+s3.create_bucket(Bucket="empty-one")
+expect(error_code(s3.create_bucket, Bucket="photos")[0], "BucketAlreadyOwnedByYou", "create twice")
+names = sorted(b["Name"] for b in s3.list_buckets()["Buckets"])
+expect(names, ["empty-one", "photos"], "list buckets")
+s3.head_bucket(Bucket="photos")
+expect(error_code(s3.head_bucket, Bucket="nothere")[1], 404, "head of a missing bucket")
+expect(error_code(s3.create_bucket, Bucket="Bad_Name")[0], "InvalidBucketName", "bad bucket name")
+
+# A few-MiB object, not a multiple of any stripe, and the ranges of it.
+big = rng.randbytes(5 * MiB + 12345)
+put = s3.put_object(Bucket="photos", Key="2024/big.bin", Body=big, ContentType="application/x-test",
+                    Metadata={"owner": "ada"})
+expect(put["ETag"].strip('"'), hashlib.md5(big).hexdigest(), "ETag of the put")
+got = get_bytes("photos", "2024/big.bin")
+expect(len(got), len(big), "length of the whole get")
+if got != big:
+    raise AssertionError("whole get: bytes differ")
+head = s3.head_object(Bucket="photos", Key="2024/big.bin")
+expect(head["ContentLength"], len(big), "head length")
+expect(head["ETag"].strip('"'), hashlib.md5(big).hexdigest(), "head ETag")
+expect(head["Metadata"], {"owner": "ada"}, "user metadata")
+expect(head["ContentType"], "application/x-test", "content type")
+ranges = [(0, 0), (0, 65535), (65536, 65536 * 3 + 7), (len(big) - 1, len(big) - 1)]
+ranges += [tuple(sorted(rng.randrange(len(big)) for _ in range(2))) for _ in range(8)]
+for start, end in ranges:
+    part = s3.get_object(Bucket="photos", Key="2024/big.bin", Range=f"bytes={start}-{end}")
+    expect(part["ContentRange"], f"bytes {start}-{end}/{len(big)}", "content range")
+    if part["Body"].read() != big[start:end + 1]:
+        raise AssertionError(f"range {start}-{end}: bytes differ")
+if get_bytes("photos", "2024/big.bin", "bytes=-1000") != big[-1000:]:
+    raise AssertionError("suffix range: bytes differ")
+if get_bytes("photos", "2024/big.bin", f"bytes={len(big) - 10}-") != big[-10:]:
+    raise AssertionError("open range: bytes differ")
+expect(error_code(s3.get_object, Bucket="photos", Key="2024/big.bin",
+                  Range=f"bytes={len(big)}-")[0], "InvalidRange", "range past the end")
+
+# Overwrite: the new bytes, whole.
+small = rng.randbytes(1000)
+s3.put_object(Bucket="photos", Key="2024/big.bin", Body=small)
+expect(get_bytes("photos", "2024/big.bin"), small, "overwritten object")
+s3.put_object(Bucket="photos", Key="2024/big.bin", Body=big)
+
+# An empty object, and one laid out by a header.
+s3.put_object(Bucket="photos", Key="empty", Body=b"")
+expect(get_bytes("photos", "empty"), b"", "empty object")
+s3.put_object(Bucket="photos", Key="raid5/obj", Body=small,
+              Metadata={"tessera-scheme": "raid5", "tessera-stripe-unit": "16K", "tessera-width": "3"})
+expect(get_bytes("photos", "raid5/obj"), small, "raid5 object")
+
+# Listings: v2 and v1, with prefix, delimiter and pages of 2.
+keys = ["2024/big.bin", "empty", "raid5/obj"] + [f"list/{c}/{i}" for c in "ab" for i in range(3)] + ["list/top"]
+for key in keys[3:]:
+    s3.put_object(Bucket="photos", Key=key, Body=key.encode())
+every = [o["Key"] for p in s3.get_paginator("list_objects_v2").paginate(Bucket="photos", PaginationConfig={"PageSize": 2})
+         for o in p.get("Contents", [])]
+expect(every, sorted(keys), "list v2, pages of 2")
+pages = list(s3.get_paginator("list_objects_v2").paginate(Bucket="photos", Prefix="list/", Delimiter="/",
+                                                         PaginationConfig={"PageSize": 2}))
+objects = [o["Key"] for p in pages for o in p.get("Contents", [])]
+prefixes = [c["Prefix"] for p in pages for c in p.get("CommonPrefixes", [])]
+expect((objects, prefixes), (["list/top"], ["list/a/", "list/b/"]), "list v2, prefix and delimiter")
+expect(len(pages), 2, "pages of the delimited list")
+v1 = [o["Key"] for p in s3.get_paginator("list_objects").paginate(Bucket="photos", Prefix="list/a/",
+                                                                  PaginationConfig={"PageSize": 2})
+      for o in p.get("Contents", [])]
+expect(v1, ["list/a/0", "list/a/1", "list/a/2"], "list v1, prefix, pages of 2")
+pages = list(s3.get_paginator("list_objects").paginate(Bucket="photos", Delimiter="/",
+                                                       PaginationConfig={"PageSize": 1}))
+top = [o["Key"] for p in pages for o in p.get("Contents", [])] + \
+      [c["Prefix"] for p in pages for c in p.get("CommonPrefixes", [])]
+expect(sorted(top), ["2024/", "empty", "list/", "raid5/"], "list v1, delimiter, pages of 1")
+listed = s3.list_objects_v2(Bucket="photos", Prefix="2024/")["Contents"][0]
+expect((listed["Size"], listed["ETag"].strip('"')), (len(big), hashlib.md5(big).hexdigest()), "listed size, ETag")
+
+# Bad input gets S3's error codes.
+expect(error_code(s3.get_object, Bucket="nothere", Key="x")[0], "NoSuchBucket", "get from a missing bucket")
+expect(error_code(s3.put_object, Bucket="nothere", Key="x", Body=b"1")[0], "NoSuchBucket", "put to a missing bucket")
+expect(error_code(s3.list_objects_v2, Bucket="nothere")[0], "NoSuchBucket", "list a missing bucket")
+expect(error_code(s3.get_object, Bucket="photos", Key="missing")[0], "NoSuchKey", "get a missing key")
+expect(error_code(s3.head_object, Bucket="photos", Key="missing")[1], 404, "head a missing key")
+for key in ["../escape", "a/../b", "a/./b", "nul\x00byte"]:
+    expect(error_code(s3.put_object, Bucket="photos", Key=key, Body=b"1")[0], "InvalidArgument", f"key {key!r}")
+expect(error_code(s3.put_object, Bucket="photos", Key="k" * 1025, Body=b"1")[0], "KeyTooLongError", "long key")
+expect(error_code(s3.put_object, Bucket="photos", Key="bad-md5", Body=b"abc",
+                  ContentMD5="AAAAAAAAAAAAAAAAAAAAAA==")[0], "BadDigest", "wrong Content-MD5")
+expect(error_code(s3.head_object, Bucket="photos", Key="bad-md5")[1], 404, "object of a refused put")
+expect(error_code(s3.put_object, Bucket="photos", Key="2024/big.bin", Body=b"x",
+                  Metadata={"tessera-scheme": "raid9"})[0], "InvalidArgument", "unknown scheme header")
+expect(error_code(s3.delete_bucket, Bucket="photos")[0], "BucketNotEmpty", "delete a bucket with objects")
+expect(get_bytes("photos", "2024/big.bin"), big, "object after refused requests")
+
+# Signatures: a wrong secret, an unknown key, no signature at all.
+expect(error_code(client(secret_key="wrong" + secret[5:]).list_buckets)[0], "SignatureDoesNotMatch", "wrong secret")
+expect(error_code(client(access_key="AKIANOTAKEY0000000000").list_buckets)[0], "InvalidAccessKeyId", "unknown key")
+anonymous = client(signature_version=botocore.UNSIGNED)
+expect(error_code(anonymous.get_object, Bucket="photos", Key="empty")[0], "AccessDenied", "unsigned get")
+expect(error_code(anonymous.put_object, Bucket="photos", Key="anon", Body=b"1")[0], "AccessDenied", "unsigned put")
+
+
+def raw(method, path, body):
+    """A correctly signed request with a body boto3 would never send; its status and XML."""
+    request = AWSRequest(method=method, url=f"{endpoint}{path}", data=body)
+    request.headers["x-amz-content-sha256"] = hashlib.sha256(body).hexdigest()
+    S3SigV4Auth(Credentials(access, secret), "s3", "us-east-1").add_auth(request)
+    prepared = request.prepare()
+    http = urllib.request.Request(prepared.url, data=body, method=method, headers=dict(prepared.headers))
+    try:
+        with urllib.request.urlopen(http) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+status, text = raw("PUT", "/xml-bucket", b"<CreateBucketConfiguration><LocationConstraint>")
+if status != 400 or "<Code>MalformedXML</Code>" not in text:
+    raise AssertionError(f"malformed XML: {status} {text}")
+expect(error_code(s3.head_bucket, Bucket="xml-bucket")[1], 404, "bucket of the malformed request")
+
+# Deletes.
+for key in keys:
+    s3.delete_object(Bucket="photos", Key=key)
+s3.delete_object(Bucket="photos", Key="never-there")
+expect(error_code(s3.get_object, Bucket="photos", Key="2024/big.bin")[0], "NoSuchKey", "get after delete")
+expect(s3.list_objects_v2(Bucket="photos").get("Contents", []), [], "list after deletes")
+s3.delete_bucket(Bucket="photos")
+s3.delete_bucket(Bucket="empty-one")
+expect(s3.list_buckets()["Buckets"], [], "buckets after deletes")
+expect(error_code(s3.delete_bucket, Bucket="photos")[0], "NoSuchBucket", "delete a deleted bucket")
+# One object stays, for the test to read through the CLI: laid out by the headers, plain bytes.
+s3.create_bucket(Bucket="kept")
+s3.put_object(Bucket="kept", Key="raid5/obj", Body=b"kept by the gateway\n" * 1000,
+              Metadata={"tessera-scheme": "raid5", "tessera-stripe-unit": "16K", "tessera-width": "3"})
+print("ok: every check passed")
