@@ -1,6 +1,7 @@
 //! A client and a server with a live session, while strangers send either of them arbitrary
-//! datagrams (as received, or with a valid checksum written in so that they reach the
-//! session logic), in the crate's simulated network. Nothing may panic, and afterwards the
+//! datagrams (as received, or with a valid checksum and MAC under the public key of these
+//! unauthenticated sessions written in, so that they reach the session logic), in the crate's
+//! simulated network. Nothing may panic, and afterwards the
 //! session must still carry a message: garbage is dropped and the endpoint keeps serving
 //! its peers.
 #![no_main]

@@ -23,6 +23,7 @@
 
 mod context;
 mod intent;
+mod keys;
 mod maintain;
 mod read;
 mod write;
@@ -41,9 +42,13 @@ use tessera_wire::{
 };
 
 pub use maintain::{RebuildProgress, ScrubReport};
+pub use tessera_auth::{
+    format_access_key, parse_access_key, Claim, Credential, Key, KeyId, Secret,
+};
 pub use tessera_layout::COLUMN_BYTES_MAX;
 pub use tessera_layout::{Layout, Scheme};
 pub use tessera_transport::{CongestionKind, DatagramConfig, TransportKind};
+pub use tessera_wire::AccessKeyInfo;
 pub use tessera_wire::{LayoutRequest, ServerState};
 
 /// Requests one operation keeps in flight at once: a whole stripe of 64 servers goes out
@@ -186,6 +191,9 @@ pub struct ClientConfig {
     pub transport: TransportKind,
     /// The datagram protocol's settings, when `transport` is UDP.
     pub datagram: DatagramConfig,
+    /// What the client proves at the manager (an access key, or the admin's key); toward
+    /// storage servers it proves the matching storage key. `None` is refused by every daemon.
+    pub credential: Option<tessera_auth::Credential>,
 }
 
 /// Packets of answers a client may have granted and not yet received, across all servers
@@ -206,6 +214,7 @@ impl Default for ClientConfig {
                 receive_budget_packets: Some(RECEIVE_BUDGET_PACKETS),
                 ..DatagramConfig::default()
             },
+            credential: None,
         }
     }
 }
@@ -236,13 +245,20 @@ impl Client {
             connect_timeout: config.connect_timeout,
             request_timeout: config.request_timeout,
         };
-        let manager_transport: Arc<dyn Transport> = Arc::new(Arc::new(TcpTransport::new(tcp)));
+        let credential = config.credential;
+        let storage_credential = credential.map(|c| c.for_storage());
+        let manager_transport: Arc<dyn Transport> =
+            Arc::new(Arc::new(TcpTransport::with_credential(tcp, credential)));
         let transport: Arc<dyn Transport> = match config.transport {
-            TransportKind::Tcp => Arc::new(Arc::new(TcpTransport::new(tcp))),
+            TransportKind::Tcp => Arc::new(Arc::new(TcpTransport::with_credential(
+                tcp,
+                storage_credential,
+            ))),
             TransportKind::Udp => {
                 let udp = UdpTransport::new(UdpConfig {
                     datagram: config.datagram.clone(),
                     request_timeout: config.request_timeout,
+                    credential: storage_credential,
                 })
                 .map_err(|e| ClientError::Protocol {
                     peer: "local UDP socket".into(),

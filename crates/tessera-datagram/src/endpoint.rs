@@ -2,8 +2,7 @@
 //! datagrams, timers and events between them and the driver.
 
 use crate::admission::{Admission, Refusal};
-use crate::packet::HEADER_LEN;
-use crate::packet::{decode, Packet, PacketError, PacketKind};
+use crate::packet::{self, decode, Packet, PacketError, PacketKind, OVERHEAD_LEN, PUBLIC_KEY};
 use crate::session::{PendingEvent, Session, Verdict, WINDOW_INITIAL_PACKETS};
 use crate::{
     Config, Event, LossReason, Micros, SendError, SessionId, SessionInfo, Stats, Transmit,
@@ -13,6 +12,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
+use tessera_auth::Key;
 
 /// Bytes a session may hold queued and unacknowledged; a single message larger than this is
 /// still accepted into an empty queue.
@@ -78,8 +78,14 @@ pub struct Endpoint {
     half_open: BTreeSet<(Micros, SessionId)>,
     /// When each half-open session was last heard: its key in `half_open`.
     half_open_heard: BTreeMap<SessionId, Micros>,
+    /// Keys admitted for sessions peers will open, oldest first ([`Endpoint::admit`]).
+    admitted: BTreeMap<SessionId, Key>,
+    admitted_order: VecDeque<SessionId>,
     stats: Stats,
 }
+
+/// Keys admitted and not yet used that an endpoint keeps; the oldest goes first.
+pub const ADMITTED_KEYS_MAX: usize = 4096;
 
 impl Endpoint {
     /// An endpoint with these settings; `seed` is the only source of randomness (session
@@ -107,6 +113,8 @@ impl Endpoint {
             admission: Admission::new(),
             half_open: BTreeSet::new(),
             half_open_heard: BTreeMap::new(),
+            admitted: BTreeMap::new(),
+            admitted_order: VecDeque::new(),
             stats: Stats::default(),
         }
     }
@@ -145,6 +153,64 @@ impl Endpoint {
         session.peer_fragment_bytes = session.fragment_bytes_max;
         self.sessions.insert(id, session);
         id
+    }
+
+    /// Opens session `id` to `peer` keyed with `key`, both agreed with the peer by a
+    /// handshake elsewhere (the peer [`admit`](Self::admit)s the same). `None` if an id of
+    /// that value is in use here.
+    pub fn connect_keyed(
+        &mut self,
+        peer: SocketAddr,
+        id: SessionId,
+        key: Key,
+        payload_bytes_max: usize,
+        now: Micros,
+    ) -> Option<SessionId> {
+        self.observe(now);
+        if self.sessions.contains_key(&id) || self.forgotten.contains_key(&id) {
+            return None;
+        }
+        let mut session = Session::new(id, peer, &self.config, false);
+        session.key = key;
+        session.fragment_bytes_max = fragment_bytes_for(payload_bytes_max);
+        session.peer_fragment_bytes = session.fragment_bytes_max;
+        self.sessions.insert(id, session);
+        Some(id)
+    }
+
+    /// Accept session `id` when a peer opens it, keyed with `key` (agreed by a handshake
+    /// elsewhere). At most [`ADMITTED_KEYS_MAX`] keys wait; the oldest is dropped first.
+    pub fn admit(&mut self, id: SessionId, key: Key) {
+        if self.sessions.contains_key(&id) || self.admitted.insert(id, key).is_some() {
+            return;
+        }
+        self.admitted_order.push_back(id);
+        while self.admitted_order.len() > ADMITTED_KEYS_MAX {
+            if let Some(old) = self.admitted_order.pop_front() {
+                self.admitted.remove(&old);
+            }
+        }
+    }
+
+    /// Whether datagrams of session `id` have a key here (a live session or an admitted one).
+    pub fn knows(&self, id: SessionId) -> bool {
+        self.sessions.contains_key(&id) || self.admitted.contains_key(&id)
+    }
+
+    /// The key a datagram of session `id` and kind `kind` must be tagged with, if any: RESETs
+    /// come from peers that forgot the session, so they carry the public key.
+    fn key_for(&self, id: SessionId, kind: PacketKind) -> Option<Key> {
+        if kind == PacketKind::Reset {
+            return Some(PUBLIC_KEY);
+        }
+        match self.sessions.get(&id) {
+            Some(session) => Some(session.key),
+            None => match self.admitted.get(&id) {
+                Some(key) => Some(*key),
+                None if self.config.require_session_keys => None,
+                None => Some(PUBLIC_KEY),
+            },
+        }
     }
 
     /// Send datagrams of at most `payload_bytes_max` bytes on `session` from now on: each
@@ -335,6 +401,14 @@ impl Endpoint {
             }
         };
         let id = SessionId(packet.session);
+        // A session without a key here (unknown, none admitted) cannot be verified; such a
+        // packet never opens a session and at most earns a RESET (`on_unknown_session`).
+        if let Some(key) = self.key_for(id, packet.kind) {
+            if !packet::verify(datagram, &key) {
+                self.stats.dropped_unauthentic += 1;
+                return;
+            }
+        }
         match self.sessions.get(&id) {
             Some(session) if session.peer == from => {
                 let data = packet.kind == PacketKind::Data;
@@ -385,10 +459,15 @@ impl Endpoint {
             .forgotten
             .get(&id)
             .is_some_and(|(peer, _)| *peer == from);
-        if opens && !forgotten {
+        let keyed = !self.config.require_session_keys || self.admitted.contains_key(&id);
+        if opens && !forgotten && keyed {
             if self.make_room(from, now) {
-                self.sessions
-                    .insert(id, Session::new(id, from, &self.config, true));
+                let mut session = Session::new(id, from, &self.config, true);
+                if let Some(key) = self.admitted.remove(&id) {
+                    self.admitted_order.retain(|admitted| *admitted != id);
+                    session.key = key;
+                }
+                self.sessions.insert(id, session);
                 self.half_open.insert((now, id));
                 self.half_open_heard.insert(id, now);
                 self.stats.sessions_opened += 1;
@@ -396,7 +475,11 @@ impl Endpoint {
             }
             return;
         }
-        self.stats.dropped_unknown_session += 1;
+        if keyed {
+            self.stats.dropped_unknown_session += 1;
+        } else {
+            self.stats.dropped_unauthentic += 1;
+        }
         // Tell a peer that is waiting on this session that it is gone: one that sends data,
         // asks for a resend, or probes a window. A DATA packet within the window every
         // sender may assume ([`WINDOW_INITIAL_PACKETS`]) may be a new session whose first
@@ -404,9 +487,11 @@ impl Endpoint {
         // packet 0 opens the session. A packet past that window proves the peer heard from
         // this endpoint on this session before, so this endpoint forgot it. Never answer a
         // RESET or a bare ACK (ACKs after a close are normal; answering them would only add
-        // traffic). DATA for a session this endpoint forgot is answered whatever its number.
+        // traffic). DATA for a session this endpoint forgot is answered whatever its number,
+        // and so is DATA of a session no key was admitted for (an old client of a restarted
+        // server keys a new session at once, rather than timing out).
         let answer = match packet.kind {
-            PacketKind::Data => forgotten || packet.seq >= WINDOW_INITIAL_PACKETS,
+            PacketKind::Data => forgotten || packet.seq >= WINDOW_INITIAL_PACKETS || !keyed,
             PacketKind::Restart => true,
             PacketKind::Ack => packet.probe,
             PacketKind::Reset => false,
@@ -652,13 +737,13 @@ impl Endpoint {
             };
             session.in_ready = false;
             let packet = session.build_transmit(now, &self.config, &mut self.stats);
-            let destination = session.peer;
+            let (destination, key) = (session.peer, session.key);
             self.touch(id, now);
             if let Some(packet) = packet {
                 self.stats.datagrams_sent += 1;
                 return Some(Transmit {
                     destination,
-                    contents: packet.encode(),
+                    contents: packet.encode_with(&key),
                 });
             }
         }
@@ -762,5 +847,5 @@ impl Endpoint {
 
 /// Payload bytes per packet for datagrams of `payload_bytes_max`, within the protocol's bounds.
 fn fragment_bytes_for(payload_bytes_max: usize) -> usize {
-    payload_bytes_max.clamp(HEADER_LEN + 1, crate::packet::DATAGRAM_LEN_MAX) - HEADER_LEN
+    payload_bytes_max.clamp(OVERHEAD_LEN + 1, crate::packet::DATAGRAM_LEN_MAX) - OVERHEAD_LEN
 }

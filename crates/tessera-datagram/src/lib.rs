@@ -63,14 +63,15 @@
 //!
 //! # Packet layout
 //!
-//! Every datagram is one packet: a fixed 44-byte header, big-endian, then the payload.
+//! Every datagram is one packet: a fixed 44-byte header, big-endian, then the payload, then a
+//! 16-byte MAC (since version 3).
 //!
 //! ```text
 //! offset size field
 //!  0      2   magic        0x5453 ("TS")
-//!  2      1   version      2; checked first, so a later version may change all that follows
+//!  2      1   version      3; checked first, so a later version may change all that follows
 //!  3      1   kind         1 DATA, 2 ACK, 3 RESTART, 4 RESET
-//!  4      4   checksum     CRC32C of the whole datagram with this field taken as zero
+//!  4      4   checksum     CRC32C of header and payload with this field taken as zero
 //!  8      8   session      chosen at random by the connecting side
 //! 16      4   seq          DATA: sequence number; RESTART: the sequence number expected
 //! 20      4   ack          cumulative: the next sequence number expected from the peer
@@ -82,14 +83,27 @@
 //!                          is echoed to the sending of this one
 //! 40      1   flags        0x01 FIRST, 0x02 LAST (DATA); 0x04 PROBE (ACK)
 //! 41      1   reserved     0
-//! 42      2   payload_len  bytes after the header; the datagram is exactly 44 + payload_len
+//! 42      2   payload_len  bytes of payload; the datagram is exactly 60 + payload_len
 //! 44      -   payload      DATA only: one fragment, at least one byte unless the message
 //!                          is empty
+//!  end   16   tag          keyed BLAKE3 of header and payload, first 16 bytes, under the
+//!                          session's key (the public all-zero key for sessions set up
+//!                          without a handshake, and for every RESET)
 //! ```
+//!
+//! **Authentication.** The endpoint never sees a handshake: the driver keys a session
+//! ([`Endpoint::connect_keyed`] at the connecting side, [`Endpoint::admit`] at the accepting
+//! side) with the key a handshake elsewhere agreed (`tessera-transport`: mutual proof over TCP,
+//! both nonces, the session id). Every packet of the session is tagged with it and a packet
+//! whose tag does not verify is dropped ([`Stats::dropped_unauthentic`]). With
+//! [`Config::require_session_keys`] a peer cannot open a session no key was admitted for (its
+//! DATA earns a rate-limited RESET, so that a client of a restarted server keys a new session
+//! at once). RESETs carry the public key, since their sender forgot the session: anyone who
+//! knows a session's random 64-bit id can end it, which an off-path attacker cannot learn.
 //!
 //! [`packet::decode`] never panics and refuses (and the endpoint counts in [`Stats`]) anything
 //! truncated, with trailing bytes, of another magic or version, with a wrong checksum, or
-//! with inconsistent fields. Sequence numbers are 64-bit inside the endpoint and widened from
+//! with inconsistent fields; [`packet::verify`] checks the tag. Sequence numbers are 64-bit inside the endpoint and widened from
 //! the wire's 32 bits around the value expected ([`packet::widen`]).
 //!
 //! # Protocol
@@ -207,7 +221,7 @@ pub use endpoint::{
     Endpoint, CONTROL_QUEUE_MAX, EVENT_QUEUE_MAX, FORGOTTEN_SESSIONS_MAX, HOLD_ANSWER_PACKETS_MIN,
     RESET_BURST_MAX, RESET_INTERVAL_US, SEND_QUEUE_BYTES_MAX,
 };
-pub use packet::{decode, Packet, PacketError, PacketKind, HEADER_LEN};
+pub use packet::{decode, Packet, PacketError, PacketKind, HEADER_LEN, OVERHEAD_LEN, TAG_LEN};
 pub use session::{REORDER_PACKETS, WINDOW_INITIAL_PACKETS};
 
 // The drivers move endpoints between threads.
@@ -286,6 +300,10 @@ pub struct Config {
     pub receive_budget_packets: Option<u32>,
     /// Limits on the sessions peers open: rates, and the eviction of half-open sessions.
     pub admission: AdmissionConfig,
+    /// Accept a peer's new session only with a key admitted for it beforehand
+    /// ([`Endpoint::admit`], after a handshake elsewhere): a server of an authenticated
+    /// cluster. Without, peers open sessions freely, tagged with the public key.
+    pub require_session_keys: bool,
 }
 
 impl Default for Config {
@@ -307,6 +325,7 @@ impl Default for Config {
             ack_delay_us: 100,
             receive_budget_packets: None,
             admission: AdmissionConfig::default(),
+            require_session_keys: false,
         }
     }
 }
@@ -315,7 +334,7 @@ impl Default for Config {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     /// `payload_bytes_max` leaves no room for a payload, or exceeds what `payload_len` can say.
-    #[error("payload_bytes_max {0} must be in {min}..={max}", min = HEADER_LEN + 1, max = packet::DATAGRAM_LEN_MAX)]
+    #[error("payload_bytes_max {0} must be in {min}..={max}", min = OVERHEAD_LEN + 1, max = packet::DATAGRAM_LEN_MAX)]
     PayloadBytes(usize),
     /// `window_packets_max` is zero.
     #[error("window_packets_max must be at least 1")]
@@ -367,7 +386,8 @@ pub enum ConfigError {
 impl Config {
     /// Checks the settings; [`Endpoint::new`] panics on what this refuses.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.payload_bytes_max <= HEADER_LEN || self.payload_bytes_max > packet::DATAGRAM_LEN_MAX
+        if self.payload_bytes_max <= OVERHEAD_LEN
+            || self.payload_bytes_max > packet::DATAGRAM_LEN_MAX
         {
             return Err(ConfigError::PayloadBytes(self.payload_bytes_max));
         }
@@ -419,7 +439,7 @@ impl Config {
 
     /// Largest fragment of a message one packet carries.
     pub fn fragment_bytes_max(&self) -> usize {
-        self.payload_bytes_max - HEADER_LEN
+        self.payload_bytes_max - OVERHEAD_LEN
     }
 }
 
@@ -593,6 +613,9 @@ pub struct Stats {
     /// Times a sender with data and congestion window to spare was blocked by the
     /// receiver's window.
     pub window_limited: u64,
+    /// Datagrams dropped: their MAC is not the session key's, or they would open a session
+    /// no key was admitted for.
+    pub dropped_unauthentic: u64,
 }
 
 impl Stats {
@@ -620,6 +643,7 @@ impl Stats {
             ("resets_received", self.resets_received),
             ("dropped_truncated", self.dropped_truncated),
             ("dropped_checksum", self.dropped_checksum),
+            ("dropped_unauthentic", self.dropped_unauthentic),
             ("dropped_version", self.dropped_version),
             ("dropped_malformed", self.dropped_malformed),
             ("dropped_unknown_session", self.dropped_unknown_session),

@@ -9,13 +9,23 @@ use bytes::Bytes;
 pub const MAGIC: u16 = 0x5453;
 /// The protocol version this crate speaks. Checked before anything else, so that a later
 /// version may change the rest of the layout.
-pub const VERSION: u8 = 2;
+/// Version 3 added the [`TAG_LEN`]-byte MAC after the payload.
+pub const VERSION: u8 = 3;
 /// Size of the fixed header that precedes the payload.
 pub const HEADER_LEN: usize = 44;
+/// Size of the MAC that follows the payload: keyed BLAKE3 of header and payload
+/// (`tessera_auth::packet_tag`), under the session's key.
+pub const TAG_LEN: usize = tessera_auth::PACKET_TAG_BYTES;
+/// Bytes of every datagram besides its payload.
+pub const OVERHEAD_LEN: usize = HEADER_LEN + TAG_LEN;
 /// Largest payload one packet can describe (`payload_len` is a `u16`).
 pub const PAYLOAD_LEN_MAX: usize = u16::MAX as usize;
 /// Largest datagram one packet can be.
-pub const DATAGRAM_LEN_MAX: usize = HEADER_LEN + PAYLOAD_LEN_MAX;
+pub const DATAGRAM_LEN_MAX: usize = OVERHEAD_LEN + PAYLOAD_LEN_MAX;
+/// The key of sessions set up without a handshake (tests, simulations, unauthenticated
+/// deployments) and of RESETs, which a peer sends for sessions it does not know: public, so
+/// their tag protects against corruption only, as a checksum would.
+pub const PUBLIC_KEY: tessera_auth::Key = tessera_auth::Key([0; tessera_auth::KEY_BYTES]);
 
 /// Flag: the DATA packet carries the first fragment of a message (and `message_len`).
 pub const FLAG_FIRST: u8 = 0x01;
@@ -35,7 +45,8 @@ const OFFSET_WINDOW: usize = 24;
 const OFFSET_TIMESTAMP: usize = 28;
 const OFFSET_ECHO: usize = 32;
 /// `message_len` on a first fragment, `ack_delay` on every other packet: one field, so that
-/// the header stays 44 bytes and a 32 KiB stripe unit fits 23 packets of a 1500-byte MTU.
+/// the header stays 44 bytes (a 32 KiB stripe unit fit 23 packets of a 1500-byte MTU; with the
+/// 16-byte tag of version 3 it takes 24).
 const OFFSET_MESSAGE_LEN_OR_ACK_DELAY: usize = 36;
 const OFFSET_FLAGS: usize = 40;
 const OFFSET_RESERVED: usize = 41;
@@ -200,7 +211,7 @@ impl Packet {
 
     /// Length of the encoded packet.
     pub fn encoded_len(&self) -> usize {
-        HEADER_LEN + self.payload.len()
+        OVERHEAD_LEN + self.payload.len()
     }
 
     /// Whether the fields are consistent: the rules `decode` enforces.
@@ -264,9 +275,14 @@ impl Packet {
         Ok(())
     }
 
-    /// Appends the encoded packet to `buffer`. Panics if the packet breaks a rule of
-    /// [`Packet::check`]: the endpoint only builds valid packets.
+    /// Appends the encoded packet to `buffer`, tagged with [`PUBLIC_KEY`]. Panics if the
+    /// packet breaks a rule of [`Packet::check`]: the endpoint only builds valid packets.
     pub fn encode_into(&self, buffer: &mut Vec<u8>) {
+        self.encode_into_with(buffer, &PUBLIC_KEY);
+    }
+
+    /// Appends the encoded packet to `buffer`, tagged with `key`.
+    pub fn encode_into_with(&self, buffer: &mut Vec<u8>, key: &tessera_auth::Key) {
         if let Err(error) = self.check() {
             panic!("encoding an invalid packet: {error}");
         }
@@ -296,17 +312,50 @@ impl Packet {
         let checksum = checksum(&buffer[start..]);
         buffer[start + OFFSET_CHECKSUM..start + OFFSET_CHECKSUM + 4]
             .copy_from_slice(&checksum.to_be_bytes());
+        let tag = tessera_auth::packet_tag(key, &buffer[start..]);
+        buffer.extend_from_slice(&tag);
     }
 
-    /// The encoded packet.
+    /// The encoded packet, tagged with [`PUBLIC_KEY`].
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_with(&PUBLIC_KEY)
+    }
+
+    /// The encoded packet, tagged with `key`.
+    pub fn encode_with(&self, key: &tessera_auth::Key) -> Vec<u8> {
         let mut buffer = Vec::with_capacity(self.encoded_len());
-        self.encode_into(&mut buffer);
+        self.encode_into_with(&mut buffer, key);
         buffer
     }
 }
 
-/// CRC32C of a whole encoded packet, computed with its checksum field taken as zero.
+/// The session a datagram names, if it is long enough to be a packet of this version (read
+/// before anything is verified, to pick the key to verify it with).
+pub fn session_of(datagram: &[u8]) -> Option<u64> {
+    if datagram.len() < OVERHEAD_LEN
+        || read_u16(datagram, OFFSET_MAGIC) != MAGIC
+        || datagram[OFFSET_VERSION] != VERSION
+    {
+        return None;
+    }
+    Some(read_u64(datagram, OFFSET_SESSION))
+}
+
+/// Whether the datagram's MAC is the one `key` gives its header and payload. Compared in
+/// constant time. A datagram shorter than a tag is not authentic.
+pub fn verify(datagram: &[u8], key: &tessera_auth::Key) -> bool {
+    let Some(body_len) = datagram.len().checked_sub(TAG_LEN) else {
+        return false;
+    };
+    let mut expected = [0u8; 32];
+    expected[..TAG_LEN].copy_from_slice(&tessera_auth::packet_tag(key, &datagram[..body_len]));
+    let mut carried = [0u8; 32];
+    carried[..TAG_LEN].copy_from_slice(&datagram[body_len..]);
+    tessera_auth::Proof(expected).verify(&tessera_auth::Proof(carried))
+}
+
+/// CRC32C of an encoded packet's header and payload (not its tag), computed with its
+/// checksum field taken as zero.
 pub fn checksum(datagram: &[u8]) -> u32 {
     assert!(datagram.len() >= HEADER_LEN);
     let crc = crc32c::crc32c(&datagram[..OFFSET_CHECKSUM]);
@@ -317,9 +366,22 @@ pub fn checksum(datagram: &[u8]) -> u32 {
 /// Writes the checksum of `datagram` (at least [`HEADER_LEN`] bytes) into its checksum
 /// field, after other bytes of it were changed: for tests and fuzzing, which alter packets
 /// and still want them to reach the checks behind the checksum.
+/// The tag is written too, with [`PUBLIC_KEY`] (see [`seal_with`]); a datagram shorter than
+/// a header and a tag is left as it is.
 pub fn seal(datagram: &mut [u8]) {
-    let checksum = checksum(datagram);
+    seal_with(datagram, &PUBLIC_KEY);
+}
+
+/// [`seal`] with the tag of `key`.
+pub fn seal_with(datagram: &mut [u8], key: &tessera_auth::Key) {
+    if datagram.len() < OVERHEAD_LEN {
+        return;
+    }
+    let body_len = datagram.len() - TAG_LEN;
+    let checksum = checksum(&datagram[..body_len]);
     datagram[OFFSET_CHECKSUM..OFFSET_CHECKSUM + 4].copy_from_slice(&checksum.to_be_bytes());
+    let tag = tessera_auth::packet_tag(key, &datagram[..body_len]);
+    datagram[body_len..].copy_from_slice(&tag);
 }
 
 fn read_u16(datagram: &[u8], offset: usize) -> u16 {
@@ -344,10 +406,10 @@ fn read_u64(datagram: &[u8], offset: usize) -> u64 {
 /// the header, magic, version, length of the payload, checksum, then the fields.
 pub fn decode(datagram: &[u8]) -> Result<Packet, PacketError> {
     let len = datagram.len();
-    if len < HEADER_LEN {
+    if len < OVERHEAD_LEN {
         return Err(PacketError::Truncated {
             len,
-            needed: HEADER_LEN,
+            needed: OVERHEAD_LEN,
         });
     }
     let magic = read_u16(datagram, OFFSET_MAGIC);
@@ -359,7 +421,7 @@ pub fn decode(datagram: &[u8]) -> Result<Packet, PacketError> {
         return Err(PacketError::Version(version));
     }
     let payload_len = read_u16(datagram, OFFSET_PAYLOAD_LEN) as usize;
-    let expected = HEADER_LEN + payload_len;
+    let expected = OVERHEAD_LEN + payload_len;
     if len < expected {
         return Err(PacketError::Truncated {
             len,
@@ -369,8 +431,9 @@ pub fn decode(datagram: &[u8]) -> Result<Packet, PacketError> {
     if len > expected {
         return Err(PacketError::TrailingBytes { len, expected });
     }
+    let body = &datagram[..len - TAG_LEN];
     let actual = read_u32(datagram, OFFSET_CHECKSUM);
-    let computed = checksum(datagram);
+    let computed = checksum(body);
     if actual != computed {
         return Err(PacketError::Checksum {
             expected: computed,
@@ -407,7 +470,7 @@ pub fn decode(datagram: &[u8]) -> Result<Packet, PacketError> {
         echo: read_u32(datagram, OFFSET_ECHO),
         message_len,
         ack_delay,
-        payload: Bytes::copy_from_slice(&datagram[HEADER_LEN..]),
+        payload: Bytes::copy_from_slice(&body[HEADER_LEN..]),
     };
     packet.check()?;
     Ok(packet)
@@ -528,7 +591,20 @@ mod tests {
             let mut bytes = packet.encode();
             let bit = bit.index(bytes.len() * 8);
             bytes[bit / 8] ^= 1 << (bit % 8);
-            prop_assert!(decode(&bytes).is_err());
+            // The checksum catches it in the header and payload, the MAC anywhere.
+            prop_assert!(!verify(&bytes, &PUBLIC_KEY));
+            if bit / 8 < bytes.len() - TAG_LEN {
+                prop_assert!(decode(&bytes).is_err());
+            }
+        }
+
+        #[test]
+        fn a_packet_verifies_only_under_its_own_key(packet in packet_strategy(), key in any::<[u8; 32]>()) {
+            let key = tessera_auth::Key(key);
+            let bytes = packet.encode_with(&key);
+            prop_assert!(verify(&bytes, &key));
+            prop_assert_eq!(decode(&bytes), Ok(packet));
+            prop_assert_eq!(verify(&bytes, &PUBLIC_KEY), key == PUBLIC_KEY);
         }
 
         #[test]
@@ -562,14 +638,14 @@ mod tests {
             decode(&bytes[..10]),
             Err(PacketError::Truncated {
                 len: 10,
-                needed: HEADER_LEN
+                needed: OVERHEAD_LEN
             })
         );
         assert_eq!(
-            decode(&bytes[..HEADER_LEN + 1]),
+            decode(&bytes[..OVERHEAD_LEN + 1]),
             Err(PacketError::Truncated {
-                len: HEADER_LEN + 1,
-                needed: HEADER_LEN + 3
+                len: OVERHEAD_LEN + 1,
+                needed: OVERHEAD_LEN + 3
             })
         );
         let mut longer = bytes.clone();
@@ -592,7 +668,7 @@ mod tests {
         ));
         let mut kind = bytes.clone();
         kind[OFFSET_KIND] = 9;
-        let crc = checksum(&kind);
+        let crc = checksum(&kind[..kind.len() - TAG_LEN]);
         kind[OFFSET_CHECKSUM..OFFSET_CHECKSUM + 4].copy_from_slice(&crc.to_be_bytes());
         assert_eq!(decode(&kind), Err(PacketError::Kind(9)));
     }

@@ -112,6 +112,9 @@ struct HeldMessage {
 
 #[derive(Debug)]
 pub(crate) struct Session {
+    /// The key its datagrams are tagged with both ways ([`crate::packet::PUBLIC_KEY`] for a
+    /// session set up without a handshake).
+    pub(crate) key: tessera_auth::Key,
     pub(crate) id: SessionId,
     pub(crate) peer: SocketAddr,
     /// Payload bytes per packet this side sends (the path's datagram size less the header).
@@ -227,6 +230,7 @@ impl Session {
             (WINDOW_INITIAL_PACKETS as u64, 0)
         };
         Session {
+            key: crate::packet::PUBLIC_KEY,
             id,
             peer,
             fragment_bytes_max: config.fragment_bytes_max(),

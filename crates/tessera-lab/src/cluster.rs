@@ -29,7 +29,13 @@ const SERVERS_UP_TIMEOUT: Duration = Duration::from_secs(20);
 const LOG_TAIL_LINES: usize = 8;
 /// Variables the tessera binary reads in place of flags the lab sets itself: the lab's
 /// daemons and client must not pick them up from whoever started the lab.
-const LAB_SET_ENV: [&str; 3] = ["TESSERA_TRANSPORT", "TESSERA_WINDOW", "TESSERA_CLUSTER"];
+const LAB_SET_ENV: [&str; 5] = [
+    "TESSERA_TRANSPORT",
+    "TESSERA_WINDOW",
+    "TESSERA_CLUSTER",
+    "TESSERA_KEY",
+    "TESSERA_SECRET",
+];
 
 /// `tessera` with none of [`LAB_SET_ENV`].
 fn tessera(spec: &ClusterSpec) -> Cmd {
@@ -205,9 +211,14 @@ pub fn manager_command(
             "--addr-file".to_string(),
             addr_file(dir, "manager").display().to_string(),
         ])
+        // Each lab run starts a new cluster in a fresh directory: `--init` makes its store and
+        // the run's cluster secret, which the servers and the client use.
+        .args([
+            "--init".to_string(),
+            "--secret".to_string(),
+            secret_file(dir),
+        ])
         .args(spec.transport.daemon_args("manager", flags, false)?)
-        // Each lab run starts a new cluster in a fresh directory.
-        .args(flags.init.then(|| "--init".to_string()))
         .args(spec.manager_args.iter().cloned())
         .in_namespace(&topology.namespace(MANAGER_HOST)))
 }
@@ -232,6 +243,7 @@ pub fn server_command(
             "--addr-file".to_string(),
             addr_file(dir, &name).display().to_string(),
         ])
+        .args(["--secret".to_string(), secret_file(dir)])
         .args(spec.transport.daemon_args("server", flags, true)?)
         .args(spec.server_args.iter().cloned())
         .in_namespace(&topology.namespace(&host)))
@@ -254,6 +266,12 @@ pub fn client_command(
         .args(["--manager".to_string(), manager_addr(topology)?.to_string()])
         .args(["--job".to_string(), job])
         .in_namespace(&topology.namespace(CLIENT_HOST)))
+}
+
+/// The run's cluster secret: the lab's client acts as the admin with it (no access key to
+/// issue first).
+fn secret_file(dir: &Path) -> String {
+    dir.join("cluster.secret").display().to_string()
 }
 
 fn addr_file(dir: &Path, name: &str) -> PathBuf {
@@ -505,7 +523,8 @@ impl<'n> Cluster<'n> {
             transport,
             &self.client_flags,
             job,
-        )?;
+        )?
+        .args(["--secret".to_string(), secret_file(self.dir.path())]);
         let mut child = command.spawn(
             Stdio::from(create(&out_path)?),
             Stdio::from(create(&err_path)?),
@@ -616,7 +635,7 @@ mod tests {
         assert_eq!(
             manager.to_string(),
             format!(
-                "ip netns exec {} /bin/tessera manager --listen 10.77.0.1:7000 --dir /tmp/run/manager --addr-file /tmp/run/manager.addr",
+                "ip netns exec {} /bin/tessera manager --listen 10.77.0.1:7000 --dir /tmp/run/manager --addr-file /tmp/run/manager.addr --init --secret /tmp/run/cluster.secret",
                 ns("mgr")
             )
         );
@@ -624,7 +643,7 @@ mod tests {
         assert_eq!(
             server.to_string(),
             format!(
-                "ip netns exec {} /bin/tessera server --manager 10.77.0.1:7000 --listen 10.77.0.12:7100 --dir /tmp/run/server-2 --id 2 --addr-file /tmp/run/server-2.addr --extra",
+                "ip netns exec {} /bin/tessera server --manager 10.77.0.1:7000 --listen 10.77.0.12:7100 --dir /tmp/run/server-2 --id 2 --addr-file /tmp/run/server-2.addr --secret /tmp/run/cluster.secret --extra",
                 ns("s2")
             )
         );

@@ -1,20 +1,27 @@
 //! The manager as a network daemon: the [`Manager`] state machine behind a mutex, fed by a
 //! transport and ticked by a timer. This is the only part of the crate that does I/O beyond
-//! the embedded store.
+//! the embedded store. It authenticates every connection (admin and server keys derived from
+//! the cluster secret, client access keys from its store) and refuses each request the
+//! connection's role may not make (see [`crate::authorize`]).
 //!
 //! Started without `init` on a directory with no store, the daemon serves anyway but refuses
 //! every request ([`refuse_without_store`]), and opens the store as soon as one appears there
 //! (written by `tessera manager recover`); every tick it also checks that its store's file is
-//! still there ([`Manager::check_store`]).
+//! still there ([`Manager::check_store`]). Without a store it knows no access keys, so only
+//! the admin and the servers (keys derived from the secret) can connect.
 
 use crate::{refuse_without_store, Manager, ManagerConfig, ManagerOpenError};
 use bytes::Bytes;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tessera_transport::{serve_tcp_limited, BoxFuture, ConnectionId, FrameHandler, TcpLimits};
-use tessera_wire::{encode_message, ManagerRequest};
+use tessera_auth::{Claim, Key, Secret};
+use tessera_transport::{
+    serve_tcp_limited, Accepted, BoxFuture, ConnectionId, FrameHandler, TcpLimits,
+};
+use tessera_wire::{encode_message, ManagerError, ManagerRequest, ManagerResponse};
 use tokio::net::TcpListener;
 
 /// How often liveness is re-evaluated when nothing else happens.
@@ -54,6 +61,14 @@ impl Served {
 
     /// Ticks the manager and checks its store's file; without a store, opens one that has
     /// appeared.
+    /// The access key `id`'s secret; none without a store.
+    fn access_key(&self, id: tessera_auth::KeyId) -> Option<Key> {
+        match self {
+            Served::Running(manager) => manager.access_key(id),
+            Served::NoStore(_) => None,
+        }
+    }
+
     fn tick(&mut self, dir: &Path, config: ManagerConfig, now: Instant) {
         match self {
             Served::Running(manager) => {
@@ -114,12 +129,36 @@ impl RunningManager {
 
 struct ManagerHandler {
     manager: Arc<Mutex<Served>>,
+    /// The admin's and the servers' keys, derived from the cluster secret.
+    admin_key: Key,
+    server_key: Key,
+    /// The claim each open connection authenticated as.
+    claims: Mutex<HashMap<ConnectionId, Claim>>,
 }
 
 impl FrameHandler for ManagerHandler {
+    fn peer_key(&self, claim: &Claim) -> Option<Key> {
+        match claim {
+            Claim::Admin => Some(self.admin_key),
+            Claim::Server => Some(self.server_key),
+            Claim::Client(id) => self.manager.lock().unwrap().access_key(*id),
+        }
+    }
+
+    fn opened(&self, connection: ConnectionId, accepted: &Accepted) {
+        self.claims
+            .lock()
+            .unwrap()
+            .insert(connection, accepted.claim);
+    }
+
+    fn closed(&self, connection: ConnectionId) {
+        self.claims.lock().unwrap().remove(&connection);
+    }
+
     fn handle(
         &self,
-        _connection: ConnectionId,
+        connection: ConnectionId,
         message: Bytes,
         _payload: Bytes,
     ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
@@ -130,11 +169,31 @@ impl FrameHandler for ManagerHandler {
                 return Box::pin(async { None });
             }
         };
+        // Every connection is authenticated before its first request; one without a role
+        // would be a transport bug, and is dropped rather than served.
+        let Some(claim) = self.claims.lock().unwrap().get(&connection).copied() else {
+            return Box::pin(async { None });
+        };
+        let role = claim.role();
+        if let Err(refused) = crate::authorize(&request, role) {
+            tracing::info!("refused {request:?} from a {role}: {refused}");
+            let response = ManagerResponse::Error(refused);
+            return Box::pin(async move {
+                Some((Bytes::from(encode_message(&response)), Bytes::new()))
+            });
+        }
         let manager = self.manager.clone();
         Box::pin(async move {
             // Mutations commit to the store (an fsync): keep them off the async workers.
             let response = tokio::task::spawn_blocking(move || {
-                manager.lock().unwrap().handle(request, Instant::now())
+                let mut manager = manager.lock().unwrap();
+                match claim {
+                    // A key revoked while its connection was open is refused from then on.
+                    Claim::Client(id) if manager.access_key(id).is_none() => {
+                        ManagerResponse::Error(ManagerError::UnknownKey(id))
+                    }
+                    _ => manager.handle(request, Instant::now()),
+                }
             })
             .await
             .ok()?;
@@ -143,17 +202,18 @@ impl FrameHandler for ManagerHandler {
     }
 }
 
-/// Open the metadata store in `dir` and serve it on `listen`. With `init`, a missing store is
-/// created (a new cluster); without, the daemon waits for one, refusing every request (see
-/// the module doc). TCP peers are bounded by the default
-/// [`TcpLimits`].
+/// Open the metadata store in `dir` and serve it on `listen`, within the default
+/// [`TcpLimits`], authenticating every peer with keys derived from `secret` (admin, servers)
+/// or issued by this manager (clients). With `init`, a missing store is created (a new
+/// cluster); without, the daemon waits for one, refusing every request (see the module doc).
 pub async fn start(
     listen: SocketAddr,
     dir: &Path,
     config: ManagerConfig,
     init: bool,
+    secret: &Secret,
 ) -> Result<RunningManager, DaemonError> {
-    start_limited(listen, dir, config, init, TcpLimits::default()).await
+    start_limited(listen, dir, config, init, TcpLimits::default(), secret).await
 }
 
 /// Open the metadata store in `dir` and serve it on `listen`; what TCP peers may hold
@@ -165,6 +225,7 @@ pub async fn start_limited(
     config: ManagerConfig,
     init: bool,
     limits: TcpLimits,
+    secret: &Secret,
 ) -> Result<RunningManager, DaemonError> {
     let opening = dir.to_path_buf();
     let opened = tokio::task::spawn_blocking(move || {
@@ -228,6 +289,9 @@ pub async fn start_limited(
         listener,
         Arc::new(ManagerHandler {
             manager: manager.clone(),
+            admin_key: secret.admin_key(),
+            server_key: secret.server_key(),
+            claims: Mutex::new(HashMap::new()),
         }),
         limits,
     ));

@@ -93,12 +93,16 @@
 //! assert_eq!(manager.server_state(3), Some(ServerState::Down));
 //! ```
 
+mod auth;
 pub mod daemon;
+mod keys;
 mod manager;
 mod ranges;
 pub mod recovery;
 mod store;
 
+pub use auth::{authorize, roles_allowed};
+pub use keys::{ACCESS_KEYS_MAX, KEY_NAME_BYTES_MAX};
 pub use manager::{
     refuse_without_store, Manager, ManagerConfig, ManagerOpenError, HEARTBEAT_TIMEOUT_DEFAULT,
     PATH_BYTES_MAX, PENDING_LEASE_DEFAULT,

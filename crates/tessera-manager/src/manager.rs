@@ -122,7 +122,7 @@ pub enum ManagerOpenError {
 /// registers or heartbeats. Leases of pending files are in memory too: after `open` each
 /// pending file gets a whole lease from the first tick.
 pub struct Manager {
-    db: Database,
+    pub(crate) db: Database,
     config: ManagerConfig,
     /// Where the store's file is, and which file it was when opened.
     store_file: StoreFile,
@@ -138,6 +138,8 @@ pub struct Manager {
     indebted: BTreeSet<ServerId>,
     /// Every pending file with the end of its lease (`None` until the first tick after open).
     pending: BTreeMap<FileId, Option<Instant>>,
+    /// Copy of the `access_keys` table (see `keys.rs`).
+    pub(crate) access_keys: BTreeMap<tessera_auth::KeyId, crate::keys::AccessKeyRecord>,
 }
 
 impl Manager {
@@ -175,9 +177,10 @@ impl Manager {
                     indebted,
                     pending,
                 } = load(&db, config.cluster_id)?;
-                Ok((db, cluster, servers, indebted, pending))
+                let access_keys = crate::keys::load(&db)?;
+                Ok((db, cluster, servers, indebted, pending, access_keys))
             });
-        let (db, cluster, servers, indebted, pending) = opened.map_err(|failure| {
+        let (db, cluster, servers, indebted, pending, access_keys) = opened.map_err(|failure| {
             let path = path.to_path_buf();
             match failure {
                 Failure::Store(error) => ManagerOpenError::Store { path, error },
@@ -196,6 +199,7 @@ impl Manager {
             error,
         })?;
         Ok(Manager {
+            access_keys,
             db,
             config,
             store_file,
@@ -319,6 +323,10 @@ impl Manager {
             ManagerRequest::OrphansRemoved { server, files } => {
                 self.orphans_removed(server, &files)
             }
+            ManagerRequest::KeyCreate { name } => self.key_create(name, rand::random()),
+            ManagerRequest::KeyList => Ok(self.key_list()),
+            ManagerRequest::KeyRemove { key } => self.key_remove(key),
+            ManagerRequest::StorageKeys => Ok(self.storage_keys()),
         };
         answer.unwrap_or_else(|failure| ManagerResponse::Error(failure.into()))
     }

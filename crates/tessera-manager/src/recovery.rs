@@ -38,6 +38,7 @@ use crate::store::{
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use tessera_auth::{Key, KeyId};
 use tessera_wire::{ClusterId, FileId, FileMeta, Incarnation, ServerId};
 
 /// What one server said about itself and its files.
@@ -90,6 +91,9 @@ pub struct Recovered {
     /// What the operator should know: files moved to `lost+found/`, damaged records, servers
     /// that never joined.
     pub notes: Vec<String>,
+    /// Access keys to put back (id, name, secret): the servers never hold them, so only those
+    /// the operator still has (the local cluster's, from its `cluster.toml`) survive the store.
+    pub access_keys: Vec<(KeyId, String, Key)>,
 }
 
 /// Why the servers' reports do not make a store.
@@ -201,6 +205,7 @@ pub fn merge(reports: &[ServerReport]) -> Result<Recovered, RecoveryError> {
         abandoned,
         file_id_next,
         notes,
+        access_keys: Vec::new(),
     })
 }
 
@@ -401,6 +406,9 @@ fn fill(path: &Path, recovered: &Recovered) -> Result<(), redb::Error> {
             let bytes = postcard::to_allocvec(meta).expect("a file record encodes");
             tables.files.insert(meta.id, bytes.as_slice())?;
             tables.paths.insert(meta.path.as_str(), meta.id)?;
+        }
+        for (id, name, key) in &recovered.access_keys {
+            crate::keys::insert(&txn, *id, name, *key)?;
         }
         // As for a removed file: each server deletes the data once it hears of it.
         for meta in &recovered.abandoned {

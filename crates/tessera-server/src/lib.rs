@@ -14,7 +14,10 @@
 //! (`StorageRequest::Records`, answered whatever store the call names, since recovery does not
 //! know the incarnations yet; a record stamped with another cluster is listed as damaged). A
 //! manager without a store refuses it ([`ManagerError::NoStore`]); it logs why once and keeps
-//! asking, so that it joins as soon as the store is recovered.
+//! asking, so that it joins as soon as the store is recovered. Every peer is authenticated when
+//! it connects (`keys.rs`: the admin and the servers by keys derived from the cluster secret,
+//! clients by the storage keys of their access keys, which the manager hands out), and the
+//! server proves itself to the manager with the servers' key.
 
 use bytes::Bytes;
 use std::net::SocketAddr;
@@ -32,6 +35,9 @@ use tessera_wire::{
     StorageCall, StorageError, StorageRequest, StorageResponse, RECORDS_PER_PAGE,
 };
 use tokio::net::TcpListener;
+
+mod keys;
+pub use keys::{STORAGE_KEYS_INTERVAL, STORAGE_KEYS_REFRESH_MIN};
 
 /// Largest read answered on the network thread when the page cache holds it (see
 /// [`Store::read_cached`]); a larger copy goes to the blocking pool, so that the network thread
@@ -96,6 +102,9 @@ pub struct ServerConfig {
     pub datagram: DatagramConfig,
     /// What TCP peers may hold: connections, idle time, memory for frames in flight.
     pub tcp: TcpLimits,
+    /// The cluster secret: the server authenticates to the manager, and accepts the admin,
+    /// with keys derived from it.
+    pub secret: tessera_auth::Secret,
 }
 
 /// A running server.
@@ -109,6 +118,8 @@ pub struct RunningServer {
     /// The datagram server's I/O thread, stopped when this is dropped.
     _udp: Option<UdpServer>,
     heartbeat: tokio::task::JoinHandle<()>,
+    /// Keeps the client access keys up to date.
+    fetch_keys: tokio::task::JoinHandle<()>,
 }
 
 impl RunningServer {
@@ -134,18 +145,21 @@ impl RunningServer {
     pub async fn wait(self) {
         let _ = self.serve.await;
         self.heartbeat.abort();
+        self.fetch_keys.abort();
     }
 
     /// Stop serving at once (as a crash would, but for the page cache).
     pub fn stop(self) {
         self.serve.abort();
         self.heartbeat.abort();
+        self.fetch_keys.abort();
     }
 
     /// Stop serving, then make everything written durable.
     pub async fn shutdown(self) -> Result<(), StorageError> {
         self.serve.abort();
         self.heartbeat.abort();
+        self.fetch_keys.abort();
         let store = self.store;
         blocking(move || store.sync()).await
     }
@@ -167,7 +181,9 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         detail: e.to_string(),
     };
     let id = Arc::new(AtomicU32::new(0));
+    let keys = Arc::new(keys::ServerKeys::new(&config.secret, config.manager));
     let handler = Arc::new(StorageHandler {
+        keys: keys.clone(),
         store: store.clone(),
         locks: Arc::new(ParityLocks::new(PARITY_LEASE, rand::random::<u64>() >> 16)),
         id: id.clone(),
@@ -184,15 +200,21 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         TransportKind::Tcp => None,
         TransportKind::Udp => {
             let socket = std::net::UdpSocket::bind(addr).map_err(listen_error)?;
-            let server = serve_udp(socket, handler.clone(), config.datagram.clone())
-                .map_err(listen_error)?;
+            // Every session is keyed by a handshake over TCP first (see `keys.rs`).
+            let datagram = DatagramConfig {
+                require_session_keys: true,
+                ..config.datagram.clone()
+            };
+            let server = serve_udp(socket, handler.clone(), datagram).map_err(listen_error)?;
             let _ = handler.counters.set(server.counters());
             Some(server)
         }
     };
     let serve = tokio::spawn(serve_tcp_limited(listener, handler, config.tcp.clone()));
     let advertise = config.advertise.unwrap_or(addr);
+    let fetch_keys = tokio::spawn(keys::keep_keys(keys.clone()));
     let heartbeat = tokio::spawn(keep_registered(
+        keys.credential,
         config.manager,
         advertise,
         store.clone(),
@@ -206,6 +228,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         serve,
         _udp: udp,
         heartbeat,
+        fetch_keys,
     })
 }
 
@@ -222,21 +245,32 @@ pub fn handler(store: Arc<Store>, id: ServerId) -> Arc<dyn FrameHandler> {
         id: Arc::new(AtomicU32::new(id)),
         counters: Arc::new(OnceLock::new()),
         reads: Arc::new(ReadCounts::default()),
+        // Nothing authenticates through this handler (its caller moves the frames itself, past
+        // any handshake), so its keys come from a random secret no peer holds and are never
+        // fetched.
+        keys: Arc::new(keys::ServerKeys::new(
+            &tessera_auth::Secret::from_bytes(rand::random()),
+            SocketAddr::from(([0, 0, 0, 0], 0)),
+        )),
     })
 }
 
 /// Register (once an id is known, re-register whenever the manager forgets us) and heartbeat.
 async fn keep_registered(
+    credential: tessera_auth::Credential,
     manager: SocketAddr,
     advertise: SocketAddr,
     store: Arc<Store>,
     wanted_id: Option<ServerId>,
     id: Arc<AtomicU32>,
 ) {
-    let transport: Arc<TcpTransport> = Arc::new(TcpTransport::new(TcpConfig {
-        connect_timeout: Duration::from_secs(1),
-        request_timeout: Duration::from_secs(3),
-    }));
+    let transport: Arc<TcpTransport> = Arc::new(TcpTransport::with_credential(
+        TcpConfig {
+            connect_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(3),
+        },
+        Some(credential),
+    ));
     let incarnation = store.incarnation();
     let mut registered = false;
     // Said once per run of refusals, not every heartbeat interval.
@@ -309,6 +343,19 @@ async fn keep_registered(
                 registered = false;
             }
             Ok((other, _)) => tracing::warn!("manager answered {other:?}"),
+            Err(
+                e @ (tessera_transport::TransportError::Refused { .. }
+                | tessera_transport::TransportError::NotAuthentic { .. }),
+            ) => {
+                // A manager of another cluster (or a wrong secret): the handshake failed.
+                if !refusal_logged {
+                    tracing::error!(
+                        "manager {manager} refused this server (the handshake failed): {e}"
+                    );
+                    refusal_logged = true;
+                }
+                registered = false;
+            }
             Err(e) => tracing::debug!("manager unreachable: {e}"),
         }
         beats = beats.wrapping_add(1);
@@ -355,6 +402,8 @@ async fn remove_orphans(
 }
 
 struct StorageHandler {
+    /// The keys peers are authenticated with.
+    keys: Arc<keys::ServerKeys>,
     store: Arc<Store>,
     locks: Arc<ParityLocks>,
     id: Arc<AtomicU32>,
@@ -398,6 +447,23 @@ impl Counters {
 }
 
 impl FrameHandler for StorageHandler {
+    fn peer_key(&self, claim: &tessera_auth::Claim) -> Option<tessera_auth::Key> {
+        self.keys.key(claim)
+    }
+
+    fn datagram_keyed(&self, session: u64, key: tessera_auth::Key) {
+        self.keys.datagram_keyed(session, key);
+    }
+
+    fn datagram_key(&self, session: u64) -> Option<tessera_auth::Key> {
+        self.keys.take_datagram_key(session)
+    }
+
+    fn refresh_keys(&self) -> BoxFuture<'static, bool> {
+        let keys = self.keys.clone();
+        Box::pin(async move { keys.fetch(keys::STORAGE_KEYS_REFRESH_MIN).await })
+    }
+
     fn handle(
         &self,
         connection: ConnectionId,

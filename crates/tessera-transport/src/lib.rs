@@ -9,8 +9,12 @@
 //! transport plugs in behind the same two traits. A TCP server bounds what its peers may
 //! hold ([`limits`]): connections per address and in all, idle and half-sent time, and the
 //! memory of frames in flight.
+//! Every connection opens with a mutual handshake (`handshake.rs`): a client presents a
+//! [`Credential`], a daemon says through [`FrameHandler::peer_key`] which keys it accepts, and
+//! nothing else is read before it.
 
 mod frame_buffer;
+mod handshake;
 pub mod limits;
 mod mem;
 mod tcp;
@@ -23,9 +27,11 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use tessera_wire::WireError;
 
+pub use handshake::Accepted;
 pub use limits::TcpLimits;
 pub use mem::{MemFaults, MemNetwork, MemStats, MemTransport};
 pub use tcp::{serve_tcp, serve_tcp_limited, TcpConfig, TcpTransport};
+pub use tessera_auth::{Claim, Credential, Key, Refusal};
 pub use tessera_datagram::{Config as DatagramConfig, CongestionKind};
 pub use udp::{serve_udp, UdpConfig, UdpCounters, UdpServer, UdpTransport};
 
@@ -100,6 +106,21 @@ pub enum TransportError {
         addr: SocketAddr,
         /// The decoding error.
         error: WireError,
+    },
+    /// The peer refused to authenticate us.
+    #[error("{addr} refused the connection: {refusal}")]
+    Refused {
+        /// The peer.
+        addr: SocketAddr,
+        /// Why.
+        refusal: Refusal,
+    },
+    /// The peer could not prove that it holds our key: it is not a daemon of this cluster
+    /// (or the key is wrong). Nothing was sent to it.
+    #[error("{addr} could not prove it holds our key: the key is wrong, or it is not a daemon of this cluster")]
+    NotAuthentic {
+        /// The peer.
+        addr: SocketAddr,
     },
 }
 
@@ -194,6 +215,40 @@ pub trait FrameHandler: Send + Sync + 'static {
     ) -> Option<Option<(Bytes, Bytes)>> {
         let _ = (connection, message, payload);
         None
+    }
+
+    /// The key `claim` must prove at this daemon, if it accepts the claim at all. The
+    /// default accepts no one.
+    fn peer_key(&self, claim: &Claim) -> Option<Key> {
+        let _ = claim;
+        None
+    }
+
+    /// Bring the keys [`peer_key`](Self::peer_key) knows up to date (a key may have been
+    /// issued since they were fetched); `true` if they may have changed. Asked once per
+    /// handshake whose claim is unknown; the default knows no other source.
+    fn refresh_keys(&self) -> BoxFuture<'static, bool> {
+        Box::pin(async { false })
+    }
+
+    /// A handshake keyed datagram session `session` with `key` (called before the peer is
+    /// welcomed, so before its first datagram can arrive). The default drops it.
+    fn datagram_keyed(&self, session: u64, key: Key) {
+        let _ = (session, key);
+    }
+
+    /// The key of datagram session `session`, if a handshake keyed it here
+    /// ([`datagram_keyed`](Self::datagram_keyed)); asked once, when its first datagram
+    /// arrives. The default knows none.
+    fn datagram_key(&self, session: u64) -> Option<Key> {
+        let _ = session;
+        None
+    }
+
+    /// Connection `connection` was authenticated as `accepted.claim`; called before any of its
+    /// requests reaches [`handle`](Self::handle).
+    fn opened(&self, connection: ConnectionId, accepted: &Accepted) {
+        let _ = (connection, accepted);
     }
 
     /// Connection `connection` is gone; release whatever it held.

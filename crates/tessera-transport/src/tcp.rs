@@ -66,15 +66,27 @@ struct Connection {
 /// after it breaks.
 pub struct TcpTransport {
     config: TcpConfig,
+    /// What this client proves at every connection's handshake; `None` is refused.
+    credential: Option<tessera_auth::Credential>,
     next_request_id: AtomicU64,
     connections: tokio::sync::Mutex<HashMap<SocketAddr, Arc<Connection>>>,
 }
 
 impl TcpTransport {
-    /// A transport with the given timeouts.
+    /// A transport with the given timeouts, presenting no credential (daemons refuse it; for
+    /// tests of exactly that).
     pub fn new(config: TcpConfig) -> Self {
+        Self::with_credential(config, None)
+    }
+
+    /// A transport that authenticates every connection with `credential`.
+    pub fn with_credential(
+        config: TcpConfig,
+        credential: Option<tessera_auth::Credential>,
+    ) -> Self {
         TcpTransport {
             config,
+            credential,
             next_request_id: AtomicU64::new(1),
             connections: tokio::sync::Mutex::new(HashMap::new()),
         }
@@ -97,7 +109,9 @@ impl TcpTransport {
                 addr,
                 detail: e.to_string(),
             })?;
+        let mut stream = stream;
         tune(&stream);
+        crate::handshake::connect(&mut stream, addr, self.credential.as_ref(), None).await?;
         let (read, write) = stream.into_split();
         let (outbound, rx) = mpsc::channel(OUTBOUND_FRAMES_MAX);
         let pending: Pending = Arc::default();
@@ -475,6 +489,21 @@ async fn serve_connection(
     handler: Arc<dyn FrameHandler>,
     slot: &Slot,
 ) {
+    let mut stream = stream;
+    // A peer still in its handshake is as evictable as an idle one.
+    let accepted = tokio::select! {
+        accepted = crate::handshake::accept(&mut stream, handler.as_ref()) => accepted,
+        _ = slot.evicted() => None,
+    };
+    let Some(accepted) = accepted else {
+        return;
+    };
+    slot.touch();
+    handler.opened(id, &accepted);
+    if accepted.datagram.is_some() {
+        // The handshake keyed a datagram session: its requests come over UDP.
+        return;
+    }
     let peer = stream.peer_addr().ok();
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::channel(OUTBOUND_FRAMES_MAX);

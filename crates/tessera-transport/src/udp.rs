@@ -38,6 +38,9 @@ pub struct UdpConfig {
     pub datagram: DatagramConfig,
     /// How long a call waits for its answer.
     pub request_timeout: Duration,
+    /// What the client proves to key each session (a TCP handshake with the server first);
+    /// `None`: sessions with the public key, which an authenticated server refuses.
+    pub credential: Option<tessera_auth::Credential>,
 }
 
 impl Default for UdpConfig {
@@ -45,9 +48,16 @@ impl Default for UdpConfig {
         UdpConfig {
             datagram: DatagramConfig::default(),
             request_timeout: Duration::from_secs(10),
+            credential: None,
         }
     }
 }
+
+/// The detail of the error by which the I/O thread tells a keyed client that it has no session
+/// to a server (never opened, or lost): the caller keys one and tries again.
+const NO_KEYED_SESSION: &str = "no keyed session";
+/// Handshakes one call may make to key a session before it fails.
+const KEYING_ATTEMPTS_MAX: u32 = 3;
 
 /// Wakes the I/O thread out of `ppoll`.
 struct Waker(OwnedFd);
@@ -111,6 +121,12 @@ enum Command {
     Close { session: SessionId },
     /// Stop the thread.
     Shutdown,
+    /// Open the session to `addr` keyed by a handshake (client side, keyed).
+    Keyed {
+        addr: SocketAddr,
+        session: SessionId,
+        key: tessera_auth::Key,
+    },
 }
 
 /// A queue of commands plus the waker that makes the I/O thread look at it.
@@ -135,6 +151,9 @@ pub struct UdpTransport {
     driver: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     next_request_id: AtomicU64,
     request_timeout: Duration,
+    credential: Option<tessera_auth::Credential>,
+    /// One handshake at a time: a burst of calls to a new server keys one session.
+    keying: tokio::sync::Mutex<()>,
 }
 
 impl UdpTransport {
@@ -149,6 +168,7 @@ impl UdpTransport {
                 pending: HashMap::new(),
                 sessions: HashMap::new(),
                 deferred: Default::default(),
+                keyed: config.credential.is_some(),
             },
         )?;
         Ok(Arc::new(UdpTransport {
@@ -156,10 +176,72 @@ impl UdpTransport {
             driver: std::sync::Mutex::new(Some(driver)),
             next_request_id: AtomicU64::new(1),
             request_timeout,
+            credential: config.credential,
+            keying: tokio::sync::Mutex::new(()),
         }))
     }
 
+    /// A call, keying a session to `addr` first if there is none (or it was lost).
     async fn call_inner(
+        self: Arc<Self>,
+        addr: SocketAddr,
+        message: Bytes,
+        payload: Bytes,
+        reply_bytes: Option<usize>,
+    ) -> Result<Reply, TransportError> {
+        // A session can be lost again between keying and the call (a server's RESET for the
+        // old session, racing a burst of calls): key again, a few times, before giving up.
+        let mut attempt = 0;
+        loop {
+            let answer = self
+                .clone()
+                .call_once(addr, message.clone(), payload.clone(), reply_bytes)
+                .await;
+            match (&answer, &self.credential) {
+                (Err(TransportError::Disconnected { detail, .. }), Some(credential))
+                    if detail == NO_KEYED_SESSION && attempt < KEYING_ATTEMPTS_MAX =>
+                {
+                    attempt += 1;
+                    self.key_session(addr, credential).await?;
+                }
+                _ => return answer,
+            }
+        }
+    }
+
+    /// Key a session to `addr`: a handshake over TCP on the same port binds a fresh session
+    /// id and both nonces to `credential`, and the server admits the session's key.
+    async fn key_session(
+        &self,
+        addr: SocketAddr,
+        credential: &tessera_auth::Credential,
+    ) -> Result<(), TransportError> {
+        let _one_at_a_time = self.keying.lock().await;
+        let connect_error = |detail: String| TransportError::Connect { addr, detail };
+        let connecting = tokio::net::TcpStream::connect(addr);
+        let mut stream = tokio::time::timeout(crate::handshake::HANDSHAKE_TIMEOUT, connecting)
+            .await
+            .map_err(|_| connect_error("timed out".into()))?
+            .map_err(|e| connect_error(e.to_string()))?;
+        let session: u64 = rand::random();
+        let (connecting, accepting) =
+            crate::handshake::connect(&mut stream, addr, Some(credential), Some(session)).await?;
+        let key = tessera_auth::session_key(&credential.key, session, &connecting, &accepting);
+        let keyed = Command::Keyed {
+            addr,
+            session: SessionId(session),
+            key,
+        };
+        if !self.mailbox.post(keyed) {
+            return Err(TransportError::Disconnected {
+                addr,
+                detail: "transport stopped".into(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn call_once(
         self: Arc<Self>,
         addr: SocketAddr,
         message: Bytes,
@@ -349,6 +431,8 @@ enum Role {
         sessions: HashMap<SocketAddr, SessionId>,
         /// Calls the protocol could not queue yet (a session's send queue was full).
         deferred: std::collections::VecDeque<Command>,
+        /// Sessions are keyed by a handshake first (the caller's, on `NO_KEYED_SESSION`).
+        keyed: bool,
     },
     Server {
         handler: Arc<dyn FrameHandler>,
@@ -499,6 +583,7 @@ impl Driver {
                     self.endpoint.close(session);
                     self.forget_session(session);
                 }
+                Command::Keyed { addr, session, key } => self.keyed(addr, session, key, now),
             }
         }
         true
@@ -539,10 +624,18 @@ impl Driver {
             pending,
             sessions,
             deferred,
+            keyed,
         } = &mut self.role
         else {
             return;
         };
+        if *keyed && !sessions.contains_key(&addr) {
+            let _ = reply.send(Err(TransportError::Disconnected {
+                addr,
+                detail: NO_KEYED_SESSION.into(),
+            }));
+            return;
+        }
         let session = *sessions
             .entry(addr)
             .or_insert_with(|| self.endpoint.connect_with(addr, payload_bytes, now));
@@ -578,6 +671,23 @@ impl Driver {
                     detail: e.to_string(),
                 }));
             }
+        }
+    }
+
+    /// A session keyed by a handshake: the one to `addr` from now on, unless one is open.
+    fn keyed(&mut self, addr: SocketAddr, session: SessionId, key: tessera_auth::Key, now: u64) {
+        let payload_bytes = self.payload_bytes_for(addr);
+        let Role::Client { sessions, .. } = &mut self.role else {
+            return;
+        };
+        if sessions.contains_key(&addr) {
+            return;
+        }
+        if let Some(session) = self
+            .endpoint
+            .connect_keyed(addr, session, key, payload_bytes, now)
+        {
+            sessions.insert(addr, session);
         }
     }
 
@@ -854,9 +964,13 @@ impl Driver {
                     .arrived
                     .and_then(|arrived| wall_now.duration_since(arrived).ok())
                     .map_or(0, |waited| waited.as_micros() as u64);
+                let bytes = &self.receiving.buffers[datagram.index][..datagram.len];
+                if let Role::Server { handler, .. } = &self.role {
+                    admit_keyed_session(&mut self.endpoint, handler.as_ref(), bytes);
+                }
                 self.endpoint.handle_datagram_arrived(
                     datagram.from,
-                    &self.receiving.buffers[datagram.index][..datagram.len],
+                    bytes,
                     now.saturating_sub(waited),
                     now,
                 );
@@ -869,6 +983,20 @@ impl Driver {
 }
 
 /// The largest UDP payload the route to `addr` carries without IP fragmentation: the route's
+/// A datagram of a session the endpoint does not know yet: if a handshake keyed it (over
+/// TCP), the endpoint admits its key before the datagram is handled.
+fn admit_keyed_session(endpoint: &mut Endpoint, handler: &dyn FrameHandler, datagram: &[u8]) {
+    let Some(session) = tessera_datagram::packet::session_of(datagram) else {
+        return;
+    };
+    if endpoint.knows(SessionId(session)) {
+        return;
+    }
+    if let Some(key) = handler.datagram_key(session) {
+        endpoint.admit(SessionId(session), key);
+    }
+}
+
 /// MTU (from a connected probe socket's `IP_MTU`) less the IP and UDP headers.
 fn path_payload_bytes(addr: SocketAddr) -> Option<usize> {
     let bind: SocketAddr = match addr {

@@ -1,7 +1,9 @@
 //! The TCP server's limits over real sockets on 127.0.0.1, in one process: idle connections are
 //! closed (but not while a request is in progress), a header cut short is dropped at its
 //! deadline, and a newcomer beyond the caps evicts the idle connection silent longest, after
-//! which that connection's client goes on over a fresh one.
+//! which that connection's client goes on over a fresh one. Every connection authenticates
+//! first (the handshake done by hand for the raw ones), so what follows is what an
+//! authenticated peer may hold.
 
 use bytes::Bytes;
 use std::net::SocketAddr;
@@ -19,7 +21,18 @@ use tokio::net::{TcpListener, TcpStream};
 /// message's first byte says.
 struct Echo;
 
+/// The key the test server accepts for any claim.
+const TEST_KEY: tessera_auth::Key = tessera_auth::Key([7; 32]);
+const CREDENTIAL: tessera_auth::Credential = tessera_auth::Credential {
+    claim: tessera_auth::Claim::Admin,
+    key: TEST_KEY,
+};
+
 impl FrameHandler for Echo {
+    fn peer_key(&self, _claim: &tessera_auth::Claim) -> Option<tessera_auth::Key> {
+        Some(TEST_KEY)
+    }
+
     fn handle(
         &self,
         _connection: ConnectionId,
@@ -39,6 +52,37 @@ async fn serve(limits: TcpLimits) -> SocketAddr {
     let addr = listener.local_addr().expect("address");
     tokio::spawn(serve_tcp_limited(listener, Arc::new(Echo), limits));
     addr
+}
+
+/// A raw connection to `addr`, authenticated by a handshake done by hand.
+async fn connect(addr: SocketAddr) -> TcpStream {
+    use tessera_wire::{decode_message, Frame, Handshake};
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    async fn step(stream: &mut TcpStream, step: &Handshake) -> Handshake {
+        let frame = Frame::new(FrameKind::Request, 0, step, Bytes::new()).to_bytes();
+        stream.write_all(&frame).await.expect("send");
+        let mut head = [0u8; FRAME_HEADER_BYTES];
+        stream.read_exact(&mut head).await.expect("answer");
+        let header = FrameHeader::decode(&head).expect("header");
+        let mut body = vec![0u8; header.message_len as usize];
+        stream.read_exact(&mut body).await.expect("body");
+        decode_message(&body).expect("decodes")
+    }
+    let nonce: [u8; 32] = rand::random();
+    let hello = Handshake::Hello {
+        version: tessera_auth::HANDSHAKE_VERSION,
+        claim: Some(CREDENTIAL.claim),
+        nonce,
+        datagram_session: None,
+    };
+    let Handshake::Challenge { nonce: theirs, .. } = step(&mut stream, &hello).await else {
+        panic!("not challenged");
+    };
+    let side = tessera_auth::Side::Connecting;
+    let proof = tessera_auth::proof(&TEST_KEY, side, &CREDENTIAL.claim, &nonce, &theirs);
+    let welcome = step(&mut stream, &Handshake::Proof { proof }).await;
+    assert_eq!(welcome, Handshake::Welcome);
+    stream
 }
 
 fn request(id: u64, message: &[u8]) -> Vec<u8> {
@@ -75,14 +119,14 @@ async fn an_idle_connection_is_closed_but_not_while_its_request_is_in_progress()
         ..TcpLimits::default()
     })
     .await;
-    let mut idle = TcpStream::connect(addr).await.expect("connect");
+    let mut idle = connect(addr).await;
     let took = closed_after(&mut idle, Duration::from_secs(5))
         .await
         .expect("the idle connection is closed");
     assert!(took >= Duration::from_millis(250), "closed after {took:?}");
     // A request that takes 600 ms (twice the idle timeout) keeps its connection, and its
     // answer arrives.
-    let mut busy = TcpStream::connect(addr).await.expect("connect");
+    let mut busy = connect(addr).await;
     busy.write_all(&request(7, &[200, 1, 2]))
         .await
         .expect("send");
@@ -111,7 +155,7 @@ async fn a_header_cut_short_is_dropped_at_its_deadline() {
         ..TcpLimits::default()
     })
     .await;
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let mut stream = connect(addr).await;
     stream
         .write_all(&request(1, b"x")[..5])
         .await
@@ -130,7 +174,10 @@ async fn newcomers_evict_the_idle_connection_silent_longest_and_its_client_goes_
         ..TcpLimits::default()
     })
     .await;
-    let client = Arc::new(TcpTransport::new(TcpConfig::default()));
+    let client = Arc::new(TcpTransport::with_credential(
+        TcpConfig::default(),
+        Some(CREDENTIAL),
+    ));
     let call = |message: &'static [u8]| {
         let client = client.clone();
         async move {

@@ -5,8 +5,9 @@ use serde::{de::DeserializeOwned, Serialize};
 
 /// Version of the wire protocol; a frame of any other version is refused. Version 2: parity
 /// locks carry fencing tokens and intent records (`RecordIntent`, `RenewParity`,
-/// `ReadIntent`, `Locked`, `Intent`, `StaleLock`, `LockBusy`).
-pub const PROTOCOL_VERSION: u8 = 2;
+/// `ReadIntent`, `Locked`, `Intent`, `StaleLock`, `LockBusy`). Version 3: every connection
+/// opens with a [`crate::Handshake`].
+pub const PROTOCOL_VERSION: u8 = 3;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.

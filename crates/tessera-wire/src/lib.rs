@@ -24,12 +24,20 @@
 //! `Committed`, `Orphans`; errors `NotPending`, `TooLarge`) and the storage request
 //! `Allocated` with its response; the manager's store (issue 15, item 8): `StorageRequest::Describe`
 //! and `Records`, `StorageResponse::Records`, `ManagerError::StoreLost` and `NoStore`.
+//!
+//! Every connection opens with a [`Handshake`] (frame protocol version 3; version 1 had none
+//! and is refused by the version check). Appended for authentication: `KeyCreate`,
+//! `KeyList`, `KeyRemove`, `StorageKeys` (responses `KeyCreated`, `Keys`, `StorageKeys`;
+//! errors `Forbidden`, `UnknownKey`).
 
 mod frame;
+mod handshake;
 mod messages;
 
 pub use frame::*;
+pub use handshake::*;
 pub use messages::*;
+pub use tessera_auth::{Claim, Key, KeyId, Refusal, Role};
 
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 //! The typed messages between clients, storage servers and the manager.
 
 use serde::{Deserialize, Serialize};
+use tessera_auth::{Key, KeyId, Role};
 use tessera_layout::{Layout, OverflowRole, Region, Scheme};
 
 /// Identifies a file across the cluster (assigned by the manager, never reused).
@@ -643,6 +644,21 @@ pub enum ManagerRequest {
         /// The files it deleted.
         files: Vec<FileId>,
     },
+    /// Issue a new client access key (admin only).
+    KeyCreate {
+        /// A name for the operator's records (who or what holds the key).
+        name: String,
+    },
+    /// The access keys issued and not revoked, without their secrets (admin only).
+    KeyList,
+    /// Revoke an access key (admin only): its holder is refused from then on.
+    KeyRemove {
+        /// The key.
+        key: KeyId,
+    },
+    /// The storage keys of the live access keys, for a storage server to check clients by
+    /// (server only).
+    StorageKeys,
 }
 
 /// A file and what its server owes of it, for rebuild.
@@ -694,6 +710,26 @@ pub enum ManagerResponse {
     },
     /// Removed files whose data a server may still hold (at most [`ORPHANS_LISTED_MAX`]).
     Orphans(Vec<FileId>),
+    /// A new access key: give `key` to its holder, it is not shown again.
+    KeyCreated {
+        /// Its id.
+        id: KeyId,
+        /// Its secret.
+        key: Key,
+    },
+    /// The access keys issued and not revoked.
+    Keys(Vec<AccessKeyInfo>),
+    /// The storage key of every live access key.
+    StorageKeys(Vec<(KeyId, Key)>),
+}
+
+/// An access key as `tessera key ls` shows it (never its secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessKeyInfo {
+    /// Its id.
+    pub id: KeyId,
+    /// The name it was created with.
+    pub name: String,
 }
 
 /// Most orphans one [`ManagerResponse::Orphans`] lists.
@@ -767,6 +803,19 @@ pub enum ManagerError {
         /// The cluster the refused server's store joined, if any.
         cluster: Option<ClusterId>,
     },
+    /// The peer's role may not make this request.
+    #[error("{request} needs {needs} credentials; this connection is authenticated as {role}")]
+    Forbidden {
+        /// The request refused.
+        request: String,
+        /// The roles that may make it.
+        needs: String,
+        /// The peer's role.
+        role: Role,
+    },
+    /// No access key with that id.
+    #[error("no access key {0}")]
+    UnknownKey(KeyId),
 }
 
 fn no_store_message(path: &str, cluster: Option<ClusterId>) -> String {

@@ -151,23 +151,37 @@ async fn tcp_stream_mb_s(bytes: u64) -> Result<f64> {
     Ok(mb_s(bytes, seconds))
 }
 
+/// The client credential of a cluster found, once a client with it reaches the manager.
+async fn connect_target(target: &commands::Target) -> Result<tessera_client::Credential> {
+    let credential = target.client_credential()?;
+    commands::connect_to(target.addr, target.transport, credential).await?;
+    Ok(credential)
+}
+
 pub async fn run(cluster: Option<String>, quick: bool, json: Option<PathBuf>) -> Result<()> {
     // Use the cluster named (or the default one) if it answers, else an embedded one.
     let mut embedded = None;
-    let found = match commands::resolve_cluster_and_transport(cluster.clone()) {
-        Ok((addr, transport)) => match commands::connect_to(addr, transport).await {
-            Ok(_) => Some((addr, transport.unwrap_or_default())),
+    let found = match commands::resolve(cluster.clone()) {
+        Ok(target) => match connect_target(&target).await {
+            Ok(credential) => Some((
+                target.addr,
+                target.transport.unwrap_or_default(),
+                credential,
+            )),
             Err(e) if cluster.is_some() => return Err(e),
             Err(_) => None,
         },
         Err(e) if cluster.is_some() => return Err(e),
         Err(_) => None,
     };
-    let (addr, cluster_transport) = match found {
+    let (addr, cluster_transport, credential) = match found {
         Some(found) => found,
         None => {
             let e = EmbeddedCluster::start(5).await?;
-            let found = (e.cluster.manager_addr()?, e.cluster.transport());
+            let c = &e.cluster;
+            let credential =
+                crate::credentials::client(c.file.key.as_deref(), c.secret_path().as_deref())?;
+            let found = (c.manager_addr()?, c.transport(), credential);
             embedded = Some(e);
             found
         }
@@ -181,7 +195,7 @@ pub async fn run(cluster: Option<String>, quick: bool, json: Option<PathBuf>) ->
     };
     let mut clients = Vec::new();
     for &t in &transports {
-        clients.push((t, commands::connect_to(addr, Some(t)).await?));
+        clients.push((t, commands::connect_to(addr, Some(t), credential).await?));
     }
     let servers = clients[0].1.status().await?.len();
     let size: u64 = if quick { 64 << 20 } else { 256 << 20 };

@@ -50,7 +50,17 @@ pub struct ClusterFile {
     /// Fixed datagram window the servers use, if any.
     #[serde(default)]
     pub window: Option<u32>,
+    /// Since version 2: the cluster secret's file (mode 0600), which the daemons and the
+    /// admin's commands use.
+    #[serde(default)]
+    pub secret: Option<PathBuf>,
+    /// Since version 2: the access key client commands use, `KEYID:SECRET`.
+    #[serde(default)]
+    pub key: Option<String>,
 }
+
+/// Version of `cluster.toml` this build writes (2 added `secret` and `key`).
+const CLUSTER_FILE_VERSION: u32 = 2;
 
 fn default_transport() -> String {
     TransportKind::Udp.name().into()
@@ -165,11 +175,46 @@ impl LocalCluster {
     }
 
     fn save(&self) -> Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
         let path = Self::cluster_file(&self.dir);
         let tmp = path.with_extension("toml.tmp");
-        std::fs::write(&tmp, toml::to_string(&self.file)?)?;
+        // It holds an access key: readable by its owner only.
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(toml::to_string(&self.file)?.as_bytes())?;
+        drop(file);
         std::fs::rename(&tmp, &path)?;
         Ok(())
+    }
+
+    /// The cluster secret's file, if this cluster has one.
+    pub fn secret_path(&self) -> Option<PathBuf> {
+        self.file.secret.clone()
+    }
+
+    /// A client of this cluster with the admin's credential.
+    pub async fn admin_client(&self) -> Result<Client> {
+        let credential = crate::credentials::admin(self.secret_path().as_deref())?;
+        crate::commands::connect_to(self.manager_addr()?, Some(self.transport()), credential).await
+    }
+
+    /// Keep the access key of an earlier run if the manager still knows it, else issue one.
+    async fn ensure_key(&mut self, previous: Option<String>) -> Result<()> {
+        if let Some(key) = previous {
+            self.file.key = Some(key);
+            if self.client().await.is_ok() {
+                return Ok(());
+            }
+        }
+        let admin = self.admin_client().await?;
+        let (id, key) = admin.key_create("local cluster").await?;
+        self.file.key = Some(tessera_client::format_access_key(id, &key));
+        self.save()
     }
 
     /// The transport the cluster's servers listen on.
@@ -179,7 +224,9 @@ impl LocalCluster {
 
     /// A client of this cluster over its transport.
     pub async fn client(&self) -> Result<Client> {
-        crate::commands::connect_to(self.manager_addr()?, Some(self.transport())).await
+        let credential =
+            crate::credentials::client(self.file.key.as_deref(), self.secret_path().as_deref())?;
+        crate::commands::connect_to(self.manager_addr()?, Some(self.transport()), credential).await
     }
 
     pub fn manager_addr(&self) -> Result<SocketAddr> {
@@ -214,6 +261,8 @@ impl LocalCluster {
             bail!("a cluster needs at least one server");
         }
         let previous = Self::load(&dir).ok();
+        let secret = dir.join(crate::credentials::SECRET_FILE_NAME);
+        crate::credentials::read_or_create_secret(&secret)?;
         let manager_dir = dir.join("manager");
         // Only a first start creates the manager's store: later, its servers hold the
         // cluster's data, and a new, empty store would disown it.
@@ -227,11 +276,11 @@ impl LocalCluster {
             .as_ref()
             .map(|p| p.file.manager.clone())
             .unwrap_or_else(|| "127.0.0.1:0".into());
-        let manager_pid = match Self::start_manager(&manager_dir, &listen, init) {
+        let manager_pid = match Self::start_manager(&manager_dir, &listen, &secret, init) {
             Ok(pid) => pid,
             // The old port may be taken now; any free one will do.
             Err(_) if listen != "127.0.0.1:0" => {
-                Self::start_manager(&manager_dir, "127.0.0.1:0", init)?
+                Self::start_manager(&manager_dir, "127.0.0.1:0", &secret, init)?
             }
             Err(e) => return Err(e),
         };
@@ -239,7 +288,9 @@ impl LocalCluster {
         let mut cluster = LocalCluster {
             dir: dir.clone(),
             file: ClusterFile {
-                version: 1,
+                version: CLUSTER_FILE_VERSION,
+                secret: Some(secret),
+                key: None,
                 manager: manager.clone(),
                 manager_process: Process {
                     addr: manager,
@@ -268,6 +319,15 @@ impl LocalCluster {
             });
         }
         cluster.save()?;
+        let previous_key = previous.and_then(|p| p.file.key);
+        // A manager without its store knows no keys; `manager recover` puts the local one back.
+        if store_missing {
+            cluster.file.key = previous_key;
+            cluster.save()?;
+        } else if let Err(e) = cluster.ensure_key(previous_key).await {
+            cluster.down();
+            return Err(e.context("cannot issue the local cluster's access key"));
+        }
         for id in 1..=servers {
             if let Err(e) = cluster.start_server(id) {
                 cluster.down();
@@ -294,9 +354,11 @@ impl LocalCluster {
         Ok(cluster)
     }
 
-    fn start_manager(manager_dir: &Path, listen: &str, init: bool) -> Result<u32> {
+    fn start_manager(manager_dir: &Path, listen: &str, secret: &Path, init: bool) -> Result<u32> {
         let mut args: Vec<String> = vec![
             "manager".into(),
+            "--secret".into(),
+            secret.display().to_string(),
             "--listen".into(),
             listen.into(),
             "--dir".into(),
@@ -335,8 +397,15 @@ impl LocalCluster {
         let wanted = self.file.servers[index].process.addr.clone();
         for listen in [wanted.as_str(), "127.0.0.1:0"] {
             let _ = std::fs::remove_file(&addr_file);
+            let secret = self.secret_path().ok_or_else(|| {
+                anyhow!(
+                    "this local cluster has no secret (made by an older tessera); start it afresh"
+                )
+            })?;
             let args: Vec<String> = vec![
                 "server".into(),
+                "--secret".into(),
+                secret.display().to_string(),
                 "--manager".into(),
                 manager.clone(),
                 "--listen".into(),

@@ -1,6 +1,7 @@
 //! The client and cluster commands.
 
 use crate::cluster::LocalCluster;
+use crate::credentials;
 use anyhow::{anyhow, bail, Context, Result};
 use futures::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -9,8 +10,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use tessera_client::{
-    Client, ClientConfig, ClientError, CongestionKind, DatagramConfig, File, LayoutRequest, Scheme,
-    TransportKind,
+    Client, ClientConfig, ClientError, CongestionKind, Credential, DatagramConfig, File,
+    LayoutRequest, Scheme, TransportKind,
 };
 use tessera_wire::ManagerError;
 
@@ -57,18 +58,46 @@ pub fn client_datagram_config(net: Network) -> DatagramConfig {
     config
 }
 
-/// A client with the transport chosen on the command line, else the cluster's, else UDP.
+/// A client with the transport chosen on the command line, else the cluster's, else UDP,
+/// authenticated with `credential`.
 pub async fn connect_to(
     addr: SocketAddr,
     cluster_transport: Option<TransportKind>,
+    credential: Credential,
 ) -> Result<Client> {
     let net = network();
     let config = ClientConfig {
         transport: net.transport.or(cluster_transport).unwrap_or_default(),
         datagram: client_datagram_config(net),
+        credential: Some(credential),
         ..ClientConfig::default()
     };
     Ok(Client::connect_with(addr, config).await?)
+}
+
+/// A cluster as a client command finds it.
+pub struct Target {
+    /// The manager's address.
+    pub addr: SocketAddr,
+    /// The local cluster's transport, if a cluster file said.
+    pub transport: Option<TransportKind>,
+    /// The local cluster's access key, if a cluster file holds one.
+    pub key: Option<String>,
+    /// The local cluster's secret file, if a cluster file names one.
+    pub secret: Option<PathBuf>,
+}
+
+impl Target {
+    /// The client credential for this cluster (see [`credentials::client`]).
+    pub fn client_credential(&self) -> Result<Credential> {
+        credentials::client(self.key.as_deref(), self.secret.as_deref())
+            .with_context(|| format!("cluster at {}", self.addr))
+    }
+
+    /// The admin's credential for this cluster (see [`credentials::admin`]).
+    pub fn admin_credential(&self) -> Result<Credential> {
+        credentials::admin(self.secret.as_deref())
+    }
 }
 
 /// Bytes moved by one client call in a streaming transfer (whole stripes where possible).
@@ -85,10 +114,21 @@ pub fn resolve_cluster(spec: Option<String>) -> Result<SocketAddr> {
 pub fn resolve_cluster_and_transport(
     spec: Option<String>,
 ) -> Result<(SocketAddr, Option<TransportKind>)> {
+    resolve(spec).map(|target| (target.addr, target.transport))
+}
+
+/// Find the cluster: its manager, and what its cluster file says (transport, keys).
+pub fn resolve(spec: Option<String>) -> Result<Target> {
+    let bare = |addr| Target {
+        addr,
+        transport: None,
+        key: None,
+        secret: None,
+    };
     let given = spec.is_some();
     let spec = spec.unwrap_or_else(|| "tessera-data/cluster.toml".into());
     if let Ok(addr) = spec.parse::<SocketAddr>() {
-        return Ok((addr, None));
+        return Ok(bare(addr));
     }
     let path = Path::new(&spec);
     let file = if path.is_dir() {
@@ -99,12 +139,17 @@ pub fn resolve_cluster_and_transport(
     if file.exists() {
         let dir = file.parent().unwrap_or(Path::new("."));
         let cluster = LocalCluster::load(dir)?;
-        return Ok((cluster.manager_addr()?, Some(cluster.transport())));
+        return Ok(Target {
+            addr: cluster.manager_addr()?,
+            transport: Some(cluster.transport()),
+            key: cluster.file.key.clone(),
+            secret: cluster.secret_path(),
+        });
     }
     if given && spec.contains(':') {
         if let Ok(mut addrs) = spec.to_socket_addrs() {
             if let Some(addr) = addrs.next() {
-                return Ok((addr, None));
+                return Ok(bare(addr));
             }
         }
     }
@@ -117,9 +162,16 @@ pub fn resolve_cluster_and_transport(
     )
 }
 
+/// A client of the cluster `spec` names, with a client's credential.
 pub async fn connect(spec: Option<String>) -> Result<Client> {
-    let (addr, transport) = resolve_cluster_and_transport(spec)?;
-    connect_to(addr, transport).await
+    let target = resolve(spec)?;
+    connect_to(target.addr, target.transport, target.client_credential()?).await
+}
+
+/// A client of the cluster `spec` names, with the admin's credential.
+pub async fn connect_admin(spec: Option<String>) -> Result<Client> {
+    let target = resolve(spec)?;
+    connect_to(target.addr, target.transport, target.admin_credential()?).await
 }
 
 /// Parse a size such as `65536`, `64K`, `64KiB`, `1M`.
@@ -433,8 +485,9 @@ pub async fn stat(cluster: Option<String>, remote: &str, json: bool) -> Result<(
 }
 
 pub async fn status(cluster: Option<String>, json: bool) -> Result<()> {
-    let (addr, transport) = resolve_cluster_and_transport(cluster.clone())?;
-    let client = connect_to(addr, transport).await?;
+    let target = resolve(cluster.clone())?;
+    let addr = target.addr;
+    let client = connect_to(addr, target.transport, target.client_credential()?).await?;
     let servers = client.status().await?;
     if json {
         let list: Vec<_> = servers
@@ -454,7 +507,8 @@ pub async fn status(cluster: Option<String>, json: bool) -> Result<()> {
 }
 
 pub async fn rebuild(cluster: Option<String>, id: u32) -> Result<()> {
-    let client = connect(cluster).await?;
+    // Clearing a server's debt is the admin's (a false one would serve stale bytes).
+    let client = connect_admin(cluster).await?;
     let bar = if std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(0);
         bar.set_style(
@@ -560,6 +614,32 @@ pub(crate) async fn until_terminated() {
     }
 }
 
+/// The manager's cluster secret: `--secret FILE`, else `DIR/cluster.secret`; with `init`,
+/// created (mode 0600) if it does not exist yet.
+fn manager_secret(dir: &Path, init: bool) -> Result<tessera_client::Secret> {
+    let path =
+        credentials::secret_flag().unwrap_or_else(|| dir.join(credentials::SECRET_FILE_NAME));
+    if init {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let created = !path.exists();
+        let secret = credentials::read_or_create_secret(&path)?;
+        if created {
+            eprintln!(
+                "created the cluster secret {} (copy it to every server)",
+                path.display()
+            );
+        }
+        return Ok(secret);
+    }
+    if !path.exists() {
+        bail!(
+            "no cluster secret at {}: create one with `tessera manager --init` (or pass --secret FILE)",
+            path.display()
+        );
+    }
+    credentials::read_secret(&path)
+}
+
 pub async fn run_manager(
     listen: &str,
     dir: &Path,
@@ -578,7 +658,9 @@ pub async fn run_manager(
         }
         config.pending_lease = std::time::Duration::from_millis(ms);
     }
-    let manager = tessera_manager::daemon::start_limited(listen, dir, config, init, limits).await?;
+    let secret = manager_secret(dir, init)?;
+    let manager =
+        tessera_manager::daemon::start_limited(listen, dir, config, init, limits, &secret).await?;
     write_addr_file(addr_file, manager.addr)?;
     eprintln!("manager listening on {}", manager.addr);
     until_terminated().await;
@@ -602,7 +684,12 @@ pub async fn run_server(
         .parse()
         .map_err(|_| anyhow!("bad listen address '{listen}'"))?;
     let net = network();
+    let secret_path = credentials::secret_flag().ok_or_else(|| {
+        anyhow!("tessera server needs --secret FILE (the cluster secret the manager was given)")
+    })?;
+    let secret = credentials::read_secret(&secret_path)?;
     let server = tessera_server::start(tessera_server::ServerConfig {
+        secret,
         manager,
         listen,
         advertise: None,
@@ -621,5 +708,33 @@ pub async fn run_server(
         .shutdown()
         .await
         .context("cannot sync the store on shutdown")?;
+    Ok(())
+}
+
+/// `tessera key create NAME`: issue an access key and print it (once).
+pub async fn key_create(cluster: Option<String>, name: &str) -> Result<()> {
+    let client = connect_admin(cluster).await?;
+    let (id, key) = client.key_create(name).await?;
+    println!("{}", tessera_client::format_access_key(id, &key));
+    Ok(())
+}
+
+/// `tessera key ls`: the live access keys.
+pub async fn key_ls(cluster: Option<String>) -> Result<()> {
+    let client = connect_admin(cluster).await?;
+    for key in client.key_list().await? {
+        println!("{}  {}", key.id, key.name);
+    }
+    Ok(())
+}
+
+/// `tessera key rm KEYID`: revoke an access key.
+pub async fn key_rm(cluster: Option<String>, id: &str) -> Result<()> {
+    let id: tessera_client::KeyId = id
+        .parse()
+        .map_err(|_| anyhow!("bad key id '{id}' (expected k followed by 16 hex digits)"))?;
+    let client = connect_admin(cluster).await?;
+    client.key_remove(id).await?;
+    println!("revoked {id}");
     Ok(())
 }

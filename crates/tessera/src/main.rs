@@ -4,6 +4,7 @@
 mod bench;
 mod cluster;
 mod commands;
+mod credentials;
 mod demo;
 mod lab;
 mod recover;
@@ -44,6 +45,14 @@ struct Cli {
     /// bandwidth-delay product); 0 turns receiver-driven grants off [default: 20]
     #[arg(long, global = true, env = "TESSERA_RECEIVE_BUDGET")]
     receive_budget: Option<u32>,
+    /// Client access key, KEYID:SECRET (from `tessera key create`) [default: the local
+    /// cluster's]
+    #[arg(long, global = true, env = "TESSERA_KEY", hide_env_values = true)]
+    key: Option<String>,
+    /// The cluster secret file: daemons authenticate with it, and client commands given it
+    /// act as the admin [default: the local cluster's, for admin commands]
+    #[arg(long, global = true, env = "TESSERA_SECRET")]
+    secret: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -70,6 +79,11 @@ enum Command {
     },
     /// Run the metadata manager daemon, or rebuild its lost store from the servers.
     Manager(ManagerArgs),
+    /// Issue, list and revoke client access keys (needs the cluster secret).
+    Key {
+        #[command(subcommand)]
+        action: KeyAction,
+    },
     /// Run a storage server daemon, or stop/start one server of the local cluster.
     Server(ServerArgs),
     /// Store a local file (`-` for stdin).
@@ -247,7 +261,8 @@ struct ManagerArgs {
     pending_lease_ms: Option<u64>,
     #[command(flatten)]
     limits: LimitArgs,
-    /// Create the metadata store (a new, empty cluster) if DIR has none. Without it, a
+    /// Create the metadata store (a new, empty cluster) if DIR has none, and the cluster
+    /// secret (DIR/cluster.secret, or --secret FILE) if it does not exist yet. Without it, a
     /// manager whose store is missing refuses every server and waits for
     /// `tessera manager recover`.
     #[arg(long)]
@@ -266,6 +281,23 @@ enum ManagerAction {
         /// file named by --cluster, else ./tessera-data/cluster.toml]
         #[arg(long, value_delimiter = ',')]
         servers: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyAction {
+    /// Issue an access key and print it as KEYID:SECRET (it is not shown again).
+    Create {
+        /// Who or what holds it, for `key ls`.
+        #[arg(default_value = "unnamed")]
+        name: String,
+    },
+    /// List the live access keys.
+    Ls,
+    /// Revoke an access key.
+    Rm {
+        /// Its id, k followed by 16 hex digits.
+        id: String,
     },
 }
 
@@ -353,6 +385,10 @@ async fn run(cli: Cli) -> Result<()> {
         window: cli.window,
         receive_budget: cli.receive_budget,
     });
+    credentials::set_flags(credentials::Flags {
+        key: cli.key,
+        secret: cli.secret,
+    });
     let cluster = cli.cluster;
     match cli.command {
         Command::Up {
@@ -383,6 +419,11 @@ async fn run(cli: Cli) -> Result<()> {
                 )
                 .await
             }
+        },
+        Command::Key { action } => match action {
+            KeyAction::Create { name } => commands::key_create(cluster, &name).await,
+            KeyAction::Ls => commands::key_ls(cluster).await,
+            KeyAction::Rm { id } => commands::key_rm(cluster, &id).await,
         },
         Command::Server(args) => match args.action {
             Some(ServerAction::Stop { id, dir }) => commands::server_stop(&dir, id),

@@ -21,11 +21,20 @@ const PAGES_MAX: usize = 1 << 20;
 
 /// Runs the recovery and prints what it did.
 pub async fn run(cluster: Option<String>, dir: &Path, servers: Vec<String>) -> Result<()> {
-    let addrs = server_addresses(cluster, servers)?;
-    let transport = Arc::new(TcpTransport::new(TcpConfig {
+    let local = local_cluster(cluster.as_deref());
+    let addrs = server_addresses(local.as_ref(), servers)?;
+    // The servers know the admin by the key derived from the cluster secret; the manager,
+    // whose store is gone, is not asked for anything.
+    let secret = local.as_ref().and_then(LocalCluster::secret_path);
+    let credential = crate::credentials::admin(secret.as_deref())?;
+    let config = TcpConfig {
         connect_timeout: Duration::from_secs(3),
         request_timeout: Duration::from_secs(30),
-    }));
+    };
+    let transport = Arc::new(TcpTransport::with_credential(
+        config,
+        Some(credential.for_storage()),
+    ));
     let mut reports = Vec::new();
     for addr in &addrs {
         let report = ask(&transport, *addr)
@@ -33,7 +42,28 @@ pub async fn run(cluster: Option<String>, dir: &Path, servers: Vec<String>) -> R
             .with_context(|| format!("server {addr} did not give its records"))?;
         reports.push(report);
     }
-    let recovered = recovery::merge(&reports)?;
+    let mut recovered = recovery::merge(&reports)?;
+    // Access keys live only in the lost store; the local cluster's own survives in its file.
+    match local.as_ref().and_then(|local| local.file.key.clone()) {
+        Some(text) => {
+            let credential = tessera_client::parse_access_key(&text).map_err(|e| anyhow!("{e}"))?;
+            let tessera_client::Claim::Client(id) = credential.claim else {
+                bail!("the local cluster's key is not an access key");
+            };
+            recovered
+                .access_keys
+                .push((id, "local cluster".into(), credential.key));
+            recovered.notes.push(format!(
+                "access keys are not kept by servers: the local cluster's key {id} was put back; \
+                 issue new keys for other clients with `tessera key create`"
+            ));
+        }
+        None => recovered.notes.push(
+            "access keys are not kept by servers: issue new keys for clients with `tessera key \
+             create`"
+                .into(),
+        ),
+    }
     let write_dir = dir.to_path_buf();
     let written = recovered.clone();
     tokio::task::spawn_blocking(move || recovery::write_store(&write_dir, &written))
@@ -52,18 +82,22 @@ pub async fn run(cluster: Option<String>, dir: &Path, servers: Vec<String>) -> R
     Ok(())
 }
 
+/// The local cluster `--cluster` names (a directory or its `cluster.toml`), else
+/// `./tessera-data`, if there is one there.
+fn local_cluster(spec: Option<&str>) -> Option<LocalCluster> {
+    let path = Path::new(spec.unwrap_or("tessera-data/cluster.toml"));
+    let dir = if path.is_dir() {
+        path
+    } else {
+        path.parent().unwrap_or(Path::new("."))
+    };
+    LocalCluster::load(dir).ok()
+}
+
 /// The servers to ask: those named, else those of the local cluster's file.
-fn server_addresses(cluster: Option<String>, named: Vec<String>) -> Result<Vec<SocketAddr>> {
+fn server_addresses(local: Option<&LocalCluster>, named: Vec<String>) -> Result<Vec<SocketAddr>> {
     let named: Vec<String> = if named.is_empty() {
-        let spec = cluster.unwrap_or_else(|| "tessera-data/cluster.toml".into());
-        let path = Path::new(&spec);
-        let dir = if path.is_dir() {
-            path
-        } else {
-            path.parent().unwrap_or(Path::new("."))
-        };
-        let local = LocalCluster::load(dir)
-            .context("no --servers given, and no cluster file to read them from")?;
+        let local = local.context("no --servers given, and no cluster file to read them from")?;
         local
             .file
             .servers

@@ -635,8 +635,14 @@ fn bad_input_fails_with_one_clear_line() {
     let missing_local = c.local("no-such-local-file");
     let missing_cluster = c.local("nowhere").join("cluster.toml");
 
+    // A bare address needs an access key (a local cluster's file carries one).
     let line = fails_alone_with_one_line(&["--cluster", "127.0.0.1:1", "ls"]);
+    assert_mentions(&line, &["127.0.0.1:1", "no access key", "--key"]);
+    let some_key = format!("k{:016x}:{:064x}", 1, 2);
+    let line = fails_alone_with_one_line(&["--cluster", "127.0.0.1:1", "--key", &some_key, "ls"]);
     assert_mentions(&line, &["127.0.0.1:1", "cannot reach"]);
+    let line = fails_alone_with_one_line(&["--cluster", "127.0.0.1:1", "--key", "k12:34", "ls"]);
+    assert_mentions(&line, &["bad access key", "KEYID:SECRET"]);
     let line = fails_alone_with_one_line(&["--cluster", text(&missing_cluster), "ls"]);
     assert_mentions(&line, &["no cluster", text(&missing_cluster)]);
 

@@ -7,6 +7,8 @@
 //! Random choices come from a seeded generator whose seed is printed; set `TESSERA_TEST_SEED`
 //! to replay a failure.
 
+mod support;
+
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -125,8 +127,23 @@ impl Cluster {
         self.tessera(&["server", "start", &id.to_string()]);
     }
 
+    /// The admin's credential, from the cluster's secret.
+    fn admin(&self) -> tessera_client::Credential {
+        let text = std::fs::read_to_string(self.dir.join("cluster.secret")).expect("secret");
+        let secret = tessera_client::Secret::from_file_text(&text).expect("secret parses");
+        tessera_client::Credential {
+            claim: tessera_client::Claim::Admin,
+            key: secret.admin_key(),
+        }
+    }
+
+    /// A client acting as the admin (rebuild clears debts).
     async fn client(&self) -> Client {
-        Client::connect(self.manager)
+        let config = tessera_client::ClientConfig {
+            credential: Some(self.admin()),
+            ..tessera_client::ClientConfig::default()
+        };
+        Client::connect_with(self.manager, config)
             .await
             .expect("connect to the manager")
     }
@@ -1015,9 +1032,18 @@ async fn read_response(stream: &mut TcpStream) -> (FrameHeader, StorageResponse)
     (header, response)
 }
 
+/// The admin's credential toward storage servers, for the raw connections of these tests.
+static RAW_CREDENTIAL: std::sync::OnceLock<tessera_client::Credential> = std::sync::OnceLock::new();
+
+/// A raw connection to a server, authenticated as the admin (the garbage tests are about
+/// what an authenticated peer sends; `auth.rs` covers peers without a key).
+async fn raw_connection(addr: SocketAddr) -> TcpStream {
+    support::authenticated(addr, RAW_CREDENTIAL.get().expect("credential set")).await
+}
+
 /// A fresh connection answers a ping with the server's id.
 async fn ping(addr: SocketAddr, incarnation: Incarnation) -> Option<ServerId> {
-    let mut stream = TcpStream::connect(addr).await.expect("connect for ping");
+    let mut stream = raw_connection(addr).await;
     stream
         .write_all(&request_frame(1, incarnation, StorageRequest::Ping))
         .await
@@ -1048,6 +1074,7 @@ async fn closed_by_server(stream: &mut TcpStream) -> bool {
 async fn server_survives_garbage_and_truncated_frames() {
     let mut rng = seeded("server_survives_garbage");
     let cluster = Cluster::up();
+    let _ = RAW_CREDENTIAL.set(cluster.admin().for_storage());
     let client = cluster.client().await;
     let model = populated(&client, &mut rng, "garbage", Scheme::Raid5, 3).await;
     let target: ServerId = 1;
@@ -1082,7 +1109,7 @@ async fn server_survives_garbage_and_truncated_frames() {
         ("a response frame sent to a server", response_kind),
     ];
     for (what, bytes) in cases {
-        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        let mut stream = raw_connection(addr).await;
         // The server may reset the connection before it has read everything; that is fine.
         let _ = stream.write_all(&bytes).await;
         assert!(
@@ -1101,7 +1128,7 @@ async fn server_survives_garbage_and_truncated_frames() {
     // connection hangs, the server serves everyone else; when it closes, nothing is left over.
     let mut truncated = header(FrameKind::Request, 1000, 0).to_vec();
     truncated.extend_from_slice(&random_bytes(&mut rng, 10));
-    let mut hanging = TcpStream::connect(addr).await.expect("connect");
+    let mut hanging = raw_connection(addr).await;
     hanging.write_all(&truncated).await.expect("send truncated");
     assert_eq!(
         ping(addr, store).await,
@@ -1116,7 +1143,7 @@ async fn server_survives_garbage_and_truncated_frames() {
 
     // A well-formed request with an absurd length is answered with an error, and the
     // connection stays usable.
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let mut stream = raw_connection(addr).await;
     let absurd = StorageRequest::Read {
         file: model.file.id,
         region: tessera_layout::Region::Data,
@@ -1358,6 +1385,14 @@ async fn manager_restart_keeps_namespace() {
 // ---------------------------------------------------------------------------------------------
 
 impl Cluster {
+    /// `cluster.toml` as a table.
+    fn cluster_toml(&self) -> toml::Table {
+        std::fs::read_to_string(self.dir.join("cluster.toml"))
+            .expect("cluster.toml")
+            .parse()
+            .expect("cluster.toml parses")
+    }
+
     /// Change `cluster.toml`, as the `tessera` commands will read it.
     fn edit_cluster_toml(&self, edit: impl FnOnce(&mut toml::Table)) {
         let path = self.dir.join("cluster.toml");
@@ -1449,8 +1484,12 @@ async fn server_of_another_cluster_is_refused_by_the_manager() {
     // Our server 2 comes back pointed at their manager.
     let victim: ServerId = 2;
     ours.stop_server(victim);
+    // The CLI's wait for the servers asks their manager, so it needs their access key; the
+    // server keeps our cluster's secret.
+    let their_key = theirs.cluster_toml()["key"].clone();
     ours.edit_cluster_toml(|file| {
         file["manager"] = toml::Value::String(theirs.manager.to_string());
+        file["key"] = their_key;
     });
     ours.start_server(victim);
     let log = ours.dir.join(format!("server-{victim}.log"));

@@ -120,6 +120,7 @@ impl Cluster {
     async fn client(&self, transport: TransportKind) -> Client {
         let config = ClientConfig {
             transport,
+            credential: Some(admin_credential(&self.dir)),
             ..ClientConfig::default()
         };
         Client::connect_with(self.manager, config)
@@ -260,12 +261,16 @@ fn doomed_client(cluster: &Cluster, transport: TransportKind) -> (Client, Arc<At
         connect_timeout: Duration::from_secs(1),
         request_timeout: Duration::from_secs(5),
     };
+    // Every connection is authenticated: the admin's credential, from the cluster's secret.
+    let credential = admin_credential(&cluster.dir);
+    let storage = Some(credential.for_storage());
     let servers: Arc<dyn Transport> = match transport {
-        TransportKind::Tcp => Arc::new(Arc::new(TcpTransport::new(tcp))),
+        TransportKind::Tcp => Arc::new(Arc::new(TcpTransport::with_credential(tcp, storage))),
         TransportKind::Udp => Arc::new(
             tessera_transport::UdpTransport::new(tessera_transport::UdpConfig {
                 datagram: ClientConfig::default().datagram,
                 request_timeout: tcp.request_timeout,
+                credential: storage,
             })
             .expect("UDP socket"),
         ),
@@ -273,7 +278,7 @@ fn doomed_client(cluster: &Cluster, transport: TransportKind) -> (Client, Arc<At
     let dead = Arc::new(AtomicBool::new(false));
     let transport = DiesBeforeParity {
         manager: cluster.manager,
-        manager_transport: Arc::new(TcpTransport::new(tcp)),
+        manager_transport: Arc::new(TcpTransport::with_credential(tcp, Some(credential))),
         servers,
         dead: dead.clone(),
     };
@@ -600,4 +605,14 @@ fn sigkilled_writers_lose_no_acknowledged_byte_raid1_udp() {
 #[test]
 fn sigkilled_writers_lose_no_acknowledged_byte_hybrid_udp() {
     sigkilled_writers_lose_no_acknowledged_byte("hybrid", "udp");
+}
+
+/// The admin's credential, from the secret in the cluster's directory.
+fn admin_credential(dir: &Path) -> tessera_client::Credential {
+    let text = std::fs::read_to_string(dir.join("cluster.secret")).expect("secret");
+    let secret = tessera_client::Secret::from_file_text(&text).expect("secret parses");
+    tessera_client::Credential {
+        claim: tessera_client::Claim::Admin,
+        key: secret.admin_key(),
+    }
 }
