@@ -165,6 +165,19 @@ pub trait Transport: Send + Sync + 'static {
 }
 
 /// Send a typed request and decode a typed answer.
+/// Authenticates `stream`, a fresh TCP connection to `addr`, with `credential`, as every
+/// transport does before its first frame: for tools that write frames themselves (the attack
+/// benchmark, tests).
+pub async fn authenticate(
+    stream: &mut tokio::net::TcpStream,
+    addr: SocketAddr,
+    credential: &Credential,
+) -> Result<(), TransportError> {
+    handshake::connect(stream, addr, Some(credential), None)
+        .await
+        .map(|_| ())
+}
+
 pub async fn call<Req: Serialize, Resp: DeserializeOwned>(
     transport: &dyn Transport,
     addr: SocketAddr,

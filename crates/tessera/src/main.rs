@@ -1,6 +1,7 @@
 //! The `tessera` command: the daemons, the embedded local cluster, the client commands, the
 //! demo and the benchmark. This is the edge where errors become one clear line for the user.
 
+mod attacks;
 mod bench;
 mod cluster;
 mod commands;
@@ -142,6 +143,11 @@ enum Command {
         /// Write the results as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Instead: a client's throughput alone and under each resource attack (idle
+        /// connections, stalled huge frames, junk datagram openings), always on an embedded
+        /// cluster of its own (it attacks what it measures).
+        #[arg(long)]
+        attacks: bool,
     },
     /// Serve the cluster over S3 (buckets are top-level directories, objects files).
     S3 {
@@ -466,7 +472,12 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Status { json } => commands::status(cluster, json).await,
         Command::Rebuild { id } => commands::rebuild(cluster, id).await,
         Command::Scrub { remote } => commands::scrub(cluster, remote.as_deref()).await,
-        Command::Bench { quick, json } => bench::run(cluster, quick, json).await,
+        Command::Bench {
+            quick,
+            json,
+            attacks: true,
+        } => attacks::run(quick, json).await,
+        Command::Bench { quick, json, .. } => bench::run(cluster, quick, json).await,
         Command::S3 {
             listen,
             access_key,
