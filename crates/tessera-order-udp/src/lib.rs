@@ -1,14 +1,22 @@
 //! A UDP driver for [`tessera_order::Node`]: one thread per node runs the state machine over
 //! a UDP socket, with the real clock.
 //!
-//! This crate owns only the I/O: the socket, the clock, and the channels to the
-//! application. A broadcast ([`Destination::All`]) is sent by unicast fan-out, one datagram
-//! to every node of the group, this one included (a node receives its own messages through
-//! the network, as everyone's). On one LAN switch that gives no shared sequencer link, so
-//! receivers' preliminary orders differ more often and the leader's order takes over more;
-//! the paper's two-switch topology with multicast (a TX interface into switch A, an RX
-//! interface out of switch B, `../shared/notes/two-switch-sequencer.md`) is future work, as
-//! are `sendmmsg`/`recvmmsg` batching and carrying view-change messages larger than one
+//! This crate owns only the I/O: the sockets, the clock, and the channels to the
+//! application. A broadcast ([`Destination::All`]) goes one of two ways ([`Broadcast`]):
+//! - **unicast fan-out**, one datagram to every node of the group, this one included (a node
+//!   receives its own messages through the network, as everyone's). On one LAN switch that
+//!   gives no shared sequencer link, so receivers' preliminary orders differ more often and
+//!   the leader's order takes over more;
+//! - **multicast** in the paper's two-switch topology: one datagram to a group address, sent
+//!   on the node's TX interface (into switch A) and received on its RX interface (out of
+//!   switch B), so that every copy crosses the one link between the switches
+//!   (`../shared/notes/two-switch-sequencer.md`). [`two_switch_sockets`] makes the two sockets:
+//!   the sending one bound to the TX interface with multicast loopback off, the receiving one
+//!   bound to the RX interface and joined to the group.
+//!
+//! The driver drains up to [`RECEIVE_BATCH_MAX`] waiting datagrams before it polls the node
+//! for packets to send, so that one ACK answers a burst of DATA (ACK aggregation does the
+//! rest). Not yet: `sendmmsg`/`recvmmsg`, and carrying view-change messages larger than one
 //! datagram over a `tessera-datagram` session: a packet over [`DATAGRAM_BYTES_MAX`] is
 //! counted in [`DriverStats::oversized`] and not sent.
 //!
@@ -16,7 +24,7 @@
 //! use bytes::Bytes;
 //! use std::net::UdpSocket;
 //! use tessera_order::{Config, Event, Group, NodeId, Start};
-//! use tessera_order_udp::{spawn, DriverConfig};
+//! use tessera_order_udp::{spawn, Broadcast, DriverConfig};
 //!
 //! let addrs = vec!["10.0.0.1:7100".parse().unwrap(), "10.0.0.2:7100".parse().unwrap()];
 //! let socket = UdpSocket::bind(addrs[0]).unwrap();
@@ -28,6 +36,7 @@
 //!     start: Start::Initial,
 //!     seed: 1,
 //!     peers: addrs,
+//!     broadcast: Broadcast::Unicast,
 //! };
 //! let handle = spawn(driver, socket).unwrap();
 //! handle.propose(Bytes::from_static(b"lock block 7")).unwrap();
@@ -42,7 +51,8 @@
 
 use bytes::Bytes;
 use std::io;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -56,6 +66,19 @@ pub const DATAGRAM_BYTES_MAX: usize = 65_507;
 pub const POLL_US_MAX: u64 = 1_000;
 /// Proposals waiting in the driver while the node's own send queue is full.
 pub const BACKLOG_MAX: usize = 1 << 16;
+/// Datagrams taken off the socket before the node is polled for what to send.
+pub const RECEIVE_BATCH_MAX: usize = 64;
+/// Kernel buffer of each socket [`two_switch_sockets`] makes.
+pub const SOCKET_BUFFER_BYTES: usize = 4 << 20;
+
+/// How a packet for every node leaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Broadcast {
+    /// One datagram to each address of [`DriverConfig::peers`].
+    Unicast,
+    /// One datagram to this multicast group (the receiving socket must have joined it).
+    Multicast(SocketAddrV4),
+}
 
 /// Everything a node's driver needs.
 #[derive(Clone, Debug)]
@@ -72,8 +95,11 @@ pub struct DriverConfig {
     pub start: Start,
     /// Seed of the node's randomness.
     pub seed: u64,
-    /// The address of every node of the group, by node id.
+    /// The address of every node of the group, by node id (where its receiving socket
+    /// listens): packets for one node go there.
     pub peers: Vec<SocketAddr>,
+    /// How packets for every node go.
+    pub broadcast: Broadcast,
 }
 
 /// Why the driver could not start or stopped.
@@ -146,8 +172,20 @@ impl Handle {
     }
 }
 
-/// Starts a node on `socket` (bound to its address in `driver.peers`).
+/// Starts a node on `socket` (bound to its address in `driver.peers`), which it sends and
+/// receives on.
 pub fn spawn(driver: DriverConfig, socket: UdpSocket) -> Result<Handle, DriverError> {
+    let send = socket.try_clone()?;
+    spawn_split(driver, send, socket)
+}
+
+/// Starts a node that sends on `send` and receives on `receive` (bound to its address in
+/// `driver.peers`): the two-switch topology's TX and RX interfaces.
+pub fn spawn_split(
+    driver: DriverConfig,
+    send: UdpSocket,
+    receive: UdpSocket,
+) -> Result<Handle, DriverError> {
     if driver.peers.len() != driver.group.roles.len() {
         return Err(DriverError::Peers {
             peers: driver.peers.len(),
@@ -162,7 +200,7 @@ pub fn spawn(driver: DriverConfig, socket: UdpSocket) -> Result<Handle, DriverEr
     let thread = std::thread::Builder::new()
         .name(format!("order-{}", driver.node.0))
         .spawn(move || {
-            let mut runner = Runner::new(driver, socket, proposals_rx, events_tx);
+            let mut runner = Runner::new(driver, send, receive, proposals_rx, events_tx);
             runner.run(&flag)
         })?;
     Ok(Handle {
@@ -173,10 +211,44 @@ pub fn spawn(driver: DriverConfig, socket: UdpSocket) -> Result<Handle, DriverEr
     })
 }
 
+/// The two sockets of a node in the two-switch topology: `tx` sends (bound to `tx_addr` on
+/// interface `tx_device`, multicast out of it, without looping its own datagrams back), `rx`
+/// receives (bound to port `group.port()` on interface `rx_device`, joined to `group` on
+/// `rx_addr`). Needs the routes of the notes: the group routed out of `tx_device`.
+pub fn two_switch_sockets(
+    tx_addr: Ipv4Addr,
+    tx_device: &str,
+    rx_addr: Ipv4Addr,
+    rx_device: &str,
+    group: SocketAddrV4,
+) -> Result<(UdpSocket, UdpSocket), DriverError> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let new = || -> io::Result<Socket> {
+        let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+        socket.set_send_buffer_size(SOCKET_BUFFER_BYTES)?;
+        socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES)?;
+        Ok(socket)
+    };
+    let tx = new()?;
+    tx.bind_device(Some(tx_device.as_bytes()))?;
+    tx.bind(&SocketAddrV4::new(tx_addr, 0).into())?;
+    tx.set_multicast_if_v4(&tx_addr)?;
+    tx.set_multicast_loop_v4(false)?;
+    tx.set_multicast_ttl_v4(1)?;
+    let rx = new()?;
+    rx.set_reuse_address(true)?;
+    rx.bind_device(Some(rx_device.as_bytes()))?;
+    rx.bind(&SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, group.port()).into())?;
+    rx.join_multicast_v4(group.ip(), &rx_addr)?;
+    Ok((tx.into(), rx.into()))
+}
+
 struct Runner {
     node: Node,
-    socket: UdpSocket,
+    send: UdpSocket,
+    receive: UdpSocket,
     peers: Vec<SocketAddr>,
+    broadcast: Broadcast,
     origin: Instant,
     proposals: mpsc::Receiver<Bytes>,
     backlog: Option<Bytes>,
@@ -187,7 +259,8 @@ struct Runner {
 impl Runner {
     fn new(
         driver: DriverConfig,
-        socket: UdpSocket,
+        send: UdpSocket,
+        receive: UdpSocket,
         proposals: mpsc::Receiver<Bytes>,
         events: mpsc::Sender<Event>,
     ) -> Runner {
@@ -202,8 +275,10 @@ impl Runner {
         );
         Runner {
             node,
-            socket,
+            send,
+            receive,
             peers: driver.peers,
+            broadcast: driver.broadcast,
             origin: Instant::now(),
             proposals,
             backlog: None,
@@ -218,19 +293,26 @@ impl Runner {
 
     fn run(&mut self, stop: &AtomicBool) -> Result<(Stats, DriverStats), DriverError> {
         let mut buffer = vec![0u8; DATAGRAM_BYTES_MAX];
+        let mut timeout_set = None;
         while !stop.load(Ordering::Relaxed) {
             self.take_proposals();
             self.flush()?;
             let now = self.now();
             let deadline = self.node.poll_timeout().unwrap_or(now + POLL_US_MAX);
             let wait = deadline.saturating_sub(now).clamp(1, POLL_US_MAX);
-            self.socket
-                .set_read_timeout(Some(Duration::from_micros(wait)))?;
-            match self.socket.recv_from(&mut buffer) {
+            // Setting the timeout is a system call; a timeout within 50 us of the last one
+            // set will do.
+            if timeout_set.is_none_or(|set: u64| set.abs_diff(wait) > 50) {
+                self.receive
+                    .set_read_timeout(Some(Duration::from_micros(wait)))?;
+                timeout_set = Some(wait);
+            }
+            match self.receive.recv_from(&mut buffer) {
                 Ok((len, _)) => {
                     self.stats.datagrams_received += 1;
                     let now = self.now();
                     self.node.handle_packet(&buffer[..len], now);
+                    self.drain(&mut buffer)?;
                 }
                 Err(error)
                     if matches!(
@@ -247,6 +329,34 @@ impl Runner {
             }
         }
         Ok((self.node.stats().clone(), self.stats.clone()))
+    }
+
+    /// Hands the node the datagrams already waiting, up to [`RECEIVE_BATCH_MAX`], without
+    /// blocking.
+    fn drain(&mut self, buffer: &mut [u8]) -> Result<(), DriverError> {
+        for _ in 1..RECEIVE_BATCH_MAX {
+            // SAFETY: the buffer is valid for writes of its length for the call, and the
+            // descriptor is the receiving socket's, open while `self` lives.
+            let len = unsafe {
+                libc::recv(
+                    self.receive.as_raw_fd(),
+                    buffer.as_mut_ptr().cast(),
+                    buffer.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if len < 0 {
+                let error = io::Error::last_os_error();
+                return match error.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::ConnectionRefused => Ok(()),
+                    _ => Err(error.into()),
+                };
+            }
+            self.stats.datagrams_received += 1;
+            let now = self.now();
+            self.node.handle_packet(&buffer[..len as usize], now);
+        }
+        Ok(())
     }
 
     /// Hands the node what the application proposed, as far as its queue takes.
@@ -281,12 +391,13 @@ impl Runner {
                 self.stats.oversized += 1;
                 continue;
             }
-            let targets: Vec<SocketAddr> = match transmit.destination {
-                Destination::All => self.peers.clone(),
-                Destination::Node(node) => vec![self.peers[node.0 as usize]],
+            let targets: Vec<SocketAddr> = match (transmit.destination, self.broadcast) {
+                (Destination::All, Broadcast::Unicast) => self.peers.clone(),
+                (Destination::All, Broadcast::Multicast(group)) => vec![group.into()],
+                (Destination::Node(node), _) => vec![self.peers[node.0 as usize]],
             };
             for target in targets {
-                match self.socket.send_to(&transmit.contents, target) {
+                match self.send.send_to(&transmit.contents, target) {
                     Ok(_) => self.stats.datagrams_sent += 1,
                     Err(_) => self.stats.send_errors += 1,
                 }

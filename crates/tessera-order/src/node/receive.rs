@@ -336,6 +336,7 @@ impl Node {
                 .hash_at(position)
                 .expect("position within the log");
             self.queue(Destination::All, Body::Ack(ack));
+            self.stats.ack_packets_sent += 1;
         }
         self.drain_all_pending(now);
         self.receive.ack_now = true;
@@ -443,6 +444,7 @@ impl Node {
     pub(super) fn ack_packet_now(&mut self) -> Option<Transmit> {
         let ack = self.ack();
         self.ack_sent();
+        self.stats.ack_packets_sent += 1;
         Some(self.packet(Destination::All, Body::Ack(ack)))
     }
 
