@@ -1,0 +1,336 @@
+//! `total-order`: Greenman's testbed (two switches joined by one link, every node sending
+//! through the first and receiving through the second) in namespaces, with `tessera-order`
+//! over `tessera-order-udp` multicast, measured side by side with a raw multicast UDP stream
+//! through the same switches.
+//!
+//! For each message size: the raw stream (every node multicasting datagrams as fast as it
+//! can; what the slowest receiver got), then the total order with a closed-loop load (each
+//! node keeps a number of its messages proposed and not yet UTO-delivered, the thesis's
+//! "as many as possible after each ACK") for each packing size (1500-byte or 9000-byte
+//! packets, or aggregation off), then a paced load at a tenth of that throughput for the
+//! latencies (PO and UTO, propose to delivery at every node, median and p99). Throughput is
+//! what the slowest node UTO-delivered. Every node's order is compared at checkpoints.
+
+pub mod load;
+pub mod net;
+
+use super::{LabConfig, Testbed};
+use crate::results::{self, BarPanel, BarSeries, Cell, Figure, Panel, Table};
+use crate::LabError;
+use load::{protocol_config, Load, OrderRun, RawStream};
+use net::TwoSwitch;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct TotalOrderConfig {
+    /// Nodes, each a sender and a receiver.
+    pub nodes: usize,
+    /// Message sizes, bytes.
+    pub message_bytes: Vec<usize>,
+    /// Packing sizes; `None`: aggregation off.
+    pub mtus: Vec<Option<usize>>,
+    /// Seconds of each throughput measurement.
+    pub seconds: f64,
+    /// Seconds of each latency measurement.
+    pub latency_seconds: f64,
+    /// Share of the measured throughput offered in the latency run.
+    pub latency_load: f64,
+    /// Own messages each node keeps outstanding in the throughput run.
+    pub outstanding: u64,
+}
+
+impl TotalOrderConfig {
+    /// Under a minute: 3 nodes, 64 B and 1 KiB, 9000-byte packing, 3 s per point.
+    pub fn quick() -> TotalOrderConfig {
+        TotalOrderConfig {
+            nodes: 3,
+            message_bytes: vec![64, 1024],
+            mtus: vec![Some(9000)],
+            seconds: 3.0,
+            latency_seconds: 2.0,
+            latency_load: 0.1,
+            outstanding: 4096,
+        }
+    }
+
+    /// The full run: packing off, 1500 and 9000, 8 s per point.
+    pub fn full(nodes: usize) -> TotalOrderConfig {
+        TotalOrderConfig {
+            nodes,
+            mtus: vec![None, Some(1500), Some(9000)],
+            seconds: 8.0,
+            latency_seconds: 4.0,
+            ..TotalOrderConfig::quick()
+        }
+    }
+}
+
+/// One line of the results: a message size, a packing size, the raw stream beside it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Line {
+    /// The total order at full load.
+    pub throughput: OrderRun,
+    /// The total order at `latency_load` of that.
+    pub latency: OrderRun,
+    /// The raw stream of the same message size.
+    pub raw: RawStream,
+    /// Total order messages/s over the raw stream's.
+    pub messages_ratio: f64,
+    /// The raw stream of datagrams as large as the total order's packets.
+    pub raw_packets: RawStream,
+    /// Total order payload bits/s over that stream's.
+    pub bits_ratio: f64,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TotalOrderReport {
+    /// The machine and links.
+    pub testbed: Testbed,
+    /// Nodes.
+    pub nodes: usize,
+    /// The 1-minute load average before the run (other work on the machine).
+    pub load_average_before: f64,
+    /// Round trip of a small datagram node 0 to node 1 and back through the switches,
+    /// median, microseconds.
+    pub rtt_us_median: f64,
+    /// The same, 99th percentile.
+    pub rtt_us_p99: f64,
+    /// The lines.
+    pub lines: Vec<Line>,
+    /// Seconds the run took.
+    pub duration_s: f64,
+}
+
+/// Runs the experiment and writes `total-order.{json,csv,md,png}`.
+pub fn run(
+    lab: &LabConfig,
+    config: &TotalOrderConfig,
+) -> Result<(TotalOrderReport, Vec<PathBuf>), LabError> {
+    let began = Instant::now();
+    let load_average_before = load_average();
+    let mut link = lab.link;
+    // A jumbo frame must fit the token bucket twice over.
+    link.burst_bytes = Some(link.burst_bytes().max(2 * 9018));
+    lab.say(&format!(
+        "total-order: {} nodes through two bridges joined by one link ({}); load average {:.2}",
+        config.nodes, link.rate, load_average_before
+    ));
+    let network = TwoSwitch::build(config.nodes, &link)?;
+    let (rtt_us_median, rtt_us_p99) = if config.nodes >= 2 {
+        load::echo(&network, 200)?
+    } else {
+        (f64::NAN, f64::NAN)
+    };
+    lab.say(&format!(
+        "round trip through the switches: {rtt_us_median:.0} us median, {rtt_us_p99:.0} us p99"
+    ));
+    let mut lines = Vec::new();
+    for &size in &config.message_bytes {
+        lab.cancel.check()?;
+        let raw = load::raw_stream(&network, size, config.seconds)?;
+        lab.say(&format!(
+            "raw multicast, {size} B: {:.0} messages/s, {:.1} Mbit/s",
+            raw.messages_per_s,
+            raw.bits_per_s / 1e6
+        ));
+        for &mtu in &config.mtus {
+            lab.cancel.check()?;
+            let packet_bytes = protocol_config(mtu).packet_bytes_max();
+            let raw_packets = match lines
+                .iter()
+                .find(|l: &&Line| l.raw_packets.message_bytes == packet_bytes)
+            {
+                Some(line) => line.raw_packets.clone(),
+                None => load::raw_stream(&network, packet_bytes, config.seconds)?,
+            };
+            let closed = Load::Closed {
+                outstanding: config.outstanding,
+            };
+            let throughput = load::order_run(&network, size, mtu, closed, config.seconds)?;
+            let rate = throughput.messages_per_s * config.latency_load / config.nodes as f64;
+            let paced = Load::Paced {
+                per_node_per_s: rate.max(100.0),
+            };
+            let latency = load::order_run(&network, size, mtu, paced, config.latency_seconds)?;
+            lab.say(&format!(
+                "total order, {size} B, packing {}: {:.0} messages/s ({:.2} of raw), {:.1} \
+                 Mbit/s; at {:.0}%: PO {:.0}/{:.0} us, UTO {:.0}/{:.0} us (median/p99); \
+                 orders agree: {}",
+                packing_name(mtu),
+                throughput.messages_per_s,
+                throughput.messages_per_s / raw.messages_per_s.max(1.0),
+                throughput.bits_per_s / 1e6,
+                config.latency_load * 100.0,
+                latency.po_latency_us_median,
+                latency.po_latency_us_p99,
+                latency.uto_latency_us_median,
+                latency.uto_latency_us_p99,
+                throughput.orders_agree && latency.orders_agree
+            ));
+            if !(throughput.orders_agree && latency.orders_agree) {
+                return Err(LabError::BadValue {
+                    what: "total order",
+                    text: format!("{size}-byte messages, packing {}", packing_name(mtu)),
+                    expected: "every node delivering the same order",
+                });
+            }
+            lines.push(Line {
+                messages_ratio: throughput.messages_per_s / raw.messages_per_s.max(1.0),
+                bits_ratio: throughput.bits_per_s / raw_packets.bits_per_s.max(1.0),
+                raw_packets,
+                throughput,
+                latency,
+                raw: raw.clone(),
+            });
+        }
+    }
+    network.teardown()?;
+    let report = TotalOrderReport {
+        testbed: Testbed::describe(&LabConfig {
+            link,
+            ..lab.clone()
+        }),
+        nodes: config.nodes,
+        load_average_before,
+        rtt_us_median,
+        rtt_us_p99,
+        lines,
+        duration_s: began.elapsed().as_secs_f64(),
+    };
+    let paths = results::write_outputs(
+        &lab.out_dir,
+        "total-order",
+        &report,
+        &table(&report),
+        &preamble(&report, config),
+        &figure(&report),
+    )?;
+    Ok((report, paths))
+}
+
+fn packing_name(mtu: Option<usize>) -> String {
+    mtu.map_or("off".to_string(), |bytes| format!("{bytes} B"))
+}
+
+/// The 1-minute load average, or NaN where `/proc/loadavg` cannot be read.
+pub fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+fn table(report: &TotalOrderReport) -> Table {
+    let mut table = Table::new(&[
+        "message B",
+        "packing",
+        "raw UDP msg/s",
+        "total order msg/s",
+        "ratio",
+        "total order Mbit/s",
+        "raw UDP Mbit/s, packet-size datagrams",
+        "ratio",
+        "datagrams/msg",
+        "PO median us",
+        "PO p99 us",
+        "UTO median us",
+        "UTO p99 us",
+        "retransmitted",
+        "view changes",
+    ]);
+    for line in &report.lines {
+        let (t, l) = (&line.throughput, &line.latency);
+        table.push(vec![
+            Cell::Int(t.message_bytes as i64),
+            Cell::text(packing_name(t.mtu_bytes)),
+            Cell::float(line.raw.messages_per_s, 0),
+            Cell::float(t.messages_per_s, 0),
+            Cell::float(line.messages_ratio, 2),
+            Cell::float(t.bits_per_s / 1e6, 1),
+            Cell::float(line.raw_packets.bits_per_s / 1e6, 1),
+            Cell::float(line.bits_ratio, 2),
+            Cell::float(t.datagrams_per_message, 3),
+            Cell::float(l.po_latency_us_median, 0),
+            Cell::float(l.po_latency_us_p99, 0),
+            Cell::float(l.uto_latency_us_median, 0),
+            Cell::float(l.uto_latency_us_p99, 0),
+            Cell::Int((t.retransmitted + l.retransmitted) as i64),
+            Cell::Int((t.view_changes + l.view_changes) as i64),
+        ]);
+    }
+    table
+}
+
+fn preamble(report: &TotalOrderReport, config: &TotalOrderConfig) -> String {
+    format!(
+        "# Total order through two switches\n\n{} Two bridges joined by one veth pair (the \
+         sequencer link, `tbf` on its A-to-B end); each node sends on a TX veth into bridge A \
+         and receives on an RX veth out of bridge B, ports isolated, multicast. {} nodes, each \
+         a sender and a receiver. Load average before the run: {:.2}. A small datagram's \
+         round trip node 0 to node 1 and back through the switches: {:.0} us median, {:.0} us \
+         p99.\n\n\"raw UDP\": every \
+         node multicasts datagrams of the message size as fast as it can for {} s, no order \
+         and no recovery; messages/s at the slowest receiver. \"total order\": tessera-order \
+         over tessera-order-udp, each node keeping {} own messages outstanding, messages/s \
+         UTO-delivered by the slowest node over {} s; \"ratio\" is the one over the other. The \
+         second raw stream sends datagrams as large as the total order's packets (packing \
+         off: 1472 bytes), the most payload the machine moves through the switches; its ratio \
+         compares payload bits/s. \
+         Latencies from a second run offered {:.0}% of that throughput (paced, every \
+         millisecond a batch), from the proposer's hand-off to the driver to the delivery at \
+         every node. Every node's order was compared at checkpoints and agreed. Took {:.0} s.",
+        report.testbed.markdown(),
+        report.nodes,
+        report.load_average_before,
+        report.rtt_us_median,
+        report.rtt_us_p99,
+        config.seconds,
+        config.outstanding,
+        config.seconds,
+        config.latency_load * 100.0,
+        report.duration_s
+    )
+}
+
+fn figure(report: &TotalOrderReport) -> Figure {
+    let groups: Vec<String> = report
+        .lines
+        .iter()
+        .map(|l| {
+            format!(
+                "{} B, {}",
+                l.throughput.message_bytes,
+                packing_name(l.throughput.mtu_bytes)
+            )
+        })
+        .collect();
+    let top = report
+        .lines
+        .iter()
+        .map(|l| l.raw.messages_per_s.max(l.throughput.messages_per_s))
+        .fold(1.0, f64::max);
+    let series = |label: &str, color: usize, value: fn(&Line) -> f64| BarSeries {
+        label: label.to_string(),
+        color,
+        values: report.lines.iter().map(|l| Some(value(l))).collect(),
+    };
+    Figure {
+        title: format!("Total order, {} nodes, two switches", report.nodes),
+        rows: vec![vec![Panel::Bars(BarPanel {
+            title: "messages/s at the slowest receiver".into(),
+            y_label: "messages/s".into(),
+            y_range: (0.0, top * 1.1),
+            groups,
+            series: vec![
+                series("raw UDP multicast", 0, |l| l.raw.messages_per_s),
+                series("UTO-delivered", 1, |l| l.throughput.messages_per_s),
+            ],
+        })]],
+        width_px: 900,
+        row_height_px: 420,
+    }
+}
