@@ -52,17 +52,17 @@
 use bytes::Bytes;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tessera_order::{Config, Destination, Event, Group, Micros, Node, NodeId, Start, Stats};
 
 /// Largest UDP payload over IPv4.
 pub const DATAGRAM_BYTES_MAX: usize = 65_507;
-/// Longest the driver sleeps in `recv` before it looks at new proposals and the stop flag.
+/// Longest the driver sleeps before it looks at the stop flag.
 pub const POLL_US_MAX: u64 = 1_000;
 /// Proposals waiting in the driver while the node's own send queue is full.
 pub const BACKLOG_MAX: usize = 1 << 16;
@@ -140,11 +140,53 @@ pub struct DriverStats {
     pub send_errors: u64,
 }
 
+/// Wakes the driver from its wait when the application proposes: an eventfd it polls with
+/// its socket, written only while the driver says it is about to sleep (one system call
+/// per wakeup, not per message).
+struct Wakeup {
+    fd: OwnedFd,
+    sleeping: AtomicBool,
+}
+
+impl Wakeup {
+    fn new() -> io::Result<Wakeup> {
+        // SAFETY: eventfd has no memory preconditions; the result is checked before use.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Wakeup {
+            // SAFETY: fd is a fresh descriptor that nothing else owns.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            sleeping: AtomicBool::new(false),
+        })
+    }
+
+    /// Called after a proposal is queued.
+    fn wake(&self) {
+        if self.sleeping.swap(false, Ordering::SeqCst) {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writes 8 bytes from a live buffer to the eventfd we own. A failure
+            // (the counter saturated) still leaves the driver awake.
+            unsafe { libc::write(self.fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        }
+    }
+
+    /// Empties the counter after a wakeup.
+    fn clear(&self) {
+        let mut counter = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live buffer from the eventfd we own; it is
+        // non-blocking, so an empty counter just fails.
+        unsafe { libc::read(self.fd.as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
+    }
+}
+
 /// A running node.
 pub struct Handle {
     proposals: mpsc::SyncSender<Bytes>,
     events: mpsc::Receiver<Event>,
     stop: Arc<AtomicBool>,
+    wakeup: Arc<Wakeup>,
     thread: JoinHandle<Result<(Stats, DriverStats), DriverError>>,
 }
 
@@ -157,7 +199,9 @@ impl Handle {
             .map_err(|error| match error {
                 mpsc::TrySendError::Full(_) => DriverError::BacklogFull,
                 mpsc::TrySendError::Disconnected(_) => DriverError::Stopped,
-            })
+            })?;
+        self.wakeup.wake();
+        Ok(())
     }
 
     /// The node's events: deliveries (PO and UTO), views, joins, suspicions.
@@ -167,7 +211,8 @@ impl Handle {
 
     /// Stops the thread; what the node and the driver counted.
     pub fn stop(self) -> Result<(Stats, DriverStats), DriverError> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::SeqCst);
+        self.wakeup.wake();
         self.thread.join().map_err(|_| DriverError::Stopped)?
     }
 }
@@ -197,16 +242,19 @@ pub fn spawn_split(
     let (events_tx, events) = mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
+    let wakeup = Arc::new(Wakeup::new()?);
+    let woken = wakeup.clone();
     let thread = std::thread::Builder::new()
         .name(format!("order-{}", driver.node.0))
         .spawn(move || {
-            let mut runner = Runner::new(driver, send, receive, proposals_rx, events_tx);
+            let mut runner = Runner::new(driver, send, receive, proposals_rx, events_tx, woken);
             runner.run(&flag)
         })?;
     Ok(Handle {
         proposals,
         events,
         stop,
+        wakeup,
         thread,
     })
 }
@@ -253,6 +301,7 @@ struct Runner {
     proposals: mpsc::Receiver<Bytes>,
     backlog: Option<Bytes>,
     events: mpsc::Sender<Event>,
+    wakeup: Arc<Wakeup>,
     stats: DriverStats,
 }
 
@@ -263,6 +312,7 @@ impl Runner {
         receive: UdpSocket,
         proposals: mpsc::Receiver<Bytes>,
         events: mpsc::Sender<Event>,
+        wakeup: Arc<Wakeup>,
     ) -> Runner {
         let node = Node::new(
             driver.config,
@@ -283,6 +333,7 @@ impl Runner {
             proposals,
             backlog: None,
             events,
+            wakeup,
             stats: DriverStats::default(),
         }
     }
@@ -293,35 +344,11 @@ impl Runner {
 
     fn run(&mut self, stop: &AtomicBool) -> Result<(Stats, DriverStats), DriverError> {
         let mut buffer = vec![0u8; DATAGRAM_BYTES_MAX];
-        let mut timeout_set = None;
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.load(Ordering::SeqCst) {
             self.take_proposals();
             self.flush()?;
-            let now = self.now();
-            let deadline = self.node.poll_timeout().unwrap_or(now + POLL_US_MAX);
-            let wait = deadline.saturating_sub(now).clamp(1, POLL_US_MAX);
-            // Setting the timeout is a system call; a timeout within 50 us of the last one
-            // set will do.
-            if timeout_set.is_none_or(|set: u64| set.abs_diff(wait) > 50) {
-                self.receive
-                    .set_read_timeout(Some(Duration::from_micros(wait)))?;
-                timeout_set = Some(wait);
-            }
-            match self.receive.recv_from(&mut buffer) {
-                Ok((len, _)) => {
-                    self.stats.datagrams_received += 1;
-                    let now = self.now();
-                    self.node.handle_packet(&buffer[..len], now);
-                    self.drain(&mut buffer)?;
-                }
-                Err(error)
-                    if matches!(
-                        error.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) => {}
-                // A peer's closed port answers with ICMP, which Linux reports on the next recv.
-                Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => {}
-                Err(error) => return Err(error.into()),
+            if self.wait()? {
+                self.drain(&mut buffer)?;
             }
             let now = self.now();
             if self.node.poll_timeout().is_some_and(|at| at <= now) {
@@ -331,10 +358,61 @@ impl Runner {
         Ok((self.node.stats().clone(), self.stats.clone()))
     }
 
+    /// Sleeps until a datagram arrives, the application proposes, or the node's timeout
+    /// (at most [`POLL_US_MAX`]); whether a datagram is waiting. `ppoll` times to the
+    /// microsecond: a socket's receive timeout counts in scheduler ticks (4-10 ms), which
+    /// made every ACK delay and every idle proposal a tick late.
+    fn wait(&mut self) -> Result<bool, DriverError> {
+        self.wakeup.sleeping.store(true, Ordering::SeqCst);
+        // A proposal queued before the flag was set would not wake us: look once more. (A
+        // backlog already held waits for the node's queue, which only packets and timeouts
+        // free, so it is no reason to stay awake.)
+        if self.backlog.is_none() {
+            if let Ok(message) = self.proposals.try_recv() {
+                self.backlog = Some(message);
+                self.wakeup.sleeping.store(false, Ordering::SeqCst);
+                return Ok(false);
+            }
+        }
+        let now = self.now();
+        let deadline = self.node.poll_timeout().unwrap_or(now + POLL_US_MAX);
+        let wait_us = deadline.saturating_sub(now).min(POLL_US_MAX);
+        let timeout = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: (wait_us * 1_000) as libc::c_long,
+        };
+        let mut fds = [
+            libc::pollfd {
+                fd: self.receive.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.wakeup.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: fds and timeout are live for the call; the descriptors are open.
+        let ready = unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &timeout, std::ptr::null()) };
+        self.wakeup.sleeping.store(false, Ordering::SeqCst);
+        if ready < 0 {
+            let error = io::Error::last_os_error();
+            return match error.kind() {
+                io::ErrorKind::Interrupted => Ok(false),
+                _ => Err(error.into()),
+            };
+        }
+        if fds[1].revents != 0 {
+            self.wakeup.clear();
+        }
+        Ok(fds[0].revents != 0)
+    }
+
     /// Hands the node the datagrams already waiting, up to [`RECEIVE_BATCH_MAX`], without
     /// blocking.
     fn drain(&mut self, buffer: &mut [u8]) -> Result<(), DriverError> {
-        for _ in 1..RECEIVE_BATCH_MAX {
+        for _ in 0..RECEIVE_BATCH_MAX {
             // SAFETY: the buffer is valid for writes of its length for the call, and the
             // descriptor is the receiving socket's, open while `self` lives.
             let len = unsafe {
