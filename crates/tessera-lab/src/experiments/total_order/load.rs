@@ -238,7 +238,9 @@ pub fn protocol_config(mtu_bytes: Option<usize>) -> Config {
         aggregate: mtu_bytes.is_some(),
         window_packets: 16,
         ack_every_messages: 64,
-        ack_delay_us: 200,
+        // Under load the threshold sends ACKs (a packet carries ~100 small messages); at low
+        // load this delay is the floor of the UTO latency.
+        ack_delay_us: 20,
         // Loss here is a full socket buffer at one receiver, which its NACK reports at once;
         // the timeout is for the tail, and one shorter than a CPU-bound UTO latency makes
         // the sender retransmit whole windows that were only slow (a collapse seen at 20 ms
