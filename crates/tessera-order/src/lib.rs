@@ -113,7 +113,10 @@
 //! change they hear of) and sends DO-VIEW-CHANGE to `v`'s leader: its log from its first
 //! retained position, the last view it was a normal member of, and what it delivered. The
 //! leader waits for these from a majority of all receivers that hold state (a restarted
-//! node does not count), then briefly for the others, and chooses the log of the node whose
+//! node does not count), then for the others: a heartbeat interval, or up to half a
+//! view-change timeout while one heard from lately has not voted (else a live node whose
+//! long vote is slow on the wire is left out, asks to join, and starts the next view change,
+//! every time). It chooses the log of the node whose
 //! last normal view is highest (the longest among those), extended downward from the vote
 //! of a node that delivered those positions, to the lowest one some voter has not delivered; it sends START-VIEW with that
 //! log, the members (every node whose DO-VIEW-CHANGE it has) and the highest delivered

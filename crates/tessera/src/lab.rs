@@ -60,9 +60,12 @@ enum Experiment {
         /// Under a minute: 3 nodes, 64 B and 1 KiB messages, 9000-byte packing.
         #[arg(long)]
         quick: bool,
-        /// Nodes, each a sender and a receiver.
+        /// Nodes, each a sender and a receiver unless --senders says.
         #[arg(long, default_value_t = 3)]
         nodes: usize,
+        /// The first S nodes only send, the others only receive (the thesis's tables 2-3).
+        #[arg(long)]
+        senders: Option<usize>,
         #[command(flatten)]
         common: Common,
     },
@@ -232,6 +235,7 @@ pub async fn run(args: LabArgs) -> Result<()> {
         Experiment::TotalOrder {
             quick,
             nodes,
+            senders,
             common,
         } => {
             if !(1..=total_order::net::NODES_MAX).contains(&nodes) {
@@ -246,6 +250,8 @@ pub async fn run(args: LabArgs) -> Result<()> {
                 TotalOrderConfig::full(nodes)
             };
             config.nodes = nodes;
+            config.senders = senders;
+            config.group()?;
             (common, Config::TotalOrder(config))
         }
         Experiment::SwiftWindow(args) => {

@@ -60,14 +60,16 @@ pub struct RawStream {
     pub sent: u64,
 }
 
-/// Every node multicasts `message_bytes` datagrams through the two switches for `seconds`;
-/// each counts what it receives.
+/// Every sender of `group` multicasts `message_bytes` datagrams through the two switches for
+/// `seconds`; every receiver counts what it gets.
 pub fn raw_stream(
     network: &TwoSwitch,
+    group: &Group,
     message_bytes: usize,
     seconds: f64,
 ) -> Result<RawStream, LabError> {
     let nodes = network.nodes();
+    assert_eq!(group.roles.len(), nodes, "a role per node");
     let pairs = (0..nodes)
         .map(|node| sockets(network, node, RAW_GROUP))
         .collect::<Result<Vec<_>, _>>()?;
@@ -76,9 +78,14 @@ pub fn raw_stream(
     let (received, sent) = std::thread::scope(|scope| {
         let mut receivers = Vec::new();
         let mut senders = Vec::new();
-        for (tx, rx) in &pairs {
+        for ((tx, rx), role) in pairs.iter().zip(&group.roles) {
             let stop_rx = stop.clone();
+            let receiving = role.receiver;
+            let sending = role.sender;
             receivers.push(scope.spawn(move || {
+                if !receiving {
+                    return None;
+                }
                 rx.set_read_timeout(Some(Duration::from_millis(50))).ok();
                 let mut buffer = vec![0u8; 65_536];
                 let began = Instant::now();
@@ -88,13 +95,13 @@ pub fn raw_stream(
                         count += 1;
                     }
                 }
-                count
+                Some(count)
             }));
             let stop_tx = stop.clone();
             senders.push(scope.spawn(move || {
                 let payload = vec![0x5Au8; message_bytes];
                 let mut sent = 0u64;
-                while !stop_tx.load(Ordering::Relaxed) {
+                while sending && !stop_tx.load(Ordering::Relaxed) {
                     if tx.send_to(&payload, RAW_GROUP).is_ok() {
                         sent += 1;
                     }
@@ -106,7 +113,7 @@ pub fn raw_stream(
         stop.store(true, Ordering::Relaxed);
         let received: Vec<u64> = receivers
             .into_iter()
-            .map(|h| h.join().unwrap_or(0))
+            .filter_map(|h| h.join().unwrap_or(Some(0)))
             .collect();
         let sent: u64 = senders.into_iter().map(|h| h.join().unwrap_or(0)).sum();
         (received, sent)
@@ -220,6 +227,7 @@ pub struct OrderRun {
 /// What one node's application saw.
 #[derive(Default)]
 struct NodeLog {
+    receiver: bool,
     delivered_in_window: u64,
     po_us: Vec<f64>,
     uto_us: Vec<f64>,
@@ -256,10 +264,11 @@ pub fn protocol_config(mtu_bytes: Option<usize>) -> Config {
     }
 }
 
-/// Runs every node of `network` over UDP multicast with `load` for `warmup + seconds`,
-/// measuring over the last `seconds`.
+/// Runs every node of `network` in `group` over UDP multicast with `load` at each sender
+/// for `warmup + seconds`, measuring over the last `seconds` at the receivers.
 pub fn order_run(
     network: &TwoSwitch,
+    group: &Group,
     message_bytes: usize,
     mtu_bytes: Option<usize>,
     load: Load,
@@ -270,24 +279,25 @@ pub fn order_run(
     // would otherwise reach this run's nodes as packets of the same nodes and incarnation.
     static RUNS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
     let run = RUNS.fetch_add(1, Ordering::Relaxed) % 1000;
-    let group = SocketAddrV4::new(*GROUP.ip(), GROUP.port() + 100 + run);
+    let multicast = SocketAddrV4::new(*GROUP.ip(), GROUP.port() + 100 + run);
     let nodes = network.nodes();
+    assert_eq!(group.roles.len(), nodes, "a role per node");
     let origin = Instant::now();
     let peers: Vec<SocketAddr> = (0..nodes)
-        .map(|i| SocketAddrV4::new(rx_addr(i), group.port()).into())
+        .map(|i| SocketAddrV4::new(rx_addr(i), multicast.port()).into())
         .collect();
     let mut handles = Vec::new();
     for node in 0..nodes {
-        let (tx, rx) = sockets(network, node, group)?;
+        let (tx, rx) = sockets(network, node, multicast)?;
         let driver = DriverConfig {
             config: protocol_config(mtu_bytes),
-            group: Group::all_to_all(nodes),
+            group: group.clone(),
             node: NodeId(node as u16),
             incarnation: 0,
             start: Start::Initial,
             seed: node as u64 + 1,
             peers: peers.clone(),
-            broadcast: Broadcast::Multicast(group),
+            broadcast: Broadcast::Multicast(multicast),
         };
         handles.push(spawn_split(driver, tx, rx).map_err(|error| LabError::Io {
             action: format!("start node {node}"),
@@ -303,8 +313,19 @@ pub fn order_run(
         .into_iter()
         .enumerate()
         .map(|(node, handle)| {
+            let role = group.roles[node];
+            // A node that only receives proposes nothing.
+            let load = if role.sender { Some(load) } else { None };
             std::thread::spawn(move || {
-                let log = application(&handle, node, message_bytes, load, origin, window);
+                let log = application(
+                    &handle,
+                    node,
+                    message_bytes,
+                    load,
+                    origin,
+                    window,
+                    role.receiver,
+                );
                 (log, handle)
             })
         })
@@ -320,17 +341,24 @@ pub fn order_run(
         log.retransmitted = stats.retransmitted;
         log.positions_replaced = stats.positions_replaced;
         log.view_changes = stats.view_changes;
+        log.receiver = group.roles[logs.len()].receiver;
         logs.push(log);
     }
     Ok(summarize(logs, message_bytes, mtu_bytes, seconds))
 }
 
 fn summarize(
-    logs: Vec<NodeLog>,
+    mut logs: Vec<NodeLog>,
     message_bytes: usize,
     mtu_bytes: Option<usize>,
     seconds: f64,
 ) -> OrderRun {
+    let datagrams: u64 = logs.iter().map(|l| l.datagrams_sent).sum();
+    let retransmitted = logs.iter().map(|l| l.retransmitted).sum();
+    let positions_replaced = logs.iter().map(|l| l.positions_replaced).sum();
+    let view_changes = logs.iter().map(|l| l.view_changes).sum();
+    // Deliveries, orders and latencies are the receivers'.
+    logs.retain(|l| l.receiver);
     let slowest = logs
         .iter()
         .map(|l| l.delivered_in_window)
@@ -346,7 +374,6 @@ fn summarize(
     let total_delivered: u64 = logs.iter().map(|l| l.checkpoints.len() as u64).sum::<u64>()
         * CHECKPOINT_EVERY
         / logs.len().max(1) as u64;
-    let datagrams: u64 = logs.iter().map(|l| l.datagrams_sent).sum();
     OrderRun {
         message_bytes,
         mtu_bytes,
@@ -359,9 +386,9 @@ fn summarize(
         datagrams_per_message: datagrams as f64 / total_delivered.max(1) as f64,
         orders_agree,
         positions_compared: compared as u64 * CHECKPOINT_EVERY,
-        retransmitted: logs.iter().map(|l| l.retransmitted).sum(),
-        positions_replaced: logs.iter().map(|l| l.positions_replaced).sum(),
-        view_changes: logs.iter().map(|l| l.view_changes).sum(),
+        retransmitted,
+        positions_replaced,
+        view_changes,
     }
 }
 
@@ -374,14 +401,16 @@ pub fn percentile(values: &mut [f64], q: f64) -> f64 {
     values[((values.len() - 1) as f64 * q).round() as usize]
 }
 
-/// One node's application: proposes by `load` until the window's end, records deliveries.
+/// One node's application: proposes by `load` (nothing if `None`) until the window's end,
+/// records deliveries.
 fn application(
     handle: &Handle,
     node: usize,
     message_bytes: usize,
-    load: Load,
+    load: Option<Load>,
     origin: Instant,
     window: (Instant, Instant),
+    receiver: bool,
 ) -> NodeLog {
     let mut log = NodeLog::default();
     let (mut proposed, mut own_delivered) = (0u64, 0u64);
@@ -396,12 +425,16 @@ fn application(
             return log;
         }
         let want = match load {
-            Load::Closed { outstanding } => (own_delivered + outstanding).saturating_sub(proposed),
-            Load::Paced { per_node_per_s } if now >= next_batch => {
+            // A node that only sends hears of no delivery: the driver's backlog bounds it.
+            Some(Load::Closed { .. }) if !receiver => u64::MAX,
+            Some(Load::Closed { outstanding }) => {
+                (own_delivered + outstanding).saturating_sub(proposed)
+            }
+            Some(Load::Paced { per_node_per_s }) if now >= next_batch => {
                 next_batch += Duration::from_millis(1);
                 (per_node_per_s / 1000.0).ceil() as u64
             }
-            Load::Paced { .. } => 0,
+            Some(Load::Paced { .. }) | None => 0,
         };
         for _ in 0..want {
             let stamp = origin.elapsed().as_micros() as u64;

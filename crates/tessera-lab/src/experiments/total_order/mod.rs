@@ -22,12 +22,16 @@ use net::TwoSwitch;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
+use tessera_order::Group;
 
 /// What to measure.
 #[derive(Debug, Clone)]
 pub struct TotalOrderConfig {
-    /// Nodes, each a sender and a receiver.
+    /// Nodes.
     pub nodes: usize,
+    /// `None`: every node sends and receives; `Some(s)`: nodes `0..s` only send and the
+    /// others only receive (the thesis's tables 2 and 3).
+    pub senders: Option<usize>,
     /// Message sizes, bytes.
     pub message_bytes: Vec<usize>,
     /// Packing sizes; `None`: aggregation off.
@@ -43,10 +47,26 @@ pub struct TotalOrderConfig {
 }
 
 impl TotalOrderConfig {
+    /// The group the nodes form.
+    pub fn group(&self) -> Result<Group, LabError> {
+        match self.senders {
+            None => Ok(Group::all_to_all(self.nodes)),
+            Some(senders) if (1..self.nodes).contains(&senders) => {
+                Ok(Group::disjoint(senders, self.nodes - senders))
+            }
+            Some(senders) => Err(LabError::BadValue {
+                what: "number of senders",
+                text: senders.to_string(),
+                expected: "at least 1 and fewer than the nodes",
+            }),
+        }
+    }
+
     /// Under a minute: 3 nodes, 64 B and 1 KiB, 9000-byte packing, 3 s per point.
     pub fn quick() -> TotalOrderConfig {
         TotalOrderConfig {
             nodes: 3,
+            senders: None,
             message_bytes: vec![64, 1024],
             mtus: vec![Some(9000)],
             seconds: 3.0,
@@ -92,6 +112,10 @@ pub struct TotalOrderReport {
     pub testbed: Testbed,
     /// Nodes.
     pub nodes: usize,
+    /// Nodes that send (all of them, or the first ones only).
+    pub senders: usize,
+    /// Nodes that receive.
+    pub receivers: usize,
     /// The 1-minute load average before the run (other work on the machine).
     pub load_average_before: f64,
     /// Round trip of a small datagram node 0 to node 1 and back through the switches,
@@ -111,6 +135,7 @@ pub fn run(
     config: &TotalOrderConfig,
 ) -> Result<(TotalOrderReport, Vec<PathBuf>), LabError> {
     let began = Instant::now();
+    let group = config.group()?;
     let load_average_before = load_average();
     let mut link = lab.link;
     // A jumbo frame must fit the token bucket twice over.
@@ -131,7 +156,7 @@ pub fn run(
     let mut lines = Vec::new();
     for &size in &config.message_bytes {
         lab.cancel.check()?;
-        let raw = load::raw_stream(&network, size, config.seconds)?;
+        let raw = load::raw_stream(&network, &group, size, config.seconds)?;
         lab.say(&format!(
             "raw multicast, {size} B: {:.0} messages/s, {:.1} Mbit/s",
             raw.messages_per_s,
@@ -145,17 +170,19 @@ pub fn run(
                 .find(|l: &&Line| l.raw_packets.message_bytes == packet_bytes)
             {
                 Some(line) => line.raw_packets.clone(),
-                None => load::raw_stream(&network, packet_bytes, config.seconds)?,
+                None => load::raw_stream(&network, &group, packet_bytes, config.seconds)?,
             };
             let closed = Load::Closed {
                 outstanding: config.outstanding,
             };
-            let throughput = load::order_run(&network, size, mtu, closed, config.seconds)?;
-            let rate = throughput.messages_per_s * config.latency_load / config.nodes as f64;
+            let throughput = load::order_run(&network, &group, size, mtu, closed, config.seconds)?;
+            let senders = group.roles.iter().filter(|r| r.sender).count();
+            let rate = throughput.messages_per_s * config.latency_load / senders as f64;
             let paced = Load::Paced {
                 per_node_per_s: rate.max(100.0),
             };
-            let latency = load::order_run(&network, size, mtu, paced, config.latency_seconds)?;
+            let latency =
+                load::order_run(&network, &group, size, mtu, paced, config.latency_seconds)?;
             lab.say(&format!(
                 "total order, {size} B, packing {}: {:.0} messages/s ({:.2} of raw), {:.1} \
                  Mbit/s; at {:.0}%: PO {:.0}/{:.0} us, UTO {:.0}/{:.0} us (median/p99); \
@@ -195,6 +222,8 @@ pub fn run(
             ..lab.clone()
         }),
         nodes: config.nodes,
+        senders: group.roles.iter().filter(|r| r.sender).count(),
+        receivers: group.receivers().len(),
         load_average_before,
         rtt_us_median,
         rtt_us_p99,
@@ -269,22 +298,35 @@ fn preamble(report: &TotalOrderReport, config: &TotalOrderConfig) -> String {
     format!(
         "# Total order through two switches\n\n{} Two bridges joined by one veth pair (the \
          sequencer link, `tbf` on its A-to-B end); each node sends on a TX veth into bridge A \
-         and receives on an RX veth out of bridge B, ports isolated, multicast. {} nodes, each \
-         a sender and a receiver. Load average before the run: {:.2}. A small datagram's \
+         and receives on an RX veth out of bridge B, ports isolated, multicast. {} nodes: {}. \
+         Load average before the run: {:.2}. A small datagram's \
          round trip node 0 to node 1 and back through the switches: {:.0} us median, {:.0} us \
          p99.\n\n\"raw UDP\": every \
-         node multicasts datagrams of the message size as fast as it can for {} s, no order \
+         sender multicasts datagrams of the message size as fast as it can for {} s, no order \
          and no recovery; messages/s at the slowest receiver. \"total order\": tessera-order \
-         over tessera-order-udp, each node keeping {} own messages outstanding, messages/s \
-         UTO-delivered by the slowest node over {} s; \"ratio\" is the one over the other. The \
+         over tessera-order-udp, each sender keeping {} own messages outstanding (one that \
+         only sends, as many as its driver's backlog holds), messages/s UTO-delivered by the \
+         slowest receiver over {} s; \"ratio\" is the one over the other. The \
          second raw stream sends datagrams as large as the total order's packets (packing \
          off: 1472 bytes), the most payload the machine moves through the switches; its ratio \
          compares payload bits/s. \
          Latencies from a second run offered {:.0}% of that throughput (paced, every \
          millisecond a batch), from the proposer's hand-off to the driver to the delivery at \
-         every node. Every node's order was compared at checkpoints and agreed. Took {:.0} s.",
-        report.testbed.markdown(),
+         every receiver. Every receiver's order was compared at checkpoints and agreed. Took \
+         {:.0} s.",
+        report
+            .testbed
+            .markdown()
+            .replace("on one bridge", "on two bridges"),
         report.nodes,
+        if report.senders == report.nodes && report.receivers == report.nodes {
+            "each a sender and a receiver".to_string()
+        } else {
+            format!(
+                "{} only send, {} only receive",
+                report.senders, report.receivers
+            )
+        },
         report.load_average_before,
         report.rtt_us_median,
         report.rtt_us_p99,
@@ -319,7 +361,10 @@ fn figure(report: &TotalOrderReport) -> Figure {
         values: report.lines.iter().map(|l| Some(value(l))).collect(),
     };
     Figure {
-        title: format!("Total order, {} nodes, two switches", report.nodes),
+        title: format!(
+            "Total order, {} senders, {} receivers, two switches",
+            report.senders, report.receivers
+        ),
         rows: vec![vec![Panel::Bars(BarPanel {
             title: "messages/s at the slowest receiver".into(),
             y_label: "messages/s".into(),
@@ -332,5 +377,33 @@ fn figure(report: &TotalOrderReport) -> Figure {
         })]],
         width_px: 900,
         row_height_px: 420,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_all_to_all_or_disjoint() {
+        let mut config = TotalOrderConfig::quick();
+        assert_eq!(config.group().unwrap(), Group::all_to_all(3));
+        config.nodes = 5;
+        config.senders = Some(2);
+        let group = config.group().unwrap();
+        assert_eq!(group, Group::disjoint(2, 3));
+        assert_eq!(group.receivers().len(), 3);
+        for senders in [0, 5, 6] {
+            config.senders = Some(senders);
+            assert!(config.group().is_err(), "{senders} senders of 5 nodes");
+        }
+    }
+
+    #[test]
+    fn quick_stays_small() {
+        let quick = TotalOrderConfig::quick();
+        let points = quick.message_bytes.len() * quick.mtus.len();
+        // Per size a raw stream and per line two runs with warm-ups: well under a minute.
+        assert!(points <= 2 && quick.seconds <= 3.0 && quick.latency_seconds <= 2.0);
     }
 }
