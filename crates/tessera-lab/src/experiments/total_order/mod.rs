@@ -15,7 +15,9 @@ pub mod load;
 pub mod net;
 
 use super::{LabConfig, Testbed};
-use crate::results::{self, BarPanel, BarSeries, Cell, Figure, Panel, Table};
+use crate::results::{
+    self, BarPanel, BarSeries, Cell, Figure, LinePanel, LineSeries, Panel, Table, XScale,
+};
 use crate::LabError;
 use load::{protocol_config, Load, OrderRun, RawStream};
 use net::TwoSwitch;
@@ -44,6 +46,9 @@ pub struct TotalOrderConfig {
     pub latency_load: f64,
     /// Own messages each node keeps outstanding in the throughput run.
     pub outstanding: u64,
+    /// Shares of the measured throughput offered for the thesis's figure 5 (latency against
+    /// load), with the largest packing size; empty: none.
+    pub curve_loads: Vec<f64>,
 }
 
 impl TotalOrderConfig {
@@ -73,6 +78,7 @@ impl TotalOrderConfig {
             latency_seconds: 2.0,
             latency_load: 0.1,
             outstanding: 4096,
+            curve_loads: Vec::new(),
         }
     }
 
@@ -83,6 +89,7 @@ impl TotalOrderConfig {
             mtus: vec![None, Some(1500), Some(9000)],
             seconds: 8.0,
             latency_seconds: 4.0,
+            curve_loads: vec![0.1, 0.3, 0.5, 0.7, 0.9],
             ..TotalOrderConfig::quick()
         }
     }
@@ -103,6 +110,17 @@ pub struct Line {
     pub raw_packets: RawStream,
     /// Total order payload bits/s over that stream's.
     pub bits_ratio: f64,
+    /// Latency against offered load (figure 5), for the largest packing size only.
+    pub curve: Vec<CurvePoint>,
+}
+
+/// One point of the latency curve.
+#[derive(Debug, Clone, Serialize)]
+pub struct CurvePoint {
+    /// Share of the closed-loop throughput offered.
+    pub offered_share: f64,
+    /// What the paced run delivered, and its latencies.
+    pub run: OrderRun,
 }
 
 /// The whole run.
@@ -164,55 +182,8 @@ pub fn run(
         ));
         for &mtu in &config.mtus {
             lab.cancel.check()?;
-            let packet_bytes = protocol_config(mtu).packet_bytes_max();
-            let raw_packets = match lines
-                .iter()
-                .find(|l: &&Line| l.raw_packets.message_bytes == packet_bytes)
-            {
-                Some(line) => line.raw_packets.clone(),
-                None => load::raw_stream(&network, &group, packet_bytes, config.seconds)?,
-            };
-            let closed = Load::Closed {
-                outstanding: config.outstanding,
-            };
-            let throughput = load::order_run(&network, &group, size, mtu, closed, config.seconds)?;
-            let senders = group.roles.iter().filter(|r| r.sender).count();
-            let rate = throughput.messages_per_s * config.latency_load / senders as f64;
-            let paced = Load::Paced {
-                per_node_per_s: rate.max(100.0),
-            };
-            let latency =
-                load::order_run(&network, &group, size, mtu, paced, config.latency_seconds)?;
-            lab.say(&format!(
-                "total order, {size} B, packing {}: {:.0} messages/s ({:.2} of raw), {:.1} \
-                 Mbit/s; at {:.0}%: PO {:.0}/{:.0} us, UTO {:.0}/{:.0} us (median/p99); \
-                 orders agree: {}",
-                packing_name(mtu),
-                throughput.messages_per_s,
-                throughput.messages_per_s / raw.messages_per_s.max(1.0),
-                throughput.bits_per_s / 1e6,
-                config.latency_load * 100.0,
-                latency.po_latency_us_median,
-                latency.po_latency_us_p99,
-                latency.uto_latency_us_median,
-                latency.uto_latency_us_p99,
-                throughput.orders_agree && latency.orders_agree
-            ));
-            if !(throughput.orders_agree && latency.orders_agree) {
-                return Err(LabError::BadValue {
-                    what: "total order",
-                    text: format!("{size}-byte messages, packing {}", packing_name(mtu)),
-                    expected: "every node delivering the same order",
-                });
-            }
-            lines.push(Line {
-                messages_ratio: throughput.messages_per_s / raw.messages_per_s.max(1.0),
-                bits_ratio: throughput.bits_per_s / raw_packets.bits_per_s.max(1.0),
-                raw_packets,
-                throughput,
-                latency,
-                raw: raw.clone(),
-            });
+            let line = measure_line(lab, config, &network, &group, size, mtu, &raw, &lines)?;
+            lines.push(line);
         }
     }
     network.teardown()?;
@@ -235,10 +206,103 @@ pub fn run(
         "total-order",
         &report,
         &table(&report),
-        &preamble(&report, config),
+        &format!(
+            "{}{}\n\nThroughput, and latency at {:.0}% load:",
+            preamble(&report, config),
+            curve_markdown(&report),
+            config.latency_load * 100.0
+        ),
         &figure(&report),
     )?;
     Ok((report, paths))
+}
+
+/// One line: the closed-loop throughput, the paced latency run, and (for the largest
+/// packing size) the latency curve; fails if two nodes' orders differ.
+#[allow(clippy::too_many_arguments)]
+fn measure_line(
+    lab: &LabConfig,
+    config: &TotalOrderConfig,
+    network: &TwoSwitch,
+    group: &Group,
+    size: usize,
+    mtu: Option<usize>,
+    raw: &RawStream,
+    lines: &[Line],
+) -> Result<Line, LabError> {
+    let packet_bytes = protocol_config(mtu).packet_bytes_max();
+    let raw_packets = match lines
+        .iter()
+        .find(|l| l.raw_packets.message_bytes == packet_bytes)
+    {
+        Some(line) => line.raw_packets.clone(),
+        None => load::raw_stream(network, group, packet_bytes, config.seconds)?,
+    };
+    let closed = Load::Closed {
+        outstanding: config.outstanding,
+    };
+    let throughput = load::order_run(network, group, size, mtu, closed, config.seconds)?;
+    let senders = group.roles.iter().filter(|r| r.sender).count() as f64;
+    let paced = |share: f64| -> Result<OrderRun, LabError> {
+        lab.cancel.check()?;
+        let rate = throughput.messages_per_s * share / senders;
+        let load = Load::Paced {
+            per_node_per_s: rate.max(100.0),
+        };
+        let run = load::order_run(network, group, size, mtu, load, config.latency_seconds)?;
+        if !run.orders_agree {
+            return Err(disagreement(size, mtu));
+        }
+        Ok(run)
+    };
+    let latency = paced(config.latency_load)?;
+    lab.say(&format!(
+        "total order, {size} B, packing {}: {:.0} messages/s ({:.2} of raw), {:.1} Mbit/s; at \
+         {:.0}%: PO {:.0}/{:.0} us, UTO {:.0}/{:.0} us (median/p99)",
+        packing_name(mtu),
+        throughput.messages_per_s,
+        throughput.messages_per_s / raw.messages_per_s.max(1.0),
+        throughput.bits_per_s / 1e6,
+        config.latency_load * 100.0,
+        latency.po_latency_us_median,
+        latency.po_latency_us_p99,
+        latency.uto_latency_us_median,
+        latency.uto_latency_us_p99,
+    ));
+    if !throughput.orders_agree {
+        return Err(disagreement(size, mtu));
+    }
+    let mut curve = Vec::new();
+    if mtu == config.mtus.iter().copied().max().flatten() {
+        for &offered_share in &config.curve_loads {
+            let run = paced(offered_share)?;
+            lab.say(&format!(
+                "  offered {:.0}%: delivered {:.0} messages/s, PO {:.0} us, UTO {:.0} us median",
+                offered_share * 100.0,
+                run.messages_per_s,
+                run.po_latency_us_median,
+                run.uto_latency_us_median
+            ));
+            curve.push(CurvePoint { offered_share, run });
+        }
+    }
+    Ok(Line {
+        messages_ratio: throughput.messages_per_s / raw.messages_per_s.max(1.0),
+        bits_ratio: throughput.bits_per_s / raw_packets.bits_per_s.max(1.0),
+        raw_packets,
+        throughput,
+        latency,
+        raw: raw.clone(),
+        curve,
+    })
+}
+
+fn disagreement(size: usize, mtu: Option<usize>) -> LabError {
+    LabError::BadValue {
+        what: "total order",
+        text: format!("{size}-byte messages, packing {}", packing_name(mtu)),
+        expected: "every node delivering the same order",
+    }
 }
 
 fn packing_name(mtu: Option<usize>) -> String {
@@ -317,7 +381,11 @@ fn preamble(report: &TotalOrderReport, config: &TotalOrderConfig) -> String {
         report
             .testbed
             .markdown()
-            .replace("on one bridge", "on two bridges"),
+            .replace("on one bridge", "on two bridges")
+            .replace(
+                &format!("frames are at most {} bytes", report.testbed.frame_bytes),
+                &format!("frames are at most {} bytes", net::LINK_MTU + 14),
+            ),
         report.nodes,
         if report.senders == report.nodes && report.receivers == report.nodes {
             "each a sender and a receiver".to_string()
@@ -350,34 +418,118 @@ fn figure(report: &TotalOrderReport) -> Figure {
             )
         })
         .collect();
+    // Thousands, so that the axis labels stay short.
     let top = report
         .lines
         .iter()
-        .map(|l| l.raw.messages_per_s.max(l.throughput.messages_per_s))
+        .map(|l| l.raw.messages_per_s.max(l.throughput.messages_per_s) / 1e3)
         .fold(1.0, f64::max);
     let series = |label: &str, color: usize, value: fn(&Line) -> f64| BarSeries {
         label: label.to_string(),
         color,
-        values: report.lines.iter().map(|l| Some(value(l))).collect(),
+        values: report.lines.iter().map(|l| Some(value(l) / 1e3)).collect(),
     };
+    let mut rows = vec![vec![Panel::Bars(BarPanel {
+        title: "messages/s at the slowest receiver".into(),
+        y_label: "thousand messages/s".into(),
+        y_range: (0.0, top * 1.1),
+        groups,
+        series: vec![
+            series("raw UDP multicast", 0, |l| l.raw.messages_per_s),
+            series("UTO-delivered", 1, |l| l.throughput.messages_per_s),
+        ],
+    })]];
+    if let Some(curve) = curve_panel(report) {
+        rows.push(vec![Panel::Lines(curve)]);
+    }
     Figure {
         title: format!(
             "Total order, {} senders, {} receivers, two switches",
             report.senders, report.receivers
         ),
-        rows: vec![vec![Panel::Bars(BarPanel {
-            title: "messages/s at the slowest receiver".into(),
-            y_label: "messages/s".into(),
-            y_range: (0.0, top * 1.1),
-            groups,
-            series: vec![
-                series("raw UDP multicast", 0, |l| l.raw.messages_per_s),
-                series("UTO-delivered", 1, |l| l.throughput.messages_per_s),
-            ],
-        })]],
+        rows,
         width_px: 900,
         row_height_px: 420,
     }
+}
+
+/// The thesis's figure 5: median PO and UTO latency against the delivered throughput.
+fn curve_panel(report: &TotalOrderReport) -> Option<LinePanel> {
+    let curves: Vec<&Line> = report
+        .lines
+        .iter()
+        .filter(|l| !l.curve.is_empty())
+        .collect();
+    if curves.is_empty() {
+        return None;
+    }
+    let mut series = Vec::new();
+    for (i, line) in curves.iter().enumerate() {
+        for (kind, dashed, pick) in [
+            (
+                "PO",
+                true,
+                (|r: &OrderRun| r.po_latency_us_median) as fn(&OrderRun) -> f64,
+            ),
+            ("UTO", false, |r: &OrderRun| r.uto_latency_us_median),
+        ] {
+            series.push(LineSeries {
+                label: format!("{kind}, {} B", line.throughput.message_bytes),
+                color: i,
+                dashed,
+                points: line
+                    .curve
+                    .iter()
+                    .map(|p| (p.run.bits_per_s / 1e6, pick(&p.run)))
+                    .collect(),
+            });
+        }
+    }
+    let x_max = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .fold(1.0, f64::max);
+    let y_max = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .fold(1.0, f64::max);
+    Some(LinePanel {
+        title: "latency against load (figure 5), largest packing".into(),
+        x_label: "delivered Mbit/s".into(),
+        y_label: "median latency, us".into(),
+        x_range: (0.0, x_max * 1.05),
+        x_scale: XScale::Linear,
+        y_range: (0.0, y_max * 1.1),
+        series,
+    })
+}
+
+/// The curve as a Markdown table, or nothing.
+fn curve_markdown(report: &TotalOrderReport) -> String {
+    let mut out = String::new();
+    for line in report.lines.iter().filter(|l| !l.curve.is_empty()) {
+        out += &format!(
+            "\n\nLatency against load (the thesis's figure 5), {} B messages, packing {}:\n\n\
+             | offered | delivered msg/s | Mbit/s | PO median us | PO p99 us | UTO median us | UTO p99 us |\n\
+             |---:|---:|---:|---:|---:|---:|---:|\n",
+            line.throughput.message_bytes,
+            packing_name(line.throughput.mtu_bytes)
+        );
+        for point in &line.curve {
+            let r = &point.run;
+            out += &format!(
+                "| {:.0}% | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+                point.offered_share * 100.0,
+                r.messages_per_s,
+                r.bits_per_s / 1e6,
+                r.po_latency_us_median,
+                r.po_latency_us_p99,
+                r.uto_latency_us_median,
+                r.uto_latency_us_p99
+            );
+        }
+    }
+    out
 }
 
 #[cfg(test)]
