@@ -1,14 +1,22 @@
 //! A UDP driver for [`tessera_order::Node`]: one thread per node runs the state machine over
 //! a UDP socket, with the real clock.
 //!
-//! This crate owns only the I/O: the socket, the clock, and the channels to the
-//! application. A broadcast ([`Destination::All`]) is sent by unicast fan-out, one datagram
-//! to every node of the group, this one included (a node receives its own messages through
-//! the network, as everyone's). On one LAN switch that gives no shared sequencer link, so
-//! receivers' preliminary orders differ more often and the leader's order takes over more;
-//! the paper's two-switch topology with multicast (a TX interface into switch A, an RX
-//! interface out of switch B, `../shared/notes/two-switch-sequencer.md`) is future work, as
-//! are `sendmmsg`/`recvmmsg` batching and carrying view-change messages larger than one
+//! This crate owns only the I/O: the sockets, the clock, and the channels to the
+//! application. A broadcast ([`Destination::All`]) goes one of two ways ([`Broadcast`]):
+//! - **unicast fan-out**, one datagram to every node of the group, this one included (a node
+//!   receives its own messages through the network, as everyone's). On one LAN switch that
+//!   gives no shared sequencer link, so receivers' preliminary orders differ more often and
+//!   the leader's order takes over more;
+//! - **multicast** in the paper's two-switch topology: one datagram to a group address, sent
+//!   on the node's TX interface (into switch A) and received on its RX interface (out of
+//!   switch B), so that every copy crosses the one link between the switches
+//!   (`../shared/notes/two-switch-sequencer.md`). [`two_switch_sockets`] makes the two sockets:
+//!   the sending one bound to the TX interface with multicast loopback off, the receiving one
+//!   bound to the RX interface and joined to the group.
+//!
+//! The driver drains up to [`RECEIVE_BATCH_MAX`] waiting datagrams before it polls the node
+//! for packets to send, so that one ACK answers a burst of DATA (ACK aggregation does the
+//! rest). Not yet: `sendmmsg`/`recvmmsg`, and carrying view-change messages larger than one
 //! datagram over a `tessera-datagram` session: a packet over [`DATAGRAM_BYTES_MAX`] is
 //! counted in [`DriverStats::oversized`] and not sent.
 //!
@@ -16,7 +24,7 @@
 //! use bytes::Bytes;
 //! use std::net::UdpSocket;
 //! use tessera_order::{Config, Event, Group, NodeId, Start};
-//! use tessera_order_udp::{spawn, DriverConfig};
+//! use tessera_order_udp::{spawn, Broadcast, DriverConfig};
 //!
 //! let addrs = vec!["10.0.0.1:7100".parse().unwrap(), "10.0.0.2:7100".parse().unwrap()];
 //! let socket = UdpSocket::bind(addrs[0]).unwrap();
@@ -28,6 +36,7 @@
 //!     start: Start::Initial,
 //!     seed: 1,
 //!     peers: addrs,
+//!     broadcast: Broadcast::Unicast,
 //! };
 //! let handle = spawn(driver, socket).unwrap();
 //! handle.propose(Bytes::from_static(b"lock block 7")).unwrap();
@@ -42,20 +51,34 @@
 
 use bytes::Bytes;
 use std::io;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tessera_order::{Config, Destination, Event, Group, Micros, Node, NodeId, Start, Stats};
 
 /// Largest UDP payload over IPv4.
 pub const DATAGRAM_BYTES_MAX: usize = 65_507;
-/// Longest the driver sleeps in `recv` before it looks at new proposals and the stop flag.
+/// Longest the driver sleeps before it looks at the stop flag.
 pub const POLL_US_MAX: u64 = 1_000;
 /// Proposals waiting in the driver while the node's own send queue is full.
 pub const BACKLOG_MAX: usize = 1 << 16;
+/// Datagrams taken off the socket before the node is polled for what to send.
+pub const RECEIVE_BATCH_MAX: usize = 64;
+/// Kernel buffer of each socket [`two_switch_sockets`] makes.
+pub const SOCKET_BUFFER_BYTES: usize = 4 << 20;
+
+/// How a packet for every node leaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Broadcast {
+    /// One datagram to each address of [`DriverConfig::peers`].
+    Unicast,
+    /// One datagram to this multicast group (the receiving socket must have joined it).
+    Multicast(SocketAddrV4),
+}
 
 /// Everything a node's driver needs.
 #[derive(Clone, Debug)]
@@ -72,8 +95,11 @@ pub struct DriverConfig {
     pub start: Start,
     /// Seed of the node's randomness.
     pub seed: u64,
-    /// The address of every node of the group, by node id.
+    /// The address of every node of the group, by node id (where its receiving socket
+    /// listens): packets for one node go there.
     pub peers: Vec<SocketAddr>,
+    /// How packets for every node go.
+    pub broadcast: Broadcast,
 }
 
 /// Why the driver could not start or stopped.
@@ -114,11 +140,53 @@ pub struct DriverStats {
     pub send_errors: u64,
 }
 
+/// Wakes the driver from its wait when the application proposes: an eventfd it polls with
+/// its socket, written only while the driver says it is about to sleep (one system call
+/// per wakeup, not per message).
+struct Wakeup {
+    fd: OwnedFd,
+    sleeping: AtomicBool,
+}
+
+impl Wakeup {
+    fn new() -> io::Result<Wakeup> {
+        // SAFETY: eventfd has no memory preconditions; the result is checked before use.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Wakeup {
+            // SAFETY: fd is a fresh descriptor that nothing else owns.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            sleeping: AtomicBool::new(false),
+        })
+    }
+
+    /// Called after a proposal is queued.
+    fn wake(&self) {
+        if self.sleeping.swap(false, Ordering::SeqCst) {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writes 8 bytes from a live buffer to the eventfd we own. A failure
+            // (the counter saturated) still leaves the driver awake.
+            unsafe { libc::write(self.fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        }
+    }
+
+    /// Empties the counter after a wakeup.
+    fn clear(&self) {
+        let mut counter = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live buffer from the eventfd we own; it is
+        // non-blocking, so an empty counter just fails.
+        unsafe { libc::read(self.fd.as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
+    }
+}
+
 /// A running node.
 pub struct Handle {
     proposals: mpsc::SyncSender<Bytes>,
     events: mpsc::Receiver<Event>,
     stop: Arc<AtomicBool>,
+    wakeup: Arc<Wakeup>,
     thread: JoinHandle<Result<(Stats, DriverStats), DriverError>>,
 }
 
@@ -131,7 +199,9 @@ impl Handle {
             .map_err(|error| match error {
                 mpsc::TrySendError::Full(_) => DriverError::BacklogFull,
                 mpsc::TrySendError::Disconnected(_) => DriverError::Stopped,
-            })
+            })?;
+        self.wakeup.wake();
+        Ok(())
     }
 
     /// The node's events: deliveries (PO and UTO), views, joins, suspicions.
@@ -141,13 +211,26 @@ impl Handle {
 
     /// Stops the thread; what the node and the driver counted.
     pub fn stop(self) -> Result<(Stats, DriverStats), DriverError> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::SeqCst);
+        self.wakeup.wake();
         self.thread.join().map_err(|_| DriverError::Stopped)?
     }
 }
 
-/// Starts a node on `socket` (bound to its address in `driver.peers`).
+/// Starts a node on `socket` (bound to its address in `driver.peers`), which it sends and
+/// receives on.
 pub fn spawn(driver: DriverConfig, socket: UdpSocket) -> Result<Handle, DriverError> {
+    let send = socket.try_clone()?;
+    spawn_split(driver, send, socket)
+}
+
+/// Starts a node that sends on `send` and receives on `receive` (bound to its address in
+/// `driver.peers`): the two-switch topology's TX and RX interfaces.
+pub fn spawn_split(
+    driver: DriverConfig,
+    send: UdpSocket,
+    receive: UdpSocket,
+) -> Result<Handle, DriverError> {
     if driver.peers.len() != driver.group.roles.len() {
         return Err(DriverError::Peers {
             peers: driver.peers.len(),
@@ -159,37 +242,77 @@ pub fn spawn(driver: DriverConfig, socket: UdpSocket) -> Result<Handle, DriverEr
     let (events_tx, events) = mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
+    let wakeup = Arc::new(Wakeup::new()?);
+    let woken = wakeup.clone();
     let thread = std::thread::Builder::new()
         .name(format!("order-{}", driver.node.0))
         .spawn(move || {
-            let mut runner = Runner::new(driver, socket, proposals_rx, events_tx);
+            let mut runner = Runner::new(driver, send, receive, proposals_rx, events_tx, woken);
             runner.run(&flag)
         })?;
     Ok(Handle {
         proposals,
         events,
         stop,
+        wakeup,
         thread,
     })
 }
 
+/// The two sockets of a node in the two-switch topology: `tx` sends (bound to `tx_addr` on
+/// interface `tx_device`, multicast out of it, without looping its own datagrams back), `rx`
+/// receives (bound to port `group.port()` on interface `rx_device`, joined to `group` on
+/// `rx_addr`). Needs the routes of the notes: the group routed out of `tx_device`.
+pub fn two_switch_sockets(
+    tx_addr: Ipv4Addr,
+    tx_device: &str,
+    rx_addr: Ipv4Addr,
+    rx_device: &str,
+    group: SocketAddrV4,
+) -> Result<(UdpSocket, UdpSocket), DriverError> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let new = || -> io::Result<Socket> {
+        let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+        socket.set_send_buffer_size(SOCKET_BUFFER_BYTES)?;
+        socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES)?;
+        Ok(socket)
+    };
+    let tx = new()?;
+    tx.bind_device(Some(tx_device.as_bytes()))?;
+    tx.bind(&SocketAddrV4::new(tx_addr, 0).into())?;
+    tx.set_multicast_if_v4(&tx_addr)?;
+    tx.set_multicast_loop_v4(false)?;
+    tx.set_multicast_ttl_v4(1)?;
+    let rx = new()?;
+    rx.set_reuse_address(true)?;
+    rx.bind_device(Some(rx_device.as_bytes()))?;
+    rx.bind(&SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, group.port()).into())?;
+    rx.join_multicast_v4(group.ip(), &rx_addr)?;
+    Ok((tx.into(), rx.into()))
+}
+
 struct Runner {
     node: Node,
-    socket: UdpSocket,
+    send: UdpSocket,
+    receive: UdpSocket,
     peers: Vec<SocketAddr>,
+    broadcast: Broadcast,
     origin: Instant,
     proposals: mpsc::Receiver<Bytes>,
     backlog: Option<Bytes>,
     events: mpsc::Sender<Event>,
+    wakeup: Arc<Wakeup>,
     stats: DriverStats,
 }
 
 impl Runner {
     fn new(
         driver: DriverConfig,
-        socket: UdpSocket,
+        send: UdpSocket,
+        receive: UdpSocket,
         proposals: mpsc::Receiver<Bytes>,
         events: mpsc::Sender<Event>,
+        wakeup: Arc<Wakeup>,
     ) -> Runner {
         let node = Node::new(
             driver.config,
@@ -202,12 +325,15 @@ impl Runner {
         );
         Runner {
             node,
-            socket,
+            send,
+            receive,
             peers: driver.peers,
+            broadcast: driver.broadcast,
             origin: Instant::now(),
             proposals,
             backlog: None,
             events,
+            wakeup,
             stats: DriverStats::default(),
         }
     }
@@ -218,28 +344,11 @@ impl Runner {
 
     fn run(&mut self, stop: &AtomicBool) -> Result<(Stats, DriverStats), DriverError> {
         let mut buffer = vec![0u8; DATAGRAM_BYTES_MAX];
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.load(Ordering::SeqCst) {
             self.take_proposals();
             self.flush()?;
-            let now = self.now();
-            let deadline = self.node.poll_timeout().unwrap_or(now + POLL_US_MAX);
-            let wait = deadline.saturating_sub(now).clamp(1, POLL_US_MAX);
-            self.socket
-                .set_read_timeout(Some(Duration::from_micros(wait)))?;
-            match self.socket.recv_from(&mut buffer) {
-                Ok((len, _)) => {
-                    self.stats.datagrams_received += 1;
-                    let now = self.now();
-                    self.node.handle_packet(&buffer[..len], now);
-                }
-                Err(error)
-                    if matches!(
-                        error.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) => {}
-                // A peer's closed port answers with ICMP, which Linux reports on the next recv.
-                Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => {}
-                Err(error) => return Err(error.into()),
+            if self.wait()? {
+                self.drain(&mut buffer)?;
             }
             let now = self.now();
             if self.node.poll_timeout().is_some_and(|at| at <= now) {
@@ -247,6 +356,85 @@ impl Runner {
             }
         }
         Ok((self.node.stats().clone(), self.stats.clone()))
+    }
+
+    /// Sleeps until a datagram arrives, the application proposes, or the node's timeout
+    /// (at most [`POLL_US_MAX`]); whether a datagram is waiting. `ppoll` times to the
+    /// microsecond: a socket's receive timeout counts in scheduler ticks (4-10 ms), which
+    /// made every ACK delay and every idle proposal a tick late.
+    fn wait(&mut self) -> Result<bool, DriverError> {
+        self.wakeup.sleeping.store(true, Ordering::SeqCst);
+        // A proposal queued before the flag was set would not wake us: look once more. (A
+        // backlog already held waits for the node's queue, which only packets and timeouts
+        // free, so it is no reason to stay awake.)
+        if self.backlog.is_none() {
+            if let Ok(message) = self.proposals.try_recv() {
+                self.backlog = Some(message);
+                self.wakeup.sleeping.store(false, Ordering::SeqCst);
+                return Ok(false);
+            }
+        }
+        let now = self.now();
+        let deadline = self.node.poll_timeout().unwrap_or(now + POLL_US_MAX);
+        let wait_us = deadline.saturating_sub(now).min(POLL_US_MAX);
+        let timeout = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: (wait_us * 1_000) as libc::c_long,
+        };
+        let mut fds = [
+            libc::pollfd {
+                fd: self.receive.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.wakeup.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: fds and timeout are live for the call; the descriptors are open.
+        let ready = unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &timeout, std::ptr::null()) };
+        self.wakeup.sleeping.store(false, Ordering::SeqCst);
+        if ready < 0 {
+            let error = io::Error::last_os_error();
+            return match error.kind() {
+                io::ErrorKind::Interrupted => Ok(false),
+                _ => Err(error.into()),
+            };
+        }
+        if fds[1].revents != 0 {
+            self.wakeup.clear();
+        }
+        Ok(fds[0].revents != 0)
+    }
+
+    /// Hands the node the datagrams already waiting, up to [`RECEIVE_BATCH_MAX`], without
+    /// blocking.
+    fn drain(&mut self, buffer: &mut [u8]) -> Result<(), DriverError> {
+        for _ in 0..RECEIVE_BATCH_MAX {
+            // SAFETY: the buffer is valid for writes of its length for the call, and the
+            // descriptor is the receiving socket's, open while `self` lives.
+            let len = unsafe {
+                libc::recv(
+                    self.receive.as_raw_fd(),
+                    buffer.as_mut_ptr().cast(),
+                    buffer.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if len < 0 {
+                let error = io::Error::last_os_error();
+                return match error.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::ConnectionRefused => Ok(()),
+                    _ => Err(error.into()),
+                };
+            }
+            self.stats.datagrams_received += 1;
+            let now = self.now();
+            self.node.handle_packet(&buffer[..len as usize], now);
+        }
+        Ok(())
     }
 
     /// Hands the node what the application proposed, as far as its queue takes.
@@ -281,12 +469,13 @@ impl Runner {
                 self.stats.oversized += 1;
                 continue;
             }
-            let targets: Vec<SocketAddr> = match transmit.destination {
-                Destination::All => self.peers.clone(),
-                Destination::Node(node) => vec![self.peers[node.0 as usize]],
+            let targets: Vec<SocketAddr> = match (transmit.destination, self.broadcast) {
+                (Destination::All, Broadcast::Unicast) => self.peers.clone(),
+                (Destination::All, Broadcast::Multicast(group)) => vec![group.into()],
+                (Destination::Node(node), _) => vec![self.peers[node.0 as usize]],
             };
             for target in targets {
-                match self.socket.send_to(&transmit.contents, target) {
+                match self.send.send_to(&transmit.contents, target) {
                     Ok(_) => self.stats.datagrams_sent += 1,
                     Err(_) => self.stats.send_errors += 1,
                 }

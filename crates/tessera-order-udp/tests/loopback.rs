@@ -5,7 +5,7 @@ use bytes::Bytes;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 use tessera_order::{Config, Event, Group, MsgId, NodeId, Start};
-use tessera_order_udp::{spawn, DriverConfig, Handle};
+use tessera_order_udp::{spawn, Broadcast, DriverConfig, Handle};
 
 fn start(nodes: usize) -> Vec<Handle> {
     let sockets: Vec<UdpSocket> = (0..nodes)
@@ -24,6 +24,7 @@ fn start(nodes: usize) -> Vec<Handle> {
                 start: Start::Initial,
                 seed: i as u64,
                 peers: peers.clone(),
+                broadcast: Broadcast::Unicast,
             };
             spawn(driver, socket).unwrap()
         })

@@ -92,7 +92,8 @@
 //! the leader's order takes over (section 3.4.2, Pedone and Schiper's optimistic atomic
 //! broadcast): the leader, seeing an ACK whose hash differs from its own log at that length,
 //! or a member that has not matched its log for a while, sends that member ENTRIES: its own
-//! entries from the last position they agreed on. The member replaces its log from the first
+//! entries from the last position they agreed on to the end of its log (in several packets
+//! if need be). The member replaces its log from the first
 //! position where it differs from the leader's, and only there.
 //!
 //! **Failure (section 3.4.1).** Every packet carries the sender's view and status and counts
@@ -112,7 +113,10 @@
 //! change they hear of) and sends DO-VIEW-CHANGE to `v`'s leader: its log from its first
 //! retained position, the last view it was a normal member of, and what it delivered. The
 //! leader waits for these from a majority of all receivers that hold state (a restarted
-//! node does not count), then briefly for the others, and chooses the log of the node whose
+//! node does not count), then for the others: a heartbeat interval, or up to half a
+//! view-change timeout while one heard from lately has not voted (else a live node whose
+//! long vote is slow on the wire is left out, asks to join, and starts the next view change,
+//! every time). It chooses the log of the node whose
 //! last normal view is highest (the longest among those), extended downward from the vote
 //! of a node that delivered those positions, to the lowest one some voter has not delivered; it sends START-VIEW with that
 //! log, the members (every node whose DO-VIEW-CHANGE it has) and the highest delivered
@@ -233,7 +237,8 @@
 //!
 //! Every queue has a bound: `send_queue_messages_max` proposals waiting, `window_packets`
 //! in flight per sender, what those can carry held out of order per sender, [`ACK_HISTORY_MAX`] ACKs
-//! remembered per member, ENTRIES of at most `repair_bytes_max` bytes per packet, at most
+//! remembered per member, ENTRIES of at most `repair_bytes_max` bytes per packet and
+//! [`REPAIR_PACKETS_MAX`] packets per repair round, at most
 //! [`GROUP_NODES_MAX`] nodes; logs keep positions until every member delivered them, and at
 //! most `log_retain_entries` more.
 
@@ -254,6 +259,9 @@ pub type Micros = u64;
 pub const GROUP_NODES_MAX: usize = 64;
 /// ACKs of one member remembered until the local log reaches their length.
 pub const ACK_HISTORY_MAX: usize = 64;
+/// ENTRIES packets the leader sends one member per repair round (each at most
+/// `repair_bytes_max` of messages).
+pub const REPAIR_PACKETS_MAX: usize = 16;
 
 /// A node of the group: `0..GROUP_NODES_MAX`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -423,7 +431,8 @@ pub struct Config {
     pub view_change_timeout_us: u64,
     /// Delivered positions kept past what every member delivered, for stale members.
     pub log_retain_entries: u64,
-    /// Bytes of messages per ENTRIES packet.
+    /// Bytes of messages (with 18 bytes of identity each) per ENTRIES packet; the default
+    /// keeps a packet within one UDP datagram (65,507 bytes).
     pub repair_bytes_max: usize,
 }
 
@@ -441,7 +450,7 @@ impl Default for Config {
             suspect_after_us: 10_000,
             view_change_timeout_us: 20_000,
             log_retain_entries: 1 << 16,
-            repair_bytes_max: 64 << 10,
+            repair_bytes_max: 60 << 10,
         }
     }
 }

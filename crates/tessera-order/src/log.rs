@@ -247,3 +247,44 @@ mod tests {
         a.append(id(0, 1), Bytes::new());
     }
 }
+
+#[cfg(test)]
+mod repair_size_tests {
+    use super::*;
+    use crate::packet::{Body, Header, Packet};
+    use crate::{Config, NodeId, Status};
+
+    /// The UDP driver sends one packet per datagram: an ENTRIES packet of the default
+    /// `repair_bytes_max` must fit 65,507 bytes whatever the messages' sizes (64 KiB did not,
+    /// and a repair that is never sent stalls the member forever).
+    #[test]
+    fn default_repair_fits_one_datagram() {
+        let config = Config::default();
+        for message_bytes in [0, 1, 64, 1000, config.message_bytes_max()] {
+            let mut log = Log::default();
+            for seq in 0..2_000 {
+                let sender = SenderId {
+                    node: NodeId(0),
+                    incarnation: 0,
+                };
+                log.append(MsgId { sender, seq }, Bytes::from(vec![7; message_bytes]));
+            }
+            let entries = log.entries_from(0, config.repair_bytes_max);
+            let packet = Packet {
+                header: Header {
+                    from: NodeId(0),
+                    incarnation: 0,
+                    view: 0,
+                    status: Status::Normal,
+                },
+                body: Body::Entries {
+                    from: 0,
+                    prev_hash: 0,
+                    entries,
+                },
+            };
+            let len = packet.encode().len();
+            assert!(len <= 65_507, "{message_bytes}-byte messages: {len} bytes");
+        }
+    }
+}

@@ -28,6 +28,10 @@ pub struct Stats {
     pub packets_sent: u64,
     /// DATA packets sent.
     pub data_packets_sent: u64,
+    /// ACKs sent on a DATA packet of ours (piggybacked, section 3.1).
+    pub acks_piggybacked: u64,
+    /// ACKs sent in a packet of their own.
+    pub ack_packets_sent: u64,
     /// Messages sent for the first time.
     pub messages_sent: u64,
     /// Messages sent again.

@@ -127,7 +127,7 @@ impl Scenario {
         } else {
             Group::disjoint(rng.gen_range(1..=3), rng.gen_range(1..=4))
         };
-        let config = Config {
+        let mut config = Config {
             mtu_bytes: if rng.gen_bool(0.5) { 1500 } else { 9000 },
             aggregate: rng.gen_bool(0.8),
             window_packets: rng.gen_range(2..=64),
@@ -162,16 +162,26 @@ impl Scenario {
             partition_every_us: rng.gen_bool(0.4).then(|| rng.gen_range(10_000..=80_000)),
             partition_us_max: rng.gen_range(1_000..=40_000),
         };
+        // Drawn last, so that the draws above (and every earlier seed's scenario) stay: small
+        // ENTRIES packets in a third of the seeds make repairs span several packets.
+        let messages_per_sender = rng.gen_range(1..=40);
+        let message_bytes_max = rng.gen_range(8..=200);
+        let propose_until_us = rng.gen_range(1_000..=100_000);
+        let faults_until_us = rng.gen_range(20_000..=150_000);
+        let link_delay_us = rng.gen_range(5..=50);
+        if rng.gen_bool(0.3) {
+            config.repair_bytes_max = rng.gen_range(100..=2_000);
+        }
         Scenario {
             group,
             config,
-            messages_per_sender: rng.gen_range(1..=40),
-            message_bytes_max: rng.gen_range(8..=200),
-            propose_until_us: rng.gen_range(1_000..=100_000),
+            messages_per_sender,
+            message_bytes_max,
+            propose_until_us,
             faults,
-            faults_until_us: rng.gen_range(20_000..=150_000),
+            faults_until_us,
             deadline_us: 3_000_000,
-            link_delay_us: rng.gen_range(5..=50),
+            link_delay_us,
             trunk_rate_bits_per_s: 1_000_000_000,
             reorder_delay_us_max: 300,
             scripted_crashes: Vec::new(),

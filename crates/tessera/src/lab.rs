@@ -19,6 +19,7 @@ use tessera_lab::experiments::calibrate::{self, CalibrateConfig};
 use tessera_lab::experiments::check::{self, CheckConfig};
 use tessera_lab::experiments::incast::{self, IncastConfig, Line};
 use tessera_lab::experiments::swift_window::{self, SwiftWindowConfig};
+use tessera_lab::experiments::total_order::{self, TotalOrderConfig};
 use tessera_lab::experiments::LabConfig;
 use tessera_lab::job::ClientJob;
 use tessera_lab::net::{self, Buffer, LinkSpec, Rate};
@@ -53,6 +54,21 @@ enum Experiment {
     /// TCP incast: goodput of synchronized reads from 1 to 64 servers through one switch
     /// port, over TCP, TCP with rto_min 1 ms and Tessera's transport.
     Incast(IncastArgs),
+    /// Total order through two switches joined by one link (issue 16): tessera-order over
+    /// multicast beside a raw multicast UDP stream, throughput and PO/UTO latency.
+    TotalOrder {
+        /// Under a minute: 3 nodes, 64 B and 1 KiB messages, 9000-byte packing.
+        #[arg(long)]
+        quick: bool,
+        /// Nodes, each a sender and a receiver unless --senders says.
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// The first S nodes only send, the others only receive (the thesis's tables 2-3).
+        #[arg(long)]
+        senders: Option<usize>,
+        #[command(flatten)]
+        common: Common,
+    },
     /// A raw TCP stream and Tessera at several link rates, with CPU use.
     Calibrate {
         /// A shorter sweep.
@@ -75,8 +91,8 @@ enum Experiment {
 /// Settings every experiment takes. Link settings left out take the experiment's defaults.
 #[derive(Args)]
 struct Common {
-    /// Rate of every link, each way (tc units: 200mbit, 1gbit) [default: 200mbit; incast:
-    /// 1gbit].
+    /// Rate of every link, each way (tc units: 200mbit, 1gbit) [default: 200mbit; incast and
+    /// total-order: 1gbit].
     #[arg(long)]
     rate: Option<Rate>,
     /// Queue of each switch port toward a host: frames (128p) or bytes (192K) [default:
@@ -216,6 +232,28 @@ pub async fn run(args: LabArgs) -> Result<()> {
             }
             (common, Config::Calibrate(config))
         }
+        Experiment::TotalOrder {
+            quick,
+            nodes,
+            senders,
+            common,
+        } => {
+            if !(1..=total_order::net::NODES_MAX).contains(&nodes) {
+                bail!(
+                    "{nodes} nodes: the lab holds 1 to {}",
+                    total_order::net::NODES_MAX
+                );
+            }
+            let mut config = if quick {
+                TotalOrderConfig::quick()
+            } else {
+                TotalOrderConfig::full(nodes)
+            };
+            config.nodes = nodes;
+            config.senders = senders;
+            config.group()?;
+            (common, Config::TotalOrder(config))
+        }
         Experiment::SwiftWindow(args) => {
             let config = swift_window_config(&args)?;
             (args.common, Config::SwiftWindow(config))
@@ -273,6 +311,7 @@ enum Config {
     Calibrate(CalibrateConfig),
     SwiftWindow(SwiftWindowConfig),
     Incast(IncastConfig),
+    TotalOrder(TotalOrderConfig),
 }
 
 impl Config {
@@ -280,6 +319,7 @@ impl Config {
     fn link_defaults(&self) -> LinkSpec {
         match self {
             Config::Incast(_) => IncastConfig::link_defaults(),
+            Config::TotalOrder(_) => LinkSpec::new(Rate::mbit(1000)),
             Config::Check(_) | Config::Calibrate(_) | Config::SwiftWindow(_) => {
                 LinkSpec::new(Rate::mbit(200))
             }
@@ -431,6 +471,12 @@ fn run_experiment(lab: &LabConfig, experiment: Config) -> Result<Vec<PathBuf>> {
         Config::Incast(config) => {
             let (report, paths) = incast::run(lab, &config)?;
             eprintln!("lab: incast took {:.0} s", report.duration_s);
+            print_markdown(&paths);
+            paths
+        }
+        Config::TotalOrder(config) => {
+            let (report, paths) = total_order::run(lab, &config)?;
+            eprintln!("lab: total-order took {:.0} s", report.duration_s);
             print_markdown(&paths);
             paths
         }

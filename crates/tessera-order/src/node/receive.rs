@@ -3,8 +3,8 @@
 
 use super::{Node, Peer};
 use crate::packet::{Ack, Body, Entry, Header};
-use crate::ACK_HISTORY_MAX;
 use crate::{Destination, Event, Micros, MsgId, NodeId, SenderId, Status, Transmit};
+use crate::{ACK_HISTORY_MAX, REPAIR_PACKETS_MAX};
 use bytes::Bytes;
 
 impl Node {
@@ -336,6 +336,7 @@ impl Node {
                 .hash_at(position)
                 .expect("position within the log");
             self.queue(Destination::All, Body::Ack(ack));
+            self.stats.ack_packets_sent += 1;
         }
         self.drain_all_pending(now);
         self.receive.ack_now = true;
@@ -360,7 +361,10 @@ impl Node {
         }
     }
 
-    /// Leader: sends `node` our entries from the last position it agreed with us.
+    /// Leader: sends `node` our entries from the last position it agreed with us to the end
+    /// of our log, in up to [`REPAIR_PACKETS_MAX`] ENTRIES packets. One packet per round
+    /// is not enough under load: the member goes on appending in its own order past what
+    /// one packet repaired, so it would fall further behind every round.
     fn repair(&mut self, node: NodeId, now: Micros) {
         let log = &self.receive.log;
         let Some(peer) = self.receive.peers.get_mut(&node) else {
@@ -372,22 +376,30 @@ impl Node {
         {
             return;
         }
-        let from = peer.matched.max(log.start());
-        let entries = log.entries_from(from, self.config.repair_bytes_max);
-        if entries.is_empty() {
-            return;
-        }
-        peer.repaired_at = Some(now);
-        let prev_hash = log.hash_at(from).expect("from is retained");
-        self.stats.repairs_sent += 1;
-        self.queue(
-            Destination::Node(node),
-            Body::Entries {
+        let mut from = peer.matched.max(log.start());
+        let mut packets = Vec::new();
+        while packets.len() < REPAIR_PACKETS_MAX {
+            let entries = log.entries_from(from, self.config.repair_bytes_max);
+            if entries.is_empty() {
+                break;
+            }
+            let prev_hash = log.hash_at(from).expect("from is retained");
+            let next = from + entries.len() as u64;
+            packets.push(Body::Entries {
                 from,
                 prev_hash,
                 entries,
-            },
-        );
+            });
+            from = next;
+        }
+        if packets.is_empty() {
+            return;
+        }
+        peer.repaired_at = Some(now);
+        for body in packets {
+            self.stats.repairs_sent += 1;
+            self.queue(Destination::Node(node), body);
+        }
     }
 
     /// Leader: members that lag behind our log and did not move since the last check get
@@ -443,6 +455,7 @@ impl Node {
     pub(super) fn ack_packet_now(&mut self) -> Option<Transmit> {
         let ack = self.ack();
         self.ack_sent();
+        self.stats.ack_packets_sent += 1;
         Some(self.packet(Destination::All, Body::Ack(ack)))
     }
 

@@ -98,6 +98,7 @@ impl Node {
         }
         if ack.is_some() {
             self.ack_sent();
+            self.stats.acks_piggybacked += 1;
         }
         self.stats.data_packets_sent += 1;
         let messages = packer.messages;

@@ -92,7 +92,8 @@ impl Node {
     }
 
     /// Leader: once a majority of receivers holding state voted, and all receivers did or
-    /// a heartbeat interval passed since, starts the view.
+    /// a while passed since (a heartbeat interval, or half a view-change timeout while a
+    /// receiver heard from lately has not voted), starts the view.
     pub(super) fn try_start_view(&mut self, now: Micros) {
         let holding = self
             .change
@@ -105,7 +106,24 @@ impl Node {
         }
         let quorum_at = *self.change.quorum_at.get_or_insert(now);
         let everyone = self.change.votes.len() == self.group.receivers().len();
-        if !everyone && now < quorum_at + self.config.heartbeat_interval_us {
+        // A receiver heard from lately is alive and its vote on its way: one left out would
+        // ask to join at once and start the next view change, and with votes that carry long
+        // logs (each a millisecond or more on the wire) it could be left out every time. So
+        // the leader waits for the live ones up to half a view-change timeout, and for the
+        // silent ones a heartbeat interval.
+        let live_missing = self.group.receivers().into_iter().any(|node| {
+            !self.change.votes.contains_key(&node)
+                && self
+                    .last_heard
+                    .get(&node)
+                    .is_some_and(|&heard| now.saturating_sub(heard) <= self.config.suspect_after_us)
+        });
+        let wait = if live_missing {
+            self.config.view_change_timeout_us / 2
+        } else {
+            self.config.heartbeat_interval_us
+        };
+        if !everyone && now < quorum_at + wait {
             return;
         }
         let (log, commit) = self.choose_log();

@@ -1,0 +1,485 @@
+//! What runs on the two-switch network: a raw multicast UDP stream (the yardstick), and
+//! `tessera-order` nodes over `tessera-order-udp` driven by a closed-loop or paced load,
+//! each node's driver and application in threads whose sockets live in its namespace.
+
+use super::net::{rx_addr, tx_addr, TwoSwitch, GROUP, RX_INTERFACE, TX_INTERFACE};
+use crate::net::run_in_namespace;
+use crate::LabError;
+use bytes::Bytes;
+use serde::Serialize;
+use std::net::{SocketAddr, SocketAddrV4, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera_order::{Config, Event, Group, NodeId, Start};
+use tessera_order_udp::{spawn_split, two_switch_sockets, Broadcast, DriverConfig, Handle};
+
+/// Bytes at the start of every message: the proposer's clock (microseconds since the run's
+/// origin, shared by every thread of the process) and the proposing node.
+const STAMP_BYTES: usize = 10;
+/// Deliveries between two checkpoints of a node's order (a running hash of the identities).
+const CHECKPOINT_EVERY: u64 = 1024;
+/// Most latency samples kept per node (the rest are counted, not kept).
+const LATENCY_SAMPLES_MAX: usize = 1 << 20;
+
+/// The raw streams' group: another port, so that their datagrams still queued in the
+/// switches when a total-order run starts reach no node of it.
+const RAW_GROUP: SocketAddrV4 = SocketAddrV4::new(*GROUP.ip(), GROUP.port() + 1);
+
+/// Sockets of node `i` in its namespace, for `group`.
+fn sockets(
+    network: &TwoSwitch,
+    node: usize,
+    group: SocketAddrV4,
+) -> Result<(UdpSocket, UdpSocket), LabError> {
+    run_in_namespace(&network.namespace(node), || {
+        two_switch_sockets(
+            tx_addr(node),
+            TX_INTERFACE,
+            rx_addr(node),
+            RX_INTERFACE,
+            group,
+        )
+        .map_err(|error| LabError::Io {
+            action: format!("open node {node}'s sockets"),
+            source: std::io::Error::other(error.to_string()),
+        })
+    })
+}
+
+/// A raw stream's result: every node multicasts datagrams as fast as it can.
+#[derive(Debug, Clone, Serialize)]
+pub struct RawStream {
+    /// Bytes of each datagram's payload.
+    pub message_bytes: usize,
+    /// Datagrams per second received by the slowest receiver.
+    pub messages_per_s: f64,
+    /// Payload bits per second at the slowest receiver.
+    pub bits_per_s: f64,
+    /// Datagrams sent, summed over nodes.
+    pub sent: u64,
+}
+
+/// Every sender of `group` multicasts `message_bytes` datagrams through the two switches for
+/// `seconds`; every receiver counts what it gets.
+pub fn raw_stream(
+    network: &TwoSwitch,
+    group: &Group,
+    message_bytes: usize,
+    seconds: f64,
+) -> Result<RawStream, LabError> {
+    let nodes = network.nodes();
+    assert_eq!(group.roles.len(), nodes, "a role per node");
+    let pairs = (0..nodes)
+        .map(|node| sockets(network, node, RAW_GROUP))
+        .collect::<Result<Vec<_>, _>>()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let duration = Duration::from_secs_f64(seconds);
+    let (received, sent) = std::thread::scope(|scope| {
+        let mut receivers = Vec::new();
+        let mut senders = Vec::new();
+        for ((tx, rx), role) in pairs.iter().zip(&group.roles) {
+            let stop_rx = stop.clone();
+            let receiving = role.receiver;
+            let sending = role.sender;
+            receivers.push(scope.spawn(move || {
+                if !receiving {
+                    return None;
+                }
+                rx.set_read_timeout(Some(Duration::from_millis(50))).ok();
+                let mut buffer = vec![0u8; 65_536];
+                let began = Instant::now();
+                let mut count = 0u64;
+                while !stop_rx.load(Ordering::Relaxed) {
+                    if rx.recv(&mut buffer).is_ok() && began.elapsed() < duration {
+                        count += 1;
+                    }
+                }
+                Some(count)
+            }));
+            let stop_tx = stop.clone();
+            senders.push(scope.spawn(move || {
+                let payload = vec![0x5Au8; message_bytes];
+                let mut sent = 0u64;
+                while sending && !stop_tx.load(Ordering::Relaxed) {
+                    if tx.send_to(&payload, RAW_GROUP).is_ok() {
+                        sent += 1;
+                    }
+                }
+                sent
+            }));
+        }
+        std::thread::sleep(duration);
+        stop.store(true, Ordering::Relaxed);
+        let received: Vec<u64> = receivers
+            .into_iter()
+            .filter_map(|h| h.join().unwrap_or(Some(0)))
+            .collect();
+        let sent: u64 = senders.into_iter().map(|h| h.join().unwrap_or(0)).sum();
+        (received, sent)
+    });
+    let slowest = received.iter().copied().min().unwrap_or(0) as f64 / seconds;
+    Ok(RawStream {
+        message_bytes,
+        messages_per_s: slowest,
+        bits_per_s: slowest * message_bytes as f64 * 8.0,
+        sent,
+    })
+}
+
+/// Round trips of a small datagram from node 0 to node 1 and back, each way through both
+/// switches and the trunk (unicast out of TX, in on RX), the unit of the issue's latency
+/// targets: median and 99th percentile in microseconds.
+pub fn echo(network: &TwoSwitch, count: usize) -> Result<(f64, f64), LabError> {
+    let echo_group = SocketAddrV4::new(*GROUP.ip(), GROUP.port() + 2);
+    let (tx0, rx0) = sockets(network, 0, echo_group)?;
+    let (tx1, rx1) = sockets(network, 1, echo_group)?;
+    let to_node1 = SocketAddrV4::new(rx_addr(1), echo_group.port());
+    let to_node0 = SocketAddrV4::new(rx_addr(0), echo_group.port());
+    let timeout = Some(Duration::from_millis(200));
+    for socket in [&rx0, &rx1] {
+        socket
+            .set_read_timeout(timeout)
+            .map_err(LabError::io("set a timeout"))?;
+    }
+    let mut rtts_us = std::thread::scope(|scope| {
+        let answer = scope.spawn(move || {
+            let mut buffer = [0u8; 64];
+            while let Ok(n) = rx1.recv(&mut buffer) {
+                if tx1.send_to(&buffer[..n], to_node0).is_err() || n == 1 {
+                    break;
+                }
+            }
+        });
+        let mut rtts_us = Vec::new();
+        let mut buffer = [0u8; 64];
+        for seq in 0..count as u64 {
+            let sent = Instant::now();
+            if tx0.send_to(&seq.to_be_bytes(), to_node1).is_err() {
+                continue;
+            }
+            while let Ok(n) = rx0.recv(&mut buffer) {
+                if buffer[..n] == seq.to_be_bytes() {
+                    rtts_us.push(sent.elapsed().as_secs_f64() * 1e6);
+                    break;
+                }
+            }
+        }
+        let _ = tx0.send_to(&[0], to_node1);
+        let _ = answer.join();
+        rtts_us
+    });
+    Ok((
+        percentile(&mut rtts_us, 0.5),
+        percentile(&mut rtts_us, 0.99),
+    ))
+}
+
+/// How the application at each node proposes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Load {
+    /// Keep this many own messages proposed and not yet UTO-delivered (the paper's "as many
+    /// as possible after each ACK").
+    Closed {
+        /// Messages outstanding per node.
+        outstanding: u64,
+    },
+    /// Propose at this many messages per second per node, every millisecond a batch.
+    Paced {
+        /// Messages per second per node.
+        per_node_per_s: f64,
+    },
+}
+
+/// One total-order run's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct OrderRun {
+    /// Bytes of each message.
+    pub message_bytes: usize,
+    /// The protocol's packet size (the MTU it packs to); `None`: aggregation off.
+    pub mtu_bytes: Option<usize>,
+    /// Messages UTO-delivered per second by the slowest node over the measured time.
+    pub messages_per_s: f64,
+    /// Their payload bits per second.
+    pub bits_per_s: f64,
+    /// PO latency (propose to optimistic delivery, every node), median, microseconds.
+    pub po_latency_us_median: f64,
+    /// PO latency, 99th percentile.
+    pub po_latency_us_p99: f64,
+    /// UTO latency (propose to UTO delivery, every node), median, microseconds.
+    pub uto_latency_us_median: f64,
+    /// UTO latency, 99th percentile.
+    pub uto_latency_us_p99: f64,
+    /// Datagrams sent per message delivered (every kind, every node).
+    pub datagrams_per_message: f64,
+    /// Every node delivered the same order (checkpoints of their orders' hashes agree).
+    pub orders_agree: bool,
+    /// Positions compared across nodes.
+    pub positions_compared: u64,
+    /// Messages sent again, summed over nodes.
+    pub retransmitted: u64,
+    /// Positions replaced by the leader's order, summed over nodes.
+    pub positions_replaced: u64,
+    /// View changes, summed over nodes.
+    pub view_changes: u64,
+}
+
+/// What one node's application saw.
+#[derive(Default)]
+struct NodeLog {
+    receiver: bool,
+    delivered_in_window: u64,
+    po_us: Vec<f64>,
+    uto_us: Vec<f64>,
+    checkpoints: Vec<u64>,
+    datagrams_sent: u64,
+    retransmitted: u64,
+    positions_replaced: u64,
+    view_changes: u64,
+}
+
+/// The protocol's settings for a run: packing to `mtu_bytes` (or off), a window and ACK
+/// threshold that keep a closed loop busy.
+pub fn protocol_config(mtu_bytes: Option<usize>) -> Config {
+    Config {
+        mtu_bytes: mtu_bytes.unwrap_or(1500),
+        aggregate: mtu_bytes.is_some(),
+        window_packets: 16,
+        ack_every_messages: 64,
+        // Under load the threshold sends ACKs (a packet carries ~100 small messages); at low
+        // load this delay is the floor of the UTO latency.
+        ack_delay_us: 20,
+        // Loss here is a full socket buffer at one receiver, which its NACK reports at once;
+        // the timeout is for the tail, and one shorter than a CPU-bound UTO latency makes
+        // the sender retransmit whole windows that were only slow (a collapse seen at 20 ms
+        // in a debug build). It also paces the leader's repairs (a quarter of it).
+        retransmit_after_us: 50_000,
+        // One ENTRIES packet must fit a datagram (the default does; said here as a limit).
+        repair_bytes_max: 60 << 10,
+        heartbeat_interval_us: 5_000,
+        suspect_after_us: 500_000,
+        view_change_timeout_us: 200_000,
+        send_queue_messages_max: 1 << 14,
+        ..Config::default()
+    }
+}
+
+/// Runs every node of `network` in `group` over UDP multicast with `load` at each sender
+/// for `warmup + seconds`, measuring over the last `seconds` at the receivers.
+pub fn order_run(
+    network: &TwoSwitch,
+    group: &Group,
+    message_bytes: usize,
+    mtu_bytes: Option<usize>,
+    load: Load,
+    seconds: f64,
+) -> Result<OrderRun, LabError> {
+    assert!(message_bytes >= STAMP_BYTES, "messages carry a stamp");
+    // A port of its own per run: datagrams of the run before, still queued in the switches,
+    // would otherwise reach this run's nodes as packets of the same nodes and incarnation.
+    static RUNS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let run = RUNS.fetch_add(1, Ordering::Relaxed) % 1000;
+    let multicast = SocketAddrV4::new(*GROUP.ip(), GROUP.port() + 100 + run);
+    let nodes = network.nodes();
+    assert_eq!(group.roles.len(), nodes, "a role per node");
+    let origin = Instant::now();
+    let peers: Vec<SocketAddr> = (0..nodes)
+        .map(|i| SocketAddrV4::new(rx_addr(i), multicast.port()).into())
+        .collect();
+    let mut handles = Vec::new();
+    for node in 0..nodes {
+        let (tx, rx) = sockets(network, node, multicast)?;
+        let driver = DriverConfig {
+            config: protocol_config(mtu_bytes),
+            group: group.clone(),
+            node: NodeId(node as u16),
+            incarnation: 0,
+            start: Start::Initial,
+            seed: node as u64 + 1,
+            peers: peers.clone(),
+            broadcast: Broadcast::Multicast(multicast),
+        };
+        handles.push(spawn_split(driver, tx, rx).map_err(|error| LabError::Io {
+            action: format!("start node {node}"),
+            source: std::io::Error::other(error.to_string()),
+        })?);
+    }
+    let warmup = Duration::from_secs_f64((seconds / 4.0).clamp(0.3, 2.0));
+    let window = (
+        origin + warmup,
+        origin + warmup + Duration::from_secs_f64(seconds),
+    );
+    let apps: Vec<_> = handles
+        .into_iter()
+        .enumerate()
+        .map(|(node, handle)| {
+            let role = group.roles[node];
+            // A node that only receives proposes nothing.
+            let load = if role.sender { Some(load) } else { None };
+            std::thread::spawn(move || {
+                let log = application(
+                    &handle,
+                    node,
+                    message_bytes,
+                    load,
+                    origin,
+                    window,
+                    role.receiver,
+                );
+                (log, handle)
+            })
+        })
+        .collect();
+    let mut logs = Vec::new();
+    for app in apps {
+        let (mut log, handle) = app.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        let (stats, driver) = handle.stop().map_err(|error| LabError::Io {
+            action: "stop a node".into(),
+            source: std::io::Error::other(error.to_string()),
+        })?;
+        log.datagrams_sent = driver.datagrams_sent;
+        log.retransmitted = stats.retransmitted;
+        log.positions_replaced = stats.positions_replaced;
+        log.view_changes = stats.view_changes;
+        log.receiver = group.roles[logs.len()].receiver;
+        logs.push(log);
+    }
+    Ok(summarize(logs, message_bytes, mtu_bytes, seconds))
+}
+
+fn summarize(
+    mut logs: Vec<NodeLog>,
+    message_bytes: usize,
+    mtu_bytes: Option<usize>,
+    seconds: f64,
+) -> OrderRun {
+    let datagrams: u64 = logs.iter().map(|l| l.datagrams_sent).sum();
+    let retransmitted = logs.iter().map(|l| l.retransmitted).sum();
+    let positions_replaced = logs.iter().map(|l| l.positions_replaced).sum();
+    let view_changes = logs.iter().map(|l| l.view_changes).sum();
+    // Deliveries, orders and latencies are the receivers'.
+    logs.retain(|l| l.receiver);
+    let slowest = logs
+        .iter()
+        .map(|l| l.delivered_in_window)
+        .min()
+        .unwrap_or(0) as f64
+        / seconds;
+    let compared = logs.iter().map(|l| l.checkpoints.len()).min().unwrap_or(0);
+    let orders_agree = logs
+        .iter()
+        .all(|l| l.checkpoints[..compared] == logs[0].checkpoints[..compared]);
+    let mut po: Vec<f64> = logs.iter().flat_map(|l| l.po_us.iter().copied()).collect();
+    let mut uto: Vec<f64> = logs.iter().flat_map(|l| l.uto_us.iter().copied()).collect();
+    let total_delivered: u64 = logs.iter().map(|l| l.checkpoints.len() as u64).sum::<u64>()
+        * CHECKPOINT_EVERY
+        / logs.len().max(1) as u64;
+    OrderRun {
+        message_bytes,
+        mtu_bytes,
+        messages_per_s: slowest,
+        bits_per_s: slowest * message_bytes as f64 * 8.0,
+        po_latency_us_median: percentile(&mut po, 0.5),
+        po_latency_us_p99: percentile(&mut po, 0.99),
+        uto_latency_us_median: percentile(&mut uto, 0.5),
+        uto_latency_us_p99: percentile(&mut uto, 0.99),
+        datagrams_per_message: datagrams as f64 / total_delivered.max(1) as f64,
+        orders_agree,
+        positions_compared: compared as u64 * CHECKPOINT_EVERY,
+        retransmitted,
+        positions_replaced,
+        view_changes,
+    }
+}
+
+/// The `q` quantile of `values` (sorted here); NaN if there are none.
+pub fn percentile(values: &mut [f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    values[((values.len() - 1) as f64 * q).round() as usize]
+}
+
+/// One node's application: proposes by `load` (nothing if `None`) until the window's end,
+/// records deliveries.
+fn application(
+    handle: &Handle,
+    node: usize,
+    message_bytes: usize,
+    load: Option<Load>,
+    origin: Instant,
+    window: (Instant, Instant),
+    receiver: bool,
+) -> NodeLog {
+    let mut log = NodeLog::default();
+    let (mut proposed, mut own_delivered) = (0u64, 0u64);
+    let mut order_hash = 0u64;
+    let mut position_count = 0u64;
+    let mut next_batch = Instant::now();
+    let mut message = vec![0u8; message_bytes];
+    message[8..10].copy_from_slice(&(node as u16).to_be_bytes());
+    loop {
+        let now = Instant::now();
+        if now >= window.1 {
+            return log;
+        }
+        let want = match load {
+            // A node that only sends hears of no delivery: the driver's backlog bounds it.
+            Some(Load::Closed { .. }) if !receiver => u64::MAX,
+            Some(Load::Closed { outstanding }) => {
+                (own_delivered + outstanding).saturating_sub(proposed)
+            }
+            Some(Load::Paced { per_node_per_s }) if now >= next_batch => {
+                next_batch += Duration::from_millis(1);
+                (per_node_per_s / 1000.0).ceil() as u64
+            }
+            Some(Load::Paced { .. }) | None => 0,
+        };
+        for _ in 0..want {
+            let stamp = origin.elapsed().as_micros() as u64;
+            message[..8].copy_from_slice(&stamp.to_be_bytes());
+            if handle.propose(Bytes::copy_from_slice(&message)).is_err() {
+                break;
+            }
+            proposed += 1;
+        }
+        let Ok(event) = handle.events().recv_timeout(Duration::from_micros(500)) else {
+            continue;
+        };
+        let mut next = Some(event);
+        while let Some(event) = next {
+            let now_us = origin.elapsed().as_micros() as f64;
+            let measuring = Instant::now() >= window.0;
+            match event {
+                Event::Optimistic { message, .. }
+                    if measuring && log.po_us.len() < LATENCY_SAMPLES_MAX =>
+                {
+                    log.po_us.push(now_us - stamp_us(&message));
+                }
+                Event::Deliver { id, message, .. } => {
+                    if id.sender.node.0 as usize == node {
+                        own_delivered += 1;
+                    }
+                    if measuring {
+                        log.delivered_in_window += 1;
+                        if log.uto_us.len() < LATENCY_SAMPLES_MAX {
+                            log.uto_us.push(now_us - stamp_us(&message));
+                        }
+                    }
+                    order_hash = tessera_order::log::chain(order_hash, id);
+                    position_count += 1;
+                    if position_count.is_multiple_of(CHECKPOINT_EVERY) {
+                        log.checkpoints.push(order_hash);
+                    }
+                }
+                _ => {}
+            }
+            next = handle.events().try_recv().ok();
+        }
+    }
+}
+
+fn stamp_us(message: &[u8]) -> f64 {
+    u64::from_be_bytes(message[..8].try_into().expect("a stamp")) as f64
+}

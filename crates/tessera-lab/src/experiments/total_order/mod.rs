@@ -1,0 +1,561 @@
+//! `total-order`: Greenman's testbed (two switches joined by one link, every node sending
+//! through the first and receiving through the second) in namespaces, with `tessera-order`
+//! over `tessera-order-udp` multicast, measured side by side with a raw multicast UDP stream
+//! through the same switches.
+//!
+//! For each message size: the raw stream (every node multicasting datagrams as fast as it
+//! can; what the slowest receiver got), then the total order with a closed-loop load (each
+//! node keeps a number of its messages proposed and not yet UTO-delivered, the thesis's
+//! "as many as possible after each ACK") for each packing size (1500-byte or 9000-byte
+//! packets, or aggregation off), then a paced load at a tenth of that throughput for the
+//! latencies (PO and UTO, propose to delivery at every node, median and p99). Throughput is
+//! what the slowest node UTO-delivered. Every node's order is compared at checkpoints.
+
+pub mod load;
+pub mod net;
+
+use super::{LabConfig, Testbed};
+use crate::results::{
+    self, BarPanel, BarSeries, Cell, Figure, LinePanel, LineSeries, Panel, Table, XScale,
+};
+use crate::LabError;
+use load::{protocol_config, Load, OrderRun, RawStream};
+use net::TwoSwitch;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+use tessera_order::Group;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct TotalOrderConfig {
+    /// Nodes.
+    pub nodes: usize,
+    /// `None`: every node sends and receives; `Some(s)`: nodes `0..s` only send and the
+    /// others only receive (the thesis's tables 2 and 3).
+    pub senders: Option<usize>,
+    /// Message sizes, bytes.
+    pub message_bytes: Vec<usize>,
+    /// Packing sizes; `None`: aggregation off.
+    pub mtus: Vec<Option<usize>>,
+    /// Seconds of each throughput measurement.
+    pub seconds: f64,
+    /// Seconds of each latency measurement.
+    pub latency_seconds: f64,
+    /// Share of the measured throughput offered in the latency run.
+    pub latency_load: f64,
+    /// Own messages each node keeps outstanding in the throughput run.
+    pub outstanding: u64,
+    /// Shares of the measured throughput offered for the thesis's figure 5 (latency against
+    /// load), with the largest packing size; empty: none.
+    pub curve_loads: Vec<f64>,
+}
+
+impl TotalOrderConfig {
+    /// The group the nodes form.
+    pub fn group(&self) -> Result<Group, LabError> {
+        match self.senders {
+            None => Ok(Group::all_to_all(self.nodes)),
+            Some(senders) if (1..self.nodes).contains(&senders) => {
+                Ok(Group::disjoint(senders, self.nodes - senders))
+            }
+            Some(senders) => Err(LabError::BadValue {
+                what: "number of senders",
+                text: senders.to_string(),
+                expected: "at least 1 and fewer than the nodes",
+            }),
+        }
+    }
+
+    /// Under a minute: 3 nodes, 64 B and 1 KiB, 9000-byte packing, 3 s per point.
+    pub fn quick() -> TotalOrderConfig {
+        TotalOrderConfig {
+            nodes: 3,
+            senders: None,
+            message_bytes: vec![64, 1024],
+            mtus: vec![Some(9000)],
+            seconds: 3.0,
+            latency_seconds: 2.0,
+            latency_load: 0.1,
+            outstanding: 4096,
+            curve_loads: Vec::new(),
+        }
+    }
+
+    /// The full run: packing off, 1500 and 9000, 8 s per point.
+    pub fn full(nodes: usize) -> TotalOrderConfig {
+        TotalOrderConfig {
+            nodes,
+            mtus: vec![None, Some(1500), Some(9000)],
+            seconds: 8.0,
+            latency_seconds: 4.0,
+            curve_loads: vec![0.1, 0.3, 0.5, 0.7, 0.9],
+            ..TotalOrderConfig::quick()
+        }
+    }
+}
+
+/// One line of the results: a message size, a packing size, the raw stream beside it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Line {
+    /// The total order at full load.
+    pub throughput: OrderRun,
+    /// The total order at `latency_load` of that.
+    pub latency: OrderRun,
+    /// The raw stream of the same message size.
+    pub raw: RawStream,
+    /// Total order messages/s over the raw stream's.
+    pub messages_ratio: f64,
+    /// The raw stream of datagrams as large as the total order's packets.
+    pub raw_packets: RawStream,
+    /// Total order payload bits/s over that stream's.
+    pub bits_ratio: f64,
+    /// Latency against offered load (figure 5), for the largest packing size only.
+    pub curve: Vec<CurvePoint>,
+}
+
+/// One point of the latency curve.
+#[derive(Debug, Clone, Serialize)]
+pub struct CurvePoint {
+    /// Share of the closed-loop throughput offered.
+    pub offered_share: f64,
+    /// What the paced run delivered, and its latencies.
+    pub run: OrderRun,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TotalOrderReport {
+    /// The machine and links.
+    pub testbed: Testbed,
+    /// Nodes.
+    pub nodes: usize,
+    /// Nodes that send (all of them, or the first ones only).
+    pub senders: usize,
+    /// Nodes that receive.
+    pub receivers: usize,
+    /// The 1-minute load average before the run (other work on the machine).
+    pub load_average_before: f64,
+    /// Round trip of a small datagram node 0 to node 1 and back through the switches,
+    /// median, microseconds.
+    pub rtt_us_median: f64,
+    /// The same, 99th percentile.
+    pub rtt_us_p99: f64,
+    /// The lines.
+    pub lines: Vec<Line>,
+    /// Seconds the run took.
+    pub duration_s: f64,
+}
+
+/// Runs the experiment and writes `total-order.{json,csv,md,png}`.
+pub fn run(
+    lab: &LabConfig,
+    config: &TotalOrderConfig,
+) -> Result<(TotalOrderReport, Vec<PathBuf>), LabError> {
+    let began = Instant::now();
+    let group = config.group()?;
+    let load_average_before = load_average();
+    let mut link = lab.link;
+    // A jumbo frame must fit the token bucket twice over.
+    link.burst_bytes = Some(link.burst_bytes().max(2 * 9018));
+    lab.say(&format!(
+        "total-order: {} nodes through two bridges joined by one link ({}); load average {:.2}",
+        config.nodes, link.rate, load_average_before
+    ));
+    let network = TwoSwitch::build(config.nodes, &link)?;
+    let (rtt_us_median, rtt_us_p99) = if config.nodes >= 2 {
+        load::echo(&network, 200)?
+    } else {
+        (f64::NAN, f64::NAN)
+    };
+    lab.say(&format!(
+        "round trip through the switches: {rtt_us_median:.0} us median, {rtt_us_p99:.0} us p99"
+    ));
+    let mut lines = Vec::new();
+    for &size in &config.message_bytes {
+        lab.cancel.check()?;
+        let raw = load::raw_stream(&network, &group, size, config.seconds)?;
+        lab.say(&format!(
+            "raw multicast, {size} B: {:.0} messages/s, {:.1} Mbit/s",
+            raw.messages_per_s,
+            raw.bits_per_s / 1e6
+        ));
+        for &mtu in &config.mtus {
+            lab.cancel.check()?;
+            let line = measure_line(lab, config, &network, &group, size, mtu, &raw, &lines)?;
+            lines.push(line);
+        }
+    }
+    network.teardown()?;
+    let report = TotalOrderReport {
+        testbed: Testbed::describe(&LabConfig {
+            link,
+            ..lab.clone()
+        }),
+        nodes: config.nodes,
+        senders: group.roles.iter().filter(|r| r.sender).count(),
+        receivers: group.receivers().len(),
+        load_average_before,
+        rtt_us_median,
+        rtt_us_p99,
+        lines,
+        duration_s: began.elapsed().as_secs_f64(),
+    };
+    let paths = results::write_outputs(
+        &lab.out_dir,
+        "total-order",
+        &report,
+        &table(&report),
+        &format!(
+            "{}{}\n\nThroughput, and latency at {:.0}% load:",
+            preamble(&report, config),
+            curve_markdown(&report),
+            config.latency_load * 100.0
+        ),
+        &figure(&report),
+    )?;
+    Ok((report, paths))
+}
+
+/// One line: the closed-loop throughput, the paced latency run, and (for the largest
+/// packing size) the latency curve; fails if two nodes' orders differ.
+#[allow(clippy::too_many_arguments)]
+fn measure_line(
+    lab: &LabConfig,
+    config: &TotalOrderConfig,
+    network: &TwoSwitch,
+    group: &Group,
+    size: usize,
+    mtu: Option<usize>,
+    raw: &RawStream,
+    lines: &[Line],
+) -> Result<Line, LabError> {
+    let packet_bytes = protocol_config(mtu).packet_bytes_max();
+    let raw_packets = match lines
+        .iter()
+        .find(|l| l.raw_packets.message_bytes == packet_bytes)
+    {
+        Some(line) => line.raw_packets.clone(),
+        None => load::raw_stream(network, group, packet_bytes, config.seconds)?,
+    };
+    let closed = Load::Closed {
+        outstanding: config.outstanding,
+    };
+    let throughput = load::order_run(network, group, size, mtu, closed, config.seconds)?;
+    let senders = group.roles.iter().filter(|r| r.sender).count() as f64;
+    let paced = |share: f64| -> Result<OrderRun, LabError> {
+        lab.cancel.check()?;
+        let rate = throughput.messages_per_s * share / senders;
+        let load = Load::Paced {
+            per_node_per_s: rate.max(100.0),
+        };
+        let run = load::order_run(network, group, size, mtu, load, config.latency_seconds)?;
+        if !run.orders_agree {
+            return Err(disagreement(size, mtu));
+        }
+        Ok(run)
+    };
+    let latency = paced(config.latency_load)?;
+    lab.say(&format!(
+        "total order, {size} B, packing {}: {:.0} messages/s ({:.2} of raw), {:.1} Mbit/s; at \
+         {:.0}%: PO {:.0}/{:.0} us, UTO {:.0}/{:.0} us (median/p99)",
+        packing_name(mtu),
+        throughput.messages_per_s,
+        throughput.messages_per_s / raw.messages_per_s.max(1.0),
+        throughput.bits_per_s / 1e6,
+        config.latency_load * 100.0,
+        latency.po_latency_us_median,
+        latency.po_latency_us_p99,
+        latency.uto_latency_us_median,
+        latency.uto_latency_us_p99,
+    ));
+    if !throughput.orders_agree {
+        return Err(disagreement(size, mtu));
+    }
+    let mut curve = Vec::new();
+    if mtu == config.mtus.iter().copied().max().flatten() {
+        for &offered_share in &config.curve_loads {
+            let run = paced(offered_share)?;
+            lab.say(&format!(
+                "  offered {:.0}%: delivered {:.0} messages/s, PO {:.0} us, UTO {:.0} us median",
+                offered_share * 100.0,
+                run.messages_per_s,
+                run.po_latency_us_median,
+                run.uto_latency_us_median
+            ));
+            curve.push(CurvePoint { offered_share, run });
+        }
+    }
+    Ok(Line {
+        messages_ratio: throughput.messages_per_s / raw.messages_per_s.max(1.0),
+        bits_ratio: throughput.bits_per_s / raw_packets.bits_per_s.max(1.0),
+        raw_packets,
+        throughput,
+        latency,
+        raw: raw.clone(),
+        curve,
+    })
+}
+
+fn disagreement(size: usize, mtu: Option<usize>) -> LabError {
+    LabError::BadValue {
+        what: "total order",
+        text: format!("{size}-byte messages, packing {}", packing_name(mtu)),
+        expected: "every node delivering the same order",
+    }
+}
+
+fn packing_name(mtu: Option<usize>) -> String {
+    mtu.map_or("off".to_string(), |bytes| format!("{bytes} B"))
+}
+
+/// The 1-minute load average, or NaN where `/proc/loadavg` cannot be read.
+pub fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+fn table(report: &TotalOrderReport) -> Table {
+    let mut table = Table::new(&[
+        "message B",
+        "packing",
+        "raw UDP msg/s",
+        "total order msg/s",
+        "ratio",
+        "total order Mbit/s",
+        "raw UDP Mbit/s, packet-size datagrams",
+        "ratio",
+        "datagrams/msg",
+        "PO median us",
+        "PO p99 us",
+        "UTO median us",
+        "UTO p99 us",
+        "retransmitted",
+        "view changes",
+    ]);
+    for line in &report.lines {
+        let (t, l) = (&line.throughput, &line.latency);
+        table.push(vec![
+            Cell::Int(t.message_bytes as i64),
+            Cell::text(packing_name(t.mtu_bytes)),
+            Cell::float(line.raw.messages_per_s, 0),
+            Cell::float(t.messages_per_s, 0),
+            Cell::float(line.messages_ratio, 2),
+            Cell::float(t.bits_per_s / 1e6, 1),
+            Cell::float(line.raw_packets.bits_per_s / 1e6, 1),
+            Cell::float(line.bits_ratio, 2),
+            Cell::float(t.datagrams_per_message, 3),
+            Cell::float(l.po_latency_us_median, 0),
+            Cell::float(l.po_latency_us_p99, 0),
+            Cell::float(l.uto_latency_us_median, 0),
+            Cell::float(l.uto_latency_us_p99, 0),
+            Cell::Int((t.retransmitted + l.retransmitted) as i64),
+            Cell::Int((t.view_changes + l.view_changes) as i64),
+        ]);
+    }
+    table
+}
+
+fn preamble(report: &TotalOrderReport, config: &TotalOrderConfig) -> String {
+    format!(
+        "# Total order through two switches\n\n{} Two bridges joined by one veth pair (the \
+         sequencer link, `tbf` on its A-to-B end); each node sends on a TX veth into bridge A \
+         and receives on an RX veth out of bridge B, ports isolated, multicast. {} nodes: {}. \
+         Load average before the run: {:.2}. A small datagram's \
+         round trip node 0 to node 1 and back through the switches: {:.0} us median, {:.0} us \
+         p99.\n\n\"raw UDP\": every \
+         sender multicasts datagrams of the message size as fast as it can for {} s, no order \
+         and no recovery; messages/s at the slowest receiver. \"total order\": tessera-order \
+         over tessera-order-udp, each sender keeping {} own messages outstanding (one that \
+         only sends, as many as its driver's backlog holds), messages/s UTO-delivered by the \
+         slowest receiver over {} s; \"ratio\" is the one over the other. The \
+         second raw stream sends datagrams as large as the total order's packets (packing \
+         off: 1472 bytes), the most payload the machine moves through the switches; its ratio \
+         compares payload bits/s. \
+         Latencies from a second run offered {:.0}% of that throughput (paced, every \
+         millisecond a batch), from the proposer's hand-off to the driver to the delivery at \
+         every receiver. Every receiver's order was compared at checkpoints and agreed. Took \
+         {:.0} s.",
+        report
+            .testbed
+            .markdown()
+            .replace("on one bridge", "on two bridges")
+            .replace(
+                &format!("frames are at most {} bytes", report.testbed.frame_bytes),
+                &format!("frames are at most {} bytes", net::LINK_MTU + 14),
+            ),
+        report.nodes,
+        if report.senders == report.nodes && report.receivers == report.nodes {
+            "each a sender and a receiver".to_string()
+        } else {
+            format!(
+                "{} only send, {} only receive",
+                report.senders, report.receivers
+            )
+        },
+        report.load_average_before,
+        report.rtt_us_median,
+        report.rtt_us_p99,
+        config.seconds,
+        config.outstanding,
+        config.seconds,
+        config.latency_load * 100.0,
+        report.duration_s
+    )
+}
+
+fn figure(report: &TotalOrderReport) -> Figure {
+    let groups: Vec<String> = report
+        .lines
+        .iter()
+        .map(|l| {
+            format!(
+                "{} B, {}",
+                l.throughput.message_bytes,
+                packing_name(l.throughput.mtu_bytes)
+            )
+        })
+        .collect();
+    // Thousands, so that the axis labels stay short.
+    let top = report
+        .lines
+        .iter()
+        .map(|l| l.raw.messages_per_s.max(l.throughput.messages_per_s) / 1e3)
+        .fold(1.0, f64::max);
+    let series = |label: &str, color: usize, value: fn(&Line) -> f64| BarSeries {
+        label: label.to_string(),
+        color,
+        values: report.lines.iter().map(|l| Some(value(l) / 1e3)).collect(),
+    };
+    let mut rows = vec![vec![Panel::Bars(BarPanel {
+        title: "messages/s at the slowest receiver".into(),
+        y_label: "thousand messages/s".into(),
+        y_range: (0.0, top * 1.1),
+        groups,
+        series: vec![
+            series("raw UDP multicast", 0, |l| l.raw.messages_per_s),
+            series("UTO-delivered", 1, |l| l.throughput.messages_per_s),
+        ],
+    })]];
+    if let Some(curve) = curve_panel(report) {
+        rows.push(vec![Panel::Lines(curve)]);
+    }
+    Figure {
+        title: format!(
+            "Total order, {} senders, {} receivers, two switches",
+            report.senders, report.receivers
+        ),
+        rows,
+        width_px: 900,
+        row_height_px: 420,
+    }
+}
+
+/// The thesis's figure 5: median PO and UTO latency against the delivered throughput.
+fn curve_panel(report: &TotalOrderReport) -> Option<LinePanel> {
+    let curves: Vec<&Line> = report
+        .lines
+        .iter()
+        .filter(|l| !l.curve.is_empty())
+        .collect();
+    if curves.is_empty() {
+        return None;
+    }
+    let mut series = Vec::new();
+    for (i, line) in curves.iter().enumerate() {
+        for (kind, dashed, pick) in [
+            (
+                "PO",
+                true,
+                (|r: &OrderRun| r.po_latency_us_median) as fn(&OrderRun) -> f64,
+            ),
+            ("UTO", false, |r: &OrderRun| r.uto_latency_us_median),
+        ] {
+            series.push(LineSeries {
+                label: format!("{kind}, {} B", line.throughput.message_bytes),
+                color: i,
+                dashed,
+                points: line
+                    .curve
+                    .iter()
+                    .map(|p| (p.run.bits_per_s / 1e6, pick(&p.run)))
+                    .collect(),
+            });
+        }
+    }
+    let x_max = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .fold(1.0, f64::max);
+    let y_max = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .fold(1.0, f64::max);
+    Some(LinePanel {
+        title: "latency against load (figure 5), largest packing".into(),
+        x_label: "delivered Mbit/s".into(),
+        y_label: "median latency, us".into(),
+        x_range: (0.0, x_max * 1.05),
+        x_scale: XScale::Linear,
+        y_range: (0.0, y_max * 1.1),
+        series,
+    })
+}
+
+/// The curve as a Markdown table, or nothing.
+fn curve_markdown(report: &TotalOrderReport) -> String {
+    let mut out = String::new();
+    for line in report.lines.iter().filter(|l| !l.curve.is_empty()) {
+        out += &format!(
+            "\n\nLatency against load (the thesis's figure 5), {} B messages, packing {}:\n\n\
+             | offered | delivered msg/s | Mbit/s | PO median us | PO p99 us | UTO median us | UTO p99 us |\n\
+             |---:|---:|---:|---:|---:|---:|---:|\n",
+            line.throughput.message_bytes,
+            packing_name(line.throughput.mtu_bytes)
+        );
+        for point in &line.curve {
+            let r = &point.run;
+            out += &format!(
+                "| {:.0}% | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+                point.offered_share * 100.0,
+                r.messages_per_s,
+                r.bits_per_s / 1e6,
+                r.po_latency_us_median,
+                r.po_latency_us_p99,
+                r.uto_latency_us_median,
+                r.uto_latency_us_p99
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_all_to_all_or_disjoint() {
+        let mut config = TotalOrderConfig::quick();
+        assert_eq!(config.group().unwrap(), Group::all_to_all(3));
+        config.nodes = 5;
+        config.senders = Some(2);
+        let group = config.group().unwrap();
+        assert_eq!(group, Group::disjoint(2, 3));
+        assert_eq!(group.receivers().len(), 3);
+        for senders in [0, 5, 6] {
+            config.senders = Some(senders);
+            assert!(config.group().is_err(), "{senders} senders of 5 nodes");
+        }
+    }
+
+    #[test]
+    fn quick_stays_small() {
+        let quick = TotalOrderConfig::quick();
+        let points = quick.message_bytes.len() * quick.mtus.len();
+        // Per size a raw stream and per line two runs with warm-ups: well under a minute.
+        assert!(points <= 2 && quick.seconds <= 3.0 && quick.latency_seconds <= 2.0);
+    }
+}

@@ -1,0 +1,186 @@
+//! `tessera-order-raft-bench`: tessera-order against openraft, side by side in one run, on
+//! 127.0.0.1: three nodes each, the same message size, the same closed-loop load (a number of
+//! messages outstanding at once), measured the same way (messages ordered per second, and the
+//! latency from hand-off to delivery or commit).
+//!
+//! openraft 0.9 commits through its leader: every write goes to node 0's Raft, which
+//! replicates it over TCP to the others and answers once a majority holds it. tessera-order
+//! has no leader on its fast path: every node proposes a third of the messages over UDP
+//! (unicast fan-out, since loopback has no two-switch sequencer), and a message counts once
+//! UTO-delivered at the slowest node. Both keep their logs in memory. The lab's
+//! `tessera lab total-order` measures tessera-order in the two-switch topology; this binary
+//! is a crate of its own so that openraft's dependencies stay out of the `tessera` binary.
+//!
+//! Usage: `tessera-order-raft-bench [--quick] [--sizes 64,1024] [--seconds S] [--json PATH]`.
+
+mod order;
+mod raft;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+/// Latency percentiles of a run, microseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latencies {
+    /// Samples.
+    pub samples: usize,
+    /// Median.
+    pub median_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+}
+
+impl Latencies {
+    /// Of the samples given.
+    pub fn of(mut us: Vec<f64>) -> Latencies {
+        us.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            if us.is_empty() {
+                f64::NAN
+            } else {
+                us[((us.len() - 1) as f64 * q).round() as usize]
+            }
+        };
+        Latencies {
+            samples: us.len(),
+            median_us: at(0.5),
+            p99_us: at(0.99),
+        }
+    }
+}
+
+/// One engine at one message size and load.
+#[derive(Debug, Clone, Serialize)]
+struct Point {
+    engine: &'static str,
+    message_bytes: usize,
+    outstanding: usize,
+    messages_per_s: f64,
+    latency: Latencies,
+}
+
+struct Args {
+    sizes: Vec<usize>,
+    seconds: f64,
+    loads: Vec<usize>,
+    json: Option<String>,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut args = Args {
+        sizes: vec![64, 1024],
+        seconds: 5.0,
+        loads: vec![1, 1024],
+        json: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--quick" => args.seconds = 2.0,
+            "--seconds" => args.seconds = value()?.parse().context("--seconds")?,
+            "--sizes" => {
+                args.sizes = value()?
+                    .split(',')
+                    .map(|s| s.parse().context("--sizes"))
+                    .collect::<Result<_>>()?
+            }
+            "--loads" => {
+                args.loads = value()?
+                    .split(',')
+                    .map(|s| s.parse().context("--loads"))
+                    .collect::<Result<_>>()?
+            }
+            "--json" => args.json = Some(value()?),
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    if args
+        .sizes
+        .iter()
+        .any(|&s| !(order::STAMP_BYTES..=1400).contains(&s))
+    {
+        bail!("message sizes must be {} to 1400 bytes", order::STAMP_BYTES);
+    }
+    if args.loads.contains(&0) || !args.seconds.is_finite() || args.seconds <= 0.0 {
+        bail!("loads and seconds must be positive");
+    }
+    Ok(args)
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    eprintln!("load average before: {}", load.trim());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut points = Vec::new();
+    for &size in &args.sizes {
+        for &outstanding in &args.loads {
+            let cluster = runtime.block_on(raft::Cluster::start(3, 4096))?;
+            let (rate, latency) =
+                runtime.block_on(cluster.closed_loop(size, outstanding, args.seconds))?;
+            let applied = cluster.applied();
+            runtime.block_on(cluster.shutdown());
+            eprintln!(
+                "openraft {size} B, {outstanding} outstanding: {rate:.0}/s, applied {applied:?}"
+            );
+            points.push(Point {
+                engine: "openraft 0.9.25",
+                message_bytes: size,
+                outstanding,
+                messages_per_s: rate,
+                latency,
+            });
+            let (rate, latency) = order::closed_loop(3, size, outstanding, args.seconds)?;
+            eprintln!("tessera-order {size} B, {outstanding} outstanding: {rate:.0}/s");
+            points.push(Point {
+                engine: "tessera-order",
+                message_bytes: size,
+                outstanding,
+                messages_per_s: rate,
+                latency,
+            });
+        }
+    }
+    print_table(&points);
+    if let Some(path) = args.json {
+        std::fs::write(&path, serde_json::to_string_pretty(&points)? + "\n")
+            .with_context(|| format!("write {path}"))?;
+    }
+    Ok(())
+}
+
+fn print_table(points: &[Point]) {
+    println!("| message B | outstanding | openraft msg/s | tessera-order msg/s | ratio | openraft median/p99 us | tessera-order median/p99 us |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for pair in points.chunks(2) {
+        let (raft, order) = (&pair[0], &pair[1]);
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.0} / {:.0} | {:.0} / {:.0} |",
+            raft.message_bytes,
+            raft.outstanding,
+            raft.messages_per_s,
+            order.messages_per_s,
+            order.messages_per_s / raft.messages_per_s.max(1.0),
+            raft.latency.median_us,
+            raft.latency.p99_us,
+            order.latency.median_us,
+            order.latency.p99_us
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_samples() {
+        let l = Latencies::of((1..=100).map(f64::from).rev().collect());
+        assert_eq!((l.samples, l.median_us, l.p99_us), (100, 51.0, 99.0));
+        assert!(Latencies::of(Vec::new()).median_us.is_nan());
+    }
+}

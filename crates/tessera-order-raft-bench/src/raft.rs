@@ -1,0 +1,463 @@
+//! Three openraft nodes on 127.0.0.1: a log and a state machine in memory (the state machine
+//! counts what it applies), RPCs as postcard frames over one TCP connection per peer.
+//!
+//! Memory storage is the fair match: tessera-order keeps its log in memory too and syncs
+//! nothing to disk. Snapshots are never built (the runs are short).
+
+use crate::Latencies;
+use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
+use openraft::{
+    BasicNode, Entry, EntryPayload, LogId, RaftLogReader, RaftSnapshotBuilder, SnapshotMeta,
+    SnapshotPolicy, StorageError, StoredMembership, Vote,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Cursor;
+use std::ops::RangeBounds;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+openraft::declare_raft_types!(
+    /// Messages are bytes; applying one answers nothing.
+    pub TypeConfig:
+        D = Vec<u8>,
+        R = (),
+);
+
+type NodeId = u64;
+type Raft = openraft::Raft<TypeConfig>;
+
+/// The log, shared by the store and its readers.
+#[derive(Default)]
+struct LogInner {
+    vote: Option<Vote<NodeId>>,
+    entries: BTreeMap<u64, Entry<TypeConfig>>,
+    purged: Option<LogId<NodeId>>,
+}
+
+#[derive(Clone, Default)]
+struct LogStore(Arc<Mutex<LogInner>>);
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<R: RangeBounds<u64> + Clone + std::fmt::Debug + Send>(
+        &mut self,
+        range: R,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        let inner = self.0.lock().expect("log lock");
+        Ok(inner.entries.range(range).map(|(_, e)| e.clone()).collect())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
+        let inner = self.0.lock().expect("log lock");
+        let last = inner.entries.values().next_back().map(|e| e.log_id);
+        Ok(LogState {
+            last_purged_log_id: inner.purged,
+            last_log_id: last.or(inner.purged),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> LogStore {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+        self.0.lock().expect("log lock").vote = Some(*vote);
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
+        Ok(self.0.lock().expect("log lock").vote)
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        {
+            let mut inner = self.0.lock().expect("log lock");
+            for entry in entries {
+                inner.entries.insert(entry.log_id.index, entry);
+            }
+        }
+        callback.log_io_completed(Ok(()));
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let mut inner = self.0.lock().expect("log lock");
+        inner.entries.split_off(&log_id.index);
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let mut inner = self.0.lock().expect("log lock");
+        inner.entries = inner.entries.split_off(&(log_id.index + 1));
+        inner.purged = Some(log_id);
+        Ok(())
+    }
+}
+
+/// Counts the entries it applies.
+#[derive(Clone, Default)]
+struct StateMachine(Arc<Mutex<MachineInner>>);
+
+#[derive(Default)]
+struct MachineInner {
+    applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, BasicNode>,
+    normal_entries: u64,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let inner = self.0.lock().expect("machine lock");
+        Ok(Snapshot {
+            meta: SnapshotMeta {
+                last_log_id: inner.applied,
+                last_membership: inner.membership.clone(),
+                snapshot_id: format!("{:?}", inner.applied),
+            },
+            snapshot: Box::new(Cursor::new(Vec::new())),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = StateMachine;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>), StorageError<NodeId>>
+    {
+        let inner = self.0.lock().expect("machine lock");
+        Ok((inner.applied, inner.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<()>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut inner = self.0.lock().expect("machine lock");
+        let mut out = Vec::new();
+        for entry in entries {
+            inner.applied = Some(entry.log_id);
+            match entry.payload {
+                EntryPayload::Normal(_) => inner.normal_entries += 1,
+                EntryPayload::Membership(m) => {
+                    inner.membership = StoredMembership::new(Some(entry.log_id), m)
+                }
+                EntryPayload::Blank => {}
+            }
+            out.push(());
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> StateMachine {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, BasicNode>,
+        _snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let mut inner = self.0.lock().expect("machine lock");
+        inner.applied = meta.last_log_id;
+        inner.membership = meta.last_membership.clone();
+        Ok(())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        Ok(None)
+    }
+}
+
+/// An RPC on the wire.
+#[derive(Serialize, Deserialize)]
+enum Request {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+/// Its answer.
+#[derive(Serialize, Deserialize)]
+enum Response {
+    Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+}
+
+async fn write_frame(stream: &mut TcpStream, bytes: &[u8]) -> std::io::Result<()> {
+    stream
+        .write_all(&(bytes.len() as u32).to_be_bytes())
+        .await?;
+    stream.write_all(bytes).await
+}
+
+async fn read_frame(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let len = stream.read_u32().await? as usize;
+    let mut bytes = vec![0; len];
+    stream.read_exact(&mut bytes).await?;
+    Ok(bytes)
+}
+
+fn invalid(error: postcard::Error) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, error)
+}
+
+/// Answers RPCs on one connection until it closes.
+async fn serve(raft: Raft, mut stream: TcpStream) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    loop {
+        let request: Request =
+            postcard::from_bytes(&read_frame(&mut stream).await?).map_err(invalid)?;
+        let response = match request {
+            Request::Append(rpc) => Response::Append(raft.append_entries(rpc).await),
+            Request::Vote(rpc) => Response::Vote(raft.vote(rpc).await),
+            Request::Snapshot(rpc) => Response::Snapshot(raft.install_snapshot(rpc).await),
+        };
+        write_frame(
+            &mut stream,
+            &postcard::to_allocvec(&response).map_err(invalid)?,
+        )
+        .await?;
+    }
+}
+
+/// Connections to peers, made on first use.
+#[derive(Clone)]
+struct Network;
+
+struct Peer {
+    target: NodeId,
+    addr: String,
+    stream: Option<TcpStream>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Peer;
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        Peer {
+            target,
+            addr: node.addr.clone(),
+            stream: None,
+        }
+    }
+}
+
+impl Peer {
+    async fn call(&mut self, request: &Request) -> std::io::Result<Response> {
+        if self.stream.is_none() {
+            let stream = TcpStream::connect(&self.addr).await?;
+            stream.set_nodelay(true)?;
+            self.stream = Some(stream);
+        }
+        let stream = self.stream.as_mut().expect("connected");
+        let result = async {
+            write_frame(stream, &postcard::to_allocvec(request).map_err(invalid)?).await?;
+            postcard::from_bytes(&read_frame(stream).await?).map_err(invalid)
+        }
+        .await;
+        if result.is_err() {
+            self.stream = None;
+        }
+        result
+    }
+}
+
+type RpcResult<T, E = openraft::error::Infallible> =
+    Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>> {
+        match self.call(&Request::Append(rpc)).await {
+            Ok(Response::Append(Ok(r))) => Ok(r),
+            Ok(Response::Append(Err(e))) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(_) => Err(RPCError::Unreachable(Unreachable::new(&mismatch()))),
+            Err(e) => Err(RPCError::Unreachable(Unreachable::new(&e))),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        match self.call(&Request::Snapshot(rpc)).await {
+            Ok(Response::Snapshot(Ok(r))) => Ok(r),
+            Ok(Response::Snapshot(Err(e))) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(_) => Err(RPCError::Unreachable(Unreachable::new(&mismatch()))),
+            Err(e) => Err(RPCError::Unreachable(Unreachable::new(&e))),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        _option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>> {
+        match self.call(&Request::Vote(rpc)).await {
+            Ok(Response::Vote(Ok(r))) => Ok(r),
+            Ok(Response::Vote(Err(e))) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(_) => Err(RPCError::Unreachable(Unreachable::new(&mismatch()))),
+            Err(e) => Err(RPCError::Unreachable(Unreachable::new(&e))),
+        }
+    }
+}
+
+fn mismatch() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, "answer of another kind")
+}
+
+/// A cluster of `nodes` on 127.0.0.1, its leader elected.
+pub struct Cluster {
+    rafts: Vec<Raft>,
+    machines: Vec<StateMachine>,
+    leader: usize,
+}
+
+impl Cluster {
+    /// Starts the nodes, initializes the cluster and waits for a leader.
+    pub async fn start(nodes: usize, max_payload_entries: u64) -> anyhow::Result<Cluster> {
+        let config = Arc::new(
+            openraft::Config {
+                cluster_name: "bench".into(),
+                heartbeat_interval: 50,
+                election_timeout_min: 300,
+                election_timeout_max: 600,
+                max_payload_entries,
+                snapshot_policy: SnapshotPolicy::Never,
+                ..Default::default()
+            }
+            .validate()?,
+        );
+        let mut members = BTreeMap::new();
+        let (mut rafts, mut machines) = (Vec::new(), Vec::new());
+        for id in 0..nodes as u64 {
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?.to_string();
+            members.insert(id, BasicNode { addr });
+            let machine = StateMachine::default();
+            let raft = Raft::new(
+                id,
+                config.clone(),
+                Network,
+                LogStore::default(),
+                machine.clone(),
+            )
+            .await?;
+            let server = raft.clone();
+            tokio::spawn(async move {
+                while let Ok((stream, _)) = listener.accept().await {
+                    tokio::spawn(serve(server.clone(), stream));
+                }
+            });
+            rafts.push(raft);
+            machines.push(machine);
+        }
+        rafts[0].initialize(members).await?;
+        let began = Instant::now();
+        let leader = loop {
+            if let Some(leader) = rafts[0].metrics().borrow().current_leader {
+                break leader as usize;
+            }
+            anyhow::ensure!(
+                began.elapsed() < Duration::from_secs(10),
+                "no leader after 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        Ok(Cluster {
+            rafts,
+            machines,
+            leader,
+        })
+    }
+
+    /// Writes `message_bytes`-byte entries through the leader, `outstanding` at a time, for
+    /// `seconds`; entries committed per second and each write's latency.
+    pub async fn closed_loop(
+        &self,
+        message_bytes: usize,
+        outstanding: usize,
+        seconds: f64,
+    ) -> anyhow::Result<(f64, Latencies)> {
+        let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+        let began = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..outstanding {
+            let raft = self.rafts[self.leader].clone();
+            tasks.push(tokio::spawn(async move {
+                let mut latencies_us = Vec::new();
+                while Instant::now() < deadline {
+                    let sent = Instant::now();
+                    raft.client_write(vec![0x5A; message_bytes]).await?;
+                    latencies_us.push(sent.elapsed().as_secs_f64() * 1e6);
+                }
+                anyhow::Ok(latencies_us)
+            }));
+        }
+        let mut all = Vec::new();
+        for task in tasks {
+            all.extend(task.await??);
+        }
+        let committed = all.len() as f64 / began.elapsed().as_secs_f64();
+        Ok((committed, Latencies::of(all)))
+    }
+
+    /// Entries applied by every node's state machine, least first.
+    pub fn applied(&self) -> Vec<u64> {
+        let mut applied: Vec<u64> = self
+            .machines
+            .iter()
+            .map(|m| m.0.lock().expect("machine lock").normal_entries)
+            .collect();
+        applied.sort_unstable();
+        applied
+    }
+
+    /// Stops every node.
+    pub async fn shutdown(self) {
+        for raft in self.rafts {
+            let _ = raft.shutdown().await;
+        }
+    }
+}
