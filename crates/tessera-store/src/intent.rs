@@ -42,6 +42,12 @@
 //! too. Any write of the redundancy file covering the span (a full-stripe write, a rebuilt
 //! parity unit) computes parity from the data and deletes the record.
 //!
+//! Full-stripe writes take no lock and read nothing, so they cannot carry old bytes cheaply;
+//! they take a *stale-parity record* instead (`stale.rs`: one synced request per parity
+//! column before the data, cleared after; a stripe under an orphaned one is resolved by
+//! recomputing its parity from the data, and a column lost before that reads as an error,
+//! never as bytes). The module doc there argues that choice against journalling the stripe.
+//!
 //! # Each crash point
 //!
 //! - Client dies before step 3 is answered: no data written; parity is right. A torn record

@@ -9,7 +9,9 @@
 //! read-modify-write is about to change, durable at the parity server before the data is
 //! written, so that a writer that dies between its data and its parity never makes a later
 //! reconstruction wrong ([`Store::record_intent`]; the `intent` module's doc states the
-//! protocol, each crash point, and why no acknowledged byte is lost).
+//! protocol, each crash point, and why no acknowledged byte is lost), and the stale-parity
+//! records of full-stripe writes ([`Store::record_stale`]; the `stale` module's doc argues
+//! the design and what an interrupted full-stripe write may leave unreadable).
 //!
 //! What it must never do:
 //! - return bytes that fail their checksum: a bad block is [`StorageError::Corrupt`], always;
@@ -36,6 +38,8 @@
 //! <root>/files/<F>/overflow.log.new  a shorter log being written, before it is renamed over
 //! <root>/intents/<F>.<stripe>      an unresolved intent record: "TSIR" + version u32 LE
 //!                                  (INTENT_FORMAT_VERSION) + crc32c + the record
+//! <root>/stale/<F>.<token>        a stale-parity record of a full-stripe write: "TSSP" +
+//!                                  version u32 LE (STALE_FORMAT_VERSION) + crc32c + ranges
 //! <root>/files/<F>/record          the file's metadata for recovery (see `record`, own version)
 //! ```
 //!
@@ -103,11 +107,13 @@ mod meta;
 mod overflow;
 mod record;
 mod region;
+mod stale;
 mod store;
 
 pub use intent::{IntentRecord, INTENT_FORMAT_VERSION};
 pub use locks::ParityLocks;
 pub use record::{FileRecord, RecordError, RecordPage, RECORD_FORMAT_VERSION};
+pub use stale::{StaleState, STALE_FORMAT_VERSION, STALE_RECORDS_MAX};
 pub use store::Store;
 
 pub use tessera_layout::{OverflowRole, Region};

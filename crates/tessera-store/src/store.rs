@@ -17,6 +17,7 @@ use crate::meta::{self, StoreMeta};
 use crate::overflow::{OverflowFiles, Touched};
 use crate::record::{self, FileRecord, RecordError, RecordPage};
 use crate::region::{RegionFile, CRC_ENTRY_BYTES};
+use crate::stale::{StaleRecords, StaleState, STALE_DIR};
 use crate::{BLOCK_BYTES, FILE_BYTES_MAX, OPEN_FILES_MAX, REQUEST_BYTES_MAX};
 
 /// Directory under the root holding one directory per file id.
@@ -141,6 +142,8 @@ pub struct Store {
     sync_lock: Mutex<()>,
     /// Unresolved intent records of read-modify-writes (see `intent.rs`).
     intents: Mutex<Intents>,
+    /// Stale-parity records of full-stripe writes (see `stale.rs`).
+    stale: Mutex<StaleRecords>,
     /// Keeps the exclusive `flock` on `store.lock` for the store's lifetime.
     _lock_file: File,
 }
@@ -177,7 +180,11 @@ impl Store {
                 meta
             }
             None => {
-                for dir in [files_dir.clone(), root.join(INTENTS_DIR)] {
+                for dir in [
+                    files_dir.clone(),
+                    root.join(INTENTS_DIR),
+                    root.join(STALE_DIR),
+                ] {
                     match fs::remove_dir_all(&dir) {
                         Ok(()) => {}
                         Err(error) if error.kind() == ErrorKind::NotFound => {}
@@ -203,6 +210,7 @@ impl Store {
         let intents = Intents::open(root)?;
         Ok(Store {
             intents: Mutex::new(intents),
+            stale: Mutex::new(StaleRecords::open(root)?),
             root: root.to_path_buf(),
             files_dir,
             incarnation: meta.incarnation,
@@ -382,6 +390,55 @@ impl Store {
             lock(&self.dirty).dirs.insert(intents.dir().to_path_buf());
         }
         Ok(())
+    }
+
+    /// Records durably that parity of `stripes` of `file` may not match the data (a
+    /// full-stripe write is about to start), leased until `lease_end`; returns the record's
+    /// token. Answered only once the record is on disk. See `stale.rs`.
+    pub fn record_stale(
+        &self,
+        file: FileId,
+        stripes: IndexRange,
+        lease_end: tokio::time::Instant,
+    ) -> Result<u64, StorageError> {
+        lock(&self.stale).record(file, stripes, lease_end)
+    }
+
+    /// Extends the lease of stale-parity record `token` to `lease_end`.
+    pub fn renew_stale(
+        &self,
+        file: FileId,
+        token: u64,
+        lease_end: tokio::time::Instant,
+    ) -> Result<(), StorageError> {
+        lock(&self.stale).renew(file, token, lease_end)
+    }
+
+    /// Deletes stale-parity record `token` (its writer finished) and takes `stripes` out of
+    /// the records of `file` orphaned by `now` (their parity was computed from the data).
+    /// The deletion becomes durable at the next [`sync`](Self::sync).
+    pub fn clear_stale(
+        &self,
+        file: FileId,
+        token: Option<u64>,
+        stripes: IndexRange,
+        now: tokio::time::Instant,
+    ) -> Result<(), StorageError> {
+        let mut stale = lock(&self.stale);
+        if stale.clear(file, token, stripes, now)? {
+            lock(&self.dirty).dirs.insert(stale.dir().to_path_buf());
+        }
+        Ok(())
+    }
+
+    /// Whether parity of `stripe` of `file` is under a stale-parity record at `now`.
+    pub fn stale_state(&self, file: FileId, stripe: u64, now: tokio::time::Instant) -> StaleState {
+        lock(&self.stale).state(file, stripe, now)
+    }
+
+    /// Number of stale-parity records kept.
+    pub fn stale_records(&self) -> usize {
+        lock(&self.stale).len()
     }
 
     /// Appends an overflow entry of `role` covering `offset..offset+data.len()` of the
@@ -616,9 +673,14 @@ impl Store {
         *state = FileState::Absent;
         let mut intents = lock(&self.intents);
         let intents_changed = intents.clear_file(file)?;
+        let mut stale = lock(&self.stale);
+        let stale_changed = stale.clear_file(file)?;
         let mut dirty = lock(&self.dirty);
         if intents_changed {
             dirty.dirs.insert(intents.dir().to_path_buf());
+        }
+        if stale_changed {
+            dirty.dirs.insert(stale.dir().to_path_buf());
         }
         dirty.files.retain(|(owner, _), _| *owner != file);
         dirty.dirs.remove(&dir);

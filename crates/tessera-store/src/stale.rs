@@ -1,0 +1,421 @@
+//! Stale-parity records: the full-stripe write's side of the write hole.
+//!
+//! A full-stripe write (RAID-4/5, and Hybrid's whole stripes) writes every data unit of a
+//! stripe and its freshly computed parity in parallel, with no lock: there is nothing to read
+//! first. A writer that dies part-way leaves some columns new, some old, and parity of either
+//! kind, so parity no longer matches the data. Two things then go wrong (issue 15 item 1): a
+//! later read-modify-write computes `P ^ D ^ D'` from that parity and stays inconsistent, so
+//! its *acknowledged* bytes are rebuilt wrong once a column is lost; and a degraded read
+//! reconstructs the lost column as neither the old nor the new bytes.
+//!
+//! # The record, md-RAID write-intent-bitmap style
+//!
+//! Before writing any data of full stripes of a committed file, the writer sends each parity
+//! column a record naming the range of stripes (`RecordStale`); the server makes it durable
+//! (written, `fdatasync`, directory synced) **before it answers**, and the writer writes
+//! nothing before that answer. The record says only "parity of these stripes may not match
+//! their data"; it carries no bytes, so it costs one small synced write per parity column
+//! per call, not a read of the stripe. Once every data and parity write of the call is
+//! answered, the writer clears it (`ClearStale` with its token; not synced: a record
+//! resurrected by a power loss only makes someone recompute parity that was right).
+//!
+//! A record is leased like a parity lock: the writer renews it while its writes are out, and
+//! a record whose lease has run out (its writer died, or the server restarted, which loads
+//! every record as orphaned) is **orphaned**. Records never lock and writers never wait on
+//! them. Who meets one:
+//!
+//! - `LockParity` on a stripe under a *live* record waits (bounded) until it is cleared or
+//!   orphaned, so that no read-modify-write or scrub reads a stripe in the middle of a
+//!   full-stripe write; an orphaned one is reported with the grant and the holder resolves it
+//!   first: it reads every data unit of the stripe, writes parity computed from them, and
+//!   clears the stripe from the orphaned records (`ClearStale` without a token). Parity then
+//!   matches the data byte by byte, whatever mix of old and new units it holds.
+//! - A degraded read or rebuild asks (`ReadIntent` says whether the stripe is under a record)
+//!   and reconstructs nothing from such parity: a data column lost or corrupt under a record
+//!   cannot be recovered (neither its old nor its new bytes are implied by parity and the
+//!   others), so its bytes read as an error, never as bytes; a rebuild leaves that stripe
+//!   owed (so every later read of it is an error too) and goes on with the rest. Every data
+//!   byte of such a stripe belongs to the interrupted write, which was not acknowledged, unless
+//!   a Hybrid overflow write was acknowledged there since: its bytes then read as an error
+//!   too, with that one column lost, until a scrub or a whole-stripe write resolves the stripe.
+//! - A later full-stripe write of the stripe that completes takes its stripes out of every
+//!   record along with deleting its own (its parity was computed from the data it wrote,
+//!   which supersedes an earlier writer's, live or dead); a rebuild of a parity column and a
+//!   scrub of the stripe take it out of the orphaned ones.
+//!
+//! A slow writer whose lease was broken is not fenced (its data writes carry no token): its
+//! late writes after a resolution are the case of two overlapping writers, for which CSAR 5.1
+//! makes no promise; a scrub repairs that parity.
+//!
+//! # Why not more
+//!
+//! Making a degraded read of an interrupted full-stripe write return old or new bytes needs
+//! the old (or the new) data of every column somewhere else, that is, journalling the whole
+//! stripe: twice the bytes of every large write. The record keeps the cost of a large write to
+//! one synced request per parity column, and only bytes that were never acknowledged (or, on
+//! Hybrid, acknowledged overflow bytes of such a stripe) can become unreadable, and only while
+//! a column is lost before anyone touched the stripe again. Writes into a file not yet
+//! committed (the pending file of an atomic-replace `put`) take no record: if their client
+//! dies, the whole file is discarded.
+//!
+//! # On-disk format (version 1)
+//!
+//! ```text
+//! <root>/stale/<file>.<token>
+//!   magic "TSSP" | version u32 LE | crc32c u32 LE of all that follows | ranges u32 LE
+//!   | (start u64 LE, end u64 LE) per range of stripes, sorted and disjoint
+//! ```
+
+use std::collections::BTreeMap;
+use std::fs::{self, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+
+use tessera_wire::{FileId, IndexRange, StorageError};
+use tokio::time::Instant;
+
+use crate::io::{bad_request, disk};
+
+/// Directory of stale-parity records under the store's root.
+pub(crate) const STALE_DIR: &str = "stale";
+/// First bytes of a record.
+const MAGIC: [u8; 4] = *b"TSSP";
+/// Version of a record's format.
+pub const STALE_FORMAT_VERSION: u32 = 1;
+/// Magic, version, checksum, range count.
+const HEADER_BYTES: usize = 16;
+/// Most records one store keeps at once (a writer holds one per parity column per write
+/// call): a bound on what a hostile client can make the server keep.
+pub const STALE_RECORDS_MAX: usize = 65_536;
+/// Most ranges one record holds (it starts with one; resolving a stripe in its middle splits
+/// it).
+const RANGES_MAX: usize = 4096;
+
+/// Whether a stripe's parity may not match its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StaleState {
+    /// No record covers the stripe.
+    Clean,
+    /// A record whose writer still renews it covers the stripe, until `until` at least.
+    Live {
+        /// When the latest lease among the covering records ends.
+        until: Instant,
+    },
+    /// Only records whose lease ran out cover the stripe: resolve it before trusting parity.
+    Orphaned,
+}
+
+/// One record: a file's stripes, and when its lease ends.
+struct Record {
+    file: FileId,
+    stripes: Vec<IndexRange>,
+    lease_end: Instant,
+}
+
+/// The stale-parity records of one store, on disk and in memory.
+pub(crate) struct StaleRecords {
+    dir: PathBuf,
+    records: BTreeMap<u64, Record>,
+    token_next: u64,
+}
+
+impl StaleRecords {
+    /// Opens (creating) the records directory under `root`. Every record found is orphaned
+    /// (its writer's lease did not survive the restart); a torn or damaged one is dropped: it
+    /// was never answered, so no data was written under it.
+    pub(crate) fn open(root: &Path) -> Result<StaleRecords, StorageError> {
+        let dir = root.join(STALE_DIR);
+        match fs::create_dir(&dir) {
+            Ok(()) => crate::meta::sync_dir(root)?,
+            Err(error) if error.kind() == ErrorKind::AlreadyExists => {}
+            Err(error) => return Err(disk(format_args!("create {}", dir.display()), error)),
+        }
+        let now = Instant::now();
+        let mut records = BTreeMap::new();
+        let entries = fs::read_dir(&dir).map_err(|e| disk(format_args!("list stale"), e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| disk(format_args!("list stale"), e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let loaded = parse_name(&name).and_then(|(file, token)| {
+                let bytes = fs::read(entry.path()).ok()?;
+                decode(&bytes).map(|stripes| (file, token, stripes))
+            });
+            match loaded {
+                Some((file, token, stripes)) => {
+                    let lease_end = now;
+                    records.insert(
+                        token,
+                        Record {
+                            file,
+                            stripes,
+                            lease_end,
+                        },
+                    );
+                }
+                None => fs::remove_file(entry.path())
+                    .map_err(|e| disk(format_args!("remove torn stale record {name}"), e))?,
+            }
+        }
+        let token_next = records
+            .keys()
+            .next_back()
+            .map_or(1, |&last| last + 1)
+            .max(rand::random::<u64>() >> 16);
+        Ok(StaleRecords {
+            dir,
+            records,
+            token_next,
+        })
+    }
+
+    /// Records durably that parity of `stripes` of `file` may not match its data, leased until
+    /// `lease_end`; returns the record's token.
+    pub(crate) fn record(
+        &mut self,
+        file: FileId,
+        stripes: IndexRange,
+        lease_end: Instant,
+    ) -> Result<u64, StorageError> {
+        if stripes.is_empty() {
+            return Err(bad_request("a stale-parity record of no stripes"));
+        }
+        if self.records.len() >= STALE_RECORDS_MAX {
+            return Err(bad_request(format!(
+                "{STALE_RECORDS_MAX} stale-parity records are open at this server"
+            )));
+        }
+        let token = self.token_next;
+        self.token_next += 1;
+        let path = self.path(file, token);
+        let written = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .and_then(|mut handle| {
+                handle.write_all(&encode(&[stripes]))?;
+                handle.sync_data()
+            });
+        written.map_err(|e| disk(format_args!("record {}", path.display()), e))?;
+        crate::meta::sync_dir(&self.dir)?;
+        let stripes = vec![stripes];
+        self.records.insert(
+            token,
+            Record {
+                file,
+                stripes,
+                lease_end,
+            },
+        );
+        Ok(token)
+    }
+
+    /// Extends the lease of record `token` of `file` to `lease_end` (a record loaded after a
+    /// restart is live again). [`StorageError::StaleLock`] if there is no such record.
+    pub(crate) fn renew(
+        &mut self,
+        file: FileId,
+        token: u64,
+        lease_end: Instant,
+    ) -> Result<(), StorageError> {
+        match self.records.get_mut(&token) {
+            Some(record) if record.file == file => {
+                record.lease_end = record.lease_end.max(lease_end);
+                Ok(())
+            }
+            _ => Err(StorageError::StaleLock { stripe: 0, token }),
+        }
+    }
+
+    /// Deletes record `token` of `file` if given (its writer finished), and takes `stripes` out
+    /// of the other records of `file` (their parity was just computed from the data): of
+    /// every one if `token` is given (a writer that rewrote those stripes whole supersedes
+    /// any earlier writer of them), of the orphaned ones otherwise (a resolver must never
+    /// clear a stripe a live writer is still writing). Returns whether the directory
+    /// changed.
+    pub(crate) fn clear(
+        &mut self,
+        file: FileId,
+        token: Option<u64>,
+        stripes: IndexRange,
+        now: Instant,
+    ) -> Result<bool, StorageError> {
+        let mut changed = false;
+        if let Some(token) = token {
+            if self.records.get(&token).is_some_and(|r| r.file == file) {
+                self.records.remove(&token);
+                changed |= self.remove_file(file, token)?;
+            }
+        }
+        let covered: Vec<u64> = self
+            .records
+            .iter()
+            .filter(|(_, r)| r.file == file && (token.is_some() || r.lease_end <= now))
+            .filter(|(_, r)| r.stripes.iter().any(|s| overlap(s, &stripes)))
+            .map(|(&token, _)| token)
+            .collect();
+        for token in covered {
+            let record = self.records.get_mut(&token).expect("just listed");
+            let left = subtract(&record.stripes, stripes);
+            if left.is_empty() {
+                self.records.remove(&token);
+                changed |= self.remove_file(file, token)?;
+            } else {
+                record.stripes = left;
+                self.rewrite(file, token)?;
+                changed = true;
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Deletes every record of `file` (it was removed).
+    pub(crate) fn clear_file(&mut self, file: FileId) -> Result<bool, StorageError> {
+        let tokens: Vec<u64> = self
+            .records
+            .iter()
+            .filter(|(_, r)| r.file == file)
+            .map(|(&token, _)| token)
+            .collect();
+        let mut changed = false;
+        for token in tokens {
+            self.records.remove(&token);
+            changed |= self.remove_file(file, token)?;
+        }
+        Ok(changed)
+    }
+
+    /// Whether `stripe` of `file` is under a record at `now`, and of which kind.
+    pub(crate) fn state(&self, file: FileId, stripe: u64, now: Instant) -> StaleState {
+        let covering = self
+            .records
+            .values()
+            .filter(|r| r.file == file && r.stripes.iter().any(|s| s.contains(stripe)));
+        let mut state = StaleState::Clean;
+        for record in covering {
+            state = match state {
+                _ if record.lease_end <= now => match state {
+                    StaleState::Clean => StaleState::Orphaned,
+                    other => other,
+                },
+                StaleState::Live { until } => StaleState::Live {
+                    until: until.max(record.lease_end),
+                },
+                _ => StaleState::Live {
+                    until: record.lease_end,
+                },
+            };
+        }
+        state
+    }
+
+    /// Number of records kept.
+    pub(crate) fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// The records directory, for syncing.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, file: FileId, token: u64) -> PathBuf {
+        self.dir.join(format!("{file}.{token}"))
+    }
+
+    /// Deletes a record's file (not synced: see the module doc).
+    fn remove_file(&self, file: FileId, token: u64) -> Result<bool, StorageError> {
+        let path = self.path(file, token);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(error) if error.kind() == ErrorKind::NotFound => Ok(true),
+            Err(error) => Err(disk(format_args!("remove {}", path.display()), error)),
+        }
+    }
+
+    /// Replaces a shrunk record's file atomically: a torn rewrite must never drop the stripes
+    /// still under it, so the new file is synced before it is renamed over the old one.
+    fn rewrite(&self, file: FileId, token: u64) -> Result<(), StorageError> {
+        let record = &self.records[&token];
+        let mut ranges = record.stripes.clone();
+        if ranges.len() > RANGES_MAX {
+            // Keep one range spanning them all: a superset only costs needless resolutions.
+            let (first, last) = (ranges[0].start, ranges[ranges.len() - 1].end);
+            ranges = vec![IndexRange::new(first, last)];
+        }
+        let path = self.path(file, token);
+        let staging = self.dir.join(format!("{file}.{token}.new"));
+        let written = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&staging)
+            .and_then(|mut handle| {
+                handle.write_all(&encode(&ranges))?;
+                handle.sync_data()
+            })
+            .and_then(|()| fs::rename(&staging, &path));
+        written.map_err(|e| disk(format_args!("rewrite {}", path.display()), e))
+    }
+}
+
+fn overlap(a: &IndexRange, b: &IndexRange) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+/// `ranges` without the stripes of `cut`.
+fn subtract(ranges: &[IndexRange], cut: IndexRange) -> Vec<IndexRange> {
+    let mut left = Vec::with_capacity(ranges.len() + 1);
+    for range in ranges {
+        if !overlap(range, &cut) {
+            left.push(*range);
+            continue;
+        }
+        if range.start < cut.start {
+            left.push(IndexRange::new(range.start, cut.start));
+        }
+        if cut.end < range.end {
+            left.push(IndexRange::new(cut.end, range.end));
+        }
+    }
+    left
+}
+
+fn parse_name(name: &str) -> Option<(FileId, u64)> {
+    let (file, token) = name.split_once('.')?;
+    Some((file.parse().ok()?, token.parse().ok()?))
+}
+
+fn encode(ranges: &[IndexRange]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(4 + 16 * ranges.len());
+    body.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
+    for range in ranges {
+        body.extend_from_slice(&range.start.to_le_bytes());
+        body.extend_from_slice(&range.end.to_le_bytes());
+    }
+    let mut bytes = Vec::with_capacity(12 + body.len());
+    bytes.extend_from_slice(&MAGIC);
+    bytes.extend_from_slice(&STALE_FORMAT_VERSION.to_le_bytes());
+    bytes.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    bytes.extend_from_slice(&body);
+    bytes
+}
+
+fn decode(bytes: &[u8]) -> Option<Vec<IndexRange>> {
+    if bytes.len() < HEADER_BYTES || bytes[..4] != MAGIC {
+        return None;
+    }
+    let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    if word(4) != STALE_FORMAT_VERSION || word(8) != crc32c::crc32c(&bytes[12..]) {
+        return None;
+    }
+    let count = word(12) as usize;
+    let rest = &bytes[HEADER_BYTES..];
+    if count == 0 || count > RANGES_MAX || rest.len() != count * 16 {
+        return None;
+    }
+    let long = |at: usize| u64::from_le_bytes(rest[at..at + 8].try_into().expect("8 bytes"));
+    let ranges: Vec<IndexRange> = (0..count)
+        .map(|i| IndexRange::new(long(16 * i), long(16 * i + 8)))
+        .collect();
+    ranges.iter().all(|r| !r.is_empty()).then_some(ranges)
+}

@@ -1,0 +1,202 @@
+//! Stale-parity records of full-stripe writes: durable before the answer, live while leased,
+//! orphaned when the lease runs out or the server restarts, cleared by their writer, shrunk by
+//! resolutions (never while live), dropped with their file, and dropped when torn.
+
+use std::time::Duration;
+
+use tessera_store::{StaleState, StorageError, Store, STALE_FORMAT_VERSION};
+use tessera_wire::IndexRange;
+use tokio::time::Instant;
+
+const FILE: u64 = 9;
+const LEASE: Duration = Duration::from_millis(600);
+
+fn live(state: StaleState) -> bool {
+    matches!(state, StaleState::Live { .. })
+}
+
+#[test]
+fn a_record_is_live_while_leased_then_orphaned() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let now = Instant::now();
+    let token = store
+        .record_stale(FILE, IndexRange::new(4, 8), now + LEASE)
+        .unwrap();
+    assert!(live(store.stale_state(FILE, 4, now)));
+    assert!(live(store.stale_state(FILE, 7, now)));
+    assert_eq!(store.stale_state(FILE, 8, now), StaleState::Clean);
+    assert_eq!(store.stale_state(FILE, 3, now), StaleState::Clean);
+    assert_eq!(store.stale_state(FILE + 1, 5, now), StaleState::Clean);
+    let later = now + LEASE;
+    assert_eq!(store.stale_state(FILE, 5, later), StaleState::Orphaned);
+    store.renew_stale(FILE, token, later + LEASE).unwrap();
+    assert!(live(store.stale_state(FILE, 5, later)));
+    assert_eq!(
+        store.renew_stale(FILE, token + 1, later),
+        Err(StorageError::StaleLock {
+            stripe: 0,
+            token: token + 1
+        })
+    );
+    assert!(store.renew_stale(FILE + 1, token, later).is_err());
+}
+
+#[test]
+fn the_writer_clears_its_record_and_the_orphans_under_its_stripes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let now = Instant::now();
+    let orphan = store
+        .record_stale(FILE, IndexRange::new(0, 10), now)
+        .unwrap();
+    let other = store
+        .record_stale(FILE, IndexRange::new(2, 6), now + LEASE)
+        .unwrap();
+    let mine = store
+        .record_stale(FILE, IndexRange::new(4, 6), now + LEASE)
+        .unwrap();
+    assert_ne!(orphan, other);
+    store
+        .clear_stale(FILE, Some(mine), IndexRange::new(4, 6), now)
+        .unwrap();
+    // Stripes 4 and 5 were rewritten whole: out of the orphan, and of the other writer's
+    // record too; the rest of both stays.
+    assert_eq!(store.stale_state(FILE, 4, now), StaleState::Clean);
+    assert_eq!(store.stale_state(FILE, 5, now), StaleState::Clean);
+    assert!(live(store.stale_state(FILE, 3, now)));
+    assert_eq!(store.stale_records(), 2);
+    let later = now + LEASE;
+    for stripe in [0, 1, 3, 6, 9] {
+        assert_eq!(store.stale_state(FILE, stripe, later), StaleState::Orphaned);
+    }
+    store
+        .clear_stale(FILE, Some(other), IndexRange::new(2, 6), later)
+        .unwrap();
+    for stripe in [2, 3, 4, 5, 10] {
+        assert_eq!(store.stale_state(FILE, stripe, later), StaleState::Clean);
+    }
+    // A resolution (no token) of the last stripes of the split orphan deletes it.
+    store
+        .clear_stale(FILE, None, IndexRange::new(0, 2), later)
+        .unwrap();
+    store
+        .clear_stale(FILE, None, IndexRange::new(6, 10), later)
+        .unwrap();
+    assert_eq!(store.stale_records(), 0);
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("stale")).unwrap().count(),
+        0
+    );
+}
+
+#[test]
+fn a_resolution_never_clears_a_live_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let now = Instant::now();
+    store
+        .record_stale(FILE, IndexRange::new(1, 3), now + LEASE)
+        .unwrap();
+    store
+        .clear_stale(FILE, None, IndexRange::new(0, 10), now)
+        .unwrap();
+    assert!(live(store.stale_state(FILE, 2, now)));
+}
+
+#[test]
+fn records_survive_a_restart_orphaned_and_shrunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = Instant::now();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .record_stale(FILE, IndexRange::new(0, 10), now)
+            .unwrap();
+        store
+            .clear_stale(FILE, None, IndexRange::new(3, 5), now + LEASE)
+            .unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let after = Instant::now();
+    for stripe in [0, 2, 5, 9] {
+        assert_eq!(store.stale_state(FILE, stripe, after), StaleState::Orphaned);
+    }
+    for stripe in [3, 4, 10] {
+        assert_eq!(store.stale_state(FILE, stripe, after), StaleState::Clean);
+    }
+    // Its writer, still alive, renews it: live again.
+    let token = first_token(dir.path());
+    store.renew_stale(FILE, token, after + LEASE).unwrap();
+    assert!(live(store.stale_state(FILE, 0, after)));
+    // A new record never reuses a token seen on disk.
+    let again = store
+        .record_stale(FILE, IndexRange::new(20, 21), after + LEASE)
+        .unwrap();
+    assert!(again > token);
+}
+
+#[test]
+fn torn_or_damaged_records_are_dropped_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = Instant::now();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .record_stale(FILE, IndexRange::new(0, 2), now)
+            .unwrap();
+        store
+            .record_stale(FILE, IndexRange::new(5, 7), now)
+            .unwrap();
+    }
+    let stale = dir.path().join("stale");
+    let mut paths: Vec<_> = std::fs::read_dir(&stale)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    paths.sort();
+    let mut bytes = std::fs::read(&paths[0]).unwrap();
+    assert_eq!(&bytes[..4], b"TSSP");
+    assert_eq!(
+        u32::from_le_bytes(bytes[4..8].try_into().unwrap()),
+        STALE_FORMAT_VERSION
+    );
+    bytes[20] ^= 1;
+    std::fs::write(&paths[0], &bytes).unwrap();
+    let cut = std::fs::read(&paths[1]).unwrap();
+    std::fs::write(&paths[1], &cut[..cut.len() - 3]).unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.stale_records(), 0);
+    assert_eq!(std::fs::read_dir(&stale).unwrap().count(), 0);
+}
+
+#[test]
+fn removing_a_file_drops_its_records_and_a_record_of_nothing_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let now = Instant::now();
+    store
+        .record_stale(FILE, IndexRange::new(0, 2), now)
+        .unwrap();
+    store
+        .record_stale(FILE + 1, IndexRange::new(0, 2), now)
+        .unwrap();
+    store.remove(FILE).unwrap();
+    assert_eq!(store.stale_state(FILE, 1, now), StaleState::Clean);
+    assert_eq!(store.stale_state(FILE + 1, 1, now), StaleState::Orphaned);
+    assert!(matches!(
+        store.record_stale(FILE, IndexRange::new(3, 3), now),
+        Err(StorageError::BadRequest { .. })
+    ));
+}
+
+/// The token of the one record on disk (its file is named `<file>.<token>`).
+fn first_token(root: &std::path::Path) -> u64 {
+    let entry = std::fs::read_dir(root.join("stale"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let name = entry.file_name().to_string_lossy().into_owned();
+    name.split_once('.').unwrap().1.parse().unwrap()
+}
