@@ -15,7 +15,8 @@ use std::future::Future;
 use std::time::Duration;
 use tessera_layout::Region;
 use tessera_wire::{
-    IndexRange, IntentPiece, LockToken, ParityIntent, StorageError, StorageRequest, StorageResponse,
+    IndexRange, IntentPiece, LockToken, ParityIntent, StaleToken, StorageError, StorageRequest,
+    StorageResponse,
 };
 
 /// How often a holder renews its lease while its data requests are out: a third of the
@@ -40,6 +41,15 @@ pub(crate) struct Grant {
     pub lock: ParityLock,
     pub parity: Bytes,
     pub orphan: Option<(ParityIntent, Bytes)>,
+    /// The stripe is under an orphaned stale-parity record: an interrupted full-stripe write.
+    pub stale: bool,
+}
+
+/// A stale-parity record a full-stripe write holds at one parity column.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StaleRecord {
+    pub column: u32,
+    pub token: StaleToken,
 }
 
 impl FileContext {
@@ -72,7 +82,12 @@ impl FileContext {
                 other => break other?,
             }
         };
-        let StorageResponse::Locked { token, intent } = response else {
+        let StorageResponse::Locked {
+            token,
+            intent,
+            stale,
+        } = response
+        else {
             return Err(Fault::Refused(StorageError::BadRequest {
                 detail: format!("expected a lock grant, got {response:?}"),
             }));
@@ -95,6 +110,7 @@ impl FileContext {
             lock,
             parity: payload.slice(..len as usize),
             orphan: intent.map(|i| (i, payload.slice(len as usize..))),
+            stale,
         })
     }
 
@@ -252,12 +268,13 @@ impl FileContext {
         }
     }
 
-    /// The stripe's unresolved record, if any, from its parity column.
+    /// The stripe's unresolved record, if any, from its parity column, and whether the
+    /// stripe is under a stale-parity record.
     pub(crate) async fn read_intent(
         &self,
         client: &Client,
         stripe: u64,
-    ) -> Result<Option<(ParityIntent, Bytes)>, Fault> {
+    ) -> Result<(Option<(ParityIntent, Bytes)>, bool), Fault> {
         let column = self.layout.parity_slot(stripe).expect("parity").column;
         let request = StorageRequest::ReadIntent {
             file: self.meta.id,
@@ -265,15 +282,163 @@ impl FileContext {
         };
         let (response, payload) = self.rpc(client, column, request, Bytes::new()).await?;
         match response {
-            StorageResponse::Intent { intent: None } => Ok(None),
+            StorageResponse::Intent {
+                intent: None,
+                stale,
+            } => Ok((None, stale)),
             StorageResponse::Intent {
                 intent: Some(intent),
+                stale,
             } if payload.len() as u64 == u64::from(intent.span_len) + intent.old_data_bytes() => {
-                Ok(Some((intent, payload)))
+                Ok((Some((intent, payload)), stale))
             }
             other => Err(Fault::Refused(StorageError::BadRequest {
                 detail: format!("expected an intent record, got {other:?}"),
             })),
+        }
+    }
+}
+
+impl FileContext {
+    /// The error for bytes of `stripe` on `column` under an unresolved stale-parity record.
+    pub(crate) fn torn(&self, column: u32, stripe: u64) -> ClientError {
+        ClientError::TornStripe {
+            path: self.meta.path.clone(),
+            stripe,
+            server: self.columns[column as usize].server,
+            addr: self.columns[column as usize].addr,
+        }
+    }
+
+    /// Resolves an orphaned stale-parity record over `lock`'s stripe (an interrupted
+    /// full-stripe write): parity computed from every data unit as it is now, then the stripe
+    /// taken out of the orphaned records, then the lock released. A data unit that cannot be
+    /// read leaves the stripe unresolved: [`ClientError::TornStripe`] (see
+    /// `tessera-store`'s `stale` module). Any intent record of the stripe goes with the
+    /// parity write.
+    pub(crate) async fn resolve_stale(
+        &self,
+        client: &Client,
+        lock: ParityLock,
+    ) -> Result<(), ClientError> {
+        let stripe = lock.stripe;
+        let unit = self.unit();
+        let reads = self
+            .layout
+            .blocks_of_stripe(stripe)
+            .map(|block| async move {
+                let slot = self.layout.data_slot(block);
+                if self.lost(slot.column, stripe) {
+                    return Err(slot.column);
+                }
+                let offset = self.layout.local_offset(slot);
+                self.read_region(client, slot.column, Region::Data, offset, unit, false)
+                    .await
+                    .map_err(|_| slot.column)
+            });
+        let units = self
+            .renewing(client, lock, futures::future::try_join_all(reads))
+            .await;
+        let units = match units {
+            Ok(units) => units,
+            Err(column) => {
+                self.unlock(client, lock).await;
+                return Err(self.torn(column, stripe));
+            }
+        };
+        let mut parity = vec![0u8; unit];
+        for data in &units {
+            tessera_parity::xor_into(&mut parity, data);
+        }
+        let offset = self
+            .layout
+            .local_offset(self.layout.parity_slot(stripe).expect("parity"));
+        // A failure leaves the record for the next holder.
+        if self
+            .write_parity(client, lock, offset, Bytes::from(parity), false)
+            .await
+            .is_ok()
+        {
+            let stripes = IndexRange::new(stripe, stripe + 1);
+            let _ = self.clear_stale(client, lock.column, None, stripes).await;
+            tracing::info!(
+                "file {} stripe {stripe}: resolved the stale parity of an interrupted \
+                 full-stripe write",
+                self.meta.path
+            );
+        }
+        self.unlock(client, lock).await;
+        Ok(())
+    }
+
+    /// Records durably at parity column `column` that parity of `stripes` may not match the
+    /// data from now on (a full-stripe write is about to start).
+    pub(crate) async fn record_stale(
+        &self,
+        client: &Client,
+        column: u32,
+        stripes: IndexRange,
+    ) -> Result<StaleRecord, Fault> {
+        let request = StorageRequest::RecordStale {
+            file: self.meta.id,
+            stripes,
+        };
+        match self.rpc(client, column, request, Bytes::new()).await? {
+            (StorageResponse::StaleRecorded { token }, _) => Ok(StaleRecord { column, token }),
+            (other, _) => Err(Fault::Refused(StorageError::BadRequest {
+                detail: format!("expected a stale-parity record, got {other:?}"),
+            })),
+        }
+    }
+
+    /// Deletes record `token` at `column` (if given) and takes `stripes` out of the orphaned
+    /// records there.
+    pub(crate) async fn clear_stale(
+        &self,
+        client: &Client,
+        column: u32,
+        token: Option<StaleToken>,
+        stripes: IndexRange,
+    ) -> Result<(), Fault> {
+        let request = StorageRequest::ClearStale {
+            file: self.meta.id,
+            token,
+            stripes,
+        };
+        self.rpc(client, column, request, Bytes::new())
+            .await
+            .map(|_| ())
+    }
+
+    /// Runs `work` while renewing `records` every [`RENEW_INTERVAL`].
+    pub(crate) async fn renewing_stale<T>(
+        &self,
+        client: &Client,
+        records: &[StaleRecord],
+        work: impl Future<Output = T>,
+    ) -> T {
+        if records.is_empty() {
+            return work.await;
+        }
+        let renew = async {
+            loop {
+                tokio::time::sleep(RENEW_INTERVAL).await;
+                let renewals = records.iter().map(|record| {
+                    let request = StorageRequest::RenewStale {
+                        file: self.meta.id,
+                        token: record.token,
+                    };
+                    self.rpc(client, record.column, request, Bytes::new())
+                });
+                // A lost renewal only lets a locker resolve the stripe early.
+                let _ = futures::future::join_all(renewals).await;
+            }
+        };
+        tokio::pin!(work);
+        tokio::pin!(renew);
+        match futures::future::select(work, renew).await {
+            futures::future::Either::Left((done, _)) => done,
+            futures::future::Either::Right((never, _)) => never,
         }
     }
 }

@@ -29,9 +29,9 @@ mod read;
 mod write;
 
 use bytes::Bytes;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tessera_transport::{
     TcpConfig, TcpTransport, Transport, TransportError, UdpConfig, UdpTransport,
@@ -116,6 +116,21 @@ pub enum ClientError {
         files_total: u64,
         /// Path of each file that could not be rebuilt, and why.
         failed: Vec<(String, String)>,
+    },
+    /// Bytes of a stripe whose full-stripe write was interrupted (its parity is under a
+    /// stale-parity record, not yet resolved) are on a lost or corrupt column: its parity
+    /// and the other columns imply neither their old nor their new value, so they cannot be
+    /// recovered (or, for a write, the stripe cannot be made consistent first).
+    #[error("stripe {stripe} of '{path}' was left half-written by a client that died (its parity is stale) and server {server} ({addr}) is lost or damaged there: those bytes cannot be recovered until it is back")]
+    TornStripe {
+        /// The file.
+        path: String,
+        /// The stripe.
+        stripe: u64,
+        /// The server of the column that cannot be read.
+        server: ServerId,
+        /// Its address.
+        addr: SocketAddr,
     },
     /// A byte range passes the largest size a file of its layout can have (or `u64`).
     #[error("bytes {offset}+{len} of '{path}' pass its maximum size of {max} bytes")]
@@ -227,6 +242,10 @@ pub struct Client {
     /// Carries requests to the manager.
     pub(crate) manager_transport: Arc<dyn Transport>,
     pub(crate) manager: SocketAddr,
+    /// Files this client created pending and has not committed or abandoned: their
+    /// full-stripe writes take no stale-parity record (if the client dies, the whole file is
+    /// discarded; see `tessera-store`'s `stale` module).
+    pub(crate) pending: Arc<Mutex<HashSet<FileId>>>,
 }
 
 impl Client {
@@ -271,6 +290,7 @@ impl Client {
             transport,
             manager_transport,
             manager,
+            pending: Arc::default(),
         };
         client.status().await?;
         Ok(client)
@@ -283,6 +303,7 @@ impl Client {
             manager_transport: transport.clone(),
             transport,
             manager,
+            pending: Arc::default(),
         }
     }
 
@@ -391,16 +412,26 @@ impl Client {
             layout,
         };
         match self.manager_call(request).await? {
-            ManagerResponse::Pending { view, lease_ms } => Ok(PendingFile {
-                file: File {
-                    id: view.meta.id,
-                    path: view.meta.path.clone(),
-                },
-                meta: view.meta,
-                lease: Duration::from_millis(lease_ms),
-            }),
+            ManagerResponse::Pending { view, lease_ms } => {
+                self.pending_files().insert(view.meta.id);
+                Ok(PendingFile {
+                    file: File {
+                        id: view.meta.id,
+                        path: view.meta.path.clone(),
+                    },
+                    meta: view.meta,
+                    lease: Duration::from_millis(lease_ms),
+                })
+            }
             other => Err(self.unexpected("pending file", other)),
         }
+    }
+
+    /// The pending files this client writes.
+    pub(crate) fn pending_files(&self) -> std::sync::MutexGuard<'_, HashSet<FileId>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Keep a pending file alive for another lease.
@@ -437,6 +468,8 @@ impl Client {
     /// its data is deleted now on the servers that are up, and by the others when they learn
     /// of it from the manager. Sync the file first: the commit is what makes it visible.
     pub async fn commit_pending(&self, file: &File) -> Result<(), ClientError> {
+        // Once the commit may have been applied, a torn write could no longer be discarded.
+        self.pending_files().remove(&file.id);
         let request = ManagerRequest::CommitPending { file: file.id };
         match self.manager_call(request).await? {
             ManagerResponse::Committed { replaced } => {
@@ -459,6 +492,7 @@ impl Client {
     /// before this client wrote its last bytes); if it was committed, it stays.
     pub async fn abandon_pending(&self, pending: &PendingFile) -> Result<(), ClientError> {
         let id = pending.file.id;
+        self.pending_files().remove(&id);
         match self
             .manager_call(ManagerRequest::AbandonPending { file: id })
             .await

@@ -250,7 +250,11 @@ impl FileContext {
             let offset = layout.local_offset(slot);
             match self.lock_parity(client, stripe, offset, unit as u32).await {
                 Ok(grant) => {
-                    lock = Some((grant.lock, grant.orphan.is_some()));
+                    lock = Some(ScrubLock {
+                        lock: grant.lock,
+                        orphan: grant.orphan.is_some(),
+                        stale: grant.stale,
+                    });
                     parity = Some(grant.parity.to_vec());
                 }
                 Err(Fault::Refused(StorageError::Corrupt { .. })) => corrupt.push(slot.column),
@@ -260,10 +264,20 @@ impl FileContext {
         let result = self
             .scrub_locked(client, stripe, parity, lock, corrupt, &mut report)
             .await;
-        if let Some((lock, _)) = lock {
-            self.unlock(client, lock).await;
+        if let Some(held) = lock {
+            self.unlock(client, held.lock).await;
         }
         result.map(|()| report)
+    }
+
+    /// Takes `stripe` out of the orphaned stale-parity records at its parity column: its
+    /// parity was just computed from its data.
+    async fn clear_stale_of(&self, client: &Client, stripe: u64) -> Result<(), ClientError> {
+        let column = self.layout.parity_slot(stripe).expect("parity").column;
+        let stripes = IndexRange::new(stripe, stripe + 1);
+        self.clear_stale(client, column, None, stripes)
+            .await
+            .map_err(|fault| self.second_fault(column, column, fault))
     }
 
     async fn scrub_locked(
@@ -271,7 +285,7 @@ impl FileContext {
         client: &Client,
         stripe: u64,
         parity: Option<Vec<u8>>,
-        lock: Option<(ParityLock, bool)>,
+        lock: Option<ScrubLock>,
         mut corrupt: Vec<u32>,
         report: &mut ScrubReport,
     ) -> Result<(), ClientError> {
@@ -318,11 +332,31 @@ impl FileContext {
         }
         corrupt.sort();
         corrupt.dedup();
+        let parity_column = layout.parity_slot(stripe).map(|slot| slot.column);
+        let stale = lock.is_some_and(|held| held.stale);
+        if stale && corrupt.iter().any(|&c| Some(c) != parity_column) {
+            // A corrupt data unit under stale parity (an interrupted full-stripe write) has
+            // nothing to be rebuilt from.
+            report.unrepairable.push(format!(
+                "{} stripe {stripe}: corrupt data on servers {:?} in a stripe whose full-stripe \
+                 write was interrupted (stale parity): those bytes are lost",
+                self.meta.path,
+                corrupt
+                    .iter()
+                    .map(|&c| self.columns[c as usize].server)
+                    .collect::<Vec<_>>()
+            ));
+            return Ok(());
+        }
         match corrupt.len() {
             0 => {}
             1 if self.scheme() != Scheme::Raid0 => {
                 self.rebuild_column_stripe(client, corrupt[0], stripe)
                     .await?;
+                if stale {
+                    // The parity unit was rebuilt from the data: nothing stale is left.
+                    self.clear_stale_of(client, stripe).await?;
+                }
                 report.corrupt_repaired += 1;
                 return Ok(());
             }
@@ -344,14 +378,23 @@ impl FileContext {
             for d in &data {
                 tessera_parity::xor_into(&mut expected, d);
             }
-            let (lock, orphan) = lock.expect("parity was read under its lock");
-            if expected != parity || orphan {
+            let held = lock.expect("parity was read under its lock");
+            if expected != parity || held.orphan || held.stale {
                 // Every data block passed its checksum, so the data is right and parity is not
                 // (or a dead writer's record is resolved: parity from the data covers it).
                 let offset = layout.local_offset(slot);
-                self.write_parity(client, lock, offset, Bytes::from(expected.clone()), false)
-                    .await
-                    .map_err(|fault| self.second_fault(slot.column, slot.column, fault))?;
+                self.write_parity(
+                    client,
+                    held.lock,
+                    offset,
+                    Bytes::from(expected.clone()),
+                    false,
+                )
+                .await
+                .map_err(|fault| self.second_fault(slot.column, slot.column, fault))?;
+                if held.stale {
+                    self.clear_stale_of(client, stripe).await?;
+                }
                 if expected != parity {
                     report.parity_repaired += 1;
                 }
@@ -386,6 +429,16 @@ impl FileContext {
     }
 }
 
+/// The parity lock a scrub holds, and what its grant said was left to resolve.
+#[derive(Clone, Copy)]
+struct ScrubLock {
+    lock: ParityLock,
+    /// A dead read-modify-writer's intent record.
+    orphan: bool,
+    /// An orphaned stale-parity record (an interrupted full-stripe write).
+    stale: bool,
+}
+
 /// Overflow entries as comparable bytes: offsets, lengths and contents in offset order.
 /// Listings come oldest first, and a primary and its mirror may receive disjoint entries from
 /// concurrent writers in different orders; entries of one role never overlap, so offset order
@@ -409,6 +462,9 @@ struct Allocation {
     /// Whether every column asked answered; if not, a stripe outside `stripes` may still hold
     /// bytes on a column that did not.
     complete: bool,
+    /// One past the last stripe any column's files hold bytes of, if every column answered
+    /// in full (none listed more ranges than one answer holds).
+    extent_end: Option<u64>,
 }
 
 impl FileContext {
@@ -423,14 +479,30 @@ impl FileContext {
         exclude: Option<u32>,
         stripes_total: u64,
     ) -> Allocation {
+        self.allocated_stripes_past(client, exclude, stripes_total, stripes_total)
+            .await
+    }
+
+    /// As [`Self::allocated_stripes`], with extents looked for up to stripe `extents_total`
+    /// (past the file's size: an unacknowledged write may have left bytes there, which a
+    /// later write growing the file over them must find with their parity whole) while owed
+    /// stripes count up to `stripes_total` only.
+    async fn allocated_stripes_past(
+        &self,
+        client: &Client,
+        exclude: Option<u32>,
+        stripes_total: u64,
+        extents_total: u64,
+    ) -> Allocation {
         let layout = self.layout;
         let unit = u64::from(layout.stripe_unit);
         // No slot of stripe `s` sits past local index `s` on its column.
-        let local_len = stripes_total
+        let local_len = extents_total
             .saturating_mul(unit)
             .min(tessera_layout::COLUMN_BYTES_MAX);
         let mut stripes: Vec<Range<u64>> = Vec::new();
         let mut complete = true;
+        let mut truncated = false;
         for column in (0..layout.width).filter(|&c| Some(c) != exclude) {
             if self.lost_entirely(column) {
                 complete = false;
@@ -452,6 +524,7 @@ impl FileContext {
                         continue;
                     }
                 };
+                truncated |= ranges.len() >= tessera_wire::ALLOCATED_RANGES_MAX;
                 for range in ranges.iter().filter(|r| !r.is_empty()) {
                     let local_first = range.start / unit;
                     let local_last = (range.end - 1) / unit;
@@ -469,15 +542,34 @@ impl FileContext {
                         }
                         _ => (first, last),
                     };
-                    stripes.push(first..last.saturating_add(1).min(stripes_total));
+                    stripes.push(first..last.saturating_add(1).min(extents_total));
                 }
             }
         }
+        let stripes = merge_ranges(stripes);
+        let extent_end = stripes.last().map_or(0, |r| r.end);
         Allocation {
-            stripes: merge_ranges(stripes),
+            extent_end: (complete && !truncated).then_some(extent_end),
+            stripes,
             complete,
         }
     }
+}
+
+/// The runs of `range` without the sorted stripes `skipped`.
+fn ranges_without(range: IndexRange, skipped: &[u64]) -> Vec<IndexRange> {
+    let mut out = Vec::new();
+    let mut start = range.start;
+    for &stripe in skipped {
+        if start < stripe {
+            out.push(IndexRange::new(start, stripe));
+        }
+        start = stripe + 1;
+    }
+    if start < range.end {
+        out.push(IndexRange::new(start, range.end));
+    }
+    out
 }
 
 /// Sorted, disjoint, non-empty ranges covering the same indices as `ranges`.
@@ -610,22 +702,46 @@ impl Client {
             return Ok(());
         };
         let column = column as u32;
-        let stripes_total = ctx.layout.stripes_for_size(ctx.meta.size);
+        let size_stripes = ctx.layout.stripes_for_size(ctx.meta.size);
         // A stripe whose bytes might be only on a column that could not say is rebuilt (and
-        // fails if it needs that column), never taken for zeros.
+        // fails if it needs that column), never taken for zeros. Stripes past the size that
+        // hold bytes (of a write never acknowledged) are rebuilt too: a write that later grows
+        // the file over them updates their parity in place.
+        let extents_total = ctx.layout.stripes_for_size(ctx.layout.file_bytes_max());
         let allocation = ctx
-            .allocated_stripes(self, Some(column), stripes_total)
+            .allocated_stripes_past(self, Some(column), size_stripes, extents_total)
             .await;
+        let stripes_total = allocation
+            .extent_end
+            .map_or(size_stripes, |end| end.max(size_stripes));
         let allocated = allocation.complete.then_some(allocation.stripes);
+        // Stripes of interrupted full-stripe writes whose unit here cannot be rebuilt (stale
+        // parity): they stay owed, so that they read as an error, never as wrong bytes.
+        let mut torn: Option<ClientError> = None;
         for range in &debt.missed {
             let owed_range = range.start..range.end.min(stripes_total).max(range.start);
             let walk = clip_to(owed_range.clone(), allocated.as_deref());
             let holes = (owed_range.end - owed_range.start) - count(&walk);
             let mut rebuilds = stream::iter(walk.into_iter().flatten())
-                .map(|stripe| ctx.rebuild_column_stripe(self, column, stripe))
+                .map(|stripe| {
+                    let ctx = &ctx;
+                    async move {
+                        (
+                            stripe,
+                            ctx.rebuild_column_stripe(self, column, stripe).await,
+                        )
+                    }
+                })
                 .buffer_unordered(STRIPES_IN_FLIGHT_MAX);
-            while let Some(result) = rebuilds.next().await {
-                result?;
+            let mut skipped = Vec::new();
+            while let Some((stripe, result)) = rebuilds.next().await {
+                match result {
+                    Err(e @ ClientError::TornStripe { .. }) => {
+                        skipped.push(stripe);
+                        torn.get_or_insert(e);
+                    }
+                    other => other?,
+                }
                 state.stripes_done += 1;
                 progress(*state);
             }
@@ -633,16 +749,25 @@ impl Client {
             state.stripes_unallocated += holes;
             // (The file may have grown since its debt was listed: never below zero.)
             state.stripes_total = state.stripes_total.saturating_sub(holes);
-            self.manager_call(ManagerRequest::Resynced {
-                server,
-                file: debt.meta.id,
-                stripes: *range,
-            })
-            .await?;
+            if ctx.scheme().has_parity() {
+                // Parity units rebuilt here were computed from the data: an orphaned
+                // stale-parity record over them has nothing left to say. Best effort: one
+                // left only makes a later reader resolve it.
+                let _ = ctx.clear_stale(self, column, None, *range).await;
+            }
+            skipped.sort_unstable();
+            for stripes in ranges_without(*range, &skipped) {
+                self.manager_call(ManagerRequest::Resynced {
+                    server,
+                    file: debt.meta.id,
+                    stripes,
+                })
+                .await?;
+            }
         }
         // A wiped store lost its records too: give it the file's back.
         ctx.describe_column(self, column, false).await;
-        Ok(())
+        torn.map_or(Ok(()), Err)
     }
 
     /// Check every stripe that holds bytes of one file, or of every file, and repair what can

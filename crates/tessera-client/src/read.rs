@@ -265,10 +265,15 @@ impl FileContext {
         // A record a dead writer left (see `intent.rs`): the parity read does not match what
         // the written columns hold inside its span. Asked after the reads, so that a record
         // present while they ran is seen.
-        let intent = self
+        let (intent, stale) = self
             .read_intent(client, stripe)
             .await
             .map_err(|fault| self.second_fault(own, parity.column, fault))?;
+        if stale {
+            // An interrupted full-stripe write: this parity implies neither the old nor the
+            // new bytes of the lost column (`tessera-store`'s `stale` module).
+            return Err(self.torn(own, stripe));
+        }
         if let Some((intent, bytes)) = intent {
             crate::intent::parity_as_before(
                 &mut out,

@@ -7,7 +7,7 @@
 //! skipped and recorded at the manager as owing the stripes, before the write is acknowledged.
 
 use crate::context::{Fault, FileContext};
-use crate::intent::ParityLock;
+use crate::intent::{ParityLock, StaleRecord};
 use crate::{Client, ClientError, REQUESTS_IN_FLIGHT_MAX, REQUEST_BYTES_MAX};
 use bytes::{Bytes, BytesMut};
 use futures::stream::{self, StreamExt};
@@ -162,22 +162,27 @@ impl FileContext {
         }
 
         let failed: Mutex<BTreeMap<u64, BTreeSet<u32>>> = Mutex::new(BTreeMap::new());
-        let ops = self.simple_ops(&plan.stripes, data);
+        let (mut ops, mut later) = self.simple_ops(&plan.stripes, data);
         let rmw: Vec<&StripeWrite> = plan
             .stripes
             .iter()
             .filter(|sw| sw.method == WriteMethod::ReadModifyWrite)
             .collect();
-        let simple = async {
-            let results: Vec<Result<(), ClientError>> = stream::iter(ops)
-                .map(|op| self.run_op(client, op, &failed))
-                .buffer_unordered(REQUESTS_IN_FLIGHT_MAX)
-                .collect()
-                .await;
-            results
-                .into_iter()
-                .collect::<Result<Vec<()>, ClientError>>()
+        let full = full_stripes(&plan.stripes);
+        let records = match full {
+            Some(stripes) if self.needs_stale_records(client) => {
+                self.record_full_stripes(client, stripes, [&mut ops, &mut later], &failed)
+                    .await?
+            }
+            _ => Vec::new(),
         };
+        let simple = self.renewing_stale(client, &records, async {
+            self.run_ops(client, ops, &failed).await?;
+            // Hybrid mirror overflow entries are trimmed only once the data units that
+            // supersede them are written: a write cut short in between leaves the old entries
+            // on both copies rather than on neither.
+            self.run_ops(client, later, &failed).await
+        });
         let partial = async {
             for sw in rmw {
                 self.read_modify_write(client, sw, data, &failed).await?;
@@ -186,6 +191,22 @@ impl FileContext {
         };
         let (simple, partial) = futures::join!(simple, partial);
         simple?;
+        if let Some(stripes) = full {
+            // Every full stripe's data and parity were answered (or their columns recorded
+            // as owing them): parity matches the data again.
+            let clears = records.iter().map(|r| async move {
+                let cleared = self.clear_stale(client, r.column, Some(r.token), stripes);
+                (r.column, cleared.await)
+            });
+            for (column, cleared) in futures::future::join_all(clears).await {
+                if let Err(Fault::Unreachable(_)) = cleared {
+                    // A record left behind would make these stripes, acknowledged now, read
+                    // as an error once a column is lost: the column owes them instead, and
+                    // rebuilding its parity from the data clears the record.
+                    self.write_failed(client, column, stripes, &failed).await?;
+                }
+            }
+        }
         partial?;
         let failed = failed.into_inner().unwrap();
         for sw in &plan.stripes {
@@ -203,6 +224,82 @@ impl FileContext {
             }
         }
         Ok(())
+    }
+
+    /// Whether this file's full-stripe writes take stale-parity records: parity schemes, for
+    /// files that are committed (a pending file of this client is discarded whole if the
+    /// client dies).
+    fn needs_stale_records(&self, client: &Client) -> bool {
+        matches!(
+            self.scheme(),
+            Scheme::Raid4 | Scheme::Raid5 | Scheme::Hybrid
+        ) && !client.pending_files().contains(&self.meta.id)
+    }
+
+    /// Records at every parity column of `stripes` (full stripes about to be written) that
+    /// their parity may not match the data, durably, before any of their data is written (see
+    /// `tessera-store`'s `stale` module). A column that cannot be reached is recorded as
+    /// owing all of `stripes` and its requests for them are dropped from `ops`.
+    async fn record_full_stripes(
+        &self,
+        client: &Client,
+        stripes: IndexRange,
+        mut ops: [&mut Vec<WriteOp>; 2],
+        failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
+    ) -> Result<Vec<StaleRecord>, ClientError> {
+        let width = u64::from(self.layout.width);
+        let mut columns = BTreeSet::new();
+        for stripe in stripes.start..stripes.end.min(stripes.start + width) {
+            let column = self.layout.parity_slot(stripe).expect("parity").column;
+            let holds = (stripe..stripes.end)
+                .step_by(width as usize)
+                .any(|s| self.layout.parity_slot(s).expect("parity").column == column);
+            if holds && !self.lost_entirely(column) {
+                columns.insert(column);
+            }
+        }
+        let asks = columns.iter().map(|&column| async move {
+            (column, self.record_stale(client, column, stripes).await)
+        });
+        let mut records = Vec::new();
+        let mut unreachable = Vec::new();
+        for (column, answer) in futures::future::join_all(asks).await {
+            match answer {
+                Ok(record) => records.push(record),
+                Err(Fault::Unreachable(_)) => unreachable.push(column),
+                Err(Fault::Refused(e)) => {
+                    // Nothing was written; the records taken lapse with their lease.
+                    return Err(self.storage_error(column, e));
+                }
+            }
+        }
+        for column in unreachable {
+            self.write_failed(client, column, stripes, failed).await?;
+            let inside = |op: &WriteOp| {
+                op.column == column
+                    && stripes.start <= op.stripes.start
+                    && op.stripes.end <= stripes.end
+            };
+            for list in ops.iter_mut() {
+                list.retain(|op| !inside(op));
+            }
+        }
+        Ok(records)
+    }
+
+    /// Run requests, at most [`REQUESTS_IN_FLIGHT_MAX`] at once.
+    async fn run_ops(
+        &self,
+        client: &Client,
+        ops: Vec<WriteOp>,
+        failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
+    ) -> Result<(), ClientError> {
+        let results: Vec<Result<(), ClientError>> = stream::iter(ops)
+            .map(|op| self.run_op(client, op, failed))
+            .buffer_unordered(REQUESTS_IN_FLIGHT_MAX)
+            .collect()
+            .await;
+        results.into_iter().collect()
     }
 
     /// Run one request; a failure is recorded as a miss of the column for its stripes.
@@ -240,8 +337,9 @@ impl FileContext {
         self.report_missed(client, column, stripes).await
     }
 
-    /// The independent requests of a plan: everything but read-modify-write.
-    fn simple_ops(&self, stripes: &[StripeWrite], data: &[u8]) -> Vec<WriteOp> {
+    /// The independent requests of a plan: everything but read-modify-write; then the Hybrid
+    /// mirror invalidations, which go only once the others are done.
+    fn simple_ops(&self, stripes: &[StripeWrite], data: &[u8]) -> (Vec<WriteOp>, Vec<WriteOp>) {
         let layout = &self.layout;
         let file = self.meta.id;
         let hybrid = self.scheme() == Scheme::Hybrid;
@@ -330,8 +428,7 @@ impl FileContext {
             }
         }
         ops.extend(self.coalesce_writes(base, data));
-        ops.extend(self.coalesce_invalidations(invalidations));
-        ops
+        (ops, self.coalesce_invalidations(invalidations))
     }
 
     /// Merge mirror invalidations that are back to back on one column into single requests.
@@ -509,6 +606,10 @@ impl FileContext {
             Err(Fault::Refused(e)) => return Err(self.storage_error(parity.column, e)),
         };
         let lock = grant.lock;
+        if grant.stale {
+            self.resolve_stale(client, lock).await?;
+            return Ok(RmwOutcome::Retry);
+        }
         if let Some((intent, bytes)) = &grant.orphan {
             self.resolve_orphan(client, lock, intent, bytes).await?;
             return Ok(RmwOutcome::Retry);
@@ -633,6 +734,10 @@ impl FileContext {
             }
         };
         let lock = grant.lock;
+        if grant.stale {
+            self.resolve_stale(client, lock).await?;
+            return Ok(RmwOutcome::Retry);
+        }
         if let Some((intent, bytes)) = &grant.orphan {
             self.resolve_orphan(client, lock, intent, bytes).await?;
             return Ok(RmwOutcome::Retry);
@@ -784,6 +889,23 @@ impl FileContext {
             payload: Bytes::copy_from_slice(&data[piece.buf_range()]),
         }
     }
+}
+
+/// The stripes a plan writes whole with fresh parity (one run: a write's whole stripes lie
+/// between its leading and trailing partial ones).
+fn full_stripes(stripes: &[StripeWrite]) -> Option<IndexRange> {
+    let mut full = stripes
+        .iter()
+        .filter(|sw| sw.method == WriteMethod::FullStripeParity)
+        .map(|sw| sw.extent.stripe);
+    let first = full.next()?;
+    let (count, last) = full.fold((1, first), |(count, _), stripe| (count + 1, stripe));
+    assert_eq!(
+        last - first + 1,
+        count,
+        "a write's whole stripes are contiguous"
+    );
+    Some(IndexRange::new(first, last + 1))
 }
 
 /// Sorted stripe numbers as runs of consecutive ones.

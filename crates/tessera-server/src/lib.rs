@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tessera_store::{ParityLocks, Region, Store};
+use tessera_store::{ParityLocks, Region, StaleState, Store};
 use tessera_transport::{
     serve_tcp_limited, serve_udp, BoxFuture, ConnectionId, DatagramConfig, FrameHandler, TcpConfig,
     TcpLimits, TcpTransport, Transport, TransportKind, UdpCounters, UdpServer,
@@ -35,6 +35,7 @@ use tessera_wire::{
     StorageCall, StorageError, StorageRequest, StorageResponse, RECORDS_PER_PAGE,
 };
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 
 mod keys;
 pub use keys::{STORAGE_KEYS_INTERVAL, STORAGE_KEYS_REFRESH_MIN};
@@ -583,6 +584,36 @@ async fn blocking<T: Send + 'static>(
     })
 }
 
+/// Waits, holding the lock of `stripe` (renewed meanwhile), while a live stale-parity record
+/// covers it: a full-stripe write is under way there, and nobody may read its parity before
+/// it is done or its writer is gone. Returns whether an orphaned record covers the stripe
+/// (the holder must resolve it); [`StorageError::LockBusy`] after [`PARITY_LOCK_WAIT_MAX`].
+async fn wait_out_live_stale(
+    store: &Store,
+    locks: &ParityLocks,
+    file: tessera_wire::FileId,
+    stripe: u64,
+    token: tessera_wire::LockToken,
+) -> Result<bool, StorageError> {
+    let give_up = Instant::now() + PARITY_LOCK_WAIT_MAX;
+    loop {
+        let now = Instant::now();
+        match store.stale_state(file, stripe, now) {
+            StaleState::Clean => return Ok(false),
+            StaleState::Orphaned => return Ok(true),
+            StaleState::Live { .. } if now >= give_up => {
+                return Err(StorageError::LockBusy { stripe })
+            }
+            StaleState::Live { until } => {
+                // Checked again at least every lease, so that a record cleared early is noticed.
+                let wake = until.min(give_up).min(now + PARITY_LEASE / 4);
+                tokio::time::sleep_until(wake).await;
+                locks.renew(file, stripe, token)?;
+            }
+        }
+    }
+}
+
 async fn serve(
     store: Arc<Store>,
     locks: Arc<ParityLocks>,
@@ -636,6 +667,13 @@ async fn serve(
             let token = locks
                 .lock(file, stripe, connection, PARITY_LOCK_WAIT_MAX)
                 .await?;
+            let stale = match wait_out_live_stale(&store, &locks, file, stripe, token).await {
+                Ok(stale) => stale,
+                Err(e) => {
+                    let _ = locks.unlock(file, stripe, token);
+                    return Err(e);
+                }
+            };
             let read = blocking(move || {
                 let parity = store.read(file, Region::Redundancy, offset, len, false)?;
                 Ok((parity, store.intent(file, stripe)?))
@@ -648,7 +686,11 @@ async fn serve(
                         payload.extend_from_slice(&bytes);
                         intent
                     });
-                    let locked = StorageResponse::Locked { token, intent };
+                    let locked = StorageResponse::Locked {
+                        token,
+                        intent,
+                        stale,
+                    };
                     Ok((locked, Bytes::from(payload)))
                 }
                 Err(e) => {
@@ -678,9 +720,31 @@ async fn serve(
             done
         }
         StorageRequest::ReadIntent { file, stripe } => {
+            let stale = store.stale_state(file, stripe, Instant::now()) != StaleState::Clean;
             let intent = blocking(move || store.intent(file, stripe)).await?;
             let (intent, bytes) = intent.map_or((None, Vec::new()), |(i, b)| (Some(i), b));
-            Ok((StorageResponse::Intent { intent }, Bytes::from(bytes)))
+            Ok((
+                StorageResponse::Intent { intent, stale },
+                Bytes::from(bytes),
+            ))
+        }
+        StorageRequest::RecordStale { file, stripes } => {
+            let lease_end = Instant::now() + PARITY_LEASE;
+            let token = blocking(move || store.record_stale(file, stripes, lease_end)).await?;
+            Ok((StorageResponse::StaleRecorded { token }, Bytes::new()))
+        }
+        StorageRequest::RenewStale { file, token } => {
+            store.renew_stale(file, token, Instant::now() + PARITY_LEASE)?;
+            done
+        }
+        StorageRequest::ClearStale {
+            file,
+            token,
+            stripes,
+        } => {
+            let now = Instant::now();
+            blocking(move || store.clear_stale(file, token, stripes, now)).await?;
+            done
         }
         StorageRequest::WriteParity {
             file,

@@ -1,7 +1,18 @@
 //! What a file may read back as: the acknowledged bytes, and for bytes an unacknowledged
 //! (cancelled or failed) write touched, the values that write may have left.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Which stripes an interrupted full-stripe write may leave unreadable, for a parity scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TornStripes {
+    /// Bytes per stripe (data units only).
+    pub stripe_bytes: u64,
+    /// Whether an acknowledged partial-stripe write resolves the stripe (RAID-4/5: its
+    /// read-modify-write resolves the stale parity under the lock first; Hybrid partial
+    /// writes go to overflow and leave it).
+    pub resolved_by_partial_writes: bool,
+}
 
 /// One file's model.
 #[derive(Debug, Clone, Default)]
@@ -13,6 +24,12 @@ pub struct FileModel {
     maybe: BTreeMap<u64, Vec<u8>>,
     /// Largest size an unacknowledged write may have given the file.
     size_max: u64,
+    /// For parity schemes: the rule of stripes left torn.
+    torn_rule: Option<TornStripes>,
+    /// Stripes an unacknowledged write covered whole (a full-stripe write that may have been
+    /// cut short, leaving a stale-parity record) and no acknowledged write has resolved
+    /// since: with a column lost, their bytes may read as an error (never as wrong bytes).
+    torn: BTreeSet<u64>,
 }
 
 /// A byte read back that the model does not allow.
@@ -33,6 +50,43 @@ pub struct Mismatch {
 }
 
 impl FileModel {
+    /// A file of a parity scheme (see [`TornStripes`]).
+    pub fn with_torn_stripes(rule: TornStripes) -> FileModel {
+        FileModel {
+            torn_rule: Some(rule),
+            ..FileModel::default()
+        }
+    }
+
+    /// Whether `stripe` may be left torn by an interrupted full-stripe write: reading it may
+    /// fail while a column is lost.
+    pub fn may_be_torn(&self, stripe: u64) -> bool {
+        self.torn.contains(&stripe)
+    }
+
+    /// Stripes that may be torn.
+    pub fn torn_stripes(&self) -> usize {
+        self.torn.len()
+    }
+
+    /// The stripes `offset..offset+len` covers whole, and those it covers in part.
+    fn stripes_of(rule: &TornStripes, offset: u64, len: u64) -> (Vec<u64>, Vec<u64>) {
+        let unit = rule.stripe_bytes;
+        let end = offset + len;
+        let (mut whole, mut part) = (Vec::new(), Vec::new());
+        if len == 0 {
+            return (whole, part);
+        }
+        for stripe in offset / unit..=(end - 1) / unit {
+            if offset <= stripe * unit && (stripe + 1) * unit <= end {
+                whole.push(stripe);
+            } else {
+                part.push(stripe);
+            }
+        }
+        (whole, part)
+    }
+
     /// The size every acknowledged write has reached.
     pub fn size(&self) -> u64 {
         self.acked.len() as u64
@@ -58,6 +112,17 @@ impl FileModel {
         for o in touched {
             self.maybe.remove(&o);
         }
+        if let Some(rule) = self.torn_rule {
+            let (whole, part) = Self::stripes_of(&rule, offset, data.len() as u64);
+            for stripe in whole {
+                self.torn.remove(&stripe);
+            }
+            if rule.resolved_by_partial_writes {
+                for stripe in part {
+                    self.torn.remove(&stripe);
+                }
+            }
+        }
     }
 
     /// A write that was not acknowledged: each byte may hold its old value or the new one.
@@ -68,6 +133,10 @@ impl FileModel {
             if !values.contains(&byte) {
                 values.push(byte);
             }
+        }
+        if let Some(rule) = self.torn_rule {
+            let (whole, _) = Self::stripes_of(&rule, offset, data.len() as u64);
+            self.torn.extend(whole);
         }
     }
 

@@ -6,8 +6,10 @@ use serde::{de::DeserializeOwned, Serialize};
 /// Version of the wire protocol; a frame of any other version is refused. Version 2: parity
 /// locks carry fencing tokens and intent records (`RecordIntent`, `RenewParity`,
 /// `ReadIntent`, `Locked`, `Intent`, `StaleLock`, `LockBusy`). Version 3: every connection
-/// opens with a [`crate::Handshake`].
-pub const PROTOCOL_VERSION: u8 = 3;
+/// opens with a [`crate::Handshake`]. Version 4: stale-parity records of full-stripe writes
+/// (`RecordStale`, `RenewStale`, `ClearStale`, `StaleRecorded`, `stale` in `Locked` and
+/// `Intent`).
+pub const PROTOCOL_VERSION: u8 = 4;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.

@@ -28,7 +28,9 @@
 //! Every connection opens with a [`Handshake`] (frame protocol version 3; version 1 had none
 //! and is refused by the version check). Appended for authentication: `KeyCreate`,
 //! `KeyList`, `KeyRemove`, `StorageKeys` (responses `KeyCreated`, `Keys`, `StorageKeys`;
-//! errors `Forbidden`, `UnknownKey`).
+//! errors `Forbidden`, `UnknownKey`). Protocol version 4 appends the stale-parity records of
+//! full-stripe writes: `StorageRequest::RecordStale`, `RenewStale`, `ClearStale`,
+//! `StorageResponse::StaleRecorded`, and the `stale` flag of `Locked` and `Intent`.
 
 mod frame;
 mod handshake;

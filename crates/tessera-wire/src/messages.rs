@@ -150,8 +150,9 @@ pub enum StorageRequest {
         /// The lock's fencing token.
         token: LockToken,
     },
-    /// The stripe's unresolved intent record, if any, without locking: answered with
-    /// [`StorageResponse::Intent`], whose payload is the old parity then the old data.
+    /// The stripe's unresolved intent record, if any, and whether it is under a stale-parity
+    /// record, without locking: answered with [`StorageResponse::Intent`], whose payload is
+    /// the old parity then the old data.
     ReadIntent {
         /// File.
         file: FileId,
@@ -237,7 +238,38 @@ pub enum StorageRequest {
         /// List files with an id above this one.
         after: FileId,
     },
+    /// Record durably that parity of `stripes` (those whose parity this server holds) may
+    /// not match their data: a full-stripe write is about to start. Answered with
+    /// [`StorageResponse::StaleRecorded`] once the record is on disk; the writer writes no
+    /// data before. Leased like a parity lock (renewed with `RenewStale`).
+    RecordStale {
+        /// File.
+        file: FileId,
+        /// Stripes about to be written whole.
+        stripes: IndexRange,
+    },
+    /// Keep a stale-parity record live (its writes are still out).
+    RenewStale {
+        /// File.
+        file: FileId,
+        /// The record's token; an unknown one is refused with [`StorageError::StaleLock`].
+        token: StaleToken,
+    },
+    /// Delete stale-parity record `token` (all its writes were answered), if given, and take
+    /// `stripes` out of every *orphaned* record of the file (their parity was just computed
+    /// from the data). Records whose writer still renews them are left alone.
+    ClearStale {
+        /// File.
+        file: FileId,
+        /// The writer's own record.
+        token: Option<StaleToken>,
+        /// Stripes whose parity now matches their data.
+        stripes: IndexRange,
+    },
 }
+
+/// A stale-parity record's token: names one record at a server.
+pub type StaleToken = u64;
 
 /// Most ranges one [`StorageResponse::Allocated`] lists; past it, the last range runs to the
 /// end of the range asked for (a superset, never a subset, of what is allocated).
@@ -335,11 +367,22 @@ pub enum StorageResponse {
         token: LockToken,
         /// An intent record left by a holder whose lease was broken, unresolved.
         intent: Option<ParityIntent>,
+        /// The stripe is under an orphaned stale-parity record (an interrupted full-stripe
+        /// write): parity must be recomputed from the data before it is used.
+        stale: bool,
     },
     /// Answer to `ReadIntent`: the record, and its old parity then old data in the payload.
     Intent {
         /// The stripe's unresolved intent record, if any.
         intent: Option<ParityIntent>,
+        /// The stripe is under a stale-parity record, live or orphaned: its parity cannot be
+        /// trusted to reconstruct a data column.
+        stale: bool,
+    },
+    /// Answer to `RecordStale`: the record is durable.
+    StaleRecorded {
+        /// The record's token, for `RenewStale` and `ClearStale`.
+        token: StaleToken,
     },
     /// Answer to `TransportCounters`: each counter by name; none if the server serves TCP
     /// only.

@@ -94,6 +94,21 @@ fn storage_request() -> impl Strategy<Value = StorageRequest> {
                 token,
             }
         ),
+        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(file, start, end)| {
+            StorageRequest::RecordStale {
+                file,
+                stripes: IndexRange::new(start, end),
+            }
+        }),
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(file, token)| StorageRequest::RenewStale { file, token }),
+        (any::<u64>(), any::<Option<u64>>(), any::<u64>()).prop_map(|(file, token, start)| {
+            StorageRequest::ClearStale {
+                file,
+                token,
+                stripes: IndexRange::new(start, start.saturating_add(1)),
+            }
+        }),
     ]
 }
 
