@@ -7,6 +7,12 @@
 //! writes any data, and keeps its lease alive while its data requests are out
 //! ([`FileContext::renewing`]). Reconstruction from parity corrects for a record still
 //! unresolved ([`FileContext::parity_as_before`]).
+//!
+//! Full-stripe writes take stale-parity records instead ([`FileContext::record_stale`],
+//! renewed by [`FileContext::renewing_stale`], cleared by [`FileContext::clear_stale`]); a
+//! lock holder handed an orphaned one resolves it with [`FileContext::resolve_stale`], and a
+//! reconstruction under one is refused ([`FileContext::torn`]): `tessera-store`'s `stale`
+//! module argues why.
 
 use crate::context::{Fault, FileContext};
 use crate::{Client, ClientError};

@@ -5,6 +5,9 @@
 //! read-modify-write under the parity server's lock, one stripe at a time in ascending order,
 //! so that locks are always taken lowest stripe first (CSAR 5.1). Columns that are lost are
 //! skipped and recorded at the manager as owing the stripes, before the write is acknowledged.
+//! Whole stripes of a committed parity-scheme file are written under a stale-parity record at
+//! each parity column, durable before their data and cleared after (`tessera-store`'s `stale`
+//! module); Hybrid mirror overflow trims follow the data writes they belong to.
 
 use crate::context::{Fault, FileContext};
 use crate::intent::{ParityLock, StaleRecord};

@@ -292,19 +292,19 @@ async fn measure_scheme(
 ) -> Result<Vec<(&'static str, f64, f64)>> {
     let size = data.len() as u64;
     let path = format!("bench/{}", scheme.name());
-    let file = client
-        .create_replacing(
-            &path,
-            LayoutRequest {
-                scheme,
-                stripe_unit: STRIPE_UNIT,
-                width: None,
-            },
-        )
-        .await?;
+    // Written as `put` writes a new file: pending, then committed (so its full-stripe writes
+    // take no stale-parity record: a pending file is discarded whole if its writer dies).
+    let layout = LayoutRequest {
+        scheme,
+        stripe_unit: STRIPE_UNIT,
+        width: None,
+    };
+    let pending = client.create_pending(&path, layout).await?;
+    let file = pending.file.clone();
     let start = Instant::now();
     write_all(client, &file, data).await?;
     let write_s = start.elapsed().as_secs_f64();
+    client.commit_pending(&file).await?;
     let overhead = client.stat(&path).await?.stored_bytes as f64 / size as f64;
     let start = Instant::now();
     read_all_into(client, &file, back).await?;

@@ -607,6 +607,147 @@ fn sigkilled_writers_lose_no_acknowledged_byte_hybrid_udp() {
     sigkilled_writers_lose_no_acknowledged_byte("hybrid", "udp");
 }
 
+/// `tessera write` of whole stripes SIGKILLed at random points, then one server lost: a
+/// full-stripe write takes a stale-parity record first (`tessera-store`'s `stale` module), so
+/// `tessera get` either reads every byte outside the write exact and every byte of it old or
+/// new, or fails naming a stripe of the write (a torn stripe under a lost column reads as an
+/// error, never as bytes). The next writer of the same range makes everything exact, also
+/// degraded, and a final scrub finds no parity to repair.
+#[test]
+fn sigkilled_full_stripe_writers_then_a_server_lost_raid5_udp() {
+    let mut rng = seeded("sigkilled_full_stripe_writers raid5 udp");
+    let cluster = Cluster::up();
+    let scratch = cluster.dir.join("scratch");
+    let mut model = random_bytes(&mut rng, STRIPES * STRIPE);
+    std::fs::write(&scratch, &model).expect("scratch");
+    let local = scratch.to_str().expect("path");
+    let put = [
+        "put",
+        local,
+        "hole",
+        "--scheme",
+        "raid5",
+        "--stripe-unit",
+        "64K",
+    ];
+    cluster.run(&put, None);
+    let out = cluster.dir.join("out");
+    let write = |offset: u64| {
+        let mut command = Command::new(TESSERA);
+        command
+            .args(["write", "hole", &offset.to_string(), local])
+            .env("TESSERA_CLUSTER", cluster.cluster_toml())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        command
+    };
+    // Kill times spread over a whole write's run time (the fastest of three, of 3 stripes).
+    std::fs::write(&scratch, &model[..(3 * STRIPE) as usize]).expect("scratch");
+    let write_us = (0..3)
+        .map(|_| {
+            let started = Instant::now();
+            assert!(write(0).status().expect("write").success());
+            started.elapsed().as_micros() as u64
+        })
+        .min()
+        .expect("three writes");
+    let (mut killed, mut unreadable) = (0, 0);
+    for run in 0..runs() {
+        let first = rng.gen_range(0..STRIPES - 1);
+        let stripes = rng.gen_range(1..=(STRIPES - first).min(3));
+        let (offset, len) = (first * STRIPE, stripes * STRIPE);
+        let bytes = random_bytes(&mut rng, len);
+        std::fs::write(&scratch, &bytes).expect("scratch");
+        let mut child = write(offset).spawn().expect("spawn tessera write");
+        std::thread::sleep(Duration::from_micros(rng.gen_range(0..write_us)));
+        let _ = child.kill();
+        let unacknowledged = if child.wait().expect("wait").success() {
+            model[offset as usize..(offset + len) as usize].copy_from_slice(&bytes);
+            None
+        } else {
+            killed += 1;
+            Some((offset, &bytes[..]))
+        };
+        let server = rng.gen_range(1..=SERVERS);
+        cluster.stop_server(server);
+        let what = format!("run {run}: write {offset}+{len} killed, then server {server} lost");
+        let output = Command::new(TESSERA)
+            .args(["get", "hole", out.to_str().expect("path")])
+            .env("TESSERA_CLUSTER", cluster.cluster_toml())
+            .output()
+            .expect("run tessera get");
+        if output.status.success() {
+            let got = std::fs::read(&out).expect("got file");
+            check_bytes(&what, &got, &model, unacknowledged);
+        } else {
+            // Only a stripe of the killed write may be unreadable, and only as that error.
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(unacknowledged.is_some(), "{what}: get failed: {stderr}");
+            let stripe = torn_stripe(&stderr)
+                .unwrap_or_else(|| panic!("{what}: get failed, not on a torn stripe: {stderr}"));
+            assert!(
+                (first..first + stripes).contains(&stripe),
+                "{what}: {stderr}"
+            );
+            unreadable += 1;
+        }
+        cluster.start_server(server);
+        wait_none_down(&cluster, server);
+        // The same range written again, acknowledged: exact, also with a server lost.
+        assert!(write(offset).status().expect("write").success());
+        model[offset as usize..(offset + len) as usize].copy_from_slice(&bytes);
+        check_bytes(
+            &format!("run {run}: rewritten"),
+            &get(&cluster, "udp", &out),
+            &model,
+            None,
+        );
+        cluster.stop_server(server);
+        let got = get(&cluster, "udp", &out);
+        check_bytes(
+            &format!("run {run}: rewritten, server {server} lost"),
+            &got,
+            &model,
+            None,
+        );
+        cluster.start_server(server);
+        wait_none_down(&cluster, server);
+    }
+    eprintln!(
+        "raid5 udp full stripes: {killed} of {} writes killed, {unreadable} reads with a server \
+         lost failed on a torn stripe; a 3-stripe write takes {write_us} us",
+        runs()
+    );
+    let report = cluster.run(&["scrub"], None);
+    assert!(
+        report.contains("repaired: 0 corrupt blocks, 0 parity mismatches"),
+        "{report}"
+    );
+}
+
+/// The stripe a `tessera get` failed on as torn (`... stripe N of 'hole' was left
+/// half-written ...`), if that is why it failed.
+fn torn_stripe(stderr: &str) -> Option<u64> {
+    let before = &stderr[..stderr.find(" of 'hole' was left half-written")?];
+    before.rsplit("stripe ").next()?.parse().ok()
+}
+
+/// Waits until the manager counts no server down (`server` was just started).
+fn wait_none_down(cluster: &Cluster, server: u32) {
+    let deadline = Instant::now() + WAIT_TIMEOUT;
+    while cluster
+        .run(&["status"], None)
+        .lines()
+        .any(|l| l.ends_with("down"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "server {server} did not come back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The admin's credential, from the secret in the cluster's directory.
 fn admin_credential(dir: &Path) -> tessera_client::Credential {
     let text = std::fs::read_to_string(dir.join("cluster.secret")).expect("secret");
