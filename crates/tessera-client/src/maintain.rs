@@ -23,6 +23,9 @@ use tessera_wire::{
     ServerState, StorageError, StorageRequest, StorageResponse,
 };
 
+/// Most stripes past a file's size a rebuild looks at for bytes of unacknowledged writes.
+const PAST_SIZE_STRIPES_MAX: u64 = 1024;
+
 /// Stripes rebuilt or scrubbed at once.
 const STRIPES_IN_FLIGHT_MAX: usize = 8;
 
@@ -707,7 +710,9 @@ impl Client {
         // fails if it needs that column), never taken for zeros. Stripes past the size that
         // hold bytes (of a write never acknowledged) are rebuilt too: a write that later grows
         // the file over them updates their parity in place.
-        let extents_total = ctx.layout.stripes_for_size(ctx.layout.file_bytes_max());
+        // Bounded: a damaged overflow log record makes its server report every range it may
+        // have changed, up to the end of the range asked.
+        let extents_total = size_stripes.saturating_add(PAST_SIZE_STRIPES_MAX);
         let allocation = ctx
             .allocated_stripes_past(self, Some(column), size_stripes, extents_total)
             .await;
@@ -740,6 +745,12 @@ impl Client {
                         skipped.push(stripe);
                         torn.get_or_insert(e);
                     }
+                    // Past the size, best effort: no byte there was acknowledged, and a
+                    // damaged overflow log may name ranges there that no read ever repairs.
+                    Err(e) if stripe >= size_stripes => tracing::warn!(
+                        "{}: stripe {stripe}, past the file's size, not rebuilt: {e}",
+                        ctx.meta.path
+                    ),
                     other => other?,
                 }
                 state.stripes_done += 1;
