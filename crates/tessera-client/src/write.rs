@@ -250,17 +250,12 @@ impl FileContext {
         mut ops: [&mut Vec<WriteOp>; 2],
         failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
     ) -> Result<Vec<StaleRecord>, ClientError> {
+        // Parity rotates with a period of the width: its first stripes name every column.
         let width = u64::from(self.layout.width);
-        let mut columns = BTreeSet::new();
-        for stripe in stripes.start..stripes.end.min(stripes.start + width) {
-            let column = self.layout.parity_slot(stripe).expect("parity").column;
-            let holds = (stripe..stripes.end)
-                .step_by(width as usize)
-                .any(|s| self.layout.parity_slot(s).expect("parity").column == column);
-            if holds && !self.lost_entirely(column) {
-                columns.insert(column);
-            }
-        }
+        let columns: BTreeSet<u32> = (stripes.start..stripes.end.min(stripes.start + width))
+            .map(|stripe| self.layout.parity_slot(stripe).expect("parity").column)
+            .filter(|&column| !self.lost_entirely(column))
+            .collect();
         let asks = columns.iter().map(|&column| async move {
             (column, self.record_stale(client, column, stripes).await)
         });
