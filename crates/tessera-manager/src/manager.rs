@@ -408,6 +408,19 @@ impl Manager {
         heartbeat.into_iter().chain(lease).min()
     }
 
+    /// The server registered from the store `incarnation` at `addr`, if any.
+    fn server_of_store(&self, addr: &str, incarnation: u64) -> Option<ServerId> {
+        self.servers
+            .iter()
+            .find(|(_, record)| record.incarnation == incarnation && record.addr == addr)
+            .map(|(&server, _)| server)
+    }
+
+    /// How many servers are registered (live or not).
+    pub fn known_servers(&self) -> usize {
+        self.servers.len()
+    }
+
     /// The live servers (Up or Stale), in id order: where new files go.
     pub fn live_servers(&self) -> Vec<ServerId> {
         self.heartbeats.keys().copied().collect()
@@ -478,13 +491,17 @@ impl Manager {
         incarnation: u64,
         now: Instant,
     ) -> Result<ManagerResponse, Failure> {
+        let known = self.server_of_store(&addr, incarnation);
         let server = self.write(|change| {
-            let server = match server {
-                Some(server) => {
+            let server = match (server, known) {
+                (Some(server), _) => {
                     change.raise_counter(KEY_SERVER_ID_NEXT, u64::from(server) + 1)?;
                     server
                 }
-                None => {
+                // The same store registering again (its first answer was lost, or it asked
+                // another replica after a failover) keeps the id it was given.
+                (None, Some(known)) => known,
+                (None, None) => {
                     let next = change.take_counter(KEY_SERVER_ID_NEXT)?;
                     ServerId::try_from(next).map_err(|_| {
                         ManagerError::Store(format!("no server ids left (next would be {next})"))

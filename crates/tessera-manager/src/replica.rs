@@ -27,7 +27,8 @@
 //! store, and applies the deliveries from `n` on (those below were in the copy). Until then
 //! it refuses requests with [`ManagerError::Unordered`], and clients try another replica.
 //! Whether a replica starts fresh ([`Start::Initial`], with the group) or rejoins is decided
-//! by asking the peers: if any is a member of a view, it rejoins.
+//! by asking the peers: if a majority of all replicas are members of a view without it, it
+//! rejoins.
 //!
 //! **Not handled** (see the README): a restart of every replica at once after a crash (each
 //! starts from its own store, which may lack the last commands another applied); membership
@@ -122,6 +123,11 @@ pub(crate) struct Replica {
     /// Pending files whose expiry this replica proposed already.
     expiry_proposed: Mutex<BTreeSet<u64>>,
     message_bytes_max: usize,
+    /// When this replica's liveness table began (its start, or the install of a peer's
+    /// store): younger than a heartbeat timeout, it may not have heard every live server yet.
+    live_since: Mutex<Instant>,
+    /// The heartbeat timeout of its manager.
+    heartbeat_timeout: Duration,
 }
 
 /// The order's settings for manager replicas: a view change within about half a second of a
@@ -211,9 +217,14 @@ fn admin_transport(secret: &Secret) -> Arc<TcpTransport> {
     Arc::new(TcpTransport::with_credential(config, Some(credential)))
 }
 
-/// Whether some other replica is a member of a view now: then this one rejoins.
+/// Whether a majority of the replicas are members of a view now without this one: then this
+/// one rejoins (as a restarted node: it must not count for a majority, having forgotten the
+/// order). Otherwise the group is starting, and it starts with it: a joining node needs a
+/// majority that holds state to let it in.
 async fn group_is_running(config: &ReplicaConfig, secret: &Secret) -> bool {
     let transport = admin_transport(secret);
+    let majority = config.peers.len() / 2 + 1;
+    let mut members = 0;
     for (index, &peer) in config.peers.iter().enumerate() {
         if index + 1 == usize::from(config.id) {
             continue;
@@ -227,11 +238,11 @@ async fn group_is_running(config: &ReplicaConfig, secret: &Secret) -> bool {
         .await;
         if let Ok((ManagerResponse::Replica(status), _)) = answer {
             if status.role == "leader" || status.role == "follower" {
-                return true;
+                members += 1;
             }
         }
     }
-    false
+    members >= majority
 }
 
 /// Starts the order node and the applier thread of replica `config.id` over `served`.
@@ -289,6 +300,8 @@ pub(crate) async fn start(
         }),
         expiry_proposed: Mutex::new(BTreeSet::new()),
         message_bytes_max: config.order.message_bytes_max(),
+        live_since: Mutex::new(Instant::now()),
+        heartbeat_timeout: manager_config.heartbeat_timeout,
     });
     let applier = Applier {
         replica: replica.clone(),
@@ -387,10 +400,13 @@ impl Replica {
         if let Some(refused) = self.refusal() {
             return ManagerResponse::Error(refused);
         }
-        let decision = match &*served.lock().unwrap() {
-            Served::Running(manager) => manager.decide(&request),
+        let (decision, known) = match &*served.lock().unwrap() {
+            Served::Running(manager) => (manager.decide(&request), manager.known_servers()),
             Served::NoStore(path) => return crate::refuse_without_store(path, &request),
         };
+        if let Some(refused) = self.young_placement(&decision, known) {
+            return ManagerResponse::Error(refused);
+        }
         let waiting = match self.propose(Command::Request { request, decision }) {
             Ok(waiting) => waiting,
             Err(error) => return ManagerResponse::Error(error),
@@ -402,6 +418,25 @@ impl Replica {
                 ORDER_TIMEOUT.as_millis()
             ))),
         }
+    }
+
+    /// Refuses to place a file on fewer than the `known` servers while this replica's
+    /// liveness table is younger than a heartbeat timeout (it restarted or caught up lately
+    /// and may not have heard every live server yet): the client tries another replica.
+    fn young_placement(
+        &self,
+        decision: &crate::command::Decision,
+        known: usize,
+    ) -> Option<ManagerError> {
+        let placement = decision.placement.as_ref()?;
+        let age = self.live_since.lock().unwrap().elapsed();
+        (placement.len() < known && age < self.heartbeat_timeout).then(|| {
+            ManagerError::Unordered(format!(
+                "replica {} has heard the servers for only {} ms",
+                self.id,
+                age.as_millis()
+            ))
+        })
     }
 
     /// A durable copy of the store and the position it stands at (see the module doc).
@@ -601,6 +636,7 @@ impl Applier {
         manager.set_replicated(self.secret.replica_key());
         *served = Served::Running(Box::new(manager));
         self.replica.next_position.store(position, Ordering::SeqCst);
+        *self.replica.live_since.lock().unwrap() = Instant::now();
         Ok(())
     }
 }

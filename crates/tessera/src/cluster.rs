@@ -57,6 +57,10 @@ pub struct ClusterFile {
     /// Since version 2: the access key client commands use, `KEYID:SECRET`.
     #[serde(default)]
     pub key: Option<String>,
+    /// Every replica's address, when the manager is replicated (`manager` is the first);
+    /// clients and servers fail over between them. Empty: one manager at `manager`.
+    #[serde(default)]
+    pub managers: Vec<String>,
 }
 
 /// Version of `cluster.toml` this build writes (2 added `secret` and `key`).
@@ -229,6 +233,18 @@ impl LocalCluster {
         crate::commands::connect_to(self.manager_addr()?, Some(self.transport()), credential).await
     }
 
+    /// Every replica's address (empty for a manager that is not replicated).
+    pub fn manager_replicas(&self) -> Result<Vec<SocketAddr>> {
+        self.file
+            .managers
+            .iter()
+            .map(|addr| {
+                addr.parse()
+                    .map_err(|_| anyhow!("bad manager replica address '{addr}'"))
+            })
+            .collect()
+    }
+
     pub fn manager_addr(&self) -> Result<SocketAddr> {
         self.file
             .manager
@@ -300,6 +316,7 @@ impl LocalCluster {
                 servers: Vec::new(),
                 transport: transport.name().into(),
                 window,
+                managers: Vec::new(),
             },
         };
         for id in 1..=servers {

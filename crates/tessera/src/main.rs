@@ -267,6 +267,14 @@ struct ManagerArgs {
     pending_lease_ms: Option<u64>,
     #[command(flatten)]
     limits: LimitArgs,
+    /// This replica's id, 1-based: its position in --peers (a replicated manager)
+    #[arg(long, requires = "peers")]
+    id: Option<u16>,
+    /// Every replica's address, comma-separated, the same list in the same order for every
+    /// replica: this one listens at the --id'th (TCP for requests, UDP at the same port for
+    /// the total order between replicas). Without it, a single manager at --listen
+    #[arg(long, value_delimiter = ',', requires = "id")]
+    peers: Vec<String>,
     /// Create the metadata store (a new, empty cluster) if DIR has none, and the cluster
     /// secret (DIR/cluster.secret, or --secret FILE) if it does not exist yet. Without it, a
     /// manager whose store is missing refuses every server and waits for
@@ -408,13 +416,21 @@ async fn run(cli: Cli) -> Result<()> {
                 recover::run(cluster, &dir, servers).await
             }
             None => {
-                let listen = args
-                    .listen
-                    .ok_or_else(|| anyhow::anyhow!("tessera manager needs --listen"))?;
                 let dir = args
                     .dir
                     .ok_or_else(|| anyhow::anyhow!("tessera manager needs --dir"))?;
                 let limits = args.limits.tcp_limits()?;
+                let replica = match args.id {
+                    Some(id) => Some(commands::replica_config(id, &args.peers)?),
+                    None => None,
+                };
+                let listen = match (&replica, args.listen) {
+                    (Some(replica), _) => replica.addr().to_string(),
+                    (None, Some(listen)) => listen,
+                    (None, None) => {
+                        anyhow::bail!("tessera manager needs --listen (or --id and --peers)")
+                    }
+                };
                 commands::run_manager(
                     &listen,
                     &dir,
@@ -422,6 +438,7 @@ async fn run(cli: Cli) -> Result<()> {
                     args.pending_lease_ms,
                     limits,
                     args.init,
+                    replica,
                 )
                 .await
             }
