@@ -256,3 +256,28 @@ fn replicated_pending_files_expire_only_by_command() {
     assert!(manager.pending_files().is_empty());
     let _ = Decision::default();
 }
+
+#[test]
+fn a_store_registering_again_keeps_its_id() {
+    let mut group = replicas();
+    let now = Instant::now();
+    let manager = &mut group[0].1;
+    let register = |incarnation| ManagerRequest::Register {
+        server: None,
+        addr: "127.0.0.1:7001".into(),
+        incarnation,
+        cluster: None,
+    };
+    let first = manager.handle(register(5), now);
+    let ManagerResponse::Registered { server, .. } = first else {
+        panic!("{first:?}")
+    };
+    // Its first answer lost, it asks again (another replica, after a failover): same id.
+    assert_eq!(manager.handle(register(5), now), first);
+    // Another store at that address is another server.
+    let ManagerResponse::Registered { server: other, .. } = manager.handle(register(6), now) else {
+        panic!()
+    };
+    assert_ne!(other, server);
+    assert_eq!(manager.known_servers(), 2);
+}
