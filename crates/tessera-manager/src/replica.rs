@@ -506,7 +506,11 @@ impl Applier {
                 );
             }
             Event::Joined { position } | Event::Gap { to: position, .. } => {
-                if position > self.replica.next_position.load(Ordering::SeqCst) {
+                // A restarted replica takes a peer's store even when it joins at the start
+                // of the order: its own may be older than the group's (the group restarted
+                // without it).
+                let restarted = self.replica.progress.lock().unwrap().catching_up;
+                if restarted || position > self.replica.next_position.load(Ordering::SeqCst) {
                     self.catch_up(position);
                 }
             }

@@ -617,13 +617,26 @@ pub async fn scrub(cluster: Option<String>, remote: Option<&str>) -> Result<()> 
     Ok(())
 }
 
-pub async fn up(dir: &Path, servers: u32, detach: bool) -> Result<()> {
+pub async fn up(dir: &Path, servers: u32, managers: u16, detach: bool) -> Result<()> {
+    if managers == 0 || usize::from(managers) > tessera_manager::replica::REPLICAS_MAX {
+        bail!(
+            "--managers {managers}: a cluster has 1 to {} manager replicas",
+            tessera_manager::replica::REPLICAS_MAX
+        );
+    }
     let net = network();
-    let mut cluster =
-        LocalCluster::up(dir, servers, net.transport.unwrap_or_default(), net.window).await?;
+    let transport = net.transport.unwrap_or_default();
+    let mut cluster = LocalCluster::up(dir, servers, managers, transport, net.window).await?;
+    let manager = if cluster.file.managers.is_empty() {
+        format!("manager at {}", cluster.file.manager)
+    } else {
+        format!(
+            "{managers} manager replicas at {}",
+            cluster.file.managers.join(",")
+        )
+    };
     println!(
-        "tessera: manager at {} with {servers} servers, data in {}",
-        cluster.file.manager,
+        "tessera: {manager} with {servers} servers, data in {}",
         cluster.dir.display()
     );
     if detach {
@@ -642,6 +655,14 @@ pub fn down(dir: &Path) -> Result<()> {
     let mut cluster = LocalCluster::load(dir)?;
     cluster.down();
     Ok(())
+}
+
+pub fn manager_stop(dir: &Path, id: u16) -> Result<()> {
+    LocalCluster::load(dir)?.stop_replica(id)
+}
+
+pub fn manager_start(dir: &Path, id: u16) -> Result<()> {
+    LocalCluster::load(dir)?.start_replica(id)
 }
 
 pub fn server_stop(dir: &Path, id: u32) -> Result<()> {

@@ -65,6 +65,9 @@ enum Command {
         /// Number of storage servers.
         #[arg(long, default_value_t = 5)]
         servers: u32,
+        /// Number of manager replicas (3 or 5 survive the loss of 1 or 2; 1: one manager).
+        #[arg(long, default_value_t = 1)]
+        managers: u16,
         /// Data directory.
         #[arg(long, default_value = "tessera-data")]
         dir: PathBuf,
@@ -285,6 +288,20 @@ struct ManagerArgs {
 
 #[derive(Subcommand)]
 enum ManagerAction {
+    /// Stop (kill) manager replica ID of the local cluster (`up --managers N`).
+    Stop {
+        id: u16,
+        /// Data directory of the local cluster.
+        #[arg(long, default_value = "tessera-data")]
+        dir: PathBuf,
+    },
+    /// Start manager replica ID of the local cluster again; it catches up from the others.
+    Start {
+        id: u16,
+        /// Data directory of the local cluster.
+        #[arg(long, default_value = "tessera-data")]
+        dir: PathBuf,
+    },
     /// Rebuild a lost metadata store from the file records the servers keep. Run it where the
     /// manager's store is missing (the manager may be running: it opens the store once written).
     Recover {
@@ -407,14 +424,17 @@ async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Up {
             servers,
+            managers,
             dir,
             detach,
-        } => commands::up(&dir, servers, detach).await,
+        } => commands::up(&dir, servers, managers, detach).await,
         Command::Down { dir } => commands::down(&dir),
         Command::Manager(args) => match args.action {
             Some(ManagerAction::Recover { dir, servers }) => {
                 recover::run(cluster, &dir, servers).await
             }
+            Some(ManagerAction::Stop { id, dir }) => commands::manager_stop(&dir, id),
+            Some(ManagerAction::Start { id, dir }) => commands::manager_start(&dir, id),
             None => {
                 let dir = args
                     .dir

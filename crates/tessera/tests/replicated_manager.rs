@@ -294,3 +294,99 @@ fn puts_survive_killing_replicas() {
         "two replicas should be members: {status}"
     );
 }
+
+/// `tessera ARGS` on the local cluster in `dir` (`--dir` for cluster commands, `--cluster`
+/// for the rest).
+fn local(dir: &Path, args: &[&str]) -> Output {
+    let mut command = tessera();
+    command.args(args);
+    if matches!(args[0], "up" | "down" | "manager") {
+        command.arg("--dir").arg(dir);
+    } else {
+        command.arg("--cluster").arg(dir);
+    }
+    command.output().unwrap()
+}
+
+#[track_caller]
+fn local_ok(dir: &Path, args: &[&str]) -> String {
+    let output = local(dir, args);
+    assert!(
+        output.status.success(),
+        "tessera {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn local_cluster_with_three_manager_replicas() {
+    let temp = tempfile::Builder::new()
+        .prefix("tessera-up-managers-")
+        .tempdir()
+        .unwrap();
+    let dir = temp.path().join("cluster");
+    let file = temp.path().join("small");
+    std::fs::write(&file, b"replicated metadata").unwrap();
+    let file = file.to_str().unwrap();
+    local_ok(
+        &dir,
+        &["up", "--managers", "3", "--servers", "4", "--detach"],
+    );
+    struct Down<'a>(&'a Path);
+    impl Drop for Down<'_> {
+        fn drop(&mut self) {
+            let _ = local(self.0, &["down"]);
+        }
+    }
+    let _down = Down(&dir);
+    local_ok(&dir, &["put", file, "/a"]);
+    // The replica clients use first, killed: the cluster goes on.
+    local_ok(&dir, &["manager", "stop", "1"]);
+    local_ok(&dir, &["put", file, "/b"]);
+    let status = local_ok(&dir, &["status"]);
+    assert!(
+        status.contains("down ("),
+        "replica 1 should be listed down: {status}"
+    );
+    // Back, it catches up and serves again.
+    local_ok(&dir, &["manager", "start", "1"]);
+    let start = Instant::now();
+    loop {
+        let status = local_ok(&dir, &["status"]);
+        let members = status
+            .lines()
+            .filter(|l| l.contains("leader") || l.contains("follower"))
+            .count();
+        if members == 3 {
+            break;
+        }
+        assert!(
+            start.elapsed() < START_TIMEOUT,
+            "replica 1 did not rejoin: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    local_ok(&dir, &["put", file, "/c"]);
+    let listing = local_ok(&dir, &["ls"]);
+    for path in ["/a", "/b", "/c"] {
+        assert!(listing.contains(path), "{path} missing: {listing}");
+    }
+    // The whole group stopped and started again keeps everything.
+    local_ok(&dir, &["down"]);
+    local_ok(
+        &dir,
+        &["up", "--managers", "3", "--servers", "4", "--detach"],
+    );
+    let listing = local_ok(&dir, &["ls"]);
+    for path in ["/a", "/b", "/c"] {
+        assert!(
+            listing.contains(path),
+            "{path} missing after a restart: {listing}"
+        );
+    }
+    let out = temp.path().join("back");
+    local_ok(&dir, &["get", "/b", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&out).unwrap(), b"replicated metadata");
+}
