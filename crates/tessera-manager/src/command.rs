@@ -30,12 +30,13 @@
 //! [`ManagerRequest::Once`] (its random id and a sequence number). Applying it stores the
 //! answer under the client's id (table `once`, in the same store), and a retry of the same
 //! number, sent to another replica after a failover, is answered from there instead of being
-//! applied again. Only each client's latest answer is kept; an older retry is refused
-//! ([`ManagerError::Superseded`]).
+//! applied again. The answers to each client's latest [`ONCE_WINDOW`] numbers are kept, so
+//! that a client may have many requests in flight (they are ordered in any order); a
+//! request numbered below that window is refused ([`ManagerError::Superseded`]).
 
 use crate::store::Failure;
 use crate::Manager;
-use redb::{ReadableDatabase, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 use tessera_wire::{FileId, ManagerError, ManagerRequest, ManagerResponse, ServerId};
@@ -45,8 +46,12 @@ pub const PROPOSAL_VERSION: u8 = 1;
 /// Version of a record of the `once` table.
 const ONCE_RECORD_VERSION: u8 = 1;
 
-/// `once`: client id -> (version, latest sequence, its answer), postcard.
-pub(crate) const ONCE: TableDefinition<u64, &[u8]> = TableDefinition::new("once");
+/// `once`: (client id, sequence) -> (version, answer), postcard; per client, the answers to
+/// its latest [`ONCE_WINDOW`] sequence numbers.
+pub(crate) const ONCE: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("once");
+/// Answers kept per client: a client may have this many changes in flight at once, and a
+/// retry must come before this many later changes of its client are applied.
+pub const ONCE_WINDOW: u64 = 1024;
 
 /// What the proposing replica decided for a request, so that every replica applies it alike.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -181,47 +186,68 @@ impl Manager {
         if matches!(request, ManagerRequest::Once { .. }) {
             return Err(ManagerError::Layout("a Once request inside another".into()).into());
         }
-        if let Some((latest, answer)) = self.read_once(client)? {
-            if latest == sequence {
-                return Ok(answer);
+        let (kept, latest) = self.read_once(client, sequence)?;
+        if let Some(answer) = kept {
+            return Ok(answer);
+        }
+        if let Some(latest) =
+            latest.filter(|&latest| sequence.saturating_add(ONCE_WINDOW) <= latest)
+        {
+            return Err(ManagerError::Superseded {
+                client,
+                sequence,
+                latest,
             }
-            if latest > sequence {
-                return Err(ManagerError::Superseded {
-                    client,
-                    sequence,
-                    latest,
-                }
-                .into());
-            }
+            .into());
         }
         let answer = self.handle(request, now);
-        let record = postcard::to_allocvec(&(ONCE_RECORD_VERSION, sequence, &answer))?;
+        let record = postcard::to_allocvec(&(ONCE_RECORD_VERSION, &answer))?;
+        let floor = latest
+            .unwrap_or(0)
+            .max(sequence)
+            .saturating_sub(ONCE_WINDOW);
         // Not synced by itself: the next durable commit carries it. A replica that crashes
         // before then catches up from a peer's store, which has it (see replica.rs).
         self.write_with(redb::Durability::None, |change| {
             let mut table = change.txn.open_table(ONCE)?;
-            table.insert(client, record.as_slice())?;
+            table.insert((client, sequence), record.as_slice())?;
+            let stale = table
+                .range((client, 0)..=(client, floor))?
+                .map(|entry| entry.map(|(key, _)| key.value()))
+                .collect::<Result<Vec<_>, _>>()?;
+            for key in stale {
+                table.remove(key)?;
+            }
             Ok(())
         })?;
         Ok(answer)
     }
 
-    fn read_once(&self, client: u64) -> Result<Option<(u64, ManagerResponse)>, Failure> {
+    /// The answer kept for `(client, sequence)`, and the client's latest sequence kept.
+    fn read_once(
+        &self,
+        client: u64,
+        sequence: u64,
+    ) -> Result<(Option<ManagerResponse>, Option<u64>), Failure> {
         let txn = self.db.begin_read()?;
         let table = match txn.open_table(ONCE) {
             Ok(table) => table,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok((None, None)),
             Err(error) => return Err(Failure::Store(error.into())),
         };
-        let Some(record) = table.get(client)? else {
-            return Ok(None);
+        let latest = table
+            .range((client, 0)..=(client, u64::MAX))?
+            .next_back()
+            .transpose()?
+            .map(|(key, _)| key.value().1);
+        let Some(record) = table.get((client, sequence))? else {
+            return Ok((None, latest));
         };
-        let (version, sequence, answer): (u8, u64, ManagerResponse) =
-            postcard::from_bytes(record.value())?;
+        let (version, answer): (u8, ManagerResponse) = postcard::from_bytes(record.value())?;
         if version != ONCE_RECORD_VERSION {
             return Err(Failure::UnknownFormat(version.into()));
         }
-        Ok(Some((sequence, answer)))
+        Ok((Some(answer), latest))
     }
 
     /// Every record of the store as text, table by table, in key order: two replicas that

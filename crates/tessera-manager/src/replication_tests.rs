@@ -201,14 +201,35 @@ fn a_retried_once_request_is_applied_once() {
         manager.handle(create(2), now),
         ManagerResponse::Error(ManagerError::Exists("/a".into()))
     );
-    // The first is no longer kept.
+    // Requests in flight together are ordered in any order: an earlier number that comes
+    // late is applied, not refused.
+    let lookup = |sequence| ManagerRequest::Once {
+        client: 42,
+        sequence,
+        request: Box::new(ManagerRequest::Lookup { path: "/a".into() }),
+    };
+    let last = crate::command::ONCE_WINDOW + 10;
+    assert!(matches!(
+        manager.handle(lookup(last), now),
+        ManagerResponse::File(_)
+    ));
+    assert!(matches!(
+        manager.handle(lookup(20), now),
+        ManagerResponse::File(_)
+    ));
+    // The first is no longer kept once a window of later ones went past it.
     assert_eq!(
         manager.handle(create(1), now),
         ManagerResponse::Error(ManagerError::Superseded {
             client: 42,
             sequence: 1,
-            latest: 2
+            latest: last
         })
+    );
+    // The retry of one within the window is still answered from the table.
+    assert_eq!(
+        manager.handle(lookup(20), now),
+        manager.handle(lookup(last), now)
     );
 }
 

@@ -390,3 +390,91 @@ fn local_cluster_with_three_manager_replicas() {
     local_ok(&dir, &["get", "/b", out.to_str().unwrap()]);
     assert_eq!(std::fs::read(&out).unwrap(), b"replicated metadata");
 }
+
+/// Creates and stats per second by `clients` concurrent clients for `time`, against the local
+/// cluster in `dir`.
+async fn metadata_ops_per_second(dir: &Path, clients: usize, time: Duration, round: usize) -> f64 {
+    let text = std::fs::read_to_string(dir.join("cluster.toml")).unwrap();
+    let file: toml::Table = text.parse().unwrap();
+    let mut managers: Vec<std::net::SocketAddr> = file["managers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().parse().unwrap())
+        .collect();
+    if managers.is_empty() {
+        managers.push(file["manager"].as_str().unwrap().parse().unwrap());
+    }
+    let secret_text = std::fs::read_to_string(file["secret"].as_str().unwrap()).unwrap();
+    let secret = tessera_auth::Secret::from_file_text(&secret_text).unwrap();
+    let config = tessera_client::ClientConfig {
+        credential: Some(tessera_auth::Credential {
+            claim: tessera_auth::Claim::Admin,
+            key: secret.admin_key(),
+        }),
+        ..tessera_client::ClientConfig::default()
+    };
+    let client = tessera_client::Client::connect_replicated(managers, config)
+        .await
+        .unwrap();
+    let layout = tessera_client::LayoutRequest {
+        scheme: tessera_client::Scheme::Raid5,
+        stripe_unit: 65536,
+        width: Some(3),
+    };
+    let deadline = Instant::now() + time;
+    let tasks: Vec<_> = (0..clients)
+        .map(|task| {
+            let client = client.clone();
+            let layout = layout.clone();
+            tokio::spawn(async move {
+                let mut ops = 0u64;
+                while Instant::now() < deadline {
+                    let path = format!("/bench/{round}/{task}/{ops}");
+                    client.create(&path, layout.clone()).await.unwrap();
+                    client.stat(&path).await.unwrap();
+                    ops += 2;
+                }
+                ops
+            })
+        })
+        .collect();
+    let mut ops = 0;
+    for task in tasks {
+        ops += task.await.unwrap();
+    }
+    ops as f64 / time.as_secs_f64()
+}
+
+/// Issue 17's throughput target (3 replicas at >= 0.7x one manager), measured side by side:
+/// a measurement, not a check, so it runs only when asked.
+#[test]
+#[ignore = "a measurement (about 30 s of both cores): cargo test -p tessera --test replicated_manager -- --ignored --nocapture"]
+fn metadata_throughput_one_and_three_managers() {
+    let temp = tempfile::tempdir().unwrap();
+    let one = temp.path().join("one");
+    let three = temp.path().join("three");
+    local_ok(
+        &one,
+        &["up", "--managers", "1", "--servers", "3", "--detach"],
+    );
+    local_ok(
+        &three,
+        &["up", "--managers", "3", "--servers", "3", "--detach"],
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (mut single, mut replicated) = (Vec::new(), Vec::new());
+    for round in 0..3 {
+        let time = Duration::from_secs(3);
+        single.push(runtime.block_on(metadata_ops_per_second(&one, 8, time, round)));
+        replicated.push(runtime.block_on(metadata_ops_per_second(&three, 8, time, round)));
+    }
+    local_ok(&one, &["down"]);
+    local_ok(&three, &["down"]);
+    let ratios: Vec<f64> = single.iter().zip(&replicated).map(|(s, r)| r / s).collect();
+    println!("create+stat ops/s, 8 clients, 3 rounds of 3 s:");
+    println!("  1 manager:  {single:.0?}");
+    println!("  3 replicas: {replicated:.0?}");
+    println!("  ratio:      {ratios:.2?}");
+    assert!(single.iter().chain(&replicated).all(|&ops| ops > 0.0));
+}
