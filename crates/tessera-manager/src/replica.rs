@@ -313,7 +313,16 @@ pub(crate) async fn start(
     };
     std::thread::Builder::new()
         .name(format!("replica-{}", config.id))
-        .spawn(move || applier.run(events))
+        .spawn(move || {
+            let id = applier.replica.id;
+            let run = std::panic::AssertUnwindSafe(|| applier.run(events));
+            // A replica that cannot apply must not go on answering from a stale state: it
+            // dies, and restarts through catch-up.
+            if std::panic::catch_unwind(run).is_err() {
+                tracing::error!("replica {id}: the applier failed; stopping the replica");
+                std::process::abort();
+            }
+        })
         .map_err(|e| order_failed(e.to_string()))?;
     Ok(replica)
 }
