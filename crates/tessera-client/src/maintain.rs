@@ -590,7 +590,7 @@ impl Client {
                 Ok(debts.into_iter().filter(|d| !d.missed.is_empty()).collect())
             }
             other => Err(ClientError::Protocol {
-                peer: format!("manager {}", self.manager),
+                peer: format!("manager {}", self.manager()),
                 detail: format!("expected debts, got {other:?}"),
             }),
         }

@@ -88,6 +88,9 @@ pub enum ServerError {
 pub struct ServerConfig {
     /// The manager's address.
     pub manager: SocketAddr,
+    /// Every replica of a replicated manager, `manager` among them (empty: `manager` only).
+    /// Registration and heartbeats go to one, and to the next when it does not answer.
+    pub manager_replicas: Vec<SocketAddr>,
     /// Address to listen on (port 0 picks a free one).
     pub listen: SocketAddr,
     /// Address to advertise to clients; defaults to the bound address.
@@ -181,7 +184,12 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         detail: e.to_string(),
     };
     let id = Arc::new(AtomicU32::new(0));
-    let keys = Arc::new(keys::ServerKeys::new(&config.secret, config.manager));
+    let managers = if config.manager_replicas.is_empty() {
+        vec![config.manager]
+    } else {
+        config.manager_replicas.clone()
+    };
+    let keys = Arc::new(keys::ServerKeys::new(&config.secret, managers.clone()));
     let handler = Arc::new(StorageHandler {
         keys: keys.clone(),
         store: store.clone(),
@@ -215,7 +223,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let fetch_keys = tokio::spawn(keys::keep_keys(keys.clone()));
     let heartbeat = tokio::spawn(keep_registered(
         keys.credential,
-        config.manager,
+        managers,
         advertise,
         store.clone(),
         config.id,
@@ -250,7 +258,7 @@ pub fn handler(store: Arc<Store>, id: ServerId) -> Arc<dyn FrameHandler> {
         // fetched.
         keys: Arc::new(keys::ServerKeys::new(
             &tessera_auth::Secret::from_bytes(rand::random()),
-            SocketAddr::from(([0, 0, 0, 0], 0)),
+            vec![SocketAddr::from(([0, 0, 0, 0], 0))],
         )),
     })
 }
@@ -258,7 +266,7 @@ pub fn handler(store: Arc<Store>, id: ServerId) -> Arc<dyn FrameHandler> {
 /// Register (once an id is known, re-register whenever the manager forgets us) and heartbeat.
 async fn keep_registered(
     credential: tessera_auth::Credential,
-    manager: SocketAddr,
+    managers: Vec<SocketAddr>,
     advertise: SocketAddr,
     store: Arc<Store>,
     wanted_id: Option<ServerId>,
@@ -276,7 +284,10 @@ async fn keep_registered(
     // Said once per run of refusals, not every heartbeat interval.
     let mut refusal_logged = false;
     let mut beats = 0u32;
+    // The replica heartbeats go to; the next one when it does not answer or cannot order.
+    let mut current = 0;
     loop {
+        let manager = managers[current % managers.len()];
         let request = match (registered, store.cluster_id()) {
             (true, Some(cluster)) => ManagerRequest::Heartbeat {
                 server: id.load(Ordering::Acquire),
@@ -342,6 +353,10 @@ async fn keep_registered(
                 }
                 registered = false;
             }
+            Ok((ManagerResponse::Error(ManagerError::Unordered(why)), _)) => {
+                tracing::debug!("manager replica {manager} cannot order now: {why}");
+                current += 1;
+            }
             Ok((other, _)) => tracing::warn!("manager answered {other:?}"),
             Err(
                 e @ (tessera_transport::TransportError::Refused { .. }
@@ -356,7 +371,10 @@ async fn keep_registered(
                 }
                 registered = false;
             }
-            Err(e) => tracing::debug!("manager unreachable: {e}"),
+            Err(e) => {
+                tracing::debug!("manager {manager} unreachable: {e}");
+                current += 1;
+            }
         }
         beats = beats.wrapping_add(1);
         if registered && beats.is_multiple_of(ORPHAN_POLL_HEARTBEATS) {
