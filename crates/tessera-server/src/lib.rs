@@ -509,6 +509,19 @@ impl FrameHandler for StorageHandler {
     }
 
     /// Small reads the page cache holds are answered on the network thread.
+    /// A read's length, plus room for the answer's message; other answers are small or
+    /// reserved once computed.
+    fn answer_bytes_hint(&self, message: &Bytes) -> usize {
+        const MESSAGE_ROOM: usize = 4096;
+        match tessera_wire::decode_message::<StorageCall>(message) {
+            Ok(StorageCall {
+                request: StorageRequest::Read { len, .. } | StorageRequest::LockParity { len, .. },
+                ..
+            }) => len as usize + MESSAGE_ROOM,
+            _ => MESSAGE_ROOM,
+        }
+    }
+
     fn handle_now(
         &self,
         _connection: ConnectionId,
