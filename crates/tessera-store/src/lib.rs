@@ -15,8 +15,11 @@
 //! - return bytes that fail their checksum: a bad block is [`StorageError::Corrupt`], always;
 //! - touch the network, or know about stripes, columns or other servers (the offsets it is
 //!   given are already local to this server's files; the layout crate computes them);
-//! - block an async runtime: [`Store`] does blocking `std::fs` I/O and is meant to be called
-//!   from `spawn_blocking`; only [`ParityLocks::lock`] is async.
+//! - block an async runtime: [`Store`] does blocking I/O and is meant to be called from
+//!   `spawn_blocking`; only [`ParityLocks::lock`] is async;
+//! - touch a file but through its [`Disk`]: the real file system ([`RealDisk`], what
+//!   [`Store::open`] uses) or another given to [`Store::open_on`] (the simulator's in-memory
+//!   disk with power losses, torn writes and flipped bits).
 //!
 //! # On-disk format (version 2)
 //!
@@ -96,6 +99,7 @@
 //! store.sync().unwrap();
 //! ```
 
+mod disk;
 mod intent;
 mod io;
 mod locks;
@@ -105,6 +109,7 @@ mod record;
 mod region;
 mod store;
 
+pub use disk::{Disk, DiskFile, DiskLock, EntryKind, FileHandle, RealDisk};
 pub use intent::{IntentRecord, INTENT_FORMAT_VERSION};
 pub use locks::ParityLocks;
 pub use record::{FileRecord, RecordError, RecordPage, RECORD_FORMAT_VERSION};
