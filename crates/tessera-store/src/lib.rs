@@ -103,6 +103,7 @@ mod disk;
 mod intent;
 mod io;
 mod locks;
+mod memdisk;
 mod meta;
 mod overflow;
 mod record;
@@ -112,6 +113,7 @@ mod store;
 pub use disk::{Disk, DiskFile, DiskLock, EntryKind, FileHandle, RealDisk};
 pub use intent::{IntentRecord, INTENT_FORMAT_VERSION};
 pub use locks::ParityLocks;
+pub use memdisk::{BitFlip, MemDisk, PowerLoss, SECTOR_BYTES};
 pub use record::{FileRecord, RecordError, RecordPage, RECORD_FORMAT_VERSION};
 pub use store::Store;
 

@@ -684,8 +684,10 @@ impl OverflowFiles {
         assert!(self.table.is_empty());
         let damaged = self.table.damaged_records();
         if damaged.is_empty() {
+            // Durably, before the bytes go: the log's records must never outlive them.
             self.log
                 .set_len(0)
+                .and_then(|()| self.log.sync_data())
                 .map_err(|error| self.disk("truncate overflow log", error))?;
             self.log_len = 0;
         } else {

@@ -150,6 +150,14 @@ impl RegionFile {
         Ok(())
     }
 
+    /// Makes the blocks and their checksum entries durable.
+    pub(crate) fn sync(&self) -> Result<(), StorageError> {
+        self.bytes
+            .sync_data()
+            .and_then(|()| self.crc.sync_data())
+            .map_err(|error| self.disk("sync", error))
+    }
+
     /// `data` at `offset` merged into the whole blocks it partly covers (edge blocks read and
     /// verified first).
     fn merge_edges(&self, offset: u64, data: &[u8]) -> Result<Vec<u8>, StorageError> {

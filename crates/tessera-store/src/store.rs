@@ -166,9 +166,14 @@ impl Store {
 
     /// [`open`](Self::open) on `disk` (an in-memory disk in simulations).
     pub fn open_on(disk: Arc<dyn Disk>, root: &Path) -> Result<Store, StorageError> {
-        disk.create_dir_all(root)
-            .map_err(|error| self::disk(format_args!("create {}", root.display()), error))?;
+        create_root(&*disk, root)?;
         let lock = lock_root(&*disk, root)?;
+        // What a process that died before us wrote may still be only in the page cache, and
+        // our `sync` will not know of it: make it durable before trusting it (a write the
+        // old process answered and our sync then acknowledged would otherwise be lost to a
+        // power loss).
+        disk.sync_fs(root)
+            .map_err(|error| self::disk(format_args!("sync {}", root.display()), error))?;
         let files_dir = root.join(FILES_DIR);
         let meta = match meta::load(&*disk, root)? {
             Some(meta) => {
@@ -337,6 +342,11 @@ impl Store {
             let present = self.make_present(file, state)?;
             present.region_mut(region).write(offset, data)?;
             self.mark_dirty(file, present, &FileKind::of_region(region));
+            if invalidate_overflow && present.overflow.overlays(offset, data.len() as u64) {
+                // The trim must not reach the disk before the bytes that replace what it
+                // trims: a power loss would uncover the older bytes beneath the entries.
+                present.data.sync()?;
+            }
             if invalidate_overflow {
                 let touched = present.overflow.invalidate(
                     OverflowRole::Primary,
@@ -829,6 +839,26 @@ fn sync_owed(disk: &dyn Disk, owed: &Dirty) -> Result<(), StorageError> {
                     error,
                 ))
             }
+        }
+    }
+    Ok(())
+}
+
+/// Creates the store's root and any missing parents, durably: a directory's entry is durable
+/// only once its parent is synced, and a power loss must not take a new store with it.
+fn create_root(disk: &dyn Disk, root: &Path) -> Result<(), StorageError> {
+    let fail = |error| self::disk(format_args!("create {}", root.display()), error);
+    let mut missing = Vec::new();
+    for dir in root.ancestors() {
+        if dir.as_os_str().is_empty() || disk.kind(dir).map_err(fail)?.is_some() {
+            break;
+        }
+        missing.push(dir);
+    }
+    disk.create_dir_all(root).map_err(fail)?;
+    for dir in missing.iter().rev() {
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            meta::sync_dir(disk, parent)?;
         }
     }
     Ok(())
