@@ -194,7 +194,7 @@ fn bit_flips_with_server_faults_redundant_schemes() {
     explore(
         "bit flips and server faults, redundant schemes",
         config,
-        200,
+        100,
     );
 }
 
