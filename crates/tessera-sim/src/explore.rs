@@ -225,10 +225,8 @@ struct Explorer {
     debts: String,
     /// Files created so far (each gets a new path).
     paths: usize,
-    /// A power loss or a flipped bit since the last scrub.
+    /// A flipped bit since the last scrub.
     scrub_due: bool,
-    /// A server lost power during the current operation.
-    power_lost: bool,
     /// A server a bit flipped in, to restart before the next scrub.
     restart_due: Option<usize>,
 }
@@ -252,7 +250,6 @@ impl Explorer {
             debts: String::new(),
             paths: 0,
             scrub_due: false,
-            power_lost: false,
             restart_due: None,
         }
     }
@@ -305,11 +302,6 @@ impl Explorer {
                 .execute(op.clone(), client_at, server_kill, server_at, step)
                 .await?;
             self.apply(step, op, outcome).await?;
-            if std::mem::take(&mut self.power_lost) {
-                for file in &mut self.files {
-                    file.model.power_loss();
-                }
-            }
             let debts = self.cluster.debts();
             if debts != self.debts {
                 self.trace.push(format!("{step}: owed now: {debts}"));
@@ -318,7 +310,7 @@ impl Explorer {
         }
         self.recover().await?;
         self.check_all("after recovery", false).await?;
-        if self.report.power_losses + self.report.bit_flips > 0 {
+        if self.report.bit_flips > 0 {
             self.scrub("scrub").await?;
         }
         if self.config.degraded_check {
@@ -353,9 +345,10 @@ impl Explorer {
         Ok(true)
     }
 
-    /// Damage a power loss or a flipped bit left (torn blocks, parity behind its data) is
-    /// repaired before the next fault, as an operator scrubs after one: else it would be a
-    /// second failure in the same stripe.
+    /// Damage a flipped bit left is repaired before the next fault, as an operator scrubs
+    /// when a disk reports errors: else it would be a second failure in the same stripe. (A
+    /// power loss needs no scrub: a store that lost answered writes comes back empty as a new
+    /// incarnation and is rebuilt.)
     async fn scrub_if_due(&mut self, step: usize) -> Result<(), Failure> {
         if !self.scrub_due {
             return Ok(());
@@ -535,12 +528,9 @@ impl Explorer {
             self.report.power_losses += 1;
             self.report.writes_lost += lost.writes_dropped + lost.writes_torn;
             self.trace.push(format!("  power lost: {lost:?}"));
-            // Applied to the model once the operation's outcome is: its write, even if
-            // acknowledged, was not synced.
-            self.power_lost = true;
-            // A torn block of a file without redundancy reads corrupt for good.
+            // The store renews its incarnation if it lost answered writes: RAID-0 files on it
+            // are gone.
             self.lose_raid0();
-            self.scrub_due = true;
         }
         if kill.down_for == 0 {
             self.start_server(kill.index, "restart").await;
@@ -606,7 +596,6 @@ impl Explorer {
                 self.report.bytes_checked += bytes.len() as u64;
             }
             (Op::Read { .. }, _) => self.report.reads_failed += 1,
-            (Op::Sync { file }, Outcome::Synced) => self.files[file].model.sync(),
             (Op::Sync { .. }, _) => {}
         }
         Ok(())
@@ -686,7 +675,32 @@ impl Explorer {
             if server.state != ServerState::Stale {
                 continue;
             }
-            match self.client.rebuild(server.id, |_| {}).await {
+            let rebuilt = self.client.rebuild(server.id, |_| {}).await;
+            let redundant_failed = match &rebuilt {
+                Err(ClientError::Unrebuildable { failed, .. }) => failed
+                    .iter()
+                    .filter(|(path, _)| {
+                        let raid0 = self
+                            .files
+                            .iter()
+                            .any(|f| f.file.path == *path && f.scheme == Scheme::Raid0);
+                        !raid0
+                    })
+                    .map(|(path, why)| format!("{path}: {why}"))
+                    .collect::<Vec<_>>(),
+                _ => Vec::new(),
+            };
+            if !redundant_failed.is_empty() {
+                // A file with redundancy left owed: traced, and tried again by the next pass.
+                self.trace.push(format!(
+                    "{phase}: rebuild of server {} left {}",
+                    server.id,
+                    redundant_failed.join("; ")
+                ));
+                left += 1;
+                continue;
+            }
+            match rebuilt {
                 Ok(_) | Err(ClientError::Unrebuildable { .. }) => {
                     // RAID-0 files it owes stay owed: unreadable from now on, never wrong.
                     for file in &mut self.files {

@@ -13,9 +13,6 @@ pub struct FileModel {
     maybe: BTreeMap<u64, Vec<u8>>,
     /// Largest size an unacknowledged write may have given the file.
     size_max: u64,
-    /// Bytes acknowledged since the file's last sync: the value they had at that sync, then
-    /// each value written since. A power loss may take any of them back.
-    unsynced: BTreeMap<u64, Vec<u8>>,
 }
 
 /// A byte read back that the model does not allow.
@@ -52,14 +49,6 @@ impl FileModel {
         if self.acked.len() < end {
             self.acked.resize(end, 0);
         }
-        for (i, &byte) in data.iter().enumerate() {
-            let at = offset + i as u64;
-            let old = self.acked[at as usize];
-            let values = self.unsynced.entry(at).or_insert_with(|| vec![old]);
-            if !values.contains(&byte) {
-                values.push(byte);
-            }
-        }
         self.acked[offset as usize..end].copy_from_slice(data);
         let touched: Vec<u64> = self
             .maybe
@@ -75,43 +64,11 @@ impl FileModel {
     pub fn write_unacknowledged(&mut self, offset: u64, data: &[u8]) {
         self.size_max = self.size_max.max(offset + data.len() as u64);
         for (i, &byte) in data.iter().enumerate() {
-            let at = offset + i as u64;
-            let values = self.maybe.entry(at).or_default();
+            let values = self.maybe.entry(offset + i as u64).or_default();
             if !values.contains(&byte) {
                 values.push(byte);
             }
-            // It may have reached a server's page cache and, unsynced, outlive a later
-            // acknowledged write there that a power loss takes back.
-            let acked = self.acked_at(at);
-            let unsynced = self.unsynced.entry(at).or_insert_with(|| vec![acked]);
-            if !unsynced.contains(&byte) {
-                unsynced.push(byte);
-            }
         }
-    }
-
-    /// A sync of the file was acknowledged: every byte acknowledged before it is durable.
-    pub fn sync(&mut self) {
-        self.unsynced.clear();
-    }
-
-    /// A server lost power: each byte acknowledged since the last sync may read as any value
-    /// it had since (the write may be lost on that server, or torn, and then reads corrupt
-    /// there and is rebuilt from the others, which hold the new value).
-    pub fn power_loss(&mut self) {
-        for (&at, values) in &self.unsynced {
-            let maybe = self.maybe.entry(at).or_default();
-            for &value in values {
-                if !maybe.contains(&value) {
-                    maybe.push(value);
-                }
-            }
-        }
-    }
-
-    /// Bytes acknowledged since the last sync.
-    pub fn unsynced_bytes(&self) -> u64 {
-        self.unsynced.len() as u64
     }
 
     /// The acknowledged value of one byte (zero past the acknowledged size).

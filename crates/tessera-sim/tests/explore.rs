@@ -147,15 +147,12 @@ fn client_kills_with_server_faults_raid0_raid1() {
 }
 
 /// Servers lose power at random requests (their in-memory disks keep, drop or tear each write
-/// not synced), besides process kills, losses and wipes, on every scheme: every byte
-/// acknowledged before a sync reads exact, one acknowledged since reads as a value it had
-/// since the sync, never anything else; after a scrub, every file reads exact with each server
-/// lost in turn.
-///
-/// Seeds 0..167 pass; seed 167 fails, the known hard case of `bit_flips_...` below: a torn
-/// `overflow.log` record of a power loss marked every overflow range of a Hybrid file damaged
-/// on server 4, the file grew past what the scrub then repaired, and a second power loss tore
-/// blocks of the same stripe on server 2 (unrepairable, never wrong).
+/// not synced), besides process kills, losses and wipes, on every scheme: every acknowledged
+/// byte reads exact, synced or not (a store that lost answered writes comes back empty as a
+/// new incarnation and is rebuilt from the others; RAID-0 files on it may no longer be read),
+/// during the run, after recovery, and with each server lost in turn. With the store keeping
+/// what the power loss left instead (its bytes, no new incarnation), seed 1 fails: three
+/// servers with torn blocks in the same stripes, unrebuildable.
 #[test]
 fn power_losses_with_server_faults_every_scheme() {
     let config = ExploreConfig {

@@ -60,6 +60,9 @@ pub trait Disk: Send + Sync + fmt::Debug {
     fn sync_dir(&self, path: &Path) -> io::Result<()>;
     /// Makes everything written to the file system holding `path` durable (`syncfs`).
     fn sync_fs(&self, path: &Path) -> io::Result<()>;
+    /// This boot of the machine (or power cycle of the disk): it changes whenever what was
+    /// only in the page cache may have been lost, and only then (a process restart keeps it).
+    fn boot_id(&self) -> u64;
     /// Takes an exclusive lock on `path` (a file, created if missing), held until the returned
     /// guard is dropped; `WouldBlock` if another holder has it.
     fn lock(&self, path: &Path) -> io::Result<DiskLock>;
@@ -197,6 +200,14 @@ impl Disk for RealDisk {
             return Err(io::Error::last_os_error());
         }
         Ok(())
+    }
+
+    /// The kernel's boot id (`/proc/sys/kernel/random/boot_id`) folded to 64 bits; 0 where
+    /// it cannot be read (then a reboot is not noticed: the behaviour before the check).
+    fn boot_id(&self) -> u64 {
+        let text = fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let hex = text.trim().replace('-', "");
+        u128::from_str_radix(&hex, 16).map_or(0, |id| (id as u64) ^ ((id >> 64) as u64))
     }
 
     fn lock(&self, path: &Path) -> io::Result<DiskLock> {

@@ -99,6 +99,7 @@
 //! store.sync().unwrap();
 //! ```
 
+mod boot;
 mod disk;
 mod intent;
 mod io;

@@ -61,7 +61,7 @@ pub struct BitFlip {
     pub bit: u8,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct State {
     inodes: BTreeMap<u64, Inode>,
     /// Names as reads see them.
@@ -83,7 +83,7 @@ enum Node {
     File(u64),
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Inode {
     now: Content,
     durable: Content,
@@ -324,6 +324,13 @@ impl MemDisk {
     /// An empty disk.
     pub fn new() -> MemDisk {
         MemDisk::default()
+    }
+
+    /// A copy of the disk as it is now (both layers), apart from this one from then on.
+    pub fn snapshot(&self) -> MemDisk {
+        MemDisk {
+            state: Arc::new(Mutex::new(lock(&self.state).clone())),
+        }
     }
 
     /// This disk as a shared [`Disk`] for [`crate::Store::open_on`].
@@ -570,6 +577,11 @@ impl Disk for MemDisk {
         }
         state.durable_names = state.names.clone();
         Ok(())
+    }
+
+    /// The power cycles so far.
+    fn boot_id(&self) -> u64 {
+        lock(&self.state).boot
     }
 
     fn lock(&self, path: &Path) -> io::Result<DiskLock> {

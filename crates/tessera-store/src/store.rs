@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, Rw
 use tessera_layout::{OverflowRole, Region};
 use tessera_wire::{FileId, FileMeta, IndexRange, OverflowExtent, ParityIntent, StorageError};
 
+use crate::boot::{self, UnsyncedMark};
 use crate::disk::{Disk, DiskLock, EntryKind, FileHandle, RealDisk};
 use crate::intent::{IntentRecord, Intents, INTENTS_DIR};
 use crate::io::{bad_request, check_range, data_ranges, disk, disk_format};
@@ -142,6 +143,8 @@ pub struct Store {
     sync_lock: Mutex<()>,
     /// Unresolved intent records of read-modify-writes (see `intent.rs`).
     intents: Mutex<Intents>,
+    /// Present on disk while an answered write is not synced (see `boot.rs`).
+    unsynced: UnsyncedMark,
     /// Keeps the exclusive lock on `store.lock` for the store's lifetime.
     _lock: DiskLock,
 }
@@ -175,48 +178,11 @@ impl Store {
         disk.sync_fs(root)
             .map_err(|error| self::disk(format_args!("sync {}", root.display()), error))?;
         let files_dir = root.join(FILES_DIR);
-        let meta = match meta::load(&*disk, root)? {
-            Some(meta) => {
-                let kind = disk.kind(&files_dir).map_err(|error| {
-                    self::disk(format_args!("stat {}", files_dir.display()), error)
-                })?;
-                if kind != Some(EntryKind::Dir) {
-                    return Err(disk_format(format!(
-                        "{} has a {} but no {FILES_DIR} directory: the store was partly \
-                         wiped; remove the whole directory to start afresh",
-                        root.display(),
-                        meta::META_FILE
-                    )));
-                }
-                meta
-            }
-            None => {
-                for dir in [files_dir.clone(), root.join(INTENTS_DIR)] {
-                    match disk.remove_dir_all(&dir) {
-                        Ok(()) => {}
-                        Err(error) if error.kind() == ErrorKind::NotFound => {}
-                        Err(error) => {
-                            return Err(self::disk(format_args!("clear {}", dir.display()), error))
-                        }
-                    }
-                }
-                disk.create_dir(&files_dir).map_err(|error| {
-                    self::disk(format_args!("create {}", files_dir.display()), error)
-                })?;
-                meta::sync_dir(&*disk, root)?;
-                let meta = StoreMeta {
-                    // Never 0: the manager names an unregistered server's store 0, which
-                    // then matches no store.
-                    incarnation: rand::random::<u64>().max(1),
-                    server_id: None,
-                    cluster_id: None,
-                };
-                meta::save(&*disk, root, &meta)?;
-                meta
-            }
-        };
+        let meta = load_or_create_meta(&*disk, root, &files_dir)?;
+        let meta = renew_if_writes_lost(&*disk, root, &files_dir, meta)?;
         let intents = Intents::open(&disk, root)?;
         Ok(Store {
+            unsynced: UnsyncedMark::new(root),
             disk,
             intents: Mutex::new(intents),
             root: root.to_path_buf(),
@@ -338,6 +304,7 @@ impl Store {
         if data.is_empty() {
             return Ok(());
         }
+        let _unsynced = self.unsynced.hold(&*self.disk)?;
         self.with_write(file, |state| {
             let present = self.make_present(file, state)?;
             present.region_mut(region).write(offset, data)?;
@@ -418,6 +385,7 @@ impl Store {
         if data.is_empty() {
             return Ok(());
         }
+        let _unsynced = self.unsynced.hold(&*self.disk)?;
         self.with_write(file, |state| {
             let present = self.make_present(file, state)?;
             present.overflow.append(role, offset, data)?;
@@ -446,6 +414,7 @@ impl Store {
         if len == 0 {
             return Ok(());
         }
+        let _unsynced = self.unsynced.hold(&*self.disk)?;
         self.with_write(file, |state| {
             if let FileState::Present(present) = state {
                 let touched = present.overflow.invalidate(role, offset, len)?;
@@ -558,8 +527,12 @@ impl Store {
                 dirty.files.entry(key).or_insert(handle);
             }
             dirty.dirs.extend(owed.dirs);
+            return result;
         }
-        result
+        self.unsynced.clear_if(&*self.disk, || {
+            let dirty = lock(&self.dirty);
+            dirty.files.is_empty() && dirty.dirs.is_empty()
+        })
     }
 
     /// Keeps `meta` as the file's record (see [`FileRecord`]), stamped with the cluster this
@@ -842,6 +815,80 @@ fn sync_owed(disk: &dyn Disk, owed: &Dirty) -> Result<(), StorageError> {
         }
     }
     Ok(())
+}
+
+/// The store's `store.toml`, or a new store's (any file directories left deleted).
+fn load_or_create_meta(
+    disk: &dyn Disk,
+    root: &Path,
+    files_dir: &Path,
+) -> Result<StoreMeta, StorageError> {
+    if let Some(meta) = meta::load(disk, root)? {
+        let kind = disk
+            .kind(files_dir)
+            .map_err(|error| self::disk(format_args!("stat {}", files_dir.display()), error))?;
+        if kind != Some(EntryKind::Dir) {
+            return Err(disk_format(format!(
+                "{} has a {} but no {FILES_DIR} directory: the store was partly wiped; remove \
+                 the whole directory to start afresh",
+                root.display(),
+                meta::META_FILE
+            )));
+        }
+        return Ok(meta);
+    }
+    clear_files(disk, root, files_dir)?;
+    let meta = StoreMeta {
+        // Never 0: the manager names an unregistered server's store 0, which then matches no
+        // store.
+        incarnation: rand::random::<u64>().max(1),
+        server_id: None,
+        cluster_id: None,
+    };
+    meta::save(disk, root, &meta)?;
+    Ok(meta)
+}
+
+/// Deletes every file directory and intent record: a new incarnation holds nothing.
+fn clear_files(disk: &dyn Disk, root: &Path, files_dir: &Path) -> Result<(), StorageError> {
+    for dir in [files_dir.to_path_buf(), root.join(INTENTS_DIR)] {
+        match disk.remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(error) if error.kind() == ErrorKind::NotFound => {}
+            Err(error) => return Err(self::disk(format_args!("clear {}", dir.display()), error)),
+        }
+    }
+    disk.create_dir(files_dir)
+        .map_err(|error| self::disk(format_args!("create {}", files_dir.display()), error))?;
+    meta::sync_dir(disk, root)
+}
+
+/// `meta` with a new incarnation, and nothing stored, if the machine went down while answered
+/// writes were not synced (see `boot.rs`): the manager then has the store rebuilt from the
+/// others, as a wiped one; bytes kept would only risk being served.
+fn renew_if_writes_lost(
+    disk: &dyn Disk,
+    root: &Path,
+    files_dir: &Path,
+    meta: StoreMeta,
+) -> Result<StoreMeta, StorageError> {
+    if !boot::check_and_record(disk, root)? {
+        return Ok(meta);
+    }
+    clear_files(disk, root, files_dir)?;
+    let renewed = StoreMeta {
+        incarnation: rand::random::<u64>().max(1),
+        ..meta
+    };
+    meta::save(disk, root, &renewed)?;
+    tracing::warn!(
+        "{}: the machine went down while answered writes were not synced; they may be lost, \
+         so this store starts empty as a new incarnation ({:016x}) and the manager has it \
+         rebuilt",
+        root.display(),
+        renewed.incarnation
+    );
+    Ok(renewed)
 }
 
 /// Creates the store's root and any missing parents, durably: a directory's entry is durable

@@ -2,7 +2,8 @@
 //! entries, overwrites that trim them), syncs, then the power goes (each unsynced write kept,
 //! dropped or torn at a sector) and the store reopens. Every byte last written before a sync
 //! must read exactly; a byte written since may read as its synced value or any value written
-//! since, or the read may say *corrupt*; never anything else. Seeded: a failure names its seed,
+//! since, or the read may say *corrupt*; never anything else; and the store takes a new
+//! incarnation exactly when answered writes were not synced. Seeded: a failure names its seed,
 //! `TESSERA_POWER_LOSS_SEEDS=N` runs more.
 
 use std::collections::BTreeMap;
@@ -10,7 +11,7 @@ use std::path::Path;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tessera_store::{MemDisk, OverflowRole, Region, StorageError, Store};
+use tessera_store::{Disk, MemDisk, OverflowRole, Region, StorageError, Store};
 
 const FILE: u64 = 3;
 const SPACE_BYTES: u64 = 64 << 10;
@@ -55,7 +56,7 @@ impl Model {
     }
 }
 
-fn one_run(seed: u64, counts: &mut [u64; 4]) {
+fn one_run(seed: u64, counts: &mut [u64; 5]) {
     let disk = MemDisk::new();
     let root = Path::new("/store");
     let mut rng = StdRng::seed_from_u64(seed);
@@ -65,6 +66,8 @@ fn one_run(seed: u64, counts: &mut [u64; 4]) {
     // data write that may have trimmed one.
     let mut overflow_unsynced = false;
     let mut overflow_written = false;
+    // Whether a write was answered since the last sync (or reopen, which syncs).
+    let mut unsynced = false;
     for _ in 0..rng.gen_range(1..40) {
         let offset = rng.gen_range(0..SPACE_BYTES - 1);
         let len = rng.gen_range(1..=(SPACE_BYTES - offset).min(12_000));
@@ -87,19 +90,46 @@ fn one_run(seed: u64, counts: &mut [u64; 4]) {
                 store.sync().unwrap();
                 model.sync();
                 overflow_unsynced = false;
+                unsynced = false;
                 continue;
             }
         }
         model.write(offset, &bytes);
+        unsynced = true;
         if rng.gen_bool(0.05) {
             // A process crash: the page cache stays, the store reopens.
             drop(store);
             store = Store::open_on(disk.shared(), root).unwrap();
+            unsynced = false;
         }
     }
+    let incarnation = store.incarnation();
     drop(store);
     let lost = disk.power_loss(seed);
     counts[0] += lost.writes_torn + lost.writes_dropped;
+    // Writes answered and not synced may be lost: the store says so with a new incarnation
+    // that holds nothing (the manager then has it rebuilt from the others), and only then.
+    let renewed = Store::open_on(disk.snapshot().shared(), root).unwrap();
+    assert_eq!(
+        renewed.incarnation() != incarnation,
+        unsynced,
+        "seed {seed}: new incarnation iff answered writes were not synced"
+    );
+    if unsynced {
+        let bytes = renewed.read(FILE, Region::Data, 0, 4096, true).unwrap();
+        assert_eq!(
+            bytes,
+            vec![0; 4096],
+            "seed {seed}: a new incarnation holds nothing"
+        );
+        counts[4] += 1;
+    }
+    // What the power loss left on the disk, read as a store that does not know of the loss
+    // would: synced bytes exact, the others old, new or corrupt.
+    match disk.remove_file(&root.join("unsynced")) {
+        Ok(()) => {}
+        Err(error) => assert_eq!(error.kind(), std::io::ErrorKind::NotFound),
+    }
     let store = Store::open_on(disk.shared(), root).unwrap();
     for unit in 0..SPACE_BYTES / 4096 {
         let offset = unit * 4096;
@@ -130,14 +160,15 @@ fn synced_bytes_survive_power_losses_and_unsynced_ones_read_old_new_or_corrupt()
     let seeds: u64 = std::env::var("TESSERA_POWER_LOSS_SEEDS")
         .map(|v| v.parse().expect("a number"))
         .unwrap_or(300);
-    let mut counts = [0u64; 4];
+    let mut counts = [0u64; 5];
     for seed in 0..seeds {
         one_run(seed, &mut counts);
     }
     eprintln!(
         "{seeds} power losses: {} writes torn or dropped; {} units read allowed bytes, {} \
-         units with unsynced bytes read corrupt, {} synced units corrupt by a damaged overflow log",
-        counts[0], counts[1], counts[2], counts[3]
+         units with unsynced bytes read corrupt, {} synced units corrupt by a damaged overflow \
+         log; {} stores renewed (answered writes not synced)",
+        counts[0], counts[1], counts[2], counts[3], counts[4]
     );
     assert!(counts[0] > 0 && counts[2] > 0, "the faults did something");
 }
