@@ -33,28 +33,31 @@ const UNSYNCED_FILE: &str = "unsynced";
 /// caller has synced the file system, so nothing is owed now).
 pub(crate) fn check_and_record(disk: &dyn Disk, root: &Path) -> Result<bool, StorageError> {
     let boot_path = root.join(BOOT_FILE);
-    let recorded = match read_file(disk, &boot_path) {
-        Ok(bytes) => std::str::from_utf8(&bytes)
-            .ok()
-            .and_then(|text| u64::from_str_radix(text.trim(), 16).ok()),
+    let bytes = match read_file(disk, &boot_path) {
+        Ok(bytes) => Some(bytes),
         Err(error) if error.kind() == ErrorKind::NotFound => None,
         Err(error) => {
-            return Err(disk_error(
-                format_args!("read {}", boot_path.display()),
-                error,
-            ))
+            let what = format_args!("read {}", boot_path.display());
+            return Err(disk_error(what, error));
         }
     };
+    let recorded = bytes.as_deref().and_then(|bytes| {
+        let text = std::str::from_utf8(bytes).ok()?;
+        u64::from_str_radix(text.strip_suffix('\n')?, 16).ok()
+    });
     let unsynced_path = root.join(UNSYNCED_FILE);
     let unsynced = disk
         .kind(&unsynced_path)
         .map_err(|error| disk_error(format_args!("stat {}", unsynced_path.display()), error))?
         .is_some();
     let now = disk.boot_id();
-    // A damaged boot file tells nothing; with writes owed, assume the worst.
+    let text = format!("{now:016x}\n");
+    // A damaged boot file tells nothing: with writes owed, assume the worst. One that still
+    // says this boot (a flipped letter's case) is only rewritten.
     let rebooted = recorded != Some(now);
-    if rebooted {
-        write_file_synced(disk, &boot_path, format!("{now:016x}\n").as_bytes())
+    let rewrite = bytes.as_deref() != Some(text.as_bytes());
+    if rewrite {
+        write_file_synced(disk, &boot_path, text.as_bytes())
             .map_err(|error| disk_error(format_args!("write {}", boot_path.display()), error))?;
     }
     if unsynced {
@@ -62,7 +65,7 @@ pub(crate) fn check_and_record(disk: &dyn Disk, root: &Path) -> Result<bool, Sto
             disk_error(format_args!("remove {}", unsynced_path.display()), error)
         })?;
     }
-    if rebooted || unsynced {
+    if rewrite || unsynced {
         sync_dir(disk, root)?;
     }
     Ok(rebooted && unsynced)
