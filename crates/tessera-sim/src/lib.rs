@@ -20,13 +20,13 @@
 //! request of an operation (restarted at once from its disk, or kept down for some operations
 //! so that reads and writes run degraded and it returns stale, or brought back on a blank
 //! disk), or loses power (its disk keeps, drops or tears each write not synced), and bits flip
-//! in any server's files. After a power loss or a flip the next fault waits for a scrub, as an
-//! operator scrubs after one (one failure at a time). Then recovery (network healed, every
-//! server restarted, every stale one rebuilt), every file read whole, a scrub if power was
-//! lost or bits flipped, and every file read again with each server lost in turn. A byte no
-//! unacknowledged write touched, acknowledged before the file's last sync (or with no power
-//! lost since), must read exactly as acknowledged; any other byte may read any value it had
-//! since. A failure prints the seed and the trace of the run; [`replay`] runs one seed again.
+//! in any server's files. After a flip the next fault waits for a restart of that server and a
+//! scrub, as an operator scrubs when a disk reports errors (one failure at a time). Then
+//! recovery (network healed, every server restarted, every stale one rebuilt), every file
+//! read whole, a scrub if bits flipped, and every file read again with each server lost in
+//! turn. A byte no unacknowledged write touched must read exactly as acknowledged; one that
+//! such a write touched may read any value it or the acknowledged writes gave it. A failure
+//! prints the seed and the trace of the run; [`replay`] runs one seed again.
 //!
 //! # Determinism, and what is not simulated yet
 //! The workload and the network draw from generators seeded by the seed, and the servers'
@@ -37,12 +37,11 @@
 //! not depend on them. A killed server keeps its page cache (a process crash); a power loss
 //! is its disk's ([`SimCluster::power_loss`]).
 //!
-//! Known hard cases: a torn or flipped record of `overflow.log` makes every overflow range of
-//! that file read corrupt on that server (never wrong) until rewritten; a write acknowledged
-//! before a server's power loss and synced after its restart is lost on that server without
-//! the client knowing (the sync is answered by the new boot), so the model lets such bytes
-//! read old; a per-boot verifier in the answer to `Sync`, as NFS's write verifier, would let
-//! the client fail that sync.
+//! A store that lost answered writes to a power loss opens empty as a new incarnation and is
+//! rebuilt (`tessera-store`'s `boot.rs`), so every acknowledged byte must read exactly, synced
+//! or not; RAID-0 files on it may no longer be read. Known hard case (bit flips): a flipped
+//! record of `overflow.log` makes every overflow range of that file read corrupt on that server
+//! (never wrong) until rewritten, and a scrub repairs only the stripes the file has then.
 //!
 //! Also left: a manager crash and restart inside a run (its redb store reopened), several
 //! clients at once (parity locks contended, a dead client's lock), the datagram transport's

@@ -25,6 +25,8 @@
 //!
 //! ```text
 //! <root>/store.lock        held with flock(LOCK_EX) while a Store is open
+//! <root>/boot              the machine's boot id when the store last opened (see `boot.rs`)
+//! <root>/unsynced          present while some answered write is not synced (see `boot.rs`)
 //! <root>/store.toml        format_version = 2, incarnation = "<16 hex digits>", server_id = N,
 //!                          cluster = "<16 hex digits>" (the cluster joined),
 //!                          last line checksum = "<crc32c of the bytes before it, 8 hex digits>"
@@ -74,7 +76,10 @@
 //!
 //! Writes reach the page cache; [`Store::sync`] makes everything written before it durable
 //! (`fdatasync` of each file written since the last sync, and of the directories created or
-//! emptied since). A crash may leave a block whose checksum does not match its bytes; reading
+//! emptied since). [`Store::open_on`] syncs the file system first (a process that died before
+//! may have left answered writes in the page cache). If the machine went down (power loss,
+//! kernel crash) while answered writes were not synced, the store opens empty as a new
+//! incarnation, which the manager has rebuilt from the other servers (`boot.rs`). A crash may leave a block whose checksum does not match its bytes; reading
 //! it reports [`StorageError::Corrupt`] and the client rebuilds it from redundancy.
 //!
 //! # Reads that never wait
