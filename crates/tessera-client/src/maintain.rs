@@ -633,6 +633,10 @@ impl Client {
             state.stripes_unallocated += holes;
             // (The file may have grown since its debt was listed: never below zero.)
             state.stripes_total = state.stripes_total.saturating_sub(holes);
+            // The rebuilt bytes must be durable before the manager stops counting them owed:
+            // a power loss would otherwise take them back with nobody knowing.
+            ctx.rpc_or_fail(self, column, StorageRequest::Sync, Bytes::new())
+                .await?;
             self.manager_call(ManagerRequest::Resynced {
                 server,
                 file: debt.meta.id,
