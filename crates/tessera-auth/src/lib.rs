@@ -62,6 +62,8 @@ const CONTEXT_SERVER: &str = "tessera 2026-11-23 server key v1";
 const CONTEXT_STORAGE: &str = "tessera 2026-11-23 storage key v1";
 const CONTEXT_PROOF: &str = "tessera 2026-11-23 handshake proof v1";
 const CONTEXT_SESSION: &str = "tessera 2026-11-23 datagram session key v1";
+const CONTEXT_REPLICA: &str = "tessera 2026-11-25 manager replica key v1";
+const CONTEXT_ACCESS: &str = "tessera 2026-11-25 replicated access key v1";
 
 /// Why authentication material could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -134,6 +136,12 @@ impl Secret {
     /// The key every storage server authenticates with.
     pub fn server_key(&self) -> Key {
         Key(blake3::derive_key(CONTEXT_SERVER, &self.0))
+    }
+
+    /// The key the replicas of a replicated manager MAC their total-order packets with, and
+    /// derive access keys from: only holders of the secret can order a metadata change.
+    pub fn replica_key(&self) -> Key {
+        Key(blake3::derive_key(CONTEXT_REPLICA, &self.0))
     }
 
     /// The file's text: a header line naming the format version, then 64 hex digits.
@@ -329,6 +337,16 @@ pub fn session_key(key: &Key, session: u64, connecting: &Nonce, accepting: &Nonc
     material.extend_from_slice(connecting);
     material.extend_from_slice(accepting);
     Key(blake3::derive_key(CONTEXT_SESSION, &material))
+}
+
+/// An access key's secret, derived from the replicas' key and a seed the proposing replica
+/// drew: every replica derives the same key from the ordered seed, and the seed alone, which
+/// crosses the network, reveals nothing.
+pub fn replicated_access_key(replica: &Key, seed: &[u8; KEY_BYTES]) -> Key {
+    let mut material = [0u8; KEY_BYTES * 2];
+    material[..KEY_BYTES].copy_from_slice(&replica.0);
+    material[KEY_BYTES..].copy_from_slice(seed);
+    Key(blake3::derive_key(CONTEXT_ACCESS, &material))
 }
 
 /// The MAC of one datagram: keyed BLAKE3 over its bytes, truncated to 16 bytes.

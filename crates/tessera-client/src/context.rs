@@ -55,7 +55,7 @@ impl Client {
             ManagerResponse::File(view) => view,
             other => {
                 return Err(ClientError::Protocol {
-                    peer: format!("manager {}", self.manager),
+                    peer: format!("manager {}", self.manager()),
                     detail: format!("expected a file view, got {other:?}"),
                 })
             }
@@ -73,7 +73,7 @@ impl Client {
             .iter()
             .map(|status| {
                 let addr = status.addr.parse().map_err(|_| ClientError::Protocol {
-                    peer: format!("manager {}", self.manager),
+                    peer: format!("manager {}", self.manager()),
                     detail: format!("bad server address '{}'", status.addr),
                 })?;
                 let missed = view

@@ -48,7 +48,7 @@ pub use tessera_auth::{
 pub use tessera_layout::COLUMN_BYTES_MAX;
 pub use tessera_layout::{Layout, Scheme};
 pub use tessera_transport::{CongestionKind, DatagramConfig, TransportKind};
-pub use tessera_wire::AccessKeyInfo;
+pub use tessera_wire::{AccessKeyInfo, ReplicaStatus};
 pub use tessera_wire::{LayoutRequest, ServerState};
 
 /// Requests one operation keeps in flight at once: a whole stripe of 64 servers goes out
@@ -241,11 +241,82 @@ pub struct Client {
     pub(crate) transport: Arc<dyn Transport>,
     /// Carries requests to the manager.
     pub(crate) manager_transport: Arc<dyn Transport>,
-    pub(crate) manager: SocketAddr,
+    /// The manager, or the replicas of a replicated one, and which is tried first.
+    pub(crate) managers: Arc<Managers>,
     /// Files this client created pending and has not committed or abandoned: their
     /// full-stripe writes take no stale-parity record (if the client dies, the whole file is
     /// discarded; see `tessera-store`'s `stale` module).
     pub(crate) pending: Arc<Mutex<HashSet<FileId>>>,
+}
+
+/// Requests to a replicated manager go round its replicas at most this many times before the
+/// client gives up: each replica answers, refuses or times out within its request timeout.
+pub const MANAGER_ROUNDS_MAX: usize = 3;
+/// Pause after a round in which no replica answered.
+const MANAGER_ROUND_PAUSE: Duration = Duration::from_millis(200);
+
+/// The manager's replicas (one address for a manager that is not replicated), the one
+/// requests go to now, and this client's numbering of its changes (see
+/// [`ManagerRequest::Once`]).
+pub(crate) struct Managers {
+    addrs: Vec<SocketAddr>,
+    current: std::sync::atomic::AtomicUsize,
+    client: u64,
+    sequence: std::sync::atomic::AtomicU64,
+}
+
+impl Managers {
+    fn new(addrs: Vec<SocketAddr>) -> Managers {
+        assert!(!addrs.is_empty(), "a client needs a manager");
+        Managers {
+            addrs,
+            current: std::sync::atomic::AtomicUsize::new(0),
+            client: rand::random(),
+            sequence: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn replicated(&self) -> bool {
+        self.addrs.len() > 1
+    }
+
+    /// The replica requests go to now.
+    fn current(&self) -> (usize, SocketAddr) {
+        let index = self.current.load(std::sync::atomic::Ordering::SeqCst) % self.addrs.len();
+        (index, self.addrs[index])
+    }
+
+    /// Moves on from replica `index` (unless another request already did).
+    fn fail_over(&self, index: usize) {
+        let next = (index + 1) % self.addrs.len();
+        let _ = self.current.compare_exchange(
+            index,
+            next,
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+
+    /// `request` numbered for at-most-once application, if it changes state and the manager
+    /// is replicated (a retry at another replica must not apply it again).
+    fn wrap(&self, request: ManagerRequest) -> ManagerRequest {
+        use ManagerRequest as R;
+        let read_only = matches!(
+            request,
+            R::Lookup { .. } | R::List { .. } | R::Status | R::FilesOnServer { .. } | R::KeyList
+        );
+        if !self.replicated() || read_only {
+            return request;
+        }
+        let sequence = 1 + self
+            .sequence
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        R::Once {
+            client: self.client,
+            sequence,
+            request: Box::new(request),
+        }
+    }
 }
 
 impl Client {
@@ -258,6 +329,16 @@ impl Client {
     /// Connect with the given settings, checking that the manager answers.
     pub async fn connect_with(
         manager: SocketAddr,
+        config: ClientConfig,
+    ) -> Result<Client, ClientError> {
+        Self::connect_replicated(vec![manager], config).await
+    }
+
+    /// Connect to a manager given by the addresses of its replicas (one for a manager that is
+    /// not replicated): a request goes to one replica, and to the next when it does not
+    /// answer within the request timeout or says it cannot order requests now.
+    pub async fn connect_replicated(
+        managers: Vec<SocketAddr>,
         config: ClientConfig,
     ) -> Result<Client, ClientError> {
         let tcp = TcpConfig {
@@ -289,7 +370,7 @@ impl Client {
         let client = Client {
             transport,
             manager_transport,
-            manager,
+            managers: Arc::new(Managers::new(managers)),
             pending: Arc::default(),
         };
         client.status().await?;
@@ -302,35 +383,59 @@ impl Client {
         Client {
             manager_transport: transport.clone(),
             transport,
-            manager,
+            managers: Arc::new(Managers::new(vec![manager])),
             pending: Arc::default(),
         }
+    }
+
+    /// The manager replica requests go to now.
+    pub(crate) fn manager(&self) -> SocketAddr {
+        self.managers.current().1
     }
 
     pub(crate) async fn manager_call(
         &self,
         request: ManagerRequest,
     ) -> Result<ManagerResponse, ClientError> {
-        let (response, _) = tessera_transport::call::<_, ManagerResponse>(
-            self.manager_transport.as_ref(),
-            self.manager,
-            &request,
-            Bytes::new(),
-        )
-        .await
-        .map_err(|error| ClientError::ManagerUnreachable {
-            addr: self.manager,
-            error,
-        })?;
-        match response {
-            ManagerResponse::Error(e) => Err(ClientError::Metadata(e)),
-            other => Ok(other),
+        let request = self.managers.wrap(request);
+        let replicas = self.managers.addrs.len();
+        let mut failed = None;
+        for attempt in 0..replicas * MANAGER_ROUNDS_MAX {
+            if attempt > 0 && attempt % replicas == 0 {
+                tokio::time::sleep(MANAGER_ROUND_PAUSE).await;
+            }
+            let (index, addr) = self.managers.current();
+            let answer = tessera_transport::call::<_, ManagerResponse>(
+                self.manager_transport.as_ref(),
+                addr,
+                &request,
+                Bytes::new(),
+            )
+            .await;
+            match answer {
+                Ok((ManagerResponse::Error(ManagerError::Unordered(why)), _))
+                    if self.managers.replicated() =>
+                {
+                    failed = Some(ClientError::Metadata(ManagerError::Unordered(why)));
+                    self.managers.fail_over(index);
+                }
+                Ok((ManagerResponse::Error(e), _)) => return Err(ClientError::Metadata(e)),
+                Ok((other, _)) => return Ok(other),
+                Err(error) => {
+                    failed = Some(ClientError::ManagerUnreachable { addr, error });
+                    if !self.managers.replicated() {
+                        break;
+                    }
+                    self.managers.fail_over(index);
+                }
+            }
         }
+        Err(failed.expect("at least one attempt"))
     }
 
     fn unexpected(&self, what: &str, got: ManagerResponse) -> ClientError {
         ClientError::Protocol {
-            peer: format!("manager {}", self.manager),
+            peer: format!("manager {}", self.manager()),
             detail: format!("expected {what}, got {got:?}"),
         }
     }
@@ -341,6 +446,29 @@ impl Client {
             ManagerResponse::Servers(servers) => Ok(servers),
             other => Err(self.unexpected("servers", other)),
         }
+    }
+
+    /// The state of every replica of a replicated manager (role, view, applied position), or
+    /// of the one manager; a replica that does not answer is listed with the error.
+    pub async fn replicas(&self) -> Vec<(SocketAddr, Result<ReplicaStatus, ClientError>)> {
+        let mut out = Vec::new();
+        for &addr in &self.managers.addrs {
+            let answer = tessera_transport::call::<_, ManagerResponse>(
+                self.manager_transport.as_ref(),
+                addr,
+                &ManagerRequest::Replica,
+                Bytes::new(),
+            )
+            .await;
+            let status = match answer {
+                Ok((ManagerResponse::Replica(status), _)) => Ok(status),
+                Ok((ManagerResponse::Error(e), _)) => Err(ClientError::Metadata(e)),
+                Ok((other, _)) => Err(self.unexpected("replica", other)),
+                Err(error) => Err(ClientError::ManagerUnreachable { addr, error }),
+            };
+            out.push((addr, status));
+        }
+        out
     }
 
     /// This client's transport counters by name (the datagram endpoint's statistics:

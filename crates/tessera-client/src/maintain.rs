@@ -685,7 +685,7 @@ impl Client {
                 Ok(debts.into_iter().filter(|d| !d.missed.is_empty()).collect())
             }
             other => Err(ClientError::Protocol {
-                peer: format!("manager {}", self.manager),
+                peer: format!("manager {}", self.manager()),
                 detail: format!("expected debts, got {other:?}"),
             }),
         }
@@ -760,6 +760,10 @@ impl Client {
             state.stripes_unallocated += holes;
             // (The file may have grown since its debt was listed: never below zero.)
             state.stripes_total = state.stripes_total.saturating_sub(holes);
+            // The rebuilt bytes must be durable before the manager stops counting them owed:
+            // a power loss would otherwise take them back with nobody knowing.
+            ctx.rpc_or_fail(self, column, StorageRequest::Sync, Bytes::new())
+                .await?;
             if ctx.scheme().has_parity() {
                 // Parity units rebuilt here were computed from the data: an orphaned
                 // stale-parity record over them has nothing left to say. Best effort: one

@@ -14,6 +14,10 @@
 //! | `ReportDown`, `ReportMissed` | yes | | yes | writers report what they could not reach; a false report only degrades (reads reconstruct, rebuild repairs) |
 //! | `Create`, `Lookup`, `LookupId`, `List`, `Remove`, `SetSize`, `Sync`, `Status`, `FilesOnServer`, `CreatePending`, `RenewPending`, `CommitPending`, `AbandonPending` | yes | | yes | the namespace is the clients' |
 //!
+//! | `Replica` | yes | yes | yes | a replica's role, view and position |
+//! | `Snapshot` | yes | | | a copy of the whole store, for a replica catching up (replicas hold the secret) |
+//! | `Once` | | | | as the request it wraps |
+//!
 //! The admin may do everything a client may, so operators need no second key for rebuild.
 
 use tessera_auth::Role;
@@ -23,6 +27,9 @@ use tessera_wire::{ManagerError, ManagerRequest};
 pub fn roles_allowed(request: &ManagerRequest) -> &'static [Role] {
     use ManagerRequest as R;
     match request {
+        R::Once { request, .. } => roles_allowed(request),
+        R::Replica => &[Role::Admin, Role::Server, Role::Client],
+        R::Snapshot => &[Role::Admin],
         R::Register { .. }
         | R::Heartbeat { .. }
         | R::StorageKeys

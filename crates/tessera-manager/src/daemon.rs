@@ -10,6 +10,7 @@
 //! still there ([`Manager::check_store`]). Without a store it knows no access keys, so only
 //! the admin and the servers (keys derived from the secret) can connect.
 
+use crate::replica::{Replica, ReplicaConfig};
 use crate::{refuse_without_store, Manager, ManagerConfig, ManagerOpenError};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -33,6 +34,9 @@ pub enum DaemonError {
     /// The metadata store could not be opened.
     #[error(transparent)]
     Open(#[from] ManagerOpenError),
+    /// The replica could not join its group.
+    #[error(transparent)]
+    Replica(#[from] crate::replica::ReplicaError),
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}: {detail}")]
     Listen {
@@ -44,7 +48,7 @@ pub enum DaemonError {
 }
 
 /// The manager, or where its store should appear.
-enum Served {
+pub(crate) enum Served {
     /// The store is open.
     Running(Box<Manager>),
     /// No store at this path yet: every request is refused.
@@ -129,6 +133,10 @@ impl RunningManager {
 
 struct ManagerHandler {
     manager: Arc<Mutex<Served>>,
+    /// This manager's replica, if it is one of several.
+    replica: Option<Arc<Replica>>,
+    /// The manager's directory (a replica sends its store from there).
+    dir: PathBuf,
     /// The admin's and the servers' keys, derived from the cluster secret.
     admin_key: Key,
     server_key: Key,
@@ -182,6 +190,9 @@ impl FrameHandler for ManagerHandler {
                 Some((Bytes::from(encode_message(&response)), Bytes::new()))
             });
         }
+        if let Some(replica) = &self.replica {
+            return self.replicated(replica.clone(), claim, request);
+        }
         let manager = self.manager.clone();
         Box::pin(async move {
             // Mutations commit to the store (an fsync): keep them off the async workers.
@@ -198,6 +209,54 @@ impl FrameHandler for ManagerHandler {
             .await
             .ok()?;
             Some((Bytes::from(encode_message(&response)), Bytes::new()))
+        })
+    }
+}
+
+impl ManagerHandler {
+    /// Serves `request` at a replica: ordered through the group, or from its own state.
+    fn replicated(
+        &self,
+        replica: Arc<Replica>,
+        claim: Claim,
+        request: ManagerRequest,
+    ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
+        let manager = self.manager.clone();
+        let dir = self.dir.clone();
+        Box::pin(async move {
+            if let Claim::Client(id) = claim {
+                if manager.lock().unwrap().access_key(id).is_none() {
+                    let refused = ManagerResponse::Error(ManagerError::UnknownKey(id));
+                    return Some((Bytes::from(encode_message(&refused)), Bytes::new()));
+                }
+            }
+            let (response, payload) = match request {
+                ManagerRequest::Replica => {
+                    (ManagerResponse::Replica(replica.status()), Bytes::new())
+                }
+                ManagerRequest::Snapshot => {
+                    let copied =
+                        tokio::task::spawn_blocking(move || replica.snapshot(&manager, &dir))
+                            .await
+                            .ok()?;
+                    match copied {
+                        Ok((position, store)) => {
+                            (ManagerResponse::Snapshot { position }, Bytes::from(store))
+                        }
+                        Err(error) => (ManagerResponse::Error(error), Bytes::new()),
+                    }
+                }
+                request if crate::replica::is_local(&request) => {
+                    let answer = tokio::task::spawn_blocking(move || {
+                        manager.lock().unwrap().handle(request, Instant::now())
+                    })
+                    .await
+                    .ok()?;
+                    (answer, Bytes::new())
+                }
+                request => (replica.order(&manager, request).await, Bytes::new()),
+            };
+            Some((Bytes::from(encode_message(&response)), payload))
         })
     }
 }
@@ -227,13 +286,49 @@ pub async fn start_limited(
     limits: TcpLimits,
     secret: &Secret,
 ) -> Result<RunningManager, DaemonError> {
+    start_with(listen, dir, config, init, limits, secret, None).await
+}
+
+/// As [`start_limited`], as replica `replica.id` of a replicated manager (see
+/// [`crate::replica`]); it listens at its address in `replica.peers`. Replicas created
+/// together (`init`) share a cluster id derived from the secret.
+pub async fn start_replica(
+    replica: ReplicaConfig,
+    dir: &Path,
+    mut config: ManagerConfig,
+    init: bool,
+    limits: TcpLimits,
+    secret: &Secret,
+) -> Result<RunningManager, DaemonError> {
+    replica.validate()?;
+    if config.cluster_id.is_none() {
+        config.cluster_id = Some(crate::replica::replicated_cluster_id(secret));
+    }
+    let listen = replica.addr();
+    start_with(listen, dir, config, init, limits, secret, Some(replica)).await
+}
+
+async fn start_with(
+    listen: SocketAddr,
+    dir: &Path,
+    config: ManagerConfig,
+    init: bool,
+    limits: TcpLimits,
+    secret: &Secret,
+    replica: Option<ReplicaConfig>,
+) -> Result<RunningManager, DaemonError> {
     let opening = dir.to_path_buf();
+    let replica_key = replica.as_ref().map(|_| secret.replica_key());
     let opened = tokio::task::spawn_blocking(move || {
-        if init {
+        let mut manager = if init {
             Manager::open(&opening, config)
         } else {
             Manager::open_existing(&opening, config)
+        }?;
+        if let Some(key) = replica_key {
+            manager.set_replicated(key);
         }
+        Ok(manager)
     })
     .await
     .expect("open does not panic");
@@ -271,8 +366,15 @@ pub async fn start_limited(
         addr: listen,
         detail: e.to_string(),
     })?;
+    let replica = match replica {
+        Some(replica) => {
+            Some(crate::replica::start(replica, dir, config, manager.clone(), secret).await?)
+        }
+        None => None,
+    };
     let ticking = manager.clone();
     let dir = dir.to_path_buf();
+    let handler_dir = dir.clone();
     let ticker = tokio::spawn(async move {
         loop {
             tokio::time::sleep(TICK_INTERVAL).await;
@@ -289,6 +391,8 @@ pub async fn start_limited(
         listener,
         Arc::new(ManagerHandler {
             manager: manager.clone(),
+            replica,
+            dir: handler_dir,
             admin_key: secret.admin_key(),
             server_key: secret.server_key(),
             claims: Mutex::new(HashMap::new()),

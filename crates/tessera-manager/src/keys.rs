@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use tessera_auth::{Key, KeyId};
 use tessera_wire::{AccessKeyInfo, ManagerError, ManagerResponse};
 
-const ACCESS_KEYS: TableDefinition<u64, &[u8]> = TableDefinition::new("access_keys");
+pub(crate) const ACCESS_KEYS: TableDefinition<u64, &[u8]> = TableDefinition::new("access_keys");
 /// Version of [`AccessKeyRecord`]'s encoding.
 const ACCESS_KEY_RECORD_VERSION: u8 = 1;
 /// Longest key name, in bytes.

@@ -94,11 +94,13 @@
 //! ```
 
 mod auth;
+pub mod command;
 pub mod daemon;
 mod keys;
 mod manager;
 mod ranges;
 pub mod recovery;
+pub mod replica;
 mod store;
 
 pub use auth::{authorize, roles_allowed};
@@ -108,6 +110,8 @@ pub use manager::{
     PATH_BYTES_MAX, PENDING_LEASE_DEFAULT,
 };
 
+#[cfg(test)]
+mod replication_tests;
 #[cfg(test)]
 mod store_loss_tests;
 #[cfg(test)]

@@ -140,6 +140,12 @@ pub struct Manager {
     pending: BTreeMap<FileId, Option<Instant>>,
     /// Copy of the `access_keys` table (see `keys.rs`).
     pub(crate) access_keys: BTreeMap<tessera_auth::KeyId, crate::keys::AccessKeyRecord>,
+    /// Set when this manager is one replica of several: pending files are then expired only
+    /// by an ordered command, and access keys derive from this key (see `command.rs`).
+    pub(crate) replica_key: Option<tessera_auth::Key>,
+    /// What the replica that proposed the command being applied decided for it (placement,
+    /// drawn key); empty outside [`Manager::apply`].
+    pub(crate) decision: crate::command::Decision,
 }
 
 impl Manager {
@@ -209,6 +215,8 @@ impl Manager {
             heartbeats: BTreeMap::new(),
             indebted,
             pending: pending.into_iter().map(|file| (file, None)).collect(),
+            replica_key: None,
+            decision: crate::command::Decision::default(),
         })
     }
 
@@ -323,10 +331,22 @@ impl Manager {
             ManagerRequest::OrphansRemoved { server, files } => {
                 self.orphans_removed(server, &files)
             }
-            ManagerRequest::KeyCreate { name } => self.key_create(name, rand::random()),
+            ManagerRequest::KeyCreate { name } => {
+                let drawn = self.drawn_key();
+                self.key_create(name, drawn)
+            }
             ManagerRequest::KeyList => Ok(self.key_list()),
             ManagerRequest::KeyRemove { key } => self.key_remove(key),
             ManagerRequest::StorageKeys => Ok(self.storage_keys()),
+            ManagerRequest::Once {
+                client,
+                sequence,
+                request,
+            } => self.once(client, sequence, *request, now),
+            // A replica's own state and copies of its store are the daemon's (replica.rs).
+            ManagerRequest::Replica | ManagerRequest::Snapshot => {
+                Err(ManagerError::Unordered("this manager is not replicated".into()).into())
+            }
         };
         answer.unwrap_or_else(|failure| ManagerResponse::Error(failure.into()))
     }
@@ -339,6 +359,21 @@ impl Manager {
         let timeout = self.config.heartbeat_timeout;
         self.heartbeats
             .retain(|_, last| now.saturating_duration_since(*last) < timeout);
+        let expired = self.expired_pending(now);
+        // A replica's clock is its own: it proposes the expiry (`Command::ExpirePending`), and
+        // every replica removes the file when it applies that, at one point of the order.
+        if self.replica_key.is_some() {
+            return;
+        }
+        // One transaction each, so that one file the store cannot remove holds up no other.
+        for file in expired {
+            self.expire_pending(file);
+        }
+    }
+
+    /// The pending files whose lease ended at or before `now` (a file seen for the first time
+    /// since open gets a whole lease from `now`).
+    pub(crate) fn expired_pending(&mut self, now: Instant) -> Vec<FileId> {
         let lease = self.config.pending_lease;
         let mut expired = Vec::new();
         for (&file, deadline) in self.pending.iter_mut() {
@@ -348,14 +383,16 @@ impl Manager {
                 Some(_) => {}
             }
         }
-        // One transaction each, so that one file the store cannot remove holds up no other.
-        for file in expired {
-            match self.write(|change| change.drop_pending(file)) {
-                Ok(_) | Err(Failure::Refused(ManagerError::NotPending(_))) => {
-                    self.pending.remove(&file);
-                }
-                Err(_) => {}
+        expired
+    }
+
+    /// Removes a pending file whose lease ended; kept pending if the store failed.
+    pub(crate) fn expire_pending(&mut self, file: FileId) {
+        match self.write(|change| change.drop_pending(file)) {
+            Ok(_) | Err(Failure::Refused(ManagerError::NotPending(_))) => {
+                self.pending.remove(&file);
             }
+            Err(_) => {}
         }
     }
 
@@ -369,6 +406,24 @@ impl Manager {
             .map(|last| *last + self.config.heartbeat_timeout);
         let lease = self.pending.values().flatten().min().copied();
         heartbeat.into_iter().chain(lease).min()
+    }
+
+    /// The server registered from the store `incarnation` at `addr`, if any.
+    fn server_of_store(&self, addr: &str, incarnation: u64) -> Option<ServerId> {
+        self.servers
+            .iter()
+            .find(|(_, record)| record.incarnation == incarnation && record.addr == addr)
+            .map(|(&server, _)| server)
+    }
+
+    /// How many servers are registered (live or not).
+    pub fn known_servers(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// The live servers (Up or Stale), in id order: where new files go.
+    pub fn live_servers(&self) -> Vec<ServerId> {
+        self.heartbeats.keys().copied().collect()
     }
 
     /// Files waiting for their writer to commit them, in id order.
@@ -436,13 +491,17 @@ impl Manager {
         incarnation: u64,
         now: Instant,
     ) -> Result<ManagerResponse, Failure> {
+        let known = self.server_of_store(&addr, incarnation);
         let server = self.write(|change| {
-            let server = match server {
-                Some(server) => {
+            let server = match (server, known) {
+                (Some(server), _) => {
                     change.raise_counter(KEY_SERVER_ID_NEXT, u64::from(server) + 1)?;
                     server
                 }
-                None => {
+                // The same store registering again (its first answer was lost, or it asked
+                // another replica after a failover) keeps the id it was given.
+                (None, Some(known)) => known,
+                (None, None) => {
                     let next = change.take_counter(KEY_SERVER_ID_NEXT)?;
                     ServerId::try_from(next).map_err(|_| {
                         ManagerError::Store(format!("no server ids left (next would be {next})"))
@@ -488,7 +547,11 @@ impl Manager {
     /// The layout a request asks for and the live servers (Up or Stale, in id order) to place
     /// it on, or why not.
     fn place(&self, request: &LayoutRequest) -> Result<(Layout, Vec<ServerId>), Failure> {
-        let candidates: Vec<ServerId> = self.heartbeats.keys().copied().collect();
+        // Replicas apply the proposer's judgement of which servers are live, not their own.
+        let candidates: Vec<ServerId> = match &self.decision.placement {
+            Some(decided) => decided.clone(),
+            None => self.live_servers(),
+        };
         let up = u32::try_from(candidates.len()).unwrap_or(u32::MAX);
         let width = request
             .width
@@ -827,7 +890,7 @@ impl Manager {
         self.write(|_| Ok(())).map_err(ManagerError::from)
     }
 
-    fn write_with<T>(
+    pub(crate) fn write_with<T>(
         &mut self,
         durability: redb::Durability,
         apply: impl FnOnce(&mut Change<'_>) -> Result<T, Failure>,
@@ -861,8 +924,9 @@ impl Manager {
 
 /// The changes of one write transaction, remembering what the in-memory copies must learn once
 /// it commits.
-struct Change<'txn> {
-    tables: Tables<'txn>,
+pub(crate) struct Change<'txn> {
+    pub(crate) txn: &'txn WriteTransaction,
+    pub(crate) tables: Tables<'txn>,
     servers_written: BTreeMap<ServerId, ServerRecord>,
     debtors_touched: BTreeSet<ServerId>,
 }
@@ -870,6 +934,7 @@ struct Change<'txn> {
 impl<'txn> Change<'txn> {
     fn new(txn: &'txn WriteTransaction) -> Result<Change<'txn>, Failure> {
         Ok(Change {
+            txn,
             tables: Tables::open(txn)?,
             servers_written: BTreeMap::new(),
             debtors_touched: BTreeSet::new(),

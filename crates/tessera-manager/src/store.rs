@@ -241,3 +241,33 @@ pub(crate) fn copy_store(db: &Database, path: &std::path::Path) -> Result<(), Fa
     to.commit()?;
     Ok(())
 }
+
+/// Every record of every table as text, in key order (see `Manager::state_dump`).
+pub(crate) fn dump(db: &Database) -> Result<Vec<String>, Failure> {
+    let txn = db.begin_read()?;
+    let mut lines = Vec::new();
+    macro_rules! dump_table {
+        ($name:expr, $table:expr) => {
+            match txn.open_table($table) {
+                Ok(table) => {
+                    for entry in table.iter()? {
+                        let (key, value) = entry?;
+                        lines.push(format!("{} {:?} {:?}", $name, key.value(), value.value()));
+                    }
+                }
+                Err(redb::TableError::TableDoesNotExist(_)) => {}
+                Err(error) => return Err(Failure::Store(error.into())),
+            }
+        };
+    }
+    dump_table!("meta", META);
+    dump_table!("files", FILES);
+    dump_table!("paths", PATHS);
+    dump_table!("servers", SERVERS);
+    dump_table!("debts", DEBTS);
+    dump_table!("pending", PENDING);
+    dump_table!("orphans", ORPHANS);
+    dump_table!("access_keys", crate::keys::ACCESS_KEYS);
+    dump_table!("once", crate::command::ONCE);
+    Ok(lines)
+}

@@ -65,7 +65,13 @@ impl Harness {
     }
 
     fn register(&mut self, server: Option<ServerId>, incarnation: u64) -> ServerId {
-        let addr = format!("127.0.0.1:{}", 7000 + server.unwrap_or(0));
+        // A new server (no id yet) at an address of its own: the same store registering
+        // again from the same address keeps its id.
+        let port = match server {
+            Some(server) => 7000 + server as usize,
+            None => 8000 + self.manager().known_servers(),
+        };
+        let addr = format!("127.0.0.1:{port}");
         match self.handle(ManagerRequest::Register {
             server,
             addr,

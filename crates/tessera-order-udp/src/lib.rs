@@ -58,6 +58,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
+use tessera_auth::{packet_tag, Key, PACKET_TAG_BYTES};
 use tessera_order::{Config, Destination, Event, Group, Micros, Node, NodeId, Start, Stats};
 
 /// Largest UDP payload over IPv4.
@@ -138,6 +139,8 @@ pub struct DriverStats {
     pub oversized: u64,
     /// Sends the kernel refused (a full buffer, a peer's port closed).
     pub send_errors: u64,
+    /// Datagrams dropped because their MAC did not match the group's key (keyed drivers).
+    pub unauthentic: u64,
 }
 
 /// Wakes the driver from its wait when the application proposes: an eventfd it polls with
@@ -209,6 +212,11 @@ impl Handle {
         &self.events
     }
 
+    /// Takes the node's events for a thread of their own; [`Handle::events`] is empty after.
+    pub fn take_events(&mut self) -> mpsc::Receiver<Event> {
+        std::mem::replace(&mut self.events, mpsc::channel().1)
+    }
+
     /// Stops the thread; what the node and the driver counted.
     pub fn stop(self) -> Result<(Stats, DriverStats), DriverError> {
         self.stop.store(true, Ordering::SeqCst);
@@ -224,12 +232,35 @@ pub fn spawn(driver: DriverConfig, socket: UdpSocket) -> Result<Handle, DriverEr
     spawn_split(driver, send, socket)
 }
 
+/// As [`spawn`], but every datagram carries a MAC under `key` (keyed BLAKE3, the last
+/// [`PACKET_TAG_BYTES`] bytes), and a datagram whose MAC does not match is dropped before the
+/// node sees it ([`DriverStats::unauthentic`]): only holders of the key take part in the order.
+/// Replay of a group member's old datagrams is left to the protocol, which drops duplicates
+/// and packets of earlier incarnations.
+pub fn spawn_keyed(
+    driver: DriverConfig,
+    socket: UdpSocket,
+    key: Key,
+) -> Result<Handle, DriverError> {
+    let send = socket.try_clone()?;
+    spawn_inner(driver, send, socket, Some(key))
+}
+
 /// Starts a node that sends on `send` and receives on `receive` (bound to its address in
 /// `driver.peers`): the two-switch topology's TX and RX interfaces.
 pub fn spawn_split(
     driver: DriverConfig,
     send: UdpSocket,
     receive: UdpSocket,
+) -> Result<Handle, DriverError> {
+    spawn_inner(driver, send, receive, None)
+}
+
+fn spawn_inner(
+    driver: DriverConfig,
+    send: UdpSocket,
+    receive: UdpSocket,
+    key: Option<Key>,
 ) -> Result<Handle, DriverError> {
     if driver.peers.len() != driver.group.roles.len() {
         return Err(DriverError::Peers {
@@ -248,6 +279,7 @@ pub fn spawn_split(
         .name(format!("order-{}", driver.node.0))
         .spawn(move || {
             let mut runner = Runner::new(driver, send, receive, proposals_rx, events_tx, woken);
+            runner.key = key;
             runner.run(&flag)
         })?;
     Ok(Handle {
@@ -303,6 +335,8 @@ struct Runner {
     events: mpsc::Sender<Event>,
     wakeup: Arc<Wakeup>,
     stats: DriverStats,
+    /// The group's MAC key, if datagrams are authenticated.
+    key: Option<Key>,
 }
 
 impl Runner {
@@ -335,6 +369,7 @@ impl Runner {
             events,
             wakeup,
             stats: DriverStats::default(),
+            key: None,
         }
     }
 
@@ -431,8 +466,20 @@ impl Runner {
                 };
             }
             self.stats.datagrams_received += 1;
+            let mut len = len as usize;
+            if let Some(key) = &self.key {
+                let Some(body) = len.checked_sub(PACKET_TAG_BYTES) else {
+                    self.stats.unauthentic += 1;
+                    continue;
+                };
+                if !tags_equal(&packet_tag(key, &buffer[..body]), &buffer[body..len]) {
+                    self.stats.unauthentic += 1;
+                    continue;
+                }
+                len = body;
+            }
             let now = self.now();
-            self.node.handle_packet(&buffer[..len as usize], now);
+            self.node.handle_packet(&buffer[..len], now);
         }
         Ok(())
     }
@@ -464,7 +511,11 @@ impl Runner {
     /// Sends every packet the node has and hands every event to the application.
     fn flush(&mut self) -> Result<(), DriverError> {
         let now = self.now();
-        while let Some(transmit) = self.node.poll_transmit(now) {
+        while let Some(mut transmit) = self.node.poll_transmit(now) {
+            if let Some(key) = &self.key {
+                let tag = packet_tag(key, &transmit.contents);
+                transmit.contents.extend_from_slice(&tag);
+            }
             if transmit.contents.len() > DATAGRAM_BYTES_MAX {
                 self.stats.oversized += 1;
                 continue;
@@ -487,4 +538,9 @@ impl Runner {
         }
         Ok(())
     }
+}
+
+/// Compares two MACs in time independent of where they differ.
+fn tags_equal(ours: &[u8], theirs: &[u8]) -> bool {
+    ours.len() == theirs.len() && ours.iter().zip(theirs).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
 }

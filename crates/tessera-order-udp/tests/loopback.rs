@@ -109,3 +109,63 @@ fn the_others_go_on_when_a_node_stops() {
         assert!(stats.view_changes >= 1);
     }
 }
+
+/// Keyed nodes: a group under one key delivers; a node under another key, and datagrams
+/// without a MAC, are dropped before the protocol sees them.
+#[test]
+fn keyed_nodes_take_only_datagrams_macd_with_their_key() {
+    let sockets: Vec<UdpSocket> = (0..3)
+        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let peers: Vec<SocketAddr> = sockets.iter().map(|s| s.local_addr().unwrap()).collect();
+    let group_key = tessera_auth::Key([7; 32]);
+    let other_key = tessera_auth::Key([8; 32]);
+    let handles: Vec<Handle> = sockets
+        .into_iter()
+        .enumerate()
+        .map(|(i, socket)| {
+            let driver = DriverConfig {
+                config: Config::default(),
+                group: Group::all_to_all(3),
+                node: NodeId(i as u16),
+                incarnation: 0,
+                start: Start::Initial,
+                seed: i as u64,
+                peers: peers.clone(),
+                broadcast: Broadcast::Unicast,
+            };
+            // Node 2 holds the wrong key: the other two never hear it, nor it them.
+            let key = if i == 2 { other_key } else { group_key };
+            tessera_order_udp::spawn_keyed(driver, socket, key).unwrap()
+        })
+        .collect();
+    let intruder = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for _ in 0..50 {
+        intruder
+            .send_to(b"not a packet of this group", peers[0])
+            .unwrap();
+    }
+    handles[2]
+        .propose(Bytes::from_static(b"from the wrong key"))
+        .unwrap();
+    // Nodes 0 and 1 are a majority: after suspecting node 2 they go on without it.
+    handles[0].propose(Bytes::from_static(b"ordered")).unwrap();
+    let delivered = deliveries(&handles[0], 1, Duration::from_secs(30));
+    assert_eq!(delivered[0].2, Bytes::from_static(b"ordered"));
+    assert_eq!(
+        deliveries(&handles[1], 1, Duration::from_secs(30))[0].2,
+        delivered[0].2
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let mut handles = handles;
+    let wrong = handles.pop().unwrap().stop().unwrap().1;
+    let (_, first) = handles.remove(0).stop().unwrap();
+    assert!(
+        first.unauthentic >= 50,
+        "junk and wrong-key datagrams dropped: {first:?}"
+    );
+    assert!(
+        wrong.unauthentic > 0,
+        "the wrong-key node dropped the group's: {wrong:?}"
+    );
+}

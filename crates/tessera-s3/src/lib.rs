@@ -20,7 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
 use rand::Rng;
 use s3s::auth::{S3Auth, SecretKey, SimpleAuth};
-use s3s::service::S3ServiceBuilder;
+use s3s::service::{S3Service, S3ServiceBuilder};
 use tokio::net::TcpListener;
 
 /// The access key and secret key requests must be signed with.
@@ -67,6 +67,33 @@ impl S3Auth for GatewayAuth {
     }
 }
 
+/// Answers `request` with `service`, closing the connection after an error answer to a
+/// request that came with a body. s3s refuses a bad key or a missing bucket before it reads
+/// the body, and a client that sent `Expect: 100-continue` (boto3 does for every put) then
+/// never sends it: kept open, the connection would take the first bytes of the client's next
+/// request for that body, and answer it with a bare 400 (seen as a flaky test, one put in
+/// ten under load). A fresh connection per refused upload costs nothing that matters.
+async fn closing_after_unread_body(
+    service: S3Service,
+    request: http::Request<hyper::body::Incoming>,
+) -> Result<s3s::HttpResponse, s3s::HttpError> {
+    let has_body = request
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .is_some_and(|len| len.as_bytes() != b"0")
+        || request
+            .headers()
+            .contains_key(http::header::TRANSFER_ENCODING);
+    let mut response = hyper::service::Service::call(&service, request).await?;
+    if has_body && (response.status().is_client_error() || response.status().is_server_error()) {
+        response.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    Ok(response)
+}
+
 /// Serve S3 on `listener` until the task is dropped, with requests signed by `keys` (any
 /// other request gets `AccessDenied`).
 pub async fn serve(listener: TcpListener, gateway: Gateway, keys: Keys) -> std::io::Result<()> {
@@ -89,8 +116,12 @@ pub async fn serve(listener: TcpListener, gateway: Gateway, keys: Keys) -> std::
                 continue;
             }
         };
+        let service = service.clone();
+        let service = hyper::service::service_fn(move |request| {
+            closing_after_unread_body(service.clone(), request)
+        });
         let connection = connections
-            .serve_connection(TokioIo::new(stream), service.clone())
+            .serve_connection(TokioIo::new(stream), service)
             .into_owned();
         tokio::spawn(async move {
             if let Err(e) = connection.await {

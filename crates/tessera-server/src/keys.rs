@@ -28,7 +28,8 @@ pub(crate) struct ServerKeys {
     /// What this server proves at the manager.
     pub(crate) credential: Credential,
     clients: RwLock<HashMap<KeyId, Key>>,
-    manager: SocketAddr,
+    /// The manager, or every replica of a replicated one (any of them answers).
+    managers: Vec<SocketAddr>,
     transport: Arc<TcpTransport>,
     /// When the last fetch started and when one last succeeded; one fetch at a time.
     last_fetch: tokio::sync::Mutex<(Option<Instant>, Option<Instant>)>,
@@ -41,7 +42,7 @@ const DATAGRAM_KEYS_WAITING_MAX: usize = 4096;
 
 impl ServerKeys {
     /// The keys derived from `secret`, with no client key yet.
-    pub(crate) fn new(secret: &Secret, manager: SocketAddr) -> ServerKeys {
+    pub(crate) fn new(secret: &Secret, managers: Vec<SocketAddr>) -> ServerKeys {
         let credential = Credential {
             claim: Claim::Server,
             key: secret.server_key(),
@@ -55,7 +56,7 @@ impl ServerKeys {
             server: secret.server_key().storage_key(),
             credential,
             clients: RwLock::new(HashMap::new()),
-            manager,
+            managers,
             transport: Arc::new(TcpTransport::with_credential(config, Some(credential))),
             last_fetch: tokio::sync::Mutex::new((None, None)),
             datagram: std::sync::Mutex::new(Default::default()),
@@ -108,13 +109,22 @@ impl ServerKeys {
             tokio::time::sleep(wait).await;
         }
         *started = Some(Instant::now());
-        let answer = tessera_transport::call::<_, ManagerResponse>(
-            &self.transport as &dyn Transport,
-            self.manager,
-            &ManagerRequest::StorageKeys,
-            Bytes::new(),
-        )
-        .await;
+        let mut answer = None;
+        for &manager in &self.managers {
+            let asked = tessera_transport::call::<_, ManagerResponse>(
+                &self.transport as &dyn Transport,
+                manager,
+                &ManagerRequest::StorageKeys,
+                Bytes::new(),
+            )
+            .await;
+            let answered = asked.is_ok();
+            answer = Some(asked);
+            if answered {
+                break;
+            }
+        }
+        let answer = answer.expect("at least one manager");
         match answer {
             Ok((ManagerResponse::StorageKeys(list), _)) => {
                 *self.clients.write().unwrap() = list.into_iter().collect();

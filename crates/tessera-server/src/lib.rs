@@ -89,6 +89,9 @@ pub enum ServerError {
 pub struct ServerConfig {
     /// The manager's address.
     pub manager: SocketAddr,
+    /// Every replica of a replicated manager, `manager` among them (empty: `manager` only).
+    /// Registration and heartbeats go to one, and to the next when it does not answer.
+    pub manager_replicas: Vec<SocketAddr>,
     /// Address to listen on (port 0 picks a free one).
     pub listen: SocketAddr,
     /// Address to advertise to clients; defaults to the bound address.
@@ -182,7 +185,12 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         detail: e.to_string(),
     };
     let id = Arc::new(AtomicU32::new(0));
-    let keys = Arc::new(keys::ServerKeys::new(&config.secret, config.manager));
+    let managers = if config.manager_replicas.is_empty() {
+        vec![config.manager]
+    } else {
+        config.manager_replicas.clone()
+    };
+    let keys = Arc::new(keys::ServerKeys::new(&config.secret, managers.clone()));
     let handler = Arc::new(StorageHandler {
         keys: keys.clone(),
         store: store.clone(),
@@ -216,7 +224,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let fetch_keys = tokio::spawn(keys::keep_keys(keys.clone()));
     let heartbeat = tokio::spawn(keep_registered(
         keys.credential,
-        config.manager,
+        managers,
         advertise,
         store.clone(),
         config.id,
@@ -251,7 +259,7 @@ pub fn handler(store: Arc<Store>, id: ServerId) -> Arc<dyn FrameHandler> {
         // fetched.
         keys: Arc::new(keys::ServerKeys::new(
             &tessera_auth::Secret::from_bytes(rand::random()),
-            SocketAddr::from(([0, 0, 0, 0], 0)),
+            vec![SocketAddr::from(([0, 0, 0, 0], 0))],
         )),
     })
 }
@@ -259,7 +267,7 @@ pub fn handler(store: Arc<Store>, id: ServerId) -> Arc<dyn FrameHandler> {
 /// Register (once an id is known, re-register whenever the manager forgets us) and heartbeat.
 async fn keep_registered(
     credential: tessera_auth::Credential,
-    manager: SocketAddr,
+    managers: Vec<SocketAddr>,
     advertise: SocketAddr,
     store: Arc<Store>,
     wanted_id: Option<ServerId>,
@@ -277,7 +285,10 @@ async fn keep_registered(
     // Said once per run of refusals, not every heartbeat interval.
     let mut refusal_logged = false;
     let mut beats = 0u32;
+    // The replica heartbeats go to; the next one when it does not answer or cannot order.
+    let mut current = 0;
     loop {
+        let manager = managers[current % managers.len()];
         let request = match (registered, store.cluster_id()) {
             (true, Some(cluster)) => ManagerRequest::Heartbeat {
                 server: id.load(Ordering::Acquire),
@@ -343,6 +354,10 @@ async fn keep_registered(
                 }
                 registered = false;
             }
+            Ok((ManagerResponse::Error(ManagerError::Unordered(why)), _)) => {
+                tracing::debug!("manager replica {manager} cannot order now: {why}");
+                current += 1;
+            }
             Ok((other, _)) => tracing::warn!("manager answered {other:?}"),
             Err(
                 e @ (tessera_transport::TransportError::Refused { .. }
@@ -357,7 +372,10 @@ async fn keep_registered(
                 }
                 registered = false;
             }
-            Err(e) => tracing::debug!("manager unreachable: {e}"),
+            Err(e) => {
+                tracing::debug!("manager {manager} unreachable: {e}");
+                current += 1;
+            }
         }
         beats = beats.wrapping_add(1);
         if registered && beats.is_multiple_of(ORPHAN_POLL_HEARTBEATS) {
@@ -492,6 +510,19 @@ impl FrameHandler for StorageHandler {
     }
 
     /// Small reads the page cache holds are answered on the network thread.
+    /// A read's length, plus room for the answer's message; other answers are small or
+    /// reserved once computed.
+    fn answer_bytes_hint(&self, message: &Bytes) -> usize {
+        const MESSAGE_ROOM: usize = 4096;
+        match tessera_wire::decode_message::<StorageCall>(message) {
+            Ok(StorageCall {
+                request: StorageRequest::Read { len, .. } | StorageRequest::LockParity { len, .. },
+                ..
+            }) => len as usize + MESSAGE_ROOM,
+            _ => MESSAGE_ROOM,
+        }
+    }
+
     fn handle_now(
         &self,
         _connection: ConnectionId,

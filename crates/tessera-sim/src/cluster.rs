@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tessera_client::Client;
 use tessera_manager::{Manager, ManagerConfig};
-use tessera_store::Store;
+use tessera_store::{BitFlip, MemDisk, PowerLoss, Store};
 use tessera_transport::{BoxFuture, ConnectionId, FrameHandler, MemNetwork};
 use tessera_wire::{encode_message, ManagerRequest, ManagerResponse, ServerId};
 
@@ -46,6 +46,9 @@ impl FrameHandler for ManagerHost {
 /// One storage server of the simulated cluster.
 struct SimServer {
     addr: SocketAddr,
+    /// Its disk, in memory: a blank one when it is wiped.
+    disk: MemDisk,
+    /// Its store's directory on that disk.
     dir: PathBuf,
     /// Id the manager gave it (0 before its first start).
     id: ServerId,
@@ -69,13 +72,14 @@ pub struct SimCluster {
     manager: Arc<Mutex<Manager>>,
     servers: Vec<SimServer>,
     request_timeout: Duration,
-    /// Holds every directory; removed when the cluster is dropped.
+    /// Holds the manager's store; removed when the cluster is dropped.
     _root: tempfile::TempDir,
 }
 
 impl SimCluster {
-    /// A manager and `servers` storage servers, all started and registered; directories under
-    /// `/dev/shm` when it exists (fsync costs nothing there), else the system's temp dir.
+    /// A manager and `servers` storage servers, all started and registered: servers on
+    /// in-memory disks, the manager's store under `/dev/shm` when it exists (fsync costs
+    /// nothing there), else the system's temp dir.
     pub async fn start(seed: u64, servers: usize) -> SimCluster {
         let shm = std::path::Path::new("/dev/shm");
         let root = match shm.is_dir() {
@@ -102,7 +106,8 @@ impl SimCluster {
         let servers = (0..servers)
             .map(|i| SimServer {
                 addr: SocketAddr::from(([10, 0, 1, i as u8 + 1], 7100)),
-                dir: root.path().join(format!("server{}", i + 1)),
+                disk: MemDisk::new(),
+                dir: PathBuf::from(format!("/server{}", i + 1)),
                 id: 0,
                 running: None,
                 last_store: Weak::new(),
@@ -149,10 +154,12 @@ impl SimCluster {
     }
 
     /// Open server `index`'s store (its directory as the last run left it), register it and
-    /// serve it. Does nothing if it runs.
-    pub async fn start_server(&mut self, index: usize) {
+    /// serve it. Does nothing if it runs. A store that refuses to open (a damaged
+    /// `store.toml`) is moved away, as its doc tells the operator: the server starts on a
+    /// blank disk (then returns `Some(why)`).
+    pub async fn start_server(&mut self, index: usize) -> Option<String> {
         if self.is_running(index) {
-            return;
+            return None;
         }
         // Requests the crashed server had begun may still hold its store (and the directory's
         // lock); they finish on their own, as disk writes already issued do.
@@ -160,7 +167,16 @@ impl SimCluster {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let server = &mut self.servers[index];
-        let store = Arc::new(Store::open(&server.dir).expect("a simulated server's store opens"));
+        let (store, refused) = match Store::open_on(server.disk.shared(), &server.dir) {
+            Ok(store) => (store, None),
+            Err(error) => {
+                server.disk = MemDisk::new();
+                let store = Store::open_on(server.disk.shared(), &server.dir)
+                    .expect("a store opens on a blank disk");
+                (store, Some(error.to_string()))
+            }
+        };
+        let store = Arc::new(store);
         let incarnation = store.incarnation();
         let request = ManagerRequest::Register {
             server: store.server_id().or((server.id != 0).then_some(server.id)),
@@ -193,6 +209,7 @@ impl SimCluster {
             [id as u64, incarnation, cluster],
         ));
         server.running = Some(Running { store, heartbeat });
+        refused
     }
 
     /// Server `index`'s process dies: its connections close, it stops heartbeating, its store
@@ -213,8 +230,20 @@ impl SimCluster {
         while self.servers[index].last_store.upgrade().is_some() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let dir = &self.servers[index].dir;
-        std::fs::remove_dir_all(dir).expect("a simulated server's directory is removable");
+        self.servers[index].disk = MemDisk::new();
+    }
+
+    /// Server `index` loses power: its process dies, and its disk keeps, drops or tears each
+    /// write not synced, by `seed` ([`MemDisk::power_loss`]).
+    pub fn power_loss(&mut self, index: usize, seed: u64) -> PowerLoss {
+        self.crash_server(index);
+        self.servers[index].disk.power_loss(seed)
+    }
+
+    /// One bit, chosen by `seed`, flips in one of server `index`'s files.
+    pub fn flip_bit(&self, index: usize, seed: u64) -> Option<BitFlip> {
+        let server = &self.servers[index];
+        server.disk.flip_bit(&server.dir, seed)
     }
 
     /// What every server owes, as the manager holds it: `server id: path [stripes) ...`, for

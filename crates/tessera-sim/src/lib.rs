@@ -4,8 +4,9 @@
 //! random workloads on it with crashes at random steps and checks every answer against a model.
 //! It runs the real code: the manager's state machine ([`tessera_manager::Manager`], with the
 //! simulator's virtual clock as `now` and a cluster id derived from the seed), the storage
-//! server's request handling ([`tessera_server::handler`]) over real [`tessera_store::Store`]s
-//! in temporary directories, and the real [`tessera_client::Client`], all talking over
+//! server's request handling ([`tessera_server::handler`]) over real [`tessera_store::Store`]s,
+//! each on its own in-memory disk ([`tessera_store::MemDisk`]: power losses, torn writes and
+//! flipped bits by seed), and the real [`tessera_client::Client`], all talking over
 //! [`tessera_transport::MemNetwork`] (seeded drops, delays, partitions, crashed daemons) on a
 //! tokio current-thread runtime started paused, so every timeout is virtual and a run of
 //! dozens of operations with 1 s timeouts takes milliseconds.
@@ -16,39 +17,31 @@
 //! go, syncs; at random operations the client is *killed* (its operation's future dropped at
 //! its k-th request, its connections closed, a new client started: the write is not
 //! acknowledged, so each of its bytes may read old or new) and a server is killed at the k-th
-//! request of an operation (restarted at once from its directory, or kept down for some
-//! operations so that reads and writes run degraded and it returns stale, or brought back on
-//! a blank disk). Then recovery (network healed, every server started, every stale one
-//! rebuilt), every file read whole, and read again with each server lost in turn. A byte no
-//! unacknowledged write touched must read exactly as acknowledged; one that such a write
-//! touched may read any value it or the acknowledged writes gave it. A failure prints the
-//! seed and the trace of the run; [`replay`] runs one seed again.
+//! request of an operation (restarted at once from its disk, or kept down for some operations
+//! so that reads and writes run degraded and it returns stale, or brought back on a blank
+//! disk), or loses power (its disk keeps, drops or tears each write not synced), and bits flip
+//! in any server's files. After a flip the next fault waits for a restart of that server and a
+//! scrub, as an operator scrubs when a disk reports errors (one failure at a time). Then
+//! recovery (network healed, every server restarted, every stale one rebuilt), every file
+//! read whole, a scrub if bits flipped, and every file read again with each server lost in
+//! turn. A byte no unacknowledged write touched must read exactly as acknowledged; one that
+//! such a write touched may read any value it or the acknowledged writes gave it. A failure
+//! prints the seed and the trace of the run; [`replay`] runs one seed again.
 //!
 //! # Determinism, and what is not simulated yet
 //! The workload and the network draw from generators seeded by the seed, and the servers'
-//! disk calls run in place on the runtime's one thread ([`tessera_server::run_disk_inline`])
-//! instead of on tokio's blocking pool, so nothing depends on which thread finishes first
-//! (with the pool, a test of the same seed twice differed in a few requests); the network
-//! also hands one request at a time to the daemons, in arrival order. Store incarnations are still
-//! drawn by `rand::random` in `Store::open`; they only ever compare equal or not, so the run
-//! does not depend on them. Servers keep the page cache when they are killed (a process
-//! crash): writes not yet synced are not lost, and bytes reach the disk whole.
+//! disk calls run in place on the runtime's one thread ([`tessera_server::run_disk_inline`]),
+//! so nothing depends on which thread finishes first; the network also hands one request at
+//! a time to the daemons, in arrival order. Store incarnations are still drawn by
+//! `rand::random` in `Store::open_on`; they only ever compare equal or not, so the run does
+//! not depend on them. A killed server keeps its page cache (a process crash); a power loss
+//! is its disk's ([`SimCluster::power_loss`]).
 //!
-//! # The next increment: an in-memory disk
-//! Power loss, torn writes and lost fsyncs need a seam under the store. `tessera-store` does
-//! all its file I/O in a few places (`io.rs` positioned reads and writes, `region.rs` and
-//! `overflow.rs` opening, extending and syncing files, `meta.rs` writing and renaming
-//! `store.toml`, the directory syncs). The plan: a `Disk` trait in `tessera-store`
-//! (`open(path) -> Box<dyn DiskFile>`, `rename`, `remove`, `sync_dir`, `list`; `DiskFile`:
-//! `read_at`, `write_at`, `set_len`, `sync_data`, `len`), the real implementation a thin
-//! wrapper over `std::fs` chosen by `Store::open`, and `Store::open_on(disk, root)` for the
-//! simulator. The simulator's `MemDisk` keeps per file the durable bytes and the writes since
-//! the last sync; a simulated power loss keeps a seeded subset of the unsynced writes, each
-//! torn at a random 512-byte boundary, and flips seeded bits on request; renames become durable
-//! only with `sync_dir`. The checker then holds only *synced* acknowledged bytes to the exact
-//! standard after a power loss. With the disk in memory, the serialization of deliveries can
-//! go (disk calls no longer need the blocking pool), which lets the network reorder requests
-//! between servers as well.
+//! A store that lost answered writes to a power loss opens empty as a new incarnation and is
+//! rebuilt (`tessera-store`'s `boot.rs`), so every acknowledged byte must read exactly, synced
+//! or not; RAID-0 files on it may no longer be read. Known hard case (bit flips): a flipped
+//! record of `overflow.log` makes every overflow range of that file read corrupt on that server
+//! (never wrong) until rewritten, and a scrub repairs only the stripes the file has then.
 //!
 //! Also left: a manager crash and restart inside a run (its redb store reopened), several
 //! clients at once (parity locks contended, a dead client's lock), the datagram transport's

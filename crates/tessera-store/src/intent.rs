@@ -81,12 +81,13 @@
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, OpenOptions};
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tessera_wire::{FileId, ParityIntent, StorageError};
 
+use crate::disk::{read_file, write_file_synced, Disk};
 use crate::io::{bad_request, disk, disk_format};
 use crate::REQUEST_BYTES_MAX;
 
@@ -105,6 +106,7 @@ type Span = (u64, u64);
 /// The records of one store: on disk, and their spans in memory so that a redundancy write
 /// finds the records it supersedes without touching the disk.
 pub(crate) struct Intents {
+    disk: Arc<dyn Disk>,
     dir: PathBuf,
     spans: HashMap<FileId, BTreeMap<u64, Span>>,
 }
@@ -114,25 +116,25 @@ pub type IntentRecord = (ParityIntent, Vec<u8>);
 
 impl Intents {
     /// Opens (creating) the records directory under `root`, dropping torn or damaged records.
-    pub(crate) fn open(root: &Path) -> Result<Intents, StorageError> {
+    pub(crate) fn open(disk: &Arc<dyn Disk>, root: &Path) -> Result<Intents, StorageError> {
         let dir = root.join(INTENTS_DIR);
-        let created = match fs::create_dir(&dir) {
+        let created = match disk.create_dir(&dir) {
             Ok(()) => true,
             Err(error) if error.kind() == ErrorKind::AlreadyExists => false,
-            Err(error) => return Err(disk(format_args!("create {}", dir.display()), error)),
+            Err(error) => return Err(self::disk(format_args!("create {}", dir.display()), error)),
         };
         if created {
-            crate::meta::sync_dir(root)?;
+            crate::meta::sync_dir(&**disk, root)?;
         }
         let mut intents = Intents {
+            disk: Arc::clone(disk),
             dir,
             spans: HashMap::new(),
         };
-        let entries =
-            fs::read_dir(&intents.dir).map_err(|e| disk(format_args!("list intents"), e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| disk(format_args!("list intents"), e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
+        let names = (intents.disk)
+            .read_dir(&intents.dir)
+            .map_err(|e| self::disk(format_args!("list intents"), e))?;
+        for name in names {
             let parsed = parse_name(&name);
             let record = parsed.and_then(|(file, stripe)| {
                 intents.load(file, stripe).ok().map(|r| (file, stripe, r))
@@ -141,8 +143,9 @@ impl Intents {
                 Some((file, stripe, (intent, _))) => intents.remember(file, stripe, &intent),
                 // Torn while being recorded (never answered, so no data was written after
                 // it) or not ours: it describes nothing to resolve.
-                None => fs::remove_file(entry.path())
-                    .map_err(|e| disk(format_args!("remove torn intent {name}"), e))?,
+                None => (intents.disk)
+                    .remove_file(&intents.dir.join(&name))
+                    .map_err(|e| self::disk(format_args!("remove torn intent {name}"), e))?,
             }
         }
         Ok(intents)
@@ -178,17 +181,9 @@ impl Intents {
         }
         let path = self.path(file, stripe);
         let bytes = encode(intent, old_parity, old_data);
-        let written = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .and_then(|mut handle| {
-                handle.write_all(&bytes)?;
-                handle.sync_data()
-            });
+        let written = write_file_synced(&*self.disk, &path, &bytes);
         written.map_err(|e| disk(format_args!("record intent {}", path.display()), e))?;
-        crate::meta::sync_dir(&self.dir)?;
+        crate::meta::sync_dir(&*self.disk, &self.dir)?;
         self.remember(file, stripe, intent);
         Ok(())
     }
@@ -218,7 +213,7 @@ impl Intents {
             self.spans.remove(&file);
         }
         let path = self.path(file, stripe);
-        match fs::remove_file(&path) {
+        match self.disk.remove_file(&path) {
             Ok(()) => Ok(true),
             Err(error) if error.kind() == ErrorKind::NotFound => Ok(true),
             Err(error) => Err(disk(format_args!("remove {}", path.display()), error)),
@@ -286,7 +281,8 @@ impl Intents {
 
     fn load(&self, file: FileId, stripe: u64) -> Result<IntentRecord, StorageError> {
         let path = self.path(file, stripe);
-        let bytes = fs::read(&path).map_err(|e| disk(format_args!("read intent"), e))?;
+        let bytes =
+            read_file(&*self.disk, &path).map_err(|e| disk(format_args!("read intent"), e))?;
         decode(&bytes).ok_or_else(|| {
             disk_format(format!(
                 "intent record {} is damaged (bad header, checksum or length)",

@@ -17,13 +17,18 @@
 //! - return bytes that fail their checksum: a bad block is [`StorageError::Corrupt`], always;
 //! - touch the network, or know about stripes, columns or other servers (the offsets it is
 //!   given are already local to this server's files; the layout crate computes them);
-//! - block an async runtime: [`Store`] does blocking `std::fs` I/O and is meant to be called
-//!   from `spawn_blocking`; only [`ParityLocks::lock`] is async.
+//! - block an async runtime: [`Store`] does blocking I/O and is meant to be called from
+//!   `spawn_blocking`; only [`ParityLocks::lock`] is async;
+//! - touch a file but through its [`Disk`]: the real file system ([`RealDisk`], what
+//!   [`Store::open`] uses) or another given to [`Store::open_on`] (the simulator's in-memory
+//!   disk with power losses, torn writes and flipped bits).
 //!
 //! # On-disk format (version 2)
 //!
 //! ```text
 //! <root>/store.lock        held with flock(LOCK_EX) while a Store is open
+//! <root>/boot              the machine's boot id when the store last opened (see `boot.rs`)
+//! <root>/unsynced          present while some answered write is not synced (see `boot.rs`)
 //! <root>/store.toml        format_version = 2, incarnation = "<16 hex digits>", server_id = N,
 //!                          cluster = "<16 hex digits>" (the cluster joined),
 //!                          last line checksum = "<crc32c of the bytes before it, 8 hex digits>"
@@ -75,7 +80,10 @@
 //!
 //! Writes reach the page cache; [`Store::sync`] makes everything written before it durable
 //! (`fdatasync` of each file written since the last sync, and of the directories created or
-//! emptied since). A crash may leave a block whose checksum does not match its bytes; reading
+//! emptied since). [`Store::open_on`] syncs the file system first (a process that died before
+//! may have left answered writes in the page cache). If the machine went down (power loss,
+//! kernel crash) while answered writes were not synced, the store opens empty as a new
+//! incarnation, which the manager has rebuilt from the other servers (`boot.rs`). A crash may leave a block whose checksum does not match its bytes; reading
 //! it reports [`StorageError::Corrupt`] and the client rebuilds it from redundancy.
 //!
 //! # Reads that never wait
@@ -100,9 +108,12 @@
 //! store.sync().unwrap();
 //! ```
 
+mod boot;
+mod disk;
 mod intent;
 mod io;
 mod locks;
+mod memdisk;
 mod meta;
 mod overflow;
 mod record;
@@ -110,8 +121,10 @@ mod region;
 mod stale;
 mod store;
 
+pub use disk::{Disk, DiskFile, DiskLock, EntryKind, FileHandle, RealDisk};
 pub use intent::{IntentRecord, INTENT_FORMAT_VERSION};
 pub use locks::ParityLocks;
+pub use memdisk::{BitFlip, MemDisk, PowerLoss, SECTOR_BYTES};
 pub use record::{FileRecord, RecordError, RecordPage, RECORD_FORMAT_VERSION};
 pub use stale::{StaleState, STALE_FORMAT_VERSION, STALE_RECORDS_MAX};
 pub use store::Store;

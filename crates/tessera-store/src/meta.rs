@@ -5,14 +5,14 @@
 //! case included) is found. A file that fails it is refused with an error naming it: a
 //! flipped bit must never silently change the server id, incarnation or cluster.
 
-use std::fs::{self, File};
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use tessera_wire::StorageError;
 
-use crate::io::{disk, disk_format};
+use crate::disk::{read_file, write_file_synced, Disk};
+use crate::io::{disk as disk_error, disk_format};
 use crate::STORE_FORMAT_VERSION;
 
 /// Name of the store's description file under the root.
@@ -71,12 +71,12 @@ fn checksum_line(body: &[u8]) -> String {
 }
 
 /// Reads `store.toml`; `None` if there is none (a new or wiped store).
-pub(crate) fn load(root: &Path) -> Result<Option<StoreMeta>, StorageError> {
+pub(crate) fn load(disk: &dyn Disk, root: &Path) -> Result<Option<StoreMeta>, StorageError> {
     let path = root.join(META_FILE);
-    let bytes = match fs::read(&path) {
+    let bytes = match read_file(disk, &path) {
         Ok(bytes) => bytes,
         Err(error) if error.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(error) => return Err(disk(format_args!("read {}", path.display()), error)),
+        Err(error) => return Err(disk_error(format_args!("read {}", path.display()), error)),
     };
     let Some(body) = verified_body(&bytes) else {
         return Err(unverified(&path, &bytes));
@@ -140,7 +140,7 @@ fn unverified(path: &Path, bytes: &[u8]) -> StorageError {
 }
 
 /// Replaces `store.toml` durably: a new file, synced, renamed over the old, directory synced.
-pub(crate) fn save(root: &Path, meta: &StoreMeta) -> Result<(), StorageError> {
+pub(crate) fn save(disk: &dyn Disk, root: &Path, meta: &StoreMeta) -> Result<(), StorageError> {
     let file = MetaFile {
         format_version: STORE_FORMAT_VERSION,
         incarnation: format!("{:016x}", meta.incarnation),
@@ -157,19 +157,15 @@ pub(crate) fn save(root: &Path, meta: &StoreMeta) -> Result<(), StorageError> {
     text.push_str(&checksum_line(text.as_bytes()));
     let path_new = root.join(META_FILE_NEW);
     let path = root.join(META_FILE);
-    let mut new = File::create(&path_new)
-        .map_err(|error| disk(format_args!("create {}", path_new.display()), error))?;
-    new.write_all(text.as_bytes())
-        .and_then(|()| new.sync_all())
-        .map_err(|error| disk(format_args!("write {}", path_new.display()), error))?;
-    fs::rename(&path_new, &path)
-        .map_err(|error| disk(format_args!("rename to {}", path.display()), error))?;
-    sync_dir(root)
+    write_file_synced(disk, &path_new, text.as_bytes())
+        .map_err(|error| disk_error(format_args!("write {}", path_new.display()), error))?;
+    disk.rename(&path_new, &path)
+        .map_err(|error| disk_error(format_args!("rename to {}", path.display()), error))?;
+    sync_dir(disk, root)
 }
 
 /// Makes a directory's entries durable.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), StorageError> {
-    File::open(dir)
-        .and_then(|handle| handle.sync_all())
-        .map_err(|error| disk(format_args!("sync directory {}", dir.display()), error))
+pub(crate) fn sync_dir(disk: &dyn Disk, dir: &Path) -> Result<(), StorageError> {
+    disk.sync_dir(dir)
+        .map_err(|error| disk_error(format_args!("sync directory {}", dir.display()), error))
 }

@@ -33,15 +33,13 @@
 //!   `store.toml`, and records check themselves): it is rewritten in place.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use tessera_layout::{OverflowRole, Region};
 use tessera_wire::{FileId, OverflowExtent, StorageError};
 
+use crate::disk::{write_file_synced, Disk, DiskFile, FileHandle};
 use crate::io::{disk, disk_format, read_full_at};
 use crate::{FILE_BYTES_MAX, LIST_EXTENTS_MAX, REQUEST_BYTES_MAX};
 
@@ -416,10 +414,12 @@ pub(crate) struct ReplayDamage {
 /// A file's overflow byte file and log, open, with the table they describe.
 pub(crate) struct OverflowFiles {
     file: FileId,
+    /// The disk the files are on, to replace the log by a shorter one.
+    disk: Arc<dyn Disk>,
     /// Where the log is, to replace it by a shorter one.
     log_path: PathBuf,
-    pub(crate) bytes: Arc<File>,
-    pub(crate) log: Arc<File>,
+    pub(crate) bytes: FileHandle,
+    pub(crate) log: FileHandle,
     /// Where the next entry's bytes go.
     bytes_len: u64,
     /// Where the next record goes (0: the header is not written yet).
@@ -432,20 +432,20 @@ impl OverflowFiles {
     /// rewritten, and files whose entries are all dead (and none damaged) are emptied.
     pub(crate) fn open(
         file: FileId,
-        bytes: File,
-        log: File,
+        [bytes, log]: [FileHandle; 2],
+        disk: Arc<dyn Disk>,
         log_path: PathBuf,
     ) -> Result<(Self, Touched, ReplayDamage), StorageError> {
         let bytes_len = bytes
-            .metadata()
-            .map_err(|error| disk(format_args!("stat overflow of file {file}"), error))?
-            .len();
-        let (table, log_len, damage) = replay(file, &log)?;
+            .size()
+            .map_err(|error| self::disk(format_args!("stat overflow of file {file}"), error))?;
+        let (table, log_len, damage) = replay(file, &*log)?;
         let mut overflow = OverflowFiles {
             file,
+            disk,
             log_path,
-            bytes: Arc::new(bytes),
-            log: Arc::new(log),
+            bytes,
+            log,
             bytes_len,
             log_len,
             table,
@@ -643,7 +643,7 @@ impl OverflowFiles {
             if origin_loaded != Some(piece.origin) {
                 let origin = piece.origin;
                 origin_bytes.resize(origin.len as usize, 0);
-                read_full_at(&self.bytes, &mut origin_bytes, origin.position)
+                read_full_at(&*self.bytes, &mut origin_bytes, origin.position)
                     .map_err(|error| self.disk("read overflow", error))?;
                 if crc32c::crc32c(&origin_bytes) != origin.crc {
                     return Err(StorageError::Corrupt {
@@ -684,8 +684,10 @@ impl OverflowFiles {
         assert!(self.table.is_empty());
         let damaged = self.table.damaged_records();
         if damaged.is_empty() {
+            // Durably, before the bytes go: the log's records must never outlive them.
             self.log
                 .set_len(0)
+                .and_then(|()| self.log.sync_data())
                 .map_err(|error| self.disk("truncate overflow log", error))?;
             self.log_len = 0;
         } else {
@@ -712,23 +714,17 @@ impl OverflowFiles {
         }
         let aside = self.log_path.with_extension("log.new");
         let fail = |what: &str, error| disk(format_args!("{what} {}", aside.display()), error);
-        let mut new = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&aside)
-            .map_err(|error| fail("create", error))?;
-        new.write_all(&bytes)
-            .and_then(|()| new.sync_all())
-            .map_err(|error| fail("write", error))?;
-        std::fs::rename(&aside, &self.log_path).map_err(|error| fail("rename", error))?;
+        let new =
+            write_file_synced(&*self.disk, &aside, &bytes).map_err(|error| fail("write", error))?;
+        self.disk
+            .rename(&aside, &self.log_path)
+            .map_err(|error| fail("rename", error))?;
         let dir = self
             .log_path
             .parent()
             .expect("a log is in a file's directory");
-        crate::meta::sync_dir(dir)?;
-        self.log = Arc::new(new);
+        crate::meta::sync_dir(&*self.disk, dir)?;
+        self.log = new;
         self.log_len = bytes.len() as u64;
         Ok(())
     }
@@ -749,12 +745,12 @@ fn log_header() -> [u8; LOG_HEADER_BYTES as usize] {
 
 /// Replays a log: the table, the length of the valid prefix, and what was found wrong (and
 /// put right on disk: a torn tail cut, a damaged header rewritten).
-fn replay(file: FileId, log: &File) -> Result<(OverflowTable, u64, ReplayDamage), StorageError> {
+fn replay(
+    file: FileId,
+    log: &dyn DiskFile,
+) -> Result<(OverflowTable, u64, ReplayDamage), StorageError> {
     let context = |what: &str| format!("{what} overflow log of file {file}");
-    let len = log
-        .metadata()
-        .map_err(|error| disk(context("stat"), error))?
-        .len();
+    let len = log.size().map_err(|error| disk(context("stat"), error))?;
     let mut table = OverflowTable::default();
     let mut damage = ReplayDamage::default();
     if len == 0 {

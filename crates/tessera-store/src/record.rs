@@ -19,14 +19,14 @@
 //! synced; a torn or flipped record fails its checksum and reads as [`RecordError::Damaged`],
 //! never as wrong metadata (recovery takes the file's record from another column's server).
 
-use std::fs::{self, File};
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use tessera_wire::{FileMeta, StorageError};
 
-use crate::io::disk;
+use crate::disk::{read_file, write_file_synced, Disk};
+use crate::io::disk as disk_error;
 use crate::meta::sync_dir;
 
 /// Name of a file's record inside its directory.
@@ -127,30 +127,27 @@ pub fn decode(bytes: &[u8]) -> Result<FileRecord, RecordError> {
 }
 
 /// The record in a file's directory, if it has one.
-pub(crate) fn load(dir: &Path) -> Result<Option<FileRecord>, RecordError> {
+pub(crate) fn load(disk: &dyn Disk, dir: &Path) -> Result<Option<FileRecord>, RecordError> {
     let path = dir.join(RECORD_FILE);
-    match fs::read(&path) {
+    match read_file(disk, &path) {
         Ok(bytes) => decode(&bytes).map(Some),
         Err(error) if error.kind() == ErrorKind::NotFound => Ok(None),
-        Err(error) => Err(disk(format_args!("read {}", path.display()), error).into()),
+        Err(error) => Err(disk_error(format_args!("read {}", path.display()), error).into()),
     }
 }
 
 /// Replaces the record in a file's directory durably, unless it already says the same.
-pub(crate) fn save(dir: &Path, record: &FileRecord) -> Result<(), StorageError> {
-    if matches!(load(dir), Ok(Some(ref old)) if old == record) {
+pub(crate) fn save(disk: &dyn Disk, dir: &Path, record: &FileRecord) -> Result<(), StorageError> {
+    if matches!(load(disk, dir), Ok(Some(ref old)) if old == record) {
         return Ok(());
     }
     let path_new = dir.join(RECORD_FILE_NEW);
     let path = dir.join(RECORD_FILE);
-    let mut new = File::create(&path_new)
-        .map_err(|error| disk(format_args!("create {}", path_new.display()), error))?;
-    new.write_all(&encode(record))
-        .and_then(|()| new.sync_all())
-        .map_err(|error| disk(format_args!("write {}", path_new.display()), error))?;
-    fs::rename(&path_new, &path)
-        .map_err(|error| disk(format_args!("rename to {}", path.display()), error))?;
-    sync_dir(dir)
+    write_file_synced(disk, &path_new, &encode(record))
+        .map_err(|error| disk_error(format_args!("write {}", path_new.display()), error))?;
+    disk.rename(&path_new, &path)
+        .map_err(|error| disk_error(format_args!("rename to {}", path.display()), error))?;
+    sync_dir(disk, dir)
 }
 
 #[cfg(test)]
@@ -175,11 +172,15 @@ mod tests {
     #[test]
     fn a_record_reads_back_as_written() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(load(dir.path()).unwrap(), None);
-        save(dir.path(), &record("a/b", 12345)).unwrap();
-        assert_eq!(load(dir.path()).unwrap(), Some(record("a/b", 12345)));
-        save(dir.path(), &record("a/c", u64::MAX)).unwrap();
-        assert_eq!(load(dir.path()).unwrap(), Some(record("a/c", u64::MAX)));
+        let disk = &crate::RealDisk;
+        assert_eq!(load(disk, dir.path()).unwrap(), None);
+        save(disk, dir.path(), &record("a/b", 12345)).unwrap();
+        assert_eq!(load(disk, dir.path()).unwrap(), Some(record("a/b", 12345)));
+        save(disk, dir.path(), &record("a/c", u64::MAX)).unwrap();
+        assert_eq!(
+            load(disk, dir.path()).unwrap(),
+            Some(record("a/c", u64::MAX))
+        );
         assert!(!dir.path().join(RECORD_FILE_NEW).exists());
     }
 
@@ -209,9 +210,9 @@ mod tests {
         let page = store.records(2, 2).unwrap();
         assert_eq!(page.records[0].meta.path, "file-5");
         let record_path = dir.path().join("files/7").join(RECORD_FILE);
-        let mut bytes = fs::read(&record_path).unwrap();
+        let mut bytes = std::fs::read(&record_path).unwrap();
         *bytes.last_mut().unwrap() ^= 0x10;
-        fs::write(&record_path, bytes).unwrap();
+        std::fs::write(&record_path, bytes).unwrap();
         let page = store.records(5, 2).unwrap();
         assert_eq!(
             (ids(&page.records), page.damaged, page.more),

@@ -5,13 +5,10 @@
 //! sidecar holds one 8-byte entry per block at `block * 8`: the block's crc32c and a marker
 //! saying "written". An all-zero entry means the block was never written and must be zeros.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::sync::Arc;
-
 use tessera_layout::Region;
 use tessera_wire::{FileId, StorageError};
 
+use crate::disk::{DiskFile, FileHandle};
 use crate::io::{disk, disk_format, read_full_at, read_full_at_with, Wait};
 use crate::BLOCK_BYTES;
 
@@ -30,9 +27,9 @@ pub(crate) struct RegionFile {
     file: FileId,
     region: Region,
     /// The blocks.
-    pub(crate) bytes: Arc<File>,
+    pub(crate) bytes: FileHandle,
     /// The checksum entries.
-    pub(crate) crc: Arc<File>,
+    pub(crate) crc: FileHandle,
     /// Blocks whose checksum entry is not all zeros.
     blocks_written: u64,
 }
@@ -42,10 +39,10 @@ impl RegionFile {
     pub(crate) fn open(
         file: FileId,
         region: Region,
-        bytes: File,
-        crc: File,
+        bytes: FileHandle,
+        crc: FileHandle,
     ) -> Result<Self, StorageError> {
-        let blocks_written = count_written(&crc).map_err(|error| {
+        let blocks_written = count_written(&*crc).map_err(|error| {
             disk(
                 format_args!("scan checksums of file {file} {region:?}"),
                 error,
@@ -54,8 +51,8 @@ impl RegionFile {
         Ok(RegionFile {
             file,
             region,
-            bytes: Arc::new(bytes),
-            crc: Arc::new(crc),
+            bytes,
+            crc,
             blocks_written,
         })
     }
@@ -129,7 +126,7 @@ impl RegionFile {
         };
 
         let mut entries = vec![0u8; (block_count * CRC_ENTRY_BYTES) as usize];
-        read_full_at(&self.crc, &mut entries, block_first * CRC_ENTRY_BYTES)
+        read_full_at(&*self.crc, &mut entries, block_first * CRC_ENTRY_BYTES)
             .map_err(|error| self.disk("read checksums", error))?;
         let blocks_new = entries
             .chunks_exact(CRC_ENTRY_BYTES as usize)
@@ -151,6 +148,14 @@ impl RegionFile {
             .map_err(|error| self.disk("write checksums", error))?;
         self.blocks_written += blocks_new;
         Ok(())
+    }
+
+    /// Makes the blocks and their checksum entries durable.
+    pub(crate) fn sync(&self) -> Result<(), StorageError> {
+        self.bytes
+            .sync_data()
+            .and_then(|()| self.crc.sync_data())
+            .map_err(|error| self.disk("sync", error))
     }
 
     /// `data` at `offset` merged into the whole blocks it partly covers (edge blocks read and
@@ -194,12 +199,17 @@ impl RegionFile {
             wait == Wait::No && error.kind() == std::io::ErrorKind::WouldBlock
         };
         let mut entries = vec![0u8; (block_count * CRC_ENTRY_BYTES) as usize];
-        match read_full_at_with(&self.crc, &mut entries, block_first * CRC_ENTRY_BYTES, wait) {
+        match read_full_at_with(
+            &*self.crc,
+            &mut entries,
+            block_first * CRC_ENTRY_BYTES,
+            wait,
+        ) {
             Err(error) if would_wait(&error) => return Ok(None),
             result => result.map_err(|error| self.disk("read checksums", error))?,
         }
         let mut blocks = vec![0u8; (block_count * BLOCK_BYTES) as usize];
-        match read_full_at_with(&self.bytes, &mut blocks, block_first * BLOCK_BYTES, wait) {
+        match read_full_at_with(&*self.bytes, &mut blocks, block_first * BLOCK_BYTES, wait) {
             Err(error) if would_wait(&error) => return Ok(None),
             result => result.map_err(|error| self.disk("read blocks", error))?,
         }
@@ -238,8 +248,8 @@ fn block_matches(block: &[u8], entry: &[u8]) -> bool {
 }
 
 /// Counts the checksum entries that are not all zeros (a torn last entry counts too).
-fn count_written(crc: &File) -> std::io::Result<u64> {
-    let len = crc.metadata()?.len();
+fn count_written(crc: &dyn DiskFile) -> std::io::Result<u64> {
+    let len = crc.size()?;
     let mut chunk = vec![0u8; CRC_SCAN_BYTES];
     let mut written = 0u64;
     let mut offset = 0u64;

@@ -67,13 +67,14 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::fs::{self, OpenOptions};
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tessera_wire::{FileId, IndexRange, StorageError};
 use tokio::time::Instant;
 
+use crate::disk::{read_file, write_file_synced, Disk};
 use crate::io::{bad_request, disk};
 
 /// Directory of stale-parity records under the store's root.
@@ -114,6 +115,7 @@ struct Record {
 
 /// The stale-parity records of one store, on disk and in memory.
 pub(crate) struct StaleRecords {
+    disk: Arc<dyn Disk>,
     dir: PathBuf,
     records: BTreeMap<u64, Record>,
     token_next: u64,
@@ -123,21 +125,22 @@ impl StaleRecords {
     /// Opens (creating) the records directory under `root`. Every record found is orphaned
     /// (its writer's lease did not survive the restart); a torn or damaged one is dropped: it
     /// was never answered, so no data was written under it.
-    pub(crate) fn open(root: &Path) -> Result<StaleRecords, StorageError> {
+    pub(crate) fn open(disk: &Arc<dyn Disk>, root: &Path) -> Result<StaleRecords, StorageError> {
         let dir = root.join(STALE_DIR);
-        match fs::create_dir(&dir) {
-            Ok(()) => crate::meta::sync_dir(root)?,
+        match disk.create_dir(&dir) {
+            Ok(()) => crate::meta::sync_dir(&**disk, root)?,
             Err(error) if error.kind() == ErrorKind::AlreadyExists => {}
-            Err(error) => return Err(disk(format_args!("create {}", dir.display()), error)),
+            Err(error) => return Err(self::disk(format_args!("create {}", dir.display()), error)),
         }
         let now = Instant::now();
         let mut records = BTreeMap::new();
-        let entries = fs::read_dir(&dir).map_err(|e| disk(format_args!("list stale"), e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| disk(format_args!("list stale"), e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
+        let names = disk
+            .read_dir(&dir)
+            .map_err(|e| self::disk(format_args!("list stale"), e))?;
+        for name in names {
+            let path = dir.join(&name);
             let loaded = parse_name(&name).and_then(|(file, token)| {
-                let bytes = fs::read(entry.path()).ok()?;
+                let bytes = read_file(&**disk, &path).ok()?;
                 decode(&bytes).map(|stripes| (file, token, stripes))
             });
             match loaded {
@@ -152,8 +155,9 @@ impl StaleRecords {
                         },
                     );
                 }
-                None => fs::remove_file(entry.path())
-                    .map_err(|e| disk(format_args!("remove torn stale record {name}"), e))?,
+                None => disk
+                    .remove_file(&path)
+                    .map_err(|e| self::disk(format_args!("remove torn stale record {name}"), e))?,
             }
         }
         let token_next = records
@@ -162,6 +166,7 @@ impl StaleRecords {
             .map_or(1, |&last| last + 1)
             .max(rand::random::<u64>() >> 16);
         Ok(StaleRecords {
+            disk: Arc::clone(disk),
             dir,
             records,
             token_next,
@@ -187,16 +192,9 @@ impl StaleRecords {
         let token = self.token_next;
         self.token_next += 1;
         let path = self.path(file, token);
-        let written = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .and_then(|mut handle| {
-                handle.write_all(&encode(&[stripes]))?;
-                handle.sync_data()
-            });
-        written.map_err(|e| disk(format_args!("record {}", path.display()), e))?;
-        crate::meta::sync_dir(&self.dir)?;
+        write_file_synced(&*self.disk, &path, &encode(&[stripes]))
+            .map_err(|e| disk(format_args!("record {}", path.display()), e))?;
+        crate::meta::sync_dir(&*self.disk, &self.dir)?;
         let stripes = vec![stripes];
         self.records.insert(
             token,
@@ -325,7 +323,7 @@ impl StaleRecords {
     /// Deletes a record's file (not synced: see the module doc).
     fn remove_file(&self, file: FileId, token: u64) -> Result<bool, StorageError> {
         let path = self.path(file, token);
-        match fs::remove_file(&path) {
+        match self.disk.remove_file(&path) {
             Ok(()) => Ok(true),
             Err(error) if error.kind() == ErrorKind::NotFound => Ok(true),
             Err(error) => Err(disk(format_args!("remove {}", path.display()), error)),
@@ -344,16 +342,8 @@ impl StaleRecords {
         }
         let path = self.path(file, token);
         let staging = self.dir.join(format!("{file}.{token}.new"));
-        let written = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&staging)
-            .and_then(|mut handle| {
-                handle.write_all(&encode(&ranges))?;
-                handle.sync_data()
-            })
-            .and_then(|()| fs::rename(&staging, &path));
+        let written = write_file_synced(&*self.disk, &staging, &encode(&ranges))
+            .and_then(|_| self.disk.rename(&staging, &path));
         written.map_err(|e| disk(format_args!("rewrite {}", path.display()), e))
     }
 }

@@ -2,15 +2,15 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tessera_layout::{OverflowRole, Region};
 use tessera_wire::{FileId, FileMeta, IndexRange, OverflowExtent, ParityIntent, StorageError};
 
+use crate::boot::{self, UnsyncedMark};
+use crate::disk::{Disk, DiskLock, EntryKind, FileHandle, RealDisk};
 use crate::intent::{IntentRecord, Intents, INTENTS_DIR};
 use crate::io::{bad_request, check_range, data_ranges, disk, disk_format};
 use crate::meta::{self, StoreMeta};
@@ -88,7 +88,7 @@ impl FileData {
         }
     }
 
-    fn handle(&self, kind: FileKind) -> &Arc<File> {
+    fn handle(&self, kind: FileKind) -> &FileHandle {
         match kind {
             FileKind::Data => &self.data.bytes,
             FileKind::DataCrc => &self.data.crc,
@@ -118,7 +118,7 @@ struct FileSlot {
 /// Files and directories written since the last sync.
 #[derive(Default)]
 struct Dirty {
-    files: HashMap<(FileId, FileKind), Arc<File>>,
+    files: HashMap<(FileId, FileKind), FileHandle>,
     dirs: HashSet<PathBuf>,
 }
 
@@ -129,6 +129,8 @@ struct Dirty {
 /// lock, and writes and overflow changes of one file take it exclusively, so a read never sees
 /// new bytes with an old checksum.
 pub struct Store {
+    /// The disk everything is on: the real one, or an in-memory one in simulations.
+    disk: Arc<dyn Disk>,
     root: PathBuf,
     files_dir: PathBuf,
     incarnation: u64,
@@ -144,8 +146,10 @@ pub struct Store {
     intents: Mutex<Intents>,
     /// Stale-parity records of full-stripe writes (see `stale.rs`).
     stale: Mutex<StaleRecords>,
-    /// Keeps the exclusive `flock` on `store.lock` for the store's lifetime.
-    _lock_file: File,
+    /// Present on disk while an answered write is not synced (see `boot.rs`).
+    unsynced: UnsyncedMark,
+    /// Keeps the exclusive lock on `store.lock` for the store's lifetime.
+    _lock: DiskLock,
 }
 
 impl fmt::Debug for Store {
@@ -163,54 +167,29 @@ impl Store {
     /// left in it are deleted, since the new incarnation declares that nothing is held.
     /// Fails if another `Store` (in any process) has the directory open.
     pub fn open(root: &Path) -> Result<Store, StorageError> {
-        fs::create_dir_all(root)
-            .map_err(|error| disk(format_args!("create {}", root.display()), error))?;
-        let lock_file = lock_root(root)?;
+        Store::open_on(RealDisk::shared(), root)
+    }
+
+    /// [`open`](Self::open) on `disk` (an in-memory disk in simulations).
+    pub fn open_on(disk: Arc<dyn Disk>, root: &Path) -> Result<Store, StorageError> {
+        create_root(&*disk, root)?;
+        let lock = lock_root(&*disk, root)?;
+        // What a process that died before us wrote may still be only in the page cache, and
+        // our `sync` will not know of it: make it durable before trusting it (a write the
+        // old process answered and our sync then acknowledged would otherwise be lost to a
+        // power loss).
+        disk.sync_fs(root)
+            .map_err(|error| self::disk(format_args!("sync {}", root.display()), error))?;
         let files_dir = root.join(FILES_DIR);
-        let meta = match meta::load(root)? {
-            Some(meta) => {
-                if !files_dir.is_dir() {
-                    return Err(disk_format(format!(
-                        "{} has a {} but no {FILES_DIR} directory: the store was partly \
-                         wiped; remove the whole directory to start afresh",
-                        root.display(),
-                        meta::META_FILE
-                    )));
-                }
-                meta
-            }
-            None => {
-                for dir in [
-                    files_dir.clone(),
-                    root.join(INTENTS_DIR),
-                    root.join(STALE_DIR),
-                ] {
-                    match fs::remove_dir_all(&dir) {
-                        Ok(()) => {}
-                        Err(error) if error.kind() == ErrorKind::NotFound => {}
-                        Err(error) => {
-                            return Err(disk(format_args!("clear {}", dir.display()), error))
-                        }
-                    }
-                }
-                fs::create_dir(&files_dir)
-                    .map_err(|error| disk(format_args!("create {}", files_dir.display()), error))?;
-                meta::sync_dir(root)?;
-                let meta = StoreMeta {
-                    // Never 0: the manager names an unregistered server's store 0, which
-                    // then matches no store.
-                    incarnation: rand::random::<u64>().max(1),
-                    server_id: None,
-                    cluster_id: None,
-                };
-                meta::save(root, &meta)?;
-                meta
-            }
-        };
-        let intents = Intents::open(root)?;
+        let meta = load_or_create_meta(&*disk, root, &files_dir)?;
+        let meta = renew_if_writes_lost(&*disk, root, &files_dir, meta)?;
+        let intents = Intents::open(&disk, root)?;
+        let stale = StaleRecords::open(&disk, root)?;
         Ok(Store {
+            unsynced: UnsyncedMark::new(root),
+            disk,
             intents: Mutex::new(intents),
-            stale: Mutex::new(StaleRecords::open(root)?),
+            stale: Mutex::new(stale),
             root: root.to_path_buf(),
             files_dir,
             incarnation: meta.incarnation,
@@ -218,7 +197,7 @@ impl Store {
             slots: Mutex::new(HashMap::new()),
             dirty: Mutex::new(Dirty::default()),
             sync_lock: Mutex::new(()),
-            _lock_file: lock_file,
+            _lock: lock,
         })
     }
 
@@ -246,7 +225,7 @@ impl Store {
             cluster_id: Some(cluster),
             ..*meta
         };
-        meta::save(&self.root, &updated)?;
+        meta::save(&*self.disk, &self.root, &updated)?;
         *meta = updated;
         Ok(())
     }
@@ -330,10 +309,16 @@ impl Store {
         if data.is_empty() {
             return Ok(());
         }
+        let _unsynced = self.unsynced.hold(&*self.disk)?;
         self.with_write(file, |state| {
             let present = self.make_present(file, state)?;
             present.region_mut(region).write(offset, data)?;
             self.mark_dirty(file, present, &FileKind::of_region(region));
+            if invalidate_overflow && present.overflow.overlays(offset, data.len() as u64) {
+                // The trim must not reach the disk before the bytes that replace what it
+                // trims: a power loss would uncover the older bytes beneath the entries.
+                present.data.sync()?;
+            }
             if invalidate_overflow {
                 let touched = present.overflow.invalidate(
                     OverflowRole::Primary,
@@ -454,6 +439,7 @@ impl Store {
         if data.is_empty() {
             return Ok(());
         }
+        let _unsynced = self.unsynced.hold(&*self.disk)?;
         self.with_write(file, |state| {
             let present = self.make_present(file, state)?;
             present.overflow.append(role, offset, data)?;
@@ -482,6 +468,7 @@ impl Store {
         if len == 0 {
             return Ok(());
         }
+        let _unsynced = self.unsynced.hold(&*self.disk)?;
         self.with_write(file, |state| {
             if let FileState::Present(present) = state {
                 let touched = present.overflow.invalidate(role, offset, len)?;
@@ -541,8 +528,8 @@ impl Store {
         let ranges_max = tessera_wire::ALLOCATED_RANGES_MAX;
         let mut ranges = self.with_read(file, |state| match state {
             FileState::Present(present) => {
-                let extents = |handle: &File, from: u64, to: u64| {
-                    data_ranges(handle, from, to, ranges_max)
+                let extents = |handle: &FileHandle, from: u64, to: u64| {
+                    data_ranges(&**handle, from, to, ranges_max)
                         .map_err(|error| disk(format_args!("extents of file {file}"), error))
                 };
                 let files = present.region(region);
@@ -586,7 +573,7 @@ impl Store {
     pub fn sync(&self) -> Result<(), StorageError> {
         let _one_at_a_time = lock(&self.sync_lock);
         let owed = std::mem::take(&mut *lock(&self.dirty));
-        let result = sync_owed(&owed);
+        let result = sync_owed(&*self.disk, &owed);
         if result.is_err() {
             // Keep owing them, so the next sync tries again.
             let mut dirty = lock(&self.dirty);
@@ -594,8 +581,12 @@ impl Store {
                 dirty.files.entry(key).or_insert(handle);
             }
             dirty.dirs.extend(owed.dirs);
+            return result;
         }
-        result
+        self.unsynced.clear_if(&*self.disk, || {
+            let dirty = lock(&self.dirty);
+            dirty.files.is_empty() && dirty.dirs.is_empty()
+        })
     }
 
     /// Keeps `meta` as the file's record (see [`FileRecord`]), stamped with the cluster this
@@ -606,18 +597,19 @@ impl Store {
         self.with_write(meta.id, |state| {
             self.make_present(meta.id, state)?;
             let dir = self.file_dir(meta.id);
-            let was_committed = matches!(record::load(&dir), Ok(Some(old)) if old.committed);
+            let was_committed =
+                matches!(record::load(&*self.disk, &dir), Ok(Some(old)) if old.committed);
             let record = FileRecord {
                 meta: meta.clone(),
                 cluster: self.cluster_id(),
                 committed: committed || was_committed,
             };
-            record::save(&dir, &record)
+            record::save(&*self.disk, &dir, &record)
         })?;
         // The file's directory may be new: its entry must be durable before the record is.
         let created = lock(&self.dirty).dirs.remove(&self.files_dir);
         if created {
-            meta::sync_dir(&self.files_dir)?;
+            meta::sync_dir(&*self.disk, &self.files_dir)?;
         }
         Ok(())
     }
@@ -625,14 +617,14 @@ impl Store {
     /// Up to `limit` files with an id above `after`, in file id order: their records, or
     /// whether their record is damaged or missing.
     pub fn records(&self, after: FileId, limit: usize) -> Result<RecordPage, StorageError> {
-        let entries = fs::read_dir(&self.files_dir)
+        let names = self
+            .disk
+            .read_dir(&self.files_dir)
             .map_err(|error| disk(format_args!("list {}", self.files_dir.display()), error))?;
         let mut ids = Vec::new();
-        for entry in entries {
-            let entry = entry
-                .map_err(|error| disk(format_args!("list {}", self.files_dir.display()), error))?;
-            match entry.file_name().to_str().map(str::parse::<FileId>) {
-                Some(Ok(id)) if id > after => ids.push(id),
+        for name in names {
+            match name.parse::<FileId>() {
+                Ok(id) if id > after => ids.push(id),
                 _ => {}
             }
         }
@@ -646,7 +638,7 @@ impl Store {
             // Under the file's lock, so that a record being replaced is read whole.
             let slot = self.slot(id);
             let _state = read_state(&slot);
-            match record::load(&self.file_dir(id)) {
+            match record::load(&*self.disk, &self.file_dir(id)) {
                 Ok(Some(record)) => page.records.push(record),
                 Ok(None) => page.unrecorded.push(id),
                 Err(RecordError::Damaged(_)) => page.damaged.push(id),
@@ -661,7 +653,7 @@ impl Store {
         let dir = self.file_dir(file);
         let slot = self.slot(file);
         let mut state = write_state(&slot);
-        match fs::remove_dir_all(&dir) {
+        match self.disk.remove_dir_all(&dir) {
             Ok(()) => {}
             Err(error) if error.kind() == ErrorKind::NotFound => {}
             Err(error) => {
@@ -758,12 +750,14 @@ impl Store {
     /// log replayed.
     fn load(&self, file: FileId) -> Result<FileState, StorageError> {
         let dir = self.file_dir(file);
-        match fs::metadata(&dir) {
-            Ok(meta) if meta.is_dir() => {
+        match self.disk.kind(&dir) {
+            Ok(Some(EntryKind::Dir)) => {
                 Ok(FileState::Present(Box::new(self.open_files(file, &dir)?)))
             }
-            Ok(_) => Err(disk_format(format!("{} is not a directory", dir.display()))),
-            Err(error) if error.kind() == ErrorKind::NotFound => Ok(FileState::Absent),
+            Ok(Some(EntryKind::File)) => {
+                Err(disk_format(format!("{} is not a directory", dir.display())))
+            }
+            Ok(None) => Ok(FileState::Absent),
             Err(error) => Err(disk(format_args!("stat {}", dir.display()), error)),
         }
     }
@@ -776,7 +770,7 @@ impl Store {
     ) -> Result<&'a mut FileData, StorageError> {
         if !matches!(state, FileState::Present(_)) {
             let dir = self.file_dir(file);
-            match fs::create_dir(&dir) {
+            match self.disk.create_dir(&dir) {
                 Ok(()) => {}
                 Err(error) if error.kind() == ErrorKind::AlreadyExists => {}
                 Err(error) => return Err(disk(format_args!("create {}", dir.display()), error)),
@@ -796,12 +790,10 @@ impl Store {
         let mut handles = Vec::with_capacity(FileKind::ALL.len());
         for kind in FileKind::ALL {
             let path = dir.join(kind.name());
-            created |= !path.exists();
-            let handle = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
+            let stat = |error| disk(format_args!("stat {}", path.display()), error);
+            created |= self.disk.kind(&path).map_err(stat)?.is_none();
+            let handle = self
+                .disk
                 .open(&path)
                 .map_err(|error| disk(format_args!("open {}", path.display()), error))?;
             handles.push(handle);
@@ -811,7 +803,9 @@ impl Store {
         let data = RegionFile::open(file, Region::Data, next(), next())?;
         let redundancy = RegionFile::open(file, Region::Redundancy, next(), next())?;
         let log_path = dir.join(FileKind::OverflowLog.name());
-        let (overflow, touched, damage) = OverflowFiles::open(file, next(), next(), log_path)?;
+        let overflow_files = [next(), next()];
+        let (overflow, touched, damage) =
+            OverflowFiles::open(file, overflow_files, Arc::clone(&self.disk), log_path)?;
         if damage.header_rewritten || damage.records_damaged > 0 {
             tracing::warn!(
                 "overflow log of file {file} in {}: {} damaged record(s){}; reads of the \
@@ -860,48 +854,137 @@ impl Store {
 }
 
 /// Syncs what a sync owes: files first, then the directories that name them.
-fn sync_owed(owed: &Dirty) -> Result<(), StorageError> {
+fn sync_owed(disk: &dyn Disk, owed: &Dirty) -> Result<(), StorageError> {
     for ((file, kind), handle) in &owed.files {
-        handle
-            .sync_data()
-            .map_err(|error| disk(format_args!("sync {} of file {file}", kind.name()), error))?;
+        handle.sync_data().map_err(|error| {
+            self::disk(format_args!("sync {} of file {file}", kind.name()), error)
+        })?;
     }
     for dir in &owed.dirs {
-        match File::open(dir) {
-            Ok(handle) => handle
-                .sync_all()
-                .map_err(|error| disk(format_args!("sync directory {}", dir.display()), error))?,
+        match disk.sync_dir(dir) {
+            Ok(()) => {}
             // Removed since; its parent is owed a sync instead.
             Err(error) if error.kind() == ErrorKind::NotFound => {}
-            Err(error) => return Err(disk(format_args!("open {}", dir.display()), error)),
+            Err(error) => {
+                return Err(self::disk(
+                    format_args!("sync directory {}", dir.display()),
+                    error,
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The store's `store.toml`, or a new store's (any file directories left deleted).
+fn load_or_create_meta(
+    disk: &dyn Disk,
+    root: &Path,
+    files_dir: &Path,
+) -> Result<StoreMeta, StorageError> {
+    if let Some(meta) = meta::load(disk, root)? {
+        let kind = disk
+            .kind(files_dir)
+            .map_err(|error| self::disk(format_args!("stat {}", files_dir.display()), error))?;
+        if kind != Some(EntryKind::Dir) {
+            return Err(disk_format(format!(
+                "{} has a {} but no {FILES_DIR} directory: the store was partly wiped; remove \
+                 the whole directory to start afresh",
+                root.display(),
+                meta::META_FILE
+            )));
+        }
+        return Ok(meta);
+    }
+    clear_files(disk, root, files_dir)?;
+    let meta = StoreMeta {
+        // Never 0: the manager names an unregistered server's store 0, which then matches no
+        // store.
+        incarnation: rand::random::<u64>().max(1),
+        server_id: None,
+        cluster_id: None,
+    };
+    meta::save(disk, root, &meta)?;
+    Ok(meta)
+}
+
+/// Deletes every file directory and intent record: a new incarnation holds nothing.
+fn clear_files(disk: &dyn Disk, root: &Path, files_dir: &Path) -> Result<(), StorageError> {
+    for dir in [
+        files_dir.to_path_buf(),
+        root.join(INTENTS_DIR),
+        root.join(STALE_DIR),
+    ] {
+        match disk.remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(error) if error.kind() == ErrorKind::NotFound => {}
+            Err(error) => return Err(self::disk(format_args!("clear {}", dir.display()), error)),
+        }
+    }
+    disk.create_dir(files_dir)
+        .map_err(|error| self::disk(format_args!("create {}", files_dir.display()), error))?;
+    meta::sync_dir(disk, root)
+}
+
+/// `meta` with a new incarnation, and nothing stored, if the machine went down while answered
+/// writes were not synced (see `boot.rs`): the manager then has the store rebuilt from the
+/// others, as a wiped one; bytes kept would only risk being served.
+fn renew_if_writes_lost(
+    disk: &dyn Disk,
+    root: &Path,
+    files_dir: &Path,
+    meta: StoreMeta,
+) -> Result<StoreMeta, StorageError> {
+    if !boot::check_and_record(disk, root)? {
+        return Ok(meta);
+    }
+    clear_files(disk, root, files_dir)?;
+    let renewed = StoreMeta {
+        incarnation: rand::random::<u64>().max(1),
+        ..meta
+    };
+    meta::save(disk, root, &renewed)?;
+    tracing::warn!(
+        "{}: the machine went down while answered writes were not synced; they may be lost, \
+         so this store starts empty as a new incarnation ({:016x}) and the manager has it \
+         rebuilt",
+        root.display(),
+        renewed.incarnation
+    );
+    Ok(renewed)
+}
+
+/// Creates the store's root and any missing parents, durably: a directory's entry is durable
+/// only once its parent is synced, and a power loss must not take a new store with it.
+fn create_root(disk: &dyn Disk, root: &Path) -> Result<(), StorageError> {
+    let fail = |error| self::disk(format_args!("create {}", root.display()), error);
+    let mut missing = Vec::new();
+    for dir in root.ancestors() {
+        if dir.as_os_str().is_empty() || disk.kind(dir).map_err(fail)?.is_some() {
+            break;
+        }
+        missing.push(dir);
+    }
+    disk.create_dir_all(root).map_err(fail)?;
+    for dir in missing.iter().rev() {
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            meta::sync_dir(disk, parent)?;
         }
     }
     Ok(())
 }
 
 /// Takes the store's exclusive lock file, so two servers never share one directory.
-fn lock_root(root: &Path) -> Result<File, StorageError> {
+fn lock_root(disk: &dyn Disk, root: &Path) -> Result<DiskLock, StorageError> {
     let path = root.join(LOCK_FILE);
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|error| disk(format_args!("open {}", path.display()), error))?;
-    // SAFETY: flock only reads the descriptor number, which `file` keeps open for the call.
-    let result = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if result != 0 {
-        let error = std::io::Error::last_os_error();
-        if error.kind() == ErrorKind::WouldBlock {
-            return Err(disk_format(format!(
-                "{} is in use by another open store",
-                root.display()
-            )));
-        }
-        return Err(disk(format_args!("lock {}", path.display()), error));
+    match disk.lock(&path) {
+        Ok(lock) => Ok(lock),
+        Err(error) if error.kind() == ErrorKind::WouldBlock => Err(disk_format(format!(
+            "{} is in use by another open store",
+            root.display()
+        ))),
+        Err(error) => Err(self::disk(format_args!("lock {}", path.display()), error)),
     }
-    Ok(file)
 }
 
 /// Locks a mutex whose data stays consistent at every step, so a poisoned one is still fine.

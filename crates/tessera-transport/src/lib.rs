@@ -13,6 +13,7 @@
 //! [`Credential`], a daemon says through [`FrameHandler::peer_key`] which keys it accepts, and
 //! nothing else is read before it.
 
+mod answers;
 mod frame_buffer;
 mod handshake;
 pub mod limits;
@@ -228,6 +229,16 @@ pub trait FrameHandler: Send + Sync + 'static {
     ) -> Option<Option<(Bytes, Bytes)>> {
         let _ = (connection, message, payload);
         None
+    }
+
+    /// How many bytes the answer to `message` may take, header included, as far as the
+    /// handler can tell without handling it (a read's length, say). A TCP server reserves
+    /// them from its frame budget before handling the request and holds them until the
+    /// answer is written (see [`limits`]). The default, 0, reserves an answer's bytes once it
+    /// is computed.
+    fn answer_bytes_hint(&self, message: &Bytes) -> usize {
+        let _ = message;
+        0
     }
 
     /// The key `claim` must prove at this daemon, if it accepts the claim at all. The

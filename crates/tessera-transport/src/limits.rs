@@ -26,6 +26,15 @@
 //!   frames that fit go past it. While a frame waits, the reservation of the connection
 //!   that has been silent longest in the middle of a frame is taken back (that connection
 //!   is closed), so frames begun and stalled hold the budget only while nobody needs it.
+//! - **Answers.** An answer's bytes come from the same budget: reserved before the request
+//!   is handled, as far as the handler can tell its size
+//!   ([`crate::FrameHandler::answer_bytes_hint`], a read's length), else once it is
+//!   computed, and held until the answer is written; a request holds its place among the
+//!   connection's 256 in progress until then too. Each answer must be taken by the peer
+//!   within the time a frame of its length may take, and while anyone waits for the budget,
+//!   a connection whose answers have not moved for [`BUDGET_HOLDER_SILENT_MIN`] is closed
+//!   and its answers dropped. Without this, 8 connections asking for 256 reads of 1 MiB each
+//!   and reading nothing made the server compute and hold all 2 GiB.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -140,6 +149,10 @@ struct Entry {
     partial_bytes: usize,
     /// Waiting for a reservation: not silent by its own doing.
     waiting: bool,
+    /// Bytes of answers handed to the connection's writer and not yet written.
+    queued_bytes: usize,
+    /// When the writer last made progress, or when its queue last became non-empty.
+    written_at: Instant,
     /// Told to close when evicted.
     evicted: Arc<Notify>,
 }
@@ -161,20 +174,25 @@ impl Table {
             .map(|(id, _)| *id)
     }
 
-    /// The connection other than `except` whose half-received frame holds a reservation and
-    /// that has been silent longest, if silent since `silent_since` at least.
-    fn budget_victim(&self, except: u64, silent_since: Instant) -> Option<u64> {
+    /// The connections other than `except` that hold budget they do not use and have been
+    /// stalled since `silent_since` at least: a half-received frame whose sender went silent
+    /// (unless it waits for the budget itself), or answers whose reader stopped reading them
+    /// (whether or not it also waits: a peer that does not read what it asked for has no
+    /// claim to ask for more).
+    fn budget_victims(&self, except: u64, silent_since: Instant, answers_only: bool) -> Vec<u64> {
         self.entries
             .iter()
             .filter(|(id, e)| {
-                **id != except
+                let frame_stalled = !answers_only
                     && e.requests == 0
                     && e.partial_bytes > 0
                     && !e.waiting
-                    && e.active_at <= silent_since
+                    && e.active_at <= silent_since;
+                let answers_stalled = e.queued_bytes > 0 && e.written_at <= silent_since;
+                **id != except && (frame_stalled || answers_stalled)
             })
-            .min_by_key(|(_, e)| e.active_at)
             .map(|(id, _)| *id)
+            .collect()
     }
 
     fn remove(&mut self, id: u64) -> Option<Entry> {
@@ -223,6 +241,13 @@ impl Budget {
 pub(crate) struct Reservation {
     budget: Arc<Budget>,
     bytes: usize,
+}
+
+impl Reservation {
+    /// The bytes it holds.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
 }
 
 impl Drop for Reservation {
@@ -287,6 +312,8 @@ impl Limiter {
                 requests: 0,
                 partial_bytes: 0,
                 waiting: false,
+                queued_bytes: 0,
+                written_at: Instant::now(),
                 evicted: evicted.clone(),
             },
         );
@@ -348,50 +375,124 @@ impl Slot {
     }
 
     /// Reserves `bytes` of the frame budget for the frame being received, waiting until they
-    /// fit. While it waits, every [`BUDGET_WAIT_EVICT`] it evicts the connection whose
-    /// half-received frame holds a reservation and that has been silent longest (at least
-    /// [`BUDGET_HOLDER_SILENT_MIN`]; connections waiting themselves are not silent by their
-    /// own doing), so that peers who begin frames and stop cannot keep the budget from those
-    /// who send.
+    /// fit, and evicting stalled holders meanwhile ([`Limiter::take_budget`]), so that peers
+    /// who begin frames and stop, or ask for answers and do not read them, cannot keep the
+    /// budget from those who send.
     pub(crate) async fn reserve(&self, bytes: usize) -> Reservation {
-        let budget = &self.limiter.budget;
+        let reservation = self.limiter.take_budget(self.id, bytes).await;
+        self.limiter.update(self.id, |entry| {
+            entry.partial_bytes = bytes;
+            entry.active_at = Instant::now();
+        });
+        reservation
+    }
+
+    /// The budget of this connection's answers, for the tasks that compute and write them.
+    pub(crate) fn answers(&self) -> AnswerBudget {
+        AnswerBudget {
+            limiter: self.limiter.clone(),
+            id: self.id,
+        }
+    }
+
+    /// The frame being received is complete: its bytes go to the handler with it.
+    pub(crate) fn frame_read(&self) {
+        self.limiter.update(self.id, |entry| {
+            entry.partial_bytes = 0;
+            entry.active_at = Instant::now();
+        });
+    }
+}
+
+impl Limiter {
+    /// Runs `change` on connection `id`'s entry, if it is still in the table.
+    fn update(&self, id: u64, change: impl FnOnce(&mut Entry)) {
+        if let Some(entry) = self.table.lock().unwrap().entries.get_mut(&id) {
+            change(entry);
+        }
+    }
+
+    /// Takes `bytes` of the budget for connection `id`, waiting until they fit. While it
+    /// waits, every [`BUDGET_WAIT_EVICT`] it evicts the connections that hold budget they
+    /// do not use and have been stalled for [`BUDGET_HOLDER_SILENT_MIN`] at least
+    /// ([`Table::budget_victims`]).
+    async fn take_budget(&self, id: u64, bytes: usize) -> Reservation {
+        let budget = &self.budget;
         loop {
             let released = budget.released.notified();
             tokio::pin!(released);
             // Registered before looking, so that a release in between is not missed.
             released.as_mut().enable();
             if let Some(reservation) = budget.try_take(bytes) {
-                self.set_reserved(bytes, false);
+                self.update(id, |entry| entry.waiting = false);
                 return reservation;
             }
-            self.set_reserved(0, true);
+            self.update(id, |entry| entry.waiting = true);
+            // Peers not reading their answers go at once; frames stalled midway are given
+            // the time of a wait first (a sender may be slow rather than gone).
+            self.evict_stalled(id, true);
             if tokio::time::timeout(BUDGET_WAIT_EVICT, released)
                 .await
                 .is_err()
             {
-                let mut table = self.limiter.table.lock().unwrap();
-                let silent_since = Instant::now() - BUDGET_HOLDER_SILENT_MIN;
-                if let Some(victim) = table.budget_victim(self.id, silent_since) {
-                    tracing::info!("evicting a stalled frame to free the frame budget");
-                    table.evict(victim);
-                }
+                self.evict_stalled(id, false);
             }
         }
     }
 
-    fn set_reserved(&self, bytes: usize, waiting: bool) {
-        if let Some(entry) = self.limiter.table.lock().unwrap().entries.get_mut(&self.id) {
-            entry.partial_bytes = bytes;
-            entry.waiting = waiting;
-            if !waiting {
-                entry.active_at = Instant::now();
-            }
+    /// Evicts the connections other than `id` stalled for [`BUDGET_HOLDER_SILENT_MIN`] at
+    /// least ([`Table::budget_victims`]), or only those with answers unread.
+    fn evict_stalled(&self, id: u64, answers_only: bool) {
+        let mut table = self.table.lock().unwrap();
+        let silent_since = Instant::now() - BUDGET_HOLDER_SILENT_MIN;
+        for victim in table.budget_victims(id, silent_since, answers_only) {
+            tracing::info!("evicting a stalled connection to free the frame budget");
+            table.evict(victim);
         }
     }
+}
 
-    /// The frame being received is complete: its bytes go to the handler with it.
-    pub(crate) fn frame_read(&self) {
-        self.set_reserved(0, false);
+/// The budget of one connection's answers: an answer's bytes are reserved (from the budget
+/// frames use) before it is computed, as far as the handler can tell its size, and held until
+/// it is written. Without it, a peer that sends requests for large answers and never reads
+/// them makes the server hold every answer: 256 requests in progress of 24 MiB each per
+/// connection. A connection whose answers wait unwritten while others wait for the budget is
+/// evicted like one that stalls in the middle of a frame.
+#[derive(Clone)]
+pub(crate) struct AnswerBudget {
+    limiter: Arc<Limiter>,
+    id: u64,
+}
+
+impl AnswerBudget {
+    /// Reserves `bytes` for an answer, waiting until they fit (see [`Limiter::take_budget`]).
+    pub(crate) async fn reserve(&self, bytes: usize) -> Reservation {
+        self.limiter.take_budget(self.id, bytes).await
+    }
+
+    /// An answer of `bytes` was handed to the writer.
+    pub(crate) fn queued(&self, bytes: usize) {
+        self.limiter.update(self.id, |entry| {
+            if entry.queued_bytes == 0 {
+                entry.written_at = Instant::now();
+            }
+            entry.queued_bytes += bytes;
+        });
+    }
+
+    /// The writer wrote part of an answer.
+    pub(crate) fn progressed(&self) {
+        self.limiter
+            .update(self.id, |entry| entry.written_at = Instant::now());
+    }
+
+    /// The writer finished (or dropped) an answer of `bytes`.
+    pub(crate) fn written(&self, bytes: usize) {
+        self.limiter.update(self.id, |entry| {
+            entry.queued_bytes = entry.queued_bytes.saturating_sub(bytes);
+            entry.written_at = Instant::now();
+            entry.active_at = Instant::now();
+        });
     }
 }
 

@@ -1,7 +1,8 @@
 //! TCP: one multiplexed connection per peer, length-delimited frames, pipelined requests.
 
+use crate::answers::{answer_bytes, write_answers, Answer, Held};
 use crate::frame_buffer::FrameBuffer;
-use crate::limits::{Limiter, Reservation, Slot, TcpLimits};
+use crate::limits::{AnswerBudget, Limiter, RequestGuard, Reservation, Slot, TcpLimits};
 use crate::{BoxFuture, ConnectionId, FrameHandler, Reply, TransportError};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -13,12 +14,12 @@ use tessera_wire::{FrameHeader, FrameKind, FRAME_HEADER_BYTES};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 /// Socket buffer used on both ends; large enough to keep a loopback or LAN path full.
 const SOCKET_BUFFER_BYTES: usize = 4 << 20;
 /// User-space buffering around the socket.
-const STREAM_BUFFER_BYTES: usize = 256 << 10;
+pub(crate) const STREAM_BUFFER_BYTES: usize = 256 << 10;
 /// User-space read buffering of a server's connection: small, since every connection of the
 /// thousand a server admits may fill it, outside the frame budget.
 const SERVER_READ_BUFFER_BYTES: usize = 64 << 10;
@@ -507,16 +508,19 @@ async fn serve_connection(
     let peer = stream.peer_addr().ok();
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::channel(OUTBOUND_FRAMES_MAX);
-    let writer = tokio::spawn(write_frames(write, rx));
+    let writer = tokio::spawn(write_answers(write, rx, slot.limits().clone()));
     let mut read = BufReader::with_capacity(SERVER_READ_BUFFER_BYTES, read);
     let in_progress = Arc::new(Semaphore::new(REQUESTS_IN_PROGRESS_MAX));
     let (violation_tx, mut violation_rx) = mpsc::channel::<()>(1);
+    let budget = slot.answers();
+    let mut evicted = false;
     loop {
         let incoming = tokio::select! {
             incoming = read_request(&mut read, slot) => incoming,
             _ = violation_rx.recv() => break,
+            _ = tx.closed() => break,
             _ = slot.evicted() => {
-                tracing::info!("closing the connection from {peer:?}: evicted for a newcomer");
+                evicted = true;
                 break;
             }
         };
@@ -543,35 +547,105 @@ async fn serve_connection(
         let Ok(permit) = in_progress.clone().acquire_owned().await else {
             break;
         };
-        let handler = handler.clone();
-        let tx = tx.clone();
-        let violation_tx = violation_tx.clone();
-        tokio::spawn(async move {
-            let answer = handler.handle(id, message, payload).await;
-            // The request's bytes are handled: they leave the budget.
-            drop(reservation);
-            match answer {
-                Some((message, payload)) => {
-                    let header = FrameHeader {
-                        kind: FrameKind::Response,
-                        message_len: message.len() as u32,
-                        payload_len: payload.len() as u32,
-                        request_id: header.request_id,
-                    };
-                    let _ = tx.send((header, message, payload)).await;
-                }
-                None => {
-                    tracing::info!("dropping connection from {peer:?}: request not understood");
-                    let _ = violation_tx.try_send(());
-                }
+        // The answer's bytes are reserved before it is computed, as far as the handler can
+        // tell; a peer that does not read its answers then stops being read itself.
+        let hint = handler
+            .answer_bytes_hint(&message)
+            .min(slot.limits().frame_bytes_budget - reservation.bytes());
+        let answer_reservation = tokio::select! {
+            reserved = budget.reserve(hint) => reserved,
+            _ = slot.evicted() => {
+                evicted = true;
+                break;
             }
-            drop(request);
-            drop(permit);
-        });
+        };
+        let work = Work {
+            header,
+            handler: handler.clone(),
+            tx: tx.clone(),
+            violation_tx: violation_tx.clone(),
+            budget: budget.clone(),
+        };
+        tokio::spawn(work.answer(
+            id,
+            message,
+            payload,
+            reservation,
+            answer_reservation,
+            (permit, request),
+        ));
     }
     drop(tx);
+    if evicted {
+        // Answers queued for a peer evicted for stalling are what it was evicted for.
+        writer.abort();
+        return;
+    }
     // Let answers already computed go out before the socket closes.
     let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+}
+
+/// One request on its way to the handler, and what its answer needs to be queued.
+struct Work {
+    header: FrameHeader,
+    handler: Arc<dyn FrameHandler>,
+    tx: mpsc::Sender<Answer>,
+    violation_tx: mpsc::Sender<()>,
+    budget: AnswerBudget,
+}
+
+impl Work {
+    /// Handle the request and queue its answer, holding the budget until it is written.
+    async fn answer(
+        self,
+        id: ConnectionId,
+        message: Bytes,
+        payload: Bytes,
+        frame: Reservation,
+        reserved: Reservation,
+        (permit, request): (OwnedSemaphorePermit, RequestGuard),
+    ) {
+        let answer = self.handler.handle(id, message, payload).await;
+        // The request's bytes are handled: they leave the budget.
+        drop(frame);
+        let Some((message, payload)) = answer else {
+            tracing::info!("dropping a connection: request not understood");
+            let _ = self.violation_tx.try_send(());
+            return;
+        };
+        let bytes = answer_bytes(&message, &payload);
+        let reservation = if bytes <= reserved.bytes() {
+            reserved
+        } else {
+            // Larger than the handler foresaw: reserved afresh, holding nothing meanwhile,
+            // so that answers waiting for the budget never hold part of it.
+            drop(reserved);
+            self.budget.reserve(bytes).await
+        };
+        self.budget.queued(bytes);
+        let header = FrameHeader {
+            kind: FrameKind::Response,
+            message_len: message.len() as u32,
+            payload_len: payload.len() as u32,
+            request_id: self.header.request_id,
+        };
+        let held = Held {
+            budget: self.budget,
+            reservation,
+            permit,
+            request,
+            bytes,
+        };
+        let _ = self
+            .tx
+            .send(Answer {
+                header,
+                message,
+                payload,
+                held,
+            })
+            .await;
+    }
 }
 
 #[cfg(test)]

@@ -702,6 +702,37 @@ pub enum ManagerRequest {
     /// The storage keys of the live access keys, for a storage server to check clients by
     /// (server only).
     StorageKeys,
+    /// `request`, applied at most once however often it is retried: a replicated manager
+    /// remembers the answer to each client's latest `sequence` and gives it again to a retry
+    /// (sent to another replica after a failover) instead of applying it twice. The role
+    /// needed is `request`'s.
+    Once {
+        /// The client, drawn at random when it starts.
+        client: u64,
+        /// The request's number in the client's order, from 1.
+        sequence: u64,
+        /// The request.
+        request: Box<ManagerRequest>,
+    },
+    /// The state of the replica asked (any role): answered with [`ManagerResponse::Replica`].
+    Replica,
+    /// A copy of a replica's store and the order position it stands at, for a replica that
+    /// restarted to catch up from (admin only; the store travels in the frame's payload).
+    /// Answered with [`ManagerResponse::Snapshot`].
+    Snapshot,
+}
+
+/// A manager replica as `tessera status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaStatus {
+    /// Its id (1-based, in the order of `--peers`); 0 for a manager that is not replicated.
+    pub id: u16,
+    /// "single", "leader", "follower", "joining", "catching-up" or "view-change".
+    pub role: String,
+    /// Its view of the total order group.
+    pub view: u64,
+    /// Commands it has applied (the next order position it applies).
+    pub applied: u64,
 }
 
 /// A file and what its server owes of it, for rebuild.
@@ -764,6 +795,14 @@ pub enum ManagerResponse {
     Keys(Vec<AccessKeyInfo>),
     /// The storage key of every live access key.
     StorageKeys(Vec<(KeyId, Key)>),
+    /// A replica's state.
+    Replica(ReplicaStatus),
+    /// A replica's store (in the payload) as it stands after applying every order position
+    /// below `position`.
+    Snapshot {
+        /// The next order position the copied store would apply.
+        position: u64,
+    },
 }
 
 /// An access key as `tessera key ls` shows it (never its secret).
@@ -859,6 +898,21 @@ pub enum ManagerError {
     /// No access key with that id.
     #[error("no access key {0}")]
     UnknownKey(KeyId),
+    /// A replicated manager could not order the request now (no majority, a view change that
+    /// did not end in time, or a replica still catching up): try another replica.
+    #[error("the manager replica cannot order requests now: {0}")]
+    Unordered(String),
+    /// A retry of a request older than the client's latest one, whose answer is no longer
+    /// kept.
+    #[error("request {sequence} of client {client:#x} is older than its latest, {latest}")]
+    Superseded {
+        /// The client.
+        client: u64,
+        /// The request's number.
+        sequence: u64,
+        /// The latest number applied for the client.
+        latest: u64,
+    },
 }
 
 fn no_store_message(path: &str, cluster: Option<ClusterId>) -> String {

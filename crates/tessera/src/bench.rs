@@ -32,6 +32,7 @@ impl EmbeddedCluster {
         let cluster = LocalCluster::up(
             dir.path(),
             servers,
+            1,
             net.transport.unwrap_or_default(),
             net.window,
         )

@@ -57,6 +57,14 @@ pub struct ClusterFile {
     /// Since version 2: the access key client commands use, `KEYID:SECRET`.
     #[serde(default)]
     pub key: Option<String>,
+    /// Every replica's address, when the manager is replicated (`manager` is the first);
+    /// clients and servers fail over between them. Empty: one manager at `manager`.
+    #[serde(default)]
+    pub managers: Vec<String>,
+    /// The replica processes of a replicated manager, by id from 1 (the first is also
+    /// `manager_process`).
+    #[serde(default)]
+    pub replicas: Vec<Process>,
 }
 
 /// Version of `cluster.toml` this build writes (2 added `secret` and `key`).
@@ -200,7 +208,8 @@ impl LocalCluster {
     /// A client of this cluster with the admin's credential.
     pub async fn admin_client(&self) -> Result<Client> {
         let credential = crate::credentials::admin(self.secret_path().as_deref())?;
-        crate::commands::connect_to(self.manager_addr()?, Some(self.transport()), credential).await
+        crate::commands::connect_replicas(self.manager_addrs()?, Some(self.transport()), credential)
+            .await
     }
 
     /// Keep the access key of an earlier run if the manager still knows it, else issue one.
@@ -226,7 +235,20 @@ impl LocalCluster {
     pub async fn client(&self) -> Result<Client> {
         let credential =
             crate::credentials::client(self.file.key.as_deref(), self.secret_path().as_deref())?;
-        crate::commands::connect_to(self.manager_addr()?, Some(self.transport()), credential).await
+        crate::commands::connect_replicas(self.manager_addrs()?, Some(self.transport()), credential)
+            .await
+    }
+
+    /// Every replica's address (empty for a manager that is not replicated).
+    pub fn manager_replicas(&self) -> Result<Vec<SocketAddr>> {
+        self.file
+            .managers
+            .iter()
+            .map(|addr| {
+                addr.parse()
+                    .map_err(|_| anyhow!("bad manager replica address '{addr}'"))
+            })
+            .collect()
     }
 
     pub fn manager_addr(&self) -> Result<SocketAddr> {
@@ -241,6 +263,7 @@ impl LocalCluster {
     pub async fn up(
         dir: &Path,
         servers: u32,
+        managers: u16,
         transport: TransportKind,
         window: Option<u32>,
     ) -> Result<LocalCluster> {
@@ -249,7 +272,8 @@ impl LocalCluster {
             .canonicalize()
             .with_context(|| format!("cannot resolve {}", dir.display()))?;
         if let Ok(existing) = Self::load(&dir) {
-            if pid_alive(existing.file.manager_process.pid) {
+            let replica_alive = existing.file.replicas.iter().any(|r| pid_alive(r.pid));
+            if pid_alive(existing.file.manager_process.pid) || replica_alive {
                 bail!(
                     "a cluster is already running in {} (stop it with: tessera down --dir {})",
                     dir.display(),
@@ -268,38 +292,29 @@ impl LocalCluster {
         // cluster's data, and a new, empty store would disown it.
         let init = previous.is_none();
         let store = manager_dir.join("manager.redb");
-        let store_missing = !init && !store.exists();
+        let store_missing = managers <= 1 && !init && !store.exists();
         std::fs::create_dir_all(&manager_dir)?;
-        let addr_file = manager_dir.join("addr");
-        let _ = std::fs::remove_file(&addr_file);
-        let listen = previous
-            .as_ref()
-            .map(|p| p.file.manager.clone())
-            .unwrap_or_else(|| "127.0.0.1:0".into());
-        let manager_pid = match Self::start_manager(&manager_dir, &listen, &secret, init) {
-            Ok(pid) => pid,
-            // The old port may be taken now; any free one will do.
-            Err(_) if listen != "127.0.0.1:0" => {
-                Self::start_manager(&manager_dir, "127.0.0.1:0", &secret, init)?
-            }
-            Err(e) => return Err(e),
+        let (manager_process, replicas) = if managers > 1 {
+            Self::start_replicas(&dir, managers, previous.as_ref(), &secret, init)?
+        } else {
+            (
+                Self::start_single(&manager_dir, previous.as_ref(), &secret, init)?,
+                Vec::new(),
+            )
         };
-        let manager = wait_for_addr(&addr_file, manager_pid)?;
         let mut cluster = LocalCluster {
             dir: dir.clone(),
             file: ClusterFile {
                 version: CLUSTER_FILE_VERSION,
                 secret: Some(secret),
                 key: None,
-                manager: manager.clone(),
-                manager_process: Process {
-                    addr: manager,
-                    dir: manager_dir.clone(),
-                    pid: manager_pid,
-                },
+                manager: manager_process.addr.clone(),
+                manager_process,
                 servers: Vec::new(),
                 transport: transport.name().into(),
                 window,
+                managers: replicas.iter().map(|r| r.addr.clone()).collect(),
+                replicas,
             },
         };
         for id in 1..=servers {
@@ -354,6 +369,146 @@ impl LocalCluster {
         Ok(cluster)
     }
 
+    /// Starts the one manager, on its old address if it can have it.
+    fn start_single(
+        manager_dir: &Path,
+        previous: Option<&LocalCluster>,
+        secret: &Path,
+        init: bool,
+    ) -> Result<Process> {
+        let addr_file = manager_dir.join("addr");
+        let _ = std::fs::remove_file(&addr_file);
+        let listen = previous
+            .map(|p| p.file.manager.clone())
+            .unwrap_or_else(|| "127.0.0.1:0".into());
+        let manager_pid = match Self::start_manager(manager_dir, &listen, secret, init) {
+            Ok(pid) => pid,
+            // The old port may be taken now; any free one will do.
+            Err(_) if listen != "127.0.0.1:0" => {
+                Self::start_manager(manager_dir, "127.0.0.1:0", secret, init)?
+            }
+            Err(e) => return Err(e),
+        };
+        let addr = wait_for_addr(&addr_file, manager_pid)?;
+        Ok(Process {
+            addr,
+            dir: manager_dir.to_path_buf(),
+            pid: manager_pid,
+        })
+    }
+
+    /// Starts `count` manager replicas (`DIR/manager-N`), on their old addresses if the
+    /// cluster had them, else on free ports; the first and all of them.
+    fn start_replicas(
+        dir: &Path,
+        count: u16,
+        previous: Option<&LocalCluster>,
+        secret: &Path,
+        init: bool,
+    ) -> Result<(Process, Vec<Process>)> {
+        let addrs = match previous {
+            Some(p) if p.file.managers.len() == usize::from(count) => p.file.managers.clone(),
+            _ => free_ports(usize::from(count))?,
+        };
+        let mut replicas: Vec<Process> = (1..=count)
+            .map(|id| Process {
+                addr: addrs[usize::from(id) - 1].clone(),
+                dir: dir.join(format!("manager-{id}")),
+                pid: 0,
+            })
+            .collect();
+        for id in 1..=count {
+            let pid = Self::spawn_replica(&replicas, id, secret, init)?;
+            replicas[usize::from(id) - 1].pid = pid;
+        }
+        for replica in &replicas {
+            wait_for_addr(&replica.dir.join("addr"), replica.pid)?;
+        }
+        Ok((replicas[0].clone(), replicas))
+    }
+
+    /// Spawns replica `id` of `replicas` (1-based).
+    fn spawn_replica(replicas: &[Process], id: u16, secret: &Path, init: bool) -> Result<u32> {
+        let replica = &replicas[usize::from(id) - 1];
+        std::fs::create_dir_all(&replica.dir)?;
+        let _ = std::fs::remove_file(replica.dir.join("addr"));
+        let peers: Vec<&str> = replicas.iter().map(|r| r.addr.as_str()).collect();
+        let mut args: Vec<String> = vec![
+            "manager".into(),
+            "--secret".into(),
+            secret.display().to_string(),
+            "--id".into(),
+            id.to_string(),
+            "--peers".into(),
+            peers.join(","),
+            "--dir".into(),
+            replica.dir.display().to_string(),
+            "--addr-file".into(),
+            replica.dir.join("addr").display().to_string(),
+        ];
+        // Each replica's store is created with the replica: they start from the same
+        // (empty) state, and a later start keeps them.
+        if init || !replica.dir.join("manager.redb").exists() {
+            args.push("--init".into());
+        }
+        spawn_daemon(&args, &replica.dir.join("log"))
+    }
+
+    /// Kills manager replica `id` at once, as a crash would.
+    pub fn stop_replica(&mut self, id: u16) -> Result<()> {
+        let index = self.replica_index(id)?;
+        let pid = self.file.replicas[index].pid;
+        if !pid_alive(pid) {
+            bail!("manager replica {id} is not running");
+        }
+        signal(pid, libc::SIGKILL);
+        wait_exit(pid, Duration::from_secs(5));
+        self.file.replicas[index].pid = 0;
+        if index == 0 {
+            self.file.manager_process.pid = 0;
+        }
+        self.save()
+    }
+
+    /// Starts manager replica `id` again: it rejoins and catches up from the others.
+    pub fn start_replica(&mut self, id: u16) -> Result<()> {
+        let index = self.replica_index(id)?;
+        if pid_alive(self.file.replicas[index].pid) {
+            bail!("manager replica {id} is already running");
+        }
+        let secret = self
+            .secret_path()
+            .ok_or_else(|| anyhow!("this local cluster has no secret"))?;
+        let pid = Self::spawn_replica(&self.file.replicas, id, &secret, false)?;
+        wait_for_addr(&self.file.replicas[index].dir.join("addr"), pid)?;
+        self.file.replicas[index].pid = pid;
+        if index == 0 {
+            self.file.manager_process.pid = pid;
+        }
+        self.save()
+    }
+
+    fn replica_index(&self, id: u16) -> Result<usize> {
+        let count = self.file.replicas.len();
+        if count == 0 {
+            bail!("this local cluster's manager is not replicated (tessera up --managers 3)");
+        }
+        if id == 0 || usize::from(id) > count {
+            bail!("no manager replica {id}: this cluster has replicas 1 to {count}");
+        }
+        Ok(usize::from(id) - 1)
+    }
+
+    /// The addresses clients and servers reach the manager at.
+    pub fn manager_addrs(&self) -> Result<Vec<SocketAddr>> {
+        let replicas = self.manager_replicas()?;
+        if replicas.is_empty() {
+            Ok(vec![self.manager_addr()?])
+        } else {
+            Ok(replicas)
+        }
+    }
+
     fn start_manager(manager_dir: &Path, listen: &str, secret: &Path, init: bool) -> Result<u32> {
         let mut args: Vec<String> = vec![
             "manager".into(),
@@ -380,7 +535,11 @@ impl LocalCluster {
 
     /// Start server `id` (again), on its old address if it can have it.
     pub fn start_server(&mut self, id: u32) -> Result<()> {
-        let manager = self.file.manager.clone();
+        let manager = if self.file.managers.is_empty() {
+            self.file.manager.clone()
+        } else {
+            self.file.managers.join(",")
+        };
         let index = self
             .file
             .servers
@@ -486,6 +645,9 @@ impl LocalCluster {
     pub fn down(&mut self) {
         let mut pids: Vec<u32> = self.file.servers.iter().map(|s| s.process.pid).collect();
         pids.push(self.file.manager_process.pid);
+        pids.extend(self.file.replicas.iter().map(|r| r.pid));
+        pids.sort_unstable();
+        pids.dedup();
         for &pid in &pids {
             signal(pid, libc::SIGTERM);
         }
@@ -499,6 +661,29 @@ impl LocalCluster {
             s.process.pid = 0;
         }
         self.file.manager_process.pid = 0;
+        for replica in &mut self.file.replicas {
+            replica.pid = 0;
+        }
         let _ = self.save();
     }
+}
+
+/// `count` addresses on 127.0.0.1 whose port is free for TCP and for UDP alike (a manager
+/// replica uses both).
+fn free_ports(count: usize) -> Result<Vec<String>> {
+    let mut addrs: Vec<String> = Vec::new();
+    for _ in 0..count * 20 {
+        if addrs.len() == count {
+            break;
+        }
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let addr = tcp.local_addr()?;
+        if std::net::UdpSocket::bind(addr).is_ok() && !addrs.contains(&addr.to_string()) {
+            addrs.push(addr.to_string());
+        }
+    }
+    if addrs.len() < count {
+        bail!("cannot find {count} free ports on 127.0.0.1");
+    }
+    Ok(addrs)
 }

@@ -65,6 +65,15 @@ pub async fn connect_to(
     cluster_transport: Option<TransportKind>,
     credential: Credential,
 ) -> Result<Client> {
+    connect_replicas(vec![addr], cluster_transport, credential).await
+}
+
+/// As [`connect_to`], to a manager given by every replica's address.
+pub async fn connect_replicas(
+    managers: Vec<SocketAddr>,
+    cluster_transport: Option<TransportKind>,
+    credential: Credential,
+) -> Result<Client> {
     let net = network();
     let config = ClientConfig {
         transport: net.transport.or(cluster_transport).unwrap_or_default(),
@@ -72,13 +81,15 @@ pub async fn connect_to(
         credential: Some(credential),
         ..ClientConfig::default()
     };
-    Ok(Client::connect_with(addr, config).await?)
+    Ok(Client::connect_replicated(managers, config).await?)
 }
 
 /// A cluster as a client command finds it.
 pub struct Target {
-    /// The manager's address.
+    /// The manager's address (the first replica's, if it is replicated).
     pub addr: SocketAddr,
+    /// Every replica of a replicated manager (empty: `addr` only).
+    pub managers: Vec<SocketAddr>,
     /// The local cluster's transport, if a cluster file said.
     pub transport: Option<TransportKind>,
     /// The local cluster's access key, if a cluster file holds one.
@@ -88,6 +99,15 @@ pub struct Target {
 }
 
 impl Target {
+    /// The addresses to reach the manager at: every replica, or the one manager.
+    pub fn replicas(&self) -> Vec<SocketAddr> {
+        if self.managers.is_empty() {
+            vec![self.addr]
+        } else {
+            self.managers.clone()
+        }
+    }
+
     /// The client credential for this cluster (see [`credentials::client`]).
     pub fn client_credential(&self) -> Result<Credential> {
         credentials::client(self.key.as_deref(), self.secret.as_deref())
@@ -105,22 +125,11 @@ const TRANSFER_CHUNK_BYTES: u64 = 8 << 20;
 /// Transfer calls kept in flight at once.
 const TRANSFERS_IN_FLIGHT: usize = 3;
 
-/// Find the manager: an address, a cluster.toml (or the directory holding one).
-pub fn resolve_cluster(spec: Option<String>) -> Result<SocketAddr> {
-    resolve_cluster_and_transport(spec).map(|(addr, _)| addr)
-}
-
-/// The manager's address, and the transport of the local cluster if a cluster file said.
-pub fn resolve_cluster_and_transport(
-    spec: Option<String>,
-) -> Result<(SocketAddr, Option<TransportKind>)> {
-    resolve(spec).map(|target| (target.addr, target.transport))
-}
-
 /// Find the cluster: its manager, and what its cluster file says (transport, keys).
 pub fn resolve(spec: Option<String>) -> Result<Target> {
     let bare = |addr| Target {
         addr,
+        managers: Vec::new(),
         transport: None,
         key: None,
         secret: None,
@@ -129,6 +138,20 @@ pub fn resolve(spec: Option<String>) -> Result<Target> {
     let spec = spec.unwrap_or_else(|| "tessera-data/cluster.toml".into());
     if let Ok(addr) = spec.parse::<SocketAddr>() {
         return Ok(bare(addr));
+    }
+    if spec.contains(',') {
+        let managers = spec
+            .split(',')
+            .map(|one| {
+                one.trim()
+                    .parse::<SocketAddr>()
+                    .map_err(|_| anyhow!("bad manager address '{one}' in '{spec}'"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        return Ok(Target {
+            managers: managers.clone(),
+            ..bare(managers[0])
+        });
     }
     let path = Path::new(&spec);
     let file = if path.is_dir() {
@@ -141,6 +164,7 @@ pub fn resolve(spec: Option<String>) -> Result<Target> {
         let cluster = LocalCluster::load(dir)?;
         return Ok(Target {
             addr: cluster.manager_addr()?,
+            managers: cluster.manager_replicas()?,
             transport: Some(cluster.transport()),
             key: cluster.file.key.clone(),
             secret: cluster.secret_path(),
@@ -165,13 +189,15 @@ pub fn resolve(spec: Option<String>) -> Result<Target> {
 /// A client of the cluster `spec` names, with a client's credential.
 pub async fn connect(spec: Option<String>) -> Result<Client> {
     let target = resolve(spec)?;
-    connect_to(target.addr, target.transport, target.client_credential()?).await
+    let credential = target.client_credential()?;
+    connect_replicas(target.replicas(), target.transport, credential).await
 }
 
 /// A client of the cluster `spec` names, with the admin's credential.
 pub async fn connect_admin(spec: Option<String>) -> Result<Client> {
     let target = resolve(spec)?;
-    connect_to(target.addr, target.transport, target.admin_credential()?).await
+    let credential = target.admin_credential()?;
+    connect_replicas(target.replicas(), target.transport, credential).await
 }
 
 /// Parse a size such as `65536`, `64K`, `64KiB`, `1M`.
@@ -487,17 +513,49 @@ pub async fn stat(cluster: Option<String>, remote: &str, json: bool) -> Result<(
 pub async fn status(cluster: Option<String>, json: bool) -> Result<()> {
     let target = resolve(cluster.clone())?;
     let addr = target.addr;
-    let client = connect_to(addr, target.transport, target.client_credential()?).await?;
+    let replicated = !target.managers.is_empty();
+    let credential = target.client_credential()?;
+    let client = connect_replicas(target.replicas(), target.transport, credential).await?;
     let servers = client.status().await?;
+    let replicas = if replicated {
+        client.replicas().await
+    } else {
+        Vec::new()
+    };
     if json {
         let list: Vec<_> = servers
             .iter()
             .map(|s| serde_json::json!({"id": s.id, "addr": s.addr, "state": s.state.name()}))
             .collect();
-        let value = serde_json::json!({"manager": addr.to_string(), "servers": list});
+        let managers: Vec<_> = replicas
+            .iter()
+            .map(|(addr, status)| match status {
+                Ok(r) => serde_json::json!({"addr": addr.to_string(), "id": r.id,
+                    "role": r.role, "view": r.view, "applied": r.applied}),
+                Err(e) => serde_json::json!({"addr": addr.to_string(), "error": e.to_string()}),
+            })
+            .collect();
+        let value = serde_json::json!({"manager": addr.to_string(), "managers": managers,
+            "servers": list});
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
-        println!("manager {addr}");
+        if replicated {
+            println!(
+                "{:>4}  {:<22}  {:<12}  {:>6}  applied",
+                "mgr", "address", "role", "view"
+            );
+            for (addr, status) in &replicas {
+                match status {
+                    Ok(r) => println!(
+                        "{:>4}  {:<22}  {:<12}  {:>6}  {}",
+                        r.id, addr, r.role, r.view, r.applied
+                    ),
+                    Err(e) => println!("{:>4}  {:<22}  down ({e})", "-", addr),
+                }
+            }
+        } else {
+            println!("manager {addr}");
+        }
         println!("{:>4}  {:<22}  state", "id", "address");
         for s in servers {
             println!("{:>4}  {:<22}  {}", s.id, s.addr, s.state.name());
@@ -559,13 +617,26 @@ pub async fn scrub(cluster: Option<String>, remote: Option<&str>) -> Result<()> 
     Ok(())
 }
 
-pub async fn up(dir: &Path, servers: u32, detach: bool) -> Result<()> {
+pub async fn up(dir: &Path, servers: u32, managers: u16, detach: bool) -> Result<()> {
+    if managers == 0 || usize::from(managers) > tessera_manager::replica::REPLICAS_MAX {
+        bail!(
+            "--managers {managers}: a cluster has 1 to {} manager replicas",
+            tessera_manager::replica::REPLICAS_MAX
+        );
+    }
     let net = network();
-    let mut cluster =
-        LocalCluster::up(dir, servers, net.transport.unwrap_or_default(), net.window).await?;
+    let transport = net.transport.unwrap_or_default();
+    let mut cluster = LocalCluster::up(dir, servers, managers, transport, net.window).await?;
+    let manager = if cluster.file.managers.is_empty() {
+        format!("manager at {}", cluster.file.manager)
+    } else {
+        format!(
+            "{managers} manager replicas at {}",
+            cluster.file.managers.join(",")
+        )
+    };
     println!(
-        "tessera: manager at {} with {servers} servers, data in {}",
-        cluster.file.manager,
+        "tessera: {manager} with {servers} servers, data in {}",
         cluster.dir.display()
     );
     if detach {
@@ -584,6 +655,14 @@ pub fn down(dir: &Path) -> Result<()> {
     let mut cluster = LocalCluster::load(dir)?;
     cluster.down();
     Ok(())
+}
+
+pub fn manager_stop(dir: &Path, id: u16) -> Result<()> {
+    LocalCluster::load(dir)?.stop_replica(id)
+}
+
+pub fn manager_start(dir: &Path, id: u16) -> Result<()> {
+    LocalCluster::load(dir)?.start_replica(id)
 }
 
 pub fn server_stop(dir: &Path, id: u32) -> Result<()> {
@@ -640,6 +719,28 @@ fn manager_secret(dir: &Path, init: bool) -> Result<tessera_client::Secret> {
     credentials::read_secret(&path)
 }
 
+/// A replica's settings from `--id` and `--peers`.
+pub fn replica_config(
+    id: u16,
+    peers: &[String],
+) -> Result<tessera_manager::replica::ReplicaConfig> {
+    let peers = peers
+        .iter()
+        .map(|peer| {
+            peer.trim()
+                .parse::<SocketAddr>()
+                .map_err(|_| anyhow!("bad replica address '{peer}' in --peers"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let config = tessera_manager::replica::ReplicaConfig {
+        id,
+        peers,
+        order: tessera_manager::replica::order_config(),
+    };
+    config.validate()?;
+    Ok(config)
+}
+
 pub async fn run_manager(
     listen: &str,
     dir: &Path,
@@ -647,6 +748,7 @@ pub async fn run_manager(
     pending_lease_ms: Option<u64>,
     limits: tessera_transport::TcpLimits,
     init: bool,
+    replica: Option<tessera_manager::replica::ReplicaConfig>,
 ) -> Result<()> {
     let listen: SocketAddr = listen
         .parse()
@@ -659,8 +761,16 @@ pub async fn run_manager(
         config.pending_lease = std::time::Duration::from_millis(ms);
     }
     let secret = manager_secret(dir, init)?;
-    let manager =
-        tessera_manager::daemon::start_limited(listen, dir, config, init, limits, &secret).await?;
+    let manager = match replica {
+        Some(replica) => {
+            tessera_manager::daemon::start_replica(replica, dir, config, init, limits, &secret)
+                .await?
+        }
+        None => {
+            tessera_manager::daemon::start_limited(listen, dir, config, init, limits, &secret)
+                .await?
+        }
+    };
     write_addr_file(addr_file, manager.addr)?;
     eprintln!("manager listening on {}", manager.addr);
     until_terminated().await;
@@ -679,7 +789,8 @@ pub async fn run_server(
     addr_file: Option<PathBuf>,
     limits: tessera_transport::TcpLimits,
 ) -> Result<()> {
-    let manager = resolve_cluster(Some(manager.to_string()))?;
+    let target = resolve(Some(manager.to_string()))?;
+    let (manager, manager_replicas) = (target.addr, target.managers);
     let listen: SocketAddr = listen
         .parse()
         .map_err(|_| anyhow!("bad listen address '{listen}'"))?;
@@ -691,6 +802,7 @@ pub async fn run_server(
     let server = tessera_server::start(tessera_server::ServerConfig {
         secret,
         manager,
+        manager_replicas,
         listen,
         advertise: None,
         dir: dir.to_path_buf(),

@@ -65,6 +65,9 @@ enum Command {
         /// Number of storage servers.
         #[arg(long, default_value_t = 5)]
         servers: u32,
+        /// Number of manager replicas (3 or 5 survive the loss of 1 or 2; 1: one manager).
+        #[arg(long, default_value_t = 1)]
+        managers: u16,
         /// Data directory.
         #[arg(long, default_value = "tessera-data")]
         dir: PathBuf,
@@ -267,6 +270,14 @@ struct ManagerArgs {
     pending_lease_ms: Option<u64>,
     #[command(flatten)]
     limits: LimitArgs,
+    /// This replica's id, 1-based: its position in --peers (a replicated manager)
+    #[arg(long, requires = "peers")]
+    id: Option<u16>,
+    /// Every replica's address, comma-separated, the same list in the same order for every
+    /// replica: this one listens at the --id'th (TCP for requests, UDP at the same port for
+    /// the total order between replicas). Without it, a single manager at --listen
+    #[arg(long, value_delimiter = ',', requires = "id")]
+    peers: Vec<String>,
     /// Create the metadata store (a new, empty cluster) if DIR has none, and the cluster
     /// secret (DIR/cluster.secret, or --secret FILE) if it does not exist yet. Without it, a
     /// manager whose store is missing refuses every server and waits for
@@ -277,6 +288,20 @@ struct ManagerArgs {
 
 #[derive(Subcommand)]
 enum ManagerAction {
+    /// Stop (kill) manager replica ID of the local cluster (`up --managers N`).
+    Stop {
+        id: u16,
+        /// Data directory of the local cluster.
+        #[arg(long, default_value = "tessera-data")]
+        dir: PathBuf,
+    },
+    /// Start manager replica ID of the local cluster again; it catches up from the others.
+    Start {
+        id: u16,
+        /// Data directory of the local cluster.
+        #[arg(long, default_value = "tessera-data")]
+        dir: PathBuf,
+    },
     /// Rebuild a lost metadata store from the file records the servers keep. Run it where the
     /// manager's store is missing (the manager may be running: it opens the store once written).
     Recover {
@@ -399,22 +424,33 @@ async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Up {
             servers,
+            managers,
             dir,
             detach,
-        } => commands::up(&dir, servers, detach).await,
+        } => commands::up(&dir, servers, managers, detach).await,
         Command::Down { dir } => commands::down(&dir),
         Command::Manager(args) => match args.action {
             Some(ManagerAction::Recover { dir, servers }) => {
                 recover::run(cluster, &dir, servers).await
             }
+            Some(ManagerAction::Stop { id, dir }) => commands::manager_stop(&dir, id),
+            Some(ManagerAction::Start { id, dir }) => commands::manager_start(&dir, id),
             None => {
-                let listen = args
-                    .listen
-                    .ok_or_else(|| anyhow::anyhow!("tessera manager needs --listen"))?;
                 let dir = args
                     .dir
                     .ok_or_else(|| anyhow::anyhow!("tessera manager needs --dir"))?;
                 let limits = args.limits.tcp_limits()?;
+                let replica = match args.id {
+                    Some(id) => Some(commands::replica_config(id, &args.peers)?),
+                    None => None,
+                };
+                let listen = match (&replica, args.listen) {
+                    (Some(replica), _) => replica.addr().to_string(),
+                    (None, Some(listen)) => listen,
+                    (None, None) => {
+                        anyhow::bail!("tessera manager needs --listen (or --id and --peers)")
+                    }
+                };
                 commands::run_manager(
                     &listen,
                     &dir,
@@ -422,6 +458,7 @@ async fn run(cli: Cli) -> Result<()> {
                     args.pending_lease_ms,
                     limits,
                     args.init,
+                    replica,
                 )
                 .await
             }

@@ -22,7 +22,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use tessera_client::{Client, ClientConfig, LayoutRequest, Scheme, TransportKind};
 use tessera_datagram::packet::{Packet, PacketKind};
-use tessera_wire::{FrameHeader, FrameKind, MESSAGE_BYTES_MAX, PAYLOAD_BYTES_MAX};
+use tessera_layout::Region;
+use tessera_wire::{
+    FrameHeader, FrameKind, StorageCall, StorageRequest, MESSAGE_BYTES_MAX, PAYLOAD_BYTES_MAX,
+};
 use tokio::io::AsyncWriteExt;
 
 const TESSERA: &str = env!("CARGO_BIN_EXE_tessera");
@@ -355,6 +358,122 @@ async fn huge_frames_that_stall_stay_within_the_frame_budget() {
         sender.abort();
     }
     drop(headers_only);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Answers never read: requests for large reads sent back to back, and nothing read back.
+
+/// A raw frame of a storage request.
+fn request_frame(call: &StorageCall, request_id: u64) -> Vec<u8> {
+    let message = tessera_wire::encode_message(call);
+    let mut frame = FrameHeader {
+        kind: FrameKind::Request,
+        message_len: message.len() as u32,
+        payload_len: 0,
+        request_id,
+    }
+    .encode()
+    .to_vec();
+    frame.extend_from_slice(&message);
+    frame
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn answers_never_read_stay_within_the_frame_budget() {
+    let budget: u64 = 64 << 20;
+    let cluster = tokio::task::block_in_place(|| {
+        Cluster::up(TransportKind::Tcp, &[("TESSERA_FRAME_BUDGET", "64M")])
+    });
+    let base = baseline(&cluster).await;
+    // A file whose first column holds 2 MiB, on a server the attack then reads from.
+    let client = cluster.client().await;
+    let layout = LayoutRequest {
+        scheme: Scheme::Raid0,
+        stripe_unit: 1 << 20,
+        width: None,
+    };
+    let file = client.create("/read-me", layout).await.expect("create");
+    client
+        .write_at(&file, 0, &vec![7u8; 12 << 20])
+        .await
+        .expect("write");
+    let meta = client.meta(&file).await.expect("meta");
+    let status = client.status().await.expect("status");
+    let target = status
+        .iter()
+        .find(|s| s.id == meta.servers[0])
+        .expect("the first column's server");
+    let addr: SocketAddr = target.addr.parse().expect("address");
+    let pid = (0..SERVERS as usize)
+        .map(|i| cluster.server(i))
+        .find(|(a, _)| *a == addr)
+        .expect("the server's process")
+        .1;
+    let rss_before = rss_bytes(pid);
+    let key = tessera_client::parse_access_key(&cluster.file.key)
+        .expect("access key")
+        .for_storage();
+    let read = StorageCall {
+        incarnation: target.incarnation,
+        request: StorageRequest::Read {
+            file: meta.id,
+            region: Region::Data,
+            offset: 0,
+            len: 1 << 20,
+            overlay: false,
+        },
+    };
+    // 8 connections ask for 256 answers of 1 MiB each (2 GiB, 32 times the budget) and
+    // never read one: the server must not compute what it cannot send.
+    let mut attackers = Vec::new();
+    for _ in 0..8 {
+        let read = read.clone();
+        attackers.push(tokio::spawn(async move {
+            let mut stream = support::authenticated(addr, &key).await;
+            for id in 0..256 {
+                if stream.write_all(&request_frame(&read, id)).await.is_err() {
+                    break;
+                }
+            }
+            // Held open, never read.
+            tokio::time::sleep(Duration::from_secs(120)).await;
+            drop(stream);
+        }));
+    }
+    let mut rss_max = rss_before;
+    let watch = async {
+        loop {
+            rss_max = rss_max.max(rss_bytes(pid));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let attacked = tokio::select! {
+        took = async {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            put_get(&cluster, "/under-unread-answers").await
+        } => took,
+        _ = watch => unreachable!("the watch never ends"),
+    };
+    rss_max = rss_max.max(rss_bytes(pid));
+    check_slowdown("2 GiB of answers never read", base, attacked);
+    println!(
+        "server RSS {} MiB before, at most {} MiB under attack (budget {} MiB)",
+        rss_before >> 20,
+        rss_max >> 20,
+        budget >> 20
+    );
+    // The budget, the socket buffers of the attackers' connections (4 MiB each way) and slack
+    // for the client's own reads and the allocator.
+    let allowance = budget + 8 * (8 << 20) + (32 << 20);
+    assert!(
+        rss_max < rss_before + allowance,
+        "RSS grew by {} MiB, allowed {} MiB",
+        (rss_max - rss_before) >> 20,
+        allowance >> 20
+    );
+    for attacker in attackers {
+        attacker.abort();
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

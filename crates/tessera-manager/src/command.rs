@@ -1,0 +1,258 @@
+//! The manager's changes as commands of a replicated state machine.
+//!
+//! A replicated manager is several [`Manager`]s, each over its own store, that apply the same
+//! [`Command`]s in the same order (the uniform total order of `tessera-order`). For their
+//! stores to stay identical, applying a command must depend on nothing but the command and
+//! the store: no clock, no randomness, no local judgement. The manager had three such inputs,
+//! and each is settled here once:
+//!
+//! - **Where a new file goes** depends on which servers are live, a judgement of the clock.
+//!   The replica that receives the request judges (its own liveness table) and puts the
+//!   servers in the command ([`Decision::placement`]); every replica places the file there.
+//! - **A new access key** is drawn at random. The proposing replica draws an id and a seed
+//!   ([`Decision::key`]); every replica derives the secret from the seed and the replicas'
+//!   key ([`tessera_auth::replicated_access_key`]), so the secret itself never crosses the
+//!   network, only the seed, which is useless without the cluster secret.
+//! - **A pending file's lease** runs on a clock. Each replica keeps its own deadlines (set
+//!   when it applies the create or a renewal, so within a scheduling delay of the others'),
+//!   and the first whose deadline passes proposes [`Command::ExpirePending`]; every replica
+//!   removes the file when it applies that command, at the same point of the order.
+//!
+//! **Liveness stays local and out of the replicated state.** Heartbeats are ordered like any
+//! request, so that every replica hears every server, but each replica times them with its
+//! own clock and keeps the result in memory (as a single manager always did): it is advisory
+//! (a server's state in answers), it must not be replayed after a restart (a server silent
+//! now is down now, whatever the log says), and where it matters to the stored state
+//! (placement) the proposer's judgement is ordered with the command. Proposing liveness
+//! judgements instead would put timer noise into the order for nothing.
+//!
+//! **At most once.** A client of several replicas wraps each change in
+//! [`ManagerRequest::Once`] (its random id and a sequence number). Applying it stores the
+//! answer under the client's id (table `once`, in the same store), and a retry of the same
+//! number, sent to another replica after a failover, is answered from there instead of being
+//! applied again. The answers to each client's latest [`ONCE_WINDOW`] numbers are kept, so
+//! that a client may have many requests in flight (they are ordered in any order); a
+//! request numbered below that window is refused ([`ManagerError::Superseded`]).
+
+use crate::store::Failure;
+use crate::Manager;
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+use tessera_wire::{FileId, ManagerError, ManagerRequest, ManagerResponse, ServerId};
+
+/// Version of a [`Proposal`]'s encoding.
+pub const PROPOSAL_VERSION: u8 = 1;
+/// Version of a record of the `once` table.
+const ONCE_RECORD_VERSION: u8 = 1;
+
+/// `once`: (client id, sequence) -> (version, answer), postcard; per client, the answers to
+/// its latest [`ONCE_WINDOW`] sequence numbers.
+pub(crate) const ONCE: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("once");
+/// Answers kept per client: a client may have this many changes in flight at once, and a
+/// retry must come before this many later changes of its client are applied.
+pub const ONCE_WINDOW: u64 = 1024;
+
+/// What the proposing replica decided for a request, so that every replica applies it alike.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    /// The live servers, in id order, that a new file may be placed on.
+    pub placement: Option<Vec<ServerId>>,
+    /// A new access key's id and the seed its secret derives from.
+    pub key: Option<(u64, [u8; 32])>,
+}
+
+/// One change to the replicated state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// A request of a client, server or the admin, as one replica received it.
+    Request {
+        /// The request.
+        request: ManagerRequest,
+        /// What the receiving replica decided for it.
+        decision: Decision,
+    },
+    /// A pending file's lease ran out at the proposing replica: remove it if still pending.
+    ExpirePending {
+        /// The file.
+        file: FileId,
+    },
+}
+
+/// A command as it is broadcast in total order, with who proposed it and the ticket its
+/// answer waits under there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposal {
+    /// [`PROPOSAL_VERSION`].
+    pub version: u8,
+    /// The proposing replica's id.
+    pub origin: u16,
+    /// Its incarnation (a restarted replica's tickets start again).
+    pub incarnation: u32,
+    /// The number its answer waits under at the proposer.
+    pub ticket: u64,
+    /// The command.
+    pub command: Command,
+}
+
+impl Proposal {
+    /// The bytes to broadcast.
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).expect("a proposal encodes")
+    }
+
+    /// A proposal from broadcast bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Proposal, ProposalError> {
+        let proposal: Proposal = postcard::from_bytes(bytes).map_err(ProposalError::Decode)?;
+        if proposal.version != PROPOSAL_VERSION {
+            return Err(ProposalError::Version(proposal.version));
+        }
+        Ok(proposal)
+    }
+}
+
+/// Why broadcast bytes are not a proposal.
+#[derive(Debug, thiserror::Error)]
+pub enum ProposalError {
+    /// Not a valid encoding.
+    #[error("undecodable proposal: {0}")]
+    Decode(postcard::Error),
+    /// Another version.
+    #[error("proposal version {0}, this build reads {PROPOSAL_VERSION}")]
+    Version(u8),
+}
+
+impl Manager {
+    /// Makes this manager one replica of several (see the module doc): pending files expire
+    /// only by [`Command::ExpirePending`], and access keys derive from `replica_key`.
+    pub fn set_replicated(&mut self, replica_key: tessera_auth::Key) {
+        self.replica_key = Some(replica_key);
+    }
+
+    /// What this replica decides for `request` before proposing it: the servers a new file
+    /// may go on (its own liveness judgement), a new key's id and seed.
+    pub fn decide(&self, request: &ManagerRequest) -> Decision {
+        match request {
+            ManagerRequest::Once { request, .. } => self.decide(request),
+            ManagerRequest::Create { .. } | ManagerRequest::CreatePending { .. } => Decision {
+                placement: Some(self.live_servers()),
+                key: None,
+            },
+            ManagerRequest::KeyCreate { .. } => Decision {
+                placement: None,
+                key: Some(rand::random()),
+            },
+            _ => Decision::default(),
+        }
+    }
+
+    /// Applies one ordered command at local time `now` (which only feeds this replica's own
+    /// liveness and lease clocks, never the store).
+    pub fn apply(&mut self, command: Command, now: Instant) -> ManagerResponse {
+        match command {
+            Command::Request { request, decision } => {
+                self.decision = decision;
+                let answer = self.handle(request, now);
+                self.decision = Decision::default();
+                answer
+            }
+            Command::ExpirePending { file } => {
+                self.expire_pending(file);
+                ManagerResponse::Done
+            }
+        }
+    }
+
+    /// The id and secret of a new access key: as the proposer decided (the secret derived
+    /// from its seed), else drawn here.
+    pub(crate) fn drawn_key(&self) -> (u64, [u8; 32]) {
+        match (self.decision.key, &self.replica_key) {
+            (Some((id, seed)), Some(replica)) => {
+                (id, tessera_auth::replicated_access_key(replica, &seed).0)
+            }
+            (Some(drawn), None) => drawn,
+            (None, _) => rand::random(),
+        }
+    }
+
+    /// Applies `request` once for `(client, sequence)`, or answers a retry from the table.
+    pub(crate) fn once(
+        &mut self,
+        client: u64,
+        sequence: u64,
+        request: ManagerRequest,
+        now: Instant,
+    ) -> Result<ManagerResponse, Failure> {
+        if matches!(request, ManagerRequest::Once { .. }) {
+            return Err(ManagerError::Layout("a Once request inside another".into()).into());
+        }
+        let (kept, latest) = self.read_once(client, sequence)?;
+        if let Some(answer) = kept {
+            return Ok(answer);
+        }
+        if let Some(latest) =
+            latest.filter(|&latest| sequence.saturating_add(ONCE_WINDOW) <= latest)
+        {
+            return Err(ManagerError::Superseded {
+                client,
+                sequence,
+                latest,
+            }
+            .into());
+        }
+        let answer = self.handle(request, now);
+        let record = postcard::to_allocvec(&(ONCE_RECORD_VERSION, &answer))?;
+        let floor = latest
+            .unwrap_or(0)
+            .max(sequence)
+            .saturating_sub(ONCE_WINDOW);
+        // Not synced by itself: the next durable commit carries it. A replica that crashes
+        // before then catches up from a peer's store, which has it (see replica.rs).
+        self.write_with(redb::Durability::None, |change| {
+            let mut table = change.txn.open_table(ONCE)?;
+            table.insert((client, sequence), record.as_slice())?;
+            let stale = table
+                .range((client, 0)..=(client, floor))?
+                .map(|entry| entry.map(|(key, _)| key.value()))
+                .collect::<Result<Vec<_>, _>>()?;
+            for key in stale {
+                table.remove(key)?;
+            }
+            Ok(())
+        })?;
+        Ok(answer)
+    }
+
+    /// The answer kept for `(client, sequence)`, and the client's latest sequence kept.
+    fn read_once(
+        &self,
+        client: u64,
+        sequence: u64,
+    ) -> Result<(Option<ManagerResponse>, Option<u64>), Failure> {
+        let txn = self.db.begin_read()?;
+        let table = match txn.open_table(ONCE) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok((None, None)),
+            Err(error) => return Err(Failure::Store(error.into())),
+        };
+        let latest = table
+            .range((client, 0)..=(client, u64::MAX))?
+            .next_back()
+            .transpose()?
+            .map(|(key, _)| key.value().1);
+        let Some(record) = table.get((client, sequence))? else {
+            return Ok((None, latest));
+        };
+        let (version, answer): (u8, ManagerResponse) = postcard::from_bytes(record.value())?;
+        if version != ONCE_RECORD_VERSION {
+            return Err(Failure::UnknownFormat(version.into()));
+        }
+        Ok((Some(answer), latest))
+    }
+
+    /// Every record of the store as text, table by table, in key order: two replicas that
+    /// applied the same commands print the same (tests compare them).
+    pub fn state_dump(&self) -> Vec<String> {
+        crate::store::dump(&self.db).expect("the store reads")
+    }
+}

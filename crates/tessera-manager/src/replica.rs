@@ -1,0 +1,655 @@
+//! One replica of a replicated manager: the [`Manager`] state machine fed, in uniform total
+//! order, by `tessera-order` over UDP (`tessera-order-udp`).
+//!
+//! The replicas are listed once, in the same order everywhere (`--peers`): replica `i`
+//! (1-based) is order node `i - 1`, listens for clients, servers and the admin on TCP at the
+//! `i`-th address and for the order's datagrams on UDP at the same port. Every datagram
+//! carries a MAC under a key derived from the cluster secret ([`Secret::replica_key`]), so only
+//! holders of the secret take part in the order, and a metadata change has no path into the
+//! replicated state but an authenticated TCP connection to a replica.
+//!
+//! **The life of a change.** The daemon receives a request, checks the connection's role,
+//! lets its manager [`decide`](Manager::decide) what is local to the receiving replica
+//! (placement over the servers it believes live, a new key's seed), and proposes the
+//! [`Command`] with a ticket. The applier thread takes every UTO delivery in position order,
+//! applies it to the manager (committing to this replica's redb) and, for its own tickets,
+//! hands the answer back to the waiting request: a request is answered only once it is
+//! ordered, applied and committed here. Reads go the same way (ordered after every earlier
+//! change, so every read sees every change acknowledged before it, by any replica): simple
+//! and linearizable, at the cost of one ordering round per read. `Status`, `KeyList`,
+//! `StorageKeys`, `Replica` and `Snapshot` are answered from the replica's own state.
+//!
+//! **Catching up.** A replica that restarts has forgotten the order (tessera-order's
+//! [`Start::Restarted`]): it joins the current view and delivers from some position `p` on
+//! ([`Event::Joined`]). Everything before `p` comes from a peer: it asks the others, in turn,
+//! for a [`ManagerRequest::Snapshot`] (the peer makes its store durable and sends the file
+//! with the position it stands at, `n`) until one has `n >= p`, installs the file as its
+//! store, and applies the deliveries from `n` on (those below were in the copy). Until then
+//! it refuses requests with [`ManagerError::Unordered`], and clients try another replica.
+//! Whether a replica starts fresh ([`Start::Initial`], with the group) or rejoins is decided
+//! by asking the peers: if a majority of all replicas are members of a view without it, it
+//! rejoins.
+//!
+//! **Not handled** (see the README): a restart of every replica at once after a crash (each
+//! starts from its own store, which may lack the last commands another applied); membership
+//! change; snapshots of a store larger than a frame's payload (16 MiB).
+
+use crate::command::{Command, Proposal};
+use crate::daemon::Served;
+use crate::{Manager, ManagerConfig};
+use bytes::Bytes;
+use std::collections::{BTreeSet, HashMap};
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+use tessera_auth::{Claim, Credential, Secret};
+use tessera_order::{Event, Group, NodeId, Start};
+use tessera_order_udp::{Broadcast, DriverConfig, Handle};
+use tessera_transport::{TcpConfig, TcpTransport};
+use tessera_wire::{ManagerError, ManagerRequest, ManagerResponse, ReplicaStatus};
+use tokio::sync::oneshot;
+
+/// Longest a request waits to be ordered and applied before the client is told to try
+/// another replica.
+pub const ORDER_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a peer may take to answer a probe or a snapshot request.
+const PEER_TIMEOUT: Duration = Duration::from_millis(500);
+/// Pause between rounds of snapshot requests to peers that are not far enough yet.
+const CATCH_UP_PAUSE: Duration = Duration::from_millis(100);
+/// How often the applier looks at lease deadlines when no delivery comes.
+const APPLIER_TICK: Duration = Duration::from_millis(100);
+/// Most replicas in a group.
+pub const REPLICAS_MAX: usize = 16;
+
+/// Why a replica could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    /// `--id` is not a position in `--peers`.
+    #[error("replica id {id} is not in 1..={peers} (the addresses of --peers)")]
+    Id {
+        /// The id given.
+        id: u16,
+        /// Addresses listed.
+        peers: usize,
+    },
+    /// Too many or too few replicas.
+    #[error("{0} replicas: a replicated manager has 1..={REPLICAS_MAX}")]
+    Count(usize),
+    /// The UDP socket for the order could not be bound, or the driver not started.
+    #[error("total order on {addr}: {detail}")]
+    Order {
+        /// The address.
+        addr: SocketAddr,
+        /// What failed.
+        detail: String,
+    },
+    /// The incarnation file could not be read or written.
+    #[error("incarnation file {path}: {error}")]
+    Incarnation {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        error: std::io::Error,
+    },
+}
+
+/// Where this replica stands, as `tessera status` shows it.
+#[derive(Debug, Clone, Default)]
+struct Progress {
+    /// The last view it was a normal member of.
+    view: u64,
+    /// That view's leader.
+    leader: Option<NodeId>,
+    /// A member of `view` and not suspecting anyone since.
+    normal: bool,
+    /// Waiting for a peer's store before it can apply.
+    catching_up: bool,
+}
+
+/// What the request handlers and the applier thread share.
+pub(crate) struct Replica {
+    /// This replica's id (1-based).
+    pub(crate) id: u16,
+    incarnation: u32,
+    peers: Vec<SocketAddr>,
+    handle: Mutex<Handle>,
+    /// The next order position to apply; moved only while the manager's lock is held.
+    next_position: AtomicU64,
+    next_ticket: AtomicU64,
+    waiters: Mutex<HashMap<u64, oneshot::Sender<ManagerResponse>>>,
+    progress: Mutex<Progress>,
+    /// Pending files whose expiry this replica proposed already.
+    expiry_proposed: Mutex<BTreeSet<u64>>,
+    message_bytes_max: usize,
+    /// When this replica's liveness table began (its start, or the install of a peer's
+    /// store): younger than a heartbeat timeout, it may not have heard every live server yet.
+    live_since: Mutex<Instant>,
+    /// The heartbeat timeout of its manager.
+    heartbeat_timeout: Duration,
+}
+
+/// The order's settings for manager replicas: a view change within about half a second of a
+/// replica's death (the target is service back within 1 s), and packets of up to
+/// 9000 bytes so that a request with the longest path fits one message.
+pub fn order_config() -> tessera_order::Config {
+    tessera_order::Config {
+        mtu_bytes: 9000,
+        heartbeat_interval_us: 20_000,
+        suspect_after_us: 250_000,
+        view_change_timeout_us: 400_000,
+        retransmit_after_us: 10_000,
+        ..tessera_order::Config::default()
+    }
+}
+
+/// The cluster id replicas created together agree on: derived from the cluster secret, since
+/// each creates its own store.
+pub fn replicated_cluster_id(secret: &Secret) -> u64 {
+    let derived = tessera_auth::replicated_access_key(&secret.replica_key(), &[0xc1; 32]);
+    u64::from_le_bytes(derived.0[..8].try_into().expect("8 bytes")).max(1)
+}
+
+/// Everything a replica needs besides its manager.
+pub struct ReplicaConfig {
+    /// This replica's id, 1-based, its position in `peers`.
+    pub id: u16,
+    /// Every replica's address, by id.
+    pub peers: Vec<SocketAddr>,
+    /// The order's settings ([`order_config`]).
+    pub order: tessera_order::Config,
+}
+
+impl ReplicaConfig {
+    /// Checks the id and the number of replicas.
+    pub fn validate(&self) -> Result<(), ReplicaError> {
+        if self.peers.is_empty() || self.peers.len() > REPLICAS_MAX {
+            return Err(ReplicaError::Count(self.peers.len()));
+        }
+        if self.id == 0 || usize::from(self.id) > self.peers.len() {
+            return Err(ReplicaError::Id {
+                id: self.id,
+                peers: self.peers.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// This replica's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.peers[usize::from(self.id) - 1]
+    }
+}
+
+/// The incarnation of this start: one more than the last, kept in `dir/replica.incarnation`.
+fn next_incarnation(dir: &Path) -> Result<u32, ReplicaError> {
+    let path = dir.join("replica.incarnation");
+    let failed = |error| ReplicaError::Incarnation {
+        path: path.clone(),
+        error,
+    };
+    let last = match std::fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse::<u32>().unwrap_or(0),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(error) => return Err(failed(error)),
+    };
+    let next = last.wrapping_add(1);
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, next.to_string()).map_err(failed)?;
+    std::fs::File::open(&tmp)
+        .and_then(|file| file.sync_all())
+        .map_err(failed)?;
+    std::fs::rename(&tmp, &path).map_err(failed)?;
+    Ok(next)
+}
+
+/// An admin connection to peers (replicas hold the cluster secret).
+fn admin_transport(secret: &Secret) -> Arc<TcpTransport> {
+    let credential = Credential {
+        claim: Claim::Admin,
+        key: secret.admin_key(),
+    };
+    let config = TcpConfig {
+        connect_timeout: PEER_TIMEOUT,
+        request_timeout: PEER_TIMEOUT,
+    };
+    Arc::new(TcpTransport::with_credential(config, Some(credential)))
+}
+
+/// Whether a majority of the replicas are members of a view now without this one: then this
+/// one rejoins (as a restarted node: it must not count for a majority, having forgotten the
+/// order). Otherwise the group is starting, and it starts with it: a joining node needs a
+/// majority that holds state to let it in.
+async fn group_is_running(config: &ReplicaConfig, secret: &Secret) -> bool {
+    let transport = admin_transport(secret);
+    let majority = config.peers.len() / 2 + 1;
+    let mut members = 0;
+    for (index, &peer) in config.peers.iter().enumerate() {
+        if index + 1 == usize::from(config.id) {
+            continue;
+        }
+        let answer = tessera_transport::call::<_, ManagerResponse>(
+            &transport,
+            peer,
+            &ManagerRequest::Replica,
+            Bytes::new(),
+        )
+        .await;
+        if let Ok((ManagerResponse::Replica(status), _)) = answer {
+            if status.role == "leader" || status.role == "follower" {
+                members += 1;
+            }
+        }
+    }
+    members >= majority
+}
+
+/// Starts the order node and the applier thread of replica `config.id` over `served`.
+pub(crate) async fn start(
+    config: ReplicaConfig,
+    dir: &Path,
+    manager_config: ManagerConfig,
+    served: Arc<Mutex<Served>>,
+    secret: &Secret,
+) -> Result<Arc<Replica>, ReplicaError> {
+    config.validate()?;
+    let addr = config.addr();
+    let order_failed = |detail: String| ReplicaError::Order { addr, detail };
+    let start = if group_is_running(&config, secret).await {
+        Start::Restarted
+    } else {
+        Start::Initial
+    };
+    let incarnation = next_incarnation(dir)?;
+    tracing::info!(
+        "replica {} of {} (incarnation {incarnation}): {}",
+        config.id,
+        config.peers.len(),
+        if start == Start::Initial {
+            "starting with the group"
+        } else {
+            "rejoining the running group"
+        }
+    );
+    let socket = UdpSocket::bind(addr).map_err(|e| order_failed(e.to_string()))?;
+    let driver = DriverConfig {
+        config: config.order.clone(),
+        group: Group::all_to_all(config.peers.len()),
+        node: NodeId(config.id - 1),
+        incarnation,
+        start,
+        seed: rand::random(),
+        peers: config.peers.clone(),
+        broadcast: Broadcast::Unicast,
+    };
+    let mut handle = tessera_order_udp::spawn_keyed(driver, socket, secret.replica_key())
+        .map_err(|e| order_failed(e.to_string()))?;
+    let events = handle.take_events();
+    let replica = Arc::new(Replica {
+        id: config.id,
+        incarnation,
+        peers: config.peers.clone(),
+        handle: Mutex::new(handle),
+        next_position: AtomicU64::new(0),
+        next_ticket: AtomicU64::new(0),
+        waiters: Mutex::new(HashMap::new()),
+        progress: Mutex::new(Progress {
+            catching_up: start == Start::Restarted,
+            ..Progress::default()
+        }),
+        expiry_proposed: Mutex::new(BTreeSet::new()),
+        message_bytes_max: config.order.message_bytes_max(),
+        live_since: Mutex::new(Instant::now()),
+        heartbeat_timeout: manager_config.heartbeat_timeout,
+    });
+    let applier = Applier {
+        replica: replica.clone(),
+        served,
+        dir: dir.to_path_buf(),
+        manager_config,
+        secret: secret.clone(),
+        runtime: tokio::runtime::Handle::current(),
+    };
+    std::thread::Builder::new()
+        .name(format!("replica-{}", config.id))
+        .spawn(move || {
+            let id = applier.replica.id;
+            let run = std::panic::AssertUnwindSafe(|| applier.run(events));
+            // A replica that cannot apply must not go on answering from a stale state: it
+            // dies, and restarts through catch-up.
+            if std::panic::catch_unwind(run).is_err() {
+                tracing::error!("replica {id}: the applier failed; stopping the replica");
+                std::process::abort();
+            }
+        })
+        .map_err(|e| order_failed(e.to_string()))?;
+    Ok(replica)
+}
+
+/// Whether a request is answered from the replica's own state rather than ordered.
+pub(crate) fn is_local(request: &ManagerRequest) -> bool {
+    matches!(
+        request,
+        ManagerRequest::Status
+            | ManagerRequest::KeyList
+            | ManagerRequest::StorageKeys
+            | ManagerRequest::Replica
+            | ManagerRequest::Snapshot
+    )
+}
+
+impl Replica {
+    /// This replica's state for `tessera status`.
+    pub(crate) fn status(&self) -> ReplicaStatus {
+        let progress = self.progress.lock().unwrap().clone();
+        let me = NodeId(self.id - 1);
+        let role = if progress.catching_up {
+            "catching-up"
+        } else if !progress.normal {
+            "view-change"
+        } else if progress.leader == Some(me) {
+            "leader"
+        } else {
+            "follower"
+        };
+        ReplicaStatus {
+            id: self.id,
+            role: role.to_string(),
+            view: progress.view,
+            applied: self.next_position.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Why requests cannot be ordered here now, if they cannot.
+    fn refusal(&self) -> Option<ManagerError> {
+        let progress = self.progress.lock().unwrap();
+        progress.catching_up.then(|| {
+            ManagerError::Unordered(format!("replica {} is catching up from its peers", self.id))
+        })
+    }
+
+    /// Broadcasts `command`; the receiver gets the answer once this replica applied it.
+    fn propose(
+        &self,
+        command: Command,
+    ) -> Result<oneshot::Receiver<ManagerResponse>, ManagerError> {
+        let ticket = self.next_ticket.fetch_add(1, Ordering::SeqCst);
+        let proposal = Proposal {
+            version: crate::command::PROPOSAL_VERSION,
+            origin: self.id,
+            incarnation: self.incarnation,
+            ticket,
+            command,
+        }
+        .encode();
+        if proposal.len() > self.message_bytes_max {
+            return Err(ManagerError::Layout(format!(
+                "request of {} bytes; a replicated manager orders at most {}",
+                proposal.len(),
+                self.message_bytes_max
+            )));
+        }
+        let (answer, waiting) = oneshot::channel();
+        self.waiters.lock().unwrap().insert(ticket, answer);
+        let proposed = self.handle.lock().unwrap().propose(Bytes::from(proposal));
+        if let Err(error) = proposed {
+            self.waiters.lock().unwrap().remove(&ticket);
+            return Err(ManagerError::Unordered(error.to_string()));
+        }
+        Ok(waiting)
+    }
+
+    /// Orders `request` (decided by `served`'s manager) and waits for this replica's answer.
+    pub(crate) async fn order(
+        &self,
+        served: &Arc<Mutex<Served>>,
+        request: ManagerRequest,
+    ) -> ManagerResponse {
+        if let Some(refused) = self.refusal() {
+            return ManagerResponse::Error(refused);
+        }
+        let (decision, known) = match &*served.lock().unwrap() {
+            Served::Running(manager) => (manager.decide(&request), manager.known_servers()),
+            Served::NoStore(path) => return crate::refuse_without_store(path, &request),
+        };
+        if let Some(refused) = self.young_placement(&decision, known) {
+            return ManagerResponse::Error(refused);
+        }
+        let waiting = match self.propose(Command::Request { request, decision }) {
+            Ok(waiting) => waiting,
+            Err(error) => return ManagerResponse::Error(error),
+        };
+        match tokio::time::timeout(ORDER_TIMEOUT, waiting).await {
+            Ok(Ok(answer)) => answer,
+            _ => ManagerResponse::Error(ManagerError::Unordered(format!(
+                "not ordered within {} ms (no majority of replicas, or a view change)",
+                ORDER_TIMEOUT.as_millis()
+            ))),
+        }
+    }
+
+    /// Refuses to place a file on fewer than the `known` servers while this replica's
+    /// liveness table is younger than a heartbeat timeout (it restarted or caught up lately
+    /// and may not have heard every live server yet): the client tries another replica.
+    fn young_placement(
+        &self,
+        decision: &crate::command::Decision,
+        known: usize,
+    ) -> Option<ManagerError> {
+        let placement = decision.placement.as_ref()?;
+        let age = self.live_since.lock().unwrap().elapsed();
+        (placement.len() < known && age < self.heartbeat_timeout).then(|| {
+            ManagerError::Unordered(format!(
+                "replica {} has heard the servers for only {} ms",
+                self.id,
+                age.as_millis()
+            ))
+        })
+    }
+
+    /// A durable copy of the store and the position it stands at (see the module doc).
+    pub(crate) fn snapshot(
+        &self,
+        served: &Mutex<Served>,
+        dir: &Path,
+    ) -> Result<(u64, Vec<u8>), ManagerError> {
+        if let Some(refused) = self.refusal() {
+            return Err(refused);
+        }
+        let mut served = served.lock().unwrap();
+        let Served::Running(manager) = &mut *served else {
+            return Err(ManagerError::Unordered("no store".into()));
+        };
+        manager.flush()?;
+        let position = self.next_position.load(Ordering::SeqCst);
+        let bytes = std::fs::read(dir.join(crate::store::DB_FILE_NAME))
+            .map_err(|e| ManagerError::Store(e.to_string()))?;
+        Ok((position, bytes))
+    }
+}
+
+/// The thread that applies deliveries in order, catches up, and proposes lease expiries.
+struct Applier {
+    replica: Arc<Replica>,
+    served: Arc<Mutex<Served>>,
+    dir: PathBuf,
+    manager_config: ManagerConfig,
+    secret: Secret,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Applier {
+    fn run(self, events: mpsc::Receiver<Event>) {
+        loop {
+            match events.recv_timeout(APPLIER_TICK) {
+                Ok(event) => self.on_event(event),
+                Err(mpsc::RecvTimeoutError::Timeout) => self.propose_expiries(),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    fn on_event(&self, event: Event) {
+        match event {
+            Event::Deliver {
+                position, message, ..
+            } => self.apply(position, &message),
+            Event::View { view, leader, .. } => {
+                let mut progress = self.replica.progress.lock().unwrap();
+                progress.view = view;
+                progress.leader = Some(leader);
+                progress.normal = true;
+                tracing::info!(
+                    "replica {}: view {view}, leader {}",
+                    self.replica.id,
+                    leader.0 + 1
+                );
+            }
+            Event::Suspected { node } => {
+                self.replica.progress.lock().unwrap().normal = false;
+                tracing::warn!(
+                    "replica {}: suspects replica {}",
+                    self.replica.id,
+                    node.0 + 1
+                );
+            }
+            Event::Joined { position } | Event::Gap { to: position, .. } => {
+                // A restarted replica takes a peer's store even when it joins at the start
+                // of the order: its own may be older than the group's (the group restarted
+                // without it).
+                let restarted = self.replica.progress.lock().unwrap().catching_up;
+                if restarted || position > self.replica.next_position.load(Ordering::SeqCst) {
+                    self.catch_up(position);
+                }
+            }
+            Event::Optimistic { .. } | Event::Revoked { .. } => {}
+        }
+    }
+
+    /// Applies the delivery at `position`, answering the request waiting for it here.
+    fn apply(&self, position: u64, message: &[u8]) {
+        let next = self.replica.next_position.load(Ordering::SeqCst);
+        if position < next {
+            return; // Already in the store copied from a peer.
+        }
+        assert_eq!(position, next, "deliveries skipped positions");
+        let proposal = Proposal::decode(message);
+        let mut served = self.served.lock().unwrap();
+        let answer = match (&proposal, &mut *served) {
+            (Ok(proposal), Served::Running(manager)) => {
+                Some(manager.apply(proposal.command.clone(), Instant::now()))
+            }
+            (Err(error), _) => {
+                tracing::error!("replica {}: position {position}: {error}", self.replica.id);
+                None
+            }
+            (Ok(_), Served::NoStore(_)) => None,
+        };
+        self.replica
+            .next_position
+            .store(position + 1, Ordering::SeqCst);
+        drop(served);
+        if let (Ok(proposal), Some(answer)) = (proposal, answer) {
+            if let Command::ExpirePending { file } = proposal.command {
+                self.replica.expiry_proposed.lock().unwrap().remove(&file);
+            }
+            let mine = proposal.origin == self.replica.id
+                && proposal.incarnation == self.replica.incarnation;
+            if mine {
+                let waiter = self
+                    .replica
+                    .waiters
+                    .lock()
+                    .unwrap()
+                    .remove(&proposal.ticket);
+                if let Some(waiter) = waiter {
+                    let _ = waiter.send(answer);
+                }
+            }
+        }
+    }
+
+    /// Proposes the removal of every pending file whose lease ran out here.
+    fn propose_expiries(&self) {
+        let expired = match &mut *self.served.lock().unwrap() {
+            Served::Running(manager) => manager.expired_pending(Instant::now()),
+            Served::NoStore(_) => return,
+        };
+        for file in expired {
+            if self.replica.refusal().is_some() {
+                return;
+            }
+            if self.replica.expiry_proposed.lock().unwrap().insert(file) {
+                // The answer is nobody's: the waiter is dropped when it comes.
+                let _ = self.replica.propose(Command::ExpirePending { file });
+            }
+        }
+    }
+
+    /// Installs a peer's store that stands at `position` or later.
+    fn catch_up(&self, position: u64) {
+        self.replica.progress.lock().unwrap().catching_up = true;
+        tracing::info!(
+            "replica {}: delivers from position {position}; fetching a peer's store",
+            self.replica.id
+        );
+        let transport = admin_transport(&self.secret);
+        loop {
+            for (index, &peer) in self.replica.peers.iter().enumerate() {
+                if index + 1 == usize::from(self.replica.id) {
+                    continue;
+                }
+                let answer = self
+                    .runtime
+                    .block_on(tessera_transport::call::<_, ManagerResponse>(
+                        &transport,
+                        peer,
+                        &ManagerRequest::Snapshot,
+                        Bytes::new(),
+                    ));
+                let Ok((ManagerResponse::Snapshot { position: at }, store)) = answer else {
+                    continue;
+                };
+                if at < position {
+                    continue;
+                }
+                match self.install(at, &store) {
+                    Ok(()) => {
+                        tracing::info!(
+                            "replica {}: caught up from replica {} at position {at} ({} bytes)",
+                            self.replica.id,
+                            index + 1,
+                            store.len()
+                        );
+                        self.replica.progress.lock().unwrap().catching_up = false;
+                        return;
+                    }
+                    Err(error) => tracing::error!("replica {}: {error}", self.replica.id),
+                }
+            }
+            std::thread::sleep(CATCH_UP_PAUSE);
+        }
+    }
+
+    /// Replaces this replica's store with `store`, standing at `position`.
+    fn install(&self, position: u64, store: &[u8]) -> Result<(), String> {
+        let path = self.dir.join(crate::store::DB_FILE_NAME);
+        let incoming = self.dir.join("manager.redb.incoming");
+        let mut served = self.served.lock().unwrap();
+        // Close the old store before its file is replaced.
+        *served = Served::NoStore(path.clone());
+        let written = std::fs::write(&incoming, store)
+            .and_then(|()| std::fs::File::open(&incoming)?.sync_all())
+            .and_then(|()| std::fs::rename(&incoming, &path))
+            .and_then(|()| std::fs::File::open(&self.dir)?.sync_all());
+        written.map_err(|e| format!("cannot write the copied store: {e}"))?;
+        let mut manager = Manager::open_existing(&self.dir, self.manager_config)
+            .map_err(|e| format!("cannot open the copied store: {e}"))?;
+        manager.set_replicated(self.secret.replica_key());
+        *served = Served::Running(Box::new(manager));
+        self.replica.next_position.store(position, Ordering::SeqCst);
+        *self.replica.live_since.lock().unwrap() = Instant::now();
+        Ok(())
+    }
+}

@@ -1,0 +1,153 @@
+//! Power losses: writes answered but not yet synced when the machine lost power are gone, and
+//! the server cannot tell which. So the store keeps two small files under its root:
+//!
+//! ```text
+//! <root>/boot       the disk's boot id (`Disk::boot_id`) when the store last opened, 16 hex
+//! <root>/unsynced   present (durably) while some answered write is not yet synced
+//! ```
+//!
+//! The first write after a sync creates `unsynced` (written, synced, directory synced) before
+//! it is answered; a sync that leaves nothing owed removes it. At open, a `boot` of another
+//! boot than now with `unsynced` present means the machine went down (power loss, kernel
+//! crash) while answered writes were not durable: the store takes a new incarnation, which the
+//! manager treats as a wiped store (it owes every stripe of every file, and is rebuilt from
+//! the others, which hold those writes), and no client reads the old incarnation's bytes. This
+//! is md's resync after an unclean shutdown, for the whole store. A process crash keeps the
+//! boot: the page cache kept the writes, and the store syncs them at open.
+
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use tessera_wire::StorageError;
+
+use crate::disk::{read_file, write_file_synced, Disk};
+use crate::io::{disk as disk_error, disk_format};
+use crate::meta::sync_dir;
+
+const BOOT_FILE: &str = "boot";
+const UNSYNCED_FILE: &str = "unsynced";
+
+/// Whether answered writes may have been lost since the store last ran: the machine booted
+/// again since, while `unsynced` was present. Records this boot and clears the mark (the
+/// caller has synced the file system, so nothing is owed now).
+pub(crate) fn check_and_record(disk: &dyn Disk, root: &Path) -> Result<bool, StorageError> {
+    let boot_path = root.join(BOOT_FILE);
+    let bytes = match read_file(disk, &boot_path) {
+        Ok(bytes) => Some(bytes),
+        Err(error) if error.kind() == ErrorKind::NotFound => None,
+        Err(error) => {
+            let what = format_args!("read {}", boot_path.display());
+            return Err(disk_error(what, error));
+        }
+    };
+    let recorded = bytes.as_deref().and_then(|bytes| {
+        let text = std::str::from_utf8(bytes).ok()?;
+        u64::from_str_radix(text.strip_suffix('\n')?, 16).ok()
+    });
+    let unsynced_path = root.join(UNSYNCED_FILE);
+    let unsynced = disk
+        .kind(&unsynced_path)
+        .map_err(|error| disk_error(format_args!("stat {}", unsynced_path.display()), error))?
+        .is_some();
+    let now = disk.boot_id();
+    let text = format!("{now:016x}\n");
+    // A damaged boot file tells nothing: with writes owed, assume the worst. One that still
+    // says this boot (a flipped letter's case) is only rewritten.
+    let rebooted = recorded != Some(now);
+    let rewrite = bytes.as_deref() != Some(text.as_bytes());
+    if rewrite {
+        write_file_synced(disk, &boot_path, text.as_bytes())
+            .map_err(|error| disk_error(format_args!("write {}", boot_path.display()), error))?;
+    }
+    if unsynced {
+        disk.remove_file(&unsynced_path).map_err(|error| {
+            disk_error(format_args!("remove {}", unsynced_path.display()), error)
+        })?;
+    }
+    if rewrite || unsynced {
+        sync_dir(disk, root)?;
+    }
+    Ok(rebooted && unsynced)
+}
+
+/// The `unsynced` mark of an open store.
+pub(crate) struct UnsyncedMark {
+    path: PathBuf,
+    root: PathBuf,
+    state: Mutex<MarkState>,
+}
+
+#[derive(Default)]
+struct MarkState {
+    /// The mark is on disk.
+    present: bool,
+    /// Writes between [`UnsyncedMark::hold`] and the end of their hold: not yet in the set of
+    /// files a sync owes, so a sync must not take the mark away under them.
+    writes: usize,
+}
+
+/// Held by a write from before it changes anything until what it changed is owed a sync.
+pub(crate) struct MarkHold<'a>(&'a UnsyncedMark);
+
+impl Drop for MarkHold<'_> {
+    fn drop(&mut self) {
+        self.0.state().writes -= 1;
+    }
+}
+
+impl UnsyncedMark {
+    /// The mark of a store just opened (absent: [`check_and_record`] removed it).
+    pub(crate) fn new(root: &Path) -> UnsyncedMark {
+        UnsyncedMark {
+            path: root.join(UNSYNCED_FILE),
+            root: root.to_path_buf(),
+            state: Mutex::default(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, MarkState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes the mark durable, if it is not, before a write changes anything; held until the
+    /// write's files are owed a sync.
+    pub(crate) fn hold(&self, disk: &dyn Disk) -> Result<MarkHold<'_>, StorageError> {
+        let mut state = self.state();
+        if !state.present {
+            write_file_synced(disk, &self.path, b"").map_err(|error| {
+                disk_error(format_args!("write {}", self.path.display()), error)
+            })?;
+            sync_dir(disk, &self.root)?;
+            state.present = true;
+        }
+        state.writes += 1;
+        Ok(MarkHold(self))
+    }
+
+    /// Removes the mark if no write holds it and `nothing_owed` says every answered write is
+    /// durable.
+    pub(crate) fn clear_if(
+        &self,
+        disk: &dyn Disk,
+        nothing_owed: impl FnOnce() -> bool,
+    ) -> Result<(), StorageError> {
+        let mut state = self.state();
+        if !state.present || state.writes > 0 || !nothing_owed() {
+            return Ok(());
+        }
+        match disk.remove_file(&self.path) {
+            Ok(()) => {}
+            Err(error) if error.kind() == ErrorKind::NotFound => {}
+            Err(error) => {
+                return Err(disk_format(format!(
+                    "remove {}: {error}",
+                    self.path.display()
+                )))
+            }
+        }
+        sync_dir(disk, &self.root)?;
+        state.present = false;
+        Ok(())
+    }
+}

@@ -1,0 +1,480 @@
+//! The replicated manager (issue 17) with the real binary on 127.0.0.1: three replicas
+//! (`tessera manager --id N --peers ...`), four servers and client commands given every
+//! replica's address. During a series of puts one replica is killed (SIGKILL) and restarted
+//! (it must catch up from the others), then the replica the clients and servers talk to is
+//! killed. Every acknowledged put must read back byte-exact, each put succeed within a retry,
+//! and service return within a bounded time (printed: run with `--nocapture`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const REPLICAS: usize = 3;
+const SERVERS: usize = 4;
+const PUTS: usize = 24;
+/// Longest a daemon may take to write its address file, or servers to be seen up.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest one put may take, failover included (the issue's target is 1 s of outage; a
+/// loaded two-core machine running debug builds gets more).
+const PUT_BOUND: Duration = Duration::from_secs(15);
+
+/// A temporary directory removed only if the test passes.
+struct TempDir(Option<tempfile::TempDir>);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(temp) = self.0.take() {
+                eprintln!("kept {}", temp.keep().display());
+            }
+        }
+    }
+}
+
+struct Daemons {
+    dir: PathBuf,
+    managers: Vec<String>,
+    replicas: Vec<Option<Child>>,
+    servers: Vec<Child>,
+}
+
+impl Drop for Daemons {
+    fn drop(&mut self) {
+        for child in self
+            .replicas
+            .iter_mut()
+            .flatten()
+            .chain(self.servers.iter_mut())
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn tessera() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    command
+        .env_remove("TESSERA_CLUSTER")
+        .env("TESSERA_LOG", "info");
+    command
+}
+
+/// Three ports free for TCP and UDP alike (the order runs on UDP at the manager's port).
+fn free_ports(count: usize) -> Vec<u16> {
+    let mut ports = Vec::new();
+    while ports.len() < count {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = tcp.local_addr().unwrap().port();
+        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() && !ports.contains(&port) {
+            ports.push(port);
+        }
+    }
+    ports
+}
+
+fn wait_for_file(path: &Path) {
+    let start = Instant::now();
+    while !path.exists() {
+        assert!(
+            start.elapsed() < START_TIMEOUT,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Daemons {
+    fn secret(&self) -> PathBuf {
+        self.dir.join("replica-1").join("cluster.secret")
+    }
+
+    fn log(&self, name: &str) -> std::fs::File {
+        std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap()
+    }
+
+    fn start_replica(&mut self, id: usize) {
+        let mut command = tessera();
+        command
+            .args(["manager", "--init", "--id", &id.to_string(), "--peers"])
+            .arg(self.managers.join(","))
+            .arg("--dir")
+            .arg(self.dir.join(format!("replica-{id}")));
+        if id > 1 {
+            command.arg("--secret").arg(self.secret());
+        }
+        let log = self.log(&format!(
+            "replica-{id}-{}",
+            Instant::now().elapsed().as_nanos()
+        ));
+        let child = command.stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        self.replicas[id - 1] = Some(child);
+        if id == 1 {
+            wait_for_file(&self.secret());
+        }
+    }
+
+    fn kill_replica(&mut self, id: usize) {
+        let mut child = self.replicas[id - 1].take().expect("running");
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+    }
+
+    fn start_server(&mut self, index: usize) {
+        let addr_file = self.dir.join(format!("server-{index}.addr"));
+        let child = tessera()
+            .args(["server", "--listen", "127.0.0.1:0", "--manager"])
+            .arg(self.managers.join(","))
+            .arg("--dir")
+            .arg(self.dir.join(format!("server-{index}")))
+            .arg("--secret")
+            .arg(self.secret())
+            .arg("--addr-file")
+            .arg(&addr_file)
+            .stdout(Stdio::null())
+            .stderr(self.log(&format!("server-{index}")))
+            .spawn()
+            .unwrap();
+        self.servers.push(child);
+        wait_for_file(&addr_file);
+    }
+
+    /// `tessera --cluster A,B,C --secret S ARGS`.
+    fn run(&self, args: &[&str]) -> Output {
+        tessera()
+            .arg("--cluster")
+            .arg(self.managers.join(","))
+            .arg("--secret")
+            .arg(self.secret())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn status(&self) -> String {
+        String::from_utf8_lossy(&self.run(&["status"]).stdout).into_owned()
+    }
+
+    fn wait_servers_up(&self) {
+        let start = Instant::now();
+        loop {
+            let status = self.status();
+            if status.matches(" up").count() >= SERVERS {
+                return;
+            }
+            assert!(start.elapsed() < START_TIMEOUT, "servers not up: {status}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// A put, retried (a new client) if the command fails; its time and the tries it took.
+fn put(daemons: &Daemons, local: &Path, remote: &str) -> (Duration, usize) {
+    let start = Instant::now();
+    for tries in 1..=3 {
+        let output = daemons.run(&["put", local.to_str().unwrap(), remote, "--scheme", "raid5"]);
+        if output.status.success() {
+            return (start.elapsed(), tries);
+        }
+        eprintln!(
+            "put {remote} failed (try {tries}): {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(start.elapsed() < PUT_BOUND, "put {remote} took too long");
+    }
+    panic!("put {remote} failed three times");
+}
+
+#[test]
+fn puts_survive_killing_replicas() {
+    let temp = tempfile::Builder::new()
+        .prefix("tessera-replicated-")
+        .tempdir()
+        .unwrap();
+    // Kept when the test fails (the daemons' logs are in it).
+    let temp = TempDir(Some(temp));
+    let ports = free_ports(REPLICAS);
+    let mut daemons = Daemons {
+        dir: temp.0.as_ref().unwrap().path().to_path_buf(),
+        managers: ports.iter().map(|p| format!("127.0.0.1:{p}")).collect(),
+        replicas: (0..REPLICAS).map(|_| None).collect(),
+        servers: Vec::new(),
+    };
+    for id in 1..=REPLICAS {
+        daemons.start_replica(id);
+    }
+    for index in 1..=SERVERS {
+        daemons.start_server(index);
+    }
+    daemons.wait_servers_up();
+    println!("{}", daemons.status());
+
+    let mut written = Vec::new();
+    let mut slowest = [Duration::ZERO; 3];
+    for index in 0..PUTS {
+        match index {
+            // A replica the clients do not talk to (they try replica 1 first).
+            6 => daemons.kill_replica(2),
+            // It comes back and must catch up before it serves.
+            10 => daemons.start_replica(2),
+            // The replica the clients and servers talk to.
+            16 => daemons.kill_replica(1),
+            _ => {}
+        }
+        let phase = match index {
+            0..6 => 0,
+            6..16 => 1,
+            _ => 2,
+        };
+        let local = daemons.dir.join(format!("local-{index}"));
+        let bytes: Vec<u8> = (0..150_000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8 ^ index as u8)
+            .collect();
+        std::fs::write(&local, &bytes).unwrap();
+        let remote = format!("/put-{index}");
+        let (took, tries) = put(&daemons, &local, &remote);
+        assert!(tries <= 2, "put {index} needed {tries} tries");
+        slowest[phase] = slowest[phase].max(took);
+        println!("put {index}: {} ms, {tries} tries", took.as_millis());
+        written.push((remote, bytes));
+    }
+    println!(
+        "slowest put: {} ms with every replica, {} ms around the kill and restart of replica 2, \
+         {} ms after the kill of replica 1",
+        slowest[0].as_millis(),
+        slowest[1].as_millis(),
+        slowest[2].as_millis()
+    );
+    let status = daemons.status();
+    println!("{status}");
+
+    for (remote, bytes) in &written {
+        let out = daemons.dir.join("readback");
+        let output = daemons.run(&["get", remote, out.to_str().unwrap()]);
+        assert!(
+            output.status.success(),
+            "get {remote}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            std::fs::read(&out).unwrap() == *bytes,
+            "{remote} read back different bytes"
+        );
+    }
+
+    // Replica 2, restarted, caught up: it answers reads of its own and lists every file.
+    let only_two = tessera()
+        .arg("--cluster")
+        .arg(&daemons.managers[1])
+        .arg("--secret")
+        .arg(daemons.secret())
+        .args(["ls"])
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&only_two.stdout);
+    assert!(
+        only_two.status.success(),
+        "ls at replica 2: {}",
+        String::from_utf8_lossy(&only_two.stderr)
+    );
+    for (remote, _) in &written {
+        assert!(
+            listing.contains(remote.as_str()),
+            "replica 2 does not list {remote}: {listing}"
+        );
+    }
+    assert!(
+        status.contains("catching-up")
+            || status
+                .lines()
+                .filter(|l| l.contains("leader") || l.contains("follower"))
+                .count()
+                == 2,
+        "two replicas should be members: {status}"
+    );
+}
+
+/// `tessera ARGS` on the local cluster in `dir` (`--dir` for cluster commands, `--cluster`
+/// for the rest).
+fn local(dir: &Path, args: &[&str]) -> Output {
+    let mut command = tessera();
+    command.args(args);
+    if matches!(args[0], "up" | "down" | "manager") {
+        command.arg("--dir").arg(dir);
+    } else {
+        command.arg("--cluster").arg(dir);
+    }
+    command.output().unwrap()
+}
+
+#[track_caller]
+fn local_ok(dir: &Path, args: &[&str]) -> String {
+    let output = local(dir, args);
+    assert!(
+        output.status.success(),
+        "tessera {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn local_cluster_with_three_manager_replicas() {
+    let temp = tempfile::Builder::new()
+        .prefix("tessera-up-managers-")
+        .tempdir()
+        .unwrap();
+    let dir = temp.path().join("cluster");
+    let file = temp.path().join("small");
+    std::fs::write(&file, b"replicated metadata").unwrap();
+    let file = file.to_str().unwrap();
+    local_ok(
+        &dir,
+        &["up", "--managers", "3", "--servers", "4", "--detach"],
+    );
+    struct Down<'a>(&'a Path);
+    impl Drop for Down<'_> {
+        fn drop(&mut self) {
+            let _ = local(self.0, &["down"]);
+        }
+    }
+    let _down = Down(&dir);
+    local_ok(&dir, &["put", file, "/a"]);
+    // The replica clients use first, killed: the cluster goes on.
+    local_ok(&dir, &["manager", "stop", "1"]);
+    local_ok(&dir, &["put", file, "/b"]);
+    let status = local_ok(&dir, &["status"]);
+    assert!(
+        status.contains("down ("),
+        "replica 1 should be listed down: {status}"
+    );
+    // Back, it catches up and serves again.
+    local_ok(&dir, &["manager", "start", "1"]);
+    let start = Instant::now();
+    loop {
+        let status = local_ok(&dir, &["status"]);
+        let members = status
+            .lines()
+            .filter(|l| l.contains("leader") || l.contains("follower"))
+            .count();
+        if members == 3 {
+            break;
+        }
+        assert!(
+            start.elapsed() < START_TIMEOUT,
+            "replica 1 did not rejoin: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    local_ok(&dir, &["put", file, "/c"]);
+    let listing = local_ok(&dir, &["ls"]);
+    for path in ["/a", "/b", "/c"] {
+        assert!(listing.contains(path), "{path} missing: {listing}");
+    }
+    // The whole group stopped and started again keeps everything.
+    local_ok(&dir, &["down"]);
+    local_ok(
+        &dir,
+        &["up", "--managers", "3", "--servers", "4", "--detach"],
+    );
+    let listing = local_ok(&dir, &["ls"]);
+    for path in ["/a", "/b", "/c"] {
+        assert!(
+            listing.contains(path),
+            "{path} missing after a restart: {listing}"
+        );
+    }
+    let out = temp.path().join("back");
+    local_ok(&dir, &["get", "/b", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&out).unwrap(), b"replicated metadata");
+}
+
+/// Creates and stats per second by `clients` concurrent clients for `time`, against the local
+/// cluster in `dir`.
+async fn metadata_ops_per_second(dir: &Path, clients: usize, time: Duration, round: usize) -> f64 {
+    let text = std::fs::read_to_string(dir.join("cluster.toml")).unwrap();
+    let file: toml::Table = text.parse().unwrap();
+    let mut managers: Vec<std::net::SocketAddr> = file["managers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().parse().unwrap())
+        .collect();
+    if managers.is_empty() {
+        managers.push(file["manager"].as_str().unwrap().parse().unwrap());
+    }
+    let secret_text = std::fs::read_to_string(file["secret"].as_str().unwrap()).unwrap();
+    let secret = tessera_auth::Secret::from_file_text(&secret_text).unwrap();
+    let config = tessera_client::ClientConfig {
+        credential: Some(tessera_auth::Credential {
+            claim: tessera_auth::Claim::Admin,
+            key: secret.admin_key(),
+        }),
+        ..tessera_client::ClientConfig::default()
+    };
+    let client = tessera_client::Client::connect_replicated(managers, config)
+        .await
+        .unwrap();
+    let layout = tessera_client::LayoutRequest {
+        scheme: tessera_client::Scheme::Raid5,
+        stripe_unit: 65536,
+        width: Some(3),
+    };
+    let deadline = Instant::now() + time;
+    let tasks: Vec<_> = (0..clients)
+        .map(|task| {
+            let client = client.clone();
+            let layout = layout.clone();
+            tokio::spawn(async move {
+                let mut ops = 0u64;
+                while Instant::now() < deadline {
+                    let path = format!("/bench/{round}/{task}/{ops}");
+                    client.create(&path, layout.clone()).await.unwrap();
+                    client.stat(&path).await.unwrap();
+                    ops += 2;
+                }
+                ops
+            })
+        })
+        .collect();
+    let mut ops = 0;
+    for task in tasks {
+        ops += task.await.unwrap();
+    }
+    ops as f64 / time.as_secs_f64()
+}
+
+/// Issue 17's throughput target (3 replicas at >= 0.7x one manager), measured side by side:
+/// a measurement, not a check, so it runs only when asked.
+#[test]
+#[ignore = "a measurement (about 30 s of both cores): cargo test -p tessera --test replicated_manager -- --ignored --nocapture"]
+fn metadata_throughput_one_and_three_managers() {
+    let temp = tempfile::tempdir().unwrap();
+    let one = temp.path().join("one");
+    let three = temp.path().join("three");
+    local_ok(
+        &one,
+        &["up", "--managers", "1", "--servers", "3", "--detach"],
+    );
+    local_ok(
+        &three,
+        &["up", "--managers", "3", "--servers", "3", "--detach"],
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (mut single, mut replicated) = (Vec::new(), Vec::new());
+    for round in 0..3 {
+        let time = Duration::from_secs(3);
+        single.push(runtime.block_on(metadata_ops_per_second(&one, 8, time, round)));
+        replicated.push(runtime.block_on(metadata_ops_per_second(&three, 8, time, round)));
+    }
+    local_ok(&one, &["down"]);
+    local_ok(&three, &["down"]);
+    let ratios: Vec<f64> = single.iter().zip(&replicated).map(|(s, r)| r / s).collect();
+    println!("create+stat ops/s, 8 clients, 3 rounds of 3 s:");
+    println!("  1 manager:  {single:.0?}");
+    println!("  3 replicas: {replicated:.0?}");
+    println!("  ratio:      {ratios:.2?}");
+    assert!(single.iter().chain(&replicated).all(|&ops| ops > 0.0));
+}
