@@ -344,10 +344,7 @@ impl FileContext {
                 "{} stripe {stripe}: corrupt data on servers {:?} in a stripe whose full-stripe \
                  write was interrupted (stale parity): those bytes are lost",
                 self.meta.path,
-                corrupt
-                    .iter()
-                    .map(|&c| self.columns[c as usize].server)
-                    .collect::<Vec<_>>()
+                self.servers_of(&corrupt)
             ));
             return Ok(());
         }
@@ -367,10 +364,7 @@ impl FileContext {
                 report.unrepairable.push(format!(
                     "{} stripe {stripe}: corrupt blocks on servers {:?}",
                     self.meta.path,
-                    corrupt
-                        .iter()
-                        .map(|&c| self.columns[c as usize].server)
-                        .collect::<Vec<_>>()
+                    self.servers_of(&corrupt)
                 ));
                 return Ok(());
             }
@@ -471,6 +465,14 @@ struct Allocation {
 }
 
 impl FileContext {
+    /// The servers of `columns`, for reports.
+    fn servers_of(&self, columns: &[u32]) -> Vec<ServerId> {
+        columns
+            .iter()
+            .map(|&c| self.columns[c as usize].server)
+            .collect()
+    }
+
     /// The stripes of `0..stripes_total` that may hold written bytes, learned from every
     /// column but `exclude` (the column being rebuilt): the stripes whose slots overlap an
     /// allocated extent of some column's data or redundancy file, and every stripe some column
