@@ -760,6 +760,20 @@ impl Client {
         Ok(())
     }
 
+    /// Set a file's size to exactly `size`. Shrinking hides the bytes past it without
+    /// erasing them (a later write that grows the file past a hole may show them again):
+    /// meant for a file being assembled, such as a multipart upload's, before it is
+    /// committed.
+    pub async fn set_size(&self, file: &File, size: u64) -> Result<(), ClientError> {
+        self.manager_call(ManagerRequest::SetSize {
+            file: file.id,
+            size,
+            grow_only: false,
+        })
+        .await
+        .map(|_| ())
+    }
+
     /// Read up to `len` bytes at `offset` (fewer at the end of the file). A range past the
     /// file's maximum size is refused with [`ClientError::TooLarge`].
     pub async fn read_at(

@@ -36,6 +36,10 @@ pub struct Gateway {
     pub(crate) client: Client,
     /// Layout of new buckets unless their creation says otherwise.
     pub(crate) defaults: LayoutRequest,
+    /// The part size of each multipart upload this gateway placed a part of (see
+    /// [`crate::multipart`]).
+    pub(crate) part_sizes:
+        std::sync::Arc<tokio::sync::Mutex<std::collections::HashMap<String, u64>>>,
 }
 
 /// A client error as an S3 error; `missing` is what a missing path means in context.
@@ -70,7 +74,11 @@ fn is_not_found(e: &ClientError) -> bool {
 impl Gateway {
     /// A gateway over `client`; new buckets get `defaults` unless their creation overrides it.
     pub fn new(client: Client, defaults: LayoutRequest) -> Gateway {
-        Gateway { client, defaults }
+        Gateway {
+            client,
+            defaults,
+            part_sizes: Default::default(),
+        }
     }
 
     /// A small file's bytes, or `None` if there is no such file.
@@ -140,6 +148,41 @@ impl Gateway {
         }
     }
 
+    /// Give a written and synced pending file its object's key, with `meta` beside it. The
+    /// metadata record is written first and committed after the object: without it the
+    /// object stays readable, with an ETag made from its file id.
+    pub(crate) async fn commit_object(
+        &self,
+        bucket: &str,
+        key: &str,
+        layout: LayoutRequest,
+        object: &PendingFile,
+        meta: &ObjectMeta,
+    ) -> S3Result<()> {
+        let internal = |e| s3_err(e, S3ErrorCode::InternalError);
+        let bytes = serde_json::to_vec(meta).expect("serializable");
+        let record = match self
+            .write_pending_record(&names::meta_path(bucket, key), layout, &bytes)
+            .await
+        {
+            Ok(record) => record,
+            Err(e) => {
+                let _ = self.client.abandon_pending(object).await;
+                return Err(internal(e));
+            }
+        };
+        if let Err(e) = self.client.commit_pending(&object.file).await {
+            let _ = self.client.abandon_pending(&record).await;
+            let _ = self.client.abandon_pending(object).await;
+            return Err(internal(e));
+        }
+        if let Err(e) = self.client.commit_pending(&record.file).await {
+            tracing::warn!("{bucket}/{key}: stored, but its metadata could not be: {e}");
+            let _ = self.client.abandon_pending(&record).await;
+        }
+        Ok(())
+    }
+
     /// Bytes per chunk of a file's transfers: whole stripes, about [`CHUNK_BYTES`].
     pub(crate) async fn chunk_bytes(&self, file: &File) -> Result<u64, ClientError> {
         let stripe = self.client.meta(file).await?.layout.stripe_bytes();
@@ -153,12 +196,23 @@ impl Gateway {
         file: &File,
         body: Option<StreamingBlob>,
     ) -> S3Result<(u64, [u8; 16])> {
+        self.write_body_at(file, 0, body).await
+    }
+
+    /// Write a request body into `file` from offset `base`, a chunk at a time, as it arrives;
+    /// returns its length and MD5.
+    pub(crate) async fn write_body_at(
+        &self,
+        file: &File,
+        base: u64,
+        body: Option<StreamingBlob>,
+    ) -> S3Result<(u64, [u8; 16])> {
         let chunk = self
             .chunk_bytes(file)
             .await
             .map_err(|e| s3_err(e, S3ErrorCode::InternalError))? as usize;
         let mut md5 = Md5::new();
-        let (mut buf, mut offset) = (Vec::with_capacity(chunk), 0u64);
+        let (mut buf, mut offset) = (Vec::with_capacity(chunk), base);
         let mut writes = VecDeque::new();
         let mut body = body.map(|b| b.boxed());
         let result = async {
@@ -177,7 +231,9 @@ impl Gateway {
                     let rest = buf.split_off(chunk.min(buf.len()));
                     let full = std::mem::replace(&mut buf, rest);
                     let (client, file, at) = (self.client.clone(), file.clone(), offset);
-                    offset += full.len() as u64;
+                    offset = offset.checked_add(full.len() as u64).ok_or_else(|| {
+                        s3_error!(EntityTooLarge, "the body ends past the largest offset")
+                    })?;
                     writes.push_back(tokio::spawn(async move {
                         client.write_at(&file, at, &full).await
                     }));
@@ -189,7 +245,7 @@ impl Gateway {
                     while let Some(write) = writes.pop_front() {
                         join_write(write).await?;
                     }
-                    return Ok((offset, md5.finalize().into()));
+                    return Ok((offset - base, md5.finalize().into()));
                 }
             }
         }

@@ -8,9 +8,12 @@
 //! writes a pending file that takes the key only once synced (an interrupted upload leaves
 //! the object it replaces whole).
 
+mod conditions;
+mod copy;
 mod gateway;
 pub mod listing;
 pub mod meta;
+pub mod multipart;
 pub mod names;
 mod ops;
 
@@ -98,13 +101,24 @@ async fn closing_after_unread_body(
 /// other request gets `AccessDenied`).
 pub async fn serve(listener: TcpListener, gateway: Gateway, keys: Keys) -> std::io::Result<()> {
     let service = {
-        let mut builder = S3ServiceBuilder::new(gateway);
+        let mut builder = S3ServiceBuilder::new(gateway.clone());
         builder.set_auth(GatewayAuth(SimpleAuth::from_single(
             keys.access,
             keys.secret,
         )));
         builder.build()
     };
+    // Multipart uploads are pending files: keep them alive while the gateway runs.
+    let sweeper = {
+        let gateway = gateway.clone();
+        tokio::spawn(async move {
+            loop {
+                gateway.sweep_uploads().await;
+                tokio::time::sleep(multipart::RENEW_EVERY).await;
+            }
+        })
+    };
+    let _stop_sweeper = AbortOnDrop(sweeper);
     let connections = ConnBuilder::new(TokioExecutor::new());
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -128,5 +142,14 @@ pub async fn serve(listener: TcpListener, gateway: Gateway, keys: Keys) -> std::
                 tracing::debug!("connection from {peer}: {e}");
             }
         });
+    }
+}
+
+/// Aborts a task when dropped (the gateway's background work ends with `serve`).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

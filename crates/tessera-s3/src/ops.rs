@@ -1,5 +1,6 @@
 //! The S3 operations: s3s parses and authenticates each request and calls these.
 
+use crate::conditions::{self, Conditions, Verdict};
 use crate::gateway::{name_err, s3_err, Gateway, SCHEME_HEADER, STRIPE_UNIT_HEADER, WIDTH_HEADER};
 use crate::listing::{self, PAGE_ENTRIES_MAX};
 use crate::meta::{fallback_etag, hex, BucketConfig, ObjectMeta, FORMAT_VERSION};
@@ -10,7 +11,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tessera_client::{LayoutRequest, Scheme};
 
 /// The layout asked for by a request's headers, over `base`.
-fn layout_from_headers(headers: &http::HeaderMap, base: LayoutRequest) -> S3Result<LayoutRequest> {
+pub(crate) fn layout_from_headers(
+    headers: &http::HeaderMap,
+    base: LayoutRequest,
+) -> S3Result<LayoutRequest> {
     let get = |name: &str| -> S3Result<Option<String>> {
         headers
             .get(name)
@@ -51,13 +55,13 @@ fn parse_size(text: &str) -> Option<u32> {
     u32::try_from(digits.parse::<u64>().ok()?.checked_mul(scale)?).ok()
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-fn timestamp(ms: u64) -> Timestamp {
+pub(crate) fn timestamp(ms: u64) -> Timestamp {
     Timestamp::from(UNIX_EPOCH + Duration::from_millis(ms))
 }
 
@@ -163,6 +167,16 @@ impl Gateway {
                 Err(err)
             }
         }
+    }
+}
+
+/// A GET's or HEAD's conditions against the object: `304` or `412` when they do not hold.
+fn check_conditions(when: Conditions<'_>, meta: &Option<ObjectMeta>, file: u64) -> S3Result<()> {
+    let etag = etag_of(meta, file);
+    match conditions::evaluate(when, etag.value(), meta.as_ref().map(|m| m.modified_ms)) {
+        Verdict::Proceed => Ok(()),
+        Verdict::NotModified => Err(s3_error!(NotModified, "not modified")),
+        Verdict::Failed => Err(s3_error!(PreconditionFailed, "a condition does not hold")),
     }
 }
 
@@ -279,6 +293,8 @@ impl S3 for Gateway {
         let (bucket, key) = (&input.bucket, &input.key);
         names::check_key(key).map_err(name_err)?;
         let layout = layout_from_headers(&req.headers, self.bucket_layout(bucket).await?)?;
+        self.check_put_conditions(bucket, key, &input.if_match, &input.if_none_match)
+            .await?;
         let path = names::object_path(bucket, key);
         let internal = |e| s3_err(e, S3ErrorCode::InternalError);
         // Written as a new, unnamed file and given the key only once all of it is durable: a
@@ -299,44 +315,36 @@ impl S3 for Gateway {
                     input.content_md5.as_deref(),
                 )?;
                 self.client.sync(&pending.file).await.map_err(internal)?;
-                let meta = ObjectMeta {
-                    version: FORMAT_VERSION,
-                    file: pending.file.id,
-                    etag: hex(&md5),
-                    modified_ms: now_ms(),
-                    content_type: input.content_type.clone(),
-                    metadata: input
-                        .metadata
-                        .clone()
-                        .unwrap_or_default()
-                        .into_iter()
-                        .collect(),
-                };
-                let bytes = serde_json::to_vec(&meta).expect("serializable");
-                let record = self
-                    .write_pending_record(&names::meta_path(bucket, key), layout, &bytes)
-                    .await
-                    .map_err(internal)?;
-                Ok((meta.etag, record))
+                Ok(md5)
             })
             .await;
-        let (etag, record) = match stored {
-            Ok(done) => done,
+        let md5 = match stored {
+            Ok(md5) => md5,
             Err(e) => {
                 let _ = self.client.abandon_pending(&pending).await;
                 return Err(e);
             }
         };
-        if let Err(e) = self.client.commit_pending(&pending.file).await {
-            let _ = self.client.abandon_pending(&record).await;
-            let _ = self.client.abandon_pending(&pending).await;
-            return Err(internal(e));
-        }
-        // The object is in place; without its metadata, its ETag falls back to the file id.
-        if let Err(e) = self.client.commit_pending(&record.file).await {
-            tracing::warn!("{path}: stored, but its metadata could not be: {e}");
-            let _ = self.client.abandon_pending(&record).await;
-        }
+        let meta = ObjectMeta {
+            version: FORMAT_VERSION,
+            file: pending.file.id,
+            etag: hex(&md5),
+            modified_ms: now_ms(),
+            content_type: input.content_type.clone(),
+            metadata: input
+                .metadata
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect(),
+        };
+        // Checked again just before the commit (a put racing this one may still win between
+        // the check and the commit: the conditions narrow the window, they do not lock).
+        self.check_put_conditions(bucket, key, &input.if_match, &input.if_none_match)
+            .await?;
+        self.commit_object(bucket, key, layout, &pending, &meta)
+            .await?;
+        let etag = meta.etag;
         let output = PutObjectOutput {
             e_tag: Some(ETag::Strong(etag)),
             ..PutObjectOutput::default()
@@ -364,6 +372,13 @@ impl S3 for Gateway {
         let (start, end) = range.as_ref().map_or((0, size), |r| (r.start, r.end));
         let chunk = self.chunk_bytes(&file).await.map_err(internal)?;
         let meta = self.object_meta(&input.bucket, &input.key, file.id).await;
+        let when = Conditions {
+            if_match: input.if_match.as_ref(),
+            if_none_match: input.if_none_match.as_ref(),
+            if_modified_since: input.if_modified_since.as_ref(),
+            if_unmodified_since: input.if_unmodified_since.as_ref(),
+        };
+        check_conditions(when, &meta, file.id)?;
         let output = GetObjectOutput {
             e_tag: Some(etag_of(&meta, file.id)),
             content_length: Some((end - start) as i64),
@@ -390,6 +405,13 @@ impl S3 for Gateway {
             .await
             .map_err(|e| s3_err(e, S3ErrorCode::NoSuchKey))?;
         let meta = self.object_meta(&input.bucket, &input.key, file.id).await;
+        let when = Conditions {
+            if_match: input.if_match.as_ref(),
+            if_none_match: input.if_none_match.as_ref(),
+            if_modified_since: input.if_modified_since.as_ref(),
+            if_unmodified_since: input.if_unmodified_since.as_ref(),
+        };
+        check_conditions(when, &meta, file.id)?;
         let output = HeadObjectOutput {
             e_tag: Some(etag_of(&meta, file.id)),
             content_length: Some(size as i64),
@@ -423,6 +445,55 @@ impl S3 for Gateway {
             }
         }
         Ok(S3Response::new(DeleteObjectOutput::default()))
+    }
+
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        self.copy_object_impl(req).await
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        self.create_multipart(req).await
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        Gateway::upload_part(self, req).await
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        self.complete_multipart(req).await
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        self.abort_multipart(req).await
+    }
+
+    async fn list_parts(
+        &self,
+        req: S3Request<ListPartsInput>,
+    ) -> S3Result<S3Response<ListPartsOutput>> {
+        self.list_parts_of(req).await
+    }
+
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        self.list_uploads(req).await
     }
 
     async fn list_objects(
@@ -513,7 +584,7 @@ impl S3 for Gateway {
 }
 
 /// The body's length and MD5 against the request's Content-Length and Content-MD5.
-fn check_body(
+pub(crate) fn check_body(
     size: u64,
     md5: &[u8; 16],
     length: Option<i64>,

@@ -65,6 +65,18 @@ pub struct ClusterFile {
     /// `manager_process`).
     #[serde(default)]
     pub replicas: Vec<Process>,
+    /// The S3 gateway's endpoint, when `up --s3` started one (`http://ADDR`).
+    #[serde(default)]
+    pub s3_endpoint: Option<String>,
+    /// The access key S3 requests are signed with.
+    #[serde(default)]
+    pub s3_access_key: Option<String>,
+    /// Its secret key (this file is readable by its owner only).
+    #[serde(default)]
+    pub s3_secret_key: Option<String>,
+    /// The gateway process.
+    #[serde(default)]
+    pub s3_process: Option<Process>,
 }
 
 /// Version of `cluster.toml` this build writes (2 added `secret` and `key`).
@@ -123,6 +135,12 @@ fn wait_exit(pid: u32, timeout: Duration) -> bool {
 }
 
 fn spawn_daemon(args: &[String], log: &Path) -> Result<u32> {
+    spawn_daemon_with_env(args, &[], log)
+}
+
+/// A daemon with extra environment variables (secrets stay off its command line, which any
+/// local user can read).
+fn spawn_daemon_with_env(args: &[String], env: &[(&str, &str)], log: &Path) -> Result<u32> {
     let exe = std::env::current_exe().context("cannot find the tessera executable")?;
     let log_file = std::fs::OpenOptions::new()
         .create(true)
@@ -132,6 +150,7 @@ fn spawn_daemon(args: &[String], log: &Path) -> Result<u32> {
     let mut command = Command::new(exe);
     command
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(log_file.try_clone()?)
         .stderr(log_file);
@@ -315,6 +334,10 @@ impl LocalCluster {
                 window,
                 managers: replicas.iter().map(|r| r.addr.clone()).collect(),
                 replicas,
+                s3_endpoint: None,
+                s3_access_key: previous.as_ref().and_then(|p| p.file.s3_access_key.clone()),
+                s3_secret_key: previous.as_ref().and_then(|p| p.file.s3_secret_key.clone()),
+                s3_process: None,
             },
         };
         for id in 1..=servers {
@@ -641,8 +664,59 @@ impl LocalCluster {
         }
     }
 
-    /// Stop every daemon (servers first), politely, then firmly.
+    /// Start the S3 gateway on `listen` (`127.0.0.1:0`: any free port), with the keys of an
+    /// earlier run if there are any, else a new pair; the endpoint and keys go into
+    /// `cluster.toml`.
+    pub fn start_gateway(&mut self, listen: &str) -> Result<()> {
+        let gateway_dir = self.dir.join("s3");
+        std::fs::create_dir_all(&gateway_dir)?;
+        let keys = match (&self.file.s3_access_key, &self.file.s3_secret_key) {
+            (Some(access), Some(secret)) => tessera_s3::Keys {
+                access: access.clone(),
+                secret: secret.clone(),
+            },
+            _ => tessera_s3::Keys::generate(),
+        };
+        let addr_file = gateway_dir.join("addr");
+        let _ = std::fs::remove_file(&addr_file);
+        let config = Self::cluster_file(&self.dir);
+        let args: Vec<String> = vec![
+            "--cluster".into(),
+            config.display().to_string(),
+            "s3".into(),
+            "--listen".into(),
+            listen.into(),
+            "--addr-file".into(),
+            addr_file.display().to_string(),
+        ];
+        let env = [
+            ("TESSERA_S3_ACCESS_KEY", keys.access.as_str()),
+            ("TESSERA_S3_SECRET_KEY", keys.secret.as_str()),
+        ];
+        let pid = spawn_daemon_with_env(&args, &env, &gateway_dir.join("log"))?;
+        let addr = wait_for_addr(&addr_file, pid)
+            .with_context(|| format!("the S3 gateway did not start on {listen}"))?;
+        self.file.s3_endpoint = Some(format!("http://{addr}"));
+        self.file.s3_access_key = Some(keys.access);
+        self.file.s3_secret_key = Some(keys.secret);
+        self.file.s3_process = Some(Process {
+            addr,
+            dir: gateway_dir,
+            pid,
+        });
+        self.save()
+    }
+
+    /// Stop every daemon (the gateway, then servers and managers), politely, then firmly.
     pub fn down(&mut self) {
+        if let Some(gateway) = &mut self.file.s3_process {
+            signal(gateway.pid, libc::SIGTERM);
+            if !wait_exit(gateway.pid, Duration::from_secs(5)) {
+                signal(gateway.pid, libc::SIGKILL);
+                wait_exit(gateway.pid, Duration::from_secs(2));
+            }
+            gateway.pid = 0;
+        }
         let mut pids: Vec<u32> = self.file.servers.iter().map(|s| s.process.pid).collect();
         pids.push(self.file.manager_process.pid);
         pids.extend(self.file.replicas.iter().map(|r| r.pid));

@@ -617,7 +617,13 @@ pub async fn scrub(cluster: Option<String>, remote: Option<&str>) -> Result<()> 
     Ok(())
 }
 
-pub async fn up(dir: &Path, servers: u32, managers: u16, detach: bool) -> Result<()> {
+pub async fn up(
+    dir: &Path,
+    servers: u32,
+    managers: u16,
+    detach: bool,
+    s3: Option<&str>,
+) -> Result<()> {
     if managers == 0 || usize::from(managers) > tessera_manager::replica::REPLICAS_MAX {
         bail!(
             "--managers {managers}: a cluster has 1 to {} manager replicas",
@@ -639,6 +645,20 @@ pub async fn up(dir: &Path, servers: u32, managers: u16, detach: bool) -> Result
         "tessera: {manager} with {servers} servers, data in {}",
         cluster.dir.display()
     );
+    if let Some(listen) = s3 {
+        if let Err(e) = cluster.start_gateway(listen) {
+            cluster.down();
+            return Err(e);
+        }
+        let file = &cluster.file;
+        println!(
+            "S3 gateway at {} (access key {}, secret key {}; also in {})",
+            file.s3_endpoint.as_deref().unwrap_or("?"),
+            file.s3_access_key.as_deref().unwrap_or("?"),
+            file.s3_secret_key.as_deref().unwrap_or("?"),
+            LocalCluster::cluster_file(&cluster.dir).display()
+        );
+    }
     if detach {
         println!("stop it with: tessera down --dir {}", dir.display());
         return Ok(());

@@ -74,6 +74,10 @@ enum Command {
         /// Return once all servers are up, leaving the cluster running in the background.
         #[arg(long)]
         detach: bool,
+        /// Also start the S3 gateway on this address (e.g. 127.0.0.1:9000; port 0: any free
+        /// one); its endpoint and keys are printed and written into DIR/cluster.toml.
+        #[arg(long, value_name = "ADDR")]
+        s3: Option<String>,
     },
     /// Stop the local cluster in DIR.
     Down {
@@ -427,7 +431,8 @@ async fn run(cli: Cli) -> Result<()> {
             managers,
             dir,
             detach,
-        } => commands::up(&dir, servers, managers, detach).await,
+            s3,
+        } => commands::up(&dir, servers, managers, detach, s3.as_deref()).await,
         Command::Down { dir } => commands::down(&dir),
         Command::Manager(args) => match args.action {
             Some(ManagerAction::Recover { dir, servers }) => {

@@ -169,3 +169,101 @@ fn boto3_drives_the_gateway() {
         "bucket marker: {listed}"
     );
 }
+
+/// `tessera up --s3` starts the gateway with the cluster, writes its endpoint and keys into
+/// `cluster.toml`, serves boto3 with them (and refuses other keys), keeps the keys across a
+/// restart of the cluster, and `tessera down` stops it.
+#[test]
+fn up_starts_the_gateway_with_the_cluster() {
+    require_boto3();
+    let root = tempfile::Builder::new()
+        .prefix("tessera-up-s3-")
+        .tempdir()
+        .expect("temporary directory");
+    let dir = root.path().join("cluster");
+    let read_file = || -> toml::Value {
+        let text = std::fs::read_to_string(dir.join("cluster.toml")).expect("cluster.toml");
+        toml::from_str(&text).expect("cluster.toml is TOML")
+    };
+    let field = |file: &toml::Value, name: &str| -> String {
+        file.get(name)
+            .and_then(|v| v.as_str())
+            .unwrap_or_else(|| panic!("cluster.toml has no {name}: {file}"))
+            .to_string()
+    };
+    let mut keys = Vec::new();
+    for round in 0..2 {
+        let up_s3 = tessera(&[
+            "up",
+            "--servers",
+            "3",
+            "--dir",
+            text(&dir),
+            "--detach",
+            "--s3",
+            "127.0.0.1:0",
+        ]);
+        assert!(
+            up_s3.status.success(),
+            "tessera up --s3: {}",
+            String::from_utf8_lossy(&up_s3.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&up_s3.stdout).to_string();
+        let file = read_file();
+        let (endpoint, access, secret) = (
+            field(&file, "s3_endpoint"),
+            field(&file, "s3_access_key"),
+            field(&file, "s3_secret_key"),
+        );
+        assert!(stdout.contains(&endpoint), "round {round}: {stdout}");
+        let pid = file["s3_process"]["pid"].as_integer().expect("gateway pid") as i32;
+        let script = format!(
+            r#"
+import boto3, botocore
+from botocore.config import Config
+def client(secret):
+    return boto3.client("s3", endpoint_url="{endpoint}", aws_access_key_id="{access}",
+        aws_secret_access_key=secret, region_name="us-east-1",
+        config=Config(s3={{"addressing_style": "path"}}, retries={{"max_attempts": 1}}))
+s3 = client("{secret}")
+if {round} == 0:
+    s3.create_bucket(Bucket="up-bucket")
+    s3.put_object(Bucket="up-bucket", Key="k", Body=b"through up --s3")
+assert s3.get_object(Bucket="up-bucket", Key="k")["Body"].read() == b"through up --s3"
+try:
+    client("not-the-secret").list_buckets()
+    raise SystemExit("a wrong secret was accepted")
+except botocore.exceptions.ClientError as e:
+    assert e.response["Error"]["Code"] == "SignatureDoesNotMatch", e.response
+print("ok")
+"#
+        );
+        let run = Command::new("python3")
+            .args(["-c", &script])
+            .output()
+            .expect("python3");
+        assert!(
+            run.status.success() && String::from_utf8_lossy(&run.stdout).contains("ok"),
+            "round {round}: {}{}",
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr)
+        );
+        keys.push((access, secret));
+        let down = tessera(&["down", "--dir", text(&dir)]);
+        assert!(down.status.success());
+        // SAFETY: kill with signal 0 only asks whether the process exists. A zombie (exited,
+        // not yet reaped by whoever adopted it) counts as stopped.
+        let exists = unsafe { libc::kill(pid, 0) } == 0;
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|s| s.trim_start().starts_with('Z'))
+        });
+        let alive = exists && !zombie;
+        assert!(
+            !alive,
+            "round {round}: the gateway (pid {pid}) outlived tessera down"
+        );
+    }
+    assert_eq!(keys[0], keys[1], "the keys changed across a restart");
+}

@@ -201,6 +201,165 @@ s3.delete_bucket(Bucket="photos")
 s3.delete_bucket(Bucket="empty-one")
 expect(s3.list_buckets()["Buckets"], [], "buckets after deletes")
 expect(error_code(s3.delete_bucket, Bucket="photos")[0], "NoSuchBucket", "delete a deleted bucket")
+# Multipart uploads: parts straight into the striped file when they line up, copied when not.
+s3.create_bucket(Bucket="multi")
+
+
+def multipart(key, parts, order=None, complete=None):
+    """Upload `parts` (a list of bytes) as parts 1..n in `order`, complete with `complete`
+    (the part numbers, default all), check the object; the upload id."""
+    upload = s3.create_multipart_upload(Bucket="multi", Key=key, ContentType="video/x-test",
+                                        Metadata={"kind": "multi"})["UploadId"]
+    etags = {}
+    for n in order or range(1, len(parts) + 1):
+        answer = s3.upload_part(Bucket="multi", Key=key, UploadId=upload, PartNumber=n, Body=parts[n - 1])
+        etags[n] = answer["ETag"]
+        expect(etags[n].strip('"'), hashlib.md5(parts[n - 1]).hexdigest(), f"{key}: ETag of part {n}")
+    chosen = complete or sorted(etags)
+    done = s3.complete_multipart_upload(Bucket="multi", Key=key, UploadId=upload, MultipartUpload={
+        "Parts": [{"PartNumber": n, "ETag": etags[n]} for n in chosen]})
+    want = hashlib.md5(b"".join(hashlib.md5(parts[n - 1]).digest() for n in chosen)).hexdigest()
+    expect(done["ETag"].strip('"'), f"{want}-{len(chosen)}", f"{key}: multipart ETag")
+    body = b"".join(parts[n - 1] for n in chosen)
+    got = get_bytes("multi", key)
+    expect(len(got), len(body), f"{key}: length")
+    if got != body:
+        raise AssertionError(f"{key}: bytes differ")
+    head = s3.head_object(Bucket="multi", Key=key)
+    expect((head["ETag"].strip('"'), head["Metadata"], head["ContentType"]),
+           (f"{want}-{len(chosen)}", {"kind": "multi"}, "video/x-test"), f"{key}: head")
+    return upload
+
+
+five = 5 * MiB
+p = [rng.randbytes(five) for _ in range(3)] + [rng.randbytes(12345)]
+multipart("in-order", p)                               # in place, the last part copied in
+multipart("last-first", p, order=[4, 3, 1, 2])         # the short part first: still in place
+multipart("odd-sizes", [rng.randbytes(five + 1), p[1], p[3]])  # sizes differ: copied
+multipart("with-gap", p, complete=[1, 2, 4])           # part 3 left out: copied
+multipart("one-part", [b"tiny"])
+# A part uploaded twice: the second wins.
+upload = s3.create_multipart_upload(Bucket="multi", Key="again")["UploadId"]
+first = s3.upload_part(Bucket="multi", Key="again", UploadId=upload, PartNumber=1, Body=p[0])["ETag"]
+second = s3.upload_part(Bucket="multi", Key="again", UploadId=upload, PartNumber=1, Body=p[1])["ETag"]
+last = s3.upload_part(Bucket="multi", Key="again", UploadId=upload, PartNumber=2, Body=b"end")["ETag"]
+listed = s3.list_parts(Bucket="multi", Key="again", UploadId=upload)["Parts"]
+expect([(x["PartNumber"], x["Size"], x["ETag"]) for x in listed], [(1, five, second), (2, 3, last)], "list parts")
+expect(error_code(s3.complete_multipart_upload, Bucket="multi", Key="again", UploadId=upload,
+                  MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": first}, {"PartNumber": 2, "ETag": last}]})[0],
+       "InvalidPart", "completion with a replaced part's ETag")
+expect(error_code(s3.complete_multipart_upload, Bucket="multi", Key="again", UploadId=upload,
+                  MultipartUpload={"Parts": [{"PartNumber": 2, "ETag": last}, {"PartNumber": 1, "ETag": second}]})[0],
+       "InvalidPartOrder", "parts out of order")
+s3.complete_multipart_upload(Bucket="multi", Key="again", UploadId=upload, MultipartUpload={
+    "Parts": [{"PartNumber": 1, "ETag": second}, {"PartNumber": 2, "ETag": last}]})
+expect(get_bytes("multi", "again"), p[1] + b"end", "a part uploaded twice")
+# Bad parts and unknown uploads.
+upload = s3.create_multipart_upload(Bucket="multi", Key="bad")["UploadId"]
+for n in [0, 10001]:
+    expect(error_code(s3.upload_part, Bucket="multi", Key="bad", UploadId=upload, PartNumber=n, Body=b"x")[0],
+           "InvalidArgument", f"part number {n}")
+small = [s3.upload_part(Bucket="multi", Key="bad", UploadId=upload, PartNumber=n, Body=b"small")["ETag"] for n in [1, 2]]
+expect(error_code(s3.complete_multipart_upload, Bucket="multi", Key="bad", UploadId=upload,
+                  MultipartUpload={"Parts": [{"PartNumber": n + 1, "ETag": e} for n, e in enumerate(small)]})[0],
+       "EntityTooSmall", "a small part that is not the last")
+expect(error_code(s3.upload_part, Bucket="multi", Key="bad", UploadId="f" * 32, PartNumber=1, Body=b"x")[0],
+       "NoSuchUpload", "unknown upload id")
+expect(error_code(s3.upload_part, Bucket="multi", Key="bad", UploadId="../../x", PartNumber=1, Body=b"x")[0],
+       "NoSuchUpload", "made-up upload id")
+expect(error_code(s3.upload_part, Bucket="multi", Key="other", UploadId=upload, PartNumber=1, Body=b"x")[0],
+       "NoSuchUpload", "upload id of another key")
+uploads = s3.list_multipart_uploads(Bucket="multi")["Uploads"]
+expect([(u["Key"], u["UploadId"]) for u in uploads], [("bad", upload)], "open uploads")
+s3.abort_multipart_upload(Bucket="multi", Key="bad", UploadId=upload)
+expect(error_code(s3.list_parts, Bucket="multi", Key="bad", UploadId=upload)[0], "NoSuchUpload", "after abort")
+expect(error_code(s3.head_object, Bucket="multi", Key="bad")[1], 404, "object of an aborted upload")
+expect(s3.list_multipart_uploads(Bucket="multi").get("Uploads", []), [], "no open uploads")
+# boto3's own transfer manager: parts of 5 MiB, four at once, and a ranged parallel download.
+import io
+from boto3.s3.transfer import TransferConfig
+transfer = TransferConfig(multipart_threshold=five, multipart_chunksize=five, max_concurrency=4)
+blob = rng.randbytes(4 * five + 777)
+s3.upload_fileobj(io.BytesIO(blob), "multi", "managed", Config=transfer)
+out = io.BytesIO()
+s3.download_fileobj("multi", "managed", out, Config=transfer)
+if out.getvalue() != blob:
+    raise AssertionError("managed transfer: bytes differ")
+
+# CopyObject: the bytes, the metadata copied or replaced, conditions on the source.
+small_src = rng.randbytes(3 * MiB + 5)
+s3.put_object(Bucket="multi", Key="source", Body=small_src, ContentType="text/x-src",
+              Metadata={"from": "source"})
+src_etag = hashlib.md5(small_src).hexdigest()
+done = s3.copy_object(Bucket="multi", Key="copy", CopySource={"Bucket": "multi", "Key": "source"})
+expect(done["CopyObjectResult"]["ETag"].strip('"'), src_etag, "ETag of a copy")
+expect(get_bytes("multi", "copy"), small_src, "copied bytes")
+head = s3.head_object(Bucket="multi", Key="copy")
+expect((head["Metadata"], head["ContentType"]), ({"from": "source"}, "text/x-src"), "copied metadata")
+s3.copy_object(Bucket="multi", Key="copy", CopySource="multi/source", MetadataDirective="REPLACE",
+               Metadata={"new": "yes"})
+expect(s3.head_object(Bucket="multi", Key="copy")["Metadata"], {"new": "yes"}, "replaced metadata")
+s3.copy_object(Bucket="multi", Key="in-order", CopySource="multi/in-order", MetadataDirective="REPLACE",
+               Metadata={"self": "copy"})
+expect(s3.head_object(Bucket="multi", Key="in-order")["Metadata"], {"self": "copy"}, "copy onto itself")
+expect(error_code(s3.copy_object, Bucket="multi", Key="source", CopySource="multi/source")[0],
+       "InvalidRequest", "copy onto itself without new metadata")
+expect(error_code(s3.copy_object, Bucket="multi", Key="c2", CopySource="multi/missing")[0], "NoSuchKey", "copy of nothing")
+expect(error_code(s3.copy_object, Bucket="multi", Key="c2", CopySource="multi/source",
+                  CopySourceIfMatch='"00000000000000000000000000000000"')[0], "PreconditionFailed", "copy-source If-Match")
+s3.copy_object(Bucket="multi", Key="c2", CopySource="multi/source", CopySourceIfMatch=f'"{src_etag}"')
+
+# Conditional reads and puts.
+import datetime
+past = datetime.datetime(2001, 1, 1, tzinfo=datetime.timezone.utc)
+future = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1)
+expect(len(s3.get_object(Bucket="multi", Key="source", IfMatch=f'"{src_etag}"')["Body"].read()), len(small_src), "If-Match")
+expect(error_code(s3.get_object, Bucket="multi", Key="source", IfMatch='"abc"')[1], 412, "If-Match differs")
+expect(error_code(s3.get_object, Bucket="multi", Key="source", IfNoneMatch=f'"{src_etag}"')[1], 304, "If-None-Match")
+expect(error_code(s3.head_object, Bucket="multi", Key="source", IfModifiedSince=future)[1], 304, "If-Modified-Since")
+expect(error_code(s3.get_object, Bucket="multi", Key="source", IfUnmodifiedSince=past)[1], 412, "If-Unmodified-Since")
+expect(s3.head_object(Bucket="multi", Key="source", IfModifiedSince=past)["ContentLength"], len(small_src), "modified since")
+
+# Presigned URLs (boto3's default, signature version 2, and version 4): a GET and a PUT by
+# plain HTTP; a URL with one character of its signature changed, or expired, is refused.
+import re
+import time
+
+
+def refused(url, what):
+    try:
+        urllib.request.urlopen(url)
+    except urllib.error.HTTPError as e:
+        expect(e.code, 403, what)
+        return
+    raise AssertionError(f"{what}: served")
+
+
+for version in [None, "s3v4"]:
+    signer = client(**({"signature_version": version} if version else {}))
+    url = signer.generate_presigned_url("get_object", Params={"Bucket": "multi", "Key": "source"}, ExpiresIn=300)
+    with urllib.request.urlopen(url) as answer:
+        expect(answer.read(), small_src, f"presigned GET ({version})")
+    signature = re.search(r"Signature=([^&]+)", url)
+    changed = signature.group(1)[:-1] + ("0" if signature.group(1)[-1] != "0" else "1")
+    refused(url[:signature.start(1)] + changed + url[signature.end(1):], f"tampered presigned URL ({version})")
+    url = signer.generate_presigned_url("put_object", Params={"Bucket": "multi", "Key": f"by-url-{version}"},
+                                        ExpiresIn=300)
+    # Content-Type as signed (none): urllib would otherwise add a form type to a request with data.
+    put = urllib.request.Request(url, data=b"put by url", method="PUT", headers={"Content-Type": ""})
+    with urllib.request.urlopen(put) as answer:
+        expect(answer.status, 200, f"presigned PUT ({version})")
+    expect(get_bytes("multi", f"by-url-{version}"), b"put by url", f"object of the presigned PUT ({version})")
+url = client(signature_version="s3v4").generate_presigned_url(
+    "get_object", Params={"Bucket": "multi", "Key": "source"}, ExpiresIn=1)
+time.sleep(2.5)
+refused(url, "expired presigned URL")
+
+for page in s3.get_paginator("list_objects_v2").paginate(Bucket="multi"):
+    for obj in page.get("Contents", []):
+        s3.delete_object(Bucket="multi", Key=obj["Key"])
+s3.delete_bucket(Bucket="multi")
+
 # One object stays, for the test to read through the CLI: laid out by the headers, plain bytes.
 s3.create_bucket(Bucket="kept")
 s3.put_object(Bucket="kept", Key="raid5/obj", Body=b"kept by the gateway\n" * 1000,
