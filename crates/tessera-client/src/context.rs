@@ -206,7 +206,13 @@ impl FileContext {
                     let mut lost = self.lost_now.lock().unwrap();
                     !std::mem::replace(&mut lost[column as usize], true)
                 };
-                if first {
+                // A timeout alone does not make a server down: this process may have been
+                // stopped (SIGSTOP, a long pause) with its timers running out while the
+                // answers waited in its socket. The request still fails (a write records
+                // the miss); the server is reported down for every client only if it does
+                // not answer a fresh ping either.
+                let timed_out = matches!(e, TransportError::Timeout { .. });
+                if first && !(timed_out && self.answers(client, column).await) {
                     let server = self.columns[column as usize].server;
                     tracing::warn!("server {server} ({addr}) unreachable: {e}");
                     let _ = client
