@@ -38,6 +38,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 mod keys;
+pub mod metrics;
 pub use keys::{STORAGE_KEYS_INTERVAL, STORAGE_KEYS_REFRESH_MIN};
 
 /// Largest read answered on the network thread when the page cache holds it (see
@@ -118,6 +119,8 @@ pub struct RunningServer {
     /// Its id, once registered (0 until then).
     id: Arc<AtomicU32>,
     store: Arc<Store>,
+    /// Its metrics, and the counters read at each scrape.
+    metrics: (Arc<metrics::ServerMetrics>, Counters),
     serve: tokio::task::JoinHandle<()>,
     /// The datagram server's I/O thread, stopped when this is dropped.
     _udp: Option<UdpServer>,
@@ -133,6 +136,11 @@ impl RunningServer {
             0 => None,
             id => Some(id),
         }
+    }
+
+    /// A handle on its metrics, for a scrape endpoint.
+    pub fn metrics(&self) -> MetricsHandle {
+        MetricsHandle(self.metrics.0.clone(), self.metrics.1.clone())
     }
 
     /// Wait until the server has registered with the manager.
@@ -169,6 +177,17 @@ impl RunningServer {
     }
 }
 
+/// A running server's metrics, cheap to clone.
+#[derive(Clone)]
+pub struct MetricsHandle(Arc<metrics::ServerMetrics>, Counters);
+
+impl MetricsHandle {
+    /// The metrics in Prometheus's text format.
+    pub async fn text(&self) -> String {
+        self.0.render(&self.1.all().await)
+    }
+}
+
 /// Open the store, start serving and keep registered with the manager.
 pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let dir = config.dir.clone();
@@ -191,6 +210,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         config.manager_replicas.clone()
     };
     let keys = Arc::new(keys::ServerKeys::new(&config.secret, managers.clone()));
+    let metrics = Arc::new(metrics::ServerMetrics::default());
     let handler = Arc::new(StorageHandler {
         keys: keys.clone(),
         store: store.clone(),
@@ -198,6 +218,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         id: id.clone(),
         counters: Arc::new(OnceLock::new()),
         reads: Arc::new(ReadCounts::default()),
+        metrics: metrics.clone(),
     });
     // TCP is always served; with the datagram transport, UDP is served on the same port number
     // too, so clients of either kind (and benchmarks comparing them) reach the same server.
@@ -205,6 +226,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         .await
         .map_err(listen_error)?;
     let addr = listener.local_addr().map_err(listen_error)?;
+    let udp_counters = OnceLock::new();
     let udp = match config.transport {
         TransportKind::Tcp => None,
         TransportKind::Udp => {
@@ -216,10 +238,15 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             };
             let server = serve_udp(socket, handler.clone(), datagram).map_err(listen_error)?;
             let _ = handler.counters.set(server.counters());
+            let _ = udp_counters.set(server.counters());
             Some(server)
         }
     };
-    let serve = tokio::spawn(serve_tcp_limited(listener, handler, config.tcp.clone()));
+    let serve = tokio::spawn(serve_tcp_limited(
+        listener,
+        handler.clone(),
+        config.tcp.clone(),
+    ));
     let advertise = config.advertise.unwrap_or(addr);
     let fetch_keys = tokio::spawn(keys::keep_keys(keys.clone()));
     let heartbeat = tokio::spawn(keep_registered(
@@ -230,10 +257,15 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         config.id,
         id.clone(),
     ));
+    let scrape = Counters {
+        udp: udp_counters.get().cloned(),
+        reads: handler.reads.clone(),
+    };
     Ok(RunningServer {
         addr,
         id,
         store,
+        metrics: (metrics, scrape),
         serve,
         _udp: udp,
         heartbeat,
@@ -254,6 +286,7 @@ pub fn handler(store: Arc<Store>, id: ServerId) -> Arc<dyn FrameHandler> {
         id: Arc::new(AtomicU32::new(id)),
         counters: Arc::new(OnceLock::new()),
         reads: Arc::new(ReadCounts::default()),
+        metrics: Arc::default(),
         // Nothing authenticates through this handler (its caller moves the frames itself, past
         // any handshake), so its keys come from a random secret no peer holds and are never
         // fetched.
@@ -429,6 +462,7 @@ struct StorageHandler {
     /// The datagram transport's counters, once it serves.
     counters: Arc<OnceLock<UdpCounters>>,
     reads: Arc<ReadCounts>,
+    metrics: Arc<metrics::ServerMetrics>,
 }
 
 /// Reads answered, by where: reported with the transport's counters.
@@ -500,11 +534,18 @@ impl FrameHandler for StorageHandler {
             udp: self.counters.get().cloned(),
             reads: self.reads.clone(),
         };
+        let (metrics, kind, received) = (
+            self.metrics.clone(),
+            metrics::kind_of(&request),
+            payload.len(),
+        );
+        let started = std::time::Instant::now();
         Box::pin(async move {
+            let answer = serve(store, locks, counters, id, connection, request, payload).await;
+            let error = answer.is_err();
             let (response, payload) =
-                serve(store, locks, counters, id, connection, request, payload)
-                    .await
-                    .unwrap_or_else(|e| (StorageResponse::Error(e), Bytes::new()));
+                answer.unwrap_or_else(|e| (StorageResponse::Error(e), Bytes::new()));
+            metrics.observe(kind, received, payload.len(), error, started.elapsed());
             Some((Bytes::from(encode_message(&response)), payload))
         })
     }
@@ -546,12 +587,16 @@ impl FrameHandler for StorageHandler {
         if len > INLINE_READ_BYTES_MAX {
             return None;
         }
+        let started = std::time::Instant::now();
         let (response, payload) = match self.store.read_cached(file, region, offset, len, overlay) {
             Ok(Some(data)) => (StorageResponse::Data, Bytes::from(data)),
             Ok(None) => return None,
             Err(e) => (StorageResponse::Error(e), Bytes::new()),
         };
         self.reads.inline.fetch_add(1, Ordering::Relaxed);
+        let error = matches!(response, StorageResponse::Error(_));
+        self.metrics
+            .observe("Read".into(), 0, payload.len(), error, started.elapsed());
         Some(Some((Bytes::from(encode_message(&response)), payload)))
     }
 

@@ -801,14 +801,30 @@ pub async fn run_manager(
     Ok(())
 }
 
+/// Where a server daemon listens and keeps its data.
+pub struct ServerAt<'a> {
+    /// Address to listen on.
+    pub listen: &'a str,
+    /// Data directory.
+    pub dir: &'a Path,
+    /// Write the bound address here once listening.
+    pub addr_file: Option<PathBuf>,
+    /// Serve Prometheus metrics here.
+    pub metrics: Option<&'a str>,
+}
+
 pub async fn run_server(
     manager: &str,
-    listen: &str,
-    dir: &Path,
+    at: ServerAt<'_>,
     id: Option<u32>,
-    addr_file: Option<PathBuf>,
     limits: tessera_transport::TcpLimits,
 ) -> Result<()> {
+    let ServerAt {
+        listen,
+        dir,
+        addr_file,
+        metrics,
+    } = at;
     let target = resolve(Some(manager.to_string()))?;
     let (manager, manager_replicas) = (target.addr, target.managers);
     let listen: SocketAddr = listen
@@ -832,9 +848,25 @@ pub async fn run_server(
         tcp: limits,
     })
     .await?;
+    let scrape = match metrics {
+        Some(addr) => {
+            let handle = server.metrics();
+            Some(
+                crate::metrics_http::serve(addr, move || {
+                    let handle = handle.clone();
+                    async move { handle.text().await }
+                })
+                .await?,
+            )
+        }
+        None => None,
+    };
     write_addr_file(addr_file, server.addr)?;
     eprintln!("server listening on {}", server.addr);
     until_terminated().await;
+    if let Some(scrape) = scrape {
+        scrape.abort();
+    }
     // Everything acknowledged is in the page cache; make it durable before going.
     server
         .shutdown()

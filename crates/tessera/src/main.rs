@@ -8,6 +8,7 @@ mod commands;
 mod credentials;
 mod demo;
 mod lab;
+mod metrics_http;
 mod recover;
 mod s3;
 
@@ -209,6 +210,9 @@ struct ServerArgs {
     /// Write the bound address to this file once listening.
     #[arg(long)]
     addr_file: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address (GET /metrics).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -486,7 +490,13 @@ async fn run(cli: Cli) -> Result<()> {
                     .dir
                     .ok_or_else(|| anyhow::anyhow!("tessera server needs --dir"))?;
                 let limits = args.limits.tcp_limits()?;
-                commands::run_server(&manager, &listen, &dir, args.id, args.addr_file, limits).await
+                let at = commands::ServerAt {
+                    listen: &listen,
+                    dir: &dir,
+                    addr_file: args.addr_file,
+                    metrics: args.metrics.as_deref(),
+                };
+                commands::run_server(&manager, at, args.id, limits).await
             }
         },
         Command::Put {

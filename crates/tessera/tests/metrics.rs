@@ -1,0 +1,155 @@
+//! `tessera server --metrics ADDR`: a server of a local cluster serves Prometheus's text
+//! format, and its counts move with the work it does.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn tessera(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .env_remove("TESSERA_CLUSTER")
+        .stdin(Stdio::null())
+        .output()
+        .expect("cannot start the tessera binary")
+}
+
+fn text(path: &Path) -> &str {
+    path.to_str().expect("temporary paths are UTF-8")
+}
+
+/// `GET path` on `addr`: the status line and the body.
+fn http_get(addr: &str, path: &str) -> (String, String) {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the metrics port");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("read");
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}
+
+/// The value of the sample `name` (with its labels) in a scrape, 0 if absent.
+fn sample(scrape: &str, name: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn a_server_serves_prometheus_metrics_that_count_its_work() {
+    let root = tempfile::Builder::new()
+        .prefix("tessera-metrics-")
+        .tempdir()
+        .expect("temporary directory");
+    let dir = root.path().join("cluster");
+    let up = tessera(&["up", "--servers", "2", "--dir", text(&dir), "--detach"]);
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let config: toml::Value =
+        toml::from_str(&std::fs::read_to_string(dir.join("cluster.toml")).expect("cluster.toml"))
+            .expect("TOML");
+    let manager = config["manager"].as_str().expect("manager").to_string();
+    let secret = dir.join("cluster.secret");
+    let server_dir = root.path().join("third");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["--secret", text(&secret), "server", "--manager", &manager])
+        .args(["--listen", "127.0.0.1:0", "--dir", text(&server_dir)])
+        .args(["--metrics", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start a server");
+    let stderr = server.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let metrics_addr = loop {
+        assert!(Instant::now() < deadline, "no metrics address announced");
+        let line = lines.next().expect("server exited").expect("read stderr");
+        if let Some(rest) = line.strip_prefix("metrics on http://") {
+            break rest.trim_end_matches("/metrics").to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let (status, before) = http_get(&metrics_addr, "/metrics");
+    assert!(status.contains("200"), "{status}");
+    assert!(
+        before.contains("# TYPE tessera_server_transport counter"),
+        "{before}"
+    );
+    // Three servers up: a put stripes over all of them, the new one included.
+    let cli = |args: &[&str]| {
+        let mut full = vec!["--cluster", text(&dir)];
+        full.extend_from_slice(args);
+        let out = tessera(&full);
+        assert!(
+            out.status.success(),
+            "tessera {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while String::from_utf8_lossy(&cli(&["status"]).stdout)
+        .matches(" up")
+        .count()
+        < 3
+    {
+        assert!(Instant::now() < deadline, "the third server never came up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let local = root.path().join("data");
+    std::fs::write(&local, vec![7u8; 3 << 20]).expect("local file");
+    cli(&[
+        "put",
+        text(&local),
+        "f",
+        "--scheme",
+        "raid0",
+        "--stripe-unit",
+        "64K",
+    ]);
+    cli(&["get", "f", text(&root.path().join("back"))]);
+    let (_, after) = http_get(&metrics_addr, "/metrics");
+    let written = sample(
+        &after,
+        "tessera_server_received_bytes_total{kind=\"Write\"}",
+    );
+    let read = sample(&after, "tessera_server_sent_bytes_total{kind=\"Read\"}");
+    // A third of 3 MiB each way (raid0 over three servers), give or take a stripe unit.
+    assert!(
+        (written - 1_048_576.0).abs() <= 65_536.0,
+        "written {written}:\n{after}"
+    );
+    assert!(
+        (read - 1_048_576.0).abs() <= 65_536.0,
+        "read {read}:\n{after}"
+    );
+    assert!(
+        sample(
+            &after,
+            "tessera_server_request_seconds_count{kind=\"Write\"}"
+        ) >= 1.0,
+        "{after}"
+    );
+    let (status, _) = http_get(&metrics_addr, "/other");
+    assert!(status.contains("404"), "{status}");
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = tessera(&["down", "--dir", text(&dir)]);
+}
