@@ -152,6 +152,7 @@ impl Endpoint {
         session.fragment_bytes_max = fragment_bytes_for(payload_bytes_max);
         // Until the peer shows its datagram size, assume the path carries the same both ways.
         session.peer_fragment_bytes = session.fragment_bytes_max;
+        self.reserve_connected(&mut session, now);
         self.sessions.insert(id, session);
         id
     }
@@ -175,8 +176,17 @@ impl Endpoint {
         session.key = key;
         session.fragment_bytes_max = fragment_bytes_for(payload_bytes_max);
         session.peer_fragment_bytes = session.fragment_bytes_max;
+        self.reserve_connected(&mut session, now);
         self.sessions.insert(id, session);
         Some(id)
+    }
+
+    /// Gives a session this side opens [`Config::connect_reservation`], if there is one.
+    fn reserve_connected(&self, session: &mut Session, now: Micros) {
+        if let Some(reservation) = self.config.connect_reservation {
+            let radon_config = self.config.radon.unwrap_or_default();
+            session.reserve(Some(reservation), radon_config, now);
+        }
     }
 
     /// Accept session `id` when a peer opens it, keyed with `key` (agreed by a handshake

@@ -320,6 +320,9 @@ pub struct Config {
     /// queue its peers measure). `None`: only sessions given a reservation are paced
     /// ([`Endpoint::reserve`], with [`radon::RadonConfig::default`]).
     pub radon: Option<radon::RadonConfig>,
+    /// A reservation given to every session this endpoint opens ([`Endpoint::connect`] and
+    /// the like): a client whose whole traffic is one reserved stream.
+    pub connect_reservation: Option<radon::Reservation>,
 }
 
 impl Default for Config {
@@ -343,6 +346,7 @@ impl Default for Config {
             admission: AdmissionConfig::default(),
             require_session_keys: false,
             radon: None,
+            connect_reservation: None,
         }
     }
 }
@@ -395,6 +399,9 @@ pub enum ConfigError {
     /// `receive_budget_packets` is zero.
     #[error("receive_budget_packets must be at least 1")]
     ReceiveBudget,
+    /// `connect_reservation` is not a valid reservation.
+    #[error("connect_reservation: {0}")]
+    Reservation(radon::ReservationError),
     /// Radon's link rate is zero.
     #[error("radon link_bytes_per_s must be at least 1")]
     RadonLink,
@@ -438,6 +445,9 @@ impl Config {
         }
         if self.radon.is_some_and(|radon| radon.link_bytes_per_s == 0) {
             return Err(ConfigError::RadonLink);
+        }
+        if let Some(reservation) = self.connect_reservation {
+            reservation.validate().map_err(ConfigError::Reservation)?;
         }
         if self.congestion == CongestionKind::Fixed(0) {
             return Err(ConfigError::FixedWindow);
