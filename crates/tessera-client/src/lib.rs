@@ -26,6 +26,7 @@ mod intent;
 mod keys;
 mod maintain;
 mod read;
+pub mod stream;
 mod write;
 
 use bytes::Bytes;
@@ -209,6 +210,11 @@ pub struct ClientConfig {
     /// What the client proves at the manager (an access key, or the admin's key); toward
     /// storage servers it proves the matching storage key. `None` is refused by every daemon.
     pub credential: Option<tessera_auth::Credential>,
+    /// A reserved rate for this client's traffic (one reserved stream, [`stream`]): over the
+    /// datagram transport every session to a server is paced at this rate by Radon's percent
+    /// budget (an upper bound per server; the transfer loop's [`stream::StreamLedger`] holds
+    /// the total). Over TCP nothing below the transfer loop paces.
+    pub reservation: Option<stream::Reservation>,
 }
 
 /// Packets of answers a client may have granted and not yet received, across all servers
@@ -230,6 +236,7 @@ impl Default for ClientConfig {
                 ..DatagramConfig::default()
             },
             credential: None,
+            reservation: None,
         }
     }
 }
@@ -356,7 +363,10 @@ impl Client {
             ))),
             TransportKind::Udp => {
                 let udp = UdpTransport::new(UdpConfig {
-                    datagram: config.datagram.clone(),
+                    datagram: DatagramConfig {
+                        connect_reservation: config.reservation,
+                        ..config.datagram.clone()
+                    },
                     request_timeout: config.request_timeout,
                     credential: storage_credential,
                 })

@@ -3,6 +3,7 @@
 
 use crate::admission::{Admission, Refusal};
 use crate::packet::{self, decode, Packet, PacketError, PacketKind, OVERHEAD_LEN, PUBLIC_KEY};
+use crate::radon::{Reservation, ReservationError};
 use crate::session::{PendingEvent, Session, Verdict, WINDOW_INITIAL_PACKETS};
 use crate::{
     Config, Event, LossReason, Micros, SendError, SessionId, SessionInfo, Stats, Transmit,
@@ -151,6 +152,7 @@ impl Endpoint {
         session.fragment_bytes_max = fragment_bytes_for(payload_bytes_max);
         // Until the peer shows its datagram size, assume the path carries the same both ways.
         session.peer_fragment_bytes = session.fragment_bytes_max;
+        self.reserve_connected(&mut session, now);
         self.sessions.insert(id, session);
         id
     }
@@ -174,8 +176,17 @@ impl Endpoint {
         session.key = key;
         session.fragment_bytes_max = fragment_bytes_for(payload_bytes_max);
         session.peer_fragment_bytes = session.fragment_bytes_max;
+        self.reserve_connected(&mut session, now);
         self.sessions.insert(id, session);
         Some(id)
+    }
+
+    /// Gives a session this side opens [`Config::connect_reservation`], if there is one.
+    fn reserve_connected(&self, session: &mut Session, now: Micros) {
+        if let Some(reservation) = self.config.connect_reservation {
+            let radon_config = self.config.radon.unwrap_or_default();
+            session.reserve(Some(reservation), radon_config, now);
+        }
     }
 
     /// Accept session `id` when a peer opens it, keyed with `key` (agreed by a handshake
@@ -438,7 +449,6 @@ impl Endpoint {
             PacketError::TrailingBytes { .. }
             | PacketError::Magic(_)
             | PacketError::Kind(_)
-            | PacketError::Reserved(_)
             | PacketError::Flags { .. }
             | PacketError::Payload { .. }
             | PacketError::MessageLength { .. } => &mut self.stats.dropped_malformed,
@@ -685,6 +695,7 @@ impl Endpoint {
             echo: 0,
             message_len: 0,
             ack_delay: 0,
+            queue: 0,
             payload: Bytes::new(),
         };
         self.control.push_back(Transmit {
@@ -699,7 +710,7 @@ impl Endpoint {
         let Some(session) = self.sessions.get_mut(&id) else {
             return;
         };
-        let deadline = session.next_deadline();
+        let deadline = session.next_deadline(now, &self.config);
         if session.timer != deadline {
             if let Some(old) = session.timer {
                 self.timers.remove(&(old, id));
@@ -825,6 +836,29 @@ impl Endpoint {
     /// The counters.
     pub fn stats(&self) -> Stats {
         self.stats.clone()
+    }
+
+    /// Reserves `reservation` for what this side sends on `session` from `now` on (Radon's
+    /// percent-budget pacing; see [`crate::radon`]), or with `None` returns it to best
+    /// effort.
+    pub fn reserve(
+        &mut self,
+        session: SessionId,
+        reservation: Option<Reservation>,
+        now: Micros,
+    ) -> Result<(), ReservationError> {
+        self.observe(now);
+        if let Some(reservation) = &reservation {
+            reservation.validate()?;
+        }
+        let radon_config = self.config.radon.unwrap_or_default();
+        let state = self
+            .sessions
+            .get_mut(&session)
+            .ok_or(ReservationError::UnknownSession(session))?;
+        state.reserve(reservation, radon_config, now);
+        self.touch(session, now);
+        Ok(())
     }
 
     /// A snapshot of a session's flow-control state.

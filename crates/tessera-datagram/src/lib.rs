@@ -82,7 +82,9 @@
 //!             or ack_delay otherwise: µs from the arrival of the packet whose timestamp
 //!                          is echoed to the sending of this one
 //! 40      1   flags        0x01 FIRST, 0x02 LAST (DATA); 0x04 PROBE (ACK)
-//! 41      1   reserved     0
+//! 41      1   queue        the queueing delay the sender measured on the path from the peer
+//!                          (Radon, [`radon::queue_code`]); 0 for none. Reserved and zero
+//!                          before, so packets of older peers decode as "no queue seen"
 //! 42      2   payload_len  bytes of payload; the datagram is exactly 60 + payload_len
 //! 44      -   payload      DATA only: one fragment, at least one byte unless the message
 //!                          is empty
@@ -192,6 +194,14 @@
 //! `window_packets_max`)
 //! or [`Fixed`]; chosen with [`Config::congestion`].
 //!
+//! **Radon** ([`radon`]). Every receiver estimates the queue on the path from each peer from
+//! the relative forward delay of its DATA packets (sender timestamps against arrival times,
+//! no clock synchronization, a five-element median filter) and reports it in the `queue`
+//! byte of every packet it sends back. [`Endpoint::reserve`] gives a session a rate over a
+//! period, paced by the paper's percent budget; with [`Config::radon`] the other sessions
+//! are paced too and back off when the reported queue passes its target. The pacer is a
+//! timer: `poll_timeout` includes the time the next paced packet may go.
+//!
 //! **Limits.** Every queue has a bound: messages up to `message_bytes_max`, at most
 //! [`SEND_QUEUE_BYTES_MAX`] (or one message, if larger) queued per session
 //! ([`SendError::QueueFull`] beyond), reassembly of one message at a time per session,
@@ -208,6 +218,7 @@ pub mod congestion;
 mod endpoint;
 pub mod grants;
 pub mod packet;
+pub mod radon;
 pub mod rtt;
 mod session;
 pub mod sim;
@@ -222,6 +233,7 @@ pub use endpoint::{
     RESET_BURST_MAX, RESET_INTERVAL_US, SEND_QUEUE_BYTES_MAX,
 };
 pub use packet::{decode, Packet, PacketError, PacketKind, HEADER_LEN, OVERHEAD_LEN, TAG_LEN};
+pub use radon::{PacingStats, RadonConfig, Reservation, ReservationError};
 pub use session::{REORDER_PACKETS, WINDOW_INITIAL_PACKETS};
 
 // The drivers move endpoints between threads.
@@ -304,6 +316,13 @@ pub struct Config {
     /// ([`Endpoint::admit`], after a handshake elsewhere): a server of an authenticated
     /// cluster. Without, peers open sessions freely, tagged with the public key.
     pub require_session_keys: bool,
+    /// Radon ([`radon`]): pace this endpoint's sessions (best effort backing off on the
+    /// queue its peers measure). `None`: only sessions given a reservation are paced
+    /// ([`Endpoint::reserve`], with [`radon::RadonConfig::default`]).
+    pub radon: Option<radon::RadonConfig>,
+    /// A reservation given to every session this endpoint opens ([`Endpoint::connect`] and
+    /// the like): a client whose whole traffic is one reserved stream.
+    pub connect_reservation: Option<radon::Reservation>,
 }
 
 impl Default for Config {
@@ -326,6 +345,8 @@ impl Default for Config {
             receive_budget_packets: None,
             admission: AdmissionConfig::default(),
             require_session_keys: false,
+            radon: None,
+            connect_reservation: None,
         }
     }
 }
@@ -378,6 +399,12 @@ pub enum ConfigError {
     /// `receive_budget_packets` is zero.
     #[error("receive_budget_packets must be at least 1")]
     ReceiveBudget,
+    /// `connect_reservation` is not a valid reservation.
+    #[error("connect_reservation: {0}")]
+    Reservation(radon::ReservationError),
+    /// Radon's link rate is zero.
+    #[error("radon link_bytes_per_s must be at least 1")]
+    RadonLink,
     /// A limit of [`AdmissionConfig`] is zero, so no session could ever open.
     #[error("every admission limit (rates, bursts, sources, half-open sessions and timeout) must be at least 1")]
     Admission,
@@ -415,6 +442,12 @@ impl Config {
         }
         if self.peer_lost_after_us == 0 {
             return Err(ConfigError::PeerLostAfter);
+        }
+        if self.radon.is_some_and(|radon| radon.link_bytes_per_s == 0) {
+            return Err(ConfigError::RadonLink);
+        }
+        if let Some(reservation) = self.connect_reservation {
+            reservation.validate().map_err(ConfigError::Reservation)?;
         }
         if self.congestion == CongestionKind::Fixed(0) {
             return Err(ConfigError::FixedWindow);
@@ -692,6 +725,16 @@ pub struct SessionInfo {
     pub send_base: u64,
     /// Next sequence number expected from the peer.
     pub recv_next: u64,
+    /// Radon's estimate of the queue on the path from the peer, µs.
+    pub queue_delay_us: u64,
+    /// The queue the peer last reported on the path toward it, µs.
+    pub peer_queue_delay_us: u64,
+    /// The pacer's current wait between DATA packets, ns (0: not paced).
+    pub pacing_wait_ns: u64,
+    /// The rate reserved for what this side sends, if any.
+    pub reservation: Option<radon::Reservation>,
+    /// The reservation's periods and deadlines so far.
+    pub deadlines: radon::PacingStats,
 }
 
 #[cfg(test)]

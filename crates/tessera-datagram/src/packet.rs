@@ -49,7 +49,7 @@ const OFFSET_ECHO: usize = 32;
 /// 16-byte tag of version 3 it takes 24).
 const OFFSET_MESSAGE_LEN_OR_ACK_DELAY: usize = 36;
 const OFFSET_FLAGS: usize = 40;
-const OFFSET_RESERVED: usize = 41;
+const OFFSET_QUEUE: usize = 41;
 const OFFSET_PAYLOAD_LEN: usize = 42;
 
 /// What a packet is for.
@@ -122,6 +122,10 @@ pub struct Packet {
     /// (QUIC's ack delay, RFC 9000 section 19.3). Zero on a first fragment, which carries
     /// `message_len` in its place.
     pub ack_delay: u32,
+    /// The queueing delay the sender of this packet measured on the path from the peer
+    /// ([`crate::radon::queue_code`]; 0: none seen, or a peer from before Radon, whose byte
+    /// here was reserved and zero).
+    pub queue: u8,
     /// DATA only: the fragment's bytes.
     pub payload: Bytes,
 }
@@ -162,9 +166,6 @@ pub enum PacketError {
     /// An unknown packet kind.
     #[error("unknown packet kind {0}")]
     Kind(u8),
-    /// The reserved byte is not zero.
-    #[error("reserved header byte is {0}, not zero")]
-    Reserved(u8),
     /// Unknown flag bits, or flags that the packet's kind does not allow.
     #[error("flags {flags:#04x} not allowed on a {kind:?} packet")]
     Flags {
@@ -305,7 +306,7 @@ impl Packet {
         };
         buffer.extend_from_slice(&message_len_or_ack_delay.to_be_bytes());
         buffer.push(self.flags());
-        buffer.push(0);
+        buffer.push(self.queue);
         buffer.extend_from_slice(&(self.payload.len() as u16).to_be_bytes());
         assert_eq!(buffer.len() - start, HEADER_LEN);
         buffer.extend_from_slice(&self.payload);
@@ -442,10 +443,6 @@ pub fn decode(datagram: &[u8]) -> Result<Packet, PacketError> {
     }
     let kind_code = datagram[OFFSET_KIND];
     let kind = PacketKind::from_code(kind_code).ok_or(PacketError::Kind(kind_code))?;
-    let reserved = datagram[OFFSET_RESERVED];
-    if reserved != 0 {
-        return Err(PacketError::Reserved(reserved));
-    }
     let flags = datagram[OFFSET_FLAGS];
     if flags & !(FLAG_FIRST | FLAG_LAST | FLAG_PROBE) != 0 {
         return Err(PacketError::Flags { kind, flags });
@@ -470,6 +467,7 @@ pub fn decode(datagram: &[u8]) -> Result<Packet, PacketError> {
         echo: read_u32(datagram, OFFSET_ECHO),
         message_len,
         ack_delay,
+        queue: datagram[OFFSET_QUEUE],
         payload: Bytes::copy_from_slice(&body[HEADER_LEN..]),
     };
     packet.check()?;
@@ -511,9 +509,10 @@ mod tests {
             prop::collection::vec(any::<u8>(), 0..3000),
             0u32..1_000_000,
             any::<u32>(),
+            any::<u8>(),
         )
             .prop_map(
-                |(kind, (first, last, probe), fields, payload, extra, ack_delay)| {
+                |(kind, (first, last, probe), fields, payload, extra, ack_delay, queue)| {
                     let (session, seq, ack, window, timestamp, echo) = fields;
                     let mut packet = Packet {
                         kind,
@@ -528,6 +527,7 @@ mod tests {
                         echo,
                         message_len: 0,
                         ack_delay,
+                        queue,
                         payload: Bytes::new(),
                     };
                     match kind {
@@ -577,7 +577,7 @@ mod tests {
             // later checks are exercised too.
             let packet = Packet {
                 kind: PacketKind::Ack, first: false, last: false, probe: false, session: 1,
-                seq: 2, ack: 3, window: 4, timestamp: 5, echo: 6, message_len: 0, ack_delay: 7,
+                seq: 2, ack: 3, window: 4, timestamp: 5, echo: 6, message_len: 0, ack_delay: 7, queue: 8,
                 payload: Bytes::new(),
             };
             let mut bytes = packet.encode();
@@ -631,6 +631,7 @@ mod tests {
             echo: 0,
             message_len: 3,
             ack_delay: 0,
+            queue: 0,
             payload: Bytes::from_static(b"abc"),
         };
         let bytes = packet.encode();

@@ -3,6 +3,7 @@
 
 use crate::congestion::{self, CongestionControl};
 use crate::packet::{widen, Packet, PacketKind};
+use crate::radon::{self, Pacer, QueueEstimator, Reservation};
 use crate::rtt::RttEstimator;
 use crate::{Config, Event, Micros, SessionId, SessionInfo, Stats};
 use bytes::Bytes;
@@ -165,9 +166,17 @@ pub(crate) struct Session {
     /// back.
     timed_out: Option<TimedOut>,
     window_blocked: bool,
+    /// Radon's pacing of DATA packets, if the endpoint or a reservation asks for it.
+    pacer: Option<Pacer>,
+    /// The queueing delay the peer last reported on the path toward it, µs.
+    peer_queue_delay_us: u64,
+    /// The longest the peer holds an ACK (its `ack_delay_us`, assumed ours).
+    ack_delay_us: Micros,
 
     // Receiver.
     recv_next: u64,
+    /// Radon's estimate of the queue on the path from the peer, from its DATA packets.
+    queue_estimate: QueueEstimator,
     reassembly: Option<Reassembly>,
     /// DATA packets that arrived past a gap, by sequence number, until it fills.
     out_of_order: BTreeMap<u64, Packet>,
@@ -193,6 +202,12 @@ pub(crate) struct Session {
     // The endpoint's bookkeeping.
     pub(crate) timer: Option<Micros>,
     pub(crate) in_ready: bool,
+}
+
+/// Bytes a DATA packet of `payload_bytes` takes on the wire: our header and tag, and IPv4 and
+/// UDP's.
+fn wire_bytes(payload_bytes: u64) -> u64 {
+    payload_bytes + crate::OVERHEAD_LEN as u64 + crate::sim::DATAGRAM_OVERHEAD_BYTES as u64
 }
 
 fn timestamp(now: Micros) -> u32 {
@@ -256,7 +271,11 @@ impl Session {
             restart_honoured: None,
             timed_out: None,
             window_blocked: false,
+            pacer: config.radon.map(Pacer::new),
+            peer_queue_delay_us: 0,
+            ack_delay_us: config.ack_delay_us,
             recv_next: 0,
+            queue_estimate: QueueEstimator::default(),
             reassembly: None,
             out_of_order: BTreeMap::new(),
             undrained_packets: 0,
@@ -304,8 +323,31 @@ impl Session {
         (self.send_base + self.congestion_window(config) as u64).min(self.peer_window_edge)
     }
 
-    fn can_send_data(&self, config: &Config) -> bool {
+    /// Whether a DATA packet waits and the windows let it go (pacing aside).
+    fn data_waiting(&self, config: &Config) -> bool {
         self.send_next < self.send_end() && self.send_next < self.send_limit(config)
+    }
+
+    /// When the pacer lets the waiting DATA packet go, if later than `now`.
+    fn paced_until(&self, now: Micros) -> Option<Micros> {
+        self.pacer.as_ref().and_then(|pacer| pacer.send_at(now))
+    }
+
+    fn can_send_data(&self, now: Micros, config: &Config) -> bool {
+        self.data_waiting(config) && self.paced_until(now).is_none()
+    }
+
+    /// Reserves a rate for what this side sends (or returns to best effort), paced by
+    /// `radon_config` if the endpoint had no Radon of its own.
+    pub(crate) fn reserve(
+        &mut self,
+        reservation: Option<Reservation>,
+        radon_config: radon::RadonConfig,
+        now: Micros,
+    ) {
+        self.pacer
+            .get_or_insert_with(|| Pacer::new(radon_config))
+            .reserve(reservation, now);
     }
 
     /// Queues a message, cut into fragments of at most `fragment_bytes_max`.
@@ -553,6 +595,7 @@ impl Session {
         packet.window = window;
         packet.timestamp = timestamp(now);
         packet.echo = self.echo;
+        packet.queue = radon::queue_code(self.queue_estimate.queue_delay_us());
         if !packet.first {
             // A first fragment has no room for it (see `Packet::ack_delay`).
             packet.ack_delay = self.echo_arrived_at.map_or(0, |arrived| {
@@ -579,6 +622,7 @@ impl Session {
             echo: 0,
             message_len: 0,
             ack_delay: 0,
+            queue: 0,
             payload: Bytes::new(),
         }
     }
@@ -586,7 +630,7 @@ impl Session {
     /// Whether `build_transmit` would return a packet.
     pub(crate) fn wants_transmit(&self, now: Micros, config: &Config) -> bool {
         self.restart.as_ref().is_some_and(|r| r.owed)
-            || self.can_send_data(config)
+            || self.can_send_data(now, config)
             || self.probe_owed
             || self.ack_now
             || self.ack_deadline.is_some_and(|deadline| deadline <= now)
@@ -610,7 +654,7 @@ impl Session {
             stats.restarts_sent += 1;
             return Some(packet);
         }
-        if self.can_send_data(config) {
+        if self.can_send_data(now, config) {
             return Some(self.build_data(now, config, stats));
         }
         if self.probe_owed {
@@ -647,7 +691,8 @@ impl Session {
         );
         let index = (seq - self.send_base) as usize;
         let entry = &mut self.outgoing[index];
-        if entry.transmissions > 0 {
+        let retransmission = entry.transmissions > 0;
+        if retransmission {
             stats.retransmissions += 1;
         }
         entry.transmissions = entry.transmissions.saturating_add(1);
@@ -664,12 +709,23 @@ impl Session {
             echo: 0,
             message_len: if entry.first { entry.message_len } else { 0 },
             ack_delay: 0,
+            queue: 0,
             payload: entry.payload.clone(),
         };
         self.send_next += 1;
         self.send_high = self.send_high.max(self.send_next);
         stats.data_packets_sent += 1;
         self.fill_control_fields(&mut packet, now, config);
+        if let Some(pacer) = self.pacer.as_mut() {
+            let payload_bytes = packet.payload.len() as u64;
+            pacer.on_sent(
+                now,
+                payload_bytes,
+                if retransmission { 0 } else { payload_bytes },
+                wire_bytes(payload_bytes),
+                self.queued_bytes as u64,
+            );
+        }
         self.rearm(now, stats);
         assert!(self.in_flight() <= self.peer_receive_window());
         packet
@@ -687,7 +743,15 @@ impl Session {
         if self.in_flight() > 0 {
             if self.rto_deadline.is_none() {
                 self.rto_armed_at = now;
-                self.rto_deadline = Some(now + self.retransmit_timer(self.backoffs));
+                // A paced packet often travels alone, and its ACK waits out the peer's
+                // delay (which RTT samples leave out): the timer waits for it too, as
+                // QUIC's PTO adds max_ack_delay.
+                let ack_delay_us = if self.pacer.is_some() {
+                    self.ack_delay_us
+                } else {
+                    0
+                };
+                self.rto_deadline = Some(now + self.retransmit_timer(self.backoffs) + ack_delay_us);
             }
         } else if self.window_blocked {
             if self.rto_deadline.is_none() {
@@ -700,12 +764,18 @@ impl Session {
         }
     }
 
-    /// The earliest time `on_timeout` must run.
-    pub(crate) fn next_deadline(&self) -> Option<Micros> {
-        match (self.rto_deadline, self.ack_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+    /// The earliest time `on_timeout` must run: its timers, and the pacer's next sending
+    /// time while a DATA packet waits for it.
+    pub(crate) fn next_deadline(&self, now: Micros, config: &Config) -> Option<Micros> {
+        let paced = if self.data_waiting(config) {
+            self.paced_until(now)
+        } else {
+            None
+        };
+        [self.rto_deadline, self.ack_deadline, paced]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     pub(crate) fn on_timeout(
@@ -796,6 +866,7 @@ impl Session {
             };
             self.on_ack(ack, packet.window, round_trip, stats);
         }
+        self.on_queue_report(packet.queue, now);
         if self.in_flight() == 0 && self.send_next >= self.peer_window_edge {
             // Waiting for the peer's window with nothing at risk, the peer answering at all
             // is progress: a sender that waits for a slow application does not declare a
@@ -896,6 +967,16 @@ impl Session {
         );
     }
 
+    /// The peer's measure of the queue toward it: best-effort pacing backs off on it.
+    fn on_queue_report(&mut self, code: u8, now: Micros) {
+        self.peer_queue_delay_us = radon::queue_delay_us(code);
+        let round_trip_us = self.rtt.srtt_us().unwrap_or(self.rtt.rto_us());
+        let wire = wire_bytes(self.fragment_bytes_max as u64);
+        if let Some(pacer) = self.pacer.as_mut() {
+            pacer.on_queue_report(self.peer_queue_delay_us, now, round_trip_us, wire);
+        }
+    }
+
     fn on_restart(&mut self, wire_point: u32, now: Micros, stats: &mut Stats) {
         stats.restarts_received += 1;
         let point = widen(wire_point, self.send_base);
@@ -929,6 +1010,8 @@ impl Session {
         stats: &mut Stats,
         events: &mut VecDeque<PendingEvent>,
     ) -> Verdict {
+        // Every DATA packet inside the window measures the path, duplicates included.
+        self.queue_estimate.on_packet(packet.timestamp, arrived);
         let seq = widen(packet.seq, self.recv_next);
         if seq < self.recv_next {
             // A duplicate: the sender may have missed our acknowledgement, so acknowledge
@@ -1127,6 +1210,11 @@ impl Session {
             backoffs: self.backoffs,
             send_base: self.send_base,
             recv_next: self.recv_next,
+            queue_delay_us: self.queue_estimate.queue_delay_us(),
+            peer_queue_delay_us: self.peer_queue_delay_us,
+            pacing_wait_ns: self.pacer.as_ref().map_or(0, Pacer::wait_ns),
+            reservation: self.pacer.as_ref().and_then(Pacer::reservation),
+            deadlines: self.pacer.as_ref().map(Pacer::stats).unwrap_or_default(),
         }
     }
 }

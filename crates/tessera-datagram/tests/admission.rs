@@ -25,6 +25,7 @@ fn junk_opening(session: u64) -> Vec<u8> {
         echo: 0,
         message_len: 100_000,
         ack_delay: 0,
+        queue: 0,
         payload: Bytes::from(vec![0x5a; 50]),
     }
     .encode()

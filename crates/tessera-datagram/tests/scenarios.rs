@@ -889,6 +889,7 @@ fn garbage_is_dropped_and_counted_and_the_session_keeps_delivering() {
         echo: 0,
         message_len: 0,
         ack_delay: 0,
+        queue: 0,
         payload: if kind == PacketKind::Data {
             Bytes::from_static(b"x")
         } else {
@@ -1582,6 +1583,7 @@ fn resets_to_strangers_are_rate_limited() {
             echo: 0,
             message_len: 0,
             ack_delay: 0,
+            queue: 0,
             payload: Bytes::from_static(b"stale"),
         };
         sim.inject(stranger, server, packet.encode());

@@ -73,7 +73,7 @@ fn mb_s(bytes: u64, seconds: f64) -> f64 {
 
 /// Write `data` at 0 with several whole-stripe chunks in flight.
 pub async fn write_all(client: &Client, file: &File, data: &[u8]) -> Result<()> {
-    let chunk = commands::chunk_bytes(client, file).await? as usize;
+    let chunk = commands::chunk_bytes(client, file, None).await? as usize;
     let writes = data
         .chunks(chunk)
         .enumerate()
@@ -94,7 +94,7 @@ pub async fn read_all(client: &Client, file: &File, len: u64) -> Result<Vec<u8>>
 
 /// Fill `out` from offset 0 straight from the servers, several chunks in flight.
 pub async fn read_all_into(client: &Client, file: &File, out: &mut [u8]) -> Result<()> {
-    let chunk = commands::chunk_bytes(client, file).await? as usize;
+    let chunk = commands::chunk_bytes(client, file, None).await? as usize;
     let reads = out
         .chunks_mut(chunk)
         .enumerate()

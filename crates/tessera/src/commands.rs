@@ -2,6 +2,7 @@
 
 use crate::cluster::LocalCluster;
 use crate::credentials;
+use crate::reserve::{print_report, ReserveArgs, StreamClock};
 use anyhow::{anyhow, bail, Context, Result};
 use futures::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -74,11 +75,23 @@ pub async fn connect_replicas(
     cluster_transport: Option<TransportKind>,
     credential: Credential,
 ) -> Result<Client> {
+    connect_replicas_reserved(managers, cluster_transport, credential, None).await
+}
+
+/// As [`connect_replicas`], with every datagram session to a server reserved at
+/// `reservation` (see [`ClientConfig::reservation`]).
+pub async fn connect_replicas_reserved(
+    managers: Vec<SocketAddr>,
+    cluster_transport: Option<TransportKind>,
+    credential: Credential,
+    reservation: Option<tessera_client::stream::Reservation>,
+) -> Result<Client> {
     let net = network();
     let config = ClientConfig {
         transport: net.transport.or(cluster_transport).unwrap_or_default(),
         datagram: client_datagram_config(net),
         credential: Some(credential),
+        reservation,
         ..ClientConfig::default()
     };
     Ok(Client::connect_replicated(managers, config).await?)
@@ -188,9 +201,17 @@ pub fn resolve(spec: Option<String>) -> Result<Target> {
 
 /// A client of the cluster `spec` names, with a client's credential.
 pub async fn connect(spec: Option<String>) -> Result<Client> {
+    connect_reserved(spec, None).await
+}
+
+/// As [`connect`], for one reserved stream.
+pub async fn connect_reserved(
+    spec: Option<String>,
+    reservation: Option<tessera_client::stream::Reservation>,
+) -> Result<Client> {
     let target = resolve(spec)?;
     let credential = target.client_credential()?;
-    connect_replicas(target.replicas(), target.transport, credential).await
+    connect_replicas_reserved(target.replicas(), target.transport, credential, reservation).await
 }
 
 /// A client of the cluster `spec` names, with the admin's credential.
@@ -233,11 +254,20 @@ fn progress_bar(total: u64, what: &str) -> ProgressBar {
     bar
 }
 
-/// Chunk size for a file: whole stripes, about `TRANSFER_CHUNK_BYTES`.
-pub async fn chunk_bytes(client: &Client, file: &File) -> Result<u64> {
+/// Chunk size for a file: whole stripes, about `TRANSFER_CHUNK_BYTES`, or for a reserved
+/// stream about a quarter of its budget per period (whole stripes still), so that chunks
+/// released at the rate finish within the period whose bytes they carry.
+pub async fn chunk_bytes(
+    client: &Client,
+    file: &File,
+    stream: Option<&StreamClock>,
+) -> Result<u64> {
     // By id: a pending file has no path yet, and the path may name another file.
     let stripe = client.meta(file).await?.layout.stripe_bytes();
-    Ok(stripe * (TRANSFER_CHUNK_BYTES / stripe).max(1))
+    let target = stream.map_or(TRANSFER_CHUNK_BYTES, |stream| {
+        (stream.budget_bytes() / 4).min(TRANSFER_CHUNK_BYTES)
+    });
+    Ok(stripe * (target / stripe).max(1))
 }
 
 /// Write everything `source` yields at `offset`, several chunks in flight.
@@ -247,8 +277,9 @@ pub async fn upload(
     mut offset: u64,
     source: &mut dyn Read,
     bar: &ProgressBar,
+    mut stream: Option<&mut StreamClock>,
 ) -> Result<u64> {
-    let chunk = chunk_bytes(client, file).await? as usize;
+    let chunk = chunk_bytes(client, file, stream.as_deref()).await? as usize;
     let mut in_flight = FuturesUnordered::new();
     let mut total = 0u64;
     loop {
@@ -265,6 +296,10 @@ pub async fn upload(
         }
         buf.truncate(filled);
         if !buf.is_empty() {
+            if let Some(stream) = &stream {
+                // Chunks complete out of order: the ledger counts bytes as they complete.
+                stream.wait(total).await;
+            }
             let at = offset;
             // Past `u64` the write of this chunk is refused, so the next offset never matters.
             offset = offset.saturating_add(filled as u64);
@@ -277,6 +312,9 @@ pub async fn upload(
         while in_flight.len() >= TRANSFERS_IN_FLIGHT || (filled < chunk && !in_flight.is_empty()) {
             let done = in_flight.next().await.expect("non-empty")?;
             bar.inc(done);
+            if let Some(stream) = stream.as_deref_mut() {
+                stream.done(done);
+            }
         }
         if filled < chunk {
             return Ok(total);
@@ -292,13 +330,21 @@ pub async fn download(
     len: u64,
     sink: &mut dyn Write,
     bar: &ProgressBar,
+    mut stream: Option<&mut StreamClock>,
 ) -> Result<u64> {
     client.check_range(file, offset, len).await?;
-    let chunk = chunk_bytes(client, file).await?;
+    let chunk = chunk_bytes(client, file, stream.as_deref()).await?;
+    let pacing = stream.as_ref().map(|stream| stream.pacing());
     let chunks = (0..len.div_ceil(chunk)).map(|i| {
         let at = offset + i * chunk;
         let n = chunk.min(offset + len - at);
-        async move { client.read_at(file, at, n).await }
+        let pacing = pacing.clone();
+        async move {
+            if let Some(pacing) = pacing {
+                tokio::time::sleep_until(pacing.release(i * chunk)).await;
+            }
+            client.read_at(file, at, n).await
+        }
     });
     let mut reads = futures::stream::iter(chunks).buffered(TRANSFERS_IN_FLIGHT);
     let mut total = 0;
@@ -307,6 +353,9 @@ pub async fn download(
         sink.write_all(&bytes).context("cannot write output")?;
         bar.inc(bytes.len() as u64);
         total += bytes.len() as u64;
+        if let Some(stream) = stream.as_deref_mut() {
+            stream.done(bytes.len() as u64);
+        }
         if (bytes.len() as u64) < chunk {
             break;
         }
@@ -348,12 +397,14 @@ pub async fn put(
     scheme: &str,
     stripe_unit: &str,
     width: Option<u32>,
+    reserve: &ReserveArgs,
 ) -> Result<()> {
     let scheme: Scheme = scheme.parse()?;
     let stripe_unit = parse_size(stripe_unit)?;
+    let reservation = reserve.reservation()?;
     // A source that cannot be read fails here, before anything at the destination changes.
     let (mut input, len) = open_input(local)?;
-    let client = connect(cluster).await?;
+    let client = connect_reserved(cluster, reservation).await?;
     // Written as a new, unnamed file and given the path only once all of it is durable: a put
     // that fails or is killed leaves the old file whole (and the manager removes the new one
     // when its lease runs out, if this process is not there to).
@@ -364,9 +415,10 @@ pub async fn put(
     };
     let pending = client.create_pending(remote, layout).await?;
     let bar = progress_bar(len.unwrap_or(0), "put");
+    let mut stream = reservation.map(StreamClock::start);
     let stored = client
         .keep_pending(&pending, async {
-            upload(&client, &pending.file, 0, &mut input, &bar).await?;
+            upload(&client, &pending.file, 0, &mut input, &bar, stream.as_mut()).await?;
             client.sync(&pending.file).await?;
             anyhow::Ok(())
         })
@@ -374,7 +426,12 @@ pub async fn put(
     bar.finish_and_clear();
     let failed = match stored {
         Ok(()) => match client.commit_pending(&pending.file).await {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                if let Some(stream) = stream {
+                    print_report(&stream.finish(), reserve.json, false);
+                }
+                return Ok(());
+            }
             // The commit may have been applied and its answer lost.
             Err(e @ ClientError::ManagerUnreachable { .. }) => {
                 return Err(anyhow::Error::new(e)
@@ -398,13 +455,20 @@ pub async fn put(
     Err(failed.context(format!("{remote} is unchanged")))
 }
 
-pub async fn get(cluster: Option<String>, remote: &str, local: &str) -> Result<()> {
-    let client = connect(cluster).await?;
+pub async fn get(
+    cluster: Option<String>,
+    remote: &str,
+    local: &str,
+    reserve: &ReserveArgs,
+) -> Result<()> {
+    let reservation = reserve.reservation()?;
+    let client = connect_reserved(cluster, reservation).await?;
     let file = client.open(remote).await?;
     let size = client.size(&file).await?;
     let mut out = open_output(local)?;
     let bar = progress_bar(size, "get");
-    let got = download(&client, &file, 0, size, &mut out, &bar).await;
+    let mut stream = reservation.map(StreamClock::start);
+    let got = download(&client, &file, 0, size, &mut out, &bar, stream.as_mut()).await;
     bar.finish_and_clear();
     if got.is_err() && local != "-" {
         // Leave no partial copy behind that could pass for the file.
@@ -412,19 +476,33 @@ pub async fn get(cluster: Option<String>, remote: &str, local: &str) -> Result<(
         let _ = std::fs::remove_file(local);
     }
     got?;
+    if let Some(stream) = stream {
+        print_report(&stream.finish(), reserve.json, local == "-");
+    }
     Ok(())
 }
 
-pub async fn write(cluster: Option<String>, remote: &str, offset: u64, local: &str) -> Result<()> {
+pub async fn write(
+    cluster: Option<String>,
+    remote: &str,
+    offset: u64,
+    local: &str,
+    reserve: &ReserveArgs,
+) -> Result<()> {
+    let reservation = reserve.reservation()?;
     let (mut input, len) = open_input(local)?;
-    let client = connect(cluster).await?;
+    let client = connect_reserved(cluster, reservation).await?;
     let file = client.open(remote).await?;
     client.check_range(&file, offset, len.unwrap_or(0)).await?;
     let bar = progress_bar(len.unwrap_or(0), "write");
-    let written = upload(&client, &file, offset, &mut input, &bar).await;
+    let mut stream = reservation.map(StreamClock::start);
+    let written = upload(&client, &file, offset, &mut input, &bar, stream.as_mut()).await;
     bar.finish_and_clear();
     written?;
     client.sync(&file).await?;
+    if let Some(stream) = stream {
+        print_report(&stream.finish(), reserve.json, false);
+    }
     Ok(())
 }
 
@@ -434,10 +512,13 @@ pub async fn read(
     offset: u64,
     length: u64,
     local: &str,
+    reserve: &ReserveArgs,
 ) -> Result<()> {
-    let client = connect(cluster).await?;
+    let reservation = reserve.reservation()?;
+    let client = connect_reserved(cluster, reservation).await?;
     let file = client.open(remote).await?;
     let mut out = open_output(local)?;
+    let mut stream = reservation.map(StreamClock::start);
     download(
         &client,
         &file,
@@ -445,8 +526,12 @@ pub async fn read(
         length,
         &mut out,
         &ProgressBar::hidden(),
+        stream.as_mut(),
     )
     .await?;
+    if let Some(stream) = stream {
+        print_report(&stream.finish(), reserve.json, local == "-");
+    }
     Ok(())
 }
 

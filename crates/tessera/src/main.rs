@@ -10,6 +10,7 @@ mod demo;
 mod lab;
 mod metrics_http;
 mod recover;
+mod reserve;
 mod s3;
 
 use anyhow::Result;
@@ -108,14 +109,23 @@ enum Command {
         /// Number of servers to stripe over [default: all up].
         #[arg(long)]
         width: Option<u32>,
+        #[command(flatten)]
+        reserve: reserve::ReserveArgs,
     },
     /// Fetch a stored file (`-` for stdout).
-    Get { remote: String, local: String },
+    Get {
+        remote: String,
+        local: String,
+        #[command(flatten)]
+        reserve: reserve::ReserveArgs,
+    },
     /// Write a local file's bytes into a stored file at OFFSET (overwrite or extend).
     Write {
         remote: String,
         offset: u64,
         local: String,
+        #[command(flatten)]
+        reserve: reserve::ReserveArgs,
     },
     /// Read LENGTH bytes at OFFSET of a stored file into LOCAL (`-` for stdout).
     Read {
@@ -123,6 +133,8 @@ enum Command {
         offset: u64,
         length: u64,
         local: String,
+        #[command(flatten)]
+        reserve: reserve::ReserveArgs,
     },
     /// List stored files.
     Ls { prefix: Option<String> },
@@ -505,19 +517,37 @@ async fn run(cli: Cli) -> Result<()> {
             scheme,
             stripe_unit,
             width,
-        } => commands::put(cluster, &local, &remote, &scheme, &stripe_unit, width).await,
-        Command::Get { remote, local } => commands::get(cluster, &remote, &local).await,
+            reserve,
+        } => {
+            commands::put(
+                cluster,
+                &local,
+                &remote,
+                &scheme,
+                &stripe_unit,
+                width,
+                &reserve,
+            )
+            .await
+        }
+        Command::Get {
+            remote,
+            local,
+            reserve,
+        } => commands::get(cluster, &remote, &local, &reserve).await,
         Command::Write {
             remote,
             offset,
             local,
-        } => commands::write(cluster, &remote, offset, &local).await,
+            reserve,
+        } => commands::write(cluster, &remote, offset, &local, &reserve).await,
         Command::Read {
             remote,
             offset,
             length,
             local,
-        } => commands::read(cluster, &remote, offset, length, &local).await,
+            reserve,
+        } => commands::read(cluster, &remote, offset, length, &local, &reserve).await,
         Command::Ls { prefix } => commands::ls(cluster, prefix.as_deref().unwrap_or("")).await,
         Command::Rm { remote } => commands::rm(cluster, &remote).await,
         Command::Stat { remote, json } => commands::stat(cluster, &remote, json).await,

@@ -1143,3 +1143,84 @@ fn raid0_damage_fails_cleanly() {
     c.server("stop", 4);
     assert_bytes(&c.get("a/raid5"), &parity, "a/raid5 after the rebuild");
 }
+
+/// Issue 18: a reserved stream is paced at its rate (put and get, over UDP) and reports its
+/// periods and deadlines; bad rates and periods fail with one line.
+#[test]
+fn reserved_streams_are_paced_and_report_their_deadlines() {
+    for (args, words) in [
+        (
+            &["put", "x", "y", "--rate", "0"][..],
+            &["rate '0'", "at least 1 byte/s"][..],
+        ),
+        (
+            &["put", "x", "y", "--rate=-5MB/s"],
+            &["-5MB/s", "at least 1 byte/s"],
+        ),
+        (&["get", "y", "x", "--rate", "fast"], &["bad rate 'fast'"]),
+        (
+            &[
+                "read", "y", "0", "1", "x", "--rate", "1MB/s", "--period", "0s",
+            ],
+            &["period '0s'", "1ms"],
+        ),
+        (
+            &[
+                "write", "y", "0", "x", "--rate", "1MB/s", "--period", "soon",
+            ],
+            &["bad period 'soon'"],
+        ),
+    ] {
+        let line = fails_alone_with_one_line(args);
+        assert_mentions(&line, words);
+    }
+
+    let c = Cluster::start(3);
+    let data = random_bytes(&mut seeded("reserved"), 10_000_000);
+    let local = c.local("reserved");
+    std::fs::write(&local, &data).expect("local file");
+    let started = Instant::now();
+    let out = c.ok(&[
+        "put",
+        text(&local),
+        "reserved",
+        "--scheme",
+        "raid5",
+        "--rate",
+        "5MB/s",
+        "--json",
+    ]);
+    let put_elapsed = started.elapsed();
+    let report: Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("put --json: {e}:\n{out}"));
+    eprintln!("put at 5MB/s: {put_elapsed:?}, {report}");
+    assert_eq!(report["bytes"], 10_000_000);
+    assert_eq!(report["periods"], 2);
+    let judged =
+        report["deadlines_met"].as_u64().unwrap() + report["deadlines_missed"].as_u64().unwrap();
+    assert_eq!(judged, 2);
+    // Chunks of a reserved stream are about a quarter of a period's budget (here 9 stripes
+    // of 128 KiB), each released at the start of its period: the second 5 MB at 1 s.
+    assert!(
+        report["elapsed_us"].as_u64().unwrap() >= 1_000_000,
+        "{report}"
+    );
+
+    let got = c.local("reserved.got");
+    let out = c.ok(&[
+        "get",
+        "reserved",
+        text(&got),
+        "--rate",
+        "5MB/s",
+        "--period",
+        "500ms",
+    ]);
+    eprintln!("get at 5MB/s: {out}");
+    assert!(out.contains("4 periods"), "{out}");
+    assert_bytes(
+        &std::fs::read(&got).expect("fetched"),
+        &data,
+        "reserved get",
+    );
+}

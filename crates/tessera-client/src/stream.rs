@@ -1,0 +1,273 @@
+//! Reserved streams (Radon, issue 18): a read or write of one file at a reserved rate over a
+//! period, each period's bytes due by its end.
+//!
+//! [`StreamLedger`] is the bookkeeping, with time passed in (µs since the stream started):
+//! when the transfer loop may start a chunk (each period's bytes at the period's start, so a
+//! client never moves more than it reserved), and, as chunks complete in order,
+//! which periods met their deadline and how late the others were. Over the datagram
+//! transport the sessions the client opens are reserved at the same rate as well
+//! ([`crate::ClientConfig::reservation`]), which paces their packets by Radon's percent
+//! budget; over TCP the chunk pacing is all there is.
+
+use serde::Serialize;
+pub use tessera_datagram::Reservation;
+
+/// What a reserved stream did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StreamReport {
+    /// Bytes moved.
+    pub bytes: u64,
+    /// The reserved rate, bytes/s.
+    pub rate_bytes_per_s: u64,
+    /// The period, µs.
+    pub period_us: u64,
+    /// Periods the stream's bytes spanned (the last one possibly partial).
+    pub periods: u64,
+    /// Periods whose bytes were all done by their deadline.
+    pub deadlines_met: u64,
+    /// Periods whose bytes were done after their deadline.
+    pub deadlines_missed: u64,
+    /// How late the latest period was, µs (0 if none was late).
+    pub worst_lateness_us: u64,
+    /// From the start to the last byte, µs.
+    pub elapsed_us: u64,
+}
+
+/// The bookkeeping of one reserved stream.
+#[derive(Clone, Debug)]
+pub struct StreamLedger {
+    reservation: Reservation,
+    /// Bytes done, in order from the stream's start.
+    done_bytes: u64,
+    /// Periods whose deadlines were judged (their bytes all done).
+    judged_periods: u64,
+    report: StreamReport,
+}
+
+impl StreamLedger {
+    /// A ledger for a stream starting at time 0. The reservation must be valid.
+    pub fn new(reservation: Reservation) -> StreamLedger {
+        reservation
+            .validate()
+            .expect("reservations are validated where they are parsed");
+        StreamLedger {
+            reservation,
+            done_bytes: 0,
+            judged_periods: 0,
+            report: StreamReport {
+                rate_bytes_per_s: reservation.rate_bytes_per_s,
+                period_us: reservation.period_us,
+                ..StreamReport::default()
+            },
+        }
+    }
+
+    fn budget(&self) -> u64 {
+        self.reservation.bytes_per_period()
+    }
+
+    /// Bytes due in each period.
+    pub fn budget_bytes(&self) -> u64 {
+        self.budget()
+    }
+
+    /// The earliest time, µs from the start, a chunk beginning `offset` bytes into the stream
+    /// may start: the beginning of the period its first byte belongs to. A period's bytes are
+    /// released together at its start, so that they can be done by its end (released at the
+    /// rate instead, the last chunk of each period started just before the deadline and was
+    /// late by its own transfer time: 0.42 s for a put at 5 MB/s here), and the stream never
+    /// moves more than a period's budget ahead.
+    pub fn release_at_us(&self, offset: u64) -> u64 {
+        let period = offset / self.budget();
+        period.saturating_mul(self.reservation.period_us)
+    }
+
+    /// The next `bytes` of the stream were done at `now_us`: judges every period whose bytes
+    /// they complete (met if done by the period's end).
+    pub fn on_done(&mut self, bytes: u64, now_us: u64) {
+        self.done_bytes += bytes;
+        self.report.bytes = self.done_bytes;
+        self.report.elapsed_us = now_us;
+        let budget = self.budget();
+        while (self.judged_periods + 1).saturating_mul(budget) <= self.done_bytes {
+            self.judge(now_us);
+        }
+    }
+
+    fn judge(&mut self, now_us: u64) {
+        let deadline_us = (self.judged_periods + 1).saturating_mul(self.reservation.period_us);
+        self.judged_periods += 1;
+        self.report.periods += 1;
+        if now_us <= deadline_us {
+            self.report.deadlines_met += 1;
+        } else {
+            self.report.deadlines_missed += 1;
+            let late = now_us - deadline_us;
+            self.report.worst_lateness_us = self.report.worst_lateness_us.max(late);
+        }
+    }
+
+    /// The stream ended with every byte done: the last, partial period is judged too, by
+    /// when its last byte was done (its bytes were due by its end).
+    pub fn finish(mut self) -> StreamReport {
+        if self.done_bytes > self.judged_periods.saturating_mul(self.budget()) {
+            let done_at = self.report.elapsed_us;
+            self.judge(done_at);
+        }
+        self.report
+    }
+}
+
+/// Why a rate or period given as text is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReservationParseError {
+    /// Not a number followed by a known unit.
+    #[error("bad rate '{0}' (expected e.g. 20MB/s, 500KiB/s, 160Mbit/s)")]
+    Rate(String),
+    /// The rate is zero, negative, or under one byte per second.
+    #[error("rate '{0}' must be at least 1 byte/s")]
+    RateNotPositive(String),
+    /// Not a duration with a unit.
+    #[error("bad period '{0}' (expected e.g. 1s, 500ms)")]
+    Period(String),
+    /// The period is shorter than Radon allows.
+    #[error("period '{0}' must be at least 1ms")]
+    PeriodTooShort(String),
+}
+
+fn split_number(text: &str) -> Option<(f64, String)> {
+    let text = text.trim();
+    let end = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
+        .unwrap_or(text.len());
+    let value: f64 = text[..end].parse().ok()?;
+    value
+        .is_finite()
+        .then(|| (value, text[end..].trim().to_ascii_lowercase()))
+}
+
+/// Parses a rate: `20MB/s` (decimal units: B, KB, MB, GB), `20MiB/s` (binary), `160Mbit/s`,
+/// or plain bytes per second.
+pub fn parse_rate(text: &str) -> Result<u64, ReservationParseError> {
+    let bad = || ReservationParseError::Rate(text.to_string());
+    let (value, unit) = split_number(text).ok_or_else(bad)?;
+    let unit = unit.strip_suffix("/s").unwrap_or(&unit);
+    let scale: f64 = match unit {
+        "" | "b" => 1.0,
+        "kb" | "k" => 1e3,
+        "mb" | "m" => 1e6,
+        "gb" | "g" => 1e9,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "kbit" => 1e3 / 8.0,
+        "mbit" => 1e6 / 8.0,
+        "gbit" => 1e9 / 8.0,
+        _ => return Err(bad()),
+    };
+    let rate = value * scale;
+    if rate < 1.0 {
+        return Err(ReservationParseError::RateNotPositive(text.to_string()));
+    }
+    if rate > u64::MAX as f64 / 2.0 {
+        return Err(bad());
+    }
+    Ok(rate as u64)
+}
+
+/// Parses a period: `1s`, `500ms`, `2000us`.
+pub fn parse_period_us(text: &str) -> Result<u64, ReservationParseError> {
+    let bad = || ReservationParseError::Period(text.to_string());
+    let (value, unit) = split_number(text).ok_or_else(bad)?;
+    let scale = match unit.as_str() {
+        "s" => 1e6,
+        "ms" => 1e3,
+        "us" | "µs" => 1.0,
+        _ => return Err(bad()),
+    };
+    let us = value * scale;
+    if us < tessera_datagram::radon::PERIOD_US_MIN as f64 {
+        return Err(ReservationParseError::PeriodTooShort(text.to_string()));
+    }
+    if us > 1e15 {
+        return Err(bad());
+    }
+    Ok(us as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger(rate: u64, period_us: u64) -> StreamLedger {
+        StreamLedger::new(Reservation {
+            rate_bytes_per_s: rate,
+            period_us,
+        })
+    }
+
+    #[test]
+    fn chunks_are_released_at_the_start_of_their_period() {
+        // 500,000 bytes per period of 500 ms.
+        let ledger = ledger(1_000_000, 500_000);
+        assert_eq!(ledger.release_at_us(0), 0);
+        assert_eq!(ledger.release_at_us(499_999), 0);
+        assert_eq!(ledger.release_at_us(500_000), 500_000);
+        assert_eq!(ledger.release_at_us(3_200_000), 3_000_000);
+        assert_eq!(ledger.release_at_us(u64::MAX), u64::MAX / 500_000 * 500_000);
+    }
+
+    #[test]
+    fn periods_are_judged_by_when_their_last_byte_was_done() {
+        // 1,000 bytes per period of 1 ms.
+        let mut ledger = ledger(1_000_000, 1_000);
+        ledger.on_done(600, 500);
+        ledger.on_done(600, 900); // period 1 done at 900: met
+        ledger.on_done(800, 2_300); // period 2 done at 2,300: 300 late
+        ledger.on_done(500, 2_900); // 2,500 bytes: half of period 3, judged at the finish
+        let report = ledger.finish();
+        assert_eq!(
+            report,
+            StreamReport {
+                bytes: 2_500,
+                rate_bytes_per_s: 1_000_000,
+                period_us: 1_000,
+                periods: 3,
+                deadlines_met: 2,
+                deadlines_missed: 1,
+                worst_lateness_us: 300,
+                elapsed_us: 2_900,
+            }
+        );
+    }
+
+    #[test]
+    fn rates_and_periods_parse_or_say_what_is_wrong() {
+        assert_eq!(parse_rate("20MB/s"), Ok(20_000_000));
+        assert_eq!(parse_rate("1.5MiB/s"), Ok(1_572_864));
+        assert_eq!(parse_rate("160Mbit/s"), Ok(20_000_000));
+        assert_eq!(parse_rate("4096"), Ok(4096));
+        for zero in ["0", "0MB/s", "-5MB/s", "0.1"] {
+            assert_eq!(
+                parse_rate(zero),
+                Err(ReservationParseError::RateNotPositive(zero.into()))
+            );
+        }
+        for bad in ["", "fast", "20 parsecs/s", "MB/s", "nan", "inf"] {
+            assert_eq!(
+                parse_rate(bad),
+                Err(ReservationParseError::Rate(bad.into()))
+            );
+        }
+        assert_eq!(parse_period_us("1s"), Ok(1_000_000));
+        assert_eq!(parse_period_us("250ms"), Ok(250_000));
+        assert_eq!(
+            parse_period_us("0s"),
+            Err(ReservationParseError::PeriodTooShort("0s".into()))
+        );
+        assert_eq!(
+            parse_period_us("1"),
+            Err(ReservationParseError::Period("1".into()))
+        );
+    }
+}

@@ -1,0 +1,606 @@
+//! Radon: rates and deadlines for streams, from relative forward delay (Shewmaker, "Investigating
+//! efficient real-time performance guarantees on storage networks", UCSC 2009).
+//!
+//! Two halves, one at each end of a session:
+//! - The **receiver** measures congestion without clock synchronization: for each pair of DATA
+//!   packets, the relative forward delay `RFD_ij = (R_j - R_i) - (S_j - S_i)` from the
+//!   sender's timestamps `S` (in every header) and its own arrival times `R`. Summed, the RFDs
+//!   are the one-way delay relative to the first packet; a five-element median filter removes
+//!   single outliers (a host that was not scheduled), and the filtered delay above its minimum
+//!   is the bottleneck queue (TCP Santa Cruz's model, as time). [`QueueEstimator`] does this;
+//!   the estimate goes back to the sender in the header's `queue` byte ([`queue_code`]).
+//! - The **sender** paces its DATA packets ([`Pacer`]). A session with a [`Reservation`]
+//!   schedules by percent budget: with `e_i` the wire time still owed this period and `d` the
+//!   period's end, `%budget = e_i / (d - t)`, the wait target `w_op = w_min / %budget`, and the
+//!   next wait `w_{k+1} = min(w_max, max(w_min, w_k - (w_k - w_op) / 2))`, where `w_min` is
+//!   one packet's time on the sender's link. It holds that pace whatever the queue does. A
+//!   best-effort session backs off instead: its wait doubles (at most once per round trip)
+//!   while the peer reports a queue above [`RadonConfig::queue_target_us`] and shrinks by an
+//!   eighth per report below it, so that reserved streams keep their budget and best-effort
+//!   ones share what is left.
+//!
+//! The pacer is time in the state machine: the session tells the endpoint when it may send
+//! next, and the endpoint's `poll_timeout` includes it, like the retransmission timer.
+//! Nothing here reads a clock.
+
+use crate::Micros;
+
+/// Samples in the median filter (the paper's five).
+pub const MEDIAN_FILTER_LEN: usize = 5;
+
+/// Largest wait between two packets of a session, in any mode.
+pub const WAIT_US_MAX: Micros = 100_000;
+
+/// How long a best-effort session takes to go from nothing back to its link's rate while the
+/// queue stays under its target (additive increase in time, not per report, so a session
+/// slowed to a trickle, whose reports are rare, recovers as fast as a busy one).
+pub const BEST_EFFORT_RAMP_US: Micros = 20_000;
+
+/// Shortest reservation period accepted.
+pub const PERIOD_US_MIN: Micros = 1_000;
+
+/// A stream's reserved rate: `rate_bytes_per_s` of payload in every period of `period_us`, each
+/// period's bytes due by its end (the deadline).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// Payload bytes per second.
+    pub rate_bytes_per_s: u64,
+    /// The period, µs; each period's bytes are due at its end.
+    pub period_us: Micros,
+}
+
+/// Why a [`Reservation`] cannot be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReservationError {
+    /// The rate is zero.
+    #[error("reserved rate must be at least 1 byte/s")]
+    Rate,
+    /// The period is shorter than [`PERIOD_US_MIN`].
+    #[error("reservation period must be at least {PERIOD_US_MIN} µs, not {0}")]
+    Period(Micros),
+    /// No such session.
+    #[error("unknown session {0:?}")]
+    UnknownSession(crate::SessionId),
+}
+
+impl Reservation {
+    /// Checks the reservation.
+    pub fn validate(&self) -> Result<(), ReservationError> {
+        if self.rate_bytes_per_s == 0 {
+            return Err(ReservationError::Rate);
+        }
+        if self.period_us < PERIOD_US_MIN {
+            return Err(ReservationError::Period(self.period_us));
+        }
+        Ok(())
+    }
+
+    /// Payload bytes due in each period (at least one).
+    pub fn bytes_per_period(&self) -> u64 {
+        let bytes = u128::from(self.rate_bytes_per_s) * u128::from(self.period_us) / 1_000_000;
+        u64::try_from(bytes).unwrap_or(u64::MAX).max(1)
+    }
+}
+
+/// Radon's settings for an endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RadonConfig {
+    /// The sender's link rate, bytes/s: one packet's time on it is `w_min`, the shortest wait.
+    pub link_bytes_per_s: u64,
+    /// Queueing delay the peer may report before best-effort sessions back off, µs.
+    pub queue_target_us: Micros,
+    /// Whether sessions without a reservation are paced and back off (Radon's best effort);
+    /// without, only reserved sessions are paced.
+    pub pace_best_effort: bool,
+}
+
+impl Default for RadonConfig {
+    /// A 1 Gbit/s link, 200 µs of queue.
+    fn default() -> RadonConfig {
+        RadonConfig {
+            link_bytes_per_s: 125_000_000,
+            queue_target_us: 200,
+            pace_best_effort: true,
+        }
+    }
+}
+
+/// The relative forward delay of packet `j` against packet `i`, µs: how much longer `j` took
+/// to cross the network than `i` did. Sender timestamps are the wire's 32 bits (wrapping);
+/// the two clocks need no synchronization, only a steady rate.
+pub fn relative_forward_delay_us(
+    sent_i: u32,
+    arrived_i: Micros,
+    sent_j: u32,
+    arrived_j: Micros,
+) -> i64 {
+    let arrival_gap = arrived_j as i64 - arrived_i as i64;
+    let send_gap = i64::from(sent_j.wrapping_sub(sent_i) as i32);
+    arrival_gap - send_gap
+}
+
+/// The median of the latest [`MEDIAN_FILTER_LEN`] samples (of fewer, until that many came).
+#[derive(Clone, Debug, Default)]
+pub struct MedianFilter {
+    samples: [i64; MEDIAN_FILTER_LEN],
+    len: usize,
+    next: usize,
+}
+
+impl MedianFilter {
+    /// Adds a sample and returns the median of the latest ones.
+    pub fn push(&mut self, sample: i64) -> i64 {
+        self.samples[self.next] = sample;
+        self.next = (self.next + 1) % MEDIAN_FILTER_LEN;
+        self.len = (self.len + 1).min(MEDIAN_FILTER_LEN);
+        let mut sorted = self.samples;
+        let sorted = &mut sorted[..self.len];
+        sorted.sort_unstable();
+        sorted[self.len / 2]
+    }
+}
+
+/// The receiver's estimate of the queue in front of it on the path from one sender.
+#[derive(Clone, Debug, Default)]
+pub struct QueueEstimator {
+    /// Sender timestamp and arrival of the previous DATA packet.
+    last: Option<(u32, Micros)>,
+    /// One-way delay relative to the first packet: the sum of the RFDs so far.
+    relative_delay_us: i64,
+    filter: MedianFilter,
+    /// The smallest filtered relative delay: the path with an empty queue.
+    base_us: Option<i64>,
+    queue_delay_us: u64,
+    samples: u64,
+}
+
+impl QueueEstimator {
+    /// Takes one DATA packet's sender timestamp and arrival time.
+    pub fn on_packet(&mut self, sent: u32, arrived: Micros) {
+        if let Some((sent_i, arrived_i)) = self.last {
+            self.relative_delay_us += relative_forward_delay_us(sent_i, arrived_i, sent, arrived);
+        }
+        self.last = Some((sent, arrived));
+        let filtered = self.filter.push(self.relative_delay_us);
+        let base = self.base_us.map_or(filtered, |base| base.min(filtered));
+        self.base_us = Some(base);
+        self.queue_delay_us = (filtered - base) as u64;
+        self.samples += 1;
+    }
+
+    /// The queueing delay on the path now, µs (0 before any packet).
+    pub fn queue_delay_us(&self) -> u64 {
+        self.queue_delay_us
+    }
+
+    /// Packets measured.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+}
+
+/// The header's one-byte encoding of a queueing delay: exact below 32 µs, then four bits of
+/// mantissa (within 6%), rounded down, up to about half a second (255).
+pub fn queue_code(delay_us: u64) -> u8 {
+    if delay_us < 32 {
+        return delay_us as u8;
+    }
+    let exponent = 63 - delay_us.leading_zeros() - 4;
+    if exponent > 14 {
+        return u8::MAX;
+    }
+    let mantissa = (delay_us >> exponent) - 16;
+    (((exponent + 1) << 4) as u64 | mantissa) as u8
+}
+
+/// The queueing delay a header's `queue` byte says, µs: the inverse of [`queue_code`].
+pub fn queue_delay_us(code: u8) -> u64 {
+    if code < 32 {
+        return u64::from(code);
+    }
+    let exponent = u32::from(code >> 4) - 1;
+    (16 + u64::from(code & 0x0f)) << exponent
+}
+
+/// What a reserved session did in its periods.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PacingStats {
+    /// Periods that ended while reserved.
+    pub periods: u64,
+    /// Periods in which every byte of the budget that the application had queued was sent
+    /// before the deadline.
+    pub deadlines_met: u64,
+    /// Periods that ended with budget queued and unsent.
+    pub deadlines_missed: u64,
+}
+
+/// The sender's pacing of one session.
+#[derive(Clone, Debug)]
+pub struct Pacer {
+    config: RadonConfig,
+    reservation: Option<Reservation>,
+    /// The current wait between packets, nanoseconds (`w_k`).
+    wait_ns: u64,
+    /// Earliest time of the next DATA packet, nanoseconds.
+    next_send_ns: u64,
+    /// The current period's end (its deadline), nanoseconds.
+    deadline_ns: u64,
+    /// Payload bytes sent in the current period.
+    period_sent_bytes: u64,
+    /// When a best-effort session last backed off, µs.
+    backed_off_at: Option<Micros>,
+    /// A best-effort session's rate, bytes/s on the wire.
+    best_effort_rate: u64,
+    /// When the peer last reported the queue, µs.
+    reported_at: Option<Micros>,
+    stats: PacingStats,
+}
+
+impl Pacer {
+    /// A pacer; best effort until [`Pacer::reserve`].
+    pub fn new(config: RadonConfig) -> Pacer {
+        assert!(
+            config.link_bytes_per_s > 0,
+            "a link rate of zero never sends"
+        );
+        Pacer {
+            config,
+            reservation: None,
+            wait_ns: 0,
+            next_send_ns: 0,
+            deadline_ns: 0,
+            period_sent_bytes: 0,
+            backed_off_at: None,
+            best_effort_rate: config.link_bytes_per_s,
+            reported_at: None,
+            stats: PacingStats::default(),
+        }
+    }
+
+    /// Reserves a rate from `now` on (the first period starts now), or returns to best effort.
+    pub fn reserve(&mut self, reservation: Option<Reservation>, now: Micros) {
+        if let Some(reservation) = reservation {
+            reservation
+                .validate()
+                .expect("reservations are validated by the endpoint");
+            self.deadline_ns = now * 1_000 + reservation.period_us * 1_000;
+            self.period_sent_bytes = 0;
+        }
+        self.reservation = reservation;
+        self.backed_off_at = None;
+    }
+
+    /// The reservation, if any.
+    pub fn reservation(&self) -> Option<Reservation> {
+        self.reservation
+    }
+
+    /// Whether this pacer holds sessions back at all.
+    fn active(&self) -> bool {
+        self.reservation.is_some() || self.config.pace_best_effort
+    }
+
+    /// One packet of `wire_bytes` on the sender's link, ns: `w_min`.
+    pub fn wait_ns_min(&self, wire_bytes: u64) -> u64 {
+        (wire_bytes * 1_000_000_000).div_ceil(self.config.link_bytes_per_s)
+    }
+
+    /// The current wait between packets, ns.
+    pub fn wait_ns(&self) -> u64 {
+        self.wait_ns
+    }
+
+    /// The earliest time a DATA packet may go, µs (`None`: at once).
+    pub fn send_at(&self, now: Micros) -> Option<Micros> {
+        if !self.active() {
+            return None;
+        }
+        let at = self.next_send_ns.div_ceil(1_000);
+        (at > now).then_some(at)
+    }
+
+    /// Starts the periods that ended by `now`, counting their deadlines: a period is met if
+    /// its budget was sent or nothing was left queued (`queued_bytes`) at its end.
+    pub fn roll_periods(&mut self, now: Micros, queued_bytes: u64) {
+        let Some(reservation) = self.reservation else {
+            return;
+        };
+        let period_ns = reservation.period_us * 1_000;
+        let now_ns = now * 1_000;
+        while self.deadline_ns <= now_ns {
+            self.stats.periods += 1;
+            if self.period_sent_bytes >= reservation.bytes_per_period() || queued_bytes == 0 {
+                self.stats.deadlines_met += 1;
+            } else {
+                self.stats.deadlines_missed += 1;
+            }
+            self.period_sent_bytes = 0;
+            // An idle gap of many periods counts once: those periods had nothing queued.
+            self.deadline_ns = if now_ns - self.deadline_ns > period_ns {
+                now_ns + period_ns
+            } else {
+                self.deadline_ns + period_ns
+            };
+        }
+    }
+
+    /// The wait of a best-effort session between packets of `wire_bytes`, ns.
+    fn best_effort_wait_ns(&self, wire_bytes: u64) -> u64 {
+        let wait_ns = (wire_bytes * 1_000_000_000).div_ceil(self.best_effort_rate.max(1));
+        wait_ns.clamp(self.wait_ns_min(wire_bytes), WAIT_US_MAX * 1_000)
+    }
+
+    /// A DATA packet went out at `now`: `payload_bytes` of payload, of which `new_bytes` were
+    /// sent for the first time (they count against the period's budget; a retransmission
+    /// takes its slot but moves nothing new), `wire_bytes` in all. Sets the wait before the
+    /// next one.
+    pub fn on_sent(
+        &mut self,
+        now: Micros,
+        payload_bytes: u64,
+        new_bytes: u64,
+        wire_bytes: u64,
+        queued_bytes: u64,
+    ) {
+        let now_ns = now * 1_000;
+        let wait_ns_min = self.wait_ns_min(wire_bytes);
+        let Some(reservation) = self.reservation else {
+            self.wait_ns = self.best_effort_wait_ns(wire_bytes);
+            self.next_send_ns = now_ns + self.wait_ns;
+            return;
+        };
+        self.roll_periods(now, queued_bytes);
+        self.period_sent_bytes += new_bytes;
+        let budget = reservation.bytes_per_period();
+        if self.period_sent_bytes >= budget {
+            // This period's budget is out: the next packet belongs to the next period.
+            self.next_send_ns = self.deadline_ns.max(now_ns + wait_ns_min);
+            return;
+        }
+        let left_bytes = budget - self.period_sent_bytes;
+        let left_packets = left_bytes.div_ceil(payload_bytes.max(1));
+        // %budget = e_i / (d - t) with e_i = left_packets * w_min, and w_op = w_min / %budget.
+        // One slot more than packets left, so that the last one goes (and arrives) before the
+        // deadline rather than at it.
+        let laxity_ns = self.deadline_ns.saturating_sub(now_ns).max(1);
+        let wait_ns_target = laxity_ns / (left_packets + 1);
+        let wait_ns_max = (WAIT_US_MAX * 1_000).max(wait_ns_min);
+        let next = if self.wait_ns == 0 {
+            wait_ns_target
+        } else if self.wait_ns > wait_ns_target {
+            self.wait_ns - (self.wait_ns - wait_ns_target) / 2
+        } else {
+            self.wait_ns + (wait_ns_target - self.wait_ns) / 2
+        };
+        self.wait_ns = next.clamp(wait_ns_min, wait_ns_max);
+        self.next_send_ns = now_ns + self.wait_ns;
+    }
+
+    /// The peer reported `queue_delay_us` of queue at `now`; `round_trip_us` is the session's
+    /// smoothed RTT. Best effort backs off; a reservation holds its budget.
+    pub fn on_queue_report(
+        &mut self,
+        queue_delay_us: u64,
+        now: Micros,
+        round_trip_us: Micros,
+        wire_bytes: u64,
+    ) {
+        if self.reservation.is_some() || !self.config.pace_best_effort {
+            return;
+        }
+        let link = self.config.link_bytes_per_s;
+        let rate_min = (link / 1_000).max(1);
+        let target = self.config.queue_target_us.max(1);
+        let since_report_us = self
+            .reported_at
+            .map_or(0, |at| now.saturating_sub(at))
+            .min(BEST_EFFORT_RAMP_US);
+        self.reported_at = Some(now);
+        if queue_delay_us > 2 * target {
+            // Far over the target: halve, once per round trip (the reports of the next one
+            // still show the queue the old rate built).
+            if self
+                .backed_off_at
+                .is_none_or(|at| now >= at + round_trip_us.max(1))
+            {
+                self.backed_off_at = Some(now);
+                self.best_effort_rate = (self.best_effort_rate / 2).max(rate_min);
+            }
+        } else {
+            // Near the target: move in proportion to how far the queue is from it (LEDBAT's
+            // controller, in rate and in time): up at the ramp's speed on an empty queue,
+            // down as fast at twice the target.
+            let off = i128::from(target) - i128::from(queue_delay_us);
+            let change = i128::from(link) * i128::from(since_report_us) * off
+                / (i128::from(BEST_EFFORT_RAMP_US) * i128::from(target));
+            let rate = (i128::from(self.best_effort_rate) + change)
+                .clamp(i128::from(rate_min), i128::from(link));
+            self.best_effort_rate = rate as u64;
+        }
+        self.wait_ns = self.best_effort_wait_ns(wire_bytes);
+    }
+
+    /// The deadlines counted so far.
+    pub fn stats(&self) -> PacingStats {
+        self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// On an idle path every packet takes as long as every other: whatever the clocks'
+        /// offset and the spacing of the packets, the RFD is zero and so is the queue.
+        #[test]
+        fn rfd_is_zero_on_an_idle_path(
+            offset in any::<u32>(),
+            delay_us in 1u64..100_000,
+            gaps in prop::collection::vec(0u64..100_000, 1..50),
+        ) {
+            let mut estimator = QueueEstimator::default();
+            let mut sent = 1_000u64;
+            let mut previous: Option<(u32, Micros)> = None;
+            for gap in gaps {
+                sent += gap;
+                let stamp = (sent as u32).wrapping_add(offset);
+                let arrived = sent + delay_us;
+                if let Some((s, r)) = previous {
+                    prop_assert_eq!(relative_forward_delay_us(s, r, stamp, arrived), 0);
+                }
+                previous = Some((stamp, arrived));
+                estimator.on_packet(stamp, arrived);
+                prop_assert_eq!(estimator.queue_delay_us(), 0);
+            }
+        }
+
+        /// One packet held up (a sender that was not scheduled, a burst of cross traffic
+        /// meeting one packet) does not move the filtered queue estimate.
+        #[test]
+        fn the_filter_ignores_a_single_outlier(
+            spike_us in 1u64..1_000_000,
+            at in 3usize..20,
+            base_us in 0u64..1_000,
+        ) {
+            let mut estimator = QueueEstimator::default();
+            for index in 0..25usize {
+                let sent = index as u64 * 100;
+                let extra = if index == at { spike_us } else { 0 };
+                estimator.on_packet(sent as u32, sent + base_us + extra);
+                prop_assert_eq!(estimator.queue_delay_us(), 0, "packet {}", index);
+            }
+        }
+
+        #[test]
+        fn queue_codes_round_down_within_six_percent(delay_us in 0u64..400_000) {
+            let decoded = queue_delay_us(queue_code(delay_us));
+            prop_assert!(decoded <= delay_us);
+            prop_assert!(decoded * 17 >= delay_us * 16, "{} -> {}", delay_us, decoded);
+        }
+
+        /// Whatever the reservation, the queue reports and the sizes of the packets, the pacer
+        /// never lets two packets go closer together than one packet's time on the link.
+        #[test]
+        fn pacing_never_sends_faster_than_w_min_allows(
+            rate in 1u64..1_000_000_000,
+            period_us in PERIOD_US_MIN..2_000_000,
+            reserved in any::<bool>(),
+            link in 1_000_000u64..2_000_000_000,
+            steps in prop::collection::vec((1u64..9_000, 0u64..5_000, 0u64..2_000), 1..200),
+        ) {
+            let config = RadonConfig { link_bytes_per_s: link, ..RadonConfig::default() };
+            let mut pacer = Pacer::new(config);
+            if reserved {
+                pacer.reserve(Some(Reservation { rate_bytes_per_s: rate, period_us }), 0);
+            }
+            let mut now = 0;
+            let mut last_sent: Option<(Micros, u64)> = None;
+            for (bytes, extra_us, queue_us) in steps {
+                now = pacer.send_at(now).unwrap_or(now) + extra_us % 3;
+                if let Some((at, wire_bytes)) = last_sent {
+                    let w_min_us = pacer.wait_ns_min(wire_bytes) / 1_000;
+                    prop_assert!(now - at >= w_min_us, "{} after {} (w_min {} µs)", now, at, w_min_us);
+                }
+                pacer.on_sent(now, bytes, bytes, bytes + 88, 1 << 20);
+                last_sent = Some((now, bytes + 88));
+                pacer.on_queue_report(queue_us, now, 100, bytes + 88);
+            }
+        }
+    }
+
+    #[test]
+    fn the_queue_estimate_follows_a_growing_queue() {
+        let mut estimator = QueueEstimator::default();
+        // Packets sent every 10 µs into a port that serves one per 12 µs: each waits 2 µs
+        // longer than the one before.
+        for index in 0..100u64 {
+            estimator.on_packet((index * 10) as u32, 50 + index * 12);
+        }
+        // The median of the latest five lags the newest by two packets.
+        assert_eq!(estimator.queue_delay_us(), 97 * 2);
+    }
+
+    #[test]
+    fn a_reservation_spreads_its_budget_over_the_period() {
+        let mut pacer = Pacer::new(RadonConfig::default());
+        // 1,000 packets of 1,000 bytes in a second: one every millisecond, far above w_min.
+        pacer.reserve(
+            Some(Reservation {
+                rate_bytes_per_s: 1_000_000,
+                period_us: 1_000_000,
+            }),
+            0,
+        );
+        let mut now = 0;
+        let mut sent = 0u64;
+        while now < 1_000_000 {
+            pacer.on_sent(now, 1_000, 1_000, 1_088, 1 << 30);
+            sent += 1;
+            now = pacer.send_at(now).expect("paced");
+        }
+        assert_eq!(sent, 1_000);
+        // The budget is out: the next packet waits for the next period.
+        assert_eq!(now, 1_000_000);
+        pacer.roll_periods(now, 1 << 30);
+        assert_eq!(
+            pacer.stats(),
+            PacingStats {
+                periods: 1,
+                deadlines_met: 1,
+                deadlines_missed: 0
+            }
+        );
+    }
+
+    #[test]
+    fn best_effort_backs_off_once_per_round_trip_and_recovers() {
+        let mut pacer = Pacer::new(RadonConfig::default());
+        pacer.on_sent(0, 1_400, 1_400, 1_488, 0);
+        let w_min = pacer.wait_ns_min(1_488);
+        assert_eq!(pacer.wait_ns(), w_min);
+        pacer.on_queue_report(1_000, 10, 100, 1_488);
+        pacer.on_queue_report(1_000, 20, 100, 1_488);
+        assert_eq!(pacer.wait_ns(), 2 * w_min);
+        pacer.on_queue_report(1_000, 110, 100, 1_488);
+        assert_eq!(pacer.wait_ns(), 4 * w_min);
+        // Back to the link's rate in BEST_EFFORT_RAMP_US, however rare the reports.
+        pacer.on_queue_report(0, 110 + BEST_EFFORT_RAMP_US / 2, 100, 1_488);
+        assert!(pacer.wait_ns() > w_min);
+        pacer.on_queue_report(0, 110 + BEST_EFFORT_RAMP_US, 100, 1_488);
+        assert_eq!(pacer.wait_ns(), w_min);
+        // A reservation ignores the queue.
+        pacer.reserve(
+            Some(Reservation {
+                rate_bytes_per_s: 1,
+                period_us: PERIOD_US_MIN,
+            }),
+            300,
+        );
+        let before = pacer.wait_ns();
+        pacer.on_queue_report(100_000, 1_000, 100, 1_488);
+        assert_eq!(pacer.wait_ns(), before);
+    }
+
+    #[test]
+    fn reservations_refuse_zero_rates_and_short_periods() {
+        let ok = Reservation {
+            rate_bytes_per_s: 1,
+            period_us: 1_000_000,
+        };
+        assert_eq!(ok.validate(), Ok(()));
+        assert_eq!(
+            Reservation {
+                rate_bytes_per_s: 0,
+                ..ok
+            }
+            .validate(),
+            Err(ReservationError::Rate)
+        );
+        assert_eq!(
+            Reservation { period_us: 0, ..ok }.validate(),
+            Err(ReservationError::Period(0))
+        );
+    }
+}

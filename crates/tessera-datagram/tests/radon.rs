@@ -1,0 +1,361 @@
+//! Radon in the simulator: the paper's punctuated and fairshare experiments in miniature.
+//! Six senders write into one receiver behind a 200 Mbit/s switch port with a small buffer;
+//! reserved streams must keep their rate while best-effort ones share what is left.
+
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use tessera_datagram::radon::{RadonConfig, Reservation};
+use tessera_datagram::sim::{addr, BottleneckConfig, Sim, DATAGRAM_OVERHEAD_BYTES};
+use tessera_datagram::{Config, Event, Micros, OVERHEAD_LEN};
+
+const PORT_BITS_PER_S: u64 = 200_000_000;
+const DATAGRAM_BYTES: usize = 1472;
+const FRAGMENT_BYTES: usize = DATAGRAM_BYTES - OVERHEAD_LEN;
+/// Messages of ten packets: the receiver counts bytes as whole messages arrive.
+const MESSAGE_BYTES: usize = 10 * FRAGMENT_BYTES;
+const PERIOD_US: Micros = 100_000;
+/// The port's buffer, in full-size datagrams: smaller than one sender's window (64), so a
+/// best-effort burst that does not back off overflows it.
+const BUFFER_PACKETS: usize = 24;
+
+/// Payload bytes per second the port can carry with every header.
+fn payload_capacity() -> f64 {
+    let wire = (DATAGRAM_BYTES + DATAGRAM_OVERHEAD_BYTES) as f64;
+    PORT_BITS_PER_S as f64 / 8.0 * FRAGMENT_BYTES as f64 / wire
+}
+
+/// One sender's stream.
+#[derive(Clone, Copy, Debug)]
+struct Stream {
+    /// Reserved share of the port's payload capacity; `None`: best effort.
+    share: Option<f64>,
+    start_us: Micros,
+    /// Packets to send; `None`: as many as the run lasts.
+    packets: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Outcome {
+    bytes: u64,
+    first_us: Option<Micros>,
+    last_us: Micros,
+    /// Bytes delivered per period since the stream started.
+    per_period: Vec<u64>,
+}
+
+impl Outcome {
+    fn rate(&self) -> f64 {
+        let span = self.last_us - self.first_us.unwrap_or(self.last_us);
+        self.bytes as f64 * 1e6 / span.max(1) as f64
+    }
+}
+
+struct Run {
+    outcomes: Vec<Outcome>,
+    queue_drops: u64,
+    datagrams: u64,
+}
+
+fn sender_config(radon_best_effort: bool) -> Config {
+    Config {
+        payload_bytes_max: DATAGRAM_BYTES,
+        radon: Some(RadonConfig {
+            link_bytes_per_s: PORT_BITS_PER_S / 8,
+            queue_target_us: 300,
+            pace_best_effort: radon_best_effort,
+        }),
+        ..Config::default()
+    }
+}
+
+fn run(streams: &[Stream], radon_best_effort: bool, duration_us: Micros, seed: u64) -> Run {
+    let mut sim = Sim::new(seed);
+    let receiver = addr(100);
+    sim.add_endpoint(
+        receiver,
+        Config {
+            payload_bytes_max: DATAGRAM_BYTES,
+            ..Config::default()
+        },
+    );
+    sim.set_bottleneck(
+        receiver,
+        BottleneckConfig {
+            rate_bits_per_s: PORT_BITS_PER_S,
+            buffer_bytes: BUFFER_PACKETS * (DATAGRAM_BYTES + DATAGRAM_OVERHEAD_BYTES),
+        },
+    );
+    let senders: Vec<SocketAddr> = (1..=streams.len() as u8).map(addr).collect();
+    for (&sender, stream) in senders.iter().zip(streams) {
+        sim.add_endpoint(sender, sender_config(radon_best_effort));
+        sim.wake_at(stream.start_us);
+    }
+    let mut sessions = vec![None; streams.len()];
+    let mut packets_queued = vec![0u64; streams.len()];
+    let mut outcomes = vec![Outcome::default(); streams.len()];
+    let index_of: HashMap<SocketAddr, usize> =
+        senders.iter().enumerate().map(|(i, &a)| (a, i)).collect();
+    let result = sim.run_until(duration_us, |sim| {
+        let now = sim.now();
+        for (index, stream) in streams.iter().enumerate() {
+            if now < stream.start_us {
+                continue;
+            }
+            let endpoint = sim.endpoint(senders[index]);
+            let session = *sessions[index].get_or_insert_with(|| {
+                let session = endpoint.connect(receiver, now);
+                if let Some(share) = stream.share {
+                    let reservation = Reservation {
+                        rate_bytes_per_s: (share * payload_capacity()) as u64,
+                        period_us: PERIOD_US,
+                    };
+                    endpoint.reserve(session, Some(reservation), now).unwrap();
+                }
+                session
+            });
+            let queued = endpoint.session_info(session).unwrap().queued_bytes;
+            let wanted = stream.packets.unwrap_or(u64::MAX);
+            if queued < 4 * MESSAGE_BYTES as u64 && packets_queued[index] < wanted {
+                endpoint
+                    .send(session, Bytes::from(vec![0u8; MESSAGE_BYTES]), now)
+                    .unwrap();
+                packets_queued[index] += 10;
+            }
+        }
+        while let Some(event) = sim.endpoint(receiver).poll_event() {
+            if let Event::Message { peer, message, .. } = event {
+                let index = index_of[&peer];
+                let outcome = &mut outcomes[index];
+                let start = streams[index].start_us;
+                outcome.bytes += message.len() as u64;
+                outcome.first_us.get_or_insert(now);
+                outcome.last_us = now;
+                let period = ((now - start) / PERIOD_US) as usize;
+                if outcome.per_period.len() <= period {
+                    outcome.per_period.resize(period + 1, 0);
+                }
+                outcome.per_period[period] += message.len() as u64;
+            }
+        }
+        false
+    });
+    assert!(result.is_err(), "the condition never holds");
+    for &sender in &senders {
+        let stats = sim.endpoint_ref(sender).stats();
+        eprintln!(
+            "    {sender}: {} data packets, {} retransmitted, {} timeouts ({} spurious)",
+            stats.data_packets_sent, stats.retransmissions, stats.timeouts, stats.spurious_timeouts
+        );
+    }
+    Run {
+        outcomes,
+        queue_drops: sim.stats().queue_drops,
+        datagrams: sim.stats().datagrams_sent,
+    }
+}
+
+/// Full periods of a reserved stream that delivered at least 0.97 of their budget, of all its
+/// full periods in the run.
+fn deadlines_met(
+    outcome: &Outcome,
+    share: f64,
+    duration_us: Micros,
+    start_us: Micros,
+) -> (usize, usize) {
+    let budget = share * payload_capacity() * PERIOD_US as f64 / 1e6;
+    let full = ((duration_us - start_us) / PERIOD_US) as usize;
+    let met = outcome
+        .per_period
+        .iter()
+        .take(full)
+        .filter(|&&bytes| bytes as f64 >= 0.97 * budget)
+        .count();
+    (met, full)
+}
+
+fn report(name: &str, streams: &[Stream], run: &Run) {
+    eprintln!(
+        "{name}: port drops {} of {} datagrams",
+        run.queue_drops, run.datagrams
+    );
+    for (index, (stream, outcome)) in streams.iter().zip(&run.outcomes).enumerate() {
+        let target = stream.share.map(|s| s * payload_capacity());
+        eprintln!(
+            "  stream {}: target {} received {:.2} MB/s ({} bytes){}",
+            index + 1,
+            target.map_or("best effort".into(), |t| format!("{:.2} MB/s", t / 1e6)),
+            outcome.rate() / 1e6,
+            outcome.bytes,
+            target.map_or(String::new(), |t| format!(
+                ", {:.3} of target",
+                outcome.rate() / t
+            )),
+        );
+    }
+}
+
+/// Stream 1 reserves 0.749 of the port for the whole run; five best-effort bursts of 500
+/// packets interrupt it one after another (the paper's short streams 2-6).
+fn punctuated() -> Vec<Stream> {
+    let mut streams = vec![Stream {
+        share: Some(0.749),
+        start_us: 0,
+        packets: None,
+    }];
+    for burst in 0..5u64 {
+        streams.push(Stream {
+            share: None,
+            start_us: 100_000 + burst * 150_000,
+            packets: Some(500),
+        });
+    }
+    streams
+}
+
+const DURATION_US: Micros = 1_000_000;
+
+#[test]
+fn punctuated_reserved_stream_keeps_its_rate_while_best_effort_bursts_share_the_rest() {
+    let streams = punctuated();
+    let radon = run(&streams, true, DURATION_US, 1);
+    report("punctuated, Radon", &streams, &radon);
+    let constant = run(&streams, false, DURATION_US, 1);
+    report("punctuated, best effort not paced", &streams, &constant);
+
+    let target = 0.749 * payload_capacity();
+    let primary = &radon.outcomes[0];
+    assert!(
+        primary.rate() >= 0.97 * target,
+        "reserved stream received {:.3} of its target",
+        primary.rate() / target
+    );
+    let (met, periods) = deadlines_met(primary, 0.749, DURATION_US, 0);
+    eprintln!("  Radon: reserved stream met {met} of {periods} periods");
+    // Losses in the bursts' first round trips delay some of its bytes past a deadline.
+    assert!(met * 10 >= periods * 8, "met {met} of {periods} periods");
+    // The bursts are not shut out: each moves a tenth of its 500 packets at least. (They get
+    // far less than the quarter of the port left over: see the README.)
+    for (index, outcome) in radon.outcomes.iter().enumerate().skip(1) {
+        assert!(
+            outcome.bytes >= 50 * FRAGMENT_BYTES as u64,
+            "burst {index}: {} bytes",
+            outcome.bytes
+        );
+    }
+    // Backing off on the queue is what keeps the port's small buffer from overflowing.
+    assert!(
+        radon.queue_drops * 2 <= constant.queue_drops.max(1),
+        "Radon dropped {} at the port, unpaced best effort {}",
+        radon.queue_drops,
+        constant.queue_drops
+    );
+}
+
+#[test]
+fn fairshare_six_reserved_streams_each_keep_their_rate() {
+    let streams = vec![
+        Stream {
+            share: Some(0.166),
+            start_us: 0,
+            packets: None,
+        };
+        6
+    ];
+    let radon = run(&streams, true, DURATION_US, 2);
+    report("fairshare, Radon", &streams, &radon);
+    let target = 0.166 * payload_capacity();
+    let rates: Vec<f64> = radon.outcomes.iter().map(Outcome::rate).collect();
+    for (index, rate) in rates.iter().enumerate() {
+        assert!(
+            *rate >= 0.97 * target,
+            "stream {}: {:.3} of target",
+            index + 1,
+            rate / target
+        );
+    }
+    let sum: f64 = rates.iter().sum();
+    let squares: f64 = rates.iter().map(|r| r * r).sum();
+    let jain = sum * sum / (rates.len() as f64 * squares);
+    eprintln!("  Jain's fairness index {jain:.4}");
+    assert!(jain >= 0.99);
+    assert!(
+        radon.queue_drops * 1000 <= radon.datagrams,
+        "{} drops",
+        radon.queue_drops
+    );
+}
+
+#[test]
+fn best_effort_streams_alone_share_the_port_and_back_off_before_it_overflows() {
+    // Three best-effort senders, no reservation: with Radon they keep the queue near its
+    // target instead of filling the buffer.
+    let streams = vec![
+        Stream {
+            share: None,
+            start_us: 0,
+            packets: None,
+        };
+        3
+    ];
+    let radon = run(&streams, true, 300_000, 3);
+    report("three best effort, Radon", &streams, &radon);
+    let unpaced = run(&streams, false, 300_000, 3);
+    report("three best effort, not paced", &streams, &unpaced);
+    let total: f64 = radon.outcomes.iter().map(Outcome::rate).sum();
+    eprintln!(
+        "  Radon total {:.3} of the port",
+        total / payload_capacity()
+    );
+    assert!(total >= 0.6 * payload_capacity());
+    assert!(radon.queue_drops * 4 <= unpaced.queue_drops.max(1));
+}
+
+#[test]
+fn sessions_an_endpoint_opens_carry_its_connect_reservation() {
+    // 1 MB/s in periods of 100 ms: 100,000 bytes per period, whatever is queued.
+    let mut sim = Sim::new(4);
+    let (client, server) = (addr(1), addr(2));
+    let reservation = Reservation {
+        rate_bytes_per_s: 1_000_000,
+        period_us: PERIOD_US,
+    };
+    sim.add_endpoint(
+        client,
+        Config {
+            connect_reservation: Some(reservation),
+            ..Config::default()
+        },
+    );
+    sim.add_endpoint(server, Config::default());
+    let session = sim.endpoint(client).connect(server, 0);
+    assert_eq!(
+        sim.endpoint(client)
+            .session_info(session)
+            .unwrap()
+            .reservation,
+        Some(reservation)
+    );
+    for _ in 0..100 {
+        sim.endpoint(client)
+            .send(session, Bytes::from(vec![0u8; 10_000]), 0)
+            .unwrap();
+    }
+    let mut delivered = 0u64;
+    let mut drain = |sim: &mut Sim| {
+        while let Some(event) = sim.endpoint(server).poll_event() {
+            if let Event::Message { message, .. } = event {
+                delivered += message.len() as u64;
+            }
+        }
+    };
+    sim.run_until(250_000, |sim| {
+        drain(sim);
+        false
+    })
+    .unwrap_err();
+    drain(&mut sim);
+    // Periods 0 and 1 whole, and period 2 half: about 250,000 bytes, never 300,000.
+    eprintln!("delivered {delivered} bytes in 250 ms at 1 MB/s");
+    assert!((220_000..300_000).contains(&delivered), "{delivered}");
+}

@@ -1,0 +1,125 @@
+//! `--rate` and `--period` on get, put, read and write: a reserved stream (Radon, issue 18),
+//! its pacing in the transfer loops and its report.
+
+use anyhow::Result;
+use clap::Args;
+use std::time::Duration;
+use tessera_client::stream::{
+    parse_period_us, parse_rate, Reservation, StreamLedger, StreamReport,
+};
+use tokio::time::Instant;
+
+/// The reservation flags of a transfer.
+#[derive(Args, Clone, Debug, Default)]
+pub struct ReserveArgs {
+    /// Reserve this rate for the transfer, e.g. 20MB/s, 16MiB/s, 160Mbit/s: each period's
+    /// bytes are released at its start and, over UDP, every session to a server is paced at it.
+    #[arg(long)]
+    pub rate: Option<String>,
+    /// The reservation's period: each period's bytes are due by its end.
+    #[arg(long, default_value = "1s", requires = "rate")]
+    pub period: String,
+    /// Print the stream's report as JSON.
+    #[arg(long, requires = "rate")]
+    pub json: bool,
+}
+
+impl ReserveArgs {
+    /// The reservation asked for, if any; a bad rate or period is a one-line error.
+    pub fn reservation(&self) -> Result<Option<Reservation>> {
+        let Some(rate) = &self.rate else {
+            return Ok(None);
+        };
+        let reservation = Reservation {
+            rate_bytes_per_s: parse_rate(rate)?,
+            period_us: parse_period_us(&self.period)?,
+        };
+        reservation.validate()?;
+        Ok(Some(reservation))
+    }
+}
+
+/// When the chunks of a reserved stream may start.
+#[derive(Clone)]
+pub struct Pacing {
+    start: Instant,
+    ledger: StreamLedger,
+}
+
+impl Pacing {
+    /// When a chunk `offset` bytes into the stream may start.
+    pub fn release(&self, offset: u64) -> Instant {
+        self.start + Duration::from_micros(self.ledger.release_at_us(offset))
+    }
+}
+
+/// A reserved stream's clock: when the loop may start a chunk, and its deadlines.
+pub struct StreamClock {
+    ledger: StreamLedger,
+    start: Instant,
+}
+
+impl StreamClock {
+    /// The stream starts now.
+    pub fn start(reservation: Reservation) -> StreamClock {
+        StreamClock {
+            ledger: StreamLedger::new(reservation),
+            start: Instant::now(),
+        }
+    }
+
+    /// When chunks may start, as a value the chunks' futures can hold.
+    pub fn pacing(&self) -> Pacing {
+        Pacing {
+            start: self.start,
+            ledger: self.ledger.clone(),
+        }
+    }
+
+    /// Bytes due in each period.
+    pub fn budget_bytes(&self) -> u64 {
+        self.ledger.budget_bytes()
+    }
+
+    /// Waits until a chunk `offset` bytes into the stream may start.
+    pub async fn wait(&self, offset: u64) {
+        tokio::time::sleep_until(self.pacing().release(offset)).await;
+    }
+
+    /// `bytes` more of the stream are done.
+    pub fn done(&mut self, bytes: u64) {
+        let now_us = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.ledger.on_done(bytes, now_us);
+    }
+
+    /// The report, once every byte is done.
+    pub fn finish(self) -> StreamReport {
+        self.ledger.finish()
+    }
+}
+
+/// One line for people, or JSON; on stderr when the data itself goes to stdout.
+pub fn print_report(report: &StreamReport, json: bool, data_on_stdout: bool) {
+    let line = if json {
+        serde_json::to_string(report).expect("a report serializes")
+    } else {
+        let seconds = report.elapsed_us as f64 / 1e6;
+        format!(
+            "stream: {} bytes in {:.3} s ({:.2} MB/s, reserved {:.2} MB/s per {} ms): {} periods, {} deadlines met, {} missed, worst lateness {:.1} ms",
+            report.bytes,
+            seconds,
+            report.bytes as f64 / seconds.max(1e-6) / 1e6,
+            report.rate_bytes_per_s as f64 / 1e6,
+            report.period_us / 1_000,
+            report.periods,
+            report.deadlines_met,
+            report.deadlines_missed,
+            report.worst_lateness_us as f64 / 1e3,
+        )
+    };
+    if data_on_stdout {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
+}
