@@ -275,12 +275,13 @@ impl FileContext {
     }
 
     /// The stripe's unresolved record, if any, from its parity column, and whether the
-    /// stripe is under a stale-parity record.
+    /// stripe is under an orphaned stale-parity record. The server waits out a live one (a
+    /// full-stripe write in flight, bounded) before it answers.
     pub(crate) async fn read_intent(
         &self,
         client: &Client,
         stripe: u64,
-    ) -> Result<(Option<(ParityIntent, Bytes)>, bool), Fault> {
+    ) -> Result<StripeIntent, Fault> {
         let column = self.layout.parity_slot(stripe).expect("parity").column;
         let request = StorageRequest::ReadIntent {
             file: self.meta.id,
@@ -291,18 +292,39 @@ impl FileContext {
             StorageResponse::Intent {
                 intent: None,
                 stale,
-            } => Ok((None, stale)),
+                waited,
+            } => Ok(StripeIntent {
+                intent: None,
+                stale,
+                waited,
+            }),
             StorageResponse::Intent {
                 intent: Some(intent),
                 stale,
+                waited,
             } if payload.len() as u64 == u64::from(intent.span_len) + intent.old_data_bytes() => {
-                Ok((Some((intent, payload)), stale))
+                Ok(StripeIntent {
+                    intent: Some((intent, payload)),
+                    stale,
+                    waited,
+                })
             }
             other => Err(Fault::Refused(StorageError::BadRequest {
                 detail: format!("expected an intent record, got {other:?}"),
             })),
         }
     }
+}
+
+/// What a stripe's parity column says of its records ([`FileContext::read_intent`]).
+pub(crate) struct StripeIntent {
+    /// The unresolved intent record and its old bytes, if any.
+    pub intent: Option<(ParityIntent, Bytes)>,
+    /// Under an orphaned stale-parity record: parity cannot reconstruct a data column.
+    pub stale: bool,
+    /// A full-stripe write was in flight when asked and the answer waited for it: what was
+    /// read of the stripe before may be half of it.
+    pub waited: bool,
 }
 
 impl FileContext {

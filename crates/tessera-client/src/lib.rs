@@ -42,7 +42,7 @@ use tessera_wire::{
     StorageError,
 };
 
-pub use maintain::{RebuildProgress, ScrubReport};
+pub use maintain::{RebuildProgress, ScrubReport, TornResolution};
 pub use tessera_auth::{
     format_access_key, parse_access_key, Claim, Credential, Key, KeyId, Secret,
 };
@@ -116,7 +116,7 @@ pub enum ClientError {
         /// Files the rebuild tried.
         files_total: u64,
         /// Path of each file that could not be rebuilt, and why.
-        failed: Vec<(String, String)>,
+        failed: Vec<(String, Unrebuildable)>,
     },
     /// Bytes of a stripe whose full-stripe write was interrupted (its parity is under a
     /// stale-parity record, not yet resolved) are on a lost or corrupt column: its parity
@@ -147,7 +147,24 @@ pub enum ClientError {
     },
 }
 
-fn describe_failures(failed: &[(String, String)]) -> String {
+/// Why a rebuild left one file owed ([`ClientError::Unrebuildable`]), for callers that treat
+/// the reasons differently: torn stripes stay owed by design, the others are failures.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unrebuildable {
+    /// A RAID-0 file: nothing to rebuild from.
+    #[error("raid0 has no redundancy to rebuild from")]
+    NoRedundancy,
+    /// Stripes left torn by an interrupted full-stripe write ([`ClientError::TornStripe`]):
+    /// they stay owed (reading as an error there) until their record is resolved; the rest
+    /// of the file was rebuilt.
+    #[error("{0}")]
+    TornStripes(String),
+    /// Any other error (another server lost too, a server refused, ...).
+    #[error("{0}")]
+    Failed(String),
+}
+
+fn describe_failures(failed: &[(String, Unrebuildable)]) -> String {
     let lines: Vec<String> = failed
         .iter()
         .map(|(path, why)| format!("{path} ({why})"))

@@ -11,9 +11,9 @@
 //! either value is allowed; what matters is that both copies agree afterwards. Scrub says so
 //! (a warning naming the stripe, and its count of mirror mismatches).
 
-use crate::context::{Fault, FileContext};
+use crate::context::{self, Fault, FileContext};
 use crate::intent::ParityLock;
-use crate::{Client, ClientError};
+use crate::{Client, ClientError, Unrebuildable};
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 use std::ops::Range;
@@ -23,7 +23,8 @@ use tessera_wire::{
     ServerState, StorageError, StorageRequest, StorageResponse,
 };
 
-/// Most stripes past a file's size a rebuild looks at for bytes of unacknowledged writes.
+/// Most stripes past a file's size a rebuild or scrub looks at for bytes of unacknowledged
+/// writes and damage a later write growing the file would find.
 const PAST_SIZE_STRIPES_MAX: u64 = 1024;
 
 /// Stripes rebuilt or scrubbed at once.
@@ -66,6 +67,37 @@ pub struct ScrubReport {
     pub mirrors_repaired: u64,
     /// Problems that could not be repaired, one line each.
     pub unrepairable: Vec<String>,
+    /// Stripes past a file's size (up to [`PAST_SIZE_STRIPES_MAX`] of them) that some server
+    /// holds bytes or damage in, checked.
+    pub past_size_checked: u64,
+    /// Repairs of any kind in those stripes: no byte there was acknowledged, but a write
+    /// growing the file over them would find the damage, perhaps with a second server's.
+    pub past_size_repaired: u64,
+    /// Problems there that could not be repaired (warned, not in `unrepairable`).
+    pub past_size_unrepairable: u64,
+}
+
+impl ScrubReport {
+    /// Adds the counts of one stripe's scrub.
+    fn add(&mut self, one: ScrubReport) {
+        self.stripes_checked += one.stripes_checked;
+        self.stripes_skipped += one.stripes_skipped;
+        self.corrupt_repaired += one.corrupt_repaired;
+        self.parity_repaired += one.parity_repaired;
+        self.mirrors_repaired += one.mirrors_repaired;
+        self.unrepairable.extend(one.unrepairable);
+    }
+
+    /// Adds the counts of one stripe past the file's size.
+    fn add_past_size(&mut self, one: ScrubReport, path: &str) {
+        self.past_size_checked += one.stripes_checked;
+        self.past_size_repaired +=
+            one.corrupt_repaired + one.parity_repaired + one.mirrors_repaired;
+        self.past_size_unrepairable += one.unrepairable.len() as u64;
+        for line in one.unrepairable {
+            tracing::warn!("{path}: past the file's size, not repaired: {line}");
+        }
+    }
 }
 
 impl FileContext {
@@ -478,20 +510,10 @@ impl FileContext {
     /// allocated extent of some column's data or redundancy file, and every stripe some column
     /// owes. Any other stripe is a hole in every column that answered: if all did, it holds
     /// zeros, whose parity and mirrors are zeros too, so there is nothing to check or rebuild.
-    async fn allocated_stripes(
-        &self,
-        client: &Client,
-        exclude: Option<u32>,
-        stripes_total: u64,
-    ) -> Allocation {
-        self.allocated_stripes_past(client, exclude, stripes_total, stripes_total)
-            .await
-    }
-
-    /// As [`Self::allocated_stripes`], with extents looked for up to stripe `extents_total`
-    /// (past the file's size: an unacknowledged write may have left bytes there, which a
-    /// later write growing the file over them must find with their parity whole) while owed
-    /// stripes count up to `stripes_total` only.
+    ///
+    /// Extents are looked for up to stripe `extents_total` (past the file's size: an
+    /// unacknowledged write may have left bytes there, which a later write growing the file
+    /// over them must find with their parity whole), owed stripes up to `stripes_total` only.
     async fn allocated_stripes_past(
         &self,
         client: &Client,
@@ -636,14 +658,14 @@ impl Client {
             .map(|d| d.missed.iter().map(|r| owed(&d.meta, r)).sum::<u64>())
             .sum();
         progress(state);
-        let mut failed: Vec<(String, String)> = Vec::new();
+        let mut failed: Vec<(String, Unrebuildable)> = Vec::new();
         for debt in debts {
             let owed_here: u64 = debt.missed.iter().map(|r| owed(&debt.meta, r)).sum();
             let done_before = state.stripes_done + state.stripes_unallocated;
             let result = if debt.meta.layout.scheme == Scheme::Raid0 && owed_here > 0 {
                 // Nothing to rebuild from: the file stays owed (and unreadable there) rather
                 // than ever serving zeros for lost bytes.
-                Err("raid0 has no redundancy to rebuild from".to_string())
+                Err(Unrebuildable::NoRedundancy)
             } else {
                 match self
                     .rebuild_file(server, &debt, &mut state, &mut progress)
@@ -654,7 +676,10 @@ impl Client {
                     Err(ClientError::Metadata(ManagerError::NotFound(_))) => Ok(()),
                     // Nothing else can succeed either.
                     Err(e @ ClientError::ManagerUnreachable { .. }) => return Err(e),
-                    Err(e) => Err(e.to_string()),
+                    Err(e @ ClientError::TornStripe { .. }) => {
+                        Err(Unrebuildable::TornStripes(e.to_string()))
+                    }
+                    Err(e) => Err(Unrebuildable::Failed(e.to_string())),
                 }
             };
             if let Err(why) = result {
@@ -788,7 +813,12 @@ impl Client {
     }
 
     /// Check every stripe that holds bytes of one file, or of every file, and repair what can
-    /// be repaired. Stripes that are a hole on every server are counted, not read.
+    /// be repaired. Stripes that are a hole on every server are counted, not read. Stripes
+    /// past the size that some server holds bytes or damage in are checked too (at most
+    /// [`PAST_SIZE_STRIPES_MAX`]), counted apart: a flipped bit there (a checksum entry of a
+    /// block never written, a damaged overflow log record, which may have named any range)
+    /// would otherwise wait, unrepaired, for a write growing the file over it, and with a
+    /// second such server in the same stripe make it unreadable.
     pub async fn scrub(&self, path: Option<&str>) -> Result<ScrubReport, ClientError> {
         let files = match path {
             Some(path) => vec![self.open(path).await?.id],
@@ -799,7 +829,10 @@ impl Client {
             let ctx = self.context_of(file).await?;
             report.files += 1;
             let stripes = ctx.layout.stripes_for_size(ctx.meta.size);
-            let allocation = ctx.allocated_stripes(self, None, stripes).await;
+            let extents_total = stripes.saturating_add(PAST_SIZE_STRIPES_MAX);
+            let allocation = ctx
+                .allocated_stripes_past(self, None, stripes, extents_total)
+                .await;
             let lost = (0..ctx.layout.width).any(|c| ctx.lost_entirely(c));
             // With a column lost, every stripe is skipped rather than read, so those that hold
             // nothing on the other columns are counted without a visit. A column that
@@ -816,16 +849,91 @@ impl Client {
                 .map(|stripe| ctx.scrub_stripe(self, stripe))
                 .buffer_unordered(STRIPES_IN_FLIGHT_MAX);
             while let Some(result) = checks.next().await {
-                let one = result?;
-                report.stripes_checked += one.stripes_checked;
-                report.stripes_skipped += one.stripes_skipped;
-                report.corrupt_repaired += one.corrupt_repaired;
-                report.parity_repaired += one.parity_repaired;
-                report.mirrors_repaired += one.mirrors_repaired;
-                report.unrepairable.extend(one.unrepairable);
+                report.add(result?);
+            }
+            if !allocation.complete {
+                continue;
+            }
+            let past = clip_to(stripes..extents_total, Some(&allocation.stripes));
+            let mut checks = stream::iter(past.into_iter().flatten())
+                .map(|stripe| ctx.scrub_stripe(self, stripe))
+                .buffer_unordered(STRIPES_IN_FLIGHT_MAX);
+            while let Some(result) = checks.next().await {
+                match result {
+                    Ok(one) => report.add_past_size(one, &ctx.meta.path),
+                    Err(e) => {
+                        tracing::warn!("{}: past the file's size: {e}", ctx.meta.path);
+                        report.past_size_unrepairable += 1;
+                    }
+                }
             }
         }
         Ok(report)
+    }
+}
+
+/// What [`Client::resolve_torn`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TornResolution {
+    /// Stripes under orphaned stale-parity records the server listed.
+    pub stripes: u64,
+    /// Of those, stripes whose parity was recomputed from their data (or found right) and
+    /// taken out of the records.
+    pub resolved: u64,
+    /// Stripes left torn: a column of the stripe is lost or owes it, so its parity cannot be
+    /// computed now (a later pass, a scrub or a rebuild does it).
+    pub left: u64,
+}
+
+impl Client {
+    /// Resolve the torn stripes server `server` holds orphaned stale-parity records of
+    /// (full-stripe writes whose writer died): each stripe is locked, which hands the lock
+    /// holder the record, and its parity is recomputed from the data, as a scrub of the
+    /// stripe does. Run by each server's daemon in the background (`tessera-store`'s `stale`
+    /// module argues it), so that a torn stripe does not wait for its next writer.
+    pub async fn resolve_torn(&self, server: ServerId) -> Result<TornResolution, ClientError> {
+        let status = self.status().await?;
+        let me = status
+            .iter()
+            .find(|s| s.id == server)
+            .ok_or(ClientError::NoSuchServer(server))?;
+        let addr = me
+            .addr
+            .parse()
+            .map_err(|_| ClientError::ServerDown(server))?;
+        let listed = context::call_store(
+            self,
+            addr,
+            me.incarnation,
+            StorageRequest::ListStale,
+            Bytes::new(),
+        )
+        .await;
+        let ranges = match listed {
+            Ok((StorageResponse::StaleList { ranges }, _)) => ranges,
+            _ => return Err(ClientError::ServerDown(server)),
+        };
+        let mut done = TornResolution::default();
+        for (file, range) in ranges {
+            let ctx = match self.context_of(file).await {
+                Ok(ctx) => ctx,
+                // Removed meanwhile: its records go with it.
+                Err(ClientError::Metadata(ManagerError::NotFound(_))) => continue,
+                Err(e) => return Err(e),
+            };
+            for stripe in range.start..range.end {
+                done.stripes += 1;
+                match ctx.scrub_stripe(self, stripe).await {
+                    Ok(report) if report.stripes_checked == 1 => done.resolved += 1,
+                    Ok(_) => done.left += 1,
+                    Err(e) => {
+                        tracing::warn!("{}: stripe {stripe} left torn: {e}", ctx.meta.path);
+                        done.left += 1;
+                    }
+                }
+            }
+        }
+        Ok(done)
     }
 }
 

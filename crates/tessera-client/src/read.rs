@@ -7,6 +7,10 @@ use futures::stream::{self, StreamExt};
 use tessera_layout::{OverflowRole, Piece, Region, Scheme};
 use tessera_wire::StorageError;
 
+/// Times a degraded read reads a stripe again after finding a full-stripe write in flight
+/// there (each wait bounded by the parity server, 0.5 s: about 4 s in all).
+const RECONSTRUCT_ATTEMPTS: usize = 8;
+
 /// Pieces of one access that sit back to back in one column's data file, read as one request.
 struct Chunk {
     column: u32,
@@ -223,7 +227,8 @@ impl FileContext {
     }
 
     /// Base bytes `within..within+len` of `block`, as parity XOR the stripe's other data blocks
-    /// (base contents: parity covers base data, never overflow).
+    /// (base contents: parity covers base data, never overflow). A full-stripe write in flight
+    /// over the stripe is waited for (by its parity server, bounded) and the stripe read again.
     pub(crate) async fn reconstruct_from_parity(
         &self,
         client: &Client,
@@ -231,6 +236,25 @@ impl FileContext {
         within: u64,
         len: usize,
     ) -> Result<Vec<u8>, ClientError> {
+        for _ in 0..RECONSTRUCT_ATTEMPTS {
+            if let Some(bytes) = self.reconstruct_once(client, block, within, len).await? {
+                return Ok(bytes);
+            }
+        }
+        let stripe = self.layout.stripe_of_block(block);
+        let parity = self.layout.parity_slot(stripe).expect("parity scheme");
+        Err(self.storage_error(parity.column, StorageError::LockBusy { stripe }))
+    }
+
+    /// One attempt of [`Self::reconstruct_from_parity`]: `None` if a full-stripe write was
+    /// under way while the stripe was read.
+    async fn reconstruct_once(
+        &self,
+        client: &Client,
+        block: u64,
+        within: u64,
+        len: usize,
+    ) -> Result<Option<Vec<u8>>, ClientError> {
         let stripe = self.layout.stripe_of_block(block);
         let own = self.layout.data_slot(block).column;
         let parity = self.layout.parity_slot(stripe).expect("parity scheme");
@@ -265,16 +289,19 @@ impl FileContext {
         // A record a dead writer left (see `intent.rs`): the parity read does not match what
         // the written columns hold inside its span. Asked after the reads, so that a record
         // present while they ran is seen.
-        let (intent, stale) = self
+        let found = self
             .read_intent(client, stripe)
             .await
             .map_err(|fault| self.second_fault(own, parity.column, fault))?;
-        if stale {
+        if found.waited {
+            return Ok(None);
+        }
+        if found.stale {
             // An interrupted full-stripe write: this parity implies neither the old nor the
             // new bytes of the lost column (`tessera-store`'s `stale` module).
             return Err(self.torn(own, stripe));
         }
-        if let Some((intent, bytes)) = intent {
+        if let Some((intent, bytes)) = found.intent {
             crate::intent::parity_as_before(
                 &mut out,
                 within,
@@ -285,7 +312,7 @@ impl FileContext {
                 &bytes,
             );
         }
-        Ok(out)
+        Ok(Some(out))
     }
 
     /// A survivor failed while covering for a lost column: two failures.

@@ -56,6 +56,9 @@ pub const PARITY_LEASE: Duration = Duration::from_millis(600);
 /// Longest a `LockParity` waits in the queue before it is answered `LockBusy`: well inside a
 /// client's request timeout, so that waiting for a lock is never taken for a dead server.
 pub const PARITY_LOCK_WAIT_MAX: Duration = Duration::from_secs(2);
+/// Longest a `ReadIntent` waits for a live stale-parity record before it answers `waited`
+/// (the client then reads the stripe and asks again): below any client's request timeout.
+pub const READ_INTENT_WAIT_MAX: Duration = Duration::from_millis(500);
 
 /// How often the server tells the manager it is alive.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(300);
@@ -660,31 +663,52 @@ async fn blocking<T: Send + 'static>(
     })
 }
 
-/// Waits, holding the lock of `stripe` (renewed meanwhile), while a live stale-parity record
-/// covers it: a full-stripe write is under way there, and nobody may read its parity before
-/// it is done or its writer is gone. Returns whether an orphaned record covers the stripe
-/// (the holder must resolve it); [`StorageError::LockBusy`] after [`PARITY_LOCK_WAIT_MAX`].
+/// How a wait for a stripe's live stale-parity records ended.
+struct StaleWait {
+    /// An orphaned record covers the stripe: its writer is gone; resolve it before trusting
+    /// parity.
+    orphaned: bool,
+    /// A live record covered the stripe when asked: a full-stripe write was under way.
+    waited: bool,
+}
+
+/// Waits while a live stale-parity record covers `stripe` (a full-stripe write is under way
+/// there, and nobody may use its parity before it is done or its writer is gone), calling
+/// `renew` after each sleep (a caller holding the stripe's lock keeps it).
+/// [`StorageError::LockBusy`] after `wait_max`.
 async fn wait_out_live_stale(
     store: &Store,
-    locks: &ParityLocks,
     file: tessera_wire::FileId,
     stripe: u64,
-    token: tessera_wire::LockToken,
-) -> Result<bool, StorageError> {
-    let give_up = Instant::now() + PARITY_LOCK_WAIT_MAX;
+    wait_max: Duration,
+    mut renew: impl FnMut() -> Result<(), StorageError>,
+) -> Result<StaleWait, StorageError> {
+    let give_up = Instant::now() + wait_max;
+    let mut waited = false;
     loop {
         let now = Instant::now();
         match store.stale_state(file, stripe, now) {
-            StaleState::Clean => return Ok(false),
-            StaleState::Orphaned => return Ok(true),
+            StaleState::Clean => {
+                return Ok(StaleWait {
+                    orphaned: false,
+                    waited,
+                })
+            }
+            StaleState::Orphaned => {
+                return Ok(StaleWait {
+                    orphaned: true,
+                    waited,
+                })
+            }
             StaleState::Live { .. } if now >= give_up => {
                 return Err(StorageError::LockBusy { stripe })
             }
             StaleState::Live { until } => {
+                waited = true;
                 // Checked again at least every lease, so that a record cleared early is noticed.
                 let wake = until.min(give_up).min(now + PARITY_LEASE / 4);
                 tokio::time::sleep_until(wake).await;
-                locks.renew(file, stripe, token)?;
+                renew()?;
             }
         }
     }
@@ -743,8 +767,10 @@ async fn serve(
             let token = locks
                 .lock(file, stripe, connection, PARITY_LOCK_WAIT_MAX)
                 .await?;
-            let stale = match wait_out_live_stale(&store, &locks, file, stripe, token).await {
-                Ok(stale) => stale,
+            let renew = || locks.renew(file, stripe, token);
+            let wait = wait_out_live_stale(&store, file, stripe, PARITY_LOCK_WAIT_MAX, renew);
+            let stale = match wait.await {
+                Ok(wait) => wait.orphaned,
                 Err(e) => {
                     let _ = locks.unlock(file, stripe, token);
                     return Err(e);
@@ -796,18 +822,35 @@ async fn serve(
             done
         }
         StorageRequest::ReadIntent { file, stripe } => {
-            let stale = store.stale_state(file, stripe, Instant::now()) != StaleState::Clean;
+            // A degraded read under a full-stripe write in flight waits for it to finish (or
+            // its writer to be found dead) rather than fail: here for a while, well within a
+            // client's request timeout, and then the client asks again.
+            let wait = wait_out_live_stale(&store, file, stripe, READ_INTENT_WAIT_MAX, || Ok(()));
+            let wait = match wait.await {
+                Ok(wait) => wait,
+                Err(StorageError::LockBusy { .. }) => StaleWait {
+                    orphaned: false,
+                    waited: true,
+                },
+                Err(e) => return Err(e),
+            };
             let intent = blocking(move || store.intent(file, stripe)).await?;
             let (intent, bytes) = intent.map_or((None, Vec::new()), |(i, b)| (Some(i), b));
-            Ok((
-                StorageResponse::Intent { intent, stale },
-                Bytes::from(bytes),
-            ))
+            let answer = StorageResponse::Intent {
+                intent,
+                stale: wait.orphaned,
+                waited: wait.waited,
+            };
+            Ok((answer, Bytes::from(bytes)))
         }
         StorageRequest::RecordStale { file, stripes } => {
             let lease_end = Instant::now() + PARITY_LEASE;
             let token = blocking(move || store.record_stale(file, stripes, lease_end)).await?;
             Ok((StorageResponse::StaleRecorded { token }, Bytes::new()))
+        }
+        StorageRequest::ListStale => {
+            let ranges = store.orphaned_stale(Instant::now(), tessera_wire::STALE_LIST_MAX);
+            Ok((StorageResponse::StaleList { ranges }, Bytes::new()))
         }
         StorageRequest::RenewStale { file, token } => {
             store.renew_stale(file, token, Instant::now() + PARITY_LEASE)?;

@@ -8,7 +8,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::fmt;
 use std::time::Duration;
-use tessera_client::{Client, ClientError, File, LayoutRequest, Scheme};
+use tessera_client::{Client, ClientError, File, LayoutRequest, Scheme, Unrebuildable};
 use tessera_transport::{MemFaults, MemStats};
 use tessera_wire::ServerState;
 
@@ -85,6 +85,8 @@ pub struct RunReport {
     pub writes_lost: u64,
     /// Bits flipped.
     pub bit_flips: u64,
+    /// Scrub repairs past a file's size (damage there a write growing the file would find).
+    pub scrub_repairs_past_size: u64,
     /// Stores refused at a restart (a flipped `store.toml`) and started blank.
     pub stores_refused: u64,
     /// Blocks, parity, mirrors and overflow records the final scrub repaired.
@@ -669,6 +671,7 @@ impl Explorer {
             .map_err(|e| self.fail(phase.into(), format!("scrub: {e}"), None))?;
         self.report.scrub_repairs +=
             report.corrupt_repaired + report.parity_repaired + report.mirrors_repaired;
+        self.report.scrub_repairs_past_size += report.past_size_repaired;
         self.trace.push(format!("{phase}: scrub: {report:?}"));
         Ok(())
     }
@@ -695,9 +698,9 @@ impl Explorer {
                             .files
                             .iter()
                             .any(|f| f.file.path == *path && f.scheme == Scheme::Raid0);
-                        // A torn stripe (ClientError::TornStripe) stays owed by design: the
-                        // model lets exactly those stripes read as an error.
-                        let torn = why.contains("left half-written by a client that died");
+                        // A torn stripe stays owed by design: the model lets exactly those
+                        // stripes read as an error.
+                        let torn = matches!(why, Unrebuildable::TornStripes(_));
                         !raid0 && !torn
                     })
                     .map(|(path, why)| format!("{path}: {why}"))

@@ -39,9 +39,11 @@
 //!
 //! A store that lost answered writes to a power loss opens empty as a new incarnation and is
 //! rebuilt (`tessera-store`'s `boot.rs`), so every acknowledged byte must read exactly, synced
-//! or not; RAID-0 files on it may no longer be read. Known hard case (bit flips): a flipped
-//! record of `overflow.log` makes every overflow range of that file read corrupt on that server
-//! (never wrong) until rewritten, and a scrub repairs only the stripes the file has then.
+//! or not; RAID-0 files on it may no longer be read. A flipped record of `overflow.log`
+//! makes every overflow range of that file read corrupt on that server (never wrong) until
+//! rewritten, up to the maximum size: a scrub repairs the stripes the file has and up to 1,024
+//! past its size that some server holds bytes or damage in (bit-flip seed 196 grew a file over
+//! such damage on two servers when scrub stopped at the size). Farther out it stays.
 //!
 //! Also left: a manager crash and restart inside a run (its redb store reopened), several
 //! clients at once (parity locks contended, a dead client's lock), the datagram transport's

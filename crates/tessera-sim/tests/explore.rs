@@ -48,6 +48,7 @@ fn explore(name: &str, config: ExploreConfig, seeds: u64) {
                 total.bit_flips += report.bit_flips;
                 total.stores_refused += report.stores_refused;
                 total.scrub_repairs += report.scrub_repairs;
+                total.scrub_repairs_past_size += report.scrub_repairs_past_size;
                 total.rebuilds += report.rebuilds;
                 total.torn_stripes_unreadable += report.torn_stripes_unreadable;
                 total.network.requests_dropped += report.network.requests_dropped;
@@ -60,7 +61,7 @@ fn explore(name: &str, config: ExploreConfig, seeds: u64) {
         "{name}: seeds {base}..{} passed in {:.1} s: {} writes acknowledged, {} not, {} reads \
          checked, {} bytes checked, {} client kills, {} server kills ({} wiped, {} power losses \
          dropping or tearing {} writes), {} bits flipped ({} stores refused), {} rebuilds, {} \
-         scrub repairs, {} requests and {} answers dropped, {} torn stripes unreadable with a \
+         scrub repairs ({} past the size), {} requests and {} answers dropped, {} torn stripes unreadable with a \
          server lost",
         base + count,
         started.elapsed().as_secs_f64(),
@@ -77,6 +78,7 @@ fn explore(name: &str, config: ExploreConfig, seeds: u64) {
         total.stores_refused,
         total.rebuilds,
         total.scrub_repairs,
+        total.scrub_repairs_past_size,
         total.network.requests_dropped,
         total.network.answers_dropped,
         total.torn_stripes_unreadable,
@@ -177,25 +179,43 @@ fn power_losses_with_server_faults_every_scheme() {
 /// damage read only at start (`store.toml`, the overflow log, intent records) is found then,
 /// not with another server down.
 ///
-/// Seeds 0..100 pass (674 flips, 135 `store.toml` refusals). Seed 122 fails, the known hard
-/// case: a flipped `overflow.log` record marks every overflow range of the file damaged on
-/// that server, a scrub repairs only the stripes the file then has, the file grows into the
-/// still damaged range, and a second such server makes a Hybrid stripe unreadable (never wrong).
+/// Seeds 0..2000 pass (12,905 flips, 1,861 `store.toml` refusals, 411,570 repairs past
+/// files' sizes). See [`bit_flip_regressions`] for what failed before.
 #[test]
 fn bit_flips_with_server_faults_redundant_schemes() {
-    let config = ExploreConfig {
+    explore(
+        "bit flips and server faults, redundant schemes",
+        bit_flip_config(),
+        100,
+    );
+}
+
+fn bit_flip_config() -> ExploreConfig {
+    ExploreConfig {
         schemes: vec![Scheme::Raid1, Scheme::Raid4, Scheme::Raid5, Scheme::Hybrid],
         bit_flip: 0.3,
         server_crash: 0.15,
         server_loss: 0.3,
         network: slow(),
         ..ExploreConfig::default()
-    };
-    explore(
-        "bit flips and server faults, redundant schemes",
-        config,
-        100,
-    );
+    }
+}
+
+/// Seeds of the bit-flip runs that failed once. 196 (122 before the workload changed): a
+/// flipped `overflow.log` record makes its server answer *corrupt* for every overflow range
+/// of the file, up to the maximum size; scrub repaired only the stripes inside the file's
+/// size, so the damage stayed past it, and so did a flipped checksum entry of a block never
+/// written on another server. The file then grew over them and a Hybrid stripe had three
+/// corrupt columns: unreadable (never wrong). Scrub now also checks the stripes past the size
+/// that some server holds bytes or damage in (at most 1,024), so each flip's damage is
+/// repaired before the next one.
+#[test]
+fn bit_flip_regressions() {
+    for seed in [122, 196] {
+        if let Err(failure) = replay(seed, &bit_flip_config()) {
+            panic!("bit flips, regression seed: {failure}");
+        }
+    }
 }
 
 /// A seed replays: the same run, to the network's last counter, every time.

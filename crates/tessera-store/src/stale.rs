@@ -42,6 +42,25 @@
 //!   record along with deleting its own (its parity was computed from the data it wrote,
 //!   which supersedes an earlier writer's, live or dead); a rebuild of a parity column and a
 //!   scrub of the stripe take it out of the orphaned ones.
+//! - A degraded read that finds a *live* record (`ReadIntent`) is not refused: the server
+//!   waits (at most 0.5 s per request, below any client's request timeout) until it is
+//!   cleared or orphaned and says it waited; the client then reads the stripe again (what it
+//!   read may be half of that write), up to 8 times, and fails with `LockBusy` only after that.
+//!
+//! # Who resolves an orphaned record: the parity server's daemon, as a client
+//!
+//! Nobody would otherwise: a torn stripe waits for its next writer, a scrub or a rebuild, and
+//! meanwhile the loss of one of its data columns makes the stripe unreadable. Resolving needs
+//! every data unit of the stripe, which live on other servers, and servers never call each
+//! other (their protocol is answers to clients; only the manager is called, and it calls no
+//! one). So the resolver is a client: `ListStale` returns the stripes of records whose lease
+//! has run out, and `Client::resolve_torn` locks each one (the grant hands it the orphaned
+//! record) and does what a scrub of the stripe does. The `tessera server` daemon runs it for
+//! its own store every 2 s with the admin's credential (derived from the cluster secret it
+//! was given), so a torn stripe is resolved within about 3 s of its writer's death while
+//! every column is up. A stripe with a column lost or owed is left for a later pass (a
+//! rebuild of that column finds it still torn and leaves it owed, as before). Not the store:
+//! it cannot read the other columns; not the manager: it holds no data path.
 //!
 //! A slow writer whose lease was broken is not fenced (its data writes carry no token): its
 //! late writes after a resolution are the case of two overlapping writers, for which CSAR 5.1
@@ -280,6 +299,17 @@ impl StaleRecords {
             changed |= self.remove_file(file, token)?;
         }
         Ok(changed)
+    }
+
+    /// The stripes of records whose lease has run out at `now`, per file (at most `max`
+    /// ranges): what a resolver has to visit.
+    pub(crate) fn orphaned(&self, now: Instant, max: usize) -> Vec<(FileId, IndexRange)> {
+        self.records
+            .values()
+            .filter(|r| r.lease_end <= now)
+            .flat_map(|r| r.stripes.iter().map(|s| (r.file, *s)))
+            .take(max)
+            .collect()
     }
 
     /// Whether `stripe` of `file` is under a record at `now`, and of which kind.

@@ -421,6 +421,16 @@ impl Store {
         lock(&self.stale).state(file, stripe, now)
     }
 
+    /// The ranges of stripes under stale-parity records orphaned at `now` (their writer
+    /// stopped renewing them), at most `max` of them.
+    pub fn orphaned_stale(
+        &self,
+        now: tokio::time::Instant,
+        max: usize,
+    ) -> Vec<(FileId, tessera_wire::IndexRange)> {
+        lock(&self.stale).orphaned(now, max)
+    }
+
     /// Number of stale-parity records kept.
     pub fn stale_records(&self) -> usize {
         lock(&self.stale).len()

@@ -8,8 +8,9 @@ use serde::{de::DeserializeOwned, Serialize};
 /// `ReadIntent`, `Locked`, `Intent`, `StaleLock`, `LockBusy`). Version 3: every connection
 /// opens with a [`crate::Handshake`]. Version 4: stale-parity records of full-stripe writes
 /// (`RecordStale`, `RenewStale`, `ClearStale`, `StaleRecorded`, `stale` in `Locked` and
+/// `Intent`). Version 5: `ReadIntent` waits out a live stale-parity record (`waited` in
 /// `Intent`).
-pub const PROTOCOL_VERSION: u8 = 4;
+pub const PROTOCOL_VERSION: u8 = 5;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.

@@ -151,7 +151,8 @@ pub enum StorageRequest {
         token: LockToken,
     },
     /// The stripe's unresolved intent record, if any, and whether it is under a stale-parity
-    /// record, without locking: answered with [`StorageResponse::Intent`], whose payload is
+    /// record, without locking (a live record, a full-stripe write in flight, is waited out
+    /// first, for a bounded time; `waited` says so): answered with [`StorageResponse::Intent`], whose payload is
     /// the old parity then the old data.
     ReadIntent {
         /// File.
@@ -266,10 +267,18 @@ pub enum StorageRequest {
         /// Stripes whose parity now matches their data.
         stripes: IndexRange,
     },
+    /// The stripes under stale-parity records whose writer stopped renewing them (torn
+    /// stripes of interrupted full-stripe writes), at most [`STALE_LIST_MAX`] ranges:
+    /// answered with [`StorageResponse::StaleList`]. A resolver locks each stripe, which hands
+    /// it the orphaned record to resolve.
+    ListStale,
 }
 
 /// A stale-parity record's token: names one record at a server.
 pub type StaleToken = u64;
+
+/// Most ranges one `ListStale` answer holds.
+pub const STALE_LIST_MAX: usize = 1024;
 
 /// Most ranges one [`StorageResponse::Allocated`] lists; past it, the last range runs to the
 /// end of the range asked for (a superset, never a subset, of what is allocated).
@@ -371,13 +380,22 @@ pub enum StorageResponse {
         /// write): parity must be recomputed from the data before it is used.
         stale: bool,
     },
+    /// Answer to `ListStale`.
+    StaleList {
+        /// File and range of stripes, per orphaned record's range.
+        ranges: Vec<(FileId, IndexRange)>,
+    },
     /// Answer to `ReadIntent`: the record, and its old parity then old data in the payload.
     Intent {
         /// The stripe's unresolved intent record, if any.
         intent: Option<ParityIntent>,
-        /// The stripe is under a stale-parity record, live or orphaned: its parity cannot be
-        /// trusted to reconstruct a data column.
+        /// The stripe is under an orphaned stale-parity record (an interrupted full-stripe
+        /// write): its parity cannot be trusted to reconstruct a data column.
         stale: bool,
+        /// A live record covered the stripe when asked, and the answer waited until it was
+        /// cleared or orphaned, or for as long as the server waits: whatever the asker read
+        /// of the stripe before may be half of that write, so it reads again and asks again.
+        waited: bool,
     },
     /// Answer to `RecordStale`: the record is durable.
     StaleRecorded {

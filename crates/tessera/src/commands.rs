@@ -10,11 +10,12 @@ use std::io::{IsTerminal, Read, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::time::Duration;
 use tessera_client::{
     Client, ClientConfig, ClientError, CongestionKind, Credential, DatagramConfig, File,
     LayoutRequest, Scheme, TransportKind,
 };
-use tessera_wire::ManagerError;
+use tessera_wire::{ManagerError, ServerId};
 
 /// The network choices given on the command line.
 #[derive(Debug, Clone, Copy, Default)]
@@ -920,6 +921,13 @@ pub async fn run_server(
         anyhow!("tessera server needs --secret FILE (the cluster secret the manager was given)")
     })?;
     let secret = credentials::read_secret(&secret_path)?;
+    let managers = std::iter::once(manager)
+        .chain(manager_replicas.iter().copied())
+        .collect();
+    let credential = Credential {
+        claim: tessera_client::Claim::Admin,
+        key: secret.admin_key(),
+    };
     let server = tessera_server::start(tessera_server::ServerConfig {
         secret,
         manager,
@@ -948,16 +956,52 @@ pub async fn run_server(
     };
     write_addr_file(addr_file, server.addr)?;
     eprintln!("server listening on {}", server.addr);
+    let resolver = tokio::spawn(resolve_torn_stripes(
+        server.registered().await,
+        managers,
+        credential,
+    ));
     until_terminated().await;
     if let Some(scrape) = scrape {
         scrape.abort();
     }
+    resolver.abort();
     // Everything acknowledged is in the page cache; make it durable before going.
     server
         .shutdown()
         .await
         .context("cannot sync the store on shutdown")?;
     Ok(())
+}
+
+/// How often a server's daemon looks for torn stripes its store holds orphaned stale-parity
+/// records of (a few leases: a record is orphaned 600 ms after its writer's last renewal).
+const TORN_RESOLVE_EVERY: Duration = Duration::from_secs(2);
+
+/// In the background of a server's daemon: resolve the torn stripes of interrupted
+/// full-stripe writes whose parity this server holds, as soon as their writer's lease ran out
+/// (`tessera-store`'s `stale` module argues why here). A client of its own (the admin's
+/// credential, from the cluster secret the server was given), connected on first need.
+async fn resolve_torn_stripes(server: ServerId, managers: Vec<SocketAddr>, credential: Credential) {
+    let mut client = None;
+    loop {
+        tokio::time::sleep(TORN_RESOLVE_EVERY).await;
+        if client.is_none() {
+            client = connect_replicas(managers.clone(), None, credential)
+                .await
+                .ok();
+        }
+        let Some(client) = &client else { continue };
+        match client.resolve_torn(server).await {
+            Ok(done) if done.stripes > 0 => tracing::info!(
+                "resolved {} torn stripes of interrupted full-stripe writes ({} left for later)",
+                done.resolved,
+                done.left
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::debug!("torn stripes not looked at: {e}"),
+        }
+    }
 }
 
 /// `tessera key create NAME`: issue an access key and print it (once).

@@ -1,0 +1,237 @@
+//! Stale-parity records (issue 15). A degraded read under one: while the record's writer is
+//! alive (a full-stripe write in flight, renewing its lease), the read waits for it rather
+//! than fail; once the record is orphaned (its writer gone), the read fails with
+//! `TornStripe`, never bytes. And a torn stripe is resolved without waiting for its next
+//! writer: `Client::resolve_torn`, which each server's daemon runs in the background.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::{Rng, SeedableRng};
+use tessera_client::{Client, ClientError, File, LayoutRequest, Scheme};
+use tessera_sim::SimCluster;
+use tessera_transport::MemNetwork;
+use tessera_wire::{
+    Incarnation, IndexRange, StaleToken, StorageCall, StorageRequest, StorageResponse,
+};
+use tokio::time::Instant;
+
+const UNIT: u32 = 4096;
+/// Three data units and one parity unit per stripe.
+const STRIPE: usize = 3 * UNIT as usize;
+
+/// A raw storage request to `addr`, as a writer's client would send it.
+async fn call(
+    network: &Arc<MemNetwork>,
+    addr: SocketAddr,
+    incarnation: Incarnation,
+    request: StorageRequest,
+    payload: Bytes,
+) -> StorageResponse {
+    let transport = network.transport(Duration::from_secs(1));
+    let call = StorageCall {
+        incarnation,
+        request,
+    };
+    let (answer, _): (StorageResponse, Bytes) =
+        tessera_transport::call(&transport, addr, &call, payload)
+            .await
+            .expect("the parity server answers");
+    answer
+}
+
+/// The cluster, a client, a RAID-5 file of three whole stripes (written and synced), its
+/// bytes, and the file's servers in column order as cluster indexes.
+async fn setup(seed: u64) -> (SimCluster, Client, File, Vec<u8>, Vec<usize>) {
+    let cluster = SimCluster::start(seed, 4).await;
+    let client = cluster.client();
+    let layout = LayoutRequest {
+        scheme: Scheme::Raid5,
+        stripe_unit: UNIT,
+        width: Some(4),
+    };
+    let file = client.create("/f", layout).await.expect("create");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let bytes: Vec<u8> = (0..3 * STRIPE).map(|_| rng.gen()).collect();
+    client.write_at(&file, 0, &bytes).await.expect("write");
+    client.sync(&file).await.expect("sync");
+    let meta = client.stat("/f").await.expect("stat").meta;
+    let columns = meta
+        .servers
+        .iter()
+        .map(|id| {
+            (0..cluster.servers())
+                .find(|&i| cluster.server_id(i) == *id)
+                .expect("a server of the cluster")
+        })
+        .collect();
+    (cluster, client, file, bytes, columns)
+}
+
+/// Server `index`'s incarnation, as the manager knows it.
+async fn incarnation_of(cluster: &SimCluster, client: &Client, index: usize) -> Incarnation {
+    client
+        .status()
+        .await
+        .expect("status")
+        .into_iter()
+        .find(|s| s.id == cluster.server_id(index))
+        .expect("a server of the cluster")
+        .incarnation
+}
+
+/// Stripe 0's parity column (RAID-5 rotates it: column `width - 1` for stripe 0) takes a
+/// stale-parity record, as a full-stripe writer's `RecordStale`; returns its address,
+/// incarnation and the record's token.
+async fn record_stale(
+    cluster: &SimCluster,
+    client: &Client,
+    file: &File,
+    parity_index: usize,
+) -> (SocketAddr, Incarnation, StaleToken) {
+    let addr = cluster.server_addr(parity_index);
+    let incarnation = incarnation_of(cluster, client, parity_index).await;
+    let request = StorageRequest::RecordStale {
+        file: file.id,
+        stripes: IndexRange::new(0, 1),
+    };
+    match call(&cluster.network, addr, incarnation, request, Bytes::new()).await {
+        StorageResponse::StaleRecorded { token } => (addr, incarnation, token),
+        other => panic!("RecordStale answered {other:?}"),
+    }
+}
+
+fn run(test: impl std::future::Future<Output = ()>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    tessera_server::run_disk_inline(true);
+    runtime.block_on(test);
+}
+
+/// The record's writer renews it for 1.2 s (two leases) and then clears it, as a full-stripe
+/// write that completes does. A degraded read of stripe 0's first data column, lost, waits
+/// and returns the bytes. Before the wait, it failed at once with `TornStripe`.
+#[test]
+fn degraded_read_waits_for_a_live_stale_record() {
+    run(async {
+        let (mut cluster, client, file, bytes, columns) = setup(7).await;
+        let (addr, incarnation, token) = record_stale(&cluster, &client, &file, columns[3]).await;
+        cluster.crash_server(columns[0]);
+        let network = cluster.network.clone();
+        let writer = tokio::spawn(async move {
+            for _ in 0..6 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let renew = StorageRequest::RenewStale {
+                    file: file.id,
+                    token,
+                };
+                assert_eq!(
+                    call(&network, addr, incarnation, renew, Bytes::new()).await,
+                    StorageResponse::Done
+                );
+            }
+            let clear = StorageRequest::ClearStale {
+                file: file.id,
+                token: Some(token),
+                stripes: IndexRange::new(0, 1),
+            };
+            assert_eq!(
+                call(&network, addr, incarnation, clear, Bytes::new()).await,
+                StorageResponse::Done
+            );
+        });
+        let started = Instant::now();
+        let read = client.read_at(&file, 0, u64::from(UNIT)).await;
+        let took = started.elapsed();
+        writer.await.expect("the writer");
+        let read = read.expect("the degraded read waits for the live record, then reads");
+        assert_eq!(read, bytes[..UNIT as usize], "stripe 0, column 0, degraded");
+        assert!(
+            took >= Duration::from_millis(1000),
+            "the read waited for the record: {took:?}"
+        );
+    });
+}
+
+/// The record's writer is gone (never renews): once its lease runs out the degraded read
+/// fails with `TornStripe`, never bytes, and within a bounded time.
+#[test]
+fn degraded_read_under_an_orphaned_stale_record_fails() {
+    run(async {
+        let (mut cluster, client, file, _, columns) = setup(8).await;
+        record_stale(&cluster, &client, &file, columns[3]).await;
+        cluster.crash_server(columns[0]);
+        let started = Instant::now();
+        let read = client.read_at(&file, 0, u64::from(UNIT)).await;
+        assert!(
+            matches!(read, Err(ClientError::TornStripe { stripe: 0, .. })),
+            "{read:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    });
+}
+
+/// A writer dies inside a full-stripe write of stripe 0: its record taken, column 1's new
+/// data written, parity not. Once the lease has run out, `resolve_torn` on the parity server
+/// recomputes the stripe's parity from its data and clears the record, with no writer
+/// touching the stripe: then column 0 lost reads exact (without it: `TornStripe`).
+#[test]
+fn torn_stripes_are_resolved_without_a_writer() {
+    run(async {
+        let (mut cluster, client, file, bytes, columns) = setup(9).await;
+        let parity = columns[3];
+        record_stale(&cluster, &client, &file, parity).await;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(99);
+        let torn: Vec<u8> = (0..UNIT).map(|_| rng.gen()).collect();
+        let write = StorageRequest::Write {
+            file: file.id,
+            region: tessera_layout::Region::Data,
+            offset: 0,
+            invalidate_overflow: false,
+        };
+        let incarnation = incarnation_of(&cluster, &client, columns[1]).await;
+        let addr = cluster.server_addr(columns[1]);
+        let answer = call(
+            &cluster.network,
+            addr,
+            incarnation,
+            write,
+            Bytes::from(torn.clone()),
+        );
+        assert_eq!(answer.await, StorageResponse::Done);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let done = client
+            .resolve_torn(cluster.server_id(parity))
+            .await
+            .expect("resolve");
+        assert_eq!(
+            (done.stripes, done.resolved, done.left),
+            (1, 1, 0),
+            "{done:?}"
+        );
+        let again = client.resolve_torn(cluster.server_id(parity)).await;
+        assert_eq!(again.expect("resolve").stripes, 0, "the record is gone");
+        cluster.crash_server(columns[0]);
+        let read = client.read_at(&file, 0, 2 * u64::from(UNIT)).await;
+        let read = read.expect("column 0 reconstructed from resolved parity");
+        assert_eq!(
+            read[..UNIT as usize],
+            bytes[..UNIT as usize],
+            "column 0, degraded"
+        );
+        assert_eq!(
+            read[UNIT as usize..],
+            torn[..],
+            "column 1, the dead writer's bytes"
+        );
+    });
+}
