@@ -424,14 +424,7 @@ fn preamble(report: &TotalOrderReport, config: &TotalOrderConfig) -> String {
          millisecond a batch), from the proposer's hand-off to the driver to the delivery at \
          every receiver. Every receiver's order was compared at checkpoints and agreed. Took \
          {:.0} s.",
-        report
-            .testbed
-            .markdown()
-            .replace("on one bridge", "on two bridges")
-            .replace(
-                &format!("frames are at most {} bytes", report.testbed.frame_bytes),
-                &format!("frames are at most {} bytes", net::LINK_MTU + 14),
-            ),
+        testbed_markdown(&report.testbed),
         report.nodes,
         if report.senders == report.nodes && report.receivers == report.nodes {
             "each a sender and a receiver".to_string()
@@ -450,6 +443,17 @@ fn preamble(report: &TotalOrderReport, config: &TotalOrderConfig) -> String {
         config.latency_load * 100.0,
         report.duration_s
     )
+}
+
+/// The testbed's paragraph, for two bridges with jumbo frames.
+pub(super) fn testbed_markdown(testbed: &Testbed) -> String {
+    testbed
+        .markdown()
+        .replace("on one bridge", "on two bridges")
+        .replace(
+            &format!("frames are at most {} bytes", testbed.frame_bytes),
+            &format!("frames are at most {} bytes", net::LINK_MTU + 14),
+        )
 }
 
 fn figure(report: &TotalOrderReport) -> Figure {

@@ -11,7 +11,7 @@
 
 use super::load::{self, Load, OrderRun};
 use super::net::TwoSwitch;
-use super::{load_average, packing_name, Line, TotalOrderConfig};
+use super::{load_average, packing_name, testbed_markdown, Line, TotalOrderConfig};
 use crate::experiments::{LabConfig, Testbed};
 use crate::net::LinkSpec;
 use crate::results::{self, BarPanel, BarSeries, Cell, Figure, Panel, Table};
@@ -308,10 +308,7 @@ fn loss_preamble(report: &LossReport, config: &TotalOrderConfig) -> String {
          alike; with packing a datagram holds many messages. Throughput closed-loop over {} \
          s, latency at {:.0}% of each row's throughput over {} s. The no-loss row was {}. \
          Every receiver's order agreed. Took {:.0} s.",
-        report
-            .testbed
-            .markdown()
-            .replace("on one bridge", "on two bridges"),
+        testbed_markdown(&report.testbed),
         report.nodes,
         report.senders,
         report.receivers,
@@ -525,10 +522,7 @@ fn grid_preamble(report: &GridReport, config: &TotalOrderConfig) -> String {
          {:.2} before, {:.2} after. Every receiver's order agreed. Took {:.0} s.\n\n\
          Throughput, Mbit/s (table 2):\n\n{}\n\nUTO latency at {:.0}% load, median us (table 3):\
          \n\n{}\n\nEvery point:",
-        report
-            .testbed
-            .markdown()
-            .replace("on one bridge", "on two bridges"),
+        testbed_markdown(&report.testbed),
         report.message_bytes,
         packing_name(report.mtu_bytes),
         config.grid_seconds,
