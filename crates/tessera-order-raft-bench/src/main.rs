@@ -11,8 +11,14 @@
 //! `tessera lab total-order` measures tessera-order in the two-switch topology; this binary
 //! is a crate of its own so that openraft's dependencies stay out of the `tessera` binary.
 //!
-//! Usage: `tessera-order-raft-bench [--quick] [--sizes 64,1024] [--seconds S] [--json PATH]`.
+//! With `--lab` (root), both run instead in the lab's two-switch network in namespaces, at 3
+//! and 5 nodes (`--nodes`), see [`lab`]: openraft over TCP unicast through the same switches
+//! and shaped links as tessera-order's multicast.
+//!
+//! Usage: `tessera-order-raft-bench [--quick] [--sizes 64,1024] [--seconds S] [--json PATH]
+//! [--lab [--nodes 3,5] [--loads 4096]]`.
 
+mod lab;
 mod order;
 mod raft;
 
@@ -64,6 +70,8 @@ struct Args {
     seconds: f64,
     loads: Vec<usize>,
     json: Option<String>,
+    /// Run in the lab's namespaces, with these node counts.
+    lab: Option<Vec<usize>>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -72,7 +80,9 @@ fn parse_args() -> Result<Args> {
         seconds: 5.0,
         loads: vec![1, 1024],
         json: None,
+        lab: None,
     };
+    let mut loads_given = false;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
@@ -86,12 +96,24 @@ fn parse_args() -> Result<Args> {
                     .collect::<Result<_>>()?
             }
             "--loads" => {
+                loads_given = true;
                 args.loads = value()?
                     .split(',')
                     .map(|s| s.parse().context("--loads"))
                     .collect::<Result<_>>()?
             }
             "--json" => args.json = Some(value()?),
+            "--lab" => {
+                args.lab.get_or_insert_with(|| vec![3, 5]);
+            }
+            "--nodes" => {
+                args.lab = Some(
+                    value()?
+                        .split(',')
+                        .map(|s| s.parse().context("--nodes"))
+                        .collect::<Result<_>>()?,
+                )
+            }
             other => bail!("unknown argument {other}"),
         }
     }
@@ -105,6 +127,15 @@ fn parse_args() -> Result<Args> {
     if args.loads.contains(&0) || !args.seconds.is_finite() || args.seconds <= 0.0 {
         bail!("loads and seconds must be positive");
     }
+    if let (Some(_), false) = (&args.lab, loads_given) {
+        // One load in the lab: the throughput one (runs there cost more).
+        args.loads = vec![1024];
+    }
+    if let Some(nodes) = &args.lab {
+        if nodes.iter().any(|&n| !(2..=16).contains(&n)) {
+            bail!("--nodes: 2 to 16 nodes");
+        }
+    }
     Ok(args)
 }
 
@@ -112,6 +143,9 @@ fn main() -> Result<()> {
     let args = parse_args()?;
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     eprintln!("load average before: {}", load.trim());
+    if let Some(nodes) = &args.lab {
+        return run_lab(&args, nodes);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -148,6 +182,22 @@ fn main() -> Result<()> {
     print_table(&points);
     if let Some(path) = args.json {
         std::fs::write(&path, serde_json::to_string_pretty(&points)? + "\n")
+            .with_context(|| format!("write {path}"))?;
+    }
+    Ok(())
+}
+
+/// `--lab`: every node count, size and load; the table on stdout, the points as JSON.
+fn run_lab(args: &Args, nodes: &[usize]) -> Result<()> {
+    let mut points = Vec::new();
+    for &outstanding in &args.loads {
+        points.extend(lab::run(nodes, &args.sizes, outstanding, args.seconds)?);
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    eprintln!("load average after: {}", load.trim());
+    print!("{}", lab::markdown(&points));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&points)? + "\n")
             .with_context(|| format!("write {path}"))?;
     }
     Ok(())

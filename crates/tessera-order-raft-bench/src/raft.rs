@@ -1,5 +1,6 @@
-//! Three openraft nodes on 127.0.0.1: a log and a state machine in memory (the state machine
-//! counts what it applies), RPCs as postcard frames over one TCP connection per peer.
+//! openraft nodes on 127.0.0.1, or each in a namespace of the lab's two-switch network
+//! ([`Place`]): a log and a state machine in memory (the state machine counts what it
+//! applies), RPCs as postcard frames over one TCP connection per peer.
 //!
 //! Memory storage is the fair match: tessera-order keeps its log in memory too and syncs
 //! nothing to disk. Snapshots are never built (the runs are short).
@@ -17,11 +18,15 @@ use openraft::{
     SnapshotPolicy, StorageError, StoredMembership, Vote,
 };
 use serde::{Deserialize, Serialize};
+use socket2::{Domain, Protocol, Socket, Type};
 use std::collections::BTreeMap;
 use std::io::Cursor;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::ops::RangeBounds;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tessera_lab::net::run_in_namespace;
+use tessera_lab::LabError;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -252,13 +257,27 @@ async fn serve(raft: Raft, mut stream: TcpStream) -> std::io::Result<()> {
     }
 }
 
-/// Connections to peers, made on first use.
+/// Where a node lives in the lab: its namespace, and the address it listens on and sends
+/// from (its RX address: RX interfaces only receive, and the others reach it through both
+/// switches; TCP's answers come back the same way).
+#[derive(Clone, Debug)]
+pub struct Place {
+    /// The node's network namespace.
+    pub namespace: String,
+    /// Its RX address.
+    pub addr: Ipv4Addr,
+}
+
+/// Connections to peers, made on first use, from this node's namespace if it has one.
 #[derive(Clone)]
-struct Network;
+struct Network {
+    place: Option<Place>,
+}
 
 struct Peer {
     target: NodeId,
     addr: String,
+    place: Option<Place>,
     stream: Option<TcpStream>,
 }
 
@@ -268,6 +287,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         Peer {
             target,
             addr: node.addr.clone(),
+            place: self.place.clone(),
             stream: None,
         }
     }
@@ -276,7 +296,10 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 impl Peer {
     async fn call(&mut self, request: &Request) -> std::io::Result<Response> {
         if self.stream.is_none() {
-            let stream = TcpStream::connect(&self.addr).await?;
+            let stream = match &self.place {
+                None => TcpStream::connect(&self.addr).await?,
+                Some(place) => connect_from(place.clone(), self.addr.clone()).await?,
+            };
             stream.set_nodelay(true)?;
             self.stream = Some(stream);
         }
@@ -343,20 +366,73 @@ impl RaftNetwork<TypeConfig> for Peer {
     }
 }
 
+/// A connection to `addr` made in `place`'s namespace from its address (a thread of its
+/// own enters the namespace: a socket belongs to the namespace it was made in).
+async fn connect_from(place: Place, addr: String) -> std::io::Result<TcpStream> {
+    let stream = tokio::task::spawn_blocking(move || {
+        let target: SocketAddr = addr.parse().map_err(std::io::Error::other)?;
+        run_in_namespace(&place.namespace, || {
+            let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))
+                .map_err(lab_io("make a socket"))?;
+            socket
+                .bind(&SocketAddr::from((place.addr, 0)).into())
+                .map_err(lab_io("bind"))?;
+            socket
+                .connect_timeout(&target.into(), Duration::from_secs(1))
+                .map_err(lab_io(format!("connect to {target}")))?;
+            socket
+                .set_nonblocking(true)
+                .map_err(lab_io("set non-blocking"))?;
+            Ok(std::net::TcpStream::from(socket))
+        })
+        .map_err(std::io::Error::other)
+    })
+    .await
+    .map_err(std::io::Error::other)??;
+    TcpStream::from_std(stream)
+}
+
+fn lab_io(action: impl Into<String>) -> impl FnOnce(std::io::Error) -> LabError {
+    let action = action.into();
+    move |source| LabError::Io { action, source }
+}
+
+/// A listener on `place`'s address, made in its namespace.
+fn listen_in(place: &Place) -> anyhow::Result<TcpListener> {
+    let listener = run_in_namespace(&place.namespace, || {
+        let listener = std::net::TcpListener::bind((place.addr, 0)).map_err(lab_io("listen"))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(lab_io("set non-blocking"))?;
+        Ok(listener)
+    })?;
+    Ok(TcpListener::from_std(listener)?)
+}
+
 fn mismatch() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, "answer of another kind")
 }
 
-/// A cluster of `nodes` on 127.0.0.1, its leader elected.
+/// A cluster of nodes, its leader elected.
 pub struct Cluster {
     rafts: Vec<Raft>,
     machines: Vec<StateMachine>,
     leader: usize,
+    /// The nodes' accept loops, stopped with the cluster.
+    listeners: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Cluster {
-    /// Starts the nodes, initializes the cluster and waits for a leader.
+    /// Starts `nodes` nodes on 127.0.0.1, initializes the cluster and waits for a leader.
     pub async fn start(nodes: usize, max_payload_entries: u64) -> anyhow::Result<Cluster> {
+        Cluster::start_at(vec![None; nodes], max_payload_entries).await
+    }
+
+    /// As [`Cluster::start`], a node per place (`None`: on 127.0.0.1).
+    pub async fn start_at(
+        places: Vec<Option<Place>>,
+        max_payload_entries: u64,
+    ) -> anyhow::Result<Cluster> {
         let config = Arc::new(
             openraft::Config {
                 cluster_name: "bench".into(),
@@ -370,26 +446,29 @@ impl Cluster {
             .validate()?,
         );
         let mut members = BTreeMap::new();
-        let (mut rafts, mut machines) = (Vec::new(), Vec::new());
-        for id in 0..nodes as u64 {
-            let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let (mut rafts, mut machines, mut listeners) = (Vec::new(), Vec::new(), Vec::new());
+        for (id, place) in (0u64..).zip(places) {
+            let listener = match &place {
+                None => TcpListener::bind("127.0.0.1:0").await?,
+                Some(place) => listen_in(place)?,
+            };
             let addr = listener.local_addr()?.to_string();
             members.insert(id, BasicNode { addr });
             let machine = StateMachine::default();
             let raft = Raft::new(
                 id,
                 config.clone(),
-                Network,
+                Network { place },
                 LogStore::default(),
                 machine.clone(),
             )
             .await?;
             let server = raft.clone();
-            tokio::spawn(async move {
+            listeners.push(tokio::spawn(async move {
                 while let Ok((stream, _)) = listener.accept().await {
                     tokio::spawn(serve(server.clone(), stream));
                 }
-            });
+            }));
             rafts.push(raft);
             machines.push(machine);
         }
@@ -409,6 +488,7 @@ impl Cluster {
             rafts,
             machines,
             leader,
+            listeners,
         })
     }
 
@@ -456,6 +536,9 @@ impl Cluster {
 
     /// Stops every node.
     pub async fn shutdown(self) {
+        for listener in self.listeners {
+            listener.abort();
+        }
         for raft in self.rafts {
             let _ = raft.shutdown().await;
         }

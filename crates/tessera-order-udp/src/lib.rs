@@ -16,7 +16,9 @@
 //!
 //! The driver drains up to [`RECEIVE_BATCH_MAX`] waiting datagrams before it polls the node
 //! for packets to send, so that one ACK answers a burst of DATA (ACK aggregation does the
-//! rest). Not yet: `sendmmsg`/`recvmmsg`, and carrying view-change messages larger than one
+//! rest). For experiments, [`spawn_split_lossy`] drops datagrams on purpose ([`Loss`]: a
+//! seeded share at send, before the kernel sees them, and at receive, before the node does),
+//! the total-order thesis's artificial loss (its table 4). Not yet: `sendmmsg`/`recvmmsg`, and carrying view-change messages larger than one
 //! datagram over a `tessera-datagram` session: a packet over [`DATAGRAM_BYTES_MAX`] is
 //! counted in [`DriverStats::oversized`] and not sent.
 //!
@@ -126,6 +128,9 @@ pub enum DriverError {
     /// More than [`BACKLOG_MAX`] proposals wait.
     #[error("backlog full")]
     BacklogFull,
+    /// A [`Loss`] probability outside 0..=1.
+    #[error("loss probabilities must be within 0..=1: {0:?}")]
+    Loss(Loss),
 }
 
 /// What the driver counted besides the node's [`Stats`].
@@ -141,6 +146,75 @@ pub struct DriverStats {
     pub send_errors: u64,
     /// Datagrams dropped because their MAC did not match the group's key (keyed drivers).
     pub unauthentic: u64,
+    /// Datagrams dropped on purpose before sending ([`Loss::send`]).
+    pub dropped_at_send: u64,
+    /// Datagrams dropped on purpose after receiving ([`Loss::receive`]).
+    pub dropped_at_receive: u64,
+}
+
+/// Artificial loss for experiments: each datagram is dropped with these probabilities,
+/// drawn from a generator seeded by `seed` (the same seed drops the same datagrams of the
+/// same sequence). A datagram dropped at send reaches nobody (one multicast datagram: every
+/// receiver misses it alike); at receive, only this node misses it. Off by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Loss {
+    /// Probability that a datagram this node sends is dropped before the kernel sees it.
+    pub send: f64,
+    /// Probability that a datagram this node receives is dropped before the node sees it.
+    pub receive: f64,
+    /// Seed of the drops.
+    pub seed: u64,
+}
+
+impl Loss {
+    /// No loss.
+    pub const NONE: Loss = Loss {
+        send: 0.0,
+        receive: 0.0,
+        seed: 0,
+    };
+
+    fn valid(&self) -> bool {
+        (0.0..=1.0).contains(&self.send) && (0.0..=1.0).contains(&self.receive)
+    }
+}
+
+/// Decides the drops of a [`Loss`]: splitmix64, so that the driver needs no crate for it.
+#[derive(Debug)]
+struct Dropper {
+    loss: Loss,
+    state: u64,
+}
+
+impl Dropper {
+    fn new(loss: Loss) -> Dropper {
+        Dropper {
+            loss,
+            state: loss.seed,
+        }
+    }
+
+    /// Whether to drop the next datagram, with probability `p` (no draw when `p` is 0).
+    fn draw(&mut self, p: f64) -> bool {
+        if p <= 0.0 {
+            return false;
+        }
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        // The top 53 bits as a uniform number in [0, 1).
+        ((z >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+
+    fn at_send(&mut self) -> bool {
+        self.draw(self.loss.send)
+    }
+
+    fn at_receive(&mut self) -> bool {
+        self.draw(self.loss.receive)
+    }
 }
 
 /// Wakes the driver from its wait when the application proposes: an eventfd it polls with
@@ -243,7 +317,7 @@ pub fn spawn_keyed(
     key: Key,
 ) -> Result<Handle, DriverError> {
     let send = socket.try_clone()?;
-    spawn_inner(driver, send, socket, Some(key))
+    spawn_inner(driver, send, socket, Some(key), Loss::NONE)
 }
 
 /// Starts a node that sends on `send` and receives on `receive` (bound to its address in
@@ -253,7 +327,17 @@ pub fn spawn_split(
     send: UdpSocket,
     receive: UdpSocket,
 ) -> Result<Handle, DriverError> {
-    spawn_inner(driver, send, receive, None)
+    spawn_inner(driver, send, receive, None, Loss::NONE)
+}
+
+/// As [`spawn_split`], dropping datagrams on purpose as `loss` says (experiments only).
+pub fn spawn_split_lossy(
+    driver: DriverConfig,
+    send: UdpSocket,
+    receive: UdpSocket,
+    loss: Loss,
+) -> Result<Handle, DriverError> {
+    spawn_inner(driver, send, receive, None, loss)
 }
 
 fn spawn_inner(
@@ -261,7 +345,11 @@ fn spawn_inner(
     send: UdpSocket,
     receive: UdpSocket,
     key: Option<Key>,
+    loss: Loss,
 ) -> Result<Handle, DriverError> {
+    if !loss.valid() {
+        return Err(DriverError::Loss(loss));
+    }
     if driver.peers.len() != driver.group.roles.len() {
         return Err(DriverError::Peers {
             peers: driver.peers.len(),
@@ -280,6 +368,7 @@ fn spawn_inner(
         .spawn(move || {
             let mut runner = Runner::new(driver, send, receive, proposals_rx, events_tx, woken);
             runner.key = key;
+            runner.dropper = Dropper::new(loss);
             runner.run(&flag)
         })?;
     Ok(Handle {
@@ -337,6 +426,8 @@ struct Runner {
     stats: DriverStats,
     /// The group's MAC key, if datagrams are authenticated.
     key: Option<Key>,
+    /// Artificial loss (none unless asked for).
+    dropper: Dropper,
 }
 
 impl Runner {
@@ -370,6 +461,7 @@ impl Runner {
             wakeup,
             stats: DriverStats::default(),
             key: None,
+            dropper: Dropper::new(Loss::NONE),
         }
     }
 
@@ -466,6 +558,10 @@ impl Runner {
                 };
             }
             self.stats.datagrams_received += 1;
+            if self.dropper.at_receive() {
+                self.stats.dropped_at_receive += 1;
+                continue;
+            }
             let mut len = len as usize;
             if let Some(key) = &self.key {
                 let Some(body) = len.checked_sub(PACKET_TAG_BYTES) else {
@@ -526,6 +622,10 @@ impl Runner {
                 (Destination::Node(node), _) => vec![self.peers[node.0 as usize]],
             };
             for target in targets {
+                if self.dropper.at_send() {
+                    self.stats.dropped_at_send += 1;
+                    continue;
+                }
                 match self.send.send_to(&transmit.contents, target) {
                     Ok(_) => self.stats.datagrams_sent += 1,
                     Err(_) => self.stats.send_errors += 1,
@@ -543,4 +643,47 @@ impl Runner {
 /// Compares two MACs in time independent of where they differ.
 fn tags_equal(ours: &[u8], theirs: &[u8]) -> bool {
     ours.len() == theirs.len() && ours.iter().zip(theirs).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drops_about_the_share_asked_and_none_when_off() {
+        let mut off = Dropper::new(Loss::NONE);
+        assert!((0..10_000).all(|_| !off.at_send() && !off.at_receive()));
+        let loss = Loss {
+            send: 0.01,
+            receive: 0.2,
+            seed: 7,
+        };
+        let mut dropper = Dropper::new(loss);
+        let sent = (0..100_000).filter(|_| dropper.at_send()).count();
+        let received = (0..100_000).filter(|_| dropper.at_receive()).count();
+        assert!((800..1_200).contains(&sent), "{sent} of 100,000 at 1%");
+        assert!((19_000..21_000).contains(&received), "{received} at 20%");
+        // Seeded: the same seed drops the same datagrams.
+        let mut again = Dropper::new(loss);
+        let mut first = Dropper::new(loss);
+        assert!((0..1_000).all(|_| again.at_send() == first.at_send()));
+    }
+
+    #[test]
+    fn refuses_probabilities_outside_zero_to_one() {
+        for (send, receive) in [(-0.1, 0.0), (0.0, 1.5), (f64::NAN, 0.0)] {
+            assert!(!Loss {
+                send,
+                receive,
+                seed: 0
+            }
+            .valid());
+        }
+        assert!(Loss {
+            send: 1.0,
+            receive: 0.0,
+            seed: 0
+        }
+        .valid());
+    }
 }

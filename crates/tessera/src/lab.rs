@@ -66,6 +66,14 @@ enum Experiment {
         /// The first S nodes only send, the others only receive (the thesis's tables 2-3).
         #[arg(long)]
         senders: Option<usize>,
+        /// Table 4's points instead of the default ones, each SIDE:PERCENT of datagrams
+        /// dropped by the drivers, SIDE `senders` or `receivers` (`receivers:0` measures the
+        /// no-loss row afresh). Repeatable.
+        #[arg(long)]
+        loss: Vec<total_order::tables::LossPoint>,
+        /// Tables 2-3: every disjoint configuration of 1..=N senders and receivers (0: none).
+        #[arg(long)]
+        grid: Option<usize>,
         #[command(flatten)]
         common: Common,
     },
@@ -236,6 +244,8 @@ pub async fn run(args: LabArgs) -> Result<()> {
             quick,
             nodes,
             senders,
+            loss,
+            grid,
             common,
         } => {
             if !(1..=total_order::net::NODES_MAX).contains(&nodes) {
@@ -251,6 +261,15 @@ pub async fn run(args: LabArgs) -> Result<()> {
             };
             config.nodes = nodes;
             config.senders = senders;
+            if !loss.is_empty() {
+                config.losses = loss;
+            }
+            if let Some(grid) = grid {
+                if grid > total_order::net::NODES_MAX / 2 {
+                    bail!("--grid {grid}: at most {}", total_order::net::NODES_MAX / 2);
+                }
+                config.grid = grid;
+            }
             config.group()?;
             (common, Config::TotalOrder(config))
         }

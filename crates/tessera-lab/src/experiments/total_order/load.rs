@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_order::{Config, Event, Group, NodeId, Start};
-use tessera_order_udp::{spawn_split, two_switch_sockets, Broadcast, DriverConfig, Handle};
+use tessera_order_udp::{
+    spawn_split_lossy, two_switch_sockets, Broadcast, DriverConfig, Handle, Loss,
+};
 
 /// Bytes at the start of every message: the proposer's clock (microseconds since the run's
 /// origin, shared by every thread of the process) and the proposing node.
@@ -222,6 +224,8 @@ pub struct OrderRun {
     pub positions_replaced: u64,
     /// View changes, summed over nodes.
     pub view_changes: u64,
+    /// Datagrams the drivers dropped on purpose (artificial loss), summed over nodes.
+    pub dropped: u64,
 }
 
 /// What one node's application saw.
@@ -236,6 +240,7 @@ struct NodeLog {
     retransmitted: u64,
     positions_replaced: u64,
     view_changes: u64,
+    dropped: u64,
 }
 
 /// The protocol's settings for a run: packing to `mtu_bytes` (or off), a window and ACK
@@ -265,7 +270,8 @@ pub fn protocol_config(mtu_bytes: Option<usize>) -> Config {
 }
 
 /// Runs every node of `network` in `group` over UDP multicast with `load` at each sender
-/// for `warmup + seconds`, measuring over the last `seconds` at the receivers.
+/// for `warmup + seconds`, measuring over the last `seconds` at the receivers; every
+/// driver drops datagrams as `loss` says (its seed plus the node's number).
 pub fn order_run(
     network: &TwoSwitch,
     group: &Group,
@@ -273,6 +279,7 @@ pub fn order_run(
     mtu_bytes: Option<usize>,
     load: Load,
     seconds: f64,
+    loss: Loss,
 ) -> Result<OrderRun, LabError> {
     assert!(message_bytes >= STAMP_BYTES, "messages carry a stamp");
     // A port of its own per run: datagrams of the run before, still queued in the switches,
@@ -299,10 +306,16 @@ pub fn order_run(
             peers: peers.clone(),
             broadcast: Broadcast::Multicast(multicast),
         };
-        handles.push(spawn_split(driver, tx, rx).map_err(|error| LabError::Io {
-            action: format!("start node {node}"),
-            source: std::io::Error::other(error.to_string()),
-        })?);
+        let loss = Loss {
+            seed: loss.seed.wrapping_add(node as u64),
+            ..loss
+        };
+        handles.push(
+            spawn_split_lossy(driver, tx, rx, loss).map_err(|error| LabError::Io {
+                action: format!("start node {node}"),
+                source: std::io::Error::other(error.to_string()),
+            })?,
+        );
     }
     let warmup = Duration::from_secs_f64((seconds / 4.0).clamp(0.3, 2.0));
     let window = (
@@ -341,6 +354,7 @@ pub fn order_run(
         log.retransmitted = stats.retransmitted;
         log.positions_replaced = stats.positions_replaced;
         log.view_changes = stats.view_changes;
+        log.dropped = driver.dropped_at_send + driver.dropped_at_receive;
         log.receiver = group.roles[logs.len()].receiver;
         logs.push(log);
     }
@@ -357,6 +371,7 @@ fn summarize(
     let retransmitted = logs.iter().map(|l| l.retransmitted).sum();
     let positions_replaced = logs.iter().map(|l| l.positions_replaced).sum();
     let view_changes = logs.iter().map(|l| l.view_changes).sum();
+    let dropped = logs.iter().map(|l| l.dropped).sum();
     // Deliveries, orders and latencies are the receivers'.
     logs.retain(|l| l.receiver);
     let slowest = logs
@@ -389,6 +404,7 @@ fn summarize(
         retransmitted,
         positions_replaced,
         view_changes,
+        dropped,
     }
 }
 

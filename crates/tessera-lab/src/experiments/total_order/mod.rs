@@ -13,6 +13,7 @@
 
 pub mod load;
 pub mod net;
+pub mod tables;
 
 use super::{LabConfig, Testbed};
 use crate::results::{
@@ -24,7 +25,9 @@ use net::TwoSwitch;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
+use tables::{LossPoint, LossSide};
 use tessera_order::Group;
+use tessera_order_udp::Loss;
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -49,6 +52,15 @@ pub struct TotalOrderConfig {
     /// Shares of the measured throughput offered for the thesis's figure 5 (latency against
     /// load), with the largest packing size; empty: none.
     pub curve_loads: Vec<f64>,
+    /// The thesis's table 4: artificial loss, with the largest message size and packing
+    /// (`total-order-loss.*`); a point of probability 0 measures the no-loss row afresh
+    /// (else the main table's line is the baseline); empty: none.
+    pub losses: Vec<LossPoint>,
+    /// The thesis's tables 2-3: every disjoint configuration of 1..=grid senders and
+    /// receivers (`total-order-grid.*`); 0: none.
+    pub grid: usize,
+    /// Seconds of each grid point's throughput run (its latency run: half that).
+    pub grid_seconds: f64,
 }
 
 impl TotalOrderConfig {
@@ -67,7 +79,8 @@ impl TotalOrderConfig {
         }
     }
 
-    /// Under a minute: 3 nodes, 64 B and 1 KiB, 9000-byte packing, 3 s per point.
+    /// Under a minute: 3 nodes, 64 B and 1 KiB, 9000-byte packing, 3 s per point, and one
+    /// loss point (1% at the receivers) against the main table's 1 KiB line.
     pub fn quick() -> TotalOrderConfig {
         TotalOrderConfig {
             nodes: 3,
@@ -79,17 +92,33 @@ impl TotalOrderConfig {
             latency_load: 0.1,
             outstanding: 4096,
             curve_loads: Vec::new(),
+            losses: vec![LossPoint {
+                side: LossSide::Receivers,
+                probability: 0.01,
+            }],
+            grid: 0,
+            grid_seconds: 3.0,
         }
     }
 
-    /// The full run: packing off, 1500 and 9000, 8 s per point.
+    /// The full run: packing off, 1500 and 9000, 8 s per point; table 4 (no loss, 0.1% and
+    /// 1% at the senders and at the receivers) and the 4 x 4 grid of tables 2-3, 3 s a point.
     pub fn full(nodes: usize) -> TotalOrderConfig {
+        let point = |side, probability| LossPoint { side, probability };
         TotalOrderConfig {
             nodes,
             mtus: vec![None, Some(1500), Some(9000)],
             seconds: 8.0,
             latency_seconds: 4.0,
             curve_loads: vec![0.1, 0.3, 0.5, 0.7, 0.9],
+            losses: vec![
+                point(LossSide::Receivers, 0.0),
+                point(LossSide::Senders, 0.001),
+                point(LossSide::Senders, 0.01),
+                point(LossSide::Receivers, 0.001),
+                point(LossSide::Receivers, 0.01),
+            ],
+            grid: 4,
             ..TotalOrderConfig::quick()
         }
     }
@@ -186,7 +215,9 @@ pub fn run(
             lines.push(line);
         }
     }
+    let loss = tables::loss_table(lab, config, &network, &group, &link, &lines)?;
     network.teardown()?;
+    let grid = tables::grid_table(lab, config, &link)?;
     let report = TotalOrderReport {
         testbed: Testbed::describe(&LabConfig {
             link,
@@ -214,6 +245,12 @@ pub fn run(
         ),
         &figure(&report),
     )?;
+    let more = loss.into_iter().flat_map(|l| l.1);
+    let paths = paths
+        .into_iter()
+        .chain(more)
+        .chain(grid.into_iter().flat_map(|g| g.1))
+        .collect();
     Ok((report, paths))
 }
 
@@ -241,7 +278,15 @@ fn measure_line(
     let closed = Load::Closed {
         outstanding: config.outstanding,
     };
-    let throughput = load::order_run(network, group, size, mtu, closed, config.seconds)?;
+    let throughput = load::order_run(
+        network,
+        group,
+        size,
+        mtu,
+        closed,
+        config.seconds,
+        Loss::NONE,
+    )?;
     let senders = group.roles.iter().filter(|r| r.sender).count() as f64;
     let paced = |share: f64| -> Result<OrderRun, LabError> {
         lab.cancel.check()?;
@@ -249,7 +294,8 @@ fn measure_line(
         let load = Load::Paced {
             per_node_per_s: rate.max(100.0),
         };
-        let run = load::order_run(network, group, size, mtu, load, config.latency_seconds)?;
+        let seconds = config.latency_seconds;
+        let run = load::order_run(network, group, size, mtu, load, seconds, Loss::NONE)?;
         if !run.orders_agree {
             return Err(disagreement(size, mtu));
         }
@@ -305,7 +351,7 @@ fn disagreement(size: usize, mtu: Option<usize>) -> LabError {
     }
 }
 
-fn packing_name(mtu: Option<usize>) -> String {
+pub(super) fn packing_name(mtu: Option<usize>) -> String {
     mtu.map_or("off".to_string(), |bytes| format!("{bytes} B"))
 }
 
@@ -378,14 +424,7 @@ fn preamble(report: &TotalOrderReport, config: &TotalOrderConfig) -> String {
          millisecond a batch), from the proposer's hand-off to the driver to the delivery at \
          every receiver. Every receiver's order was compared at checkpoints and agreed. Took \
          {:.0} s.",
-        report
-            .testbed
-            .markdown()
-            .replace("on one bridge", "on two bridges")
-            .replace(
-                &format!("frames are at most {} bytes", report.testbed.frame_bytes),
-                &format!("frames are at most {} bytes", net::LINK_MTU + 14),
-            ),
+        testbed_markdown(&report.testbed),
         report.nodes,
         if report.senders == report.nodes && report.receivers == report.nodes {
             "each a sender and a receiver".to_string()
@@ -404,6 +443,17 @@ fn preamble(report: &TotalOrderReport, config: &TotalOrderConfig) -> String {
         config.latency_load * 100.0,
         report.duration_s
     )
+}
+
+/// The testbed's paragraph, for two bridges with jumbo frames.
+pub(super) fn testbed_markdown(testbed: &Testbed) -> String {
+    testbed
+        .markdown()
+        .replace("on one bridge", "on two bridges")
+        .replace(
+            &format!("frames are at most {} bytes", testbed.frame_bytes),
+            &format!("frames are at most {} bytes", net::LINK_MTU + 14),
+        )
 }
 
 fn figure(report: &TotalOrderReport) -> Figure {
@@ -557,5 +607,9 @@ mod tests {
         let points = quick.message_bytes.len() * quick.mtus.len();
         // Per size a raw stream and per line two runs with warm-ups: well under a minute.
         assert!(points <= 2 && quick.seconds <= 3.0 && quick.latency_seconds <= 2.0);
+        // Table 4 adds one point against the main table's line; no grid.
+        assert_eq!(quick.losses.len(), 1);
+        assert!(quick.losses[0].probability > 0.0);
+        assert_eq!(quick.grid, 0);
     }
 }
