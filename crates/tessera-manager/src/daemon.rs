@@ -99,7 +99,7 @@ impl Served {
 pub struct RunningManager {
     /// The address it listens on.
     pub addr: SocketAddr,
-    manager: Arc<Mutex<Served>>,
+    pub(crate) manager: Arc<Mutex<Served>>,
     serve: tokio::task::JoinHandle<()>,
     ticker: tokio::task::JoinHandle<()>,
 }
@@ -234,15 +234,25 @@ impl ManagerHandler {
                 ManagerRequest::Replica => {
                     (ManagerResponse::Replica(replica.status()), Bytes::new())
                 }
-                ManagerRequest::Snapshot => {
-                    let copied =
-                        tokio::task::spawn_blocking(move || replica.snapshot(&manager, &dir))
-                            .await
-                            .ok()?;
+                ManagerRequest::Snapshot {
+                    at,
+                    offset,
+                    max_bytes,
+                } => {
+                    let copied = tokio::task::spawn_blocking(move || {
+                        replica.snapshot_piece(&manager, &dir, at, offset, max_bytes)
+                    })
+                    .await
+                    .ok()?;
                     match copied {
-                        Ok((position, store)) => {
-                            (ManagerResponse::Snapshot { position }, Bytes::from(store))
-                        }
+                        Ok((position, total_bytes, piece)) => (
+                            ManagerResponse::Snapshot {
+                                position,
+                                total_bytes,
+                                offset,
+                            },
+                            Bytes::from(piece),
+                        ),
                         Err(error) => (ManagerResponse::Error(error), Bytes::new()),
                     }
                 }

@@ -344,7 +344,7 @@ impl Manager {
                 request,
             } => self.once(client, sequence, *request, now),
             // A replica's own state and copies of its store are the daemon's (replica.rs).
-            ManagerRequest::Replica | ManagerRequest::Snapshot => {
+            ManagerRequest::Replica | ManagerRequest::Snapshot { .. } => {
                 Err(ManagerError::Unordered("this manager is not replicated".into()).into())
             }
         };

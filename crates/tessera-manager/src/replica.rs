@@ -22,9 +22,11 @@
 //! **Catching up.** A replica that restarts has forgotten the order (tessera-order's
 //! [`Start::Restarted`]): it joins the current view and delivers from some position `p` on
 //! ([`Event::Joined`]). Everything before `p` comes from a peer: it asks the others, in turn,
-//! for a [`ManagerRequest::Snapshot`] (the peer makes its store durable and sends the file
-//! with the position it stands at, `n`) until one has `n >= p`, installs the file as its
-//! store, and applies the deliveries from `n` on (those below were in the copy). Until then
+//! for a [`ManagerRequest::Snapshot`] (the peer copies every table of its store as a read
+//! transaction sees it, at the position it stands at, `n`, into a file of its own, and sends
+//! that file in pieces of at most [`SNAPSHOT_PIECE_BYTES_MAX`], so a store of any size
+//! crosses) until one has `n >= p`, installs the copy as its store, and applies the
+//! deliveries from `n` on (those below were in the copy). Until then
 //! it refuses requests with [`ManagerError::Unordered`], and clients try another replica.
 //! Whether a replica starts fresh ([`Start::Initial`], with the group) or rejoins is decided
 //! by asking the peers: if a majority of all replicas are members of a view without it, it
@@ -32,13 +34,15 @@
 //!
 //! **Not handled** (see the README): a restart of every replica at once after a crash (each
 //! starts from its own store, which may lack the last commands another applied); membership
-//! change; snapshots of a store larger than a frame's payload (16 MiB).
+//! change.
 
 use crate::command::{Command, Proposal};
 use crate::daemon::Served;
 use crate::{Manager, ManagerConfig};
 use bytes::Bytes;
+use redb::ReadableDatabase;
 use std::collections::{BTreeSet, HashMap};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,6 +64,10 @@ const PEER_TIMEOUT: Duration = Duration::from_millis(500);
 const CATCH_UP_PAUSE: Duration = Duration::from_millis(100);
 /// How often the applier looks at lease deadlines when no delivery comes.
 const APPLIER_TICK: Duration = Duration::from_millis(100);
+/// Largest piece of a store copy a replica sends in one frame (half a frame's payload).
+pub const SNAPSHOT_PIECE_BYTES_MAX: u64 = 8 << 20;
+/// Where a replica writes the store copy it fetches, before it installs it.
+const INCOMING_FILE_NAME: &str = "manager.redb.incoming";
 /// Most replicas in a group.
 pub const REPLICAS_MAX: usize = 16;
 
@@ -128,6 +136,10 @@ pub(crate) struct Replica {
     live_since: Mutex<Instant>,
     /// The heartbeat timeout of its manager.
     heartbeat_timeout: Duration,
+    /// Held while a copy of the store is made for a peer.
+    outgoing: Mutex<()>,
+    /// See [`ReplicaConfig::catch_up_piece_bytes`].
+    catch_up_piece_bytes: u32,
 }
 
 /// The order's settings for manager replicas: a view change within about half a second of a
@@ -159,6 +171,9 @@ pub struct ReplicaConfig {
     pub peers: Vec<SocketAddr>,
     /// The order's settings ([`order_config`]).
     pub order: tessera_order::Config,
+    /// Largest piece of a peer's store to ask for at once when catching up (at most
+    /// [`SNAPSHOT_PIECE_BYTES_MAX`]; tests ask for less to cross many pieces).
+    pub catch_up_piece_bytes: u32,
 }
 
 impl ReplicaConfig {
@@ -302,6 +317,8 @@ pub(crate) async fn start(
         message_bytes_max: config.order.message_bytes_max(),
         live_since: Mutex::new(Instant::now()),
         heartbeat_timeout: manager_config.heartbeat_timeout,
+        outgoing: Mutex::new(()),
+        catch_up_piece_bytes: config.catch_up_piece_bytes,
     });
     let applier = Applier {
         replica: replica.clone(),
@@ -335,7 +352,7 @@ pub(crate) fn is_local(request: &ManagerRequest) -> bool {
             | ManagerRequest::KeyList
             | ManagerRequest::StorageKeys
             | ManagerRequest::Replica
-            | ManagerRequest::Snapshot
+            | ManagerRequest::Snapshot { .. }
     )
 }
 
@@ -448,24 +465,94 @@ impl Replica {
         })
     }
 
-    /// A durable copy of the store and the position it stands at (see the module doc).
-    pub(crate) fn snapshot(
+    /// A piece of a copy of the store and the position the copy stands at (see the module
+    /// doc): with `at` empty a new copy is made first.
+    pub(crate) fn snapshot_piece(
         &self,
         served: &Mutex<Served>,
         dir: &Path,
-    ) -> Result<(u64, Vec<u8>), ManagerError> {
+        at: Option<u64>,
+        offset: u64,
+        max_bytes: u32,
+    ) -> Result<(u64, u64, Vec<u8>), ManagerError> {
         if let Some(refused) = self.refusal() {
             return Err(refused);
         }
-        let mut served = served.lock().unwrap();
-        let Served::Running(manager) = &mut *served else {
-            return Err(ManagerError::Unordered("no store".into()));
+        let position = match at {
+            Some(position) => position,
+            None => self.copy_store(served, dir)?,
         };
-        manager.flush()?;
-        let position = self.next_position.load(Ordering::SeqCst);
-        let bytes = std::fs::read(dir.join(crate::store::DB_FILE_NAME))
-            .map_err(|e| ManagerError::Store(e.to_string()))?;
-        Ok((position, bytes))
+        let failed = |e: std::io::Error| {
+            ManagerError::Unordered(format!(
+                "replica {}: the copy of its store at position {position}: {e} (ask for a new \
+                 copy)",
+                self.id
+            ))
+        };
+        let mut file = std::fs::File::open(outgoing_path(dir, position)).map_err(failed)?;
+        let total = file.metadata().map_err(failed)?.len();
+        let length = u64::from(max_bytes)
+            .min(SNAPSHOT_PIECE_BYTES_MAX)
+            .min(total.saturating_sub(offset));
+        let mut piece = vec![0; length as usize];
+        file.seek(SeekFrom::Start(offset))
+            .and_then(|_| file.read_exact(&mut piece))
+            .map_err(failed)?;
+        Ok((position, total, piece))
+    }
+
+    /// Copies the store as it stands into `manager.redb.outgoing-<position>` (a read
+    /// transaction: the applier goes on meanwhile) and returns the position.
+    fn copy_store(&self, served: &Mutex<Served>, dir: &Path) -> Result<u64, ManagerError> {
+        let _one_at_a_time = self.outgoing.lock().unwrap();
+        let (txn, position) = match &*served.lock().unwrap() {
+            Served::Running(manager) => (
+                manager
+                    .db
+                    .begin_read()
+                    .map_err(|e| ManagerError::Store(e.to_string()))?,
+                self.next_position.load(Ordering::SeqCst),
+            ),
+            Served::NoStore(_) => return Err(ManagerError::Unordered("no store".into())),
+        };
+        let path = outgoing_path(dir, position);
+        if !path.exists() {
+            let tmp = dir.join("manager.redb.outgoing.tmp");
+            let _ = std::fs::remove_file(&tmp);
+            crate::store::copy_tables(&txn, &tmp).map_err(ManagerError::from)?;
+            std::fs::rename(&tmp, &path).map_err(|e| ManagerError::Store(e.to_string()))?;
+        }
+        drop(txn);
+        prune_outgoing(dir, position);
+        Ok(position)
+    }
+}
+
+/// Where the copy of the store at `position` is kept for peers.
+fn outgoing_path(dir: &Path, position: u64) -> PathBuf {
+    dir.join(format!("manager.redb.outgoing-{position}"))
+}
+
+/// Removes the copies for peers older than the one at `newest` and the one before it (a peer
+/// may still be reading that one).
+fn prune_outgoing(dir: &Path, newest: u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut positions: Vec<u64> = entries
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name();
+            name.to_str()?
+                .strip_prefix("manager.redb.outgoing-")?
+                .parse()
+                .ok()
+        })
+        .filter(|&position| position != newest)
+        .collect();
+    positions.sort_unstable();
+    positions.pop();
+    for position in positions {
+        let _ = std::fs::remove_file(outgoing_path(dir, position));
     }
 }
 
@@ -600,27 +687,23 @@ impl Applier {
                 if index + 1 == usize::from(self.replica.id) {
                     continue;
                 }
-                let answer = self
-                    .runtime
-                    .block_on(tessera_transport::call::<_, ManagerResponse>(
-                        &transport,
-                        peer,
-                        &ManagerRequest::Snapshot,
-                        Bytes::new(),
-                    ));
-                let Ok((ManagerResponse::Snapshot { position: at }, store)) = answer else {
-                    continue;
+                let began = Instant::now();
+                let (at, bytes, pieces) = match self.fetch(&transport, peer, position) {
+                    Ok(Some(fetched)) => fetched,
+                    Ok(None) => continue,
+                    Err(error) => {
+                        tracing::warn!("replica {}: {error}", self.replica.id);
+                        continue;
+                    }
                 };
-                if at < position {
-                    continue;
-                }
-                match self.install(at, &store) {
+                match self.install(at) {
                     Ok(()) => {
                         tracing::info!(
-                            "replica {}: caught up from replica {} at position {at} ({} bytes)",
+                            "replica {}: caught up from replica {} at position {at} ({bytes} \
+                             bytes in {pieces} pieces, {} ms)",
                             self.replica.id,
                             index + 1,
-                            store.len()
+                            began.elapsed().as_millis()
                         );
                         self.replica.progress.lock().unwrap().catching_up = false;
                         return;
@@ -632,18 +715,76 @@ impl Applier {
         }
     }
 
-    /// Replaces this replica's store with `store`, standing at `position`.
-    fn install(&self, position: u64, store: &[u8]) -> Result<(), String> {
+    /// Fetches `peer`'s store, piece by piece, into `manager.redb.incoming`, if it stands at
+    /// `needed` or later: its position, length and the number of pieces.
+    fn fetch(
+        &self,
+        transport: &Arc<TcpTransport>,
+        peer: SocketAddr,
+        needed: u64,
+    ) -> Result<Option<(u64, u64, u32)>, String> {
+        let ask = |at: Option<u64>, offset: u64| {
+            let request = ManagerRequest::Snapshot {
+                at,
+                offset,
+                max_bytes: self.replica.catch_up_piece_bytes,
+            };
+            let answer = self
+                .runtime
+                .block_on(tessera_transport::call::<_, ManagerResponse>(
+                    transport,
+                    peer,
+                    &request,
+                    Bytes::new(),
+                ));
+            match answer {
+                Ok((
+                    ManagerResponse::Snapshot {
+                        position,
+                        total_bytes,
+                        offset: at_offset,
+                    },
+                    piece,
+                )) if at_offset == offset => Ok((position, total_bytes, piece)),
+                Ok((other, _)) => Err(format!("{peer} answered a copy request with {other:?}")),
+                Err(error) => Err(format!("copy of {peer}'s store: {error}")),
+            }
+        };
+        let (position, total, first) = ask(None, 0)?;
+        if position < needed {
+            return Ok(None);
+        }
+        let incoming = self.dir.join(INCOMING_FILE_NAME);
+        let write_failed = |e: std::io::Error| format!("{}: {e}", incoming.display());
+        let mut file = std::fs::File::create(&incoming).map_err(write_failed)?;
+        file.write_all(&first).map_err(write_failed)?;
+        let (mut offset, mut pieces) = (first.len() as u64, 1);
+        while offset < total {
+            let (at, length, piece) = ask(Some(position), offset)?;
+            if at != position || length != total || piece.is_empty() {
+                return Err(format!("{peer} sent a piece of another copy"));
+            }
+            file.write_all(&piece).map_err(write_failed)?;
+            offset += piece.len() as u64;
+            pieces += 1;
+        }
+        if offset != total {
+            return Err(format!("{peer} sent {offset} bytes of a {total}-byte copy"));
+        }
+        file.sync_all().map_err(write_failed)?;
+        Ok(Some((position, total, pieces)))
+    }
+
+    /// Replaces this replica's store with the fetched copy, standing at `position`.
+    fn install(&self, position: u64) -> Result<(), String> {
         let path = self.dir.join(crate::store::DB_FILE_NAME);
-        let incoming = self.dir.join("manager.redb.incoming");
+        let incoming = self.dir.join(INCOMING_FILE_NAME);
         let mut served = self.served.lock().unwrap();
         // Close the old store before its file is replaced.
         *served = Served::NoStore(path.clone());
-        let written = std::fs::write(&incoming, store)
-            .and_then(|()| std::fs::File::open(&incoming)?.sync_all())
-            .and_then(|()| std::fs::rename(&incoming, &path))
+        let written = std::fs::rename(&incoming, &path)
             .and_then(|()| std::fs::File::open(&self.dir)?.sync_all());
-        written.map_err(|e| format!("cannot write the copied store: {e}"))?;
+        written.map_err(|e| format!("cannot install the copied store: {e}"))?;
         let mut manager = Manager::open_existing(&self.dir, self.manager_config)
             .map_err(|e| format!("cannot open the copied store: {e}"))?;
         manager.set_replicated(self.secret.replica_key());

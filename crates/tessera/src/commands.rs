@@ -736,6 +736,7 @@ pub fn replica_config(
         id,
         peers,
         order: tessera_manager::replica::order_config(),
+        catch_up_piece_bytes: tessera_manager::replica::SNAPSHOT_PIECE_BYTES_MAX as u32,
     };
     config.validate()?;
     Ok(config)
