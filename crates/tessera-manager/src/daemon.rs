@@ -102,6 +102,8 @@ pub struct RunningManager {
     pub(crate) manager: Arc<Mutex<Served>>,
     serve: tokio::task::JoinHandle<()>,
     ticker: tokio::task::JoinHandle<()>,
+    /// Its replica, if it is one of several.
+    replica: Option<Arc<Replica>>,
 }
 
 impl RunningManager {
@@ -111,10 +113,14 @@ impl RunningManager {
         self.ticker.abort();
     }
 
-    /// Stop serving (the store is closed when the last request finishes).
+    /// Stop serving (the store is closed when the last request finishes); a replica leaves
+    /// the order.
     pub fn stop(self) {
         self.serve.abort();
         self.ticker.abort();
+        if let Some(replica) = &self.replica {
+            replica.stop("stopped by its daemon".into());
+        }
     }
 
     /// Stop serving and make every metadata change durable.
@@ -401,7 +407,7 @@ async fn start_with(
         listener,
         Arc::new(ManagerHandler {
             manager: manager.clone(),
-            replica,
+            replica: replica.clone(),
             dir: handler_dir,
             admin_key: secret.admin_key(),
             server_key: secret.server_key(),
@@ -414,6 +420,7 @@ async fn start_with(
         manager,
         serve,
         ticker,
+        replica,
     })
 }
 

@@ -28,15 +28,31 @@
 //! crosses) until one has `n >= p`, installs the copy as its store, and applies the
 //! deliveries from `n` on (those below were in the copy). Until then
 //! it refuses requests with [`ManagerError::Unordered`], and clients try another replica.
-//! Whether a replica starts fresh ([`Start::Initial`], with the group) or rejoins is decided
-//! by asking the peers: if a majority of all replicas are members of a view without it, it
-//! rejoins.
 //!
-//! **Not handled** (see the README): a restart of every replica at once after a crash (each
-//! starts from its own store, which may lack the last commands another applied); membership
-//! change.
+//! **Starting.** Whether a replica rejoins ([`Start::Restarted`]) or starts with the group
+//! ([`Start::Initial`]) is decided by asking the peers: if a majority of all replicas are
+//! members of a view without it, it rejoins and catches up as above. Otherwise the whole
+//! group is starting (the first time, or after every replica stopped or crashed), and the
+//! stores may differ: a replica may have lagged the others, or lost its directory. Every
+//! store records where it stands in the order ([`OrderPosition`]: the group's epoch, which
+//! counts whole-group starts, and the next position of that epoch's order), written in the
+//! same commit as every change it applies. A starting replica answers `Replica` with that
+//! and role `starting`, and waits until every replica answers: it copies the store of one
+//! that stands further, if any does, and once every replica stands where it does (or runs
+//! the next epoch already), it records the next epoch at position 0 and starts the order
+//! node. Every acknowledged change is in the store of the replica that acknowledged it
+//! (committed before the answer), so the most advanced store of all holds them all; the
+//! price is that the group starts only when every replica answers.
+//!
+//! **Incarnations.** Each start takes an incarnation above the last one in
+//! `replica.incarnation` and at least the seconds since 2025 ([`clock_incarnation`]): a
+//! replica whose directory was wiped is still a new process to its peers (it lost what it
+//! acknowledged to them), rejoins as restarted and catches up.
+//!
+//! **Not handled** (see the README): a start of the group while a replica is down for good
+//! (it waits for every replica); membership change.
 
-use crate::command::{Command, Proposal};
+use crate::command::{Command, OrderPosition, Proposal};
 use crate::daemon::Served;
 use crate::{Manager, ManagerConfig};
 use bytes::Bytes;
@@ -114,6 +130,11 @@ struct Progress {
     normal: bool,
     /// Waiting for a peer's store before it can apply.
     catching_up: bool,
+    /// Not yet in the order: deciding how to start, or waiting for every replica to start
+    /// the group again (see the module doc).
+    starting: bool,
+    /// Why the replica stopped, once it did: it left the order and refuses every request.
+    stopped: Option<String>,
 }
 
 /// What the request handlers and the applier thread share.
@@ -122,9 +143,12 @@ pub(crate) struct Replica {
     pub(crate) id: u16,
     incarnation: u32,
     peers: Vec<SocketAddr>,
-    handle: Mutex<Handle>,
+    /// The order node, once started.
+    handle: Mutex<Option<Handle>>,
     /// The next order position to apply; moved only while the manager's lock is held.
     next_position: AtomicU64,
+    /// The group's epoch that position is of (see [`OrderPosition`]).
+    epoch: AtomicU64,
     next_ticket: AtomicU64,
     waiters: Mutex<HashMap<u64, oneshot::Sender<ManagerResponse>>>,
     progress: Mutex<Progress>,
@@ -164,6 +188,7 @@ pub fn replicated_cluster_id(secret: &Secret) -> u64 {
 }
 
 /// Everything a replica needs besides its manager.
+#[derive(Debug, Clone)]
 pub struct ReplicaConfig {
     /// This replica's id, 1-based, its position in `peers`.
     pub id: u16,
@@ -197,7 +222,18 @@ impl ReplicaConfig {
     }
 }
 
-/// The incarnation of this start: one more than the last, kept in `dir/replica.incarnation`.
+/// Seconds since 2025-01-01 UTC, the least incarnation of a start now: a replica whose
+/// directory was wiped (its incarnation file with it) still starts above every incarnation
+/// it had, so its peers take it for a new process, never for the old one with its promises.
+fn clock_incarnation() -> u32 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    u32::try_from(now.saturating_sub(1_735_689_600)).unwrap_or(u32::MAX)
+}
+
+/// The incarnation of this start: above the last, kept in `dir/replica.incarnation`, and
+/// at least [`clock_incarnation`].
 fn next_incarnation(dir: &Path) -> Result<u32, ReplicaError> {
     let path = dir.join("replica.incarnation");
     let failed = |error| ReplicaError::Incarnation {
@@ -209,7 +245,7 @@ fn next_incarnation(dir: &Path) -> Result<u32, ReplicaError> {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => 0,
         Err(error) => return Err(failed(error)),
     };
-    let next = last.wrapping_add(1);
+    let next = last.saturating_add(1).max(clock_incarnation());
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, next.to_string()).map_err(failed)?;
     std::fs::File::open(&tmp)
@@ -260,7 +296,9 @@ async fn group_is_running(config: &ReplicaConfig, secret: &Secret) -> bool {
     members >= majority
 }
 
-/// Starts the order node and the applier thread of replica `config.id` over `served`.
+/// Starts replica `config.id` over `served`: its applier thread decides how to join the
+/// order (see the module doc), starts the order node and applies; until then the replica
+/// answers `Replica` and `Snapshot` and refuses the rest.
 pub(crate) async fn start(
     config: ReplicaConfig,
     dir: &Path,
@@ -271,46 +309,25 @@ pub(crate) async fn start(
     config.validate()?;
     let addr = config.addr();
     let order_failed = |detail: String| ReplicaError::Order { addr, detail };
-    let start = if group_is_running(&config, secret).await {
-        Start::Restarted
-    } else {
-        Start::Initial
-    };
     let incarnation = next_incarnation(dir)?;
-    tracing::info!(
-        "replica {} of {} (incarnation {incarnation}): {}",
-        config.id,
-        config.peers.len(),
-        if start == Start::Initial {
-            "starting with the group"
-        } else {
-            "rejoining the running group"
-        }
-    );
     let socket = UdpSocket::bind(addr).map_err(|e| order_failed(e.to_string()))?;
-    let driver = DriverConfig {
-        config: config.order.clone(),
-        group: Group::all_to_all(config.peers.len()),
-        node: NodeId(config.id - 1),
-        incarnation,
-        start,
-        seed: rand::random(),
-        peers: config.peers.clone(),
-        broadcast: Broadcast::Unicast,
+    let stored = match &*served.lock().unwrap() {
+        Served::Running(manager) => manager
+            .order_position()
+            .map_err(|e| order_failed(format!("the store's order position: {e}")))?,
+        Served::NoStore(_) => OrderPosition::default(),
     };
-    let mut handle = tessera_order_udp::spawn_keyed(driver, socket, secret.replica_key())
-        .map_err(|e| order_failed(e.to_string()))?;
-    let events = handle.take_events();
     let replica = Arc::new(Replica {
         id: config.id,
         incarnation,
         peers: config.peers.clone(),
-        handle: Mutex::new(handle),
-        next_position: AtomicU64::new(0),
+        handle: Mutex::new(None),
+        next_position: AtomicU64::new(stored.next),
+        epoch: AtomicU64::new(stored.epoch),
         next_ticket: AtomicU64::new(0),
         waiters: Mutex::new(HashMap::new()),
         progress: Mutex::new(Progress {
-            catching_up: start == Start::Restarted,
+            starting: true,
             ..Progress::default()
         }),
         expiry_proposed: Mutex::new(BTreeSet::new()),
@@ -332,7 +349,10 @@ pub(crate) async fn start(
         .name(format!("replica-{}", config.id))
         .spawn(move || {
             let id = applier.replica.id;
-            let run = std::panic::AssertUnwindSafe(|| applier.run(events));
+            let run = std::panic::AssertUnwindSafe(|| {
+                let events = applier.begin(&config, socket);
+                applier.run(events);
+            });
             // A replica that cannot apply must not go on answering from a stale state: it
             // dies, and restarts through catch-up.
             if std::panic::catch_unwind(run).is_err() {
@@ -361,7 +381,11 @@ impl Replica {
     pub(crate) fn status(&self) -> ReplicaStatus {
         let progress = self.progress.lock().unwrap().clone();
         let me = NodeId(self.id - 1);
-        let role = if progress.catching_up {
+        let role = if progress.stopped.is_some() {
+            "stopped"
+        } else if progress.starting {
+            "starting"
+        } else if progress.catching_up {
             "catching-up"
         } else if !progress.normal {
             "view-change"
@@ -375,15 +399,42 @@ impl Replica {
             role: role.to_string(),
             view: progress.view,
             applied: self.next_position.load(Ordering::SeqCst),
+            epoch: self.epoch.load(Ordering::SeqCst),
         }
     }
 
     /// Why requests cannot be ordered here now, if they cannot.
     fn refusal(&self) -> Option<ManagerError> {
         let progress = self.progress.lock().unwrap();
+        if let Some(why) = &progress.stopped {
+            return Some(ManagerError::Unordered(format!(
+                "replica {} stopped: {why}",
+                self.id
+            )));
+        }
+        if progress.starting {
+            return Some(ManagerError::Unordered(format!(
+                "replica {} is starting",
+                self.id
+            )));
+        }
         progress.catching_up.then(|| {
             ManagerError::Unordered(format!("replica {} is catching up from its peers", self.id))
         })
+    }
+
+    /// Leaves the order and refuses every request from now on, saying `why`; requests
+    /// waiting for their answer here are told to try another replica.
+    pub(crate) fn stop(&self, why: String) {
+        tracing::error!("replica {}: stopping: {why}", self.id);
+        self.progress.lock().unwrap().stopped = Some(why.clone());
+        if let Some(handle) = self.handle.lock().unwrap().take() {
+            let _ = handle.stop();
+        }
+        for (_, waiter) in self.waiters.lock().unwrap().drain() {
+            let refused = ManagerError::Unordered(format!("replica {} stopped: {why}", self.id));
+            let _ = waiter.send(ManagerResponse::Error(refused));
+        }
     }
 
     /// Broadcasts `command`; the receiver gets the answer once this replica applied it.
@@ -409,7 +460,10 @@ impl Replica {
         }
         let (answer, waiting) = oneshot::channel();
         self.waiters.lock().unwrap().insert(ticket, answer);
-        let proposed = self.handle.lock().unwrap().propose(Bytes::from(proposal));
+        let proposed = match &*self.handle.lock().unwrap() {
+            Some(handle) => handle.propose(Bytes::from(proposal)),
+            None => Err(tessera_order_udp::DriverError::Stopped),
+        };
         if let Err(error) = proposed {
             self.waiters.lock().unwrap().remove(&ticket);
             return Err(ManagerError::Unordered(error.to_string()));
@@ -475,8 +529,13 @@ impl Replica {
         offset: u64,
         max_bytes: u32,
     ) -> Result<(u64, u64, Vec<u8>), ManagerError> {
-        if let Some(refused) = self.refusal() {
-            return Err(refused);
+        // A starting replica's store stands still: peers starting with it may copy it.
+        let progress = self.progress.lock().unwrap().clone();
+        if progress.catching_up || progress.stopped.is_some() {
+            return Err(ManagerError::Unordered(format!(
+                "replica {} is catching up from its peers",
+                self.id
+            )));
         }
         let position = match at {
             Some(position) => position,
@@ -567,8 +626,167 @@ struct Applier {
 }
 
 impl Applier {
+    /// Joins the order: as a restarted node if a majority of the replicas run a view now,
+    /// else with every replica, from the most advanced store (see the module doc).
+    fn begin(&self, config: &ReplicaConfig, socket: UdpSocket) -> mpsc::Receiver<Event> {
+        let running = self
+            .runtime
+            .block_on(group_is_running(config, &self.secret));
+        let start = if running {
+            Start::Restarted
+        } else {
+            self.start_with_everyone();
+            Start::Initial
+        };
+        tracing::info!(
+            "replica {} of {} (incarnation {}): {}",
+            config.id,
+            config.peers.len(),
+            self.replica.incarnation,
+            if start == Start::Initial {
+                "starting with the group"
+            } else {
+                "rejoining the running group"
+            }
+        );
+        let driver = DriverConfig {
+            config: config.order.clone(),
+            group: Group::all_to_all(config.peers.len()),
+            node: NodeId(config.id - 1),
+            incarnation: self.replica.incarnation,
+            start,
+            seed: rand::random(),
+            peers: config.peers.clone(),
+            broadcast: Broadcast::Unicast,
+        };
+        let mut handle = tessera_order_udp::spawn_keyed(driver, socket, self.secret.replica_key())
+            .expect("the order node starts");
+        let events = handle.take_events();
+        *self.replica.handle.lock().unwrap() = Some(handle);
+        let mut progress = self.replica.progress.lock().unwrap();
+        progress.catching_up = start == Start::Restarted;
+        progress.starting = false;
+        events
+    }
+
+    /// Waits until every replica is starting too, takes the most advanced store among them
+    /// (by [`OrderPosition`]) if this one's is behind, and, once every replica stands there,
+    /// begins the next epoch at position 0. A replica already in that next epoch started
+    /// from the same store and counts as ready.
+    fn start_with_everyone(&self) {
+        let transport = admin_transport(&self.secret);
+        loop {
+            let mine = OrderPosition {
+                epoch: self.replica.epoch.load(Ordering::SeqCst),
+                next: self.replica.next_position.load(Ordering::SeqCst),
+            };
+            let peers = self.peer_statuses(&transport);
+            // A peer running the next epoch started it once every replica, this one
+            // included, stood where this one stands still: this one starts too, whoever
+            // answers now.
+            let next_runs = peers.iter().any(|(_, status)| {
+                status.as_ref().is_some_and(|status| {
+                    status.role != "starting" && status.epoch == mine.epoch + 1
+                })
+            });
+            if next_runs {
+                self.begin_epoch(mine.epoch + 1);
+                return;
+            }
+            if peers.iter().all(|(_, status)| status.is_some()) {
+                let peers: Vec<_> = peers
+                    .into_iter()
+                    .map(|(addr, status)| (addr, status.expect("all answered")))
+                    .collect();
+                let stands = |status: &ReplicaStatus| OrderPosition {
+                    epoch: status.epoch,
+                    next: status.applied,
+                };
+                let starting = |status: &ReplicaStatus| status.role == "starting";
+                let ahead = peers
+                    .iter()
+                    .filter(|(_, status)| starting(status) && stands(status) > mine)
+                    .max_by_key(|(_, status)| stands(status));
+                if let Some((addr, status)) = ahead {
+                    self.take_store(&transport, *addr, stands(status));
+                    continue;
+                }
+                let ready = peers
+                    .iter()
+                    .all(|(_, status)| starting(status) && stands(status) == mine);
+                if ready {
+                    self.begin_epoch(mine.epoch + 1);
+                    return;
+                }
+            }
+            std::thread::sleep(CATCH_UP_PAUSE);
+        }
+    }
+
+    /// Every peer's status, `None` for those that did not answer.
+    fn peer_statuses(
+        &self,
+        transport: &Arc<TcpTransport>,
+    ) -> Vec<(SocketAddr, Option<ReplicaStatus>)> {
+        let me = usize::from(self.replica.id) - 1;
+        let ask = |addr: SocketAddr| {
+            let call = tessera_transport::call::<_, ManagerResponse>(
+                transport,
+                addr,
+                &ManagerRequest::Replica,
+                Bytes::new(),
+            );
+            match self.runtime.block_on(call) {
+                Ok((ManagerResponse::Replica(status), _)) => Some(status),
+                _ => None,
+            }
+        };
+        let others = self.replica.peers.iter().enumerate();
+        others
+            .filter(|&(index, _)| index != me)
+            .map(|(_, &addr)| (addr, ask(addr)))
+            .collect()
+    }
+
+    /// Installs the store of the starting peer at `addr`, which stands at `target`.
+    fn take_store(&self, transport: &Arc<TcpTransport>, addr: SocketAddr, target: OrderPosition) {
+        let fetched = self.fetch(transport, addr, target.next);
+        match fetched.and_then(|fetched| Ok((fetched, self.install_fetched(fetched)?))) {
+            Ok((Some((at, bytes, _)), true)) => tracing::info!(
+                "replica {}: starts from {addr}'s store, the most advanced ({bytes} bytes, \
+                 epoch {} position {at})",
+                self.replica.id,
+                target.epoch
+            ),
+            Ok(_) => {}
+            Err(error) => tracing::warn!("replica {}: {error}", self.replica.id),
+        }
+    }
+
+    /// Installs what [`Applier::fetch`] fetched, if it did; whether it did.
+    fn install_fetched(&self, fetched: Option<(u64, u64, u32)>) -> Result<bool, String> {
+        match fetched {
+            Some((at, _, _)) => self.install(at).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Begins `epoch` at position 0, durably, before the order node starts.
+    fn begin_epoch(&self, epoch: u64) {
+        let position = OrderPosition { epoch, next: 0 };
+        if let Served::Running(manager) = &mut *self.served.lock().unwrap() {
+            manager.set_order_position(position);
+            manager.flush().expect("the store commits the new epoch");
+        }
+        self.replica.epoch.store(epoch, Ordering::SeqCst);
+        self.replica.next_position.store(0, Ordering::SeqCst);
+    }
+
     fn run(self, events: mpsc::Receiver<Event>) {
         loop {
+            if self.replica.progress.lock().unwrap().stopped.is_some() {
+                return;
+            }
             match events.recv_timeout(APPLIER_TICK) {
                 Ok(event) => self.on_event(event),
                 Err(mpsc::RecvTimeoutError::Timeout) => self.propose_expiries(),
@@ -625,7 +843,20 @@ impl Applier {
         let mut served = self.served.lock().unwrap();
         let answer = match (&proposal, &mut *served) {
             (Ok(proposal), Served::Running(manager)) => {
-                Some(manager.apply(proposal.command.clone(), Instant::now()))
+                manager.set_order_position(OrderPosition {
+                    epoch: self.replica.epoch.load(Ordering::SeqCst),
+                    next: position + 1,
+                });
+                let answer = manager.apply(proposal.command.clone(), Instant::now());
+                if let Some(failure) = manager.take_store_failure() {
+                    // It cannot commit what the others commit: going on would answer from
+                    // a store that drifted from theirs. It stops; the others carry on.
+                    drop(served);
+                    self.replica
+                        .stop(format!("position {position}: its store failed: {failure}"));
+                    return;
+                }
+                Some(answer)
             }
             (Err(error), _) => {
                 tracing::error!("replica {}: position {position}: {error}", self.replica.id);
@@ -788,7 +1019,15 @@ impl Applier {
         let mut manager = Manager::open_existing(&self.dir, self.manager_config)
             .map_err(|e| format!("cannot open the copied store: {e}"))?;
         manager.set_replicated(self.secret.replica_key());
+        let stored = manager
+            .order_position()
+            .map_err(|e| format!("the copied store's order position: {e}"))?;
+        manager.set_order_position(OrderPosition {
+            epoch: stored.epoch,
+            next: position,
+        });
         *served = Served::Running(Box::new(manager));
+        self.replica.epoch.store(stored.epoch, Ordering::SeqCst);
         self.replica.next_position.store(position, Ordering::SeqCst);
         *self.replica.live_since.lock().unwrap() = Instant::now();
         Ok(())

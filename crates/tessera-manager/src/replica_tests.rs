@@ -47,16 +47,27 @@ pub(crate) async fn start(
         order: order_config(),
         catch_up_piece_bytes: piece_bytes,
     };
-    start_replica(
-        config,
-        dir,
-        ManagerConfig::default(),
-        true,
-        TcpLimits::default(),
-        &secret(),
-    )
-    .await
-    .unwrap()
+    let began = Instant::now();
+    loop {
+        let started = start_replica(
+            config.clone(),
+            dir,
+            ManagerConfig::default(),
+            true,
+            TcpLimits::default(),
+            &secret(),
+        )
+        .await;
+        match started {
+            Ok(running) => return running,
+            // A replica stopped just now may still hold its ports for a moment.
+            Err(error) if began.elapsed() < SETTLE_TIMEOUT => {
+                eprintln!("replica {id}: {error}; again");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("replica {id}: {error}"),
+        }
+    }
 }
 
 pub(crate) fn transport(claim: Claim, key: Key) -> Arc<TcpTransport> {
@@ -102,10 +113,19 @@ pub(crate) async fn ask_group(
                 Ok((answer, _)) => return answer,
             }
         }
-        assert!(
-            began.elapsed() < SETTLE_TIMEOUT,
-            "{request:?}: no replica ordered it"
-        );
+        if began.elapsed() > SETTLE_TIMEOUT {
+            for &addr in addrs {
+                let status = tessera_transport::call::<_, ManagerResponse>(
+                    &admin(),
+                    addr,
+                    &ManagerRequest::Replica,
+                    Bytes::new(),
+                )
+                .await;
+                eprintln!("{addr}: {status:?}");
+            }
+            panic!("{request:?}: no replica ordered it");
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -167,10 +187,10 @@ pub(crate) async fn fill(addrs: &[SocketAddr], files: usize) {
     }
 }
 
-/// Replica 3 starts after the other two have run a while: it catches up from a peer's store
-/// copied in pieces of 4 KiB (a store many times the piece, as a store over 16 MiB is many
-/// times the most a frame carries), ends with the same store, and authenticates a client
-/// key created before it joined.
+/// Replica 3 stops, the other two run on a while, and it starts again: it catches up from a
+/// peer's store copied in pieces of 4 KiB (a store many times the piece, as a store over
+/// 16 MiB is many times the most a frame carries), ends with the same store, and
+/// authenticates a client key created while it was away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_replica_catches_up_in_pieces_and_knows_earlier_keys() {
     const PIECE: u32 = 4096;
@@ -178,6 +198,12 @@ async fn a_late_replica_catches_up_in_pieces_and_knows_earlier_keys() {
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let one = start(1, &peers, dirs[0].path(), PIECE).await;
     let two = start(2, &peers, dirs[1].path(), PIECE).await;
+    let three = start(3, &peers, dirs[2].path(), PIECE).await;
+    // The group starts once every replica stands at the same place (see replica.rs).
+    for addr in &peers {
+        settled(*addr, 0).await;
+    }
+    three.stop();
     let running = &peers[..2];
     fill(running, 200).await;
     let ManagerResponse::KeyCreated { id, key } = ask_group(
@@ -230,4 +256,72 @@ async fn a_late_replica_catches_up_in_pieces_and_knows_earlier_keys() {
     assert!(reference.iter().any(|line| line.starts_with("access_keys")));
     assert_eq!(dump(&two), reference);
     assert_eq!(dump(&three), reference);
+}
+
+/// A replica whose store fails (a full disk) stops: it leaves the order and refuses every
+/// request, and the other two go on ordering and hold the same store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_store_fails_stops_and_the_others_go_on() {
+    let peers = free_addrs(3);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut group = Vec::new();
+    for id in 1..=3 {
+        group.push(start(id, &peers, dirs[usize::from(id) - 1].path(), 1 << 20).await);
+    }
+    for addr in &peers {
+        settled(*addr, 0).await;
+    }
+    fill(&peers, 5).await;
+    match &mut *group[2].manager.lock().unwrap() {
+        Served::Running(manager) => manager.fail_commits = true,
+        Served::NoStore(_) => panic!("no store"),
+    }
+    // The next change commits at replicas 1 and 2 and fails at 3.
+    fill_more(&peers[..2], "after", 5).await;
+    let began = Instant::now();
+    let status = loop {
+        let answer = ask(&admin(), peers[2], ManagerRequest::Replica).await;
+        let ManagerResponse::Replica(status) = answer else {
+            panic!("{answer:?}")
+        };
+        if status.role == "stopped" {
+            break status;
+        }
+        assert!(began.elapsed() < SETTLE_TIMEOUT, "replica 3: {status:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!("replica 3: {status:?}");
+    let lookup = ManagerRequest::Lookup {
+        path: "/after-0".into(),
+    };
+    let refused = ask(&admin(), peers[2], lookup).await;
+    assert!(
+        matches!(
+            refused,
+            ManagerResponse::Error(tessera_wire::ManagerError::Unordered(_))
+        ),
+        "{refused:?}"
+    );
+    fill_more(&peers[..2], "later", 5).await;
+    let last = settled(peers[0], 0).await.applied;
+    settled(peers[1], last).await;
+    assert_eq!(dump(&group[0]), dump(&group[1]));
+    assert!(dump(&group[0]).iter().any(|line| line.contains("later-4")));
+}
+
+/// Creates `count` files named `/NAME-i` through the replicas at `addrs`.
+async fn fill_more(addrs: &[SocketAddr], name: &str, count: usize) {
+    for index in 0..count {
+        let create = ManagerRequest::Create {
+            path: format!("/{name}-{index}"),
+            layout: LayoutRequest {
+                scheme: Scheme::Raid5,
+                stripe_unit: 65536,
+                width: Some(3),
+            },
+            replace: false,
+        };
+        let answer = ask_group(&admin(), addrs, create).await;
+        assert!(matches!(answer, ManagerResponse::File(_)), "{answer:?}");
+    }
 }

@@ -737,12 +737,14 @@ pub enum ManagerRequest {
 pub struct ReplicaStatus {
     /// Its id (1-based, in the order of `--peers`); 0 for a manager that is not replicated.
     pub id: u16,
-    /// "single", "leader", "follower", "joining", "catching-up" or "view-change".
+    /// "single", "leader", "follower", "starting", "catching-up" or "view-change".
     pub role: String,
     /// Its view of the total order group.
     pub view: u64,
-    /// Commands it has applied (the next order position it applies).
+    /// Commands it has applied (the next order position it applies) in `epoch`.
     pub applied: u64,
+    /// How many times the whole group started (the order's positions start again at 0).
+    pub epoch: u64,
 }
 
 /// A file and what its server owes of it, for rebuild.
