@@ -29,7 +29,7 @@ pub fn roles_allowed(request: &ManagerRequest) -> &'static [Role] {
     match request {
         R::Once { request, .. } => roles_allowed(request),
         R::Replica => &[Role::Admin, Role::Server, Role::Client],
-        R::Snapshot => &[Role::Admin],
+        R::Snapshot { .. } => &[Role::Admin],
         R::Register { .. }
         | R::Heartbeat { .. }
         | R::StorageKeys

@@ -53,6 +53,35 @@ pub(crate) const ONCE: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new
 /// retry must come before this many later changes of its client are applied.
 pub const ONCE_WINDOW: u64 = 1024;
 
+/// Key in `meta` of the order epoch a replica's store stands in (see [`OrderPosition`]).
+const KEY_ORDER_EPOCH: &str = "order_epoch";
+/// Key in `meta` of the next order position of that epoch the store would apply.
+const KEY_ORDER_NEXT: &str = "order_next";
+
+/// Where a replica's store stands in the order, written with every commit so that it is as
+/// durable as the changes: the group's order restarts from position 0 whenever every replica
+/// starts at once (a new `epoch`), and then the replicas compare these to start from the most
+/// advanced store (`replica.rs`). Commands that change nothing commit nothing, so `next` may
+/// lag the commands applied by such commands only, which left the store as it was.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct OrderPosition {
+    /// How many times the whole group started.
+    pub epoch: u64,
+    /// The next position of that epoch's order.
+    pub next: u64,
+}
+
+impl OrderPosition {
+    pub(crate) fn write(
+        self,
+        meta: &mut redb::Table<'_, &'static str, u64>,
+    ) -> Result<(), Failure> {
+        meta.insert(KEY_ORDER_EPOCH, self.epoch)?;
+        meta.insert(KEY_ORDER_NEXT, self.next)?;
+        Ok(())
+    }
+}
+
 /// What the proposing replica decided for a request, so that every replica applies it alike.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decision {
@@ -248,6 +277,27 @@ impl Manager {
             return Err(Failure::UnknownFormat(version.into()));
         }
         Ok((Some(answer), latest))
+    }
+
+    /// Where the store stands in the order (zero for a store no replica applied to).
+    pub fn order_position(&self) -> Result<OrderPosition, ManagerError> {
+        let read = || -> Result<OrderPosition, Failure> {
+            let txn = self.db.begin_read()?;
+            let meta = txn.open_table(crate::store::META)?;
+            let value = |key| -> Result<u64, Failure> {
+                Ok(meta.get(key)?.map(|value| value.value()).unwrap_or(0))
+            };
+            Ok(OrderPosition {
+                epoch: value(KEY_ORDER_EPOCH)?,
+                next: value(KEY_ORDER_NEXT)?,
+            })
+        };
+        read().map_err(ManagerError::from)
+    }
+
+    /// Sets where the store stands in the order; the next commit writes it.
+    pub fn set_order_position(&mut self, position: OrderPosition) {
+        self.order_position = Some(position);
     }
 
     /// Every record of the store as text, table by table, in key order: two replicas that

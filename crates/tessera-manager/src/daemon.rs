@@ -99,9 +99,11 @@ impl Served {
 pub struct RunningManager {
     /// The address it listens on.
     pub addr: SocketAddr,
-    manager: Arc<Mutex<Served>>,
+    pub(crate) manager: Arc<Mutex<Served>>,
     serve: tokio::task::JoinHandle<()>,
     ticker: tokio::task::JoinHandle<()>,
+    /// Its replica, if it is one of several.
+    replica: Option<Arc<Replica>>,
 }
 
 impl RunningManager {
@@ -111,10 +113,14 @@ impl RunningManager {
         self.ticker.abort();
     }
 
-    /// Stop serving (the store is closed when the last request finishes).
+    /// Stop serving (the store is closed when the last request finishes); a replica leaves
+    /// the order.
     pub fn stop(self) {
         self.serve.abort();
         self.ticker.abort();
+        if let Some(replica) = &self.replica {
+            replica.stop("stopped by its daemon".into());
+        }
     }
 
     /// Stop serving and make every metadata change durable.
@@ -234,15 +240,25 @@ impl ManagerHandler {
                 ManagerRequest::Replica => {
                     (ManagerResponse::Replica(replica.status()), Bytes::new())
                 }
-                ManagerRequest::Snapshot => {
-                    let copied =
-                        tokio::task::spawn_blocking(move || replica.snapshot(&manager, &dir))
-                            .await
-                            .ok()?;
+                ManagerRequest::Snapshot {
+                    at,
+                    offset,
+                    max_bytes,
+                } => {
+                    let copied = tokio::task::spawn_blocking(move || {
+                        replica.snapshot_piece(&manager, &dir, at, offset, max_bytes)
+                    })
+                    .await
+                    .ok()?;
                     match copied {
-                        Ok((position, store)) => {
-                            (ManagerResponse::Snapshot { position }, Bytes::from(store))
-                        }
+                        Ok((position, total_bytes, piece)) => (
+                            ManagerResponse::Snapshot {
+                                position,
+                                total_bytes,
+                                offset,
+                            },
+                            Bytes::from(piece),
+                        ),
                         Err(error) => (ManagerResponse::Error(error), Bytes::new()),
                     }
                 }
@@ -391,7 +407,7 @@ async fn start_with(
         listener,
         Arc::new(ManagerHandler {
             manager: manager.clone(),
-            replica,
+            replica: replica.clone(),
             dir: handler_dir,
             admin_key: secret.admin_key(),
             server_key: secret.server_key(),
@@ -404,6 +420,7 @@ async fn start_with(
         manager,
         serve,
         ticker,
+        replica,
     })
 }
 

@@ -111,6 +111,8 @@ pub use manager::{
 };
 
 #[cfg(test)]
+mod replica_tests;
+#[cfg(test)]
 mod replication_tests;
 #[cfg(test)]
 mod store_loss_tests;

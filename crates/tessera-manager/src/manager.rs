@@ -146,6 +146,14 @@ pub struct Manager {
     /// What the replica that proposed the command being applied decided for it (placement,
     /// drawn key); empty outside [`Manager::apply`].
     pub(crate) decision: crate::command::Decision,
+    /// A replica's place in the order, written with every commit (see `command.rs`).
+    pub(crate) order_position: Option<crate::command::OrderPosition>,
+    /// The last failure of the store itself (not a refusal) since it was taken: a replica
+    /// stops on it (see `replica.rs`).
+    store_failure: Option<String>,
+    /// Tests: every commit fails as a full disk would.
+    #[cfg(test)]
+    pub(crate) fail_commits: bool,
 }
 
 impl Manager {
@@ -217,6 +225,10 @@ impl Manager {
             pending: pending.into_iter().map(|file| (file, None)).collect(),
             replica_key: None,
             decision: crate::command::Decision::default(),
+            order_position: None,
+            store_failure: None,
+            #[cfg(test)]
+            fail_commits: false,
         })
     }
 
@@ -344,7 +356,7 @@ impl Manager {
                 request,
             } => self.once(client, sequence, *request, now),
             // A replica's own state and copies of its store are the daemon's (replica.rs).
-            ManagerRequest::Replica | ManagerRequest::Snapshot => {
+            ManagerRequest::Replica | ManagerRequest::Snapshot { .. } => {
                 Err(ManagerError::Unordered("this manager is not replicated".into()).into())
             }
         };
@@ -895,6 +907,23 @@ impl Manager {
         durability: redb::Durability,
         apply: impl FnOnce(&mut Change<'_>) -> Result<T, Failure>,
     ) -> Result<T, Failure> {
+        let written = self.write_once(durability, apply);
+        if let Err(Failure::Store(error)) = &written {
+            self.store_failure = Some(error.to_string());
+        }
+        written
+    }
+
+    /// The store's own failure since the last call (a refusal is not one), if any.
+    pub fn take_store_failure(&mut self) -> Option<String> {
+        self.store_failure.take()
+    }
+
+    fn write_once<T>(
+        &mut self,
+        durability: redb::Durability,
+        apply: impl FnOnce(&mut Change<'_>) -> Result<T, Failure>,
+    ) -> Result<T, Failure> {
         self.check_store()?;
         let mut txn = self.db.begin_write()?;
         txn.set_durability(durability)
@@ -902,6 +931,9 @@ impl Manager {
         let (value, servers, debtors) = {
             let mut change = Change::new(&txn)?;
             let value = apply(&mut change)?;
+            if let Some(position) = self.order_position {
+                position.write(&mut change.tables.meta)?;
+            }
             let debtors = change
                 .debtors_touched
                 .iter()
@@ -909,6 +941,11 @@ impl Manager {
                 .collect::<Result<Vec<_>, Failure>>()?;
             (value, change.servers_written, debtors)
         };
+        #[cfg(test)]
+        if self.fail_commits {
+            let full = std::io::Error::from_raw_os_error(28); // ENOSPC
+            return Err(Failure::Store(redb::StorageError::Io(full).into()));
+        }
         txn.commit()?;
         self.servers.extend(servers);
         for (server, indebted) in debtors {

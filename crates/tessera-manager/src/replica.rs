@@ -22,23 +22,43 @@
 //! **Catching up.** A replica that restarts has forgotten the order (tessera-order's
 //! [`Start::Restarted`]): it joins the current view and delivers from some position `p` on
 //! ([`Event::Joined`]). Everything before `p` comes from a peer: it asks the others, in turn,
-//! for a [`ManagerRequest::Snapshot`] (the peer makes its store durable and sends the file
-//! with the position it stands at, `n`) until one has `n >= p`, installs the file as its
-//! store, and applies the deliveries from `n` on (those below were in the copy). Until then
+//! for a [`ManagerRequest::Snapshot`] (the peer copies every table of its store as a read
+//! transaction sees it, at the position it stands at, `n`, into a file of its own, and sends
+//! that file in pieces of at most [`SNAPSHOT_PIECE_BYTES_MAX`], so a store of any size
+//! crosses) until one has `n >= p`, installs the copy as its store, and applies the
+//! deliveries from `n` on (those below were in the copy). Until then
 //! it refuses requests with [`ManagerError::Unordered`], and clients try another replica.
-//! Whether a replica starts fresh ([`Start::Initial`], with the group) or rejoins is decided
-//! by asking the peers: if a majority of all replicas are members of a view without it, it
-//! rejoins.
 //!
-//! **Not handled** (see the README): a restart of every replica at once after a crash (each
-//! starts from its own store, which may lack the last commands another applied); membership
-//! change; snapshots of a store larger than a frame's payload (16 MiB).
+//! **Starting.** Whether a replica rejoins ([`Start::Restarted`]) or starts with the group
+//! ([`Start::Initial`]) is decided by asking the peers: if a majority of all replicas are
+//! members of a view without it, it rejoins and catches up as above. Otherwise the whole
+//! group is starting (the first time, or after every replica stopped or crashed), and the
+//! stores may differ: a replica may have lagged the others, or lost its directory. Every
+//! store records where it stands in the order ([`OrderPosition`]: the group's epoch, which
+//! counts whole-group starts, and the next position of that epoch's order), written in the
+//! same commit as every change it applies. A starting replica answers `Replica` with that
+//! and role `starting`, and waits until every replica answers: it copies the store of one
+//! that stands further, if any does, and once every replica stands where it does (or runs
+//! the next epoch already), it records the next epoch at position 0 and starts the order
+//! node. Every acknowledged change is in the store of the replica that acknowledged it
+//! (committed before the answer), so the most advanced store of all holds them all; the
+//! price is that the group starts only when every replica answers.
+//!
+//! **Incarnations.** Each start takes an incarnation above the last one in
+//! `replica.incarnation` and at least the seconds since 2025 ([`clock_incarnation`]): a
+//! replica whose directory was wiped is still a new process to its peers (it lost what it
+//! acknowledged to them), rejoins as restarted and catches up.
+//!
+//! **Not handled** (see the README): a start of the group while a replica is down for good
+//! (it waits for every replica); membership change.
 
-use crate::command::{Command, Proposal};
+use crate::command::{Command, OrderPosition, Proposal};
 use crate::daemon::Served;
 use crate::{Manager, ManagerConfig};
 use bytes::Bytes;
+use redb::ReadableDatabase;
 use std::collections::{BTreeSet, HashMap};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,6 +80,10 @@ const PEER_TIMEOUT: Duration = Duration::from_millis(500);
 const CATCH_UP_PAUSE: Duration = Duration::from_millis(100);
 /// How often the applier looks at lease deadlines when no delivery comes.
 const APPLIER_TICK: Duration = Duration::from_millis(100);
+/// Largest piece of a store copy a replica sends in one frame (half a frame's payload).
+pub const SNAPSHOT_PIECE_BYTES_MAX: u64 = 8 << 20;
+/// Where a replica writes the store copy it fetches, before it installs it.
+const INCOMING_FILE_NAME: &str = "manager.redb.incoming";
 /// Most replicas in a group.
 pub const REPLICAS_MAX: usize = 16;
 
@@ -106,6 +130,11 @@ struct Progress {
     normal: bool,
     /// Waiting for a peer's store before it can apply.
     catching_up: bool,
+    /// Not yet in the order: deciding how to start, or waiting for every replica to start
+    /// the group again (see the module doc).
+    starting: bool,
+    /// Why the replica stopped, once it did: it left the order and refuses every request.
+    stopped: Option<String>,
 }
 
 /// What the request handlers and the applier thread share.
@@ -114,9 +143,12 @@ pub(crate) struct Replica {
     pub(crate) id: u16,
     incarnation: u32,
     peers: Vec<SocketAddr>,
-    handle: Mutex<Handle>,
+    /// The order node, once started.
+    handle: Mutex<Option<Handle>>,
     /// The next order position to apply; moved only while the manager's lock is held.
     next_position: AtomicU64,
+    /// The group's epoch that position is of (see [`OrderPosition`]).
+    epoch: AtomicU64,
     next_ticket: AtomicU64,
     waiters: Mutex<HashMap<u64, oneshot::Sender<ManagerResponse>>>,
     progress: Mutex<Progress>,
@@ -128,6 +160,10 @@ pub(crate) struct Replica {
     live_since: Mutex<Instant>,
     /// The heartbeat timeout of its manager.
     heartbeat_timeout: Duration,
+    /// Held while a copy of the store is made for a peer.
+    outgoing: Mutex<()>,
+    /// See [`ReplicaConfig::catch_up_piece_bytes`].
+    catch_up_piece_bytes: u32,
 }
 
 /// The order's settings for manager replicas: a view change within about half a second of a
@@ -152,6 +188,7 @@ pub fn replicated_cluster_id(secret: &Secret) -> u64 {
 }
 
 /// Everything a replica needs besides its manager.
+#[derive(Debug, Clone)]
 pub struct ReplicaConfig {
     /// This replica's id, 1-based, its position in `peers`.
     pub id: u16,
@@ -159,6 +196,9 @@ pub struct ReplicaConfig {
     pub peers: Vec<SocketAddr>,
     /// The order's settings ([`order_config`]).
     pub order: tessera_order::Config,
+    /// Largest piece of a peer's store to ask for at once when catching up (at most
+    /// [`SNAPSHOT_PIECE_BYTES_MAX`]; tests ask for less to cross many pieces).
+    pub catch_up_piece_bytes: u32,
 }
 
 impl ReplicaConfig {
@@ -182,7 +222,18 @@ impl ReplicaConfig {
     }
 }
 
-/// The incarnation of this start: one more than the last, kept in `dir/replica.incarnation`.
+/// Seconds since 2025-01-01 UTC, the least incarnation of a start now: a replica whose
+/// directory was wiped (its incarnation file with it) still starts above every incarnation
+/// it had, so its peers take it for a new process, never for the old one with its promises.
+fn clock_incarnation() -> u32 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    u32::try_from(now.saturating_sub(1_735_689_600)).unwrap_or(u32::MAX)
+}
+
+/// The incarnation of this start: above the last, kept in `dir/replica.incarnation`, and
+/// at least [`clock_incarnation`].
 fn next_incarnation(dir: &Path) -> Result<u32, ReplicaError> {
     let path = dir.join("replica.incarnation");
     let failed = |error| ReplicaError::Incarnation {
@@ -194,7 +245,7 @@ fn next_incarnation(dir: &Path) -> Result<u32, ReplicaError> {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => 0,
         Err(error) => return Err(failed(error)),
     };
-    let next = last.wrapping_add(1);
+    let next = last.saturating_add(1).max(clock_incarnation());
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, next.to_string()).map_err(failed)?;
     std::fs::File::open(&tmp)
@@ -245,7 +296,9 @@ async fn group_is_running(config: &ReplicaConfig, secret: &Secret) -> bool {
     members >= majority
 }
 
-/// Starts the order node and the applier thread of replica `config.id` over `served`.
+/// Starts replica `config.id` over `served`: its applier thread decides how to join the
+/// order (see the module doc), starts the order node and applies; until then the replica
+/// answers `Replica` and `Snapshot` and refuses the rest.
 pub(crate) async fn start(
     config: ReplicaConfig,
     dir: &Path,
@@ -256,52 +309,33 @@ pub(crate) async fn start(
     config.validate()?;
     let addr = config.addr();
     let order_failed = |detail: String| ReplicaError::Order { addr, detail };
-    let start = if group_is_running(&config, secret).await {
-        Start::Restarted
-    } else {
-        Start::Initial
-    };
     let incarnation = next_incarnation(dir)?;
-    tracing::info!(
-        "replica {} of {} (incarnation {incarnation}): {}",
-        config.id,
-        config.peers.len(),
-        if start == Start::Initial {
-            "starting with the group"
-        } else {
-            "rejoining the running group"
-        }
-    );
     let socket = UdpSocket::bind(addr).map_err(|e| order_failed(e.to_string()))?;
-    let driver = DriverConfig {
-        config: config.order.clone(),
-        group: Group::all_to_all(config.peers.len()),
-        node: NodeId(config.id - 1),
-        incarnation,
-        start,
-        seed: rand::random(),
-        peers: config.peers.clone(),
-        broadcast: Broadcast::Unicast,
+    let stored = match &*served.lock().unwrap() {
+        Served::Running(manager) => manager
+            .order_position()
+            .map_err(|e| order_failed(format!("the store's order position: {e}")))?,
+        Served::NoStore(_) => OrderPosition::default(),
     };
-    let mut handle = tessera_order_udp::spawn_keyed(driver, socket, secret.replica_key())
-        .map_err(|e| order_failed(e.to_string()))?;
-    let events = handle.take_events();
     let replica = Arc::new(Replica {
         id: config.id,
         incarnation,
         peers: config.peers.clone(),
-        handle: Mutex::new(handle),
-        next_position: AtomicU64::new(0),
+        handle: Mutex::new(None),
+        next_position: AtomicU64::new(stored.next),
+        epoch: AtomicU64::new(stored.epoch),
         next_ticket: AtomicU64::new(0),
         waiters: Mutex::new(HashMap::new()),
         progress: Mutex::new(Progress {
-            catching_up: start == Start::Restarted,
+            starting: true,
             ..Progress::default()
         }),
         expiry_proposed: Mutex::new(BTreeSet::new()),
         message_bytes_max: config.order.message_bytes_max(),
         live_since: Mutex::new(Instant::now()),
         heartbeat_timeout: manager_config.heartbeat_timeout,
+        outgoing: Mutex::new(()),
+        catch_up_piece_bytes: config.catch_up_piece_bytes,
     });
     let applier = Applier {
         replica: replica.clone(),
@@ -315,7 +349,10 @@ pub(crate) async fn start(
         .name(format!("replica-{}", config.id))
         .spawn(move || {
             let id = applier.replica.id;
-            let run = std::panic::AssertUnwindSafe(|| applier.run(events));
+            let run = std::panic::AssertUnwindSafe(|| {
+                let events = applier.begin(&config, socket);
+                applier.run(events);
+            });
             // A replica that cannot apply must not go on answering from a stale state: it
             // dies, and restarts through catch-up.
             if std::panic::catch_unwind(run).is_err() {
@@ -335,7 +372,7 @@ pub(crate) fn is_local(request: &ManagerRequest) -> bool {
             | ManagerRequest::KeyList
             | ManagerRequest::StorageKeys
             | ManagerRequest::Replica
-            | ManagerRequest::Snapshot
+            | ManagerRequest::Snapshot { .. }
     )
 }
 
@@ -344,7 +381,11 @@ impl Replica {
     pub(crate) fn status(&self) -> ReplicaStatus {
         let progress = self.progress.lock().unwrap().clone();
         let me = NodeId(self.id - 1);
-        let role = if progress.catching_up {
+        let role = if progress.stopped.is_some() {
+            "stopped"
+        } else if progress.starting {
+            "starting"
+        } else if progress.catching_up {
             "catching-up"
         } else if !progress.normal {
             "view-change"
@@ -358,15 +399,42 @@ impl Replica {
             role: role.to_string(),
             view: progress.view,
             applied: self.next_position.load(Ordering::SeqCst),
+            epoch: self.epoch.load(Ordering::SeqCst),
         }
     }
 
     /// Why requests cannot be ordered here now, if they cannot.
     fn refusal(&self) -> Option<ManagerError> {
         let progress = self.progress.lock().unwrap();
+        if let Some(why) = &progress.stopped {
+            return Some(ManagerError::Unordered(format!(
+                "replica {} stopped: {why}",
+                self.id
+            )));
+        }
+        if progress.starting {
+            return Some(ManagerError::Unordered(format!(
+                "replica {} is starting",
+                self.id
+            )));
+        }
         progress.catching_up.then(|| {
             ManagerError::Unordered(format!("replica {} is catching up from its peers", self.id))
         })
+    }
+
+    /// Leaves the order and refuses every request from now on, saying `why`; requests
+    /// waiting for their answer here are told to try another replica.
+    pub(crate) fn stop(&self, why: String) {
+        tracing::error!("replica {}: stopping: {why}", self.id);
+        self.progress.lock().unwrap().stopped = Some(why.clone());
+        if let Some(handle) = self.handle.lock().unwrap().take() {
+            let _ = handle.stop();
+        }
+        for (_, waiter) in self.waiters.lock().unwrap().drain() {
+            let refused = ManagerError::Unordered(format!("replica {} stopped: {why}", self.id));
+            let _ = waiter.send(ManagerResponse::Error(refused));
+        }
     }
 
     /// Broadcasts `command`; the receiver gets the answer once this replica applied it.
@@ -392,7 +460,10 @@ impl Replica {
         }
         let (answer, waiting) = oneshot::channel();
         self.waiters.lock().unwrap().insert(ticket, answer);
-        let proposed = self.handle.lock().unwrap().propose(Bytes::from(proposal));
+        let proposed = match &*self.handle.lock().unwrap() {
+            Some(handle) => handle.propose(Bytes::from(proposal)),
+            None => Err(tessera_order_udp::DriverError::Stopped),
+        };
         if let Err(error) = proposed {
             self.waiters.lock().unwrap().remove(&ticket);
             return Err(ManagerError::Unordered(error.to_string()));
@@ -448,24 +519,99 @@ impl Replica {
         })
     }
 
-    /// A durable copy of the store and the position it stands at (see the module doc).
-    pub(crate) fn snapshot(
+    /// A piece of a copy of the store and the position the copy stands at (see the module
+    /// doc): with `at` empty a new copy is made first.
+    pub(crate) fn snapshot_piece(
         &self,
         served: &Mutex<Served>,
         dir: &Path,
-    ) -> Result<(u64, Vec<u8>), ManagerError> {
-        if let Some(refused) = self.refusal() {
-            return Err(refused);
+        at: Option<u64>,
+        offset: u64,
+        max_bytes: u32,
+    ) -> Result<(u64, u64, Vec<u8>), ManagerError> {
+        // A starting replica's store stands still: peers starting with it may copy it.
+        let progress = self.progress.lock().unwrap().clone();
+        if progress.catching_up || progress.stopped.is_some() {
+            return Err(ManagerError::Unordered(format!(
+                "replica {} is catching up from its peers",
+                self.id
+            )));
         }
-        let mut served = served.lock().unwrap();
-        let Served::Running(manager) = &mut *served else {
-            return Err(ManagerError::Unordered("no store".into()));
+        let position = match at {
+            Some(position) => position,
+            None => self.copy_store(served, dir)?,
         };
-        manager.flush()?;
-        let position = self.next_position.load(Ordering::SeqCst);
-        let bytes = std::fs::read(dir.join(crate::store::DB_FILE_NAME))
-            .map_err(|e| ManagerError::Store(e.to_string()))?;
-        Ok((position, bytes))
+        let failed = |e: std::io::Error| {
+            ManagerError::Unordered(format!(
+                "replica {}: the copy of its store at position {position}: {e} (ask for a new \
+                 copy)",
+                self.id
+            ))
+        };
+        let mut file = std::fs::File::open(outgoing_path(dir, position)).map_err(failed)?;
+        let total = file.metadata().map_err(failed)?.len();
+        let length = u64::from(max_bytes)
+            .min(SNAPSHOT_PIECE_BYTES_MAX)
+            .min(total.saturating_sub(offset));
+        let mut piece = vec![0; length as usize];
+        file.seek(SeekFrom::Start(offset))
+            .and_then(|_| file.read_exact(&mut piece))
+            .map_err(failed)?;
+        Ok((position, total, piece))
+    }
+
+    /// Copies the store as it stands into `manager.redb.outgoing-<position>` (a read
+    /// transaction: the applier goes on meanwhile) and returns the position.
+    fn copy_store(&self, served: &Mutex<Served>, dir: &Path) -> Result<u64, ManagerError> {
+        let _one_at_a_time = self.outgoing.lock().unwrap();
+        let (txn, position) = match &*served.lock().unwrap() {
+            Served::Running(manager) => (
+                manager
+                    .db
+                    .begin_read()
+                    .map_err(|e| ManagerError::Store(e.to_string()))?,
+                self.next_position.load(Ordering::SeqCst),
+            ),
+            Served::NoStore(_) => return Err(ManagerError::Unordered("no store".into())),
+        };
+        let path = outgoing_path(dir, position);
+        if !path.exists() {
+            let tmp = dir.join("manager.redb.outgoing.tmp");
+            let _ = std::fs::remove_file(&tmp);
+            crate::store::copy_tables(&txn, &tmp).map_err(ManagerError::from)?;
+            std::fs::rename(&tmp, &path).map_err(|e| ManagerError::Store(e.to_string()))?;
+        }
+        drop(txn);
+        prune_outgoing(dir, position);
+        Ok(position)
+    }
+}
+
+/// Where the copy of the store at `position` is kept for peers.
+fn outgoing_path(dir: &Path, position: u64) -> PathBuf {
+    dir.join(format!("manager.redb.outgoing-{position}"))
+}
+
+/// Removes the copies for peers older than the one at `newest` and the one before it (a peer
+/// may still be reading that one).
+fn prune_outgoing(dir: &Path, newest: u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut positions: Vec<u64> = entries
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name();
+            name.to_str()?
+                .strip_prefix("manager.redb.outgoing-")?
+                .parse()
+                .ok()
+        })
+        .filter(|&position| position != newest)
+        .collect();
+    positions.sort_unstable();
+    positions.pop();
+    for position in positions {
+        let _ = std::fs::remove_file(outgoing_path(dir, position));
     }
 }
 
@@ -480,8 +626,167 @@ struct Applier {
 }
 
 impl Applier {
+    /// Joins the order: as a restarted node if a majority of the replicas run a view now,
+    /// else with every replica, from the most advanced store (see the module doc).
+    fn begin(&self, config: &ReplicaConfig, socket: UdpSocket) -> mpsc::Receiver<Event> {
+        let running = self
+            .runtime
+            .block_on(group_is_running(config, &self.secret));
+        let start = if running {
+            Start::Restarted
+        } else {
+            self.start_with_everyone();
+            Start::Initial
+        };
+        tracing::info!(
+            "replica {} of {} (incarnation {}): {}",
+            config.id,
+            config.peers.len(),
+            self.replica.incarnation,
+            if start == Start::Initial {
+                "starting with the group"
+            } else {
+                "rejoining the running group"
+            }
+        );
+        let driver = DriverConfig {
+            config: config.order.clone(),
+            group: Group::all_to_all(config.peers.len()),
+            node: NodeId(config.id - 1),
+            incarnation: self.replica.incarnation,
+            start,
+            seed: rand::random(),
+            peers: config.peers.clone(),
+            broadcast: Broadcast::Unicast,
+        };
+        let mut handle = tessera_order_udp::spawn_keyed(driver, socket, self.secret.replica_key())
+            .expect("the order node starts");
+        let events = handle.take_events();
+        *self.replica.handle.lock().unwrap() = Some(handle);
+        let mut progress = self.replica.progress.lock().unwrap();
+        progress.catching_up = start == Start::Restarted;
+        progress.starting = false;
+        events
+    }
+
+    /// Waits until every replica is starting too, takes the most advanced store among them
+    /// (by [`OrderPosition`]) if this one's is behind, and, once every replica stands there,
+    /// begins the next epoch at position 0. A replica already in that next epoch started
+    /// from the same store and counts as ready.
+    fn start_with_everyone(&self) {
+        let transport = admin_transport(&self.secret);
+        loop {
+            let mine = OrderPosition {
+                epoch: self.replica.epoch.load(Ordering::SeqCst),
+                next: self.replica.next_position.load(Ordering::SeqCst),
+            };
+            let peers = self.peer_statuses(&transport);
+            // A peer running the next epoch started it once every replica, this one
+            // included, stood where this one stands still: this one starts too, whoever
+            // answers now.
+            let next_runs = peers.iter().any(|(_, status)| {
+                status.as_ref().is_some_and(|status| {
+                    status.role != "starting" && status.epoch == mine.epoch + 1
+                })
+            });
+            if next_runs {
+                self.begin_epoch(mine.epoch + 1);
+                return;
+            }
+            if peers.iter().all(|(_, status)| status.is_some()) {
+                let peers: Vec<_> = peers
+                    .into_iter()
+                    .map(|(addr, status)| (addr, status.expect("all answered")))
+                    .collect();
+                let stands = |status: &ReplicaStatus| OrderPosition {
+                    epoch: status.epoch,
+                    next: status.applied,
+                };
+                let starting = |status: &ReplicaStatus| status.role == "starting";
+                let ahead = peers
+                    .iter()
+                    .filter(|(_, status)| starting(status) && stands(status) > mine)
+                    .max_by_key(|(_, status)| stands(status));
+                if let Some((addr, status)) = ahead {
+                    self.take_store(&transport, *addr, stands(status));
+                    continue;
+                }
+                let ready = peers
+                    .iter()
+                    .all(|(_, status)| starting(status) && stands(status) == mine);
+                if ready {
+                    self.begin_epoch(mine.epoch + 1);
+                    return;
+                }
+            }
+            std::thread::sleep(CATCH_UP_PAUSE);
+        }
+    }
+
+    /// Every peer's status, `None` for those that did not answer.
+    fn peer_statuses(
+        &self,
+        transport: &Arc<TcpTransport>,
+    ) -> Vec<(SocketAddr, Option<ReplicaStatus>)> {
+        let me = usize::from(self.replica.id) - 1;
+        let ask = |addr: SocketAddr| {
+            let call = tessera_transport::call::<_, ManagerResponse>(
+                transport,
+                addr,
+                &ManagerRequest::Replica,
+                Bytes::new(),
+            );
+            match self.runtime.block_on(call) {
+                Ok((ManagerResponse::Replica(status), _)) => Some(status),
+                _ => None,
+            }
+        };
+        let others = self.replica.peers.iter().enumerate();
+        others
+            .filter(|&(index, _)| index != me)
+            .map(|(_, &addr)| (addr, ask(addr)))
+            .collect()
+    }
+
+    /// Installs the store of the starting peer at `addr`, which stands at `target`.
+    fn take_store(&self, transport: &Arc<TcpTransport>, addr: SocketAddr, target: OrderPosition) {
+        let fetched = self.fetch(transport, addr, target.next);
+        match fetched.and_then(|fetched| Ok((fetched, self.install_fetched(fetched)?))) {
+            Ok((Some((at, bytes, _)), true)) => tracing::info!(
+                "replica {}: starts from {addr}'s store, the most advanced ({bytes} bytes, \
+                 epoch {} position {at})",
+                self.replica.id,
+                target.epoch
+            ),
+            Ok(_) => {}
+            Err(error) => tracing::warn!("replica {}: {error}", self.replica.id),
+        }
+    }
+
+    /// Installs what [`Applier::fetch`] fetched, if it did; whether it did.
+    fn install_fetched(&self, fetched: Option<(u64, u64, u32)>) -> Result<bool, String> {
+        match fetched {
+            Some((at, _, _)) => self.install(at).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Begins `epoch` at position 0, durably, before the order node starts.
+    fn begin_epoch(&self, epoch: u64) {
+        let position = OrderPosition { epoch, next: 0 };
+        if let Served::Running(manager) = &mut *self.served.lock().unwrap() {
+            manager.set_order_position(position);
+            manager.flush().expect("the store commits the new epoch");
+        }
+        self.replica.epoch.store(epoch, Ordering::SeqCst);
+        self.replica.next_position.store(0, Ordering::SeqCst);
+    }
+
     fn run(self, events: mpsc::Receiver<Event>) {
         loop {
+            if self.replica.progress.lock().unwrap().stopped.is_some() {
+                return;
+            }
             match events.recv_timeout(APPLIER_TICK) {
                 Ok(event) => self.on_event(event),
                 Err(mpsc::RecvTimeoutError::Timeout) => self.propose_expiries(),
@@ -538,7 +843,20 @@ impl Applier {
         let mut served = self.served.lock().unwrap();
         let answer = match (&proposal, &mut *served) {
             (Ok(proposal), Served::Running(manager)) => {
-                Some(manager.apply(proposal.command.clone(), Instant::now()))
+                manager.set_order_position(OrderPosition {
+                    epoch: self.replica.epoch.load(Ordering::SeqCst),
+                    next: position + 1,
+                });
+                let answer = manager.apply(proposal.command.clone(), Instant::now());
+                if let Some(failure) = manager.take_store_failure() {
+                    // It cannot commit what the others commit: going on would answer from
+                    // a store that drifted from theirs. It stops; the others carry on.
+                    drop(served);
+                    self.replica
+                        .stop(format!("position {position}: its store failed: {failure}"));
+                    return;
+                }
+                Some(answer)
             }
             (Err(error), _) => {
                 tracing::error!("replica {}: position {position}: {error}", self.replica.id);
@@ -600,27 +918,23 @@ impl Applier {
                 if index + 1 == usize::from(self.replica.id) {
                     continue;
                 }
-                let answer = self
-                    .runtime
-                    .block_on(tessera_transport::call::<_, ManagerResponse>(
-                        &transport,
-                        peer,
-                        &ManagerRequest::Snapshot,
-                        Bytes::new(),
-                    ));
-                let Ok((ManagerResponse::Snapshot { position: at }, store)) = answer else {
-                    continue;
+                let began = Instant::now();
+                let (at, bytes, pieces) = match self.fetch(&transport, peer, position) {
+                    Ok(Some(fetched)) => fetched,
+                    Ok(None) => continue,
+                    Err(error) => {
+                        tracing::warn!("replica {}: {error}", self.replica.id);
+                        continue;
+                    }
                 };
-                if at < position {
-                    continue;
-                }
-                match self.install(at, &store) {
+                match self.install(at) {
                     Ok(()) => {
                         tracing::info!(
-                            "replica {}: caught up from replica {} at position {at} ({} bytes)",
+                            "replica {}: caught up from replica {} at position {at} ({bytes} \
+                             bytes in {pieces} pieces, {} ms)",
                             self.replica.id,
                             index + 1,
-                            store.len()
+                            began.elapsed().as_millis()
                         );
                         self.replica.progress.lock().unwrap().catching_up = false;
                         return;
@@ -632,22 +946,88 @@ impl Applier {
         }
     }
 
-    /// Replaces this replica's store with `store`, standing at `position`.
-    fn install(&self, position: u64, store: &[u8]) -> Result<(), String> {
+    /// Fetches `peer`'s store, piece by piece, into `manager.redb.incoming`, if it stands at
+    /// `needed` or later: its position, length and the number of pieces.
+    fn fetch(
+        &self,
+        transport: &Arc<TcpTransport>,
+        peer: SocketAddr,
+        needed: u64,
+    ) -> Result<Option<(u64, u64, u32)>, String> {
+        let ask = |at: Option<u64>, offset: u64| {
+            let request = ManagerRequest::Snapshot {
+                at,
+                offset,
+                max_bytes: self.replica.catch_up_piece_bytes,
+            };
+            let answer = self
+                .runtime
+                .block_on(tessera_transport::call::<_, ManagerResponse>(
+                    transport,
+                    peer,
+                    &request,
+                    Bytes::new(),
+                ));
+            match answer {
+                Ok((
+                    ManagerResponse::Snapshot {
+                        position,
+                        total_bytes,
+                        offset: at_offset,
+                    },
+                    piece,
+                )) if at_offset == offset => Ok((position, total_bytes, piece)),
+                Ok((other, _)) => Err(format!("{peer} answered a copy request with {other:?}")),
+                Err(error) => Err(format!("copy of {peer}'s store: {error}")),
+            }
+        };
+        let (position, total, first) = ask(None, 0)?;
+        if position < needed {
+            return Ok(None);
+        }
+        let incoming = self.dir.join(INCOMING_FILE_NAME);
+        let write_failed = |e: std::io::Error| format!("{}: {e}", incoming.display());
+        let mut file = std::fs::File::create(&incoming).map_err(write_failed)?;
+        file.write_all(&first).map_err(write_failed)?;
+        let (mut offset, mut pieces) = (first.len() as u64, 1);
+        while offset < total {
+            let (at, length, piece) = ask(Some(position), offset)?;
+            if at != position || length != total || piece.is_empty() {
+                return Err(format!("{peer} sent a piece of another copy"));
+            }
+            file.write_all(&piece).map_err(write_failed)?;
+            offset += piece.len() as u64;
+            pieces += 1;
+        }
+        if offset != total {
+            return Err(format!("{peer} sent {offset} bytes of a {total}-byte copy"));
+        }
+        file.sync_all().map_err(write_failed)?;
+        Ok(Some((position, total, pieces)))
+    }
+
+    /// Replaces this replica's store with the fetched copy, standing at `position`.
+    fn install(&self, position: u64) -> Result<(), String> {
         let path = self.dir.join(crate::store::DB_FILE_NAME);
-        let incoming = self.dir.join("manager.redb.incoming");
+        let incoming = self.dir.join(INCOMING_FILE_NAME);
         let mut served = self.served.lock().unwrap();
         // Close the old store before its file is replaced.
         *served = Served::NoStore(path.clone());
-        let written = std::fs::write(&incoming, store)
-            .and_then(|()| std::fs::File::open(&incoming)?.sync_all())
-            .and_then(|()| std::fs::rename(&incoming, &path))
+        let written = std::fs::rename(&incoming, &path)
             .and_then(|()| std::fs::File::open(&self.dir)?.sync_all());
-        written.map_err(|e| format!("cannot write the copied store: {e}"))?;
+        written.map_err(|e| format!("cannot install the copied store: {e}"))?;
         let mut manager = Manager::open_existing(&self.dir, self.manager_config)
             .map_err(|e| format!("cannot open the copied store: {e}"))?;
         manager.set_replicated(self.secret.replica_key());
+        let stored = manager
+            .order_position()
+            .map_err(|e| format!("the copied store's order position: {e}"))?;
+        manager.set_order_position(OrderPosition {
+            epoch: stored.epoch,
+            next: position,
+        });
         *served = Served::Running(Box::new(manager));
+        self.replica.epoch.store(stored.epoch, Ordering::SeqCst);
         self.replica.next_position.store(position, Ordering::SeqCst);
         *self.replica.live_since.lock().unwrap() = Instant::now();
         Ok(())

@@ -19,7 +19,10 @@
 //! store without them has no pending files and no orphans. A pending file's `FileMeta::path`
 //! is the path it will take; only `paths` says which file a path names.
 
-use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition, WriteTransaction};
+use redb::{
+    Database, Key, ReadTransaction, ReadableDatabase, ReadableTable, Table, TableDefinition, Value,
+    WriteTransaction,
+};
 use serde::{Deserialize, Serialize};
 use tessera_wire::{FileId, FileMeta, IndexRange, ManagerError, ServerId};
 
@@ -206,39 +209,45 @@ pub(crate) fn has_debt(
 /// commit: a store whose file was deleted or replaced under the manager is still whole in the
 /// open database, debts included, and this copy keeps it (see `Manager::check_store`).
 pub(crate) fn copy_store(db: &Database, path: &std::path::Path) -> Result<(), Failure> {
-    let from = db.begin_read()?;
+    copy_tables(&db.begin_read()?, path)
+}
+
+/// Copies every table as `from` sees it into a new store at `path`, in one durable commit
+/// (also the copy a replica sends a peer that catches up: a read transaction stands still
+/// while the replica applies on).
+pub(crate) fn copy_tables(from: &ReadTransaction, path: &std::path::Path) -> Result<(), Failure> {
     let to_db = Database::create(path)?;
     let to = to_db.begin_write()?;
-    {
-        let mut tables = Tables::open(&to)?;
-        for entry in from.open_table(META)?.iter()? {
-            let (key, value) = entry?;
-            tables.meta.insert(key.value(), value.value())?;
-        }
-        for entry in from.open_table(FILES)?.iter()? {
-            let (key, value) = entry?;
-            tables.files.insert(key.value(), value.value())?;
-        }
-        for entry in from.open_table(PATHS)?.iter()? {
-            let (key, value) = entry?;
-            tables.paths.insert(key.value(), value.value())?;
-        }
-        for entry in from.open_table(SERVERS)?.iter()? {
-            let (key, value) = entry?;
-            tables.servers.insert(key.value(), value.value())?;
-        }
-        for entry in from.open_table(DEBTS)?.iter()? {
-            let (key, value) = entry?;
-            tables.debts.insert(key.value(), value.value())?;
-        }
-        for entry in from.open_table(PENDING)?.iter()? {
-            tables.pending.insert(entry?.0.value(), ())?;
-        }
-        for entry in from.open_table(ORPHANS)?.iter()? {
-            tables.orphans.insert(entry?.0.value(), ())?;
-        }
-    }
+    drop(Tables::open(&to)?);
+    copy_table(from, &to, META)?;
+    copy_table(from, &to, FILES)?;
+    copy_table(from, &to, PATHS)?;
+    copy_table(from, &to, SERVERS)?;
+    copy_table(from, &to, DEBTS)?;
+    copy_table(from, &to, PENDING)?;
+    copy_table(from, &to, ORPHANS)?;
+    copy_table(from, &to, crate::keys::ACCESS_KEYS)?;
+    copy_table(from, &to, crate::command::ONCE)?;
     to.commit()?;
+    Ok(())
+}
+
+/// Copies one table's records, if `from` has the table.
+fn copy_table<K: Key + 'static, V: Value + 'static>(
+    from: &ReadTransaction,
+    to: &WriteTransaction,
+    table: TableDefinition<K, V>,
+) -> Result<(), Failure> {
+    let source = match from.open_table(table) {
+        Ok(source) => source,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+        Err(error) => return Err(Failure::Store(error.into())),
+    };
+    let mut target = to.open_table(table)?;
+    for entry in source.iter()? {
+        let (key, value) = entry?;
+        target.insert(key.value(), value.value())?;
+    }
     Ok(())
 }
 

@@ -85,8 +85,14 @@ fn deleted_store_is_noticed_and_changes_are_refused() {
         stripes: IndexRange::new(3, 9),
     };
     assert_eq!(manager.handle(missed, now), ManagerResponse::Done);
+    let key = ManagerRequest::KeyCreate { name: "k".into() };
+    assert!(matches!(
+        manager.handle(key, now),
+        ManagerResponse::KeyCreated { .. }
+    ));
     let (cluster, files) = (manager.cluster(), records_of(&mut manager, now));
     assert_eq!(manager.check_store(), Ok(()));
+    let whole = manager.state_dump();
     std::fs::remove_file(dir.path().join("manager.redb")).unwrap();
 
     let lost = manager.check_store().unwrap_err();
@@ -136,6 +142,8 @@ fn deleted_store_is_noticed_and_changes_are_refused() {
     assert_eq!(rescued.len(), 1, "{rescued:?}");
     std::fs::rename(&rescued[0], dir.path().join("manager.redb")).unwrap();
     let mut manager = Manager::open_existing(dir.path(), ManagerConfig::default()).unwrap();
+    // Every table, access keys included.
+    assert_eq!(manager.state_dump(), whole);
     assert_eq!(manager.cluster(), cluster);
     assert_eq!(records_of(&mut manager, now), files);
     let ManagerResponse::Debts(debts) =

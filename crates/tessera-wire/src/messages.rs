@@ -734,10 +734,20 @@ pub enum ManagerRequest {
     },
     /// The state of the replica asked (any role): answered with [`ManagerResponse::Replica`].
     Replica,
-    /// A copy of a replica's store and the order position it stands at, for a replica that
-    /// restarted to catch up from (admin only; the store travels in the frame's payload).
-    /// Answered with [`ManagerResponse::Snapshot`].
-    Snapshot,
+    /// A piece of a copy of a replica's store and the order position it stands at, for a
+    /// replica that restarted to catch up from (admin only; the piece travels in the frame's
+    /// payload). With `at` empty the replica makes a new copy and sends its first piece; with
+    /// `at` the pieces of the copy made at that position, from `offset`, so a store of any
+    /// size crosses in frames of at most `max_bytes`. Answered with
+    /// [`ManagerResponse::Snapshot`].
+    Snapshot {
+        /// The position of the copy to read, or none for a new copy.
+        at: Option<u64>,
+        /// Where in the copy the piece starts.
+        offset: u64,
+        /// Longest piece wanted (the replica may send less).
+        max_bytes: u32,
+    },
 }
 
 /// A manager replica as `tessera status` shows it.
@@ -745,12 +755,14 @@ pub enum ManagerRequest {
 pub struct ReplicaStatus {
     /// Its id (1-based, in the order of `--peers`); 0 for a manager that is not replicated.
     pub id: u16,
-    /// "single", "leader", "follower", "joining", "catching-up" or "view-change".
+    /// "single", "leader", "follower", "starting", "catching-up" or "view-change".
     pub role: String,
     /// Its view of the total order group.
     pub view: u64,
-    /// Commands it has applied (the next order position it applies).
+    /// Commands it has applied (the next order position it applies) in `epoch`.
     pub applied: u64,
+    /// How many times the whole group started (the order's positions start again at 0).
+    pub epoch: u64,
 }
 
 /// A file and what its server owes of it, for rebuild.
@@ -815,11 +827,15 @@ pub enum ManagerResponse {
     StorageKeys(Vec<(KeyId, Key)>),
     /// A replica's state.
     Replica(ReplicaStatus),
-    /// A replica's store (in the payload) as it stands after applying every order position
-    /// below `position`.
+    /// A piece (in the payload) of a copy of a replica's store as it stands after applying
+    /// every order position below `position`.
     Snapshot {
         /// The next order position the copied store would apply.
         position: u64,
+        /// The length of the whole copy.
+        total_bytes: u64,
+        /// Where in the copy the piece starts.
+        offset: u64,
     },
 }
 

@@ -617,7 +617,7 @@ pub async fn status(cluster: Option<String>, json: bool) -> Result<()> {
             .iter()
             .map(|(addr, status)| match status {
                 Ok(r) => serde_json::json!({"addr": addr.to_string(), "id": r.id,
-                    "role": r.role, "view": r.view, "applied": r.applied}),
+                    "role": r.role, "view": r.view, "epoch": r.epoch, "applied": r.applied}),
                 Err(e) => serde_json::json!({"addr": addr.to_string(), "error": e.to_string()}),
             })
             .collect();
@@ -627,14 +627,14 @@ pub async fn status(cluster: Option<String>, json: bool) -> Result<()> {
     } else {
         if replicated {
             println!(
-                "{:>4}  {:<22}  {:<12}  {:>6}  applied",
-                "mgr", "address", "role", "view"
+                "{:>4}  {:<22}  {:<12}  {:>6}  {:>5}  applied",
+                "mgr", "address", "role", "view", "epoch"
             );
             for (addr, status) in &replicas {
                 match status {
                     Ok(r) => println!(
-                        "{:>4}  {:<22}  {:<12}  {:>6}  {}",
-                        r.id, addr, r.role, r.view, r.applied
+                        "{:>4}  {:<22}  {:<12}  {:>6}  {:>5}  {}",
+                        r.id, addr, r.role, r.view, r.epoch, r.applied
                     ),
                     Err(e) => println!("{:>4}  {:<22}  down ({e})", "-", addr),
                 }
@@ -842,6 +842,7 @@ pub fn replica_config(
         id,
         peers,
         order: tessera_manager::replica::order_config(),
+        catch_up_piece_bytes: tessera_manager::replica::SNAPSHOT_PIECE_BYTES_MAX as u32,
     };
     config.validate()?;
     Ok(config)

@@ -1,0 +1,327 @@
+//! Replicas of a replicated manager in one process, on 127.0.0.1: a replica that joins a
+//! running group catches up from a peer's store in pieces, and takes every table with it.
+
+use crate::daemon::{start_replica, RunningManager, Served};
+use crate::replica::{order_config, ReplicaConfig};
+use crate::ManagerConfig;
+use bytes::Bytes;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera_auth::{Claim, Credential, Key, Secret};
+use tessera_layout::Scheme;
+use tessera_transport::{TcpConfig, TcpLimits, TcpTransport};
+use tessera_wire::{LayoutRequest, ManagerRequest, ManagerResponse};
+
+/// Longest a replica may take to join and catch up here (debug build, loaded machine).
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub(crate) fn secret() -> Secret {
+    Secret::from_bytes([7; 32])
+}
+
+/// `count` ports free for TCP and UDP alike (the order runs on UDP at the replica's port).
+pub(crate) fn free_addrs(count: usize) -> Vec<SocketAddr> {
+    let mut addrs: Vec<SocketAddr> = Vec::new();
+    while addrs.len() < count {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = tcp.local_addr().unwrap();
+        if std::net::UdpSocket::bind(addr).is_ok() && !addrs.contains(&addr) {
+            addrs.push(addr);
+        }
+    }
+    addrs
+}
+
+/// Starts replica `id` of the group at `peers`, its store in `dir`.
+pub(crate) async fn start(
+    id: u16,
+    peers: &[SocketAddr],
+    dir: &Path,
+    piece_bytes: u32,
+) -> RunningManager {
+    let config = ReplicaConfig {
+        id,
+        peers: peers.to_vec(),
+        order: order_config(),
+        catch_up_piece_bytes: piece_bytes,
+    };
+    let began = Instant::now();
+    loop {
+        let started = start_replica(
+            config.clone(),
+            dir,
+            ManagerConfig::default(),
+            true,
+            TcpLimits::default(),
+            &secret(),
+        )
+        .await;
+        match started {
+            Ok(running) => return running,
+            // A replica stopped just now may still hold its ports for a moment.
+            Err(error) if began.elapsed() < SETTLE_TIMEOUT => {
+                eprintln!("replica {id}: {error}; again");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("replica {id}: {error}"),
+        }
+    }
+}
+
+pub(crate) fn transport(claim: Claim, key: Key) -> Arc<TcpTransport> {
+    let config = TcpConfig {
+        connect_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(5),
+    };
+    Arc::new(TcpTransport::with_credential(
+        config,
+        Some(Credential { claim, key }),
+    ))
+}
+
+pub(crate) fn admin() -> Arc<TcpTransport> {
+    transport(Claim::Admin, secret().admin_key())
+}
+
+pub(crate) async fn ask(
+    transport: &Arc<TcpTransport>,
+    addr: SocketAddr,
+    request: ManagerRequest,
+) -> ManagerResponse {
+    match tessera_transport::call(transport, addr, &request, Bytes::new()).await {
+        Ok((answer, _)) => answer,
+        Err(error) => panic!("{addr}: {request:?}: {error}"),
+    }
+}
+
+/// Asks `request` of the replicas in turn until one answers other than `Unordered` (a view
+/// forming, a replica catching up).
+pub(crate) async fn ask_group(
+    transport: &Arc<TcpTransport>,
+    addrs: &[SocketAddr],
+    request: ManagerRequest,
+) -> ManagerResponse {
+    let began = Instant::now();
+    loop {
+        for &addr in addrs {
+            let answer = tessera_transport::call(transport, addr, &request, Bytes::new()).await;
+            match answer {
+                Ok((ManagerResponse::Error(tessera_wire::ManagerError::Unordered(_)), _))
+                | Err(_) => {}
+                Ok((answer, _)) => return answer,
+            }
+        }
+        if began.elapsed() > SETTLE_TIMEOUT {
+            for &addr in addrs {
+                let status = tessera_transport::call::<_, ManagerResponse>(
+                    &admin(),
+                    addr,
+                    &ManagerRequest::Replica,
+                    Bytes::new(),
+                )
+                .await;
+                eprintln!("{addr}: {status:?}");
+            }
+            panic!("{request:?}: no replica ordered it");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the replica at `addr` is a member (leader or follower) that applied at least
+/// `applied` positions; its status then.
+pub(crate) async fn settled(addr: SocketAddr, applied: u64) -> tessera_wire::ReplicaStatus {
+    let began = Instant::now();
+    loop {
+        let answer =
+            tessera_transport::call(&admin(), addr, &ManagerRequest::Replica, Bytes::new()).await;
+        if let Ok((ManagerResponse::Replica(status), _)) = answer {
+            let member = status.role == "leader" || status.role == "follower";
+            if member && status.applied >= applied {
+                return status;
+            }
+        }
+        assert!(began.elapsed() < SETTLE_TIMEOUT, "{addr} did not settle");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub(crate) fn dump(replica: &RunningManager) -> Vec<String> {
+    match &*replica.manager.lock().unwrap() {
+        Served::Running(manager) => manager.state_dump(),
+        Served::NoStore(path) => panic!("no store at {}", path.display()),
+    }
+}
+
+/// Registers three servers and creates `files` files through the group at `addrs`.
+pub(crate) async fn fill(addrs: &[SocketAddr], files: usize) {
+    let server = transport(Claim::Server, secret().server_key());
+    for port in 0..3 {
+        let register = ManagerRequest::Register {
+            server: None,
+            addr: format!("127.0.0.1:{}", 9000 + port),
+            incarnation: 1,
+            cluster: None,
+        };
+        let answer = ask_group(&server, addrs, register).await;
+        assert!(
+            matches!(answer, ManagerResponse::Registered { .. }),
+            "{answer:?}"
+        );
+    }
+    let admin = admin();
+    for index in 0..files {
+        let create = ManagerRequest::Create {
+            path: format!("/a/rather/long/directory/name/to/fill/the/store/file-{index:05}"),
+            layout: LayoutRequest {
+                scheme: Scheme::Raid5,
+                stripe_unit: 65536,
+                width: Some(3),
+            },
+            replace: false,
+        };
+        let answer = ask_group(&admin, addrs, create).await;
+        assert!(matches!(answer, ManagerResponse::File(_)), "{answer:?}");
+    }
+}
+
+/// Replica 3 stops, the other two run on a while, and it starts again: it catches up from a
+/// peer's store copied in pieces of 4 KiB (a store many times the piece, as a store over
+/// 16 MiB is many times the most a frame carries), ends with the same store, and
+/// authenticates a client key created while it was away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_replica_catches_up_in_pieces_and_knows_earlier_keys() {
+    const PIECE: u32 = 4096;
+    let peers = free_addrs(3);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let one = start(1, &peers, dirs[0].path(), PIECE).await;
+    let two = start(2, &peers, dirs[1].path(), PIECE).await;
+    let three = start(3, &peers, dirs[2].path(), PIECE).await;
+    // The group starts once every replica stands at the same place (see replica.rs).
+    for addr in &peers {
+        settled(*addr, 0).await;
+    }
+    three.stop();
+    let running = &peers[..2];
+    fill(running, 200).await;
+    let ManagerResponse::KeyCreated { id, key } = ask_group(
+        &admin(),
+        running,
+        ManagerRequest::KeyCreate {
+            name: "before".into(),
+        },
+    )
+    .await
+    else {
+        panic!("no key")
+    };
+    let before = settled(peers[0], 0).await.applied;
+    let began = Instant::now();
+    let three = start(3, &peers, dirs[2].path(), PIECE).await;
+    let status = settled(peers[2], before).await;
+    println!(
+        "replica 3 joined and caught up to position {} in {} ms",
+        status.applied,
+        began.elapsed().as_millis()
+    );
+    // The copy it fetched was many pieces long.
+    let copied: u64 = [&dirs[0], &dirs[1]]
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir.path()).unwrap())
+        .map(|entry| entry.unwrap())
+        .filter(|entry| entry.file_name().to_string_lossy().contains("outgoing-"))
+        .map(|entry| entry.metadata().unwrap().len())
+        .max()
+        .expect("a copy was made for replica 3");
+    println!(
+        "copy of {copied} bytes, {} pieces",
+        copied.div_ceil(PIECE.into())
+    );
+    assert!(copied > 16 * u64::from(PIECE), "copy of {copied} bytes");
+    // The key created before it joined opens a connection to it and is served.
+    let client = transport(Claim::Client(id), key);
+    let lookup = ManagerRequest::Lookup {
+        path: "/a/rather/long/directory/name/to/fill/the/store/file-00007".into(),
+    };
+    let answer = ask(&client, peers[2], lookup).await;
+    assert!(matches!(answer, ManagerResponse::File(_)), "{answer:?}");
+    // Every replica holds the same store once all applied the same positions.
+    let last = settled(peers[2], 0).await.applied;
+    for addr in &peers {
+        settled(*addr, last).await;
+    }
+    let reference = dump(&one);
+    assert!(reference.iter().any(|line| line.starts_with("access_keys")));
+    assert_eq!(dump(&two), reference);
+    assert_eq!(dump(&three), reference);
+}
+
+/// A replica whose store fails (a full disk) stops: it leaves the order and refuses every
+/// request, and the other two go on ordering and hold the same store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_store_fails_stops_and_the_others_go_on() {
+    let peers = free_addrs(3);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut group = Vec::new();
+    for id in 1..=3 {
+        group.push(start(id, &peers, dirs[usize::from(id) - 1].path(), 1 << 20).await);
+    }
+    for addr in &peers {
+        settled(*addr, 0).await;
+    }
+    fill(&peers, 5).await;
+    match &mut *group[2].manager.lock().unwrap() {
+        Served::Running(manager) => manager.fail_commits = true,
+        Served::NoStore(_) => panic!("no store"),
+    }
+    // The next change commits at replicas 1 and 2 and fails at 3.
+    fill_more(&peers[..2], "after", 5).await;
+    let began = Instant::now();
+    let status = loop {
+        let answer = ask(&admin(), peers[2], ManagerRequest::Replica).await;
+        let ManagerResponse::Replica(status) = answer else {
+            panic!("{answer:?}")
+        };
+        if status.role == "stopped" {
+            break status;
+        }
+        assert!(began.elapsed() < SETTLE_TIMEOUT, "replica 3: {status:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!("replica 3: {status:?}");
+    let lookup = ManagerRequest::Lookup {
+        path: "/after-0".into(),
+    };
+    let refused = ask(&admin(), peers[2], lookup).await;
+    assert!(
+        matches!(
+            refused,
+            ManagerResponse::Error(tessera_wire::ManagerError::Unordered(_))
+        ),
+        "{refused:?}"
+    );
+    fill_more(&peers[..2], "later", 5).await;
+    let last = settled(peers[0], 0).await.applied;
+    settled(peers[1], last).await;
+    assert_eq!(dump(&group[0]), dump(&group[1]));
+    assert!(dump(&group[0]).iter().any(|line| line.contains("later-4")));
+}
+
+/// Creates `count` files named `/NAME-i` through the replicas at `addrs`.
+async fn fill_more(addrs: &[SocketAddr], name: &str, count: usize) {
+    for index in 0..count {
+        let create = ManagerRequest::Create {
+            path: format!("/{name}-{index}"),
+            layout: LayoutRequest {
+                scheme: Scheme::Raid5,
+                stripe_unit: 65536,
+                width: Some(3),
+            },
+            replace: false,
+        };
+        let answer = ask_group(&admin(), addrs, create).await;
+        assert!(matches!(answer, ManagerResponse::File(_)), "{answer:?}");
+    }
+}
