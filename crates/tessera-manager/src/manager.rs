@@ -911,6 +911,12 @@ impl Manager {
         if let Err(Failure::Store(error)) = &written {
             self.store_failure = Some(error.to_string());
         }
+        // A store file deleted or replaced under the manager refuses every change from then
+        // on: to a replica, that is a failed store too (applying on would drift from the
+        // others' stores), so it must stop rather than skip what the others commit.
+        if let (Err(_), Some(lost)) = (&written, &self.store_lost) {
+            self.store_failure = Some(lost.to_string());
+        }
         written
     }
 

@@ -309,6 +309,49 @@ async fn a_replica_whose_store_fails_stops_and_the_others_go_on() {
     assert!(dump(&group[0]).iter().any(|line| line.contains("later-4")));
 }
 
+/// A replica whose store file is deleted under it stops like one whose disk is full: it
+/// refused every change the others applied, and answering on would serve a store that
+/// drifted from theirs (before, it skipped those positions and went on answering).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_store_file_is_deleted_stops() {
+    let peers = free_addrs(3);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut group = Vec::new();
+    for id in 1..=3 {
+        group.push(start(id, &peers, dirs[usize::from(id) - 1].path(), 1 << 20).await);
+    }
+    for addr in &peers {
+        settled(*addr, 0).await;
+    }
+    fill(&peers, 5).await;
+    std::fs::remove_file(dirs[2].path().join("manager.redb")).expect("delete replica 3's store");
+    fill_more(&peers[..2], "after", 5).await;
+    let began = Instant::now();
+    loop {
+        let answer = ask(&admin(), peers[2], ManagerRequest::Replica).await;
+        let ManagerResponse::Replica(status) = answer else {
+            panic!("{answer:?}")
+        };
+        if status.role == "stopped" {
+            break;
+        }
+        assert!(began.elapsed() < SETTLE_TIMEOUT, "replica 3: {status:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lookup = ManagerRequest::Lookup {
+        path: "/after-0".into(),
+    };
+    let refused = ask(&admin(), peers[2], lookup).await;
+    assert!(
+        matches!(
+            refused,
+            ManagerResponse::Error(tessera_wire::ManagerError::Unordered(_))
+        ),
+        "{refused:?}"
+    );
+    drop(group);
+}
+
 /// Creates `count` files named `/NAME-i` through the replicas at `addrs`.
 async fn fill_more(addrs: &[SocketAddr], name: &str, count: usize) {
     for index in 0..count {
