@@ -258,10 +258,9 @@ async fn a_late_replica_catches_up_in_pieces_and_knows_earlier_keys() {
     assert_eq!(dump(&three), reference);
 }
 
-/// A replica whose store fails (a full disk) stops: it leaves the order and refuses every
-/// request, and the other two go on ordering and hold the same store.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_whose_store_fails_stops_and_the_others_go_on() {
+/// Three replicas over fresh directories, settled, with five files made through them.
+async fn settled_group_of_three() -> (Vec<SocketAddr>, Vec<tempfile::TempDir>, Vec<RunningManager>)
+{
     let peers = free_addrs(3);
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let mut group = Vec::new();
@@ -272,29 +271,31 @@ async fn a_replica_whose_store_fails_stops_and_the_others_go_on() {
         settled(*addr, 0).await;
     }
     fill(&peers, 5).await;
-    match &mut *group[2].manager.lock().unwrap() {
-        Served::Running(manager) => manager.fail_commits = true,
-        Served::NoStore(_) => panic!("no store"),
-    }
-    // The next change commits at replicas 1 and 2 and fails at 3.
-    fill_more(&peers[..2], "after", 5).await;
+    (peers, dirs, group)
+}
+
+/// Waits until the replica at `addr` says it stopped, then checks that it refuses a lookup
+/// (clients go to another replica); its status.
+async fn stopped_and_refusing(addr: SocketAddr) -> tessera_wire::ReplicaStatus {
     let began = Instant::now();
     let status = loop {
-        let answer = ask(&admin(), peers[2], ManagerRequest::Replica).await;
+        let answer = ask(&admin(), addr, ManagerRequest::Replica).await;
         let ManagerResponse::Replica(status) = answer else {
             panic!("{answer:?}")
         };
         if status.role == "stopped" {
             break status;
         }
-        assert!(began.elapsed() < SETTLE_TIMEOUT, "replica 3: {status:?}");
+        assert!(
+            began.elapsed() < SETTLE_TIMEOUT,
+            "replica at {addr}: {status:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    println!("replica 3: {status:?}");
     let lookup = ManagerRequest::Lookup {
         path: "/after-0".into(),
     };
-    let refused = ask(&admin(), peers[2], lookup).await;
+    let refused = ask(&admin(), addr, lookup).await;
     assert!(
         matches!(
             refused,
@@ -302,6 +303,22 @@ async fn a_replica_whose_store_fails_stops_and_the_others_go_on() {
         ),
         "{refused:?}"
     );
+    status
+}
+
+/// A replica whose store fails (a full disk) stops: it leaves the order and refuses every
+/// request, and the other two go on ordering and hold the same store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_store_fails_stops_and_the_others_go_on() {
+    let (peers, _dirs, group) = settled_group_of_three().await;
+    match &mut *group[2].manager.lock().unwrap() {
+        Served::Running(manager) => manager.fail_commits = true,
+        Served::NoStore(_) => panic!("no store"),
+    }
+    // The next change commits at replicas 1 and 2 and fails at 3.
+    fill_more(&peers[..2], "after", 5).await;
+    let status = stopped_and_refusing(peers[2]).await;
+    println!("replica 3: {status:?}");
     fill_more(&peers[..2], "later", 5).await;
     let last = settled(peers[0], 0).await.applied;
     settled(peers[1], last).await;
@@ -314,42 +331,10 @@ async fn a_replica_whose_store_fails_stops_and_the_others_go_on() {
 /// drifted from theirs (before, it skipped those positions and went on answering).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_store_file_is_deleted_stops() {
-    let peers = free_addrs(3);
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut group = Vec::new();
-    for id in 1..=3 {
-        group.push(start(id, &peers, dirs[usize::from(id) - 1].path(), 1 << 20).await);
-    }
-    for addr in &peers {
-        settled(*addr, 0).await;
-    }
-    fill(&peers, 5).await;
+    let (peers, dirs, _group) = settled_group_of_three().await;
     std::fs::remove_file(dirs[2].path().join("manager.redb")).expect("delete replica 3's store");
     fill_more(&peers[..2], "after", 5).await;
-    let began = Instant::now();
-    loop {
-        let answer = ask(&admin(), peers[2], ManagerRequest::Replica).await;
-        let ManagerResponse::Replica(status) = answer else {
-            panic!("{answer:?}")
-        };
-        if status.role == "stopped" {
-            break;
-        }
-        assert!(began.elapsed() < SETTLE_TIMEOUT, "replica 3: {status:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let lookup = ManagerRequest::Lookup {
-        path: "/after-0".into(),
-    };
-    let refused = ask(&admin(), peers[2], lookup).await;
-    assert!(
-        matches!(
-            refused,
-            ManagerResponse::Error(tessera_wire::ManagerError::Unordered(_))
-        ),
-        "{refused:?}"
-    );
-    drop(group);
+    stopped_and_refusing(peers[2]).await;
 }
 
 /// Creates `count` files named `/NAME-i` through the replicas at `addrs`.

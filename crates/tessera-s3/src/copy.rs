@@ -132,22 +132,12 @@ impl Gateway {
             .create_pending(&names::object_path(bucket, key), layout.clone())
             .await
             .map_err(internal)?;
-        let copied = self
-            .client
-            .keep_pending(&pending, async {
+        let md5 = self
+            .fill_pending(&pending, async {
                 let size = self.client.size(&source).await.map_err(internal)?;
-                let md5 = self.copy_hashed(&source, &pending.file, size).await?;
-                self.client.sync(&pending.file).await.map_err(internal)?;
-                Ok(md5)
+                self.copy_hashed(&source, &pending.file, size).await
             })
-            .await;
-        let md5 = match copied {
-            Ok(md5) => md5,
-            Err(e) => {
-                let _ = self.client.abandon_pending(&pending).await;
-                return Err(e);
-            }
-        };
+            .await?;
         let meta = ObjectMeta {
             version: FORMAT_VERSION,
             file: pending.file.id,

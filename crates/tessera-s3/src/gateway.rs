@@ -148,6 +148,30 @@ impl Gateway {
         }
     }
 
+    /// Run `write` (which fills a pending file and gives the MD5 of what it wrote) under the
+    /// file's lease, then sync the file; on any failure the pending file is abandoned.
+    pub(crate) async fn fill_pending(
+        &self,
+        pending: &PendingFile,
+        write: impl std::future::Future<Output = S3Result<[u8; 16]>>,
+    ) -> S3Result<[u8; 16]> {
+        let filled = self
+            .client
+            .keep_pending(pending, async {
+                let md5 = write.await?;
+                self.client
+                    .sync(&pending.file)
+                    .await
+                    .map_err(|e| s3_err(e, S3ErrorCode::InternalError))?;
+                Ok(md5)
+            })
+            .await;
+        if filled.is_err() {
+            let _ = self.client.abandon_pending(pending).await;
+        }
+        filled
+    }
+
     /// Give a written and synced pending file its object's key, with `meta` beside it. The
     /// metadata record is written first and committed after the object: without it the
     /// object stays readable, with an ETag made from its file id.

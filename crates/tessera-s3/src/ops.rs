@@ -304,9 +304,8 @@ impl S3 for Gateway {
             .create_pending(&path, layout.clone())
             .await
             .map_err(internal)?;
-        let stored = self
-            .client
-            .keep_pending(&pending, async {
+        let md5 = self
+            .fill_pending(&pending, async {
                 let (size, md5) = self.write_body(&pending.file, input.body).await?;
                 check_body(
                     size,
@@ -314,17 +313,9 @@ impl S3 for Gateway {
                     input.content_length,
                     input.content_md5.as_deref(),
                 )?;
-                self.client.sync(&pending.file).await.map_err(internal)?;
                 Ok(md5)
             })
-            .await;
-        let md5 = match stored {
-            Ok(md5) => md5,
-            Err(e) => {
-                let _ = self.client.abandon_pending(&pending).await;
-                return Err(e);
-            }
-        };
+            .await?;
         let meta = ObjectMeta {
             version: FORMAT_VERSION,
             file: pending.file.id,
@@ -340,8 +331,13 @@ impl S3 for Gateway {
         };
         // Checked again just before the commit (a put racing this one may still win between
         // the check and the commit: the conditions narrow the window, they do not lock).
-        self.check_put_conditions(bucket, key, &input.if_match, &input.if_none_match)
-            .await?;
+        let still = self
+            .check_put_conditions(bucket, key, &input.if_match, &input.if_none_match)
+            .await;
+        if let Err(e) = still {
+            let _ = self.client.abandon_pending(&pending).await;
+            return Err(e);
+        }
         self.commit_object(bucket, key, layout, &pending, &meta)
             .await?;
         let etag = meta.etag;
