@@ -632,10 +632,9 @@ impl Applier {
         let running = self
             .runtime
             .block_on(group_is_running(config, &self.secret));
-        let start = if running {
+        let start = if running || !self.start_with_everyone() {
             Start::Restarted
         } else {
-            self.start_with_everyone();
             Start::Initial
         };
         tracing::info!(
@@ -672,8 +671,11 @@ impl Applier {
     /// Waits until every replica is starting too, takes the most advanced store among them
     /// (by [`OrderPosition`]) if this one's is behind, and, once every replica stands there,
     /// begins the next epoch at position 0. A replica already in that next epoch started
-    /// from the same store and counts as ready.
-    fn start_with_everyone(&self) {
+    /// from the same store and counts as ready. Returns false, having begun nothing, if a
+    /// majority of the others turn out to be members of a running view after all (asked
+    /// while they were changing view, they were not): this one then rejoins as restarted
+    /// (it waited forever for them to start, seen in CI with a wiped replica).
+    fn start_with_everyone(&self) -> bool {
         let transport = admin_transport(&self.secret);
         loop {
             let mine = OrderPosition {
@@ -691,7 +693,18 @@ impl Applier {
             });
             if next_runs {
                 self.begin_epoch(mine.epoch + 1);
-                return;
+                return true;
+            }
+            let members = peers
+                .iter()
+                .filter(|(_, status)| {
+                    status
+                        .as_ref()
+                        .is_some_and(|s| s.role == "leader" || s.role == "follower")
+                })
+                .count();
+            if members > self.replica.peers.len() / 2 {
+                return false;
             }
             if peers.iter().all(|(_, status)| status.is_some()) {
                 let peers: Vec<_> = peers
@@ -716,7 +729,7 @@ impl Applier {
                     .all(|(_, status)| starting(status) && stands(status) == mine);
                 if ready {
                     self.begin_epoch(mine.epoch + 1);
-                    return;
+                    return true;
                 }
             }
             std::thread::sleep(CATCH_UP_PAUSE);
