@@ -60,6 +60,18 @@ fn a_server_serves_prometheus_metrics_that_count_its_work() {
         "{}",
         String::from_utf8_lossy(&up.stderr)
     );
+    // Stops the cluster and the extra server on every way out, a failed assertion included.
+    struct Cleanup(std::path::PathBuf, Option<std::process::Child>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            if let Some(server) = &mut self.1 {
+                let _ = server.kill();
+                let _ = server.wait();
+            }
+            let _ = tessera(&["down", "--dir", text(&self.0)]);
+        }
+    }
+    let mut cleanup = Cleanup(dir.clone(), None);
     let config: toml::Value =
         toml::from_str(&std::fs::read_to_string(dir.join("cluster.toml")).expect("cluster.toml"))
             .expect("TOML");
@@ -76,6 +88,7 @@ fn a_server_serves_prometheus_metrics_that_count_its_work() {
         .spawn()
         .expect("start a server");
     let stderr = server.stderr.take().expect("stderr");
+    cleanup.1 = Some(server);
     let mut lines = BufReader::new(stderr).lines();
     let deadline = Instant::now() + Duration::from_secs(30);
     let metrics_addr = loop {
@@ -149,7 +162,5 @@ fn a_server_serves_prometheus_metrics_that_count_its_work() {
     );
     let (status, _) = http_get(&metrics_addr, "/other");
     assert!(status.contains("404"), "{status}");
-    let _ = server.kill();
-    let _ = server.wait();
-    let _ = tessera(&["down", "--dir", text(&dir)]);
+    drop(cleanup);
 }

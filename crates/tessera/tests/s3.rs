@@ -181,6 +181,14 @@ fn up_starts_the_gateway_with_the_cluster() {
         .tempdir()
         .expect("temporary directory");
     let dir = root.path().join("cluster");
+    // Stops the cluster (and its gateway) on every way out, a failed assertion included.
+    struct Down(PathBuf);
+    impl Drop for Down {
+        fn drop(&mut self) {
+            let _ = tessera(&["down", "--dir", text(&self.0)]);
+        }
+    }
+    let _down = Down(dir.clone());
     let read_file = || -> toml::Value {
         let text = std::fs::read_to_string(dir.join("cluster.toml")).expect("cluster.toml");
         toml::from_str(&text).expect("cluster.toml is TOML")
