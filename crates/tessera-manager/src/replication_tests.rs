@@ -166,18 +166,7 @@ fn a_retried_once_request_is_applied_once() {
     let mut group = replicas();
     let now = Instant::now();
     let manager = &mut group[0].1;
-    for port in 0..3 {
-        let addr = format!("127.0.0.1:{port}");
-        manager.handle(
-            ManagerRequest::Register {
-                server: None,
-                addr,
-                incarnation: 1,
-                cluster: None,
-            },
-            now,
-        );
-    }
+    register_three_servers(manager, now);
     let layout = LayoutRequest {
         scheme: Scheme::Raid5,
         stripe_unit: 65536,
@@ -238,18 +227,7 @@ fn replicated_pending_files_expire_only_by_command() {
     let mut group = replicas();
     let now = Instant::now();
     let manager = &mut group[0].1;
-    for port in 0..3 {
-        let addr = format!("127.0.0.1:{port}");
-        manager.handle(
-            ManagerRequest::Register {
-                server: None,
-                addr,
-                incarnation: 1,
-                cluster: None,
-            },
-            now,
-        );
-    }
+    register_three_servers(manager, now);
     let layout = LayoutRequest {
         scheme: Scheme::Raid5,
         stripe_unit: 65536,
@@ -301,4 +279,20 @@ fn a_store_registering_again_keeps_its_id() {
     };
     assert_ne!(other, server);
     assert_eq!(manager.known_servers(), 2);
+}
+
+/// Registers three servers (ports 0 to 2 of 127.0.0.1) with `manager`.
+fn register_three_servers(manager: &mut Manager, now: Instant) {
+    for port in 0..3 {
+        let addr = format!("127.0.0.1:{port}");
+        manager.handle(
+            ManagerRequest::Register {
+                server: None,
+                addr,
+                incarnation: 1,
+                cluster: None,
+            },
+            now,
+        );
+    }
 }
