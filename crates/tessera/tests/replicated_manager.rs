@@ -194,20 +194,7 @@ fn puts_survive_killing_replicas() {
         .unwrap();
     // Kept when the test fails (the daemons' logs are in it).
     let temp = TempDir(Some(temp));
-    let ports = free_ports(REPLICAS);
-    let mut daemons = Daemons {
-        dir: temp.0.as_ref().unwrap().path().to_path_buf(),
-        managers: ports.iter().map(|p| format!("127.0.0.1:{p}")).collect(),
-        replicas: (0..REPLICAS).map(|_| None).collect(),
-        servers: Vec::new(),
-    };
-    for id in 1..=REPLICAS {
-        daemons.start_replica(id);
-    }
-    for index in 1..=SERVERS {
-        daemons.start_server(index);
-    }
-    daemons.wait_servers_up();
+    let mut daemons = Daemons::started(&temp);
     println!("{}", daemons.status());
 
     let mut written = Vec::new();
