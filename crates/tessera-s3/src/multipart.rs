@@ -388,7 +388,12 @@ impl Gateway {
                 return Err(e);
             }
         };
-        let old = self.load_parts(bucket, id).await?.remove(&number);
+        // The record this part replaces, if any (one record read, not the upload's every one).
+        let path = format!("{}part/{number:05}", upload_dir(bucket, id));
+        let old: Option<PartRecord> = match self.read_record(&path).await.map_err(internal)? {
+            Some(bytes) => Some(decode(&bytes, &path)?),
+            None => None,
+        };
         let record = PartRecord {
             version: FORMAT_VERSION,
             part: number,
@@ -397,7 +402,6 @@ impl Gateway {
             modified_ms: crate::ops::now_ms(),
             place,
         };
-        let path = format!("{}part/{number:05}", upload_dir(bucket, id));
         let bytes = serde_json::to_vec(&record).expect("serializable");
         self.put_record(&path, &bytes).await.map_err(internal)?;
         if let Some(PartRecord {
