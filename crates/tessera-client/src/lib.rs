@@ -327,7 +327,15 @@ impl Managers {
         use ManagerRequest as R;
         let read_only = matches!(
             request,
-            R::Lookup { .. } | R::List { .. } | R::Status | R::FilesOnServer { .. } | R::KeyList
+            R::Lookup { .. }
+                | R::List { .. }
+                | R::Status
+                | R::FilesOnServer { .. }
+                | R::KeyList
+                | R::Namespace(
+                    tessera_wire::NamespaceRequest::ListDir { .. }
+                        | tessera_wire::NamespaceRequest::Entry { .. }
+                )
         );
         if !self.replicated() || read_only {
             return request;
