@@ -27,6 +27,9 @@ pub struct MountConfig {
     pub layout: LayoutRequest,
 }
 
+/// A directory's entries as `readdir` hands them out: inode, kind, name.
+type Listing = Vec<(u64, FileType, String)>;
+
 /// One file open through the mount: the store's file and what is buffered for it.
 struct OpenFile {
     file: File,
@@ -44,7 +47,7 @@ pub struct TesseraFs {
     inodes: Mutex<Inodes>,
     open: Mutex<HashMap<u64, Arc<OpenFile>>>,
     /// Directory listings taken at `opendir`, served by offset to `readdir`.
-    listings: Mutex<HashMap<u64, Vec<(u64, FileType, String)>>>,
+    listings: Mutex<HashMap<u64, Listing>>,
     next_handle: AtomicU64,
     mounted_at: SystemTime,
     owner: (u32, u32),
@@ -310,7 +313,7 @@ impl TesseraFs {
             .map_err(|e| errno(&e))
     }
 
-    fn listing(&self, path: &str) -> Result<Vec<(u64, FileType, String)>, Errno> {
+    fn listing(&self, path: &str) -> Result<Listing, Errno> {
         let listing = self
             .block_on(self.client.list_dir(path))
             .map_err(|e| errno(&e))?;
