@@ -25,6 +25,7 @@ mod context;
 mod intent;
 mod keys;
 mod maintain;
+mod namespace;
 mod read;
 pub mod stream;
 mod write;
@@ -50,7 +51,7 @@ pub use tessera_layout::COLUMN_BYTES_MAX;
 pub use tessera_layout::{Layout, Scheme};
 pub use tessera_transport::{CongestionKind, DatagramConfig, TransportKind};
 pub use tessera_wire::{AccessKeyInfo, ReplicaStatus};
-pub use tessera_wire::{LayoutRequest, ServerState};
+pub use tessera_wire::{DirListing, LayoutRequest, NamespaceEntry, ServerState};
 
 /// Requests one operation keeps in flight at once: a whole stripe of 64 servers goes out
 /// together. What they answer does not all come at once: the datagram transport's receive
@@ -327,7 +328,15 @@ impl Managers {
         use ManagerRequest as R;
         let read_only = matches!(
             request,
-            R::Lookup { .. } | R::List { .. } | R::Status | R::FilesOnServer { .. } | R::KeyList
+            R::Lookup { .. }
+                | R::List { .. }
+                | R::Status
+                | R::FilesOnServer { .. }
+                | R::KeyList
+                | R::Namespace(
+                    tessera_wire::NamespaceRequest::ListDir { .. }
+                        | tessera_wire::NamespaceRequest::Entry { .. }
+                )
         );
         if !self.replicated() || read_only {
             return request;

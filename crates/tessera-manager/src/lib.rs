@@ -111,6 +111,8 @@ pub use manager::{
 };
 
 #[cfg(test)]
+mod namespace_tests;
+#[cfg(test)]
 mod replica_tests;
 #[cfg(test)]
 mod replication_tests;

@@ -1,5 +1,8 @@
 //! The manager state machine: requests in, responses out, the store as its memory.
 
+#[path = "namespace.rs"]
+pub(crate) mod namespace;
+
 use crate::ranges;
 use crate::store::{
     self, Failure, ServerRecord, Tables, DB_FILE_NAME, FORMAT_VERSION, ID_FIRST, KEY_CLUSTER_ID,
@@ -350,6 +353,7 @@ impl Manager {
             ManagerRequest::KeyList => Ok(self.key_list()),
             ManagerRequest::KeyRemove { key } => self.key_remove(key),
             ManagerRequest::StorageKeys => Ok(self.storage_keys()),
+            ManagerRequest::Namespace(request) => self.namespace(request),
             ManagerRequest::Once {
                 client,
                 sequence,
@@ -587,6 +591,14 @@ impl Manager {
         check_path(&path)?;
         let (layout, candidates) = self.place(&request)?;
         let meta = self.write(|change| {
+            if change
+                .txn
+                .open_table(namespace::DIRS)?
+                .get(path.as_str())?
+                .is_some()
+            {
+                return Err(ManagerError::IsDir(path).into());
+            }
             if let Some(old) = change.file_id(&path)? {
                 if !replace {
                     return Err(ManagerError::Exists(path).into());
@@ -1055,6 +1067,7 @@ impl<'txn> Change<'txn> {
             self.tables.paths.remove(meta.path.as_str())?;
         }
         self.tables.pending.remove(meta.id)?;
+        self.txn.open_table(namespace::TIMES)?.remove(meta.id)?;
         for &server in &meta.servers {
             self.set_debt(server, meta.id, &[])?;
             self.tables.orphans.insert((server, meta.id), ())?;

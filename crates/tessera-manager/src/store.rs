@@ -228,6 +228,8 @@ pub(crate) fn copy_tables(from: &ReadTransaction, path: &std::path::Path) -> Res
     copy_table(from, &to, ORPHANS)?;
     copy_table(from, &to, crate::keys::ACCESS_KEYS)?;
     copy_table(from, &to, crate::command::ONCE)?;
+    copy_table(from, &to, crate::manager::namespace::DIRS)?;
+    copy_table(from, &to, crate::manager::namespace::TIMES)?;
     to.commit()?;
     Ok(())
 }
@@ -278,5 +280,7 @@ pub(crate) fn dump(db: &Database) -> Result<Vec<String>, Failure> {
     dump_table!("orphans", ORPHANS);
     dump_table!("access_keys", crate::keys::ACCESS_KEYS);
     dump_table!("once", crate::command::ONCE);
+    dump_table!("dirs", crate::manager::namespace::DIRS);
+    dump_table!("times", crate::manager::namespace::TIMES);
     Ok(lines)
 }

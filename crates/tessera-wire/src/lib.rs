@@ -35,10 +35,12 @@
 mod frame;
 mod handshake;
 mod messages;
+mod namespace;
 
 pub use frame::*;
 pub use handshake::*;
 pub use messages::*;
+pub use namespace::*;
 pub use tessera_auth::{Claim, Key, KeyId, Refusal, Role};
 
 #[cfg(test)]

@@ -748,6 +748,8 @@ pub enum ManagerRequest {
         /// Longest piece wanted (the replica may send less).
         max_bytes: u32,
     },
+    /// A change to, or a question about, the directory tree (directories, renames, times).
+    Namespace(crate::NamespaceRequest),
 }
 
 /// A manager replica as `tessera status` shows it.
@@ -837,6 +839,10 @@ pub enum ManagerResponse {
         /// Where in the copy the piece starts.
         offset: u64,
     },
+    /// What a path names (`None`: nothing).
+    Entry(Option<crate::NamespaceEntry>),
+    /// A directory's entries.
+    Dir(crate::DirListing),
 }
 
 /// An access key as `tessera key ls` shows it (never its secret).
@@ -947,6 +953,15 @@ pub enum ManagerError {
         /// The latest number applied for the client.
         latest: u64,
     },
+    /// The directory is not empty.
+    #[error("directory not empty: {0}")]
+    NotEmpty(String),
+    /// The path names a directory where a file was wanted.
+    #[error("is a directory: {0}")]
+    IsDir(String),
+    /// A path component names a file where a directory was wanted.
+    #[error("not a directory: {0}")]
+    NotDir(String),
 }
 
 fn no_store_message(path: &str, cluster: Option<ClusterId>) -> String {

@@ -9,6 +9,7 @@ mod credentials;
 mod demo;
 mod lab;
 mod metrics_http;
+mod mount;
 mod recover;
 mod reserve;
 mod s3;
@@ -193,6 +194,24 @@ enum Command {
         #[arg(long)]
         addr_file: Option<PathBuf>,
     },
+    /// Mount the cluster as a file system (FUSE) at MOUNTPOINT, an empty directory.
+    Mount {
+        mountpoint: PathBuf,
+        /// Serve the mount from this process until it is unmounted (default: a detached one).
+        #[arg(long)]
+        foreground: bool,
+        /// Scheme of files created through the mount: raid0, raid1, raid4, raid5 or hybrid.
+        #[arg(long, default_value = "hybrid")]
+        scheme: String,
+        /// Their stripe unit, e.g. 64K.
+        #[arg(long, default_value = "64K")]
+        stripe_unit: String,
+        /// Their width [default: all servers up].
+        #[arg(long)]
+        width: Option<u32>,
+    },
+    /// Unmount a `tessera mount`.
+    Umount { mountpoint: PathBuf },
     /// Tessera's main job on an embedded cluster: store, lose a server, read degraded, rebuild.
     Demo,
     /// Build a test network of namespaces and run experiments on it (needs root).
@@ -379,6 +398,10 @@ fn main() {
         Command::Manager(ManagerArgs { action: None, .. })
             | Command::Server(ServerArgs { action: None, .. })
             | Command::S3 { .. }
+            | Command::Mount {
+                foreground: true,
+                ..
+            }
     );
     let default_level = match cli.command {
         // s3s logs every refused request as an error; the client is told, the log need not be.
@@ -580,6 +603,23 @@ async fn run(cli: Cli) -> Result<()> {
             };
             s3::run(cluster, args).await
         }
+        Command::Mount {
+            mountpoint,
+            foreground,
+            scheme,
+            stripe_unit,
+            width,
+        } => {
+            let args = mount::MountArgs {
+                mountpoint,
+                foreground,
+                scheme,
+                stripe_unit,
+                width,
+            };
+            mount::run(cluster, args).await
+        }
+        Command::Umount { mountpoint } => mount::unmount(&mountpoint),
         Command::Demo => demo::run().await,
         Command::Lab(args) => lab::run(args).await,
         Command::LabClient(args) => lab::client(args).await,

@@ -1,0 +1,711 @@
+//! The FUSE operations over the client library.
+
+use crate::cache::{self, ReadAhead, WriteBack, WritePlan};
+use crate::inodes::{Inodes, ROOT};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tessera_client::{Client, ClientError, File, LayoutRequest, NamespaceEntry};
+use tessera_wire::{join_path, ManagerError};
+
+/// How long the kernel may keep attributes and entries without asking again.
+const TTL: Duration = Duration::from_secs(1);
+/// Largest write the kernel is asked to send at once (FUSE's usual page limit, 256 pages).
+const MAX_WRITE: u32 = 1 << 20;
+
+/// What a mount is given.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    /// Layout of files created through the mount.
+    pub layout: LayoutRequest,
+}
+
+/// A directory's entries as `readdir` hands them out: inode, kind, name.
+type Listing = Vec<(u64, FileType, String)>;
+
+/// One file open through the mount: the store's file and what is buffered for it.
+struct OpenFile {
+    file: File,
+    write_back: Mutex<WriteBack>,
+    read_ahead: Mutex<Option<ReadAhead>>,
+    /// Written since the last modification time was recorded.
+    dirty: Mutex<bool>,
+}
+
+/// The file system: the client, the inode table and the open files.
+pub struct TesseraFs {
+    client: Client,
+    runtime: tokio::runtime::Handle,
+    config: MountConfig,
+    inodes: Mutex<Inodes>,
+    open: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    /// Directory listings taken at `opendir`, served by offset to `readdir`.
+    listings: Mutex<HashMap<u64, Listing>>,
+    next_handle: AtomicU64,
+    mounted_at: SystemTime,
+    owner: (u32, u32),
+}
+
+/// The errno a client error stands for.
+fn errno(error: &ClientError) -> Errno {
+    match error {
+        ClientError::Metadata(error) => match error {
+            ManagerError::NotFound(_) => Errno::ENOENT,
+            ManagerError::Exists(_) => Errno::EEXIST,
+            ManagerError::NotEmpty(_) => Errno::ENOTEMPTY,
+            ManagerError::IsDir(_) => Errno::EISDIR,
+            ManagerError::NotDir(_) => Errno::ENOTDIR,
+            ManagerError::Layout(_) => Errno::EINVAL,
+            ManagerError::TooLarge { .. } => Errno::EFBIG,
+            ManagerError::Forbidden { .. } => Errno::EACCES,
+            _ => Errno::EIO,
+        },
+        ClientError::TooLarge { .. } => Errno::EFBIG,
+        _ => Errno::EIO,
+    }
+}
+
+fn nanos_to_time(nanos: Option<u64>, fallback: SystemTime) -> SystemTime {
+    nanos.map_or(fallback, |n| UNIX_EPOCH + Duration::from_nanos(n))
+}
+
+fn now_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+impl TesseraFs {
+    /// A file system over `client`; `runtime` runs the client's futures.
+    pub fn new(client: Client, runtime: tokio::runtime::Handle, config: MountConfig) -> TesseraFs {
+        // SAFETY: getuid/getgid only read the process's credentials.
+        let owner = unsafe { (libc::getuid(), libc::getgid()) };
+        TesseraFs {
+            client,
+            runtime,
+            config,
+            inodes: Mutex::new(Inodes::default()),
+            open: Mutex::new(HashMap::new()),
+            listings: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            mounted_at: SystemTime::now(),
+            owner,
+        }
+    }
+
+    fn block_on<T>(&self, future: impl std::future::Future<Output = T>) -> T {
+        self.runtime.block_on(future)
+    }
+
+    fn path(&self, ino: INodeNo) -> Result<String, Errno> {
+        let inodes = self.inodes.lock().unwrap();
+        inodes.path(ino.0).map(str::to_string).ok_or(Errno::ENOENT)
+    }
+
+    fn child(&self, parent: INodeNo, name: &OsStr) -> Result<String, Errno> {
+        let name = name.to_str().ok_or(Errno::EINVAL)?;
+        Ok(join_path(&self.path(parent)?, name))
+    }
+
+    fn attr(&self, ino: u64, kind: FileType, size: u64, modified: Option<u64>) -> FileAttr {
+        let time = nanos_to_time(modified, self.mounted_at);
+        let (perm, nlink) = match kind {
+            FileType::Directory => (0o755, 2),
+            _ => (0o644, 1),
+        };
+        FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: time,
+            mtime: time,
+            ctime: time,
+            crtime: time,
+            kind,
+            perm,
+            nlink,
+            uid: self.owner.0,
+            gid: self.owner.1,
+            rdev: 0,
+            blksize: 1 << 20,
+            flags: 0,
+        }
+    }
+
+    /// The attributes of `path` as the manager has them, with bytes still buffered here
+    /// counted in the size.
+    fn stat_path(&self, path: &str) -> Result<FileAttr, Errno> {
+        let entry = self
+            .block_on(self.client.entry(path))
+            .map_err(|e| errno(&e))?;
+        let ino = self.inodes.lock().unwrap().ino(path);
+        match entry {
+            Some(NamespaceEntry::Dir) => Ok(self.attr(ino, FileType::Directory, 0, None)),
+            Some(NamespaceEntry::File { meta, modified }) => {
+                let size = meta.size.max(self.buffered_end(meta.id));
+                Ok(self.attr(ino, FileType::RegularFile, size, modified))
+            }
+            None => {
+                self.inodes.lock().unwrap().remove(path);
+                Err(Errno::ENOENT)
+            }
+        }
+    }
+
+    /// Where bytes buffered for file `id` end (0 if none are).
+    fn buffered_end(&self, id: u64) -> u64 {
+        let open = self.open.lock().unwrap();
+        open.values()
+            .filter(|f| f.file.id == id)
+            .map(|f| {
+                let wb = f.write_back.lock().unwrap();
+                if wb.data.is_empty() {
+                    0
+                } else {
+                    wb.end()
+                }
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn handle(&self, fh: FileHandle) -> Result<Arc<OpenFile>, Errno> {
+        self.open
+            .lock()
+            .unwrap()
+            .get(&fh.0)
+            .cloned()
+            .ok_or(Errno::EBADF)
+    }
+
+    fn register(&self, file: File) -> FileHandle {
+        let fh = self.next_handle.fetch_add(1, Ordering::SeqCst);
+        let open = Arc::new(OpenFile {
+            file,
+            write_back: Mutex::new(WriteBack::default()),
+            read_ahead: Mutex::new(None),
+            dirty: Mutex::new(false),
+        });
+        self.open.lock().unwrap().insert(fh, open);
+        FileHandle(fh)
+    }
+
+    /// Sends what is buffered for every handle open on file `id` (so that a read through
+    /// any handle sees it), and then forgets every read-ahead block of that file.
+    fn flush_file(&self, id: u64) -> Result<(), Errno> {
+        let handles: Vec<Arc<OpenFile>> = {
+            let open = self.open.lock().unwrap();
+            open.values().filter(|f| f.file.id == id).cloned().collect()
+        };
+        let mut flushed = false;
+        for handle in &handles {
+            let run = handle.write_back.lock().unwrap().take();
+            if let Some((offset, data)) = run {
+                flushed = true;
+                self.block_on(self.client.write_at(&handle.file, offset, &data))
+                    .map_err(|e| errno(&e))?;
+            }
+        }
+        if flushed {
+            for handle in &handles {
+                *handle.read_ahead.lock().unwrap() = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the modification time if the handle wrote since it was last recorded.
+    fn touch_if_dirty(&self, open: &OpenFile) -> Result<(), Errno> {
+        let mut dirty = open.dirty.lock().unwrap();
+        if *dirty {
+            self.block_on(self.client.touch(&open.file, now_nanos()))
+                .map_err(|e| errno(&e))?;
+            *dirty = false;
+        }
+        Ok(())
+    }
+
+    fn read_block(&self, open: &OpenFile, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        self.flush_file(open.file.id)?;
+        if let Some(block) = open.read_ahead.lock().unwrap().as_ref() {
+            if let Some(bytes) = block.get(offset, size) {
+                return Ok(bytes.to_vec());
+            }
+        }
+        let file_size = self
+            .block_on(self.client.size(&open.file))
+            .map_err(|e| errno(&e))?;
+        let block = cache::block_of(offset);
+        tracing::debug!(offset, size, block, "read-ahead miss");
+        let data = self
+            .block_on(
+                self.client
+                    .read_at(&open.file, block, cache::READ_AHEAD_BYTES),
+            )
+            .map_err(|e| errno(&e))?;
+        let fetched = ReadAhead {
+            offset: block,
+            data: Arc::new(data),
+            file_size,
+        };
+        let answer = match fetched.get(offset, size) {
+            Some(bytes) => bytes.to_vec(),
+            // The read crosses into the next block: read it as asked.
+            None => self
+                .block_on(self.client.read_at(&open.file, offset, size as u64))
+                .map_err(|e| errno(&e))?,
+        };
+        *open.read_ahead.lock().unwrap() = Some(fetched);
+        Ok(answer)
+    }
+
+    fn write_buffered(&self, open: &OpenFile, offset: u64, data: &[u8]) -> Result<(), Errno> {
+        offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+        *open.dirty.lock().unwrap() = true;
+        *open.read_ahead.lock().unwrap() = None;
+        let plan = open.write_back.lock().unwrap().plan(offset, data.len());
+        if plan != WritePlan::Buffer {
+            let run = open.write_back.lock().unwrap().take();
+            if let Some((at, bytes)) = run {
+                self.block_on(self.client.write_at(&open.file, at, &bytes))
+                    .map_err(|e| errno(&e))?;
+            }
+        }
+        match plan {
+            WritePlan::FlushThenWrite => self
+                .block_on(self.client.write_at(&open.file, offset, data))
+                .map_err(|e| errno(&e)),
+            _ => {
+                open.write_back.lock().unwrap().buffer(offset, data);
+                Ok(())
+            }
+        }
+    }
+
+    /// Sets a file's size; bytes past a smaller size are zeroed so that growing it again
+    /// shows zeros, as POSIX wants (the store's own shrink only hides them).
+    fn truncate(&self, path: &str, size: u64) -> Result<(), Errno> {
+        let file = self
+            .block_on(self.client.open(path))
+            .map_err(|e| errno(&e))?;
+        self.flush_file(file.id)?;
+        let old = self
+            .block_on(self.client.size(&file))
+            .map_err(|e| errno(&e))?;
+        let mut at = size;
+        while at < old {
+            let len = (old - at).min(cache::WRITE_BACK_BYTES as u64);
+            let zeros = vec![0u8; len as usize];
+            self.block_on(self.client.write_at(&file, at, &zeros))
+                .map_err(|e| errno(&e))?;
+            at += len;
+        }
+        self.block_on(self.client.set_size(&file, size))
+            .map_err(|e| errno(&e))?;
+        self.block_on(self.client.touch(&file, now_nanos()))
+            .map_err(|e| errno(&e))
+    }
+
+    fn listing(&self, path: &str) -> Result<Listing, Errno> {
+        let listing = self
+            .block_on(self.client.list_dir(path))
+            .map_err(|e| errno(&e))?;
+        let mut inodes = self.inodes.lock().unwrap();
+        let here = inodes.ino(path);
+        let parent = inodes.ino(tessera_wire::parent_of(path));
+        let mut entries = vec![
+            (here, FileType::Directory, ".".to_string()),
+            (parent, FileType::Directory, "..".to_string()),
+        ];
+        for dir in listing.dirs {
+            let ino = inodes.ino(&join_path(path, &dir));
+            entries.push((ino, FileType::Directory, dir));
+        }
+        for (meta, _) in listing.files {
+            let name = meta
+                .path
+                .rsplit('/')
+                .next()
+                .unwrap_or(&meta.path)
+                .to_string();
+            entries.push((inodes.ino(&meta.path), FileType::RegularFile, name));
+        }
+        Ok(entries)
+    }
+}
+
+impl fuser::Filesystem for TesseraFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.set_max_readahead(MAX_WRITE);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self
+            .child(parent, name)
+            .and_then(|path| self.stat_path(&path))
+        {
+            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        if ino.0 == ROOT {
+            return reply.attr(&TTL, &self.attr(ROOT, FileType::Directory, 0, None));
+        }
+        match self.path(ino).and_then(|path| self.stat_path(&path)) {
+            Ok(attr) => reply.attr(&TTL, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let result = self.path(ino).and_then(|path| {
+            if let Some(size) = size {
+                self.truncate(&path, size)?;
+            }
+            if let Some(mtime) = mtime {
+                let nanos = match mtime {
+                    TimeOrNow::Now => now_nanos(),
+                    TimeOrNow::SpecificTime(t) => t
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos() as u64),
+                };
+                if let Ok(Some(NamespaceEntry::File { meta, .. })) =
+                    self.block_on(self.client.entry(&path))
+                {
+                    let file = File {
+                        id: meta.id,
+                        path: meta.path,
+                    };
+                    self.block_on(self.client.touch(&file, nanos))
+                        .map_err(|e| errno(&e))?;
+                }
+            }
+            self.stat_path(&path)
+        });
+        match result {
+            Ok(attr) => reply.attr(&TTL, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let result = self.child(parent, name).and_then(|path| {
+            self.block_on(self.client.make_dir(&path))
+                .map_err(|e| errno(&e))?;
+            self.stat_path(&path)
+        });
+        match result {
+            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let result = self.child(parent, name).and_then(|path| {
+            self.block_on(self.client.remove(&path))
+                .map_err(|e| errno(&e))?;
+            self.inodes.lock().unwrap().remove(&path);
+            Ok(())
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let result = self.child(parent, name).and_then(|path| {
+            self.block_on(self.client.remove_dir(&path))
+                .map_err(|e| errno(&e))?;
+            self.inodes.lock().unwrap().remove(&path);
+            Ok(())
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let result = (|| {
+            let from = self.child(parent, name)?;
+            let to = self.child(newparent, newname)?;
+            if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+                return Err(Errno::EINVAL);
+            }
+            if flags.contains(RenameFlags::RENAME_NOREPLACE)
+                && self
+                    .block_on(self.client.entry(&to))
+                    .map_err(|e| errno(&e))?
+                    .is_some()
+            {
+                return Err(Errno::EEXIST);
+            }
+            self.block_on(self.client.rename(&from, &to))
+                .map_err(|e| errno(&e))?;
+            self.inodes.lock().unwrap().rename(&from, &to);
+            Ok(())
+        })();
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let result = self.path(ino).and_then(|path| {
+            self.block_on(self.client.open(&path))
+                .map_err(|e| errno(&e))
+        });
+        match result {
+            Ok(file) => reply.opened(self.register(file), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let result = self.child(parent, name).and_then(|path| {
+            let file = self
+                .block_on(self.client.create(&path, self.config.layout.clone()))
+                .map_err(|e| errno(&e))?;
+            self.block_on(self.client.touch(&file, now_nanos()))
+                .map_err(|e| errno(&e))?;
+            let attr = self.stat_path(&path)?;
+            Ok((attr, self.register(file)))
+        });
+        match result {
+            Ok((attr, fh)) => reply.created(&TTL, &attr, Generation(0), fh, FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self
+            .handle(fh)
+            .and_then(|open| self.read_block(&open, offset, size))
+        {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self
+            .handle(fh)
+            .and_then(|open| self.write_buffered(&open, offset, data))
+        {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: fuser::LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        let result = self.handle(fh).and_then(|open| {
+            self.flush_file(open.file.id)?;
+            self.touch_if_dirty(&open)
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let result = self.handle(fh).and_then(|open| {
+            self.flush_file(open.file.id)?;
+            self.touch_if_dirty(&open)?;
+            self.block_on(self.client.sync(&open.file))
+                .map_err(|e| errno(&e))
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let result = self.handle(fh).and_then(|open| {
+            let flushed = self.flush_file(open.file.id);
+            let touched = self.touch_if_dirty(&open);
+            self.open.lock().unwrap().remove(&fh.0);
+            flushed.and(touched)
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.path(ino).and_then(|path| self.listing(&path)) {
+            Ok(entries) => {
+                let fh = self.next_handle.fetch_add(1, Ordering::SeqCst);
+                self.listings.lock().unwrap().insert(fh, entries);
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let listings = self.listings.lock().unwrap();
+        let Some(entries) = listings.get(&fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        for (index, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), index as u64 + 1, *kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.listings.lock().unwrap().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: fuser::ReplyXattr,
+    ) {
+        // No extended attributes are kept: every name is absent.
+        reply.error(Errno::ENODATA);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Every change to the tree is committed by the manager before it is answered.
+        reply.ok();
+    }
+}

@@ -1,0 +1,342 @@
+//! The directory tree over the flat namespace (see `tessera_wire::NamespaceRequest`).
+//!
+//! Two tables beside `paths`:
+//!
+//! ```text
+//! dirs:  &str   -> ()    directories made explicitly (an empty one exists only here)
+//! times: FileId -> u64   a file's modification time, ns since the Unix epoch, as its writer sent it
+//! ```
+//!
+//! A directory `d` exists if `dirs` holds it or if any key of `paths` or `dirs` starts with
+//! `d/`: both tables sort bytewise, so that is one range probe each. A rename of a directory
+//! moves every key below it in the one write transaction of the request, so it is atomic and,
+//! ordered like every change, replicates as one command.
+
+use super::{check_path, Change, Manager};
+use crate::store::{self, Failure};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use tessera_wire::{
+    parent_of, DirListing, FileId, FileMeta, ManagerError, ManagerResponse, NamespaceEntry,
+    NamespaceRequest,
+};
+
+pub(crate) const DIRS: TableDefinition<&str, ()> = TableDefinition::new("dirs");
+pub(crate) const TIMES: TableDefinition<FileId, u64> = TableDefinition::new("times");
+
+/// Entries one listing returns at most: a larger directory is refused rather than sent in
+/// a frame the transports would refuse.
+pub const DIR_ENTRIES_MAX: usize = 100_000;
+
+impl Manager {
+    /// Answers one request about the directory tree.
+    pub(crate) fn namespace(
+        &mut self,
+        request: NamespaceRequest,
+    ) -> Result<ManagerResponse, Failure> {
+        match request {
+            NamespaceRequest::MakeDir { path } => {
+                check_path(&path)?;
+                self.write(|change| make_dir(change, &path))?;
+            }
+            NamespaceRequest::RemoveDir { path } => {
+                self.write(|change| remove_dir(change, &path))?;
+            }
+            NamespaceRequest::Rename { from, to } => {
+                check_path(&from)?;
+                check_path(&to)?;
+                self.write(|change| rename(change, &from, &to))?;
+            }
+            NamespaceRequest::ListDir { path } => return self.list_dir(&path),
+            NamespaceRequest::Entry { path } => return self.entry(&path),
+            NamespaceRequest::Touch { file, modified } => {
+                self.write(|change| {
+                    if store::read_file(&change.tables.files, file)?.is_none() {
+                        return Err(ManagerError::NotFound(file.to_string()).into());
+                    }
+                    change.txn.open_table(TIMES)?.insert(file, modified)?;
+                    Ok(())
+                })?;
+            }
+        }
+        Ok(ManagerResponse::Done)
+    }
+
+    fn entry(&self, path: &str) -> Result<ManagerResponse, Failure> {
+        let txn = self.db.begin_read()?;
+        let paths = txn.open_table(store::PATHS)?;
+        let dirs = open_read(&txn, DIRS)?;
+        let times = open_read(&txn, TIMES)?;
+        if let Some(file) = paths.get(path)?.map(|id| id.value()) {
+            let meta = store::read_file(&txn.open_table(store::FILES)?, file)?
+                .ok_or_else(|| ManagerError::Store(format!("path {path} names a missing file")))?;
+            let modified = read_time(times.as_ref(), file)?;
+            return Ok(ManagerResponse::Entry(Some(NamespaceEntry::File {
+                meta,
+                modified,
+            })));
+        }
+        let is_dir = path.is_empty() || dir_exists(&paths, dirs.as_ref(), path)?;
+        Ok(ManagerResponse::Entry(
+            is_dir.then_some(NamespaceEntry::Dir),
+        ))
+    }
+
+    fn list_dir(&self, path: &str) -> Result<ManagerResponse, Failure> {
+        let txn = self.db.begin_read()?;
+        let paths = txn.open_table(store::PATHS)?;
+        let files = txn.open_table(store::FILES)?;
+        let dirs = open_read(&txn, DIRS)?;
+        let times = open_read(&txn, TIMES)?;
+        if !path.is_empty() && !dir_exists(&paths, dirs.as_ref(), path)? {
+            return Err(match paths.get(path)? {
+                Some(_) => ManagerError::NotDir(path.to_string()),
+                None => ManagerError::NotFound(path.to_string()),
+            }
+            .into());
+        }
+        let prefix = dir_prefix(path);
+        let mut listing = DirListing::default();
+        let mut subdirs = std::collections::BTreeSet::new();
+        for entry in paths.range(prefix.as_str()..)? {
+            let (key, file) = entry?;
+            let Some(rest) = key.value().strip_prefix(prefix.as_str()) else {
+                break;
+            };
+            match rest.split_once('/') {
+                Some((dir, _)) => {
+                    subdirs.insert(dir.to_string());
+                }
+                None => {
+                    let meta = store::read_file(&files, file.value())?.ok_or_else(|| {
+                        ManagerError::Store(format!("path {} names a missing file", key.value()))
+                    })?;
+                    let modified = read_time(times.as_ref(), meta.id)?;
+                    listing.files.push((meta, modified));
+                }
+            }
+            check_listed(path, listing.files.len() + subdirs.len())?;
+        }
+        if let Some(dirs) = &dirs {
+            for entry in dirs.range(prefix.as_str()..)? {
+                let (key, _) = entry?;
+                let Some(rest) = key.value().strip_prefix(prefix.as_str()) else {
+                    break;
+                };
+                subdirs.insert(rest.split('/').next().unwrap_or(rest).to_string());
+                check_listed(path, listing.files.len() + subdirs.len())?;
+            }
+        }
+        listing.dirs = subdirs.into_iter().collect();
+        Ok(ManagerResponse::Dir(listing))
+    }
+}
+
+fn check_listed(path: &str, entries: usize) -> Result<(), Failure> {
+    if entries > DIR_ENTRIES_MAX {
+        return Err(ManagerError::Layout(format!(
+            "directory '{path}' has more than {DIR_ENTRIES_MAX} entries; list it by prefix"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// Keys below directory `path` start with this (`""` for the root).
+fn dir_prefix(path: &str) -> String {
+    if path.is_empty() {
+        String::new()
+    } else {
+        format!("{path}/")
+    }
+}
+
+/// Opens a table for reading; `None` if no change ever created it.
+fn open_read<K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &redb::ReadTransaction,
+    table: TableDefinition<K, V>,
+) -> Result<Option<redb::ReadOnlyTable<K, V>>, Failure> {
+    match txn.open_table(table) {
+        Ok(table) => Ok(Some(table)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(error) => Err(Failure::Store(error.into())),
+    }
+}
+
+fn read_time(
+    times: Option<&impl ReadableTable<FileId, u64>>,
+    file: FileId,
+) -> Result<Option<u64>, Failure> {
+    match times {
+        Some(times) => Ok(times.get(file)?.map(|time| time.value())),
+        None => Ok(None),
+    }
+}
+
+/// Whether any key of `table` lies below directory `path`.
+fn has_below<V: redb::Value + 'static>(
+    table: &impl ReadableTable<&'static str, V>,
+    path: &str,
+) -> Result<bool, Failure> {
+    let prefix = dir_prefix(path);
+    match table.range(prefix.as_str()..)?.next() {
+        Some(entry) => Ok(entry?.0.value().starts_with(prefix.as_str())),
+        None => Ok(false),
+    }
+}
+
+/// Whether `path` is a directory: made, or with a file or made directory below it.
+fn dir_exists(
+    paths: &impl ReadableTable<&'static str, FileId>,
+    dirs: Option<&impl ReadableTable<&'static str, ()>>,
+    path: &str,
+) -> Result<bool, Failure> {
+    if let Some(dirs) = dirs {
+        if dirs.get(path)?.is_some() || has_below(dirs, path)? {
+            return Ok(true);
+        }
+    }
+    has_below(paths, path)
+}
+
+/// What `path` names inside a write transaction: `Some(Some(file))`, `Some(None)` for a
+/// directory, `None` for nothing. The root is a directory.
+fn kind_in(
+    change: &Change<'_>,
+    dirs: &redb::Table<'_, &'static str, ()>,
+    path: &str,
+) -> Result<Option<Option<FileId>>, Failure> {
+    if let Some(file) = change.file_id(path)? {
+        return Ok(Some(Some(file)));
+    }
+    let is_dir = path.is_empty() || dir_exists(&change.tables.paths, Some(dirs), path)?;
+    Ok(is_dir.then_some(None))
+}
+
+/// Refuses unless `path`'s parent is a directory.
+fn check_parent(
+    change: &Change<'_>,
+    dirs: &redb::Table<'_, &'static str, ()>,
+    path: &str,
+) -> Result<(), Failure> {
+    let parent = parent_of(path);
+    match kind_in(change, dirs, parent)? {
+        Some(None) => Ok(()),
+        Some(Some(_)) => Err(ManagerError::NotDir(parent.to_string()).into()),
+        None => Err(ManagerError::NotFound(parent.to_string()).into()),
+    }
+}
+
+fn make_dir(change: &mut Change<'_>, path: &str) -> Result<(), Failure> {
+    let mut dirs = change.txn.open_table(DIRS)?;
+    if kind_in(change, &dirs, path)?.is_some() {
+        return Err(ManagerError::Exists(path.to_string()).into());
+    }
+    check_parent(change, &dirs, path)?;
+    dirs.insert(path, ())?;
+    Ok(())
+}
+
+fn remove_dir(change: &mut Change<'_>, path: &str) -> Result<(), Failure> {
+    let mut dirs = change.txn.open_table(DIRS)?;
+    match kind_in(change, &dirs, path)? {
+        None => return Err(ManagerError::NotFound(path.to_string()).into()),
+        Some(Some(_)) => return Err(ManagerError::NotDir(path.to_string()).into()),
+        Some(None) if path.is_empty() => {
+            return Err(ManagerError::Layout("the root cannot be removed".into()).into())
+        }
+        Some(None) => {}
+    }
+    if has_below(&change.tables.paths, path)? || has_below(&dirs, path)? {
+        return Err(ManagerError::NotEmpty(path.to_string()).into());
+    }
+    dirs.remove(path)?;
+    Ok(())
+}
+
+fn rename(change: &mut Change<'_>, from: &str, to: &str) -> Result<(), Failure> {
+    let mut dirs = change.txn.open_table(DIRS)?;
+    let source =
+        kind_in(change, &dirs, from)?.ok_or_else(|| ManagerError::NotFound(from.to_string()))?;
+    if from == to {
+        return Ok(());
+    }
+    check_parent(change, &dirs, to)?;
+    let target = kind_in(change, &dirs, to)?;
+    match (source, target) {
+        (Some(_), Some(None)) => Err(ManagerError::IsDir(to.to_string()).into()),
+        (None, Some(Some(_))) => Err(ManagerError::NotDir(to.to_string()).into()),
+        (Some(file), target) => {
+            if let Some(Some(old)) = target {
+                if let Some(old) = store::read_file(&change.tables.files, old)? {
+                    change.remove_file(&old)?;
+                }
+            }
+            move_file(change, file, to)
+        }
+        (None, target) => {
+            if to.starts_with(&dir_prefix(from)) {
+                return Err(ManagerError::Layout(format!(
+                    "cannot move directory '{from}' into itself ('{to}')"
+                ))
+                .into());
+            }
+            if target.is_some() {
+                if has_below(&change.tables.paths, to)? || has_below(&dirs, to)? {
+                    return Err(ManagerError::NotEmpty(to.to_string()).into());
+                }
+                dirs.remove(to)?;
+            }
+            move_dir(change, &mut dirs, from, to)
+        }
+    }
+}
+
+/// Points `to` at `file` and drops its old path, in its record too.
+fn move_file(change: &mut Change<'_>, file: FileId, to: &str) -> Result<(), Failure> {
+    let mut meta: FileMeta = store::read_file(&change.tables.files, file)?
+        .ok_or_else(|| ManagerError::Store(format!("file {file} has no record")))?;
+    change.tables.paths.remove(meta.path.as_str())?;
+    meta.path = to.to_string();
+    change.put_file(&meta)
+}
+
+/// Moves every file and made directory below `from` (and `from` itself) to below `to`.
+fn move_dir(
+    change: &mut Change<'_>,
+    dirs: &mut redb::Table<'_, &'static str, ()>,
+    from: &str,
+    to: &str,
+) -> Result<(), Failure> {
+    let prefix = dir_prefix(from);
+    let renamed = |key: &str| format!("{to}/{}", &key[prefix.len()..]);
+    let mut files = Vec::new();
+    for entry in change.tables.paths.range(prefix.as_str()..)? {
+        let (key, file) = entry?;
+        if !key.value().starts_with(prefix.as_str()) {
+            break;
+        }
+        files.push(file.value());
+    }
+    for file in files {
+        let path = store::read_file(&change.tables.files, file)?
+            .ok_or_else(|| ManagerError::Store(format!("file {file} has no record")))?
+            .path;
+        move_file(change, file, &renamed(&path))?;
+    }
+    let mut made = Vec::new();
+    for entry in dirs.range(prefix.as_str()..)? {
+        let (key, _) = entry?;
+        if !key.value().starts_with(prefix.as_str()) {
+            break;
+        }
+        made.push(key.value().to_string());
+    }
+    for dir in made {
+        dirs.remove(dir.as_str())?;
+        dirs.insert(renamed(&dir).as_str(), ())?;
+    }
+    // The moved directory stays a directory at its new path even if it was empty.
+    dirs.remove(from)?;
+    dirs.insert(to, ())?;
+    Ok(())
+}

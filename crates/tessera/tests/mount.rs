@@ -1,0 +1,292 @@
+//! `tessera mount`: a local cluster mounted through FUSE behaves as a file system to
+//! ordinary programs, agrees with the CLI, and keeps every fsync'd byte when the mount
+//! process is killed. Needs /dev/fuse and fusermount3 (the CI installs fuse3): without them
+//! these tests fail, they do not skip.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn tessera(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .env_remove("TESSERA_CLUSTER")
+        .stdin(Stdio::null())
+        .output()
+        .expect("cannot start the tessera binary")
+}
+
+fn text(path: &Path) -> &str {
+    path.to_str().expect("temporary paths are UTF-8")
+}
+
+fn ok(output: Output) -> String {
+    assert!(
+        output.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A local cluster and a mount of it, both stopped on every way out.
+struct Mounted {
+    root: tempfile::TempDir,
+    cluster: PathBuf,
+    mountpoint: PathBuf,
+    pid: Option<i32>,
+}
+
+impl Mounted {
+    fn start() -> Mounted {
+        let root = tempfile::Builder::new()
+            .prefix("tessera-mount-")
+            .tempdir()
+            .expect("temporary directory");
+        let dir = root.path().join("cluster");
+        let mountpoint = root.path().join("mnt");
+        std::fs::create_dir(&mountpoint).unwrap();
+        ok(tessera(&[
+            "up",
+            "--servers",
+            "3",
+            "--dir",
+            text(&dir),
+            "--detach",
+        ]));
+        let mut mounted = Mounted {
+            cluster: dir.join("cluster.toml"),
+            root,
+            mountpoint,
+            pid: None,
+        };
+        mounted.mount();
+        mounted
+    }
+
+    fn mount(&mut self) {
+        let out = ok(tessera(&[
+            "--cluster",
+            text(&self.cluster),
+            "mount",
+            text(&self.mountpoint),
+        ]));
+        let pid = out
+            .split("pid ")
+            .nth(1)
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|pid| pid.parse().ok())
+            .unwrap_or_else(|| panic!("no pid in '{out}'"));
+        self.pid = Some(pid);
+    }
+
+    fn umount(&mut self) {
+        ok(tessera(&["umount", text(&self.mountpoint)]));
+        self.wait_for_exit();
+    }
+
+    fn wait_for_exit(&mut self) {
+        if let Some(pid) = self.pid.take() {
+            for _ in 0..200 {
+                // SAFETY: signal 0 only asks whether the process exists.
+                if unsafe { libc_kill(pid, 0) } != 0 {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            panic!("mount process {pid} did not end");
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.mountpoint.join(name)
+    }
+
+    fn cli(&self, args: &[&str]) -> Output {
+        let mut all = vec!["--cluster", text(&self.cluster)];
+        all.extend_from_slice(args);
+        tessera(&all)
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if self.pid.is_some() {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z", text(&self.mountpoint)])
+                .output();
+            if let Some(pid) = self.pid.take() {
+                // SAFETY: kills only the mount process this test started.
+                unsafe { libc_kill(pid, 9) };
+            }
+        }
+        let dir = self.cluster.parent().unwrap().to_path_buf();
+        let _ = tessera(&["down", "--dir", text(&dir)]);
+    }
+}
+
+fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+#[test]
+fn a_mounted_cluster_behaves_like_a_file_system_and_agrees_with_the_cli() {
+    let mut m = Mounted::start();
+    // A large file through the mount, read back through the mount and through the CLI.
+    let big = random_bytes(20 << 20, 7);
+    std::fs::write(m.path("big"), &big).unwrap();
+    assert_eq!(std::fs::read(m.path("big")).unwrap(), big);
+    let fetched = m.root.path().join("fetched");
+    ok(m.cli(&["get", "big", text(&fetched)]));
+    assert_eq!(
+        std::fs::read(&fetched).unwrap(),
+        big,
+        "the CLI reads what the mount wrote"
+    );
+    let meta = std::fs::metadata(m.path("big")).unwrap();
+    assert_eq!(meta.len(), big.len() as u64);
+    let age = std::time::SystemTime::now()
+        .duration_since(meta.modified().unwrap())
+        .unwrap_or_default();
+    assert!(age.as_secs() < 120, "modification time is {age:?} old");
+
+    // Writes at offsets, past the end, and truncation, against a model.
+    let mut model = big[..1 << 20].to_vec();
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path("edit"))
+        .unwrap();
+    file.write_all(&model).unwrap();
+    for (offset, len, seed) in [
+        (1000u64, 70_000usize, 1u64),
+        (900_000, 300_000, 2),
+        (5, 3, 3),
+    ] {
+        let bytes = random_bytes(len, seed);
+        file.seek(SeekFrom::Start(offset)).unwrap();
+        file.write_all(&bytes).unwrap();
+        let end = offset as usize + len;
+        if model.len() < end {
+            model.resize(end, 0);
+        }
+        model[offset as usize..end].copy_from_slice(&bytes);
+    }
+    file.sync_all().unwrap();
+    file.set_len(500_000).unwrap();
+    model.truncate(500_000);
+    file.set_len(600_000).unwrap();
+    model.resize(600_000, 0);
+    let mut back = Vec::new();
+    file.seek(SeekFrom::Start(0)).unwrap();
+    file.read_to_end(&mut back).unwrap();
+    assert!(
+        back == model,
+        "read back differs from the model (truncate must zero)"
+    );
+    drop(file);
+
+    // Directories and renames.
+    std::fs::create_dir_all(m.path("a/b")).unwrap();
+    std::fs::write(m.path("a/b/f"), b"inside").unwrap();
+    assert_eq!(
+        std::fs::remove_dir(m.path("a")).unwrap_err().kind(),
+        std::io::ErrorKind::DirectoryNotEmpty
+    );
+    std::fs::rename(m.path("a"), m.path("c")).unwrap();
+    assert_eq!(std::fs::read(m.path("c/b/f")).unwrap(), b"inside");
+    assert!(!m.path("a").exists());
+    std::fs::write(m.path("other"), b"other").unwrap();
+    std::fs::rename(m.path("other"), m.path("c/b/f")).unwrap();
+    assert_eq!(std::fs::read(m.path("c/b/f")).unwrap(), b"other");
+    let mut names: Vec<String> = std::fs::read_dir(m.path(""))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["big", "c", "edit"]);
+    assert!(std::fs::metadata(m.path("c")).unwrap().is_dir());
+    assert_eq!(std::fs::metadata(m.path("c/b/f")).unwrap().size(), 5);
+    std::fs::remove_file(m.path("c/b/f")).unwrap();
+    std::fs::remove_dir(m.path("c/b")).unwrap();
+    std::fs::remove_dir(m.path("c")).unwrap();
+    assert_eq!(
+        std::fs::read(m.path("nope")).unwrap_err().kind(),
+        std::io::ErrorKind::NotFound
+    );
+
+    // An ordinary program, and the CLI's files seen through the mount.
+    let copied = Command::new("cp")
+        .args([text(&m.path("big")), text(&m.path("copy"))])
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    assert_eq!(std::fs::read(m.path("copy")).unwrap(), big);
+    ok(m.cli(&["put", text(&fetched), "dir/from-cli"]));
+    assert_eq!(std::fs::read(m.path("dir/from-cli")).unwrap(), big);
+
+    // Unmounted and mounted again: everything is still there.
+    m.umount();
+    assert!(!m.path("big").exists(), "still mounted after umount");
+    m.mount();
+    assert_eq!(std::fs::read(m.path("edit")).unwrap(), model);
+    assert_eq!(std::fs::read(m.path("copy")).unwrap(), big);
+    m.umount();
+}
+
+#[test]
+fn fsynced_bytes_survive_a_killed_mount_process() {
+    let mut m = Mounted::start();
+    let synced = random_bytes(3 << 20, 11);
+    let mut file = std::fs::File::create(m.path("durable")).unwrap();
+    file.write_all(&synced).unwrap();
+    file.sync_all().unwrap();
+    // Written after the fsync and never flushed: may be lost, must not corrupt the rest.
+    file.write_all(&random_bytes(1 << 20, 12)).unwrap();
+    let pid = m.pid.take().unwrap();
+    // SAFETY: kills only the mount process this test started.
+    unsafe { libc_kill(pid, 9) };
+    drop(file);
+    let _ = Command::new("fusermount3")
+        .args(["-u", "-z", text(&m.mountpoint)])
+        .output();
+    let fetched = m.root.path().join("fetched");
+    ok(m.cli(&["get", "durable", text(&fetched)]));
+    let got = std::fs::read(&fetched).unwrap();
+    assert!(
+        got.len() >= synced.len(),
+        "fsync'd bytes lost: {} left",
+        got.len()
+    );
+    assert!(got[..synced.len()] == synced[..], "fsync'd bytes changed");
+}
+
+#[test]
+fn mount_refuses_bad_mountpoints_and_umount_a_non_mount() {
+    let root = tempfile::tempdir().unwrap();
+    let missing = root.path().join("missing");
+    let out = tessera(&["--cluster", "127.0.0.1:1", "mount", text(&missing)]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("missing"), "{err}");
+    let out = tessera(&["umount", text(root.path())]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a Tessera mount"));
+}
