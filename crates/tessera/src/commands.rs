@@ -957,16 +957,20 @@ pub async fn run_server(
     };
     write_addr_file(addr_file, server.addr)?;
     eprintln!("server listening on {}", server.addr);
-    let resolver = tokio::spawn(resolve_torn_stripes(
-        server.registered().await,
-        managers,
-        credential,
-    ));
-    until_terminated().await;
+    // SIGTERM is heard from here on, also while the server waits to be registered (a
+    // manager down at start must not make the daemon deaf to `down`); the resolver starts
+    // once the server has an id.
+    let resolver = async {
+        let id = server.registered().await;
+        resolve_torn_stripes(id, managers, credential).await
+    };
+    tokio::select! {
+        () = resolver => {}
+        () = until_terminated() => {}
+    }
     if let Some(scrape) = scrape {
         scrape.abort();
     }
-    resolver.abort();
     // Everything acknowledged is in the page cache; make it durable before going.
     server
         .shutdown()
