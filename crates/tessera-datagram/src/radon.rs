@@ -14,10 +14,12 @@
 //!   period's end, `%budget = e_i / (d - t)`, the wait target `w_op = w_min / %budget`, and the
 //!   next wait `w_{k+1} = min(w_max, max(w_min, w_k - (w_k - w_op) / 2))`, where `w_min` is
 //!   one packet's time on the sender's link. It holds that pace whatever the queue does. A
-//!   best-effort session backs off instead: its wait doubles (at most once per round trip)
-//!   while the peer reports a queue above [`RadonConfig::queue_target_us`] and shrinks by an
-//!   eighth per report below it, so that reserved streams keep their budget and best-effort
-//!   ones share what is left.
+//!   best-effort session backs off instead: it starts at a quarter of its link, moves its rate
+//!   in proportion to the distance of the reported queue from
+//!   [`RadonConfig::queue_target_us`] (by at most a round trip's worth of
+//!   [`BEST_EFFORT_RAMP_US`] per report), and cuts it by a quarter above twice the target, at
+//!   most once per round of packets (the reports must come from packets sent after the last
+//!   cut), so that reserved streams keep their budget and best-effort ones fill what is left.
 //!
 //! The pacer is time in the state machine: the session tells the endpoint when it may send
 //! next, and the endpoint's `poll_timeout` includes it, like the retransmission timer.
@@ -35,6 +37,19 @@ pub const WAIT_US_MAX: Micros = 100_000;
 /// queue stays under its target (additive increase in time, not per report, so a session
 /// slowed to a trickle, whose reports are rare, recovers as fast as a busy one).
 pub const BEST_EFFORT_RAMP_US: Micros = 20_000;
+
+/// The median filter forgets samples of packets sent longer than this before the newest: they
+/// tell of a queue that has since drained or been replaced, and a sender slowed down sends
+/// too rarely to push them out.
+pub const SAMPLE_AGE_US_MAX: Micros = 1_000;
+
+/// A best-effort session never paces slower than its link's rate divided by this: a
+/// sender slowed to a trickle hears of the queue too rarely to come back.
+pub const BEST_EFFORT_RATE_DIVISOR_MIN: u64 = 100;
+
+/// A best-effort session starts at its link's rate divided by this, and ramps up from there:
+/// it does not know what the reservations on its path leave it.
+pub const BEST_EFFORT_START_DIVISOR: u64 = 4;
 
 /// Shortest reservation period accepted.
 pub const PERIOD_US_MIN: Micros = 1_000;
@@ -119,10 +134,12 @@ pub fn relative_forward_delay_us(
     arrival_gap - send_gap
 }
 
-/// The median of the latest [`MEDIAN_FILTER_LEN`] samples (of fewer, until that many came).
+/// The median of the latest [`MEDIAN_FILTER_LEN`] samples (of fewer, until that many came,
+/// or when older ones expired).
 #[derive(Clone, Debug, Default)]
 pub struct MedianFilter {
-    samples: [i64; MEDIAN_FILTER_LEN],
+    /// Samples and when they were taken, µs on any clock that only moves forward.
+    samples: [(i64, i64); MEDIAN_FILTER_LEN],
     len: usize,
     next: usize,
 }
@@ -130,13 +147,26 @@ pub struct MedianFilter {
 impl MedianFilter {
     /// Adds a sample and returns the median of the latest ones.
     pub fn push(&mut self, sample: i64) -> i64 {
-        self.samples[self.next] = sample;
+        self.push_at(sample, 0, Micros::MAX)
+    }
+
+    /// Adds a sample taken at `at` and returns the median of the latest ones taken at most
+    /// `age_us_max` before it.
+    pub fn push_at(&mut self, sample: i64, at: i64, age_us_max: Micros) -> i64 {
+        self.samples[self.next] = (sample, at);
         self.next = (self.next + 1) % MEDIAN_FILTER_LEN;
         self.len = (self.len + 1).min(MEDIAN_FILTER_LEN);
-        let mut sorted = self.samples;
-        let sorted = &mut sorted[..self.len];
+        let mut sorted = [0i64; MEDIAN_FILTER_LEN];
+        let mut fresh = 0;
+        for &(value, taken) in &self.samples[..self.len] {
+            if at.saturating_sub(taken).unsigned_abs() <= age_us_max {
+                sorted[fresh] = value;
+                fresh += 1;
+            }
+        }
+        let sorted = &mut sorted[..fresh];
         sorted.sort_unstable();
-        sorted[self.len / 2]
+        sorted[fresh / 2]
     }
 }
 
@@ -147,6 +177,8 @@ pub struct QueueEstimator {
     last: Option<(u32, Micros)>,
     /// One-way delay relative to the first packet: the sum of the RFDs so far.
     relative_delay_us: i64,
+    /// The sender's clock relative to the first packet, µs.
+    sent_clock_us: i64,
     filter: MedianFilter,
     /// The smallest filtered relative delay: the path with an empty queue.
     base_us: Option<i64>,
@@ -159,9 +191,16 @@ impl QueueEstimator {
     pub fn on_packet(&mut self, sent: u32, arrived: Micros) {
         if let Some((sent_i, arrived_i)) = self.last {
             self.relative_delay_us += relative_forward_delay_us(sent_i, arrived_i, sent, arrived);
+            self.sent_clock_us += i64::from(sent.wrapping_sub(sent_i) as i32);
         }
         self.last = Some((sent, arrived));
-        let filtered = self.filter.push(self.relative_delay_us);
+        // Samples age on the sender's clock: a packet the receiver read late (a host not
+        // scheduled) is no younger than its neighbours, and an outlier stays filtered.
+        let filtered = self.filter.push_at(
+            self.relative_delay_us,
+            self.sent_clock_us,
+            SAMPLE_AGE_US_MAX,
+        );
         let base = self.base_us.map_or(filtered, |base| base.min(filtered));
         self.base_us = Some(base);
         self.queue_delay_us = (filtered - base) as u64;
@@ -202,6 +241,23 @@ pub fn queue_delay_us(code: u8) -> u64 {
     (16 + u64::from(code & 0x0f)) << exponent
 }
 
+/// What one packet from the peer tells a sender's pacer about the queue toward the peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueReport {
+    /// The queueing delay the peer measured, µs.
+    pub queue_delay_us: u64,
+    /// When the report arrived.
+    pub now: Micros,
+    /// The session's smoothed round trip, µs.
+    pub round_trip_us: Micros,
+    /// Bytes of a full DATA packet on the wire.
+    pub wire_bytes: u64,
+    /// Packets the peer has acknowledged (one past the highest in order).
+    pub acked_seq: u64,
+    /// One past the highest packet sent so far.
+    pub sent_seq: u64,
+}
+
 /// What a reserved session did in its periods.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PacingStats {
@@ -231,6 +287,9 @@ pub struct Pacer {
     backed_off_at: Option<Micros>,
     /// A best-effort session's rate, bytes/s on the wire.
     best_effort_rate: u64,
+    /// A best-effort session halves its rate again only once the peer acknowledged this
+    /// packet, sent after the last halving.
+    recover_seq: u64,
     /// When the peer last reported the queue, µs.
     reported_at: Option<Micros>,
     stats: PacingStats,
@@ -251,7 +310,8 @@ impl Pacer {
             deadline_ns: 0,
             period_sent_bytes: 0,
             backed_off_at: None,
-            best_effort_rate: config.link_bytes_per_s,
+            best_effort_rate: (config.link_bytes_per_s / BEST_EFFORT_START_DIVISOR).max(1),
+            recover_seq: 0,
             reported_at: None,
             stats: PacingStats::default(),
         }
@@ -376,35 +436,49 @@ impl Pacer {
         self.next_send_ns = now_ns + self.wait_ns;
     }
 
-    /// The peer reported `queue_delay_us` of queue at `now`; `round_trip_us` is the session's
-    /// smoothed RTT. Best effort backs off; a reservation holds its budget.
-    pub fn on_queue_report(
-        &mut self,
-        queue_delay_us: u64,
-        now: Micros,
-        round_trip_us: Micros,
-        wire_bytes: u64,
-    ) {
+    /// The peer reported the queue toward it ([`QueueReport`]). Best effort moves its rate;
+    /// a reservation holds its budget.
+    pub fn on_queue_report(&mut self, report: QueueReport) {
         if self.reservation.is_some() || !self.config.pace_best_effort {
             return;
         }
+        let QueueReport {
+            queue_delay_us,
+            now,
+            round_trip_us,
+            wire_bytes,
+            acked_seq,
+            sent_seq,
+        } = report;
         let link = self.config.link_bytes_per_s;
-        let rate_min = (link / 1_000).max(1);
+        let rate_min = (link / BEST_EFFORT_RATE_DIVISOR_MIN).max(1);
         let target = self.config.queue_target_us.max(1);
+        // One report moves the rate by at most a round trip's worth of the ramp: after a long
+        // silence, a single report of an empty queue says little of what the rate may become.
+        // (Letting a slow sender's rare reports count for the time since the last one, which
+        // would share the rest fairly among best-effort senders, overflowed the port in
+        // `best_effort_fills_what_the_reservation_leaves`.)
         let since_report_us = self
             .reported_at
             .map_or(0, |at| now.saturating_sub(at))
+            .min(round_trip_us.max(1))
             .min(BEST_EFFORT_RAMP_US);
         self.reported_at = Some(now);
         if queue_delay_us > 2 * target {
-            // Far over the target: halve, once per round trip (the reports of the next one
-            // still show the queue the old rate built).
-            if self
+            // Far over the target: cut by a quarter, once per round of packets. Reports go
+            // on showing the queue the old rate built until packets sent after the cut reach
+            // the peer and fill its median filter; cutting again on those (the old rule:
+            // halve once per round trip) drove a sender to a trickle, whose rare packets
+            // kept the stale median alive longer still. (Halving once per round of packets
+            // left 0.78 of the rest of the port used in the simulator, a quarter 0.84.)
+            let fresh = acked_seq >= self.recover_seq;
+            let round_trip_passed = self
                 .backed_off_at
-                .is_none_or(|at| now >= at + round_trip_us.max(1))
-            {
+                .is_none_or(|at| now >= at + round_trip_us.max(1));
+            if fresh && round_trip_passed {
                 self.backed_off_at = Some(now);
-                self.best_effort_rate = (self.best_effort_rate / 2).max(rate_min);
+                self.recover_seq = sent_seq + MEDIAN_FILTER_LEN as u64 / 2 + 1;
+                self.best_effort_rate = (self.best_effort_rate / 4 * 3).max(rate_min);
             }
         } else {
             // Near the target: move in proportion to how far the queue is from it (LEDBAT's
@@ -497,7 +571,7 @@ mod tests {
             }
             let mut now = 0;
             let mut last_sent: Option<(Micros, u64)> = None;
-            for (bytes, extra_us, queue_us) in steps {
+            for (seq, (bytes, extra_us, queue_us)) in (0u64..).zip(steps) {
                 now = pacer.send_at(now).unwrap_or(now) + extra_us % 3;
                 if let Some((at, wire_bytes)) = last_sent {
                     let w_min_us = pacer.wait_ns_min(wire_bytes) / 1_000;
@@ -505,7 +579,14 @@ mod tests {
                 }
                 pacer.on_sent(now, bytes, bytes, bytes + 88, 1 << 20);
                 last_sent = Some((now, bytes + 88));
-                pacer.on_queue_report(queue_us, now, 100, bytes + 88);
+                pacer.on_queue_report(QueueReport {
+                    queue_delay_us: queue_us,
+                    now,
+                    round_trip_us: 100,
+                    wire_bytes: bytes + 88,
+                    acked_seq: seq / 2,
+                    sent_seq: seq + 1,
+                });
             }
         }
     }
@@ -554,21 +635,55 @@ mod tests {
         );
     }
 
+    fn report(queue_delay_us: u64, now: Micros, acked_seq: u64, sent_seq: u64) -> QueueReport {
+        QueueReport {
+            queue_delay_us,
+            now,
+            round_trip_us: 100,
+            wire_bytes: 1_488,
+            acked_seq,
+            sent_seq,
+        }
+    }
+
     #[test]
-    fn best_effort_backs_off_once_per_round_trip_and_recovers() {
+    fn best_effort_backs_off_once_per_round_of_packets_and_recovers() {
         let mut pacer = Pacer::new(RadonConfig::default());
         pacer.on_sent(0, 1_400, 1_400, 1_488, 0);
         let w_min = pacer.wait_ns_min(1_488);
-        assert_eq!(pacer.wait_ns(), w_min);
-        pacer.on_queue_report(1_000, 10, 100, 1_488);
-        pacer.on_queue_report(1_000, 20, 100, 1_488);
-        assert_eq!(pacer.wait_ns(), 2 * w_min);
-        pacer.on_queue_report(1_000, 110, 100, 1_488);
-        assert_eq!(pacer.wait_ns(), 4 * w_min);
-        // Back to the link's rate in BEST_EFFORT_RAMP_US, however rare the reports.
-        pacer.on_queue_report(0, 110 + BEST_EFFORT_RAMP_US / 2, 100, 1_488);
-        assert!(pacer.wait_ns() > w_min);
-        pacer.on_queue_report(0, 110 + BEST_EFFORT_RAMP_US, 100, 1_488);
+        // It starts at a quarter of its link.
+        assert_eq!(pacer.wait_ns(), BEST_EFFORT_START_DIVISOR * w_min);
+        let start = pacer.wait_ns();
+        pacer.on_queue_report(report(1_000, 10, 0, 1));
+        let cut = pacer.wait_ns();
+        assert!(
+            cut * 3 >= start * 4 - 3 && cut * 3 <= start * 4 + 3,
+            "{start} -> {cut}"
+        );
+        // Later reports that still come from packets sent before the cut change nothing,
+        // however many round trips they take to arrive.
+        pacer.on_queue_report(report(1_000, 500, 2, 3));
+        pacer.on_queue_report(report(1_000, 5_000, 3, 3));
+        assert_eq!(pacer.wait_ns(), cut);
+        // Once the peer has seen enough packets sent after it, the next cut.
+        pacer.on_queue_report(report(1_000, 5_100, 4, 5));
+        assert!(pacer.wait_ns() > cut);
+        // A single report of an empty queue after a long silence moves the rate by a round
+        // trip's worth of the ramp only.
+        let before = pacer.wait_ns();
+        pacer.on_queue_report(report(0, 1_000_000, 5, 5));
+        assert!(pacer.wait_ns() < before);
+        assert!(
+            pacer.wait_ns() * 11 > before * 10,
+            "{before} -> {}",
+            pacer.wait_ns()
+        );
+        // Back to the link's rate in about BEST_EFFORT_RAMP_US of reports every round trip.
+        let mut now = 1_000_000;
+        for _ in 0..BEST_EFFORT_RAMP_US / 100 {
+            now += 100;
+            pacer.on_queue_report(report(0, now, 5, 5));
+        }
         assert_eq!(pacer.wait_ns(), w_min);
         // A reservation ignores the queue.
         pacer.reserve(
@@ -576,11 +691,36 @@ mod tests {
                 rate_bytes_per_s: 1,
                 period_us: PERIOD_US_MIN,
             }),
-            300,
+            now,
         );
         let before = pacer.wait_ns();
-        pacer.on_queue_report(100_000, 1_000, 100, 1_488);
+        pacer.on_queue_report(report(100_000, now + 1_000, 100, 100));
         assert_eq!(pacer.wait_ns(), before);
+    }
+
+    #[test]
+    fn the_median_filter_forgets_old_samples() {
+        let mut filter = MedianFilter::default();
+        for at in 0..4 {
+            filter.push_at(1_000, at, SAMPLE_AGE_US_MAX);
+        }
+        assert_eq!(filter.push_at(0, 4, SAMPLE_AGE_US_MAX), 1_000);
+        // Of packets sent long after, a single one outvotes the old ones.
+        let later = 5 + SAMPLE_AGE_US_MAX as i64;
+        assert_eq!(filter.push_at(0, later, SAMPLE_AGE_US_MAX), 0);
+    }
+
+    #[test]
+    fn a_sparse_sender_hears_of_a_drained_queue_from_its_next_packet() {
+        let mut estimator = QueueEstimator::default();
+        estimator.on_packet(0, 100);
+        // Three packets that met a queue of 800 µs, then one sent 5 ms later that met none.
+        for sent in [10u32, 20, 30] {
+            estimator.on_packet(sent, u64::from(sent) + 900);
+        }
+        assert_eq!(estimator.queue_delay_us(), 800);
+        estimator.on_packet(5_030, 5_130);
+        assert_eq!(estimator.queue_delay_us(), 0);
     }
 
     #[test]

@@ -972,8 +972,16 @@ impl Session {
         self.peer_queue_delay_us = radon::queue_delay_us(code);
         let round_trip_us = self.rtt.srtt_us().unwrap_or(self.rtt.rto_us());
         let wire = wire_bytes(self.fragment_bytes_max as u64);
+        let report = radon::QueueReport {
+            queue_delay_us: self.peer_queue_delay_us,
+            now,
+            round_trip_us,
+            wire_bytes: wire,
+            acked_seq: self.send_base,
+            sent_seq: self.send_high,
+        };
         if let Some(pacer) = self.pacer.as_mut() {
-            pacer.on_queue_report(self.peer_queue_delay_us, now, round_trip_us, wire);
+            pacer.on_queue_report(report);
         }
     }
 
