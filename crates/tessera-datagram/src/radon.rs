@@ -20,6 +20,9 @@
 //!   [`BEST_EFFORT_RAMP_US`] per report), and cuts it by a quarter above twice the target, at
 //!   most once per round of packets (the reports must come from packets sent after the last
 //!   cut), so that reserved streams keep their budget and best-effort ones fill what is left.
+//!   With [`BudgetKind::Window`] a reserved session sends windows instead: "less laxity, more
+//!   window", each after a dispatch offset drawn within the queue the peer reports, from a
+//!   random number the session passes in.
 //!
 //! The pacer is time in the state machine: the session tells the endpoint when it may send
 //! next, and the endpoint's `poll_timeout` includes it, like the retransmission timer.
@@ -50,6 +53,18 @@ pub const BEST_EFFORT_RATE_DIVISOR_MIN: u64 = 100;
 /// A best-effort session starts at its link's rate divided by this, and ramps up from there:
 /// it does not know what the reservations on its path leave it.
 pub const BEST_EFFORT_START_DIVISOR: u64 = 4;
+
+/// The smallest window of [`BudgetKind::Window`] (the paper's 2).
+pub const WINDOW_PACKETS_MIN: u64 = 2;
+
+/// A window-paced stream's largest window carries its rate this many times over, in
+/// quarters.
+pub const WINDOW_RATE_MAX_QUARTERS: u64 = 16;
+
+/// A window-paced stream's window never falls below what carries its rate this many times
+/// over, in quarters (the paper's floor is 2 packets, too few for a stream that needs more
+/// per round trip: it fell behind early in each period and missed the deadline catching up).
+pub const WINDOW_RATE_MIN_QUARTERS: u64 = 4;
 
 /// Shortest reservation period accepted.
 pub const PERIOD_US_MIN: Micros = 1_000;
@@ -107,6 +122,25 @@ pub struct RadonConfig {
     /// Whether sessions without a reservation are paced and back off (Radon's best effort);
     /// without, only reserved sessions are paced.
     pub pace_best_effort: bool,
+    /// How reserved sessions spend their budget: a wait between packets, or a window per
+    /// round trip.
+    pub budget: BudgetKind,
+    /// The largest window of [`BudgetKind::Window`], packets (`w_max`).
+    pub window_packets_max: u64,
+}
+
+/// The two percent-budget schedulers of the paper.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BudgetKind {
+    /// Rate-based: the wait between packets moves halfway to `w_op = w_min / %budget` each
+    /// packet.
+    #[default]
+    Rate,
+    /// Window-based, "less laxity, more window": each round trip a window of packets goes
+    /// out back to back after a random dispatch offset within the queue the peer reports;
+    /// the window moves halfway to `w_op = min(m_i, max(w_max / (l + 1), 2))`, with `m_i`
+    /// the packets still due this period and `l` the laxity in round trips.
+    Window,
 }
 
 impl Default for RadonConfig {
@@ -116,6 +150,8 @@ impl Default for RadonConfig {
             link_bytes_per_s: 125_000_000,
             queue_target_us: 200,
             pace_best_effort: true,
+            budget: BudgetKind::Rate,
+            window_packets_max: 64,
         }
     }
 }
@@ -258,6 +294,48 @@ pub struct QueueReport {
     pub sent_seq: u64,
 }
 
+/// One DATA packet a session sent, for [`Pacer::on_sent`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SentPacket {
+    /// When it went out.
+    pub now: Micros,
+    /// Its payload, bytes.
+    pub payload_bytes: u64,
+    /// Payload bytes sent for the first time (0 for a retransmission).
+    pub new_bytes: u64,
+    /// Its size on the wire, headers included.
+    pub wire_bytes: u64,
+    /// Bytes the session still has queued.
+    pub queued_bytes: u64,
+}
+
+/// "Less laxity, more window": `w_op = min(m_i, max(w_max / (l + 1), 2))` with `m_i` the
+/// packets still due this period and `l` the laxity in round trips, at least 1.
+pub fn window_target(due_packets: u64, laxity_round_trips: u64, window_packets_max: u64) -> u64 {
+    let spread = window_packets_max / laxity_round_trips.saturating_add(1);
+    due_packets
+        .min(spread.max(WINDOW_PACKETS_MIN))
+        .min(window_packets_max)
+        .max(1)
+}
+
+/// The dispatch offset before a window, µs: `N_obs / pktS * rand` packet times, that is a
+/// uniform share (`random` over 2^64) of the queueing delay the peer reports. Streams that
+/// meet in one queue then do not send their windows into it at the same instant.
+pub fn dispatch_offset_us(queue_delay_us: u64, random: u64) -> u64 {
+    ((u128::from(queue_delay_us) * u128::from(random)) >> 64) as u64
+}
+
+/// `from` moved halfway to `to` (the paper's `w_k - (w_k - w_op) / 2`), by at least one when
+/// they differ.
+fn halfway(from: u64, to: u64) -> u64 {
+    if from > to {
+        from - (from - to).div_ceil(2)
+    } else {
+        from + (to - from).div_ceil(2)
+    }
+}
+
 /// What a reserved session did in its periods.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PacingStats {
@@ -292,6 +370,14 @@ pub struct Pacer {
     recover_seq: u64,
     /// When the peer last reported the queue, µs.
     reported_at: Option<Micros>,
+    /// The session's round trip and the queue the peer reports toward it, as last heard, µs.
+    round_trip_us: Micros,
+    peer_queue_us: u64,
+    /// Window-based budget: the window (`w_k`), packets sent in the current round, and
+    /// when the round began, ns.
+    window_packets: u64,
+    round_sent_packets: u64,
+    round_started_ns: u64,
     stats: PacingStats,
 }
 
@@ -313,6 +399,11 @@ impl Pacer {
             best_effort_rate: (config.link_bytes_per_s / BEST_EFFORT_START_DIVISOR).max(1),
             recover_seq: 0,
             reported_at: None,
+            round_trip_us: 0,
+            peer_queue_us: 0,
+            window_packets: WINDOW_PACKETS_MIN,
+            round_sent_packets: 0,
+            round_started_ns: 0,
             stats: PacingStats::default(),
         }
     }
@@ -348,6 +439,17 @@ impl Pacer {
     /// The current wait between packets, ns.
     pub fn wait_ns(&self) -> u64 {
         self.wait_ns
+    }
+
+    /// The most packets a window-paced reserved session may have unacknowledged: its window
+    /// (`None`: no cap of the pacer's). The window is a window, not only a burst: the next
+    /// one waits for the last one's acknowledgements as well as for its round trip.
+    pub fn window_cap(&self) -> Option<u32> {
+        (self.reservation.is_some() && self.config.budget == BudgetKind::Window).then(|| {
+            u32::try_from(self.window_packets)
+                .unwrap_or(u32::MAX)
+                .max(1)
+        })
     }
 
     /// The earliest time a DATA packet may go, µs (`None`: at once).
@@ -392,53 +494,119 @@ impl Pacer {
 
     /// A DATA packet went out at `now`: `payload_bytes` of payload, of which `new_bytes` were
     /// sent for the first time (they count against the period's budget; a retransmission
-    /// takes its slot but moves nothing new), `wire_bytes` in all. Sets the wait before the
-    /// next one.
-    pub fn on_sent(
-        &mut self,
-        now: Micros,
-        payload_bytes: u64,
-        new_bytes: u64,
-        wire_bytes: u64,
-        queued_bytes: u64,
-    ) {
-        let now_ns = now * 1_000;
-        let wait_ns_min = self.wait_ns_min(wire_bytes);
+    /// takes its slot but moves nothing new), `wire_bytes` in all; `queued_bytes` are still
+    /// queued, and `random` is a fresh random number (the window's dispatch offset). Sets the
+    /// wait before the next one.
+    pub fn on_sent(&mut self, sent: SentPacket, random: u64) {
+        let now_ns = sent.now * 1_000;
+        let wait_ns_min = self.wait_ns_min(sent.wire_bytes);
         let Some(reservation) = self.reservation else {
-            self.wait_ns = self.best_effort_wait_ns(wire_bytes);
+            self.wait_ns = self.best_effort_wait_ns(sent.wire_bytes);
             self.next_send_ns = now_ns + self.wait_ns;
             return;
         };
-        self.roll_periods(now, queued_bytes);
-        self.period_sent_bytes += new_bytes;
+        self.roll_periods(sent.now, sent.queued_bytes);
+        self.period_sent_bytes += sent.new_bytes;
         let budget = reservation.bytes_per_period();
         if self.period_sent_bytes >= budget {
             // This period's budget is out: the next packet belongs to the next period.
             self.next_send_ns = self.deadline_ns.max(now_ns + wait_ns_min);
+            self.round_sent_packets = 0;
             return;
         }
         let left_bytes = budget - self.period_sent_bytes;
-        let left_packets = left_bytes.div_ceil(payload_bytes.max(1));
-        // %budget = e_i / (d - t) with e_i = left_packets * w_min, and w_op = w_min / %budget.
-        // One slot more than packets left, so that the last one goes (and arrives) before the
-        // deadline rather than at it.
+        let left_packets = left_bytes.div_ceil(sent.payload_bytes.max(1));
+        match self.config.budget {
+            BudgetKind::Rate => self.pace_by_rate(now_ns, left_packets, wait_ns_min),
+            BudgetKind::Window => self.pace_by_window(now_ns, left_packets, sent, random),
+        }
+    }
+
+    /// Rate-based percent budget: `%budget = e_i / (d - t)` with `e_i = left_packets * w_min`,
+    /// and `w_op = w_min / %budget`. One slot more than packets left, so that the last one
+    /// goes (and arrives) before the deadline rather than at it.
+    fn pace_by_rate(&mut self, now_ns: u64, left_packets: u64, wait_ns_min: u64) {
         let laxity_ns = self.deadline_ns.saturating_sub(now_ns).max(1);
         let wait_ns_target = laxity_ns / (left_packets + 1);
         let wait_ns_max = (WAIT_US_MAX * 1_000).max(wait_ns_min);
         let next = if self.wait_ns == 0 {
             wait_ns_target
-        } else if self.wait_ns > wait_ns_target {
-            self.wait_ns - (self.wait_ns - wait_ns_target) / 2
         } else {
-            self.wait_ns + (wait_ns_target - self.wait_ns) / 2
+            halfway(self.wait_ns, wait_ns_target)
         };
         self.wait_ns = next.clamp(wait_ns_min, wait_ns_max);
         self.next_send_ns = now_ns + self.wait_ns;
     }
 
+    /// This stream's `w_max`: what carries its rate [`WINDOW_RATE_MAX_QUARTERS`] quarters
+    /// over at the current round, within [`RadonConfig::window_packets_max`]. One `w_max` for every
+    /// stream let small ones send windows of dozens of packets as their laxity ran out, and
+    /// six such windows overflowed a port's buffer.
+    fn window_packets_max(&self, payload_bytes: u64) -> u64 {
+        self.window_packets_for(WINDOW_RATE_MAX_QUARTERS, payload_bytes)
+    }
+
+    /// The window that carries `quarters` quarters of this stream's rate in a smoothed round
+    /// trip, within [`WINDOW_PACKETS_MIN`] and [`RadonConfig::window_packets_max`]. (Sizing
+    /// windows by how long the last round took, by the round trip and the mean dispatch
+    /// offset, or by the round trip and the window's own time on the link, fed back on
+    /// itself: longer rounds, larger windows, a longer queue; six fairshare streams
+    /// overflowed the port.)
+    fn window_packets_for(&self, quarters: u64, payload_bytes: u64) -> u64 {
+        let rate = self.reservation.map_or(0, |r| r.rate_bytes_per_s);
+        let round_ns = self.round_trip_us * 1_000;
+        let carried = (u128::from(rate) * u128::from(round_ns) * u128::from(quarters))
+            .div_ceil(4_000_000_000 * u128::from(payload_bytes.max(1)));
+        let carried = u64::try_from(carried).unwrap_or(u64::MAX);
+        carried.clamp(
+            WINDOW_PACKETS_MIN,
+            self.config.window_packets_max.max(WINDOW_PACKETS_MIN),
+        )
+    }
+
+    /// Window-based percent budget: a window per round trip, back to back; between windows
+    /// the dispatch offset. The window is sized when its first packet goes.
+    fn pace_by_window(&mut self, now_ns: u64, left_packets: u64, sent: SentPacket, random: u64) {
+        let (payload_bytes, wire_bytes) = (sent.payload_bytes, sent.wire_bytes);
+        let wait_ns_min = self.wait_ns_min(wire_bytes);
+        let round_trip_ns = self.round_trip_us.max(1) * 1_000;
+        if self.round_sent_packets == 0 {
+            // Laxity counts in rounds as long as the last one took (the peer's delayed ACK,
+            // the window's own time on the link and the dispatch offset lengthen them;
+            // counted in round trips, a stream behind its budget thought it had time), at
+            // most four round trips (an idle gap is no round).
+            let last_round_ns = now_ns.saturating_sub(self.round_started_ns);
+            let round_ns = last_round_ns.clamp(round_trip_ns, 4 * round_trip_ns);
+            self.round_started_ns = now_ns;
+            // This packet opens the round and is one of the packets due. The laxity is the
+            // rounds left beyond those the largest window needs for what is due (a window,
+            // unlike a wait, cannot send faster than one per round).
+            let due_packets = left_packets + 1;
+            let window_max = self.window_packets_max(payload_bytes);
+            let rounds_left = self.deadline_ns.saturating_sub(now_ns) / round_ns;
+            let laxity = rounds_left.saturating_sub(due_packets.div_ceil(window_max));
+            let window_min = self.window_packets_for(WINDOW_RATE_MIN_QUARTERS, payload_bytes);
+            let target = window_target(due_packets, laxity, window_max.max(window_min))
+                .max(window_min.min(due_packets));
+            self.window_packets = halfway(self.window_packets, target).max(1);
+        }
+        self.round_sent_packets += 1;
+        self.wait_ns = wait_ns_min;
+        if self.round_sent_packets < self.window_packets {
+            self.next_send_ns = now_ns + wait_ns_min;
+            return;
+        }
+        self.round_sent_packets = 0;
+        let offset_ns = dispatch_offset_us(self.peer_queue_us, random) * 1_000;
+        let round_end_ns = (self.round_started_ns + round_trip_ns).max(now_ns + wait_ns_min);
+        self.next_send_ns = round_end_ns + offset_ns;
+    }
+
     /// The peer reported the queue toward it ([`QueueReport`]). Best effort moves its rate;
     /// a reservation holds its budget.
     pub fn on_queue_report(&mut self, report: QueueReport) {
+        self.round_trip_us = report.round_trip_us;
+        self.peer_queue_us = report.queue_delay_us;
         if self.reservation.is_some() || !self.config.pace_best_effort {
             return;
         }
@@ -561,10 +729,12 @@ mod tests {
             rate in 1u64..1_000_000_000,
             period_us in PERIOD_US_MIN..2_000_000,
             reserved in any::<bool>(),
+            window in any::<bool>(),
             link in 1_000_000u64..2_000_000_000,
             steps in prop::collection::vec((1u64..9_000, 0u64..5_000, 0u64..2_000), 1..200),
         ) {
-            let config = RadonConfig { link_bytes_per_s: link, ..RadonConfig::default() };
+            let budget = if window { BudgetKind::Window } else { BudgetKind::Rate };
+            let config = RadonConfig { link_bytes_per_s: link, budget, ..RadonConfig::default() };
             let mut pacer = Pacer::new(config);
             if reserved {
                 pacer.reserve(Some(Reservation { rate_bytes_per_s: rate, period_us }), 0);
@@ -577,7 +747,7 @@ mod tests {
                     let w_min_us = pacer.wait_ns_min(wire_bytes) / 1_000;
                     prop_assert!(now - at >= w_min_us, "{} after {} (w_min {} µs)", now, at, w_min_us);
                 }
-                pacer.on_sent(now, bytes, bytes, bytes + 88, 1 << 20);
+                pacer.on_sent(sent(now, bytes, 1 << 20), seq.wrapping_mul(0x9e37_79b9_7f4a_7c15));
                 last_sent = Some((now, bytes + 88));
                 pacer.on_queue_report(QueueReport {
                     queue_delay_us: queue_us,
@@ -589,6 +759,141 @@ mod tests {
                 });
             }
         }
+    }
+
+    proptest! {
+        /// The window never exceeds the packets due nor `w_max`, is 2 while there is time,
+        /// and grows as laxity shrinks.
+        #[test]
+        fn less_laxity_more_window(
+            due in 1u64..10_000,
+            laxity in 0u64..10_000,
+            window_max in 2u64..512,
+        ) {
+            let window = window_target(due, laxity, window_max);
+            prop_assert!(window >= 1 && window <= due && window <= window_max);
+            prop_assert!(window >= due.min(WINDOW_PACKETS_MIN));
+            prop_assert!(window_target(due, laxity / 2, window_max) >= window);
+            prop_assert_eq!(window_target(due, 0, window_max), due.min(window_max));
+        }
+
+        /// The dispatch offset is a share of the reported queue: none on an empty path,
+        /// never the whole queue.
+        #[test]
+        fn the_dispatch_offset_lies_within_the_queue(queue_us in 0u64..1_000_000, random in any::<u64>()) {
+            let offset = dispatch_offset_us(queue_us, random);
+            prop_assert!(offset <= queue_us.saturating_sub(1) || queue_us == 0);
+            prop_assert_eq!(dispatch_offset_us(0, random), 0);
+        }
+    }
+
+    /// Sends a reserved window-paced stream's packets as fast as the pacer lets them go,
+    /// hearing a round trip of `round_trip_us` and a queue of `queue_us` after each, until
+    /// `until`; returns the send times.
+    fn window_paced_sends(
+        reservation: Reservation,
+        round_trip_us: Micros,
+        queue_us: u64,
+        until: Micros,
+    ) -> (Pacer, Vec<Micros>) {
+        let config = RadonConfig {
+            budget: BudgetKind::Window,
+            ..RadonConfig::default()
+        };
+        let mut pacer = Pacer::new(config);
+        pacer.reserve(Some(reservation), 0);
+        pacer.on_queue_report(report_with(queue_us, 0, round_trip_us));
+        let mut now = 0;
+        let mut times = Vec::new();
+        let mut random = 1u64;
+        while now < until {
+            times.push(now);
+            random = random
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            pacer.on_sent(sent(now, 1_000, 1 << 30), random);
+            pacer.on_queue_report(report_with(queue_us, now, round_trip_us));
+            now = pacer.send_at(now).unwrap_or(now);
+        }
+        (pacer, times)
+    }
+
+    fn report_with(queue_delay_us: u64, now: Micros, round_trip_us: Micros) -> QueueReport {
+        QueueReport {
+            round_trip_us,
+            ..report(queue_delay_us, now, 0, 0)
+        }
+    }
+
+    #[test]
+    fn with_laxity_to_spare_a_window_of_two_goes_each_round_trip() {
+        // 100 packets of 1,000 bytes due in 100 ms, a round trip of 1 ms, an empty path:
+        // pairs of packets back to back, one pair per round trip, all sent by 50 ms.
+        let reservation = Reservation {
+            rate_bytes_per_s: 1_000_000,
+            period_us: 100_000,
+        };
+        let (pacer, times) = window_paced_sends(reservation, 1_000, 0, 100_000);
+        let in_period: Vec<_> = times.iter().filter(|&&t| t < 100_000).collect();
+        assert_eq!(in_period.len(), 100);
+        assert_eq!(
+            *in_period[1] - *in_period[0],
+            9,
+            "back to back (w_min 8.7 µs)"
+        );
+        assert_eq!(*in_period[2], 1_000, "the next window a round trip later");
+        assert!(*in_period[99] < 50_000);
+        assert_eq!(pacer.stats().deadlines_missed, 0);
+    }
+
+    #[test]
+    fn as_laxity_runs_out_the_window_grows() {
+        // 100 packets due in 10 ms with a round trip of 1 ms: the window starts on its way
+        // from 2 to the 10 that carry the rate, and grows past that as the laxity runs out;
+        // all 100 go before the deadline.
+        let reservation = Reservation {
+            rate_bytes_per_s: 10_000_000,
+            period_us: 10_000,
+        };
+        let (_, times) = window_paced_sends(reservation, 1_000, 0, 10_000);
+        let in_period: Vec<_> = times.iter().filter(|&&t| t < 10_000).collect();
+        assert_eq!(in_period.len(), 100, "{times:?}");
+        // Packets per round trip (each window goes at its start, back to back).
+        let mut rounds = [0usize; 10];
+        for &&t in &in_period {
+            rounds[(t / 1_000) as usize] += 1;
+        }
+        let largest = rounds
+            .iter()
+            .position(|&n| n == *rounds.iter().max().unwrap());
+        let largest = largest.unwrap();
+        assert!(rounds[0] <= 6, "{rounds:?}");
+        assert!(rounds[largest] >= 2 * rounds[0], "{rounds:?}");
+        assert!(
+            rounds[..=largest].windows(2).all(|w| w[0] <= w[1]),
+            "{rounds:?}"
+        );
+    }
+
+    #[test]
+    fn windows_start_at_a_random_offset_within_the_reported_queue() {
+        let reservation = Reservation {
+            rate_bytes_per_s: 1_000_000,
+            period_us: 100_000,
+        };
+        let (_, times) = window_paced_sends(reservation, 1_000, 400, 100_000);
+        // Each window opens one round trip after the last plus its offset, in [0, 400) µs;
+        // the offsets differ.
+        let opens: Vec<Micros> = times.chunks(2).map(|pair| pair[0]).collect();
+        let gaps: Vec<Micros> = opens.windows(2).map(|w| w[1] - w[0]).take(40).collect();
+        assert!(
+            gaps.iter().all(|gap| (1_000..1_400).contains(gap)),
+            "{gaps:?}"
+        );
+        let mut distinct = gaps.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() > 10, "{gaps:?}");
     }
 
     #[test]
@@ -615,13 +920,13 @@ mod tests {
             0,
         );
         let mut now = 0;
-        let mut sent = 0u64;
+        let mut packets = 0u64;
         while now < 1_000_000 {
-            pacer.on_sent(now, 1_000, 1_000, 1_088, 1 << 30);
-            sent += 1;
+            pacer.on_sent(sent(now, 1_000, 1 << 30), 0);
+            packets += 1;
             now = pacer.send_at(now).expect("paced");
         }
-        assert_eq!(sent, 1_000);
+        assert_eq!(packets, 1_000);
         // The budget is out: the next packet waits for the next period.
         assert_eq!(now, 1_000_000);
         pacer.roll_periods(now, 1 << 30);
@@ -633,6 +938,17 @@ mod tests {
                 deadlines_missed: 0
             }
         );
+    }
+
+    /// A first transmission of `payload_bytes` with 88 bytes of headers.
+    fn sent(now: Micros, payload_bytes: u64, queued_bytes: u64) -> SentPacket {
+        SentPacket {
+            now,
+            payload_bytes,
+            new_bytes: payload_bytes,
+            wire_bytes: payload_bytes + 88,
+            queued_bytes,
+        }
     }
 
     fn report(queue_delay_us: u64, now: Micros, acked_seq: u64, sent_seq: u64) -> QueueReport {
@@ -649,7 +965,7 @@ mod tests {
     #[test]
     fn best_effort_backs_off_once_per_round_of_packets_and_recovers() {
         let mut pacer = Pacer::new(RadonConfig::default());
-        pacer.on_sent(0, 1_400, 1_400, 1_488, 0);
+        pacer.on_sent(sent(0, 1_400, 0), 0);
         let w_min = pacer.wait_ns_min(1_488);
         // It starts at a quarter of its link.
         assert_eq!(pacer.wait_ns(), BEST_EFFORT_START_DIVISOR * w_min);
