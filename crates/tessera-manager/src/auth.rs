@@ -52,7 +52,10 @@ pub fn roles_allowed(request: &ManagerRequest) -> &'static [Role] {
         | R::CreatePending { .. }
         | R::RenewPending { .. }
         | R::CommitPending { .. }
-        | R::AbandonPending { .. } => &[Role::Admin, Role::Client],
+        | R::AbandonPending { .. }
+        | R::Reserve { .. }
+        | R::RenewReservation { .. }
+        | R::ReleaseReservation { .. } => &[Role::Admin, Role::Client],
     }
 }
 

@@ -373,6 +373,9 @@ pub(crate) fn is_local(request: &ManagerRequest) -> bool {
             | ManagerRequest::StorageKeys
             | ManagerRequest::Replica
             | ManagerRequest::Snapshot { .. }
+            | ManagerRequest::Reserve { .. }
+            | ManagerRequest::RenewReservation { .. }
+            | ManagerRequest::ReleaseReservation { .. }
     )
 }
 
