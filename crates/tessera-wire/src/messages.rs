@@ -396,6 +396,10 @@ pub enum StorageResponse {
         /// cleared or orphaned, or for as long as the server waits: whatever the asker read
         /// of the stripe before may be half of that write, so it reads again and asks again.
         waited: bool,
+        /// The stripe's generation, read after the records: it changes before a record of
+        /// a write to the stripe is deleted, so a reader that asked before and after its
+        /// reads and got the same one saw no write complete in between.
+        generation: u64,
     },
     /// Answer to `RecordStale`: the record is durable.
     StaleRecorded {
