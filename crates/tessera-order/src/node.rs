@@ -88,6 +88,8 @@ struct Peer {
     repaired_at: Option<Micros>,
     /// `matched` when the leader last sent it ENTRIES.
     matched_at_repair: u64,
+    /// Repairs in a row after which its `matched` did not move.
+    repairs_unanswered: u32,
 }
 
 /// The receiver's side: the log, delivery, ACKs.

@@ -379,14 +379,23 @@ impl Node {
     /// is not enough under load: the member goes on appending in its own order past what
     /// one packet repaired, so it would fall further behind every round.
     fn repair(&mut self, node: NodeId, now: Micros) {
-        let pause = 2 * self.round_trip_us();
+        let round_trip = self.round_trip_us();
+        let ceiling = self.config.retransmit_after_us;
         let log = &self.receive.log;
         let Some(peer) = self.receive.peers.get_mut(&node) else {
             return;
         };
         // ACKs the member sent before our last repair reached it still conflict: they wait
-        // for its answer (its `matched` moving) or for two round trips, against a storm.
+        // for its answer (its `matched` moving) or for two round trips, doubled after every
+        // repair it left unanswered up to the retransmission timeout (a member that crashed
+        // and is not yet suspected), against a storm.
         let answered = peer.matched > peer.matched_at_repair;
+        if answered {
+            peer.repairs_unanswered = 0;
+        }
+        let pause = (2 * round_trip)
+            .saturating_mul(1 << peer.repairs_unanswered.min(16))
+            .min(ceiling);
         if !answered && peer.repaired_at.is_some_and(|at| now < at + pause) {
             return;
         }
@@ -408,6 +417,9 @@ impl Node {
         }
         if packets.is_empty() {
             return;
+        }
+        if !answered && peer.repaired_at.is_some() {
+            peer.repairs_unanswered += 1;
         }
         peer.repaired_at = Some(now);
         peer.matched_at_repair = peer.matched;
