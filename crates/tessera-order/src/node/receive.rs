@@ -322,14 +322,7 @@ impl Node {
                     position += 1;
                     continue;
                 }
-                Some(_) => {
-                    self.truncate(position);
-                    // Held messages would follow the leader's order as a block where the
-                    // leader has them interleaved with others' (a new divergence, measured
-                    // 0.33 against 0.37 of the no-loss throughput at 1% receiver loss in
-                    // `tests/loss.rs`); asked for again, they come in the network's order.
-                    self.receive.pending.clear();
-                }
+                Some(_) => self.truncate(position),
                 None => {}
             }
             if self.receive.log.count(entry.id.sender) != entry.id.seq {
@@ -385,9 +378,9 @@ impl Node {
         let Some(peer) = self.receive.peers.get_mut(&node) else {
             return;
         };
-        // ACKs the member sent before our last repair reached it still conflict: they wait
-        // for its answer (its `matched` moving) or for two round trips, doubled after every
-        // repair it left unanswered up to the retransmission timeout (a member that crashed
+        // ACKs the member sent before our last repair reached it still conflict: repairs
+        // wait two round trips, doubled after every repair it left unanswered (its
+        // `matched` did not move) up to the retransmission timeout (a member that crashed
         // and is not yet suspected), against a storm.
         let answered = peer.matched > peer.matched_at_repair;
         if answered {
@@ -396,7 +389,7 @@ impl Node {
         let pause = (2 * round_trip)
             .saturating_mul(1 << peer.repairs_unanswered.min(16))
             .min(ceiling);
-        if !answered && peer.repaired_at.is_some_and(|at| now < at + pause) {
+        if peer.repaired_at.is_some_and(|at| now < at + pause) {
             return;
         }
         let mut from = peer.matched.max(log.start());
