@@ -293,20 +293,24 @@ impl FileContext {
                 intent: None,
                 stale,
                 waited,
+                generation,
             } => Ok(StripeIntent {
                 intent: None,
                 stale,
                 waited,
+                generation,
             }),
             StorageResponse::Intent {
                 intent: Some(intent),
                 stale,
                 waited,
+                generation,
             } if payload.len() as u64 == u64::from(intent.span_len) + intent.old_data_bytes() => {
                 Ok(StripeIntent {
                     intent: Some((intent, payload)),
                     stale,
                     waited,
+                    generation,
                 })
             }
             other => Err(Fault::Refused(StorageError::BadRequest {
@@ -325,6 +329,9 @@ pub(crate) struct StripeIntent {
     /// A full-stripe write was in flight when asked and the answer waited for it: what was
     /// read of the stripe before may be half of it.
     pub waited: bool,
+    /// The stripe's generation at the parity server: a different one after a read of the
+    /// stripe than before it means a write completed in between.
+    pub generation: u64,
 }
 
 impl FileContext {

@@ -469,7 +469,7 @@ impl Client {
         Err(failed.expect("at least one attempt"))
     }
 
-    fn unexpected(&self, what: &str, got: ManagerResponse) -> ClientError {
+    pub(crate) fn unexpected(&self, what: &str, got: ManagerResponse) -> ClientError {
         ClientError::Protocol {
             peer: format!("manager {}", self.manager()),
             detail: format!("expected {what}, got {got:?}"),

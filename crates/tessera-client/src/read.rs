@@ -8,7 +8,8 @@ use tessera_layout::{OverflowRole, Piece, Region, Scheme};
 use tessera_wire::StorageError;
 
 /// Times a degraded read reads a stripe again after finding a full-stripe write in flight
-/// there (each wait bounded by the parity server, 0.5 s: about 4 s in all).
+/// there (each wait bounded by the parity server, 0.5 s: about 4 s in all), or a write that
+/// completed while it read.
 const RECONSTRUCT_ATTEMPTS: usize = 8;
 
 /// Pieces of one access that sit back to back in one column's data file, read as one request.
@@ -247,7 +248,7 @@ impl FileContext {
     }
 
     /// One attempt of [`Self::reconstruct_from_parity`]: `None` if a full-stripe write was
-    /// under way while the stripe was read.
+    /// under way while the stripe was read, or a write to the stripe completed meanwhile.
     async fn reconstruct_once(
         &self,
         client: &Client,
@@ -258,15 +259,7 @@ impl FileContext {
         let stripe = self.layout.stripe_of_block(block);
         let own = self.layout.data_slot(block).column;
         let parity = self.layout.parity_slot(stripe).expect("parity scheme");
-        let mut sources = vec![(
-            parity.column,
-            Region::Redundancy,
-            self.layout.local_offset(parity),
-        )];
-        for other in self.layout.blocks_of_stripe(stripe).filter(|&b| b != block) {
-            let slot = self.layout.data_slot(other);
-            sources.push((slot.column, Region::Data, self.layout.local_offset(slot)));
-        }
+        let sources = self.parity_sources(block);
         let lost: Vec<u32> = sources
             .iter()
             .map(|s| s.0)
@@ -274,6 +267,16 @@ impl FileContext {
             .collect();
         if !lost.is_empty() {
             return Err(self.unavailable(std::iter::once(own).chain(lost)));
+        }
+        // The stripe's generation before the reads (the parity server's `ParityLocks`
+        // argues it): a write that completes while they run changes it, so a mix of its old
+        // and new units is never taken for bytes.
+        let before = self
+            .read_intent(client, stripe)
+            .await
+            .map_err(|fault| self.second_fault(own, parity.column, fault))?;
+        if before.waited {
+            return Ok(None);
         }
         let reads = sources.iter().map(|&(column, region, base)| async move {
             self.read_region(client, column, region, base + within, len, false)
@@ -288,12 +291,12 @@ impl FileContext {
         }
         // A record a dead writer left (see `intent.rs`): the parity read does not match what
         // the written columns hold inside its span. Asked after the reads, so that a record
-        // present while they ran is seen.
+        // present while they ran is seen, and a write that completed during them too.
         let found = self
             .read_intent(client, stripe)
             .await
             .map_err(|fault| self.second_fault(own, parity.column, fault))?;
-        if found.waited {
+        if found.waited || found.generation != before.generation {
             return Ok(None);
         }
         if found.stale {
@@ -313,6 +316,23 @@ impl FileContext {
             );
         }
         Ok(Some(out))
+    }
+
+    /// Where `block`'s stripe keeps what reconstructs it: the parity unit, then every other
+    /// data unit (column, region, offset of the unit in the column's file).
+    fn parity_sources(&self, block: u64) -> Vec<(u32, Region, u64)> {
+        let stripe = self.layout.stripe_of_block(block);
+        let parity = self.layout.parity_slot(stripe).expect("parity scheme");
+        let mut sources = vec![(
+            parity.column,
+            Region::Redundancy,
+            self.layout.local_offset(parity),
+        )];
+        for other in self.layout.blocks_of_stripe(stripe).filter(|&b| b != block) {
+            let slot = self.layout.data_slot(other);
+            sources.push((slot.column, Region::Data, self.layout.local_offset(slot)));
+        }
+        sources
     }
 
     /// A survivor failed while covering for a lost column: two failures.

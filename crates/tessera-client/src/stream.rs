@@ -9,8 +9,78 @@
 //! ([`crate::ClientConfig::reservation`]), which paces their packets by Radon's percent
 //! budget; over TCP the chunk pacing is all there is.
 
+use crate::{Client, ClientError, File};
 use serde::Serialize;
+use std::time::Duration;
 pub use tessera_datagram::Reservation;
+use tessera_wire::{ManagerRequest, ManagerResponse};
+
+/// A stream the manager admitted (its admission control, issue 18): renewed in the background
+/// until released or dropped; a client that goes away stops renewing and its reservation
+/// lapses at the end of its lease.
+pub struct Admission {
+    id: u64,
+    client: Client,
+    renewals: tokio::task::JoinHandle<()>,
+}
+
+impl Client {
+    /// Asks the manager to admit a stream of `file` at `reservation`'s rate: it refuses at
+    /// once ([`tessera_wire::ManagerError::ReservationRefused`], naming the link) if a link of
+    /// the file's servers cannot carry it besides the streams already admitted.
+    pub async fn admit_stream(
+        &self,
+        file: &File,
+        reservation: Reservation,
+    ) -> Result<Admission, ClientError> {
+        let request = ManagerRequest::Reserve {
+            file: file.id,
+            rate_bytes_per_s: reservation.rate_bytes_per_s,
+        };
+        let (id, lease_ms) = match self.manager_call(request).await? {
+            ManagerResponse::Reserved { id, lease_ms } => (id, lease_ms),
+            other => return Err(self.unexpected("reserved", other)),
+        };
+        let (client, every) = (self.clone(), Duration::from_millis(lease_ms.max(3) / 3));
+        let renewals = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let renew = ManagerRequest::RenewReservation { id };
+                if let Err(e) = client.manager_call(renew).await {
+                    tracing::warn!("cannot renew reservation {id}: {e}");
+                }
+            }
+        });
+        Ok(Admission {
+            id,
+            client: self.clone(),
+            renewals,
+        })
+    }
+}
+
+impl Admission {
+    /// The reservation's id at the manager.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Gives the reservation back (the stream ended).
+    pub async fn release(self) -> Result<(), ClientError> {
+        self.renewals.abort();
+        let release = ManagerRequest::ReleaseReservation { id: self.id };
+        match self.client.manager_call(release).await? {
+            ManagerResponse::Done => Ok(()),
+            other => Err(self.client.unexpected("done", other)),
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.renewals.abort();
+    }
+}
 
 /// What a reserved stream did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

@@ -307,9 +307,11 @@ impl Session {
     }
 
     fn congestion_window(&self, config: &Config) -> u32 {
+        let paced = self.pacer.as_ref().and_then(Pacer::window_cap);
         self.congestion
             .window()
             .min(config.window_packets_max)
+            .min(paced.unwrap_or(u32::MAX))
             .max(1)
     }
 
@@ -716,15 +718,19 @@ impl Session {
         self.send_high = self.send_high.max(self.send_next);
         stats.data_packets_sent += 1;
         self.fill_control_fields(&mut packet, now, config);
-        if let Some(pacer) = self.pacer.as_mut() {
+        if self.pacer.is_some() {
             let payload_bytes = packet.payload.len() as u64;
-            pacer.on_sent(
+            let sent = radon::SentPacket {
                 now,
                 payload_bytes,
-                if retransmission { 0 } else { payload_bytes },
-                wire_bytes(payload_bytes),
-                self.queued_bytes as u64,
-            );
+                new_bytes: if retransmission { 0 } else { payload_bytes },
+                wire_bytes: wire_bytes(payload_bytes),
+                queued_bytes: self.queued_bytes as u64,
+            };
+            let random = self.random();
+            if let Some(pacer) = self.pacer.as_mut() {
+                pacer.on_sent(sent, random);
+            }
         }
         self.rearm(now, stats);
         assert!(self.in_flight() <= self.peer_receive_window());
@@ -972,8 +978,16 @@ impl Session {
         self.peer_queue_delay_us = radon::queue_delay_us(code);
         let round_trip_us = self.rtt.srtt_us().unwrap_or(self.rtt.rto_us());
         let wire = wire_bytes(self.fragment_bytes_max as u64);
+        let report = radon::QueueReport {
+            queue_delay_us: self.peer_queue_delay_us,
+            now,
+            round_trip_us,
+            wire_bytes: wire,
+            acked_seq: self.send_base,
+            sent_seq: self.send_high,
+        };
         if let Some(pacer) = self.pacer.as_mut() {
-            pacer.on_queue_report(self.peer_queue_delay_us, now, round_trip_us, wire);
+            pacer.on_queue_report(report);
         }
     }
 

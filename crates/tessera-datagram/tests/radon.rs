@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use tessera_datagram::radon::{RadonConfig, Reservation};
+use tessera_datagram::radon::{BudgetKind, RadonConfig, Reservation};
 use tessera_datagram::sim::{addr, BottleneckConfig, Sim, DATAGRAM_OVERHEAD_BYTES};
 use tessera_datagram::{Config, Event, Micros, OVERHEAD_LEN};
 
@@ -57,19 +57,37 @@ struct Run {
     datagrams: u64,
 }
 
-fn sender_config(radon_best_effort: bool) -> Config {
+fn sender_config(radon_best_effort: bool, budget: BudgetKind) -> Config {
     Config {
         payload_bytes_max: DATAGRAM_BYTES,
         radon: Some(RadonConfig {
             link_bytes_per_s: PORT_BITS_PER_S / 8,
             queue_target_us: 300,
             pace_best_effort: radon_best_effort,
+            budget,
+            ..RadonConfig::default()
         }),
         ..Config::default()
     }
 }
 
 fn run(streams: &[Stream], radon_best_effort: bool, duration_us: Micros, seed: u64) -> Run {
+    run_with(
+        streams,
+        radon_best_effort,
+        BudgetKind::Rate,
+        duration_us,
+        seed,
+    )
+}
+
+fn run_with(
+    streams: &[Stream],
+    radon_best_effort: bool,
+    budget: BudgetKind,
+    duration_us: Micros,
+    seed: u64,
+) -> Run {
     let mut sim = Sim::new(seed);
     let receiver = addr(100);
     sim.add_endpoint(
@@ -88,7 +106,7 @@ fn run(streams: &[Stream], radon_best_effort: bool, duration_us: Micros, seed: u
     );
     let senders: Vec<SocketAddr> = (1..=streams.len() as u8).map(addr).collect();
     for (&sender, stream) in senders.iter().zip(streams) {
-        sim.add_endpoint(sender, sender_config(radon_best_effort));
+        sim.add_endpoint(sender, sender_config(radon_best_effort, budget));
         sim.wake_at(stream.start_us);
     }
     let mut sessions = vec![None; streams.len()];
@@ -232,24 +250,59 @@ fn punctuated_reserved_stream_keeps_its_rate_while_best_effort_bursts_share_the_
     );
     let (met, periods) = deadlines_met(primary, 0.749, DURATION_US, 0);
     eprintln!("  Radon: reserved stream met {met} of {periods} periods");
-    // Losses in the bursts' first round trips delay some of its bytes past a deadline.
-    assert!(met * 10 >= periods * 8, "met {met} of {periods} periods");
-    // The bursts are not shut out: each moves a tenth of its 500 packets at least. (They get
-    // far less than the quarter of the port left over: see the README.)
+    assert_eq!(met, periods);
+    // The bursts get the rest of the port: each moves its 500 packets at 0.8 of what the
+    // reservation leaves at least.
+    let rest = (1.0 - 0.749) * payload_capacity();
     for (index, outcome) in radon.outcomes.iter().enumerate().skip(1) {
+        assert_eq!(outcome.bytes, 500 * FRAGMENT_BYTES as u64, "burst {index}");
         assert!(
-            outcome.bytes >= 50 * FRAGMENT_BYTES as u64,
-            "burst {index}: {} bytes",
-            outcome.bytes
+            outcome.rate() >= 0.8 * rest,
+            "burst {index}: {:.3} of the rest",
+            outcome.rate() / rest
         );
     }
     // Backing off on the queue is what keeps the port's small buffer from overflowing.
     assert!(
-        radon.queue_drops * 2 <= constant.queue_drops.max(1),
+        radon.queue_drops * 10 <= constant.queue_drops.max(1),
         "Radon dropped {} at the port, unpaced best effort {}",
         radon.queue_drops,
         constant.queue_drops
     );
+}
+
+/// One reserved stream holds its share of the port the whole run; best-effort senders, from
+/// 50 ms on, fill what it leaves without making it miss a deadline.
+#[test]
+fn best_effort_fills_what_the_reservation_leaves() {
+    for (share, best_effort) in [(0.749, 1), (0.749, 2), (0.5, 2), (0.3, 3)] {
+        let mut streams = vec![Stream {
+            share: Some(share),
+            start_us: 0,
+            packets: None,
+        }];
+        streams.extend(std::iter::repeat_n(
+            Stream {
+                share: None,
+                start_us: 50_000,
+                packets: None,
+            },
+            best_effort,
+        ));
+        let radon = run(&streams, true, DURATION_US, 5);
+        let name = format!("reserved {share} and {best_effort} best effort, Radon");
+        report(&name, &streams, &radon);
+        let rest = (1.0 - share) * payload_capacity();
+        let filled: f64 = radon.outcomes.iter().skip(1).map(Outcome::rate).sum();
+        let (met, periods) = deadlines_met(&radon.outcomes[0], share, DURATION_US, 0);
+        eprintln!(
+            "  best effort {:.3} of the rest; reserved met {met} of {periods} periods",
+            filled / rest
+        );
+        assert!(filled >= 0.8 * rest, "{name}: {:.3}", filled / rest);
+        assert_eq!(met, periods, "{name}");
+        assert!(radon.queue_drops * 1000 <= radon.datagrams, "{name}");
+    }
 }
 
 #[test]
@@ -284,6 +337,52 @@ fn fairshare_six_reserved_streams_each_keep_their_rate() {
         "{} drops",
         radon.queue_drops
     );
+}
+
+/// The window-based percent budget ("less laxity, more window", windows dispatched at a
+/// random offset within the reported queue) on the fairshare and punctuated runs.
+#[test]
+fn window_budget_keeps_fairshare_and_punctuated_reservations() {
+    let fairshare = vec![
+        Stream {
+            share: Some(0.166),
+            start_us: 0,
+            packets: None,
+        };
+        6
+    ];
+    let window = run_with(&fairshare, true, BudgetKind::Window, DURATION_US, 2);
+    report("fairshare, window budget", &fairshare, &window);
+    let target = 0.166 * payload_capacity();
+    for (index, outcome) in window.outcomes.iter().enumerate() {
+        let (met, periods) = deadlines_met(outcome, 0.166, DURATION_US, 0);
+        eprintln!("  stream {}: met {met} of {periods}", index + 1);
+        assert!(outcome.rate() >= 0.97 * target, "stream {}", index + 1);
+        assert_eq!(met, periods, "stream {}", index + 1);
+    }
+    assert!(window.queue_drops * 1000 <= window.datagrams);
+
+    let streams = punctuated();
+    let window = run_with(&streams, true, BudgetKind::Window, DURATION_US, 1);
+    report("punctuated, window budget", &streams, &window);
+    let (met, periods) = deadlines_met(&window.outcomes[0], 0.749, DURATION_US, 0);
+    eprintln!("  reserved stream met {met} of {periods} periods");
+    // Here the window budget falls short of the rate budget (1.001 of target, every
+    // deadline): with laxity to spare its window carries the rate per smoothed round trip,
+    // but its rounds last longer than that once best effort queues at the port, and "less
+    // laxity, more window" catches up too late. The README has the numbers; this guards
+    // against worse.
+    let target = 0.749 * payload_capacity();
+    assert!(
+        window.outcomes[0].rate() >= 0.8 * target,
+        "{:.3} of target",
+        window.outcomes[0].rate() / target
+    );
+    let rest = (1.0 - 0.749) * payload_capacity();
+    for (index, outcome) in window.outcomes.iter().enumerate().skip(1) {
+        assert_eq!(outcome.bytes, 500 * FRAGMENT_BYTES as u64, "burst {index}");
+        eprintln!("  burst {index}: {:.3} of the rest", outcome.rate() / rest);
+    }
 }
 
 #[test]

@@ -13,6 +13,7 @@
 //! | `KeyCreate`, `KeyList`, `KeyRemove` | yes | | | access keys are the admin's |
 //! | `ReportDown`, `ReportMissed` | yes | | yes | writers report what they could not reach; a false report only degrades (reads reconstruct, rebuild repairs) |
 //! | `Create`, `Lookup`, `LookupId`, `List`, `Remove`, `SetSize`, `Sync`, `Status`, `FilesOnServer`, `CreatePending`, `RenewPending`, `CommitPending`, `AbandonPending`, `Namespace` | yes | | yes | the namespace is the clients' |
+//! | `Reserve`, `RenewReservation`, `ReleaseReservation` | yes | | yes | streams reserve their rate (admission control, `reservations.rs`) |
 //!
 //! | `Replica` | yes | yes | yes | a replica's role, view and position |
 //! | `Snapshot` | yes | | | a copy of the whole store, for a replica catching up (replicas hold the secret) |
@@ -53,7 +54,10 @@ pub fn roles_allowed(request: &ManagerRequest) -> &'static [Role] {
         | R::RenewPending { .. }
         | R::CommitPending { .. }
         | R::AbandonPending { .. }
-        | R::Namespace(_) => &[Role::Admin, Role::Client],
+        | R::Namespace(_)
+        | R::Reserve { .. }
+        | R::RenewReservation { .. }
+        | R::ReleaseReservation { .. } => &[Role::Admin, Role::Client],
     }
 }
 

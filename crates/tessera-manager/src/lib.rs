@@ -101,6 +101,7 @@ mod manager;
 mod ranges;
 pub mod recovery;
 pub mod replica;
+pub mod reservations;
 mod store;
 
 pub use auth::{authorize, roles_allowed};

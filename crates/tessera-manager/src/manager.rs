@@ -38,6 +38,8 @@ pub struct ManagerConfig {
     /// The id a store created now gets (`None`: drawn at random). A simulator passes one in so
     /// that a seed replays; an existing store keeps the id it has.
     pub cluster_id: Option<ClusterId>,
+    /// What reserved streams may take of each server's link (admission control).
+    pub links: crate::reservations::LinkCapacity,
 }
 
 impl Default for ManagerConfig {
@@ -46,6 +48,7 @@ impl Default for ManagerConfig {
             heartbeat_timeout: HEARTBEAT_TIMEOUT_DEFAULT,
             pending_lease: PENDING_LEASE_DEFAULT,
             cluster_id: None,
+            links: crate::reservations::LinkCapacity::default(),
         }
     }
 }
@@ -154,6 +157,8 @@ pub struct Manager {
     /// The last failure of the store itself (not a refusal) since it was taken: a replica
     /// stops on it (see `replica.rs`).
     store_failure: Option<String>,
+    /// Reserved streams admitted on the servers' links (soft state, see `reservations.rs`).
+    reservations: crate::reservations::Reservations,
     /// Tests: every commit fails as a full disk would.
     #[cfg(test)]
     pub(crate) fail_commits: bool,
@@ -230,6 +235,7 @@ impl Manager {
             decision: crate::command::Decision::default(),
             order_position: None,
             store_failure: None,
+            reservations: crate::reservations::Reservations::new(config.links),
             #[cfg(test)]
             fail_commits: false,
         })
@@ -359,6 +365,20 @@ impl Manager {
                 sequence,
                 request,
             } => self.once(client, sequence, *request, now),
+            ManagerRequest::Reserve {
+                file,
+                rate_bytes_per_s,
+            } => self.reserve(file, rate_bytes_per_s, now),
+            ManagerRequest::RenewReservation { id } => self
+                .reservations
+                .renew(id, now)
+                .map(|()| ManagerResponse::Done)
+                .map_err(Into::into),
+            ManagerRequest::ReleaseReservation { id } => self
+                .reservations
+                .release(id)
+                .map(|()| ManagerResponse::Done)
+                .map_err(Into::into),
             // A replica's own state and copies of its store are the daemon's (replica.rs).
             ManagerRequest::Replica | ManagerRequest::Snapshot { .. } => {
                 Err(ManagerError::Unordered("this manager is not replicated".into()).into())
@@ -372,6 +392,7 @@ impl Manager {
     /// of it as an orphan). A pending file that cannot be removed now (the store failed) is
     /// tried again at the next tick.
     pub fn tick(&mut self, now: Instant) {
+        self.reservations.expire(now);
         let timeout = self.config.heartbeat_timeout;
         self.heartbeats
             .retain(|_, last| now.saturating_duration_since(*last) < timeout);
@@ -725,6 +746,26 @@ impl Manager {
             return Err(ManagerError::NotFound(path.to_string()).into());
         };
         self.lookup_id(file)
+    }
+
+    /// Admits a stream of `file` at `rate` bytes/s if every server link it crosses has room
+    /// (see `reservations.rs`).
+    fn reserve(
+        &mut self,
+        file: FileId,
+        rate: u64,
+        now: Instant,
+    ) -> Result<ManagerResponse, Failure> {
+        let txn = self.db.begin_read()?;
+        let files = txn.open_table(store::FILES)?;
+        let meta = store::read_file(&files, file)?
+            .ok_or_else(|| ManagerError::NotFound(file.to_string()))?;
+        let links = crate::reservations::links_of(&meta, rate, |server| {
+            self.servers.get(&server).map(|record| record.addr.clone())
+        });
+        let id = self.reservations.admit(links, now)?;
+        let lease_ms = crate::reservations::RESERVATION_LEASE.as_millis() as u64;
+        Ok(ManagerResponse::Reserved { id, lease_ms })
     }
 
     fn lookup_id(&self, file: FileId) -> Result<ManagerResponse, Failure> {

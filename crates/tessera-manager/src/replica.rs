@@ -17,7 +17,9 @@
 //! ordered, applied and committed here. Reads go the same way (ordered after every earlier
 //! change, so every read sees every change acknowledged before it, by any replica): simple
 //! and linearizable, at the cost of one ordering round per read. `Status`, `KeyList`,
-//! `StorageKeys`, `Replica` and `Snapshot` are answered from the replica's own state.
+//! `StorageKeys`, `Replica` and `Snapshot` are answered from the replica's own state, and so
+//! are reservations (`Reserve`, `RenewReservation`, `ReleaseReservation`: soft state each
+//! replica keeps on its own).
 //!
 //! **Catching up.** A replica that restarts has forgotten the order (tessera-order's
 //! [`Start::Restarted`]): it joins the current view and delivers from some position `p` on
@@ -373,6 +375,9 @@ pub(crate) fn is_local(request: &ManagerRequest) -> bool {
             | ManagerRequest::StorageKeys
             | ManagerRequest::Replica
             | ManagerRequest::Snapshot { .. }
+            | ManagerRequest::Reserve { .. }
+            | ManagerRequest::RenewReservation { .. }
+            | ManagerRequest::ReleaseReservation { .. }
     )
 }
 

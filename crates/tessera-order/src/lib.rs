@@ -86,12 +86,16 @@
 //! **Loss.** A sender keeps each message until some node reports it UTO-delivered (the
 //! per-sender counts of delivered messages in every ACK, or its own delivery), which is
 //! when its window slot opens; it retransmits a message after `retransmit_after_us`, and at
-//! once when NACKed. A receiver NACKs a gap in a sender's
-//! numbering, and a message that another member's ACK counts but it lacks. Where members'
+//! once when NACKed (unless it sent it again less than half a round trip ago: another
+//! receiver's NACK of the same loss). A receiver NACKs a gap in a sender's
+//! numbering, and a message that another member's ACK counts but it lacks, at most once per
+//! sender every two round trips (one NACK names a range). The round trip is measured on the
+//! node's own broadcasts ([`rtt`]), which cross the sequencer link's queue as repairs do. Where members'
 //! logs disagree (one lost a message and appended later ones before its retransmission),
 //! the leader's order takes over (section 3.4.2, Pedone and Schiper's optimistic atomic
 //! broadcast): the leader, seeing an ACK whose hash differs from its own log at that length,
-//! or a member that has not matched its log for a while, sends that member ENTRIES: its own
+//! at once (again only after two round trips, unless the member took the last repair), or a
+//! member that has not matched its log for four round trips, sends that member ENTRIES: its own
 //! entries from the last position they agreed on to the end of its log (in several packets
 //! if need be). The member replaces its log from the first
 //! position where it differs from the leader's, and only there.
@@ -246,6 +250,7 @@ pub mod check;
 pub mod log;
 mod node;
 pub mod packet;
+pub mod rtt;
 pub mod sim;
 
 pub use node::{Node, Stats};
@@ -421,8 +426,13 @@ pub struct Config {
     pub ack_every_messages: u32,
     /// An owed ACK is sent at most this late.
     pub ack_delay_us: u64,
-    /// A message unacked this long is sent again; also the leader's repair interval.
+    /// A message unacked this long is sent again (the tail: NACKs and the leader's repairs,
+    /// paced by the measured round trip, recover loss sooner); a quarter of it bounds that
+    /// round trip from above.
     pub retransmit_after_us: u64,
+    /// The round trip assumed before the first measurement, and its floor: NACKs, answers
+    /// to them and repairs are paced by the measured round trip, never faster than this.
+    pub rtt_floor_us: u64,
     /// A node silent this long sends a heartbeat.
     pub heartbeat_interval_us: u64,
     /// A member silent this long is suspected.
@@ -446,6 +456,7 @@ impl Default for Config {
             ack_every_messages: 4,
             ack_delay_us: 100,
             retransmit_after_us: 2_000,
+            rtt_floor_us: 50,
             heartbeat_interval_us: 1_000,
             suspect_after_us: 10_000,
             view_change_timeout_us: 20_000,
@@ -481,6 +492,7 @@ impl Config {
             ),
             (self.ack_every_messages as u64, "ack_every_messages"),
             (self.retransmit_after_us, "retransmit_after_us"),
+            (self.rtt_floor_us, "rtt_floor_us"),
             (self.heartbeat_interval_us, "heartbeat_interval_us"),
             (self.view_change_timeout_us, "view_change_timeout_us"),
             (self.repair_bytes_max as u64, "repair_bytes_max"),

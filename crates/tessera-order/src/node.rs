@@ -6,6 +6,7 @@ mod view;
 
 use crate::log::Log;
 use crate::packet::{self, Body, Header, LogImage, Packet};
+use crate::rtt::RttEstimator;
 use crate::{
     Config, Destination, Event, Group, Micros, NodeId, ProposeError, Role, SenderId, Start, Status,
     Transmit,
@@ -83,10 +84,12 @@ struct Peer {
     matched: u64,
     /// Positions the member delivered.
     delivered: u64,
-    /// `matched` at the leader's last repair check.
-    matched_at_check: u64,
     /// When the leader last sent it ENTRIES.
     repaired_at: Option<Micros>,
+    /// `matched` when the leader last sent it ENTRIES.
+    matched_at_repair: u64,
+    /// Repairs in a row after which its `matched` did not move.
+    repairs_unanswered: u32,
 }
 
 /// The receiver's side: the log, delivery, ACKs.
@@ -107,6 +110,8 @@ struct ReceiveState {
     ack_now: bool,
     nacked_at: BTreeMap<SenderId, Micros>,
     repair_check_at: Micros,
+    /// The end of our log at the leader's last repair check.
+    end_at_check: u64,
 }
 
 /// A DO-VIEW-CHANGE as the new leader keeps it.
@@ -149,6 +154,7 @@ pub struct Node {
     send: SendState,
     receive: ReceiveState,
     change: ChangeState,
+    rtt: RttEstimator,
     stats: Stats,
 }
 
@@ -211,6 +217,7 @@ impl Node {
                 joining_since: now,
                 ..ChangeState::default()
             },
+            rtt: RttEstimator::default(),
             stats: Stats::default(),
             group,
         };
@@ -332,7 +339,9 @@ impl Node {
             self.new_incarnation(header.from, header.incarnation);
         }
         let own = header.from == self.id;
-        if !own {
+        if own {
+            self.rtt.on_returned(bytes, now);
+        } else {
             self.last_heard.insert(header.from, now);
             let start_view = matches!(packet.body, Body::StartView { .. });
             if self.role.receiver && role.receiver && !start_view {
@@ -364,7 +373,7 @@ impl Node {
                 self.on_data(sender, messages, now);
             }
             Body::Ack(ack) => self.on_ack(&header, &ack, own, now),
-            Body::Nack { sender, from, to } => self.on_nack(sender, from, to),
+            Body::Nack { sender, from, to } => self.on_nack(sender, from, to, now),
             Body::Heartbeat => {}
             Body::Entries {
                 from,
@@ -411,7 +420,35 @@ impl Node {
             self.next_tick = now + self.tick_interval();
             self.tick(now);
         }
+        if self.laggard_check_due().is_some_and(|due| due <= now) {
+            self.receive.repair_check_at = now;
+            self.repair_laggards(now);
+        }
         self.progress(now);
+    }
+
+    /// The measured round trip, at least `rtt_floor_us` and at most a quarter of the
+    /// retransmission timeout (the pace before this estimator).
+    fn round_trip_us(&self) -> Micros {
+        self.rtt.round_trip_us(
+            self.config.rtt_floor_us,
+            self.config.retransmit_after_us / 4,
+        )
+    }
+
+    /// Leader: when to look for members whose log stopped short of ours (a loss nobody's
+    /// numbering reveals, such as a sender's last message); `None` if none lags.
+    fn laggard_check_due(&self) -> Option<Micros> {
+        let leading =
+            self.role.receiver && self.status == Status::Normal && self.leader() == self.id;
+        let end = self.receive.log.end();
+        let lagging = self.receive.peers.values().any(|peer| peer.matched < end);
+        // A member ACKs at least every heartbeat interval, so a lost ACK is no reason.
+        let round_trip = self.round_trip_us();
+        let interval = (4 * round_trip + self.config.ack_delay_us)
+            .max(self.config.heartbeat_interval_us + round_trip)
+            .min(self.config.retransmit_after_us);
+        (leading && lagging).then_some(self.receive.repair_check_at + interval)
     }
 
     fn tick_interval(&self) -> Micros {
@@ -433,6 +470,9 @@ impl Node {
         {
             deadline = deadline.min(due);
         }
+        if let Some(due) = self.laggard_check_due() {
+            deadline = deadline.min(due);
+        }
         Some(deadline)
     }
 
@@ -451,6 +491,9 @@ impl Node {
             .or_else(|| self.heartbeat_packet(now))?;
         self.last_sent = now;
         self.stats.packets_sent += 1;
+        if transmit.destination == Destination::All {
+            self.rtt.on_sent(&transmit.contents, now);
+        }
         Some(transmit)
     }
 
@@ -507,15 +550,7 @@ impl Node {
         }
         match self.status {
             Status::Normal => {
-                if self.detect_failures(now) {
-                    return;
-                }
-                if self.leader() == self.id
-                    && now >= self.receive.repair_check_at + self.config.retransmit_after_us
-                {
-                    self.receive.repair_check_at = now;
-                    self.repair_laggards(now);
-                }
+                self.detect_failures(now);
             }
             Status::ViewChange => {
                 if self.leader() == self.id {

@@ -229,6 +229,9 @@ pub struct Outcome {
     pub node_stats: Vec<crate::Stats>,
     /// Each node's state at the end, one line each.
     pub node_summaries: Vec<String>,
+    /// Virtual time of the last UTO delivery at any node (the end of a closed run's work,
+    /// for throughput in simulated time).
+    pub last_delivery_us: Micros,
 }
 
 /// Steps without virtual time advancing after which a run is declared a livelock.
@@ -258,6 +261,7 @@ struct Sim<'a> {
     healed: bool,
     history: History,
     stats: NetworkStats,
+    last_delivery_us: Micros,
 }
 
 /// Runs `scenario` with `seed`.
@@ -293,6 +297,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         history: sim.history,
         stats: sim.stats,
         end_us: sim.now,
+        last_delivery_us: sim.last_delivery_us,
         settled_early,
     }
 }
@@ -328,6 +333,7 @@ impl<'a> Sim<'a> {
             healed: false,
             history: History::default(),
             stats: NetworkStats::default(),
+            last_delivery_us: 0,
         };
         sim.next_crash = sim.draw(scenario.faults.crash_every_us);
         sim.next_partition = sim.draw(scenario.faults.partition_every_us);
@@ -528,7 +534,10 @@ impl<'a> Sim<'a> {
                     position,
                     id,
                     message,
-                } => process.deliveries.push((position, id, message)),
+                } => {
+                    process.deliveries.push((position, id, message));
+                    self.last_delivery_us = now;
+                }
                 Event::Joined { position } => {
                     process.joined_at.get_or_insert(position);
                 }

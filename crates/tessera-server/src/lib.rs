@@ -31,8 +31,8 @@ use tessera_transport::{
     TcpLimits, TcpTransport, Transport, TransportKind, UdpCounters, UdpServer,
 };
 use tessera_wire::{
-    encode_message, ManagerError, ManagerRequest, ManagerResponse, OverflowExtent, ServerId,
-    StorageCall, StorageError, StorageRequest, StorageResponse, RECORDS_PER_PAGE,
+    encode_message, IndexRange, ManagerError, ManagerRequest, ManagerResponse, OverflowExtent,
+    ServerId, StorageCall, StorageError, StorageRequest, StorageResponse, RECORDS_PER_PAGE,
 };
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -836,10 +836,13 @@ async fn serve(
             };
             let intent = blocking(move || store.intent(file, stripe)).await?;
             let (intent, bytes) = intent.map_or((None, Vec::new()), |(i, b)| (Some(i), b));
+            // After the records: a record gone by now changed the generation before it went.
+            let generation = locks.generation(file, stripe);
             let answer = StorageResponse::Intent {
                 intent,
                 stale: wait.orphaned,
                 waited: wait.waited,
+                generation,
             };
             Ok((answer, Bytes::from(bytes)))
         }
@@ -862,6 +865,8 @@ async fn serve(
             stripes,
         } => {
             let now = Instant::now();
+            // Before the record goes, for degraded reads (`ParityLocks::stripes_changed`).
+            locks.stripes_changed(file, stripes);
             blocking(move || store.clear_stale(file, token, stripes, now)).await?;
             done
         }
@@ -874,9 +879,12 @@ async fn serve(
         } => {
             // Fenced: a holder whose lease was broken writes nothing.
             locks.renew(file, stripe, token)?;
+            let changed = locks.clone();
             blocking(move || {
                 store.write(file, Region::Redundancy, offset, &payload, false)?;
-                // Parity now matches what the holder wrote (or resolved): the record is done.
+                // Parity now matches what the holder wrote (or resolved): the record is done,
+                // and a degraded read that overlapped the write must see the change.
+                changed.stripes_changed(file, IndexRange::new(stripe, stripe + 1));
                 store.clear_intent(file, stripe)
             })
             .await?;

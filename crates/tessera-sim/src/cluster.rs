@@ -4,6 +4,7 @@
 use bytes::Bytes;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tessera_client::Client;
@@ -14,6 +15,10 @@ use tessera_wire::{encode_message, ManagerRequest, ManagerResponse, ServerId};
 
 /// How often a running server heartbeats (as `tessera_server::HEARTBEAT_INTERVAL`).
 const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(300);
+
+/// How often a running server resolves the torn stripes it holds parity of (as the
+/// `tessera server` daemon's `TORN_RESOLVE_EVERY`).
+const TORN_RESOLVE_EVERY: Duration = Duration::from_secs(2);
 
 /// The manager's state machine as a daemon on the in-memory network: every request is handled
 /// at once with tokio's (virtual) clock as `now`.
@@ -61,6 +66,16 @@ struct SimServer {
 struct Running {
     store: Arc<Store>,
     heartbeat: tokio::task::JoinHandle<()>,
+    /// Resolves the torn stripes of its store, as each `tessera server` daemon does.
+    resolver: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// The process dies: its background tasks with it.
+    fn stop(self) {
+        self.heartbeat.abort();
+        self.resolver.abort();
+    }
 }
 
 /// The cluster: manager, servers, network and their directories.
@@ -72,6 +87,9 @@ pub struct SimCluster {
     manager: Arc<Mutex<Manager>>,
     servers: Vec<SimServer>,
     request_timeout: Duration,
+    /// Whether the servers' background torn-stripe resolvers act (on unless a test that
+    /// resolves by hand pauses them).
+    resolving: Arc<AtomicBool>,
     /// Holds the manager's store; removed when the cluster is dropped.
     _root: tempfile::TempDir,
 }
@@ -119,6 +137,7 @@ impl SimCluster {
             manager,
             servers,
             request_timeout: Duration::from_secs(1),
+            resolving: Arc::new(AtomicBool::new(true)),
             _root: root,
         };
         for index in 0..cluster.servers.len() {
@@ -131,6 +150,12 @@ impl SimCluster {
     pub fn client(&self) -> Client {
         let transport = self.network.transport(self.request_timeout);
         Client::with_transport(self.manager_addr, Arc::new(transport))
+    }
+
+    /// Pauses (or resumes) every server's background torn-stripe resolver, for tests that
+    /// look at a torn stripe before anyone resolves it.
+    pub fn set_torn_resolver(&self, on: bool) {
+        self.resolving.store(on, Ordering::SeqCst);
     }
 
     /// Number of servers.
@@ -208,7 +233,19 @@ impl SimCluster {
             server.addr,
             [id as u64, incarnation, cluster],
         ));
-        server.running = Some(Running { store, heartbeat });
+        let addr = server.addr;
+        let resolver = tokio::spawn(resolve_torn_stripes(
+            self.client(),
+            self.network.clone(),
+            addr,
+            id,
+            self.resolving.clone(),
+        ));
+        self.servers[index].running = Some(Running {
+            store,
+            heartbeat,
+            resolver,
+        });
         refused
     }
 
@@ -218,9 +255,8 @@ impl SimCluster {
     pub fn crash_server(&mut self, index: usize) {
         let server = &mut self.servers[index];
         if let Some(running) = server.running.take() {
-            running.heartbeat.abort();
             self.network.crash(server.addr);
-            drop(running.store);
+            running.stop();
         }
     }
 
@@ -287,7 +323,7 @@ impl Drop for SimCluster {
     fn drop(&mut self) {
         for server in &mut self.servers {
             if let Some(running) = server.running.take() {
-                running.heartbeat.abort();
+                running.stop();
             }
         }
     }
@@ -314,5 +350,29 @@ async fn heartbeat(
             cluster,
         };
         manager.lock().unwrap().handle(request, now());
+    }
+}
+
+/// Resolve the torn stripes of interrupted full-stripe writes whose parity the server at
+/// `addr` holds, every [`TORN_RESOLVE_EVERY`] while it is served, as the `tessera server`
+/// daemon does (a client of the cluster of its own).
+async fn resolve_torn_stripes(
+    client: Client,
+    network: Arc<MemNetwork>,
+    addr: SocketAddr,
+    server: ServerId,
+    resolving: Arc<AtomicBool>,
+) {
+    loop {
+        tokio::time::sleep(TORN_RESOLVE_EVERY).await;
+        if !network.is_listening(addr) {
+            return;
+        }
+        if !resolving.load(Ordering::SeqCst) {
+            continue;
+        }
+        if let Err(e) = client.resolve_torn(server).await {
+            tracing::debug!("server {server}: torn stripes not looked at: {e}");
+        }
     }
 }

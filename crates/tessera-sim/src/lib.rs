@@ -4,7 +4,8 @@
 //! random workloads on it with crashes at random steps and checks every answer against a model.
 //! It runs the real code: the manager's state machine ([`tessera_manager::Manager`], with the
 //! simulator's virtual clock as `now` and a cluster id derived from the seed), the storage
-//! server's request handling ([`tessera_server::handler`]) over real [`tessera_store::Store`]s,
+//! server's request handling ([`tessera_server::handler`]) over real [`tessera_store::Store`]s
+//! (with the daemon's background torn-stripe resolver, `Client::resolve_torn` every 2 s),
 //! each on its own in-memory disk ([`tessera_store::MemDisk`]: power losses, torn writes and
 //! flipped bits by seed), and the real [`tessera_client::Client`], all talking over
 //! [`tessera_transport::MemNetwork`] (seeded drops, delays, partitions, crashed daemons) on a

@@ -13,6 +13,20 @@
 //!
 //! What a broken lock's holder left half done is not this module's business: the store keeps
 //! its intent record, and the next holder is told of it (see `intent.rs`).
+//!
+//! It also keeps a *generation* per stripe, for readers that take no lock: a degraded read
+//! reconstructs a lost unit from the parity and the other data units, read in parallel, and
+//! a write that lands between those reads would make it XOR old parity with new data (bytes
+//! that are neither the old nor the new). Every write to a stripe of a committed file is
+//! covered by a record from before its first byte until after its last is answered (an intent
+//! record for a read-modify-write, a stale-parity record for a full-stripe write), and the
+//! server changes the stripe's generation just before it deletes such a record
+//! ([`ParityLocks::stripes_changed`]). So a reader that asks for the generation before its
+//! reads and for the records and the generation again after them sees, of any write that
+//! overlapped its reads, either the record still there or the generation changed; it then
+//! reads again. Generations live in a fixed table of slots shared by hashing (a collision
+//! costs a reader a needless retry, never a wrong byte), drawn from the token counter, so a
+//! restarted server does not hand out a generation a reader saw before it.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
@@ -20,11 +34,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tessera_wire::{FileId, LockToken, StorageError};
+use tessera_wire::{FileId, IndexRange, LockToken, StorageError};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 type LockKey = (FileId, u64);
+
+/// Slots of the stripe generation table (8 bytes each): enough that unrelated stripes
+/// written at once rarely share one.
+const GENERATION_SLOTS: usize = 4096;
 
 /// Who holds a lock: the owner (a connection id), the grant's token, and when its lease ends.
 #[derive(Clone, Copy, Debug)]
@@ -57,6 +75,8 @@ pub struct ParityLocks {
     token_next: AtomicU64,
     lease: Duration,
     broken: AtomicU64,
+    /// Each stripe's generation, by hash of (file, stripe): see the module doc.
+    generations: Box<[AtomicU64]>,
 }
 
 impl ParityLocks {
@@ -70,7 +90,30 @@ impl ParityLocks {
             token_next: AtomicU64::new(first_token.max(1)),
             lease,
             broken: AtomicU64::new(0),
+            generations: (0..GENERATION_SLOTS).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// Gives `stripes` of `file` a new generation. Called before a record covering their
+    /// writes is deleted (and after the parity write it covered), so that a reader that does
+    /// not see the record any more sees the change.
+    pub fn stripes_changed(&self, file: FileId, stripes: IndexRange) {
+        let generation = self.token_next.fetch_add(1, Ordering::SeqCst);
+        let count = stripes.end.saturating_sub(stripes.start);
+        if count >= GENERATION_SLOTS as u64 {
+            for slot in self.generations.iter() {
+                slot.store(generation, Ordering::SeqCst);
+            }
+            return;
+        }
+        for stripe in stripes.start..stripes.end {
+            self.generations[generation_slot(file, stripe)].store(generation, Ordering::SeqCst);
+        }
+    }
+
+    /// The generation of `stripe` of `file` now (see [`ParityLocks::stripes_changed`]).
+    pub fn generation(&self, file: FileId, stripe: u64) -> u64 {
+        self.generations[generation_slot(file, stripe)].load(Ordering::SeqCst)
     }
 
     /// How long a lock lasts past its holder's last sign of life.
@@ -237,6 +280,14 @@ impl ParityLocks {
     fn table(&self) -> MutexGuard<'_, HashMap<LockKey, LockState>> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// The generation table's slot of `stripe` of `file`.
+fn generation_slot(file: FileId, stripe: u64) -> usize {
+    // A multiplicative hash, which spreads the stripes of one file over the slots.
+    let mixed =
+        (file.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ stripe).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    (mixed >> 32) as usize % GENERATION_SLOTS
 }
 
 /// Gives the lock at `key` to the first waiter whose future is still alive (with a fresh

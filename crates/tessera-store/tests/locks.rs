@@ -247,3 +247,44 @@ async fn many_lockers_of_one_stripe_hold_it_one_at_a_time() {
     assert_eq!(locks.held(), 0);
     assert_eq!(locks.waiting(), 0);
 }
+
+/// A stripe's generation changes when it is marked changed, for every stripe of the range
+/// (and of a range longer than the table), and stays put otherwise; it does not restart at a
+/// value a reader may have seen from the server's previous run.
+#[test]
+fn a_stripe_changed_gets_a_new_generation() {
+    use tessera_wire::IndexRange;
+    let locks = ParityLocks::new(LEASE, 1 << 40);
+    let before: Vec<u64> = (0..8).map(|s| locks.generation(FILE, s)).collect();
+    locks.stripes_changed(FILE, IndexRange::new(2, 5));
+    for stripe in 0..8 {
+        let now = locks.generation(FILE, stripe);
+        if (2..5).contains(&stripe) {
+            assert_ne!(now, before[stripe as usize], "stripe {stripe} changed");
+            assert!(now >= 1 << 40, "drawn from the token counter");
+        }
+        // A stripe outside the range may share a slot with one inside; most do not.
+    }
+    let unchanged = (0..8)
+        .filter(|&s| !(2..5).contains(&s))
+        .filter(|&s| locks.generation(FILE, s) == before[s as usize])
+        .count();
+    assert!(
+        unchanged >= 4,
+        "{unchanged} of 5 stripes outside the range kept theirs"
+    );
+    let first = locks.generation(FILE, 3);
+    locks.stripes_changed(FILE, IndexRange::new(3, 4));
+    assert_ne!(
+        locks.generation(FILE, 3),
+        first,
+        "each change is a new generation"
+    );
+    let far = locks.generation(FILE + 1, 1 << 50);
+    locks.stripes_changed(FILE, IndexRange::new(0, u64::MAX));
+    assert_ne!(
+        locks.generation(FILE + 1, 1 << 50),
+        far,
+        "a huge range changes every slot"
+    );
+}

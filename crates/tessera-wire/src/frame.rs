@@ -9,8 +9,9 @@ use serde::{de::DeserializeOwned, Serialize};
 /// opens with a [`crate::Handshake`]. Version 4: stale-parity records of full-stripe writes
 /// (`RecordStale`, `RenewStale`, `ClearStale`, `StaleRecorded`, `stale` in `Locked` and
 /// `Intent`). Version 5: `ReadIntent` waits out a live stale-parity record (`waited` in
-/// `Intent`).
-pub const PROTOCOL_VERSION: u8 = 5;
+/// `Intent`). Version 6: `Intent` carries the stripe's `generation`, which a degraded read
+/// compares before and after its reads.
+pub const PROTOCOL_VERSION: u8 = 6;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.

@@ -396,6 +396,10 @@ pub enum StorageResponse {
         /// cleared or orphaned, or for as long as the server waits: whatever the asker read
         /// of the stripe before may be half of that write, so it reads again and asks again.
         waited: bool,
+        /// The stripe's generation, read after the records: it changes before a record of
+        /// a write to the stripe is deleted, so a reader that asked before and after its
+        /// reads and got the same one saw no write complete in between.
+        generation: u64,
     },
     /// Answer to `RecordStale`: the record is durable.
     StaleRecorded {
@@ -750,6 +754,27 @@ pub enum ManagerRequest {
     },
     /// A change to, or a question about, the directory tree (directories, renames, times).
     Namespace(crate::NamespaceRequest),
+    /// Reserve `rate_bytes_per_s` for a stream of `file` (Radon, issue 18). Admitted only if,
+    /// on the link of every server holding a column of the file, the reservations admitted
+    /// stay within the reservable share of the link; each server's link carries the rate over
+    /// the file's data columns. Answered with [`ManagerResponse::Reserved`], or
+    /// [`ManagerError::ReservationRefused`] naming the link.
+    Reserve {
+        /// The file streamed.
+        file: FileId,
+        /// The stream's rate.
+        rate_bytes_per_s: u64,
+    },
+    /// Keep a reservation for another lease.
+    RenewReservation {
+        /// The reservation.
+        id: u64,
+    },
+    /// Give a reservation back (the stream ended).
+    ReleaseReservation {
+        /// The reservation.
+        id: u64,
+    },
 }
 
 /// A manager replica as `tessera status` shows it.
@@ -843,6 +868,13 @@ pub enum ManagerResponse {
     Entry(Option<crate::NamespaceEntry>),
     /// A directory's entries.
     Dir(crate::DirListing),
+    /// A reservation admitted, and how long it lives without a renewal.
+    Reserved {
+        /// Its id, for renewing and releasing it.
+        id: u64,
+        /// Its lease in milliseconds: renew it well within this.
+        lease_ms: u64,
+    },
 }
 
 /// An access key as `tessera key ls` shows it (never its secret).
@@ -962,6 +994,28 @@ pub enum ManagerError {
     /// A path component names a file where a directory was wanted.
     #[error("not a directory: {0}")]
     NotDir(String),
+    /// A reservation that does not fit on a link (Radon's admission control).
+    #[error(
+        "reservation refused: {link} has {:.2} MB/s of {:.2} MB/s reservable left, {:.2} MB/s asked ({capacity})",
+        *.available_bytes_per_s as f64 / 1e6,
+        *.reservable_bytes_per_s as f64 / 1e6,
+        *.asked_bytes_per_s as f64 / 1e6
+    )]
+    ReservationRefused {
+        /// The link, e.g. "server 2 (10.0.0.2:7001)".
+        link: String,
+        /// What the stream asked of this link, bytes/s.
+        asked_bytes_per_s: u64,
+        /// What is left of the link's reservable share, bytes/s.
+        available_bytes_per_s: u64,
+        /// The link's reservable share, bytes/s.
+        reservable_bytes_per_s: u64,
+        /// Where the link's capacity comes from.
+        capacity: String,
+    },
+    /// No such reservation (its lease ran out, or the manager restarted).
+    #[error("no reservation {0}: it was released or its lease ran out")]
+    UnknownReservation(u64),
 }
 
 fn no_store_message(path: &str, cluster: Option<ClusterId>) -> String {

@@ -2,7 +2,7 @@
 
 use crate::cluster::LocalCluster;
 use crate::credentials;
-use crate::reserve::{print_report, ReserveArgs, StreamClock};
+use crate::reserve::{self, print_report, ReserveArgs, StreamClock};
 use anyhow::{anyhow, bail, Context, Result};
 use futures::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -419,8 +419,10 @@ pub async fn put(
     let mut stream = reservation.map(StreamClock::start);
     let stored = client
         .keep_pending(&pending, async {
+            let admission = reserve::admit(&client, &pending.file, reservation).await?;
             upload(&client, &pending.file, 0, &mut input, &bar, stream.as_mut()).await?;
             client.sync(&pending.file).await?;
+            reserve::release(admission).await;
             anyhow::Ok(())
         })
         .await;
@@ -466,10 +468,12 @@ pub async fn get(
     let client = connect_reserved(cluster, reservation).await?;
     let file = client.open(remote).await?;
     let size = client.size(&file).await?;
+    let admission = reserve::admit(&client, &file, reservation).await?;
     let mut out = open_output(local)?;
     let bar = progress_bar(size, "get");
     let mut stream = reservation.map(StreamClock::start);
     let got = download(&client, &file, 0, size, &mut out, &bar, stream.as_mut()).await;
+    reserve::release(admission).await;
     bar.finish_and_clear();
     if got.is_err() && local != "-" {
         // Leave no partial copy behind that could pass for the file.
@@ -495,9 +499,11 @@ pub async fn write(
     let client = connect_reserved(cluster, reservation).await?;
     let file = client.open(remote).await?;
     client.check_range(&file, offset, len.unwrap_or(0)).await?;
+    let admission = reserve::admit(&client, &file, reservation).await?;
     let bar = progress_bar(len.unwrap_or(0), "write");
     let mut stream = reservation.map(StreamClock::start);
     let written = upload(&client, &file, offset, &mut input, &bar, stream.as_mut()).await;
+    reserve::release(admission).await;
     bar.finish_and_clear();
     written?;
     client.sync(&file).await?;
@@ -518,9 +524,10 @@ pub async fn read(
     let reservation = reserve.reservation()?;
     let client = connect_reserved(cluster, reservation).await?;
     let file = client.open(remote).await?;
+    let admission = reserve::admit(&client, &file, reservation).await?;
     let mut out = open_output(local)?;
     let mut stream = reservation.map(StreamClock::start);
-    download(
+    let got = download(
         &client,
         &file,
         offset,
@@ -529,7 +536,9 @@ pub async fn read(
         &ProgressBar::hidden(),
         stream.as_mut(),
     )
-    .await?;
+    .await;
+    reserve::release(admission).await;
+    got?;
     if let Some(stream) = stream {
         print_report(&stream.finish(), reserve.json, local == "-");
     }
@@ -848,11 +857,30 @@ pub fn replica_config(
     Ok(config)
 }
 
+/// The manager's configuration from its flags: the pending lease in milliseconds and what
+/// reserved streams may take of each link.
+pub fn manager_config(
+    pending_lease_ms: Option<u64>,
+    links: tessera_manager::reservations::LinkCapacity,
+) -> Result<tessera_manager::ManagerConfig> {
+    let mut config = tessera_manager::ManagerConfig {
+        links,
+        ..tessera_manager::ManagerConfig::default()
+    };
+    if let Some(ms) = pending_lease_ms {
+        if ms == 0 {
+            bail!("--pending-lease-ms must be at least 1");
+        }
+        config.pending_lease = std::time::Duration::from_millis(ms);
+    }
+    Ok(config)
+}
+
 pub async fn run_manager(
     listen: &str,
     dir: &Path,
     addr_file: Option<PathBuf>,
-    pending_lease_ms: Option<u64>,
+    config: tessera_manager::ManagerConfig,
     limits: tessera_transport::TcpLimits,
     init: bool,
     replica: Option<tessera_manager::replica::ReplicaConfig>,
@@ -860,13 +888,6 @@ pub async fn run_manager(
     let listen: SocketAddr = listen
         .parse()
         .map_err(|_| anyhow!("bad listen address '{listen}'"))?;
-    let mut config = tessera_manager::ManagerConfig::default();
-    if let Some(ms) = pending_lease_ms {
-        if ms == 0 {
-            bail!("--pending-lease-ms must be at least 1");
-        }
-        config.pending_lease = std::time::Duration::from_millis(ms);
-    }
     let secret = manager_secret(dir, init)?;
     let manager = match replica {
         Some(replica) => {

@@ -308,6 +308,8 @@ struct ManagerArgs {
     #[arg(long, env = "TESSERA_PENDING_LEASE_MS")]
     pending_lease_ms: Option<u64>,
     #[command(flatten)]
+    links: reserve::LinkArgs,
+    #[command(flatten)]
     limits: LimitArgs,
     /// This replica's id, 1-based: its position in --peers (a replicated manager)
     #[arg(long, requires = "peers")]
@@ -499,7 +501,7 @@ async fn run(cli: Cli) -> Result<()> {
                     &listen,
                     &dir,
                     args.addr_file,
-                    args.pending_lease_ms,
+                    commands::manager_config(args.pending_lease_ms, args.links.capacity()?)?,
                     limits,
                     args.init,
                     replica,

@@ -1,12 +1,15 @@
 //! `--rate` and `--period` on get, put, read and write: a reserved stream (Radon, issue 18),
-//! its pacing in the transfer loops and its report.
+//! its admission by the manager, its pacing in the transfer loops and its report; and the
+//! manager's `--link-rate` and `--reservable-share`, what it admits against.
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::time::Duration;
 use tessera_client::stream::{
-    parse_period_us, parse_rate, Reservation, StreamLedger, StreamReport,
+    parse_period_us, parse_rate, Admission, Reservation, StreamLedger, StreamReport,
 };
+use tessera_client::{Client, File};
+use tessera_manager::reservations::LinkCapacity;
 use tokio::time::Instant;
 
 /// The reservation flags of a transfer.
@@ -36,6 +39,58 @@ impl ReserveArgs {
         };
         reservation.validate()?;
         Ok(Some(reservation))
+    }
+}
+
+/// The manager's admission control: what reserved streams may take of each server's link.
+#[derive(Args, Clone, Debug, Default)]
+pub struct LinkArgs {
+    /// Every storage server's link rate, e.g. 1Gbit/s or 100MB/s: reserved streams are
+    /// admitted only while they fit in --reservable-share of it on every server they use
+    /// [default: none, every reservation is admitted]
+    #[arg(long, env = "TESSERA_LINK_RATE")]
+    pub link_rate: Option<String>,
+    /// The share of each link reservations may take, above 0 and at most 1 [default: 0.9]
+    #[arg(long, env = "TESSERA_RESERVABLE_SHARE", requires = "link_rate")]
+    pub reservable_share: Option<f64>,
+}
+
+impl LinkArgs {
+    /// The capacity the flags configure; a bad rate or share is a one-line error.
+    pub fn capacity(&self) -> Result<LinkCapacity> {
+        let mut capacity = LinkCapacity::default();
+        if let Some(rate) = &self.link_rate {
+            capacity.link_bytes_per_s = Some(parse_rate(rate).context("--link-rate")?);
+        }
+        if let Some(share) = self.reservable_share {
+            if !(share > 0.0 && share <= 1.0) {
+                bail!("--reservable-share must be above 0 and at most 1, not {share}");
+            }
+            capacity.reservable_share_millis = ((share * 1_000.0).round() as u64).max(1);
+        }
+        Ok(capacity)
+    }
+}
+
+/// Asks the manager to admit a reserved stream of `file` (`None` without a reservation).
+pub async fn admit(
+    client: &Client,
+    file: &File,
+    reservation: Option<Reservation>,
+) -> Result<Option<Admission>> {
+    let Some(reservation) = reservation else {
+        return Ok(None);
+    };
+    Ok(Some(client.admit_stream(file, reservation).await?))
+}
+
+/// Gives a stream's reservation back; a failure only delays its release to the lease's end.
+pub async fn release(admission: Option<Admission>) {
+    if let Some(admission) = admission {
+        let id = admission.id();
+        if let Err(e) = admission.release().await {
+            tracing::warn!("reservation {id} not released (its lease will end it): {e}");
+        }
     }
 }
 

@@ -69,9 +69,15 @@ fn command_line(args: &[&str]) -> String {
 /// Run the real binary with `args`, feeding `stdin` if given, killing it after
 /// `COMMAND_TIMEOUT`.
 fn tessera(args: &[&str], stdin: Option<&[u8]>) -> Run {
+    tessera_with_env(args, stdin, &[])
+}
+
+/// Like [`tessera`], with these environment variables set.
+fn tessera_with_env(args: &[&str], stdin: Option<&[u8]>, env: &[(&str, &str)]) -> Run {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(args)
         .env_remove("TESSERA_CLUSTER")
+        .envs(env.iter().copied())
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
@@ -206,6 +212,8 @@ struct Cluster {
     /// Where the test keeps its local files.
     local: PathBuf,
     servers: u32,
+    /// Environment of `tessera up` (its daemons inherit it).
+    env: Vec<(&'static str, &'static str)>,
     /// Holds both directories; removed after `down`, as fields drop after `Drop::drop`.
     _root: tempfile::TempDir,
 }
@@ -218,6 +226,11 @@ impl Drop for Cluster {
 
 impl Cluster {
     fn start(servers: u32) -> Cluster {
+        Cluster::start_with_env(servers, &[])
+    }
+
+    /// A cluster whose daemons start with these environment variables.
+    fn start_with_env(servers: u32, env: &[(&'static str, &'static str)]) -> Cluster {
         let root = tempfile::Builder::new()
             .prefix("tessera-cli-")
             .tempdir()
@@ -226,6 +239,7 @@ impl Cluster {
             dir: root.path().join("cluster"),
             local: root.path().join("local"),
             servers,
+            env: env.to_vec(),
             _root: root,
         };
         std::fs::create_dir_all(&cluster.local).expect("local directory");
@@ -243,7 +257,7 @@ impl Cluster {
             text(&self.dir),
             "--detach",
         ];
-        let run = tessera(&args, None);
+        let run = tessera_with_env(&args, None, &self.env);
         run.assert_ok(&command_line(&args));
         assert!(
             run.stdout_text()
@@ -1142,6 +1156,49 @@ fn raid0_damage_fails_cleanly() {
     c.assert_states(&[(1, "up"), (2, "up"), (3, "up"), (4, "up"), (5, "up")]);
     c.server("stop", 4);
     assert_bytes(&c.get("a/raid5"), &parity, "a/raid5 after the rebuild");
+}
+
+/// Issue 18, admission control: with the servers' link rate configured on the manager, a
+/// reserved stream that does not fit on a link is refused at once with one line naming the
+/// link and what is left, and one that fits runs; its reservation is given back at the end.
+#[test]
+fn reservations_that_do_not_fit_a_link_are_refused() {
+    let c = Cluster::start_with_env(3, &[("TESSERA_LINK_RATE", "10MB/s")]);
+    let data = random_bytes(&mut seeded("admitted"), 1_000_000);
+    // RAID-5 over 3 servers: a stream puts half its rate on each server's link, of which
+    // 9 MB/s (0.9 of 10 MB/s) is reservable.
+    c.put("admitted", &data, "raid5");
+    let got = c.local("admitted.got");
+    let line = c.fails_with_one_line(&["get", "admitted", text(&got), "--rate", "20MB/s"]);
+    assert_mentions(
+        &line,
+        &[
+            "reservation refused: server",
+            "has 9.00 MB/s of 9.00 MB/s reservable left, 10.00 MB/s asked",
+            "--link-rate",
+        ],
+    );
+    assert!(!got.exists(), "a refused get writes nothing");
+    // One that fits runs, twice in a row: the first gave its reservation back.
+    for _ in 0..2 {
+        c.ok(&["get", "admitted", text(&got), "--rate", "16MB/s"]);
+        assert_eq!(std::fs::read(&got).unwrap(), data);
+    }
+    // A refused put leaves the old file as it was.
+    let local = c.local("admitted.new");
+    std::fs::write(&local, b"new contents").unwrap();
+    let line = c.fails_with_one_line(&[
+        "put",
+        text(&local),
+        "admitted",
+        "--scheme",
+        "raid5",
+        "--rate",
+        "20MB/s",
+    ]);
+    assert_mentions(&line, &["reservation refused", "admitted is unchanged"]);
+    c.ok(&["get", "admitted", text(&got)]);
+    assert_eq!(std::fs::read(&got).unwrap(), data);
 }
 
 /// Issue 18: a reserved stream is paced at its rate (put and get, over UDP) and reports its

@@ -103,7 +103,7 @@ impl Node {
     }
 
     /// Asks `sender` for its messages from the first we lack up to the first we hold (or
-    /// `to`), at most once per quarter retransmission timeout.
+    /// `to`), at most once per two round trips (its answer needs one).
     fn nack_range(&mut self, sender: SenderId, to: Option<u64>, now: Micros) {
         let from = self.receive.log.count(sender);
         let held = self
@@ -117,14 +117,20 @@ impl Node {
             (None, Some(to)) => to,
             (None, None) => return,
         };
-        if to <= from || sender.node == self.id && sender.incarnation == self.incarnation {
+        if to <= from {
             return;
         }
         let last = self.receive.nacked_at.get(&sender).copied();
-        if last.is_some_and(|at| now < at + self.config.retransmit_after_us / 4) {
+        if last.is_some_and(|at| now < at + 2 * self.round_trip_us()) {
             return;
         }
         self.receive.nacked_at.insert(sender, now);
+        if sender == self.sender_id() {
+            // We lost our own broadcast on its way back: send it again, as for a NACK (it
+            // is in flight: nobody delivered a message that we, a member, do not hold).
+            self.on_nack(sender, from, to, now);
+            return;
+        }
         self.stats.nacks_sent += 1;
         self.queue(
             Destination::Node(sender.node),
@@ -366,14 +372,24 @@ impl Node {
     /// is not enough under load: the member goes on appending in its own order past what
     /// one packet repaired, so it would fall further behind every round.
     fn repair(&mut self, node: NodeId, now: Micros) {
+        let round_trip = self.round_trip_us();
+        let ceiling = self.config.retransmit_after_us;
         let log = &self.receive.log;
         let Some(peer) = self.receive.peers.get_mut(&node) else {
             return;
         };
-        if peer
-            .repaired_at
-            .is_some_and(|at| now < at + self.config.retransmit_after_us / 4)
-        {
+        // ACKs the member sent before our last repair reached it still conflict: repairs
+        // wait two round trips, doubled after every repair it left unanswered (its
+        // `matched` did not move) up to the retransmission timeout (a member that crashed
+        // and is not yet suspected), against a storm.
+        let answered = peer.matched > peer.matched_at_repair;
+        if answered {
+            peer.repairs_unanswered = 0;
+        }
+        let pause = (2 * round_trip)
+            .saturating_mul(1 << peer.repairs_unanswered.min(16))
+            .min(ceiling);
+        if peer.repaired_at.is_some_and(|at| now < at + pause) {
             return;
         }
         let mut from = peer.matched.max(log.start());
@@ -395,24 +411,30 @@ impl Node {
         if packets.is_empty() {
             return;
         }
+        if !answered && peer.repaired_at.is_some() {
+            peer.repairs_unanswered += 1;
+        }
         peer.repaired_at = Some(now);
+        peer.matched_at_repair = peer.matched;
         for body in packets {
             self.stats.repairs_sent += 1;
             self.queue(Destination::Node(node), body);
         }
     }
 
-    /// Leader: members that lag behind our log and did not move since the last check get
-    /// our entries (they lost a message whose sender is gone, or diverged).
+    /// Leader: members that have not matched, since the last check, the log we had then
+    /// get our entries (they lost a message whose sender is gone or sent nothing after it,
+    /// or diverged). A check is due four round trips and a heartbeat interval after the
+    /// last: time for any member to have ACKed what we held then.
     pub(super) fn repair_laggards(&mut self, now: Micros) {
-        let end = self.receive.log.end();
-        let mut stuck = Vec::new();
-        for (&node, peer) in self.receive.peers.iter_mut() {
-            if peer.matched < end && peer.matched == peer.matched_at_check {
-                stuck.push(node);
-            }
-            peer.matched_at_check = peer.matched;
-        }
+        let before = std::mem::replace(&mut self.receive.end_at_check, self.receive.log.end());
+        let stuck: Vec<NodeId> = self
+            .receive
+            .peers
+            .iter()
+            .filter(|(_, peer)| peer.matched < before)
+            .map(|(&node, _)| node)
+            .collect();
         for node in stuck {
             self.repair(node, now);
         }
@@ -469,5 +491,6 @@ impl Node {
             }
         }
         self.receive.repair_check_at = now;
+        self.receive.end_at_check = self.receive.log.end();
     }
 }

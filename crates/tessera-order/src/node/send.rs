@@ -53,15 +53,19 @@ impl Node {
         self.send.nacked.retain(|&seq| seq >= delivered);
     }
 
-    pub(super) fn on_nack(&mut self, sender: SenderId, from: u64, to: u64) {
+    /// A NACK is answered at the next transmit, except for messages sent again less than
+    /// half a round trip ago: another receiver's NACK of the loss already answered.
+    pub(super) fn on_nack(&mut self, sender: SenderId, from: u64, to: u64, now: Micros) {
         if sender != self.sender_id() {
             return;
         }
         let to = to.min(self.send.next_seq);
+        let recent = self.round_trip_us() / 2;
         let seqs: Vec<u64> = self
             .send
             .in_flight
             .range(from..to)
+            .filter(|(_, flight)| now.saturating_sub(flight.sent_at) >= recent)
             .map(|(&seq, _)| seq)
             .collect();
         self.send.nacked.extend(seqs);
@@ -69,8 +73,7 @@ impl Node {
 
     fn retransmission_due(&self, seq: u64, flight: &Flight, now: Micros) -> bool {
         let since = now.saturating_sub(flight.sent_at);
-        since >= self.config.retransmit_after_us
-            || (self.send.nacked.contains(&seq) && since >= self.config.retransmit_after_us / 4)
+        since >= self.config.retransmit_after_us || self.send.nacked.contains(&seq)
     }
 
     /// A DATA packet: messages due for retransmission first, then new ones while the window

@@ -1,0 +1,86 @@
+//! The round-trip time, measured on the node's own broadcasts: every node receives what it
+//! broadcasts through the network, as everyone does, so the time from sending a packet to
+//! receiving it back is one trip through the TX link, the sequencer link (with its queue)
+//! and an RX link, the way a retransmission or a repair travels. Twice that, smoothed as
+//! TCP smooths its RTT (RFC 6298, gain 1/8), paces NACKs, answers to them and the leader's
+//! repairs, so that loss is repaired in round trips rather than in retransmission timeouts.
+
+use crate::Micros;
+use std::collections::VecDeque;
+
+/// Own broadcasts remembered until they come back (older ones are forgotten: lost).
+pub const SENT_REMEMBERED_MAX: usize = 64;
+
+/// The smoothed round trip and the broadcasts whose return it waits for.
+#[derive(Debug, Default)]
+pub struct RttEstimator {
+    /// Smoothed one-way trip of own broadcasts, microseconds; `None` before the first.
+    one_way_us: Option<Micros>,
+    /// `(checksum of the packet, when sent)`, oldest first.
+    sent: VecDeque<(u32, Micros)>,
+    /// Samples taken.
+    samples: u64,
+}
+
+impl RttEstimator {
+    /// An own broadcast of `bytes` left at `now`.
+    pub fn on_sent(&mut self, bytes: &[u8], now: Micros) {
+        if self.sent.len() == SENT_REMEMBERED_MAX {
+            self.sent.pop_front();
+        }
+        self.sent.push_back((crc32c::crc32c(bytes), now));
+    }
+
+    /// An own broadcast came back at `now`: one sample, if we remember sending it.
+    pub fn on_returned(&mut self, bytes: &[u8], now: Micros) {
+        let checksum = crc32c::crc32c(bytes);
+        let Some(index) = self.sent.iter().position(|&(sum, _)| sum == checksum) else {
+            return;
+        };
+        let (_, sent_at) = self.sent.remove(index).expect("index is within");
+        // Older broadcasts not back by now were lost; keep the queue short.
+        self.sent.drain(..index);
+        let sample = now.saturating_sub(sent_at);
+        self.one_way_us = Some(match self.one_way_us {
+            None => sample,
+            Some(smoothed) => (7 * smoothed + sample) / 8,
+        });
+        self.samples += 1;
+    }
+
+    /// The round trip: twice the smoothed one-way trip, within `floor..=ceiling`
+    /// (`floor` before the first sample).
+    pub fn round_trip_us(&self, floor: Micros, ceiling: Micros) -> Micros {
+        self.one_way_us
+            .map_or(floor, |one_way| 2 * one_way)
+            .clamp(floor, ceiling.max(floor))
+    }
+
+    /// Samples taken.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smooths_and_clamps() {
+        let mut rtt = RttEstimator::default();
+        assert_eq!(rtt.round_trip_us(100, 1_000), 100);
+        rtt.on_sent(b"a", 0);
+        rtt.on_sent(b"b", 10);
+        rtt.on_returned(b"b", 410);
+        // "a" was not back when a later one was: forgotten.
+        rtt.on_returned(b"a", 500);
+        assert_eq!(rtt.samples(), 1);
+        assert_eq!(rtt.round_trip_us(100, 10_000), 800);
+        assert_eq!(rtt.round_trip_us(100, 500), 500);
+        rtt.on_sent(b"c", 1_000);
+        rtt.on_returned(b"c", 1_000);
+        assert_eq!(rtt.round_trip_us(100, 10_000), 2 * (7 * 400 / 8));
+        assert_eq!(rtt.round_trip_us(1_000, 10_000), 1_000);
+    }
+}
