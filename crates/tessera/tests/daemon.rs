@@ -2,22 +2,11 @@
 //! ever answered (it used to hear the signal only once registered, and died of it unsynced).
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .env_remove("TESSERA_CLUSTER")
-        .stdin(Stdio::null())
-        .output()
-        .expect("cannot start the tessera binary")
-}
-
-fn text(path: &Path) -> &str {
-    path.to_str().expect("temporary paths are UTF-8")
-}
+mod command;
+use command::{tessera, text};
 
 extern "C" {
     fn kill(pid: i32, signal: i32) -> i32;

@@ -2,22 +2,11 @@
 //! format, and its counts move with the work it does.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .env_remove("TESSERA_CLUSTER")
-        .stdin(Stdio::null())
-        .output()
-        .expect("cannot start the tessera binary")
-}
-
-fn text(path: &Path) -> &str {
-    path.to_str().expect("temporary paths are UTF-8")
-}
+mod command;
+use command::{tessera, text};
 
 /// `GET path` on `addr`: the status line and the body.
 fn http_get(addr: &str, path: &str) -> (String, String) {

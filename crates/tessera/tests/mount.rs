@@ -5,21 +5,11 @@
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Output};
 
-fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .env_remove("TESSERA_CLUSTER")
-        .stdin(Stdio::null())
-        .output()
-        .expect("cannot start the tessera binary")
-}
-
-fn text(path: &Path) -> &str {
-    path.to_str().expect("temporary paths are UTF-8")
-}
+mod command;
+use command::{tessera, text};
 
 fn ok(output: Output) -> String {
     assert!(

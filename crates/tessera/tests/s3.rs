@@ -11,21 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
+mod command;
+use command::{tessera, text};
+
 const ACCESS_KEY: &str = "TESSERATESTACCESSKEY";
 const SECRET_KEY: &str = "tessera/test/secret/key/0123456789abcdefg";
-
-fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .env_remove("TESSERA_CLUSTER")
-        .stdin(Stdio::null())
-        .output()
-        .expect("cannot start the tessera binary")
-}
-
-fn text(path: &Path) -> &str {
-    path.to_str().expect("temporary paths are UTF-8")
-}
 
 /// A local cluster and a gateway over it, both stopped when dropped (also on panic).
 struct Gateway {
