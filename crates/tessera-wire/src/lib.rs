@@ -31,6 +31,12 @@
 //! errors `Forbidden`, `UnknownKey`). Protocol version 4 appends the stale-parity records of
 //! full-stripe writes: `StorageRequest::RecordStale`, `RenewStale`, `ClearStale`,
 //! `StorageResponse::StaleRecorded`, and the `stale` flag of `Locked` and `Intent`.
+//! Version 5: degraded reads wait for a live stale record (`ListStale`). Version 6: the
+//! stripe `generation` of `Intent` (degraded reads fenced against writes that complete while
+//! they read); appended with it, the directory tree (`ManagerRequest::Namespace`, responses
+//! `Entry` and `Dir`, errors `NotEmpty`, `IsDir`, `NotDir`) and Radon's admission control
+//! (`Reserve`, `RenewReservation`, `ReleaseReservation`, response `Reserved`, error
+//! `ReservationRefused`).
 
 mod frame;
 mod handshake;
