@@ -26,6 +26,7 @@ mod intent;
 mod keys;
 mod maintain;
 mod read;
+mod snapshot;
 pub mod stream;
 mod write;
 
@@ -43,6 +44,7 @@ use tessera_wire::{
 };
 
 pub use maintain::{RebuildProgress, ScrubReport, TornResolution};
+pub use snapshot::{SnapshotHandle, SnapshotRemoval};
 pub use tessera_auth::{
     format_access_key, parse_access_key, Claim, Credential, Key, KeyId, Secret,
 };
@@ -211,6 +213,8 @@ pub struct FileStat {
     pub stored_bytes: u64,
     /// Servers that could not be asked for their usage.
     pub unreachable: Vec<ServerId>,
+    /// Bytes the reachable servers keep as copies for snapshots of the file.
+    pub snapshot_bytes: u64,
 }
 
 /// Tunables of a client.
@@ -727,10 +731,12 @@ impl Client {
         let meta = self.lookup(path).await?;
         let ctx = self.context_of(meta.id).await?;
         let (stored_bytes, unreachable) = ctx.usage(self).await;
+        let snapshot_bytes = self.snapshot_usage(meta.id, &ctx.meta.servers).await;
         Ok(FileStat {
             meta: ctx.meta.clone(),
             stored_bytes,
             unreachable,
+            snapshot_bytes,
         })
     }
 
@@ -741,6 +747,8 @@ impl Client {
         };
         let meta = match self.manager_call(request).await? {
             ManagerResponse::Meta(meta) => meta,
+            // Snapshots still hold it: its data stays until the last of them is removed.
+            ManagerResponse::Retained(_) => return Ok(()),
             other => return Err(self.unexpected("meta", other)),
         };
         self.delete_data(&meta).await
@@ -748,7 +756,7 @@ impl Client {
 
     /// Delete a removed file's data on the servers that are up now. Best effort: a server down
     /// now deletes it when it next asks the manager for orphans.
-    async fn delete_data(&self, meta: &FileMeta) -> Result<(), ClientError> {
+    pub(crate) async fn delete_data(&self, meta: &FileMeta) -> Result<(), ClientError> {
         let servers = self.status().await?;
         let deletions = meta.servers.iter().filter_map(|id| {
             let status = servers.iter().find(|s| s.id == *id)?;

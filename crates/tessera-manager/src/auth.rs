@@ -12,7 +12,7 @@
 //! | `Resynced` | yes | | | clears a debt: a lie would serve stale bytes, so rebuild runs as admin |
 //! | `KeyCreate`, `KeyList`, `KeyRemove` | yes | | | access keys are the admin's |
 //! | `ReportDown`, `ReportMissed` | yes | | yes | writers report what they could not reach; a false report only degrades (reads reconstruct, rebuild repairs) |
-//! | `Create`, `Lookup`, `LookupId`, `List`, `Remove`, `SetSize`, `Sync`, `Status`, `FilesOnServer`, `CreatePending`, `RenewPending`, `CommitPending`, `AbandonPending` | yes | | yes | the namespace is the clients' |
+//! | `Create`, `Lookup`, `LookupId`, `List`, `Remove`, `SetSize`, `Sync`, `Status`, `FilesOnServer`, `CreatePending`, `RenewPending`, `CommitPending`, `AbandonPending`, `SnapshotCreate`, `SnapshotReady`, `SnapshotList`, `SnapshotRemove` | yes | | yes | the namespace is the clients' |
 //!
 //! | `Replica` | yes | yes | yes | a replica's role, view and position |
 //! | `Snapshot` | yes | | | a copy of the whole store, for a replica catching up (replicas hold the secret) |
@@ -52,7 +52,11 @@ pub fn roles_allowed(request: &ManagerRequest) -> &'static [Role] {
         | R::CreatePending { .. }
         | R::RenewPending { .. }
         | R::CommitPending { .. }
-        | R::AbandonPending { .. } => &[Role::Admin, Role::Client],
+        | R::AbandonPending { .. }
+        | R::SnapshotCreate { .. }
+        | R::SnapshotReady { .. }
+        | R::SnapshotList { .. }
+        | R::SnapshotRemove { .. } => &[Role::Admin, Role::Client],
     }
 }
 

@@ -101,6 +101,7 @@ mod manager;
 mod ranges;
 pub mod recovery;
 pub mod replica;
+mod snapshot;
 mod store;
 
 pub use auth::{authorize, roles_allowed};

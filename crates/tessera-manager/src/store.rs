@@ -228,6 +228,9 @@ pub(crate) fn copy_tables(from: &ReadTransaction, path: &std::path::Path) -> Res
     copy_table(from, &to, ORPHANS)?;
     copy_table(from, &to, crate::keys::ACCESS_KEYS)?;
     copy_table(from, &to, crate::command::ONCE)?;
+    copy_table(from, &to, crate::snapshot::SNAPSHOTS)?;
+    copy_table(from, &to, crate::snapshot::SNAPSHOT_FILES)?;
+    copy_table(from, &to, crate::snapshot::RETAINED)?;
     to.commit()?;
     Ok(())
 }
@@ -278,5 +281,8 @@ pub(crate) fn dump(db: &Database) -> Result<Vec<String>, Failure> {
     dump_table!("orphans", ORPHANS);
     dump_table!("access_keys", crate::keys::ACCESS_KEYS);
     dump_table!("once", crate::command::ONCE);
+    dump_table!("snapshots", crate::snapshot::SNAPSHOTS);
+    dump_table!("snapshot_files", crate::snapshot::SNAPSHOT_FILES);
+    dump_table!("retained", crate::snapshot::RETAINED);
     Ok(lines)
 }
