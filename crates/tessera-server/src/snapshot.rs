@@ -27,12 +27,7 @@ pub(crate) async fn handle(
                     ),
                 });
             }
-            blocking(move || {
-                files
-                    .iter()
-                    .try_for_each(|&file| store.snapshot_begin(file, epoch))
-            })
-            .await?;
+            blocking(move || store.snapshot_begin(&files, epoch)).await?;
             done
         }
         StorageRequest::ReadSnapshot {

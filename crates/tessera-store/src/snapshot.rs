@@ -35,6 +35,10 @@
 //! overflow entries), which is what a Hybrid read returns; the Hybrid overflow's mirror
 //! entries are not copied, so a Hybrid snapshot is readable with every column up, and a
 //! degraded read of one is refused (not done).
+//! Each server begins a snapshot on its own, so a write running while the snapshot is taken
+//! may be in it on its data column and not on its parity column: with every column up each
+//! byte reads old or new, but a reconstruction through such a stripe can be wrong (not
+//! done: ordering the begin behind the stripe's parity lock and stale records).
 //!
 //! **Crash consistency.** Per block, the order is: copy bytes written to the copy file, the
 //! journal record appended, the live block overwritten, all under the file's lock. A server

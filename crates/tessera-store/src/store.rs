@@ -577,23 +577,25 @@ impl Store {
         })
     }
 
-    /// Begins snapshot `epoch` of `file` here (see `snapshot.rs`): from now on the first write
-    /// to each block copies it first. Durable before returning (the whole store is synced,
-    /// so the file's directory and journal are named durably too).
-    pub fn snapshot_begin(&self, file: FileId, epoch: u64) -> Result<(), StorageError> {
+    /// Begins snapshot `epoch` of `files` here (see `snapshot.rs`): from now on the first
+    /// write to each block copies it first. Durable before returning (the store is synced
+    /// once, so the files' directories and journals are named durably too).
+    pub fn snapshot_begin(&self, files: &[FileId], epoch: u64) -> Result<(), StorageError> {
         if epoch == 0 {
             return Err(bad_request("snapshot epochs start at 1"));
         }
         let _unsynced = self.unsynced.hold(&*self.disk)?;
-        let dir = self.file_dir(file);
-        self.with_write(file, |state| {
-            let present = self.make_present(file, state)?;
-            if let Some(journal) = present.snap.begin(epoch)? {
-                self.mark_snapshot_dirty(file, vec![journal]);
-                lock(&self.dirty).dirs.insert(dir.clone());
-            }
-            Ok(())
-        })?;
+        for &file in files {
+            let dir = self.file_dir(file);
+            self.with_write(file, |state| {
+                let present = self.make_present(file, state)?;
+                if let Some(journal) = present.snap.begin(epoch)? {
+                    self.mark_snapshot_dirty(file, vec![journal]);
+                    lock(&self.dirty).dirs.insert(dir.clone());
+                }
+                Ok(())
+            })?;
+        }
         self.sync()
     }
 

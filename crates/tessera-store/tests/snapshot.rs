@@ -23,7 +23,7 @@ fn first_write_after_a_snapshot_copies_and_later_writes_do_not() {
         .write(7, Region::Data, 0, &filled(b'a', UNIT), false)
         .unwrap();
     assert_eq!(store.snapshot_usage(7).unwrap(), 0);
-    store.snapshot_begin(7, 1).unwrap();
+    store.snapshot_begin(&[7], 1).unwrap();
     assert_eq!(
         store.snapshot_usage(7).unwrap(),
         0,
@@ -72,11 +72,11 @@ fn each_snapshot_reads_its_own_moment_across_a_restart() {
         store
             .write(7, Region::Redundancy, 0, &filled(b'p', 4096), false)
             .unwrap();
-        store.snapshot_begin(7, 1).unwrap();
+        store.snapshot_begin(&[7], 1).unwrap();
         store
             .write(7, Region::Data, 0, &filled(b'b', 4096), false)
             .unwrap();
-        store.snapshot_begin(7, 3).unwrap();
+        store.snapshot_begin(&[7], 3).unwrap();
         // Block 1 was not written between snapshots 1 and 3: one copy serves both.
         store
             .write(7, Region::Data, 0, &filled(b'c', 8192), false)
@@ -115,7 +115,7 @@ fn hybrid_overflow_writes_are_copied_as_the_newest_bytes() {
     store
         .overflow_write(7, OverflowRole::Primary, 10, b"OLD")
         .unwrap();
-    store.snapshot_begin(7, 1).unwrap();
+    store.snapshot_begin(&[7], 1).unwrap();
     store
         .overflow_write(7, OverflowRole::Primary, 10, b"NEW")
         .unwrap();
@@ -140,11 +140,11 @@ fn removing_a_snapshot_frees_only_the_copies_no_other_reads() {
     store
         .write(7, Region::Data, 0, &filled(b'a', 8192), false)
         .unwrap();
-    store.snapshot_begin(7, 1).unwrap();
+    store.snapshot_begin(&[7], 1).unwrap();
     store
         .write(7, Region::Data, 0, &filled(b'b', 4096), false)
         .unwrap();
-    store.snapshot_begin(7, 2).unwrap();
+    store.snapshot_begin(&[7], 2).unwrap();
     store
         .write(7, Region::Data, 0, &filled(b'c', 8192), false)
         .unwrap();
@@ -178,7 +178,7 @@ fn a_torn_journal_tail_is_dropped_and_a_damaged_record_refuses_snapshot_reads() 
         store
             .write(7, Region::Data, 0, &filled(b'a', 4096), false)
             .unwrap();
-        store.snapshot_begin(7, 1).unwrap();
+        store.snapshot_begin(&[7], 1).unwrap();
         store
             .write(7, Region::Data, 0, &filled(b'b', 4096), false)
             .unwrap();
@@ -224,7 +224,7 @@ fn a_corrupt_block_is_recorded_lost_for_the_snapshot_and_the_repair_goes_through
         store
             .write(7, Region::Data, 0, &filled(b'a', 8192), false)
             .unwrap();
-        store.snapshot_begin(7, 1).unwrap();
+        store.snapshot_begin(&[7], 1).unwrap();
         store.sync().unwrap();
     }
     // Flip a bit of block 0 on disk.

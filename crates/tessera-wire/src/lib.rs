@@ -31,6 +31,10 @@
 //! errors `Forbidden`, `UnknownKey`). Protocol version 4 appends the stale-parity records of
 //! full-stripe writes: `StorageRequest::RecordStale`, `RenewStale`, `ClearStale`,
 //! `StorageResponse::StaleRecorded`, and the `stale` flag of `Locked` and `Intent`.
+//! Appended since, without a new version (appended variants only): copy-on-write snapshots,
+//! `StorageRequest::SnapshotBegin`, `ReadSnapshot`, `SnapshotDrop`, `SnapshotUsage`,
+//! `ManagerRequest::SnapshotCreate`, `SnapshotReady`, `SnapshotList`, `SnapshotRemove`, and
+//! `ManagerResponse::Snapshots`, `SnapshotRemoved`, `Retained`.
 
 mod frame;
 mod handshake;
