@@ -44,6 +44,9 @@ pub(crate) struct FileContext {
     lost_now: Mutex<Vec<bool>>,
     /// Stripes already reported missed per column during this operation.
     reported: Mutex<BTreeMap<u32, Vec<u64>>>,
+    /// Reads see the file as snapshot of this epoch saw it (see `snapshot.rs`), and never
+    /// repair: the live file is not theirs to write.
+    pub snapshot: Option<u64>,
 }
 
 impl Client {
@@ -98,6 +101,7 @@ impl Client {
             columns,
             lost_now: Mutex::new(vec![false; width]),
             reported: Mutex::new(BTreeMap::new()),
+            snapshot: None,
         })
     }
 }
@@ -280,12 +284,21 @@ impl FileContext {
         len: usize,
         overlay: bool,
     ) -> Result<Bytes, Fault> {
-        let request = StorageRequest::Read {
-            file: self.meta.id,
-            region,
-            offset,
-            len: len as u32,
-            overlay,
+        let request = match self.snapshot {
+            None => StorageRequest::Read {
+                file: self.meta.id,
+                region,
+                offset,
+                len: len as u32,
+                overlay,
+            },
+            Some(epoch) => StorageRequest::ReadSnapshot {
+                file: self.meta.id,
+                region,
+                offset,
+                len: len as u32,
+                epoch,
+            },
         };
         let (_, data) = self.rpc(client, column, request, Bytes::new()).await?;
         if data.len() != len {
@@ -486,9 +499,9 @@ pub(crate) fn reply_frame_bytes(request: &StorageRequest) -> Option<usize> {
         tessera_wire::FRAME_HEADER_BYTES + message + len as usize
     };
     match request {
-        StorageRequest::Read { len, .. } | StorageRequest::LockParity { len, .. } => {
-            Some(data(u64::from(*len)))
-        }
+        StorageRequest::Read { len, .. }
+        | StorageRequest::ReadSnapshot { len, .. }
+        | StorageRequest::LockParity { len, .. } => Some(data(u64::from(*len))),
         StorageRequest::OverflowList { len, .. } => Some(data(*len)),
         // Lists whose size is not known ahead.
         StorageRequest::TransportCounters

@@ -27,6 +27,7 @@ mod keys;
 mod maintain;
 mod namespace;
 mod read;
+mod snapshot;
 pub mod stream;
 mod write;
 
@@ -44,6 +45,7 @@ use tessera_wire::{
 };
 
 pub use maintain::{RebuildProgress, ScrubReport, TornResolution};
+pub use snapshot::{SnapshotHandle, SnapshotRemoval};
 pub use tessera_auth::{
     format_access_key, parse_access_key, Claim, Credential, Key, KeyId, Secret,
 };
@@ -212,6 +214,8 @@ pub struct FileStat {
     pub stored_bytes: u64,
     /// Servers that could not be asked for their usage.
     pub unreachable: Vec<ServerId>,
+    /// Bytes the reachable servers keep as copies for snapshots of the file.
+    pub snapshot_bytes: u64,
 }
 
 /// Tunables of a client.
@@ -736,10 +740,12 @@ impl Client {
         let meta = self.lookup(path).await?;
         let ctx = self.context_of(meta.id).await?;
         let (stored_bytes, unreachable) = ctx.usage(self).await;
+        let snapshot_bytes = self.snapshot_usage(meta.id, &ctx.meta.servers).await;
         Ok(FileStat {
             meta: ctx.meta.clone(),
             stored_bytes,
             unreachable,
+            snapshot_bytes,
         })
     }
 
@@ -750,6 +756,8 @@ impl Client {
         };
         let meta = match self.manager_call(request).await? {
             ManagerResponse::Meta(meta) => meta,
+            // Snapshots still hold it: its data stays until the last of them is removed.
+            ManagerResponse::Retained(_) => return Ok(()),
             other => return Err(self.unexpected("meta", other)),
         };
         self.delete_data(&meta).await
@@ -757,7 +765,7 @@ impl Client {
 
     /// Delete a removed file's data on the servers that are up now. Best effort: a server down
     /// now deletes it when it next asks the manager for orphans.
-    async fn delete_data(&self, meta: &FileMeta) -> Result<(), ClientError> {
+    pub(crate) async fn delete_data(&self, meta: &FileMeta) -> Result<(), ClientError> {
         let servers = self.status().await?;
         let deletions = meta.servers.iter().filter_map(|id| {
             let status = servers.iter().find(|s| s.id == *id)?;

@@ -142,7 +142,7 @@ impl FileContext {
             // No redundancy to repair from: report the corruption, never the bad bytes.
             return Err(self.storage_error(slot.column, error.clone()));
         }
-        if corrupt.is_some() && !self.lost(slot.column, stripe) {
+        if corrupt.is_some() && !self.lost(slot.column, stripe) && self.snapshot.is_none() {
             tracing::warn!(
                 "corrupt block in file {} block {} on server {}: repairing",
                 self.meta.path,
@@ -205,6 +205,11 @@ impl FileContext {
                 let mut bytes = self
                     .reconstruct_from_parity(client, piece.block, within, len)
                     .await?;
+                if self.scheme() == Scheme::Hybrid && self.snapshot.is_some() {
+                    // Overflow mirror entries are not kept for snapshots (`tessera-store`'s
+                    // `snapshot` module): a Hybrid snapshot needs every column.
+                    return Err(self.unavailable([slot.column]));
+                }
                 if self.scheme() == Scheme::Hybrid {
                     let mirror = self
                         .layout
@@ -288,6 +293,10 @@ impl FileContext {
         let mut out = vec![0u8; len];
         for (_, unit) in &units {
             tessera_parity::xor_into(&mut out, unit);
+        }
+        if self.snapshot.is_some() {
+            // Intent and stale records describe the live stripe, not the snapshot's.
+            return Ok(Some(out));
         }
         // A record a dead writer left (see `intent.rs`): the parity read does not match what
         // the written columns hold inside its span. Asked after the reads, so that a record

@@ -102,6 +102,7 @@ mod ranges;
 pub mod recovery;
 pub mod replica;
 pub mod reservations;
+mod snapshot;
 mod store;
 
 pub use auth::{authorize, roles_allowed};

@@ -379,6 +379,10 @@ impl Manager {
                 .release(id)
                 .map(|()| ManagerResponse::Done)
                 .map_err(Into::into),
+            ManagerRequest::SnapshotCreate { name, prefix } => self.snapshot_create(name, prefix),
+            ManagerRequest::SnapshotReady { name } => self.snapshot_ready(name),
+            ManagerRequest::SnapshotList { name } => self.snapshot_list(name),
+            ManagerRequest::SnapshotRemove { name } => self.snapshot_remove(name),
             // A replica's own state and copies of its store are the daemon's (replica.rs).
             ManagerRequest::Replica | ManagerRequest::Snapshot { .. } => {
                 Err(ManagerError::Unordered("this manager is not replicated".into()).into())
@@ -686,9 +690,11 @@ impl Manager {
                 Some(old) => store::read_file(&change.tables.files, old)?,
                 None => None,
             };
-            if let Some(old) = &replaced {
-                change.remove_file(old)?;
-            }
+            let replaced = match replaced {
+                // Snapshots still hold it: its data is not to be deleted.
+                Some(old) if change.remove_file(&old)? => None,
+                replaced => replaced,
+            };
             change.put_file(&meta)?;
             Ok(replaced)
         })?;
@@ -826,10 +832,13 @@ impl Manager {
                 None => None,
             };
             let meta = meta.ok_or_else(|| ManagerError::NotFound(path.to_string()))?;
-            change.remove_file(&meta)?;
-            Ok(meta)
+            let retained = change.remove_file(&meta)?;
+            Ok((meta, retained))
         })?;
-        Ok(ManagerResponse::Meta(meta))
+        Ok(match meta {
+            (meta, false) => ManagerResponse::Meta(meta),
+            (meta, true) => ManagerResponse::Retained(meta),
+        })
     }
 
     fn set_size(
@@ -943,7 +952,7 @@ impl Manager {
     /// Runs `apply` in one write transaction and commits it, then brings the in-memory copies of
     /// servers and debtors up to date. Nothing changes, in the store or in memory, if `apply`
     /// or the commit fails.
-    fn write<T>(
+    pub(crate) fn write<T>(
         &mut self,
         apply: impl FnOnce(&mut Change<'_>) -> Result<T, Failure>,
     ) -> Result<T, Failure> {
@@ -1102,18 +1111,23 @@ impl<'txn> Change<'txn> {
     /// Removes a file from the namespace together with everything its servers owe of it, and
     /// records it as an orphan on each of its servers, which delete its data when they next
     /// ask. Its path is freed only if it names this file (a pending file's path names another).
-    fn remove_file(&mut self, meta: &FileMeta) -> Result<(), Failure> {
-        self.tables.files.remove(meta.id)?;
+    /// A file that snapshots hold only leaves the namespace: its record, debts and data stay
+    /// until the last of them is removed (answered `true`, see `snapshot.rs`).
+    pub(crate) fn remove_file(&mut self, meta: &FileMeta) -> Result<bool, Failure> {
         if self.file_id(&meta.path)? == Some(meta.id) {
             self.tables.paths.remove(meta.path.as_str())?;
         }
         self.tables.pending.remove(meta.id)?;
+        if self.retain_if_held(meta)? {
+            return Ok(true);
+        }
+        self.tables.files.remove(meta.id)?;
         self.txn.open_table(namespace::TIMES)?.remove(meta.id)?;
         for &server in &meta.servers {
             self.set_debt(server, meta.id, &[])?;
             self.tables.orphans.insert((server, meta.id), ())?;
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Removes a pending file (abandoned, or its lease ended), answering its metadata.

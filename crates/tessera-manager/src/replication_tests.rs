@@ -55,7 +55,7 @@ fn commands(seed: u64, count: usize, decider: &mut Manager, now: Instant) -> Vec
     for sequence in 1..=count as u64 {
         let path = format!("/f{}", next(8));
         let file = 1 + next(12);
-        let request = match next(9) {
+        let request = match next(11) {
             0 => ManagerRequest::Create {
                 path,
                 layout: layout.clone(),
@@ -79,6 +79,13 @@ fn commands(seed: u64, count: usize, decider: &mut Manager, now: Instant) -> Vec
                 server: 1 + next(4) as u32,
                 incarnation: 1 + next(2),
                 cluster: 0x5eed,
+            },
+            9 => ManagerRequest::SnapshotCreate {
+                name: format!("s{}", next(3)),
+                prefix: "/f".into(),
+            },
+            10 => ManagerRequest::SnapshotRemove {
+                name: format!("s{}", next(3)),
             },
             7 => ManagerRequest::Resynced {
                 server: 1,
@@ -149,6 +156,12 @@ fn replicas_applying_the_same_commands_hold_the_same_store() {
         assert!(
             reference.iter().any(|line| line.starts_with("once")),
             "seed {seed}"
+        );
+        assert!(
+            reference
+                .iter()
+                .any(|line| line.contains("snapshot_epoch_next")),
+            "seed {seed}: no snapshots"
         );
         for (index, (_, manager)) in group.iter().enumerate() {
             assert_eq!(

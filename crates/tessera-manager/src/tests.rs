@@ -1030,3 +1030,89 @@ fn a_cluster_id_passed_in_is_used_for_a_new_store_only() {
         1
     );
 }
+
+fn snapshots(answer: ManagerResponse) -> Vec<tessera_wire::SnapshotInfo> {
+    match answer {
+        ManagerResponse::Snapshots(all) => all,
+        other => panic!("expected snapshots, got {other:?}"),
+    }
+}
+
+#[test]
+fn snapshots_hold_their_files_past_removal_and_free_them_when_removed() {
+    let mut harness = Harness::with_servers(3);
+    let a = harness.create("/s/a", Scheme::Raid5, None).meta;
+    harness.create("/s/b", Scheme::Raid1, Some(2));
+    harness.create("/t", Scheme::Raid0, Some(1));
+    let set_size = ManagerRequest::SetSize {
+        file: a.id,
+        size: 1 << 30,
+        grow_only: false,
+    };
+    assert_eq!(harness.handle(set_size), ManagerResponse::Done);
+    let create = |name: &str| ManagerRequest::SnapshotCreate {
+        name: name.into(),
+        prefix: "/s/".into(),
+    };
+    let first = snapshots(harness.handle(create("one"))).remove(0);
+    assert_eq!((first.epoch, first.ready, first.file_count), (1, false, 2));
+    assert_eq!(first.bytes, 1 << 30);
+    assert_eq!(first.files[0].meta.id, a.id);
+    assert_eq!(
+        error(harness.handle(create("one"))),
+        ManagerError::Exists("snapshot one".into())
+    );
+    let ready = ManagerRequest::SnapshotReady { name: "one".into() };
+    assert_eq!(harness.handle(ready), ManagerResponse::Done);
+    let second = snapshots(harness.handle(create("two"))).remove(0);
+    assert_eq!(second.epoch, 2);
+    harness.reopen();
+    let listed = snapshots(harness.handle(ManagerRequest::SnapshotList { name: None }));
+    let names: Vec<(&str, u64, bool, usize)> = listed
+        .iter()
+        .map(|s| (s.name.as_str(), s.epoch, s.ready, s.files.len()))
+        .collect();
+    assert_eq!(names, vec![("one", 1, true, 0), ("two", 2, false, 0)]);
+
+    // Removing a held file keeps its record (and data) for the snapshots.
+    let removed = harness.handle(ManagerRequest::Remove {
+        path: "/s/a".into(),
+    });
+    let a = FileMeta { size: 1 << 30, ..a };
+    assert_eq!(removed, ManagerResponse::Retained(a.clone()));
+    assert!(!harness.list("/s/").contains(&"/s/a".to_string()));
+    assert!(matches!(
+        harness.handle(ManagerRequest::LookupId { file: a.id }),
+        ManagerResponse::File(_)
+    ));
+    let orphans = harness.handle(ManagerRequest::Orphans { server: 1 });
+    assert_eq!(orphans, ManagerResponse::Orphans(Vec::new()));
+
+    let remove = |name: &str| ManagerRequest::SnapshotRemove { name: name.into() };
+    let ManagerResponse::SnapshotRemoved { live, freed, .. } = harness.handle(remove("one")) else {
+        panic!("snapshot remove answered otherwise")
+    };
+    assert!(freed.is_empty(), "snapshot two still holds it");
+    assert_eq!(live[0], (a.id, vec![2]));
+    let ManagerResponse::SnapshotRemoved { live, freed, .. } = harness.handle(remove("two")) else {
+        panic!("snapshot remove answered otherwise")
+    };
+    assert_eq!(freed, vec![a.clone()]);
+    assert_eq!(live[0], (a.id, vec![]));
+    assert_eq!(
+        error(harness.handle(ManagerRequest::LookupId { file: a.id })),
+        ManagerError::NotFound(a.id.to_string())
+    );
+    let ManagerResponse::Orphans(orphans) = harness.handle(ManagerRequest::Orphans {
+        server: a.servers[0],
+    }) else {
+        panic!("orphans")
+    };
+    assert_eq!(orphans, vec![a.id]);
+    assert_eq!(
+        error(harness.handle(remove("two"))),
+        ManagerError::NotFound("snapshot two".into())
+    );
+    // Epochs are never reused.
+    assert_eq!(snapshots(harness.handle(create("three")))[0].epoch, 3);
+}

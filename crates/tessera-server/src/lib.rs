@@ -39,6 +39,7 @@ use tokio::time::Instant;
 
 mod keys;
 pub mod metrics;
+mod snapshot;
 pub use keys::{STORAGE_KEYS_INTERVAL, STORAGE_KEYS_REFRESH_MIN};
 
 /// Largest read answered on the network thread when the page cache holds it (see
@@ -560,7 +561,10 @@ impl FrameHandler for StorageHandler {
         const MESSAGE_ROOM: usize = 4096;
         match tessera_wire::decode_message::<StorageCall>(message) {
             Ok(StorageCall {
-                request: StorageRequest::Read { len, .. } | StorageRequest::LockParity { len, .. },
+                request:
+                    StorageRequest::Read { len, .. }
+                    | StorageRequest::ReadSnapshot { len, .. }
+                    | StorageRequest::LockParity { len, .. },
                 ..
             }) => len as usize + MESSAGE_ROOM,
             _ => MESSAGE_ROOM,
@@ -650,7 +654,7 @@ pub fn run_disk_inline(inline: bool) {
 }
 
 /// Run a blocking store call on the blocking pool (in place under [`run_disk_inline`]).
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, StorageError> {
     if DISK_INLINE.with(|cell| cell.get()) {
@@ -936,6 +940,10 @@ async fn serve(
             let stored_bytes = blocking(move || store.usage(file)).await?;
             Ok((StorageResponse::Usage { stored_bytes }, Bytes::new()))
         }
+        StorageRequest::SnapshotBegin { .. }
+        | StorageRequest::ReadSnapshot { .. }
+        | StorageRequest::SnapshotDrop { .. }
+        | StorageRequest::SnapshotUsage { .. } => snapshot::handle(store, request).await,
         StorageRequest::Allocated {
             file,
             region,

@@ -46,6 +46,9 @@
 //! <root>/stale/<F>.<token>        a stale-parity record of a full-stripe write: "TSSP" +
 //!                                  version u32 LE (STALE_FORMAT_VERSION) + crc32c + ranges
 //! <root>/files/<F>/record          the file's metadata for recovery (see `record`, own version)
+//! <root>/files/<F>/snap.journal    copy-on-write snapshots: epochs begun and blocks copied
+//! <root>/files/<F>/snap.<E>.*      blocks copied for snapshot epoch E (see `snapshot`, own
+//!                                  version)
 //! ```
 //!
 //! Every byte is covered by a checksum, so one flipped bit anywhere is found:
@@ -118,6 +121,7 @@ mod meta;
 mod overflow;
 mod record;
 mod region;
+mod snapshot;
 mod stale;
 mod store;
 
@@ -126,6 +130,7 @@ pub use intent::{IntentRecord, INTENT_FORMAT_VERSION};
 pub use locks::ParityLocks;
 pub use memdisk::{BitFlip, MemDisk, PowerLoss, SECTOR_BYTES};
 pub use record::{FileRecord, RecordError, RecordPage, RECORD_FORMAT_VERSION};
+pub use snapshot::SNAPSHOT_FORMAT_VERSION;
 pub use stale::{StaleState, STALE_FORMAT_VERSION, STALE_RECORDS_MAX};
 pub use store::Store;
 

@@ -17,6 +17,7 @@ use crate::meta::{self, StoreMeta};
 use crate::overflow::{OverflowFiles, Touched};
 use crate::record::{self, FileRecord, RecordError, RecordPage};
 use crate::region::{RegionFile, CRC_ENTRY_BYTES};
+use crate::snapshot::{Snapshots, Written};
 use crate::stale::{StaleRecords, StaleState, STALE_DIR};
 use crate::{BLOCK_BYTES, FILE_BYTES_MAX, OPEN_FILES_MAX, REQUEST_BYTES_MAX};
 
@@ -71,6 +72,8 @@ struct FileData {
     data: RegionFile,
     redundancy: RegionFile,
     overflow: OverflowFiles,
+    /// Copy-on-write snapshots of the file (see `snapshot.rs`).
+    snap: Snapshots,
 }
 
 impl FileData {
@@ -86,6 +89,27 @@ impl FileData {
             Region::Data => &mut self.data,
             Region::Redundancy => &mut self.redundancy,
         }
+    }
+
+    /// Before `offset..offset+len` of `region` changes (for the data file, its newest bytes,
+    /// overflow included): copies what the newest snapshot still needs of it.
+    fn preserve(
+        &mut self,
+        region: Region,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<Written>, StorageError> {
+        let FileData {
+            data,
+            redundancy,
+            overflow,
+            snap,
+        } = self;
+        if snap.begun() == 0 {
+            return Ok(Vec::new());
+        }
+        let live = |at: u64, len: usize| newest(data, redundancy, overflow, region, at, len);
+        snap.preserve(region, offset, len, &live)
     }
 
     fn handle(&self, kind: FileKind) -> &FileHandle {
@@ -115,10 +139,32 @@ struct FileSlot {
     state: RwLock<FileState>,
 }
 
+/// The newest bytes of a region: the data file overlaid with primary overflow entries, or
+/// the redundancy file.
+fn newest(
+    data: &RegionFile,
+    redundancy: &RegionFile,
+    overflow: &OverflowFiles,
+    region: Region,
+    offset: u64,
+    len: usize,
+) -> Result<Vec<u8>, StorageError> {
+    match region {
+        Region::Data => {
+            let mut bytes = data.read(offset, len)?;
+            overflow.overlay(offset, &mut bytes)?;
+            Ok(bytes)
+        }
+        Region::Redundancy => redundancy.read(offset, len),
+    }
+}
+
 /// Files and directories written since the last sync.
 #[derive(Default)]
 struct Dirty {
     files: HashMap<(FileId, FileKind), FileHandle>,
+    /// Snapshot journals and copy files, by file and name.
+    snapshot_files: HashMap<(FileId, String), FileHandle>,
     dirs: HashSet<PathBuf>,
 }
 
@@ -312,6 +358,8 @@ impl Store {
         let _unsynced = self.unsynced.hold(&*self.disk)?;
         self.with_write(file, |state| {
             let present = self.make_present(file, state)?;
+            let copied = present.preserve(region, offset, data.len() as u64)?;
+            self.mark_snapshot_dirty(file, copied);
             present.region_mut(region).write(offset, data)?;
             self.mark_dirty(file, present, &FileKind::of_region(region));
             if invalidate_overflow && present.overflow.overlays(offset, data.len() as u64) {
@@ -452,6 +500,10 @@ impl Store {
         let _unsynced = self.unsynced.hold(&*self.disk)?;
         self.with_write(file, |state| {
             let present = self.make_present(file, state)?;
+            if role == OverflowRole::Primary {
+                let copied = present.preserve(Region::Data, offset, data.len() as u64)?;
+                self.mark_snapshot_dirty(file, copied);
+            }
             present.overflow.append(role, offset, data)?;
             self.mark_overflow_dirty(
                 file,
@@ -481,6 +533,10 @@ impl Store {
         let _unsynced = self.unsynced.hold(&*self.disk)?;
         self.with_write(file, |state| {
             if let FileState::Present(present) = state {
+                if role == OverflowRole::Primary && present.overflow.overlays(offset, len) {
+                    let copied = present.preserve(Region::Data, offset, len)?;
+                    self.mark_snapshot_dirty(file, copied);
+                }
                 let touched = present.overflow.invalidate(role, offset, len)?;
                 self.mark_overflow_dirty(file, present, touched);
             }
@@ -517,6 +573,85 @@ impl Store {
             FileState::Present(present) => Ok(BLOCK_BYTES
                 * (present.data.blocks_written() + present.redundancy.blocks_written())
                 + present.overflow.live_bytes()),
+            _ => Ok(0),
+        })
+    }
+
+    /// Begins snapshot `epoch` of `files` here (see `snapshot.rs`): from now on the first
+    /// write to each block copies it first. Durable before returning (the store is synced
+    /// once, so the files' directories and journals are named durably too).
+    pub fn snapshot_begin(&self, files: &[FileId], epoch: u64) -> Result<(), StorageError> {
+        if epoch == 0 {
+            return Err(bad_request("snapshot epochs start at 1"));
+        }
+        let _unsynced = self.unsynced.hold(&*self.disk)?;
+        for &file in files {
+            let dir = self.file_dir(file);
+            self.with_write(file, |state| {
+                let present = self.make_present(file, state)?;
+                if let Some(journal) = present.snap.begin(epoch)? {
+                    self.mark_snapshot_dirty(file, vec![journal]);
+                    lock(&self.dirty).dirs.insert(dir.clone());
+                }
+                Ok(())
+            })?;
+        }
+        self.sync()
+    }
+
+    /// `len` bytes at `offset` of a file's data (newest bytes, overflow overlaid) or
+    /// redundancy file as they stood when snapshot `epoch` began here. A block this server
+    /// cannot give for that snapshot is [`StorageError::Corrupt`].
+    pub fn read_snapshot(
+        &self,
+        file: FileId,
+        region: Region,
+        offset: u64,
+        len: u32,
+        epoch: u64,
+    ) -> Result<Vec<u8>, StorageError> {
+        check_range(offset, u64::from(len), u64::from(REQUEST_BYTES_MAX))?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        self.with_write(file, |state| match state {
+            FileState::Present(present) => {
+                let FileData {
+                    data,
+                    redundancy,
+                    overflow,
+                    snap,
+                } = &mut **present;
+                let live =
+                    |at: u64, len: usize| newest(data, redundancy, overflow, region, at, len);
+                snap.read(region, offset, len as usize, epoch, &live)
+            }
+            _ => Err(StorageError::Corrupt {
+                file,
+                region,
+                offset,
+            }),
+        })
+    }
+
+    /// Snapshot `epoch` of `file` was removed, and `live` are its snapshots still kept:
+    /// deletes the copies none of them reads.
+    pub fn snapshot_drop(
+        &self,
+        file: FileId,
+        epoch: u64,
+        live: &[u64],
+    ) -> Result<(), StorageError> {
+        self.with_write(file, |state| match state {
+            FileState::Present(present) => present.snap.drop_snapshot(epoch, live).map(|_| ()),
+            _ => Ok(()),
+        })
+    }
+
+    /// Bytes of copies kept for snapshots of `file`.
+    pub fn snapshot_usage(&self, file: FileId) -> Result<u64, StorageError> {
+        self.with_read(file, |state| match state {
+            FileState::Present(present) => Ok(present.snap.copied_bytes()),
             _ => Ok(0),
         })
     }
@@ -590,12 +725,15 @@ impl Store {
             for (key, handle) in owed.files {
                 dirty.files.entry(key).or_insert(handle);
             }
+            for (key, handle) in owed.snapshot_files {
+                dirty.snapshot_files.entry(key).or_insert(handle);
+            }
             dirty.dirs.extend(owed.dirs);
             return result;
         }
         self.unsynced.clear_if(&*self.disk, || {
             let dirty = lock(&self.dirty);
-            dirty.files.is_empty() && dirty.dirs.is_empty()
+            dirty.files.is_empty() && dirty.snapshot_files.is_empty() && dirty.dirs.is_empty()
         })
     }
 
@@ -685,6 +823,7 @@ impl Store {
             dirty.dirs.insert(stale.dir().to_path_buf());
         }
         dirty.files.retain(|(owner, _), _| *owner != file);
+        dirty.snapshot_files.retain(|(owner, _), _| *owner != file);
         dirty.dirs.remove(&dir);
         dirty.dirs.insert(self.files_dir.clone());
         Ok(())
@@ -829,10 +968,12 @@ impl Store {
                 }
             );
         }
+        let snap = Snapshots::open(file, dir, Arc::clone(&self.disk))?;
         let present = FileData {
             data,
             redundancy,
             overflow,
+            snap,
         };
         if created {
             lock(&self.dirty).dirs.insert(dir.to_path_buf());
@@ -852,6 +993,17 @@ impl Store {
         }
     }
 
+    /// Records that these snapshot files of `file` were written and must be synced.
+    fn mark_snapshot_dirty(&self, file: FileId, written: Vec<Written>) {
+        if written.is_empty() {
+            return;
+        }
+        let mut dirty = lock(&self.dirty);
+        for (name, handle) in written {
+            dirty.snapshot_files.insert((file, name), handle);
+        }
+    }
+
     fn mark_overflow_dirty(&self, file: FileId, present: &FileData, touched: Touched) {
         let kinds: &[FileKind] = match (touched.bytes, touched.log) {
             (true, true) => &[FileKind::Overflow, FileKind::OverflowLog],
@@ -865,6 +1017,12 @@ impl Store {
 
 /// Syncs what a sync owes: files first, then the directories that name them.
 fn sync_owed(disk: &dyn Disk, owed: &Dirty) -> Result<(), StorageError> {
+    // Snapshot copies first: they must be durable no later than the writes they preceded.
+    for ((file, name), handle) in &owed.snapshot_files {
+        handle
+            .sync_data()
+            .map_err(|error| self::disk(format_args!("sync {name} of file {file}"), error))?;
+    }
     for ((file, kind), handle) in &owed.files {
         handle.sync_data().map_err(|error| {
             self::disk(format_args!("sync {} of file {file}", kind.name()), error)

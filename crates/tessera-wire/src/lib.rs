@@ -36,7 +36,10 @@
 //! they read); appended with it, the directory tree (`ManagerRequest::Namespace`, responses
 //! `Entry` and `Dir`, errors `NotEmpty`, `IsDir`, `NotDir`) and Radon's admission control
 //! (`Reserve`, `RenewReservation`, `ReleaseReservation`, response `Reserved`, error
-//! `ReservationRefused`).
+//! `ReservationRefused`), and copy-on-write snapshots:
+//! `StorageRequest::SnapshotBegin`, `ReadSnapshot`, `SnapshotDrop`, `SnapshotUsage`,
+//! `ManagerRequest::SnapshotCreate`, `SnapshotReady`, `SnapshotList`, `SnapshotRemove`, and
+//! `ManagerResponse::Snapshots`, `SnapshotRemoved`, `Retained`.
 
 mod frame;
 mod handshake;

@@ -272,6 +272,47 @@ pub enum StorageRequest {
     /// answered with [`StorageResponse::StaleList`]. A resolver locks each stripe, which hands
     /// it the orphaned record to resolve.
     ListStale,
+    /// Copy-on-write snapshots (see `tessera-store`'s `snapshot` module): from now on, the
+    /// first write to each block of these files copies the block's bytes aside for snapshot
+    /// `epoch` before overwriting it. Durable before the answer ([`StorageResponse::Done`]).
+    SnapshotBegin {
+        /// The snapshot's epoch (the manager's counter, increasing).
+        epoch: u64,
+        /// Files of the snapshot this server holds a column of.
+        files: Vec<FileId>,
+    },
+    /// Read as [`StorageRequest::Read`] with `overlay`, as the bytes stood when snapshot
+    /// `epoch` began here. A block this server cannot give for that snapshot (it was not told
+    /// of the snapshot: a wiped store) is refused as [`StorageError::Corrupt`], so that the
+    /// client reconstructs it from the other columns.
+    ReadSnapshot {
+        /// File.
+        file: FileId,
+        /// Data or redundancy file.
+        region: Region,
+        /// Byte offset within that file.
+        offset: u64,
+        /// Bytes to read.
+        len: u32,
+        /// The snapshot's epoch.
+        epoch: u64,
+    },
+    /// Snapshot `epoch` was removed: delete the copies of `file` no snapshot in `live` (the
+    /// file's snapshots still kept) reads any more.
+    SnapshotDrop {
+        /// File.
+        file: FileId,
+        /// The removed snapshot's epoch.
+        epoch: u64,
+        /// Epochs of the snapshots of the file still kept.
+        live: Vec<u64>,
+    },
+    /// Bytes of copies this server keeps for snapshots of a file: answered with
+    /// [`StorageResponse::Usage`].
+    SnapshotUsage {
+        /// File.
+        file: FileId,
+    },
 }
 
 /// A stale-parity record's token: names one record at a server.
@@ -775,6 +816,34 @@ pub enum ManagerRequest {
         /// The reservation.
         id: u64,
     },
+    /// Take a snapshot named `name` of the files whose path starts with `prefix`: records
+    /// their metadata as it stands now and a new epoch, the snapshot not yet readable.
+    /// Answered with [`ManagerResponse::Snapshots`] holding it; the caller tells each server
+    /// ([`StorageRequest::SnapshotBegin`]), then sends [`ManagerRequest::SnapshotReady`].
+    SnapshotCreate {
+        /// Its name.
+        name: String,
+        /// Path prefix of the files it holds.
+        prefix: String,
+    },
+    /// Every server was told of snapshot `name`: it is readable from now on.
+    SnapshotReady {
+        /// Its name.
+        name: String,
+    },
+    /// The snapshots, without their files (with `name`, only that one, with its files):
+    /// answered with [`ManagerResponse::Snapshots`].
+    SnapshotList {
+        /// Only this snapshot, with its files.
+        name: Option<String>,
+    },
+    /// Remove snapshot `name`: answered with [`ManagerResponse::Snapshots`] holding it (the
+    /// caller tells the servers to drop its copies) and the files removed with it
+    /// ([`ManagerResponse::SnapshotRemoved`]).
+    SnapshotRemove {
+        /// Its name.
+        name: String,
+    },
 }
 
 /// A manager replica as `tessera status` shows it.
@@ -875,6 +944,50 @@ pub enum ManagerResponse {
         /// Its lease in milliseconds: renew it well within this.
         lease_ms: u64,
     },
+    /// Snapshots of files.
+    Snapshots(Vec<SnapshotInfo>),
+    /// A removed snapshot, and the files removed from the namespace before that only it
+    /// still held, whose data is now to be deleted (as after [`ManagerRequest::Remove`]).
+    SnapshotRemoved {
+        /// The snapshot, with its files.
+        snapshot: SnapshotInfo,
+        /// For each of its files, the epochs of the other snapshots still holding it.
+        live: Vec<(FileId, Vec<u64>)>,
+        /// Files whose data to delete now.
+        freed: Vec<FileMeta>,
+    },
+    /// The file left the namespace, but snapshots still hold it: its data stays on the
+    /// servers until the last of them is removed.
+    Retained(FileMeta),
+}
+
+/// A copy-on-write snapshot of files, as the manager keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    /// Its name.
+    pub name: String,
+    /// Its epoch: the servers keep the copies made for it under this number.
+    pub epoch: u64,
+    /// Path prefix of the files it holds.
+    pub prefix: String,
+    /// Every server was told of it: it is readable.
+    pub ready: bool,
+    /// Its files as they stood when it was taken (with the stripes their servers owed then,
+    /// which count as lost for reads of it); empty in a listing of every snapshot.
+    pub files: Vec<SnapshotFile>,
+    /// How many files it holds.
+    pub file_count: u64,
+    /// Bytes of its files (their sizes when it was taken).
+    pub bytes: u64,
+}
+
+/// A file as a snapshot holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotFile {
+    /// Its metadata at the snapshot's moment.
+    pub meta: FileMeta,
+    /// Stripes its servers owed then.
+    pub missed: Vec<MissedStripes>,
 }
 
 /// An access key as `tessera key ls` shows it (never its secret).

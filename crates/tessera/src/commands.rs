@@ -383,7 +383,7 @@ fn open_input(local: &str) -> Result<(Box<dyn Read>, Option<u64>)> {
     ))
 }
 
-fn open_output(local: &str) -> Result<Box<dyn Write>> {
+pub(crate) fn open_output(local: &str) -> Result<Box<dyn Write>> {
     if local == "-" {
         return Ok(Box::new(std::io::BufWriter::new(std::io::stdout().lock())));
     }
@@ -578,6 +578,7 @@ pub async fn stat(cluster: Option<String>, remote: &str, json: bool) -> Result<(
             "width": meta.layout.width,
             "servers": meta.servers,
             "stored_bytes": stat.stored_bytes,
+            "snapshot_bytes": stat.snapshot_bytes,
             "unreachable_servers": stat.unreachable,
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
@@ -595,6 +596,9 @@ pub async fn stat(cluster: Option<String>, remote: &str, json: bool) -> Result<(
         let servers: Vec<String> = meta.servers.iter().map(|s| s.to_string()).collect();
         println!("servers      {}", servers.join(" "));
         println!("stored       {}{ratio}", stat.stored_bytes);
+        if stat.snapshot_bytes > 0 {
+            println!("snapshots    {}", stat.snapshot_bytes);
+        }
         if !stat.unreachable.is_empty() {
             println!(
                 "unreachable  {:?} (their bytes are not counted)",

@@ -13,6 +13,7 @@ mod mount;
 mod recover;
 mod reserve;
 mod s3;
+mod snapshot;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
@@ -90,6 +91,11 @@ enum Command {
     },
     /// Run the metadata manager daemon, or rebuild its lost store from the servers.
     Manager(ManagerArgs),
+    /// Take, list and remove copy-on-write snapshots of files.
+    Snapshot {
+        #[command(subcommand)]
+        action: snapshot::SnapshotAction,
+    },
     /// Issue, list and revoke client access keys (needs the cluster secret).
     Key {
         #[command(subcommand)]
@@ -117,6 +123,9 @@ enum Command {
     Get {
         remote: String,
         local: String,
+        /// The file as snapshot NAME holds it.
+        #[arg(long, value_name = "NAME")]
+        snapshot: Option<String>,
         #[command(flatten)]
         reserve: reserve::ReserveArgs,
     },
@@ -134,6 +143,9 @@ enum Command {
         offset: u64,
         length: u64,
         local: String,
+        /// The file as snapshot NAME holds it.
+        #[arg(long, value_name = "NAME")]
+        snapshot: Option<String>,
         #[command(flatten)]
         reserve: reserve::ReserveArgs,
     },
@@ -558,7 +570,14 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Get {
             remote,
             local,
+            snapshot: Some(name),
+            ..
+        } => snapshot::read(cluster, &name, &remote, 0, None, &local).await,
+        Command::Get {
+            remote,
+            local,
             reserve,
+            snapshot: None,
         } => commands::get(cluster, &remote, &local, &reserve).await,
         Command::Write {
             remote,
@@ -571,8 +590,18 @@ async fn run(cli: Cli) -> Result<()> {
             offset,
             length,
             local,
+            snapshot: Some(name),
+            ..
+        } => snapshot::read(cluster, &name, &remote, offset, Some(length), &local).await,
+        Command::Read {
+            remote,
+            offset,
+            length,
+            local,
             reserve,
+            snapshot: None,
         } => commands::read(cluster, &remote, offset, length, &local, &reserve).await,
+        Command::Snapshot { action } => snapshot::run(cluster, action).await,
         Command::Ls { prefix } => commands::ls(cluster, prefix.as_deref().unwrap_or("")).await,
         Command::Rm { remote } => commands::rm(cluster, &remote).await,
         Command::Stat { remote, json } => commands::stat(cluster, &remote, json).await,

@@ -1,0 +1,677 @@
+//! Copy-on-write snapshots of one server's share of a file (issue 17, item 5).
+//!
+//! # Design
+//!
+//! A snapshot is manager state: a name, an **epoch** (the manager's counter, increasing with
+//! every snapshot taken) and the metadata of its files as they stood. Its bytes are the live
+//! files' bytes, except where a write came after it: there the server copied the old bytes
+//! aside first. Taking one copies nothing; the client that takes it tells each server of the
+//! files (`SnapshotBegin { epoch, files }`, made durable here before the answer) and only then
+//! marks it readable at the manager. From then on the server knows, per file, the newest
+//! epoch begun (`begun`), so a write needs no round trip to the manager: the first write to
+//! a block after epoch `begun` began copies the block's current bytes into the copy file of
+//! epoch `begun` and records it in the file's journal, then overwrites; later writes find
+//! the block copied at `begun` and copy nothing. The unit of copying is the store's 4 KiB
+//! checksummed block (a stripe unit is a whole number of them), so a write copies exactly
+//! the blocks it overwrites.
+//!
+//! This is the paper's per-block state machine (`high-speed-total-order-san.txt`, 1.3) with
+//! the block's owner as the sequencer: only this server writes its blocks, and it does so
+//! under the file's exclusive lock, so *uncopied*, *locked* (the copy under the lock) and
+//! *copied* need no agreement between nodes. Several clients writing one file at once meet
+//! at the server's lock, and the copy is made once.
+//!
+//! **Which copy a read of snapshot `E` takes.** For a block, the copy with the smallest epoch
+//! `c >= E`, else the live block. The copies of a block are made in increasing epochs (an
+//! epoch is begun once and `begun` only grows), and the first write after `E` began made a
+//! copy tagged with the epoch begun then, which is `>= E`; so that copy holds the block as
+//! it stood when `E` began, and no copy `>= E` means no write since.
+//!
+//! **Redundancy.** Parity and mirror units are blocks of the redundancy file and are copied
+//! the same way, by the server that holds them, when a write overwrites them. So a
+//! snapshot's stripe is the stripe as it stood (data and parity alike), and a degraded read
+//! of a snapshot reconstructs a lost column from the snapshot's view of the others (RAID-1,
+//! RAID-4, RAID-5). Data copies hold the *newest* bytes (the data file overlaid with primary
+//! overflow entries), which is what a Hybrid read returns; the Hybrid overflow's mirror
+//! entries are not copied, so a Hybrid snapshot is readable with every column up, and a
+//! degraded read of one is refused (not done).
+//! Each server begins a snapshot on its own, so a write running while the snapshot is taken
+//! may be in it on its data column and not on its parity column: with every column up each
+//! byte reads old or new, but a reconstruction through such a stripe can be wrong (not
+//! done: ordering the begin behind the stripe's parity lock and stale records).
+//!
+//! **Crash consistency.** Per block, the order is: copy bytes written to the copy file, the
+//! journal record appended, the live block overwritten, all under the file's lock. A server
+//! killed before the record leaves the live block old and the block uncopied: the next write
+//! redoes the copy. Killed after it, the copy is whole (written before the record), and the
+//! next write finds it and does not copy the newer bytes. A torn record at the journal's end
+//! (killed mid-append) fails its checksum and is dropped when the journal is replayed. No
+//! fsync is added on the write path: a process crash keeps the page cache, and a machine
+//! crash with writes not synced renews the whole store (`boot.rs`), while [`crate::Store::sync`]
+//! makes copies and journal durable with the data they protect. A journal record damaged
+//! anywhere but at the end makes every snapshot read of the file refused as corrupt here
+//! (the client reconstructs it from the other columns).
+//!
+//! # On-disk format (in the file's directory, so removing the file removes its copies)
+//!
+//! ```text
+//! snap.journal          "TSSJ" + version u32 LE (SNAPSHOT_FORMAT_VERSION), then 40-byte
+//!                       records: tag u8 (1 begin, 2 copy), region u8 (0 data, 1 redundancy),
+//!                       kind u8 (0 bytes, 1 zeros, 2 lost), 5 zero bytes, epoch u64 LE,
+//!                       block_first u64 LE, block_count u64 LE, crc32c u32 LE of the 32
+//!                       bytes before it, 4 zero bytes
+//! snap.<E>.data         blocks copied for epoch E from the data file, at their own offsets
+//! snap.<E>.data.crc     their checksums, as the data file's sidecar
+//! snap.<E>.redundancy   the same for the redundancy file
+//! snap.<E>.redundancy.crc
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tessera_layout::Region;
+use tessera_wire::{FileId, StorageError};
+
+use crate::disk::{Disk, FileHandle};
+use crate::io::{disk, disk_format};
+use crate::region::RegionFile;
+use crate::BLOCK_BYTES;
+
+/// Version of the snapshot journal and copy files.
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+const JOURNAL_MAGIC: &[u8; 4] = b"TSSJ";
+const JOURNAL_NAME: &str = "snap.journal";
+const HEADER_BYTES: u64 = 8;
+const RECORD_BYTES: usize = 40;
+const TAG_BEGIN: u8 = 1;
+const TAG_COPY: u8 = 2;
+
+/// What a block held when it was copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CopyKind {
+    /// Its bytes are in the copy file.
+    Bytes,
+    /// Zeros (never written, or written with zeros): nothing stored.
+    Zeros,
+    /// Its bytes failed their checksum when it was copied: the snapshot's block is lost here
+    /// and reads as corrupt (the client reconstructs it).
+    Lost,
+}
+
+impl CopyKind {
+    fn code(self) -> u8 {
+        match self {
+            CopyKind::Bytes => 0,
+            CopyKind::Zeros => 1,
+            CopyKind::Lost => 2,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<CopyKind> {
+        match code {
+            0 => Some(CopyKind::Bytes),
+            1 => Some(CopyKind::Zeros),
+            2 => Some(CopyKind::Lost),
+            _ => None,
+        }
+    }
+}
+
+fn region_code(region: Region) -> u8 {
+    match region {
+        Region::Data => 0,
+        Region::Redundancy => 1,
+    }
+}
+
+fn region_of(code: u8) -> Option<Region> {
+    match code {
+        0 => Some(Region::Data),
+        1 => Some(Region::Redundancy),
+        _ => None,
+    }
+}
+
+/// One journal record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Record {
+    Begin {
+        epoch: u64,
+    },
+    Copy {
+        region: Region,
+        kind: CopyKind,
+        epoch: u64,
+        first: u64,
+        count: u64,
+    },
+}
+
+impl Record {
+    fn encode(self) -> [u8; RECORD_BYTES] {
+        let mut out = [0u8; RECORD_BYTES];
+        let (tag, region, kind, epoch, first, count) = match self {
+            Record::Begin { epoch } => (TAG_BEGIN, 0, 0, epoch, 0, 0),
+            Record::Copy {
+                region,
+                kind,
+                epoch,
+                first,
+                count,
+            } => (
+                TAG_COPY,
+                region_code(region),
+                kind.code(),
+                epoch,
+                first,
+                count,
+            ),
+        };
+        out[0] = tag;
+        out[1] = region;
+        out[2] = kind;
+        out[8..16].copy_from_slice(&epoch.to_le_bytes());
+        out[16..24].copy_from_slice(&first.to_le_bytes());
+        out[24..32].copy_from_slice(&count.to_le_bytes());
+        let crc = crc32c::crc32c(&out[..32]);
+        out[32..36].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Record> {
+        let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        let crc = u32::from_le_bytes(bytes[32..36].try_into().expect("4 bytes"));
+        if crc != crc32c::crc32c(&bytes[..32]) {
+            return None;
+        }
+        match bytes[0] {
+            TAG_BEGIN => Some(Record::Begin { epoch: word(8) }),
+            TAG_COPY => Some(Record::Copy {
+                region: region_of(bytes[1])?,
+                kind: CopyKind::from_code(bytes[2])?,
+                epoch: word(8),
+                first: word(16),
+                count: word(24),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// A file handle written since the last sync, named for errors.
+pub(crate) type Written = (String, FileHandle);
+
+/// One file's snapshot state on this server: the newest epoch begun, the blocks copied and
+/// their copy files.
+pub(crate) struct Snapshots {
+    file: FileId,
+    dir: PathBuf,
+    disk: Arc<dyn Disk>,
+    /// The journal, once the first snapshot began.
+    journal: Option<FileHandle>,
+    /// Where the next record goes.
+    journal_end: u64,
+    /// The newest epoch begun for this file (0: none).
+    begun: u64,
+    /// (region code, block, epoch) -> what was copied.
+    copies: BTreeMap<(u8, u64, u64), CopyKind>,
+    /// Copy files opened, by (epoch, region code).
+    files: BTreeMap<(u64, u8), RegionFile>,
+    /// A record in the middle of the journal failed its checksum: snapshot reads of this
+    /// file are refused here.
+    damaged: bool,
+}
+
+impl Snapshots {
+    /// Loads the journal of the file in `dir`, if it has one. A torn last record is dropped.
+    pub(crate) fn open(
+        file: FileId,
+        dir: &Path,
+        on: Arc<dyn Disk>,
+    ) -> Result<Snapshots, StorageError> {
+        let mut snapshots = Snapshots {
+            file,
+            dir: dir.to_path_buf(),
+            disk: on,
+            journal: None,
+            journal_end: HEADER_BYTES,
+            begun: 0,
+            copies: BTreeMap::new(),
+            files: BTreeMap::new(),
+            damaged: false,
+        };
+        let path = dir.join(JOURNAL_NAME);
+        let journal = match snapshots.disk.open_existing(&path) {
+            Ok(journal) => journal,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(snapshots),
+            Err(error) => return Err(disk(format_args!("open {}", path.display()), error)),
+        };
+        let bytes = crate::disk::read_file(&*snapshots.disk, &path)
+            .map_err(|error| disk(format_args!("read {}", path.display()), error))?;
+        if bytes.len() < HEADER_BYTES as usize || &bytes[..4] != JOURNAL_MAGIC {
+            snapshots.damaged = true;
+        } else if u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"))
+            != SNAPSHOT_FORMAT_VERSION
+        {
+            return Err(disk_format(format!(
+                "{} has an unknown format version",
+                path.display()
+            )));
+        } else {
+            snapshots.replay(&bytes[HEADER_BYTES as usize..]);
+        }
+        snapshots.journal = Some(journal);
+        Ok(snapshots)
+    }
+
+    fn replay(&mut self, records: &[u8]) {
+        let whole = records.len() / RECORD_BYTES;
+        for (index, bytes) in records.chunks_exact(RECORD_BYTES).enumerate() {
+            match Record::decode(bytes) {
+                Some(record) => self.apply(record),
+                None => {
+                    // A torn last record is a kill mid-append: its write never followed.
+                    if index + 1 < whole {
+                        self.damaged = true;
+                        tracing::error!(
+                            "snapshot journal of file {} in {}: record {index} is damaged; \
+                             snapshot reads of it are refused here",
+                            self.file,
+                            self.dir.display()
+                        );
+                    }
+                    break;
+                }
+            }
+            self.journal_end = HEADER_BYTES + ((index + 1) * RECORD_BYTES) as u64;
+        }
+    }
+
+    fn apply(&mut self, record: Record) {
+        match record {
+            Record::Begin { epoch } => self.begun = self.begun.max(epoch),
+            Record::Copy {
+                region,
+                kind,
+                epoch,
+                first,
+                count,
+            } => {
+                for block in first..first.saturating_add(count) {
+                    self.copies
+                        .insert((region_code(region), block, epoch), kind);
+                }
+            }
+        }
+    }
+
+    /// The newest epoch begun for this file (0: none).
+    pub(crate) fn begun(&self) -> u64 {
+        self.begun
+    }
+
+    /// Bytes of copies kept.
+    pub(crate) fn copied_bytes(&self) -> u64 {
+        let blocks = self
+            .copies
+            .values()
+            .filter(|k| **k == CopyKind::Bytes)
+            .count();
+        blocks as u64 * BLOCK_BYTES
+    }
+
+    /// Appends `records` to the journal (creating it), returning it to be synced.
+    fn append(&mut self, records: &[Record]) -> Result<Written, StorageError> {
+        let path = self.dir.join(JOURNAL_NAME);
+        let journal = match &self.journal {
+            Some(journal) => Arc::clone(journal),
+            None => {
+                let journal = self
+                    .disk
+                    .create(&path)
+                    .map_err(|error| disk(format_args!("create {}", path.display()), error))?;
+                let mut header = [0u8; HEADER_BYTES as usize];
+                header[..4].copy_from_slice(JOURNAL_MAGIC);
+                header[4..].copy_from_slice(&SNAPSHOT_FORMAT_VERSION.to_le_bytes());
+                journal
+                    .write_all_at(&header, 0)
+                    .map_err(|error| disk(format_args!("write {}", path.display()), error))?;
+                self.journal = Some(Arc::clone(&journal));
+                self.journal_end = HEADER_BYTES;
+                journal
+            }
+        };
+        let mut bytes = Vec::with_capacity(records.len() * RECORD_BYTES);
+        for record in records {
+            bytes.extend_from_slice(&record.encode());
+        }
+        journal
+            .write_all_at(&bytes, self.journal_end)
+            .map_err(|error| disk(format_args!("append to {}", path.display()), error))?;
+        self.journal_end += bytes.len() as u64;
+        for &record in records {
+            self.apply(record);
+        }
+        Ok((JOURNAL_NAME.to_string(), journal))
+    }
+
+    /// Records that snapshot `epoch` began: later writes copy first. Returns the journal,
+    /// which the caller makes durable before answering. An epoch at or below the newest
+    /// begun changes nothing (a retry, or a snapshot taken at the same time as a newer one:
+    /// its copies are the newer one's, taken at a moment within its own taking).
+    pub(crate) fn begin(&mut self, epoch: u64) -> Result<Option<Written>, StorageError> {
+        if epoch <= self.begun {
+            return Ok(None);
+        }
+        self.append(&[Record::Begin { epoch }]).map(Some)
+    }
+
+    /// The copy file of `epoch` for `region`, opened (and created) on first use.
+    fn copy_file(&mut self, epoch: u64, region: Region) -> Result<&mut RegionFile, StorageError> {
+        let key = (epoch, region_code(region));
+        if !self.files.contains_key(&key) {
+            let name = copy_name(epoch, region);
+            let open = |name: String| {
+                let path = self.dir.join(name);
+                self.disk
+                    .open(&path)
+                    .map_err(|error| disk(format_args!("open {}", path.display()), error))
+            };
+            let bytes = open(name.clone())?;
+            let crc = open(format!("{name}.crc"))?;
+            let opened = RegionFile::open(self.file, region, bytes, crc)?;
+            self.files.insert(key, opened);
+        }
+        Ok(self.files.get_mut(&key).expect("just opened"))
+    }
+
+    /// Before `offset..offset+len` of `region` is overwritten: copies every block of it not
+    /// yet copied since the newest snapshot began, reading its current bytes with `live`
+    /// (whole blocks). Returns the files written, to be synced with the next sync.
+    pub(crate) fn preserve(
+        &mut self,
+        region: Region,
+        offset: u64,
+        len: u64,
+        live: &dyn Fn(u64, usize) -> Result<Vec<u8>, StorageError>,
+    ) -> Result<Vec<Written>, StorageError> {
+        let epoch = self.begun;
+        if epoch == 0 || len == 0 {
+            return Ok(Vec::new());
+        }
+        let code = region_code(region);
+        let first = offset / BLOCK_BYTES;
+        let end = (offset + len).div_ceil(BLOCK_BYTES);
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for block in first..end {
+            if self.copies.contains_key(&(code, block, epoch)) {
+                continue;
+            }
+            match runs.last_mut() {
+                Some((start, count)) if *start + *count == block => *count += 1,
+                _ => runs.push((block, 1)),
+            }
+        }
+        let mut written = Vec::new();
+        let mut records = Vec::new();
+        for (start, count) in runs {
+            self.copy_run(
+                region,
+                epoch,
+                start,
+                count,
+                live,
+                &mut records,
+                &mut written,
+            )?;
+        }
+        if !records.is_empty() {
+            // The record follows the copy's bytes: a kill between them redoes the copy.
+            written.push(self.append(&records)?);
+        }
+        Ok(written)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_run(
+        &mut self,
+        region: Region,
+        epoch: u64,
+        start: u64,
+        count: u64,
+        live: &dyn Fn(u64, usize) -> Result<Vec<u8>, StorageError>,
+        records: &mut Vec<Record>,
+        written: &mut Vec<Written>,
+    ) -> Result<(), StorageError> {
+        let bytes = match live(start * BLOCK_BYTES, (count * BLOCK_BYTES) as usize) {
+            Ok(bytes) => bytes,
+            Err(StorageError::Corrupt { .. }) if count > 1 => {
+                // Find the bad blocks one by one; the others are copied.
+                for block in start..start + count {
+                    self.copy_run(region, epoch, block, 1, live, records, written)?;
+                }
+                return Ok(());
+            }
+            Err(StorageError::Corrupt { .. }) => {
+                records.push(Record::Copy {
+                    region,
+                    kind: CopyKind::Lost,
+                    epoch,
+                    first: start,
+                    count,
+                });
+                return Ok(());
+            }
+            Err(error) => return Err(error),
+        };
+        if bytes.iter().all(|&byte| byte == 0) {
+            records.push(Record::Copy {
+                region,
+                kind: CopyKind::Zeros,
+                epoch,
+                first: start,
+                count,
+            });
+            return Ok(());
+        }
+        let name = copy_name(epoch, region);
+        let copy = self.copy_file(epoch, region)?;
+        copy.write(start * BLOCK_BYTES, &bytes)?;
+        written.push((name.clone(), Arc::clone(&copy.bytes)));
+        written.push((format!("{name}.crc"), Arc::clone(&copy.crc)));
+        records.push(Record::Copy {
+            region,
+            kind: CopyKind::Bytes,
+            epoch,
+            first: start,
+            count,
+        });
+        Ok(())
+    }
+
+    /// `len` bytes at `offset` of `region` as they stood when snapshot `epoch` began here,
+    /// the live bytes read with `live`. Refused as corrupt where this server cannot tell.
+    pub(crate) fn read(
+        &mut self,
+        region: Region,
+        offset: u64,
+        len: usize,
+        epoch: u64,
+        live: &dyn Fn(u64, usize) -> Result<Vec<u8>, StorageError>,
+    ) -> Result<Vec<u8>, StorageError> {
+        let file = self.file;
+        let corrupt = |at: u64| StorageError::Corrupt {
+            file,
+            region,
+            offset: at,
+        };
+        if self.damaged || epoch == 0 || self.begun < epoch {
+            return Err(corrupt(offset));
+        }
+        let code = region_code(region);
+        let first = offset / BLOCK_BYTES;
+        let end = (offset + len as u64).div_ceil(BLOCK_BYTES);
+        let mut out = Vec::with_capacity(((end - first) * BLOCK_BYTES) as usize);
+        // Runs of blocks served from one place: (source epoch or 0 for live, kind, count).
+        let mut runs: Vec<(u64, CopyKind, u64)> = Vec::new();
+        for block in first..end {
+            let source = self
+                .copies
+                .range((code, block, epoch)..=(code, block, u64::MAX))
+                .next()
+                .map(|(&(_, _, copied), &kind)| (copied, kind))
+                .unwrap_or((0, CopyKind::Bytes));
+            match runs.last_mut() {
+                Some((e, k, count)) if (*e, *k) == source => *count += 1,
+                _ => runs.push((source.0, source.1, 1)),
+            }
+        }
+        let mut block = first;
+        for (source, kind, count) in runs {
+            let (at, bytes) = (block * BLOCK_BYTES, (count * BLOCK_BYTES) as usize);
+            match (source, kind) {
+                (_, CopyKind::Lost) => return Err(corrupt(at)),
+                (_, CopyKind::Zeros) => out.resize(out.len() + bytes, 0),
+                (0, _) => out.extend_from_slice(&live(at, bytes)?),
+                (copied, _) => {
+                    out.extend_from_slice(&self.copy_file(copied, region)?.read(at, bytes)?)
+                }
+            }
+            block += count;
+        }
+        let skip = (offset - first * BLOCK_BYTES) as usize;
+        Ok(out[skip..skip + len].to_vec())
+    }
+
+    /// Snapshot `dropped` was removed and `live` are the file's snapshots still kept: deletes
+    /// every copy of an epoch up to `dropped` that none of them reads (the journal is
+    /// rewritten without them, and a copy file left with none is deleted). Copies of later
+    /// epochs are kept: a snapshot taken since may not be in `live` yet. Returns whether
+    /// anything changed.
+    pub(crate) fn drop_snapshot(
+        &mut self,
+        dropped: u64,
+        live: &[u64],
+    ) -> Result<bool, StorageError> {
+        let mut kept = BTreeMap::new();
+        let mut previous: Option<(u8, u64, u64)> = None;
+        for (&(code, block, epoch), &kind) in &self.copies {
+            // The copies of a block with epochs in (prev, epoch] read this one.
+            let floor = match previous {
+                Some((c, b, e)) if (c, b) == (code, block) => e,
+                _ => 0,
+            };
+            previous = Some((code, block, epoch));
+            if epoch > dropped || live.iter().any(|&l| floor < l && l <= epoch) {
+                kept.insert((code, block, epoch), kind);
+            }
+        }
+        if kept.len() == self.copies.len() {
+            return Ok(false);
+        }
+        self.copies = kept;
+        self.rewrite_journal()?;
+        let epochs_left: std::collections::BTreeSet<(u64, u8)> = self
+            .copies
+            .keys()
+            .map(|&(code, _, epoch)| (epoch, code))
+            .collect();
+        let stale: Vec<(u64, u8)> = self
+            .files
+            .keys()
+            .copied()
+            .filter(|key| !epochs_left.contains(key))
+            .collect();
+        for key in stale {
+            self.files.remove(&key);
+        }
+        for name in self.disk.read_dir(&self.dir).unwrap_or_default() {
+            let Some((epoch, code)) = parse_copy_name(&name) else {
+                continue;
+            };
+            if !epochs_left.contains(&(epoch, code)) {
+                let path = self.dir.join(&name);
+                self.disk
+                    .remove_file(&path)
+                    .map_err(|error| disk(format_args!("remove {}", path.display()), error))?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Replaces the journal by one holding the newest epoch begun and the copies kept,
+    /// durably (written aside, synced, renamed over, directory synced).
+    fn rewrite_journal(&mut self) -> Result<(), StorageError> {
+        let mut records = vec![Record::Begin { epoch: self.begun }];
+        let mut run: Option<Record> = None;
+        for (&(code, block, epoch), &kind) in &self.copies {
+            let region = region_of(code).expect("stored codes are valid");
+            if let Some(Record::Copy {
+                region: r,
+                kind: k,
+                epoch: e,
+                first,
+                count,
+            }) = &mut run
+            {
+                if (*r, *k, *e) == (region, kind, epoch) && *first + *count == block {
+                    *count += 1;
+                    continue;
+                }
+            }
+            records.extend(run.take());
+            run = Some(Record::Copy {
+                region,
+                kind,
+                epoch,
+                first: block,
+                count: 1,
+            });
+        }
+        records.extend(run);
+        let mut bytes = Vec::with_capacity(HEADER_BYTES as usize + records.len() * RECORD_BYTES);
+        bytes.extend_from_slice(JOURNAL_MAGIC);
+        bytes.extend_from_slice(&SNAPSHOT_FORMAT_VERSION.to_le_bytes());
+        for record in &records {
+            bytes.extend_from_slice(&record.encode());
+        }
+        let path = self.dir.join(JOURNAL_NAME);
+        let aside = self.dir.join(format!("{JOURNAL_NAME}.new"));
+        let fail = |what: &str, error| disk(format_args!("{what} {}", aside.display()), error);
+        crate::disk::write_file_synced(&*self.disk, &aside, &bytes)
+            .map_err(|e| fail("write", e))?;
+        self.disk
+            .rename(&aside, &path)
+            .map_err(|e| fail("rename", e))?;
+        self.disk
+            .sync_dir(&self.dir)
+            .map_err(|e| fail("sync directory of", e))?;
+        self.journal = Some(
+            self.disk
+                .open_existing(&path)
+                .map_err(|error| disk(format_args!("open {}", path.display()), error))?,
+        );
+        self.journal_end = bytes.len() as u64;
+        Ok(())
+    }
+}
+
+fn copy_name(epoch: u64, region: Region) -> String {
+    match region {
+        Region::Data => format!("snap.{epoch}.data"),
+        Region::Redundancy => format!("snap.{epoch}.redundancy"),
+    }
+}
+
+/// The epoch and region code of a copy file's name (its sidecar's too).
+fn parse_copy_name(name: &str) -> Option<(u64, u8)> {
+    let rest = name.strip_prefix("snap.")?;
+    let (epoch, what) = rest.split_once('.')?;
+    let code = match what.trim_end_matches(".crc") {
+        "data" => 0,
+        "redundancy" => 1,
+        _ => return None,
+    };
+    Some((epoch.parse().ok()?, code))
+}

@@ -1,0 +1,248 @@
+//! Copy-on-write snapshots of a server's files (`tessera-store`'s `snapshot` module).
+
+use tessera_layout::{OverflowRole, Region};
+use tessera_store::{StorageError, Store};
+
+const UNIT: usize = 64 << 10;
+
+fn filled(byte: u8, len: usize) -> Vec<u8> {
+    vec![byte; len]
+}
+
+fn snapshot_bytes(store: &Store, region: Region, offset: u64, len: u32, epoch: u64) -> Vec<u8> {
+    store
+        .read_snapshot(7, region, offset, len, epoch)
+        .expect("snapshot read")
+}
+
+#[test]
+fn first_write_after_a_snapshot_copies_and_later_writes_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store
+        .write(7, Region::Data, 0, &filled(b'a', UNIT), false)
+        .unwrap();
+    assert_eq!(store.snapshot_usage(7).unwrap(), 0);
+    store.snapshot_begin(&[7], 1).unwrap();
+    assert_eq!(
+        store.snapshot_usage(7).unwrap(),
+        0,
+        "creation copies nothing"
+    );
+    // A partial write copies only the blocks it overwrites.
+    store
+        .write(7, Region::Data, 100, &filled(b'b', 5000), false)
+        .unwrap();
+    assert_eq!(store.snapshot_usage(7).unwrap(), 2 * 4096);
+    store
+        .write(7, Region::Data, 0, &filled(b'c', UNIT), false)
+        .unwrap();
+    assert_eq!(store.snapshot_usage(7).unwrap(), UNIT as u64);
+    store
+        .write(7, Region::Data, 0, &filled(b'd', UNIT), false)
+        .unwrap();
+    assert_eq!(store.snapshot_usage(7).unwrap(), UNIT as u64, "copied once");
+    assert_eq!(
+        snapshot_bytes(&store, Region::Data, 0, UNIT as u32, 1),
+        filled(b'a', UNIT)
+    );
+    assert_eq!(
+        store.read(7, Region::Data, 0, UNIT as u32, false).unwrap(),
+        filled(b'd', UNIT)
+    );
+    // Bytes past what was ever written were zeros at the snapshot, and cost nothing.
+    store
+        .write(7, Region::Data, UNIT as u64, &filled(b'e', UNIT), false)
+        .unwrap();
+    assert_eq!(store.snapshot_usage(7).unwrap(), UNIT as u64);
+    assert_eq!(
+        snapshot_bytes(&store, Region::Data, UNIT as u64 - 10, 20, 1),
+        [filled(b'a', 10), filled(0, 10)].concat()
+    );
+}
+
+#[test]
+fn each_snapshot_reads_its_own_moment_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .write(7, Region::Data, 0, &filled(b'a', 8192), false)
+            .unwrap();
+        store
+            .write(7, Region::Redundancy, 0, &filled(b'p', 4096), false)
+            .unwrap();
+        store.snapshot_begin(&[7], 1).unwrap();
+        store
+            .write(7, Region::Data, 0, &filled(b'b', 4096), false)
+            .unwrap();
+        store.snapshot_begin(&[7], 3).unwrap();
+        // Block 1 was not written between snapshots 1 and 3: one copy serves both.
+        store
+            .write(7, Region::Data, 0, &filled(b'c', 8192), false)
+            .unwrap();
+        store
+            .write(7, Region::Redundancy, 0, &filled(b'q', 4096), false)
+            .unwrap();
+        store.sync().unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let at = |epoch| snapshot_bytes(&store, Region::Data, 0, 8192, epoch);
+    assert_eq!(at(1), [filled(b'a', 4096), filled(b'a', 4096)].concat());
+    assert_eq!(at(3), [filled(b'b', 4096), filled(b'a', 4096)].concat());
+    assert_eq!(
+        snapshot_bytes(&store, Region::Redundancy, 0, 4096, 1),
+        filled(b'p', 4096)
+    );
+    assert_eq!(
+        snapshot_bytes(&store, Region::Redundancy, 0, 4096, 3),
+        filled(b'p', 4096)
+    );
+    // An epoch this server was never told of cannot be answered here.
+    assert!(matches!(
+        store.read_snapshot(7, Region::Data, 0, 10, 4),
+        Err(StorageError::Corrupt { .. })
+    ));
+}
+
+#[test]
+fn hybrid_overflow_writes_are_copied_as_the_newest_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store
+        .write(7, Region::Data, 0, &filled(b'a', 4096), false)
+        .unwrap();
+    store
+        .overflow_write(7, OverflowRole::Primary, 10, b"OLD")
+        .unwrap();
+    store.snapshot_begin(&[7], 1).unwrap();
+    store
+        .overflow_write(7, OverflowRole::Primary, 10, b"NEW")
+        .unwrap();
+    let mut then = filled(b'a', 4096);
+    then[10..13].copy_from_slice(b"OLD");
+    assert_eq!(snapshot_bytes(&store, Region::Data, 0, 4096, 1), then);
+    // A full-stripe write trims the entries: the snapshot still has them.
+    store
+        .write(7, Region::Data, 0, &filled(b'z', 4096), true)
+        .unwrap();
+    assert_eq!(snapshot_bytes(&store, Region::Data, 0, 4096, 1), then);
+    assert_eq!(
+        store.read(7, Region::Data, 0, 4096, true).unwrap(),
+        filled(b'z', 4096)
+    );
+}
+
+#[test]
+fn removing_a_snapshot_frees_only_the_copies_no_other_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store
+        .write(7, Region::Data, 0, &filled(b'a', 8192), false)
+        .unwrap();
+    store.snapshot_begin(&[7], 1).unwrap();
+    store
+        .write(7, Region::Data, 0, &filled(b'b', 4096), false)
+        .unwrap();
+    store.snapshot_begin(&[7], 2).unwrap();
+    store
+        .write(7, Region::Data, 0, &filled(b'c', 8192), false)
+        .unwrap();
+    assert_eq!(store.snapshot_usage(7).unwrap(), 3 * 4096);
+    // Snapshot 1 goes; snapshot 2 still reads block 1's copy made at epoch 2 (it serves 1 too).
+    store.snapshot_drop(7, 1, &[2]).unwrap();
+    assert_eq!(store.snapshot_usage(7).unwrap(), 2 * 4096);
+    assert_eq!(
+        snapshot_bytes(&store, Region::Data, 0, 8192, 2),
+        [filled(b'b', 4096), filled(b'a', 4096)].concat()
+    );
+    store.snapshot_drop(7, 2, &[]).unwrap();
+    assert_eq!(store.snapshot_usage(7).unwrap(), 0);
+    let names: Vec<String> = std::fs::read_dir(dir.path().join("files/7"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("snap.") && n != "snap.journal")
+        .collect();
+    assert!(names.is_empty(), "copy files left: {names:?}");
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.snapshot_usage(7).unwrap(), 0);
+}
+
+#[test]
+fn a_torn_journal_tail_is_dropped_and_a_damaged_record_refuses_snapshot_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("files/7/snap.journal");
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .write(7, Region::Data, 0, &filled(b'a', 4096), false)
+            .unwrap();
+        store.snapshot_begin(&[7], 1).unwrap();
+        store
+            .write(7, Region::Data, 0, &filled(b'b', 4096), false)
+            .unwrap();
+    }
+    // A kill mid-append: half a record at the end.
+    let mut bytes = std::fs::read(&journal).unwrap();
+    bytes.extend_from_slice(&[9u8; 20]);
+    std::fs::write(&journal, &bytes).unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(
+            snapshot_bytes(&store, Region::Data, 0, 4096, 1),
+            filled(b'a', 4096)
+        );
+        // The next record goes where the torn one was.
+        store
+            .write(7, Region::Data, 4096, &filled(b'c', 4096), false)
+            .unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(
+        snapshot_bytes(&store, Region::Data, 4096, 4096, 1),
+        filled(0, 4096)
+    );
+    drop(store);
+    // A flipped bit in the first record (not the tail): snapshot reads are refused here.
+    let mut bytes = std::fs::read(&journal).unwrap();
+    bytes[8 + 9] ^= 1;
+    std::fs::write(&journal, &bytes).unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    assert!(matches!(
+        store.read_snapshot(7, Region::Data, 0, 10, 1),
+        Err(StorageError::Corrupt { .. })
+    ));
+    assert_eq!(store.read(7, Region::Data, 0, 4, false).unwrap(), b"bbbb");
+}
+
+#[test]
+fn a_corrupt_block_is_recorded_lost_for_the_snapshot_and_the_repair_goes_through() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .write(7, Region::Data, 0, &filled(b'a', 8192), false)
+            .unwrap();
+        store.snapshot_begin(&[7], 1).unwrap();
+        store.sync().unwrap();
+    }
+    // Flip a bit of block 0 on disk.
+    let path = dir.path().join("files/7/data");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[5] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    // A repair (the client rewrites the block from redundancy) is not blocked by the copy.
+    store
+        .write(7, Region::Data, 0, &filled(b'r', 8192), false)
+        .unwrap();
+    assert!(matches!(
+        store.read_snapshot(7, Region::Data, 0, 10, 1),
+        Err(StorageError::Corrupt { .. })
+    ));
+    assert_eq!(
+        snapshot_bytes(&store, Region::Data, 4096, 4096, 1),
+        filled(b'a', 4096)
+    );
+}
