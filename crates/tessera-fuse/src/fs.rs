@@ -53,6 +53,14 @@ pub struct TesseraFs {
     owner: (u32, u32),
 }
 
+/// Answers an operation that returns nothing: done, or the errno it failed with.
+fn reply_empty(reply: ReplyEmpty, result: Result<(), Errno>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
 /// The errno a client error stands for.
 fn errno(error: &ClientError) -> Errno {
     match error {
@@ -100,8 +108,12 @@ impl TesseraFs {
         }
     }
 
-    fn block_on<T>(&self, future: impl std::future::Future<Output = T>) -> T {
-        self.runtime.block_on(future)
+    /// Runs a client call to its end on the runtime, its error as the errno it stands for.
+    fn call<T>(
+        &self,
+        future: impl std::future::Future<Output = Result<T, ClientError>>,
+    ) -> Result<T, Errno> {
+        self.runtime.block_on(future).map_err(|e| errno(&e))
     }
 
     fn path(&self, ino: INodeNo) -> Result<String, Errno> {
@@ -142,9 +154,7 @@ impl TesseraFs {
     /// The attributes of `path` as the manager has them, with bytes still buffered here
     /// counted in the size.
     fn stat_path(&self, path: &str) -> Result<FileAttr, Errno> {
-        let entry = self
-            .block_on(self.client.entry(path))
-            .map_err(|e| errno(&e))?;
+        let entry = self.call(self.client.entry(path))?;
         let ino = self.inodes.lock().unwrap().ino(path);
         match entry {
             Some(NamespaceEntry::Dir) => Ok(self.attr(ino, FileType::Directory, 0, None)),
@@ -209,8 +219,7 @@ impl TesseraFs {
             let run = handle.write_back.lock().unwrap().take();
             if let Some((offset, data)) = run {
                 flushed = true;
-                self.block_on(self.client.write_at(&handle.file, offset, &data))
-                    .map_err(|e| errno(&e))?;
+                self.call(self.client.write_at(&handle.file, offset, &data))?;
             }
         }
         if flushed {
@@ -225,8 +234,7 @@ impl TesseraFs {
     fn touch_if_dirty(&self, open: &OpenFile) -> Result<(), Errno> {
         let mut dirty = open.dirty.lock().unwrap();
         if *dirty {
-            self.block_on(self.client.touch(&open.file, now_nanos()))
-                .map_err(|e| errno(&e))?;
+            self.call(self.client.touch(&open.file, now_nanos()))?;
             *dirty = false;
         }
         Ok(())
@@ -239,17 +247,13 @@ impl TesseraFs {
                 return Ok(bytes.to_vec());
             }
         }
-        let file_size = self
-            .block_on(self.client.size(&open.file))
-            .map_err(|e| errno(&e))?;
+        let file_size = self.call(self.client.size(&open.file))?;
         let block = cache::block_of(offset);
         tracing::debug!(offset, size, block, "read-ahead miss");
-        let data = self
-            .block_on(
-                self.client
-                    .read_at(&open.file, block, cache::READ_AHEAD_BYTES),
-            )
-            .map_err(|e| errno(&e))?;
+        let data = self.call(
+            self.client
+                .read_at(&open.file, block, cache::READ_AHEAD_BYTES),
+        )?;
         let fetched = ReadAhead {
             offset: block,
             data: Arc::new(data),
@@ -258,9 +262,7 @@ impl TesseraFs {
         let answer = match fetched.get(offset, size) {
             Some(bytes) => bytes.to_vec(),
             // The read crosses into the next block: read it as asked.
-            None => self
-                .block_on(self.client.read_at(&open.file, offset, size as u64))
-                .map_err(|e| errno(&e))?,
+            None => self.call(self.client.read_at(&open.file, offset, size as u64))?,
         };
         *open.read_ahead.lock().unwrap() = Some(fetched);
         Ok(answer)
@@ -274,14 +276,11 @@ impl TesseraFs {
         if plan != WritePlan::Buffer {
             let run = open.write_back.lock().unwrap().take();
             if let Some((at, bytes)) = run {
-                self.block_on(self.client.write_at(&open.file, at, &bytes))
-                    .map_err(|e| errno(&e))?;
+                self.call(self.client.write_at(&open.file, at, &bytes))?;
             }
         }
         match plan {
-            WritePlan::FlushThenWrite => self
-                .block_on(self.client.write_at(&open.file, offset, data))
-                .map_err(|e| errno(&e)),
+            WritePlan::FlushThenWrite => self.call(self.client.write_at(&open.file, offset, data)),
             _ => {
                 open.write_back.lock().unwrap().buffer(offset, data);
                 Ok(())
@@ -292,31 +291,22 @@ impl TesseraFs {
     /// Sets a file's size; bytes past a smaller size are zeroed so that growing it again
     /// shows zeros, as POSIX wants (the store's own shrink only hides them).
     fn truncate(&self, path: &str, size: u64) -> Result<(), Errno> {
-        let file = self
-            .block_on(self.client.open(path))
-            .map_err(|e| errno(&e))?;
+        let file = self.call(self.client.open(path))?;
         self.flush_file(file.id)?;
-        let old = self
-            .block_on(self.client.size(&file))
-            .map_err(|e| errno(&e))?;
+        let old = self.call(self.client.size(&file))?;
         let mut at = size;
         while at < old {
             let len = (old - at).min(cache::WRITE_BACK_BYTES as u64);
             let zeros = vec![0u8; len as usize];
-            self.block_on(self.client.write_at(&file, at, &zeros))
-                .map_err(|e| errno(&e))?;
+            self.call(self.client.write_at(&file, at, &zeros))?;
             at += len;
         }
-        self.block_on(self.client.set_size(&file, size))
-            .map_err(|e| errno(&e))?;
-        self.block_on(self.client.touch(&file, now_nanos()))
-            .map_err(|e| errno(&e))
+        self.call(self.client.set_size(&file, size))?;
+        self.call(self.client.touch(&file, now_nanos()))
     }
 
     fn listing(&self, path: &str) -> Result<Listing, Errno> {
-        let listing = self
-            .block_on(self.client.list_dir(path))
-            .map_err(|e| errno(&e))?;
+        let listing = self.call(self.client.list_dir(path))?;
         let mut inodes = self.inodes.lock().unwrap();
         let here = inodes.ino(path);
         let parent = inodes.ino(tessera_wire::parent_of(path));
@@ -398,14 +388,13 @@ impl fuser::Filesystem for TesseraFs {
                         .map_or(0, |d| d.as_nanos() as u64),
                 };
                 if let Ok(Some(NamespaceEntry::File { meta, .. })) =
-                    self.block_on(self.client.entry(&path))
+                    self.call(self.client.entry(&path))
                 {
                     let file = File {
                         id: meta.id,
                         path: meta.path,
                     };
-                    self.block_on(self.client.touch(&file, nanos))
-                        .map_err(|e| errno(&e))?;
+                    self.call(self.client.touch(&file, nanos))?;
                 }
             }
             self.stat_path(&path)
@@ -426,8 +415,7 @@ impl fuser::Filesystem for TesseraFs {
         reply: ReplyEntry,
     ) {
         let result = self.child(parent, name).and_then(|path| {
-            self.block_on(self.client.make_dir(&path))
-                .map_err(|e| errno(&e))?;
+            self.call(self.client.make_dir(&path))?;
             self.stat_path(&path)
         });
         match result {
@@ -438,28 +426,20 @@ impl fuser::Filesystem for TesseraFs {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let result = self.child(parent, name).and_then(|path| {
-            self.block_on(self.client.remove(&path))
-                .map_err(|e| errno(&e))?;
+            self.call(self.client.remove(&path))?;
             self.inodes.lock().unwrap().remove(&path);
             Ok(())
         });
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, result)
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let result = self.child(parent, name).and_then(|path| {
-            self.block_on(self.client.remove_dir(&path))
-                .map_err(|e| errno(&e))?;
+            self.call(self.client.remove_dir(&path))?;
             self.inodes.lock().unwrap().remove(&path);
             Ok(())
         });
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, result)
     }
 
     fn rename(
@@ -479,29 +459,21 @@ impl fuser::Filesystem for TesseraFs {
                 return Err(Errno::EINVAL);
             }
             if flags.contains(RenameFlags::RENAME_NOREPLACE)
-                && self
-                    .block_on(self.client.entry(&to))
-                    .map_err(|e| errno(&e))?
-                    .is_some()
+                && self.call(self.client.entry(&to))?.is_some()
             {
                 return Err(Errno::EEXIST);
             }
-            self.block_on(self.client.rename(&from, &to))
-                .map_err(|e| errno(&e))?;
+            self.call(self.client.rename(&from, &to))?;
             self.inodes.lock().unwrap().rename(&from, &to);
             Ok(())
         })();
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, result)
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let result = self.path(ino).and_then(|path| {
-            self.block_on(self.client.open(&path))
-                .map_err(|e| errno(&e))
-        });
+        let result = self
+            .path(ino)
+            .and_then(|path| self.call(self.client.open(&path)));
         match result {
             Ok(file) => reply.opened(self.register(file), FopenFlags::empty()),
             Err(e) => reply.error(e),
@@ -519,11 +491,8 @@ impl fuser::Filesystem for TesseraFs {
         reply: ReplyCreate,
     ) {
         let result = self.child(parent, name).and_then(|path| {
-            let file = self
-                .block_on(self.client.create(&path, self.config.layout.clone()))
-                .map_err(|e| errno(&e))?;
-            self.block_on(self.client.touch(&file, now_nanos()))
-                .map_err(|e| errno(&e))?;
+            let file = self.call(self.client.create(&path, self.config.layout.clone()))?;
+            self.call(self.client.touch(&file, now_nanos()))?;
             let attr = self.stat_path(&path)?;
             Ok((attr, self.register(file)))
         });
@@ -586,10 +555,7 @@ impl fuser::Filesystem for TesseraFs {
             self.flush_file(open.file.id)?;
             self.touch_if_dirty(&open)
         });
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, result)
     }
 
     fn fsync(
@@ -603,13 +569,9 @@ impl fuser::Filesystem for TesseraFs {
         let result = self.handle(fh).and_then(|open| {
             self.flush_file(open.file.id)?;
             self.touch_if_dirty(&open)?;
-            self.block_on(self.client.sync(&open.file))
-                .map_err(|e| errno(&e))
+            self.call(self.client.sync(&open.file))
         });
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, result)
     }
 
     fn release(
@@ -628,10 +590,7 @@ impl fuser::Filesystem for TesseraFs {
             self.open.lock().unwrap().remove(&fh.0);
             flushed.and(touched)
         });
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, result)
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
