@@ -321,7 +321,10 @@ fn move_dir(
         let path = store::read_file(&change.tables.files, file)?
             .ok_or_else(|| ManagerError::Store(format!("file {file} has no record")))?
             .path;
-        move_file(change, file, &renamed(&path))?;
+        // A longer new name can push a path below it past the limit: refuse the rename.
+        let path = renamed(&path);
+        check_path(&path)?;
+        move_file(change, file, &path)?;
     }
     let mut made = Vec::new();
     for entry in dirs.range(prefix.as_str()..)? {
@@ -332,6 +335,7 @@ fn move_dir(
         made.push(key.value().to_string());
     }
     for dir in made {
+        check_path(&renamed(&dir))?;
         dirs.remove(dir.as_str())?;
         dirs.insert(renamed(&dir).as_str(), ())?;
     }

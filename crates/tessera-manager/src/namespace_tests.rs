@@ -214,6 +214,20 @@ fn a_rename_replaces_a_file_and_frees_its_data_but_never_a_directory() {
 }
 
 #[test]
+fn a_rename_that_would_push_a_path_below_past_the_limit_changes_nothing() {
+    let mut tree = Tree::new();
+    let long_leaf = "f".repeat(crate::PATH_BYTES_MAX - 4);
+    let file = tree.create(&format!("d/{long_leaf}")).unwrap();
+    let to = "e".repeat(8);
+    assert!(matches!(
+        tree.rename("d", &to),
+        Err(ManagerError::Layout(_))
+    ));
+    assert_eq!(tree.names("d"), vec![format!("f:{long_leaf}@{file}")]);
+    assert_eq!(tree.entry(&to), None);
+}
+
+#[test]
 fn times_are_kept_with_the_file_and_go_with_it() {
     let mut tree = Tree::new();
     let file = tree.create("t").unwrap();
