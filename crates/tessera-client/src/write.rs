@@ -595,7 +595,12 @@ impl FileContext {
             .await
         {
             Ok(grant) => grant,
-            Err(Fault::Unreachable(_)) => return Ok(RmwOutcome::Retry),
+            // A grant lost on its way (the lease ran out while the server waited out another
+            // writer's record, or the wait was dropped with its session): nothing is written
+            // yet, so asking again is safe.
+            Err(Fault::Unreachable(_)) | Err(Fault::Refused(StorageError::StaleLock { .. })) => {
+                return Ok(RmwOutcome::Retry)
+            }
             Err(Fault::Refused(StorageError::Corrupt { .. })) => {
                 self.rebuild_column_stripe(client, parity.column, stripe)
                     .await?;
