@@ -9,6 +9,7 @@ use fuser::{
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -46,11 +47,20 @@ pub struct TesseraFs {
     config: MountConfig,
     inodes: Mutex<Inodes>,
     open: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    /// Per file id: orders what is sent to the store for it (see `file_of`).
+    file_locks: Mutex<HashMap<u64, Arc<Mutex<()>>>>,
     /// Directory listings taken at `opendir`, served by offset to `readdir`.
     listings: Mutex<HashMap<u64, Listing>>,
     next_handle: AtomicU64,
     mounted_at: SystemTime,
     owner: (u32, u32),
+}
+
+/// Forgets the blocks read ahead through `handles`.
+fn forget_read_ahead(handles: &[Arc<OpenFile>]) {
+    for handle in handles {
+        *handle.read_ahead.lock().unwrap() = None;
+    }
 }
 
 /// Answers an operation that returns nothing: done, or the errno it failed with.
@@ -101,6 +111,7 @@ impl TesseraFs {
             config,
             inodes: Mutex::new(Inodes::default()),
             open: Mutex::new(HashMap::new()),
+            file_locks: Mutex::new(HashMap::new()),
             listings: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             mounted_at: SystemTime::now(),
@@ -207,25 +218,54 @@ impl TesseraFs {
         FileHandle(fh)
     }
 
+    /// The lock that orders what is sent to the store for file `id`, and the handles open
+    /// on it. Every run of buffered bytes, direct write, read-ahead fetch and truncation of a
+    /// file happens under its lock: without it, an older run taken out by one thread could
+    /// land after a newer write sent by another, or a block fetched before a write could be
+    /// kept as read-ahead after it.
+    fn file_of(&self, id: u64) -> (Arc<Mutex<()>>, Vec<Arc<OpenFile>>) {
+        let lock = self
+            .file_locks
+            .lock()
+            .unwrap()
+            .entry(id)
+            .or_default()
+            .clone();
+        let open = self.open.lock().unwrap();
+        let handles = open.values().filter(|f| f.file.id == id).cloned().collect();
+        (lock, handles)
+    }
+
     /// Sends what is buffered for every handle open on file `id` (so that a read through
     /// any handle sees it), and then forgets every read-ahead block of that file.
     fn flush_file(&self, id: u64) -> Result<(), Errno> {
-        let handles: Vec<Arc<OpenFile>> = {
-            let open = self.open.lock().unwrap();
-            open.values().filter(|f| f.file.id == id).cloned().collect()
-        };
+        let (lock, handles) = self.file_of(id);
+        let _order = lock.lock().unwrap();
+        self.send_runs(&handles, 0..u64::MAX)
+    }
+
+    /// Sends the buffered runs of `handles` that overlap `range` (the caller holds the
+    /// file's lock); if any was sent, forgets the read-ahead blocks of all of them.
+    fn send_runs(&self, handles: &[Arc<OpenFile>], range: Range<u64>) -> Result<(), Errno> {
         let mut flushed = false;
-        for handle in &handles {
-            let run = handle.write_back.lock().unwrap().take();
+        for handle in handles {
+            let run = {
+                let mut wb = handle.write_back.lock().unwrap();
+                let overlaps =
+                    !wb.data.is_empty() && wb.offset < range.end && range.start < wb.end();
+                if overlaps {
+                    wb.take()
+                } else {
+                    None
+                }
+            };
             if let Some((offset, data)) = run {
                 flushed = true;
                 self.call(self.client.write_at(&handle.file, offset, &data))?;
             }
         }
         if flushed {
-            for handle in &handles {
-                *handle.read_ahead.lock().unwrap() = None;
-            }
+            forget_read_ahead(handles);
         }
         Ok(())
     }
@@ -241,7 +281,9 @@ impl TesseraFs {
     }
 
     fn read_block(&self, open: &OpenFile, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
-        self.flush_file(open.file.id)?;
+        let (lock, handles) = self.file_of(open.file.id);
+        let _order = lock.lock().unwrap();
+        self.send_runs(&handles, 0..u64::MAX)?;
         if let Some(block) = open.read_ahead.lock().unwrap().as_ref() {
             if let Some(bytes) = block.get(offset, size) {
                 return Ok(bytes.to_vec());
@@ -268,10 +310,21 @@ impl TesseraFs {
         Ok(answer)
     }
 
+    /// A write through handle `open`. Bytes of other handles still buffered where it writes
+    /// are older: they are sent first, so that this write lands after them, as it came after
+    /// them. Every read-ahead block of the file is forgotten.
     fn write_buffered(&self, open: &OpenFile, offset: u64, data: &[u8]) -> Result<(), Errno> {
-        offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+        let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+        let (lock, handles) = self.file_of(open.file.id);
+        let _order = lock.lock().unwrap();
         *open.dirty.lock().unwrap() = true;
-        *open.read_ahead.lock().unwrap() = None;
+        let others: Vec<Arc<OpenFile>> = handles
+            .iter()
+            .filter(|h| !std::ptr::eq(h.as_ref(), open))
+            .cloned()
+            .collect();
+        self.send_runs(&others, offset..end)?;
+        forget_read_ahead(&handles);
         let plan = open.write_back.lock().unwrap().plan(offset, data.len());
         if plan != WritePlan::Buffer {
             let run = open.write_back.lock().unwrap().take();
@@ -292,7 +345,11 @@ impl TesseraFs {
     /// shows zeros, as POSIX wants (the store's own shrink only hides them).
     fn truncate(&self, path: &str, size: u64) -> Result<(), Errno> {
         let file = self.call(self.client.open(path))?;
-        self.flush_file(file.id)?;
+        let (lock, handles) = self.file_of(file.id);
+        let _order = lock.lock().unwrap();
+        self.send_runs(&handles, 0..u64::MAX)?;
+        // Blocks read ahead hold the old bytes and the old size.
+        forget_read_ahead(&handles);
         let old = self.call(self.client.size(&file))?;
         let mut at = size;
         while at < old {
