@@ -702,8 +702,8 @@ impl Client {
         Ok(state)
     }
 
-    /// The files `server` owes stripes of, with what it owes.
-    async fn debts_of(&self, server: ServerId) -> Result<Vec<FileDebt>, ClientError> {
+    /// The files `server` owes stripes of, with what it owes (one manager request).
+    pub async fn debts_of(&self, server: ServerId) -> Result<Vec<FileDebt>, ClientError> {
         match self
             .manager_call(ManagerRequest::FilesOnServer { server })
             .await?

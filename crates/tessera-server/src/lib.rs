@@ -264,6 +264,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let scrape = Counters {
         udp: udp_counters.get().cloned(),
         reads: handler.reads.clone(),
+        metrics: metrics.clone(),
     };
     Ok(RunningServer {
         addr,
@@ -483,6 +484,8 @@ struct ReadCounts {
 struct Counters {
     udp: Option<UdpCounters>,
     reads: Arc<ReadCounts>,
+    /// Requests and payload bytes served, in total (`tessera top` turns them into rates).
+    metrics: Arc<metrics::ServerMetrics>,
 }
 
 impl Counters {
@@ -499,6 +502,7 @@ impl Counters {
             "reads_waited".into(),
             self.reads.waited.load(Ordering::Relaxed),
         ));
+        all.extend(self.metrics.totals());
         all
     }
 }
@@ -537,6 +541,7 @@ impl FrameHandler for StorageHandler {
         let counters = Counters {
             udp: self.counters.get().cloned(),
             reads: self.reads.clone(),
+            metrics: self.metrics.clone(),
         };
         let (metrics, kind, received) = (
             self.metrics.clone(),

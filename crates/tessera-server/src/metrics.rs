@@ -9,6 +9,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Labels of a per-kind metric.
@@ -41,7 +42,17 @@ pub struct ServerMetrics {
     bytes_out: Family<KindLabel, Counter>,
     latency: Family<KindLabel, Histogram, fn() -> Histogram>,
     transport: Family<CounterLabel, Counter>,
+    /// Over all kinds: requests, errors, payload bytes received and sent.
+    totals: [AtomicU64; 4],
 }
+
+/// The names [`ServerMetrics::totals`] reports its sums under.
+pub const TOTAL_NAMES: [&str; 4] = [
+    "requests_served",
+    "requests_failed",
+    "payload_bytes_received",
+    "payload_bytes_sent",
+];
 
 impl Default for ServerMetrics {
     fn default() -> Self {
@@ -88,6 +99,7 @@ impl Default for ServerMetrics {
             bytes_out,
             latency,
             transport,
+            totals: Default::default(),
         }
     }
 }
@@ -114,6 +126,20 @@ impl ServerMetrics {
         self.latency
             .get_or_create(&label)
             .observe(took.as_secs_f64());
+        let add = [1, u64::from(error), received as u64, sent as u64];
+        for (total, n) in self.totals.iter().zip(add) {
+            total.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// The sums over all kinds, by the names in [`TOTAL_NAMES`] (the counters a
+    /// `TransportCounters` request reports with the transport's).
+    pub fn totals(&self) -> Vec<(String, u64)> {
+        TOTAL_NAMES
+            .iter()
+            .zip(&self.totals)
+            .map(|(name, total)| (name.to_string(), total.load(Ordering::Relaxed)))
+            .collect()
     }
 
     /// The metrics in Prometheus's text format, with the transport's counters as given.
@@ -122,9 +148,7 @@ impl ServerMetrics {
             let counter = self.transport.get_or_create(&CounterLabel {
                 counter: name.clone(),
             });
-            counter
-                .inner()
-                .store(*value, std::sync::atomic::Ordering::Relaxed);
+            counter.inner().store(*value, Ordering::Relaxed);
         }
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
@@ -163,5 +187,7 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }
+        let totals: Vec<u64> = metrics.totals().into_iter().map(|(_, n)| n).collect();
+        assert_eq!(totals, [2, 1, 20, 4096]);
     }
 }

@@ -14,6 +14,7 @@ mod recover;
 mod reserve;
 mod s3;
 mod snapshot;
+mod top;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
@@ -163,6 +164,16 @@ enum Command {
     Status {
         #[arg(long)]
         json: bool,
+    },
+    /// A live view of the cluster: each server's state, request and byte rates,
+    /// retransmissions, and what it owes.
+    Top {
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Stop after this many refreshes (printed one after another, not redrawn).
+        #[arg(long)]
+        count: Option<u64>,
     },
     /// Rebuild everything server ID owes (missed regions, or all of it after a wipe).
     Rebuild { id: u32 },
@@ -606,6 +617,13 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Rm { remote } => commands::rm(cluster, &remote).await,
         Command::Stat { remote, json } => commands::stat(cluster, &remote, json).await,
         Command::Status { json } => commands::status(cluster, json).await,
+        Command::Top { interval, count } => {
+            let interval = std::time::Duration::try_from_secs_f64(interval)
+                .ok()
+                .filter(|i| !i.is_zero())
+                .ok_or_else(|| anyhow::anyhow!("bad --interval {interval}: give seconds > 0"))?;
+            top::run(commands::connect(cluster).await?, interval, count).await
+        }
         Command::Rebuild { id } => commands::rebuild(cluster, id).await,
         Command::Scrub { remote } => commands::scrub(cluster, remote.as_deref()).await,
         Command::Bench {

@@ -153,3 +153,83 @@ fn a_server_serves_prometheus_metrics_that_count_its_work() {
     assert!(status.contains("404"), "{status}");
     drop(cleanup);
 }
+
+/// `tessera top --count 2`: every server's line with its state, rates from the second
+/// refresh on (the servers counted the first refresh's own requests), and what a server
+/// that was down during a write owes.
+#[test]
+fn top_shows_each_servers_state_rates_and_debts() {
+    let root = tempfile::Builder::new()
+        .prefix("tessera-top-")
+        .tempdir()
+        .expect("temporary directory");
+    let dir = root.path().join("cluster");
+    struct Down(std::path::PathBuf);
+    impl Drop for Down {
+        fn drop(&mut self) {
+            let _ = tessera(&["down", "--dir", text(&self.0)]);
+        }
+    }
+    let _down = Down(dir.clone());
+    let run = |args: &[&str]| {
+        let out = tessera(args);
+        assert!(
+            out.status.success(),
+            "tessera {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(&["up", "--servers", "3", "--dir", text(&dir), "--detach"]);
+    run(&["server", "stop", "3", "--dir", text(&dir)]);
+    let local = root.path().join("data");
+    std::fs::write(&local, vec![5u8; 1 << 20]).expect("local file");
+    let cluster = ["--cluster", text(&dir)];
+    let put = [
+        &cluster[..],
+        &["put", text(&local), "f", "--scheme", "raid5"],
+    ]
+    .concat();
+    run(&put);
+    let top = [&cluster[..], &["top", "--count", "2", "--interval", "0.3"]].concat();
+    let out = run(&top);
+    let refreshes: Vec<&str> = out.split("\n\n").collect();
+    assert_eq!(refreshes.len(), 2, "{out}");
+    let line_of = |refresh: &str, id: &str| {
+        refresh
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(id))
+            .unwrap_or_else(|| panic!("no line for server {id} in:\n{refresh}"))
+            .to_string()
+    };
+    for id in ["1", "2"] {
+        let line = line_of(refreshes[1], id);
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(fields[2], "up", "{line}");
+        let requests: f64 = fields[3]
+            .parse()
+            .unwrap_or_else(|_| panic!("no request rate in: {line}"));
+        assert!(requests > 0.0, "{line}");
+        assert!(line.ends_with("nothing"), "{line}");
+    }
+    // A file made while a server is down is owed whole.
+    let stopped = line_of(refreshes[1], "3");
+    assert!(stopped.contains(" down "), "{stopped}");
+    assert!(stopped.ends_with("all of 1 files"), "{stopped}");
+    run(&["server", "start", "3", "--dir", text(&dir)]);
+    let status = [&cluster[..], &["status"]].concat();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // Back, it is stale (it owes) until rebuilt.
+    while line_of(&run(&status), "3").ends_with("down") {
+        assert!(Instant::now() < deadline, "server 3 never came back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    run(&[&cluster[..], &["rebuild", "3"]].concat());
+    let once = [&cluster[..], &["top", "--count", "1"]].concat();
+    let rebuilt = line_of(&run(&once), "3");
+    assert!(rebuilt.ends_with("nothing"), "after its rebuild: {rebuilt}");
+    let bad = [&cluster[..], &["top", "--interval", "0"]].concat();
+    let out = tessera(&bad);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bad --interval"));
+}

@@ -1,0 +1,168 @@
+//! `tessera top`: a live view of the cluster for people who do not run Grafana. Each
+//! refresh asks the manager for the servers and their states and for what each owes, and
+//! every up server for its counters (requests and payload bytes served, the datagram
+//! transport's retransmissions); rates are the differences between two refreshes.
+
+use anyhow::Result;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+use tessera_client::Client;
+use tessera_wire::{ServerId, ServerStatus};
+
+/// One server's line.
+struct Row {
+    status: ServerStatus,
+    counters: Option<BTreeMap<String, u64>>,
+    /// What it owes, if the manager said.
+    owed: Option<Owed>,
+}
+
+/// What a server owes: whole files (it was down when they were made, or its store was
+/// wiped), and stripes of other files.
+#[derive(Default)]
+struct Owed {
+    whole_files: usize,
+    files: usize,
+    stripes: u64,
+}
+
+impl Owed {
+    fn of(debts: &[tessera_wire::FileDebt]) -> Owed {
+        let mut owed = Owed::default();
+        for debt in debts {
+            if debt.missed.iter().any(|r| r.end == u64::MAX) {
+                owed.whole_files += 1;
+            } else {
+                owed.files += 1;
+                owed.stripes += debt.missed.iter().map(|r| r.end - r.start).sum::<u64>();
+            }
+        }
+        owed
+    }
+
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.whole_files > 0 {
+            parts.push(format!("all of {} files", self.whole_files));
+        }
+        if self.files > 0 {
+            parts.push(format!("{} stripes of {} files", self.stripes, self.files));
+        }
+        if parts.is_empty() {
+            "nothing".to_string()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+/// What a counter grew by per second since the last refresh (`None` on the first).
+fn rate(now: &Row, before: Option<&Row>, name: &str, seconds: f64) -> Option<f64> {
+    let now = *now.counters.as_ref()?.get(name)?;
+    let before = *before?.counters.as_ref()?.get(name)?;
+    Some(now.saturating_sub(before) as f64 / seconds)
+}
+
+async fn sample(client: &Client) -> Result<Vec<Row>> {
+    let servers = client.status().await?;
+    let counters: HashMap<ServerId, BTreeMap<String, u64>> =
+        client.server_counters().await?.into_iter().collect();
+    let mut rows = Vec::new();
+    for status in servers {
+        let owed = client.debts_of(status.id).await.ok().map(|d| Owed::of(&d));
+        rows.push(Row {
+            counters: counters.get(&status.id).cloned(),
+            status,
+            owed,
+        });
+    }
+    Ok(rows)
+}
+
+fn render(rows: &[Row], before: &HashMap<ServerId, Row>, seconds: f64) -> String {
+    let mut out = format!(
+        "{:>4}  {:<22}  {:<6}  {:>9}  {:>9}  {:>9}  {:>8}  owes\n",
+        "id", "address", "state", "req/s", "in MB/s", "out MB/s", "retx/s"
+    );
+    for row in rows {
+        let prev = before.get(&row.status.id);
+        let show =
+            |v: Option<f64>, scale: f64| v.map_or("-".to_string(), |v| format!("{:.1}", v / scale));
+        let owes = row.owed.as_ref().map_or("?".to_string(), Owed::describe);
+        out += &format!(
+            "{:>4}  {:<22}  {:<6}  {:>9}  {:>9}  {:>9}  {:>8}  {owes}\n",
+            row.status.id,
+            row.status.addr,
+            row.status.state.name(),
+            show(rate(row, prev, "requests_served", seconds), 1.0),
+            show(rate(row, prev, "payload_bytes_received", seconds), 1e6),
+            show(rate(row, prev, "payload_bytes_sent", seconds), 1e6),
+            show(rate(row, prev, "retransmissions", seconds), 1.0),
+        );
+    }
+    out
+}
+
+/// Refreshes every `interval`; `count` refreshes, or until interrupted. On a terminal the
+/// screen is redrawn in place; otherwise each refresh is printed after the last.
+pub async fn run(client: Client, interval: Duration, count: Option<u64>) -> Result<()> {
+    let redraw = std::io::stdout().is_terminal() && count.is_none();
+    let mut before: HashMap<ServerId, Row> = HashMap::new();
+    let mut taken = Instant::now();
+    let mut refreshes = 0u64;
+    loop {
+        let rows = sample(&client).await?;
+        let now = Instant::now();
+        let seconds = now.duration_since(taken).as_secs_f64().max(1e-3);
+        let text = render(&rows, &before, seconds);
+        let mut stdout = std::io::stdout().lock();
+        if redraw {
+            // Clear the screen and go home (ANSI), then draw.
+            write!(stdout, "\x1b[2J\x1b[H")?;
+        } else if refreshes > 0 {
+            writeln!(stdout)?;
+        }
+        write!(stdout, "{text}")?;
+        stdout.flush()?;
+        drop(stdout);
+        refreshes += 1;
+        if count.is_some_and(|c| refreshes >= c) {
+            return Ok(());
+        }
+        before = rows.into_iter().map(|r| (r.status.id, r)).collect();
+        taken = now;
+        tokio::time::sleep(interval).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_layout::{Layout, Scheme};
+    use tessera_wire::{FileDebt, FileMeta, IndexRange};
+
+    fn debt(missed: &[(u64, u64)]) -> FileDebt {
+        FileDebt {
+            meta: FileMeta {
+                id: 1,
+                path: "f".into(),
+                layout: Layout::new(Scheme::Raid5, 65536, 3).expect("layout"),
+                servers: vec![1, 2, 3],
+                size: 0,
+            },
+            missed: missed.iter().map(|&(a, b)| IndexRange::new(a, b)).collect(),
+        }
+    }
+
+    #[test]
+    fn what_a_server_owes_reads_as_whole_files_and_stripes() {
+        assert_eq!(Owed::of(&[]).describe(), "nothing");
+        let owed = Owed::of(&[
+            debt(&[(0, 4), (10, 11)]),
+            debt(&[(0, u64::MAX)]),
+            debt(&[(7, 9)]),
+        ]);
+        assert_eq!(owed.describe(), "all of 1 files, 7 stripes of 2 files");
+    }
+}
