@@ -10,6 +10,7 @@
 //! still there ([`Manager::check_store`]). Without a store it knows no access keys, so only
 //! the admin and the servers (keys derived from the secret) can connect.
 
+use crate::metrics::ManagerMetrics;
 use crate::replica::{Replica, ReplicaConfig};
 use crate::{refuse_without_store, Manager, ManagerConfig, ManagerOpenError};
 use bytes::Bytes;
@@ -104,9 +105,18 @@ pub struct RunningManager {
     ticker: tokio::task::JoinHandle<()>,
     /// Its replica, if it is one of several.
     replica: Option<Arc<Replica>>,
+    metrics: Arc<ManagerMetrics>,
 }
 
 impl RunningManager {
+    /// A handle on its metrics, for a scrape endpoint.
+    pub fn metrics(&self) -> MetricsHandle {
+        MetricsHandle {
+            manager: self.manager.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
     /// Run until the serving task ends.
     pub async fn wait(self) {
         let _ = self.serve.await;
@@ -137,6 +147,33 @@ impl RunningManager {
     }
 }
 
+/// A running manager's metrics, cheap to clone.
+#[derive(Clone)]
+pub struct MetricsHandle {
+    manager: Arc<Mutex<Served>>,
+    metrics: Arc<ManagerMetrics>,
+}
+
+impl MetricsHandle {
+    /// The metrics in Prometheus's text format, with the servers by state as of now.
+    pub async fn text(&self) -> String {
+        let manager = self.manager.clone();
+        let servers = tokio::task::spawn_blocking(move || {
+            match manager
+                .lock()
+                .unwrap()
+                .handle(ManagerRequest::Status, Instant::now())
+            {
+                ManagerResponse::Servers(servers) => servers,
+                _ => Vec::new(),
+            }
+        })
+        .await
+        .unwrap_or_default();
+        self.metrics.render(&servers)
+    }
+}
+
 struct ManagerHandler {
     manager: Arc<Mutex<Served>>,
     /// This manager's replica, if it is one of several.
@@ -148,6 +185,7 @@ struct ManagerHandler {
     server_key: Key,
     /// The claim each open connection authenticated as.
     claims: Mutex<HashMap<ConnectionId, Claim>>,
+    metrics: Arc<ManagerMetrics>,
 }
 
 impl FrameHandler for ManagerHandler {
@@ -174,7 +212,7 @@ impl FrameHandler for ManagerHandler {
         &self,
         connection: ConnectionId,
         message: Bytes,
-        _payload: Bytes,
+        payload: Bytes,
     ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
         let request: ManagerRequest = match tessera_wire::decode_message(&message) {
             Ok(request) => request,
@@ -183,6 +221,32 @@ impl FrameHandler for ManagerHandler {
                 return Box::pin(async { None });
             }
         };
+        let (started, kind) = (Instant::now(), crate::metrics::kind_of(&request));
+        let received = message.len() + payload.len();
+        let metrics = self.metrics.clone();
+        let answer = self.serve(connection, request);
+        Box::pin(async move {
+            let answer = answer.await;
+            let (sent, error) = answer.as_ref().map_or((0, true), |(message, payload)| {
+                let refused = matches!(
+                    tessera_wire::decode_message(message),
+                    Ok(ManagerResponse::Error(_))
+                );
+                (message.len() + payload.len(), refused)
+            });
+            metrics.observe(kind, received, sent, error, started.elapsed());
+            answer
+        })
+    }
+}
+
+impl ManagerHandler {
+    /// Answers a decoded request (`None`: drop the connection).
+    fn serve(
+        &self,
+        connection: ConnectionId,
+        request: ManagerRequest,
+    ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
         // Every connection is authenticated before its first request; one without a role
         // would be a transport bug, and is dropped rather than served.
         let Some(claim) = self.claims.lock().unwrap().get(&connection).copied() else {
@@ -217,9 +281,7 @@ impl FrameHandler for ManagerHandler {
             Some((Bytes::from(encode_message(&response)), Bytes::new()))
         })
     }
-}
 
-impl ManagerHandler {
     /// Serves `request` at a replica: ordered through the group, or from its own state.
     fn replicated(
         &self,
@@ -403,6 +465,7 @@ async fn start_with(
             .await;
         }
     });
+    let metrics = Arc::new(ManagerMetrics::default());
     let serve = tokio::spawn(serve_tcp_limited(
         listener,
         Arc::new(ManagerHandler {
@@ -412,6 +475,7 @@ async fn start_with(
             admin_key: secret.admin_key(),
             server_key: secret.server_key(),
             claims: Mutex::new(HashMap::new()),
+            metrics: metrics.clone(),
         }),
         limits,
     ));
@@ -421,6 +485,7 @@ async fn start_with(
         serve,
         ticker,
         replica,
+        metrics,
     })
 }
 

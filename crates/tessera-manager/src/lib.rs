@@ -98,6 +98,7 @@ pub mod command;
 pub mod daemon;
 mod keys;
 mod manager;
+pub mod metrics;
 mod ranges;
 pub mod recovery;
 pub mod replica;

@@ -18,6 +18,7 @@ mod frame_buffer;
 mod handshake;
 pub mod limits;
 mod mem;
+pub mod metrics;
 mod tcp;
 mod udp;
 

@@ -883,7 +883,7 @@ pub fn manager_config(
 pub async fn run_manager(
     listen: &str,
     dir: &Path,
-    addr_file: Option<PathBuf>,
+    (addr_file, metrics): (Option<PathBuf>, Option<&str>),
     config: tessera_manager::ManagerConfig,
     limits: tessera_transport::TcpLimits,
     init: bool,
@@ -903,9 +903,23 @@ pub async fn run_manager(
                 .await?
         }
     };
+    let scrape = match metrics {
+        Some(addr) => {
+            let handle = manager.metrics();
+            let render = move || {
+                let handle = handle.clone();
+                async move { handle.text().await }
+            };
+            Some(crate::metrics_http::serve(addr, render).await?)
+        }
+        None => None,
+    };
     write_addr_file(addr_file, manager.addr)?;
     eprintln!("manager listening on {}", manager.addr);
     until_terminated().await;
+    if let Some(scrape) = scrape {
+        scrape.abort();
+    }
     manager
         .shutdown()
         .await

@@ -326,6 +326,9 @@ struct ManagerArgs {
     /// Write the bound address to this file once listening.
     #[arg(long)]
     addr_file: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address (GET /metrics).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     /// How long a file being written by `put` lives without its writer renewing or
     /// committing it, in milliseconds [default: 60000]
     #[arg(long, env = "TESSERA_PENDING_LEASE_MS")]
@@ -523,7 +526,7 @@ async fn run(cli: Cli) -> Result<()> {
                 commands::run_manager(
                     &listen,
                     &dir,
-                    args.addr_file,
+                    (args.addr_file, args.metrics.as_deref()),
                     commands::manager_config(args.pending_lease_ms, args.links.capacity()?)?,
                     limits,
                     args.init,

@@ -233,3 +233,83 @@ fn top_shows_each_servers_state_rates_and_debts() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("bad --interval"));
 }
+
+/// `tessera manager --metrics ADDR`: the manager counts the requests it serves by kind,
+/// refusals as errors, and reports its servers by state.
+#[test]
+fn a_manager_serves_prometheus_metrics_of_its_requests_and_servers() {
+    let root = tempfile::Builder::new()
+        .prefix("tessera-manager-metrics-")
+        .tempdir()
+        .expect("temporary directory");
+    let dir = root.path().join("manager");
+    let addr_file = root.path().join("manager.addr");
+    let mut manager = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "manager",
+            "--init",
+            "--listen",
+            "127.0.0.1:0",
+            "--dir",
+            text(&dir),
+        ])
+        .args(["--addr-file", text(&addr_file), "--metrics", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start a manager");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stderr = manager.stderr.take().expect("stderr");
+    let _kill = Kill(manager);
+    let mut lines = BufReader::new(stderr).lines();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let metrics_addr = loop {
+        assert!(Instant::now() < deadline, "no metrics address announced");
+        let line = lines.next().expect("manager exited").expect("read stderr");
+        if let Some(rest) = line.strip_prefix("metrics on http://") {
+            break rest.trim_end_matches("/metrics").to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    while std::fs::read_to_string(&addr_file).map_or(true, |a| a.trim().is_empty()) {
+        assert!(Instant::now() < deadline, "no manager address written");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let addr = std::fs::read_to_string(&addr_file).expect("address");
+    let secret = dir.join("cluster.secret");
+    let cli = |args: &[&str]| {
+        let mut full = vec!["--cluster", addr.trim(), "--secret", text(&secret)];
+        full.extend_from_slice(args);
+        tessera(&full)
+    };
+    assert!(cli(&["status"]).status.success());
+    assert!(!cli(&["stat", "no-such-file"]).status.success());
+    let (status, scrape) = http_get(&metrics_addr, "/metrics");
+    assert!(status.contains("200"), "{status}");
+    assert!(
+        sample(&scrape, "tessera_manager_requests_total{kind=\"Status\"}") >= 1.0,
+        "{scrape}"
+    );
+    assert!(
+        sample(&scrape, "tessera_manager_errors_total{kind=\"Lookup\"}") >= 1.0,
+        "{scrape}"
+    );
+    assert!(
+        scrape.contains("tessera_manager_servers{state=\"up\"} 0"),
+        "{scrape}"
+    );
+    assert!(
+        sample(
+            &scrape,
+            "tessera_manager_request_seconds_count{kind=\"Status\"}"
+        ) >= 1.0,
+        "{scrape}"
+    );
+}
