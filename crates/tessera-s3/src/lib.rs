@@ -13,6 +13,7 @@ mod copy;
 mod gateway;
 pub mod listing;
 pub mod meta;
+pub mod metrics;
 pub mod multipart;
 pub mod names;
 mod ops;
@@ -21,9 +22,11 @@ pub use gateway::{Gateway, SCHEME_HEADER, STRIPE_UNIT_HEADER, WIDTH_HEADER};
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use metrics::GatewayMetrics;
 use rand::Rng;
 use s3s::auth::{S3Auth, SecretKey, SimpleAuth};
 use s3s::service::{S3Service, S3ServiceBuilder};
+use std::sync::Arc;
 use tokio::net::TcpListener;
 
 /// The access key and secret key requests must be signed with.
@@ -79,7 +82,14 @@ impl S3Auth for GatewayAuth {
 async fn closing_after_unread_body(
     service: S3Service,
     request: http::Request<hyper::body::Incoming>,
+    metrics: Option<Arc<GatewayMetrics>>,
 ) -> Result<s3s::HttpResponse, s3s::HttpError> {
+    let started = std::time::Instant::now();
+    let kind = metrics.as_ref().map(|_| {
+        let uri = request.uri();
+        metrics::kind_of(request.method(), uri.path(), uri.query())
+    });
+    let received = metrics::content_length(request.headers());
     let has_body = request
         .headers()
         .get(http::header::CONTENT_LENGTH)
@@ -88,7 +98,12 @@ async fn closing_after_unread_body(
             .headers()
             .contains_key(http::header::TRANSFER_ENCODING);
     let mut response = hyper::service::Service::call(&service, request).await?;
-    if has_body && (response.status().is_client_error() || response.status().is_server_error()) {
+    let failed = response.status().is_client_error() || response.status().is_server_error();
+    if let (Some(metrics), Some(kind)) = (metrics, kind) {
+        let sent = metrics::content_length(response.headers());
+        metrics.observe(kind, received, sent, failed, started.elapsed());
+    }
+    if has_body && failed {
         response.headers_mut().insert(
             http::header::CONNECTION,
             http::HeaderValue::from_static("close"),
@@ -98,8 +113,13 @@ async fn closing_after_unread_body(
 }
 
 /// Serve S3 on `listener` until the task is dropped, with requests signed by `keys` (any
-/// other request gets `AccessDenied`).
-pub async fn serve(listener: TcpListener, gateway: Gateway, keys: Keys) -> std::io::Result<()> {
+/// other request gets `AccessDenied`), counting them in `metrics` if given.
+pub async fn serve(
+    listener: TcpListener,
+    gateway: Gateway,
+    keys: Keys,
+    metrics: Option<Arc<GatewayMetrics>>,
+) -> std::io::Result<()> {
     let service = {
         let mut builder = S3ServiceBuilder::new(gateway.clone());
         builder.set_auth(GatewayAuth(SimpleAuth::from_single(
@@ -130,9 +150,9 @@ pub async fn serve(listener: TcpListener, gateway: Gateway, keys: Keys) -> std::
                 continue;
             }
         };
-        let service = service.clone();
+        let (service, metrics) = (service.clone(), metrics.clone());
         let service = hyper::service::service_fn(move |request| {
-            closing_after_unread_body(service.clone(), request)
+            closing_after_unread_body(service.clone(), request, metrics.clone())
         });
         let connection = connections
             .serve_connection(TokioIo::new(stream), service)

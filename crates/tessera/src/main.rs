@@ -216,6 +216,9 @@ enum Command {
         /// Write the bound address to this file once listening.
         #[arg(long)]
         addr_file: Option<PathBuf>,
+        /// Serve Prometheus metrics on this address (GET /metrics).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
     },
     /// Mount the cluster as a file system (FUSE) at MOUNTPOINT, an empty directory.
     Mount {
@@ -643,6 +646,7 @@ async fn run(cli: Cli) -> Result<()> {
             stripe_unit,
             width,
             addr_file,
+            metrics,
         } => {
             let args = s3::S3Args {
                 listen,
@@ -652,6 +656,7 @@ async fn run(cli: Cli) -> Result<()> {
                 stripe_unit,
                 width,
                 addr_file,
+                metrics,
             };
             s3::run(cluster, args).await
         }

@@ -4,7 +4,9 @@ use crate::commands::{self, parse_size};
 use anyhow::{anyhow, bail, Context, Result};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use tessera_client::{LayoutRequest, Scheme};
+use tessera_s3::metrics::GatewayMetrics;
 use tessera_s3::{Gateway, Keys};
 
 /// What `tessera s3` was given.
@@ -23,6 +25,8 @@ pub struct S3Args {
     pub width: Option<u32>,
     /// Write the bound address here once listening.
     pub addr_file: Option<PathBuf>,
+    /// Serve Prometheus metrics here.
+    pub metrics: Option<String>,
 }
 
 pub async fn run(cluster: Option<String>, args: S3Args) -> Result<()> {
@@ -57,8 +61,34 @@ pub async fn run(cluster: Option<String>, args: S3Args) -> Result<()> {
         println!("secret key:  {}", keys.secret);
     }
     let gateway = Gateway::new(client, defaults);
+    let metrics = args
+        .metrics
+        .as_ref()
+        .map(|_| Arc::new(GatewayMetrics::default()));
+    let _scrape = match (&args.metrics, &metrics) {
+        (Some(addr), Some(metrics)) => {
+            let metrics = metrics.clone();
+            let render = move || {
+                let text = metrics.text();
+                async move { text }
+            };
+            Some(AbortOnDrop(crate::metrics_http::serve(addr, render).await?))
+        }
+        _ => None,
+    };
     tokio::select! {
-        served = tessera_s3::serve(listener, gateway, keys) => served.context("S3 gateway stopped"),
+        served = tessera_s3::serve(listener, gateway, keys, metrics) => {
+            served.context("S3 gateway stopped")
+        }
         () = commands::until_terminated() => Ok(()),
+    }
+}
+
+/// Stops the metrics endpoint when the gateway stops.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

@@ -22,6 +22,8 @@ struct Gateway {
     cluster: PathBuf,
     child: Child,
     endpoint: String,
+    /// Where it serves its Prometheus metrics.
+    metrics: String,
     _root: tempfile::TempDir,
 }
 
@@ -48,10 +50,16 @@ impl Gateway {
         );
         let addr_file = root.path().join("s3.addr");
         let config = cluster.join("cluster.toml");
+        // A port free a moment ago (another process could take it first: then the gateway
+        // fails to start, loudly).
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .to_string();
         let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
             .args(["--cluster", text(&config), "s3", "--listen", "127.0.0.1:0"])
             .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
-            .args(["--addr-file", text(&addr_file)])
+            .args(["--addr-file", text(&addr_file), "--metrics", &metrics])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -61,6 +69,7 @@ impl Gateway {
             cluster,
             child,
             endpoint: String::new(),
+            metrics,
             _root: root,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -129,6 +138,7 @@ fn boto3_drives_the_gateway() {
     );
     assert!(stdout.contains("ok: every check passed"), "{stdout}");
     assert!(gateway.running(), "the gateway exited during the run");
+    assert_counted_requests(&gateway.metrics);
 
     // The object the client left is a plain file of the cluster, laid out as its headers said.
     let config = gateway.cluster.join("cluster.toml");
@@ -158,6 +168,38 @@ fn boto3_drives_the_gateway() {
         listed.contains(".s3/buckets/kept"),
         "bucket marker: {listed}"
     );
+}
+
+/// The gateway's metrics count what the boto3 run did: puts, gets, multipart parts, and the
+/// refused requests (bad signatures, missing keys) as errors.
+fn assert_counted_requests(metrics: &str) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(metrics).expect("connect to the metrics port");
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut scrape = String::new();
+    stream.read_to_string(&mut scrape).expect("read");
+    let value = |name: &str| -> f64 {
+        scrape
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    for kind in ["PUT object", "GET object", "PUT object part"] {
+        let name = format!("tessera_s3_requests_total{{kind=\"{kind}\"}}");
+        assert!(value(&name) >= 1.0, "{name} not counted:\n{scrape}");
+    }
+    let errors: f64 = scrape
+        .lines()
+        .filter(|l| l.starts_with("tessera_s3_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(errors >= 1.0, "no refusal counted:\n{scrape}");
+    let put_bytes = value("tessera_s3_received_bytes_total{kind=\"PUT object\"}");
+    assert!(put_bytes >= 19_000.0, "object bytes received: {put_bytes}");
 }
 
 /// `tessera up --s3` starts the gateway with the cluster, writes its endpoint and keys into
