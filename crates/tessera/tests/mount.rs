@@ -400,7 +400,8 @@ fn fsx_run(m: &Mounted, ops: u64, dice: &mut Dice) -> Vec<u8> {
                 format!("truncate to {size}")
             }
             88..=92 => {
-                handles[h].sync_all().unwrap();
+                let synced = handles[h].sync_all();
+                synced.unwrap_or_else(|e| panic!("{context}: fsync: {e}"));
                 "fsync".to_string()
             }
             93..=96 => {
@@ -456,7 +457,8 @@ fn fsx_read(file: &mut std::fs::File, model: &[u8], dice: &mut Dice, context: &s
     file.seek(SeekFrom::Start(offset)).unwrap();
     let mut filled = 0;
     while filled < got.len() {
-        match file.read(&mut got[filled..]).unwrap() {
+        let read = file.read(&mut got[filled..]);
+        match read.unwrap_or_else(|e| panic!("{context}: read of {len} at {offset}: {e}")) {
             0 => break,
             n => filled += n,
         }
