@@ -70,7 +70,9 @@
 //!
 //! **Fast path (sections 3.1-3.2).** A sender numbers its messages 0, 1, 2... (FIFO) and
 //! broadcasts them in DATA packets; at most `window_packets` of its packets may hold
-//! messages unacked by some member of the view (local flow control), and the messages this
+//! messages that some member of the view does not yet hold (local flow control: the ACKs
+//! count, per sender, the messages a member's log holds, in whatever order), and at most
+//! [`RETAINED_WINDOWS`] windows' worth may be undelivered; the messages this
 //! defers are packed together into packets of at most `mtu_bytes` (the paper's Nagle-like
 //! aggregation: when the window slides by `n`, up to `n` full packets go out; with
 //! `aggregate` off each message goes alone). A member appends each message to its log in
@@ -84,21 +86,32 @@
 //! ([`Event::Deliver`]). Nobody waits for the leader for this.
 //!
 //! **Loss.** A sender keeps each message until some node reports it UTO-delivered (the
-//! per-sender counts of delivered messages in every ACK, or its own delivery), which is
-//! when its window slot opens; it retransmits a message after `retransmit_after_us`, and at
-//! once when NACKed (unless it sent it again less than half a round trip ago: another
-//! receiver's NACK of the same loss). A receiver NACKs a gap in a sender's
-//! numbering, and a message that another member's ACK counts but it lacks, at most once per
-//! sender every two round trips (one NACK names a range). The round trip is measured on the
-//! node's own broadcasts ([`rtt`]), which cross the sequencer link's queue as repairs do. Where members'
-//! logs disagree (one lost a message and appended later ones before its retransmission),
-//! the leader's order takes over (section 3.4.2, Pedone and Schiper's optimistic atomic
-//! broadcast): the leader, seeing an ACK whose hash differs from its own log at that length,
-//! at once (again only after two round trips, unless the member took the last repair), or a
-//! member that has not matched its log for four round trips, sends that member ENTRIES: its own
-//! entries from the last position they agreed on to the end of its log (in several packets
-//! if need be). The member replaces its log from the first
-//! position where it differs from the leader's, and only there.
+//! per-sender counts of delivered messages in every ACK, or its own delivery); its window
+//! slot opens earlier, once every member holds it, so that a hole in one member's log stops
+//! delivery for a while but not the network. It retransmits a message that some member
+//! does not hold after `retransmit_after_us`, at once when NACKed (unless it sent it again
+//! less than half a round trip ago: another receiver's NACK of the same loss), and at once
+//! when a later broadcast of its own came back before the DATA packet that carried it (the
+//! packet was lost; a lost last packet shows nobody a gap). A receiver NACKs a gap in a
+//! sender's numbering, and a message that another member's ACK counts but it lacks, at
+//! most once per sender every two round trips (one NACK names a range), and again every two
+//! round trips while the gap stays open. The round trip is measured on the node's own
+//! broadcasts ([`rtt`]), which cross the sequencer link's queue as repairs do. Where
+//! members' logs disagree (one lost a message and appended later ones before its
+//! retransmission), the leader's order takes over (section 3.4.2, Pedone and Schiper's
+//! optimistic atomic broadcast): the leader, seeing an ACK whose hash differs from its own
+//! log at that length, at once (again only after two round trips, unless the member took
+//! the last repair), or a member that has not matched its log for four round trips, sends
+//! that member ENTRIES: its own order from the last position they agreed on to the end of
+//! its log (in several packets if need be), as message identities in runs of one sender's
+//! consecutive messages, without their bytes: the member holds them, in its log or held
+//! back. (Bytes go only for crashed senders' messages, which only the leader can give, and
+//! once two repairs went unanswered, for all the member's ACK did not count.) The member
+//! sets its log aside from the first position where it differs from the leader's, and only
+//! there, appends the leader's order, then what it set aside and held back in the order
+//! it arrived (the leader's order past its ENTRIES, unless it lost more), and ACKs the
+//! prefix the leader sent. If it lacks a message of the leader's order, it NACKs its
+//! sender and appends nothing else until it has it.
 //!
 //! **Failure (section 3.4.1).** Every packet carries the sender's view and status and counts
 //! as a heartbeat; a node that has sent nothing for `heartbeat_interval_us` sends one. A
@@ -149,10 +162,12 @@
 //! nodes crash and restart, as long as at no time a majority of the receivers has lost its
 //! memory. Each message type keeps one invariant:
 //!
-//! - **Window release** (I0): a sender forgets a message only once some node delivered it
-//!   in UTO; by I5 below it is then in the log of every later view, so no member ever needs
-//!   it from the sender again. (Releasing on mere presence in every member's log would not
-//!   do: a late ENTRIES may take it out of a follower's undelivered suffix.)
+//! - **Release** (I0): a sender forgets a message only once some node delivered it in UTO;
+//!   by I5 below it is then in the log of every later view, so no member ever needs it from
+//!   the sender again. (Forgetting on mere presence in every member's log would not do: a
+//!   late ENTRIES may set it aside, and a view change drop it, from a follower's undelivered
+//!   suffix. Presence frees only the window slot, which is about the network's queue, not
+//!   about safety.)
 //! - **DATA** (I1, FIFO): a log holds each sender's messages as a prefix `0..k` of its
 //!   numbering; [`log::Log::append`] asserts it. Duplicates and reordered packets are
 //!   dropped or held, never appended twice.
@@ -203,7 +218,7 @@
 //! ```text
 //! offset size field
 //!  0      2   magic        0x544F ("TO")
-//!  2      1   version      1; checked first, so a later version may change all that follows
+//!  2      1   version      2; checked first, so a later version may change all that follows
 //!  3      1   kind         1 DATA, 2 ACK, 3 NACK, 4 HEARTBEAT, 5 ENTRIES,
 //!                          6 DO-VIEW-CHANGE, 7 START-VIEW
 //!  4      2   from         the sending node
@@ -220,12 +235,14 @@
 //!
 //! ```text
 //! ack        len u64, hash u64, commit u64, members u64 (bit per node),
-//!            n, n x (node u16, incarnation u32, count u64)
+//!            n, n x (node u16, incarnation u32, delivered u64, held u64)
 //! DATA       has_ack u8 (0|1), [ack], n, n x (seq u64, len, bytes)
 //! ACK        ack
 //! NACK       node u16, incarnation u32, from u64, to u64 (from < to)
 //! HEARTBEAT  empty
-//! ENTRIES    from u64, prev_hash u64, entries
+//! ENTRIES    from u64, prev_hash u64, n u32 runs of one sender's consecutive messages,
+//!            n x (node u16, incarnation u32, seq u64, count u16 (>= 1),
+//!                 count x (len, bytes)) (len u32::MAX: no bytes, the member holds them)
 //! entries    n u32, n x (node u16, incarnation u32, seq u64, len, bytes)
 //! image      start u64, start_hash u64, n, n x (node u16, incarnation u32, count u64), entries
 //! DO-VIEW-CHANGE  last_normal u64 (u64::MAX: none), commit u64, image
@@ -267,6 +284,10 @@ pub const ACK_HISTORY_MAX: usize = 64;
 /// ENTRIES packets the leader sends one member per repair round (each at most
 /// `repair_bytes_max` of messages).
 pub const REPAIR_PACKETS_MAX: usize = 16;
+
+/// A sender's DATA packets whose messages may be undelivered at once, in windows: a hole
+/// in one member's log stops delivery, not the network, for that long.
+pub const RETAINED_WINDOWS: usize = 8;
 
 /// A node of the group: `0..GROUP_NODES_MAX`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -5,7 +5,7 @@
 //! included) holds: a receiver appends a sender's messages only in FIFO order, so these
 //! are always a prefix `0..count` of what the sender sent, which the assertions keep.
 
-use crate::packet::{Entry, LogImage};
+use crate::packet::{Entry, LogImage, RepairEntry, REPAIR_ENTRY_OVERHEAD};
 use crate::{MsgId, SenderId};
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
@@ -19,6 +19,9 @@ pub struct LogEntry {
     pub message: Bytes,
     /// Hash chain of the log up to and including this position.
     pub hash: u64,
+    /// When it arrived, in the receiver's count of arrivals (its place in arrival order,
+    /// should the leader's order set it aside).
+    pub arrival: u64,
 }
 
 /// The hash chain: the hash of a prefix extended by one message.
@@ -99,11 +102,22 @@ impl Log {
 
     /// Appends the next message of its sender; returns its position.
     pub fn append(&mut self, id: MsgId, message: Bytes) -> u64 {
+        self.append_arrived(id, message, 0)
+    }
+
+    /// Appends the next message of its sender, the `arrival`-th to arrive; returns its
+    /// position.
+    pub fn append_arrived(&mut self, id: MsgId, message: Bytes, arrival: u64) -> u64 {
         let count = self.counts.entry(id.sender).or_insert(0);
         assert_eq!(*count, id.seq, "FIFO: {id:?} appended out of order");
         *count += 1;
         let hash = chain(self.hash_at(self.end()).expect("end is known"), id);
-        self.entries.push_back(LogEntry { id, message, hash });
+        self.entries.push_back(LogEntry {
+            id,
+            message,
+            hash,
+            arrival,
+        });
         self.end() - 1
     }
 
@@ -174,19 +188,32 @@ impl Log {
         Some(log)
     }
 
-    /// Entries `from..` up to about `bytes_max` bytes of messages (at least one entry).
-    pub fn entries_from(&self, from: u64, bytes_max: usize) -> Vec<Entry> {
+    /// Entries `from..` for a member's repair, up to about `bytes_max` bytes (at least
+    /// one entry): the bytes of a message only if the member `lacks` it (it keeps what it
+    /// held, in its log or set aside).
+    pub fn repair_entries(
+        &self,
+        from: u64,
+        lacks: impl Fn(MsgId) -> bool,
+        bytes_max: usize,
+    ) -> Vec<RepairEntry> {
         let mut out = Vec::new();
         let mut bytes = 0;
         let mut position = from;
         while let Some(entry) = self.get(position) {
-            if !out.is_empty() && bytes + entry.message.len() + 18 > bytes_max {
+            let message = lacks(entry.id).then(|| entry.message.clone());
+            let continues = out.last().is_some_and(|last: &RepairEntry| {
+                last.id.sender == entry.id.sender && last.id.seq + 1 == entry.id.seq
+            });
+            let overhead = if continues { 4 } else { REPAIR_ENTRY_OVERHEAD };
+            let cost = overhead + message.as_ref().map_or(0, Bytes::len);
+            if !out.is_empty() && bytes + cost > bytes_max {
                 break;
             }
-            bytes += entry.message.len() + 18;
-            out.push(Entry {
+            bytes += cost;
+            out.push(RepairEntry {
                 id: entry.id,
-                message: entry.message.clone(),
+                message,
             });
             position += 1;
         }
@@ -269,7 +296,7 @@ mod repair_size_tests {
                 };
                 log.append(MsgId { sender, seq }, Bytes::from(vec![7; message_bytes]));
             }
-            let entries = log.entries_from(0, config.repair_bytes_max);
+            let entries = log.repair_entries(0, |_| true, config.repair_bytes_max);
             let packet = Packet {
                 header: Header {
                     from: NodeId(0),

@@ -45,13 +45,23 @@ pub struct Stats {
     pub repairs_sent: u64,
     /// Positions replaced by the leader's order.
     pub positions_replaced: u64,
+    /// ENTRIES entries without bytes whose message this member did not hold after all
+    /// (asked of its sender instead).
+    pub repair_bytes_missing: u64,
+    /// Entries sent in ENTRIES, and those of them that carried the message's bytes.
+    pub repair_entries: u64,
+    /// See `repair_entries`.
+    pub repair_payloads: u64,
     /// View changes started.
     pub view_changes: u64,
     /// Messages UTO-delivered.
     pub delivered: u64,
+    /// Time proposals waited while the window was full, microseconds (to the last time a
+    /// packet was asked for).
+    pub window_full_us: u64,
 }
 
-/// A message of this node's, sent and not yet acked by every member.
+/// A message of this node's, sent and not yet UTO-delivered.
 #[derive(Debug)]
 struct Flight {
     message: Bytes,
@@ -65,14 +75,28 @@ struct Flight {
 struct SendState {
     next_seq: u64,
     queue: VecDeque<Bytes>,
+    /// Messages sent and not yet UTO-delivered (kept to be sent again).
     in_flight: BTreeMap<u64, Flight>,
-    /// Per DATA packet first sent and not wholly acked: its messages still in flight.
+    /// The window: per DATA packet first sent, its messages not yet held by every member.
     packets_in_flight: BTreeMap<u64, u32>,
+    /// Per DATA packet first sent, its messages not yet UTO-delivered.
+    packets_retained: BTreeMap<u64, u32>,
+    /// Our messages below this were held by every member (or delivered): out of the window.
+    held_by_all: u64,
+    /// Per receiver, how many of our messages its log held at its latest ACK in
+    /// `held_view`, and the members that view's ACKs named.
+    held_by: BTreeMap<NodeId, u64>,
+    held_view: u64,
+    held_members: u64,
     next_packet: u64,
     /// NACKed sequence numbers, sent again at the next transmit.
     nacked: BTreeSet<u64>,
     /// The highest view a receiver's ACK named (a sender-only node's header carries it).
     known_view: u64,
+    /// Since when proposals wait for a full window.
+    window_full_since: Option<Micros>,
+    /// Our DATA packets not yet back through the network: checksum, messages.
+    unreturned: VecDeque<(u32, Vec<u64>)>,
 }
 
 /// What this node knows of another member's log in the current view.
@@ -90,14 +114,19 @@ struct Peer {
     matched_at_repair: u64,
     /// Repairs in a row after which its `matched` did not move.
     repairs_unanswered: u32,
+    /// Per sender, how many of its messages the member's log held at its last ACK: the
+    /// leader's ENTRIES carry the bytes of the others only where the member seems stuck.
+    held: BTreeMap<SenderId, u64>,
 }
 
 /// The receiver's side: the log, delivery, ACKs.
 #[derive(Debug, Default)]
 struct ReceiveState {
     log: Log,
-    /// Messages past a gap in their sender's numbering, by sender and sequence number.
-    pending: BTreeMap<SenderId, BTreeMap<u64, Bytes>>,
+    /// Messages past a gap in their sender's numbering (or set aside by the leader's
+    /// order), by sender and sequence number, each with its place in arrival order (to
+    /// append them again in that order).
+    pending: BTreeMap<SenderId, BTreeMap<u64, (u64, Bytes)>>,
     commit: u64,
     delivered: u64,
     /// Per sender, its messages at positions `..delivered`.
@@ -112,6 +141,11 @@ struct ReceiveState {
     repair_check_at: Micros,
     /// The end of our log at the leader's last repair check.
     end_at_check: u64,
+    /// Messages that arrived so far (each one's place in arrival order).
+    arrivals: u64,
+    /// The rest of the leader's order from the end of our log, stopped at a message whose
+    /// bytes we lack: we append nothing else until it is done.
+    leader_order: VecDeque<crate::packet::RepairEntry>,
 }
 
 /// A DO-VIEW-CHANGE as the new leader keeps it.
@@ -268,7 +302,7 @@ impl Node {
             .collect();
         format!(
             "node {} inc {} {:?} view {} members {:#b} last_normal {:?} log {}..{} commit {} \
-             delivered {} unacked {} (queue {}, next_seq {}, known view {}) peers(matched, history) {:?} pending {:?}",
+             delivered {} unacked {} (queue {}, next_seq {}, known view {}) peers(matched, history) {:?} pending {:?} leader order {:?} (+{})",
             self.id.0,
             self.incarnation,
             self.status,
@@ -285,6 +319,8 @@ impl Node {
             self.send.known_view,
             matched,
             self.receive.pending.iter().map(|(s, m)| (s.node.0, s.incarnation, self.receive.log.count(*s), m.keys().next().copied())).collect::<Vec<_>>(),
+            self.receive.leader_order.front().map(|e| e.id),
+            self.receive.leader_order.len(),
         )
     }
 
@@ -340,7 +376,8 @@ impl Node {
         }
         let own = header.from == self.id;
         if own {
-            self.rtt.on_returned(bytes, now);
+            let lost = self.rtt.on_returned(bytes, now);
+            self.own_returned(bytes, &lost);
         } else {
             self.last_heard.insert(header.from, now);
             let start_view = matches!(packet.body, Body::StartView { .. });
@@ -424,6 +461,9 @@ impl Node {
             self.receive.repair_check_at = now;
             self.repair_laggards(now);
         }
+        if self.nack_due().is_some_and(|due| due <= now) {
+            self.nack_gaps(now);
+        }
         self.progress(now);
     }
 
@@ -471,6 +511,9 @@ impl Node {
             deadline = deadline.min(due);
         }
         if let Some(due) = self.laggard_check_due() {
+            deadline = deadline.min(due);
+        }
+        if let Some(due) = self.nack_due() {
             deadline = deadline.min(due);
         }
         Some(deadline)

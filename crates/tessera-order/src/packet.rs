@@ -11,7 +11,7 @@ use bytes::Bytes;
 /// "TO": total order.
 pub const MAGIC: u16 = 0x544F;
 /// The version of this layout; checked first, so a later version may change all that follows.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Bytes of the fixed header.
 pub const HEADER_LEN: usize = 28;
 /// Largest packet: the view-change messages carry the undelivered suffix of a log, which the
@@ -26,6 +26,11 @@ pub const COUNT_LEN: usize = 14;
 pub const MESSAGE_OVERHEAD: usize = 12;
 /// Bytes of a data packet's body besides its messages and its ACK.
 pub const DATA_FIXED_LEN: usize = 3;
+/// Bytes of an ENTRIES entry besides its message, at most: a run of its own (identity,
+/// count) and its length.
+pub const REPAIR_ENTRY_OVERHEAD: usize = REPAIR_RUN_LEN + 4;
+/// Bytes of a run's header in ENTRIES: sender, first sequence number, count.
+pub const REPAIR_RUN_LEN: usize = 16;
 
 const OFFSET_CHECKSUM: usize = 20;
 
@@ -83,10 +88,26 @@ pub struct Ack {
     pub commit: u64,
     /// The view's members, one bit per node id.
     pub members: u64,
-    /// Per sender (latest incarnations only): how many of its messages the acknowledging
-    /// node UTO-delivered, a FIFO prefix of what it sent.
-    pub counts: Vec<(SenderId, u64)>,
+    /// Per sender (latest incarnations only): what the acknowledging node delivered and
+    /// holds of its messages.
+    pub counts: Vec<SenderCounts>,
 }
+
+/// What an acknowledging receiver did with one sender's messages, FIFO prefixes of what
+/// it sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SenderCounts {
+    /// The sender.
+    pub sender: SenderId,
+    /// How many the receiver UTO-delivered (the sender forgets those).
+    pub delivered: u64,
+    /// How many its log holds, in whatever order (they left the network: the sender's
+    /// window; the leader leaves their bytes out of ENTRIES).
+    pub held: u64,
+}
+
+/// Bytes of a [`SenderCounts`] in an ACK.
+pub const SENDER_COUNTS_LEN: usize = 22;
 
 /// One message at a position of a log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,6 +117,19 @@ pub struct Entry {
     /// The application's bytes.
     pub message: Bytes,
 }
+
+/// One position of the leader's order in ENTRIES: the message's identity, and its bytes
+/// only where the member may lack them (it holds the others, in its log or held back).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepairEntry {
+    /// Who sent it, and its number in the sender's FIFO order.
+    pub id: MsgId,
+    /// The application's bytes, or `None`: the member holds them.
+    pub message: Option<Bytes>,
+}
+
+/// Length field of a [`RepairEntry`] without bytes (no message is that long).
+const ABSENT: u32 = u32::MAX;
 
 /// A suffix of a log, as carried by view changes.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -147,7 +181,7 @@ pub enum Body {
         /// The leader's hash chain up to `from`.
         prev_hash: u64,
         /// The leader's entries.
-        entries: Vec<Entry>,
+        entries: Vec<RepairEntry>,
     },
     /// To the new view's leader: my state, and my promise to accept nothing in older views.
     DoViewChange {
@@ -214,7 +248,16 @@ fn put_ack(out: &mut Vec<u8>, ack: &Ack) {
     put_u64(out, ack.hash);
     put_u64(out, ack.commit);
     put_u64(out, ack.members);
-    put_counts(out, &ack.counts);
+    put_u16(
+        out,
+        u16::try_from(ack.counts.len()).expect("at most 65535 senders"),
+    );
+    for counts in &ack.counts {
+        put_u16(out, counts.sender.node.0);
+        put_u32(out, counts.sender.incarnation);
+        put_u64(out, counts.delivered);
+        put_u64(out, counts.held);
+    }
 }
 
 fn put_entries(out: &mut Vec<u8>, entries: &[Entry]) {
@@ -231,6 +274,47 @@ fn put_entries(out: &mut Vec<u8>, entries: &[Entry]) {
     }
 }
 
+/// Entries in runs of one sender's consecutive messages (the sequencer passes a DATA
+/// packet's messages in a row): `n u32` runs, each `node u16, incarnation u32, seq u64,
+/// count u16` and then each message's `len u32` (`u32::MAX`: no bytes) and bytes.
+fn put_repair_entries(out: &mut Vec<u8>, entries: &[RepairEntry]) {
+    let mut runs: Vec<&[RepairEntry]> = Vec::new();
+    let mut start = 0;
+    for i in 1..=entries.len() {
+        let continues = i < entries.len()
+            && entries[i].id.sender == entries[i - 1].id.sender
+            && entries[i - 1].id.seq.checked_add(1) == Some(entries[i].id.seq)
+            && i - start < usize::from(u16::MAX);
+        if !continues {
+            runs.push(&entries[start..i]);
+            start = i;
+        }
+    }
+    put_u32(out, u32::try_from(runs.len()).expect("runs fit u32"));
+    for run in runs {
+        let first = run[0].id;
+        put_u16(out, first.sender.node.0);
+        put_u32(out, first.sender.incarnation);
+        put_u64(out, first.seq);
+        put_u16(out, u16::try_from(run.len()).expect("a run fits u16"));
+        for entry in run {
+            put_repair_message(out, entry);
+        }
+    }
+}
+
+fn put_repair_message(out: &mut Vec<u8>, entry: &RepairEntry) {
+    match &entry.message {
+        Some(message) => {
+            let len = u32::try_from(message.len()).expect("message fits u32");
+            assert!(len != ABSENT, "message of u32::MAX bytes");
+            put_u32(out, len);
+            out.extend_from_slice(message);
+        }
+        None => put_u32(out, ABSENT),
+    }
+}
+
 fn put_image(out: &mut Vec<u8>, image: &LogImage) {
     put_u64(out, image.start);
     put_u64(out, image.start_hash);
@@ -240,7 +324,7 @@ fn put_image(out: &mut Vec<u8>, image: &LogImage) {
 
 /// Bytes an [`Ack`] takes in a packet.
 pub fn ack_len(ack: &Ack) -> usize {
-    ACK_FIXED_LEN + COUNT_LEN * ack.counts.len()
+    ACK_FIXED_LEN + SENDER_COUNTS_LEN * ack.counts.len()
 }
 
 impl Packet {
@@ -316,7 +400,7 @@ impl Packet {
             } => {
                 put_u64(out, *from);
                 put_u64(out, *prev_hash);
-                put_entries(out, entries);
+                put_repair_entries(out, entries);
             }
             Body::DoViewChange {
                 last_normal,
@@ -421,8 +505,46 @@ impl<'a> Reader<'a> {
             hash: self.u64()?,
             commit: self.u64()?,
             members: self.u64()?,
-            counts: self.counts()?,
+            counts: self.sender_counts()?,
         })
+    }
+    fn sender_counts(&mut self) -> Result<Vec<SenderCounts>, PacketError> {
+        let raw = self.u16()? as usize;
+        let n = self.count(raw, SENDER_COUNTS_LEN)?;
+        let mut counts = Vec::with_capacity(n);
+        for _ in 0..n {
+            counts.push(SenderCounts {
+                sender: self.sender()?,
+                delivered: self.u64()?,
+                held: self.u64()?,
+            });
+        }
+        Ok(counts)
+    }
+    fn repair_entries(&mut self) -> Result<Vec<RepairEntry>, PacketError> {
+        let raw = self.u32()? as usize;
+        let runs = self.count(raw, REPAIR_RUN_LEN)?;
+        let mut entries = Vec::new();
+        for _ in 0..runs {
+            let sender = self.sender()?;
+            let first = self.u64()?;
+            let raw = usize::from(self.u16()?);
+            let n = self.count(raw, 4)?;
+            if n == 0 || first.checked_add(n as u64).is_none() {
+                return Err(PacketError::Field("run"));
+            }
+            for seq in first..first + n as u64 {
+                let message = match self.u32()? {
+                    ABSENT => None,
+                    len => Some(self.bytes(len)?),
+                };
+                entries.push(RepairEntry {
+                    id: MsgId { sender, seq },
+                    message,
+                });
+            }
+        }
+        Ok(entries)
     }
     fn entries(&mut self) -> Result<Vec<Entry>, PacketError> {
         let raw = self.u32()? as usize;
@@ -534,7 +656,7 @@ fn decode_body(kind: u8, reader: &mut Reader<'_>) -> Result<Body, PacketError> {
         KIND_ENTRIES => {
             let from = reader.u64()?;
             let prev_hash = reader.u64()?;
-            let entries = reader.entries()?;
+            let entries = reader.repair_entries()?;
             if from.checked_add(entries.len() as u64).is_none() {
                 return Err(PacketError::Field("from"));
             }
@@ -593,7 +715,16 @@ mod tests {
             any::<u64>(),
             any::<u64>(),
             any::<u64>(),
-            proptest::collection::vec((sender(), any::<u64>()), 0..5),
+            proptest::collection::vec(
+                (sender(), any::<u64>(), any::<u64>()).prop_map(|(sender, delivered, held)| {
+                    SenderCounts {
+                        sender,
+                        delivered,
+                        held,
+                    }
+                }),
+                0..5,
+            ),
         )
             .prop_map(|(len, hash, commit, members, counts)| Ack {
                 len,
@@ -610,6 +741,18 @@ mod tests {
                 id: MsgId { sender, seq },
                 message,
             }),
+            0..5,
+        )
+    }
+
+    fn repair_entries() -> impl Strategy<Value = Vec<RepairEntry>> {
+        proptest::collection::vec(
+            (sender(), any::<u64>(), proptest::option::of(message())).prop_map(
+                |(sender, seq, message)| RepairEntry {
+                    id: MsgId { sender, seq },
+                    message,
+                },
+            ),
             0..5,
         )
     }
@@ -643,13 +786,15 @@ mod tests {
                 to: from + len
             }),
             Just(Body::Heartbeat),
-            (0u64..1 << 40, any::<u64>(), entries()).prop_map(|(from, prev_hash, entries)| {
-                Body::Entries {
-                    from,
-                    prev_hash,
-                    entries,
+            (0u64..1 << 40, any::<u64>(), repair_entries()).prop_map(
+                |(from, prev_hash, entries)| {
+                    Body::Entries {
+                        from,
+                        prev_hash,
+                        entries,
+                    }
                 }
-            }),
+            ),
             (proptest::option::of(0u64..u64::MAX), any::<u64>(), image()).prop_map(
                 |(last_normal, commit, log)| Body::DoViewChange {
                     last_normal,

@@ -31,21 +31,23 @@ impl RttEstimator {
         self.sent.push_back((crc32c::crc32c(bytes), now));
     }
 
-    /// An own broadcast came back at `now`: one sample, if we remember sending it.
-    pub fn on_returned(&mut self, bytes: &[u8], now: Micros) {
+    /// An own broadcast came back at `now`: one sample, if we remember sending it. Returns
+    /// the checksums of the older ones not back yet: lost (the network is FIFO but for rare
+    /// reordering).
+    pub fn on_returned(&mut self, bytes: &[u8], now: Micros) -> Vec<u32> {
         let checksum = crc32c::crc32c(bytes);
         let Some(index) = self.sent.iter().position(|&(sum, _)| sum == checksum) else {
-            return;
+            return Vec::new();
         };
         let (_, sent_at) = self.sent.remove(index).expect("index is within");
-        // Older broadcasts not back by now were lost; keep the queue short.
-        self.sent.drain(..index);
+        let lost = self.sent.drain(..index).map(|(sum, _)| sum).collect();
         let sample = now.saturating_sub(sent_at);
         self.one_way_us = Some(match self.one_way_us {
             None => sample,
             Some(smoothed) => (7 * smoothed + sample) / 8,
         });
         self.samples += 1;
+        lost
     }
 
     /// The round trip: twice the smoothed one-way trip, within `floor..=ceiling`

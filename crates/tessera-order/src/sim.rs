@@ -210,6 +210,10 @@ pub struct NetworkStats {
     pub partitions: u64,
     /// View changes started, summed over nodes.
     pub view_changes: u64,
+    /// Bytes that crossed the sequencer link, by packet kind (index: the kind byte).
+    pub trunk_bytes_by_kind: [u64; 8],
+    /// Time the sequencer link spent serializing packets, nanoseconds.
+    pub trunk_busy_ns: u64,
 }
 
 /// A finished run.
@@ -567,6 +571,9 @@ impl<'a> Sim<'a> {
         let bits = (transmit.contents.len() as u128 + 28) * 8;
         let serialize_ns = bits * 1_000_000_000 / u128::from(self.scenario.trunk_rate_bits_per_s);
         self.trunk_free_ns = self.trunk_free_ns.max(at_switch_ns) + serialize_ns;
+        let kind = usize::from(transmit.contents.get(3).copied().unwrap_or(0)).min(7);
+        self.stats.trunk_bytes_by_kind[kind] += transmit.contents.len() as u64;
+        self.stats.trunk_busy_ns += serialize_ns as u64;
         if self.rng.gen_bool(faults.loss_trunk) {
             self.stats.lost += 1;
             return;

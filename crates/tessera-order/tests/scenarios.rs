@@ -293,5 +293,8 @@ fn s3_2_1_packing_under_load_and_faults_keeps_uto() {
         messages += total(&outcome, |s| s.messages_sent);
         data_packets += total(&outcome, |s| s.data_packets_sent);
     }
-    assert!(data_packets * 4 < messages, "{data_packets} for {messages}");
+    // Measured: 39,503 DATA packets for 108,000 messages (2.7 a packet; above 4 while the
+    // window waited for UTO delivery: it now frees once every member holds a message, an
+    // ACK round sooner, so fewer messages wait to be packed at this offered load).
+    assert!(data_packets * 2 < messages, "{data_packets} for {messages}");
 }

@@ -2,10 +2,11 @@
 //! once every member's ACK matches, NACKs of gaps, and the leader's order where logs differ.
 
 use super::{Node, Peer};
-use crate::packet::{Ack, Body, Entry, Header};
+use crate::packet::{Ack, Body, Header, RepairEntry, SenderCounts};
 use crate::{Destination, Event, Micros, MsgId, NodeId, SenderId, Status, Transmit};
 use crate::{ACK_HISTORY_MAX, REPAIR_PACKETS_MAX};
 use bytes::Bytes;
+use std::collections::BTreeMap;
 
 impl Node {
     pub(super) fn on_data(&mut self, sender: SenderId, messages: Vec<(u64, Bytes)>, now: Micros) {
@@ -38,28 +39,42 @@ impl Node {
         if id.seq < next || id.seq - next >= reach {
             return false;
         }
+        let arrival = self.next_arrival();
         self.receive
             .pending
             .entry(id.sender)
             .or_default()
-            .insert(id.seq, message);
+            .insert(id.seq, (arrival, message));
         true
+    }
+
+    fn next_arrival(&mut self) -> u64 {
+        self.receive.arrivals += 1;
+        self.receive.arrivals
     }
 
     fn offer(&mut self, id: MsgId, message: Bytes, now: Micros) {
         let next = self.receive.log.count(id.sender);
-        if id.seq < next {
+        if !self.receive.leader_order.is_empty() {
+            if id.seq >= next && self.hold(id, message) {
+                self.follow_leader_order(now);
+            }
+        } else if id.seq < next {
             self.stats.duplicates += 1;
         } else if id.seq == next {
-            self.append(id, message, now);
+            let arrival = self.next_arrival();
+            self.append(id, message, arrival, now);
             self.drain_pending(id.sender, now);
         } else if self.hold(id, message) {
             self.nack_gap(id.sender, now);
         }
     }
 
-    fn append(&mut self, id: MsgId, message: Bytes, now: Micros) {
-        let position = self.receive.log.append(id, message.clone());
+    fn append(&mut self, id: MsgId, message: Bytes, arrival: u64, now: Micros) {
+        let position = self
+            .receive
+            .log
+            .append_arrived(id, message.clone(), arrival);
         assert_eq!(
             position, self.receive.optimistic_end,
             "PO positions are reported in order"
@@ -85,13 +100,13 @@ impl Node {
                 return;
             };
             held.retain(|&seq, _| seq >= next);
-            let Some(message) = held.remove(&next) else {
+            let Some((arrival, message)) = held.remove(&next) else {
                 if held.is_empty() {
                     self.receive.pending.remove(&sender);
                 }
                 return;
             };
-            self.append(MsgId { sender, seq: next }, message, now);
+            self.append(MsgId { sender, seq: next }, message, arrival, now);
         }
     }
 
@@ -106,11 +121,7 @@ impl Node {
     /// `to`), at most once per two round trips (its answer needs one).
     fn nack_range(&mut self, sender: SenderId, to: Option<u64>, now: Micros) {
         let from = self.receive.log.count(sender);
-        let held = self
-            .receive
-            .pending
-            .get(&sender)
-            .and_then(|held| held.keys().next().copied());
+        let held = self.first_held(sender, from);
         let to = match (held, to) {
             (Some(held), _) if held == from => return,
             (Some(held), _) => held,
@@ -142,9 +153,56 @@ impl Node {
         self.nack_range(sender, None, now);
     }
 
+    /// When a gap we NACKed is still open two round trips later: the NACK or its answer may
+    /// be lost, and a sender whose window the gap holds full sends nothing that would make
+    /// us NACK again.
+    pub(super) fn nack_due(&self) -> Option<Micros> {
+        if !self.role.receiver || self.status != Status::Normal {
+            return None;
+        }
+        let again = 2 * self.round_trip_us();
+        let following = self
+            .receive
+            .leader_order
+            .front()
+            .map(|entry| entry.id.sender);
+        self.receive
+            .pending
+            .keys()
+            .chain(following.as_ref())
+            .map(|sender| {
+                let at = self.receive.nacked_at.get(sender).copied().unwrap_or(0);
+                at + again
+            })
+            .min()
+    }
+
+    /// NACKs every gap not NACKed for two round trips.
+    pub(super) fn nack_gaps(&mut self, now: Micros) {
+        self.nack_leader_order(now);
+        let following = self
+            .receive
+            .leader_order
+            .front()
+            .map(|entry| entry.id.sender);
+        let mut senders: Vec<SenderId> = self.receive.pending.keys().copied().collect();
+        senders.extend(following);
+        for sender in senders {
+            self.nack_gap(sender, now);
+            // Checked even when nothing was missing (a message held only to follow the
+            // leader's order), so that the check is not due again at once.
+            self.receive.nacked_at.insert(sender, now);
+        }
+    }
+
     /// Another member delivered messages of a sender that our log lacks: NACK them.
-    fn nack_counted(&mut self, counts: &[(SenderId, u64)], now: Micros) {
-        for &(sender, count) in counts {
+    fn nack_counted(&mut self, counts: &[SenderCounts], now: Micros) {
+        for &SenderCounts {
+            sender,
+            delivered: count,
+            ..
+        } in counts
+        {
             let latest = self.latest_incarnation.get(&sender.node) == Some(&sender.incarnation);
             if latest && count > self.receive.log.count(sender) {
                 self.nack_range(sender, Some(count), now);
@@ -169,6 +227,9 @@ impl Node {
         }
         let peer = self.receive.peers.entry(header.from).or_default();
         peer.delivered = ack.commit;
+        peer.held.clear();
+        peer.held
+            .extend(ack.counts.iter().map(|counts| (counts.sender, counts.held)));
         if peer.history.len() == ACK_HISTORY_MAX {
             peer.history.pop_front();
         }
@@ -298,13 +359,16 @@ impl Node {
     }
 
     /// The leader's order from `from` on: keep our log up to its first difference from
-    /// `entries`, take the leader's from there (I3).
+    /// `entries`, take the leader's from there (I3). Entries without bytes name messages we
+    /// hold: in our log past the difference (set aside) or held back past a gap. What we
+    /// set aside and do not find in the leader's order is appended again after it, in the
+    /// order it arrived (which is the leader's order past its entries, unless we lost more).
     pub(super) fn on_entries(
         &mut self,
         header: &Header,
         from: u64,
         prev_hash: u64,
-        entries: Vec<Entry>,
+        entries: Vec<RepairEntry>,
         now: Micros,
     ) {
         let current = self.status == Status::Normal
@@ -312,27 +376,56 @@ impl Node {
             && header.status == Status::Normal
             && header.from == self.leader()
             && self.id != header.from;
-        if !current || self.receive.log.hash_at(from) != Some(prev_hash) {
+        if !current {
             return;
         }
+        let order = &self.receive.leader_order;
+        if !order.is_empty() && from == self.receive.log.end() + order.len() as u64 {
+            // The next packet of the repair we follow.
+            self.receive.leader_order.extend(entries);
+            self.follow_leader_order(now);
+            return;
+        }
+        if self.receive.log.hash_at(from) != Some(prev_hash) {
+            return;
+        }
+        self.receive.leader_order.clear();
         let mut position = from;
-        for entry in entries {
+        let mut entries = entries.into_iter();
+        while let Some(entry) = entries.next() {
             match self.receive.log.get(position) {
                 Some(ours) if ours.id == entry.id => {
                     position += 1;
                     continue;
                 }
-                Some(_) => self.truncate(position),
+                Some(_) => self.set_aside(position),
                 None => {}
             }
             if self.receive.log.count(entry.id.sender) != entry.id.seq {
                 break;
             }
-            self.append(entry.id, entry.message, now);
+            if entry.message.is_none() && !self.holds(entry.id) {
+                // We lack it after all (lost where no gap showed it): ask its sender, who
+                // keeps it until delivered, and wait for it before the rest of the order.
+                self.stats.repair_bytes_missing += 1;
+                self.receive.leader_order = std::iter::once(entry).chain(entries).collect();
+                self.nack_leader_order(now);
+                break;
+            }
+            let (arrival, held) = match self.take_held(entry.id) {
+                Some((arrival, held)) => (arrival, Some(held)),
+                None => (self.next_arrival(), None),
+            };
+            let message = entry.message.or(held).expect("held");
+            self.append(entry.id, message, arrival, now);
             position += 1;
         }
+        if self.receive.leader_order.is_empty() {
+            self.append_held_in_arrival_order(now);
+        }
         // An ACK of exactly the prefix the leader sent, which it can check even when our
-        // log goes on past its own (a message of a crashed sender that it never got).
+        // log goes on past its own (a message of a crashed sender that it never got, or
+        // what we appended again past its order, perhaps not quite in its order).
         if position < self.receive.log.end() {
             let mut ack = self.ack();
             ack.len = position;
@@ -344,8 +437,130 @@ impl Node {
             self.queue(Destination::All, Body::Ack(ack));
             self.stats.ack_packets_sent += 1;
         }
-        self.drain_all_pending(now);
         self.receive.ack_now = true;
+    }
+
+    /// The first message of `sender` from `count` on that we hold nowhere: those below are
+    /// in our log or held back (set aside, or waiting for the leader's order).
+    fn held_through(&self, sender: SenderId, count: u64) -> u64 {
+        let Some(held) = self.receive.pending.get(&sender) else {
+            return count;
+        };
+        let mut next = count;
+        for (&seq, _) in held.range(count..) {
+            if seq != next {
+                break;
+            }
+            next += 1;
+        }
+        next
+    }
+
+    /// The first message of `sender` from `from` on that we hold back.
+    fn first_held(&self, sender: SenderId, from: u64) -> Option<u64> {
+        let held = self.receive.pending.get(&sender)?;
+        held.range(from..).next().map(|(&seq, _)| seq)
+    }
+
+    /// NACKs the messages of the leader's order we follow that we lack, from its first:
+    /// all of that sender's in it (the sender answers only what it still keeps).
+    fn nack_leader_order(&mut self, now: Micros) {
+        let Some(first) = self.receive.leader_order.front().map(|entry| entry.id) else {
+            return;
+        };
+        if self.holds(first) {
+            return;
+        }
+        let last = self
+            .receive
+            .leader_order
+            .iter()
+            .filter(|entry| entry.id.sender == first.sender)
+            .map(|entry| entry.id.seq)
+            .max()
+            .unwrap_or(first.seq);
+        self.nack_range(first.sender, Some(last + 1), now);
+    }
+
+    fn holds(&self, id: MsgId) -> bool {
+        self.receive
+            .pending
+            .get(&id.sender)
+            .is_some_and(|held| held.contains_key(&id.seq))
+    }
+
+    /// Appends the leader's order we follow as far as we hold its messages; once done,
+    /// what else we hold, in arrival order.
+    fn follow_leader_order(&mut self, now: Micros) {
+        while let Some(entry) = self.receive.leader_order.front_mut() {
+            let id = entry.id;
+            if self.receive.log.count(id.sender) != id.seq {
+                // Not the leader's order from our end after all: drop it.
+                self.receive.leader_order.clear();
+                break;
+            }
+            let message = entry.message.take();
+            let held = self.take_held(id);
+            let arrival = held.as_ref().map(|held| held.0);
+            let Some(message) = held.map(|held| held.1).or(message) else {
+                self.nack_leader_order(now);
+                return;
+            };
+            let arrival = arrival.unwrap_or_else(|| self.next_arrival());
+            self.receive.leader_order.pop_front();
+            self.append(id, message, arrival, now);
+        }
+        self.append_held_in_arrival_order(now);
+    }
+
+    /// Takes `id`'s place in arrival order and bytes out of the messages held back, if
+    /// there.
+    fn take_held(&mut self, id: MsgId) -> Option<(u64, Bytes)> {
+        let held = self.receive.pending.get_mut(&id.sender)?;
+        let taken = held.remove(&id.seq)?;
+        if held.is_empty() {
+            self.receive.pending.remove(&id.sender);
+        }
+        Some(taken)
+    }
+
+    /// Moves our positions `at..` out of the log into the messages held back, each with its
+    /// position as its place in arrival order.
+    fn set_aside(&mut self, at: u64) {
+        let end = self.receive.log.end();
+        for position in at..end {
+            let entry = self.receive.log.get(position).expect("within the log");
+            let (id, held) = (entry.id, (entry.arrival, entry.message.clone()));
+            self.receive
+                .pending
+                .entry(id.sender)
+                .or_default()
+                .insert(id.seq, held);
+        }
+        self.truncate(at);
+    }
+
+    /// Appends what is held back and can be (its sender's next), in arrival order; the
+    /// rest stays held.
+    fn append_held_in_arrival_order(&mut self, now: Micros) {
+        let mut held: Vec<(u64, MsgId)> = self
+            .receive
+            .pending
+            .iter()
+            .flat_map(|(&sender, messages)| {
+                messages
+                    .iter()
+                    .map(move |(&seq, &(arrival, _))| (arrival, MsgId { sender, seq }))
+            })
+            .collect();
+        held.sort_unstable();
+        for (_, id) in held {
+            if self.receive.log.count(id.sender) == id.seq {
+                let (arrival, message) = self.take_held(id).expect("held");
+                self.append(id, message, arrival, now);
+            }
+        }
+        self.drain_all_pending(now);
     }
 
     /// Drops our positions `at..`; never a delivered one (I3).
@@ -392,14 +607,32 @@ impl Node {
         if peer.repaired_at.is_some_and(|at| now < at + pause) {
             return;
         }
+        // The bytes go for crashed senders (only we can give them) and, once two repairs
+        // went unanswered, for all the member did not hold. A live sender answers the
+        // member's NACK of the rest (its retransmission is on its way when this arrives).
+        let unanswered = !answered && peer.repaired_at.is_some();
+        let desperate = unanswered && peer.repairs_unanswered >= 1;
+        let latest = &self.latest_incarnation;
+        let held = &peer.held;
+        let lacks = |id: MsgId| {
+            if latest.get(&id.sender.node) != Some(&id.sender.incarnation) {
+                return true;
+            }
+            desperate && held.get(&id.sender).is_none_or(|&held| id.seq >= held)
+        };
         let mut from = peer.matched.max(log.start());
         let mut packets = Vec::new();
         while packets.len() < REPAIR_PACKETS_MAX {
-            let entries = log.entries_from(from, self.config.repair_bytes_max);
+            let entries = log.repair_entries(from, lacks, self.config.repair_bytes_max);
             if entries.is_empty() {
                 break;
             }
             let prev_hash = log.hash_at(from).expect("from is retained");
+            self.stats.repair_entries += entries.len() as u64;
+            self.stats.repair_payloads += entries
+                .iter()
+                .filter(|entry| entry.message.is_some())
+                .count() as u64;
             let next = from + entries.len() as u64;
             packets.push(Body::Entries {
                 from,
@@ -411,7 +644,7 @@ impl Node {
         if packets.is_empty() {
             return;
         }
-        if !answered && peer.repaired_at.is_some() {
+        if unanswered {
             peer.repairs_unanswered += 1;
         }
         peer.repaired_at = Some(now);
@@ -443,19 +676,32 @@ impl Node {
     /// Our log as an ACK.
     pub(super) fn ack(&self) -> Ack {
         let log = &self.receive.log;
+        let mut counts: BTreeMap<SenderId, SenderCounts> = BTreeMap::new();
+        let held = log
+            .counts()
+            .iter()
+            .map(|(&sender, &count)| (sender, 0, self.held_through(sender, count)));
+        let delivered = self.receive.delivered_counts.iter();
+        for (sender, delivered, held) in held.chain(delivered.map(|(&s, &d)| (s, d, 0))) {
+            let entry = counts.entry(sender).or_insert(SenderCounts {
+                sender,
+                delivered: 0,
+                held: 0,
+            });
+            entry.delivered = entry.delivered.max(delivered);
+            entry.held = entry.held.max(held);
+        }
         Ack {
             len: log.end(),
             hash: log.hash_at(log.end()).expect("end is known"),
             commit: self.receive.delivered,
             members: self.members,
-            counts: self
-                .receive
-                .delivered_counts
-                .iter()
-                .filter(|(sender, _)| {
+            counts: counts
+                .into_values()
+                .filter(|counts| {
+                    let sender = counts.sender;
                     self.latest_incarnation.get(&sender.node) == Some(&sender.incarnation)
                 })
-                .map(|(&sender, &count)| (sender, count))
                 .collect(),
         }
     }
@@ -492,5 +738,6 @@ impl Node {
         }
         self.receive.repair_check_at = now;
         self.receive.end_at_check = self.receive.log.end();
+        self.receive.leader_order.clear();
     }
 }

@@ -14,19 +14,50 @@ impl Node {
         }
     }
 
-    /// Learns from any receiver's ACK how many of our messages it UTO-delivered.
+    /// Learns from any receiver's ACK how many of our messages it UTO-delivered, and how
+    /// many its log holds (the window).
     pub(super) fn on_sender_ack(&mut self, header: &Header, ack: &Ack) {
         if !self.role.sender || header.status != Status::Normal {
             return;
         }
         self.send.known_view = self.send.known_view.max(header.view);
         let me = self.sender_id();
-        let delivered = ack
-            .counts
-            .iter()
-            .find(|(sender, _)| *sender == me)
-            .map_or(0, |(_, count)| *count);
+        let mine = ack.counts.iter().find(|counts| counts.sender == me);
+        let delivered = mine.map_or(0, |counts| counts.delivered);
         self.release(delivered);
+        if header.view < self.send.held_view {
+            return;
+        }
+        if header.view > self.send.held_view {
+            self.send.held_view = header.view;
+            self.send.held_by.clear();
+        }
+        self.send.held_members = ack.members;
+        let held = mine.map_or(0, |counts| counts.held);
+        self.send.held_by.insert(header.from, held);
+        self.release_window(self.held_now());
+    }
+
+    /// How many of our messages every member of the latest view we heard of holds now.
+    fn held_now(&self) -> u64 {
+        super::members_of(self.send.held_members)
+            .into_iter()
+            .map(|node| self.send.held_by.get(&node).copied().unwrap_or(0))
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Frees the window slots of our messages `..held`: every member holds them, so they
+    /// no longer queue in the network. We keep them until delivered: a member may still
+    /// set one aside and lose it in a view change.
+    fn release_window(&mut self, held: u64) {
+        let held = held.min(self.send.next_seq);
+        while self.send.held_by_all < held {
+            let seq = self.send.held_by_all;
+            self.send.held_by_all += 1;
+            let packet = self.send.in_flight.get(&seq).expect("undelivered").packet;
+            take_one(&mut self.send.packets_in_flight, packet);
+        }
     }
 
     /// Forgets our messages `..delivered`: some node UTO-delivered them, so they are in the
@@ -39,17 +70,14 @@ impl Node {
             if *entry.key() >= delivered {
                 break;
             }
+            let seq = *entry.key();
             let flight = entry.remove();
-            let left = self
-                .send
-                .packets_in_flight
-                .get_mut(&flight.packet)
-                .expect("its packet is in flight");
-            *left -= 1;
-            if *left == 0 {
-                self.send.packets_in_flight.remove(&flight.packet);
+            if seq >= self.send.held_by_all {
+                take_one(&mut self.send.packets_in_flight, flight.packet);
             }
+            take_one(&mut self.send.packets_retained, flight.packet);
         }
+        self.send.held_by_all = self.send.held_by_all.max(delivered);
         self.send.nacked.retain(|&seq| seq >= delivered);
     }
 
@@ -71,9 +99,11 @@ impl Node {
         self.send.nacked.extend(seqs);
     }
 
-    fn retransmission_due(&self, seq: u64, flight: &Flight, now: Micros) -> bool {
+    /// NACKed, or not held by some member after the retransmission timeout (messages every
+    /// member holds wait for delivery, not for the network).
+    fn retransmission_due(&self, seq: u64, flight: &Flight, held: u64, now: Micros) -> bool {
         let since = now.saturating_sub(flight.sent_at);
-        since >= self.config.retransmit_after_us || self.send.nacked.contains(&seq)
+        (seq >= held && since >= self.config.retransmit_after_us) || self.send.nacked.contains(&seq)
     }
 
     /// A DATA packet: messages due for retransmission first, then new ones while the window
@@ -95,6 +125,7 @@ impl Node {
         }
         self.pack_retransmissions(&mut packer, now);
         self.pack_new(&mut packer, now);
+        self.time_window_full(now);
         assert!(self.send.packets_in_flight.len() <= self.config.window_packets as usize);
         if packer.messages.is_empty() {
             return None;
@@ -105,15 +136,53 @@ impl Node {
         }
         self.stats.data_packets_sent += 1;
         let messages = packer.messages;
-        Some(self.packet(Destination::All, Body::Data { ack, messages }))
+        let seqs = messages.iter().map(|(seq, _)| *seq).collect();
+        let transmit = self.packet(Destination::All, Body::Data { ack, messages });
+        if self.send.unreturned.len() == crate::rtt::SENT_REMEMBERED_MAX {
+            self.send.unreturned.pop_front();
+        }
+        let checksum = crc32c::crc32c(&transmit.contents);
+        self.send.unreturned.push_back((checksum, seqs));
+        Some(transmit)
+    }
+
+    /// An own broadcast came back: DATA packets sent before it and not back (`lost`) were
+    /// lost on the way, to every node or to us: send their messages again at once. A lost
+    /// last packet would otherwise wait for the retransmission timeout, since no later
+    /// message of ours shows anyone a gap.
+    pub(super) fn own_returned(&mut self, bytes: &[u8], lost: &[u32]) {
+        let checksum = crc32c::crc32c(bytes);
+        let unreturned = std::mem::take(&mut self.send.unreturned);
+        for (sum, seqs) in unreturned {
+            if lost.contains(&sum) {
+                let still = seqs
+                    .into_iter()
+                    .filter(|seq| self.send.in_flight.contains_key(seq));
+                self.send.nacked.extend(still);
+            } else if sum != checksum {
+                self.send.unreturned.push_back((sum, seqs));
+            }
+        }
+    }
+
+    fn time_window_full(&mut self, now: Micros) {
+        let full = self.send.packets_in_flight.len() >= self.config.window_packets as usize
+            && !self.send.queue.is_empty();
+        if let Some(since) = self.send.window_full_since.take() {
+            self.stats.window_full_us += now - since;
+        }
+        if full {
+            self.send.window_full_since = Some(now);
+        }
     }
 
     fn pack_retransmissions(&mut self, packer: &mut Packer, now: Micros) {
+        let held = self.held_now();
         let due: Vec<u64> = self
             .send
             .in_flight
             .iter()
-            .filter(|(&seq, flight)| self.retransmission_due(seq, flight, now))
+            .filter(|(&seq, flight)| self.retransmission_due(seq, flight, held, now))
             .map(|(&seq, _)| seq)
             .collect();
         for seq in due {
@@ -131,7 +200,10 @@ impl Node {
     fn pack_new(&mut self, packer: &mut Packer, now: Micros) {
         let packet = self.send.next_packet;
         let mut fresh = 0;
-        while self.send.packets_in_flight.len() < self.config.window_packets as usize {
+        let window = self.config.window_packets as usize;
+        while self.send.packets_in_flight.len() < window
+            && self.send.packets_retained.len() < crate::RETAINED_WINDOWS * window
+        {
             let Some(message) = self.send.queue.front() else {
                 break;
             };
@@ -151,8 +223,18 @@ impl Node {
         }
         if fresh > 0 {
             self.send.packets_in_flight.insert(packet, fresh);
+            self.send.packets_retained.insert(packet, fresh);
             self.send.next_packet += 1;
         }
+    }
+}
+
+/// One message of `packet` out of a per-packet count; the packet goes when none is left.
+fn take_one(packets: &mut std::collections::BTreeMap<u64, u32>, packet: u64) {
+    let left = packets.get_mut(&packet).expect("its packet is counted");
+    *left -= 1;
+    if *left == 0 {
+        packets.remove(&packet);
     }
 }
 

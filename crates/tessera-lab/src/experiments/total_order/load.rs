@@ -212,6 +212,9 @@ pub struct OrderRun {
     pub uto_latency_us_median: f64,
     /// UTO latency, 99th percentile.
     pub uto_latency_us_p99: f64,
+    /// UTO latency samples taken (0: nothing was UTO-delivered in the measured window, and
+    /// the latencies are NaN, "n/a" in the tables).
+    pub uto_samples: u64,
     /// Datagrams sent per message delivered (every kind, every node).
     pub datagrams_per_message: f64,
     /// Every node delivered the same order (checkpoints of their orders' hashes agree).
@@ -401,6 +404,7 @@ fn summarize(
         bits_per_s: slowest * message_bytes as f64 * 8.0,
         po_latency_us_median: percentile(&mut po, 0.5),
         po_latency_us_p99: percentile(&mut po, 0.99),
+        uto_samples: uto.len() as u64,
         uto_latency_us_median: percentile(&mut uto, 0.5),
         uto_latency_us_p99: percentile(&mut uto, 0.99),
         datagrams_per_message: datagrams as f64 / total_delivered.max(1) as f64,
@@ -410,6 +414,24 @@ fn summarize(
         positions_replaced,
         view_changes,
         dropped,
+    }
+}
+
+/// A latency for the tables: "n/a" where nothing was delivered to measure it (NaN).
+pub fn latency_cell(us: f64) -> crate::results::Cell {
+    if us.is_nan() {
+        crate::results::Cell::text("n/a")
+    } else {
+        crate::results::Cell::float(us, 0)
+    }
+}
+
+/// A latency for a line of text, as [`latency_cell`].
+pub fn latency_text(us: f64) -> String {
+    if us.is_nan() {
+        "n/a".into()
+    } else {
+        format!("{us:.0}")
     }
 }
 
@@ -503,4 +525,20 @@ fn application(
 
 fn stamp_us(message: &[u8]) -> f64 {
     u64::from_be_bytes(message[..8].try_into().expect("a stamp")) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run that delivered nothing to time has no latency: the tables say "n/a", not NaN.
+    #[test]
+    fn an_unmeasured_latency_reads_n_a() {
+        let none = percentile(&mut [], 0.5);
+        assert!(none.is_nan());
+        assert_eq!(latency_cell(none).render(), "n/a");
+        assert_eq!(latency_text(none), "n/a");
+        assert_eq!(latency_cell(241.6).render(), "242");
+        assert_eq!(latency_text(241.6), "242");
+    }
 }

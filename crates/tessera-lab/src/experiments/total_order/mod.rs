@@ -304,16 +304,16 @@ fn measure_line(
     let latency = paced(config.latency_load)?;
     lab.say(&format!(
         "total order, {size} B, packing {}: {:.0} messages/s ({:.2} of raw), {:.1} Mbit/s; at \
-         {:.0}%: PO {:.0}/{:.0} us, UTO {:.0}/{:.0} us (median/p99)",
+         {:.0}%: PO {}/{} us, UTO {}/{} us (median/p99)",
         packing_name(mtu),
         throughput.messages_per_s,
         throughput.messages_per_s / raw.messages_per_s.max(1.0),
         throughput.bits_per_s / 1e6,
         config.latency_load * 100.0,
-        latency.po_latency_us_median,
-        latency.po_latency_us_p99,
-        latency.uto_latency_us_median,
-        latency.uto_latency_us_p99,
+        load::latency_text(latency.po_latency_us_median),
+        load::latency_text(latency.po_latency_us_p99),
+        load::latency_text(latency.uto_latency_us_median),
+        load::latency_text(latency.uto_latency_us_p99),
     ));
     if !throughput.orders_agree {
         return Err(disagreement(size, mtu));
@@ -323,11 +323,11 @@ fn measure_line(
         for &offered_share in &config.curve_loads {
             let run = paced(offered_share)?;
             lab.say(&format!(
-                "  offered {:.0}%: delivered {:.0} messages/s, PO {:.0} us, UTO {:.0} us median",
+                "  offered {:.0}%: delivered {:.0} messages/s, PO {} us, UTO {} us median",
                 offered_share * 100.0,
                 run.messages_per_s,
-                run.po_latency_us_median,
-                run.uto_latency_us_median
+                load::latency_text(run.po_latency_us_median),
+                load::latency_text(run.uto_latency_us_median)
             ));
             curve.push(CurvePoint { offered_share, run });
         }
@@ -393,10 +393,10 @@ fn table(report: &TotalOrderReport) -> Table {
             Cell::float(line.raw_packets.bits_per_s / 1e6, 1),
             Cell::float(line.bits_ratio, 2),
             Cell::float(t.datagrams_per_message, 3),
-            Cell::float(l.po_latency_us_median, 0),
-            Cell::float(l.po_latency_us_p99, 0),
-            Cell::float(l.uto_latency_us_median, 0),
-            Cell::float(l.uto_latency_us_p99, 0),
+            load::latency_cell(l.po_latency_us_median),
+            load::latency_cell(l.po_latency_us_p99),
+            load::latency_cell(l.uto_latency_us_median),
+            load::latency_cell(l.uto_latency_us_p99),
             Cell::Int((t.retransmitted + l.retransmitted) as i64),
             Cell::Int((t.view_changes + l.view_changes) as i64),
         ]);
@@ -568,14 +568,14 @@ fn curve_markdown(report: &TotalOrderReport) -> String {
         for point in &line.curve {
             let r = &point.run;
             out += &format!(
-                "| {:.0}% | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+                "| {:.0}% | {:.0} | {:.1} | {} | {} | {} | {} |\n",
                 point.offered_share * 100.0,
                 r.messages_per_s,
                 r.bits_per_s / 1e6,
-                r.po_latency_us_median,
-                r.po_latency_us_p99,
-                r.uto_latency_us_median,
-                r.uto_latency_us_p99
+                load::latency_text(r.po_latency_us_median),
+                load::latency_text(r.po_latency_us_p99),
+                load::latency_text(r.uto_latency_us_median),
+                load::latency_text(r.uto_latency_us_p99)
             );
         }
     }

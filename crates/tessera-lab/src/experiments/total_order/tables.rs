@@ -214,12 +214,12 @@ pub(super) fn loss_table(
             point.loss(),
         )?;
         lab.say(&format!(
-            "loss {}: {:.0} messages/s, UTO {:.0}/{:.0} us (median/p99), {} datagrams dropped, \
+            "loss {}: {:.0} messages/s, UTO {}/{} us (median/p99), {} datagrams dropped, \
              {} retransmitted, {} positions replaced",
             point.name(),
             throughput.messages_per_s,
-            latency.uto_latency_us_median,
-            latency.uto_latency_us_p99,
+            load::latency_text(latency.uto_latency_us_median),
+            load::latency_text(latency.uto_latency_us_p99),
             throughput.dropped + latency.dropped,
             throughput.retransmitted,
             throughput.positions_replaced,
@@ -287,9 +287,9 @@ fn loss_rows(report: &LossReport) -> Table {
             Cell::float(t.messages_per_s, 0),
             Cell::float(t.bits_per_s / 1e6, 1),
             Cell::float(row.throughput_ratio, 2),
-            Cell::float(l.po_latency_us_median, 0),
-            Cell::float(l.uto_latency_us_median, 0),
-            Cell::float(l.uto_latency_us_p99, 0),
+            load::latency_cell(l.po_latency_us_median),
+            load::latency_cell(l.uto_latency_us_median),
+            load::latency_cell(l.uto_latency_us_p99),
             Cell::Int((t.dropped + l.dropped) as i64),
             Cell::Int((t.retransmitted + l.retransmitted) as i64),
             Cell::Int((t.positions_replaced + l.positions_replaced) as i64),
@@ -300,6 +300,16 @@ fn loss_rows(report: &LossReport) -> Table {
 }
 
 fn loss_preamble(report: &LossReport, config: &TotalOrderConfig) -> String {
+    let unmeasured = report.rows.iter().any(|row| row.latency.uto_samples == 0);
+    let note = if unmeasured {
+        format!(
+            " A latency of n/a: that row's latency run UTO-delivered no message in its \
+             measured {} s (a stall as long as the run), so there was none to measure.",
+            config.latency_seconds
+        )
+    } else {
+        String::new()
+    };
     format!(
         "# Total order with artificial loss (the thesis's table 4)\n\n{} {} nodes ({} send, {} \
          receive), {}-byte messages, packing {}. Load average before: {:.2}. Each driver \
@@ -307,7 +317,7 @@ fn loss_preamble(report: &LossReport, config: &TotalOrderConfig) -> String {
          of those it receives (\"receivers\": each misses its own), every kind of datagram \
          alike; with packing a datagram holds many messages. Throughput closed-loop over {} \
          s, latency at {:.0}% of each row's throughput over {} s. The no-loss row was {}. \
-         Every receiver's order agreed. Took {:.0} s.",
+         Every receiver's order agreed. Took {:.0} s.{}",
         testbed_markdown(&report.testbed),
         report.nodes,
         report.senders,
@@ -324,6 +334,7 @@ fn loss_preamble(report: &LossReport, config: &TotalOrderConfig) -> String {
             "the main table's line (measured earlier in the run)"
         },
         report.duration_s,
+        note,
     )
 }
 
@@ -425,12 +436,12 @@ pub(super) fn grid_table(
                 Loss::NONE,
             )?;
             lab.say(&format!(
-                "{senders} senders x {} receivers: {:.0} messages/s, {:.1} Mbit/s, UTO {:.0} us \
+                "{senders} senders x {} receivers: {:.0} messages/s, {:.1} Mbit/s, UTO {} us \
                  median",
                 nodes - senders,
                 throughput.messages_per_s,
                 throughput.bits_per_s / 1e6,
-                latency.uto_latency_us_median
+                load::latency_text(latency.uto_latency_us_median)
             ));
             points.push(GridPoint {
                 senders,
@@ -484,9 +495,9 @@ fn grid_rows(report: &GridReport) -> Table {
             Cell::Int(p.receivers as i64),
             Cell::float(t.messages_per_s, 0),
             Cell::float(t.bits_per_s / 1e6, 1),
-            Cell::float(l.po_latency_us_median, 0),
-            Cell::float(l.uto_latency_us_median, 0),
-            Cell::float(l.uto_latency_us_p99, 0),
+            load::latency_cell(l.po_latency_us_median),
+            load::latency_cell(l.uto_latency_us_median),
+            load::latency_cell(l.uto_latency_us_p99),
             Cell::Int((t.retransmitted + l.retransmitted) as i64),
             Cell::Int((t.view_changes + l.view_changes) as i64),
         ]);
