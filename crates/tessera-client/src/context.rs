@@ -373,6 +373,18 @@ impl FileContext {
             .map(|_| ())
     }
 
+    /// The address and store of each of `servers`, if every one holds a column here and was
+    /// not down when the view was taken.
+    pub fn stores_of(&self, servers: &[ServerId]) -> Option<Vec<(SocketAddr, Incarnation)>> {
+        servers
+            .iter()
+            .map(|id| {
+                let column = self.columns.iter().find(|c| c.server == *id && !c.down)?;
+                Some((column.addr, column.incarnation))
+            })
+            .collect()
+    }
+
     /// Bytes stored on each reachable server, and the servers that could not be asked.
     pub async fn usage(&self, client: &Client) -> (u64, Vec<ServerId>) {
         let asks = (0..self.layout.width).map(|column| async move {
@@ -423,8 +435,10 @@ impl FileContext {
     }
 
     /// Sync every column, and renew each one's record of the file (its size grows with
-    /// writes); a column that cannot sync owes the whole file.
-    pub async fn sync(&self, client: &Client) -> Result<(), ClientError> {
+    /// writes); a column that cannot sync owes the whole file. With `manager`, the manager
+    /// makes its changes durable too (sizes grown lazily); without, the caller's next
+    /// request to it must be one it makes durable (a commit).
+    pub async fn sync(&self, client: &Client, manager: bool) -> Result<(), ClientError> {
         let syncs = (0..self.layout.width).map(|column| async move {
             if self.lost_entirely(column) {
                 return Some(column);
@@ -439,10 +453,13 @@ impl FileContext {
                 Err(_) => Some(column),
             }
         });
-        let (failed, metadata) = futures::join!(
-            futures::future::join_all(syncs),
-            client.manager_call(ManagerRequest::Sync)
-        );
+        let metadata = async {
+            match manager {
+                true => client.manager_call(ManagerRequest::Sync).await.map(|_| ()),
+                false => Ok(()),
+            }
+        };
+        let (failed, metadata) = futures::join!(futures::future::join_all(syncs), metadata);
         metadata?;
         let failed: Vec<u32> = failed.into_iter().flatten().collect();
         if failed.is_empty() {

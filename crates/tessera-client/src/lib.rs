@@ -29,6 +29,7 @@ mod namespace;
 mod read;
 mod snapshot;
 pub mod stream;
+mod transfer;
 mod write;
 
 use bytes::Bytes;
@@ -54,6 +55,7 @@ pub use tessera_layout::{Layout, Scheme};
 pub use tessera_transport::{CongestionKind, DatagramConfig, TransportKind};
 pub use tessera_wire::{AccessKeyInfo, ReplicaStatus};
 pub use tessera_wire::{DirListing, LayoutRequest, NamespaceEntry, ServerState};
+pub use transfer::{OpenFile, TRANSFERS_IN_FLIGHT, TRANSFER_CHUNK_BYTES};
 
 /// Requests one operation keeps in flight at once: a whole stripe of 64 servers goes out
 /// together. What they answer does not all come at once: the datagram transport's receive
@@ -147,6 +149,15 @@ pub enum ClientError {
         len: u64,
         /// The file's maximum size ([`Layout::file_bytes_max`]).
         max: u64,
+    },
+    /// The local end of a transfer failed: its source could not be read, or its sink
+    /// written (see [`Client::upload`], [`Client::download`]).
+    #[error("cannot {action}: {error}")]
+    Local {
+        /// What failed: "read input" or "write output".
+        action: &'static str,
+        /// Why.
+        error: std::io::Error,
     },
 }
 
@@ -378,6 +389,18 @@ impl Client {
         managers: Vec<SocketAddr>,
         config: ClientConfig,
     ) -> Result<Client, ClientError> {
+        let client = Self::new_replicated(managers, config)?;
+        client.status().await?;
+        Ok(client)
+    }
+
+    /// As [`Client::connect_replicated`], without the check: no request goes to the manager
+    /// until the first operation, which fails as the check would if the manager does not
+    /// answer or refuses the credential (a command that makes few requests saves one).
+    pub fn new_replicated(
+        managers: Vec<SocketAddr>,
+        config: ClientConfig,
+    ) -> Result<Client, ClientError> {
         let tcp = TcpConfig {
             connect_timeout: config.connect_timeout,
             request_timeout: config.request_timeout,
@@ -407,14 +430,12 @@ impl Client {
                 Arc::new(udp)
             }
         };
-        let client = Client {
+        Ok(Client {
             transport,
             manager_transport,
             managers: Arc::new(Managers::new(managers)),
             pending: Arc::default(),
-        };
-        client.status().await?;
-        Ok(client)
+        })
     }
 
     /// A client over any transport, used for servers and manager alike (no check that the
@@ -575,6 +596,15 @@ impl Client {
         path: &str,
         layout: LayoutRequest,
     ) -> Result<PendingFile, ClientError> {
+        Ok(self.create_pending_view(path, layout).await?.0)
+    }
+
+    /// [`Client::create_pending`], with the file's view as the manager gave it.
+    pub(crate) async fn create_pending_view(
+        &self,
+        path: &str,
+        layout: LayoutRequest,
+    ) -> Result<(PendingFile, tessera_wire::FileView), ClientError> {
         let request = ManagerRequest::CreatePending {
             path: path.to_string(),
             layout,
@@ -582,14 +612,15 @@ impl Client {
         match self.manager_call(request).await? {
             ManagerResponse::Pending { view, lease_ms } => {
                 self.pending_files().insert(view.meta.id);
-                Ok(PendingFile {
+                let pending = PendingFile {
                     file: File {
                         id: view.meta.id,
                         path: view.meta.path.clone(),
                     },
-                    meta: view.meta,
+                    meta: view.meta.clone(),
                     lease: Duration::from_millis(lease_ms),
-                })
+                };
+                Ok((pending, view))
             }
             other => Err(self.unexpected("pending file", other)),
         }
@@ -640,18 +671,30 @@ impl Client {
         self.pending_files().remove(&file.id);
         let request = ManagerRequest::CommitPending { file: file.id };
         match self.manager_call(request).await? {
-            ManagerResponse::Committed { replaced } => {
-                // Its servers' records now say it took its path (recovery gives a file only
-                // ever recorded uncommitted no path). Best effort, like every record.
-                if let Ok(ctx) = self.context_of(file.id).await {
-                    ctx.describe(self, true).await;
-                }
-                if let Some(old) = replaced {
-                    self.delete_data(&old).await?;
-                }
-                Ok(())
-            }
+            ManagerResponse::Committed { replaced } => match self.context_of(file.id).await {
+                Ok(ctx) => self.committed(&ctx, replaced).await,
+                // Best effort, like every record: only the old file's data is left to go.
+                Err(_) => match replaced {
+                    Some(old) => self.delete_data(&old, None).await,
+                    None => Ok(()),
+                },
+            },
             other => Err(self.unexpected("committed", other)),
+        }
+    }
+
+    /// After a commit: the new file's servers' records say it took its path (recovery gives
+    /// a file only ever recorded uncommitted no path; best effort, like every record), and
+    /// the data of the file it replaced is deleted.
+    pub(crate) async fn committed(
+        &self,
+        ctx: &context::FileContext,
+        replaced: Option<FileMeta>,
+    ) -> Result<(), ClientError> {
+        ctx.describe(self, true).await;
+        match replaced {
+            Some(old) => self.delete_data(&old, Some(ctx)).await,
+            None => Ok(()),
         }
     }
 
@@ -665,14 +708,14 @@ impl Client {
             .manager_call(ManagerRequest::AbandonPending { file: id })
             .await
         {
-            Ok(ManagerResponse::Meta(meta)) => self.delete_data(&meta).await,
+            Ok(ManagerResponse::Meta(meta)) => self.delete_data(&meta, None).await,
             Ok(other) => Err(self.unexpected("meta", other)),
             Err(ClientError::Metadata(ManagerError::NotPending(_))) => {
                 // Ids are never reused: a file the manager does not know is gone for good.
                 match self.context_of(id).await {
                     Ok(_) => Ok(()),
                     Err(ClientError::Metadata(ManagerError::NotFound(_))) => {
-                        self.delete_data(&pending.meta).await
+                        self.delete_data(&pending.meta, None).await
                     }
                     Err(e) => Err(e),
                 }
@@ -760,25 +803,33 @@ impl Client {
             ManagerResponse::Retained(_) => return Ok(()),
             other => return Err(self.unexpected("meta", other)),
         };
-        self.delete_data(&meta).await
+        self.delete_data(&meta, None).await
     }
 
     /// Delete a removed file's data on the servers that are up now. Best effort: a server down
     /// now deletes it when it next asks the manager for orphans.
-    pub(crate) async fn delete_data(&self, meta: &FileMeta) -> Result<(), ClientError> {
-        let servers = self.status().await?;
-        let deletions = meta.servers.iter().filter_map(|id| {
-            let status = servers.iter().find(|s| s.id == *id)?;
-            let addr: SocketAddr = status.addr.parse().ok()?;
+    /// `near` is a fresh view of another file: if it has a column on every server of the
+    /// removed file, their addresses come from it and the manager is not asked.
+    pub(crate) async fn delete_data(
+        &self,
+        meta: &FileMeta,
+        near: Option<&context::FileContext>,
+    ) -> Result<(), ClientError> {
+        let known = near.and_then(|ctx| ctx.stores_of(&meta.servers));
+        let servers = match known {
+            Some(servers) => servers,
+            None => self
+                .status()
+                .await?
+                .into_iter()
+                .filter(|s| meta.servers.contains(&s.id))
+                .filter_map(|s| Some((s.addr.parse::<SocketAddr>().ok()?, s.incarnation)))
+                .collect(),
+        };
+        let deletions = servers.into_iter().map(|(addr, incarnation)| {
             let request = tessera_wire::StorageRequest::Remove { file: meta.id };
             // Only the store that holds the file: another at a reused address keeps its own.
-            Some(context::call_store(
-                self,
-                addr,
-                status.incarnation,
-                request,
-                Bytes::new(),
-            ))
+            context::call_store(self, addr, incarnation, request, Bytes::new())
         });
         let _ = futures::future::join_all(deletions).await;
         Ok(())
@@ -891,6 +942,6 @@ impl Client {
     /// is recorded as owing the whole file, so it is resynced before it serves it again.
     pub async fn sync(&self, file: &File) -> Result<(), ClientError> {
         let ctx = self.context_of(file.id).await?;
-        ctx.sync(self).await
+        ctx.sync(self, true).await
     }
 }

@@ -262,7 +262,7 @@ impl Client {
         unreachable.sort_unstable();
         unreachable.dedup();
         for meta in &freed {
-            self.delete_data(meta).await?;
+            self.delete_data(meta, None).await?;
         }
         Ok(SnapshotRemoval {
             snapshot,

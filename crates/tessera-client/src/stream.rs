@@ -265,6 +265,65 @@ pub fn parse_period_us(text: &str) -> Result<u64, ReservationParseError> {
     Ok(us as u64)
 }
 
+/// When the chunks of a reserved stream may start.
+#[derive(Clone)]
+pub struct Pacing {
+    start: tokio::time::Instant,
+    ledger: StreamLedger,
+}
+
+impl Pacing {
+    /// When a chunk `offset` bytes into the stream may start.
+    pub fn release(&self, offset: u64) -> tokio::time::Instant {
+        self.start + Duration::from_micros(self.ledger.release_at_us(offset))
+    }
+}
+
+/// A reserved stream's clock: when the loop may start a chunk, and its deadlines.
+pub struct StreamClock {
+    ledger: StreamLedger,
+    start: tokio::time::Instant,
+}
+
+impl StreamClock {
+    /// The stream starts now.
+    pub fn start(reservation: Reservation) -> StreamClock {
+        StreamClock {
+            ledger: StreamLedger::new(reservation),
+            start: tokio::time::Instant::now(),
+        }
+    }
+
+    /// When chunks may start, as a value the chunks' futures can hold.
+    pub fn pacing(&self) -> Pacing {
+        Pacing {
+            start: self.start,
+            ledger: self.ledger.clone(),
+        }
+    }
+
+    /// Bytes due in each period.
+    pub fn budget_bytes(&self) -> u64 {
+        self.ledger.budget_bytes()
+    }
+
+    /// Waits until a chunk `offset` bytes into the stream may start.
+    pub async fn wait(&self, offset: u64) {
+        tokio::time::sleep_until(self.pacing().release(offset)).await;
+    }
+
+    /// `bytes` more of the stream are done.
+    pub fn done(&mut self, bytes: u64) {
+        let now_us = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.ledger.on_done(bytes, now_us);
+    }
+
+    /// The report, once every byte is done.
+    pub fn finish(self) -> StreamReport {
+        self.ledger.finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,17 +9,13 @@
 use crate::net::HOST_INTERFACE;
 use crate::probe::CpuTimes;
 use crate::LabError;
-use futures::stream::{self, StreamExt};
+use futures::stream::StreamExt;
 use rand::{RngCore, SeedableRng};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use tessera_client::{Client, File, LayoutRequest, Scheme, ServerState};
+use tessera_client::{Client, LayoutRequest, OpenFile, Scheme, ServerState};
 
-/// Bytes one client call moves in a large transfer (whole stripes near this).
-const TRANSFER_CHUNK_BYTES: u64 = 8 << 20;
-/// Transfer calls kept in flight at once in a large transfer, as `tessera put`/`get` do.
-const TRANSFERS_IN_FLIGHT: usize = 3;
 /// Largest file a job may make; its bytes are held in the client's memory.
 pub const FILE_BYTES_MAX: u64 = 1 << 30;
 /// Most timed repetitions of one measurement.
@@ -291,12 +287,13 @@ pub async fn run(client: &Client, job: &ClientJob) -> Result<ClientReport, LabEr
         ClientJob::Prepare { files } => {
             let mut prepared = Vec::with_capacity(files.len());
             for spec in files {
-                let file = create(client, spec).await?;
-                write_file(client, &file, &spec.contents()).await?;
-                let stat = client.stat(&spec.path).await?;
+                let mut open = create(client, spec).await?;
+                write_file(client, &mut open, &spec.contents()).await?;
+                // Its size told to the manager once, and everything durable.
+                client.sync_open(&mut open).await?;
                 prepared.push(PreparedFile {
                     path: spec.path.clone(),
-                    columns: stat.meta.servers.clone(),
+                    columns: open.meta().servers.clone(),
                 });
             }
             Ok(ClientReport::Prepared { files: prepared })
@@ -311,13 +308,13 @@ pub async fn run(client: &Client, job: &ClientJob) -> Result<ClientReport, LabEr
             for spec in files {
                 let data = spec.contents();
                 let back = vec![0u8; data.len()];
-                opened.push((spec, client.open(&spec.path).await?, data, back));
+                opened.push((spec, client.open_file(&spec.path).await?, data, back));
             }
             let mut samples = Vec::new();
             for _ in 0..*repetitions {
-                for (spec, file, data, back) in &mut opened {
+                for (spec, open, data, back) in &mut opened {
                     for op in ops {
-                        samples.push(timed(client, spec, file, *op, data, back).await?);
+                        samples.push(timed(client, spec, open, *op, data, back).await?);
                     }
                 }
             }
@@ -337,12 +334,12 @@ pub async fn run(client: &Client, job: &ClientJob) -> Result<ClientReport, LabEr
             read_ahead,
         } => sync_reads(client, file, *block_bytes, *reads, *read_ahead).await,
         ClientJob::Check { file: spec } => {
-            let file = create(client, spec).await?;
+            let mut open = create(client, spec).await?;
             let data = spec.contents();
             let mut back = vec![0u8; data.len()];
-            let write = timed(client, spec, &file, Op::Write, &data, &mut back).await?;
-            client.sync(&file).await?;
-            let read = timed(client, spec, &file, Op::Read, &data, &mut back).await?;
+            let write = timed(client, spec, &mut open, Op::Write, &data, &mut back).await?;
+            client.sync_open(&mut open).await?;
+            let read = timed(client, spec, &mut open, Op::Read, &data, &mut back).await?;
             if back != data {
                 return Err(LabError::Corrupt {
                     path: spec.path.clone(),
@@ -354,8 +351,9 @@ pub async fn run(client: &Client, job: &ClientJob) -> Result<ClientReport, LabEr
     }
 }
 
-async fn create(client: &Client, spec: &FileSpec) -> Result<File, LabError> {
-    Ok(client
+/// A new file for `spec` (replacing one of its path), open for transfers.
+async fn create(client: &Client, spec: &FileSpec) -> Result<OpenFile, LabError> {
+    let file = client
         .create_replacing(
             &spec.path,
             LayoutRequest {
@@ -364,13 +362,14 @@ async fn create(client: &Client, spec: &FileSpec) -> Result<File, LabError> {
                 width: spec.width,
             },
         )
-        .await?)
+        .await?;
+    Ok(client.open_id(&file).await?)
 }
 
 async fn timed(
     client: &Client,
     spec: &FileSpec,
-    file: &File,
+    open: &mut OpenFile,
     op: Op,
     data: &[u8],
     back: &mut [u8],
@@ -379,8 +378,8 @@ async fn timed(
     let cpu = CpuTimes::now()?;
     let start = Instant::now();
     match op {
-        Op::Write => write_file(client, file, data).await?,
-        Op::Read => read_file(client, file, spec, back).await?,
+        Op::Write => write_file(client, open, data).await?,
+        Op::Read => read_file(client, open, spec, back).await?,
     }
     let seconds = start.elapsed().as_secs_f64();
     let cpu_busy = CpuTimes::now()?.busy_since(&cpu);
@@ -398,54 +397,23 @@ async fn timed(
     })
 }
 
-/// Whole stripes near [`TRANSFER_CHUNK_BYTES`]: one call for a small file, several for a
-/// large one.
-async fn chunk_bytes(client: &Client, file: &File) -> Result<usize, LabError> {
-    let stripe = client.stat(&file.path).await?.meta.layout.stripe_bytes();
-    Ok((stripe * (TRANSFER_CHUNK_BYTES / stripe).max(1)) as usize)
+/// A whole file written with the client's transfer API, as `tessera put` writes (chunks of
+/// whole stripes, several in flight, no manager request per chunk).
+async fn write_file(client: &Client, open: &mut OpenFile, data: &[u8]) -> Result<(), LabError> {
+    Ok(client.upload_bytes(open, 0, data).await?)
 }
 
-async fn write_file(client: &Client, file: &File, data: &[u8]) -> Result<(), LabError> {
-    let chunk = chunk_bytes(client, file).await?;
-    let writes = data
-        .chunks(chunk)
-        .enumerate()
-        .map(|(i, part)| async move { client.write_at(file, (i * chunk) as u64, part).await });
-    let results: Vec<_> = stream::iter(writes)
-        .buffer_unordered(TRANSFERS_IN_FLIGHT)
-        .collect()
-        .await;
-    for result in results {
-        result?;
-    }
-    Ok(())
-}
-
+/// A whole file read with the client's transfer API, as `tessera get` reads.
 async fn read_file(
     client: &Client,
-    file: &File,
+    open: &OpenFile,
     spec: &FileSpec,
     out: &mut [u8],
 ) -> Result<(), LabError> {
-    let chunk = chunk_bytes(client, file).await?;
-    let reads = out
-        .chunks_mut(chunk)
-        .enumerate()
-        .map(|(i, part)| async move {
-            let want = part.len();
-            let got = client.read_into(file, (i * chunk) as u64, part).await?;
-            Ok::<bool, LabError>(got == want)
+    if client.download_into(open, 0, out).await? != out.len() {
+        return Err(LabError::Corrupt {
+            path: spec.path.clone(),
         });
-    let results: Vec<_> = stream::iter(reads)
-        .buffer_unordered(TRANSFERS_IN_FLIGHT)
-        .collect()
-        .await;
-    for result in results {
-        if !result? {
-            return Err(LabError::Corrupt {
-                path: spec.path.clone(),
-            });
-        }
     }
     Ok(())
 }

@@ -346,7 +346,10 @@ impl Manager {
                 self.create_pending(path, layout, now)
             }
             ManagerRequest::RenewPending { file } => self.renew_pending(file, now),
-            ManagerRequest::CommitPending { file } => self.commit_pending(file),
+            ManagerRequest::CommitPending { file } => self.commit_pending(file, None),
+            ManagerRequest::CommitPendingSized { file, size } => {
+                self.commit_pending(file, Some(size))
+            }
             ManagerRequest::AbandonPending { file } => self.abandon_pending(file),
             ManagerRequest::Orphans { server } => self.orphans(server),
             ManagerRequest::OrphansRemoved { server, files } => {
@@ -679,13 +682,22 @@ impl Manager {
 
     /// Gives a pending file its path and removes the file that had it, in one transaction: a
     /// reader sees the old file whole or the new one whole, never neither.
-    fn commit_pending(&mut self, file: FileId) -> Result<ManagerResponse, Failure> {
+    /// Gives a pending file its path (and, with `size`, that size exactly).
+    fn commit_pending(
+        &mut self,
+        file: FileId,
+        size: Option<u64>,
+    ) -> Result<ManagerResponse, Failure> {
         let replaced = self.write(|change| {
             if change.tables.pending.remove(file)?.is_none() {
                 return Err(ManagerError::NotPending(file).into());
             }
-            let meta = store::read_file(&change.tables.files, file)?
+            let mut meta = store::read_file(&change.tables.files, file)?
                 .ok_or_else(|| ManagerError::Store(format!("pending file {file} has no record")))?;
+            if let Some(size) = size {
+                check_size(&meta, size)?;
+                meta.size = size;
+            }
             let replaced = match change.file_id(&meta.path)? {
                 Some(old) => store::read_file(&change.tables.files, old)?,
                 None => None,
@@ -857,14 +869,7 @@ impl Manager {
         self.write_with(durability, |change| {
             let mut meta = store::read_file(&change.tables.files, file)?
                 .ok_or_else(|| ManagerError::NotFound(file.to_string()))?;
-            let max = meta.layout.file_bytes_max();
-            if size > max {
-                return Err(ManagerError::TooLarge {
-                    what: format!("size {size} of file {file}"),
-                    max,
-                }
-                .into());
-            }
+            check_size(&meta, size)?;
             meta.size = if grow_only { meta.size.max(size) } else { size };
             change.put_file_record(&meta)
         })?;
@@ -1168,6 +1173,16 @@ impl<'txn> Change<'txn> {
         self.debtors_touched.insert(server);
         Ok(())
     }
+}
+
+/// Refuses a size past the largest a file of `meta`'s layout can have.
+fn check_size(meta: &FileMeta, size: u64) -> Result<(), Failure> {
+    let max = meta.layout.file_bytes_max();
+    if size > max {
+        let what = format!("size {size} of file {}", meta.id);
+        return Err(ManagerError::TooLarge { what, max }.into());
+    }
+    Ok(())
 }
 
 fn read_counter(meta: &impl ReadableTable<&'static str, u64>, key: &str) -> Result<u64, Failure> {

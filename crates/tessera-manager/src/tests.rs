@@ -894,6 +894,33 @@ fn pending_file_is_unnamed_until_committed_then_takes_the_path_in_one_step() {
 }
 
 #[test]
+fn a_sized_commit_sets_the_size_in_the_commit_and_refuses_one_past_the_maximum() {
+    let mut harness = Harness::with_servers(3);
+    let (pending, _) = harness.create_pending("/a");
+    let id = pending.meta.id;
+    let max = pending.meta.layout.file_bytes_max();
+    // Too large: refused, and the file is still pending (nothing of the commit applied).
+    let too_large = ManagerRequest::CommitPendingSized {
+        file: id,
+        size: max + 1,
+    };
+    assert!(matches!(
+        error(harness.handle(too_large)),
+        ManagerError::TooLarge { .. }
+    ));
+    assert!(harness.list("").is_empty());
+    let committed = harness.handle(ManagerRequest::CommitPendingSized {
+        file: id,
+        size: 65536,
+    });
+    assert_eq!(committed, ManagerResponse::Committed { replaced: None });
+    let now = harness.lookup("/a").meta;
+    assert_eq!((now.id, now.size), (id, 65536));
+    let again = ManagerRequest::CommitPendingSized { file: id, size: 1 };
+    assert_eq!(error(harness.handle(again)), ManagerError::NotPending(id));
+}
+
+#[test]
 fn pending_file_of_a_silent_writer_is_removed_after_its_lease() {
     let mut harness = Harness::with_servers(3);
     let old = harness.create("/a", Scheme::Raid5, None);

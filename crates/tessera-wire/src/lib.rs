@@ -39,7 +39,8 @@
 //! `ReservationRefused`), and copy-on-write snapshots:
 //! `StorageRequest::SnapshotBegin`, `ReadSnapshot`, `SnapshotDrop`, `SnapshotUsage`,
 //! `ManagerRequest::SnapshotCreate`, `SnapshotReady`, `SnapshotList`, `SnapshotRemove`, and
-//! `ManagerResponse::Snapshots`, `SnapshotRemoved`, `Retained`.
+//! `ManagerResponse::Snapshots`, `SnapshotRemoved`, `Retained`; and `CommitPendingSized` (a
+//! commit that carries the file's size, issue 19).
 
 mod frame;
 mod handshake;

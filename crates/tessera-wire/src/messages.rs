@@ -844,6 +844,15 @@ pub enum ManagerRequest {
         /// Its name.
         name: String,
     },
+    /// [`ManagerRequest::CommitPending`] with the file's size set to `size` in the same
+    /// transaction, so that a writer that tracked the size itself needs no `SetSize` and no
+    /// `Sync` first (the commit is durable); answered with [`ManagerResponse::Committed`].
+    CommitPendingSized {
+        /// The pending file.
+        file: FileId,
+        /// Its size, exactly.
+        size: u64,
+    },
 }
 
 /// A manager replica as `tessera status` shows it.

@@ -221,6 +221,10 @@ fn appended_messages_round_trip_and_leave_earlier_variants_alone() {
         },
         ManagerRequest::RenewPending { file: u64::MAX },
         ManagerRequest::CommitPending { file: 7 },
+        ManagerRequest::CommitPendingSized {
+            file: 7,
+            size: u64::MAX,
+        },
         ManagerRequest::AbandonPending { file: 7 },
         ManagerRequest::Orphans { server: 3 },
         ManagerRequest::OrphansRemoved {

@@ -11,7 +11,8 @@
 //! The attacker runs in this process, so it shares the machine's cores with the client and the
 //! daemons, as an attacker on the same host would; the ratio includes that.
 
-use crate::bench::{read_all_into, write_all, EmbeddedCluster};
+use crate::bench::{read_open, EmbeddedCluster};
+use crate::config::Config;
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use rand::RngCore;
@@ -126,10 +127,10 @@ struct Row {
 }
 
 /// Runs every attack against an embedded cluster and prints the table (and JSON).
-pub async fn run(quick: bool, json: Option<PathBuf>) -> Result<()> {
-    let embedded = EmbeddedCluster::start(SERVERS).await?;
+pub async fn run(config: &Config, quick: bool, json: Option<PathBuf>) -> Result<()> {
+    let embedded = EmbeddedCluster::start(config, SERVERS).await?;
     let cluster = &embedded.cluster;
-    let key = crate::credentials::client(cluster.file.key.as_deref(), None)?;
+    let key = crate::credentials::client(config, cluster.file.key.as_deref(), None)?;
     let target = Target {
         manager: cluster.manager_addr()?,
         manager_pid: cluster.file.manager_process.pid,
@@ -141,7 +142,7 @@ pub async fn run(quick: bool, json: Option<PathBuf>) -> Result<()> {
             .collect::<Result<_>>()?,
         key: key.for_storage(),
     };
-    let client = cluster.client().await?;
+    let client = cluster.client(config).await?;
     let bytes = if quick { 16 << 20 } else { 64 << 20 };
     let rounds = if quick { 3 } else { 5 };
     eprintln!(
@@ -206,9 +207,10 @@ async fn work(client: &Client, data: &[u8], back: &mut [u8]) -> Result<f64> {
     };
     let started = Instant::now();
     let file = client.create_replacing(path, layout).await?;
-    write_all(client, &file, data).await?;
-    client.sync(&file).await?;
-    read_all_into(client, &file, back).await?;
+    let mut open = client.open_id(&file).await?;
+    client.upload_bytes(&mut open, 0, data).await?;
+    client.sync_open(&mut open).await?;
+    read_open(client, &open, back).await?;
     let seconds = started.elapsed().as_secs_f64();
     if back != data {
         bail!("the bytes read back differ from those written");

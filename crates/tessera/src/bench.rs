@@ -3,13 +3,13 @@
 
 use crate::cluster::LocalCluster;
 use crate::commands;
+use crate::config::Config;
 use anyhow::{bail, Context, Result};
-use futures::stream::{self, StreamExt};
 use rand::{Rng, RngCore, SeedableRng};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
-use tessera_client::{Client, File, LayoutRequest, Scheme, TransportKind};
+use tessera_client::{Client, Credential, File, LayoutRequest, OpenFile, Scheme, TransportKind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Socket buffers for the yardstick: the same as Tessera's TCP transport uses.
@@ -23,20 +23,12 @@ pub struct EmbeddedCluster {
 }
 
 impl EmbeddedCluster {
-    pub async fn start(servers: u32) -> Result<EmbeddedCluster> {
+    pub async fn start(config: &Config, servers: u32) -> Result<EmbeddedCluster> {
         let dir = tempfile::Builder::new()
             .prefix("tessera-")
             .tempdir()
             .context("cannot make a temporary directory")?;
-        let net = crate::commands::network();
-        let cluster = LocalCluster::up(
-            dir.path(),
-            servers,
-            1,
-            net.transport.unwrap_or_default(),
-            net.window,
-        )
-        .await?;
+        let cluster = LocalCluster::up(dir.path(), servers, 1, config).await?;
         Ok(EmbeddedCluster { cluster, _dir: dir })
     }
 }
@@ -71,43 +63,33 @@ fn mb_s(bytes: u64, seconds: f64) -> f64 {
     bytes as f64 / 1e6 / seconds.max(1e-9)
 }
 
-/// Write `data` at 0 with several whole-stripe chunks in flight.
+/// Write `data` at 0 of `file` with the client's transfer API and make it durable (its
+/// size told to the manager once, then synced).
 pub async fn write_all(client: &Client, file: &File, data: &[u8]) -> Result<()> {
-    let chunk = commands::chunk_bytes(client, file, None).await? as usize;
-    let writes = data
-        .chunks(chunk)
-        .enumerate()
-        .map(|(i, part)| async move { client.write_at(file, (i * chunk) as u64, part).await });
-    let results: Vec<_> = stream::iter(writes).buffer_unordered(3).collect().await;
-    for r in results {
-        r?;
-    }
+    let mut open = client.open_id(file).await?;
+    client.upload_bytes(&mut open, 0, data).await?;
+    client.sync_open(&mut open).await?;
     Ok(())
 }
 
-/// Read `len` bytes from 0 with several chunks in flight.
+/// Read `len` bytes from 0 with the client's transfer API.
 pub async fn read_all(client: &Client, file: &File, len: u64) -> Result<Vec<u8>> {
     let mut out = vec![0u8; len as usize];
-    read_all_into(client, file, &mut out).await?;
+    let open = client.open_id(file).await?;
+    read_open(client, &open, &mut out).await?;
     Ok(out)
 }
 
-/// Fill `out` from offset 0 straight from the servers, several chunks in flight.
-pub async fn read_all_into(client: &Client, file: &File, out: &mut [u8]) -> Result<()> {
-    let chunk = commands::chunk_bytes(client, file, None).await? as usize;
-    let reads = out
-        .chunks_mut(chunk)
-        .enumerate()
-        .map(|(i, part)| async move {
-            let want = part.len();
-            let got = client.read_into(file, (i * chunk) as u64, part).await?;
-            if got != want {
-                bail!("short read at {}: {got} of {want} bytes", i * chunk);
-            }
-            Ok(())
-        });
-    let results: Vec<Result<()>> = stream::iter(reads).buffer_unordered(3).collect().await;
-    results.into_iter().collect::<Result<Vec<()>>>()?;
+/// Fill `out` from offset 0 of an open file straight from the servers.
+pub async fn read_open(client: &Client, open: &OpenFile, out: &mut [u8]) -> Result<()> {
+    let got = client.download_into(open, 0, out).await?;
+    if got != out.len() {
+        bail!(
+            "short read of {}: {got} of {} bytes",
+            open.file().path,
+            out.len()
+        );
+    }
     Ok(())
 }
 
@@ -153,50 +135,54 @@ async fn tcp_stream_mb_s(bytes: u64) -> Result<f64> {
 }
 
 /// The client credential of a cluster found, once a client with it reaches the manager.
-async fn connect_target(target: &commands::Target) -> Result<tessera_client::Credential> {
-    let credential = target.client_credential()?;
-    commands::connect_to(target.addr, target.transport, credential).await?;
+/// The client credential of a cluster found, once a client with it reaches the manager.
+async fn connect_target(config: &Config, target: &commands::Target) -> Result<Credential> {
+    let credential = target.client_credential(config)?;
+    commands::connect_replicas(config, target.replicas(), target.transport, credential).await?;
     Ok(credential)
 }
 
-pub async fn run(cluster: Option<String>, quick: bool, json: Option<PathBuf>) -> Result<()> {
+pub async fn run(config: &Config, quick: bool, json: Option<PathBuf>) -> Result<()> {
     // Use the cluster named (or the default one) if it answers, else an embedded one.
     let mut embedded = None;
-    let found = match commands::resolve(cluster.clone()) {
-        Ok(target) => match connect_target(&target).await {
+    let named = config.cluster.is_some();
+    let found = match commands::resolve(config.cluster.clone()) {
+        Ok(target) => match connect_target(config, &target).await {
             Ok(credential) => Some((
-                target.addr,
+                target.replicas(),
                 target.transport.unwrap_or_default(),
                 credential,
             )),
-            Err(e) if cluster.is_some() => return Err(e),
+            Err(e) if named => return Err(e),
             Err(_) => None,
         },
-        Err(e) if cluster.is_some() => return Err(e),
+        Err(e) if named => return Err(e),
         Err(_) => None,
     };
-    let (addr, cluster_transport, credential) = match found {
+    let (managers, cluster_transport, credential) = match found {
         Some(found) => found,
         None => {
-            let e = EmbeddedCluster::start(5).await?;
+            let e = EmbeddedCluster::start(config, 5).await?;
             let c = &e.cluster;
-            let credential =
-                crate::credentials::client(c.file.key.as_deref(), c.secret_path().as_deref())?;
-            let found = (c.manager_addr()?, c.transport(), credential);
+            let (key, secret) = (c.file.key.as_deref(), c.secret_path());
+            let credential = crate::credentials::client(config, key, secret.as_deref())?;
+            let found = (c.manager_addrs()?, c.transport(), credential);
             embedded = Some(e);
             found
         }
     };
     // Servers of a datagram cluster also serve TCP: measure both, side by side, unless one
     // was asked for.
-    let transports: Vec<TransportKind> = match (commands::network().transport, cluster_transport) {
+    let transports: Vec<TransportKind> = match (config.transport, cluster_transport) {
         (Some(t), _) => vec![t],
         (None, TransportKind::Udp) => vec![TransportKind::Udp, TransportKind::Tcp],
         (None, TransportKind::Tcp) => vec![TransportKind::Tcp],
     };
     let mut clients = Vec::new();
     for &t in &transports {
-        clients.push((t, commands::connect_to(addr, Some(t), credential).await?));
+        let config = config.over(t);
+        let client = commands::connect_replicas(&config, managers.clone(), Some(t), credential);
+        clients.push((t, client.await?));
     }
     let servers = clients[0].1.status().await?.len();
     let size: u64 = if quick { 64 << 20 } else { 256 << 20 };
@@ -300,15 +286,15 @@ async fn measure_scheme(
         stripe_unit: STRIPE_UNIT,
         width: None,
     };
-    let pending = client.create_pending(&path, layout).await?;
-    let file = pending.file.clone();
+    let (_, mut open) = client.create_pending_open(&path, layout).await?;
     let start = Instant::now();
-    write_all(client, &file, data).await?;
+    client.upload_bytes(&mut open, 0, data).await?;
     let write_s = start.elapsed().as_secs_f64();
-    client.commit_pending(&file).await?;
+    client.commit_upload(&open).await?;
+    let file = open.file().clone();
     let overhead = client.stat(&path).await?.stored_bytes as f64 / size as f64;
     let start = Instant::now();
-    read_all_into(client, &file, back).await?;
+    read_open(client, &open, back).await?;
     let read_s = start.elapsed().as_secs_f64();
     if back != data {
         bail!("{scheme}: bytes read back differ from bytes written");

@@ -1,6 +1,7 @@
 //! The embedded local cluster: a manager and N servers as child processes on 127.0.0.1, their
 //! data and logs under one directory, described by `DIR/cluster.toml`.
 
+use crate::config::Config;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -225,21 +226,22 @@ impl LocalCluster {
     }
 
     /// A client of this cluster with the admin's credential.
-    pub async fn admin_client(&self) -> Result<Client> {
-        let credential = crate::credentials::admin(self.secret_path().as_deref())?;
-        crate::commands::connect_replicas(self.manager_addrs()?, Some(self.transport()), credential)
+    pub async fn admin_client(&self, config: &Config) -> Result<Client> {
+        let credential = crate::credentials::admin(config, self.secret_path().as_deref())?;
+        let managers = self.manager_addrs()?;
+        crate::commands::connect_replicas(config, managers, Some(self.transport()), credential)
             .await
     }
 
     /// Keep the access key of an earlier run if the manager still knows it, else issue one.
-    async fn ensure_key(&mut self, previous: Option<String>) -> Result<()> {
+    async fn ensure_key(&mut self, config: &Config, previous: Option<String>) -> Result<()> {
         if let Some(key) = previous {
             self.file.key = Some(key);
-            if self.client().await.is_ok() {
+            if self.client(config).await.is_ok() {
                 return Ok(());
             }
         }
-        let admin = self.admin_client().await?;
+        let admin = self.admin_client(config).await?;
         let (id, key) = admin.key_create("local cluster").await?;
         self.file.key = Some(tessera_client::format_access_key(id, &key));
         self.save()
@@ -251,10 +253,11 @@ impl LocalCluster {
     }
 
     /// A client of this cluster over its transport.
-    pub async fn client(&self) -> Result<Client> {
-        let credential =
-            crate::credentials::client(self.file.key.as_deref(), self.secret_path().as_deref())?;
-        crate::commands::connect_replicas(self.manager_addrs()?, Some(self.transport()), credential)
+    pub async fn client(&self, config: &Config) -> Result<Client> {
+        let (key, secret) = (self.file.key.as_deref(), self.secret_path());
+        let credential = crate::credentials::client(config, key, secret.as_deref())?;
+        let managers = self.manager_addrs()?;
+        crate::commands::connect_replicas(config, managers, Some(self.transport()), credential)
             .await
     }
 
@@ -283,9 +286,9 @@ impl LocalCluster {
         dir: &Path,
         servers: u32,
         managers: u16,
-        transport: TransportKind,
-        window: Option<u32>,
+        config: &Config,
     ) -> Result<LocalCluster> {
+        let (transport, window) = (config.transport.unwrap_or_default(), config.window);
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let dir = dir
             .canonicalize()
@@ -362,7 +365,7 @@ impl LocalCluster {
         if store_missing {
             cluster.file.key = previous_key;
             cluster.save()?;
-        } else if let Err(e) = cluster.ensure_key(previous_key).await {
+        } else if let Err(e) = cluster.ensure_key(config, previous_key).await {
             cluster.down();
             return Err(e.context("cannot issue the local cluster's access key"));
         }
@@ -385,7 +388,7 @@ impl LocalCluster {
                 dir.display()
             );
         }
-        if let Err(e) = cluster.wait_all_up().await {
+        if let Err(e) = cluster.wait_all_up(config).await {
             cluster.down();
             return Err(e);
         }
@@ -639,8 +642,8 @@ impl LocalCluster {
     }
 
     /// Wait until the manager sees every running server up (or stale).
-    pub async fn wait_all_up(&self) -> Result<()> {
-        let client = self.client().await?;
+    pub async fn wait_all_up(&self, config: &Config) -> Result<()> {
+        let client = self.client(config).await?;
         let wanted = self
             .file
             .servers

@@ -1,101 +1,28 @@
 //! The client and cluster commands.
 
 use crate::cluster::LocalCluster;
+use crate::config::Config;
 use crate::credentials;
 use crate::reserve::{self, print_report, ReserveArgs, StreamClock};
 use anyhow::{anyhow, bail, Context, Result};
-use futures::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{IsTerminal, Read, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
-use tessera_client::{
-    Client, ClientConfig, ClientError, CongestionKind, Credential, DatagramConfig, File,
-    LayoutRequest, Scheme, TransportKind,
-};
+use tessera_client::{Client, ClientError, Credential, LayoutRequest, TransportKind};
 use tessera_wire::{ManagerError, ServerId};
 
-/// The network choices given on the command line.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Network {
-    /// `--transport`, if given.
-    pub transport: Option<TransportKind>,
-    /// `--window`, if given.
-    pub window: Option<u32>,
-    /// `--receive-budget`, if given (0: off).
-    pub receive_budget: Option<u32>,
-}
-
-static NETWORK: OnceLock<Network> = OnceLock::new();
-
-/// Record the command line's network choices (once, at start-up).
-pub fn set_network(network: Network) {
-    let _ = NETWORK.set(network);
-}
-
-/// The command line's network choices.
-pub fn network() -> Network {
-    NETWORK.get().copied().unwrap_or_default()
-}
-
-/// The datagram protocol's settings for a window choice.
-pub fn datagram_config(window: Option<u32>) -> DatagramConfig {
-    let mut config = DatagramConfig::default();
-    if let Some(n) = window {
-        config.congestion = CongestionKind::Fixed(n);
-    }
-    config
-}
-
-/// The datagram protocol's settings for a client: the window choice and the receive budget.
-pub fn client_datagram_config(net: Network) -> DatagramConfig {
-    let mut config = datagram_config(net.window);
-    config.receive_budget_packets = match net.receive_budget {
-        Some(0) => None,
-        Some(n) => Some(n),
-        None => Some(tessera_client::RECEIVE_BUDGET_PACKETS),
-    };
-    config
-}
-
-/// A client with the transport chosen on the command line, else the cluster's, else UDP,
-/// authenticated with `credential`.
-pub async fn connect_to(
-    addr: SocketAddr,
-    cluster_transport: Option<TransportKind>,
-    credential: Credential,
-) -> Result<Client> {
-    connect_replicas(vec![addr], cluster_transport, credential).await
-}
-
-/// As [`connect_to`], to a manager given by every replica's address.
+/// A client with `config`'s settings (see [`Config::client`]) of the manager given by every
+/// replica's address, authenticated with `credential`, checked: the manager answers it.
 pub async fn connect_replicas(
+    config: &Config,
     managers: Vec<SocketAddr>,
     cluster_transport: Option<TransportKind>,
     credential: Credential,
 ) -> Result<Client> {
-    connect_replicas_reserved(managers, cluster_transport, credential, None).await
-}
-
-/// As [`connect_replicas`], with every datagram session to a server reserved at
-/// `reservation` (see [`ClientConfig::reservation`]).
-pub async fn connect_replicas_reserved(
-    managers: Vec<SocketAddr>,
-    cluster_transport: Option<TransportKind>,
-    credential: Credential,
-    reservation: Option<tessera_client::stream::Reservation>,
-) -> Result<Client> {
-    let net = network();
-    let config = ClientConfig {
-        transport: net.transport.or(cluster_transport).unwrap_or_default(),
-        datagram: client_datagram_config(net),
-        credential: Some(credential),
-        reservation,
-        ..ClientConfig::default()
-    };
-    Ok(Client::connect_replicated(managers, config).await?)
+    let settings = config.client(cluster_transport, credential, None);
+    Ok(Client::connect_replicated(managers, settings).await?)
 }
 
 /// A cluster as a client command finds it.
@@ -123,21 +50,28 @@ impl Target {
     }
 
     /// The client credential for this cluster (see [`credentials::client`]).
-    pub fn client_credential(&self) -> Result<Credential> {
-        credentials::client(self.key.as_deref(), self.secret.as_deref())
+    pub fn client_credential(&self, config: &Config) -> Result<Credential> {
+        credentials::client(config, self.key.as_deref(), self.secret.as_deref())
             .with_context(|| format!("cluster at {}", self.addr))
     }
 
     /// The admin's credential for this cluster (see [`credentials::admin`]).
-    pub fn admin_credential(&self) -> Result<Credential> {
-        credentials::admin(self.secret.as_deref())
+    pub fn admin_credential(&self, config: &Config) -> Result<Credential> {
+        credentials::admin(config, self.secret.as_deref())
+    }
+
+    /// A client of this cluster with `config`'s settings. It makes no request: the command's
+    /// first one finds out whether the manager answers (so a `put` makes two in all).
+    fn client(
+        &self,
+        config: &Config,
+        credential: Credential,
+        reservation: Option<tessera_client::stream::Reservation>,
+    ) -> Result<Client> {
+        let settings = config.client(self.transport, credential, reservation);
+        Ok(Client::new_replicated(self.replicas(), settings)?)
     }
 }
-
-/// Bytes moved by one client call in a streaming transfer (whole stripes where possible).
-const TRANSFER_CHUNK_BYTES: u64 = 8 << 20;
-/// Transfer calls kept in flight at once.
-const TRANSFERS_IN_FLIGHT: usize = 3;
 
 /// Find the cluster: its manager, and what its cluster file says (transport, keys).
 pub fn resolve(spec: Option<String>) -> Result<Target> {
@@ -200,26 +134,35 @@ pub fn resolve(spec: Option<String>) -> Result<Target> {
     )
 }
 
-/// A client of the cluster `spec` names, with a client's credential.
-pub async fn connect(spec: Option<String>) -> Result<Client> {
-    connect_reserved(spec, None).await
+/// A client of the cluster `config` names, with a client's credential (see
+/// [`Target::client`]: no request yet).
+pub fn connect(config: &Config) -> Result<Client> {
+    connect_reserved(config, None)
+}
+
+/// As [`connect`], checked: the manager answers it (for daemons, which should fail at start
+/// if they cannot reach the cluster, not at their first request).
+pub async fn connect_checked(config: &Config) -> Result<Client> {
+    let client = connect(config)?;
+    client.status().await?;
+    Ok(client)
 }
 
 /// As [`connect`], for one reserved stream.
-pub async fn connect_reserved(
-    spec: Option<String>,
+pub fn connect_reserved(
+    config: &Config,
     reservation: Option<tessera_client::stream::Reservation>,
 ) -> Result<Client> {
-    let target = resolve(spec)?;
-    let credential = target.client_credential()?;
-    connect_replicas_reserved(target.replicas(), target.transport, credential, reservation).await
+    let target = resolve(config.cluster.clone())?;
+    let credential = target.client_credential(config)?;
+    target.client(config, credential, reservation)
 }
 
-/// A client of the cluster `spec` names, with the admin's credential.
-pub async fn connect_admin(spec: Option<String>) -> Result<Client> {
-    let target = resolve(spec)?;
-    let credential = target.admin_credential()?;
-    connect_replicas(target.replicas(), target.transport, credential).await
+/// A client of the cluster `config` names, with the admin's credential.
+pub fn connect_admin(config: &Config) -> Result<Client> {
+    let target = resolve(config.cluster.clone())?;
+    let credential = target.admin_credential(config)?;
+    target.client(config, credential, None)
 }
 
 /// Parse a size such as `65536`, `64K`, `64KiB`, `1M`.
@@ -255,116 +198,6 @@ fn progress_bar(total: u64, what: &str) -> ProgressBar {
     bar
 }
 
-/// Chunk size for a file: whole stripes, about `TRANSFER_CHUNK_BYTES`, or for a reserved
-/// stream about a quarter of its budget per period (whole stripes still), so that chunks
-/// released at the rate finish within the period whose bytes they carry.
-pub async fn chunk_bytes(
-    client: &Client,
-    file: &File,
-    stream: Option<&StreamClock>,
-) -> Result<u64> {
-    // By id: a pending file has no path yet, and the path may name another file.
-    let stripe = client.meta(file).await?.layout.stripe_bytes();
-    let target = stream.map_or(TRANSFER_CHUNK_BYTES, |stream| {
-        (stream.budget_bytes() / 4).min(TRANSFER_CHUNK_BYTES)
-    });
-    Ok(stripe * (target / stripe).max(1))
-}
-
-/// Write everything `source` yields at `offset`, several chunks in flight.
-pub async fn upload(
-    client: &Client,
-    file: &File,
-    mut offset: u64,
-    source: &mut dyn Read,
-    bar: &ProgressBar,
-    mut stream: Option<&mut StreamClock>,
-) -> Result<u64> {
-    let chunk = chunk_bytes(client, file, stream.as_deref()).await? as usize;
-    let mut in_flight = FuturesUnordered::new();
-    let mut total = 0u64;
-    loop {
-        let mut buf = vec![0u8; chunk];
-        let mut filled = 0;
-        while filled < chunk {
-            let n = source
-                .read(&mut buf[filled..])
-                .context("cannot read input")?;
-            if n == 0 {
-                break;
-            }
-            filled += n;
-        }
-        buf.truncate(filled);
-        if !buf.is_empty() {
-            if let Some(stream) = &stream {
-                // Chunks complete out of order: the ledger counts bytes as they complete.
-                stream.wait(total).await;
-            }
-            let at = offset;
-            // Past `u64` the write of this chunk is refused, so the next offset never matters.
-            offset = offset.saturating_add(filled as u64);
-            total += filled as u64;
-            in_flight.push(async move {
-                client.write_at(file, at, &buf).await?;
-                Ok::<u64, anyhow::Error>(buf.len() as u64)
-            });
-        }
-        while in_flight.len() >= TRANSFERS_IN_FLIGHT || (filled < chunk && !in_flight.is_empty()) {
-            let done = in_flight.next().await.expect("non-empty")?;
-            bar.inc(done);
-            if let Some(stream) = stream.as_deref_mut() {
-                stream.done(done);
-            }
-        }
-        if filled < chunk {
-            return Ok(total);
-        }
-    }
-}
-
-/// Read `len` bytes at `offset` into `sink`, in order, several chunks in flight.
-pub async fn download(
-    client: &Client,
-    file: &File,
-    offset: u64,
-    len: u64,
-    sink: &mut dyn Write,
-    bar: &ProgressBar,
-    mut stream: Option<&mut StreamClock>,
-) -> Result<u64> {
-    client.check_range(file, offset, len).await?;
-    let chunk = chunk_bytes(client, file, stream.as_deref()).await?;
-    let pacing = stream.as_ref().map(|stream| stream.pacing());
-    let chunks = (0..len.div_ceil(chunk)).map(|i| {
-        let at = offset + i * chunk;
-        let n = chunk.min(offset + len - at);
-        let pacing = pacing.clone();
-        async move {
-            if let Some(pacing) = pacing {
-                tokio::time::sleep_until(pacing.release(i * chunk)).await;
-            }
-            client.read_at(file, at, n).await
-        }
-    });
-    let mut reads = futures::stream::iter(chunks).buffered(TRANSFERS_IN_FLIGHT);
-    let mut total = 0;
-    while let Some(bytes) = reads.next().await {
-        let bytes = bytes?;
-        sink.write_all(&bytes).context("cannot write output")?;
-        bar.inc(bytes.len() as u64);
-        total += bytes.len() as u64;
-        if let Some(stream) = stream.as_deref_mut() {
-            stream.done(bytes.len() as u64);
-        }
-        if (bytes.len() as u64) < chunk {
-            break;
-        }
-    }
-    sink.flush().context("cannot write output")?;
-    Ok(total)
-}
-
 fn open_input(local: &str) -> Result<(Box<dyn Read>, Option<u64>)> {
     if local == "-" {
         return Ok((Box::new(std::io::stdin().lock()), None));
@@ -391,59 +224,59 @@ pub(crate) fn open_output(local: &str) -> Result<Box<dyn Write>> {
     Ok(Box::new(std::io::BufWriter::with_capacity(1 << 20, file)))
 }
 
+/// The progress bar's counter as a transfer's progress callback.
+fn advance(bar: &ProgressBar) -> impl FnMut(u64) + '_ {
+    |bytes| bar.inc(bytes)
+}
+
+/// `tessera put`: two manager round trips in all (the create and the commit, which carries
+/// the size), none per chunk.
 pub async fn put(
-    cluster: Option<String>,
+    config: &Config,
     local: &str,
     remote: &str,
-    scheme: &str,
-    stripe_unit: &str,
-    width: Option<u32>,
+    layout: LayoutRequest,
     reserve: &ReserveArgs,
 ) -> Result<()> {
-    let scheme: Scheme = scheme.parse()?;
-    let stripe_unit = parse_size(stripe_unit)?;
     let reservation = reserve.reservation()?;
     // A source that cannot be read fails here, before anything at the destination changes.
     let (mut input, len) = open_input(local)?;
-    let client = connect_reserved(cluster, reservation).await?;
+    let client = connect_reserved(config, reservation)?;
     // Written as a new, unnamed file and given the path only once all of it is durable: a put
     // that fails or is killed leaves the old file whole (and the manager removes the new one
     // when its lease runs out, if this process is not there to).
-    let layout = LayoutRequest {
-        scheme,
-        stripe_unit,
-        width,
-    };
-    let pending = client.create_pending(remote, layout).await?;
+    let (pending, mut open) = client.create_pending_open(remote, layout).await?;
     let bar = progress_bar(len.unwrap_or(0), "put");
     let mut stream = reservation.map(StreamClock::start);
     let stored = client
         .keep_pending(&pending, async {
             let admission = reserve::admit(&client, &pending.file, reservation).await?;
-            upload(&client, &pending.file, 0, &mut input, &bar, stream.as_mut()).await?;
-            client.sync(&pending.file).await?;
+            let mut progress = advance(&bar);
+            let sent = client.upload(&mut open, 0, &mut input, stream.as_mut(), &mut progress);
+            sent.await?;
             reserve::release(admission).await;
-            anyhow::Ok(())
+            // Synced on the servers, then committed with its size (durably, in one step).
+            client
+                .commit_upload(&open)
+                .await
+                .map_err(anyhow::Error::new)
         })
         .await;
     bar.finish_and_clear();
     let failed = match stored {
-        Ok(()) => match client.commit_pending(&pending.file).await {
-            Ok(()) => {
-                if let Some(stream) = stream {
-                    print_report(&stream.finish(), reserve.json, false);
-                }
-                return Ok(());
+        Ok(()) => {
+            if let Some(stream) = stream {
+                print_report(&stream.finish(), reserve.json, false);
             }
-            // The commit may have been applied and its answer lost.
-            Err(e @ ClientError::ManagerUnreachable { .. }) => {
-                return Err(anyhow::Error::new(e)
-                    .context(format!("cannot tell whether {remote} was replaced")));
-            }
-            Err(e) => e.into(),
-        },
+            return Ok(());
+        }
         Err(e) => e,
     };
+    // The manager did not answer: the commit may have been applied and its answer lost (the
+    // pending file, if not, goes when its lease runs out).
+    if let Some(ClientError::ManagerUnreachable { .. }) = failed.downcast_ref::<ClientError>() {
+        return Err(failed.context(format!("cannot tell whether {remote} was replaced")));
+    }
     // A pending file that vanished under the writer lost its lease (the writer was stopped or
     // cut off for that long): say so, rather than "no such file: <id>".
     let id = pending.file.id;
@@ -457,22 +290,26 @@ pub async fn put(
     let _ = client.abandon_pending(&pending).await;
     Err(failed.context(format!("{remote} is unchanged")))
 }
-
-pub async fn get(
-    cluster: Option<String>,
-    remote: &str,
-    local: &str,
-    reserve: &ReserveArgs,
-) -> Result<()> {
+/// `tessera get`: one manager round trip (the open), none per chunk.
+pub async fn get(config: &Config, remote: &str, local: &str, reserve: &ReserveArgs) -> Result<()> {
     let reservation = reserve.reservation()?;
-    let client = connect_reserved(cluster, reservation).await?;
-    let file = client.open(remote).await?;
-    let size = client.size(&file).await?;
-    let admission = reserve::admit(&client, &file, reservation).await?;
+    let client = connect_reserved(config, reservation)?;
+    let open = client.open_file(remote).await?;
+    let admission = reserve::admit(&client, open.file(), reservation).await?;
     let mut out = open_output(local)?;
-    let bar = progress_bar(size, "get");
+    let bar = progress_bar(open.size(), "get");
     let mut stream = reservation.map(StreamClock::start);
-    let got = download(&client, &file, 0, size, &mut out, &bar, stream.as_mut()).await;
+    let mut progress = advance(&bar);
+    let got = client
+        .download(
+            &open,
+            0,
+            open.size(),
+            &mut out,
+            stream.as_mut(),
+            &mut progress,
+        )
+        .await;
     reserve::release(admission).await;
     bar.finish_and_clear();
     if got.is_err() && local != "-" {
@@ -487,8 +324,9 @@ pub async fn get(
     Ok(())
 }
 
+/// `tessera write`: the open, one size update if the file grew, and the sync.
 pub async fn write(
-    cluster: Option<String>,
+    config: &Config,
     remote: &str,
     offset: u64,
     local: &str,
@@ -496,25 +334,34 @@ pub async fn write(
 ) -> Result<()> {
     let reservation = reserve.reservation()?;
     let (mut input, len) = open_input(local)?;
-    let client = connect_reserved(cluster, reservation).await?;
-    let file = client.open(remote).await?;
-    client.check_range(&file, offset, len.unwrap_or(0)).await?;
-    let admission = reserve::admit(&client, &file, reservation).await?;
+    let client = connect_reserved(config, reservation)?;
+    let mut open = client.open_file(remote).await?;
+    open.check_range(offset, len.unwrap_or(0))?;
+    let admission = reserve::admit(&client, open.file(), reservation).await?;
     let bar = progress_bar(len.unwrap_or(0), "write");
     let mut stream = reservation.map(StreamClock::start);
-    let written = upload(&client, &file, offset, &mut input, &bar, stream.as_mut()).await;
+    let mut progress = advance(&bar);
+    let sent = client.upload(
+        &mut open,
+        offset,
+        &mut input,
+        stream.as_mut(),
+        &mut progress,
+    );
+    let written = sent.await;
     reserve::release(admission).await;
     bar.finish_and_clear();
     written?;
-    client.sync(&file).await?;
+    client.sync_open(&mut open).await?;
     if let Some(stream) = stream {
         print_report(&stream.finish(), reserve.json, false);
     }
     Ok(())
 }
 
+/// `tessera read`: the open, then the bytes.
 pub async fn read(
-    cluster: Option<String>,
+    config: &Config,
     remote: &str,
     offset: u64,
     length: u64,
@@ -522,21 +369,21 @@ pub async fn read(
     reserve: &ReserveArgs,
 ) -> Result<()> {
     let reservation = reserve.reservation()?;
-    let client = connect_reserved(cluster, reservation).await?;
-    let file = client.open(remote).await?;
-    let admission = reserve::admit(&client, &file, reservation).await?;
+    let client = connect_reserved(config, reservation)?;
+    let open = client.open_file(remote).await?;
+    let admission = reserve::admit(&client, open.file(), reservation).await?;
     let mut out = open_output(local)?;
     let mut stream = reservation.map(StreamClock::start);
-    let got = download(
-        &client,
-        &file,
-        offset,
-        length,
-        &mut out,
-        &ProgressBar::hidden(),
-        stream.as_mut(),
-    )
-    .await;
+    let got = client
+        .download(
+            &open,
+            offset,
+            length,
+            &mut out,
+            stream.as_mut(),
+            &mut |_| {},
+        )
+        .await;
     reserve::release(admission).await;
     got?;
     if let Some(stream) = stream {
@@ -545,8 +392,8 @@ pub async fn read(
     Ok(())
 }
 
-pub async fn ls(cluster: Option<String>, prefix: &str) -> Result<()> {
-    let client = connect(cluster).await?;
+pub async fn ls(config: &Config, prefix: &str) -> Result<()> {
+    let client = connect(config)?;
     for meta in client.list(prefix).await? {
         println!(
             "{:>14}  {:<6}  {}",
@@ -558,14 +405,14 @@ pub async fn ls(cluster: Option<String>, prefix: &str) -> Result<()> {
     Ok(())
 }
 
-pub async fn rm(cluster: Option<String>, remote: &str) -> Result<()> {
-    let client = connect(cluster).await?;
+pub async fn rm(config: &Config, remote: &str) -> Result<()> {
+    let client = connect(config)?;
     client.remove(remote).await?;
     Ok(())
 }
 
-pub async fn stat(cluster: Option<String>, remote: &str, json: bool) -> Result<()> {
-    let client = connect(cluster).await?;
+pub async fn stat(config: &Config, remote: &str, json: bool) -> Result<()> {
+    let client = connect(config)?;
     let stat = client.stat(remote).await?;
     let meta = &stat.meta;
     if json {
@@ -609,12 +456,12 @@ pub async fn stat(cluster: Option<String>, remote: &str, json: bool) -> Result<(
     Ok(())
 }
 
-pub async fn status(cluster: Option<String>, json: bool) -> Result<()> {
-    let target = resolve(cluster.clone())?;
+pub async fn status(config: &Config, json: bool) -> Result<()> {
+    let target = resolve(config.cluster.clone())?;
     let addr = target.addr;
     let replicated = !target.managers.is_empty();
-    let credential = target.client_credential()?;
-    let client = connect_replicas(target.replicas(), target.transport, credential).await?;
+    let credential = target.client_credential(config)?;
+    let client = connect_replicas(config, target.replicas(), target.transport, credential).await?;
     let servers = client.status().await?;
     let replicas = if replicated {
         client.replicas().await
@@ -663,9 +510,9 @@ pub async fn status(cluster: Option<String>, json: bool) -> Result<()> {
     Ok(())
 }
 
-pub async fn rebuild(cluster: Option<String>, id: u32) -> Result<()> {
+pub async fn rebuild(config: &Config, id: u32) -> Result<()> {
     // Clearing a server's debt is the admin's (a false one would serve stale bytes).
-    let client = connect_admin(cluster).await?;
+    let client = connect_admin(config)?;
     let bar = if std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(0);
         bar.set_style(
@@ -693,8 +540,8 @@ pub async fn rebuild(cluster: Option<String>, id: u32) -> Result<()> {
     Ok(())
 }
 
-pub async fn scrub(cluster: Option<String>, remote: Option<&str>) -> Result<()> {
-    let client = connect(cluster).await?;
+pub async fn scrub(config: &Config, remote: Option<&str>) -> Result<()> {
+    let client = connect(config)?;
     let report = client.scrub(remote).await?;
     println!(
         "scrubbed {} files, {} stripes checked, {} skipped (server down or owed), {} never written",
@@ -717,6 +564,7 @@ pub async fn scrub(cluster: Option<String>, remote: Option<&str>) -> Result<()> 
 }
 
 pub async fn up(
+    config: &Config,
     dir: &Path,
     servers: u32,
     managers: u16,
@@ -729,9 +577,7 @@ pub async fn up(
             tessera_manager::replica::REPLICAS_MAX
         );
     }
-    let net = network();
-    let transport = net.transport.unwrap_or_default();
-    let mut cluster = LocalCluster::up(dir, servers, managers, transport, net.window).await?;
+    let mut cluster = LocalCluster::up(dir, servers, managers, config).await?;
     let manager = if cluster.file.managers.is_empty() {
         format!("manager at {}", cluster.file.manager)
     } else {
@@ -788,10 +634,10 @@ pub fn server_stop(dir: &Path, id: u32) -> Result<()> {
     LocalCluster::load(dir)?.stop_server(id)
 }
 
-pub async fn server_start(dir: &Path, id: u32) -> Result<()> {
+pub async fn server_start(config: &Config, dir: &Path, id: u32) -> Result<()> {
     let mut cluster = LocalCluster::load(dir)?;
     cluster.start_server(id)?;
-    cluster.wait_all_up().await
+    cluster.wait_all_up(config).await
 }
 
 pub(crate) fn write_addr_file(addr_file: Option<PathBuf>, addr: SocketAddr) -> Result<()> {
@@ -814,9 +660,8 @@ pub(crate) async fn until_terminated() {
 
 /// The manager's cluster secret: `--secret FILE`, else `DIR/cluster.secret`; with `init`,
 /// created (mode 0600) if it does not exist yet.
-fn manager_secret(dir: &Path, init: bool) -> Result<tessera_client::Secret> {
-    let path =
-        credentials::secret_flag().unwrap_or_else(|| dir.join(credentials::SECRET_FILE_NAME));
+fn manager_secret(config: &Config, dir: &Path, init: bool) -> Result<tessera_client::Secret> {
+    let path = (config.secret.clone()).unwrap_or_else(|| dir.join(credentials::SECRET_FILE_NAME));
     if init {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let created = !path.exists();
@@ -881,25 +726,30 @@ pub fn manager_config(
 }
 
 pub async fn run_manager(
-    listen: &str,
-    dir: &Path,
-    (addr_file, metrics): (Option<PathBuf>, Option<&str>),
-    config: tessera_manager::ManagerConfig,
+    config: &Config,
+    at: ServerAt<'_>,
+    settings: tessera_manager::ManagerConfig,
     limits: tessera_transport::TcpLimits,
     init: bool,
     replica: Option<tessera_manager::replica::ReplicaConfig>,
 ) -> Result<()> {
+    let ServerAt {
+        listen,
+        dir,
+        addr_file,
+        metrics,
+    } = at;
     let listen: SocketAddr = listen
         .parse()
         .map_err(|_| anyhow!("bad listen address '{listen}'"))?;
-    let secret = manager_secret(dir, init)?;
+    let secret = manager_secret(config, dir, init)?;
     let manager = match replica {
         Some(replica) => {
-            tessera_manager::daemon::start_replica(replica, dir, config, init, limits, &secret)
+            tessera_manager::daemon::start_replica(replica, dir, settings, init, limits, &secret)
                 .await?
         }
         None => {
-            tessera_manager::daemon::start_limited(listen, dir, config, init, limits, &secret)
+            tessera_manager::daemon::start_limited(listen, dir, settings, init, limits, &secret)
                 .await?
         }
     };
@@ -927,7 +777,7 @@ pub async fn run_manager(
     Ok(())
 }
 
-/// Where a server daemon listens and keeps its data.
+/// Where a daemon (a server, or the manager) listens and keeps its data.
 pub struct ServerAt<'a> {
     /// Address to listen on.
     pub listen: &'a str,
@@ -935,11 +785,12 @@ pub struct ServerAt<'a> {
     pub dir: &'a Path,
     /// Write the bound address here once listening.
     pub addr_file: Option<PathBuf>,
-    /// Serve Prometheus metrics here.
+    /// Serve Prometheus metrics here (servers only).
     pub metrics: Option<&'a str>,
 }
 
 pub async fn run_server(
+    config: &Config,
     manager: &str,
     at: ServerAt<'_>,
     id: Option<u32>,
@@ -956,8 +807,7 @@ pub async fn run_server(
     let listen: SocketAddr = listen
         .parse()
         .map_err(|_| anyhow!("bad listen address '{listen}'"))?;
-    let net = network();
-    let secret_path = credentials::secret_flag().ok_or_else(|| {
+    let secret_path = config.secret.clone().ok_or_else(|| {
         anyhow!("tessera server needs --secret FILE (the cluster secret the manager was given)")
     })?;
     let secret = credentials::read_secret(&secret_path)?;
@@ -976,8 +826,8 @@ pub async fn run_server(
         advertise: None,
         dir: dir.to_path_buf(),
         id,
-        transport: net.transport.unwrap_or_default(),
-        datagram: datagram_config(net.window),
+        transport: config.transport.unwrap_or_default(),
+        datagram: config.server_datagram(),
         tcp: limits,
     })
     .await?;
@@ -1001,7 +851,7 @@ pub async fn run_server(
     // once the server has an id.
     let resolver = async {
         let id = server.registered().await;
-        resolve_torn_stripes(id, managers, credential).await
+        resolve_torn_stripes(config, id, managers, credential).await
     };
     tokio::select! {
         () = resolver => {}
@@ -1026,12 +876,17 @@ const TORN_RESOLVE_EVERY: Duration = Duration::from_secs(2);
 /// full-stripe writes whose parity this server holds, as soon as their writer's lease ran out
 /// (`tessera-store`'s `stale` module argues why here). A client of its own (the admin's
 /// credential, from the cluster secret the server was given), connected on first need.
-async fn resolve_torn_stripes(server: ServerId, managers: Vec<SocketAddr>, credential: Credential) {
+async fn resolve_torn_stripes(
+    config: &Config,
+    server: ServerId,
+    managers: Vec<SocketAddr>,
+    credential: Credential,
+) {
     let mut client = None;
     loop {
         tokio::time::sleep(TORN_RESOLVE_EVERY).await;
         if client.is_none() {
-            client = connect_replicas(managers.clone(), None, credential)
+            client = connect_replicas(config, managers.clone(), None, credential)
                 .await
                 .ok();
         }
@@ -1049,16 +904,16 @@ async fn resolve_torn_stripes(server: ServerId, managers: Vec<SocketAddr>, crede
 }
 
 /// `tessera key create NAME`: issue an access key and print it (once).
-pub async fn key_create(cluster: Option<String>, name: &str) -> Result<()> {
-    let client = connect_admin(cluster).await?;
+pub async fn key_create(config: &Config, name: &str) -> Result<()> {
+    let client = connect_admin(config)?;
     let (id, key) = client.key_create(name).await?;
     println!("{}", tessera_client::format_access_key(id, &key));
     Ok(())
 }
 
 /// `tessera key ls`: the live access keys.
-pub async fn key_ls(cluster: Option<String>) -> Result<()> {
-    let client = connect_admin(cluster).await?;
+pub async fn key_ls(config: &Config) -> Result<()> {
+    let client = connect_admin(config)?;
     for key in client.key_list().await? {
         println!("{}  {}", key.id, key.name);
     }
@@ -1066,11 +921,11 @@ pub async fn key_ls(cluster: Option<String>) -> Result<()> {
 }
 
 /// `tessera key rm KEYID`: revoke an access key.
-pub async fn key_rm(cluster: Option<String>, id: &str) -> Result<()> {
+pub async fn key_rm(config: &Config, id: &str) -> Result<()> {
     let id: tessera_client::KeyId = id
         .parse()
         .map_err(|_| anyhow!("bad key id '{id}' (expected k followed by 16 hex digits)"))?;
-    let client = connect_admin(cluster).await?;
+    let client = connect_admin(config)?;
     client.key_remove(id).await?;
     println!("revoked {id}");
     Ok(())

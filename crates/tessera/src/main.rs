@@ -5,6 +5,7 @@ mod attacks;
 mod bench;
 mod cluster;
 mod commands;
+mod config;
 mod credentials;
 mod demo;
 mod lab;
@@ -485,16 +486,16 @@ async fn run(cli: Cli) -> Result<()> {
     if cli.window == Some(0) {
         anyhow::bail!("--window must be at least 1");
     }
-    commands::set_network(commands::Network {
+    // Every global flag goes into this one value, handed to whatever needs it.
+    let config = config::Config {
+        cluster: cli.cluster,
         transport,
         window: cli.window,
         receive_budget: cli.receive_budget,
-    });
-    credentials::set_flags(credentials::Flags {
         key: cli.key,
         secret: cli.secret,
-    });
-    let cluster = cli.cluster;
+    };
+    let config = &config;
     match cli.command {
         Command::Up {
             servers,
@@ -502,11 +503,11 @@ async fn run(cli: Cli) -> Result<()> {
             dir,
             detach,
             s3,
-        } => commands::up(&dir, servers, managers, detach, s3.as_deref()).await,
+        } => commands::up(config, &dir, servers, managers, detach, s3.as_deref()).await,
         Command::Down { dir } => commands::down(&dir),
         Command::Manager(args) => match args.action {
             Some(ManagerAction::Recover { dir, servers }) => {
-                recover::run(cluster, &dir, servers).await
+                recover::run(config, &dir, servers).await
             }
             Some(ManagerAction::Stop { id, dir }) => commands::manager_stop(&dir, id),
             Some(ManagerAction::Start { id, dir }) => commands::manager_start(&dir, id),
@@ -526,10 +527,15 @@ async fn run(cli: Cli) -> Result<()> {
                         anyhow::bail!("tessera manager needs --listen (or --id and --peers)")
                     }
                 };
+                let at = commands::ServerAt {
+                    listen: &listen,
+                    dir: &dir,
+                    addr_file: args.addr_file,
+                    metrics: args.metrics.as_deref(),
+                };
                 commands::run_manager(
-                    &listen,
-                    &dir,
-                    (args.addr_file, args.metrics.as_deref()),
+                    config,
+                    at,
                     commands::manager_config(args.pending_lease_ms, args.links.capacity()?)?,
                     limits,
                     args.init,
@@ -539,13 +545,13 @@ async fn run(cli: Cli) -> Result<()> {
             }
         },
         Command::Key { action } => match action {
-            KeyAction::Create { name } => commands::key_create(cluster, &name).await,
-            KeyAction::Ls => commands::key_ls(cluster).await,
-            KeyAction::Rm { id } => commands::key_rm(cluster, &id).await,
+            KeyAction::Create { name } => commands::key_create(config, &name).await,
+            KeyAction::Ls => commands::key_ls(config).await,
+            KeyAction::Rm { id } => commands::key_rm(config, &id).await,
         },
         Command::Server(args) => match args.action {
             Some(ServerAction::Stop { id, dir }) => commands::server_stop(&dir, id),
-            Some(ServerAction::Start { id, dir }) => commands::server_start(&dir, id).await,
+            Some(ServerAction::Start { id, dir }) => commands::server_start(config, &dir, id).await,
             None => {
                 let need = |v: Option<String>, flag: &str| {
                     v.ok_or_else(|| anyhow::anyhow!("tessera server needs --{flag}"))
@@ -562,7 +568,7 @@ async fn run(cli: Cli) -> Result<()> {
                     addr_file: args.addr_file,
                     metrics: args.metrics.as_deref(),
                 };
-                commands::run_server(&manager, at, args.id, limits).await
+                commands::run_server(config, &manager, at, args.id, limits).await
             }
         },
         Command::Put {
@@ -573,35 +579,31 @@ async fn run(cli: Cli) -> Result<()> {
             width,
             reserve,
         } => {
-            commands::put(
-                cluster,
-                &local,
-                &remote,
-                &scheme,
-                &stripe_unit,
+            let layout = tessera_client::LayoutRequest {
+                scheme: scheme.parse()?,
+                stripe_unit: commands::parse_size(&stripe_unit)?,
                 width,
-                &reserve,
-            )
-            .await
+            };
+            commands::put(config, &local, &remote, layout, &reserve).await
         }
         Command::Get {
             remote,
             local,
             snapshot: Some(name),
             ..
-        } => snapshot::read(cluster, &name, &remote, 0, None, &local).await,
+        } => snapshot::read(config, &name, &remote, 0, None, &local).await,
         Command::Get {
             remote,
             local,
             reserve,
             snapshot: None,
-        } => commands::get(cluster, &remote, &local, &reserve).await,
+        } => commands::get(config, &remote, &local, &reserve).await,
         Command::Write {
             remote,
             offset,
             local,
             reserve,
-        } => commands::write(cluster, &remote, offset, &local, &reserve).await,
+        } => commands::write(config, &remote, offset, &local, &reserve).await,
         Command::Read {
             remote,
             offset,
@@ -609,7 +611,7 @@ async fn run(cli: Cli) -> Result<()> {
             local,
             snapshot: Some(name),
             ..
-        } => snapshot::read(cluster, &name, &remote, offset, Some(length), &local).await,
+        } => snapshot::read(config, &name, &remote, offset, Some(length), &local).await,
         Command::Read {
             remote,
             offset,
@@ -617,27 +619,27 @@ async fn run(cli: Cli) -> Result<()> {
             local,
             reserve,
             snapshot: None,
-        } => commands::read(cluster, &remote, offset, length, &local, &reserve).await,
-        Command::Snapshot { action } => snapshot::run(cluster, action).await,
-        Command::Ls { prefix } => commands::ls(cluster, prefix.as_deref().unwrap_or("")).await,
-        Command::Rm { remote } => commands::rm(cluster, &remote).await,
-        Command::Stat { remote, json } => commands::stat(cluster, &remote, json).await,
-        Command::Status { json } => commands::status(cluster, json).await,
+        } => commands::read(config, &remote, offset, length, &local, &reserve).await,
+        Command::Snapshot { action } => snapshot::run(config, action).await,
+        Command::Ls { prefix } => commands::ls(config, prefix.as_deref().unwrap_or("")).await,
+        Command::Rm { remote } => commands::rm(config, &remote).await,
+        Command::Stat { remote, json } => commands::stat(config, &remote, json).await,
+        Command::Status { json } => commands::status(config, json).await,
         Command::Top { interval, count } => {
             let interval = std::time::Duration::try_from_secs_f64(interval)
                 .ok()
                 .filter(|i| !i.is_zero())
                 .ok_or_else(|| anyhow::anyhow!("bad --interval {interval}: give seconds > 0"))?;
-            top::run(commands::connect(cluster).await?, interval, count).await
+            top::run(commands::connect(config)?, interval, count).await
         }
-        Command::Rebuild { id } => commands::rebuild(cluster, id).await,
-        Command::Scrub { remote } => commands::scrub(cluster, remote.as_deref()).await,
+        Command::Rebuild { id } => commands::rebuild(config, id).await,
+        Command::Scrub { remote } => commands::scrub(config, remote.as_deref()).await,
         Command::Bench {
             quick,
             json,
             attacks: true,
-        } => attacks::run(quick, json).await,
-        Command::Bench { quick, json, .. } => bench::run(cluster, quick, json).await,
+        } => attacks::run(config, quick, json).await,
+        Command::Bench { quick, json, .. } => bench::run(config, quick, json).await,
         Command::S3 {
             listen,
             access_key,
@@ -658,7 +660,7 @@ async fn run(cli: Cli) -> Result<()> {
                 addr_file,
                 metrics,
             };
-            s3::run(cluster, args).await
+            s3::run(config, args).await
         }
         Command::Mount {
             mountpoint,
@@ -674,11 +676,11 @@ async fn run(cli: Cli) -> Result<()> {
                 stripe_unit,
                 width,
             };
-            mount::run(cluster, args).await
+            mount::run(config, args).await
         }
         Command::Umount { mountpoint } => mount::unmount(&mountpoint),
-        Command::Demo => demo::run().await,
-        Command::Lab(args) => lab::run(args).await,
-        Command::LabClient(args) => lab::client(args).await,
+        Command::Demo => demo::run(config).await,
+        Command::Lab(args) => lab::run(config, args).await,
+        Command::LabClient(args) => lab::client(config, args).await,
     }
 }

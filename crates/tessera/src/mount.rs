@@ -6,6 +6,7 @@
 //! process.
 
 use crate::commands::{self, parse_size};
+use crate::config::Config;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -62,7 +63,7 @@ fn check_mountpoint(mountpoint: &Path) -> Result<()> {
     Ok(())
 }
 
-pub async fn run(cluster: Option<String>, args: MountArgs) -> Result<()> {
+pub async fn run(config: &Config, args: MountArgs) -> Result<()> {
     check_mountpoint(&args.mountpoint)?;
     let layout = LayoutRequest {
         scheme: args.scheme.parse::<Scheme>()?,
@@ -70,9 +71,9 @@ pub async fn run(cluster: Option<String>, args: MountArgs) -> Result<()> {
         width: args.width,
     };
     // Connect first, in both modes: a wrong cluster fails here, with its own error.
-    let client = commands::connect(cluster.clone()).await?;
+    let client = commands::connect_checked(config).await?;
     if !args.foreground {
-        return spawn_detached(cluster, &args).await;
+        return spawn_detached(config.cluster.clone(), &args).await;
     }
     let fs = TesseraFs::new(
         client,

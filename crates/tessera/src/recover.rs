@@ -5,6 +5,7 @@
 //! it. A manager already running without a store there picks it up within a tick.
 
 use crate::cluster::LocalCluster;
+use crate::config::Config;
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -20,13 +21,13 @@ use tessera_wire::{StorageCall, StorageRequest, StorageResponse};
 const PAGES_MAX: usize = 1 << 20;
 
 /// Runs the recovery and prints what it did.
-pub async fn run(cluster: Option<String>, dir: &Path, servers: Vec<String>) -> Result<()> {
-    let local = local_cluster(cluster.as_deref());
+pub async fn run(config: &Config, dir: &Path, servers: Vec<String>) -> Result<()> {
+    let local = local_cluster(config.cluster.as_deref());
     let addrs = server_addresses(local.as_ref(), servers)?;
     // The servers know the admin by the key derived from the cluster secret; the manager,
     // whose store is gone, is not asked for anything.
     let secret = local.as_ref().and_then(LocalCluster::secret_path);
-    let credential = crate::credentials::admin(secret.as_deref())?;
+    let credential = crate::credentials::admin(config, secret.as_deref())?;
     let config = TcpConfig {
         connect_timeout: Duration::from_secs(3),
         request_timeout: Duration::from_secs(30),

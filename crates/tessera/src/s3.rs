@@ -1,6 +1,7 @@
 //! `tessera s3`: the S3 gateway over the cluster that every client command finds.
 
 use crate::commands::{self, parse_size};
+use crate::config::Config;
 use anyhow::{anyhow, bail, Context, Result};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -29,7 +30,7 @@ pub struct S3Args {
     pub metrics: Option<String>,
 }
 
-pub async fn run(cluster: Option<String>, args: S3Args) -> Result<()> {
+pub async fn run(config: &Config, args: S3Args) -> Result<()> {
     let listen: SocketAddr = args
         .listen
         .parse()
@@ -48,7 +49,7 @@ pub async fn run(cluster: Option<String>, args: S3Args) -> Result<()> {
             "give both --access-key and --secret-key (non-empty), or neither to generate a pair"
         ),
     };
-    let client = commands::connect(cluster).await?;
+    let client = commands::connect_checked(config).await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;

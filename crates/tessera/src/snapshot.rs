@@ -2,6 +2,7 @@
 //! snapshots of files (the design is in `tessera-store`'s `snapshot` module).
 
 use crate::commands::{connect, open_output};
+use crate::config::Config;
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use std::io::Write;
@@ -27,8 +28,8 @@ pub enum SnapshotAction {
     Rm { name: String },
 }
 
-pub async fn run(cluster: Option<String>, action: SnapshotAction) -> Result<()> {
-    let client = connect(cluster).await?;
+pub async fn run(config: &Config, action: SnapshotAction) -> Result<()> {
+    let client = connect(config)?;
     match action {
         SnapshotAction::Create { name, prefix } => {
             let began = std::time::Instant::now();
@@ -78,14 +79,14 @@ pub async fn run(cluster: Option<String>, action: SnapshotAction) -> Result<()> 
 /// `get`/`read --snapshot NAME`: LENGTH bytes (all, with none) at OFFSET of REMOTE as
 /// snapshot NAME holds it.
 pub async fn read(
-    cluster: Option<String>,
+    config: &Config,
     name: &str,
     remote: &str,
     offset: u64,
     length: Option<u64>,
     local: &str,
 ) -> Result<()> {
-    let client = connect(cluster).await?;
+    let client = connect(config)?;
     let handle = client.snapshot_open(name, remote).await?;
     let end = match length {
         Some(length) => offset.saturating_add(length).min(handle.size()),

@@ -1,0 +1,350 @@
+//! Whole transfers: a stream of bytes into or out of a file, several chunks in flight.
+//!
+//! A transfer works on an [`OpenFile`]: the file's view (layout, the server of each column,
+//! what they owe, its size) taken from the manager once, by the open, and used by every chunk.
+//! So the chunks cost the manager nothing: no lookup and no size update per chunk. A writer
+//! tells the manager the size once, at the end: [`Client::sync_open`] (the `sync` promise:
+//! data, size and records durable before it returns) or, for a pending file,
+//! [`Client::commit_upload`], whose commit carries the size durably.
+//!
+//! ```no_run
+//! # async fn demo(client: tessera_client::Client) -> Result<(), tessera_client::ClientError> {
+//! use tessera_client::{LayoutRequest, Scheme};
+//! let layout = LayoutRequest { scheme: Scheme::Raid5, stripe_unit: 65536, width: None };
+//! let (pending, mut open) = client.create_pending_open("isos/big.iso", layout).await?;
+//! let mut source = std::io::Cursor::new(vec![7u8; 100_000]);
+//! client.upload(&mut open, 0, &mut source, None, &mut |_| {}).await?;
+//! client.commit_upload(&open).await?; // two manager round trips in all, with the create
+//! let mut copy = Vec::new();
+//! let open = client.open_file("isos/big.iso").await?; // one more
+//! client.download(&open, 0, open.size(), &mut copy, None, &mut |_| {}).await?;
+//! # drop(pending); Ok(()) }
+//! ```
+
+use crate::context::FileContext;
+use crate::stream::StreamClock;
+use crate::{Client, ClientError, File, PendingFile};
+use futures::stream::{FuturesUnordered, StreamExt};
+use std::borrow::Cow;
+use std::io::{Read, Write};
+use tessera_layout::Layout;
+use tessera_wire::{FileMeta, LayoutRequest, ManagerRequest, ManagerResponse};
+
+/// Bytes moved by one chunk of a transfer (whole stripes near this).
+pub const TRANSFER_CHUNK_BYTES: u64 = 8 << 20;
+/// Chunks of one transfer in flight at once.
+pub const TRANSFERS_IN_FLIGHT: usize = 3;
+
+/// A file opened for transfers: its view as the manager gave it at the open, and the size
+/// this handle's writes gave it since.
+pub struct OpenFile {
+    file: File,
+    ctx: FileContext,
+    /// The size the manager holds (as far as this handle knows).
+    size_at_manager: u64,
+}
+
+impl OpenFile {
+    fn new(ctx: FileContext) -> OpenFile {
+        OpenFile {
+            file: File {
+                id: ctx.meta.id,
+                path: ctx.meta.path.clone(),
+            },
+            size_at_manager: ctx.meta.size,
+            ctx,
+        }
+    }
+
+    /// The file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Its metadata at the open, with the size this handle's writes gave it.
+    pub fn meta(&self) -> &FileMeta {
+        &self.ctx.meta
+    }
+
+    /// Its layout.
+    pub fn layout(&self) -> Layout {
+        self.ctx.layout
+    }
+
+    /// Its size: as at the open, grown by this handle's writes.
+    pub fn size(&self) -> u64 {
+        self.ctx.meta.size
+    }
+
+    /// Refuse a byte range that passes the largest size a file of this layout can have, or
+    /// whose end does not fit in a `u64` ([`ClientError::TooLarge`]).
+    pub fn check_range(&self, offset: u64, len: u64) -> Result<(), ClientError> {
+        self.ctx.check_range(offset, len)
+    }
+
+    /// Bytes per chunk: whole stripes near [`TRANSFER_CHUNK_BYTES`], or for a reserved
+    /// stream near a quarter of its budget per period (whole stripes still), so that chunks
+    /// released at the rate finish within the period whose bytes they carry.
+    pub fn chunk_bytes(&self, stream: Option<&StreamClock>) -> u64 {
+        let stripe = self.ctx.layout.stripe_bytes();
+        let target = stream.map_or(TRANSFER_CHUNK_BYTES, |stream| {
+            (stream.budget_bytes() / 4).min(TRANSFER_CHUNK_BYTES)
+        });
+        stripe * (target / stripe).max(1)
+    }
+}
+
+/// Where an upload's bytes come from.
+enum Source<'a> {
+    /// Read (and copied) chunk by chunk.
+    Reader(&'a mut dyn Read),
+    /// Already in memory: written from where they are.
+    Bytes(&'a [u8]),
+}
+
+impl<'a> Source<'a> {
+    /// The next chunk of at most `len` bytes; shorter only at the end.
+    fn next(&mut self, len: usize) -> Result<Cow<'a, [u8]>, ClientError> {
+        match self {
+            Source::Bytes(rest) => {
+                let (head, tail) = rest.split_at(len.min(rest.len()));
+                *rest = tail;
+                Ok(Cow::Borrowed(head))
+            }
+            Source::Reader(reader) => {
+                let mut buf = vec![0u8; len];
+                let mut filled = 0;
+                while filled < len {
+                    match reader.read(&mut buf[filled..]) {
+                        Ok(0) => break,
+                        Ok(n) => filled += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(error) => return Err(local("read input", error)),
+                    }
+                }
+                buf.truncate(filled);
+                Ok(Cow::Owned(buf))
+            }
+        }
+    }
+}
+
+fn local(action: &'static str, error: std::io::Error) -> ClientError {
+    ClientError::Local { action, error }
+}
+
+impl Client {
+    /// Open a file by path for transfers: one manager round trip.
+    pub async fn open_file(&self, path: &str) -> Result<OpenFile, ClientError> {
+        let request = ManagerRequest::Lookup {
+            path: path.to_string(),
+        };
+        match self.manager_call(request).await? {
+            ManagerResponse::File(view) => Ok(OpenFile::new(self.context_from(view)?)),
+            other => Err(self.unexpected("file", other)),
+        }
+    }
+
+    /// Open a file by id (a pending file too) for transfers: one manager round trip.
+    pub async fn open_id(&self, file: &File) -> Result<OpenFile, ClientError> {
+        Ok(OpenFile::new(self.context_of(file.id).await?))
+    }
+
+    /// [`Client::create_pending`], with the new file open for transfers (the view comes with
+    /// the creation: no round trip more).
+    pub async fn create_pending_open(
+        &self,
+        path: &str,
+        layout: LayoutRequest,
+    ) -> Result<(PendingFile, OpenFile), ClientError> {
+        let (pending, view) = self.create_pending_view(path, layout).await?;
+        Ok((pending, OpenFile::new(self.context_from(view)?)))
+    }
+
+    /// Write everything `source` yields at `offset`, several chunks in flight, calling
+    /// `progress` with the bytes of each chunk done; with `stream`, chunks start at its rate.
+    /// Returns the bytes written. The manager learns the size only from
+    /// [`Client::sync_open`] or [`Client::commit_upload`].
+    pub async fn upload(
+        &self,
+        open: &mut OpenFile,
+        offset: u64,
+        source: &mut dyn Read,
+        stream: Option<&mut StreamClock>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<u64, ClientError> {
+        let source = Source::Reader(source);
+        self.upload_from(open, offset, source, stream, progress)
+            .await
+    }
+
+    /// Write `data` at `offset` as [`Client::upload`] does, from where it is (no copy).
+    pub async fn upload_bytes(
+        &self,
+        open: &mut OpenFile,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), ClientError> {
+        let source = Source::Bytes(data);
+        self.upload_from(open, offset, source, None, &mut |_| {})
+            .await
+            .map(|_| ())
+    }
+
+    async fn upload_from(
+        &self,
+        open: &mut OpenFile,
+        offset: u64,
+        mut source: Source<'_>,
+        mut stream: Option<&mut StreamClock>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<u64, ClientError> {
+        let chunk = open.chunk_bytes(stream.as_deref()) as usize;
+        let ctx = &open.ctx;
+        let mut in_flight = FuturesUnordered::new();
+        let (mut at, mut total) = (offset, 0u64);
+        let outcome = loop {
+            let data = match source.next(chunk) {
+                Ok(data) => data,
+                Err(e) => break Err(e),
+            };
+            let filled = data.len();
+            if filled > 0 {
+                if let Err(e) = ctx.check_range(at, filled as u64) {
+                    break Err(e);
+                }
+                if let Some(stream) = &stream {
+                    // Chunks complete out of order: the ledger counts bytes as they complete.
+                    stream.wait(total).await;
+                }
+                let start = at;
+                (at, total) = (at + filled as u64, total + filled as u64);
+                in_flight.push(async move { ctx.write(self, start, &data).await.map(|()| filled) });
+            }
+            while in_flight.len() >= TRANSFERS_IN_FLIGHT
+                || (filled < chunk && !in_flight.is_empty())
+            {
+                match in_flight.next().await.expect("non-empty") {
+                    Ok(done) => {
+                        progress(done as u64);
+                        if let Some(stream) = stream.as_deref_mut() {
+                            stream.done(done as u64);
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if filled < chunk {
+                break Ok(total);
+            }
+        };
+        // A chunk written before a failure still counts: the size covers what may be there.
+        drop(in_flight);
+        if total > 0 {
+            open.ctx.meta.size = open.ctx.meta.size.max(offset + total);
+        }
+        outcome
+    }
+
+    /// Make an open file's writes durable, as [`Client::sync`] does, after telling the
+    /// manager the size they gave it (one request, only if they grew it).
+    pub async fn sync_open(&self, open: &mut OpenFile) -> Result<(), ClientError> {
+        if open.size() > open.size_at_manager {
+            self.manager_call(ManagerRequest::SetSize {
+                file: open.file.id,
+                size: open.size(),
+                grow_only: true,
+            })
+            .await?;
+            open.size_at_manager = open.size();
+        }
+        open.ctx.sync(self, true).await
+    }
+
+    /// Make a pending file's writes durable on its servers and give it its path and size
+    /// in one commit (see [`Client::commit_pending`]): the commit is durable, so the size
+    /// needs no request of its own, and the manager no sync.
+    pub async fn commit_upload(&self, open: &OpenFile) -> Result<(), ClientError> {
+        open.ctx.sync(self, false).await?;
+        let file = &open.file;
+        // Once the commit may have been applied, a torn write could no longer be discarded.
+        self.pending_files().remove(&file.id);
+        let request = ManagerRequest::CommitPendingSized {
+            file: file.id,
+            size: open.size(),
+        };
+        match self.manager_call(request).await? {
+            ManagerResponse::Committed { replaced } => self.committed(&open.ctx, replaced).await,
+            other => Err(self.unexpected("committed", other)),
+        }
+    }
+
+    /// Read `len` bytes at `offset` (fewer past the end of the file) into `sink`, in order,
+    /// several chunks in flight, calling `progress` with the bytes of each chunk written;
+    /// with `stream`, chunks start at its rate. Returns the bytes read.
+    pub async fn download(
+        &self,
+        open: &OpenFile,
+        offset: u64,
+        len: u64,
+        sink: &mut dyn Write,
+        mut stream: Option<&mut StreamClock>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<u64, ClientError> {
+        let ctx = &open.ctx;
+        ctx.check_range(offset, len)?;
+        let chunk = open.chunk_bytes(stream.as_deref());
+        let len = len.min(open.size().saturating_sub(offset));
+        let pacing = stream.as_ref().map(|stream| stream.pacing());
+        let chunks = (0..len.div_ceil(chunk)).map(|i| {
+            let at = offset + i * chunk;
+            let release = pacing.as_ref().map(|pacing| pacing.release(i * chunk));
+            let mut buf = vec![0u8; chunk.min(offset + len - at) as usize];
+            async move {
+                if let Some(release) = release {
+                    tokio::time::sleep_until(release).await;
+                }
+                let got = ctx.read_into(self, at, &mut buf).await?;
+                buf.truncate(got);
+                Ok::<_, ClientError>(buf)
+            }
+        });
+        let mut reads = futures::stream::iter(chunks).buffered(TRANSFERS_IN_FLIGHT);
+        let mut total = 0;
+        while let Some(bytes) = reads.next().await {
+            let bytes = bytes?;
+            sink.write_all(&bytes)
+                .map_err(|e| local("write output", e))?;
+            progress(bytes.len() as u64);
+            total += bytes.len() as u64;
+            if let Some(stream) = stream.as_deref_mut() {
+                stream.done(bytes.len() as u64);
+            }
+        }
+        sink.flush().map_err(|e| local("write output", e))?;
+        Ok(total)
+    }
+
+    /// Fill `out` from `offset` straight from the servers, several chunks in flight; returns
+    /// the bytes the file had there (fewer than `out` holds past its end).
+    pub async fn download_into(
+        &self,
+        open: &OpenFile,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<usize, ClientError> {
+        let ctx = &open.ctx;
+        ctx.check_range(offset, out.len() as u64)?;
+        let chunk = open.chunk_bytes(None) as usize;
+        let reads = out.chunks_mut(chunk).enumerate().map(|(i, part)| {
+            let at = offset + (i * chunk) as u64;
+            async move { ctx.read_into(self, at, part).await }
+        });
+        let mut reads = futures::stream::iter(reads).buffer_unordered(TRANSFERS_IN_FLIGHT);
+        let mut total = 0;
+        while let Some(got) = reads.next().await {
+            total += got?;
+        }
+        Ok(total)
+    }
+}
