@@ -930,6 +930,7 @@ pub async fn run_server(
     at: ServerAt<'_>,
     id: Option<u32>,
     limits: tessera_transport::TcpLimits,
+    schedule: tessera_server::ScheduleConfig,
 ) -> Result<()> {
     let ServerAt {
         listen,
@@ -965,6 +966,7 @@ pub async fn run_server(
         transport: net.transport.unwrap_or_default(),
         datagram: datagram_config(net.window),
         tcp: limits,
+        schedule,
     })
     .await?;
     let scrape = match metrics {

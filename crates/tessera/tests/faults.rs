@@ -1014,6 +1014,7 @@ fn request_frame(request_id: u64, incarnation: Incarnation, request: StorageRequ
     let call = StorageCall {
         incarnation,
         request,
+        service: tessera_wire::Service::BestEffort,
     };
     Frame::new(FrameKind::Request, request_id, &call, Bytes::new()).to_bytes()
 }
