@@ -486,6 +486,7 @@ pub(crate) async fn call_store(
     let call = StorageCall {
         incarnation,
         request,
+        service: client.service.now(),
     };
     let answer = tessera_transport::call_expecting::<_, StorageResponse>(
         client.transport.as_ref(),

@@ -287,6 +287,8 @@ pub struct Client {
     /// full-stripe writes take no stale-parity record (if the client dies, the whole file is
     /// discarded; see `tessera-store`'s `stale` module).
     pub(crate) pending: Arc<Mutex<HashSet<FileId>>>,
+    /// How the servers are asked to order this client's requests (see [`stream::ServiceClock`]).
+    pub(crate) service: stream::ServiceClock,
 }
 
 /// Requests to a replicated manager go round its replicas at most this many times before the
@@ -435,6 +437,7 @@ impl Client {
             manager_transport,
             managers: Arc::new(Managers::new(managers)),
             pending: Arc::default(),
+            service: stream::ServiceClock::of(config.reservation),
         })
     }
 
@@ -446,6 +449,7 @@ impl Client {
             transport,
             managers: Arc::new(Managers::new(vec![manager])),
             pending: Arc::default(),
+            service: stream::ServiceClock::BestEffort,
         }
     }
 

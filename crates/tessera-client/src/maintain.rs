@@ -638,6 +638,23 @@ impl Client {
     pub async fn rebuild(
         &self,
         server: ServerId,
+        progress: impl FnMut(RebuildProgress),
+    ) -> Result<RebuildProgress, ClientError> {
+        self.background().rebuild_marked(server, progress).await
+    }
+
+    /// This client, its requests marked as rebuild and scrub work: the servers serve them as
+    /// best effort, under their rebuild rate cap (`tessera_server::schedule`).
+    fn background(&self) -> Client {
+        Client {
+            service: crate::stream::ServiceClock::Background,
+            ..self.clone()
+        }
+    }
+
+    async fn rebuild_marked(
+        &self,
+        server: ServerId,
         mut progress: impl FnMut(RebuildProgress),
     ) -> Result<RebuildProgress, ClientError> {
         let status = self.status().await?;
@@ -820,6 +837,10 @@ impl Client {
     /// would otherwise wait, unrepaired, for a write growing the file over it, and with a
     /// second such server in the same stripe make it unreadable.
     pub async fn scrub(&self, path: Option<&str>) -> Result<ScrubReport, ClientError> {
+        self.background().scrub_marked(path).await
+    }
+
+    async fn scrub_marked(&self, path: Option<&str>) -> Result<ScrubReport, ClientError> {
         let files = match path {
             Some(path) => vec![self.open(path).await?.id],
             None => self.list("").await?.into_iter().map(|m| m.id).collect(),

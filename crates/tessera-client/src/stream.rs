@@ -7,13 +7,66 @@
 //! which periods met their deadline and how late the others were. Over the datagram
 //! transport the sessions the client opens are reserved at the same rate as well
 //! ([`crate::ClientConfig::reservation`]), which paces their packets by Radon's percent
-//! budget; over TCP the chunk pacing is all there is.
+//! budget; over TCP the chunk pacing is all there is. Every request of a reserved client
+//! carries the end of its period as its deadline ([`ServiceClock`]), and the servers serve
+//! it earliest deadline first, ahead of best effort (`tessera_server::schedule`).
 
 use crate::{Client, ClientError, File};
 use serde::Serialize;
 use std::time::Duration;
 pub use tessera_datagram::Reservation;
-use tessera_wire::{ManagerRequest, ManagerResponse};
+use tessera_wire::{ManagerRequest, ManagerResponse, Service};
+
+/// How a client's requests ask the servers to order them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ServiceClock {
+    /// Unreserved.
+    BestEffort,
+    /// A reserved stream: a request is due at the end of the period it is sent in, periods
+    /// counted from the client's start (the transfer loop's [`StreamLedger`] starts its
+    /// periods when the stream does, within the manager's admission round trip of it).
+    Reserved {
+        /// When the first period began.
+        epoch: std::time::Instant,
+        /// The reservation's period, µs.
+        period_us: u64,
+    },
+    /// Rebuild and scrub.
+    Background,
+}
+
+impl ServiceClock {
+    /// Reserved at `reservation`'s period from now, or best effort without one.
+    pub(crate) fn of(reservation: Option<Reservation>) -> ServiceClock {
+        match reservation {
+            Some(reservation) => ServiceClock::Reserved {
+                epoch: std::time::Instant::now(),
+                period_us: reservation.period_us.max(1),
+            },
+            None => ServiceClock::BestEffort,
+        }
+    }
+
+    /// What a request sent now asks for.
+    pub(crate) fn now(&self) -> Service {
+        match *self {
+            ServiceClock::BestEffort => Service::BestEffort,
+            ServiceClock::Background => Service::Background,
+            ServiceClock::Reserved { epoch, period_us } => {
+                let elapsed_us = u64::try_from(epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
+                Service::Reserved {
+                    deadline_us: period_left_us(elapsed_us, period_us),
+                }
+            }
+        }
+    }
+}
+
+/// µs from `elapsed_us` into a stream to the end of the period it is in (a whole period at
+/// a period's start).
+pub(crate) fn period_left_us(elapsed_us: u64, period_us: u64) -> u64 {
+    period_us - elapsed_us % period_us
+}
 
 /// A stream the manager admitted (its admission control, issue 18): renewed in the background
 /// until released or dropped; a client that goes away stops renewing and its reservation
@@ -333,6 +386,24 @@ mod tests {
             rate_bytes_per_s: rate,
             period_us,
         })
+    }
+
+    #[test]
+    fn requests_are_due_at_the_end_of_their_period() {
+        assert_eq!(period_left_us(0, 1_000_000), 1_000_000);
+        assert_eq!(period_left_us(999_999, 1_000_000), 1);
+        assert_eq!(period_left_us(1_000_000, 1_000_000), 1_000_000);
+        assert_eq!(period_left_us(2_300_000, 1_000_000), 700_000);
+        assert_eq!(period_left_us(u64::MAX, 1), 1);
+        assert_eq!(ServiceClock::of(None).now(), Service::BestEffort);
+        let reserved = ServiceClock::of(Some(Reservation {
+            rate_bytes_per_s: 1_000,
+            period_us: 60_000_000,
+        }));
+        let Service::Reserved { deadline_us } = reserved.now() else {
+            panic!("a reserved client's requests are reserved");
+        };
+        assert!(deadline_us <= 60_000_000 && deadline_us > 50_000_000);
     }
 
     #[test]

@@ -102,6 +102,8 @@ pub struct NetworkStats {
     pub duplicated: u64,
     /// Datagrams dropped at a full bottleneck buffer.
     pub queue_drops: u64,
+    /// The same, by the address that sent them.
+    pub queue_drops_from: std::collections::BTreeMap<SocketAddr, u64>,
     /// Datagrams for an address with no endpoint, or one that is down.
     pub unroutable: u64,
     /// Datagrams the test's filter dropped.
@@ -507,6 +509,11 @@ impl Sim {
         let backlog_bytes = backlog_ns * rate / 8 / 1_000_000_000;
         if backlog_bytes + wire_bytes > port.config.buffer_bytes as u128 {
             self.stats.queue_drops += 1;
+            *self
+                .stats
+                .queue_drops_from
+                .entry(datagram.from)
+                .or_default() += 1;
             return;
         }
         let start_ns = port.busy_until_ns.max(now_ns);

@@ -7,7 +7,9 @@
 //! [`PARITY_LEASE`] while another locker waits; see `tessera_store`'s intent records for what
 //! happens to the holder's half-done write), and keeps the server registered and heartbeating with the metadata
 //! manager. Small reads the page cache holds are answered on the transport's network thread
-//! ([`Store::read_cached`]); everything that may wait for the disk runs on the blocking pool.
+//! ([`Store::read_cached`]); everything that may wait for the disk runs on the blocking pool,
+//! reads and writes after waiting for a disk slot in [`schedule`]'s order (reserved streams
+//! earliest deadline first, then best effort and rate-capped rebuild).
 //! It holds no layout knowledge: the client tells it byte offsets in its data, redundancy and
 //! overflow files. It keeps the file records clients describe (`StorageRequest::Describe`,
 //! stamped with its cluster) and lists them for `tessera manager recover`
@@ -39,8 +41,10 @@ use tokio::time::Instant;
 
 mod keys;
 pub mod metrics;
+pub mod schedule;
 mod snapshot;
 pub use keys::{STORAGE_KEYS_INTERVAL, STORAGE_KEYS_REFRESH_MIN};
+pub use schedule::ScheduleConfig;
 
 /// Largest read answered on the network thread when the page cache holds it (see
 /// [`Store::read_cached`]); a larger copy goes to the blocking pool, so that the network thread
@@ -114,6 +118,8 @@ pub struct ServerConfig {
     /// The cluster secret: the server authenticates to the manager, and accepts the admin,
     /// with keys derived from it.
     pub secret: tessera_auth::Secret,
+    /// How disk work is ordered: disk slots, the rebuild rate cap (see [`schedule`]).
+    pub schedule: ScheduleConfig,
 }
 
 /// A running server.
@@ -216,6 +222,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let keys = Arc::new(keys::ServerKeys::new(&config.secret, managers.clone()));
     let metrics = Arc::new(metrics::ServerMetrics::default());
     let handler = Arc::new(StorageHandler {
+        queue: schedule::DiskQueue::new(config.schedule),
         keys: keys.clone(),
         store: store.clone(),
         locks: Arc::new(ParityLocks::new(PARITY_LEASE, rand::random::<u64>() >> 16)),
@@ -265,6 +272,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         udp: udp_counters.get().cloned(),
         reads: handler.reads.clone(),
         metrics: metrics.clone(),
+        queue: handler.queue.clone(),
     };
     Ok(RunningServer {
         addr,
@@ -283,7 +291,17 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
 /// frames itself (a simulator's in-memory network). Its parity locks are its own, so a handler
 /// dropped and made anew for a reopened store is a restarted server.
 pub fn handler(store: Arc<Store>, id: ServerId) -> Arc<dyn FrameHandler> {
+    handler_scheduled(store, id, ScheduleConfig::default())
+}
+
+/// [`handler`], its disk work ordered as `schedule` says.
+pub fn handler_scheduled(
+    store: Arc<Store>,
+    id: ServerId,
+    schedule: ScheduleConfig,
+) -> Arc<dyn FrameHandler> {
     Arc::new(StorageHandler {
+        queue: schedule::DiskQueue::new(schedule),
         store,
         // Tokens start at random, as in `start`, so that a holder from before a restart is
         // never mistaken for a new one.
@@ -468,6 +486,8 @@ struct StorageHandler {
     counters: Arc<OnceLock<UdpCounters>>,
     reads: Arc<ReadCounts>,
     metrics: Arc<metrics::ServerMetrics>,
+    /// Orders the requests that wait for the disk.
+    queue: Arc<schedule::DiskQueue>,
 }
 
 /// Reads answered, by where: reported with the transport's counters.
@@ -486,6 +506,7 @@ struct Counters {
     reads: Arc<ReadCounts>,
     /// Requests and payload bytes served, in total (`tessera top` turns them into rates).
     metrics: Arc<metrics::ServerMetrics>,
+    queue: Arc<schedule::DiskQueue>,
 }
 
 impl Counters {
@@ -503,6 +524,17 @@ impl Counters {
             self.reads.waited.load(Ordering::Relaxed),
         ));
         all.extend(self.metrics.totals());
+        let queue = self.queue.stats();
+        all.extend([
+            ("queue_reserved".into(), queue.reserved),
+            ("queue_best_effort".into(), queue.best_effort),
+            ("queue_background".into(), queue.background),
+            (
+                "queue_unreserved_ahead_of_reserved".into(),
+                queue.unreserved_ahead_of_reserved,
+            ),
+            ("queue_waiting".into(), queue.waiting),
+        ]);
         all
     }
 }
@@ -531,8 +563,8 @@ impl FrameHandler for StorageHandler {
         message: Bytes,
         payload: Bytes,
     ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
-        let request = match self.admit(&message) {
-            Ok(request) => request,
+        let (request, service) = match self.admit(&message) {
+            Ok(admitted) => admitted,
             Err(answer) => return Box::pin(async move { answer }),
         };
         let store = self.store.clone();
@@ -542,7 +574,11 @@ impl FrameHandler for StorageHandler {
             udp: self.counters.get().cloned(),
             reads: self.reads.clone(),
             metrics: self.metrics.clone(),
+            queue: self.queue.clone(),
         };
+        let queued = schedule::queued_bytes(&request, payload.len())
+            .filter(|_| !DISK_INLINE.with(|cell| cell.get()))
+            .map(|bytes| (self.queue.clone(), bytes));
         let (metrics, kind, received) = (
             self.metrics.clone(),
             metrics::kind_of(&request),
@@ -550,6 +586,10 @@ impl FrameHandler for StorageHandler {
         );
         let started = std::time::Instant::now();
         Box::pin(async move {
+            let _slot = match queued {
+                Some((queue, bytes)) => Some(queue.slot(service, bytes).await),
+                None => None,
+            };
             let answer = serve(store, locks, counters, id, connection, request, payload).await;
             let error = answer.is_err();
             let (response, payload) =
@@ -582,10 +622,14 @@ impl FrameHandler for StorageHandler {
         message: &Bytes,
         _payload: &Bytes,
     ) -> Option<Option<(Bytes, Bytes)>> {
-        let request = match self.admit(message) {
-            Ok(request) => request,
+        let (request, service) = match self.admit(message) {
+            Ok(admitted) => admitted,
             Err(answer) => return Some(answer),
         };
+        if service == tessera_wire::Service::Background {
+            // Rebuild and scrub reads keep to the rebuild rate even when cached.
+            return None;
+        }
         let StorageRequest::Read {
             file,
             region,
@@ -618,13 +662,17 @@ impl FrameHandler for StorageHandler {
 }
 
 impl StorageHandler {
-    /// The request in a frame's message, if it decodes and is meant for this server's store.
-    /// Otherwise the answer to give: `None` (drop the connection) for garbage, a refusal for a
-    /// request meant for another store.
-    fn admit(&self, message: &Bytes) -> Result<StorageRequest, Option<(Bytes, Bytes)>> {
+    /// The request in a frame's message and how it is to be served, if it decodes and is
+    /// meant for this server's store. Otherwise the answer to give: `None` (drop the
+    /// connection) for garbage, a refusal for a request meant for another store.
+    fn admit(
+        &self,
+        message: &Bytes,
+    ) -> Result<(StorageRequest, tessera_wire::Service), Option<(Bytes, Bytes)>> {
         let StorageCall {
             incarnation,
             request,
+            service,
         } = tessera_wire::decode_message(message).map_err(|e| {
             tracing::info!("undecodable request: {e}");
             None
@@ -642,7 +690,7 @@ impl StorageHandler {
             });
             return Err(Some((Bytes::from(encode_message(&refusal)), Bytes::new())));
         }
-        Ok(request)
+        Ok((request, service))
     }
 }
 

@@ -34,6 +34,7 @@ async fn call(
     let call = StorageCall {
         incarnation,
         request,
+        service: tessera_wire::Service::BestEffort,
     };
     let (answer, _): (StorageResponse, Bytes) =
         tessera_transport::call(&transport, addr, &call, payload)

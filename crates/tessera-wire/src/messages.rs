@@ -51,6 +51,26 @@ pub struct StorageCall {
     pub incarnation: Incarnation,
     /// What to do there.
     pub request: StorageRequest,
+    /// When it is due: how the server's queue orders it among others waiting for the disk.
+    pub service: Service,
+}
+
+/// How a storage server's queue orders a request among those waiting for the disk (Radon's
+/// deadline-ordered service, issue 18): reserved requests earliest deadline first, ahead of
+/// best effort; rebuild and scrub as best effort under the server's rebuild rate cap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Service {
+    /// Unreserved traffic: served in arrival order after reserved requests.
+    #[default]
+    BestEffort,
+    /// A reserved stream's request, due `deadline_us` µs after the server receives it (the
+    /// end of the stream's period; relative, so that no clocks need to agree). 0: already late.
+    Reserved {
+        /// µs from arrival to the deadline.
+        deadline_us: u64,
+    },
+    /// Rebuild and scrub: best effort, and at most the server's rebuild rate.
+    Background,
 }
 
 /// A request from a client to a storage server. Bulk data travels in the frame's payload.

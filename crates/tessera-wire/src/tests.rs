@@ -115,7 +115,7 @@ fn storage_request() -> impl Strategy<Value = StorageRequest> {
 proptest! {
     #[test]
     fn storage_requests_round_trip(request in storage_request(), incarnation in any::<u64>(), payload in prop::collection::vec(any::<u8>(), 0..3000), id in any::<u64>()) {
-        let req = StorageCall { incarnation, request };
+        let req = StorageCall { incarnation, request, service: Service::BestEffort };
         let frame = Frame::new(FrameKind::Request, id, &req, Bytes::from(payload.clone()));
         let bytes = frame.to_bytes();
         let (decoded, used) = Frame::decode(&bytes).unwrap().unwrap();
@@ -142,7 +142,7 @@ proptest! {
 
     #[test]
     fn flipped_bytes_in_a_message_never_panic(req in storage_request(), at in any::<prop::sample::Index>(), bit in 0u8..8) {
-        let mut bytes = encode_message(&StorageCall { incarnation: 7, request: req });
+        let mut bytes = encode_message(&StorageCall { incarnation: 7, request: req, service: Service::BestEffort });
         let i = at.index(bytes.len());
         bytes[i] ^= 1 << bit;
         let _ = decode_message::<StorageCall>(&bytes);

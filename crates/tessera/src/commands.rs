@@ -795,6 +795,7 @@ pub async fn run_server(
     at: ServerAt<'_>,
     id: Option<u32>,
     limits: tessera_transport::TcpLimits,
+    schedule: tessera_server::ScheduleConfig,
 ) -> Result<()> {
     let ServerAt {
         listen,
@@ -829,6 +830,7 @@ pub async fn run_server(
         transport: config.transport.unwrap_or_default(),
         datagram: config.server_datagram(),
         tcp: limits,
+        schedule,
     })
     .await?;
     let scrape = match metrics {

@@ -271,8 +271,34 @@ struct ServerArgs {
     /// Serve Prometheus metrics on this address (GET /metrics).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// Most rebuild and scrub traffic this server serves, e.g. 50MB/s [default: no cap]
+    #[arg(long, env = "TESSERA_REBUILD_RATE", value_name = "RATE")]
+    rebuild_rate: Option<String>,
+    /// Disk requests served at once; the rest wait, reserved streams' earliest deadline first
+    /// [default: 8]
+    #[arg(long, env = "TESSERA_DISK_SLOTS")]
+    disk_slots: Option<u32>,
     #[command(flatten)]
     limits: LimitArgs,
+}
+
+/// How a server orders its disk work, from its flags.
+fn server_schedule(
+    rebuild_rate: Option<&str>,
+    disk_slots: Option<u32>,
+) -> anyhow::Result<tessera_server::ScheduleConfig> {
+    let mut schedule = tessera_server::ScheduleConfig::default();
+    if let Some(rate) = rebuild_rate {
+        let rate = tessera_client::stream::parse_rate(rate)
+            .map_err(|e| anyhow::anyhow!("bad --rebuild-rate: {e}"))?;
+        schedule.rebuild_bytes_per_s = Some(rate);
+    }
+    match disk_slots {
+        Some(0) => anyhow::bail!("--disk-slots must be at least 1"),
+        Some(slots) => schedule.disk_slots = slots,
+        None => {}
+    }
+    Ok(schedule)
 }
 
 /// What a daemon lets its TCP peers hold (see the README's "Wire and transport").
@@ -562,13 +588,14 @@ async fn run(cli: Cli) -> Result<()> {
                     .dir
                     .ok_or_else(|| anyhow::anyhow!("tessera server needs --dir"))?;
                 let limits = args.limits.tcp_limits()?;
+                let schedule = server_schedule(args.rebuild_rate.as_deref(), args.disk_slots)?;
                 let at = commands::ServerAt {
                     listen: &listen,
                     dir: &dir,
                     addr_file: args.addr_file,
                     metrics: args.metrics.as_deref(),
                 };
-                commands::run_server(config, &manager, at, args.id, limits).await
+                commands::run_server(config, &manager, at, args.id, limits, schedule).await
             }
         },
         Command::Put {

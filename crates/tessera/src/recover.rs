@@ -140,6 +140,7 @@ async fn ask(transport: &Arc<TcpTransport>, addr: SocketAddr) -> Result<ServerRe
         let call = StorageCall {
             incarnation: 0,
             request: StorageRequest::Records { after },
+            service: tessera_wire::Service::BestEffort,
         };
         let (answer, _) = tessera_transport::call::<_, StorageResponse>(
             transport as &dyn Transport,

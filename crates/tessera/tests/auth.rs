@@ -261,6 +261,7 @@ async fn a_peer_without_a_key_cannot_read_a_file() {
             len: 16 << 10,
             overlay: true,
         },
+        service: tessera_wire::Service::BestEffort,
     };
     assert_refused_without_a_key(server, &read).await;
     // Nor through the manager: the file's layout and servers are not handed out either.
@@ -297,6 +298,7 @@ async fn a_peer_without_a_key_cannot_write_a_file() {
             offset: 0,
             invalidate_overflow: true,
         },
+        service: tessera_wire::Service::BestEffort,
     };
     assert_refused_without_a_key(server, &write).await;
     // With a forged key and the payload of a real write: refused before a byte is read.
@@ -329,6 +331,7 @@ async fn a_peer_without_a_key_cannot_delete_a_file() {
     let remove = StorageCall {
         incarnation,
         request: StorageRequest::Remove { file: file.id },
+        service: tessera_wire::Service::BestEffort,
     };
     assert_refused_without_a_key(server, &remove).await;
     let unlink = ManagerRequest::Remove {
@@ -578,6 +581,7 @@ async fn access_keys_round_trip_and_a_revoked_key_is_refused() {
     let ping = StorageCall {
         incarnation,
         request: StorageRequest::Ping,
+        service: tessera_wire::Service::BestEffort,
     };
     let revoked = tessera_client::parse_access_key(&alice)
         .expect("key")
@@ -636,6 +640,7 @@ async fn a_peer_without_a_key_cannot_use_the_datagram_transport() {
         let call = StorageCall {
             incarnation,
             request: request.clone(),
+            service: tessera_wire::Service::BestEffort,
         };
         let answer = tessera_transport::call::<_, StorageResponse>(
             &stranger as &dyn Transport,
@@ -657,6 +662,7 @@ async fn a_peer_without_a_key_cannot_use_the_datagram_transport() {
     let call = StorageCall {
         incarnation,
         request: requests[1].clone(),
+        service: tessera_wire::Service::BestEffort,
     };
     let answer = tessera_transport::call::<_, StorageResponse>(
         &forger as &dyn Transport,
@@ -693,6 +699,7 @@ async fn a_peer_without_a_key_cannot_use_the_datagram_transport() {
     let call = StorageCall {
         incarnation,
         request: requests[0].clone(),
+        service: tessera_wire::Service::BestEffort,
     };
     let answer = tessera_transport::call::<_, StorageResponse>(
         &keyed as &dyn Transport,

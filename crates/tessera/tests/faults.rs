@@ -1014,6 +1014,7 @@ fn request_frame(request_id: u64, incarnation: Incarnation, request: StorageRequ
     let call = StorageCall {
         incarnation,
         request,
+        service: tessera_wire::Service::BestEffort,
     };
     Frame::new(FrameKind::Request, request_id, &call, Bytes::new()).to_bytes()
 }
@@ -1583,6 +1584,69 @@ async fn striped_reads_are_granted_by_the_client_and_counted_at_the_servers() {
         "the client granted the answers: {mine:?}"
     );
     assert!(mine["messages_delivered"] > 0, "{mine:?}");
+}
+
+/// Sums one counter over every server.
+fn counter_sum(
+    counters: &[(ServerId, std::collections::BTreeMap<String, u64>)],
+    name: &str,
+) -> u64 {
+    counters.iter().map(|(_, c)| c[name]).sum()
+}
+
+/// The servers' disk queues hear how each request is to be served (issue 18 item 4): a
+/// reserved client's reads as reserved, a scrub's as background, the rest as best effort.
+#[tokio::test(flavor = "multi_thread")]
+async fn reserved_and_rebuild_requests_reach_the_servers_disk_queues_as_such() {
+    let cluster = Cluster::up();
+    let client = cluster.client().await;
+    // Units above the largest read answered inline, so that every read waits for a slot.
+    let layout = LayoutRequest {
+        scheme: Scheme::Raid5,
+        stripe_unit: 512 << 10,
+        width: None,
+    };
+    let file = client.create("served", layout).await.expect("create");
+    let data = random_bytes(&mut seeded("served"), 8 << 20);
+    client.write_at(&file, 0, &data).await.expect("write");
+    let before = client.server_counters().await.expect("server counters");
+    assert_eq!(before.len(), SERVERS as usize, "every server answers");
+    let config = tessera_client::ClientConfig {
+        credential: Some(cluster.admin()),
+        reservation: Some(tessera_client::stream::Reservation {
+            rate_bytes_per_s: 100_000_000,
+            period_us: 1_000_000,
+        }),
+        ..tessera_client::ClientConfig::default()
+    };
+    let reserved = Client::connect_with(cluster.manager, config)
+        .await
+        .expect("connect");
+    let got = reserved
+        .read_at(&file, 0, data.len() as u64)
+        .await
+        .expect("read");
+    assert_bytes("reserved read", &got, &data);
+    let read = client.server_counters().await.expect("server counters");
+    // 8 MiB in units of 512 KiB over 4 data columns: reads on every server, none of them
+    // best effort.
+    let delta =
+        |after: &[_], before: &[_], name| counter_sum(after, name) - counter_sum(before, name);
+    assert!(delta(&read, &before, "queue_reserved") >= 4, "{read:?}");
+    assert_eq!(delta(&read, &before, "queue_best_effort"), 0);
+    let report = client.scrub(Some("served")).await.expect("scrub");
+    assert_eq!(
+        report.corrupt_repaired + report.parity_repaired,
+        0,
+        "{report:?}"
+    );
+    let scrubbed = client.server_counters().await.expect("server counters");
+    assert!(
+        delta(&scrubbed, &read, "queue_background") >= 4,
+        "{scrubbed:?}"
+    );
+    assert_eq!(delta(&scrubbed, &read, "queue_reserved"), 0);
+    assert_eq!(counter_sum(&scrubbed, "queue_waiting"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]

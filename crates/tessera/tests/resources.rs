@@ -422,6 +422,7 @@ async fn answers_never_read_stay_within_the_frame_budget() {
             len: 1 << 20,
             overlay: false,
         },
+        service: tessera_wire::Service::BestEffort,
     };
     // 8 connections ask for 256 answers of 1 MiB each (2 GiB, 32 times the budget) and
     // never read one: the server must not compute what it cannot send.
