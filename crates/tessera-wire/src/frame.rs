@@ -10,8 +10,9 @@ use serde::{de::DeserializeOwned, Serialize};
 /// (`RecordStale`, `RenewStale`, `ClearStale`, `StaleRecorded`, `stale` in `Locked` and
 /// `Intent`). Version 5: `ReadIntent` waits out a live stale-parity record (`waited` in
 /// `Intent`). Version 6: `Intent` carries the stripe's `generation`, which a degraded read
-/// compares before and after its reads.
-pub const PROTOCOL_VERSION: u8 = 6;
+/// compares before and after its reads. Version 7: snapshots are fenced against writes in
+/// flight (`SnapshotFence`, `SnapshotRelease`).
+pub const PROTOCOL_VERSION: u8 = 7;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.

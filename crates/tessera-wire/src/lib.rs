@@ -39,7 +39,9 @@
 //! `ReservationRefused`), and copy-on-write snapshots:
 //! `StorageRequest::SnapshotBegin`, `ReadSnapshot`, `SnapshotDrop`, `SnapshotUsage`,
 //! `ManagerRequest::SnapshotCreate`, `SnapshotReady`, `SnapshotList`, `SnapshotRemove`, and
-//! `ManagerResponse::Snapshots`, `SnapshotRemoved`, `Retained`.
+//! `ManagerResponse::Snapshots`, `SnapshotRemoved`, `Retained`. Version 7: a snapshot is
+//! begun behind a fence against writes in flight (`StorageRequest::SnapshotFence`,
+//! `SnapshotRelease`).
 
 mod frame;
 mod handshake;
