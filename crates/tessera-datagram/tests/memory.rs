@@ -102,15 +102,28 @@ fn echo_transfer(
     sim.now() - start
 }
 
+/// A simulator with a client and a server, both with the test's budgets.
+fn client_and_server(seed: u64) -> (Sim, SocketAddr, SocketAddr) {
+    let mut sim = Sim::new(seed);
+    let (client, server) = (addr(1), addr(2));
+    sim.add_endpoint(server, budgets());
+    sim.add_endpoint(client, budgets());
+    (sim, client, server)
+}
+
+/// `source` opens `session` at `server` with the first fragment of a message of the largest
+/// size, which it never continues.
+fn start_largest(sim: &mut Sim, source: SocketAddr, server: SocketAddr, session: u64) {
+    let opening = fragment(session, 0, true, false, MESSAGE_MAX as u32);
+    sim.inject(source, server, opening);
+}
+
 /// Hostile sources each open sessions and start a message of the largest size on each,
 /// never continuing: 3 sources of 8 sessions would reserve 24 MiB; they get 1 MiB each (one
 /// message per source), and the client from its own address is served alongside.
 #[test]
 fn partial_messages_from_hostile_sources_hold_at_most_their_budget() {
-    let mut sim = Sim::new(201);
-    let (client, server) = (addr(1), addr(2));
-    sim.add_endpoint(server, budgets());
-    sim.add_endpoint(client, budgets());
+    let (mut sim, client, server) = client_and_server(201);
     let mut next_session = 0x0bad_0000_u64;
     let mut started = 0;
     let attack = |sim: &mut Sim| {
@@ -120,8 +133,7 @@ fn partial_messages_from_hostile_sources_hold_at_most_their_budget() {
             for source in 0..3 {
                 for _ in 0..8 {
                     next_session += 1;
-                    let opening = fragment(next_session, 0, true, false, MESSAGE_MAX as u32);
-                    sim.inject(hostile(source), server, opening);
+                    start_largest(sim, hostile(source), server, next_session);
                 }
             }
         }
@@ -146,10 +158,7 @@ fn partial_messages_from_hostile_sources_hold_at_most_their_budget() {
 /// client gets in as stalled reassemblies are given up.
 #[test]
 fn the_total_reassembly_budget_holds_against_many_sources() {
-    let mut sim = Sim::new(202);
-    let (client, server) = (addr(1), addr(2));
-    sim.add_endpoint(server, budgets());
-    sim.add_endpoint(client, budgets());
+    let (mut sim, client, server) = client_and_server(202);
     let mut next_session = 0x0bad_0000_u64;
     let mut injected = false;
     let attack = |sim: &mut Sim| {
@@ -157,8 +166,7 @@ fn the_total_reassembly_budget_holds_against_many_sources() {
             injected = true;
             for source in 0..16 {
                 next_session += 1;
-                let opening = fragment(next_session, 0, true, false, MESSAGE_MAX as u32);
-                sim.inject(hostile(source), server, opening);
+                start_largest(sim, hostile(source), server, next_session);
             }
         }
     };

@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
-use tessera_client::{Client, LayoutRequest, Scheme};
+use tessera_client::Client;
 use tessera_layout::Region;
-use tessera_sim::SimCluster;
+use tessera_sim::{run_virtual, SimCluster};
 use tessera_transport::{BoxFuture, Reply, Transport, TransportError};
 use tessera_wire::{StorageCall, StorageRequest};
 use tokio::sync::watch;
@@ -50,39 +50,47 @@ fn call_of(message: &Bytes) -> Option<StorageRequest> {
         .map(|call| call.request)
 }
 
-/// The writer's transport: its first parity write to stripe 0's parity column waits for
-/// `go`.
-struct Holding {
+/// A client's transport, the writer's or the snapshot taker's: the writer's (`holds`) holds
+/// its first parity write to stripe 0's parity column until `go`; the taker's sets `go`
+/// `RELEASE_AFTER` its first snapshot request to that column.
+struct Interposed {
     inner: Arc<dyn Transport>,
     hold: Arc<Hold>,
+    holds: bool,
 }
 
-impl Transport for Holding {
+impl Transport for Interposed {
     fn call(
         &self,
         addr: SocketAddr,
         message: Bytes,
         payload: Bytes,
     ) -> BoxFuture<'static, Result<Reply, TransportError>> {
-        self.call_expecting(addr, message, payload, None)
-    }
-
-    fn call_expecting(
-        &self,
-        addr: SocketAddr,
-        message: Bytes,
-        payload: Bytes,
-        reply_bytes: Option<usize>,
-    ) -> BoxFuture<'static, Result<Reply, TransportError>> {
+        let request = call_of(&message);
+        let to_parity = addr == self.hold.parity;
+        let snapshot_step = matches!(
+            request,
+            Some(StorageRequest::SnapshotFence { .. } | StorageRequest::SnapshotBegin { .. })
+        );
+        if !self.holds && snapshot_step && to_parity {
+            let hold = self.hold.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(RELEASE_AFTER).await;
+                hold.go.send_replace(true);
+            });
+        }
         let parity_write = matches!(
-            call_of(&message),
+            request,
             Some(StorageRequest::WriteParity { .. })
                 | Some(StorageRequest::Write {
                     region: Region::Redundancy,
                     ..
                 })
-        ) && addr == self.hold.parity;
-        let held = parity_write && !std::mem::replace(&mut *self.hold.taken.lock().unwrap(), true);
+        );
+        let held = self.holds
+            && parity_write
+            && to_parity
+            && !std::mem::replace(&mut *self.hold.taken.lock().unwrap(), true);
         let (inner, hold) = (self.inner.clone(), self.hold.clone());
         Box::pin(async move {
             if held {
@@ -93,61 +101,9 @@ impl Transport for Holding {
                 let mut go = hold.go.subscribe();
                 go.wait_for(|&go| go).await.expect("sender kept");
             }
-            inner
-                .call_expecting(addr, message, payload, reply_bytes)
-                .await
+            inner.call(addr, message, payload).await
         })
     }
-}
-
-/// The snapshot taker's transport: its first snapshot request to the parity column lets
-/// the held parity write go on `RELEASE_AFTER` later.
-struct Releasing {
-    inner: Arc<dyn Transport>,
-    hold: Arc<Hold>,
-}
-
-impl Transport for Releasing {
-    fn call(
-        &self,
-        addr: SocketAddr,
-        message: Bytes,
-        payload: Bytes,
-    ) -> BoxFuture<'static, Result<Reply, TransportError>> {
-        self.call_expecting(addr, message, payload, None)
-    }
-
-    fn call_expecting(
-        &self,
-        addr: SocketAddr,
-        message: Bytes,
-        payload: Bytes,
-        reply_bytes: Option<usize>,
-    ) -> BoxFuture<'static, Result<Reply, TransportError>> {
-        let snapshot_step = matches!(
-            call_of(&message),
-            Some(StorageRequest::SnapshotFence { .. }) | Some(StorageRequest::SnapshotBegin { .. })
-        );
-        if snapshot_step && addr == self.hold.parity {
-            let hold = self.hold.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(RELEASE_AFTER).await;
-                hold.go.send_replace(true);
-            });
-        }
-        self.inner
-            .call_expecting(addr, message, payload, reply_bytes)
-    }
-}
-
-fn run(test: impl std::future::Future<Output = ()>) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a runtime");
-    tessera_server::run_disk_inline(true);
-    runtime.block_on(test);
 }
 
 /// Writes `len` new bytes at `offset` of stripe 0 with the parity write held, takes a
@@ -158,42 +114,24 @@ async fn held_write_under_snapshot(seed: u64, offset: usize, len: usize) -> usiz
     let mut cluster = SimCluster::start(seed, 4).await;
     cluster.set_torn_resolver(false);
     let setup = cluster.client();
-    let layout = LayoutRequest {
-        scheme: Scheme::Raid5,
-        stripe_unit: UNIT,
-        width: Some(4),
-    };
-    let file = setup.create("/f", layout).await.expect("create");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let old: Vec<u8> = (0..FILE_BYTES).map(|_| rng.gen()).collect();
     let mut new = old.clone();
     rng.fill(&mut new[offset..offset + len]);
-    setup.write_at(&file, 0, &old).await.expect("write");
-    setup.sync(&file).await.expect("sync");
-    let meta = setup.stat("/f").await.expect("stat").meta;
-    let index_of = |column: usize| {
-        (0..cluster.servers())
-            .find(|&i| cluster.server_id(i) == meta.servers[column])
-            .expect("a server of the cluster")
-    };
-    // RAID-5 puts stripe 0's parity on the last column.
+    let (_, columns) = cluster.raid5_file(&setup, UNIT, &old).await;
     let hold = Arc::new(Hold {
-        parity: cluster.server_addr(index_of(3)),
+        parity: cluster.server_addr(columns[3]),
         held: watch::channel(false).0,
         go: watch::channel(false).0,
         taken: Mutex::new(false),
     });
-    let transport = |hold: &Arc<Hold>, releasing: bool| -> Arc<dyn Transport> {
-        let inner: Arc<dyn Transport> = Arc::new(cluster.network.transport(Duration::from_secs(1)));
+    let client = |holds: bool| {
+        let inner = Arc::new(cluster.network.transport(Duration::from_secs(1)));
         let hold = hold.clone();
-        if releasing {
-            Arc::new(Releasing { inner, hold })
-        } else {
-            Arc::new(Holding { inner, hold })
-        }
+        let interposed = Interposed { inner, hold, holds };
+        Client::with_transport(cluster.manager_addr, Arc::new(interposed))
     };
-    let writer = Client::with_transport(cluster.manager_addr, transport(&hold, false));
-    let taker = Client::with_transport(cluster.manager_addr, transport(&hold, true));
+    let (writer, taker) = (client(true), client(false));
     let written = {
         let file = writer.open("/f").await.expect("open");
         let bytes = new[offset..offset + len].to_vec();
@@ -213,7 +151,7 @@ async fn held_write_under_snapshot(seed: u64, offset: usize, len: usize) -> usiz
         whole, new,
         "seed {seed}: the write in flight is in the snapshot"
     );
-    cluster.crash_server(index_of(0));
+    cluster.crash_server(columns[0]);
     let fresh = cluster.client();
     let handle = fresh.snapshot_open("s", "/f").await.expect("open snapshot");
     let degraded = fresh
@@ -228,7 +166,7 @@ async fn held_write_under_snapshot(seed: u64, offset: usize, len: usize) -> usiz
 /// unit read degraded were wrong.
 #[test]
 fn a_partial_stripe_write_held_before_its_parity_is_whole_in_the_snapshot() {
-    run(async {
+    run_virtual(async {
         let wrong = held_write_under_snapshot(21, UNIT as usize + 100, 1000).await;
         assert_eq!(
             wrong, 0,
@@ -240,7 +178,7 @@ fn a_partial_stripe_write_held_before_its_parity_is_whole_in_the_snapshot() {
 /// A full-stripe write (under a stale-parity record), its parity write held.
 #[test]
 fn a_full_stripe_write_held_before_its_parity_is_whole_in_the_snapshot() {
-    run(async {
+    run_virtual(async {
         let wrong = held_write_under_snapshot(22, 0, STRIPE).await;
         assert_eq!(
             wrong, 0,

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use tessera_client::{Client, File, LayoutRequest, Scheme};
-use tessera_sim::SimCluster;
+use tessera_sim::{run_virtual, SimCluster};
 
 const UNIT: u32 = 4096;
 const WRITERS: usize = 3;
@@ -48,16 +48,6 @@ struct Taken {
     name: String,
     start: u64,
     end: u64,
-}
-
-fn run(test: impl std::future::Future<Output = ()>) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a runtime");
-    tessera_server::run_disk_inline(true);
-    runtime.block_on(test);
 }
 
 async fn writer(client: Client, file: File, clock: Clock, seed: u64, index: usize) -> Vec<Write> {
@@ -166,7 +156,7 @@ async fn check_snapshots(
 
 fn snapshots_of_concurrent_writers(scheme: Scheme, seeds: std::ops::Range<u64>) {
     for seed in seeds {
-        run(async move {
+        run_virtual(async move {
             let mut cluster = SimCluster::start(seed, 4).await;
             let client = cluster.client();
             let layout = LayoutRequest {
