@@ -106,64 +106,96 @@ impl Transport for Interposed {
     }
 }
 
-/// Writes `len` new bytes at `offset` of stripe 0 with the parity write held, takes a
-/// snapshot meanwhile, then loses column 0's server (a data column of stripe 0 the write did
-/// not change, or did) and reads the snapshot degraded. Returns the bytes of the degraded
-/// read that differ from the read with every column up.
-async fn held_write_under_snapshot(seed: u64, offset: usize, len: usize) -> usize {
-    let mut cluster = SimCluster::start(seed, 4).await;
+/// A cluster with `/f` written with old bytes, the new bytes of a write of `len` at
+/// `offset`, and a writer whose write of them is spawned and held before its parity write.
+struct Scene {
+    cluster: SimCluster,
+    columns: Vec<usize>,
+    new: Vec<u8>,
+    hold: Arc<Hold>,
+    written: tokio::task::JoinHandle<Result<(), tessera_client::ClientError>>,
+}
+
+async fn scene(seed: u64, offset: usize, len: usize) -> Scene {
+    let cluster = SimCluster::start(seed, 4).await;
     cluster.set_torn_resolver(false);
-    let setup = cluster.client();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let old: Vec<u8> = (0..FILE_BYTES).map(|_| rng.gen()).collect();
     let mut new = old.clone();
     rng.fill(&mut new[offset..offset + len]);
-    let (_, columns) = cluster.raid5_file(&setup, UNIT, &old).await;
+    let (_, columns) = cluster.raid5_file(&cluster.client(), UNIT, &old).await;
     let hold = Arc::new(Hold {
         parity: cluster.server_addr(columns[3]),
         held: watch::channel(false).0,
         go: watch::channel(false).0,
         taken: Mutex::new(false),
     });
-    let client = |holds: bool| {
-        let inner = Arc::new(cluster.network.transport(Duration::from_secs(1)));
-        let hold = hold.clone();
-        let interposed = Interposed { inner, hold, holds };
-        Client::with_transport(cluster.manager_addr, Arc::new(interposed))
-    };
-    let (writer, taker) = (client(true), client(false));
-    let written = {
-        let file = writer.open("/f").await.expect("open");
-        let bytes = new[offset..offset + len].to_vec();
-        tokio::spawn(async move { writer.write_at(&file, offset as u64, &bytes).await })
-    };
+    let writer = interposed(&cluster, &hold, true);
+    let file = writer.open("/f").await.expect("open");
+    let bytes = new[offset..offset + len].to_vec();
+    let written = tokio::spawn(async move { writer.write_at(&file, offset as u64, &bytes).await });
     let mut held = hold.held.subscribe();
     held.wait_for(|&held| held).await.expect("sender kept");
-    taker.snapshot_create("s", "/").await.expect("snapshot");
-    written.await.expect("writer").expect("the held write");
+    Scene {
+        cluster,
+        columns,
+        new,
+        hold,
+        written,
+    }
+}
 
-    let handle = setup.snapshot_open("s", "/f").await.expect("open snapshot");
-    let whole = setup
-        .snapshot_read_at(&handle, 0, handle.size())
+fn interposed(cluster: &SimCluster, hold: &Arc<Hold>, holds: bool) -> Client {
+    let inner = Arc::new(cluster.network.transport(Duration::from_secs(1)));
+    let hold = hold.clone();
+    let interposed = Interposed { inner, hold, holds };
+    Client::with_transport(cluster.manager_addr, Arc::new(interposed))
+}
+
+/// Snapshot `s` of `/f` read whole, then with server `lost` crashed.
+async fn read_whole_then_degraded(
+    cluster: &mut SimCluster,
+    lost: usize,
+) -> (Vec<u8>, Result<Vec<u8>, tessera_client::ClientError>) {
+    let reader = cluster.client();
+    let handle = reader
+        .snapshot_open("s", "/f")
         .await
-        .expect("whole read");
-    assert_eq!(
-        whole, new,
-        "seed {seed}: the write in flight is in the snapshot"
-    );
-    cluster.crash_server(columns[0]);
+        .expect("open snapshot");
+    let whole = reader.snapshot_read_at(&handle, 0, handle.size()).await;
+    cluster.crash_server(lost);
     let fresh = cluster.client();
     let handle = fresh.snapshot_open("s", "/f").await.expect("open snapshot");
-    let degraded = fresh
-        .snapshot_read_at(&handle, 0, handle.size())
+    let degraded = fresh.snapshot_read_at(&handle, 0, handle.size()).await;
+    (whole.expect("whole read"), degraded)
+}
+
+/// Writes `len` new bytes at `offset` of stripe 0 with the parity write held, takes a
+/// snapshot meanwhile, then loses column 0's server (a data column of stripe 0 the write did
+/// not change, or did) and reads the snapshot degraded. Returns the bytes of the degraded
+/// read that differ from the read with every column up.
+async fn held_write_under_snapshot(seed: u64, offset: usize, len: usize) -> usize {
+    let mut scene = scene(seed, offset, len).await;
+    let taker = interposed(&scene.cluster, &scene.hold, false);
+    taker.snapshot_create("s", "/").await.expect("snapshot");
+    scene
+        .written
         .await
-        .expect("degraded read");
+        .expect("writer")
+        .expect("the held write");
+    let lost = scene.columns[0];
+    let (whole, degraded) = read_whole_then_degraded(&mut scene.cluster, lost).await;
+    assert_eq!(
+        whole, scene.new,
+        "seed {seed}: the write in flight is in the snapshot"
+    );
+    let degraded = degraded.expect("degraded read");
     degraded.iter().zip(&whole).filter(|(a, b)| a != b).count()
 }
 
 /// A read-modify-write of 1,000 bytes of column 1 (under the parity lock and an intent
-/// record), its parity write held. Before the fence: 1,000 of the 4,096 bytes of column 0's
-/// unit read degraded were wrong.
+/// record), its parity write held. Before the fence: 999 of the 24,576 bytes read degraded
+/// were wrong.
 #[test]
 fn a_partial_stripe_write_held_before_its_parity_is_whole_in_the_snapshot() {
     run_virtual(async {
@@ -175,7 +207,8 @@ fn a_partial_stripe_write_held_before_its_parity_is_whole_in_the_snapshot() {
     });
 }
 
-/// A full-stripe write (under a stale-parity record), its parity write held.
+/// A full-stripe write (under a stale-parity record), its parity write held. Before the
+/// fence: 4,080 of the 24,576 bytes read degraded were wrong.
 #[test]
 fn a_full_stripe_write_held_before_its_parity_is_whole_in_the_snapshot() {
     run_virtual(async {
@@ -184,5 +217,36 @@ fn a_full_stripe_write_held_before_its_parity_is_whole_in_the_snapshot() {
             wrong, 0,
             "bytes of the degraded snapshot read that are wrong"
         );
+    });
+}
+
+/// A writer dies between its data and its parity write (its intent record left at the
+/// parity server, its lock released with its connection), and a snapshot is taken then: the
+/// stripe's parity matches neither its old nor its new data, so the snapshot records that
+/// parity lost. Read whole, each byte is old or new; read with a data column lost, the
+/// stripe is an error, never wrong bytes.
+#[test]
+fn a_writer_dead_between_data_and_parity_leaves_the_snapshot_an_error_not_wrong_bytes() {
+    run_virtual(async {
+        let (offset, len) = (UNIT as usize + 100, 1000);
+        let mut scene = scene(23, offset, len).await;
+        scene.written.abort();
+        let _ = scene.written.await;
+        scene
+            .cluster
+            .client()
+            .snapshot_create("s", "/")
+            .await
+            .expect("snapshot");
+        let lost = scene.columns[0];
+        let (whole, degraded) = read_whole_then_degraded(&mut scene.cluster, lost).await;
+        assert_eq!(whole, scene.new, "the dead writer's data column is new");
+        match degraded {
+            Err(error) => println!("degraded read of the torn stripe: {error}"),
+            Ok(bytes) => {
+                let wrong = bytes.iter().zip(&whole).filter(|(a, b)| a != b).count();
+                panic!("the degraded read returned bytes, {wrong} of them wrong");
+            }
+        }
     });
 }

@@ -147,6 +147,12 @@ impl ParityLocks {
     /// now on no lock of them is granted anew and no stale-parity record taken.
     pub fn fence(&self, files: &[FileId], epoch: u64, until: Instant) {
         let mut fences = self.fences();
+        // Fences that lapsed unreleased (their taker died) go here, so they never pile up.
+        let now = Instant::now();
+        fences.standing.retain(|_, epochs| {
+            epochs.retain(|_, until| *until > now);
+            !epochs.is_empty()
+        });
         for &file in files {
             fences
                 .standing
