@@ -159,6 +159,15 @@ pub enum ClientError {
         /// Why.
         error: std::io::Error,
     },
+    /// Taking a snapshot took longer than its servers' fences stand, so a begin may have
+    /// run after a fence lapsed: the snapshot is not taken (take it again).
+    #[error("snapshot {name} was not begun everywhere within {within_ms} ms; take it again")]
+    SnapshotTooSlow {
+        /// The snapshot.
+        name: String,
+        /// The bound, in milliseconds.
+        within_ms: u64,
+    },
 }
 
 /// Why a rebuild left one file owed ([`ClientError::Unrebuildable`]), for callers that treat

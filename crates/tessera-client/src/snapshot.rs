@@ -4,10 +4,12 @@
 //!
 //! A snapshot becomes readable only once every server holding its files has begun it
 //! durably: a write acknowledged before `snapshot_create` started is in it, a write begun
-//! after it returned is not, and a write running meanwhile may be in it in part (as for any
-//! write concurrent with a read). A server that cannot be told makes the creation fail, and
-//! the half-made snapshot is removed: a server that never began it would overwrite its
-//! blocks without copying them.
+//! after it returned is not, and a write running meanwhile is in it whole or not at all on
+//! every stripe of a parity scheme (each server is fenced before any begins; the argument
+//! is in `tessera-store`'s `snapshot` module), so a degraded read of the snapshot returns
+//! what a read with every column up does. A server that cannot be told, or a fence that does
+//! not drain, makes the creation fail, and the half-made snapshot is removed: a server that
+//! never began it would overwrite its blocks without copying them.
 
 use crate::context::call_store;
 use crate::{Client, ClientError};
@@ -21,6 +23,12 @@ use tessera_wire::{
 
 /// Most files one `SnapshotBegin` names (the server's own bound).
 const BEGIN_FILES_PER_REQUEST: usize = 4096;
+
+/// The begins must all be answered within this of raising the first fence: a fence stands
+/// for [`tessera_wire::SNAPSHOT_FENCE_LEASE_MS`] from when the server raised it, and the
+/// margin covers clocks that run a little apart.
+const SNAPSHOT_BEGIN_WITHIN: std::time::Duration =
+    std::time::Duration::from_millis(tessera_wire::SNAPSHOT_FENCE_LEASE_MS * 4 / 5);
 
 /// A file as a snapshot holds it, ready to be read.
 #[derive(Debug, Clone)]
@@ -85,7 +93,9 @@ impl Client {
         }
     }
 
-    /// Tells every server of the snapshot's files to begin it, all servers at once.
+    /// Begins the snapshot at every server of its files, behind a fence (see the module
+    /// doc): fence everywhere, begin everywhere, then release the fences (also when a step
+    /// failed; a fence not released lapses by itself).
     async fn begin_everywhere(&self, info: &SnapshotInfo) -> Result<(), ClientError> {
         let servers = self.status().await?;
         let mut per_server: BTreeMap<ServerId, Vec<FileId>> = BTreeMap::new();
@@ -94,18 +104,51 @@ impl Client {
                 per_server.entry(server).or_default().push(file.meta.id);
             }
         }
-        let calls = per_server.into_iter().map(|(server, files)| {
+        let fenced_at = tokio::time::Instant::now();
+        let fence = |epoch, files| StorageRequest::SnapshotFence { epoch, files };
+        let mut done = self
+            .tell_all(&servers, &per_server, info.epoch, fence)
+            .await;
+        if done.is_ok() {
+            let begin = |epoch, files| StorageRequest::SnapshotBegin { epoch, files };
+            done = self
+                .tell_all(&servers, &per_server, info.epoch, begin)
+                .await;
+        }
+        // Every begin must have run while every fence stood: the fences were raised after
+        // `fenced_at`, and each stands for its lease from then, on a clock that runs as ours.
+        if done.is_ok() && fenced_at.elapsed() >= SNAPSHOT_BEGIN_WITHIN {
+            done = Err(ClientError::SnapshotTooSlow {
+                name: info.name.clone(),
+                within_ms: SNAPSHOT_BEGIN_WITHIN.as_millis() as u64,
+            });
+        }
+        let release = |epoch, files| StorageRequest::SnapshotRelease { epoch, files };
+        let _ = self
+            .tell_all(&servers, &per_server, info.epoch, release)
+            .await;
+        done
+    }
+
+    /// Sends `request(epoch, files)` to every server for its files, all servers at once;
+    /// fails with the first server that refuses or cannot be reached.
+    async fn tell_all(
+        &self,
+        servers: &[ServerStatus],
+        per_server: &BTreeMap<ServerId, Vec<FileId>>,
+        epoch: u64,
+        request: impl Fn(u64, Vec<FileId>) -> StorageRequest,
+    ) -> Result<(), ClientError> {
+        let request = &request;
+        let calls = per_server.iter().map(|(&server, files)| {
             let status = servers.iter().find(|s| s.id == server).cloned();
             async move {
                 let status = status.ok_or(ClientError::NoSuchServer(server))?;
                 let addr = server_addr(&status)?;
                 for chunk in files.chunks(BEGIN_FILES_PER_REQUEST) {
-                    let request = StorageRequest::SnapshotBegin {
-                        epoch: info.epoch,
-                        files: chunk.to_vec(),
-                    };
+                    let call = request(epoch, chunk.to_vec());
                     let answer =
-                        call_store(self, addr, status.incarnation, request, Bytes::new()).await;
+                        call_store(self, addr, status.incarnation, call, Bytes::new()).await;
                     match answer {
                         Ok((StorageResponse::Done, _)) => {}
                         Ok((StorageResponse::Error(error), _)) => {

@@ -19,6 +19,12 @@ use std::sync::Mutex;
 use tessera_layout::{OverflowRole, Piece, Region, Scheme, StripeWrite, WriteMethod};
 use tessera_wire::{IndexRange, IntentPiece, ParityIntent, StorageError, StorageRequest};
 
+/// How often a full-stripe write asks again for its stale-parity records while a snapshot of
+/// its file is being taken (fenced), and the back-off step between askings (growing to ten
+/// steps): about 5 s in all, past any fence's lease.
+const FENCED_RETRIES_MAX: u32 = 60;
+const FENCED_BACKOFF: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// One request of a write, with the stripes it carries (for recording what a failure missed).
 struct WriteOp {
     column: u32,
@@ -256,21 +262,21 @@ impl FileContext {
             .map(|stripe| self.layout.parity_slot(stripe).expect("parity").column)
             .filter(|&column| !self.lost_entirely(column))
             .collect();
-        let asks = columns.iter().map(|&column| async move {
-            (column, self.record_stale(client, column, stripes).await)
-        });
-        let mut records = Vec::new();
-        let mut unreachable = Vec::new();
-        for (column, answer) in futures::future::join_all(asks).await {
-            match answer {
-                Ok(record) => records.push(record),
-                Err(Fault::Unreachable(_)) => unreachable.push(column),
-                Err(Fault::Refused(e)) => {
-                    // Nothing was written; the records taken lapse with their lease.
-                    return Err(self.storage_error(column, e));
+        let mut attempt = 0;
+        let (records, unreachable) = loop {
+            match self.ask_stale_records(client, &columns, stripes).await? {
+                Some(taken) => break taken,
+                None if attempt < FENCED_RETRIES_MAX => {
+                    tokio::time::sleep(FENCED_BACKOFF * (attempt + 1).min(10)).await;
+                    attempt += 1;
+                }
+                None => {
+                    let column = *columns.first().expect("a parity column");
+                    let file = self.meta.id;
+                    return Err(self.storage_error(column, StorageError::Fenced { file }));
                 }
             }
-        }
+        };
         for column in unreachable {
             self.write_failed(client, column, stripes, failed).await?;
             let inside = |op: &WriteOp| {
@@ -283,6 +289,48 @@ impl FileContext {
             }
         }
         Ok(records)
+    }
+
+    /// Asks every parity column in `columns` for a stale-parity record of `stripes`: the
+    /// records taken and the columns that could not be reached, or `None` if a column is
+    /// fenced for a snapshot being taken. Then the records taken are cleared again: the other
+    /// columns' fences wait for them, so holding them while waiting would stall the snapshot.
+    async fn ask_stale_records(
+        &self,
+        client: &Client,
+        columns: &BTreeSet<u32>,
+        stripes: IndexRange,
+    ) -> Result<Option<(Vec<StaleRecord>, Vec<u32>)>, ClientError> {
+        let asks = columns.iter().map(|&column| async move {
+            (column, self.record_stale(client, column, stripes).await)
+        });
+        let mut records = Vec::new();
+        let mut unreachable = Vec::new();
+        let mut fenced = false;
+        let mut refused = None;
+        for (column, answer) in futures::future::join_all(asks).await {
+            match answer {
+                Ok(record) => records.push(record),
+                Err(Fault::Unreachable(_)) => unreachable.push(column),
+                Err(Fault::Refused(StorageError::Fenced { .. })) => fenced = true,
+                Err(Fault::Refused(e)) => refused = Some((column, e)),
+            }
+        }
+        if let Some((column, e)) = refused {
+            // Nothing was written; the records taken lapse with their lease.
+            return Err(self.storage_error(column, e));
+        }
+        if fenced {
+            // Only the records themselves (no stripes: that would say parity was written).
+            // Best effort: a record left lapses with its lease.
+            let nothing = IndexRange::new(0, 0);
+            let clears = records
+                .iter()
+                .map(|r| self.clear_stale(client, r.column, Some(r.token), nothing));
+            futures::future::join_all(clears).await;
+            return Ok(None);
+        }
+        Ok(Some((records, unreachable)))
     }
 
     /// Run requests, at most [`REQUESTS_IN_FLIGHT_MAX`] at once.

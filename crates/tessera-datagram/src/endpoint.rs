@@ -11,8 +11,8 @@ use crate::{
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
 use tessera_auth::Key;
 
 /// Bytes a session may hold queued and unacknowledged; a single message larger than this is
@@ -82,7 +82,29 @@ pub struct Endpoint {
     /// Keys admitted for sessions peers will open, oldest first ([`Endpoint::admit`]).
     admitted: BTreeMap<SessionId, Key>,
     admitted_order: VecDeque<SessionId>,
+    /// Bytes reserved by messages being reassembled, in all and per source address
+    /// ([`crate::MemoryConfig`]).
+    reassembly_bytes: usize,
+    reassembly_by_source: HashMap<IpAddr, usize>,
+    /// Bytes queued to send and not acknowledged, over every session.
+    send_queued_bytes: usize,
     stats: Stats,
+}
+
+/// What a session holds of the endpoint's memory budgets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Footprint {
+    reassembly: usize,
+    queued: usize,
+}
+
+impl Footprint {
+    fn of(session: &Session) -> Footprint {
+        Footprint {
+            reassembly: session.reassembly_reserved(),
+            queued: session.queued_bytes(),
+        }
+    }
 }
 
 /// Keys admitted and not yet used that an endpoint keeps; the oldest goes first.
@@ -116,6 +138,9 @@ impl Endpoint {
             half_open_heard: BTreeMap::new(),
             admitted: BTreeMap::new(),
             admitted_order: VecDeque::new(),
+            reassembly_bytes: 0,
+            reassembly_by_source: HashMap::new(),
+            send_queued_bytes: 0,
             stats: Stats::default(),
         }
     }
@@ -255,6 +280,7 @@ impl Endpoint {
             .sessions
             .get_mut(&session)
             .expect("checked by send_checks");
+        self.send_queued_bytes += message.len();
         if state.queue_or_hold(message, answer) && answer.is_some() {
             self.stats.requests_held += 1;
         }
@@ -263,7 +289,15 @@ impl Endpoint {
     }
 
     /// Why a message of `len` bytes cannot be queued on `session` now, if it cannot.
-    fn send_checks(&self, session: SessionId, len: usize) -> Result<(), SendError> {
+    fn send_checks(&mut self, session: SessionId, len: usize) -> Result<(), SendError> {
+        let checked = self.send_fits(session, len);
+        if let Err(SendError::QueueFull { .. }) = checked {
+            self.stats.sends_refused_queue_full += 1;
+        }
+        checked
+    }
+
+    fn send_fits(&self, session: SessionId, len: usize) -> Result<(), SendError> {
         let Some(state) = self.sessions.get(&session) else {
             return Err(match self.forgotten.get(&session) {
                 Some((_, Forgotten::Lost)) => SendError::Lost(session),
@@ -277,12 +311,21 @@ impl Endpoint {
             });
         }
         let queued_bytes = state.queued_bytes();
+        let memory = &self.config.memory;
+        let full = |max| SendError::QueueFull {
+            session,
+            queued_bytes,
+            max,
+        };
         if queued_bytes > 0 && queued_bytes + len > SEND_QUEUE_BYTES_MAX {
-            return Err(SendError::QueueFull {
-                session,
-                queued_bytes,
-                max: SEND_QUEUE_BYTES_MAX,
-            });
+            return Err(full(SEND_QUEUE_BYTES_MAX));
+        }
+        // The endpoint's total is a bound on memory: no exception for an empty queue.
+        if self.send_queued_bytes + len > memory.send_queue_bytes_max {
+            return Err(full(memory.send_queue_bytes_max));
+        }
+        if state.queued_messages() >= memory.send_queue_messages_per_session_max {
+            return Err(full(SEND_QUEUE_BYTES_MAX));
         }
         Ok(())
     }
@@ -556,18 +599,21 @@ impl Endpoint {
     fn dispatch(&mut self, id: SessionId, packet: Packet, arrived: Micros, now: Micros) {
         let events_before = self.events.len();
         let data = packet.kind == PacketKind::Data;
-        let session = self
-            .sessions
-            .get_mut(&id)
-            .expect("dispatch to a known session");
+        let session = self.sessions.get(&id).expect("dispatch to a known session");
+        let (source, before) = (session.peer.ip(), Footprint::of(session));
+        let room = self.reassembly_room(source) + before.reassembly;
+        let session = self.sessions.get_mut(&id).expect("just looked up");
         let verdict = session.on_packet(
             packet,
             arrived,
             now,
             &self.config,
+            room,
             &mut self.stats,
             &mut self.events,
         );
+        let after = Footprint::of(session);
+        self.account(source, before, after);
         if let Some(heard) = self.half_open_heard.get(&id).copied() {
             let delivered = self
                 .events
@@ -643,8 +689,51 @@ impl Endpoint {
         self.grants_due = true;
     }
 
+    /// Reassembly bytes a new message from `source` may reserve now.
+    fn reassembly_room(&self, source: IpAddr) -> usize {
+        let memory = &self.config.memory;
+        let of_source = self.reassembly_by_source.get(&source).copied();
+        let source_left = memory.reassembly_bytes_per_source_max - of_source.unwrap_or(0);
+        (memory.reassembly_bytes_max - self.reassembly_bytes).min(source_left)
+    }
+
+    /// A session of `source` went from holding `before` to holding `after`.
+    fn account(&mut self, source: IpAddr, before: Footprint, after: Footprint) {
+        self.send_queued_bytes = self.send_queued_bytes + after.queued - before.queued;
+        if before.reassembly == after.reassembly {
+            return;
+        }
+        self.reassembly_bytes = self.reassembly_bytes + after.reassembly - before.reassembly;
+        let of_source = self.reassembly_by_source.entry(source).or_default();
+        *of_source = *of_source + after.reassembly - before.reassembly;
+        if *of_source == 0 {
+            self.reassembly_by_source.remove(&source);
+        }
+        let memory = &self.config.memory;
+        assert!(self.reassembly_bytes <= memory.reassembly_bytes_max);
+        assert!(
+            self.reassembly_by_source.get(&source).copied().unwrap_or(0)
+                <= memory.reassembly_bytes_per_source_max
+        );
+    }
+
+    /// Bytes reserved by messages being reassembled, over every session.
+    pub fn reassembly_bytes(&self) -> usize {
+        self.reassembly_bytes
+    }
+
+    /// Bytes queued to send and not yet acknowledged, over every session.
+    pub fn send_queued_bytes(&self) -> usize {
+        self.send_queued_bytes
+    }
+
     fn remove(&mut self, id: SessionId) -> Option<Session> {
         let session = self.sessions.remove(&id)?;
+        let gone = Footprint {
+            reassembly: 0,
+            queued: 0,
+        };
+        self.account(session.peer.ip(), Footprint::of(&session), gone);
         if let Some(deadline) = session.timer {
             self.timers.remove(&(deadline, id));
         }

@@ -203,9 +203,14 @@
 //! timer: `poll_timeout` includes the time the next paced packet may go.
 //!
 //! **Limits.** Every queue has a bound: messages up to `message_bytes_max`, at most
-//! [`SEND_QUEUE_BYTES_MAX`] (or one message, if larger) queued per session
-//! ([`SendError::QueueFull`] beyond), reassembly of one message at a time per session,
-//! `sessions_max` sessions opened by peers, [`CONTROL_QUEUE_MAX`] RESETs waiting to be sent,
+//! [`SEND_QUEUE_BYTES_MAX`] (or one message, if larger) and
+//! [`MemoryConfig::send_queue_messages_per_session_max`] messages queued per session and
+//! [`MemoryConfig::send_queue_bytes_max`] over all sessions ([`SendError::QueueFull`]
+//! beyond), reassembly of one message at a time per session, within an endpoint-wide and a
+//! per-source-address budget of bytes reserved at each message's first fragment (a first
+//! fragment that does not fit is dropped unacknowledged and resent by its sender; a
+//! reassembly that stalls for [`MemoryConfig::reassembly_stall_us`] is given up with its
+//! session), `sessions_max` sessions opened by peers, [`CONTROL_QUEUE_MAX`] RESETs waiting to be sent,
 //! and the events waiting for the application by the receive windows (messages) and
 //! [`EVENT_QUEUE_MAX`] (no session opens while more wait), sessions opened per second per
 //! source and in total, and half-open sessions ([`AdmissionConfig`]). A peer that breaks the
@@ -323,6 +328,56 @@ pub struct Config {
     /// A reservation given to every session this endpoint opens ([`Endpoint::connect`] and
     /// the like): a client whose whole traffic is one reserved stream.
     pub connect_reservation: Option<radon::Reservation>,
+    /// Bounds on the memory peers can make the endpoint hold: messages being reassembled
+    /// and messages queued to send.
+    pub memory: MemoryConfig,
+}
+
+/// Bounds on the memory an endpoint holds for its peers (issue 15). A message being
+/// reassembled reserves its whole announced length when its first fragment is taken, so a
+/// message admitted always has room to complete; a first fragment that does not fit is
+/// dropped unacknowledged (the sender resends it after its timeout, as for a loss). A peer
+/// that starts messages and never finishes them holds at most the budget of its address,
+/// for at most `reassembly_stall_us` per message: then its session is given up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryConfig {
+    /// Bytes of messages being reassembled, summed over every session.
+    pub reassembly_bytes_max: usize,
+    /// The same, over the sessions of one source IP address.
+    pub reassembly_bytes_per_source_max: usize,
+    /// A message being reassembled that takes no fragment for this long, µs, is given up
+    /// with its session ([`Stats::reassemblies_stalled`]).
+    pub reassembly_stall_us: Micros,
+    /// Bytes queued to send and not yet acknowledged, summed over every session; past it
+    /// `send` refuses ([`SendError::QueueFull`]), also into an empty queue.
+    pub send_queue_bytes_max: usize,
+    /// Messages queued on one session and not yet acknowledged; past it `send` refuses.
+    pub send_queue_messages_per_session_max: usize,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> MemoryConfig {
+        MemoryConfig {
+            // Generous: 32 messages of the largest size at once, 16 from one address (every
+            // client of a local cluster shares 127.0.0.1).
+            reassembly_bytes_max: 32 * (17 << 20),
+            reassembly_bytes_per_source_max: 16 * (17 << 20),
+            reassembly_stall_us: 5_000_000,
+            send_queue_bytes_max: 1 << 30,
+            send_queue_messages_per_session_max: 4096,
+        }
+    }
+}
+
+impl MemoryConfig {
+    /// Whether every bound admits a message of `message_bytes_max` and a stall has a length.
+    pub fn is_valid(&self, message_bytes_max: usize) -> bool {
+        self.reassembly_bytes_per_source_max >= message_bytes_max
+            && self.reassembly_bytes_max >= self.reassembly_bytes_per_source_max
+            && self.send_queue_bytes_max >= message_bytes_max
+            && self.reassembly_stall_us > 0
+            && self.send_queue_messages_per_session_max > 0
+    }
 }
 
 impl Default for Config {
@@ -347,6 +402,7 @@ impl Default for Config {
             require_session_keys: false,
             radon: None,
             connect_reservation: None,
+            memory: MemoryConfig::default(),
         }
     }
 }
@@ -408,6 +464,10 @@ pub enum ConfigError {
     /// A limit of [`AdmissionConfig`] is zero, so no session could ever open.
     #[error("every admission limit (rates, bursts, sources, half-open sessions and timeout) must be at least 1")]
     Admission,
+    /// A bound of [`MemoryConfig`] admits no message of `message_bytes_max` (or the total is
+    /// below the per-source bound, or the stall timeout or message count is zero).
+    #[error("the reassembly budgets must each hold a message of message_bytes_max (the total at least the per-source one), and the stall timeout and queued messages be at least 1")]
+    Memory,
 }
 
 impl Config {
@@ -466,6 +526,9 @@ impl Config {
         }
         if !self.admission.is_valid() {
             return Err(ConfigError::Admission);
+        }
+        if !self.memory.is_valid(self.message_bytes_max) {
+            return Err(ConfigError::Memory);
         }
         Ok(())
     }
@@ -649,6 +712,15 @@ pub struct Stats {
     /// Datagrams dropped: their MAC is not the session key's, or they would open a session
     /// no key was admitted for.
     pub dropped_unauthentic: u64,
+    /// First fragments dropped unacknowledged: their message did not fit the reassembly
+    /// budget left (endpoint-wide or of their source address; [`MemoryConfig`]).
+    pub dropped_reassembly_budget: u64,
+    /// Sessions lost because the message they were reassembling made no progress for
+    /// [`MemoryConfig::reassembly_stall_us`].
+    pub reassemblies_stalled: u64,
+    /// Messages `send` refused because the session's or the endpoint's send queue was full
+    /// ([`SendError::QueueFull`]): answers dropped for a peer that does not take them.
+    pub sends_refused_queue_full: u64,
 }
 
 impl Stats {
@@ -694,6 +766,9 @@ impl Stats {
             ("sessions_opened", self.sessions_opened),
             ("sessions_lost", self.sessions_lost),
             ("window_limited", self.window_limited),
+            ("dropped_reassembly_budget", self.dropped_reassembly_budget),
+            ("reassemblies_stalled", self.reassemblies_stalled),
+            ("sends_refused_queue_full", self.sends_refused_queue_full),
         ]
     }
 }

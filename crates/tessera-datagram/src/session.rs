@@ -52,6 +52,9 @@ struct Reassembly {
     message_len: u32,
     buffer: Vec<u8>,
     packets: u32,
+    /// When its last fragment was taken: a reassembly still short of its end
+    /// [`crate::MemoryConfig::reassembly_stall_us`] later is given up with its session.
+    progress_at: Micros,
 }
 
 /// A message the application expects from the peer (an answer to its request), for the
@@ -130,6 +133,10 @@ pub(crate) struct Session {
     send_next: u64,
     send_high: u64,
     queued_bytes: usize,
+    /// Messages in `queued_bytes`.
+    queued_messages: usize,
+    /// Reassembly bytes the packet being handled may reserve (set by `on_packet`).
+    reassembly_room: usize,
     /// Requests waiting until the grant of the receive budget reaches into their answers,
     /// oldest first, with any message sent after them (see [`crate::Endpoint::request`]);
     /// their bytes count in `queued_bytes`.
@@ -254,6 +261,8 @@ impl Session {
             send_next: 0,
             send_high: 0,
             queued_bytes: 0,
+            queued_messages: 0,
+            reassembly_room: 0,
             held_requests: VecDeque::new(),
             peer_window_edge,
             congestion: congestion::controller(config.congestion, config.window_packets_max),
@@ -296,6 +305,19 @@ impl Session {
 
     pub(crate) fn queued_bytes(&self) -> usize {
         self.queued_bytes
+    }
+
+    /// Messages queued (held requests included) and not wholly acknowledged.
+    pub(crate) fn queued_messages(&self) -> usize {
+        self.queued_messages
+    }
+
+    /// Bytes the message being reassembled reserves of the endpoint's reassembly budget: its
+    /// whole announced length, from its first fragment on.
+    pub(crate) fn reassembly_reserved(&self) -> usize {
+        self.reassembly
+            .as_ref()
+            .map_or(0, |reassembly| reassembly.message_len as usize)
     }
 
     fn send_end(&self) -> u64 {
@@ -357,6 +379,7 @@ impl Session {
         assert!(fragment_bytes_max >= 1);
         let message_len = u32::try_from(message.len()).expect("message length checked by send");
         self.queued_bytes += message.len();
+        self.queued_messages += 1;
         if message.is_empty() {
             self.outgoing.push_back(Outgoing {
                 payload: message,
@@ -434,6 +457,7 @@ impl Session {
             || answer.is_some_and(|ticket| !self.granted_into(ticket));
         if hold {
             self.queued_bytes += message.len();
+            self.queued_messages += 1;
             self.held_requests
                 .push_back(HeldMessage { message, answer });
         } else {
@@ -464,6 +488,7 @@ impl Session {
             }
             let held = self.held_requests.pop_front().expect("looked at above");
             self.queued_bytes -= held.message.len();
+            self.queued_messages -= 1;
             self.queue_message(held.message, self.fragment_bytes_max);
         }
     }
@@ -778,7 +803,10 @@ impl Session {
         } else {
             None
         };
-        [self.rto_deadline, self.ack_deadline, paced]
+        let stalled = self.reassembly.as_ref().map(|reassembly| {
+            (reassembly.progress_at).saturating_add(config.memory.reassembly_stall_us)
+        });
+        [self.rto_deadline, self.ack_deadline, paced, stalled]
             .into_iter()
             .flatten()
             .min()
@@ -790,6 +818,14 @@ impl Session {
         config: &Config,
         stats: &mut Stats,
     ) -> Verdict {
+        if self.reassembly.as_ref().is_some_and(|reassembly| {
+            now.saturating_sub(reassembly.progress_at) >= config.memory.reassembly_stall_us
+        }) {
+            // Its reservation would otherwise stand for good. The stream cannot skip the
+            // message, so the session goes with it.
+            stats.reassemblies_stalled += 1;
+            return Verdict::TimedOut;
+        }
         if self.ack_deadline.is_some_and(|deadline| deadline <= now) {
             self.ack_deadline = None;
             self.ack_now = true;
@@ -836,15 +872,20 @@ impl Session {
 
     /// Handles one packet from the peer, which arrived at `arrived` (at most `now`: a host
     /// that was busy reads what waited in its socket late, and the RTT must not count that).
+    /// `reassembly_room`: bytes of the endpoint's reassembly budget a message whose first
+    /// fragment arrives now may reserve (this session's current reservation included).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn on_packet(
         &mut self,
         packet: Packet,
         arrived: Micros,
         now: Micros,
         config: &Config,
+        reassembly_room: usize,
         stats: &mut Stats,
         events: &mut VecDeque<PendingEvent>,
     ) -> Verdict {
+        self.reassembly_room = reassembly_room;
         if packet.kind == PacketKind::Reset {
             stats.resets_received += 1;
             return Verdict::Reset;
@@ -942,6 +983,9 @@ impl Session {
                 .pop_front()
                 .expect("acknowledged packets are queued");
             self.queued_bytes -= done.payload.len();
+            if done.last {
+                self.queued_messages -= 1;
+            }
         }
         self.send_base = ack;
         self.send_next = self.send_next.max(ack);
@@ -1054,13 +1098,20 @@ impl Session {
             return Verdict::Keep;
         }
         let timestamp = packet.timestamp;
-        let mut verdict = self.accept_in_order(packet, now, config, stats, events);
+        let Some(mut verdict) = self.accept_in_order(packet, now, config, stats, events) else {
+            // Over the reassembly budget: dropped unacknowledged, as if lost on the way; the
+            // sender's timeout resends it, by when a reservation may have ended.
+            return Verdict::Keep;
+        };
         // The packets kept past the gap it filled follow it.
         while verdict == Verdict::Keep {
             let Some(next) = self.out_of_order.remove(&self.recv_next) else {
                 break;
             };
-            verdict = self.accept_in_order(next, now, config, stats, events);
+            match self.accept_in_order(next, now, config, stats, events) {
+                Some(next_verdict) => verdict = next_verdict,
+                None => break,
+            }
         }
         // Echo the packet that filled the gap, not those it released: their timestamps are
         // older and would pass a retransmission off as a late original (RFC 7323, 4.3).
@@ -1069,7 +1120,9 @@ impl Session {
         verdict
     }
 
-    /// Takes the next expected packet, `recv_next`, into the message being reassembled.
+    /// Takes the next expected packet, `recv_next`, into the message being reassembled;
+    /// `None` (nothing changed) if it is the first fragment of a message whose length does
+    /// not fit the reassembly budget left.
     fn accept_in_order(
         &mut self,
         packet: Packet,
@@ -1077,7 +1130,7 @@ impl Session {
         config: &Config,
         stats: &mut Stats,
         events: &mut VecDeque<PendingEvent>,
-    ) -> Verdict {
+    ) -> Option<Verdict> {
         debug_assert_eq!(widen(packet.seq, self.recv_next), self.recv_next);
         // The next expected packet: check it fits the message being reassembled before
         // changing anything.
@@ -1085,17 +1138,21 @@ impl Session {
         match (&self.reassembly, packet.first) {
             (None, true) => {
                 if packet.message_len as usize > config.message_bytes_max {
-                    return Verdict::Violation;
+                    return Some(Verdict::Violation);
+                }
+                if !packet.last && packet.message_len as usize > self.reassembly_room {
+                    stats.dropped_reassembly_budget += 1;
+                    return None;
                 }
             }
             (Some(reassembly), false) => {
                 let len = reassembly.buffer.len() + payload_len;
                 let message_len = reassembly.message_len as usize;
                 if len > message_len || (packet.last && len != message_len) {
-                    return Verdict::Violation;
+                    return Some(Verdict::Violation);
                 }
             }
-            (None, false) | (Some(_), true) => return Verdict::Violation,
+            (None, false) | (Some(_), true) => return Some(Verdict::Violation),
         }
         self.recv_next += 1;
         self.echo = packet.timestamp;
@@ -1124,12 +1181,14 @@ impl Session {
                 message_len: packet.message_len,
                 buffer,
                 packets: 1,
+                progress_at: now,
             });
             None
         } else {
             let reassembly = self.reassembly.as_mut().expect("checked above");
             reassembly.buffer.extend_from_slice(&packet.payload);
             reassembly.packets += 1;
+            reassembly.progress_at = now;
             if packet.last {
                 let reassembly = self.reassembly.take().expect("checked above");
                 Some((Bytes::from(reassembly.buffer), reassembly.packets))
@@ -1158,7 +1217,7 @@ impl Session {
             });
         }
         self.ack_owed(now, config, packet.last);
-        Verdict::Keep
+        Some(Verdict::Keep)
     }
 
     fn ack_owed(&mut self, now: Micros, config: &Config, immediate: bool) {

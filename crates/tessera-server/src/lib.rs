@@ -904,8 +904,12 @@ async fn serve(
             Ok((answer, Bytes::from(bytes)))
         }
         StorageRequest::RecordStale { file, stripes } => {
+            // Refused at once under a snapshot fence: its writer may hold records at other
+            // parity columns, whose fences wait for them (it drops them and asks again).
+            let entered = locks.enter_unfenced(file)?;
             let lease_end = Instant::now() + PARITY_LEASE;
             let token = blocking(move || store.record_stale(file, stripes, lease_end)).await?;
+            drop(entered);
             Ok((StorageResponse::StaleRecorded { token }, Bytes::new()))
         }
         StorageRequest::ListStale => {
@@ -994,9 +998,11 @@ async fn serve(
             Ok((StorageResponse::Usage { stored_bytes }, Bytes::new()))
         }
         StorageRequest::SnapshotBegin { .. }
+        | StorageRequest::SnapshotFence { .. }
+        | StorageRequest::SnapshotRelease { .. }
         | StorageRequest::ReadSnapshot { .. }
         | StorageRequest::SnapshotDrop { .. }
-        | StorageRequest::SnapshotUsage { .. } => snapshot::handle(store, request).await,
+        | StorageRequest::SnapshotUsage { .. } => snapshot::handle(store, locks, request).await,
         StorageRequest::Allocated {
             file,
             region,

@@ -168,6 +168,34 @@ impl SimCluster {
         self.servers[index].id
     }
 
+    /// Creates `/f`, a RAID-5 file of `stripe_unit`-byte units over four columns, writes
+    /// `bytes` at its start with `client` and syncs it; returns the file and its servers'
+    /// indexes in column order (RAID-5 puts stripe 0's parity on the last).
+    pub async fn raid5_file(
+        &self,
+        client: &Client,
+        stripe_unit: u32,
+        bytes: &[u8],
+    ) -> (tessera_client::File, Vec<usize>) {
+        let layout = tessera_client::LayoutRequest {
+            scheme: tessera_client::Scheme::Raid5,
+            stripe_unit,
+            width: Some(4),
+        };
+        let file = client.create("/f", layout).await.expect("create");
+        client.write_at(&file, 0, bytes).await.expect("write");
+        client.sync(&file).await.expect("sync");
+        let meta = client.stat("/f").await.expect("stat").meta;
+        let columns = meta.servers.iter().map(|&id| self.index_of(id)).collect();
+        (file, columns)
+    }
+
+    /// The index of the server the manager knows as `id`.
+    pub fn index_of(&self, id: ServerId) -> usize {
+        let found = self.servers.iter().position(|server| server.id == id);
+        found.expect("a server of the cluster")
+    }
+
     /// Server `index`'s address.
     pub fn server_addr(&self, index: usize) -> SocketAddr {
         self.servers[index].addr

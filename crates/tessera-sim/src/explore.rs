@@ -140,14 +140,7 @@ const QUIESCE_MAX: Duration = Duration::from_secs(60);
 
 /// Run one seed on a fresh current-thread runtime whose clock starts paused (virtual time).
 pub fn replay(seed: u64, config: &ExploreConfig) -> Result<RunReport, Failure> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a runtime");
-    // Disk calls in place: nothing of the run happens on another thread.
-    tessera_server::run_disk_inline(true);
-    runtime.block_on(async {
+    crate::run_virtual(async {
         let cluster = SimCluster::start(seed, config.servers).await;
         let mut explorer = Explorer::new(seed, config.clone(), cluster);
         let ran = tokio::time::timeout(RUN_VIRTUAL_MAX, explorer.run()).await;

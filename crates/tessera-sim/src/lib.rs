@@ -55,5 +55,17 @@ pub mod explore;
 pub mod model;
 
 pub use cluster::SimCluster;
+
+/// Runs `test` on a fresh current-thread runtime whose clock starts paused (virtual time),
+/// with the servers' disk calls made in place, so that nothing happens on another thread.
+pub fn run_virtual<F: std::future::Future>(test: F) -> F::Output {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    tessera_server::run_disk_inline(true);
+    runtime.block_on(test)
+}
 pub use explore::{replay, ExploreConfig, Failure, RunReport};
 pub use model::{FileModel, Mismatch};

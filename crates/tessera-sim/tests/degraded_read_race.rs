@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
-use tessera_client::{Client, LayoutRequest, Scheme};
+use tessera_client::Client;
 use tessera_layout::Region;
-use tessera_sim::SimCluster;
+use tessera_sim::{run_virtual, SimCluster};
 use tessera_transport::{BoxFuture, Reply, Transport, TransportError};
 use tessera_wire::{StorageCall, StorageRequest};
 use tokio::sync::watch;
@@ -105,16 +105,6 @@ impl Transport for Racing {
     }
 }
 
-fn run(test: impl std::future::Future<Output = ()>) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a runtime");
-    tessera_server::run_disk_inline(true);
-    runtime.block_on(test);
-}
-
 /// Column 0 of stripe 0 lost; a reader reads its first unit, degraded; a writer's write of
 /// `len` bytes at `offset` (new bytes over the old stripe 0) completes after the reader's
 /// parity read and before its data reads. The read must return the unit's old or new bytes
@@ -122,24 +112,12 @@ fn run(test: impl std::future::Future<Output = ()>) {
 async fn race(seed: u64, offset: usize, len: usize) {
     let mut cluster = SimCluster::start(seed, 4).await;
     let writer = cluster.client();
-    let layout = LayoutRequest {
-        scheme: Scheme::Raid5,
-        stripe_unit: UNIT,
-        width: Some(4),
-    };
-    let file = writer.create("/f", layout).await.expect("create");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let old: Vec<u8> = (0..STRIPE).map(|_| rng.gen()).collect();
     let mut new = old.clone();
     rng.fill(&mut new[offset..offset + len]);
-    writer.write_at(&file, 0, &old).await.expect("write");
-    writer.sync(&file).await.expect("sync");
-    let meta = writer.stat("/f").await.expect("stat").meta;
-    let index_of = |column: usize| {
-        (0..cluster.servers())
-            .find(|&i| cluster.server_id(i) == meta.servers[column])
-            .expect("a server of the cluster")
-    };
+    let (file, columns) = cluster.raid5_file(&writer, UNIT, &old).await;
+    let index_of = |column: usize| columns[column];
     // RAID-5 puts stripe 0's parity on the last column.
     let parity = cluster.server_addr(index_of(3));
     let data = vec![
@@ -198,12 +176,12 @@ async fn race(seed: u64, offset: usize, len: usize) {
 /// for the partial write below, 996.
 #[test]
 fn a_full_stripe_write_between_a_degraded_reads_units_is_never_mixed_in() {
-    run(race(11, 0, STRIPE));
+    run_virtual(race(11, 0, STRIPE));
 }
 
 /// A read-modify-write of 1,000 bytes of column 1 (under the parity lock and an intent
 /// record): column 0's bytes do not change, but parity does.
 #[test]
 fn a_partial_stripe_write_between_a_degraded_reads_units_is_never_mixed_in() {
-    run(race(12, UNIT as usize + 100, 1000));
+    run_virtual(race(12, UNIT as usize + 100, 1000));
 }

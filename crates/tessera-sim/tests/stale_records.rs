@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
-use tessera_client::{Client, ClientError, File, LayoutRequest, Scheme};
-use tessera_sim::SimCluster;
+use tessera_client::{Client, ClientError, File};
+use tessera_sim::{run_virtual, SimCluster};
 use tessera_transport::MemNetwork;
 use tessera_wire::{
     Incarnation, IndexRange, StaleToken, StorageCall, StorageRequest, StorageResponse,
@@ -48,26 +48,9 @@ async fn call(
 async fn setup(seed: u64) -> (SimCluster, Client, File, Vec<u8>, Vec<usize>) {
     let cluster = SimCluster::start(seed, 4).await;
     let client = cluster.client();
-    let layout = LayoutRequest {
-        scheme: Scheme::Raid5,
-        stripe_unit: UNIT,
-        width: Some(4),
-    };
-    let file = client.create("/f", layout).await.expect("create");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let bytes: Vec<u8> = (0..3 * STRIPE).map(|_| rng.gen()).collect();
-    client.write_at(&file, 0, &bytes).await.expect("write");
-    client.sync(&file).await.expect("sync");
-    let meta = client.stat("/f").await.expect("stat").meta;
-    let columns = meta
-        .servers
-        .iter()
-        .map(|id| {
-            (0..cluster.servers())
-                .find(|&i| cluster.server_id(i) == *id)
-                .expect("a server of the cluster")
-        })
-        .collect();
+    let (file, columns) = cluster.raid5_file(&client, UNIT, &bytes).await;
     (cluster, client, file, bytes, columns)
 }
 
@@ -104,22 +87,12 @@ async fn record_stale(
     }
 }
 
-fn run(test: impl std::future::Future<Output = ()>) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a runtime");
-    tessera_server::run_disk_inline(true);
-    runtime.block_on(test);
-}
-
 /// The record's writer renews it for 1.2 s (two leases) and then clears it, as a full-stripe
 /// write that completes does. A degraded read of stripe 0's first data column, lost, waits
 /// and returns the bytes. Before the wait, it failed at once with `TornStripe`.
 #[test]
 fn degraded_read_waits_for_a_live_stale_record() {
-    run(async {
+    run_virtual(async {
         let (mut cluster, client, file, bytes, columns) = setup(7).await;
         let (addr, incarnation, token) = record_stale(&cluster, &client, &file, columns[3]).await;
         cluster.crash_server(columns[0]);
@@ -163,7 +136,7 @@ fn degraded_read_waits_for_a_live_stale_record() {
 /// fails with `TornStripe`, never bytes, and within a bounded time.
 #[test]
 fn degraded_read_under_an_orphaned_stale_record_fails() {
-    run(async {
+    run_virtual(async {
         let (mut cluster, client, file, _, columns) = setup(8).await;
         record_stale(&cluster, &client, &file, columns[3]).await;
         cluster.crash_server(columns[0]);
@@ -223,7 +196,7 @@ async fn read_two_units(client: &Client, file: &File) -> Vec<u8> {
 /// touching the stripe: then column 0 lost reads exact (without it: `TornStripe`).
 #[test]
 fn torn_stripes_are_resolved_without_a_writer() {
-    run(async {
+    run_virtual(async {
         let (mut cluster, client, file, bytes, columns) = setup(9).await;
         // Resolved by hand here: the servers' own resolver would beat this test to it.
         cluster.set_torn_resolver(false);
@@ -262,7 +235,7 @@ fn torn_stripes_are_resolved_without_a_writer() {
 #[test]
 fn simulated_servers_resolve_torn_stripes_in_the_background() {
     for resolving in [false, true] {
-        run(async {
+        run_virtual(async {
             let (mut cluster, client, file, bytes, columns) = setup(10).await;
             cluster.set_torn_resolver(resolving);
             let torn = die_inside_a_full_stripe_write(&cluster, &client, &file, &columns).await;

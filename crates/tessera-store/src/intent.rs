@@ -258,6 +258,14 @@ impl Intents {
         Ok(changed)
     }
 
+    /// The redundancy-file spans of `file`'s records, `(start, end)` bytes.
+    pub(crate) fn spans_of(&self, file: FileId) -> Vec<Span> {
+        self.spans
+            .get(&file)
+            .map(|stripes| stripes.values().copied().collect())
+            .unwrap_or_default()
+    }
+
     /// The records directory, for syncing.
     pub(crate) fn dir(&self) -> &Path {
         &self.dir

@@ -27,6 +27,14 @@
 //! reads again. Generations live in a fixed table of slots shared by hashing (a collision
 //! costs a reader a needless retry, never a wrong byte), drawn from the token counter, so a
 //! restarted server does not hand out a generation a reader saw before it.
+//!
+//! And it keeps the *snapshot fences* of the files whose snapshot is being taken (the
+//! protocol is argued in `snapshot.rs`): while a fence of a file stands, no lock of that file
+//! is granted or queued for anew ([`ParityLocks::lock`] waits, within its bound) and no
+//! stale-parity record of it is taken ([`ParityLocks::enter_unfenced`] refuses), so the
+//! writes in flight drain and none starts. The fence check and the lock's entry in the table
+//! happen under the fences' mutex, and a stale-parity record is taken while its request is
+//! counted as entered, so a fence raised sees every write that got past it.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
@@ -35,7 +43,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tessera_wire::{FileId, IndexRange, LockToken, StorageError};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 type LockKey = (FileId, u64);
@@ -43,6 +51,41 @@ type LockKey = (FileId, u64);
 /// Slots of the stripe generation table (8 bytes each): enough that unrelated stripes
 /// written at once rarely share one.
 const GENERATION_SLOTS: usize = 4096;
+
+/// The snapshot fences standing, and the stale-parity record requests in progress.
+#[derive(Default)]
+struct Fences {
+    /// Per file, the epochs being taken and when each fence lapses.
+    standing: HashMap<FileId, HashMap<u64, Instant>>,
+    /// Per file, the `RecordStale` requests admitted and not yet done.
+    entered: HashMap<FileId, u32>,
+}
+
+impl Fences {
+    /// When the last fence of `file` standing at `now` lapses, if one stands.
+    fn until(&self, file: FileId, now: Instant) -> Option<Instant> {
+        let epochs = self.standing.get(&file)?;
+        epochs.values().copied().filter(|&until| until > now).max()
+    }
+}
+
+/// A `RecordStale` request admitted past the fences: counted until dropped.
+pub struct Entered<'a> {
+    locks: &'a ParityLocks,
+    file: FileId,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        let mut fences = self.locks.fences();
+        if let Some(count) = fences.entered.get_mut(&self.file) {
+            *count -= 1;
+            if *count == 0 {
+                fences.entered.remove(&self.file);
+            }
+        }
+    }
+}
 
 /// Who holds a lock: the owner (a connection id), the grant's token, and when its lease ends.
 #[derive(Clone, Copy, Debug)]
@@ -77,6 +120,10 @@ pub struct ParityLocks {
     broken: AtomicU64,
     /// Each stripe's generation, by hash of (file, stripe): see the module doc.
     generations: Box<[AtomicU64]>,
+    /// Snapshot fences; taken before `table` when both are.
+    fences: Mutex<Fences>,
+    /// Woken when a fence is released.
+    fence_lifted: Notify,
 }
 
 impl ParityLocks {
@@ -91,7 +138,81 @@ impl ParityLocks {
             lease,
             broken: AtomicU64::new(0),
             generations: (0..GENERATION_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            fences: Mutex::new(Fences::default()),
+            fence_lifted: Notify::new(),
         }
+    }
+
+    /// Raises the fence of snapshot `epoch` on `files` until `until` (or its release): from
+    /// now on no lock of them is granted anew and no stale-parity record taken.
+    pub fn fence(&self, files: &[FileId], epoch: u64, until: Instant) {
+        let mut fences = self.fences();
+        // Fences that lapsed unreleased (their taker died) go here, so they never pile up.
+        let now = Instant::now();
+        fences.standing.retain(|_, epochs| {
+            epochs.retain(|_, until| *until > now);
+            !epochs.is_empty()
+        });
+        for &file in files {
+            fences
+                .standing
+                .entry(file)
+                .or_default()
+                .insert(epoch, until);
+        }
+    }
+
+    /// Lifts the fence of snapshot `epoch` on `files`.
+    pub fn release_fence(&self, files: &[FileId], epoch: u64) {
+        let mut fences = self.fences();
+        for file in files {
+            if let Some(epochs) = fences.standing.get_mut(file) {
+                epochs.remove(&epoch);
+                if epochs.is_empty() {
+                    fences.standing.remove(file);
+                }
+            }
+        }
+        drop(fences);
+        self.fence_lifted.notify_waiters();
+    }
+
+    /// Whether the fence of snapshot `epoch` on `file` stands at `now`.
+    pub fn is_fenced(&self, file: FileId, epoch: u64, now: Instant) -> bool {
+        let fences = self.fences();
+        let until = fences.standing.get(&file).and_then(|e| e.get(&epoch));
+        until.is_some_and(|&until| until > now)
+    }
+
+    /// Admits a request that takes a stale-parity record of `file`, counted until the guard
+    /// drops; [`StorageError::Fenced`] while a snapshot fence of `file` stands.
+    pub fn enter_unfenced(&self, file: FileId) -> Result<Entered<'_>, StorageError> {
+        let mut fences = self.fences();
+        if fences.until(file, Instant::now()).is_some() {
+            return Err(StorageError::Fenced { file });
+        }
+        *fences.entered.entry(file).or_default() += 1;
+        Ok(Entered { locks: self, file })
+    }
+
+    /// Whether no write of `file` is in flight here as far as locks tell: no lock of it held
+    /// or waited for, no stale-parity record request admitted. A lock whose lease has run out
+    /// is broken first: its holder's later requests are refused, so it writes no parity.
+    pub fn quiet(&self, file: FileId) -> bool {
+        let fences = self.fences();
+        if fences.entered.contains_key(&file) {
+            return false;
+        }
+        let now = Instant::now();
+        let mut table = self.table();
+        let keys: Vec<LockKey> = table.keys().filter(|k| k.0 == file).copied().collect();
+        for key in keys {
+            if table[&key].holder.lease_end <= now {
+                self.broken.fetch_add(1, Ordering::Relaxed);
+                hand_over(&mut table, key, self.lease);
+            }
+        }
+        !table.keys().any(|key| key.0 == file)
     }
 
     /// Gives `stripes` of `file` a new generation. Called before a record covering their
@@ -141,7 +262,13 @@ impl ParityLocks {
         let key = (file, stripe);
         let token = self.token_next.fetch_add(1, Ordering::Relaxed);
         let give_up = Instant::now() + wait_max;
-        let mut granted = {
+        let mut granted = loop {
+            self.past_fences(file, stripe, give_up).await?;
+            let fences = self.fences();
+            if fences.until(file, Instant::now()).is_some() {
+                // Raised since: wait again.
+                continue;
+            }
             let mut table = self.table();
             match table.entry(key) {
                 Entry::Vacant(vacant) => {
@@ -158,7 +285,7 @@ impl ParityLocks {
                         token,
                         grant,
                     });
-                    granted
+                    break granted;
                 }
             }
         };
@@ -183,6 +310,32 @@ impl ParityLocks {
                     return Err(StorageError::LockBusy { stripe });
                 }
                 Err(_) => self.break_expired(key, Instant::now()),
+            }
+        }
+    }
+
+    /// Waits until no snapshot fence of `file` stands (or `give_up`: then
+    /// [`StorageError::LockBusy`]). The caller checks again under the fences' mutex.
+    async fn past_fences(
+        &self,
+        file: FileId,
+        stripe: u64,
+        give_up: Instant,
+    ) -> Result<(), StorageError> {
+        loop {
+            let lifted = self.fence_lifted.notified();
+            tokio::pin!(lifted);
+            lifted.as_mut().enable();
+            let now = Instant::now();
+            let Some(until) = self.fences().until(file, now) else {
+                return Ok(());
+            };
+            if now >= give_up {
+                return Err(StorageError::LockBusy { stripe });
+            }
+            tokio::select! {
+                () = lifted => {}
+                () = tokio::time::sleep_until(until.min(give_up)) => {}
             }
         }
     }
@@ -274,6 +427,11 @@ impl ParityLocks {
             self.broken.fetch_add(1, Ordering::Relaxed);
             hand_over(&mut table, key, self.lease);
         }
+    }
+
+    /// The fences; every step leaves them consistent, so a poisoned mutex is still usable.
+    fn fences(&self) -> MutexGuard<'_, Fences> {
+        self.fences.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The table; every step leaves it consistent, so a poisoned mutex is still usable.

@@ -34,11 +34,46 @@
 //! RAID-4, RAID-5). Data copies hold the *newest* bytes (the data file overlaid with primary
 //! overflow entries), which is what a Hybrid read returns; the Hybrid overflow's mirror
 //! entries are not copied, so a Hybrid snapshot is readable with every column up, and a
-//! degraded read of one is refused (not done).
-//! Each server begins a snapshot on its own, so a write running while the snapshot is taken
-//! may be in it on its data column and not on its parity column: with every column up each
-//! byte reads old or new, but a reconstruction through such a stripe can be wrong (not
-//! done: ordering the begin behind the stripe's parity lock and stale records).
+//! degraded read of one is refused. Making it reconstruct is not a matter of copying the
+//! mirror entries too: parity covers the *base* data, and the other columns' copies hold
+//! their newest bytes (base overlaid with overflow), so `parity ^ others` is not the lost
+//! base wherever another column of the stripe has overflow entries. It needs base and
+//! overflow entries kept apart per epoch (copies of the base, and the entries live at the
+//! snapshot kept from being trimmed), a change of this format not made yet.
+//!
+//! **The fence: data and parity agree on which writes are in.** Each server begins a
+//! snapshot at its own moment, so without more a write running meanwhile could be in it on
+//! its data column (written before that server began) and not on its parity column (written
+//! after that one began): the snapshot's stripe would not match its parity, and a degraded
+//! read of it would reconstruct wrong bytes. Every write that changes parity of a committed
+//! file is covered at its parity server from before its first byte is written until after
+//! its last is answered: a read-modify-write by the parity lock (its data writes are answered
+//! before the parity write that unlocks), a full-stripe write by its stale-parity record
+//! (cleared once every data and parity write is answered). So a snapshot is taken in three
+//! steps, each sent to every server of its files before the next (the client's `snapshot`
+//! module): **fence** (`SnapshotFence`): the server stops new writes of these files from
+//! starting (no lock granted or queued for anew, no stale-parity record taken; the check and
+//! the taking happen under one mutex, `locks.rs`) and answers once none is in flight: no lock
+//! of them held or waited for, no stale-parity record left. **Begin** (`SnapshotBegin`,
+//! refused unless that fence still stands). **Release.** When the last fence has answered,
+//! no write of these files is in flight on any server and none can start, and that lasts
+//! until the first release, after the last begin; so every write is wholly before every
+//! server's begin or wholly after it, and the snapshot's stripes match their parity. A fence
+//! lapses by itself after `SNAPSHOT_FENCE_LEASE_MS` (a snapshot taker that dies does not stop
+//! writes for longer), so the taker gives up unless every begin was answered within 4/5 of
+//! that lease from when it sent the first fence. Writes stopped by a fence wait (a lock
+//! waits within its usual bound, then `LockBusy` and the client asks again) or are refused
+//! (`Fenced`: a full-stripe writer drops the records it took at other columns, whose fences
+//! wait for them, and asks again). A fence that does not drain within 1.5 s (a stripe torn
+//! by a dead full-stripe writer that the resolver has not made whole yet, or a writer that
+//! takes that long) fails the snapshot (`WritesInFlight`; take it again). A lock whose lease
+//! has run out is broken by the fence, and an intent record left then (its writer died between
+//! data and parity) marks its parity span *lost* in the snapshot at the begin: a read of the
+//! snapshot never reconstructs from that parity (it reads as an error with a column of that
+//! stripe lost, as the live file would without its intent record). RAID-1 and Hybrid overflow
+//! writes take no lock or record and are not fenced: their copies are written at once, so a
+//! write running meanwhile may be in one copy and not the other; each byte of the snapshot
+//! is then old or new whichever copy is read, and nothing is reconstructed from parity.
 //!
 //! **Crash consistency.** Per block, the order is: copy bytes written to the copy file, the
 //! journal record appended, the live block overwritten, all under the file's lock. A server
@@ -360,11 +395,30 @@ impl Snapshots {
     /// which the caller makes durable before answering. An epoch at or below the newest
     /// begun changes nothing (a retry, or a snapshot taken at the same time as a newer one:
     /// its copies are the newer one's, taken at a moment within its own taking).
-    pub(crate) fn begin(&mut self, epoch: u64) -> Result<Option<Written>, StorageError> {
+    ///
+    /// `torn` are redundancy-file byte ranges whose parity may not match the data (spans of
+    /// intent records left by writers that died): the snapshot's blocks there are recorded
+    /// lost, so a read of the snapshot never reconstructs from them.
+    pub(crate) fn begin(
+        &mut self,
+        epoch: u64,
+        torn: &[(u64, u64)],
+    ) -> Result<Option<Written>, StorageError> {
         if epoch <= self.begun {
             return Ok(None);
         }
-        self.append(&[Record::Begin { epoch }]).map(Some)
+        let mut records = vec![Record::Begin { epoch }];
+        for &(start, end) in torn {
+            let first = start / BLOCK_BYTES;
+            records.push(Record::Copy {
+                region: Region::Redundancy,
+                kind: CopyKind::Lost,
+                epoch,
+                first,
+                count: end.div_ceil(BLOCK_BYTES).saturating_sub(first),
+            });
+        }
+        self.append(&records).map(Some)
     }
 
     /// The copy file of `epoch` for `region`, opened (and created) on first use.

@@ -336,6 +336,11 @@ impl StaleRecords {
         state
     }
 
+    /// Whether any record of `file`, live or orphaned, is kept.
+    pub(crate) fn has_file(&self, file: FileId) -> bool {
+        self.records.values().any(|r| r.file == file)
+    }
+
     /// Number of records kept.
     pub(crate) fn len(&self) -> usize {
         self.records.len()

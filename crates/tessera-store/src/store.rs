@@ -479,6 +479,11 @@ impl Store {
         lock(&self.stale).orphaned(now, max)
     }
 
+    /// Whether `file` has a stale-parity record here, live or orphaned.
+    pub fn has_stale_records(&self, file: FileId) -> bool {
+        lock(&self.stale).has_file(file)
+    }
+
     /// Number of stale-parity records kept.
     pub fn stale_records(&self) -> usize {
         lock(&self.stale).len()
@@ -587,9 +592,12 @@ impl Store {
         let _unsynced = self.unsynced.hold(&*self.disk)?;
         for &file in files {
             let dir = self.file_dir(file);
+            // Parity under an intent record here matches neither the old nor the new data
+            // (its writer died mid-write; the locks were drained before a fenced begin).
+            let torn = lock(&self.intents).spans_of(file);
             self.with_write(file, |state| {
                 let present = self.make_present(file, state)?;
-                if let Some(journal) = present.snap.begin(epoch)? {
+                if let Some(journal) = present.snap.begin(epoch, &torn)? {
                     self.mark_snapshot_dirty(file, vec![journal]);
                     lock(&self.dirty).dirs.insert(dir.clone());
                 }

@@ -11,8 +11,9 @@ use serde::{de::DeserializeOwned, Serialize};
 /// `Intent`). Version 5: `ReadIntent` waits out a live stale-parity record (`waited` in
 /// `Intent`). Version 6: `Intent` carries the stripe's `generation`, which a degraded read
 /// compares before and after its reads. Version 7: a [`crate::StorageCall`] carries its
-/// [`crate::Service`] (a reserved stream's deadline, best effort, or rebuild).
-pub const PROTOCOL_VERSION: u8 = 7;
+/// [`crate::Service`] (a reserved stream's deadline, best effort, or rebuild). Version 8:
+/// snapshots are fenced against writes in flight (`SnapshotFence`, `SnapshotRelease`).
+pub const PROTOCOL_VERSION: u8 = 8;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.

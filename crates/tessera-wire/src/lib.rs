@@ -40,7 +40,8 @@
 //! `StorageRequest::SnapshotBegin`, `ReadSnapshot`, `SnapshotDrop`, `SnapshotUsage`,
 //! `ManagerRequest::SnapshotCreate`, `SnapshotReady`, `SnapshotList`, `SnapshotRemove`, and
 //! `ManagerResponse::Snapshots`, `SnapshotRemoved`, `Retained`; and `CommitPendingSized` (a
-//! commit that carries the file's size, issue 19).
+//! commit that carries the file's size, issue 19). Version 8: a snapshot is begun behind a
+//! fence against writes in flight (`StorageRequest::SnapshotFence`, `SnapshotRelease`).
 
 mod frame;
 mod handshake;

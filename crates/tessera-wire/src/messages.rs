@@ -295,6 +295,8 @@ pub enum StorageRequest {
     /// Copy-on-write snapshots (see `tessera-store`'s `snapshot` module): from now on, the
     /// first write to each block of these files copies the block's bytes aside for snapshot
     /// `epoch` before overwriting it. Durable before the answer ([`StorageResponse::Done`]).
+    /// Refused unless this server holds the snapshot's fence of every file
+    /// ([`StorageRequest::SnapshotFence`]).
     SnapshotBegin {
         /// The snapshot's epoch (the manager's counter, increasing).
         epoch: u64,
@@ -333,7 +335,31 @@ pub enum StorageRequest {
         /// File.
         file: FileId,
     },
+    /// The first step of taking snapshot `epoch` (see `tessera-store`'s `snapshot` module):
+    /// stop new writes of these files from starting here (parity locks wait, stale-parity
+    /// records are refused with [`StorageError::LockBusy`]) and answer
+    /// [`StorageResponse::Done`] once the writes in flight on stripes whose parity this server
+    /// holds are finished. The fence lapses by itself ([`SNAPSHOT_FENCE_LEASE_MS`]) if
+    /// [`StorageRequest::SnapshotRelease`] does not come. Protocol version 8.
+    SnapshotFence {
+        /// The snapshot's epoch.
+        epoch: u64,
+        /// Files of the snapshot this server holds a column of.
+        files: Vec<FileId>,
+    },
+    /// The last step of taking snapshot `epoch`: lift its fence of these files.
+    SnapshotRelease {
+        /// The snapshot's epoch.
+        epoch: u64,
+        /// Files fenced for it.
+        files: Vec<FileId>,
+    },
 }
+
+/// How long a [`StorageRequest::SnapshotFence`] stands at a server unless released, in
+/// milliseconds: the client that takes a snapshot begins it everywhere within this of sending
+/// its first fence, or gives up.
+pub const SNAPSHOT_FENCE_LEASE_MS: u64 = 3000;
 
 /// A stale-parity record's token: names one record at a server.
 pub type StaleToken = u64;
@@ -549,6 +575,30 @@ pub enum StorageError {
         wanted: Incarnation,
         /// The store this server has.
         found: Incarnation,
+    },
+    /// A snapshot of the file is being taken here: new writes of it wait until it is begun
+    /// (a few milliseconds); nothing was done, ask again. Protocol version 8.
+    #[error("a snapshot of file {file} is being taken; ask again")]
+    Fenced {
+        /// File.
+        file: FileId,
+    },
+    /// Writes of the file in flight here did not finish within the server's bound for
+    /// fencing a snapshot (or left a torn stripe not yet resolved): the snapshot is not
+    /// taken; take it again.
+    #[error("writes of file {file} in flight here did not finish in time for the snapshot")]
+    WritesInFlight {
+        /// File.
+        file: FileId,
+    },
+    /// `SnapshotBegin` for a file whose fence for that snapshot is not standing here (it
+    /// lapsed, or was never raised): beginning it now could split a write in flight.
+    #[error("snapshot {epoch} of file {file} is not fenced here")]
+    NotFenced {
+        /// File.
+        file: FileId,
+        /// The snapshot's epoch.
+        epoch: u64,
     },
 }
 
