@@ -221,9 +221,12 @@ fn the_transport_flag_reaches_the_client_of_a_command() {
     let after_tcp = received();
     cluster.run(&addr, &["put", &source, "over-udp"]);
     let after_udp = received();
-    assert_eq!(
-        after_tcp, before,
-        "a put with --transport tcp sent datagrams to the servers"
+    // A few stray datagrams may land meanwhile (the closing of sessions that earlier
+    // commands opened, under load); a put of 1 MiB over UDP moves hundreds.
+    assert!(
+        after_tcp - before < 16,
+        "a put with --transport tcp sent {} datagrams to the servers",
+        after_tcp - before
     );
     assert!(
         after_udp > after_tcp + 100,
