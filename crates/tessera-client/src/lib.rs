@@ -557,7 +557,15 @@ impl Client {
     pub async fn server_counters(
         &self,
     ) -> Result<Vec<(ServerId, BTreeMap<String, u64>)>, ClientError> {
-        let servers = self.status().await?;
+        Ok(self.counters_of(self.status().await?).await)
+    }
+
+    /// As [`Client::server_counters`], of the up servers among `servers` (a status the
+    /// caller already has).
+    pub async fn counters_of(
+        &self,
+        servers: Vec<ServerStatus>,
+    ) -> Vec<(ServerId, BTreeMap<String, u64>)> {
         let asks = servers
             .into_iter()
             .filter(|s| s.state == tessera_wire::ServerState::Up)
@@ -573,11 +581,11 @@ impl Client {
                     _ => None,
                 }
             });
-        Ok(futures::future::join_all(asks)
+        futures::future::join_all(asks)
             .await
             .into_iter()
             .flatten()
-            .collect())
+            .collect()
     }
 
     /// Create a file (an existing file of that path is an error).

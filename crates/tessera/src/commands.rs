@@ -753,23 +753,16 @@ pub async fn run_manager(
                 .await?
         }
     };
-    let scrape = match metrics {
-        Some(addr) => {
-            let handle = manager.metrics();
-            let render = move || {
-                let handle = handle.clone();
-                async move { handle.text().await }
-            };
-            Some(crate::metrics_http::serve(addr, render).await?)
-        }
-        None => None,
-    };
+    let handle = manager.metrics();
+    let scrape = crate::metrics_http::serve_if(metrics, move || {
+        let handle = handle.clone();
+        async move { handle.text().await }
+    })
+    .await?;
     write_addr_file(addr_file, manager.addr)?;
     eprintln!("manager listening on {}", manager.addr);
     until_terminated().await;
-    if let Some(scrape) = scrape {
-        scrape.abort();
-    }
+    drop(scrape);
     manager
         .shutdown()
         .await
@@ -833,19 +826,12 @@ pub async fn run_server(
         schedule,
     })
     .await?;
-    let scrape = match metrics {
-        Some(addr) => {
-            let handle = server.metrics();
-            Some(
-                crate::metrics_http::serve(addr, move || {
-                    let handle = handle.clone();
-                    async move { handle.text().await }
-                })
-                .await?,
-            )
-        }
-        None => None,
-    };
+    let handle = server.metrics();
+    let scrape = crate::metrics_http::serve_if(metrics, move || {
+        let handle = handle.clone();
+        async move { handle.text().await }
+    })
+    .await?;
     write_addr_file(addr_file, server.addr)?;
     eprintln!("server listening on {}", server.addr);
     // SIGTERM is heard from here on, also while the server waits to be registered (a
@@ -859,9 +845,7 @@ pub async fn run_server(
         () = resolver => {}
         () = until_terminated() => {}
     }
-    if let Some(scrape) = scrape {
-        scrape.abort();
-    }
+    drop(scrape);
     // Everything acknowledged is in the page cache; make it durable before going.
     server
         .shutdown()

@@ -6,6 +6,28 @@ use hyper_util::rt::TokioIo;
 use std::future::Future;
 use std::net::SocketAddr;
 
+/// A scrape endpoint being served; it stops when dropped.
+pub struct Endpoint(tokio::task::JoinHandle<()>);
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// [`serve`] on `addr` if a daemon was given `--metrics ADDR`; the endpoint stops when the
+/// value is dropped.
+pub async fn serve_if<F, Fut>(addr: Option<&str>, render: F) -> Result<Option<Endpoint>>
+where
+    F: Fn() -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = String> + Send + 'static,
+{
+    match addr {
+        Some(addr) => Ok(Some(Endpoint(serve(addr, render).await?))),
+        None => Ok(None),
+    }
+}
+
 /// Listen on `addr` and answer every `GET /metrics` with what `render` gives, until the task
 /// is dropped. Other paths get 404.
 pub async fn serve<F, Fut>(addr: &str, render: F) -> Result<tokio::task::JoinHandle<()>>

@@ -66,30 +66,16 @@ pub async fn run(config: &Config, args: S3Args) -> Result<()> {
         .metrics
         .as_ref()
         .map(|_| Arc::new(GatewayMetrics::default()));
-    let _scrape = match (&args.metrics, &metrics) {
-        (Some(addr), Some(metrics)) => {
-            let metrics = metrics.clone();
-            let render = move || {
-                let text = metrics.text();
-                async move { text }
-            };
-            Some(AbortOnDrop(crate::metrics_http::serve(addr, render).await?))
-        }
-        _ => None,
-    };
+    let counted = metrics.clone();
+    let _scrape = crate::metrics_http::serve_if(args.metrics.as_deref(), move || {
+        let text = counted.as_ref().map(|m| m.text()).unwrap_or_default();
+        async move { text }
+    })
+    .await?;
     tokio::select! {
         served = tessera_s3::serve(listener, gateway, keys, metrics) => {
             served.context("S3 gateway stopped")
         }
         () = commands::until_terminated() => Ok(()),
-    }
-}
-
-/// Stops the metrics endpoint when the gateway stops.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

@@ -66,8 +66,11 @@ fn rate(now: &Row, before: Option<&Row>, name: &str, seconds: f64) -> Option<f64
 
 async fn sample(client: &Client) -> Result<Vec<Row>> {
     let servers = client.status().await?;
-    let counters: HashMap<ServerId, BTreeMap<String, u64>> =
-        client.server_counters().await?.into_iter().collect();
+    let counters: HashMap<ServerId, BTreeMap<String, u64>> = client
+        .counters_of(servers.clone())
+        .await
+        .into_iter()
+        .collect();
     let mut rows = Vec::new();
     for status in servers {
         let owed = client.debts_of(status.id).await.ok().map(|d| Owed::of(&d));

@@ -36,6 +36,22 @@ fn sample(scrape: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The address a daemon announces its metrics at on stderr (waits up to 30 s); the rest of
+/// its stderr is read and dropped, so that the daemon never blocks writing it.
+fn announced_metrics_addr(stderr: std::process::ChildStderr) -> String {
+    let mut lines = BufReader::new(stderr).lines();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let addr = loop {
+        assert!(Instant::now() < deadline, "no metrics address announced");
+        let line = lines.next().expect("daemon exited").expect("read stderr");
+        if let Some(rest) = line.strip_prefix("metrics on http://") {
+            break rest.trim_end_matches("/metrics").to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    addr
+}
+
 #[test]
 fn a_server_serves_prometheus_metrics_that_count_its_work() {
     let root = tempfile::Builder::new()
@@ -78,16 +94,7 @@ fn a_server_serves_prometheus_metrics_that_count_its_work() {
         .expect("start a server");
     let stderr = server.stderr.take().expect("stderr");
     cleanup.1 = Some(server);
-    let mut lines = BufReader::new(stderr).lines();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let metrics_addr = loop {
-        assert!(Instant::now() < deadline, "no metrics address announced");
-        let line = lines.next().expect("server exited").expect("read stderr");
-        if let Some(rest) = line.strip_prefix("metrics on http://") {
-            break rest.trim_end_matches("/metrics").to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
+    let metrics_addr = announced_metrics_addr(stderr);
     let (status, before) = http_get(&metrics_addr, "/metrics");
     assert!(status.contains("200"), "{status}");
     assert!(
@@ -268,16 +275,8 @@ fn a_manager_serves_prometheus_metrics_of_its_requests_and_servers() {
     }
     let stderr = manager.stderr.take().expect("stderr");
     let _kill = Kill(manager);
-    let mut lines = BufReader::new(stderr).lines();
+    let metrics_addr = announced_metrics_addr(stderr);
     let deadline = Instant::now() + Duration::from_secs(30);
-    let metrics_addr = loop {
-        assert!(Instant::now() < deadline, "no metrics address announced");
-        let line = lines.next().expect("manager exited").expect("read stderr");
-        if let Some(rest) = line.strip_prefix("metrics on http://") {
-            break rest.trim_end_matches("/metrics").to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
     while std::fs::read_to_string(&addr_file).map_or(true, |a| a.trim().is_empty()) {
         assert!(Instant::now() < deadline, "no manager address written");
         std::thread::sleep(Duration::from_millis(50));

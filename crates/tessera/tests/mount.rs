@@ -35,6 +35,12 @@ impl Mounted {
 
     /// A local cluster started with these extra `tessera up` arguments, mounted.
     fn start_with(up_args: &[&str]) -> Mounted {
+        Mounted::start_mounted_with(up_args, &[])
+    }
+
+    /// A local cluster started with extra `tessera up` arguments, mounted with extra
+    /// `tessera mount` arguments.
+    fn start_mounted_with(up_args: &[&str], mount_args: &[&str]) -> Mounted {
         let root = tempfile::Builder::new()
             .prefix("tessera-mount-")
             .tempdir()
@@ -51,7 +57,7 @@ impl Mounted {
             mountpoint,
             pid: None,
         };
-        mounted.mount();
+        mounted.mount_with(mount_args);
         mounted
     }
 
@@ -346,9 +352,7 @@ fn fsx_random_operations_agree_with_a_model() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| rand::random::<u64>() | 1);
     println!("fsx: {ops} operations, seed {seed} (replay with TESSERA_TEST_SEED={seed})");
-    let mut m = Mounted::start_with(&[]);
-    m.umount();
-    m.mount_with(&["--scheme", "raid5", "--stripe-unit", "64K"]);
+    let mut m = Mounted::start_mounted_with(&[], &["--scheme", "raid5", "--stripe-unit", "64K"]);
     let model = fsx_run(&m, ops, &mut Dice(seed));
     m.umount();
     m.mount();
