@@ -524,16 +524,27 @@ impl<'a> Reader<'a> {
     fn repair_entries(&mut self) -> Result<Vec<RepairEntry>, PacketError> {
         let raw = self.u32()? as usize;
         let runs = self.count(raw, REPAIR_RUN_LEN)?;
-        let mut entries = Vec::new();
+        let mut entries: Vec<RepairEntry> = Vec::new();
+        // The previous run's sender, next sequence number and length: a run that merely
+        // continues it would have been encoded as part of it (one packet, one encoding).
+        let mut previous: Option<(SenderId, Option<u64>, usize)> = None;
         for _ in 0..runs {
             let sender = self.sender()?;
             let first = self.u64()?;
             let raw = usize::from(self.u16()?);
             let n = self.count(raw, 4)?;
-            if n == 0 || first.checked_add(n as u64).is_none() {
+            // The last sequence number may be u64::MAX; one past it may not exist.
+            let Some(last) = (n > 0).then(|| first.checked_add(n as u64 - 1)).flatten() else {
                 return Err(PacketError::Field("run"));
+            };
+            if let Some((prev_sender, prev_next, prev_len)) = previous {
+                let continues = prev_sender == sender && prev_next == Some(first);
+                if continues && prev_len < usize::from(u16::MAX) {
+                    return Err(PacketError::Field("run"));
+                }
             }
-            for seq in first..first + n as u64 {
+            previous = Some((sender, last.checked_add(1), n));
+            for seq in first..=last {
                 let message = match self.u32()? {
                     ABSENT => None,
                     len => Some(self.bytes(len)?),
@@ -863,6 +874,69 @@ mod tests {
                 prop_assert_eq!(packet.encode(), bytes);
             }
         }
+    }
+
+    fn repair_packet(entries: Vec<RepairEntry>) -> Packet {
+        Packet {
+            header: Header {
+                from: NodeId(1),
+                incarnation: 2,
+                view: 3,
+                status: Status::Normal,
+            },
+            body: Body::Entries {
+                from: 4,
+                prev_hash: 5,
+                entries,
+            },
+        }
+    }
+
+    fn repair_entry(seq: u64) -> RepairEntry {
+        RepairEntry {
+            id: MsgId {
+                sender: SenderId {
+                    node: NodeId(7),
+                    incarnation: 8,
+                },
+                seq,
+            },
+            message: Some(Bytes::from_static(b"m")),
+        }
+    }
+
+    /// Found by the fuzzer (CI): two runs of one sender's consecutive messages are the
+    /// encoding of one run, so the decoder must refuse them rather than accept a second
+    /// encoding of the same packet.
+    #[test]
+    fn a_run_split_in_two_is_refused() {
+        let bytes = repair_packet(vec![repair_entry(10), repair_entry(11)]).encode();
+        let runs_at = HEADER_LEN + 8 + 8;
+        assert_eq!(&bytes[runs_at..runs_at + 4], &1u32.to_be_bytes());
+        // Rewrite as two runs of one: node, incarnation, seq, count 1, message; twice.
+        let mut split = bytes[..runs_at].to_vec();
+        put_u32(&mut split, 2);
+        for seq in [10u64, 11] {
+            put_u16(&mut split, 7);
+            put_u32(&mut split, 8);
+            put_u64(&mut split, seq);
+            put_u16(&mut split, 1);
+            put_u32(&mut split, 1);
+            split.push(b'm');
+        }
+        let body_len = (split.len() - HEADER_LEN) as u32;
+        split[24..28].copy_from_slice(&body_len.to_be_bytes());
+        seal(&mut split);
+        assert_eq!(decode(&split), Err(PacketError::Field("run")));
+        // A gap in the sequence numbers makes two runs the one encoding.
+        let gapped = repair_packet(vec![repair_entry(10), repair_entry(12)]);
+        assert_eq!(decode(&gapped.encode()).unwrap(), gapped);
+    }
+
+    #[test]
+    fn a_run_ending_at_the_last_sequence_number_round_trips() {
+        let packet = repair_packet(vec![repair_entry(u64::MAX - 1), repair_entry(u64::MAX)]);
+        assert_eq!(decode(&packet.encode()).unwrap(), packet);
     }
 
     #[test]
