@@ -204,6 +204,19 @@ fn describe_servers(servers: &[(ServerId, SocketAddr)]) -> String {
 }
 
 /// An open file: its id and path. Every operation refreshes its view from the manager.
+/// The up servers' disks, summed ([`Client::capacity`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capacity {
+    /// Their file systems' sizes in bytes.
+    pub total: u64,
+    /// Bytes still free for their stores.
+    pub available: u64,
+    /// Bytes their stores occupy.
+    pub stored: u64,
+    /// How many servers reported.
+    pub servers: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct File {
     /// File id.
@@ -586,6 +599,23 @@ impl Client {
             .into_iter()
             .flatten()
             .collect()
+    }
+
+    /// The raw capacity of the up servers' disks, summed: what a mount's `statfs` (`df`)
+    /// shows. Raw: a RAID-5 file over 5 servers costs 5/4 of its bytes, a RAID-1 file twice.
+    pub async fn capacity(&self) -> Result<Capacity, ClientError> {
+        let mut capacity = Capacity::default();
+        for (_, counters) in self.server_counters().await? {
+            let Some(&total) = counters.get("disk_total_bytes") else {
+                continue;
+            };
+            let value = |name: &str| counters.get(name).copied().unwrap_or(0);
+            capacity.total = capacity.total.saturating_add(total);
+            capacity.available = (capacity.available).saturating_add(value("disk_available_bytes"));
+            capacity.stored = capacity.stored.saturating_add(value("disk_stored_bytes"));
+            capacity.servers += 1;
+        }
+        Ok(capacity)
     }
 
     /// Create a file (an existing file of that path is an error).

@@ -100,6 +100,20 @@ fn now_nanos() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// The block size `statfs` counts in.
+const STATFS_BLOCK: u32 = 4096;
+/// The longest name `statfs` announces (the manager limits whole paths, to 4,096 bytes).
+const NAME_MAX: u32 = 255;
+
+/// The servers' raw capacity and free bytes in [`STATFS_BLOCK`]s.
+fn statfs_blocks(capacity: &tessera_client::Capacity) -> (u64, u64) {
+    let block = u64::from(STATFS_BLOCK);
+    (
+        capacity.total / block,
+        capacity.available.min(capacity.total) / block,
+    )
+}
+
 impl TesseraFs {
     /// A file system over `client`; `runtime` runs the client's futures.
     pub fn new(client: Client, runtime: tokio::runtime::Handle, config: MountConfig) -> TesseraFs {
@@ -710,6 +724,19 @@ impl fuser::Filesystem for TesseraFs {
             reply.size(0);
         } else {
             reply.data(&[]);
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: fuser::ReplyStatfs) {
+        match self.call(self.client.capacity()) {
+            Ok(capacity) => {
+                let (blocks, free) = statfs_blocks(&capacity);
+                // The namespace has no inode table to run out of: report plenty.
+                let files = u64::from(u32::MAX);
+                let (block, name) = (STATFS_BLOCK, NAME_MAX);
+                reply.statfs(blocks, free, free, files, files - 1, block, name, block);
+            }
+            Err(e) => reply.error(e),
         }
     }
 

@@ -155,22 +155,28 @@ pub struct MetricsHandle {
 }
 
 impl MetricsHandle {
-    /// The metrics in Prometheus's text format, with the servers by state as of now.
+    /// The metrics in Prometheus's text format, with the servers by state and what they owe
+    /// as of now.
     pub async fn text(&self) -> String {
         let manager = self.manager.clone();
-        let servers = tokio::task::spawn_blocking(move || {
-            match manager
-                .lock()
-                .unwrap()
-                .handle(ManagerRequest::Status, Instant::now())
-            {
+        let (servers, owed) = tokio::task::spawn_blocking(move || {
+            let mut manager = manager.lock().unwrap();
+            let servers = match manager.handle(ManagerRequest::Status, Instant::now()) {
                 ManagerResponse::Servers(servers) => servers,
                 _ => Vec::new(),
-            }
+            };
+            let owed = match &*manager {
+                Served::Running(manager) => manager.owed().unwrap_or_else(|e| {
+                    tracing::warn!("metrics: what servers owe: {e}");
+                    Default::default()
+                }),
+                Served::NoStore(_) => Default::default(),
+            };
+            (servers, owed)
         })
         .await
         .unwrap_or_default();
-        self.metrics.render(&servers)
+        self.metrics.render(&servers, &owed)
     }
 }
 

@@ -932,6 +932,35 @@ impl Manager {
         ManagerResponse::Servers(servers)
     }
 
+    /// What each server owes, from the debts table alone (for metrics; one pass over the
+    /// debts, whatever the number of files): by server, files owed whole (made while it was
+    /// down, or its store wiped), and stripes of other files.
+    pub fn owed(&self) -> Result<BTreeMap<ServerId, crate::metrics::Owed>, ManagerError> {
+        Ok(self.read_owed()?)
+    }
+
+    fn read_owed(&self) -> Result<BTreeMap<ServerId, crate::metrics::Owed>, Failure> {
+        let txn = self.db.begin_read()?;
+        let debts = txn.open_table(store::DEBTS)?;
+        let mut owed: BTreeMap<ServerId, crate::metrics::Owed> = self
+            .servers
+            .keys()
+            .map(|&s| (s, Default::default()))
+            .collect();
+        for entry in debts.iter()? {
+            let (key, record) = entry?;
+            let missed: Vec<IndexRange> = postcard::from_bytes(record.value())?;
+            let owes = owed.entry(key.value().0).or_default();
+            if missed.iter().any(|r| r.end == u64::MAX) {
+                owes.whole_files += 1;
+            } else if !missed.is_empty() {
+                owes.files += 1;
+                owes.stripes += missed.iter().map(|r| r.end - r.start).sum::<u64>();
+            }
+        }
+        Ok(owed)
+    }
+
     fn files_on_server(&self, server: ServerId) -> Result<ManagerResponse, Failure> {
         self.check_known(server)?;
         let txn = self.db.begin_read()?;

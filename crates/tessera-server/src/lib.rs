@@ -194,7 +194,8 @@ pub struct MetricsHandle(Arc<metrics::ServerMetrics>, Counters);
 impl MetricsHandle {
     /// The metrics in Prometheus's text format.
     pub async fn text(&self) -> String {
-        self.0.render(&self.1.all().await)
+        self.0
+            .render(&self.1.counters().await, self.1.disk.get().await)
     }
 }
 
@@ -230,6 +231,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         counters: Arc::new(OnceLock::new()),
         reads: Arc::new(ReadCounts::default()),
         metrics: metrics.clone(),
+        disk: Arc::new(metrics::DiskGauge::new(store.clone())),
     });
     // TCP is always served; with the datagram transport, UDP is served on the same port number
     // too, so clients of either kind (and benchmarks comparing them) reach the same server.
@@ -273,6 +275,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         reads: handler.reads.clone(),
         metrics: metrics.clone(),
         queue: handler.queue.clone(),
+        disk: handler.disk.clone(),
     };
     Ok(RunningServer {
         addr,
@@ -302,6 +305,7 @@ pub fn handler_scheduled(
 ) -> Arc<dyn FrameHandler> {
     Arc::new(StorageHandler {
         queue: schedule::DiskQueue::new(schedule),
+        disk: Arc::new(metrics::DiskGauge::new(store.clone())),
         store,
         // Tokens start at random, as in `start`, so that a holder from before a restart is
         // never mistaken for a new one.
@@ -488,6 +492,8 @@ struct StorageHandler {
     metrics: Arc<metrics::ServerMetrics>,
     /// Orders the requests that wait for the disk.
     queue: Arc<schedule::DiskQueue>,
+    /// The store's disk usage, walked now and then.
+    disk: Arc<metrics::DiskGauge>,
 }
 
 /// Reads answered, by where: reported with the transport's counters.
@@ -507,10 +513,21 @@ struct Counters {
     /// Requests and payload bytes served, in total (`tessera top` turns them into rates).
     metrics: Arc<metrics::ServerMetrics>,
     queue: Arc<schedule::DiskQueue>,
+    disk: Arc<metrics::DiskGauge>,
 }
 
 impl Counters {
+    /// Everything: [`Counters::counters`] and the disk's usage.
     async fn all(&self) -> Vec<(String, u64)> {
+        let mut all = self.counters().await;
+        if let Some(disk) = self.disk.get().await {
+            all.extend(metrics::disk_counters(&disk));
+        }
+        all
+    }
+
+    /// The transport's counters, reads by where, request totals and the disk queue's.
+    async fn counters(&self) -> Vec<(String, u64)> {
         let mut all = match &self.udp {
             Some(udp) => udp.get().await,
             None => Vec::new(),
@@ -575,6 +592,7 @@ impl FrameHandler for StorageHandler {
             reads: self.reads.clone(),
             metrics: self.metrics.clone(),
             queue: self.queue.clone(),
+            disk: self.disk.clone(),
         };
         let queued = schedule::queued_bytes(&request, payload.len())
             .filter(|_| !DISK_INLINE.with(|cell| cell.get()))
@@ -594,7 +612,11 @@ impl FrameHandler for StorageHandler {
             let error = answer.is_err();
             let (response, payload) =
                 answer.unwrap_or_else(|e| (StorageResponse::Error(e), Bytes::new()));
+            let background = service == tessera_wire::Service::Background;
             metrics.observe(kind, received, payload.len(), error, started.elapsed());
+            if background {
+                metrics.observe_background(received + payload.len());
+            }
             Some((Bytes::from(encode_message(&response)), payload))
         })
     }

@@ -31,6 +31,15 @@ pub enum EntryKind {
     Dir,
 }
 
+/// The capacity of the file system under a path ([`Disk::space`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskSpace {
+    /// Its size in bytes.
+    pub total: u64,
+    /// Bytes an unprivileged writer can still use.
+    pub available: u64,
+}
+
 /// A file system, as the store uses it. Paths are whole paths (the store's root joined with
 /// its names). Errors are [`io::Error`]s with the kinds `std::fs` gives (`NotFound`,
 /// `AlreadyExists`, `WouldBlock` for a lock held elsewhere).
@@ -66,6 +75,11 @@ pub trait Disk: Send + Sync + fmt::Debug {
     /// Takes an exclusive lock on `path` (a file, created if missing), held until the returned
     /// guard is dropped; `WouldBlock` if another holder has it.
     fn lock(&self, path: &Path) -> io::Result<DiskLock>;
+    /// The size and free space of the file system holding `path` (`statvfs`).
+    fn space(&self, path: &Path) -> io::Result<DiskSpace>;
+    /// Bytes the file at `path` occupies on disk (allocated blocks, not its length: a
+    /// sparse file's holes cost nothing).
+    fn allocated(&self, path: &Path) -> io::Result<u64>;
 }
 
 /// An open file.
@@ -218,6 +232,28 @@ impl Disk for RealDisk {
             return Err(io::Error::last_os_error());
         }
         Ok(Box::new(file))
+    }
+
+    fn space(&self, path: &Path) -> io::Result<DiskSpace> {
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| io::Error::from(ErrorKind::InvalidInput))?;
+        // SAFETY: statvfs writes only into `stat`, a plain struct we own; the path is a
+        // NUL-terminated string kept alive for the call.
+        let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let fragment = stat.f_frsize as u64;
+        Ok(DiskSpace {
+            total: (stat.f_blocks as u64).saturating_mul(fragment),
+            available: (stat.f_bavail as u64).saturating_mul(fragment),
+        })
+    }
+
+    fn allocated(&self, path: &Path) -> io::Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        // st_blocks counts 512-byte units whatever the file system's block size.
+        Ok(fs::symlink_metadata(path)?.blocks().saturating_mul(512))
     }
 }
 

@@ -125,14 +125,14 @@ mod snapshot;
 mod stale;
 mod store;
 
-pub use disk::{Disk, DiskFile, DiskLock, EntryKind, FileHandle, RealDisk};
+pub use disk::{Disk, DiskFile, DiskLock, DiskSpace, EntryKind, FileHandle, RealDisk};
 pub use intent::{IntentRecord, INTENT_FORMAT_VERSION};
 pub use locks::ParityLocks;
-pub use memdisk::{BitFlip, MemDisk, PowerLoss, SECTOR_BYTES};
+pub use memdisk::{BitFlip, MemDisk, PowerLoss, MEM_DISK_BYTES, SECTOR_BYTES};
 pub use record::{FileRecord, RecordError, RecordPage, RECORD_FORMAT_VERSION};
 pub use snapshot::SNAPSHOT_FORMAT_VERSION;
 pub use stale::{StaleState, STALE_FORMAT_VERSION, STALE_RECORDS_MAX};
-pub use store::Store;
+pub use store::{DiskUsage, Store};
 
 pub use tessera_layout::{OverflowRole, Region};
 pub use tessera_wire::{FileId, IntentPiece, OverflowExtent, ParityIntent, StorageError};

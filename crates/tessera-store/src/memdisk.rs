@@ -24,12 +24,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::disk::{Disk, DiskFile, DiskLock, EntryKind, FileHandle};
+use crate::disk::{Disk, DiskFile, DiskLock, DiskSpace, EntryKind, FileHandle};
 
 /// Bytes a power loss keeps or drops together.
 pub const SECTOR_BYTES: u64 = 512;
 /// Bytes of one allocation unit (what [`DiskFile::next_data`] reports in).
 const PAGE_BYTES: u64 = 4096;
+/// The size an in-memory disk reports ([`Disk::space`]): 1 TiB.
+pub const MEM_DISK_BYTES: u64 = 1 << 40;
 
 /// An in-memory disk shared by its handles; cloning it shares the same disk.
 #[derive(Clone, Debug, Default)]
@@ -105,6 +107,11 @@ struct Content {
 }
 
 impl Content {
+    /// Bytes of the pages written (holes cost nothing).
+    fn allocated(&self) -> u64 {
+        self.pages.len() as u64 * PAGE_BYTES
+    }
+
     fn read(&self, buf: &mut [u8], offset: u64) -> usize {
         if offset >= self.len {
             return 0;
@@ -598,6 +605,27 @@ impl Disk for MemDisk {
             path,
             boot,
         }))
+    }
+
+    /// A disk of [`MEM_DISK_BYTES`], less the pages every file holds now.
+    fn space(&self, _path: &Path) -> io::Result<DiskSpace> {
+        let state = lock(&self.state);
+        let used: u64 = state
+            .inodes
+            .values()
+            .map(|inode| inode.now.allocated())
+            .sum();
+        Ok(DiskSpace {
+            total: MEM_DISK_BYTES,
+            available: MEM_DISK_BYTES.saturating_sub(used),
+        })
+    }
+
+    fn allocated(&self, path: &Path) -> io::Result<u64> {
+        let path = key(path);
+        let state = lock(&self.state);
+        let id = state.file(&path)?;
+        Ok(state.inodes[&id].now.allocated())
     }
 }
 

@@ -174,6 +174,17 @@ struct Dirty {
 /// `Send + Sync`: operations on different files run in parallel, reads of one file share its
 /// lock, and writes and overflow changes of one file take it exclusively, so a read never sees
 /// new bytes with an old checksum.
+/// What [`Store::disk_usage`] reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskUsage {
+    /// The file system's size in bytes.
+    pub total: u64,
+    /// Bytes still free for the store.
+    pub available: u64,
+    /// Bytes the store's files occupy (allocated blocks, metadata included).
+    pub stored: u64,
+}
+
 pub struct Store {
     /// The disk everything is on: the real one, or an in-memory one in simulations.
     disk: Arc<dyn Disk>,
@@ -579,6 +590,38 @@ impl Store {
                 * (present.data.blocks_written() + present.redundancy.blocks_written())
                 + present.overflow.live_bytes()),
             _ => Ok(0),
+        })
+    }
+
+    /// The file system's size and free space, and the bytes this store's files occupy on
+    /// it (a walk of the whole directory: callers cache it).
+    pub fn disk_usage(&self) -> Result<DiskUsage, StorageError> {
+        let space = (self.disk.space(&self.root))
+            .map_err(|error| disk(format_args!("statvfs {}", self.root.display()), error))?;
+        let mut stored = 0u64;
+        let mut dirs = vec![self.root.clone()];
+        while let Some(dir) = dirs.pop() {
+            let names = match self.disk.read_dir(&dir) {
+                Ok(names) => names,
+                // Removed while we walked (a file deleted): nothing to count.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(error) => return Err(disk(format_args!("list {}", dir.display()), error)),
+            };
+            for name in names {
+                let path = dir.join(name);
+                match self.disk.kind(&path) {
+                    Ok(Some(EntryKind::Dir)) => dirs.push(path),
+                    Ok(Some(EntryKind::File)) => {
+                        stored = stored.saturating_add(self.disk.allocated(&path).unwrap_or(0))
+                    }
+                    Ok(None) | Err(_) => {}
+                }
+            }
+        }
+        Ok(DiskUsage {
+            total: space.total,
+            available: space.available,
+            stored,
         })
     }
 

@@ -762,3 +762,43 @@ fn allocated_includes_overflow_ranges_a_damaged_log_record_may_have_changed() {
     );
     assert!(allocated(&store, Region::Redundancy, 0, FILE_BYTES_MAX).is_empty());
 }
+
+#[test]
+fn disk_usage_counts_allocated_bytes_not_lengths() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let empty = store.disk_usage().unwrap();
+    assert!(
+        empty.total > 0 && empty.available <= empty.total,
+        "{empty:?}"
+    );
+    store
+        .write(FILE, Region::Data, 0, &pattern(1 << 20, 1), false)
+        .unwrap();
+    // A byte near 1 TiB in: the file is about 1 TiB long, its allocation one block.
+    store
+        .write(FILE, Region::Data, FILE_BYTES_MAX - 1, b"x", false)
+        .unwrap();
+    store.sync().unwrap();
+    let used = store.disk_usage().unwrap();
+    let grown = used.stored - empty.stored;
+    // The MiB of data, its checksums and the far block; never the hole.
+    assert!((1 << 20..4 << 20).contains(&grown), "grew by {grown}");
+    store.remove(FILE).unwrap();
+    let removed = store.disk_usage().unwrap();
+    assert!(removed.stored < empty.stored + (64 << 10), "{removed:?}");
+}
+
+#[test]
+fn disk_usage_of_an_in_memory_disk() {
+    let disk = std::sync::Arc::new(tessera_store::MemDisk::new());
+    let store = Store::open_on(disk, Path::new("/s")).unwrap();
+    let before = store.disk_usage().unwrap();
+    assert_eq!(before.total, tessera_store::MEM_DISK_BYTES);
+    store
+        .write(FILE, Region::Data, 0, &[9; 8192], false)
+        .unwrap();
+    let after = store.disk_usage().unwrap();
+    assert!(after.stored >= before.stored + 8192, "{before:?} {after:?}");
+    assert_eq!(after.total - after.available, after.stored);
+}

@@ -28,7 +28,7 @@ impl EmbeddedCluster {
             .prefix("tessera-")
             .tempdir()
             .context("cannot make a temporary directory")?;
-        let cluster = LocalCluster::up(dir.path(), servers, 1, config).await?;
+        let cluster = LocalCluster::up(dir.path(), servers, 1, false, config).await?;
         Ok(EmbeddedCluster { cluster, _dir: dir })
     }
 }

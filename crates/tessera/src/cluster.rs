@@ -4,6 +4,7 @@
 use crate::config::Config;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -78,6 +79,11 @@ pub struct ClusterFile {
     /// The gateway process.
     #[serde(default)]
     pub s3_process: Option<Process>,
+    /// Where each daemon serves Prometheus metrics, when `up --metrics` asked for them: by
+    /// daemon (`manager`, `manager-N` for replica N, `server-N`, `s3`), `ADDR` of
+    /// `http://ADDR/metrics`. A daemon restarted keeps its address.
+    #[serde(default)]
+    pub metrics: BTreeMap<String, String>,
 }
 
 /// Version of `cluster.toml` this build writes (2 added `secret` and `key`).
@@ -286,6 +292,7 @@ impl LocalCluster {
         dir: &Path,
         servers: u32,
         managers: u16,
+        metrics: bool,
         config: &Config,
     ) -> Result<LocalCluster> {
         let (transport, window) = (config.transport.unwrap_or_default(), config.window);
@@ -307,6 +314,7 @@ impl LocalCluster {
             bail!("a cluster needs at least one server");
         }
         let previous = Self::load(&dir).ok();
+        let metrics = metrics_addrs(previous.as_ref(), metrics, servers, managers)?;
         let secret = dir.join(crate::credentials::SECRET_FILE_NAME);
         crate::credentials::read_or_create_secret(&secret)?;
         let manager_dir = dir.join("manager");
@@ -317,12 +325,12 @@ impl LocalCluster {
         let store_missing = managers <= 1 && !init && !store.exists();
         std::fs::create_dir_all(&manager_dir)?;
         let (manager_process, replicas) = if managers > 1 {
-            Self::start_replicas(&dir, managers, previous.as_ref(), &secret, init)?
+            Self::start_replicas(&dir, managers, previous.as_ref(), &secret, init, &metrics)?
         } else {
-            (
-                Self::start_single(&manager_dir, previous.as_ref(), &secret, init)?,
-                Vec::new(),
-            )
+            let metrics = metrics.get("manager").map(String::as_str);
+            let single =
+                Self::start_single(&manager_dir, previous.as_ref(), &secret, init, metrics);
+            (single?, Vec::new())
         };
         let mut cluster = LocalCluster {
             dir: dir.clone(),
@@ -341,6 +349,7 @@ impl LocalCluster {
                 s3_access_key: previous.as_ref().and_then(|p| p.file.s3_access_key.clone()),
                 s3_secret_key: previous.as_ref().and_then(|p| p.file.s3_secret_key.clone()),
                 s3_process: None,
+                metrics,
             },
         };
         for id in 1..=servers {
@@ -401,17 +410,18 @@ impl LocalCluster {
         previous: Option<&LocalCluster>,
         secret: &Path,
         init: bool,
+        metrics: Option<&str>,
     ) -> Result<Process> {
         let addr_file = manager_dir.join("addr");
         let _ = std::fs::remove_file(&addr_file);
         let listen = previous
             .map(|p| p.file.manager.clone())
             .unwrap_or_else(|| "127.0.0.1:0".into());
-        let manager_pid = match Self::start_manager(manager_dir, &listen, secret, init) {
+        let manager_pid = match Self::start_manager(manager_dir, &listen, secret, init, metrics) {
             Ok(pid) => pid,
             // The old port may be taken now; any free one will do.
             Err(_) if listen != "127.0.0.1:0" => {
-                Self::start_manager(manager_dir, "127.0.0.1:0", secret, init)?
+                Self::start_manager(manager_dir, "127.0.0.1:0", secret, init, metrics)?
             }
             Err(e) => return Err(e),
         };
@@ -431,6 +441,7 @@ impl LocalCluster {
         previous: Option<&LocalCluster>,
         secret: &Path,
         init: bool,
+        metrics: &BTreeMap<String, String>,
     ) -> Result<(Process, Vec<Process>)> {
         let addrs = match previous {
             Some(p) if p.file.managers.len() == usize::from(count) => p.file.managers.clone(),
@@ -444,7 +455,8 @@ impl LocalCluster {
             })
             .collect();
         for id in 1..=count {
-            let pid = Self::spawn_replica(&replicas, id, secret, init)?;
+            let metrics = metrics.get(&format!("manager-{id}")).map(String::as_str);
+            let pid = Self::spawn_replica(&replicas, id, secret, init, metrics)?;
             replicas[usize::from(id) - 1].pid = pid;
         }
         for replica in &replicas {
@@ -454,7 +466,13 @@ impl LocalCluster {
     }
 
     /// Spawns replica `id` of `replicas` (1-based).
-    fn spawn_replica(replicas: &[Process], id: u16, secret: &Path, init: bool) -> Result<u32> {
+    fn spawn_replica(
+        replicas: &[Process],
+        id: u16,
+        secret: &Path,
+        init: bool,
+        metrics: Option<&str>,
+    ) -> Result<u32> {
         let replica = &replicas[usize::from(id) - 1];
         std::fs::create_dir_all(&replica.dir)?;
         let _ = std::fs::remove_file(replica.dir.join("addr"));
@@ -477,6 +495,7 @@ impl LocalCluster {
         if init || !replica.dir.join("manager.redb").exists() {
             args.push("--init".into());
         }
+        args.extend(metrics_args(metrics));
         spawn_daemon(&args, &replica.dir.join("log"))
     }
 
@@ -496,6 +515,11 @@ impl LocalCluster {
         self.save()
     }
 
+    /// Where daemon `name` serves metrics, if the cluster has them.
+    fn metrics_of(&self, name: &str) -> Option<&str> {
+        self.file.metrics.get(name).map(String::as_str)
+    }
+
     /// Starts manager replica `id` again: it rejoins and catches up from the others.
     pub fn start_replica(&mut self, id: u16) -> Result<()> {
         let index = self.replica_index(id)?;
@@ -505,7 +529,8 @@ impl LocalCluster {
         let secret = self
             .secret_path()
             .ok_or_else(|| anyhow!("this local cluster has no secret"))?;
-        let pid = Self::spawn_replica(&self.file.replicas, id, &secret, false)?;
+        let metrics = self.metrics_of(&format!("manager-{id}"));
+        let pid = Self::spawn_replica(&self.file.replicas, id, &secret, false, metrics)?;
         wait_for_addr(&self.file.replicas[index].dir.join("addr"), pid)?;
         self.file.replicas[index].pid = pid;
         if index == 0 {
@@ -535,7 +560,13 @@ impl LocalCluster {
         }
     }
 
-    fn start_manager(manager_dir: &Path, listen: &str, secret: &Path, init: bool) -> Result<u32> {
+    fn start_manager(
+        manager_dir: &Path,
+        listen: &str,
+        secret: &Path,
+        init: bool,
+        metrics: Option<&str>,
+    ) -> Result<u32> {
         let mut args: Vec<String> = vec![
             "manager".into(),
             "--secret".into(),
@@ -550,6 +581,7 @@ impl LocalCluster {
         if init {
             args.push("--init".into());
         }
+        args.extend(metrics_args(metrics));
         let pid = spawn_daemon(&args, &manager_dir.join("log"))?;
         // A bind failure shows up as an early exit.
         std::thread::sleep(Duration::from_millis(50));
@@ -608,6 +640,7 @@ impl LocalCluster {
             if let Some(window) = self.file.window {
                 args.extend(["--window".into(), window.to_string()]);
             }
+            args.extend(metrics_args(self.metrics_of(&format!("server-{id}"))));
             let pid = spawn_daemon(&args, &dir.with_extension("log"))?;
             match wait_for_addr(&addr_file, pid) {
                 Ok(addr) => {
@@ -692,6 +725,7 @@ impl LocalCluster {
             "--addr-file".into(),
             addr_file.display().to_string(),
         ];
+        let args = [args, metrics_args(self.metrics_of("s3"))].concat();
         let env = [
             ("TESSERA_S3_ACCESS_KEY", keys.access.as_str()),
             ("TESSERA_S3_SECRET_KEY", keys.secret.as_str()),
@@ -743,6 +777,41 @@ impl LocalCluster {
         }
         let _ = self.save();
     }
+}
+
+/// The `--metrics ADDR` arguments of a daemon that has a metrics address.
+fn metrics_args(metrics: Option<&str>) -> Vec<String> {
+    metrics.map_or_else(Vec::new, |addr| vec!["--metrics".into(), addr.into()])
+}
+
+/// The metrics addresses of every daemon of a cluster being started: none without `--metrics`
+/// (unless the cluster had them: they stay), the old ones where the cluster had them, free
+/// ports on 127.0.0.1 for the others.
+fn metrics_addrs(
+    previous: Option<&LocalCluster>,
+    wanted: bool,
+    servers: u32,
+    managers: u16,
+) -> Result<BTreeMap<String, String>> {
+    let mut addrs = previous.map(|p| p.file.metrics.clone()).unwrap_or_default();
+    if !wanted && addrs.is_empty() {
+        return Ok(addrs);
+    }
+    let mut names = vec!["s3".to_string()];
+    if managers > 1 {
+        names.extend((1..=managers).map(|id| format!("manager-{id}")));
+    } else {
+        names.push("manager".into());
+    }
+    names.extend((1..=servers).map(|id| format!("server-{id}")));
+    let missing: Vec<String> = names
+        .into_iter()
+        .filter(|n| !addrs.contains_key(n))
+        .collect();
+    for (name, addr) in missing.iter().zip(free_ports(missing.len())?) {
+        addrs.insert(name.clone(), addr);
+    }
+    Ok(addrs)
 }
 
 /// `count` addresses on 127.0.0.1 whose port is free for TCP and for UDP alike (a manager

@@ -563,21 +563,32 @@ pub async fn scrub(config: &Config, remote: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-pub async fn up(
-    config: &Config,
-    dir: &Path,
-    servers: u32,
-    managers: u16,
-    detach: bool,
-    s3: Option<&str>,
-) -> Result<()> {
+/// What `tessera up` starts.
+pub struct UpDaemons<'a> {
+    /// Storage servers.
+    pub servers: u32,
+    /// Manager replicas (1: one manager).
+    pub managers: u16,
+    /// The S3 gateway's address, if one is started.
+    pub s3: Option<&'a str>,
+    /// Whether every daemon serves Prometheus metrics.
+    pub metrics: bool,
+}
+
+pub async fn up(config: &Config, dir: &Path, daemons: UpDaemons<'_>, detach: bool) -> Result<()> {
+    let UpDaemons {
+        servers,
+        managers,
+        s3,
+        metrics,
+    } = daemons;
     if managers == 0 || usize::from(managers) > tessera_manager::replica::REPLICAS_MAX {
         bail!(
             "--managers {managers}: a cluster has 1 to {} manager replicas",
             tessera_manager::replica::REPLICAS_MAX
         );
     }
-    let mut cluster = LocalCluster::up(dir, servers, managers, config).await?;
+    let mut cluster = LocalCluster::up(dir, servers, managers, metrics, config).await?;
     let manager = if cluster.file.managers.is_empty() {
         format!("manager at {}", cluster.file.manager)
     } else {
@@ -603,6 +614,14 @@ pub async fn up(
             file.s3_secret_key.as_deref().unwrap_or("?"),
             LocalCluster::cluster_file(&cluster.dir).display()
         );
+    }
+    let running = |name: &String| name != "s3" || cluster.file.s3_process.is_some();
+    let endpoints: Vec<String> = (cluster.file.metrics.iter())
+        .filter(|(name, _)| running(name))
+        .map(|(name, addr)| format!("{name} http://{addr}/metrics"))
+        .collect();
+    if !endpoints.is_empty() {
+        println!("metrics: {}", endpoints.join(", "));
     }
     if detach {
         println!("stop it with: tessera down --dir {}", dir.display());

@@ -3,6 +3,7 @@
 
 mod attacks;
 mod bench;
+mod bench_mount;
 mod cluster;
 mod commands;
 mod config;
@@ -84,6 +85,10 @@ enum Command {
         /// one); its endpoint and keys are printed and written into DIR/cluster.toml.
         #[arg(long, value_name = "ADDR")]
         s3: Option<String>,
+        /// Every daemon serves Prometheus metrics, each on a free port of 127.0.0.1 (kept
+        /// across restarts); the addresses are printed and written into DIR/cluster.toml.
+        #[arg(long)]
+        metrics: bool,
     },
     /// Stop the local cluster in DIR.
     Down {
@@ -191,8 +196,12 @@ enum Command {
         /// Instead: a client's throughput alone and under each resource attack (idle
         /// connections, stalled huge frames, junk datagram openings), always on an embedded
         /// cluster of its own (it attacks what it measures).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "mount")]
         attacks: bool,
+        /// Instead: sequential throughput through a FUSE mount against the client library's,
+        /// side by side, on an embedded cluster of its own (needs /dev/fuse and fusermount3).
+        #[arg(long)]
+        mount: bool,
     },
     /// Serve the cluster over S3 (buckets are top-level directories, objects files).
     S3 {
@@ -529,7 +538,16 @@ async fn run(cli: Cli) -> Result<()> {
             dir,
             detach,
             s3,
-        } => commands::up(config, &dir, servers, managers, detach, s3.as_deref()).await,
+            metrics,
+        } => {
+            let daemons = commands::UpDaemons {
+                servers,
+                managers,
+                s3: s3.as_deref(),
+                metrics,
+            };
+            commands::up(config, &dir, daemons, detach).await
+        }
         Command::Down { dir } => commands::down(&dir),
         Command::Manager(args) => match args.action {
             Some(ManagerAction::Recover { dir, servers }) => {
@@ -665,7 +683,14 @@ async fn run(cli: Cli) -> Result<()> {
             quick,
             json,
             attacks: true,
+            ..
         } => attacks::run(config, quick, json).await,
+        Command::Bench {
+            quick,
+            json,
+            mount: true,
+            ..
+        } => bench_mount::run(config, quick, json).await,
         Command::Bench { quick, json, .. } => bench::run(config, quick, json).await,
         Command::S3 {
             listen,

@@ -1,7 +1,8 @@
 //! `tessera top`: a live view of the cluster for people who do not run Grafana. Each
 //! refresh asks the manager for the servers and their states and for what each owes, and
 //! every up server for its counters (requests and payload bytes served, the datagram
-//! transport's retransmissions); rates are the differences between two refreshes.
+//! transport's retransmissions, rebuild and scrub bytes, the disk's use); rates are the
+//! differences between two refreshes.
 
 use anyhow::Result;
 use std::collections::{BTreeMap, HashMap};
@@ -83,10 +84,36 @@ async fn sample(client: &Client) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// Bytes in a short human form (decimal units, as `df -H`).
+fn human(bytes: u64) -> String {
+    let units = ["B", "kB", "MB", "GB", "TB", "PB", "EB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1000.0 && unit + 1 < units.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}
+
+/// The store's bytes and what is left free on its disk, e.g. `1.2 GB, 40.3 GB free`.
+fn disk(row: &Row) -> String {
+    let counters = row.counters.as_ref();
+    let get = |name: &str| counters.and_then(|c| c.get(name)).copied();
+    match (get("disk_stored_bytes"), get("disk_available_bytes")) {
+        (Some(stored), Some(free)) => format!("{}, {} free", human(stored), human(free)),
+        _ => "-".to_string(),
+    }
+}
+
 fn render(rows: &[Row], before: &HashMap<ServerId, Row>, seconds: f64) -> String {
     let mut out = format!(
-        "{:>4}  {:<22}  {:<6}  {:>9}  {:>9}  {:>9}  {:>8}  owes\n",
-        "id", "address", "state", "req/s", "in MB/s", "out MB/s", "retx/s"
+        "{:>4}  {:<22}  {:<6}  {:>9}  {:>9}  {:>9}  {:>8}  {:>9}  {:<22}  owes\n",
+        "id", "address", "state", "req/s", "in MB/s", "out MB/s", "retx/s", "bg MB/s", "disk"
     );
     for row in rows {
         let prev = before.get(&row.status.id);
@@ -94,7 +121,7 @@ fn render(rows: &[Row], before: &HashMap<ServerId, Row>, seconds: f64) -> String
             |v: Option<f64>, scale: f64| v.map_or("-".to_string(), |v| format!("{:.1}", v / scale));
         let owes = row.owed.as_ref().map_or("?".to_string(), Owed::describe);
         out += &format!(
-            "{:>4}  {:<22}  {:<6}  {:>9}  {:>9}  {:>9}  {:>8}  {owes}\n",
+            "{:>4}  {:<22}  {:<6}  {:>9}  {:>9}  {:>9}  {:>8}  {:>9}  {:<22}  {owes}\n",
             row.status.id,
             row.status.addr,
             row.status.state.name(),
@@ -102,6 +129,8 @@ fn render(rows: &[Row], before: &HashMap<ServerId, Row>, seconds: f64) -> String
             show(rate(row, prev, "payload_bytes_received", seconds), 1e6),
             show(rate(row, prev, "payload_bytes_sent", seconds), 1e6),
             show(rate(row, prev, "retransmissions", seconds), 1.0),
+            show(rate(row, prev, "background_bytes", seconds), 1e6),
+            disk(row),
         );
     }
     out
@@ -167,5 +196,14 @@ mod tests {
             debt(&[(7, 9)]),
         ]);
         assert_eq!(owed.describe(), "all of 1 files, 7 stripes of 2 files");
+    }
+
+    #[test]
+    fn bytes_read_in_decimal_units() {
+        assert_eq!(human(0), "0 B");
+        assert_eq!(human(999), "999 B");
+        assert_eq!(human(1_500), "1.5 kB");
+        assert_eq!(human(40_300_000_000), "40.3 GB");
+        assert_eq!(human(u64::MAX), "18.4 EB");
     }
 }

@@ -36,6 +36,41 @@ fn sample(scrape: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// A temporary directory for a local cluster in `ROOT/cluster`, stopped on every way out
+/// (a failed assertion included) when the value is dropped.
+struct LocalCluster {
+    root: tempfile::TempDir,
+    dir: std::path::PathBuf,
+}
+
+impl LocalCluster {
+    fn new(prefix: &str) -> LocalCluster {
+        let root = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir()
+            .expect("temporary directory");
+        let dir = root.path().join("cluster");
+        LocalCluster { root, dir }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        let _ = tessera(&["down", "--dir", text(&self.dir)]);
+    }
+}
+
+/// Runs `tessera ARGS`, which must succeed: its standard output.
+fn run(args: &[&str]) -> String {
+    let out = tessera(args);
+    assert!(
+        out.status.success(),
+        "tessera {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The address a daemon announces its metrics at on stderr (waits up to 30 s); the rest of
 /// its stderr is read and dropped, so that the daemon never blocks writing it.
 fn announced_metrics_addr(stderr: std::process::ChildStderr) -> String {
@@ -156,6 +191,38 @@ fn a_server_serves_prometheus_metrics_that_count_its_work() {
         ) >= 1.0,
         "{after}"
     );
+    // A scrub is background work: its reads count apart. Nothing else was background.
+    assert_eq!(sample(&after, "tessera_server_background_bytes_total"), 0.0);
+    cli(&["put", text(&local), "p", "--scheme", "raid5"]);
+    cli(&["scrub", "p"]);
+    let (_, scrubbed) = http_get(&metrics_addr, "/metrics");
+    let background = sample(&scrubbed, "tessera_server_background_bytes_total");
+    // Its column of a 3 MiB raid5 file over three servers: 1.5 MiB.
+    assert!(
+        background >= 1_048_576.0,
+        "background {background}:\n{scrubbed}"
+    );
+    // The disk's use is walked at most every 5 s: wait for the walk that sees the files.
+    let stored_at_least = |bytes: f64| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (_, scrape) = http_get(&metrics_addr, "/metrics");
+            let stored = sample(&scrape, "tessera_server_disk_bytes{bytes=\"stored\"}");
+            let total = sample(&scrape, "tessera_server_disk_bytes{bytes=\"total\"}");
+            let free = sample(&scrape, "tessera_server_disk_bytes{bytes=\"available\"}");
+            assert!(free > 0.0 && free <= total, "{scrape}");
+            if stored >= bytes {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "stored {stored} < {bytes}:\n{scrape}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    // A third of the raid0 file and a third of the raid5 file's data and parity.
+    stored_at_least(2.5 * 1_048_576.0);
     let (status, _) = http_get(&metrics_addr, "/other");
     assert!(status.contains("404"), "{status}");
     drop(cleanup);
@@ -166,27 +233,8 @@ fn a_server_serves_prometheus_metrics_that_count_its_work() {
 /// that was down during a write owes.
 #[test]
 fn top_shows_each_servers_state_rates_and_debts() {
-    let root = tempfile::Builder::new()
-        .prefix("tessera-top-")
-        .tempdir()
-        .expect("temporary directory");
-    let dir = root.path().join("cluster");
-    struct Down(std::path::PathBuf);
-    impl Drop for Down {
-        fn drop(&mut self) {
-            let _ = tessera(&["down", "--dir", text(&self.0)]);
-        }
-    }
-    let _down = Down(dir.clone());
-    let run = |args: &[&str]| {
-        let out = tessera(args);
-        assert!(
-            out.status.success(),
-            "tessera {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let local_cluster = LocalCluster::new("tessera-top-");
+    let (root, dir) = (&local_cluster.root, local_cluster.dir.clone());
     run(&["up", "--servers", "3", "--dir", text(&dir), "--detach"]);
     run(&["server", "stop", "3", "--dir", text(&dir)]);
     let local = root.path().join("data");
@@ -211,6 +259,7 @@ fn top_shows_each_servers_state_rates_and_debts() {
     };
     for id in ["1", "2"] {
         let line = line_of(refreshes[1], id);
+        assert!(line.contains(" free "), "no disk use in: {line}");
         let fields: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(fields[2], "up", "{line}");
         let requests: f64 = fields[3]
@@ -311,4 +360,57 @@ fn a_manager_serves_prometheus_metrics_of_its_requests_and_servers() {
         ) >= 1.0,
         "{scrape}"
     );
+}
+
+/// `tessera up --metrics`: every daemon of the local cluster serves metrics at the address
+/// `cluster.toml` names, and a server restarted serves them at the same one.
+#[test]
+fn up_with_metrics_gives_every_daemon_an_endpoint() {
+    let local_cluster = LocalCluster::new("tessera-up-metrics-");
+    let (root, dir) = (&local_cluster.root, local_cluster.dir.clone());
+    let up = ["up", "--servers", "3", "--dir", text(&dir), "--detach"];
+    let printed = run(&[&up[..], &["--metrics"]].concat());
+    let config: toml::Value =
+        toml::from_str(&std::fs::read_to_string(dir.join("cluster.toml")).expect("cluster.toml"))
+            .expect("TOML");
+    let metrics = config["metrics"].as_table().expect("a metrics table");
+    let addr = |name: &str| metrics[name].as_str().expect("an address").to_string();
+    for (name, prefix) in [
+        ("manager", "tessera_manager_servers{state=\"up\"} 3"),
+        ("server-1", "tessera_server_disk_bytes{bytes=\"total\"}"),
+        ("server-2", "tessera_server_disk_bytes{bytes=\"available\"}"),
+    ] {
+        assert!(
+            printed.contains(&format!("{name} http://{}/metrics", addr(name))),
+            "{printed}"
+        );
+        let (status, body) = http_get(&addr(name), "/metrics");
+        assert!(status.contains("200"), "{name}: {status}");
+        assert!(body.contains(prefix), "{name}:\n{body}");
+    }
+    // No gateway was started: its address is kept for later, not printed.
+    assert!(!printed.contains("s3 http://"), "{printed}");
+    // The manager reports what a server owes: a file made while it is down, until rebuilt.
+    let owed = "tessera_manager_owed{server=\"1\",what=\"whole_files\"}";
+    let manager_owed = || sample(&http_get(&addr("manager"), "/metrics").1, owed);
+    assert_eq!(manager_owed(), 0.0);
+    run(&["server", "stop", "1", "--dir", text(&dir)]);
+    let local = root.path().join("data");
+    std::fs::write(&local, vec![3u8; 1 << 20]).expect("local file");
+    let cluster = dir.join("cluster.toml");
+    run(&[
+        "--cluster",
+        text(&cluster),
+        "put",
+        text(&local),
+        "f",
+        "--scheme",
+        "raid5",
+    ]);
+    assert_eq!(manager_owed(), 1.0);
+    run(&["server", "start", "1", "--dir", text(&dir)]);
+    let (status, _) = http_get(&addr("server-1"), "/metrics");
+    assert!(status.contains("200"), "after a restart: {status}");
+    run(&["--cluster", text(&cluster), "rebuild", "1"]);
+    assert_eq!(manager_owed(), 0.0, "after the rebuild");
 }

@@ -134,6 +134,23 @@ impl Drop for Mounted {
     }
 }
 
+/// A file system's (total, available) bytes.
+fn statvfs(path: &std::path::Path) -> (u64, u64) {
+    let c_path = std::ffi::CString::new(text(path)).unwrap();
+    // SAFETY: statvfs writes only into `stat`, which we own; the path is NUL-terminated.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(
+        unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) },
+        0,
+        "statvfs {path:?}"
+    );
+    let fragment = stat.f_frsize as u64;
+    (
+        stat.f_blocks as u64 * fragment,
+        stat.f_bavail as u64 * fragment,
+    )
+}
+
 fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut state = seed | 1;
     (0..len)
@@ -162,6 +179,14 @@ fn a_mounted_cluster_behaves_like_a_file_system_and_agrees_with_the_cli() {
     );
     let meta = std::fs::metadata(m.path("big")).unwrap();
     assert_eq!(meta.len(), big.len() as u64);
+    // df: the three servers' disks (one file system here, so three times its size), raw.
+    let (mounted, local) = (statvfs(&m.mountpoint), statvfs(m.root.path()));
+    assert_eq!(
+        mounted.0,
+        3 * local.0,
+        "total bytes: mount vs 3 x the local disk"
+    );
+    assert!(mounted.1 > 0 && mounted.1 <= mounted.0, "free {mounted:?}");
     let age = std::time::SystemTime::now()
         .duration_since(meta.modified().unwrap())
         .unwrap_or_default();
