@@ -203,7 +203,6 @@ fn describe_servers(servers: &[(ServerId, SocketAddr)]) -> String {
     format!("{} unavailable", names.join(" and "))
 }
 
-/// An open file: its id and path. Every operation refreshes its view from the manager.
 /// The up servers' disks, summed ([`Client::capacity`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Capacity {
@@ -217,6 +216,7 @@ pub struct Capacity {
     pub servers: u32,
 }
 
+/// An open file: its id and path. Every operation refreshes its view from the manager.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct File {
     /// File id.

@@ -329,6 +329,38 @@ fn fsynced_bytes_survive_a_killed_mount_process() {
     assert!(got[..synced.len()] == synced[..], "fsync'd bytes changed");
 }
 
+/// Offsets at the limits: a write past the file's largest size (a RAID-5 file of 64 KiB units
+/// over 3 servers holds far less than 2^62 bytes) or at the kernel's own limit is refused,
+/// by `write` or at the latest by the `fsync` that would make it durable, and changes
+/// nothing: the file keeps its size and bytes, and the mount goes on serving.
+#[test]
+fn writes_at_offsets_near_the_limits_fail_and_change_nothing() {
+    use std::os::unix::fs::FileExt;
+    let mut m = Mounted::start_mounted_with(&[], &["--scheme", "raid5"]);
+    std::fs::write(m.path("f"), b"hello").unwrap();
+    for offset in [1u64 << 62, (1u64 << 63) - 1, u64::MAX - 1] {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(m.path("f"))
+            .unwrap();
+        let refused = match file.write_at(b"x", offset) {
+            Err(e) => Some(e),
+            Ok(_) => file.sync_all().err(),
+        };
+        let error = refused.unwrap_or_else(|| panic!("a write at {offset} was made durable"));
+        let code = error.raw_os_error();
+        assert!(
+            matches!(code, Some(libc::EFBIG) | Some(libc::EINVAL) | Some(libc::EIO)),
+            "at {offset}: {error}"
+        );
+        drop(file);
+        assert_eq!(std::fs::read(m.path("f")).unwrap(), b"hello", "at {offset}");
+    }
+    std::fs::write(m.path("g"), b"still serving").unwrap();
+    assert_eq!(std::fs::read(m.path("g")).unwrap(), b"still serving");
+    m.umount();
+}
+
 #[test]
 fn mount_refuses_bad_mountpoints_and_umount_a_non_mount() {
     let root = tempfile::tempdir().unwrap();
