@@ -18,9 +18,10 @@
 //! for packets to send, so that one ACK answers a burst of DATA (ACK aggregation does the
 //! rest). For experiments, [`spawn_split_lossy`] drops datagrams on purpose ([`Loss`]: a
 //! seeded share at send, before the kernel sees them, and at receive, before the node does),
-//! the total-order thesis's artificial loss (its table 4). Not yet: `sendmmsg`/`recvmmsg`, and carrying view-change messages larger than one
-//! datagram over a `tessera-datagram` session: a packet over [`DATAGRAM_BYTES_MAX`] is
-//! counted in [`DriverStats::oversized`] and not sent.
+//! the total-order thesis's artificial loss (its table 4). The protocol keeps every packet
+//! within one datagram with its default `repair_bytes_max` (view-change messages go in
+//! parts); a packet over [`DATAGRAM_BYTES_MAX`] (a larger setting) is counted in
+//! [`DriverStats::oversized`] and not sent. Not yet: `sendmmsg`/`recvmmsg`.
 //!
 //! ```no_run
 //! use bytes::Bytes;

@@ -352,6 +352,7 @@ impl Node {
                 );
             }
         }
+        self.receive.floor = floor;
         let below = floor.saturating_sub(self.config.log_retain_entries);
         if below > self.receive.log.start() {
             self.receive.log.forget_below(below);
