@@ -80,7 +80,9 @@
 //! to its sender), and delivers it at once as PO ([`Event::Optimistic`]). It acknowledges
 //! its log as `(view, length, hash)`, where the hash chains the identities of every message
 //! in the log, after `ack_every_messages` appends or `ack_delay_us` (the threshold of ACK
-//! aggregation), piggybacked on its DATA when it sends. A member that holds ACKs from every
+//! aggregation), piggybacked on its DATA when it sends; and once more two round trips later
+//! unless another ACK follows first (a lost last ACK of a burst would otherwise hold a
+//! member's deliveries until the next heartbeat). A member that holds ACKs from every
 //! member of the view whose `(length, hash)` equal its own log's at that length knows that
 //! every member holds the same messages at every position below it: it UTO-delivers them
 //! ([`Event::Deliver`]). Nobody waits for the leader for this.

@@ -142,6 +142,8 @@ struct ReceiveState {
     ack_owed: u32,
     ack_due: Option<Micros>,
     ack_now: bool,
+    /// When our last fresh ACK is sent again (see `ack_sent`).
+    ack_again_at: Option<Micros>,
     nacked_at: BTreeMap<SenderId, Micros>,
     repair_check_at: Micros,
     /// The end of our log at the leader's last repair check.
@@ -550,6 +552,9 @@ impl Node {
         if let Some(due) = self.laggard_check_due() {
             deadline = deadline.min(due);
         }
+        if let Some(due) = self.ack_again_due() {
+            deadline = deadline.min(due);
+        }
         if let Some(due) = self.nack_due() {
             deadline = deadline.min(due);
         }
@@ -611,7 +616,7 @@ impl Node {
             return None;
         }
         if self.role.receiver && self.status == Status::Normal {
-            return self.ack_packet_now();
+            return self.ack_packet_now(false, now);
         }
         Some(self.packet(Destination::All, Body::Heartbeat))
     }
