@@ -156,6 +156,10 @@ struct ReceiveState {
     /// The lowest position some member had not delivered at our last look (ours included):
     /// our DO-VIEW-CHANGE carries the log from there (below it, every member delivered).
     floor: u64,
+    /// Where this view's START-VIEW log began: every member holds the same positions below
+    /// (all delivered them), so repairs begin there at the lowest (a member may keep no
+    /// more than that).
+    view_start: u64,
 }
 
 /// A DO-VIEW-CHANGE as the new leader keeps it.

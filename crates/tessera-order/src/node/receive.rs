@@ -621,7 +621,7 @@ impl Node {
             }
             desperate && held.get(&id.sender).is_none_or(|&held| id.seq >= held)
         };
-        let mut from = peer.matched.max(log.start());
+        let mut from = peer.matched.max(log.start()).max(self.receive.view_start);
         let mut packets = Vec::new();
         while packets.len() < REPAIR_PACKETS_MAX {
             let entries = log.repair_entries(from, lacks, self.config.repair_bytes_max);

@@ -428,6 +428,8 @@ impl Node {
             self.become_joining(view, now);
             return;
         }
+        self.receive.view_start = log.start();
+        let log = self.keep_own_prefix(log);
         let delivered = self.receive.delivered;
         if let (Some(ours), Some(theirs)) =
             (self.receive.log.hash_at(delivered), log.hash_at(delivered))
@@ -464,6 +466,24 @@ impl Node {
         self.start_view_sent = None;
         self.enter_normal(now);
         self.deliver();
+    }
+
+    /// The view's log leaves out positions every voter delivered; where ours holds the same
+    /// prefix (its hash chain meets the view's log where that starts), we keep our retained
+    /// positions below it, for members that fall behind later.
+    fn keep_own_prefix(&self, log: Log) -> Log {
+        let ours = &self.receive.log;
+        let start = log.start();
+        if ours.start() >= start || ours.hash_at(start) != log.hash_at(start) {
+            return log;
+        }
+        let mut kept = ours.clone();
+        kept.truncate(start);
+        for position in start..log.end() {
+            let entry = log.get(position).expect("within the log");
+            kept.append(entry.id, entry.message.clone());
+        }
+        kept
     }
 
     /// Normal status in `self.view` with `self.members`: the fast path resumes.
