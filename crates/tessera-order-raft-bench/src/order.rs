@@ -40,9 +40,10 @@ pub fn closed_loop(
                 // At low load the ACK delay is the UTO latency's floor; openraft answers at once.
                 ack_delay_us: 20,
                 retransmit_after_us: 50_000,
-                // As in the lab: a CPU-starved node can be silent for 10 ms, and a view change
-                // carries the undelivered log, which under load exceeds one datagram (a known
-                // limit of the UDP driver), so suspicion must not come from mere slowness.
+                // As in the lab: on shared CPUs a starved node can be silent for tens of
+                // milliseconds, and a needless view change under load stalls delivery while
+                // logs of many datagrams change hands, so suspicion must not come from mere
+                // slowness (the protocol works at 80 ms: `tessera-order-udp`'s loopback test).
                 heartbeat_interval_us: 5_000,
                 suspect_after_us: 500_000,
                 view_change_timeout_us: 200_000,

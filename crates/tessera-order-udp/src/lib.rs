@@ -14,13 +14,15 @@
 //!   the sending one bound to the TX interface with multicast loopback off, the receiving one
 //!   bound to the RX interface and joined to the group.
 //!
-//! The driver drains up to [`RECEIVE_BATCH_MAX`] waiting datagrams before it polls the node
-//! for packets to send, so that one ACK answers a burst of DATA (ACK aggregation does the
-//! rest). For experiments, [`spawn_split_lossy`] drops datagrams on purpose ([`Loss`]: a
+//! The driver takes up to [`RECEIVE_BATCH_MAX`] waiting datagrams in one `recvmmsg` before it
+//! polls the node for packets to send, so that one ACK answers a burst of DATA (ACK
+//! aggregation does the rest), and sends what the node has, the copies of a unicast fan-out
+//! included, in `sendmmsg` calls of up to [`SEND_BATCH_MAX`] datagrams. For experiments, [`spawn_split_lossy`] drops datagrams on purpose ([`Loss`]: a
 //! seeded share at send, before the kernel sees them, and at receive, before the node does),
-//! the total-order thesis's artificial loss (its table 4). Not yet: `sendmmsg`/`recvmmsg`, and carrying view-change messages larger than one
-//! datagram over a `tessera-datagram` session: a packet over [`DATAGRAM_BYTES_MAX`] is
-//! counted in [`DriverStats::oversized`] and not sent.
+//! the total-order thesis's artificial loss (its table 4). The protocol keeps every packet
+//! within one datagram with its default `repair_bytes_max` (view-change messages go in
+//! parts); a packet over [`DATAGRAM_BYTES_MAX`] (a larger setting) is counted in
+//! [`DriverStats::oversized`] and not sent.
 //!
 //! ```no_run
 //! use bytes::Bytes;
@@ -51,7 +53,10 @@
 //! handle.stop().unwrap();
 //! ```
 
+mod batch;
+
 use bytes::Bytes;
+use socket2::SockAddr;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -69,8 +74,11 @@ pub const DATAGRAM_BYTES_MAX: usize = 65_507;
 pub const POLL_US_MAX: u64 = 1_000;
 /// Proposals waiting in the driver while the node's own send queue is full.
 pub const BACKLOG_MAX: usize = 1 << 16;
-/// Datagrams taken off the socket before the node is polled for what to send.
+/// Datagrams taken off the socket (one `recvmmsg`) before the node is polled for what to
+/// send.
 pub const RECEIVE_BATCH_MAX: usize = 64;
+/// Datagrams per `sendmmsg` call.
+pub const SEND_BATCH_MAX: usize = 64;
 /// Kernel buffer of each socket [`two_switch_sockets`] makes.
 pub const SOCKET_BUFFER_BYTES: usize = 4 << 20;
 
@@ -416,8 +424,9 @@ struct Runner {
     node: Node,
     send: UdpSocket,
     receive: UdpSocket,
-    peers: Vec<SocketAddr>,
-    broadcast: Broadcast,
+    peers: Vec<SockAddr>,
+    /// The multicast group, if broadcasts go there.
+    group: Option<SockAddr>,
     origin: Instant,
     proposals: mpsc::Receiver<Bytes>,
     backlog: Option<Bytes>,
@@ -452,8 +461,11 @@ impl Runner {
             node,
             send,
             receive,
-            peers: driver.peers,
-            broadcast: driver.broadcast,
+            peers: driver.peers.into_iter().map(SockAddr::from).collect(),
+            group: match driver.broadcast {
+                Broadcast::Unicast => None,
+                Broadcast::Multicast(group) => Some(SocketAddr::from(group).into()),
+            },
             origin: Instant::now(),
             proposals,
             backlog: None,
@@ -470,12 +482,14 @@ impl Runner {
     }
 
     fn run(&mut self, stop: &AtomicBool) -> Result<(Stats, DriverStats), DriverError> {
-        let mut buffer = vec![0u8; DATAGRAM_BYTES_MAX];
+        // Touched only as far as datagrams fill it: the kernel maps zeroed pages lazily.
+        let mut buffers = vec![0u8; RECEIVE_BATCH_MAX * DATAGRAM_BYTES_MAX];
+        let mut lengths = Vec::with_capacity(RECEIVE_BATCH_MAX);
         while !stop.load(Ordering::SeqCst) {
             self.take_proposals();
-            self.flush()?;
+            self.flush();
             if self.wait()? {
-                self.drain(&mut buffer)?;
+                self.drain(&mut buffers, &mut lengths)?;
             }
             let now = self.now();
             if self.node.poll_timeout().is_some_and(|at| at <= now) {
@@ -536,48 +550,44 @@ impl Runner {
         Ok(fds[0].revents != 0)
     }
 
-    /// Hands the node the datagrams already waiting, up to [`RECEIVE_BATCH_MAX`], without
-    /// blocking.
-    fn drain(&mut self, buffer: &mut [u8]) -> Result<(), DriverError> {
-        for _ in 0..RECEIVE_BATCH_MAX {
-            // SAFETY: the buffer is valid for writes of its length for the call, and the
-            // descriptor is the receiving socket's, open while `self` lives.
-            let len = unsafe {
-                libc::recv(
-                    self.receive.as_raw_fd(),
-                    buffer.as_mut_ptr().cast(),
-                    buffer.len(),
-                    libc::MSG_DONTWAIT,
-                )
+    /// Hands the node the datagrams already waiting, up to [`RECEIVE_BATCH_MAX`] taken in
+    /// one call, without blocking.
+    fn drain(&mut self, buffers: &mut [u8], lengths: &mut Vec<usize>) -> Result<(), DriverError> {
+        let fd = self.receive.as_raw_fd();
+        if let Err(error) = batch::receive(fd, buffers, DATAGRAM_BYTES_MAX, lengths) {
+            return match error.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::ConnectionRefused => Ok(()),
+                _ => Err(error.into()),
             };
-            if len < 0 {
-                let error = io::Error::last_os_error();
-                return match error.kind() {
-                    io::ErrorKind::WouldBlock | io::ErrorKind::ConnectionRefused => Ok(()),
-                    _ => Err(error.into()),
-                };
-            }
-            self.stats.datagrams_received += 1;
-            if self.dropper.at_receive() {
-                self.stats.dropped_at_receive += 1;
-                continue;
-            }
-            let mut len = len as usize;
-            if let Some(key) = &self.key {
-                let Some(body) = len.checked_sub(PACKET_TAG_BYTES) else {
-                    self.stats.unauthentic += 1;
-                    continue;
-                };
-                if !tags_equal(&packet_tag(key, &buffer[..body]), &buffer[body..len]) {
-                    self.stats.unauthentic += 1;
-                    continue;
-                }
-                len = body;
-            }
-            let now = self.now();
-            self.node.handle_packet(&buffer[..len], now);
+        }
+        for (i, &len) in lengths.iter().enumerate() {
+            let at = i * DATAGRAM_BYTES_MAX;
+            self.take_datagram(&buffers[at..at + len]);
         }
         Ok(())
+    }
+
+    /// One datagram received: dropped on purpose, refused for its MAC, or handed to the node.
+    fn take_datagram(&mut self, datagram: &[u8]) {
+        self.stats.datagrams_received += 1;
+        if self.dropper.at_receive() {
+            self.stats.dropped_at_receive += 1;
+            return;
+        }
+        let mut packet = datagram;
+        if let Some(key) = &self.key {
+            let Some(body) = datagram.len().checked_sub(PACKET_TAG_BYTES) else {
+                self.stats.unauthentic += 1;
+                return;
+            };
+            if !tags_equal(&packet_tag(key, &datagram[..body]), &datagram[body..]) {
+                self.stats.unauthentic += 1;
+                return;
+            }
+            packet = &datagram[..body];
+        }
+        let now = self.now();
+        self.node.handle_packet(packet, now);
     }
 
     /// Hands the node what the application proposed, as far as its queue takes.
@@ -604,9 +614,11 @@ impl Runner {
         }
     }
 
-    /// Sends every packet the node has and hands every event to the application.
-    fn flush(&mut self) -> Result<(), DriverError> {
+    /// Sends every packet the node has, in batches, and hands every event to the
+    /// application.
+    fn flush(&mut self) {
         let now = self.now();
+        let mut packets = Vec::new();
         while let Some(mut transmit) = self.node.poll_transmit(now) {
             if let Some(key) = &self.key {
                 let tag = packet_tag(key, &transmit.contents);
@@ -616,27 +628,32 @@ impl Runner {
                 self.stats.oversized += 1;
                 continue;
             }
-            let targets: Vec<SocketAddr> = match (transmit.destination, self.broadcast) {
-                (Destination::All, Broadcast::Unicast) => self.peers.clone(),
-                (Destination::All, Broadcast::Multicast(group)) => vec![group.into()],
-                (Destination::Node(node), _) => vec![self.peers[node.0 as usize]],
+            packets.push(transmit);
+        }
+        let mut datagrams: Vec<(&[u8], &SockAddr)> = Vec::new();
+        for transmit in &packets {
+            let targets: &[SockAddr] = match (transmit.destination, &self.group) {
+                (Destination::All, None) => &self.peers,
+                (Destination::All, Some(group)) => std::slice::from_ref(group),
+                (Destination::Node(node), _) => {
+                    std::slice::from_ref(&self.peers[usize::from(node.0)])
+                }
             };
             for target in targets {
                 if self.dropper.at_send() {
                     self.stats.dropped_at_send += 1;
                     continue;
                 }
-                match self.send.send_to(&transmit.contents, target) {
-                    Ok(_) => self.stats.datagrams_sent += 1,
-                    Err(_) => self.stats.send_errors += 1,
-                }
+                datagrams.push((&transmit.contents, target));
             }
         }
+        let (sent, refused) = batch::send(self.send.as_raw_fd(), &datagrams, SEND_BATCH_MAX);
+        self.stats.datagrams_sent += sent;
+        self.stats.send_errors += refused;
         while let Some(event) = self.node.poll_event() {
             // The application may have dropped its receiver; the node goes on regardless.
             let _ = self.events.send(event);
         }
-        Ok(())
     }
 }
 

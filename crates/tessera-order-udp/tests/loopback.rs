@@ -217,3 +217,100 @@ fn keyed_nodes_take_only_datagrams_macd_with_their_key() {
         "the wrong-key node dropped the group's: {wrong:?}"
     );
 }
+
+/// A view change under load: three nodes keep thousands of 1 KiB messages proposed, node 0
+/// (view 0's leader) stops while every window is full, and the other two suspect it after
+/// 80 ms (not the lab's 500 ms) and change view. Their votes and the START-VIEW carry
+/// hundreds of kilobytes of undelivered log: they go in parts of one datagram each, lost
+/// parts (full socket buffers) are asked for again, and both deliver every message of
+/// theirs in one order.
+#[test]
+fn a_view_change_under_load_sends_its_log_in_datagrams() {
+    let sockets: Vec<UdpSocket> = (0..3)
+        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let peers: Vec<SocketAddr> = sockets.iter().map(|s| s.local_addr().unwrap()).collect();
+    let config = Config {
+        mtu_bytes: 9000,
+        window_packets: 16,
+        ack_every_messages: 64,
+        ack_delay_us: 20,
+        retransmit_after_us: 50_000,
+        heartbeat_interval_us: 5_000,
+        suspect_after_us: 80_000,
+        view_change_timeout_us: 200_000,
+        send_queue_messages_max: 1 << 14,
+        ..Config::default()
+    };
+    let mut handles: Vec<Handle> = sockets
+        .into_iter()
+        .enumerate()
+        .map(|(i, socket)| {
+            let driver = DriverConfig {
+                config: config.clone(),
+                group: Group::all_to_all(3),
+                node: NodeId(i as u16),
+                incarnation: 0,
+                start: Start::Initial,
+                seed: i as u64,
+                peers: peers.clone(),
+                broadcast: Broadcast::Unicast,
+            };
+            spawn(driver, socket).unwrap()
+        })
+        .collect();
+    const PER_SENDER: u32 = 4_000;
+    for round in 0..PER_SENDER {
+        for (i, handle) in handles.iter().enumerate() {
+            let mut message = vec![i as u8; 1_024];
+            message[1..5].copy_from_slice(&round.to_be_bytes());
+            handle.propose(Bytes::from(message)).unwrap();
+        }
+    }
+    // Some delivered, most still queued: node 0 stops with the windows full.
+    let before = deliveries(&handles[1], 300, Duration::from_secs(60));
+    let (stopped, _) = handles.remove(0).stop().unwrap();
+    let began = Instant::now();
+    let mut orders = Vec::new();
+    for (i, handle) in handles.iter().enumerate() {
+        let mut order: Vec<(u64, MsgId)> = Vec::new();
+        if i == 0 {
+            order.extend(before.iter().map(|(position, id, _)| (*position, *id)));
+        }
+        let mut theirs = order
+            .iter()
+            .filter(|(_, id)| id.sender.node != NodeId(0))
+            .count();
+        while theirs < 2 * PER_SENDER as usize {
+            let left = Duration::from_secs(60).saturating_sub(began.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            if let Ok(Event::Deliver { position, id, .. }) = handle.events().recv_timeout(left) {
+                theirs += usize::from(id.sender.node != NodeId(0));
+                order.push((position, id));
+            }
+        }
+        orders.push((order, theirs));
+    }
+    let mut parts = 0;
+    for handle in handles {
+        let (stats, driver) = handle.stop().unwrap();
+        println!("{stats:?}\n{driver:?}");
+        assert_eq!(driver.oversized, 0, "every packet fits a datagram");
+        assert!(stats.view_changes >= 1);
+        parts += stats.view_change_parts_sent;
+    }
+    println!("node 0 at its stop: {stopped:?}; {parts} view-change parts sent");
+    let theirs: Vec<usize> = orders.iter().map(|(_, theirs)| *theirs).collect();
+    assert_eq!(
+        theirs,
+        [2 * PER_SENDER as usize; 2],
+        "node 1's and 2's messages delivered"
+    );
+    let orders: Vec<_> = orders.into_iter().map(|(order, _)| order).collect();
+    let common = orders[0].len().min(orders[1].len());
+    assert_eq!(orders[0][..common], orders[1][..common]);
+    // A vote and a START-VIEW at least, each several datagrams long.
+    assert!(parts >= 4, "{parts} view-change parts");
+}

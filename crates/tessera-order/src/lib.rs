@@ -80,7 +80,9 @@
 //! to its sender), and delivers it at once as PO ([`Event::Optimistic`]). It acknowledges
 //! its log as `(view, length, hash)`, where the hash chains the identities of every message
 //! in the log, after `ack_every_messages` appends or `ack_delay_us` (the threshold of ACK
-//! aggregation), piggybacked on its DATA when it sends. A member that holds ACKs from every
+//! aggregation), piggybacked on its DATA when it sends; and once more two round trips later
+//! unless another ACK follows first (a lost last ACK of a burst would otherwise hold a
+//! member's deliveries until the next heartbeat). A member that holds ACKs from every
 //! member of the view whose `(length, hash)` equal its own log's at that length knows that
 //! every member holds the same messages at every position below it: it UTO-delivers them
 //! ([`Event::Deliver`]). Nobody waits for the leader for this.
@@ -127,8 +129,10 @@
 //! node is down; and it reuses a proof that is well trodden (VR revisited, NOPaxos). A node
 //! starting a view change to view `v` sets its status to changing, stops appending and
 //! acknowledging, tells everyone (its heartbeat says so, and nodes join the highest view
-//! change they hear of) and sends DO-VIEW-CHANGE to `v`'s leader: its log from its first
-//! retained position, the last view it was a normal member of, and what it delivered. The
+//! change they hear of) and sends DO-VIEW-CHANGE to `v`'s leader: its log from the lowest
+//! position some member of its view had not delivered (below it every member delivered, and
+//! by I5 every later log holds it), the last view it was a normal member of, and what it
+//! delivered. The
 //! leader waits for these from a majority of all receivers that hold state (a restarted
 //! node does not count), then for the others: a heartbeat interval, or up to half a
 //! view-change timeout while one heard from lately has not voted (else a live node whose
@@ -137,7 +141,19 @@
 //! last normal view is highest (the longest among those), extended downward from the vote
 //! of a node that delivered those positions, to the lowest one some voter has not delivered; it sends START-VIEW with that
 //! log, the members (every node whose DO-VIEW-CHANGE it has) and the highest delivered
-//! position reported. Members adopt it and return to the fast path. A node that finds it is
+//! position reported (the log from the lowest position a voter had not delivered). Members
+//! adopt it and return to the fast path.
+//!
+//! Under load these logs are far longer than one datagram (a window of undelivered
+//! messages per sender). Both messages go as a sequence of *parts*, each within
+//! `repair_bytes_max` bytes, each repeating what the message says besides its entries and
+//! the hash chain at the image's end; the receiver keeps the parts until they cover the
+//! image and checks the whole against that hash before it counts the vote or adopts the
+//! view. Parts get lost: the leader asks a voter whose parts stopped short for two round
+//! trips (or who announced the view change and sent none) for the missing positions
+//! (MISSING), and a voter that hears a normal member of the view it waits for asks the
+//! leader the same; the answer is the same parts again (the split depends only on the log,
+//! which neither changes meanwhile), at most [`REPAIR_PACKETS_MAX`] per question. A node that finds it is
 //! not a member (excluded, or restarted) says so in its heartbeats ("joining"), and the
 //! leader starts another view change to let it in. A view change that does not finish
 //! within `view_change_timeout_us` (plus jitter) moves to the next view and leader.
@@ -186,6 +202,9 @@
 //! - **DO-VIEW-CHANGE** (I4, promise): a node that sends it for view `v'` has stopped
 //!   appending and acknowledging in every view below `v'`; it reports its log as it was, so
 //!   the log contains everything it ever acknowledged as a member of its last normal view.
+//! - **Parts and MISSING** keep no invariant of their own: a vote or START-VIEW takes effect
+//!   only whole, checked against the hash chain at its end, so it is the message the
+//!   sender meant; MISSING only makes a node send a part again.
 //! - **START-VIEW** (I5, the new log extends every delivered prefix): the leader of `v'`
 //!   chooses among DO-VIEW-CHANGEs from a majority of the receivers that hold state. Let `p`
 //!   have been delivered in view `v < v'`. The members of `v` are at least a majority, so
@@ -218,9 +237,9 @@
 //! ```text
 //! offset size field
 //!  0      2   magic        0x544F ("TO")
-//!  2      1   version      2; checked first, so a later version may change all that follows
+//!  2      1   version      3; checked first, so a later version may change all that follows
 //!  3      1   kind         1 DATA, 2 ACK, 3 NACK, 4 HEARTBEAT, 5 ENTRIES,
-//!                          6 DO-VIEW-CHANGE, 7 START-VIEW
+//!                          6 DO-VIEW-CHANGE, 7 START-VIEW, 8 MISSING
 //!  4      2   from         the sending node
 //!  6      4   incarnation  of the sending node
 //! 10      8   view         the sender's view (or the view it is changing to)
@@ -244,9 +263,11 @@
 //!            n x (node u16, incarnation u32, seq u64, count u16 (>= 1),
 //!                 count x (len, bytes)) (len u32::MAX: no bytes, the member holds them)
 //! entries    n u32, n x (node u16, incarnation u32, seq u64, len, bytes)
-//! image      start u64, start_hash u64, n, n x (node u16, incarnation u32, count u64), entries
-//! DO-VIEW-CHANGE  last_normal u64 (u64::MAX: none), commit u64, image
-//! START-VIEW      members u64, commit u64, image
+//! part       start u64, start_hash u64, n, n x (node u16, incarnation u32, count u64),
+//!            end u64, end_hash u64, first u64 (start <= first), entries (first + n <= end)
+//! DO-VIEW-CHANGE  last_normal u64 (u64::MAX: none), commit u64, part
+//! START-VIEW      members u64, commit u64, part
+//! MISSING    from u64, to u64 (from < to; positions lacking of the header view's message)
 //! ```
 //!
 //! [`packet::decode`] never panics and refuses anything truncated, with trailing bytes, of
@@ -258,8 +279,9 @@
 //!
 //! Every queue has a bound: `send_queue_messages_max` proposals waiting, `window_packets`
 //! in flight per sender, what those can carry held out of order per sender, [`ACK_HISTORY_MAX`] ACKs
-//! remembered per member, ENTRIES of at most `repair_bytes_max` bytes per packet and
-//! [`REPAIR_PACKETS_MAX`] packets per repair round, at most
+//! remembered per member, ENTRIES and view-change parts of at most `repair_bytes_max` bytes
+//! per packet and [`REPAIR_PACKETS_MAX`] packets per repair round or MISSING answered,
+//! 4,096 parts kept per view-change message being put together, at most
 //! [`GROUP_NODES_MAX`] nodes; logs keep positions until every member delivered them, and at
 //! most `log_retain_entries` more.
 
@@ -267,6 +289,7 @@ pub mod check;
 pub mod log;
 mod node;
 pub mod packet;
+mod parts;
 pub mod rtt;
 pub mod sim;
 
@@ -282,7 +305,7 @@ pub const GROUP_NODES_MAX: usize = 64;
 /// ACKs of one member remembered until the local log reaches their length.
 pub const ACK_HISTORY_MAX: usize = 64;
 /// ENTRIES packets the leader sends one member per repair round (each at most
-/// `repair_bytes_max` of messages).
+/// `repair_bytes_max` of messages), and parts of a view-change message sent per MISSING.
 pub const REPAIR_PACKETS_MAX: usize = 16;
 
 /// A sender's DATA packets whose messages may be undelivered at once, in windows: a hole
@@ -462,8 +485,9 @@ pub struct Config {
     pub view_change_timeout_us: u64,
     /// Delivered positions kept past what every member delivered, for stale members.
     pub log_retain_entries: u64,
-    /// Bytes of messages (with 18 bytes of identity each) per ENTRIES packet; the default
-    /// keeps a packet within one UDP datagram (65,507 bytes).
+    /// Bytes of messages (with 18 bytes of identity each) per ENTRIES packet and per part of
+    /// a view-change message; the default keeps a packet within one UDP datagram (65,507
+    /// bytes).
     pub repair_bytes_max: usize,
 }
 

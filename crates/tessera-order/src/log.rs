@@ -5,7 +5,10 @@
 //! included) holds: a receiver appends a sender's messages only in FIFO order, so these
 //! are always a prefix `0..count` of what the sender sent, which the assertions keep.
 
-use crate::packet::{Entry, LogImage, RepairEntry, REPAIR_ENTRY_OVERHEAD};
+use crate::packet::{
+    Entry, ImagePart, LogImage, RepairEntry, COUNT_LEN, IMAGE_ENTRY_OVERHEAD, PART_FIXED_LEN,
+    REPAIR_ENTRY_OVERHEAD,
+};
 use crate::{MsgId, SenderId};
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
@@ -167,6 +170,55 @@ impl Log {
                 })
                 .collect(),
         }
+    }
+
+    /// Positions `from..to` as parts of a view-change message, each with at most about
+    /// `bytes_max` bytes of packet (at least one entry; one part without entries for an
+    /// empty range). The split depends only on the entries and `bytes_max`, so that the same
+    /// range split again gives the same parts (a missing part is sent again as it was).
+    pub fn image_parts(&self, from: u64, to: u64, bytes_max: usize) -> Vec<ImagePart> {
+        assert!(
+            self.start <= from && from <= to && to <= self.end(),
+            "parts {from}..{to} of a log holding {}..{}",
+            self.start,
+            self.end()
+        );
+        let start_counts: Vec<(SenderId, u64)> = self.counts_at(from).into_iter().collect();
+        let budget = bytes_max.saturating_sub(PART_FIXED_LEN + COUNT_LEN * start_counts.len());
+        let head = ImagePart {
+            start: from,
+            start_hash: self.hash_at(from).expect("from is retained"),
+            start_counts,
+            end: to,
+            end_hash: self.hash_at(to).expect("to is retained"),
+            first: from,
+            entries: Vec::new(),
+        };
+        let mut parts = Vec::new();
+        let mut part = head.clone();
+        let mut bytes = 0;
+        let range = (from - self.start) as usize..(to - self.start) as usize;
+        for entry in self.entries.range(range) {
+            let cost = IMAGE_ENTRY_OVERHEAD + entry.message.len();
+            if !part.entries.is_empty() && bytes + cost > budget {
+                let first = part.first + part.entries.len() as u64;
+                parts.push(std::mem::replace(
+                    &mut part,
+                    ImagePart {
+                        first,
+                        ..head.clone()
+                    },
+                ));
+                bytes = 0;
+            }
+            bytes += cost;
+            part.entries.push(Entry {
+                id: entry.id,
+                message: entry.message.clone(),
+            });
+        }
+        parts.push(part);
+        parts
     }
 
     /// The log an image describes. `None` if it breaks FIFO (a hostile or corrupt image).

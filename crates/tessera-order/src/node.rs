@@ -5,7 +5,8 @@ mod send;
 mod view;
 
 use crate::log::Log;
-use crate::packet::{self, Body, Header, LogImage, Packet};
+use crate::packet::{self, Body, Header, ImagePart, LogImage, Packet};
+use crate::parts::Assembly;
 use crate::rtt::RttEstimator;
 use crate::{
     Config, Destination, Event, Group, Micros, NodeId, ProposeError, Role, SenderId, Start, Status,
@@ -54,6 +55,10 @@ pub struct Stats {
     pub repair_payloads: u64,
     /// View changes started.
     pub view_changes: u64,
+    /// DO-VIEW-CHANGE and START-VIEW packets sent (a long log takes several parts).
+    pub view_change_parts_sent: u64,
+    /// MISSING packets sent (asking for lost parts of a view-change message).
+    pub missing_sent: u64,
     /// Messages UTO-delivered.
     pub delivered: u64,
     /// Time proposals waited while the window was full, microseconds (to the last time a
@@ -137,6 +142,8 @@ struct ReceiveState {
     ack_owed: u32,
     ack_due: Option<Micros>,
     ack_now: bool,
+    /// When our last fresh ACK is sent again (see `ack_sent`).
+    ack_again_at: Option<Micros>,
     nacked_at: BTreeMap<SenderId, Micros>,
     repair_check_at: Micros,
     /// The end of our log at the leader's last repair check.
@@ -146,6 +153,13 @@ struct ReceiveState {
     /// The rest of the leader's order from the end of our log, stopped at a message whose
     /// bytes we lack: we append nothing else until it is done.
     leader_order: VecDeque<crate::packet::RepairEntry>,
+    /// The lowest position some member had not delivered at our last look (ours included):
+    /// our DO-VIEW-CHANGE carries the log from there (below it, every member delivered).
+    floor: u64,
+    /// Where this view's START-VIEW log began: every member holds the same positions below
+    /// (all delivered them), so repairs begin there at the lowest (a member may keep no
+    /// more than that).
+    view_start: u64,
 }
 
 /// A DO-VIEW-CHANGE as the new leader keeps it.
@@ -163,6 +177,34 @@ struct ChangeState {
     votes: BTreeMap<NodeId, ViewChangeVote>,
     quorum_at: Option<Micros>,
     joining_since: Micros,
+    /// Leader: DO-VIEW-CHANGEs whose parts are still arriving.
+    assembling: BTreeMap<NodeId, Assembly>,
+    /// Leader: receivers heard changing to this view (their vote is due).
+    changing: std::collections::BTreeSet<NodeId>,
+    /// When we last asked each node for missing parts.
+    asked_at: BTreeMap<NodeId, Micros>,
+    /// Voter: the first position of our DO-VIEW-CHANGE's log.
+    vote_from: u64,
+    /// Voter: a normal member of this view was heard (the view started; its START-VIEW
+    /// did not reach us whole).
+    started: bool,
+}
+
+/// A START-VIEW whose parts are arriving: its view, its leader and the parts.
+#[derive(Debug)]
+struct IncomingStartView {
+    view: u64,
+    assembly: Assembly,
+}
+
+/// Leader: the START-VIEW we sent in our view, to send again the parts a member lacks.
+#[derive(Debug)]
+struct StartViewSent {
+    view: u64,
+    members: u64,
+    commit: u64,
+    /// Its image's bounds and hashes (entries empty).
+    bounds: ImagePart,
 }
 
 /// One member of the group: see the crate documentation for the protocol and the order in
@@ -188,6 +230,8 @@ pub struct Node {
     send: SendState,
     receive: ReceiveState,
     change: ChangeState,
+    incoming_start_view: Option<IncomingStartView>,
+    start_view_sent: Option<StartViewSent>,
     rtt: RttEstimator,
     stats: Stats,
 }
@@ -251,6 +295,8 @@ impl Node {
                 joining_since: now,
                 ..ChangeState::default()
             },
+            incoming_start_view: None,
+            start_view_sent: None,
             rtt: RttEstimator::default(),
             stats: Stats::default(),
             group,
@@ -393,7 +439,10 @@ impl Node {
         // Only receivers take part in ordering; a sender hears ACKs and NACKs.
         let ordering = matches!(
             body,
-            Body::Entries { .. } | Body::DoViewChange { .. } | Body::StartView { .. }
+            Body::Entries { .. }
+                | Body::DoViewChange { .. }
+                | Body::StartView { .. }
+                | Body::Missing { .. }
         );
         if ordering && !self.role.receiver {
             return;
@@ -420,24 +469,18 @@ impl Node {
             Body::DoViewChange {
                 last_normal,
                 commit,
-                log,
-            } => {
-                let vote = ViewChangeVote {
-                    last_normal,
-                    delivered: commit,
-                    log,
-                };
-                self.on_do_view_change(&header, vote, now);
-            }
+                part,
+            } => self.on_vote_part(&header, last_normal, commit, part, now),
             Body::StartView {
                 members,
                 commit,
-                log,
+                part,
             } => {
                 if !own {
-                    self.on_start_view(&header, members, commit, &log, now);
+                    self.on_start_view_part(&header, members, commit, part, now);
                 }
             }
+            Body::Missing { from, to } => self.on_missing(&header, from, to),
         }
     }
 
@@ -513,6 +556,9 @@ impl Node {
         if let Some(due) = self.laggard_check_due() {
             deadline = deadline.min(due);
         }
+        if let Some(due) = self.ack_again_due() {
+            deadline = deadline.min(due);
+        }
         if let Some(due) = self.nack_due() {
             deadline = deadline.min(due);
         }
@@ -574,7 +620,7 @@ impl Node {
             return None;
         }
         if self.role.receiver && self.status == Status::Normal {
-            return self.ack_packet_now();
+            return self.ack_packet_now(false, now);
         }
         Some(self.packet(Destination::All, Body::Heartbeat))
     }
@@ -599,6 +645,7 @@ impl Node {
                 if self.leader() == self.id {
                     self.try_start_view(now);
                 }
+                self.ask_missing_parts(now);
                 if self.status == Status::ViewChange && now >= self.change.deadline {
                     self.start_view_change(self.view + 1, now);
                 }

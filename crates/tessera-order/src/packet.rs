@@ -11,17 +11,22 @@ use bytes::Bytes;
 /// "TO": total order.
 pub const MAGIC: u16 = 0x544F;
 /// The version of this layout; checked first, so a later version may change all that follows.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Bytes of the fixed header.
 pub const HEADER_LEN: usize = 28;
-/// Largest packet: the view-change messages carry the undelivered suffix of a log, which the
-/// UDP driver sends over a datagram session (messages up to 17 MiB) rather than as one
-/// datagram; data, ACK and NACK packets fit one MTU.
+/// Largest packet the decoder takes. Every packet the node makes fits one UDP datagram
+/// (65,507 bytes) with the default `repair_bytes_max`: view-change messages go in parts
+/// ([`ImagePart`]), as ENTRIES do; data, ACK and NACK packets fit one MTU.
 pub const PACKET_BYTES_MAX: usize = 16 << 20;
 /// Bytes of an [`Ack`] with no per-sender counts.
 pub const ACK_FIXED_LEN: usize = 34;
 /// Bytes of one per-sender count in an [`Ack`] or a [`LogImage`].
 pub const COUNT_LEN: usize = 14;
+/// Bytes of an [`ImagePart`] besides its per-sender counts and entries, with the 16 bytes
+/// before it in a DO-VIEW-CHANGE or START-VIEW body.
+pub const PART_FIXED_LEN: usize = 16 + 8 + 8 + 2 + 8 + 8 + 8 + 4;
+/// Bytes of an entry of an [`ImagePart`] besides its message.
+pub const IMAGE_ENTRY_OVERHEAD: usize = 18;
 /// Bytes a data packet spends per message besides the message itself.
 pub const MESSAGE_OVERHEAD: usize = 12;
 /// Bytes of a data packet's body besides its messages and its ACK.
@@ -151,6 +156,28 @@ impl LogImage {
     }
 }
 
+/// One packet's share of a [`LogImage`] (a view-change message's log): the whole image's
+/// bounds and hashes, and its entries from `first` on. An image longer than one datagram
+/// goes in several parts; the receiver puts them together and checks the whole against
+/// `end_hash`.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ImagePart {
+    /// The whole image's first position.
+    pub start: u64,
+    /// Hash chain up to `start`.
+    pub start_hash: u64,
+    /// Per sender, its messages at positions below `start`.
+    pub start_counts: Vec<(SenderId, u64)>,
+    /// The position after the whole image's last entry.
+    pub end: u64,
+    /// Hash chain up to `end`: names the whole image.
+    pub end_hash: u64,
+    /// Position of this part's first entry (`start <= first`, `first + entries <= end`).
+    pub first: u64,
+    /// Entries `first..first + entries.len()`.
+    pub entries: Vec<Entry>,
+}
+
 /// A packet's body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Body {
@@ -183,24 +210,34 @@ pub enum Body {
         /// The leader's entries.
         entries: Vec<RepairEntry>,
     },
-    /// To the new view's leader: my state, and my promise to accept nothing in older views.
+    /// To the new view's leader: my state, and my promise to accept nothing in older views
+    /// (one part of it: the log may take several packets).
     DoViewChange {
         /// The last view this node was a normal member of; `None` for a node that restarted
         /// and holds nothing.
         last_normal: Option<u64>,
         /// Positions this node UTO-delivered.
         commit: u64,
-        /// Its log from its first retained position.
-        log: LogImage,
+        /// A part of its log, from about the first position some member had not delivered.
+        part: ImagePart,
     },
-    /// From the new view's leader: the view's members and its starting log.
+    /// From the new view's leader: the view's members and its starting log (one part).
     StartView {
         /// One bit per member node id.
         members: u64,
         /// Positions known UTO-delivered by some node.
         commit: u64,
-        /// The view's log.
-        log: LogImage,
+        /// A part of the view's log.
+        part: ImagePart,
+    },
+    /// To the new leader (from a member) or to a voter (from the new leader): the
+    /// START-VIEW or DO-VIEW-CHANGE of the header's view you sent me lacks the entries at
+    /// positions `from..to`: send the parts that hold them.
+    Missing {
+        /// First position lacking (0 if no part arrived).
+        from: u64,
+        /// One past the last (`u64::MAX`: up to the end).
+        to: u64,
     },
 }
 
@@ -220,6 +257,7 @@ const KIND_HEARTBEAT: u8 = 4;
 const KIND_ENTRIES: u8 = 5;
 const KIND_DO_VIEW_CHANGE: u8 = 6;
 const KIND_START_VIEW: u8 = 7;
+const KIND_MISSING: u8 = 8;
 
 fn put_u16(out: &mut Vec<u8>, value: u16) {
     out.extend_from_slice(&value.to_be_bytes());
@@ -315,11 +353,19 @@ fn put_repair_message(out: &mut Vec<u8>, entry: &RepairEntry) {
     }
 }
 
-fn put_image(out: &mut Vec<u8>, image: &LogImage) {
-    put_u64(out, image.start);
-    put_u64(out, image.start_hash);
-    put_counts(out, &image.start_counts);
-    put_entries(out, &image.entries);
+fn put_part(out: &mut Vec<u8>, part: &ImagePart) {
+    let last = part.first.checked_add(part.entries.len() as u64);
+    assert!(
+        part.start <= part.first && last.is_some_and(|last| last <= part.end),
+        "a part lies within its image"
+    );
+    put_u64(out, part.start);
+    put_u64(out, part.start_hash);
+    put_counts(out, &part.start_counts);
+    put_u64(out, part.end);
+    put_u64(out, part.end_hash);
+    put_u64(out, part.first);
+    put_entries(out, &part.entries);
 }
 
 /// Bytes an [`Ack`] takes in a packet.
@@ -362,6 +408,7 @@ impl Packet {
             Body::Entries { .. } => KIND_ENTRIES,
             Body::DoViewChange { .. } => KIND_DO_VIEW_CHANGE,
             Body::StartView { .. } => KIND_START_VIEW,
+            Body::Missing { .. } => KIND_MISSING,
         }
     }
 
@@ -405,21 +452,26 @@ impl Packet {
             Body::DoViewChange {
                 last_normal,
                 commit,
-                log,
+                part,
             } => {
                 assert!(*last_normal != Some(u64::MAX), "view u64::MAX is reserved");
                 put_u64(out, last_normal.unwrap_or(u64::MAX));
                 put_u64(out, *commit);
-                put_image(out, log);
+                put_part(out, part);
             }
             Body::StartView {
                 members,
                 commit,
-                log,
+                part,
             } => {
                 put_u64(out, *members);
                 put_u64(out, *commit);
-                put_image(out, log);
+                put_part(out, part);
+            }
+            Body::Missing { from, to } => {
+                assert!(from < to, "a missing range is not empty");
+                put_u64(out, *from);
+                put_u64(out, *to);
             }
         }
     }
@@ -572,18 +624,25 @@ impl<'a> Reader<'a> {
         }
         Ok(entries)
     }
-    fn image(&mut self) -> Result<LogImage, PacketError> {
+    fn part(&mut self) -> Result<ImagePart, PacketError> {
         let start = self.u64()?;
         let start_hash = self.u64()?;
         let start_counts = self.counts()?;
+        let end = self.u64()?;
+        let end_hash = self.u64()?;
+        let first = self.u64()?;
         let entries = self.entries()?;
-        if start.checked_add(entries.len() as u64).is_none() {
-            return Err(PacketError::Field("start"));
+        let last = first.checked_add(entries.len() as u64);
+        if first < start || last.is_none_or(|last| last > end) {
+            return Err(PacketError::Field("part"));
         }
-        Ok(LogImage {
+        Ok(ImagePart {
             start,
             start_hash,
             start_counts,
+            end,
+            end_hash,
+            first,
             entries,
         })
     }
@@ -683,22 +742,30 @@ fn decode_body(kind: u8, reader: &mut Reader<'_>) -> Result<Body, PacketError> {
                 view => Some(view),
             };
             let commit = reader.u64()?;
-            let log = reader.image()?;
+            let part = reader.part()?;
             Body::DoViewChange {
                 last_normal,
                 commit,
-                log,
+                part,
             }
         }
         KIND_START_VIEW => {
             let members = reader.u64()?;
             let commit = reader.u64()?;
-            let log = reader.image()?;
+            let part = reader.part()?;
             Body::StartView {
                 members,
                 commit,
-                log,
+                part,
             }
+        }
+        KIND_MISSING => {
+            let from = reader.u64()?;
+            let to = reader.u64()?;
+            if from >= to {
+                return Err(PacketError::Field("missing range"));
+            }
+            Body::Missing { from, to }
         }
         other => return Err(PacketError::Kind(other)),
     })
@@ -768,19 +835,28 @@ mod tests {
         )
     }
 
-    fn image() -> impl Strategy<Value = LogImage> {
+    fn part() -> impl Strategy<Value = ImagePart> {
         (
             0u64..1 << 40,
             any::<u64>(),
             proptest::collection::vec((sender(), any::<u64>()), 0..4),
+            (0u64..1000, 0u64..1000, any::<u64>()),
             entries(),
         )
-            .prop_map(|(start, start_hash, start_counts, entries)| LogImage {
-                start,
-                start_hash,
-                start_counts,
-                entries,
-            })
+            .prop_map(
+                |(start, start_hash, start_counts, (skip, after, end_hash), entries)| {
+                    let first = start + skip;
+                    ImagePart {
+                        start,
+                        start_hash,
+                        start_counts,
+                        end: first + entries.len() as u64 + after,
+                        end_hash,
+                        first,
+                        entries,
+                    }
+                },
+            )
     }
 
     fn body() -> impl Strategy<Value = Body> {
@@ -806,19 +882,23 @@ mod tests {
                     }
                 }
             ),
-            (proptest::option::of(0u64..u64::MAX), any::<u64>(), image()).prop_map(
-                |(last_normal, commit, log)| Body::DoViewChange {
+            (proptest::option::of(0u64..u64::MAX), any::<u64>(), part()).prop_map(
+                |(last_normal, commit, part)| Body::DoViewChange {
                     last_normal,
                     commit,
-                    log
+                    part
                 }
             ),
-            (any::<u64>(), any::<u64>(), image()).prop_map(|(members, commit, log)| {
+            (any::<u64>(), any::<u64>(), part()).prop_map(|(members, commit, part)| {
                 Body::StartView {
                     members,
                     commit,
-                    log,
+                    part,
                 }
+            }),
+            (any::<u64>(), 1u64..u64::MAX).prop_map(|(from, len)| Body::Missing {
+                from: from.min(u64::MAX - len),
+                to: from.min(u64::MAX - len) + len
             }),
         ]
     }

@@ -214,7 +214,13 @@ pub struct NetworkStats {
     pub trunk_bytes_by_kind: [u64; 8],
     /// Time the sequencer link spent serializing packets, nanoseconds.
     pub trunk_busy_ns: u64,
+    /// Packets longer than one UDP datagram ([`DATAGRAM_BYTES_MAX`]), dropped as a UDP
+    /// driver must.
+    pub oversized: u64,
 }
+
+/// Largest UDP payload over IPv4: longer packets cannot be sent, here as over UDP.
+pub const DATAGRAM_BYTES_MAX: usize = 65_507;
 
 /// A finished run.
 #[derive(Clone, Debug)]
@@ -557,6 +563,10 @@ impl<'a> Sim<'a> {
     /// TX link, the sequencer link (FIFO), then switch B fans out over the RX links.
     fn send(&mut self, host: usize, transmit: Transmit) {
         self.stats.sent += 1;
+        if transmit.contents.len() > DATAGRAM_BYTES_MAX {
+            self.stats.oversized += 1;
+            return;
+        }
         let faults = if self.healed {
             Faults::none()
         } else {

@@ -119,11 +119,12 @@ fn at_senders(loss: f64) -> Faults {
 #[test]
 fn table_4_one_percent_at_the_receivers() {
     let (worst, mean) = ratios(3, &at_receivers(0.01), 0..8);
-    // Measured: worst 0.804, mean 0.900 (before ENTRIES of identities, the window on held
-    // messages and arrival-order replay: 0.294, 0.340; before round-trip pacing: 0.205,
-    // 0.238).
+    // Measured: worst 0.890, mean 0.927 (before a fresh ACK went twice: 0.804, 0.900, the
+    // worst run's last 6.7 ms spent waiting for the heartbeat that replaced a lost last
+    // ACK; before ENTRIES of identities, the window on held messages and arrival-order
+    // replay: 0.294, 0.340; before round-trip pacing: 0.205, 0.238).
     assert!(
-        worst >= 0.75 && mean >= 0.85,
+        worst >= 0.85 && mean >= 0.9,
         "worst {worst:.3}, mean {mean:.3}"
     );
 }
@@ -131,9 +132,10 @@ fn table_4_one_percent_at_the_receivers() {
 #[test]
 fn table_4_five_percent_at_the_receivers() {
     let (worst, mean) = ratios(3, &at_receivers(0.05), 0..8);
-    // Measured: worst 0.708, mean 0.753 (before: 0.174, 0.202; 0.085, 0.107).
+    // Measured: worst 0.719, mean 0.768 (before a fresh ACK went twice: 0.708, 0.753;
+    // before: 0.174, 0.202; 0.085, 0.107).
     assert!(
-        worst >= 0.65 && mean >= 0.70,
+        worst >= 0.65 && mean >= 0.72,
         "worst {worst:.3}, mean {mean:.3}"
     );
 }
@@ -141,9 +143,10 @@ fn table_4_five_percent_at_the_receivers() {
 #[test]
 fn table_4_one_percent_at_the_senders() {
     let (worst, mean) = ratios(3, &at_senders(0.01), 0..8);
-    // Measured: worst 0.902, mean 0.987 (before: 0.994, 0.998; 0.369, 0.637). The worst is
-    // a run whose last DATA packet was lost at its sender: nobody sees a gap, and the
-    // sender resends it once a later broadcast of its own comes back, here its heartbeat.
+    // Measured: worst 0.961, mean 0.994 (before a fresh ACK went twice: 0.902, 0.987;
+    // before: 0.994, 0.998; 0.369, 0.637). A worst run's last DATA packet was lost at its
+    // sender: nobody sees a gap, and the sender resends it once a later broadcast of its
+    // own comes back, here its heartbeat.
     assert!(
         worst >= 0.85 && mean >= 0.95,
         "worst {worst:.3}, mean {mean:.3}"
@@ -153,7 +156,8 @@ fn table_4_one_percent_at_the_senders() {
 #[test]
 fn table_4_five_percent_at_the_senders() {
     let (worst, mean) = ratios(3, &at_senders(0.05), 0..8);
-    // Measured: worst 0.990, mean 0.997 (before: 0.195, 0.280; 0.142, 0.189).
+    // Measured: worst 0.996, mean 0.998 (before a fresh ACK went twice: 0.990, 0.997;
+    // before: 0.195, 0.280; 0.142, 0.189).
     assert!(
         worst >= 0.95 && mean >= 0.98,
         "worst {worst:.3}, mean {mean:.3}"

@@ -298,3 +298,59 @@ fn s3_2_1_packing_under_load_and_faults_keeps_uto() {
     // ACK round sooner, so fewer messages wait to be packed at this offered load).
     assert!(data_packets * 2 < messages, "{data_packets} for {messages}");
 }
+
+/// Section 3.4.1 under load: the leader crashes while every sender's window is full of 1 KiB
+/// messages, so the logs the view change carries are hundreds of kilobytes, far beyond one
+/// datagram (the simulator drops a packet over 65,507 bytes, as UDP must). The votes and
+/// the START-VIEW go in parts of at most `repair_bytes_max`; with loss at the receivers,
+/// lost parts are asked for again. Suspicion comes at 50 ms, not the lab's 500 ms.
+#[test]
+fn s3_4_a_view_change_under_load_carries_a_log_of_many_datagrams() {
+    for (seed, loss_rx) in [(1, 0.0), (2, 0.0), (3, 0.02), (4, 0.02), (5, 0.05)] {
+        let mut scenario = Scenario::clean(3);
+        scenario.config = Config {
+            mtu_bytes: 9000,
+            window_packets: 16,
+            ack_every_messages: 64,
+            ack_delay_us: 20,
+            retransmit_after_us: 50_000,
+            heartbeat_interval_us: 5_000,
+            suspect_after_us: 50_000,
+            view_change_timeout_us: 100_000,
+            send_queue_messages_max: 1 << 14,
+            ..Config::default()
+        };
+        scenario.messages_per_sender = 3_000;
+        scenario.message_bytes_max = 1_024;
+        scenario.propose_until_us = 0;
+        scenario.faults = Faults {
+            loss_rx,
+            ..Faults::none()
+        };
+        scenario.faults_until_us = 1_000_000;
+        scenario.deadline_us = 10_000_000;
+        // Node 0 leads view 0; it goes down 10 ms in, the others' windows full.
+        scenario.scripted_crashes = vec![(10_000, NodeId(0), 400_000)];
+        let outcome = run_checked(seed, &scenario);
+        let parts = total(&outcome, |s| s.view_change_parts_sent);
+        let missing = total(&outcome, |s| s.missing_sent);
+        println!(
+            "seed {seed}, loss {loss_rx}: {} view changes, {parts} view-change parts, {missing} \
+             MISSING, {} packets lost, bytes by kind {:?}",
+            outcome.stats.view_changes, outcome.stats.lost, outcome.stats.trunk_bytes_by_kind
+        );
+        assert_eq!(outcome.stats.oversized, 0, "seed {seed}");
+        assert!(outcome.stats.view_changes >= 2, "seed {seed}");
+        // The votes alone were several datagrams long.
+        let votes_bytes = outcome.stats.trunk_bytes_by_kind[6] as usize;
+        assert!(
+            votes_bytes > 2 * sim::DATAGRAM_BYTES_MAX && parts > outcome.stats.view_changes,
+            "seed {seed}: {parts} parts, {votes_bytes} bytes of votes"
+        );
+        // Every message of the correct senders was delivered everywhere.
+        let survivors = outcome.history.processes.iter().filter(|p| !p.crashed);
+        for process in survivors.filter(|p| p.node != NodeId(0)) {
+            assert!(process.deliveries.len() >= 6_000, "seed {seed}");
+        }
+    }
+}

@@ -68,6 +68,7 @@ fn seeded_runs_keep_uto_and_fifo() {
     let (mut crashes, mut partitions, mut lost, mut view_changes, mut delivered) = (0, 0, 0, 0, 0);
     let mut unsettled = Vec::new();
     let mut gaps = 0;
+    let (mut oversized, mut parts) = (0, 0);
     for seed in start..start + seeds {
         match run_seed(seed) {
             Ok(outcome) => {
@@ -81,6 +82,12 @@ fn seeded_runs_keep_uto_and_fifo() {
                     .map(|p| p.gaps.len() as u64)
                     .sum::<u64>();
                 crashes += outcome.stats.crashes;
+                oversized += outcome.stats.oversized;
+                parts += outcome
+                    .node_stats
+                    .iter()
+                    .map(|s| s.view_change_parts_sent)
+                    .sum::<u64>();
                 partitions += outcome.stats.partitions;
                 lost += outcome.stats.lost;
                 view_changes += outcome.stats.view_changes;
@@ -108,13 +115,15 @@ fn seeded_runs_keep_uto_and_fifo() {
     }
     println!(
         "{seeds} seeds from {start} in {:.1} s: {} violations; {crashes} crashes, {partitions} \
-         partitions, {lost} packets lost, {view_changes} view changes, {delivered} deliveries, {gaps} gaps (state transfers); \
+         partitions, {lost} packets lost, {view_changes} view changes, {delivered} deliveries, {gaps} gaps (state transfers), {parts} view-change parts, \
+         {oversized} packets over a datagram; \
          {} runs reached the deadline unsettled {:?}",
         began.elapsed().as_secs_f64(),
         failures.len(),
         unsettled.len(),
         &unsettled[..unsettled.len().min(10)]
     );
+    assert_eq!(oversized, 0, "every packet must fit one datagram");
     assert!(
         failures.is_empty(),
         "{} violations; replay with TESSERA_ORDER_SEED=<seed>",

@@ -352,6 +352,7 @@ impl Node {
                 );
             }
         }
+        self.receive.floor = floor;
         let below = floor.saturating_sub(self.config.log_retain_entries);
         if below > self.receive.log.start() {
             self.receive.log.forget_below(below);
@@ -620,7 +621,7 @@ impl Node {
             }
             desperate && held.get(&id.sender).is_none_or(|&held| id.seq >= held)
         };
-        let mut from = peer.matched.max(log.start());
+        let mut from = peer.matched.max(log.start()).max(self.receive.view_start);
         let mut packets = Vec::new();
         while packets.len() < REPAIR_PACKETS_MAX {
             let entries = log.repair_entries(from, lacks, self.config.repair_bytes_max);
@@ -706,23 +707,35 @@ impl Node {
         }
     }
 
-    pub(super) fn ack_sent(&mut self) {
+    /// An ACK went out; `fresh`: it told of appends, and goes again two round trips later
+    /// unless another follows first (the last ACK of a burst, lost on its way to one
+    /// member, would hold that member's deliveries until our next heartbeat).
+    pub(super) fn ack_sent(&mut self, fresh: bool, now: Micros) {
         self.receive.ack_owed = 0;
         self.receive.ack_due = None;
         self.receive.ack_now = false;
+        self.receive.ack_again_at = fresh.then(|| now + 2 * self.round_trip_us());
+    }
+
+    /// When our last fresh ACK goes again, if it does.
+    pub(super) fn ack_again_due(&self) -> Option<Micros> {
+        self.receive
+            .ack_again_at
+            .filter(|_| self.status == Status::Normal)
     }
 
     pub(super) fn ack_packet(&mut self, now: Micros) -> Option<Transmit> {
         let owed = self.receive.ack_now || self.receive.ack_due.is_some_and(|due| due <= now);
-        if !owed || !self.role.receiver || self.status != Status::Normal {
+        let again = self.ack_again_due().is_some_and(|at| at <= now);
+        if !(owed || again) || !self.role.receiver || self.status != Status::Normal {
             return None;
         }
-        self.ack_packet_now()
+        self.ack_packet_now(owed, now)
     }
 
-    pub(super) fn ack_packet_now(&mut self) -> Option<Transmit> {
+    pub(super) fn ack_packet_now(&mut self, fresh: bool, now: Micros) -> Option<Transmit> {
         let ack = self.ack();
-        self.ack_sent();
+        self.ack_sent(fresh, now);
         self.stats.ack_packets_sent += 1;
         Some(self.packet(Destination::All, Body::Ack(ack)))
     }

@@ -131,7 +131,7 @@ impl Node {
             return None;
         }
         if ack.is_some() {
-            self.ack_sent();
+            self.ack_sent(true, now);
             self.stats.acks_piggybacked += 1;
         }
         self.stats.data_packets_sent += 1;

@@ -1,10 +1,11 @@
 //! View changes: joining the highest view change heard of, DO-VIEW-CHANGE to the new
 //! leader, the leader's choice of the new log (I5), START-VIEW, and asking to join.
 
-use super::{bit, ChangeState, Node, ViewChangeVote};
+use super::{bit, ChangeState, IncomingStartView, Node, StartViewSent, ViewChangeVote};
 use crate::log::Log;
-use crate::packet::{Body, Header, LogImage};
-use crate::{Destination, Event, Micros, NodeId, Status};
+use crate::packet::{Body, Header, ImagePart, LogImage};
+use crate::parts::{parts_within, Assembly};
+use crate::{Destination, Event, Micros, NodeId, Status, REPAIR_PACKETS_MAX};
 use rand::Rng;
 
 impl Node {
@@ -19,7 +20,13 @@ impl Node {
                 self.become_joining(header.view, now);
             }
             Status::Normal if header.view == self.view && self.status == Status::ViewChange => {
-                self.become_joining(header.view, now);
+                // The view started and its START-VIEW did not reach us whole: ask for it
+                // (if we are not a member, the leader's answer says so and we ask to join).
+                self.change.started = true;
+                self.ask_missing_parts(now);
+            }
+            Status::ViewChange if header.view == self.view => {
+                self.change.changing.insert(header.from);
             }
             Status::Joining if self.status == Status::Normal && self.leader() == self.id => {
                 self.start_view_change(self.view + 1, now);
@@ -54,28 +61,58 @@ impl Node {
             ..ChangeState::default()
         };
         self.stats.view_changes += 1;
-        let vote = ViewChangeVote {
-            last_normal: self.last_normal,
-            delivered: self.receive.delivered,
-            log: self.receive.log.image(self.receive.log.start()),
-        };
-        let leader = self.leader();
-        if leader == self.id {
+        let log = &self.receive.log;
+        // Below the lowest position some member had not delivered, every member delivered
+        // (and would take no log from us there): the vote carries the log from there.
+        self.change.vote_from = self.receive.floor.clamp(log.start(), log.end());
+        if self.leader() == self.id {
+            // Our own vote goes nowhere: it keeps every retained position, for voters that
+            // fell behind.
+            let vote = ViewChangeVote {
+                last_normal: self.last_normal,
+                delivered: self.receive.delivered,
+                log: log.image(log.start()),
+            };
             self.change.votes.insert(self.id, vote);
             self.try_start_view(now);
         } else {
-            let body = Body::DoViewChange {
-                last_normal: vote.last_normal,
-                commit: vote.delivered,
-                log: vote.log,
-            };
-            self.queue(Destination::Node(leader), body);
+            self.send_vote_parts(0, u64::MAX, usize::MAX);
         }
         // Tells everyone at once, so that they join this view change.
         self.queue(Destination::All, Body::Heartbeat);
     }
 
-    pub(super) fn on_do_view_change(&mut self, header: &Header, vote: ViewChangeVote, now: Micros) {
+    /// Our DO-VIEW-CHANGE's parts that hold positions `from..to`, at most `count`, to the
+    /// leader. The log does not change while we change view, so a part sent again is the
+    /// part sent before.
+    fn send_vote_parts(&mut self, from: u64, to: u64, count: usize) {
+        let log = &self.receive.log;
+        let parts = log.image_parts(
+            self.change.vote_from,
+            log.end(),
+            self.config.repair_bytes_max,
+        );
+        let leader = self.leader();
+        for part in parts_within(parts, from, to, count) {
+            let body = Body::DoViewChange {
+                last_normal: self.last_normal,
+                commit: self.receive.delivered,
+                part,
+            };
+            self.stats.view_change_parts_sent += 1;
+            self.queue(Destination::Node(leader), body);
+        }
+    }
+
+    /// Leader: a part of a receiver's DO-VIEW-CHANGE; its vote counts once whole.
+    pub(super) fn on_vote_part(
+        &mut self,
+        header: &Header,
+        last_normal: Option<u64>,
+        commit: u64,
+        part: ImagePart,
+        now: Micros,
+    ) {
         let receiver = self
             .group
             .role(header.from)
@@ -84,11 +121,164 @@ impl Node {
             || header.view != self.view
             || self.status != Status::ViewChange
             || self.leader() != self.id
+            || self.change.votes.contains_key(&header.from)
         {
             return;
         }
-        self.change.votes.insert(header.from, vote);
-        self.try_start_view(now);
+        let head = (last_normal.unwrap_or(u64::MAX), commit);
+        let mut slot = self.change.assembling.remove(&header.from);
+        let whole = assemble(&mut slot, head, part, now);
+        if let Some(assembly) = slot {
+            self.change.assembling.insert(header.from, assembly);
+        }
+        match whole {
+            None => {}
+            Some(Err(())) => self.stats.malformed += 1,
+            Some(Ok(log)) => {
+                let vote = ViewChangeVote {
+                    last_normal,
+                    delivered: commit,
+                    log,
+                };
+                self.change.votes.insert(header.from, vote);
+                self.try_start_view(now);
+            }
+        }
+    }
+
+    /// A part of a START-VIEW; the view is adopted once the log is whole.
+    pub(super) fn on_start_view_part(
+        &mut self,
+        header: &Header,
+        members: u64,
+        commit: u64,
+        part: ImagePart,
+        now: Micros,
+    ) {
+        let newer =
+            header.view > self.view || (header.view == self.view && self.status != Status::Normal);
+        let assembling_later = self
+            .incoming_start_view
+            .as_ref()
+            .is_some_and(|incoming| incoming.view > header.view);
+        if !newer || assembling_later || header.from != self.group.leader(header.view) {
+            return;
+        }
+        if members & bit(self.id) == 0 {
+            if header.view > self.view || self.status != Status::Joining {
+                self.become_joining(header.view, now);
+            }
+            return;
+        }
+        let mut slot = self
+            .incoming_start_view
+            .take()
+            .filter(|incoming| incoming.view == header.view)
+            .map(|incoming| incoming.assembly);
+        let whole = assemble(&mut slot, (members, commit), part, now);
+        self.incoming_start_view = slot.map(|assembly| IncomingStartView {
+            view: header.view,
+            assembly,
+        });
+        match whole {
+            None => {}
+            Some(Err(())) => self.stats.malformed += 1,
+            Some(Ok(log)) => self.on_start_view(header, members, commit, &log, now),
+        }
+    }
+
+    /// A node lacks positions `from..to` of the view-change message we sent it in the
+    /// header's view: our DO-VIEW-CHANGE (it leads the view we change to) or our START-VIEW
+    /// (we lead it).
+    pub(super) fn on_missing(&mut self, header: &Header, from: u64, to: u64) {
+        if header.view != self.view {
+            return;
+        }
+        let leading = self.leader() == self.id;
+        if self.status == Status::ViewChange && !leading && header.from == self.leader() {
+            self.send_vote_parts(from, to, REPAIR_PACKETS_MAX);
+            return;
+        }
+        let Some(sent) = self.start_view_sent.as_ref() else {
+            return;
+        };
+        if !leading || self.status != Status::Normal || sent.view != self.view {
+            return;
+        }
+        let (members, commit) = (sent.members, sent.commit);
+        let log = &self.receive.log;
+        let bounds = &sent.bounds;
+        let retained = log.start() <= bounds.start && bounds.end <= log.end();
+        let parts = if members & bit(header.from) == 0 || !retained {
+            // Not a member: that is all it needs to learn (it asks to join).
+            vec![bounds.clone()]
+        } else {
+            let parts = log.image_parts(bounds.start, bounds.end, self.config.repair_bytes_max);
+            parts_within(parts, from, to, REPAIR_PACKETS_MAX)
+        };
+        for part in parts {
+            let body = Body::StartView {
+                members,
+                commit,
+                part,
+            };
+            self.stats.view_change_parts_sent += 1;
+            self.queue(Destination::Node(header.from), body);
+        }
+    }
+
+    /// While changing view: the leader asks each voter whose DO-VIEW-CHANGE stopped short
+    /// (no part for two round trips) or never came, a voter asks the leader for the
+    /// START-VIEW parts it lacks once the view started; at most once per two round trips.
+    pub(super) fn ask_missing_parts(&mut self, now: Micros) {
+        if self.status != Status::ViewChange {
+            return;
+        }
+        let pause = 2 * self.round_trip_us();
+        let mut asks: Vec<(NodeId, (u64, u64))> = Vec::new();
+        if self.leader() == self.id {
+            for node in self.group.receivers() {
+                if node == self.id || self.change.votes.contains_key(&node) {
+                    continue;
+                }
+                let range = match self.change.assembling.get(&node) {
+                    Some(assembly) if now >= assembly.last_part_at + pause => assembly.missing(),
+                    Some(_) => None,
+                    None => self
+                        .change
+                        .changing
+                        .contains(&node)
+                        .then_some((0, u64::MAX)),
+                };
+                asks.extend(range.map(|range| (node, range)));
+            }
+        } else {
+            let incoming = self
+                .incoming_start_view
+                .as_ref()
+                .filter(|incoming| incoming.view == self.view);
+            let range = match incoming {
+                Some(incoming) if now >= incoming.assembly.last_part_at + pause => {
+                    incoming.assembly.missing()
+                }
+                Some(_) => None,
+                None => self.change.started.then_some((0, u64::MAX)),
+            };
+            asks.extend(range.map(|range| (self.leader(), range)));
+        }
+        for (node, (from, to)) in asks {
+            if self
+                .change
+                .asked_at
+                .get(&node)
+                .is_some_and(|&at| now < at + pause)
+            {
+                continue;
+            }
+            self.change.asked_at.insert(node, now);
+            self.stats.missing_sent += 1;
+            self.queue(Destination::Node(node), Body::Missing { from, to });
+        }
     }
 
     /// Leader: once a majority of receivers holding state voted, and all receivers did or
@@ -132,13 +322,28 @@ impl Node {
             .votes
             .keys()
             .fold(0, |set, &node| set | bit(node));
-        let body = Body::StartView {
+        let chosen = Log::from_image(&log).expect("chosen from whole, checked votes");
+        let parts = chosen.image_parts(log.start, log.end(), self.config.repair_bytes_max);
+        let bounds = ImagePart {
+            entries: Vec::new(),
+            ..parts[0].clone()
+        };
+        for part in parts {
+            let body = Body::StartView {
+                members,
+                commit,
+                part,
+            };
+            self.stats.view_change_parts_sent += 1;
+            self.queue(Destination::All, body);
+        }
+        self.adopt_view(self.view, members, commit, &log, now);
+        self.start_view_sent = Some(StartViewSent {
+            view: self.view,
             members,
             commit,
-            log: log.clone(),
-        };
-        self.queue(Destination::All, body);
-        self.adopt_view(self.view, members, commit, &log, now);
+            bounds,
+        });
     }
 
     /// The log of the vote with the highest last normal view (the longest among those),
@@ -188,6 +393,12 @@ impl Node {
             commit <= image.end(),
             "a delivered position is missing from the new log (I5)"
         );
+        if image.start < floor {
+            // Every voter delivered the positions below `floor`: nobody needs them sent.
+            image = Log::from_image(&image)
+                .expect("our own votes are FIFO")
+                .image(floor);
+        }
         (image, commit)
     }
 
@@ -217,6 +428,8 @@ impl Node {
             self.become_joining(view, now);
             return;
         }
+        self.receive.view_start = log.start();
+        let log = self.keep_own_prefix(log);
         let delivered = self.receive.delivered;
         if let (Some(ours), Some(theirs)) =
             (self.receive.log.hash_at(delivered), log.hash_at(delivered))
@@ -249,8 +462,28 @@ impl Node {
         }
         self.view = view;
         self.members = members;
+        self.incoming_start_view = None;
+        self.start_view_sent = None;
         self.enter_normal(now);
         self.deliver();
+    }
+
+    /// The view's log leaves out positions every voter delivered; where ours holds the same
+    /// prefix (its hash chain meets the view's log where that starts), we keep our retained
+    /// positions below it, for members that fall behind later.
+    fn keep_own_prefix(&self, log: Log) -> Log {
+        let ours = &self.receive.log;
+        let start = log.start();
+        if ours.start() >= start || ours.hash_at(start) != log.hash_at(start) {
+            return log;
+        }
+        let mut kept = ours.clone();
+        kept.truncate(start);
+        for position in start..log.end() {
+            let entry = log.get(position).expect("within the log");
+            kept.append(entry.id, entry.message.clone());
+        }
+        kept
     }
 
     /// Normal status in `self.view` with `self.members`: the fast path resumes.
@@ -278,4 +511,21 @@ impl Node {
             leader: self.leader(),
         });
     }
+}
+
+/// Adds `part` to the message in `slot` (or begins a new one, if it belongs to another);
+/// the whole image once every part is in, and the slot emptied.
+fn assemble(
+    slot: &mut Option<Assembly>,
+    head: (u64, u64),
+    part: ImagePart,
+    now: Micros,
+) -> Option<Result<LogImage, ()>> {
+    match slot {
+        Some(assembly) if assembly.matches(head, &part) => assembly.add(part, now),
+        _ => *slot = Some(Assembly::new(head, part, now)),
+    }
+    let whole = slot.as_ref()?.image()?;
+    *slot = None;
+    Some(whole)
 }

@@ -267,9 +267,13 @@ pub fn protocol_config(mtu_bytes: Option<usize>) -> Config {
         // hundred microseconds costs more CPU than the loss: receivers' 1% fell from 0.18
         // to 0.08 of the no-loss rate with the default floor of 50 us.
         rtt_floor_us: 1_000,
-        // One ENTRIES packet must fit a datagram (the default does; said here as a limit).
+        // One ENTRIES packet or view-change part must fit a datagram (the default does;
+        // said here as a limit).
         repair_bytes_max: 60 << 10,
         heartbeat_interval_us: 5_000,
+        // A CPU-starved node on shared CPUs can be silent for tens of milliseconds: a
+        // needless view change would stall the measurement (view changes under load work
+        // at 80 ms: `tessera-order-udp`'s loopback test).
         suspect_after_us: 500_000,
         view_change_timeout_us: 200_000,
         send_queue_messages_max: 1 << 14,
