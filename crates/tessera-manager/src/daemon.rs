@@ -206,6 +206,9 @@ impl FrameHandler for ManagerHandler {
 
     fn closed(&self, connection: ConnectionId) {
         self.claims.lock().unwrap().remove(&connection);
+        if let Some(replica) = &self.replica {
+            replica.closed(connection);
+        }
     }
 
     fn handle(
@@ -261,7 +264,7 @@ impl ManagerHandler {
             });
         }
         if let Some(replica) = &self.replica {
-            return self.replicated(replica.clone(), claim, request);
+            return self.replicated(replica.clone(), connection, claim, request);
         }
         let manager = self.manager.clone();
         Box::pin(async move {
@@ -286,6 +289,7 @@ impl ManagerHandler {
     fn replicated(
         &self,
         replica: Arc<Replica>,
+        connection: ConnectionId,
         claim: Claim,
         request: ManagerRequest,
     ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
@@ -332,7 +336,23 @@ impl ManagerHandler {
                     .ok()?;
                     (answer, Bytes::new())
                 }
-                request => (replica.order(&manager, request).await, Bytes::new()),
+                request if crate::command::is_read(&request) => {
+                    let (reading, store) = (replica.clone(), manager.clone());
+                    let (local, request) = tokio::task::spawn_blocking(move || {
+                        (reading.read_locally(connection, &store, &request), request)
+                    })
+                    .await
+                    .ok()?;
+                    let answer = match local {
+                        Some(answer) => answer,
+                        None => replica.order_from(connection, &manager, request).await,
+                    };
+                    (answer, Bytes::new())
+                }
+                request => (
+                    replica.order_from(connection, &manager, request).await,
+                    Bytes::new(),
+                ),
             };
             Some((Bytes::from(encode_message(&response)), payload))
         })
