@@ -202,6 +202,9 @@ impl FrameHandler for ManagerHandler {
             .lock()
             .unwrap()
             .insert(connection, accepted.claim);
+        if let Some(replica) = &self.replica {
+            replica.opened(connection);
+        }
     }
 
     fn closed(&self, connection: ConnectionId) {
@@ -336,19 +339,10 @@ impl ManagerHandler {
                     .ok()?;
                     (answer, Bytes::new())
                 }
-                request if crate::command::is_read(&request) => {
-                    let (reading, store) = (replica.clone(), manager.clone());
-                    let (local, request) = tokio::task::spawn_blocking(move || {
-                        (reading.read_locally(connection, &store, &request), request)
-                    })
-                    .await
-                    .ok()?;
-                    let answer = match local {
-                        Some(answer) => answer,
-                        None => replica.order_from(connection, &manager, request).await,
-                    };
-                    (answer, Bytes::new())
-                }
+                request if crate::command::is_read(&request) => (
+                    read(replica, manager, connection, request).await?,
+                    Bytes::new(),
+                ),
                 request => (
                     replica.order_from(connection, &manager, request).await,
                     Bytes::new(),
@@ -357,6 +351,26 @@ impl ManagerHandler {
             Some((Bytes::from(encode_message(&response)), payload))
         })
     }
+}
+
+/// A read at a replica: answered from its own store if `connection` is synced, else ordered
+/// (see [`crate::replica`]); `None` if the blocking task failed.
+async fn read(
+    replica: Arc<Replica>,
+    manager: Arc<Mutex<Served>>,
+    connection: ConnectionId,
+    request: ManagerRequest,
+) -> Option<ManagerResponse> {
+    let (reading, store) = (replica.clone(), manager.clone());
+    let (local, request) = tokio::task::spawn_blocking(move || {
+        (reading.read_locally(connection, &store, &request), request)
+    })
+    .await
+    .ok()?;
+    Some(match local {
+        Some(answer) => answer,
+        None => replica.order_from(connection, &manager, request).await,
+    })
 }
 
 /// Open the metadata store in `dir` and serve it on `listen`, within the default

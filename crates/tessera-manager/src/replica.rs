@@ -187,9 +187,10 @@ pub(crate) struct Replica {
     outgoing: Mutex<()>,
     /// See [`ReplicaConfig::catch_up_piece_bytes`].
     catch_up_piece_bytes: u32,
-    /// The open connections that are synced, with the view they were synced in (see the
-    /// module doc): at most one entry per open connection, removed when it closes.
-    synced: Mutex<HashMap<ConnectionId, u64>>,
+    /// Every open connection, with the view it was synced in if it is synced (see the
+    /// module doc): entered when it opens, removed when it closes, so at most one entry per
+    /// open connection (an answer that comes after its connection closed enters nothing).
+    synced: Mutex<HashMap<ConnectionId, Option<u64>>>,
 }
 
 /// The order's settings for manager replicas: a view change within about half a second of a
@@ -457,7 +458,7 @@ impl Replica {
             return None;
         }
         let view = self.member_view()?;
-        if self.synced.lock().unwrap().get(&connection) != Some(&view) {
+        if self.synced.lock().unwrap().get(&connection) != Some(&Some(view)) {
             return None;
         }
         let answer = match &mut *served.lock().unwrap() {
@@ -479,12 +480,15 @@ impl Replica {
         let answer = self.order(served, request).await;
         let refused = matches!(answer, ManagerResponse::Error(ManagerError::Unordered(_)));
         let view = self.member_view().filter(|_| !refused);
-        let mut synced = self.synced.lock().unwrap();
-        match view {
-            Some(view) => synced.insert(connection, view),
-            None => synced.remove(&connection),
-        };
+        if let Some(synced) = self.synced.lock().unwrap().get_mut(&connection) {
+            *synced = view;
+        }
         answer
+    }
+
+    /// Enters a connection that opened, not synced.
+    pub(crate) fn opened(&self, connection: ConnectionId) {
+        self.synced.lock().unwrap().insert(connection, None);
     }
 
     /// Forgets a connection that closed.
