@@ -33,6 +33,17 @@
 //! applied again. The answers to each client's latest [`ONCE_WINDOW`] numbers are kept, so
 //! that a client may have many requests in flight (they are ordered in any order); a
 //! request numbered below that window is refused ([`ManagerError::Superseded`]).
+//!
+//! **Expiry of those answers.** Every client process that ever changed something has its
+//! records, so the table is emptied of idle clients by an ordered command, like a lease:
+//! applying a `Once` request stamps its client with the order position it was applied at
+//! (tables `once_clients`, and `once_idle` by position), and [`Command::ExpireOnce`]
+//! `{ before }` removes every record of each client last stamped at or before `before`
+//! (at most about [`ONCE_EXPIRED_RECORDS_MAX`] records per command). The position is what
+//! the proposing replica had applied [`crate::ManagerConfig::once_expiry`] ago by its own
+//! monotonic clock (`replica.rs`), so no clock enters the store: a client's retry within that
+//! time of its last change (a failover takes seconds) is still answered from the table, and
+//! a retry later than that is applied again.
 
 use crate::store::Failure;
 use crate::Manager;
@@ -41,14 +52,25 @@ use serde::{Deserialize, Serialize};
 use std::time::Instant;
 use tessera_wire::{FileId, ManagerError, ManagerRequest, ManagerResponse, ServerId};
 
-/// Version of a [`Proposal`]'s encoding.
-pub const PROPOSAL_VERSION: u8 = 1;
+/// Version of a [`Proposal`]'s encoding (2: [`Command::ExpireOnce`]).
+pub const PROPOSAL_VERSION: u8 = 2;
 /// Version of a record of the `once` table.
 const ONCE_RECORD_VERSION: u8 = 1;
 
 /// `once`: (client id, sequence) -> (version, answer), postcard; per client, the answers to
 /// its latest [`ONCE_WINDOW`] sequence numbers.
 pub(crate) const ONCE: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("once");
+/// `once_clients`: client id -> (epoch, next position) of the last `Once` request of the
+/// client applied (see the module doc).
+pub(crate) const ONCE_CLIENTS: TableDefinition<u64, (u64, u64)> =
+    TableDefinition::new("once_clients");
+/// `once_idle`: (epoch, next position, client) -> (), the same stamps in order: the clients
+/// idle longest first.
+pub(crate) const ONCE_IDLE: TableDefinition<(u64, u64, u64), ()> =
+    TableDefinition::new("once_idle");
+/// Records one [`Command::ExpireOnce`] removes at most, beyond the last client's (a client
+/// has at most [`ONCE_WINDOW`]): the rest wait for the next command.
+pub const ONCE_EXPIRED_RECORDS_MAX: usize = 8192;
 /// Answers kept per client: a client may have this many changes in flight at once, and a
 /// retry must come before this many later changes of its client are applied.
 pub const ONCE_WINDOW: u64 = 1024;
@@ -63,7 +85,7 @@ const KEY_ORDER_NEXT: &str = "order_next";
 /// starts at once (a new `epoch`), and then the replicas compare these to start from the most
 /// advanced store (`replica.rs`). Commands that change nothing commit nothing, so `next` may
 /// lag the commands applied by such commands only, which left the store as it was.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct OrderPosition {
     /// How many times the whole group started.
     pub epoch: u64,
@@ -106,6 +128,47 @@ pub enum Command {
         /// The file.
         file: FileId,
     },
+    /// Remove the `once` records of every client whose last `Once` request was applied at
+    /// or before `before` (see the module doc).
+    ExpireOnce {
+        /// What the proposing replica had applied one expiry time ago.
+        before: OrderPosition,
+    },
+}
+
+/// Stamps `client` with the order position a `Once` request of its is applied at, replacing
+/// its earlier stamp.
+fn stamp_client(
+    txn: &redb::WriteTransaction,
+    client: u64,
+    stamp: OrderPosition,
+) -> Result<(), Failure> {
+    let mut clients = txn.open_table(ONCE_CLIENTS)?;
+    let mut idle = txn.open_table(ONCE_IDLE)?;
+    let earlier = clients.insert(client, (stamp.epoch, stamp.next))?;
+    if let Some((epoch, next)) = earlier.map(|earlier| earlier.value()) {
+        idle.remove((epoch, next, client))?;
+    }
+    idle.insert((stamp.epoch, stamp.next, client), ())?;
+    Ok(())
+}
+
+/// Whether `request` (or the request a `Once` wraps) only reads the replicated state, so
+/// that a replica may answer it from its own store (`replica.rs` says when it may).
+pub fn is_read(request: &ManagerRequest) -> bool {
+    use tessera_wire::NamespaceRequest as N;
+    match request {
+        ManagerRequest::Once { request, .. } => {
+            !matches!(**request, ManagerRequest::Once { .. }) && is_read(request)
+        }
+        ManagerRequest::Lookup { .. }
+        | ManagerRequest::LookupId { .. }
+        | ManagerRequest::List { .. }
+        | ManagerRequest::FilesOnServer { .. }
+        | ManagerRequest::Orphans { .. }
+        | ManagerRequest::Namespace(N::ListDir { .. } | N::Entry { .. }) => true,
+        _ => false,
+    }
 }
 
 /// A command as it is broadcast in total order, with who proposed it and the ticket its
@@ -189,6 +252,69 @@ impl Manager {
                 self.expire_pending(file);
                 ManagerResponse::Done
             }
+            Command::ExpireOnce { before } => match self.expire_once(before) {
+                Ok(_) => ManagerResponse::Done,
+                Err(failure) => ManagerResponse::Error(failure.into()),
+            },
+        }
+    }
+
+    /// Begins applying a delivered batch: from now until [`Manager::end_batch`], commits are
+    /// not synced one by one.
+    pub fn begin_batch(&mut self) {
+        self.sync_deferred = true;
+        self.sync_owed = false;
+    }
+
+    /// Ends the batch with one synced commit, if any commit of the batch asked for a sync:
+    /// everything the batch changed is then on disk, and its answers may go out. A store
+    /// failure is returned (and kept for [`Manager::take_store_failure`]).
+    pub fn end_batch(&mut self) -> Result<(), ManagerError> {
+        self.sync_deferred = false;
+        if std::mem::take(&mut self.sync_owed) {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Leaves a batch that failed without syncing it: a replica that cannot apply a command
+    /// must not record a position past it.
+    pub fn abandon_batch(&mut self) {
+        self.sync_deferred = false;
+        self.sync_owed = false;
+    }
+
+    /// Commits synced to disk since the store was opened.
+    pub fn synced_commits(&self) -> u64 {
+        self.synced_commits
+    }
+
+    /// The durability a commit gets: inside a batch, a sync is owed instead of done.
+    pub(crate) fn deferred(&mut self, durability: redb::Durability) -> redb::Durability {
+        if self.sync_deferred && matches!(durability, redb::Durability::Immediate) {
+            self.sync_owed = true;
+            redb::Durability::None
+        } else {
+            durability
+        }
+    }
+
+    /// Answers `request` from this replica's own state if it only reads it; `None` if it
+    /// must be ordered: not a read, or a lookup by id of a pending file (that renews the
+    /// file's lease, which every replica keeps). A `Once` read is answered without a record
+    /// in the `once` table: applying a read again after a retry changes nothing.
+    pub(crate) fn answer_read(
+        &mut self,
+        request: &ManagerRequest,
+        now: Instant,
+    ) -> Option<ManagerResponse> {
+        if !is_read(request) {
+            return None;
+        }
+        match request {
+            ManagerRequest::Once { request, .. } => self.answer_read(request, now),
+            ManagerRequest::LookupId { file } if self.is_pending(*file) => None,
+            request => Some(self.handle(request.clone(), now)),
         }
     }
 
@@ -235,9 +361,13 @@ impl Manager {
             .unwrap_or(0)
             .max(sequence)
             .saturating_sub(ONCE_WINDOW);
+        let stamp = self.order_position;
         // Not synced by itself: the next durable commit carries it. A replica that crashes
         // before then catches up from a peer's store, which has it (see replica.rs).
         self.write_with(redb::Durability::None, |change| {
+            if let Some(stamp) = stamp {
+                stamp_client(change.txn, client, stamp)?;
+            }
             let mut table = change.txn.open_table(ONCE)?;
             table.insert((client, sequence), record.as_slice())?;
             let stale = table
@@ -250,6 +380,48 @@ impl Manager {
             Ok(())
         })?;
         Ok(answer)
+    }
+
+    /// Removes the `once` records of the clients idle since `before` (see the module doc),
+    /// at most about [`ONCE_EXPIRED_RECORDS_MAX`]; how many it removed. Whether some remain
+    /// is kept for [`Manager::once_expiry_backlog`].
+    pub(crate) fn expire_once(&mut self, before: OrderPosition) -> Result<usize, Failure> {
+        let (removed, backlog) = self.write(|change| {
+            let mut idle = change.txn.open_table(ONCE_IDLE)?;
+            let mut clients = change.txn.open_table(ONCE_CLIENTS)?;
+            let mut once = change.txn.open_table(ONCE)?;
+            let mut removed = 0;
+            loop {
+                let oldest = idle.first()?.map(|(key, _)| key.value());
+                let Some((epoch, next, client)) = oldest else {
+                    return Ok((removed, false));
+                };
+                if (epoch, next) > (before.epoch, before.next) {
+                    return Ok((removed, false));
+                }
+                if removed >= ONCE_EXPIRED_RECORDS_MAX {
+                    return Ok((removed, true));
+                }
+                idle.remove((epoch, next, client))?;
+                clients.remove(client)?;
+                let records = once
+                    .range((client, 0)..=(client, u64::MAX))?
+                    .map(|entry| entry.map(|(key, _)| key.value()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                removed += records.len();
+                for key in records {
+                    once.remove(key)?;
+                }
+            }
+        })?;
+        self.once_expiry_backlog = backlog;
+        Ok(removed)
+    }
+
+    /// Whether the last [`Command::ExpireOnce`] applied left records it should have removed
+    /// (it stopped at its bound): its proposer proposes it again.
+    pub fn once_expiry_backlog(&self) -> bool {
+        self.once_expiry_backlog
     }
 
     /// The answer kept for `(client, sequence)`, and the client's latest sequence kept.

@@ -208,10 +208,16 @@ impl FrameHandler for ManagerHandler {
             .lock()
             .unwrap()
             .insert(connection, accepted.claim);
+        if let Some(replica) = &self.replica {
+            replica.opened(connection);
+        }
     }
 
     fn closed(&self, connection: ConnectionId) {
         self.claims.lock().unwrap().remove(&connection);
+        if let Some(replica) = &self.replica {
+            replica.closed(connection);
+        }
     }
 
     fn handle(
@@ -267,7 +273,7 @@ impl ManagerHandler {
             });
         }
         if let Some(replica) = &self.replica {
-            return self.replicated(replica.clone(), claim, request);
+            return self.replicated(replica.clone(), connection, claim, request);
         }
         let manager = self.manager.clone();
         Box::pin(async move {
@@ -292,6 +298,7 @@ impl ManagerHandler {
     fn replicated(
         &self,
         replica: Arc<Replica>,
+        connection: ConnectionId,
         claim: Claim,
         request: ManagerRequest,
     ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
@@ -338,11 +345,38 @@ impl ManagerHandler {
                     .ok()?;
                     (answer, Bytes::new())
                 }
-                request => (replica.order(&manager, request).await, Bytes::new()),
+                request if crate::command::is_read(&request) => (
+                    read(replica, manager, connection, request).await?,
+                    Bytes::new(),
+                ),
+                request => (
+                    replica.order_from(connection, &manager, request).await,
+                    Bytes::new(),
+                ),
             };
             Some((Bytes::from(encode_message(&response)), payload))
         })
     }
+}
+
+/// A read at a replica: answered from its own store if `connection` is synced, else ordered
+/// (see [`crate::replica`]); `None` if the blocking task failed.
+async fn read(
+    replica: Arc<Replica>,
+    manager: Arc<Mutex<Served>>,
+    connection: ConnectionId,
+    request: ManagerRequest,
+) -> Option<ManagerResponse> {
+    let (reading, store) = (replica.clone(), manager.clone());
+    let (local, request) = tokio::task::spawn_blocking(move || {
+        (reading.read_locally(connection, &store, &request), request)
+    })
+    .await
+    .ok()?;
+    Some(match local {
+        Some(answer) => answer,
+        None => replica.order_from(connection, &manager, request).await,
+    })
 }
 
 /// Open the metadata store in `dir` and serve it on `listen`, within the default

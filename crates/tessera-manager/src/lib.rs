@@ -110,7 +110,7 @@ pub use auth::{authorize, roles_allowed};
 pub use keys::{ACCESS_KEYS_MAX, KEY_NAME_BYTES_MAX};
 pub use manager::{
     refuse_without_store, Manager, ManagerConfig, ManagerOpenError, HEARTBEAT_TIMEOUT_DEFAULT,
-    PATH_BYTES_MAX, PENDING_LEASE_DEFAULT,
+    ONCE_EXPIRY_DEFAULT, PATH_BYTES_MAX, PENDING_LEASE_DEFAULT,
 };
 
 #[cfg(test)]

@@ -25,6 +25,9 @@ pub const HEARTBEAT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
 /// commits it for this long. Long enough for a `sync` of a large file between renewals (the
 /// client renews at a third of it), short enough that a dead writer's bytes do not linger.
 pub const PENDING_LEASE_DEFAULT: Duration = Duration::from_secs(60);
+/// How long a replicated manager keeps a client's `once` answers after its last change:
+/// far longer than a client retries (three rounds of the replicas, seconds each).
+pub const ONCE_EXPIRY_DEFAULT: Duration = Duration::from_secs(600);
 /// Longest path accepted, in bytes.
 pub const PATH_BYTES_MAX: usize = 4096;
 
@@ -40,6 +43,9 @@ pub struct ManagerConfig {
     pub cluster_id: Option<ClusterId>,
     /// What reserved streams may take of each server's link (admission control).
     pub links: crate::reservations::LinkCapacity,
+    /// How long a replicated manager keeps the `once` answers of a client after its last
+    /// change (see `command.rs`): longer than any client retries.
+    pub once_expiry: Duration,
 }
 
 impl Default for ManagerConfig {
@@ -49,6 +55,7 @@ impl Default for ManagerConfig {
             pending_lease: PENDING_LEASE_DEFAULT,
             cluster_id: None,
             links: crate::reservations::LinkCapacity::default(),
+            once_expiry: ONCE_EXPIRY_DEFAULT,
         }
     }
 }
@@ -157,6 +164,15 @@ pub struct Manager {
     /// The last failure of the store itself (not a refusal) since it was taken: a replica
     /// stops on it (see `replica.rs`).
     store_failure: Option<String>,
+    /// Set while a replica applies a delivered batch: commits are not synced one by one, and
+    /// [`Manager::end_batch`] syncs them all at once (see `command.rs`).
+    pub(crate) sync_deferred: bool,
+    /// A commit of the batch asked for a sync that has not happened yet.
+    pub(crate) sync_owed: bool,
+    /// Commits synced to disk since the store was opened.
+    pub(crate) synced_commits: u64,
+    /// The last `ExpireOnce` applied stopped at its bound (see `command.rs`).
+    pub(crate) once_expiry_backlog: bool,
     /// Reserved streams admitted on the servers' links (soft state, see `reservations.rs`).
     reservations: crate::reservations::Reservations,
     /// Tests: every commit fails as a full disk would.
@@ -235,6 +251,10 @@ impl Manager {
             decision: crate::command::Decision::default(),
             order_position: None,
             store_failure: None,
+            sync_deferred: false,
+            sync_owed: false,
+            synced_commits: 0,
+            once_expiry_backlog: false,
             reservations: crate::reservations::Reservations::new(config.links),
             #[cfg(test)]
             fail_commits: false,
@@ -666,6 +686,11 @@ impl Manager {
     }
 
     /// Moves a pending file's lease on to `now` plus a whole lease; nothing for other files.
+    /// Whether `file` is pending (written for an atomic replace, not yet committed).
+    pub(crate) fn is_pending(&self, file: FileId) -> bool {
+        self.pending.contains_key(&file)
+    }
+
     fn renew(&mut self, file: FileId, now: Instant) {
         if let Some(deadline) = self.pending.get_mut(&file) {
             *deadline = Some(now + self.config.pending_lease);
@@ -1027,6 +1052,7 @@ impl Manager {
         apply: impl FnOnce(&mut Change<'_>) -> Result<T, Failure>,
     ) -> Result<T, Failure> {
         self.check_store()?;
+        let durability = self.deferred(durability);
         let mut txn = self.db.begin_write()?;
         txn.set_durability(durability)
             .map_err(|e| ManagerError::Store(e.to_string()))?;
@@ -1049,6 +1075,9 @@ impl Manager {
             return Err(Failure::Store(redb::StorageError::Io(full).into()));
         }
         txn.commit()?;
+        if matches!(durability, redb::Durability::Immediate) {
+            self.synced_commits += 1;
+        }
         self.servers.extend(servers);
         for (server, indebted) in debtors {
             if indebted {

@@ -14,9 +14,23 @@
 //! [`Command`] with a ticket. The applier thread takes every UTO delivery in position order,
 //! applies it to the manager (committing to this replica's redb) and, for its own tickets,
 //! hands the answer back to the waiting request: a request is answered only once it is
-//! ordered, applied and committed here. Reads go the same way (ordered after every earlier
-//! change, so every read sees every change acknowledged before it, by any replica): simple
-//! and linearizable, at the cost of one ordering round per read. `Status`, `KeyList`,
+//! ordered, applied and committed here. The applier takes every delivery waiting for it as
+//! one batch (at most [`BATCH_DELIVERIES_MAX`]): it applies them all without syncing the
+//! store, then syncs once, and only then answers; a batch that fails is neither synced nor
+//! answered (the replica stops).
+//!
+//! **Reads** ([`is_read`]: lookups, listings, debts, orphans) are answered from the
+//! replica's own store once the connection they come on is *synced*: one ordered request on
+//! it was answered here, in the view this replica is still a normal member of. That request
+//! was ordered after every change acknowledged before it was sent, by any replica, so from
+//! then on a client sees its own writes and everything acknowledged before its first request
+//! (read-your-writes; a read that changes with a write acknowledged elsewhere since may
+//! come from a replica that has not applied it yet). The first request of a connection, a
+//! read answered "not found" (absence is always asked through the order), any read after a
+//! view change, and everything while the replica suspects a peer, catches up or starts,
+//! are ordered as before; a refusal (`Unordered`, after which the client moves on) unsyncs
+//! the connection, so a client that comes back on it after writing elsewhere is ordered
+//! again. `Status`, `KeyList`,
 //! `StorageKeys`, `Replica` and `Snapshot` are answered from the replica's own state, and so
 //! are reservations (`Reserve`, `RenewReservation`, `ReleaseReservation`: soft state each
 //! replica keeps on its own).
@@ -54,12 +68,12 @@
 //! **Not handled** (see the README): a start of the group while a replica is down for good
 //! (it waits for every replica); membership change.
 
-use crate::command::{Command, OrderPosition, Proposal};
+use crate::command::{is_read, Command, OrderPosition, Proposal};
 use crate::daemon::Served;
 use crate::{Manager, ManagerConfig};
 use bytes::Bytes;
 use redb::ReadableDatabase;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -69,7 +83,7 @@ use std::time::{Duration, Instant};
 use tessera_auth::{Claim, Credential, Secret};
 use tessera_order::{Event, Group, NodeId, Start};
 use tessera_order_udp::{Broadcast, DriverConfig, Handle};
-use tessera_transport::{TcpConfig, TcpTransport};
+use tessera_transport::{ConnectionId, TcpConfig, TcpTransport};
 use tessera_wire::{ManagerError, ManagerRequest, ManagerResponse, ReplicaStatus};
 use tokio::sync::oneshot;
 
@@ -80,8 +94,15 @@ pub const ORDER_TIMEOUT: Duration = Duration::from_secs(3);
 const PEER_TIMEOUT: Duration = Duration::from_millis(500);
 /// Pause between rounds of snapshot requests to peers that are not far enough yet.
 const CATCH_UP_PAUSE: Duration = Duration::from_millis(100);
+/// Most deliveries applied as one batch, with one sync of the store.
+pub const BATCH_DELIVERIES_MAX: usize = 256;
 /// How often the applier looks at lease deadlines when no delivery comes.
 const APPLIER_TICK: Duration = Duration::from_millis(100);
+/// Marks of where the order stood that the applier keeps per once expiry time (see
+/// [`OnceMarks`]): the expiry cutoff is at most this fraction of it late.
+const ONCE_MARKS_MAX: u32 = 16;
+/// Least time between two proposals of the same `ExpireOnce` cutoff while records remain.
+const ONCE_EXPIRY_AGAIN: Duration = Duration::from_secs(1);
 /// Largest piece of a store copy a replica sends in one frame (half a frame's payload).
 pub const SNAPSHOT_PIECE_BYTES_MAX: u64 = 8 << 20;
 /// Where a replica writes the store copy it fetches, before it installs it.
@@ -166,6 +187,10 @@ pub(crate) struct Replica {
     outgoing: Mutex<()>,
     /// See [`ReplicaConfig::catch_up_piece_bytes`].
     catch_up_piece_bytes: u32,
+    /// Every open connection, with the view it was synced in if it is synced (see the
+    /// module doc): entered when it opens, removed when it closes, so at most one entry per
+    /// open connection (an answer that comes after its connection closed enters nothing).
+    synced: Mutex<HashMap<ConnectionId, Option<u64>>>,
 }
 
 /// The order's settings for manager replicas: a view change within about half a second of a
@@ -338,6 +363,7 @@ pub(crate) async fn start(
         heartbeat_timeout: manager_config.heartbeat_timeout,
         outgoing: Mutex::new(()),
         catch_up_piece_bytes: config.catch_up_piece_bytes,
+        synced: Mutex::new(HashMap::new()),
     });
     let applier = Applier {
         replica: replica.clone(),
@@ -346,6 +372,7 @@ pub(crate) async fn start(
         manager_config,
         secret: secret.clone(),
         runtime: tokio::runtime::Handle::current(),
+        once_marks: Mutex::new(OnceMarks::default()),
     };
     std::thread::Builder::new()
         .name(format!("replica-{}", config.id))
@@ -406,6 +433,67 @@ impl Replica {
             applied: self.next_position.load(Ordering::SeqCst),
             epoch: self.epoch.load(Ordering::SeqCst),
         }
+    }
+
+    /// The view this replica is a normal member of now, applying as it comes; `None` while
+    /// it suspects a peer, catches up, starts or stopped.
+    fn member_view(&self) -> Option<u64> {
+        let progress = self.progress.lock().unwrap();
+        let member = progress.normal
+            && !progress.catching_up
+            && !progress.starting
+            && progress.stopped.is_none();
+        member.then_some(progress.view)
+    }
+
+    /// Answers a read on `connection` from this replica's own store, if the connection is
+    /// synced in the current view (see the module doc); `None`: order it.
+    pub(crate) fn read_locally(
+        &self,
+        connection: ConnectionId,
+        served: &Mutex<Served>,
+        request: &ManagerRequest,
+    ) -> Option<ManagerResponse> {
+        if !is_read(request) {
+            return None;
+        }
+        let view = self.member_view()?;
+        if self.synced.lock().unwrap().get(&connection) != Some(&Some(view)) {
+            return None;
+        }
+        let answer = match &mut *served.lock().unwrap() {
+            Served::Running(manager) => manager.answer_read(request, Instant::now())?,
+            Served::NoStore(_) => return None,
+        };
+        let absent = matches!(answer, ManagerResponse::Error(ManagerError::NotFound(_)));
+        (!absent).then_some(answer)
+    }
+
+    /// Orders `request` that came on `connection` and waits for the answer; an answer other
+    /// than a refusal syncs the connection, a refusal unsyncs it.
+    pub(crate) async fn order_from(
+        &self,
+        connection: ConnectionId,
+        served: &Arc<Mutex<Served>>,
+        request: ManagerRequest,
+    ) -> ManagerResponse {
+        let answer = self.order(served, request).await;
+        let refused = matches!(answer, ManagerResponse::Error(ManagerError::Unordered(_)));
+        let view = self.member_view().filter(|_| !refused);
+        if let Some(synced) = self.synced.lock().unwrap().get_mut(&connection) {
+            *synced = view;
+        }
+        answer
+    }
+
+    /// Enters a connection that opened, not synced.
+    pub(crate) fn opened(&self, connection: ConnectionId) {
+        self.synced.lock().unwrap().insert(connection, None);
+    }
+
+    /// Forgets a connection that closed.
+    pub(crate) fn closed(&self, connection: ConnectionId) {
+        self.synced.lock().unwrap().remove(&connection);
     }
 
     /// Why requests cannot be ordered here now, if they cannot.
@@ -620,6 +708,52 @@ fn prune_outgoing(dir: &Path, newest: u64) {
     }
 }
 
+/// What an applier remembers to propose [`Command::ExpireOnce`] (see `command.rs`): where
+/// the order stood at moments of its own monotonic clock, one every expiry time /
+/// [`ONCE_MARKS_MAX`], the newest cutoff at least one expiry time old, and its last proposal.
+#[derive(Default)]
+struct OnceMarks {
+    marks: VecDeque<(Instant, OrderPosition)>,
+    due: Option<OrderPosition>,
+    proposed: Option<(Instant, OrderPosition)>,
+}
+
+impl OnceMarks {
+    /// Marks where the order stands `now` if the last mark is old enough, and moves the
+    /// cutoff to the newest mark one `expiry` old; the cutoff to propose now, if any (a new
+    /// one, or the last again while records remain beyond a command's bound).
+    fn tick(
+        &mut self,
+        now: Instant,
+        here: OrderPosition,
+        expiry: Duration,
+        backlog: bool,
+    ) -> Option<OrderPosition> {
+        let interval = expiry / ONCE_MARKS_MAX;
+        let last = self.marks.back().map(|&(at, _)| at);
+        if last.is_none_or(|at| now.saturating_duration_since(at) >= interval) {
+            self.marks.push_back((now, here));
+        }
+        while let Some(&(at, position)) = self.marks.front() {
+            if now.saturating_duration_since(at) < expiry {
+                break;
+            }
+            self.due = Some(position);
+            self.marks.pop_front();
+        }
+        let due = self.due?;
+        let propose = match self.proposed {
+            None => true,
+            Some((_, proposed)) if due > proposed => true,
+            Some((at, _)) => backlog && now.saturating_duration_since(at) >= ONCE_EXPIRY_AGAIN,
+        };
+        propose.then(|| {
+            self.proposed = Some((now, due));
+            due
+        })
+    }
+}
+
 /// The thread that applies deliveries in order, catches up, and proposes lease expiries.
 struct Applier {
     replica: Arc<Replica>,
@@ -628,6 +762,7 @@ struct Applier {
     manager_config: ManagerConfig,
     secret: Secret,
     runtime: tokio::runtime::Handle,
+    once_marks: Mutex<OnceMarks>,
 }
 
 impl Applier {
@@ -801,15 +936,47 @@ impl Applier {
     }
 
     fn run(self, events: mpsc::Receiver<Event>) {
+        let (mut held, mut ticked) = (None, Instant::now());
         loop {
             if self.replica.progress.lock().unwrap().stopped.is_some() {
                 return;
             }
-            match events.recv_timeout(APPLIER_TICK) {
-                Ok(event) => self.on_event(event),
-                Err(mpsc::RecvTimeoutError::Timeout) => self.propose_expiries(),
-                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            // Deliveries that never pause must not hold expiries back.
+            if ticked.elapsed() >= APPLIER_TICK {
+                ticked = Instant::now();
+                self.propose_expiries();
+                self.propose_once_expiry();
             }
+            let event = match held.take() {
+                Some(event) => event,
+                None => match events.recv_timeout(APPLIER_TICK) {
+                    Ok(event) => event,
+                    Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                },
+            };
+            let Event::Deliver {
+                position, message, ..
+            } = event
+            else {
+                self.on_event(event);
+                continue;
+            };
+            // Every delivery already waiting joins the batch; another event waits for it.
+            let mut batch = vec![(position, message)];
+            while batch.len() < BATCH_DELIVERIES_MAX {
+                match events.try_recv() {
+                    Ok(Event::Deliver {
+                        position, message, ..
+                    }) => batch.push((position, message)),
+                    Ok(other) => {
+                        held = Some(other);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.apply_batch(&batch);
         }
     }
 
@@ -817,7 +984,7 @@ impl Applier {
         match event {
             Event::Deliver {
                 position, message, ..
-            } => self.apply(position, &message),
+            } => self.apply_batch(&[(position, message)]),
             Event::View { view, leader, .. } => {
                 let mut progress = self.replica.progress.lock().unwrap();
                 progress.view = view;
@@ -850,16 +1017,65 @@ impl Applier {
         }
     }
 
-    /// Applies the delivery at `position`, answering the request waiting for it here.
-    fn apply(&self, position: u64, message: &[u8]) {
+    /// Applies a batch of deliveries, syncs the store once, then answers the requests waiting
+    /// here for them. A store that fails stops the replica, the batch neither synced nor
+    /// answered (its waiters are told to try another replica).
+    fn apply_batch(&self, batch: &[(u64, Bytes)]) {
+        let mut served = self.served.lock().unwrap();
+        if let Served::Running(manager) = &mut *served {
+            manager.begin_batch();
+        }
+        let mut answers = Vec::with_capacity(batch.len());
+        let mut failed = None;
+        for (position, message) in batch {
+            match self.apply_one(&mut served, *position, message) {
+                Ok(answer) => answers.extend(answer),
+                Err(why) => {
+                    failed = Some(why);
+                    break;
+                }
+            }
+        }
+        if let Served::Running(manager) = &mut *served {
+            if failed.is_some() {
+                manager.abandon_batch();
+            } else if let Err(error) = manager.end_batch() {
+                let (first, last) = (batch[0].0, batch[batch.len() - 1].0);
+                failed = Some(format!(
+                    "positions {first}..={last}: its store failed to sync: {error}"
+                ));
+            }
+        }
+        drop(served);
+        if let Some(why) = failed {
+            // It cannot commit what the others commit: going on would answer from a store
+            // that drifted from theirs. It stops; the others carry on.
+            self.replica.stop(why);
+            return;
+        }
+        let mut waiters = self.replica.waiters.lock().unwrap();
+        for (ticket, answer) in answers {
+            if let Some(waiter) = waiters.remove(&ticket) {
+                let _ = waiter.send(answer);
+            }
+        }
+    }
+
+    /// Applies the delivery at `position` to the store (not synced yet): the ticket and
+    /// answer of a request waiting here, if it is one; an error if the store failed.
+    fn apply_one(
+        &self,
+        served: &mut Served,
+        position: u64,
+        message: &[u8],
+    ) -> Result<Option<(u64, ManagerResponse)>, String> {
         let next = self.replica.next_position.load(Ordering::SeqCst);
         if position < next {
-            return; // Already in the store copied from a peer.
+            return Ok(None); // Already in the store copied from a peer.
         }
         assert_eq!(position, next, "deliveries skipped positions");
         let proposal = Proposal::decode(message);
-        let mut served = self.served.lock().unwrap();
-        let answer = match (&proposal, &mut *served) {
+        let answer = match (&proposal, served) {
             (Ok(proposal), Served::Running(manager)) => {
                 manager.set_order_position(OrderPosition {
                     epoch: self.replica.epoch.load(Ordering::SeqCst),
@@ -867,12 +1083,7 @@ impl Applier {
                 });
                 let answer = manager.apply(proposal.command.clone(), Instant::now());
                 if let Some(failure) = manager.take_store_failure() {
-                    // It cannot commit what the others commit: going on would answer from
-                    // a store that drifted from theirs. It stops; the others carry on.
-                    drop(served);
-                    self.replica
-                        .stop(format!("position {position}: its store failed: {failure}"));
-                    return;
+                    return Err(format!("position {position}: its store failed: {failure}"));
                 }
                 Some(answer)
             }
@@ -885,25 +1096,15 @@ impl Applier {
         self.replica
             .next_position
             .store(position + 1, Ordering::SeqCst);
-        drop(served);
-        if let (Ok(proposal), Some(answer)) = (proposal, answer) {
-            if let Command::ExpirePending { file } = proposal.command {
-                self.replica.expiry_proposed.lock().unwrap().remove(&file);
-            }
-            let mine = proposal.origin == self.replica.id
-                && proposal.incarnation == self.replica.incarnation;
-            if mine {
-                let waiter = self
-                    .replica
-                    .waiters
-                    .lock()
-                    .unwrap()
-                    .remove(&proposal.ticket);
-                if let Some(waiter) = waiter {
-                    let _ = waiter.send(answer);
-                }
-            }
+        let (Ok(proposal), Some(answer)) = (proposal, answer) else {
+            return Ok(None);
+        };
+        if let Command::ExpirePending { file } = proposal.command {
+            self.replica.expiry_proposed.lock().unwrap().remove(&file);
         }
+        let mine =
+            proposal.origin == self.replica.id && proposal.incarnation == self.replica.incarnation;
+        Ok(mine.then_some((proposal.ticket, answer)))
     }
 
     /// Proposes the removal of every pending file whose lease ran out here.
@@ -920,6 +1121,33 @@ impl Applier {
                 // The answer is nobody's: the waiter is dropped when it comes.
                 let _ = self.replica.propose(Command::ExpirePending { file });
             }
+        }
+    }
+
+    /// Proposes [`Command::ExpireOnce`] when its cutoff moved (or records remain), if this
+    /// replica leads the view: one proposer is enough, and a new leader has its own marks.
+    fn propose_once_expiry(&self) {
+        let here = OrderPosition {
+            epoch: self.replica.epoch.load(Ordering::SeqCst),
+            next: self.replica.next_position.load(Ordering::SeqCst),
+        };
+        let backlog = match &*self.served.lock().unwrap() {
+            Served::Running(manager) => manager.once_expiry_backlog(),
+            Served::NoStore(_) => return,
+        };
+        let expiry = self.manager_config.once_expiry;
+        let mut marks = self.once_marks.lock().unwrap();
+        let leads = self.replica.member_view().is_some()
+            && self.replica.progress.lock().unwrap().leader == Some(NodeId(self.replica.id - 1));
+        if !leads {
+            // Keep marking, so that a replica that comes to lead knows the past.
+            marks.tick(Instant::now(), here, expiry, false);
+            marks.proposed = None;
+            return;
+        }
+        if let Some(before) = marks.tick(Instant::now(), here, expiry, backlog) {
+            // The answer is nobody's: the waiter is dropped when it comes.
+            let _ = self.replica.propose(Command::ExpireOnce { before });
         }
     }
 
@@ -1049,5 +1277,41 @@ impl Applier {
         self.replica.next_position.store(position, Ordering::SeqCst);
         *self.replica.live_since.lock().unwrap() = Instant::now();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod once_marks_tests {
+    use super::*;
+
+    /// The `ExpireOnce` cutoff is where the order stood one expiry time ago (within a mark
+    /// interval), proposed once when it moves, and again at most every second while records
+    /// remain; the marks kept stay bounded.
+    #[test]
+    fn the_cutoff_is_where_the_order_stood_one_expiry_ago() {
+        let expiry = Duration::from_secs(160);
+        let start = Instant::now();
+        let at = |seconds| start + Duration::from_secs(seconds);
+        let stood = |next| OrderPosition { epoch: 1, next };
+        let mut marks = OnceMarks::default();
+        for second in 0..160 {
+            let due = marks.tick(at(second), stood(second * 10), expiry, false);
+            assert_eq!(due, None, "at {second} s");
+        }
+        assert_eq!(
+            marks.tick(at(160), stood(1600), expiry, false),
+            Some(stood(0))
+        );
+        assert_eq!(marks.tick(at(160), stood(1600), expiry, true), None);
+        assert_eq!(
+            marks.tick(at(161), stood(1610), expiry, true),
+            Some(stood(0))
+        );
+        assert_eq!(marks.tick(at(165), stood(1650), expiry, false), None);
+        assert_eq!(
+            marks.tick(at(170), stood(1700), expiry, false),
+            Some(stood(100))
+        );
+        assert!(marks.marks.len() <= ONCE_MARKS_MAX as usize + 1);
     }
 }

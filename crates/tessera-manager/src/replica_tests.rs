@@ -353,3 +353,87 @@ async fn fill_more(addrs: &[SocketAddr], name: &str, count: usize) {
         assert!(matches!(answer, ManagerResponse::File(_)), "{answer:?}");
     }
 }
+
+/// Where the replica at `addr` stands in the order now.
+async fn applied(addr: SocketAddr) -> u64 {
+    match ask(&admin(), addr, ManagerRequest::Replica).await {
+        ManagerResponse::Replica(status) => status.applied,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Reads on a connection are ordered until one request on it was ordered and answered; from
+/// then on they are answered from the replica's own store (the order does not move), except
+/// a read that finds nothing, which is ordered. A new connection, at another replica, sees a
+/// change acknowledged just before it (its first read is ordered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_on_a_synced_connection_are_local_and_see_the_clients_writes() {
+    let (peers, _dirs, group) = settled_group_of_three().await;
+    let client = admin();
+    let path = "/a/rather/long/directory/name/to/fill/the/store/file-00003";
+    let lookup = |path: &str| ManagerRequest::Lookup { path: path.into() };
+    let before = applied(peers[0]).await;
+    let answer = ask(&client, peers[0], lookup(path)).await;
+    let ManagerResponse::File(view) = answer else {
+        panic!("{answer:?}")
+    };
+    assert_eq!(
+        applied(peers[0]).await,
+        before + 1,
+        "the first read is ordered"
+    );
+    let reads = [
+        lookup(path),
+        ManagerRequest::List {
+            prefix: "/a".into(),
+        },
+        ManagerRequest::LookupId { file: view.meta.id },
+        ManagerRequest::Once {
+            client: 7,
+            sequence: 1,
+            request: Box::new(ManagerRequest::LookupId { file: view.meta.id }),
+        },
+    ];
+    for _ in 0..10 {
+        for read in &reads {
+            let answer = ask(&client, peers[0], read.clone()).await;
+            assert!(!matches!(answer, ManagerResponse::Error(_)), "{answer:?}");
+        }
+    }
+    assert_eq!(
+        applied(peers[0]).await,
+        before + 1,
+        "synced reads are local"
+    );
+    assert!(
+        !dump(&group[0]).iter().any(|line| line.starts_with("once")),
+        "a local read left a once record"
+    );
+    // Absence is asked through the order.
+    let missing = ask(&client, peers[0], lookup("/missing")).await;
+    assert!(matches!(missing, ManagerResponse::Error(_)), "{missing:?}");
+    assert_eq!(applied(peers[0]).await, before + 2);
+    // The client's change, then a read of it at another replica on a new connection.
+    fill_more(&peers[..1], "mine", 1).await;
+    let elsewhere = ask(&admin(), peers[1], lookup("/mine-0")).await;
+    assert!(
+        matches!(elsewhere, ManagerResponse::File(_)),
+        "{elsewhere:?}"
+    );
+    // A synced connection reads its own change locally at the replica that applied it.
+    let create = ManagerRequest::Create {
+        path: "/own".into(),
+        layout: LayoutRequest {
+            scheme: Scheme::Raid5,
+            stripe_unit: 65536,
+            width: Some(3),
+        },
+        replace: false,
+    };
+    let created = ask(&client, peers[0], create).await;
+    assert!(matches!(created, ManagerResponse::File(_)), "{created:?}");
+    let stands = applied(peers[0]).await;
+    let own = ask(&client, peers[0], lookup("/own")).await;
+    assert!(matches!(own, ManagerResponse::File(_)), "{own:?}");
+    assert_eq!(applied(peers[0]).await, stands);
+}

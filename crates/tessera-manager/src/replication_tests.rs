@@ -1,7 +1,7 @@
 //! The manager as a replicated state machine: the same commands applied on several replicas,
 //! each with its own clock, leave the same store; retries of a `Once` request apply once.
 
-use crate::command::{Command, Decision, Proposal};
+use crate::command::{Command, Decision, OrderPosition, Proposal};
 use crate::{Manager, ManagerConfig};
 use std::time::{Duration, Instant};
 use tessera_layout::Scheme;
@@ -308,4 +308,196 @@ fn register_three_servers(manager: &mut Manager, now: Instant) {
             now,
         );
     }
+}
+
+/// A replica applying the order in batches (as the applier takes every delivery waiting)
+/// ends with the same store and answers as one applying command by command, and syncs its
+/// store at most once per batch instead of once per change.
+#[test]
+fn a_batch_applies_like_single_commands_and_syncs_once() {
+    for seed in 0..4 {
+        let mut group = replicas();
+        let start = Instant::now();
+        let commands = commands(seed, 150, &mut group[0].1, start);
+        let singles: Vec<_> = commands
+            .iter()
+            .map(|command| group[1].1.apply(command.clone(), start))
+            .collect();
+        let batched = &mut group[2].1;
+        let (synced_before, mut batches) = (batched.synced_commits(), 0);
+        let mut answers = Vec::new();
+        for batch in commands.chunks(16) {
+            batched.begin_batch();
+            for command in batch {
+                answers.push(batched.apply(command.clone(), start));
+            }
+            batched.end_batch().unwrap();
+            batches += 1;
+        }
+        assert_eq!(answers, singles, "seed {seed}: answers differ");
+        assert_eq!(
+            group[2].1.state_dump(),
+            group[1].1.state_dump(),
+            "seed {seed}"
+        );
+        let synced_batched = group[2].1.synced_commits() - synced_before;
+        assert!(
+            synced_batched <= batches,
+            "seed {seed}: {synced_batched} syncs in {batches} batches"
+        );
+        assert!(
+            group[1].1.synced_commits() > 3 * batches,
+            "seed {seed}: {} syncs one by one",
+            group[1].1.synced_commits()
+        );
+        // The store is synced at the end of a batch: reopened, it holds everything.
+        let dump = group[2].1.state_dump();
+        let (dir, manager) = group.remove(2);
+        drop(manager);
+        let config = ManagerConfig {
+            cluster_id: Some(0x5eed),
+            ..ManagerConfig::default()
+        };
+        let reopened = Manager::open_existing(dir.path(), config).unwrap();
+        assert_eq!(reopened.state_dump(), dump, "seed {seed}");
+    }
+}
+
+/// Applies `command` at order position `next - 1` of epoch 1 on every replica; the answers.
+fn apply_at(
+    group: &mut [(tempfile::TempDir, Manager)],
+    next: u64,
+    command: &Command,
+) -> Vec<ManagerResponse> {
+    let now = Instant::now();
+    group
+        .iter_mut()
+        .map(|(_, manager)| {
+            manager.set_order_position(OrderPosition { epoch: 1, next });
+            manager.apply(command.clone(), now)
+        })
+        .collect()
+}
+
+/// A `Once` request of `client` numbered `sequence`, as a command.
+fn once(client: u64, sequence: u64, request: ManagerRequest) -> Command {
+    Command::Request {
+        request: ManagerRequest::Once {
+            client,
+            sequence,
+            request: Box::new(request),
+        },
+        decision: Decision::default(),
+    }
+}
+
+/// Every `once` record of `client` in `manager`'s store, as dumped.
+fn once_records(manager: &Manager, client: u64) -> usize {
+    let prefix = format!("once ({client}, ");
+    manager
+        .state_dump()
+        .iter()
+        .filter(|line| line.starts_with(&prefix))
+        .count()
+}
+
+/// `ExpireOnce` removes the records of the clients idle since its cutoff, and only theirs
+/// (a client stamped again later keeps its records), alike on every replica; a retry within
+/// the window is answered from the table, a retry of an expired client applied again.
+#[test]
+fn once_records_of_idle_clients_expire_by_command() {
+    let mut group = replicas();
+    let now = Instant::now();
+    let layout = LayoutRequest {
+        scheme: Scheme::Raid5,
+        stripe_unit: 65536,
+        width: None,
+    };
+    let create = |path: &str| ManagerRequest::Create {
+        path: path.into(),
+        layout: layout.clone(),
+        replace: false,
+    };
+    for (_, manager) in group.iter_mut() {
+        register_three_servers(manager, now);
+    }
+    apply_at(&mut group, 1, &once(1, 1, create("/a")));
+    let first_b = apply_at(&mut group, 2, &once(1, 2, create("/b")));
+    let first_c = apply_at(&mut group, 3, &once(2, 1, create("/c")));
+    assert!(
+        matches!(first_c[0], ManagerResponse::File(_)),
+        "{first_c:?}"
+    );
+    let expire = |epoch, next| Command::ExpireOnce {
+        before: OrderPosition { epoch, next },
+    };
+    apply_at(&mut group, 4, &expire(1, 2));
+    for (_, manager) in &group {
+        assert_eq!(once_records(manager, 1), 0);
+        assert_eq!(once_records(manager, 2), 1);
+        assert_eq!(manager.state_dump(), group[0].1.state_dump());
+    }
+    // Client 2's retry is answered from the table; client 1's, expired, is applied again.
+    assert_eq!(apply_at(&mut group, 5, &once(2, 1, create("/c"))), first_c);
+    let again = apply_at(&mut group, 6, &once(1, 2, create("/b")));
+    assert_ne!(again, first_b);
+    assert_eq!(
+        again[0],
+        ManagerResponse::Error(ManagerError::Exists("/b".into()))
+    );
+    // Client 2 changes again (stamped at 7): a cutoff past its first change keeps it.
+    apply_at(&mut group, 7, &once(2, 2, create("/d")));
+    apply_at(&mut group, 8, &expire(1, 5));
+    for (_, manager) in &group {
+        assert_eq!(once_records(manager, 2), 2);
+        assert_eq!(
+            once_records(manager, 1),
+            1,
+            "stamped at 6, after the cutoff"
+        );
+    }
+    // A cutoff of a later epoch takes everything stamped in epoch 1.
+    apply_at(&mut group, 9, &expire(2, 0));
+    for (_, manager) in &group {
+        assert_eq!(once_records(manager, 1) + once_records(manager, 2), 0);
+        assert!(!manager
+            .state_dump()
+            .iter()
+            .any(|line| line.starts_with("once")));
+        assert!(!manager.once_expiry_backlog());
+    }
+}
+
+/// One `ExpireOnce` removes at most about `ONCE_EXPIRED_RECORDS_MAX` records (whole clients)
+/// and says some remain; the same command again removes the rest.
+#[test]
+fn once_expiry_is_bounded_per_command() {
+    let mut group = replicas();
+    group.truncate(1);
+    let clients = 10u64;
+    let per_client = 1000u64;
+    let mut next = 0;
+    for client in 1..=clients {
+        for sequence in 1..=per_client {
+            next += 1;
+            let read = ManagerRequest::Lookup { path: "/x".into() };
+            apply_at(&mut group, next, &once(client, sequence, read));
+        }
+    }
+    let manager = &mut group[0].1;
+    let total = |manager: &Manager| {
+        (1..=clients)
+            .map(|client| once_records(manager, client))
+            .sum::<usize>()
+    };
+    assert_eq!(total(manager), (clients * per_client) as usize);
+    let before = OrderPosition { epoch: 1, next };
+    let removed = manager.expire_once(before).unwrap();
+    let bound = crate::command::ONCE_EXPIRED_RECORDS_MAX;
+    assert!(removed >= bound && removed < bound + crate::command::ONCE_WINDOW as usize);
+    assert!(manager.once_expiry_backlog());
+    assert_eq!(total(manager), (clients * per_client) as usize - removed);
+    manager.expire_once(before).unwrap();
+    assert_eq!(total(manager), 0);
+    assert!(!manager.once_expiry_backlog());
 }

@@ -228,6 +228,8 @@ pub(crate) fn copy_tables(from: &ReadTransaction, path: &std::path::Path) -> Res
     copy_table(from, &to, ORPHANS)?;
     copy_table(from, &to, crate::keys::ACCESS_KEYS)?;
     copy_table(from, &to, crate::command::ONCE)?;
+    copy_table(from, &to, crate::command::ONCE_CLIENTS)?;
+    copy_table(from, &to, crate::command::ONCE_IDLE)?;
     copy_table(from, &to, crate::manager::namespace::DIRS)?;
     copy_table(from, &to, crate::manager::namespace::TIMES)?;
     copy_table(from, &to, crate::snapshot::SNAPSHOTS)?;
@@ -283,6 +285,8 @@ pub(crate) fn dump(db: &Database) -> Result<Vec<String>, Failure> {
     dump_table!("orphans", ORPHANS);
     dump_table!("access_keys", crate::keys::ACCESS_KEYS);
     dump_table!("once", crate::command::ONCE);
+    dump_table!("once_clients", crate::command::ONCE_CLIENTS);
+    dump_table!("once_idle", crate::command::ONCE_IDLE);
     dump_table!("dirs", crate::manager::namespace::DIRS);
     dump_table!("times", crate::manager::namespace::TIMES);
     dump_table!("snapshots", crate::snapshot::SNAPSHOTS);
