@@ -616,3 +616,92 @@ fn kills_while_snapshots_are_taken_raid1() {
 fn kills_while_snapshots_are_taken_hybrid() {
     explore(Scheme::Hybrid, 8);
 }
+
+/// How long the manager lets a snapshot stay created and not ready (its default).
+const READY_LEASE: Duration = tessera_manager::SNAPSHOT_READY_LEASE_DEFAULT;
+
+/// The snapshot taker is killed at its k-th request (k from 1 to 12 by seed: at the manager's
+/// create, at the status, amid the fences, amid the begins, before the ready), while a writer
+/// waits to write. Nothing stays fenced: the write completes within the fence's lease, and
+/// the next one at once. The half-made snapshot is listed incomplete until its lease ends,
+/// then is gone, and a snapshot of the same name is taken again and reads back exactly. (Before
+/// the manager expired them, the name stayed taken: the new create failed with "exists".)
+#[test]
+fn a_taker_killed_mid_snapshot_leaves_nothing_fenced_and_its_name_free() {
+    let (base, count) = seed_range(12);
+    for seed in base..base + count {
+        run_virtual(taker_killed(seed));
+    }
+}
+
+async fn taker_killed(seed: u64) {
+    let cluster = SimCluster::start(seed, SERVERS).await;
+    let client = cluster.client();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut old = vec![0u8; FILE_BYTES];
+    rng.fill(&mut old[..]);
+    let (file, _) = cluster.raid5_file(&client, UNIT, &old).await;
+    let kill_at = 1 + seed % 12;
+    let taker = cluster.client();
+    let start = cluster.network.stats().calls;
+    tokio::select! {
+        biased;
+        _ = cluster.network.calls_reached(start + kill_at) => {}
+        taken = taker.snapshot_create("nightly", "/") => panic!(
+            "seed {seed}: the taker was to die at call {kill_at}: {taken:?}"
+        ),
+    }
+    drop(taker);
+    let begun = tokio::time::Instant::now();
+    let mut new = old.clone();
+    rng.fill(&mut new[..3 * UNIT as usize]);
+    client
+        .write_at(&file, 0, &new[..3 * UNIT as usize])
+        .await
+        .expect("write");
+    let waited = begun.elapsed();
+    let fence_lease = Duration::from_millis(tessera_wire::SNAPSHOT_FENCE_LEASE_MS);
+    assert!(
+        waited <= fence_lease + Duration::from_secs(1),
+        "seed {seed} (killed at call {kill_at}): the write waited {waited:?}"
+    );
+    let again = tokio::time::Instant::now();
+    client
+        .write_at(&file, 0, &new[..3 * UNIT as usize])
+        .await
+        .expect("write");
+    assert!(
+        again.elapsed() < Duration::from_millis(200),
+        "seed {seed} (killed at call {kill_at}): a write after the fence's lease waited {:?}",
+        again.elapsed()
+    );
+    tokio::time::sleep(READY_LEASE).await;
+    let listed = client.snapshot_list().await.expect("list");
+    assert!(
+        listed.iter().all(|s| s.name != "nightly"),
+        "seed {seed} (killed at call {kill_at}): the half-made snapshot outlived its lease: \
+         {listed:?}"
+    );
+    client
+        .snapshot_create("nightly", "/")
+        .await
+        .unwrap_or_else(|e| {
+            panic!("seed {seed} (killed at call {kill_at}): a new snapshot of the name: {e}")
+        });
+    let mut newer = new.clone();
+    rng.fill(&mut newer[..]);
+    client.write_at(&file, 0, &newer).await.expect("write");
+    let handle = client.snapshot_open("nightly", "/f").await.expect("open");
+    let read = client.snapshot_read_at(&handle, 0, handle.size()).await;
+    assert!(
+        read.expect("read the snapshot") == new,
+        "seed {seed} (killed at call {kill_at}): the new snapshot does not read its moment"
+    );
+    assert_eq!(
+        client
+            .read_at(&file, 0, FILE_BYTES as u64)
+            .await
+            .expect("read"),
+        newer
+    );
+}
