@@ -112,6 +112,7 @@ pub use manager::{
     refuse_without_store, Manager, ManagerConfig, ManagerOpenError, HEARTBEAT_TIMEOUT_DEFAULT,
     ONCE_EXPIRY_DEFAULT, PATH_BYTES_MAX, PENDING_LEASE_DEFAULT,
 };
+pub use snapshot::SNAPSHOT_READY_LEASE_DEFAULT;
 
 #[cfg(test)]
 mod namespace_tests;

@@ -46,6 +46,9 @@ pub struct ManagerConfig {
     /// How long a replicated manager keeps the `once` answers of a client after its last
     /// change (see `command.rs`): longer than any client retries.
     pub once_expiry: Duration,
+    /// Time a snapshot may stay created and not ready (its taker died between the two)
+    /// before the manager removes it (`snapshot.rs`).
+    pub snapshot_ready_lease: Duration,
 }
 
 impl Default for ManagerConfig {
@@ -56,6 +59,7 @@ impl Default for ManagerConfig {
             cluster_id: None,
             links: crate::reservations::LinkCapacity::default(),
             once_expiry: ONCE_EXPIRY_DEFAULT,
+            snapshot_ready_lease: crate::snapshot::SNAPSHOT_READY_LEASE_DEFAULT,
         }
     }
 }
@@ -136,7 +140,7 @@ pub enum ManagerOpenError {
 /// pending file gets a whole lease from the first tick.
 pub struct Manager {
     pub(crate) db: Database,
-    config: ManagerConfig,
+    pub(crate) config: ManagerConfig,
     /// Where the store's file is, and which file it was when opened.
     store_file: StoreFile,
     /// Set once the store's file is found deleted or replaced: every later change is refused.
@@ -151,6 +155,9 @@ pub struct Manager {
     indebted: BTreeSet<ServerId>,
     /// Every pending file with the end of its lease (`None` until the first tick after open).
     pending: BTreeMap<FileId, Option<Instant>>,
+    /// Every snapshot created and not ready, with the end of its lease (`None` until the
+    /// first tick after open; see `snapshot.rs`).
+    pub(crate) incomplete: BTreeMap<String, Option<Instant>>,
     /// Copy of the `access_keys` table (see `keys.rs`).
     pub(crate) access_keys: BTreeMap<tessera_auth::KeyId, crate::keys::AccessKeyRecord>,
     /// Set when this manager is one replica of several: pending files are then expired only
@@ -216,21 +223,31 @@ impl Manager {
                     pending,
                 } = load(&db, config.cluster_id)?;
                 let access_keys = crate::keys::load(&db)?;
-                Ok((db, cluster, servers, indebted, pending, access_keys))
+                let incomplete = crate::snapshot::load_incomplete(&db)?;
+                Ok((
+                    db,
+                    cluster,
+                    servers,
+                    indebted,
+                    pending,
+                    access_keys,
+                    incomplete,
+                ))
             });
-        let (db, cluster, servers, indebted, pending, access_keys) = opened.map_err(|failure| {
-            let path = path.to_path_buf();
-            match failure {
-                Failure::Store(error) => ManagerOpenError::Store { path, error },
-                Failure::Codec(error) => ManagerOpenError::Corrupt { path, error },
-                Failure::UnknownFormat(found) => ManagerOpenError::UnknownFormat {
-                    path,
-                    found,
-                    expected: FORMAT_VERSION,
-                },
-                Failure::Refused(error) => unreachable!("opening refused a request: {error}"),
-            }
-        })?;
+        let (db, cluster, servers, indebted, pending, access_keys, incomplete) =
+            opened.map_err(|failure| {
+                let path = path.to_path_buf();
+                match failure {
+                    Failure::Store(error) => ManagerOpenError::Store { path, error },
+                    Failure::Codec(error) => ManagerOpenError::Corrupt { path, error },
+                    Failure::UnknownFormat(found) => ManagerOpenError::UnknownFormat {
+                        path,
+                        found,
+                        expected: FORMAT_VERSION,
+                    },
+                    Failure::Refused(error) => unreachable!("opening refused a request: {error}"),
+                }
+            })?;
         // Taken after opening, so it names the file the database really is.
         let store_file = StoreFile::identify(path).map_err(|error| ManagerOpenError::File {
             path: path.to_path_buf(),
@@ -247,6 +264,7 @@ impl Manager {
             heartbeats: BTreeMap::new(),
             indebted,
             pending: pending.into_iter().map(|file| (file, None)).collect(),
+            incomplete: incomplete.into_iter().map(|name| (name, None)).collect(),
             replica_key: None,
             decision: crate::command::Decision::default(),
             order_position: None,
@@ -402,7 +420,9 @@ impl Manager {
                 .release(id)
                 .map(|()| ManagerResponse::Done)
                 .map_err(Into::into),
-            ManagerRequest::SnapshotCreate { name, prefix } => self.snapshot_create(name, prefix),
+            ManagerRequest::SnapshotCreate { name, prefix } => {
+                self.snapshot_create(name, prefix, now)
+            }
             ManagerRequest::SnapshotReady { name } => self.snapshot_ready(name),
             ManagerRequest::SnapshotList { name } => self.snapshot_list(name),
             ManagerRequest::SnapshotRemove { name } => self.snapshot_remove(name),
@@ -433,6 +453,7 @@ impl Manager {
         for file in expired {
             self.expire_pending(file);
         }
+        self.expire_snapshots(now);
     }
 
     /// The pending files whose lease ended at or before `now` (a file seen for the first time
@@ -469,7 +490,8 @@ impl Manager {
             .min()
             .map(|last| *last + self.config.heartbeat_timeout);
         let lease = self.pending.values().flatten().min().copied();
-        heartbeat.into_iter().chain(lease).min()
+        let snapshot = self.incomplete.values().flatten().min().copied();
+        heartbeat.into_iter().chain(lease).chain(snapshot).min()
     }
 
     /// The server registered from the store `incarnation` at `addr`, if any.

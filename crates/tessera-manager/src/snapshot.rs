@@ -18,6 +18,20 @@
 //!                                               with their debts, so rebuild covers them)
 //! meta["snapshot_epoch_next"]                   the next epoch (from 1)
 //! ```
+//!
+//! **A snapshot never made ready expires.** Its taker died between `SnapshotCreate` and
+//! `SnapshotReady` (or froze there): the record would hold its name, and its files past their
+//! removal, for good. A single manager keeps, in memory, the end of a lease per snapshot not
+//! ready ([`SNAPSHOT_READY_LEASE_DEFAULT`] from its creation, or from the first tick after
+//! open), and its tick removes the snapshot when it ends, as `SnapshotRemove` does (files only
+//! it held are freed as orphans). A taker's `SnapshotReady` after that is refused
+//! (`NotFound`), so its creation fails rather than naming a snapshot that is gone; the lease is
+//! far above the taker's own bound (every begin within 2.4 s of its first fence). The servers'
+//! fences of that snapshot lapse by themselves (3 s); the copies they made for its epoch stay
+//! until the file is removed or a later snapshot's removal sweeps them (as after a
+//! `snapshot rm`), and the epoch stays begun there (correct for older snapshots, which read the
+//! copies of the smallest epoch at or above their own). A replicated manager does not expire
+//! them yet: that needs an ordered command, as pending files have (`command.rs`).
 
 use crate::manager::Change;
 use crate::store::{self, Failure};
@@ -38,6 +52,26 @@ const SNAPSHOT_RECORD_VERSION: u8 = 1;
 pub const SNAPSHOT_NAME_BYTES_MAX: usize = 255;
 /// Most files one snapshot holds: its record is one value in the store and one answer.
 pub const SNAPSHOT_FILES_MAX: usize = 16_384;
+/// Default time a snapshot may stay created and not ready before it is removed.
+pub const SNAPSHOT_READY_LEASE_DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The names of the snapshots not ready in the store (their leases start at the first tick).
+pub(crate) fn load_incomplete(db: &redb::Database) -> Result<Vec<String>, Failure> {
+    let txn = db.begin_read()?;
+    let table = match txn.open_table(SNAPSHOTS) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(error) => return Err(Failure::Store(error.into())),
+    };
+    let mut names = Vec::new();
+    for entry in table.iter()? {
+        let (name, record) = entry?;
+        if !decode(record.value())?.ready {
+            names.push(name.value().to_string());
+        }
+    }
+    Ok(names)
+}
 
 fn encode(info: &SnapshotInfo) -> Result<Vec<u8>, Failure> {
     Ok(postcard::to_allocvec(&(SNAPSHOT_RECORD_VERSION, info))?)
@@ -104,6 +138,7 @@ impl Manager {
         &mut self,
         name: String,
         prefix: String,
+        now: std::time::Instant,
     ) -> Result<ManagerResponse, Failure> {
         check_name(&name)?;
         let info = self.write(|change| {
@@ -136,6 +171,8 @@ impl Manager {
             put(change, &info)?;
             Ok(info)
         })?;
+        let lease_end = now + self.config.snapshot_ready_lease;
+        self.incomplete.insert(info.name.clone(), Some(lease_end));
         Ok(ManagerResponse::Snapshots(vec![info]))
     }
 
@@ -146,6 +183,7 @@ impl Manager {
             info.ready = true;
             put(change, &info)
         })?;
+        self.incomplete.remove(&name);
         Ok(ManagerResponse::Done)
     }
 
@@ -201,11 +239,38 @@ impl Manager {
             }
             Ok((info, live, freed))
         })?;
+        self.incomplete.remove(&name);
         Ok(ManagerResponse::SnapshotRemoved {
             snapshot,
             live,
             freed,
         })
+    }
+}
+
+impl Manager {
+    /// Removes every snapshot whose lease to become ready ended at or before `now` (a snapshot
+    /// seen for the first time since open gets a whole lease from `now`); one the store
+    /// cannot remove now is tried again at the next tick.
+    pub(crate) fn expire_snapshots(&mut self, now: std::time::Instant) {
+        let lease = self.config.snapshot_ready_lease;
+        let mut expired = Vec::new();
+        for (name, deadline) in self.incomplete.iter_mut() {
+            match deadline {
+                None => *deadline = Some(now + lease),
+                Some(end) if *end <= now => expired.push(name.clone()),
+                Some(_) => {}
+            }
+        }
+        for name in expired {
+            match self.snapshot_remove(name.clone()) {
+                Ok(_) => tracing::warn!("snapshot {name} was not made ready in time: removed"),
+                Err(Failure::Refused(_)) => {
+                    self.incomplete.remove(&name);
+                }
+                Err(_) => {}
+            }
+        }
     }
 }
 

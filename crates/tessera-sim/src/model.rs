@@ -64,6 +64,12 @@ impl FileModel {
         self.torn.contains(&stripe)
     }
 
+    /// Whether an unacknowledged write may have left any byte of `offset..offset+len` other
+    /// than as acknowledged.
+    pub fn may_differ(&self, offset: u64, len: u64) -> bool {
+        self.maybe.range(offset..offset + len).next().is_some()
+    }
+
     /// Stripes that may be torn.
     pub fn torn_stripes(&self) -> usize {
         self.torn.len()

@@ -68,8 +68,10 @@
 //! by a dead full-stripe writer that the resolver has not made whole yet, or a writer that
 //! takes that long) fails the snapshot (`WritesInFlight`; take it again). A lock whose lease
 //! has run out is broken by the fence, and an intent record left then (its writer died between
-//! data and parity) marks its parity span *lost* in the snapshot at the begin: a read of the
-//! snapshot never reconstructs from that parity (it reads as an error with a column of that
+//! data and parity) marks its parity span *torn* in the snapshot at the begin (the blocks
+//! are copied then, for the older snapshots, whose data did not hold that writer's bytes
+//! yet, and are lost for this one): a read of the snapshot never reconstructs from that
+//! parity (it reads as an error with a column of that
 //! stripe lost, as the live file would without its intent record). RAID-1 and Hybrid overflow
 //! writes take no lock or record and are not fenced: their copies are written at once, so a
 //! write running meanwhile may be in one copy and not the other; each byte of the snapshot
@@ -92,7 +94,8 @@
 //! ```text
 //! snap.journal          "TSSJ" + version u32 LE (SNAPSHOT_FORMAT_VERSION), then 40-byte
 //!                       records: tag u8 (1 begin, 2 copy), region u8 (0 data, 1 redundancy),
-//!                       kind u8 (0 bytes, 1 zeros, 2 lost), 5 zero bytes, epoch u64 LE,
+//!                       kind u8 (0 bytes, 1 zeros, 2 lost, 3 torn: bytes
+//!                       for older epochs, lost for its own), 5 zero bytes, epoch u64 LE,
 //!                       block_first u64 LE, block_count u64 LE, crc32c u32 LE of the 32
 //!                       bytes before it, 4 zero bytes
 //! snap.<E>.data         blocks copied for epoch E from the data file, at their own offsets
@@ -132,6 +135,11 @@ enum CopyKind {
     /// Its bytes failed their checksum when it was copied: the snapshot's block is lost here
     /// and reads as corrupt (the client reconstructs it).
     Lost,
+    /// Parity under an intent record when its epoch began (its writer died between data and
+    /// parity): its bytes are in the copy file and are the block as every *older* snapshot
+    /// holds it (their data did not have the dead writer's bytes yet), but for the snapshot
+    /// of this very epoch they match neither the old nor the new data, so it reads as corrupt.
+    Torn,
 }
 
 impl CopyKind {
@@ -140,6 +148,7 @@ impl CopyKind {
             CopyKind::Bytes => 0,
             CopyKind::Zeros => 1,
             CopyKind::Lost => 2,
+            CopyKind::Torn => 3,
         }
     }
 
@@ -148,6 +157,7 @@ impl CopyKind {
             0 => Some(CopyKind::Bytes),
             1 => Some(CopyKind::Zeros),
             2 => Some(CopyKind::Lost),
+            3 => Some(CopyKind::Torn),
             _ => None,
         }
     }
@@ -351,7 +361,7 @@ impl Snapshots {
         let blocks = self
             .copies
             .values()
-            .filter(|k| **k == CopyKind::Bytes)
+            .filter(|k| matches!(k, CopyKind::Bytes | CopyKind::Torn))
             .count();
         blocks as u64 * BLOCK_BYTES
     }
@@ -391,34 +401,56 @@ impl Snapshots {
         Ok((JOURNAL_NAME.to_string(), journal))
     }
 
-    /// Records that snapshot `epoch` began: later writes copy first. Returns the journal,
-    /// which the caller makes durable before answering. An epoch at or below the newest
-    /// begun changes nothing (a retry, or a snapshot taken at the same time as a newer one:
-    /// its copies are the newer one's, taken at a moment within its own taking).
+    /// Records that snapshot `epoch` began: later writes copy first. Returns the journal and
+    /// copy files written, which the caller makes durable before answering. An epoch at or
+    /// below the newest begun changes nothing (a retry, or a snapshot taken at the same time
+    /// as a newer one: its copies are the newer one's, taken at a moment within its own
+    /// taking).
     ///
     /// `torn` are redundancy-file byte ranges whose parity may not match the data (spans of
-    /// intent records left by writers that died): the snapshot's blocks there are recorded
-    /// lost, so a read of the snapshot never reconstructs from them.
+    /// intent records left by writers that died): their blocks are copied now, as older
+    /// snapshots hold them, and recorded [`CopyKind::Torn`], so that a read of this snapshot
+    /// never reconstructs from them. (Recording them lost for this epoch alone was not
+    /// enough: a read of an older snapshot takes the copy of the smallest epoch at or above
+    /// its own, which was then "lost" too, and the later parity write copied nothing.)
     pub(crate) fn begin(
         &mut self,
         epoch: u64,
         torn: &[(u64, u64)],
-    ) -> Result<Option<Written>, StorageError> {
+        live: &dyn Fn(u64, usize) -> Result<Vec<u8>, StorageError>,
+    ) -> Result<Vec<Written>, StorageError> {
         if epoch <= self.begun {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         let mut records = vec![Record::Begin { epoch }];
+        let mut written = Vec::new();
         for &(start, end) in torn {
             let first = start / BLOCK_BYTES;
-            records.push(Record::Copy {
-                region: Region::Redundancy,
-                kind: CopyKind::Lost,
-                epoch,
-                first,
-                count: end.div_ceil(BLOCK_BYTES).saturating_sub(first),
-            });
+            for block in first..end.div_ceil(BLOCK_BYTES) {
+                let kind = match live(block * BLOCK_BYTES, BLOCK_BYTES as usize) {
+                    Ok(bytes) => {
+                        let name = copy_name(epoch, Region::Redundancy);
+                        let copy = self.copy_file(epoch, Region::Redundancy)?;
+                        copy.write(block * BLOCK_BYTES, &bytes)?;
+                        written.push((name.clone(), Arc::clone(&copy.bytes)));
+                        written.push((format!("{name}.crc"), Arc::clone(&copy.crc)));
+                        CopyKind::Torn
+                    }
+                    Err(StorageError::Corrupt { .. }) => CopyKind::Lost,
+                    Err(error) => return Err(error),
+                };
+                records.push(Record::Copy {
+                    region: Region::Redundancy,
+                    kind,
+                    epoch,
+                    first: block,
+                    count: 1,
+                });
+            }
         }
-        self.append(&records).map(Some)
+        // The record follows the copy's bytes, as for a write's copies.
+        written.push(self.append(&records)?);
+        Ok(written)
     }
 
     /// The copy file of `epoch` for `region`, opened (and created) on first use.
@@ -586,6 +618,7 @@ impl Snapshots {
             let (at, bytes) = (block * BLOCK_BYTES, (count * BLOCK_BYTES) as usize);
             match (source, kind) {
                 (_, CopyKind::Lost) => return Err(corrupt(at)),
+                (copied, CopyKind::Torn) if copied == epoch => return Err(corrupt(at)),
                 (_, CopyKind::Zeros) => out.resize(out.len() + bytes, 0),
                 (0, _) => out.extend_from_slice(&live(at, bytes)?),
                 (copied, _) => {

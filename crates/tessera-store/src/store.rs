@@ -112,6 +112,24 @@ impl FileData {
         snap.preserve(region, offset, len, &live)
     }
 
+    /// Begins snapshot `epoch` of the file, its parity in the redundancy-file spans `torn`
+    /// copied and recorded torn (see `snapshot.rs`).
+    fn begin_snapshot(
+        &mut self,
+        epoch: u64,
+        torn: &[(u64, u64)],
+    ) -> Result<Vec<Written>, StorageError> {
+        let FileData {
+            data,
+            redundancy,
+            overflow,
+            snap,
+        } = self;
+        let region = Region::Redundancy;
+        let live = |at: u64, len: usize| newest(data, redundancy, overflow, region, at, len);
+        snap.begin(epoch, torn, &live)
+    }
+
     fn handle(&self, kind: FileKind) -> &FileHandle {
         match kind {
             FileKind::Data => &self.data.bytes,
@@ -640,8 +658,9 @@ impl Store {
             let torn = lock(&self.intents).spans_of(file);
             self.with_write(file, |state| {
                 let present = self.make_present(file, state)?;
-                if let Some(journal) = present.snap.begin(epoch, &torn)? {
-                    self.mark_snapshot_dirty(file, vec![journal]);
+                let written = present.begin_snapshot(epoch, &torn)?;
+                if !written.is_empty() {
+                    self.mark_snapshot_dirty(file, written);
                     lock(&self.dirty).dirs.insert(dir.clone());
                 }
                 Ok(())
