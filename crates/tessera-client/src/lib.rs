@@ -50,6 +50,7 @@ pub use snapshot::{SnapshotHandle, SnapshotRemoval};
 pub use tessera_auth::{
     format_access_key, parse_access_key, Claim, Credential, Key, KeyId, Secret,
 };
+pub use tessera_datagram::RadonConfig;
 pub use tessera_layout::COLUMN_BYTES_MAX;
 pub use tessera_layout::{Layout, Scheme};
 pub use tessera_transport::{CongestionKind, DatagramConfig, TransportKind};

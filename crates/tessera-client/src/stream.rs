@@ -12,7 +12,7 @@
 //! it earliest deadline first, ahead of best effort (`tessera_server::schedule`).
 
 use crate::{Client, ClientError, File};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 pub use tessera_datagram::Reservation;
 use tessera_wire::{ManagerRequest, ManagerResponse, Service};
@@ -136,7 +136,7 @@ impl Drop for Admission {
 }
 
 /// What a reserved stream did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamReport {
     /// Bytes moved.
     pub bytes: u64,

@@ -258,6 +258,19 @@ pub fn client_command(
     flags: &DaemonFlags,
     job: &ClientJob,
 ) -> Result<Cmd, LabError> {
+    client_command_on(topology, spec, transport, flags, job, CLIENT_HOST)
+}
+
+/// As [`client_command`], in the namespace of host `host`.
+pub fn client_command_on(
+    topology: &Topology,
+    spec: &ClusterSpec,
+    transport: Transport,
+    flags: &DaemonFlags,
+    job: &ClientJob,
+    host: &str,
+) -> Result<Cmd, LabError> {
+    topology.host(host)?;
     let job = serde_json::to_string(job).expect("jobs serialize");
     Ok(tessera(spec)
         .arg("lab-client")
@@ -265,7 +278,7 @@ pub fn client_command(
         .args(spec.client_args.iter().cloned())
         .args(["--manager".to_string(), manager_addr(topology)?.to_string()])
         .args(["--job".to_string(), job])
-        .in_namespace(&topology.namespace(CLIENT_HOST)))
+        .in_namespace(&topology.namespace(host)))
 }
 
 /// The run's cluster secret: the lab's client acts as the admin with it (no access key to
@@ -505,51 +518,152 @@ impl<'n> Cluster<'n> {
         transport: Transport,
         timeout: Duration,
     ) -> Result<ClientReport, LabError> {
+        let mut running = self.spawn_job(job, transport, CLIENT_HOST)?;
+        let status = wait_child(
+            &mut running.child,
+            timeout,
+            &self.cancel,
+            &format!("lab client job '{}'", job.kind()),
+        )?;
+        self.finish_job(running, status)
+    }
+
+    /// Run `jobs` at once, each on its host (a measurement client in that host's
+    /// namespace), over `transport`, calling `meanwhile` about every `every` until all have
+    /// exited (or `timeout`); returns each job's report or failure, in order.
+    pub fn run_jobs_on(
+        &mut self,
+        jobs: &[(String, ClientJob)],
+        transport: Transport,
+        timeout: Duration,
+        every: Duration,
+        meanwhile: &mut dyn FnMut() -> Result<(), LabError>,
+    ) -> Result<Vec<Result<ClientReport, LabError>>, LabError> {
+        let mut running = Vec::with_capacity(jobs.len());
+        for (host, job) in jobs {
+            running.push(Some(self.spawn_job(job, transport, host)?));
+        }
+        let mut statuses = vec![None; jobs.len()];
+        let start = Instant::now();
+        while statuses.iter().any(Option::is_none) {
+            self.cancel.check()?;
+            for (status, job) in statuses.iter_mut().zip(&mut running) {
+                if status.is_none() {
+                    let child = &mut job.as_mut().expect("running").child;
+                    *status = child
+                        .try_wait()
+                        .map_err(LabError::io("wait for a lab client job"))?;
+                }
+            }
+            if start.elapsed() >= timeout {
+                // Dropping the running jobs kills them.
+                return Err(LabError::Timeout {
+                    what: format!("{} lab client jobs", jobs.len()),
+                    seconds: timeout.as_secs_f64(),
+                });
+            }
+            meanwhile()?;
+            std::thread::sleep(every);
+        }
+        let mut reports = Vec::with_capacity(jobs.len());
+        for (job, status) in running.iter_mut().zip(statuses) {
+            let job = job.take().expect("each job finishes once");
+            reports.push(self.finish_job(job, status.expect("exited")));
+        }
+        Ok(reports)
+    }
+
+    /// Start `job` on `host`, its output going to files of the cluster's directory.
+    fn spawn_job(
+        &mut self,
+        job: &ClientJob,
+        transport: Transport,
+        host: &str,
+    ) -> Result<RunningJob, LabError> {
         self.jobs_run += 1;
-        let out_path = self
+        let out = self
             .dir
             .path()
             .join(format!("client-{}.out", self.jobs_run));
-        let err_path = self
+        let err = self
             .dir
             .path()
             .join(format!("client-{}.err", self.jobs_run));
         let create = |p: &Path| {
             std::fs::File::create(p).map_err(LabError::io(format!("create {}", p.display())))
         };
-        let command = client_command(
+        let command = client_command_on(
             self.network.topology(),
             &self.spec,
             transport,
             &self.client_flags,
             job,
+            host,
         )?
         .args(["--secret".to_string(), secret_file(self.dir.path())]);
-        let mut child = command.spawn(
-            Stdio::from(create(&out_path)?),
-            Stdio::from(create(&err_path)?),
-        )?;
-        let status = wait_child(
-            &mut child,
-            timeout,
-            &self.cancel,
-            &format!("lab client job '{}'", job.kind()),
-        )?;
+        let child = command.spawn(Stdio::from(create(&out)?), Stdio::from(create(&err)?))?;
+        Ok(RunningJob {
+            kind: job.kind(),
+            child: KillOnDrop(child),
+            out,
+            err,
+        })
+    }
+
+    /// The report of a job that exited with `status`.
+    fn finish_job(
+        &mut self,
+        job: RunningJob,
+        status: std::process::ExitStatus,
+    ) -> Result<ClientReport, LabError> {
         if !status.success() {
             // A daemon that died is the likelier cause; name it first.
             self.check_daemons()?;
             return Err(LabError::ClientFailed {
-                job: job.kind().into(),
+                job: job.kind.into(),
                 status: status.to_string(),
-                stderr: tail(&err_path),
+                stderr: tail(&job.err),
             });
         }
-        let out = std::fs::read_to_string(&out_path)
-            .map_err(LabError::io(format!("read {}", out_path.display())))?;
+        let out = std::fs::read_to_string(&job.out)
+            .map_err(LabError::io(format!("read {}", job.out.display())))?;
         serde_json::from_str(&out).map_err(|source| LabError::BadReport {
-            job: job.kind().into(),
+            job: job.kind.into(),
             source,
         })
+    }
+}
+
+/// A measurement client started and not yet reaped.
+struct RunningJob {
+    kind: &'static str,
+    child: KillOnDrop,
+    out: PathBuf,
+    err: PathBuf,
+}
+
+/// A child process killed and reaped when dropped, unless it has exited.
+struct KillOnDrop(Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }
 

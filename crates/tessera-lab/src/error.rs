@@ -126,6 +126,9 @@ pub enum LabError {
         /// The plotting library's message.
         reason: String,
     },
+    /// The measurement client could not make a client of the cluster (credentials, socket).
+    #[error("cannot connect to the cluster: {0}")]
+    Connect(String),
     /// The run was interrupted (Ctrl-C or SIGTERM) and torn down.
     #[error("interrupted; the lab network is torn down")]
     Interrupted,

@@ -124,6 +124,9 @@ pub enum ClientJob {
         /// The file.
         file: FileSpec,
     },
+    /// Write one rated stream ([`crate::stream`]); the binary runs it with
+    /// [`crate::stream::run`], which makes the clients the stream's pacing asks for.
+    Stream(crate::stream::StreamJob),
 }
 
 fn one_block() -> u32 {
@@ -139,6 +142,7 @@ impl ClientJob {
             ClientJob::Measure { .. } => "measure",
             ClientJob::SyncReads { .. } => "sync_reads",
             ClientJob::Check { .. } => "check",
+            ClientJob::Stream(_) => "stream",
         }
     }
 }
@@ -274,11 +278,17 @@ pub enum ClientReport {
         /// The read back.
         read: Sample,
     },
+    /// To [`ClientJob::Stream`].
+    Stream(crate::stream::StreamSample),
 }
 
-/// Do `job` with `client`.
+/// Do `job` with `client`; a [`ClientJob::Stream`] makes its own clients
+/// ([`crate::stream::run`]) and is refused here.
 pub async fn run(client: &Client, job: &ClientJob) -> Result<ClientReport, LabError> {
     match job {
+        ClientJob::Stream(_) => Err(LabError::Connect(
+            "a stream job makes its own clients (tessera_lab::stream::run)".into(),
+        )),
         ClientJob::WaitServers {
             up,
             down,

@@ -22,9 +22,11 @@
 //!   namespaces, and the machine's CPU time.
 //! - [`cluster`]: the daemons (`tessera manager`, `tessera server`) in their namespaces, and
 //!   jobs for the measurement client (`tessera lab-client`) in the client's.
-//! - [`job`]: what the measurement client does with [`tessera_client::Client`].
+//! - [`job`]: what the measurement client does with [`tessera_client::Client`]; [`stream`]:
+//!   one rated stream of `lab radon`.
 //! - [`results`]: tables (CSV, Markdown) and figures (PNG).
-//! - [`experiments`]: `check`, `calibrate`, `swift-window` and `incast`.
+//! - [`experiments`]: `check`, `calibrate`, `swift-window`, `incast`, `total-order` and
+//!   `radon`.
 //!
 //! A network, an echo across it and a TCP stream through its `tbf` ports (as root):
 //!
@@ -78,6 +80,7 @@ pub mod job;
 pub mod net;
 pub mod probe;
 pub mod results;
+pub mod stream;
 
 pub use cmd::Cancel;
 pub use error::LabError;

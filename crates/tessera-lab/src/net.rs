@@ -525,6 +525,25 @@ impl Network {
             .collect())
     }
 
+    /// The counters of the `tbf` of the switch port toward host `name` (its output queue).
+    pub fn port_stats(&self, name: &str) -> Result<TbfStats, LabError> {
+        self.topology.host(name)?;
+        let port = port_name(name);
+        let stats = Cmd::new("tc")
+            .args([
+                "-s",
+                "-n",
+                &self.topology.switch_namespace(),
+                "qdisc",
+                "show",
+            ])
+            // Not `dev PORT`: tc then leaves the device out of the qdisc's line.
+            .run()?;
+        Ok(parse_tbf_stats_by_device(&stats)
+            .remove(&port)
+            .unwrap_or_default())
+    }
+
     /// Frames dropped so far by the `tbf` on host `name`'s interface (a full transmit queue).
     pub fn nic_drops(&self, name: &str) -> Result<u64, LabError> {
         let stats = Cmd::new("tc")
@@ -602,7 +621,32 @@ pub fn parse_tbf_drops(stats: &str) -> u64 {
 
 /// The `dropped` count of each `tbf` qdisc in the output of `tc -s qdisc show`, by device.
 pub fn parse_tbf_drops_by_device(stats: &str) -> BTreeMap<String, u64> {
-    let mut drops = BTreeMap::new();
+    parse_tbf_stats_by_device(stats)
+        .into_iter()
+        .map(|(device, stats)| (device, stats.dropped))
+        .collect()
+}
+
+/// One `tbf` qdisc's counters, as `tc -s qdisc show` prints them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TbfStats {
+    /// Packets sent so far.
+    pub sent_packets: u64,
+    /// Packets dropped so far (a full queue).
+    pub dropped: u64,
+    /// Bytes in the queue now.
+    pub backlog_bytes: u64,
+    /// Packets in the queue now.
+    pub backlog_packets: u64,
+}
+
+/// The counters of each `tbf` qdisc in the output of `tc -s qdisc show`, by device.
+pub fn parse_tbf_stats_by_device(stats: &str) -> BTreeMap<String, TbfStats> {
+    let number = |text: &str| -> u64 {
+        let digits: String = text.chars().take_while(|c| c.is_ascii_digit()).collect();
+        digits.parse().unwrap_or(0)
+    };
+    let mut out = BTreeMap::new();
     let mut device: Option<String> = None;
     for line in stats.lines() {
         if line.starts_with("qdisc ") {
@@ -614,15 +658,24 @@ pub fn parse_tbf_drops_by_device(stats: &str) -> BTreeMap<String, u64> {
                     words.next().map(str::to_string)
                 })
                 .flatten();
-        } else if let Some(dev) = &device {
-            if let Some(rest) = line.split("(dropped ").nth(1) {
-                let count: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
-                *drops.entry(dev.clone()).or_insert(0) += count.parse::<u64>().unwrap_or(0);
-                device = None;
+            continue;
+        }
+        let Some(dev) = &device else { continue };
+        let entry: &mut TbfStats = out.entry(dev.clone()).or_default();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["Sent", _, "bytes", packets, "pkt", rest @ ..] => {
+                entry.sent_packets = number(packets);
+                entry.dropped = rest.get(1).map_or(0, |d| number(d));
             }
+            ["backlog", bytes, packets, ..] => {
+                entry.backlog_bytes = number(bytes);
+                entry.backlog_packets = number(packets);
+            }
+            _ => {}
         }
     }
-    drops
+    out
 }
 
 /// The lab's subnet as `ip route` shows it: `10.77.0.0/24`.
@@ -918,6 +971,21 @@ qdisc tbf 8002: dev p-s1 root refcnt 3 rate 1Gbit burst 12112b lat 262us \n Sent
         );
         assert_eq!(drops.values().sum::<u64>(), parse_tbf_drops(stats));
         assert!(parse_tbf_drops_by_device("").is_empty());
+    }
+
+    #[test]
+    fn tbf_backlog_and_sent_packets_are_read_by_port() {
+        let stats = "qdisc tbf 8002: dev p-s1 root refcnt 3 rate 200Mbit burst 25000b lat 9.6ms \n Sent 151400 bytes 100 pkt (dropped 4, overlimits 40 requeues 0) \n backlog 4542b 3p requeues 0\n";
+        let parsed = parse_tbf_stats_by_device(stats);
+        assert_eq!(
+            parsed["p-s1"],
+            TbfStats {
+                sent_packets: 100,
+                dropped: 4,
+                backlog_bytes: 4542,
+                backlog_packets: 3,
+            }
+        );
     }
 
     #[test]

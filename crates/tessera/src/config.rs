@@ -21,6 +21,9 @@ pub struct Config {
     pub key: Option<String>,
     /// `--secret FILE`, if given.
     pub secret: Option<PathBuf>,
+    /// Radon's pacing of every datagram session, with this link rate in bytes/s (no flag:
+    /// `tessera lab-client` sets it for the streams of `lab radon` that ask for it).
+    pub radon_link_bytes_per_s: Option<u64>,
 }
 
 impl Config {
@@ -57,6 +60,12 @@ impl Config {
             Some(n) => Some(n),
             None => Some(tessera_client::RECEIVE_BUDGET_PACKETS),
         };
+        config.radon =
+            self.radon_link_bytes_per_s
+                .map(|link_bytes_per_s| tessera_client::RadonConfig {
+                    link_bytes_per_s,
+                    ..tessera_client::RadonConfig::default()
+                });
         config
     }
 

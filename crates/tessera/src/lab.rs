@@ -7,7 +7,8 @@
 //! each of its lines picks the transport. The global `--receive-budget` goes to `lab-client`
 //! (the datagram transport's client side). Link settings left out take each experiment's
 //! defaults (`incast` measures at 1 Gbit/s with 32 KiB switch buffers, the others at
-//! 200 Mbit/s with 128 frames).
+//! 200 Mbit/s with 128 frames). `radon`'s streams pick their own pacing per line
+//! (`lab-client` reads it from the job).
 
 use crate::config::Config as Flags;
 use anyhow::{bail, Context, Result};
@@ -19,10 +20,11 @@ use tessera_lab::cluster::Transport;
 use tessera_lab::experiments::calibrate::{self, CalibrateConfig};
 use tessera_lab::experiments::check::{self, CheckConfig};
 use tessera_lab::experiments::incast::{self, IncastConfig, Line};
+use tessera_lab::experiments::radon::{self, RadonLabConfig};
 use tessera_lab::experiments::swift_window::{self, SwiftWindowConfig};
 use tessera_lab::experiments::total_order::{self, TotalOrderConfig};
 use tessera_lab::experiments::LabConfig;
-use tessera_lab::job::ClientJob;
+use tessera_lab::job::{ClientJob, ClientReport};
 use tessera_lab::net::{self, Buffer, LinkSpec, Rate};
 use tessera_lab::Cancel;
 
@@ -55,6 +57,18 @@ enum Experiment {
     /// TCP incast: goodput of synchronized reads from 1 to 64 servers through one switch
     /// port, over TCP, TCP with rto_min 1 ms and Tessera's transport.
     Incast(IncastArgs),
+    /// Radon's experiments (issue 18): six writers into one server's switch port, punctuated,
+    /// fairshare and unfair, as constant-rate senders, Radon, and Tessera (admission control).
+    Radon {
+        /// 2 s runs of 250 ms periods: about a minute and a half.
+        #[arg(long)]
+        quick: bool,
+        /// An extra flag for the measurement clients (repeat for more).
+        #[arg(long, allow_hyphen_values = true)]
+        client_arg: Vec<String>,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Total order through two switches joined by one link (issue 16): tessera-order over
     /// multicast beside a raw multicast UDP stream, throughput and PO/UTO latency.
     TotalOrder {
@@ -273,6 +287,20 @@ pub async fn run(config: &Flags, args: LabArgs) -> Result<()> {
             config.group()?;
             (common, Config::TotalOrder(config))
         }
+        Experiment::Radon {
+            quick,
+            client_arg,
+            common,
+        } => {
+            let mut radon = if quick {
+                RadonLabConfig::quick()
+            } else {
+                RadonLabConfig::full()
+            };
+            radon.server_args = common.server_arg.clone();
+            radon.client_args = client_args(config, &client_arg);
+            (common, Config::Radon(radon))
+        }
         Experiment::SwiftWindow(args) => {
             let swift = swift_window_config(config, &args)?;
             (args.common, Config::SwiftWindow(swift))
@@ -331,6 +359,7 @@ enum Config {
     SwiftWindow(SwiftWindowConfig),
     Incast(IncastConfig),
     TotalOrder(TotalOrderConfig),
+    Radon(RadonLabConfig),
 }
 
 impl Config {
@@ -339,7 +368,7 @@ impl Config {
         match self {
             Config::Incast(_) => IncastConfig::link_defaults(),
             Config::TotalOrder(_) => LinkSpec::new(Rate::mbit(1000)),
-            Config::Check(_) | Config::Calibrate(_) | Config::SwiftWindow(_) => {
+            Config::Check(_) | Config::Calibrate(_) | Config::SwiftWindow(_) | Config::Radon(_) => {
                 LinkSpec::new(Rate::mbit(200))
             }
         }
@@ -498,6 +527,12 @@ fn run_experiment(lab: &LabConfig, experiment: Config) -> Result<Vec<PathBuf>> {
             print_markdown(&paths);
             paths
         }
+        Config::Radon(config) => {
+            let (report, paths) = radon::run(lab, &config)?;
+            eprintln!("lab: radon took {:.0} s", report.duration_s);
+            print_markdown(&paths);
+            paths
+        }
         Config::SwiftWindow(config) => {
             let (report, paths) = swift_window::run(lab, &config)?;
             eprintln!("lab: swift-window took {:.0} s", report.duration_s);
@@ -542,8 +577,24 @@ fn watch_signals(cancel: Cancel) -> Result<()> {
 pub async fn client(config: &Flags, args: LabClientArgs) -> Result<()> {
     let job: ClientJob = serde_json::from_str(&args.job).context("bad --job")?;
     let config = config.for_cluster(args.manager.to_string());
-    let client = crate::commands::connect(&config)?;
-    let report = tessera_lab::job::run(&client, &job).await?;
+    let report = match &job {
+        ClientJob::Stream(stream) => {
+            // A stream's clients pace as its line says: reserved or not, Radon or not.
+            let config = crate::config::Config {
+                radon_link_bytes_per_s: stream.radon_link_bytes_per_s(),
+                ..config
+            };
+            let connect = |reservation| {
+                crate::commands::connect_reserved(&config, reservation)
+                    .map_err(|e| tessera_lab::LabError::Connect(format!("{e:#}")))
+            };
+            ClientReport::Stream(tessera_lab::stream::run(stream, &connect).await?)
+        }
+        _ => {
+            let client = crate::commands::connect(&config)?;
+            tessera_lab::job::run(&client, &job).await?
+        }
+    };
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

@@ -529,6 +529,7 @@ async fn run(cli: Cli) -> Result<()> {
         receive_budget: cli.receive_budget,
         key: cli.key,
         secret: cli.secret,
+        radon_link_bytes_per_s: None,
     };
     let config = &config;
     match cli.command {

@@ -7,12 +7,15 @@
 //! - [`swift_window`]: Swift/RAID's figures 2–5 (Fullmer, Long, Cabrera 1995).
 //! - [`incast`]: TCP incast (Phanishayee et al.): synchronized reads from 1 to 64 servers
 //!   through one switch port, over TCP, TCP with a 1 ms minimum RTO, and Tessera.
+//! - [`radon`]: Shewmaker's Radon experiments (punctuated, fairshare, unfair): six streams into
+//!   one switch port, constant-rate, Radon and Tessera (admission control) lines.
 //! - [`total_order`]: Greenman's two-switch testbed with `tessera-order` over multicast, beside
 //!   a raw multicast UDP stream through the same switches.
 
 pub mod calibrate;
 pub mod check;
 pub mod incast;
+pub mod radon;
 pub mod swift_window;
 pub mod total_order;
 

@@ -1,0 +1,1095 @@
+//! `tessera lab radon`: the experiments of Shewmaker's Radon ("Investigating efficient
+//! real-time performance guarantees on storage networks", UCSC 2009) on the lab's testbed.
+//!
+//! Six writer clients, each on a host of its own, write one file each into one server: their
+//! streams meet in the switch port toward the server. Three experiments set their rates as
+//! shares of what that port carries in payload (the paper's Mbit/s over its 1 Gbit/s link):
+//! *punctuated* (one stream at 0.749 for the whole run, five short ones of 500 packets at
+//! 0.251, one after another), *fairshare* (six at 0.166) and *unfair* (0.5, 0.25, 0.125,
+//! 0.0625, 0.03125, 0.03125). Each runs in three lines ([`Line`]): constant-rate senders,
+//! Radon as the paper has it, and Tessera (Radon with the manager's admission control and
+//! the server's deadline-ordered service). Per stream: received rate, packets retransmitted,
+//! deadlines met; per run: the port's queue (`tc -s`, sampled) and its drops.
+
+use super::{calibrate, Calibration, LabConfig, Testbed};
+use crate::cluster::{Cluster, ClusterSpec, Transport};
+use crate::job::{ClientJob, ClientReport};
+use crate::net::{Network, Rate, RunPrefix, Topology, FRAME_BYTES_MAX, MANAGER_HOST};
+use crate::results::{self, Cell, Figure, LinePanel, LineSeries, Panel, Table, XScale};
+use crate::stream::{AdmissionOutcome, StreamJob, StreamPacing, StreamSample};
+use crate::LabError;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Writer clients (the paper's six streams), on hosts `c1`..`c6`.
+pub const STREAMS: usize = 6;
+/// The one server, whose switch port the streams meet in.
+pub const SERVER_HOST: &str = "s1";
+/// Payload bytes of a full-size frame: 1500 bytes of IP less the IP, UDP and datagram
+/// headers (20 + 8 + 44).
+pub const PAYLOAD_BYTES_PER_FRAME: u64 = 1428;
+/// Packets of each short stream of the punctuated experiment (the paper's 500).
+pub const SHORT_STREAM_PACKETS: u64 = 500;
+/// The manager admits reservations up to this share of a link (its default).
+pub const RESERVABLE_SHARE: f64 = 0.9;
+/// How often the port's queue is sampled.
+const QUEUE_SAMPLE_EVERY: Duration = Duration::from_millis(10);
+/// Streams ask the manager for admission this far apart, stream 1 first, so that which ones
+/// do not fit is the same in every run.
+const ADMISSION_STAGGER_US: u64 = 50_000;
+
+/// The targets, from the issue.
+pub const RATE_TARGET: f64 = 0.97;
+/// Loss allowed the punctuated run's long stream, percent of its packets.
+pub const PUNCTUATED_LOSS_PERCENT_MAX: f64 = 0.5;
+/// Loss allowed every admitted stream otherwise, percent.
+pub const LOSS_PERCENT_MAX: f64 = 0.1;
+/// Deadlines the punctuated run's long stream must meet, percent.
+pub const DEADLINES_PERCENT_MIN: f64 = 99.0;
+/// Jain's fairness index of the fairshare run.
+pub const JAIN_MIN: f64 = 0.99;
+/// A short stream of the punctuated run must get this share of what the long one leaves.
+pub const SHORT_STREAM_SHARE_OF_REST_MIN: f64 = 0.8;
+
+/// One of the paper's experiments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Experiment {
+    /// One stream at 0.749 the whole run, five short ones at 0.251 interrupting it in turn.
+    Punctuated,
+    /// Six at 0.166.
+    Fairshare,
+    /// 0.5, 0.25, 0.125, 0.0625, 0.03125, 0.03125.
+    Unfair,
+}
+
+impl Experiment {
+    /// All three, in the paper's order.
+    pub const ALL: [Experiment; 3] = [
+        Experiment::Punctuated,
+        Experiment::Fairshare,
+        Experiment::Unfair,
+    ];
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Experiment::Punctuated => "punctuated",
+            Experiment::Fairshare => "fairshare",
+            Experiment::Unfair => "unfair",
+        }
+    }
+
+    /// Each stream's share of the port's payload capacity.
+    pub fn shares(self) -> [f64; STREAMS] {
+        match self {
+            Experiment::Punctuated => [0.749, 0.251, 0.251, 0.251, 0.251, 0.251],
+            Experiment::Fairshare => [0.166; STREAMS],
+            Experiment::Unfair => [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.03125],
+        }
+    }
+
+    /// The paper's results per stream: (received Mbit/s, % lost) for its constant and its
+    /// adaptive streams, against targets in Mbit/s of a 1 Gbit/s link (1000 x the share).
+    pub fn paper(self) -> [((f64, f64), (f64, f64)); STREAMS] {
+        match self {
+            Experiment::Punctuated => [
+                ((565.5, 24.0), (725.2, 2.5)),
+                ((245.5, 3.8), (1.5, 0.2)),
+                ((244.2, 4.4), (1.5, 0.2)),
+                ((244.2, 4.6), (1.5, 0.2)),
+                ((240.8, 4.4), (1.5, 0.2)),
+                ((238.9, 3.8), (1.5, 0.2)),
+            ],
+            Experiment::Fairshare => [
+                ((158.40, 3.00), (161.84, 0.81)),
+                ((162.57, 0.39), (162.71, 0.35)),
+                ((163.08, 0.10), (163.02, 0.04)),
+                ((163.16, 0.06), (163.06, 0.08)),
+                ((163.06, 0.08), (163.14, 0.06)),
+                ((163.13, 0.04), (163.02, 0.06)),
+            ],
+            Experiment::Unfair => [
+                ((305.62, 38.0), (318.66, 35.0)),
+                ((239.65, 2.3), (240.28, 2.0)),
+                ((122.68, 0.1), (122.82, 0.0)),
+                ((61.36, 0.1), (61.40, 0.0)),
+                ((30.73, 0.0), (30.73, 0.0)),
+                ((30.64, 0.2), (30.71, 0.0)),
+            ],
+        }
+    }
+}
+
+/// One way to send the streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Line {
+    /// Every stream paced at its target within each millisecond, no adaptation, no
+    /// admission (the paper's "constant").
+    Constant,
+    /// Radon as the paper has it: every stream reserved at its target (percent budget over
+    /// its period), the endpoints paced by Radon; no admission.
+    Radon,
+    /// Radon, the manager's admission control (refused streams run best effort and back off
+    /// on the queue) and the server's deadline-ordered service.
+    Tessera,
+}
+
+impl Line {
+    /// All three.
+    pub const ALL: [Line; 3] = [Line::Constant, Line::Radon, Line::Tessera];
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Line::Constant => "constant",
+            Line::Radon => "radon",
+            Line::Tessera => "tessera",
+        }
+    }
+
+    /// How its streams' sessions send.
+    pub fn pacing(self) -> StreamPacing {
+        match self {
+            Line::Constant => StreamPacing::Constant,
+            Line::Radon => StreamPacing::Radon,
+            Line::Tessera => StreamPacing::Admitted,
+        }
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RadonLabConfig {
+    /// The reduced run.
+    pub quick: bool,
+    /// The experiments.
+    pub experiments: Vec<Experiment>,
+    /// The lines.
+    pub lines: Vec<Line>,
+    /// How long the long streams write, seconds.
+    pub duration_s: f64,
+    /// The streams' period (their deadlines), µs.
+    pub period_us: u64,
+    /// Bins of the received-rate plot, seconds.
+    pub bin_s: f64,
+    /// Time the clients get to connect, create their files and be admitted before the
+    /// streams start, seconds.
+    pub setup_s: f64,
+    /// Extra flags for the server.
+    pub server_args: Vec<String>,
+    /// Extra flags for the measurement clients.
+    pub client_args: Vec<String>,
+}
+
+impl RadonLabConfig {
+    /// Three experiments, three lines, 10 s each with the paper's 1 s period.
+    pub fn full() -> RadonLabConfig {
+        RadonLabConfig {
+            quick: false,
+            experiments: Experiment::ALL.to_vec(),
+            lines: Line::ALL.to_vec(),
+            duration_s: 10.0,
+            period_us: 1_000_000,
+            bin_s: 0.5,
+            setup_s: 3.0,
+            server_args: Vec::new(),
+            client_args: Vec::new(),
+        }
+    }
+
+    /// The same in 2 s runs of 250 ms periods: about a minute and a half.
+    pub fn quick() -> RadonLabConfig {
+        RadonLabConfig {
+            quick: true,
+            duration_s: 2.0,
+            period_us: 250_000,
+            bin_s: 0.25,
+            setup_s: 2.5,
+            ..RadonLabConfig::full()
+        }
+    }
+}
+
+/// Payload bytes per second the port toward the server carries at `rate`.
+pub fn payload_capacity(rate: Rate) -> f64 {
+    rate.bytes_per_s() * PAYLOAD_BYTES_PER_FRAME as f64 / FRAME_BYTES_MAX as f64
+}
+
+/// The host of writer `index` (0-based).
+pub fn writer_host(index: usize) -> String {
+    format!("c{}", index + 1)
+}
+
+/// One stream's plan: its rate, when it starts (s after the run's start) and its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct StreamPlan {
+    /// Share of the port's payload capacity.
+    pub share: f64,
+    /// Target, payload bytes/s.
+    pub rate_bytes_per_s: u64,
+    /// Start, seconds after the run's.
+    pub start_s: f64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// The streams of `experiment` at `capacity` payload bytes/s for `duration_s`: the
+/// punctuated run's short streams start at 1/7, 2/7, ... 5/7 of it.
+pub fn plan(experiment: Experiment, capacity: f64, duration_s: f64) -> Vec<StreamPlan> {
+    experiment
+        .shares()
+        .iter()
+        .enumerate()
+        .map(|(index, &share)| {
+            let rate = share * capacity;
+            let short = experiment == Experiment::Punctuated && index > 0;
+            StreamPlan {
+                share,
+                rate_bytes_per_s: rate as u64,
+                start_s: if short {
+                    duration_s * index as f64 / 7.0
+                } else {
+                    0.0
+                },
+                bytes: if short {
+                    SHORT_STREAM_PACKETS * PAYLOAD_BYTES_PER_FRAME
+                } else {
+                    (rate * duration_s) as u64
+                },
+            }
+        })
+        .collect()
+}
+
+/// What one stream of a run did.
+#[derive(Debug, Clone, Serialize)]
+pub struct StreamResult {
+    /// 1 to 6.
+    pub stream: usize,
+    /// Its plan.
+    pub plan: StreamPlan,
+    /// Payload bytes/s from its start to its last byte acknowledged.
+    pub received_bytes_per_s: f64,
+    /// Over the target.
+    pub fraction_of_target: f64,
+    /// DATA packets retransmitted over DATA packets sent, percent.
+    pub retransmitted_percent: f64,
+    /// Periods whose bytes were done by their deadline, percent.
+    pub deadlines_met_percent: f64,
+    /// The client's report.
+    pub sample: StreamSample,
+}
+
+/// The port's queue at one moment.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct QueueSample {
+    /// Seconds after the run's start.
+    pub at_s: f64,
+    /// Frames queued.
+    pub packets: u64,
+    /// Bytes queued.
+    pub bytes: u64,
+}
+
+/// One experiment in one line.
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    /// The experiment.
+    pub experiment: Experiment,
+    /// The line.
+    pub line: Line,
+    /// Its streams; empty if it failed.
+    pub streams: Vec<StreamResult>,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
+    /// Frames the port toward the server sent and dropped during the run.
+    pub port_sent: u64,
+    /// See `port_sent`.
+    pub port_dropped: u64,
+    /// The port's queue, sampled.
+    pub queue: Vec<QueueSample>,
+    /// Jain's fairness index of the streams' fractions of their targets.
+    pub jain: Option<f64>,
+}
+
+/// One target, and whether the data meets it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    /// What is wanted.
+    pub goal: String,
+    /// What was measured.
+    pub measured: String,
+    /// Met or not; `None` when the data cannot tell.
+    pub pass: Option<bool>,
+}
+
+/// The whole result.
+#[derive(Debug, Clone, Serialize)]
+pub struct RadonReport {
+    /// "radon".
+    pub experiment: &'static str,
+    /// Version of this report's format.
+    pub version: u32,
+    /// When it started.
+    pub started_unix_s: u64,
+    /// How long it took.
+    pub duration_s: f64,
+    /// The testbed.
+    pub testbed: Testbed,
+    /// The raw TCP stream through the links.
+    pub calibration: Calibration,
+    /// Payload bytes/s of the port toward the server: what the shares are of.
+    pub payload_capacity_bytes_per_s: f64,
+    /// What was run.
+    pub config: RadonLabConfig,
+    /// The runs.
+    pub runs: Vec<Run>,
+    /// The targets.
+    pub targets: Vec<Target>,
+}
+
+/// Run it; writes `DIR/radon.{json,csv,md,png}`.
+pub fn run(
+    lab: &LabConfig,
+    config: &RadonLabConfig,
+) -> Result<(RadonReport, Vec<PathBuf>), LabError> {
+    let start = Instant::now();
+    let started_unix_s = super::unix_time_s();
+    let mut names = vec![MANAGER_HOST.to_string(), "cli".into(), SERVER_HOST.into()];
+    names.extend((0..STREAMS).map(writer_host));
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let topology = Topology::new(RunPrefix::new(), &names, lab.link)?;
+    lab.say(&format!(
+        "building the network: manager, server, {STREAMS} writers, links {}, switch buffer {}",
+        lab.link.rate, lab.link.switch_buffer
+    ));
+    let network = Network::build(topology)?;
+    let seconds = if config.quick { 0.5 } else { 2.0 };
+    let calibration = calibrate(&network, &lab.link, "c1", SERVER_HOST, seconds, &lab.cancel)?;
+    lab.say(&calibration.markdown());
+    let mut spec = ClusterSpec::new(lab.exe.clone(), 1, Transport::Adaptive);
+    // Admission control counts against the server's link at the lab's rate.
+    spec.manager_args = vec![
+        "--link-rate".into(),
+        format!("{}B/s", lab.link.rate.bits_per_s / 8),
+    ];
+    spec.server_args = config.server_args.clone();
+    spec.client_args = config.client_args.clone();
+    let mut cluster = Cluster::start(&network, spec, &lab.cancel)?;
+    let mut runs = Vec::new();
+    for &experiment in &config.experiments {
+        for &line in &config.lines {
+            lab.cancel.check()?;
+            let run = run_one(lab, config, &network, &mut cluster, experiment, line)?;
+            lab.say(&brief(&run));
+            runs.push(run);
+        }
+    }
+    drop(cluster);
+    network.teardown()?;
+    let capacity = payload_capacity(lab.link.rate);
+    let report = RadonReport {
+        experiment: "radon",
+        version: 1,
+        started_unix_s,
+        duration_s: start.elapsed().as_secs_f64(),
+        testbed: Testbed::describe(lab),
+        calibration,
+        payload_capacity_bytes_per_s: capacity,
+        config: config.clone(),
+        targets: targets(&runs, lab.link.rate),
+        runs,
+    };
+    let paths = results::write_outputs(
+        &lab.out_dir,
+        "radon",
+        &report,
+        &table(&report),
+        &preamble(&report),
+        &figure(&report),
+    )?;
+    Ok((report, paths))
+}
+
+/// The six streams' jobs for one run starting at `start_unix_us`.
+fn jobs(
+    lab: &LabConfig,
+    config: &RadonLabConfig,
+    experiment: Experiment,
+    line: Line,
+    plans: &[StreamPlan],
+    start_unix_us: u64,
+) -> Vec<(String, ClientJob)> {
+    let admit_from = start_unix_us - (config.setup_s * 0.4 * 1e6) as u64;
+    plans
+        .iter()
+        .enumerate()
+        .map(|(index, plan)| {
+            let job = StreamJob {
+                path: format!(
+                    "lab/radon-{}-{}-{}",
+                    experiment.name(),
+                    line.name(),
+                    index + 1
+                ),
+                bytes: plan.bytes,
+                rate_bytes_per_s: plan.rate_bytes_per_s,
+                period_us: config.period_us,
+                pacing: line.pacing(),
+                link_bytes_per_s: lab.link.rate.bits_per_s / 8,
+                admit_unix_us: admit_from + index as u64 * ADMISSION_STAGGER_US,
+                start_unix_us: start_unix_us + (plan.start_s * 1e6) as u64,
+            };
+            (writer_host(index), ClientJob::Stream(job))
+        })
+        .collect()
+}
+
+fn unix_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// One experiment in one line: the six writers at once, the port sampled meanwhile.
+fn run_one(
+    lab: &LabConfig,
+    config: &RadonLabConfig,
+    network: &Network,
+    cluster: &mut Cluster<'_>,
+    experiment: Experiment,
+    line: Line,
+) -> Result<Run, LabError> {
+    let plans = plan(
+        experiment,
+        payload_capacity(lab.link.rate),
+        config.duration_s,
+    );
+    let start_unix_us = unix_us() + (config.setup_s * 1e6) as u64;
+    let jobs = jobs(lab, config, experiment, line, &plans, start_unix_us);
+    let before = network.port_stats(SERVER_HOST)?;
+    let mut queue = Vec::new();
+    let mut sample = || {
+        let stats = network.port_stats(SERVER_HOST)?;
+        queue.push(QueueSample {
+            at_s: (unix_us() as f64 - start_unix_us as f64) / 1e6,
+            packets: stats.backlog_packets,
+            bytes: stats.backlog_bytes,
+        });
+        Ok(())
+    };
+    // The streams, with room for a slow start and for best effort to finish.
+    let timeout = Duration::from_secs_f64(config.setup_s + 4.0 * config.duration_s + 30.0);
+    let reports = cluster.run_jobs_on(
+        &jobs,
+        Transport::Adaptive,
+        timeout,
+        QUEUE_SAMPLE_EVERY,
+        &mut sample,
+    )?;
+    let after = network.port_stats(SERVER_HOST)?;
+    let mut streams = Vec::new();
+    let mut error = None;
+    for (index, (report, plan)) in reports.into_iter().zip(&plans).enumerate() {
+        match report {
+            Ok(ClientReport::Stream(sample)) => streams.push(stream_result(index, plan, sample)),
+            Ok(_) => error = Some(format!("stream {}: a report of another kind", index + 1)),
+            Err(e) => error = Some(format!("stream {}: {e}", index + 1)),
+        }
+    }
+    if error.is_some() {
+        streams.clear();
+    }
+    let jain = (!streams.is_empty()).then(|| jain_index(&streams));
+    Ok(Run {
+        experiment,
+        line,
+        streams,
+        error,
+        port_sent: after.sent_packets.saturating_sub(before.sent_packets),
+        port_dropped: after.dropped.saturating_sub(before.dropped),
+        queue: queue.into_iter().filter(|q| q.at_s >= -0.5).collect(),
+        jain,
+    })
+}
+
+fn stream_result(index: usize, plan: &StreamPlan, sample: StreamSample) -> StreamResult {
+    let last_us = sample.done.iter().map(|(at, _)| *at).max().unwrap_or(0);
+    let bytes: u64 = sample.done.iter().map(|(_, b)| b).sum();
+    // Chunks are timed from the stream's own start (its job's start time).
+    let seconds = last_us.max(1) as f64 / 1e6;
+    let received = bytes as f64 / seconds;
+    let report = &sample.ledger;
+    StreamResult {
+        stream: index + 1,
+        plan: *plan,
+        received_bytes_per_s: received,
+        fraction_of_target: received / plan.rate_bytes_per_s.max(1) as f64,
+        retransmitted_percent: 100.0 * sample.retransmissions as f64
+            / sample.data_packets_sent.max(1) as f64,
+        deadlines_met_percent: 100.0 * report.deadlines_met as f64 / report.periods.max(1) as f64,
+        sample,
+    }
+}
+
+/// Jain's fairness index of the streams' fractions of their targets.
+pub fn jain_index(streams: &[StreamResult]) -> f64 {
+    let x: Vec<f64> = streams.iter().map(|s| s.fraction_of_target).collect();
+    let sum: f64 = x.iter().sum();
+    let squares: f64 = x.iter().map(|v| v * v).sum();
+    sum * sum / (x.len() as f64 * squares.max(f64::MIN_POSITIVE))
+}
+
+/// The streams the manager should admit, in the order they ask: those that still fit in
+/// the reservable share of the server's link beside the ones admitted before.
+pub fn expected_admissions(plans: &[StreamPlan], link: Rate) -> Vec<bool> {
+    let reservable = RESERVABLE_SHARE * link.bytes_per_s();
+    let mut admitted = 0u64;
+    plans
+        .iter()
+        .map(|plan| {
+            let fits = (admitted + plan.rate_bytes_per_s) as f64 <= reservable;
+            if fits {
+                admitted += plan.rate_bytes_per_s;
+            }
+            fits
+        })
+        .collect()
+}
+
+fn brief(run: &Run) -> String {
+    let mut out = format!(
+        "{} {}: port sent {} dropped {}",
+        run.experiment.name(),
+        run.line.name(),
+        run.port_sent,
+        run.port_dropped
+    );
+    if let Some(e) = &run.error {
+        out += &format!(", failed: {e}");
+    }
+    for s in &run.streams {
+        out += &format!(
+            "; {}: {:.3} of target, {:.2}% resent, {:.0}% deadlines{}",
+            s.stream,
+            s.fraction_of_target,
+            s.retransmitted_percent,
+            s.deadlines_met_percent,
+            match s.sample.admission {
+                AdmissionOutcome::Refused { .. } => " (refused)",
+                _ => "",
+            }
+        );
+    }
+    out
+}
+
+/// The run of `experiment` in `line`, if it has streams.
+fn find(runs: &[Run], experiment: Experiment, line: Line) -> Option<&Run> {
+    runs.iter()
+        .find(|r| r.experiment == experiment && r.line == line && !r.streams.is_empty())
+}
+
+/// The issue's targets, judged on the Tessera line (and the shape on the other two).
+pub fn targets(runs: &[Run], link: Rate) -> Vec<Target> {
+    let mut out = vec![
+        punctuated_target(runs),
+        short_streams_target(runs, link),
+        fairshare_target(runs),
+        unfair_target(runs, link),
+    ];
+    for experiment in Experiment::ALL {
+        out.push(shape_target(runs, experiment));
+    }
+    out
+}
+
+fn punctuated_target(runs: &[Run]) -> Target {
+    let run = find(runs, Experiment::Punctuated, Line::Tessera);
+    let long = run.and_then(|r| r.streams.first());
+    Target {
+        goal: format!(
+            "punctuated, Tessera: stream 1 receives >= {RATE_TARGET} of its target with <= \
+             {PUNCTUATED_LOSS_PERCENT_MAX}% of its packets resent and meets >= \
+             {DEADLINES_PERCENT_MIN}% of its deadlines"
+        ),
+        measured: long.map_or("not run".into(), |s| {
+            format!(
+                "{:.3} of target, {:.2}% resent, {} of {} deadlines",
+                s.fraction_of_target,
+                s.retransmitted_percent,
+                s.sample.ledger.deadlines_met,
+                s.sample.ledger.periods
+            )
+        }),
+        pass: long.map(|s| {
+            s.fraction_of_target >= RATE_TARGET
+                && s.retransmitted_percent <= PUNCTUATED_LOSS_PERCENT_MAX
+                && s.deadlines_met_percent >= DEADLINES_PERCENT_MIN
+        }),
+    }
+}
+
+fn short_streams_target(runs: &[Run], link: Rate) -> Target {
+    let run = find(runs, Experiment::Punctuated, Line::Tessera);
+    let rest = payload_capacity(link) - run.map_or(0.0, |r| r.streams[0].received_bytes_per_s);
+    let shares: Vec<f64> = run.map_or(Vec::new(), |r| {
+        r.streams[1..]
+            .iter()
+            .map(|s| s.received_bytes_per_s / rest.max(1.0))
+            .collect()
+    });
+    let lowest = shares.iter().copied().fold(f64::INFINITY, f64::min);
+    Target {
+        goal: format!(
+            "punctuated, Tessera: each short stream gets >= {SHORT_STREAM_SHARE_OF_REST_MIN} of \
+             what stream 1 leaves of the port (they do not starve)"
+        ),
+        measured: if shares.is_empty() {
+            "not run".into()
+        } else {
+            format!(
+                "{} of the rest",
+                shares
+                    .iter()
+                    .map(|s| format!("{s:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        },
+        pass: (!shares.is_empty()).then_some(lowest >= SHORT_STREAM_SHARE_OF_REST_MIN),
+    }
+}
+
+fn fairshare_target(runs: &[Run]) -> Target {
+    let run = find(runs, Experiment::Fairshare, Line::Tessera);
+    Target {
+        goal: format!(
+            "fairshare, Tessera: every stream >= {RATE_TARGET} of target, <= {LOSS_PERCENT_MAX}% \
+             resent, Jain's index >= {JAIN_MIN}"
+        ),
+        measured: run.map_or("not run".into(), |r| {
+            format!(
+                "lowest {:.3} of target, most resent {:.2}%, Jain {:.4}, admitted {} of {}",
+                lowest(r, |s| s.fraction_of_target),
+                -lowest(r, |s| -s.retransmitted_percent),
+                r.jain.unwrap_or(0.0),
+                admitted(r),
+                r.streams.len()
+            )
+        }),
+        pass: run.map(|r| {
+            lowest(r, |s| s.fraction_of_target) >= RATE_TARGET
+                && -lowest(r, |s| -s.retransmitted_percent) <= LOSS_PERCENT_MAX
+                && r.jain.unwrap_or(0.0) >= JAIN_MIN
+        }),
+    }
+}
+
+fn lowest(run: &Run, value: impl Fn(&StreamResult) -> f64) -> f64 {
+    run.streams.iter().map(value).fold(f64::INFINITY, f64::min)
+}
+
+fn admitted(run: &Run) -> usize {
+    run.streams
+        .iter()
+        .filter(|s| s.sample.admission == AdmissionOutcome::Admitted)
+        .count()
+}
+
+fn unfair_target(runs: &[Run], link: Rate) -> Target {
+    let run = find(runs, Experiment::Unfair, Line::Tessera);
+    let expected = run.map(|r| {
+        let plans: Vec<StreamPlan> = r.streams.iter().map(|s| s.plan).collect();
+        expected_admissions(&plans, link)
+    });
+    let verdict = run.zip(expected.as_ref()).map(|(r, expected)| {
+        let outcomes: Vec<bool> = r
+            .streams
+            .iter()
+            .map(|s| s.sample.admission == AdmissionOutcome::Admitted)
+            .collect();
+        let exact = &outcomes == expected;
+        let kept = r
+            .streams
+            .iter()
+            .filter(|s| s.sample.admission == AdmissionOutcome::Admitted)
+            .all(|s| {
+                s.fraction_of_target >= RATE_TARGET && s.retransmitted_percent <= LOSS_PERCENT_MAX
+            });
+        (outcomes, exact, kept)
+    });
+    Target {
+        goal: format!(
+            "unfair, Tessera: the manager refuses exactly the streams that do not fit in \
+             {RESERVABLE_SHARE} of the server's link (asked in order, stream 1 first); every \
+             admitted stream >= {RATE_TARGET} of target with <= {LOSS_PERCENT_MAX}% resent"
+        ),
+        measured: match (&verdict, run) {
+            (Some((outcomes, _, _)), Some(r)) => format!(
+                "admitted {:?} (expected {:?}); admitted streams: lowest {:.3} of target, most \
+                 resent {:.2}%",
+                outcomes,
+                expected.unwrap_or_default(),
+                r.streams
+                    .iter()
+                    .filter(|s| s.sample.admission == AdmissionOutcome::Admitted)
+                    .map(|s| s.fraction_of_target)
+                    .fold(f64::INFINITY, f64::min),
+                r.streams
+                    .iter()
+                    .filter(|s| s.sample.admission == AdmissionOutcome::Admitted)
+                    .map(|s| s.retransmitted_percent)
+                    .fold(0.0, f64::max),
+            ),
+            _ => "not run".into(),
+        },
+        pass: verdict.map(|(_, exact, kept)| exact && kept),
+    }
+}
+
+/// Packets resent over packets sent, percent, and payload bytes/s, of a whole run.
+fn totals(run: &Run) -> (f64, f64) {
+    let sent: u64 = run.streams.iter().map(|s| s.sample.data_packets_sent).sum();
+    let resent: u64 = run.streams.iter().map(|s| s.sample.retransmissions).sum();
+    let goodput = run.streams.iter().map(|s| s.received_bytes_per_s).sum();
+    (100.0 * resent as f64 / sent.max(1) as f64, goodput)
+}
+
+fn shape_target(runs: &[Run], experiment: Experiment) -> Target {
+    let pair = find(runs, experiment, Line::Constant).zip(find(runs, experiment, Line::Radon));
+    let numbers = pair.map(|(c, r)| (totals(c), totals(r)));
+    Target {
+        goal: format!(
+            "{}: from constant to Radon the paper's shape (fewer packets resent, no less \
+             goodput)",
+            experiment.name()
+        ),
+        measured: numbers.map_or("not run".into(), |((cl, cg), (rl, rg))| {
+            format!(
+                "resent {cl:.2}% -> {rl:.2}%, goodput {:.2} -> {:.2} MB/s",
+                cg / 1e6,
+                rg / 1e6
+            )
+        }),
+        pass: numbers.map(|((cl, cg), (rl, rg))| rl <= cl && rg >= 0.99 * cg),
+    }
+}
+
+fn table(report: &RadonReport) -> Table {
+    let mut table = Table::new(&[
+        "experiment",
+        "line",
+        "stream",
+        "share",
+        "target MB/s",
+        "start s",
+        "bytes",
+        "admission",
+        "received MB/s",
+        "of target",
+        "data packets",
+        "resent %",
+        "timeouts",
+        "periods",
+        "deadlines met",
+        "worst lateness ms",
+        "start late ms",
+    ]);
+    for run in &report.runs {
+        for s in &run.streams {
+            let r = &s.sample.ledger;
+            table.push(vec![
+                run.experiment.name().into(),
+                run.line.name().into(),
+                Cell::Int(s.stream as i64),
+                Cell::float(s.plan.share, 5),
+                Cell::float(s.plan.rate_bytes_per_s as f64 / 1e6, 3),
+                Cell::float(s.plan.start_s, 2),
+                Cell::Int(s.plan.bytes as i64),
+                admission_label(&s.sample.admission).into(),
+                Cell::float(s.received_bytes_per_s / 1e6, 3),
+                Cell::float(s.fraction_of_target, 3),
+                Cell::Int(s.sample.data_packets_sent as i64),
+                Cell::float(s.retransmitted_percent, 2),
+                Cell::Int(s.sample.timeouts as i64),
+                Cell::Int(r.periods as i64),
+                Cell::Int(r.deadlines_met as i64),
+                Cell::float(r.worst_lateness_us as f64 / 1e3, 1),
+                Cell::float(s.sample.start_late_us as f64 / 1e3, 1),
+            ]);
+        }
+    }
+    table
+}
+
+fn admission_label(outcome: &AdmissionOutcome) -> &'static str {
+    match outcome {
+        AdmissionOutcome::NotAsked => "-",
+        AdmissionOutcome::Admitted => "admitted",
+        AdmissionOutcome::Refused { .. } => "refused",
+    }
+}
+
+/// Per experiment: the paper's constant and adaptive streams beside the three lines, as
+/// fractions of target and percent lost (the paper) or resent (here).
+fn comparison(report: &RadonReport, experiment: Experiment) -> Table {
+    let mut table = Table::new(&[
+        "stream",
+        "share",
+        "paper constant",
+        "paper adaptive",
+        "constant",
+        "radon",
+        "tessera",
+    ]);
+    let cell = |fraction: f64, loss: f64| Cell::text(format!("{fraction:.3} ({loss:.2}%)"));
+    for (index, ((c, a), share)) in experiment
+        .paper()
+        .iter()
+        .zip(experiment.shares())
+        .enumerate()
+    {
+        let target = 1000.0 * share;
+        let mut row = vec![
+            Cell::Int(index as i64 + 1),
+            Cell::float(share, 5),
+            cell(c.0 / target, c.1),
+            cell(a.0 / target, a.1),
+        ];
+        for line in Line::ALL {
+            row.push(
+                find(&report.runs, experiment, line)
+                    .and_then(|r| r.streams.get(index))
+                    .map_or(Cell::Empty, |s| {
+                        let refused =
+                            matches!(s.sample.admission, AdmissionOutcome::Refused { .. });
+                        Cell::text(format!(
+                            "{:.3} ({:.2}%){}",
+                            s.fraction_of_target,
+                            s.retransmitted_percent,
+                            if refused { " refused" } else { "" }
+                        ))
+                    }),
+            );
+        }
+        table.push(row);
+    }
+    table
+}
+
+fn preamble(report: &RadonReport) -> String {
+    let c = &report.config;
+    let mut out = format!(
+        "# Radon: six streams into one switch port{}\n\n{}\n\n{}\n\nSix writer clients \
+         (hosts c1-c6) each write their own file (RAID-0 on the one server, s1) at a rate; the \
+         streams meet in the switch port toward s1. Rates are shares of what that port carries \
+         in payload ({:.2} MB/s: 1428 bytes per 1514-byte frame), the paper's Mbit/s of its \
+         1 Gbit/s link. Long streams write for {:.1} s; the punctuated run's short streams \
+         write {SHORT_STREAM_PACKETS} packets each, starting at 1/7 to 5/7 of the run. Every \
+         stream's bytes are released a period ({} ms) at a time at the period's start (the \
+         CLI's `--rate` ledger), and a period is met if its bytes were all acknowledged by its \
+         end. Lines: **constant** paces every stream's sessions at its target within each \
+         millisecond, no adaptation, no admission; **radon** reserves every stream's sessions \
+         at its target over its period (percent budget) with the endpoints paced by Radon \
+         (RFD, median filter); **tessera** asks the manager (`--link-rate` {}, reservable \
+         share {RESERVABLE_SHARE}) first, stream 1 first: admitted streams run as in radon \
+         with deadlines at the server, refused ones run best effort and back off on the \
+         queue. \"Resent\" is the share of DATA packets the stream's client sent more than \
+         once (losses at the port, and resends after reordering or late ACKs); the paper's \
+         columns are its lost packets. Took {:.0} s.\n\n## Targets\n\n",
+        if c.quick { " (quick)" } else { "" },
+        report.testbed.markdown(),
+        report.calibration.markdown(),
+        report.payload_capacity_bytes_per_s / 1e6,
+        c.duration_s,
+        c.period_us / 1000,
+        Rate {
+            bits_per_s: report.testbed.link_rate_bits_per_s
+        },
+        report.duration_s,
+    );
+    for t in &report.targets {
+        let verdict = match t.pass {
+            Some(true) => "**met**",
+            Some(false) => "**not met**",
+            None => "**unknown**",
+        };
+        out += &format!("- {}: {verdict} — {}.\n", t.goal, t.measured);
+    }
+    out += "\n## Runs\n\n| experiment | line | port frames sent | dropped | queue max (frames) | queue mean | Jain |\n|---|---|---:|---:|---:|---:|---:|\n";
+    for run in &report.runs {
+        let max = run.queue.iter().map(|q| q.packets).max().unwrap_or(0);
+        let mean =
+            run.queue.iter().map(|q| q.packets as f64).sum::<f64>() / run.queue.len().max(1) as f64;
+        out += &format!(
+            "| {} | {} | {} | {} | {max} | {mean:.1} | {} |\n",
+            run.experiment.name(),
+            run.line.name(),
+            run.port_sent,
+            run.port_dropped,
+            run.jain.map_or(String::new(), |j| format!("{j:.4}"))
+        );
+        if let Some(e) = &run.error {
+            out += &format!("\nFailed: {e}\n\n");
+        }
+    }
+    for experiment in &c.experiments {
+        out += &format!(
+            "\n## {}: fraction of target (resent or lost %)\n\n{}",
+            experiment.name(),
+            comparison(report, *experiment).to_markdown()
+        );
+    }
+    out += "\n## All streams\n";
+    out
+}
+
+/// Received rate per stream over time, in bins.
+fn rate_series(run: &Run, bin_s: f64) -> Vec<LineSeries> {
+    run.streams
+        .iter()
+        .map(|s| {
+            let mut bins: Vec<u64> = Vec::new();
+            for &(at_us, bytes) in &s.sample.done {
+                let bin = ((at_us as f64 / 1e6 + s.plan.start_s) / bin_s) as usize;
+                if bins.len() <= bin {
+                    bins.resize(bin + 1, 0);
+                }
+                bins[bin] += bytes;
+            }
+            let first = (s.plan.start_s / bin_s) as usize;
+            LineSeries {
+                label: format!("stream {}", s.stream),
+                color: s.stream - 1,
+                dashed: false,
+                points: bins
+                    .iter()
+                    .enumerate()
+                    .skip(first)
+                    .map(|(i, b)| ((i as f64 + 0.5) * bin_s, *b as f64 / bin_s / 1e6))
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+fn figure(report: &RadonReport) -> Figure {
+    let c = &report.config;
+    let x_max = c.duration_s * 1.3;
+    let rate_max = report.payload_capacity_bytes_per_s / 1e6 * 1.1;
+    let mut rows = Vec::new();
+    for &experiment in &c.experiments {
+        let mut rates = Vec::new();
+        let mut queues = Vec::new();
+        for &line in &c.lines {
+            let run = report
+                .runs
+                .iter()
+                .find(|r| r.experiment == experiment && r.line == line);
+            let title = format!("{}, {}", experiment.name(), line.name());
+            rates.push(Panel::Lines(LinePanel {
+                title: format!("{title}: received MB/s"),
+                x_label: "seconds".into(),
+                y_label: "MB/s".into(),
+                x_range: (0.0, x_max),
+                x_scale: XScale::Linear,
+                y_range: (0.0, rate_max),
+                series: run.map_or(Vec::new(), |r| rate_series(r, c.bin_s)),
+            }));
+            let points: Vec<(f64, f64)> = run.map_or(Vec::new(), |r| {
+                r.queue.iter().map(|q| (q.at_s, q.packets as f64)).collect()
+            });
+            let queue_max = points.iter().map(|p| p.1).fold(10.0, f64::max) * 1.1;
+            queues.push(Panel::Lines(LinePanel {
+                title: format!("{title}: port queue (tc -s)"),
+                x_label: "seconds".into(),
+                y_label: "frames queued".into(),
+                x_range: (0.0, x_max),
+                x_scale: XScale::Linear,
+                y_range: (0.0, queue_max),
+                series: vec![LineSeries {
+                    label: String::new(),
+                    color: 7,
+                    dashed: false,
+                    points,
+                }],
+            }));
+        }
+        rows.push(rates);
+        rows.push(queues);
+    }
+    Figure {
+        title: format!(
+            "Radon on Tessera{}: six streams into one port, links {}",
+            if c.quick { " (quick)" } else { "" },
+            Rate {
+                bits_per_s: report.testbed.link_rate_bits_per_s
+            }
+        ),
+        rows,
+        width_px: 1800,
+        row_height_px: 330,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_fill_the_port_and_plans_follow_the_paper() {
+        for experiment in Experiment::ALL {
+            // The punctuated run's short streams take turns: one at a time beside stream 1.
+            let shares = experiment.shares();
+            let sum: f64 = match experiment {
+                Experiment::Punctuated => shares[0] + shares[1],
+                _ => shares.iter().sum(),
+            };
+            assert!((0.99..=1.0).contains(&sum), "{}: {sum}", experiment.name());
+        }
+        let capacity = payload_capacity(Rate::mbit(200));
+        assert!((capacity - 23_579_920.7).abs() < 1.0, "{capacity}");
+        let plans = plan(Experiment::Punctuated, capacity, 7.0);
+        assert_eq!(plans[0].start_s, 0.0);
+        assert_eq!(plans[0].bytes, (0.749 * capacity * 7.0) as u64);
+        assert_eq!(
+            plans[1..].iter().map(|p| p.start_s).collect::<Vec<_>>(),
+            [1.0, 2.0, 3.0, 4.0, 5.0]
+        );
+        assert!(plans[1..].iter().all(|p| p.bytes == 714_000));
+    }
+
+    #[test]
+    fn admission_refuses_what_does_not_fit_in_order() {
+        let link = Rate::mbit(200);
+        let capacity = payload_capacity(link);
+        let admitted = |e: Experiment| expected_admissions(&plan(e, capacity, 1.0), link);
+        // 0.9 of 25 MB/s is 22.5 MB/s: 0.749 + 0.251 of 23.58 MB/s does not fit.
+        assert_eq!(
+            admitted(Experiment::Punctuated),
+            [true, false, false, false, false, false]
+        );
+        assert_eq!(
+            admitted(Experiment::Fairshare),
+            [true, true, true, true, true, false]
+        );
+        assert_eq!(
+            admitted(Experiment::Unfair),
+            [true, true, true, true, false, false]
+        );
+    }
+
+    #[test]
+    fn quick_is_shorter_and_everything_runs() {
+        let (full, quick) = (RadonLabConfig::full(), RadonLabConfig::quick());
+        assert!(quick.duration_s < full.duration_s);
+        assert_eq!(quick.experiments, Experiment::ALL);
+        assert_eq!(quick.lines, Line::ALL);
+        assert_eq!(Line::Tessera.pacing(), StreamPacing::Admitted);
+        assert_eq!(writer_host(5), "c6");
+    }
+}

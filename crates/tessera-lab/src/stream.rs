@@ -1,0 +1,249 @@
+//! What the measurement client does for one stream of `lab radon`: a write of its own file
+//! at a rate, each period's bytes released at the period's start (the CLI's `--rate` ledger,
+//! [`tessera_client::stream::StreamClock`]), from an agreed start time, with the completion
+//! of every chunk timed.
+//!
+//! How the stream's datagram sessions pace, and whether it asks the manager to admit it,
+//! is the job's [`StreamPacing`]; the binary makes the clients the job asks for (it holds
+//! the credentials), through a [`Connect`] function.
+
+use crate::LabError;
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tessera_client::stream::{Reservation, StreamClock, StreamReport};
+use tessera_client::{Client, ClientError, LayoutRequest, Scheme};
+use tessera_wire::ManagerError;
+
+/// Stripe unit of a stream's file (one column: the file lives on one server).
+pub const STREAM_STRIPE_UNIT_BYTES: u32 = 64 << 10;
+/// Most bytes one stream may write.
+pub const STREAM_BYTES_MAX: u64 = 4 << 30;
+/// Period of the sessions' pacer in [`StreamPacing::Constant`]: the pacer's budget renews
+/// every millisecond, so a stream that falls behind does not catch up (no adaptation).
+pub const CONSTANT_SESSION_PERIOD_US: u64 = 1_000;
+
+/// How a stream's datagram sessions send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamPacing {
+    /// Paced at the target within every millisecond, whatever happens (the paper's
+    /// "constant"); no admission.
+    Constant,
+    /// Radon as the paper has it: the sessions reserved at the target over the stream's
+    /// period (percent budget), the endpoint paced by Radon (RFD, median filter); no
+    /// admission.
+    Radon,
+    /// Radon, and the manager's admission first: an admitted stream is reserved as in
+    /// [`StreamPacing::Radon`] (and its requests carry deadlines); a refused one runs best
+    /// effort, paced by Radon's best-effort controller (it backs off on the queue).
+    Admitted,
+}
+
+/// One stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamJob {
+    /// Its file (created, replacing one of the path).
+    pub path: String,
+    /// Bytes to write.
+    pub bytes: u64,
+    /// The target rate and the stream's period (its deadlines).
+    pub rate_bytes_per_s: u64,
+    /// The period, µs.
+    pub period_us: u64,
+    /// How its sessions send.
+    pub pacing: StreamPacing,
+    /// The link rate Radon's pacer is given (bytes/s on the wire).
+    pub link_bytes_per_s: u64,
+    /// When to ask the manager (with [`StreamPacing::Admitted`]), µs since the Unix epoch:
+    /// streams of one run ask one after another, so which do not fit is the same each run.
+    pub admit_unix_us: u64,
+    /// When to start writing, µs since the Unix epoch (the hosts share the clock).
+    pub start_unix_us: u64,
+}
+
+impl StreamJob {
+    /// The stream's reservation.
+    pub fn reservation(&self) -> Reservation {
+        Reservation {
+            rate_bytes_per_s: self.rate_bytes_per_s,
+            period_us: self.period_us,
+        }
+    }
+
+    /// The link rate the measurement client's datagram endpoint paces by (Radon's
+    /// `Config::radon`), if its line uses Radon.
+    pub fn radon_link_bytes_per_s(&self) -> Option<u64> {
+        (self.pacing != StreamPacing::Constant).then_some(self.link_bytes_per_s)
+    }
+}
+
+/// Makes a client of the cluster whose sessions are reserved at the given rate (none: best
+/// effort).
+pub type Connect<'a> = &'a (dyn Fn(Option<Reservation>) -> Result<Client, LabError> + Sync);
+
+/// What the manager said to the stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "admission", rename_all = "snake_case")]
+pub enum AdmissionOutcome {
+    /// The line does not ask.
+    NotAsked,
+    /// Admitted.
+    Admitted,
+    /// Refused, with the manager's message; the stream ran best effort.
+    Refused {
+        /// The message.
+        message: String,
+    },
+}
+
+/// What one stream did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamSample {
+    /// The manager's answer.
+    pub admission: AdmissionOutcome,
+    /// How late after the agreed start the first chunk could go, µs (setup overran).
+    pub start_late_us: u64,
+    /// Every chunk done: µs since the agreed start, and its bytes.
+    pub done: Vec<(u64, u64)>,
+    /// The stream's ledger: periods and deadlines, as `tessera put --rate` reports them.
+    pub ledger: StreamReport,
+    /// DATA packets the client's datagram endpoint sent during the stream.
+    pub data_packets_sent: u64,
+    /// Of them, retransmissions (losses, and resends after reordering or a late ACK).
+    pub retransmissions: u64,
+    /// Retransmission timeouts.
+    pub timeouts: u64,
+}
+
+/// Asks the manager to admit `job`'s stream of `file` at the job's admission time.
+async fn admit_at(
+    client: &Client,
+    file: &tessera_client::File,
+    job: &StreamJob,
+) -> Result<tessera_client::stream::Admission, ClientError> {
+    sleep_until_unix_us(job.admit_unix_us).await;
+    client.admit_stream(file, job.reservation()).await
+}
+
+async fn sleep_until_unix_us(at: u64) {
+    tokio::time::sleep(Duration::from_micros(at.saturating_sub(unix_us()))).await;
+}
+
+fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// Run `job`, making clients with `connect`.
+pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, LabError> {
+    assert!(
+        job.bytes <= STREAM_BYTES_MAX,
+        "a stream of {} bytes",
+        job.bytes
+    );
+    let reservation = job.reservation();
+    reservation
+        .validate()
+        .map_err(|e| LabError::Connect(e.to_string()))?;
+    let setup = connect(None)?;
+    let layout = LayoutRequest {
+        scheme: Scheme::Raid0,
+        stripe_unit: STREAM_STRIPE_UNIT_BYTES,
+        width: Some(1),
+    };
+    let file = setup.create_replacing(&job.path, layout).await?;
+    let (admission, held) = match job.pacing {
+        StreamPacing::Constant | StreamPacing::Radon => (AdmissionOutcome::NotAsked, None),
+        StreamPacing::Admitted => match admit_at(&setup, &file, job).await {
+            Ok(held) => (AdmissionOutcome::Admitted, Some(held)),
+            Err(ClientError::Metadata(refused @ ManagerError::ReservationRefused { .. })) => (
+                AdmissionOutcome::Refused {
+                    message: refused.to_string(),
+                },
+                None,
+            ),
+            Err(e) => return Err(e.into()),
+        },
+    };
+    let sessions = match (job.pacing, &admission) {
+        (StreamPacing::Constant, _) => Some(Reservation {
+            period_us: CONSTANT_SESSION_PERIOD_US,
+            ..reservation
+        }),
+        (_, AdmissionOutcome::Refused { .. }) => None,
+        _ => Some(reservation),
+    };
+    let client = connect(sessions)?;
+    let mut open = client.open_id(&file).await?;
+    let before = client.transport_counters().await;
+
+    sleep_until_unix_us(job.start_unix_us).await;
+    let started = tokio::time::Instant::now();
+    let start_late_us = unix_us().saturating_sub(job.start_unix_us);
+    let mut clock = StreamClock::start(reservation);
+    let mut done = Vec::new();
+    let mut source = std::io::Read::take(std::io::repeat(0), job.bytes);
+    let mut progress = |bytes: u64| {
+        let at = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        done.push((at + start_late_us, bytes));
+    };
+    client
+        .upload(&mut open, 0, &mut source, Some(&mut clock), &mut progress)
+        .await?;
+    let report = clock.finish();
+    if let Some(held) = held {
+        // A release that fails only leaves the reservation to lapse with its lease.
+        let _ = held.release().await;
+    }
+    let after = client.transport_counters().await;
+    let grown = |name: &str| {
+        let at = |c: &std::collections::BTreeMap<String, u64>| c.get(name).copied().unwrap_or(0);
+        at(&after).saturating_sub(at(&before))
+    };
+    Ok(StreamSample {
+        admission,
+        start_late_us,
+        done,
+        ledger: report,
+        data_packets_sent: grown("data_packets_sent"),
+        retransmissions: grown("retransmissions"),
+        timeouts: grown("timeouts"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_jobs_round_trip_as_json_and_say_their_pacing() {
+        let job = StreamJob {
+            path: "lab/radon-1".into(),
+            bytes: 1 << 20,
+            rate_bytes_per_s: 4_000_000,
+            period_us: 1_000_000,
+            pacing: StreamPacing::Admitted,
+            link_bytes_per_s: 25_000_000,
+            admit_unix_us: 1,
+            start_unix_us: 2,
+        };
+        let text = serde_json::to_string(&job).unwrap();
+        assert!(text.contains("\"pacing\":\"admitted\""), "{text}");
+        assert_eq!(serde_json::from_str::<StreamJob>(&text).unwrap(), job);
+        assert_eq!(job.radon_link_bytes_per_s(), Some(25_000_000));
+        let constant = StreamJob {
+            pacing: StreamPacing::Constant,
+            ..job
+        };
+        assert_eq!(constant.radon_link_bytes_per_s(), None);
+        let refused = AdmissionOutcome::Refused {
+            message: "no room".into(),
+        };
+        let text = serde_json::to_string(&refused).unwrap();
+        assert_eq!(
+            serde_json::from_str::<AdmissionOutcome>(&text).unwrap(),
+            refused
+        );
+    }
+}
