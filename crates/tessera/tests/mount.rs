@@ -350,7 +350,10 @@ fn writes_at_offsets_near_the_limits_fail_and_change_nothing() {
         let error = refused.unwrap_or_else(|| panic!("a write at {offset} was made durable"));
         let code = error.raw_os_error();
         assert!(
-            matches!(code, Some(libc::EFBIG) | Some(libc::EINVAL) | Some(libc::EIO)),
+            matches!(
+                code,
+                Some(libc::EFBIG) | Some(libc::EINVAL) | Some(libc::EIO)
+            ),
             "at {offset}: {error}"
         );
         drop(file);
