@@ -906,3 +906,27 @@ fn describe_mismatch(f: &SimFile, m: &Mismatch) -> String {
         m.wrong_acknowledged
     )
 }
+
+/// A number from the environment variable `name`, if it is set; a value that is not a number
+/// is a mistake of whoever runs the tests, so it panics with the name.
+fn env_number(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    Some(
+        value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={value} is not a number")),
+    )
+}
+
+/// The seeds a seeded test runs, `(first, count)`: one to replay (`TESSERA_SIM_SEED`), or
+/// `seeds` of them unless the environment asks for more or others (`TESSERA_SIM_SEEDS`,
+/// `TESSERA_SIM_SEED_BASE`).
+pub fn seed_range(seeds: u64) -> (u64, u64) {
+    match env_number("TESSERA_SIM_SEED") {
+        Some(seed) => (seed, 1),
+        None => (
+            env_number("TESSERA_SIM_SEED_BASE").unwrap_or(0),
+            env_number("TESSERA_SIM_SEEDS").unwrap_or(seeds),
+        ),
+    }
+}

@@ -4,29 +4,9 @@
 
 use std::time::{Duration, Instant};
 use tessera_client::Scheme;
+use tessera_sim::explore::seed_range;
 use tessera_sim::{replay, ExploreConfig};
 use tessera_transport::MemFaults;
-
-fn env(name: &str) -> Option<u64> {
-    let value = std::env::var(name).ok()?;
-    Some(
-        value
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={value} is not a number")),
-    )
-}
-
-/// The seeds to run, `(first, count)`: one to replay (`TESSERA_SIM_SEED`), or `seeds` of them
-/// unless the environment asks for more or others (`TESSERA_SIM_SEEDS`, `TESSERA_SIM_SEED_BASE`).
-fn seed_range(seeds: u64) -> (u64, u64) {
-    match env("TESSERA_SIM_SEED") {
-        Some(seed) => (seed, 1),
-        None => (
-            env("TESSERA_SIM_SEED_BASE").unwrap_or(0),
-            env("TESSERA_SIM_SEEDS").unwrap_or(seeds),
-        ),
-    }
-}
 
 /// Run `seeds` seeds (or what the environment asks) and fail with the first failure's seed.
 fn explore(name: &str, config: ExploreConfig, seeds: u64) {

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera_client::{Client, ClientError, File, LayoutRequest, Scheme};
+use tessera_sim::explore::seed_range;
 use tessera_sim::model::TornStripes;
 use tessera_sim::{run_virtual, FileModel, SimCluster};
 use tessera_transport::MemFaults;
@@ -36,26 +37,6 @@ const FILE_BYTES: usize = 4 * 3 * UNIT as usize;
 const STEPS: usize = 12;
 /// Longest the network may stay busy after a step (a lock wait is the longest request).
 const QUIESCE_MAX: Duration = Duration::from_secs(60);
-
-fn env(name: &str) -> Option<u64> {
-    let value = std::env::var(name).ok()?;
-    Some(
-        value
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={value} is not a number")),
-    )
-}
-
-/// `(first, count)`: one seed to replay, or `seeds` unless the environment asks for others.
-fn seed_range(seeds: u64) -> (u64, u64) {
-    match env("TESSERA_SIM_SEED") {
-        Some(seed) => (seed, 1),
-        None => (
-            env("TESSERA_SIM_SEED_BASE").unwrap_or(0),
-            env("TESSERA_SIM_SEEDS").unwrap_or(seeds),
-        ),
-    }
-}
 
 /// What the runs did, summed.
 #[derive(Debug, Default)]
