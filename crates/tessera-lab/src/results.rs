@@ -10,6 +10,17 @@ use plotters::prelude::*;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
+/// One of an experiment's targets, and whether the data meets it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    /// What is wanted.
+    pub goal: String,
+    /// What was measured.
+    pub measured: String,
+    /// Met or not; `None` when the data cannot tell.
+    pub pass: Option<bool>,
+}
+
 /// The font family plots use; registered once from the embedded font.
 const FONT: &str = "sans-serif";
 /// Line colors, in order: distinguishable, and not red-green only.

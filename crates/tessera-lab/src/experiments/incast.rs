@@ -323,16 +323,7 @@ pub struct ClusterTiming {
     pub prepare_s: f64,
 }
 
-/// One target, and whether the data meets it.
-#[derive(Debug, Clone, Serialize)]
-pub struct Target {
-    /// What is wanted.
-    pub goal: String,
-    /// What was measured.
-    pub measured: String,
-    /// Met or not; `None` when the data cannot tell.
-    pub pass: Option<bool>,
-}
+pub use crate::results::Target;
 
 /// The whole result.
 #[derive(Debug, Clone, Serialize)]

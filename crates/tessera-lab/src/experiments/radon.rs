@@ -315,16 +315,7 @@ pub struct Run {
     pub jain: Option<f64>,
 }
 
-/// One target, and whether the data meets it.
-#[derive(Debug, Clone, Serialize)]
-pub struct Target {
-    /// What is wanted.
-    pub goal: String,
-    /// What was measured.
-    pub measured: String,
-    /// Met or not; `None` when the data cannot tell.
-    pub pass: Option<bool>,
-}
+pub use crate::results::Target;
 
 /// The whole result.
 #[derive(Debug, Clone, Serialize)]
