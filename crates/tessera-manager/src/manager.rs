@@ -997,13 +997,7 @@ impl Manager {
         for entry in debts.iter()? {
             let (key, record) = entry?;
             let missed: Vec<IndexRange> = postcard::from_bytes(record.value())?;
-            let owes = owed.entry(key.value().0).or_default();
-            if missed.iter().any(|r| r.end == u64::MAX) {
-                owes.whole_files += 1;
-            } else if !missed.is_empty() {
-                owes.files += 1;
-                owes.stripes += missed.iter().map(|r| r.end - r.start).sum::<u64>();
-            }
+            owed.entry(key.value().0).or_default().add(&missed);
         }
         Ok(owed)
     }

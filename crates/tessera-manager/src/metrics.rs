@@ -39,6 +39,19 @@ pub struct Owed {
     pub stripes: u64,
 }
 
+impl Owed {
+    /// Counts one file's debt: the stripe ranges it missed (a range to `u64::MAX`: the
+    /// whole file).
+    pub fn add(&mut self, missed: &[tessera_wire::IndexRange]) {
+        if missed.iter().any(|r| r.end == u64::MAX) {
+            self.whole_files += 1;
+        } else if !missed.is_empty() {
+            self.files += 1;
+            self.stripes += missed.iter().map(|r| r.end - r.start).sum::<u64>();
+        }
+    }
+}
+
 /// A manager's metrics.
 pub struct ManagerMetrics {
     registry: Registry,

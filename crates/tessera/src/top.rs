@@ -21,34 +21,25 @@ struct Row {
 
 /// What a server owes: whole files (it was down when they were made, or its store was
 /// wiped), and stripes of other files.
-#[derive(Default)]
-struct Owed {
-    whole_files: usize,
-    files: usize,
-    stripes: u64,
-}
+struct Owed(tessera_manager::metrics::Owed);
 
 impl Owed {
     fn of(debts: &[tessera_wire::FileDebt]) -> Owed {
-        let mut owed = Owed::default();
+        let mut owed = tessera_manager::metrics::Owed::default();
         for debt in debts {
-            if debt.missed.iter().any(|r| r.end == u64::MAX) {
-                owed.whole_files += 1;
-            } else {
-                owed.files += 1;
-                owed.stripes += debt.missed.iter().map(|r| r.end - r.start).sum::<u64>();
-            }
+            owed.add(&debt.missed);
         }
-        owed
+        Owed(owed)
     }
 
     fn describe(&self) -> String {
+        let owed = &self.0;
         let mut parts = Vec::new();
-        if self.whole_files > 0 {
-            parts.push(format!("all of {} files", self.whole_files));
+        if owed.whole_files > 0 {
+            parts.push(format!("all of {} files", owed.whole_files));
         }
-        if self.files > 0 {
-            parts.push(format!("{} stripes of {} files", self.stripes, self.files));
+        if owed.files > 0 {
+            parts.push(format!("{} stripes of {} files", owed.stripes, owed.files));
         }
         if parts.is_empty() {
             "nothing".to_string()
