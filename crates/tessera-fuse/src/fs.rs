@@ -2,6 +2,7 @@
 
 use crate::cache::{self, ReadAhead, WriteBack, WritePlan};
 use crate::inodes::{Inodes, ROOT};
+use crate::runs::{FileOrder, Prefetch};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
     OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
@@ -36,6 +37,12 @@ struct OpenFile {
     file: File,
     write_back: Mutex<WriteBack>,
     read_ahead: Mutex<Option<ReadAhead>>,
+    /// The block after the last one read, being fetched (see [`crate::runs`]).
+    prefetch: Mutex<Option<Prefetch>>,
+    /// The block of the last read, so that only sequential reads fetch ahead.
+    last_block: Mutex<Option<u64>>,
+    /// Where the file's layout ends (a write past it is refused at once, `EFBIG`).
+    bytes_max: u64,
     /// Written since the last modification time was recorded.
     dirty: Mutex<bool>,
 }
@@ -47,8 +54,9 @@ pub struct TesseraFs {
     config: MountConfig,
     inodes: Mutex<Inodes>,
     open: Mutex<HashMap<u64, Arc<OpenFile>>>,
-    /// Per file id: orders what is sent to the store for it (see `file_of`).
-    file_locks: Mutex<HashMap<u64, Arc<Mutex<()>>>>,
+    /// Per file id with a handle open: orders what is sent to the store for it, and holds
+    /// the runs in flight (see `file_of`).
+    file_locks: Mutex<HashMap<u64, Arc<FileOrder>>>,
     /// Directory listings taken at `opendir`, served by offset to `readdir`.
     listings: Mutex<HashMap<u64, Listing>>,
     next_handle: AtomicU64,
@@ -60,6 +68,7 @@ pub struct TesseraFs {
 fn forget_read_ahead(handles: &[Arc<OpenFile>]) {
     for handle in handles {
         *handle.read_ahead.lock().unwrap() = None;
+        *handle.prefetch.lock().unwrap() = None;
     }
 }
 
@@ -72,7 +81,7 @@ fn reply_empty(reply: ReplyEmpty, result: Result<(), Errno>) {
 }
 
 /// The errno a client error stands for.
-fn errno(error: &ClientError) -> Errno {
+pub(crate) fn errno(error: &ClientError) -> Errno {
     match error {
         ClientError::Metadata(error) => match error {
             ManagerError::NotFound(_) => Errno::ENOENT,
@@ -194,21 +203,11 @@ impl TesseraFs {
         }
     }
 
-    /// Where bytes buffered for file `id` end (0 if none are).
+    /// Where bytes written through the mount to file `id` and perhaps not yet counted in its
+    /// size by the manager end (0 if none are).
     fn buffered_end(&self, id: u64) -> u64 {
-        let open = self.open.lock().unwrap();
-        open.values()
-            .filter(|f| f.file.id == id)
-            .map(|f| {
-                let wb = f.write_back.lock().unwrap();
-                if wb.data.is_empty() {
-                    0
-                } else {
-                    wb.end()
-                }
-            })
-            .max()
-            .unwrap_or(0)
+        let orders = self.file_locks.lock().unwrap();
+        orders.get(&id).map_or(0, |order| order.written_end())
     }
 
     fn handle(&self, fh: FileHandle) -> Result<Arc<OpenFile>, Errno> {
@@ -220,25 +219,42 @@ impl TesseraFs {
             .ok_or(Errno::EBADF)
     }
 
-    fn register(&self, file: File) -> FileHandle {
+    fn register(&self, file: File, bytes_max: u64) -> FileHandle {
         let fh = self.next_handle.fetch_add(1, Ordering::SeqCst);
         let open = Arc::new(OpenFile {
             file,
             write_back: Mutex::new(WriteBack::default()),
             read_ahead: Mutex::new(None),
+            prefetch: Mutex::new(None),
+            last_block: Mutex::new(None),
+            bytes_max,
             dirty: Mutex::new(false),
         });
         self.open.lock().unwrap().insert(fh, open);
         FileHandle(fh)
     }
 
-    /// The lock that orders what is sent to the store for file `id`, and the handles open
-    /// on it. Every run of buffered bytes, direct write, read-ahead fetch and truncation of a
-    /// file happens under its lock: without it, an older run taken out by one thread could
-    /// land after a newer write sent by another, or a block fetched before a write could be
-    /// kept as read-ahead after it.
-    fn file_of(&self, id: u64) -> (Arc<Mutex<()>>, Vec<Arc<OpenFile>>) {
-        let lock = self
+    /// The file at `path` and the largest size its layout allows.
+    fn open_path(&self, path: &str) -> Result<(File, u64), Errno> {
+        match self.call(self.client.entry(path))? {
+            Some(NamespaceEntry::File { meta, .. }) => {
+                let bytes_max = meta.layout.file_bytes_max();
+                let file = File {
+                    id: meta.id,
+                    path: meta.path,
+                };
+                Ok((file, bytes_max))
+            }
+            Some(NamespaceEntry::Dir) => Err(Errno::EISDIR),
+            None => Err(Errno::ENOENT),
+        }
+    }
+
+    /// The order of what is sent to the store for file `id` (see [`FileOrder`]), and the
+    /// handles open on it. Every run of buffered bytes, read-ahead fetch and truncation of a
+    /// file is started under its lock.
+    fn file_of(&self, id: u64) -> (Arc<FileOrder>, Vec<Arc<OpenFile>>) {
+        let order = self
             .file_locks
             .lock()
             .unwrap()
@@ -247,20 +263,36 @@ impl TesseraFs {
             .clone();
         let open = self.open.lock().unwrap();
         let handles = open.values().filter(|f| f.file.id == id).cloned().collect();
-        (lock, handles)
+        (order, handles)
     }
 
-    /// Sends what is buffered for every handle open on file `id` (so that a read through
-    /// any handle sees it), and then forgets every read-ahead block of that file.
+    /// Forgets file `id`'s order once no handle is open on it, nothing of it is in flight
+    /// and no thread holds it (a thread that does took it from the table under the table's
+    /// lock, which is held here), so the table holds only files in use.
+    fn forget_order(&self, id: u64) {
+        let mut orders = self.file_locks.lock().unwrap();
+        let unused = orders
+            .get(&id)
+            .is_some_and(|order| Arc::strong_count(order) == 1 && order.is_idle());
+        let open = self.open.lock().unwrap().values().any(|f| f.file.id == id);
+        if unused && !open {
+            orders.remove(&id);
+        }
+    }
+
+    /// Sends what is buffered for every handle open on file `id` and waits for every run of
+    /// it in flight (so that a read through any handle sees it, and a failed run is
+    /// reported here), then forgets every read-ahead block of that file.
     fn flush_file(&self, id: u64) -> Result<(), Errno> {
-        let (lock, handles) = self.file_of(id);
-        let _order = lock.lock().unwrap();
-        self.send_runs(&handles, 0..u64::MAX)
+        let (order, handles) = self.file_of(id);
+        let _order = order.lock.lock().unwrap();
+        self.send_runs(&order, &handles, 0..u64::MAX);
+        order.settle_all(&self.runtime)
     }
 
-    /// Sends the buffered runs of `handles` that overlap `range` (the caller holds the
-    /// file's lock); if any was sent, forgets the read-ahead blocks of all of them.
-    fn send_runs(&self, handles: &[Arc<OpenFile>], range: Range<u64>) -> Result<(), Errno> {
+    /// Starts sending the buffered runs of `handles` that overlap `range` (the caller holds
+    /// the file's lock); if any was, forgets the read-ahead blocks of all of them.
+    fn send_runs(&self, order: &FileOrder, handles: &[Arc<OpenFile>], range: Range<u64>) {
         let mut flushed = false;
         for handle in handles {
             let run = {
@@ -275,13 +307,20 @@ impl TesseraFs {
             };
             if let Some((offset, data)) = run {
                 flushed = true;
-                self.call(self.client.write_at(&handle.file, offset, &data))?;
+                order.start(&self.runtime, &self.client, &handle.file, offset, data);
             }
         }
         if flushed {
             forget_read_ahead(handles);
         }
-        Ok(())
+    }
+
+    /// Sends every buffered run of the file and waits for all of them; a run that failed
+    /// fails this too (and stays to be reported by fsync or close).
+    fn settled(&self, order: &FileOrder, handles: &[Arc<OpenFile>]) -> Result<(), Errno> {
+        self.send_runs(order, handles, 0..u64::MAX);
+        order.settle(&self.runtime, &(0..u64::MAX));
+        order.failure().map_or(Ok(()), Err)
     }
 
     /// Records the modification time if the handle wrote since it was last recorded.
@@ -295,25 +334,51 @@ impl TesseraFs {
     }
 
     fn read_block(&self, open: &OpenFile, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
-        let (lock, handles) = self.file_of(open.file.id);
-        let _order = lock.lock().unwrap();
-        self.send_runs(&handles, 0..u64::MAX)?;
-        if let Some(block) = open.read_ahead.lock().unwrap().as_ref() {
-            if let Some(bytes) = block.get(offset, size) {
-                return Ok(bytes.to_vec());
-            }
-        }
-        let file_size = self.call(self.client.size(&open.file))?;
+        let (order, handles) = self.file_of(open.file.id);
+        let _order = order.lock.lock().unwrap();
+        self.settled(&order, &handles)?;
+        let hit = open
+            .read_ahead
+            .lock()
+            .unwrap()
+            .as_ref()
+            .and_then(|block| block.get(offset, size).map(<[u8]>::to_vec));
+        let answer = match hit {
+            Some(bytes) => bytes,
+            None => self.fetch_block(open, offset, size)?,
+        };
+        self.prefetch_next(open, cache::block_of(offset));
+        Ok(answer)
+    }
+
+    /// Reads the block that holds `offset` (the one fetched ahead if it is that one), keeps
+    /// it as the handle's read-ahead and answers the read from it.
+    fn fetch_block(&self, open: &OpenFile, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
         let block = cache::block_of(offset);
-        tracing::debug!(offset, size, block, "read-ahead miss");
-        let data = self.call(
-            self.client
-                .read_at(&open.file, block, cache::READ_AHEAD_BYTES),
-        )?;
-        let fetched = ReadAhead {
-            offset: block,
-            data: Arc::new(data),
-            file_size,
+        let pending = open.prefetch.lock().unwrap().take();
+        let fetched = match pending {
+            Some(prefetch) if prefetch.offset == block => {
+                tracing::debug!(offset, size, block, "read-ahead fetched ahead");
+                let file_size = prefetch.file_size;
+                let data = prefetch.wait(&self.runtime)?;
+                ReadAhead {
+                    offset: block,
+                    data,
+                    file_size,
+                }
+            }
+            _ => {
+                tracing::debug!(offset, size, block, "read-ahead miss");
+                let file_size = self.call(self.client.size(&open.file))?;
+                let read = self
+                    .client
+                    .read_at(&open.file, block, cache::READ_AHEAD_BYTES);
+                ReadAhead {
+                    offset: block,
+                    data: Arc::new(self.call(read)?),
+                    file_size,
+                }
+            }
         };
         let answer = match fetched.get(offset, size) {
             Some(bytes) => bytes.to_vec(),
@@ -324,56 +389,102 @@ impl TesseraFs {
         Ok(answer)
     }
 
+    /// After a read of `block` that follows one of the same or the previous block (a
+    /// sequential reader), starts fetching the next block unless it is past the end of the
+    /// file or already on its way (the caller holds the file's lock).
+    fn prefetch_next(&self, open: &OpenFile, block: u64) {
+        let last = open.last_block.lock().unwrap().replace(block);
+        let sequential = last
+            .is_some_and(|b| b == block || b.checked_add(cache::READ_AHEAD_BYTES) == Some(block));
+        let file_size = match open.read_ahead.lock().unwrap().as_ref() {
+            Some(current) if current.offset == block => current.file_size,
+            _ => return,
+        };
+        let next = block.saturating_add(cache::READ_AHEAD_BYTES);
+        let mut prefetch = open.prefetch.lock().unwrap();
+        if !sequential || next >= file_size || prefetch.as_ref().is_some_and(|p| p.offset == next) {
+            return;
+        }
+        let (runtime, client, file) = (&self.runtime, &self.client, &open.file);
+        let len = cache::READ_AHEAD_BYTES;
+        *prefetch = Some(Prefetch::start(runtime, client, file, next, len, file_size));
+    }
+
     /// A write through handle `open`. Bytes of other handles still buffered where it writes
     /// are older: they are sent first, so that this write lands after them, as it came after
-    /// them. Every read-ahead block of the file is forgotten.
+    /// them. Every read-ahead block of the file is forgotten. A write past the file's
+    /// largest size is refused here (`EFBIG`), and a run sent earlier that failed fails it.
     fn write_buffered(&self, open: &OpenFile, offset: u64, data: &[u8]) -> Result<(), Errno> {
         let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
-        let (lock, handles) = self.file_of(open.file.id);
-        let _order = lock.lock().unwrap();
+        if end > open.bytes_max {
+            return Err(Errno::EFBIG);
+        }
+        let (order, handles) = self.file_of(open.file.id);
+        let _order = order.lock.lock().unwrap();
+        if let Some(e) = order.failure() {
+            return Err(e);
+        }
         *open.dirty.lock().unwrap() = true;
+        order.note_written(end);
         let others: Vec<Arc<OpenFile>> = handles
             .iter()
             .filter(|h| !std::ptr::eq(h.as_ref(), open))
             .cloned()
             .collect();
-        self.send_runs(&others, offset..end)?;
+        self.send_runs(&order, &others, offset..end);
         forget_read_ahead(&handles);
         let plan = open.write_back.lock().unwrap().plan(offset, data.len());
         if plan != WritePlan::Buffer {
             let run = open.write_back.lock().unwrap().take();
             if let Some((at, bytes)) = run {
-                self.call(self.client.write_at(&open.file, at, &bytes))?;
+                order.start(&self.runtime, &self.client, &open.file, at, bytes);
             }
         }
         match plan {
-            WritePlan::FlushThenWrite => self.call(self.client.write_at(&open.file, offset, data)),
-            _ => {
-                open.write_back.lock().unwrap().buffer(offset, data);
-                Ok(())
+            WritePlan::FlushThenWrite => {
+                let bytes = data.to_vec();
+                order.start(&self.runtime, &self.client, &open.file, offset, bytes);
             }
+            _ => open.write_back.lock().unwrap().buffer(offset, data),
         }
+        Ok(())
     }
 
     /// Sets a file's size; bytes past a smaller size are zeroed so that growing it again
     /// shows zeros, as POSIX wants (the store's own shrink only hides them).
     fn truncate(&self, path: &str, size: u64) -> Result<(), Errno> {
         let file = self.call(self.client.open(path))?;
-        let (lock, handles) = self.file_of(file.id);
-        let _order = lock.lock().unwrap();
-        self.send_runs(&handles, 0..u64::MAX)?;
+        let (order, handles) = self.file_of(file.id);
+        let truncated = {
+            let _order = order.lock.lock().unwrap();
+            self.truncate_locked(&file, &order, &handles, size)
+        };
+        drop((order, handles));
+        self.forget_order(file.id);
+        truncated
+    }
+
+    fn truncate_locked(
+        &self,
+        file: &File,
+        order: &FileOrder,
+        handles: &[Arc<OpenFile>],
+        size: u64,
+    ) -> Result<(), Errno> {
+        self.settled(order, handles)?;
+        order.landed();
         // Blocks read ahead hold the old bytes and the old size.
-        forget_read_ahead(&handles);
-        let old = self.call(self.client.size(&file))?;
+        forget_read_ahead(handles);
+        let old = self.call(self.client.size(file))?;
         let mut at = size;
         while at < old {
             let len = (old - at).min(cache::WRITE_BACK_BYTES as u64);
             let zeros = vec![0u8; len as usize];
-            self.call(self.client.write_at(&file, at, &zeros))?;
+            self.call(self.client.write_at(file, at, &zeros))?;
             at += len;
         }
-        self.call(self.client.set_size(&file, size))?;
-        self.call(self.client.touch(&file, now_nanos()))
+        self.call(self.client.set_size(file, size))?;
+        self.call(self.client.touch(file, now_nanos()))
     }
 
     fn listing(&self, path: &str) -> Result<Listing, Errno> {
@@ -542,11 +653,11 @@ impl fuser::Filesystem for TesseraFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let result = self
-            .path(ino)
-            .and_then(|path| self.call(self.client.open(&path)));
+        let result = self.path(ino).and_then(|path| self.open_path(&path));
         match result {
-            Ok(file) => reply.opened(self.register(file), FopenFlags::empty()),
+            Ok((file, bytes_max)) => {
+                reply.opened(self.register(file, bytes_max), FopenFlags::empty())
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -565,7 +676,8 @@ impl fuser::Filesystem for TesseraFs {
             let file = self.call(self.client.create(&path, self.config.layout.clone()))?;
             self.call(self.client.touch(&file, now_nanos()))?;
             let attr = self.stat_path(&path)?;
-            Ok((attr, self.register(file)))
+            let (_, bytes_max) = self.open_path(&path)?;
+            Ok((attr, self.register(file, bytes_max)))
         });
         match result {
             Ok((attr, fh)) => reply.created(&TTL, &attr, Generation(0), fh, FopenFlags::empty()),
@@ -659,6 +771,7 @@ impl fuser::Filesystem for TesseraFs {
             let flushed = self.flush_file(open.file.id);
             let touched = self.touch_if_dirty(&open);
             self.open.lock().unwrap().remove(&fh.0);
+            self.forget_order(open.file.id);
             flushed.and(touched)
         });
         reply_empty(reply, result)

@@ -5,7 +5,9 @@
 //! inode numbers for paths ([`inodes`]), directories and renames (the manager's directory
 //! tree, `tessera_wire::NamespaceRequest`), and the buffering that turns the kernel's calls
 //! of at most 1 MiB into stripe-sized requests ([`cache`]): sequential writes are gathered
-//! into 8 MiB runs (write-back) and reads are fetched in aligned 8 MiB blocks (read-ahead).
+//! into 8 MiB runs (write-back) and reads are fetched in aligned 8 MiB blocks (read-ahead);
+//! up to four runs of a file travel at once, and a sequential reader's next block is fetched
+//! while it reads the current one (`runs`).
 //!
 //! Durability: `fsync` sends the buffered run and syncs the file on its servers, so an
 //! fsync'd byte is as durable as one written with `tessera write` and `sync`. `close`
@@ -20,6 +22,7 @@
 pub mod cache;
 mod fs;
 pub mod inodes;
+mod runs;
 
 pub use fs::{MountConfig, TesseraFs};
 

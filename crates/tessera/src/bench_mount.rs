@@ -6,6 +6,12 @@
 //! the library (upload, then sync), then reads each with the *other* path: the mount reads
 //! the library's file and the library the mount's, so neither read finds the bytes in a
 //! cache of its own (the servers' page cache serves both alike). Every byte is checked.
+//!
+//! Where `fio` is installed (Debian package `fio`), each round also runs it through the mount:
+//! a sequential write (1 MiB blocks, `psync`, fsync at the end) of a file the library then
+//! reads back and checks (fio writes a known pattern), and a sequential read of that file.
+//! Its speeds are fio's own (its job's bytes over its run, the final fsync included; not
+//! the process's start, which takes about 0.4 s here).
 
 use crate::bench::{read_all, write_all, EmbeddedCluster};
 use crate::config::Config;
@@ -29,6 +35,73 @@ struct Samples {
     library_write: Vec<f64>,
     mount_read: Vec<f64>,
     library_read: Vec<f64>,
+    fio_write: Vec<f64>,
+    fio_read: Vec<f64>,
+}
+
+/// What fio writes, repeated: the library checks the file fio wrote against it.
+const FIO_PATTERN: &[u8] = b"tessera!";
+
+fn fio_available() -> bool {
+    Command::new("fio")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+/// Runs one sequential fio job (`write` or `read`) of `size` bytes on `path`; MB/s as fio
+/// measured it.
+fn fio(path: &Path, rw: &str, size: usize) -> Result<f64> {
+    let out = Command::new("fio")
+        .arg(format!("--name={rw}"))
+        .arg(format!("--filename={}", path.display()))
+        .arg(format!("--rw={rw}"))
+        .args(["--bs=1M", "--ioengine=psync", "--end_fsync=1"])
+        .arg(format!("--size={size}"))
+        .arg("--output-format=json")
+        .arg(format!(
+            "--buffer_pattern=\"{}\"",
+            String::from_utf8_lossy(FIO_PATTERN)
+        ))
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run fio")?;
+    if !out.status.success() {
+        bail!(
+            "fio --rw={rw} {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("fio's JSON report")?;
+    let job = &report["jobs"][0][rw];
+    match (job["bw_bytes"].as_f64(), job["io_bytes"].as_u64()) {
+        (Some(bw), Some(bytes)) if bytes == size as u64 => Ok(bw / 1e6),
+        _ => bail!("fio --rw={rw}: no bandwidth for {size} bytes in its report"),
+    }
+}
+
+/// fio's write of `name` through the mount, the library's check of it, fio's read of it.
+async fn fio_round(
+    client: &Client,
+    mnt: &Path,
+    name: &str,
+    size: usize,
+    s: &mut Samples,
+) -> Result<()> {
+    s.fio_write.push(fio(&mnt.join(name), "write", size)?);
+    let file = client.open(name).await?;
+    let back = read_all(client, &file, size as u64).await?;
+    let expected = FIO_PATTERN.iter().cycle().take(size);
+    if back.len() != size || !back.iter().eq(expected) {
+        bail!("{name}: the bytes fio wrote through the mount read back wrong");
+    }
+    s.fio_read.push(fio(&mnt.join(name), "read", size)?);
+    client.remove(name).await?;
+    Ok(())
 }
 
 /// The mount, unmounted on every way out.
@@ -121,8 +194,15 @@ async fn library_read(client: &Client, path: &str, data: &[u8]) -> Result<f64> {
     Ok(speed)
 }
 
-/// One round: both writes, then each file read by the other path.
-async fn round(client: &Client, mnt: &Path, n: usize, data: &[u8], s: &mut Samples) -> Result<()> {
+/// One round: both writes, then each file read by the other path; then fio's, if it runs.
+async fn round(
+    client: &Client,
+    mnt: &Path,
+    n: usize,
+    data: &[u8],
+    with_fio: bool,
+    s: &mut Samples,
+) -> Result<()> {
     let mut back = vec![0u8; data.len()];
     let (by_mount, by_library) = (format!("m{n}"), format!("l{n}"));
     s.mount_write.push(mount_write(&mnt.join(&by_mount), data)?);
@@ -134,6 +214,9 @@ async fn round(client: &Client, mnt: &Path, n: usize, data: &[u8], s: &mut Sampl
         .push(library_read(client, &by_mount, data).await?);
     client.remove(&by_mount).await?;
     client.remove(&by_library).await?;
+    if with_fio {
+        fio_round(client, mnt, &format!("f{n}"), data.len(), s).await?;
+    }
     Ok(())
 }
 
@@ -154,8 +237,9 @@ pub async fn run(config: &Config, quick: bool, json: Option<PathBuf>) -> Result<
     let mut data = vec![0u8; size];
     rand::rngs::StdRng::seed_from_u64(0x6d6f756e74).fill_bytes(&mut data);
     let mut samples = Samples::default();
+    let with_fio = fio_available();
     for n in 0..rounds {
-        round(&client, &mount.0, n, &data, &mut samples).await?;
+        round(&client, &mount.0, n, &data, with_fio, &mut samples).await?;
         eprintln!("bench --mount: round {} of {rounds} done", n + 1);
     }
     let (mw, lw) = (median(&samples.mount_write), median(&samples.library_write));
@@ -166,6 +250,13 @@ pub async fn run(config: &Config, quick: bool, json: Option<PathBuf>) -> Result<
     );
     println!("{:<6} {mw:>12.1} {lw:>12.1} {:>8.2}", "write", mw / lw);
     println!("{:<6} {mr:>12.1} {lr:>12.1} {:>8.2}", "read", mr / lr);
+    if samples.fio_write.is_empty() {
+        println!("fio not found: its rows are left out (apt-get install fio)");
+    } else {
+        let (fw, fr) = (median(&samples.fio_write), median(&samples.fio_read));
+        println!("{:<6} {fw:>12.1} {lw:>12.1} {:>8.2}", "fio w", fw / lw);
+        println!("{:<6} {fr:>12.1} {lr:>12.1} {:>8.2}", "fio r", fr / lr);
+    }
     if let Some(path) = json {
         std::fs::write(&path, serde_json::to_string_pretty(&samples)?)
             .with_context(|| format!("cannot write {}", path.display()))?;

@@ -330,25 +330,33 @@ fn fsynced_bytes_survive_a_killed_mount_process() {
 }
 
 /// Offsets at the limits: a write past the file's largest size (a RAID-5 file of 64 KiB units
-/// over 3 servers holds far less than 2^62 bytes) or at the kernel's own limit is refused,
-/// by `write` or at the latest by the `fsync` that would make it durable, and changes
-/// nothing: the file keeps its size and bytes, and the mount goes on serving.
+/// over 3 servers holds 2 TiB) is refused by `write` itself with `EFBIG` (not later, at the
+/// `fsync` or `close` that sends it), one at the kernel's own limit by `write` or at the
+/// latest by `fsync`, and neither changes anything: the file keeps its size
+/// and bytes, and the mount goes on serving.
 #[test]
 fn writes_at_offsets_near_the_limits_fail_and_change_nothing() {
     use std::os::unix::fs::FileExt;
     let mut m = Mounted::start_mounted_with(&[], &["--scheme", "raid5"]);
     std::fs::write(m.path("f"), b"hello").unwrap();
-    for offset in [1u64 << 62, (1u64 << 63) - 1, u64::MAX - 1] {
+    // Offsets from 2^63 - 1 on are past the kernel's own limit: it refuses them itself.
+    let ours = |offset: u64| offset < (1u64 << 63) - 1;
+    for offset in [1u64 << 50, 1u64 << 62, (1u64 << 63) - 1, u64::MAX - 1] {
         let file = std::fs::OpenOptions::new()
             .write(true)
             .open(m.path("f"))
             .unwrap();
         let refused = match file.write_at(b"x", offset) {
             Err(e) => Some(e),
+            Ok(_) if ours(offset) => panic!("a write at {offset} was taken"),
             Ok(_) => file.sync_all().err(),
         };
         let error = refused.unwrap_or_else(|| panic!("a write at {offset} was made durable"));
         let code = error.raw_os_error();
+        assert!(
+            !ours(offset) || code == Some(libc::EFBIG),
+            "at {offset}: {error}"
+        );
         assert!(
             matches!(
                 code,
@@ -359,6 +367,38 @@ fn writes_at_offsets_near_the_limits_fail_and_change_nothing() {
         drop(file);
         assert_eq!(std::fs::read(m.path("f")).unwrap(), b"hello", "at {offset}");
     }
+    std::fs::write(m.path("g"), b"still serving").unwrap();
+    assert_eq!(std::fs::read(m.path("g")).unwrap(), b"still serving");
+    m.umount();
+}
+
+/// Runs travel in the background (write-behind): one that cannot land, a RAID-0 file with a
+/// server stopped, is reported to the writer by a later `write`, by `fsync` or by `close`,
+/// never dropped; and the mount serves the files it can.
+#[test]
+fn a_write_that_cannot_land_is_reported_not_lost() {
+    use std::io::Write;
+    let mut m = Mounted::start_mounted_with(&[], &["--scheme", "raid0"]);
+    std::fs::write(m.path("f"), b"first").unwrap();
+    let dir = m.root.path().join("cluster");
+    ok(tessera(&["server", "stop", "2", "--dir", text(&dir)]));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.path("f"))
+        .unwrap();
+    let chunk = vec![7u8; 1 << 20];
+    let mut reported = None;
+    for _ in 0..48 {
+        if let Err(e) = file.write_all(&chunk) {
+            reported = Some(e);
+            break;
+        }
+    }
+    let reported = reported.or_else(|| file.sync_all().err());
+    let error = reported.expect("48 MiB over a stopped RAID-0 server were taken and synced");
+    assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
+    drop(file);
+    ok(tessera(&["server", "start", "2", "--dir", text(&dir)]));
     std::fs::write(m.path("g"), b"still serving").unwrap();
     assert_eq!(std::fs::read(m.path("g")).unwrap(), b"still serving");
     m.umount();
