@@ -3,6 +3,7 @@
 
 mod attacks;
 mod bench;
+mod bench_minio;
 mod bench_mount;
 mod cluster;
 mod commands;
@@ -15,6 +16,7 @@ mod mount;
 mod recover;
 mod reserve;
 mod s3;
+mod s3_client;
 mod snapshot;
 mod top;
 
@@ -202,6 +204,11 @@ enum Command {
         /// side by side, on an embedded cluster of its own (needs /dev/fuse and fusermount3).
         #[arg(long)]
         mount: bool,
+        /// Instead: Tessera (RAID-5 over 5 servers, by the client library and by its S3
+        /// gateway) against MinIO (EC:1 over 5 drives) side by side, each on temporary
+        /// directories of its own; give the path of a MinIO server binary.
+        #[arg(long, value_name = "MINIO", conflicts_with_all = ["mount", "attacks"])]
+        against_minio: Option<PathBuf>,
     },
     /// Serve the cluster over S3 (buckets are top-level directories, objects files).
     S3 {
@@ -692,6 +699,12 @@ async fn run(cli: Cli) -> Result<()> {
             mount: true,
             ..
         } => bench_mount::run(config, quick, json).await,
+        Command::Bench {
+            quick,
+            json,
+            against_minio: Some(minio),
+            ..
+        } => bench_minio::run(config, &minio, quick, json).await,
         Command::Bench { quick, json, .. } => bench::run(config, quick, json).await,
         Command::S3 {
             listen,

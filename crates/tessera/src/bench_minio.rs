@@ -1,0 +1,299 @@
+//! `tessera bench --against-minio MINIO`: Tessera against MinIO at equal redundancy, side by
+//! side in interleaved rounds on this machine: RAID-5 over 5 servers (4 data + 1 parity)
+//! against MinIO's erasure coding over 5 drives with one parity shard (`EC:1`, 4+1).
+//!
+//! Both stores run here, each on its own temporary directories, started and stopped by the
+//! bench (never a cluster the user named): Tessera's embedded cluster with its S3 gateway in
+//! this process, and the MinIO binary given (`minio server DIR{1...5}`). Each round, for each
+//! path (Tessera's client library, Tessera's gateway, MinIO), writes one object (acknowledged
+//! only once durable on both: Tessera syncs before a put commits, MinIO writes with
+//! fdatasync), reads it back at once (warm: the servers' page cache holds it), and, where the
+//! bench runs as root, reads it again after dropping the kernel's page cache (cold). Every
+//! byte read is compared. The S3 paths use the same minimal client ([`crate::s3_client`]),
+//! one connection per request.
+
+use crate::bench::{read_all, write_all, EmbeddedCluster};
+use crate::config::Config;
+use crate::s3_client::S3Client;
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use rand::{RngCore, SeedableRng};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tessera_client::{Client, LayoutRequest, Scheme};
+
+const SERVERS: u32 = 5;
+const STRIPE_UNIT: u32 = 256 << 10;
+const BUCKET: &str = "bench";
+/// How long MinIO may take to answer its readiness check.
+const MINIO_START: Duration = Duration::from_secs(60);
+
+/// The three ways an object is stored and read.
+const PATHS: [&str; 3] = ["tessera", "tessera-s3", "minio"];
+
+/// MinIO serving 5 directories of a temporary directory, killed on every way out.
+struct Minio {
+    child: Child,
+    client: S3Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Minio {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+impl Minio {
+    async fn start(binary: &Path) -> Result<Minio> {
+        let dir = tempfile::Builder::new()
+            .prefix("tessera-minio-")
+            .tempdir()?;
+        let drives = format!("{}/d{{1...{SERVERS}}}", dir.path().display());
+        let (port, console) = (free_port()?, free_port()?);
+        let client = S3Client {
+            addr: format!("127.0.0.1:{port}").parse()?,
+            access: "tesserabench".into(),
+            secret: format!("{:032x}", rand::random::<u128>()),
+        };
+        let log = std::fs::File::create(dir.path().join("minio.log"))?;
+        let child = Command::new(binary)
+            .args(["server", &drives, "--quiet"])
+            .args(["--address", &format!("127.0.0.1:{port}")])
+            .args(["--console-address", &format!("127.0.0.1:{console}")])
+            .env("MINIO_ROOT_USER", &client.access)
+            .env("MINIO_ROOT_PASSWORD", &client.secret)
+            .env("MINIO_STORAGE_CLASS_STANDARD", "EC:1")
+            .env("MINIO_BROWSER", "off")
+            // Its drives are directories on one disk, the root one: allowed only so.
+            .env("MINIO_CI_CD", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot run {}", binary.display()))?;
+        let minio = Minio {
+            child,
+            client,
+            _dir: dir,
+        };
+        minio.wait_ready().await?;
+        Ok(minio)
+    }
+
+    /// Waits until MinIO takes a CreateBucket (its drives formatted, its quorum up).
+    async fn wait_ready(&self) -> Result<()> {
+        let began = Instant::now();
+        loop {
+            match self.client.create_bucket(BUCKET).await {
+                Ok(()) => return Ok(()),
+                Err(e) if began.elapsed() > MINIO_START => {
+                    let log = self._dir.path().join("minio.log");
+                    let tail = std::fs::read_to_string(&log).unwrap_or_default();
+                    let last = tail.lines().last().unwrap_or("").to_string();
+                    bail!("MinIO not ready after {MINIO_START:?}: {e:#} (log: {last})");
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+}
+
+/// Tessera's gateway over the embedded cluster, in this process.
+async fn start_gateway(client: Client) -> Result<S3Client> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let keys = tessera_s3::Keys::generate();
+    let s3 = S3Client {
+        addr,
+        access: keys.access.clone(),
+        secret: keys.secret.clone(),
+    };
+    let defaults = layout();
+    let gateway = tessera_s3::Gateway::new(client, defaults);
+    tokio::spawn(tessera_s3::serve(listener, gateway, keys, None));
+    s3.create_bucket(BUCKET).await?;
+    Ok(s3)
+}
+
+fn layout() -> LayoutRequest {
+    LayoutRequest {
+        scheme: Scheme::Raid5,
+        stripe_unit: STRIPE_UNIT,
+        width: Some(SERVERS),
+    }
+}
+
+/// Drops the kernel's clean page cache (root only): what makes a read cold.
+fn drop_caches() -> Result<()> {
+    // SAFETY: sync takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3").context("drop the page cache")
+}
+
+fn mb_s(bytes: usize, start: Instant) -> f64 {
+    bytes as f64 / 1e6 / start.elapsed().as_secs_f64().max(1e-9)
+}
+
+/// MB/s of each (path, workload), one sample per round.
+type Samples = BTreeMap<String, Vec<f64>>;
+
+struct Stores {
+    library: Client,
+    gateway: S3Client,
+    minio: S3Client,
+    cold: bool,
+}
+
+impl Stores {
+    async fn write(&self, path: &str, key: &str, data: &Bytes) -> Result<()> {
+        match path {
+            "tessera" => {
+                let name = format!("{BUCKET}/{key}");
+                let file = self.library.create(&name, layout()).await?;
+                write_all(&self.library, &file, data).await
+            }
+            "tessera-s3" => self.gateway.put(BUCKET, key, data.clone()).await,
+            _ => self.minio.put(BUCKET, key, data.clone()).await,
+        }
+    }
+
+    async fn read(&self, path: &str, key: &str, len: usize) -> Result<Bytes> {
+        match path {
+            "tessera" => {
+                let file = self.library.open(&format!("{BUCKET}/{key}")).await?;
+                Ok(read_all(&self.library, &file, len as u64).await?.into())
+            }
+            "tessera-s3" => self.gateway.get(BUCKET, key).await,
+            _ => self.minio.get(BUCKET, key).await,
+        }
+    }
+
+    async fn remove(&self, path: &str, key: &str) -> Result<()> {
+        match path {
+            "tessera" => Ok(self.library.remove(&format!("{BUCKET}/{key}")).await?),
+            "tessera-s3" => self.gateway.delete(BUCKET, key).await,
+            _ => self.minio.delete(BUCKET, key).await,
+        }
+    }
+
+    /// Reads `key` by `path`, checks every byte, and counts the speed as `workload`.
+    async fn timed_read(
+        &self,
+        path: &str,
+        key: &str,
+        data: &Bytes,
+        s: &mut Samples,
+        workload: &str,
+    ) -> Result<()> {
+        let start = Instant::now();
+        let back = self.read(path, key, data.len()).await?;
+        let speed = mb_s(data.len(), start);
+        if back != *data {
+            bail!("{path}: {key} read back wrong ({} bytes)", back.len());
+        }
+        s.entry(format!("{path} {workload}"))
+            .or_default()
+            .push(speed);
+        Ok(())
+    }
+
+    /// One round: each path writes, reads warm and (as root) cold, in turn.
+    async fn round(&self, n: usize, data: &Bytes, s: &mut Samples) -> Result<()> {
+        for path in PATHS {
+            let key = format!("{path}-{n}");
+            let start = Instant::now();
+            self.write(path, &key, data).await?;
+            s.entry(format!("{path} write"))
+                .or_default()
+                .push(mb_s(data.len(), start));
+            self.timed_read(path, &key, data, s, "warm read").await?;
+            if self.cold {
+                drop_caches()?;
+                self.timed_read(path, &key, data, s, "cold read").await?;
+            }
+            self.remove(path, &key).await?;
+        }
+        Ok(())
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    sorted[sorted.len() / 2]
+}
+
+fn report(samples: &Samples, cold: bool) {
+    println!(
+        "{:<10} {:>13} {:>13} {:>11} {:>9} {:>9}",
+        "", "tessera MB/s", "gateway MB/s", "minio MB/s", "tessera", "gateway"
+    );
+    let workloads: &[&str] = if cold {
+        &["write", "warm read", "cold read"]
+    } else {
+        &["write", "warm read"]
+    };
+    for workload in workloads {
+        let m = |path: &str| median(&samples[&format!("{path} {workload}")]);
+        let (t, g, minio) = (m("tessera"), m("tessera-s3"), m("minio"));
+        println!(
+            "{workload:<10} {t:>13.1} {g:>13.1} {minio:>11.1} {:>8.2}x {:>8.2}x",
+            t / minio,
+            g / minio
+        );
+    }
+    if !cold {
+        println!("cold reads left out: dropping the page cache needs root");
+    }
+}
+
+pub async fn run(config: &Config, minio: &Path, quick: bool, json: Option<PathBuf>) -> Result<()> {
+    if !minio.is_file() {
+        bail!("no MinIO binary at {}", minio.display());
+    }
+    let embedded = EmbeddedCluster::start(config, SERVERS).await?;
+    let library = embedded.cluster.client(config).await?;
+    library.make_dir(BUCKET).await.ok();
+    let gateway = start_gateway(embedded.cluster.client(config).await?).await?;
+    let peer = Minio::start(minio).await?;
+    // SAFETY: geteuid only reads the process's credentials.
+    let cold = unsafe { libc::geteuid() } == 0;
+    let stores = Stores {
+        library,
+        gateway,
+        minio: peer.client.clone(),
+        cold,
+    };
+    let (size, rounds) = if quick { (64 << 20, 3) } else { (256 << 20, 5) };
+    eprintln!(
+        "bench --against-minio: RAID-5 over {SERVERS} servers ({} KiB units) against MinIO EC:1 \
+         over {SERVERS} drives, {rounds} rounds of one {} MiB object per path",
+        STRIPE_UNIT >> 10,
+        size >> 20
+    );
+    let mut data = vec![0u8; size];
+    rand::rngs::StdRng::seed_from_u64(0x6d696e696f).fill_bytes(&mut data);
+    let data = Bytes::from(data);
+    let mut samples = Samples::new();
+    for n in 0..rounds {
+        stores.round(n, &data, &mut samples).await?;
+        eprintln!("bench --against-minio: round {} of {rounds} done", n + 1);
+    }
+    report(&samples, cold);
+    if let Some(path) = json {
+        std::fs::write(&path, serde_json::to_string_pretty(&samples)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    drop(peer);
+    Ok(())
+}
