@@ -37,7 +37,7 @@ const PATHS: [&str; 3] = ["tessera", "tessera-s3", "minio"];
 struct Minio {
     child: Child,
     client: S3Client,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Drop for Minio {
@@ -81,30 +81,37 @@ impl Minio {
             .stderr(log)
             .spawn()
             .with_context(|| format!("cannot run {}", binary.display()))?;
-        let minio = Minio {
-            child,
-            client,
-            _dir: dir,
-        };
+        let mut minio = Minio { child, client, dir };
         minio.wait_ready().await?;
         Ok(minio)
     }
 
     /// Waits until MinIO takes a CreateBucket (its drives formatted, its quorum up).
-    async fn wait_ready(&self) -> Result<()> {
+    async fn wait_ready(&mut self) -> Result<()> {
         let began = Instant::now();
         loop {
-            match self.client.create_bucket(BUCKET).await {
-                Ok(()) => return Ok(()),
-                Err(e) if began.elapsed() > MINIO_START => {
-                    let log = self._dir.path().join("minio.log");
-                    let tail = std::fs::read_to_string(&log).unwrap_or_default();
-                    let last = tail.lines().last().unwrap_or("").to_string();
+            let attempt = self.client.create_bucket(BUCKET).await;
+            let exited = self.child.try_wait()?;
+            match (attempt, exited) {
+                (Ok(()), _) => return Ok(()),
+                (Err(_), Some(status)) => {
+                    bail!(
+                        "MinIO exited ({status}) before it served: {}",
+                        self.last_log_line()
+                    )
+                }
+                (Err(e), None) if began.elapsed() > MINIO_START => {
+                    let last = self.last_log_line();
                     bail!("MinIO not ready after {MINIO_START:?}: {e:#} (log: {last})");
                 }
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                (Err(_), None) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         }
+    }
+
+    fn last_log_line(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("minio.log")).unwrap_or_default();
+        log.lines().last().unwrap_or("no output").to_string()
     }
 }
 
