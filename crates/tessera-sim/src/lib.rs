@@ -52,7 +52,9 @@
 
 pub mod cluster;
 pub mod explore;
+pub mod metadata;
 pub mod model;
+pub mod replicas;
 
 pub use cluster::SimCluster;
 
