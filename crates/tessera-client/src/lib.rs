@@ -476,6 +476,18 @@ impl Client {
         }
     }
 
+    /// As [`Client::with_transport`], to a manager given by the addresses of its replicas:
+    /// requests fail over between them as [`Client::connect_replicated`]'s do.
+    pub fn with_transport_replicated(
+        managers: Vec<SocketAddr>,
+        transport: Arc<dyn Transport>,
+    ) -> Client {
+        Client {
+            managers: Arc::new(Managers::new(managers)),
+            ..Client::with_transport(SocketAddr::from(([0, 0, 0, 0], 0)), transport)
+        }
+    }
+
     /// The manager replica requests go to now.
     pub(crate) fn manager(&self) -> SocketAddr {
         self.managers.current().1

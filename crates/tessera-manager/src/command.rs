@@ -214,6 +214,18 @@ pub enum ProposalError {
     Version(u8),
 }
 
+/// An answer as the `once` table keeps it: without the columns of a file's view, which
+/// carry the liveness of its servers as the applying replica judges it on its own clock.
+/// Kept, they made the replicas' stores differ (the simulator's checker found it: a retry's
+/// record with a server up at one replica and down at another); a retry gets the columns of
+/// the replica that answers it, as a first answer does.
+fn replicated_form(mut answer: ManagerResponse) -> ManagerResponse {
+    if let ManagerResponse::File(view) | ManagerResponse::Pending { view, .. } = &mut answer {
+        view.columns.clear();
+    }
+    answer
+}
+
 impl Manager {
     /// Makes this manager one replica of several (see the module doc): pending files expire
     /// only by [`Command::ExpirePending`], and access keys derive from `replica_key`.
@@ -343,7 +355,7 @@ impl Manager {
         }
         let (kept, latest) = self.read_once(client, sequence)?;
         if let Some(answer) = kept {
-            return Ok(answer);
+            return Ok(self.with_local_columns(answer));
         }
         if let Some(latest) =
             latest.filter(|&latest| sequence.saturating_add(ONCE_WINDOW) <= latest)
@@ -356,7 +368,8 @@ impl Manager {
             .into());
         }
         let answer = self.handle(request, now);
-        let record = postcard::to_allocvec(&(ONCE_RECORD_VERSION, &answer))?;
+        let kept = replicated_form(answer.clone());
+        let record = postcard::to_allocvec(&(ONCE_RECORD_VERSION, &kept))?;
         let floor = latest
             .unwrap_or(0)
             .max(sequence)
@@ -380,6 +393,20 @@ impl Manager {
             Ok(())
         })?;
         Ok(answer)
+    }
+
+    /// A kept answer with this replica's own view of its file's servers put back (see
+    /// [`replicated_form`]).
+    fn with_local_columns(&self, mut answer: ManagerResponse) -> ManagerResponse {
+        if let ManagerResponse::File(view) | ManagerResponse::Pending { view, .. } = &mut answer {
+            view.columns = view
+                .meta
+                .servers
+                .iter()
+                .map(|&server| self.server_status(server))
+                .collect();
+        }
+        answer
     }
 
     /// Removes the `once` records of the clients idle since `before` (see the module doc),

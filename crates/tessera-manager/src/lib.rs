@@ -102,6 +102,7 @@ pub mod metrics;
 mod ranges;
 pub mod recovery;
 pub mod replica;
+pub mod replica_core;
 pub mod reservations;
 mod snapshot;
 mod store;

@@ -458,7 +458,7 @@ impl Manager {
 
     /// The pending files whose lease ended at or before `now` (a file seen for the first time
     /// since open gets a whole lease from `now`).
-    pub(crate) fn expired_pending(&mut self, now: Instant) -> Vec<FileId> {
+    pub fn expired_pending(&mut self, now: Instant) -> Vec<FileId> {
         let lease = self.config.pending_lease;
         let mut expired = Vec::new();
         for (&file, deadline) in self.pending.iter_mut() {
@@ -531,7 +531,7 @@ impl Manager {
         })
     }
 
-    fn server_status(&self, server: ServerId) -> ServerStatus {
+    pub(crate) fn server_status(&self, server: ServerId) -> ServerStatus {
         let record = self.servers.get(&server);
         ServerStatus {
             id: server,

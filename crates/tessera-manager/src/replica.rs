@@ -68,16 +68,15 @@
 //! **Not handled** (see the README): a start of the group while a replica is down for good
 //! (it waits for every replica); membership change.
 
-use crate::command::{is_read, Command, OrderPosition, Proposal};
+use crate::command::{Command, OrderPosition};
 use crate::daemon::Served;
-use crate::{Manager, ManagerConfig};
+use crate::replica_core::ReplicaCore;
+use crate::ManagerConfig;
 use bytes::Bytes;
-use redb::ReadableDatabase;
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 use tessera_auth::{Claim, Credential, Secret};
@@ -142,55 +141,21 @@ pub enum ReplicaError {
     },
 }
 
-/// Where this replica stands, as `tessera status` shows it.
-#[derive(Debug, Clone, Default)]
-struct Progress {
-    /// The last view it was a normal member of.
-    view: u64,
-    /// That view's leader.
-    leader: Option<NodeId>,
-    /// A member of `view` and not suspecting anyone since.
-    normal: bool,
-    /// Waiting for a peer's store before it can apply.
-    catching_up: bool,
-    /// Not yet in the order: deciding how to start, or waiting for every replica to start
-    /// the group again (see the module doc).
-    starting: bool,
-    /// Why the replica stopped, once it did: it left the order and refuses every request.
-    stopped: Option<String>,
-}
-
 /// What the request handlers and the applier thread share.
 pub(crate) struct Replica {
     /// This replica's id (1-based).
     pub(crate) id: u16,
-    incarnation: u32,
     peers: Vec<SocketAddr>,
     /// The order node, once started.
     handle: Mutex<Option<Handle>>,
-    /// The next order position to apply; moved only while the manager's lock is held.
-    next_position: AtomicU64,
-    /// The group's epoch that position is of (see [`OrderPosition`]).
-    epoch: AtomicU64,
-    next_ticket: AtomicU64,
+    /// The sans-IO state (positions, role, tickets, synced connections); its position
+    /// moves only while the manager's lock is held (lock the manager first).
+    core: Mutex<ReplicaCore>,
     waiters: Mutex<HashMap<u64, oneshot::Sender<ManagerResponse>>>,
-    progress: Mutex<Progress>,
-    /// Pending files whose expiry this replica proposed already.
-    expiry_proposed: Mutex<BTreeSet<u64>>,
-    message_bytes_max: usize,
-    /// When this replica's liveness table began (its start, or the install of a peer's
-    /// store): younger than a heartbeat timeout, it may not have heard every live server yet.
-    live_since: Mutex<Instant>,
-    /// The heartbeat timeout of its manager.
-    heartbeat_timeout: Duration,
     /// Held while a copy of the store is made for a peer.
     outgoing: Mutex<()>,
     /// See [`ReplicaConfig::catch_up_piece_bytes`].
     catch_up_piece_bytes: u32,
-    /// Every open connection, with the view it was synced in if it is synced (see the
-    /// module doc): entered when it opens, removed when it closes, so at most one entry per
-    /// open connection (an answer that comes after its connection closed enters nothing).
-    synced: Mutex<HashMap<ConnectionId, Option<u64>>>,
 }
 
 /// The order's settings for manager replicas: a view change within about half a second of a
@@ -344,26 +309,22 @@ pub(crate) async fn start(
             .map_err(|e| order_failed(format!("the store's order position: {e}")))?,
         Served::NoStore(_) => OrderPosition::default(),
     };
+    let core = ReplicaCore::new(
+        config.id,
+        incarnation,
+        stored,
+        config.order.message_bytes_max(),
+        manager_config.heartbeat_timeout,
+        Instant::now(),
+    );
     let replica = Arc::new(Replica {
         id: config.id,
-        incarnation,
         peers: config.peers.clone(),
         handle: Mutex::new(None),
-        next_position: AtomicU64::new(stored.next),
-        epoch: AtomicU64::new(stored.epoch),
-        next_ticket: AtomicU64::new(0),
+        core: Mutex::new(core),
         waiters: Mutex::new(HashMap::new()),
-        progress: Mutex::new(Progress {
-            starting: true,
-            ..Progress::default()
-        }),
-        expiry_proposed: Mutex::new(BTreeSet::new()),
-        message_bytes_max: config.order.message_bytes_max(),
-        live_since: Mutex::new(Instant::now()),
-        heartbeat_timeout: manager_config.heartbeat_timeout,
         outgoing: Mutex::new(()),
         catch_up_piece_bytes: config.catch_up_piece_bytes,
-        synced: Mutex::new(HashMap::new()),
     });
     let applier = Applier {
         replica: replica.clone(),
@@ -394,7 +355,7 @@ pub(crate) async fn start(
 }
 
 /// Whether a request is answered from the replica's own state rather than ordered.
-pub(crate) fn is_local(request: &ManagerRequest) -> bool {
+pub fn is_local(request: &ManagerRequest) -> bool {
     matches!(
         request,
         ManagerRequest::Status
@@ -411,39 +372,12 @@ pub(crate) fn is_local(request: &ManagerRequest) -> bool {
 impl Replica {
     /// This replica's state for `tessera status`.
     pub(crate) fn status(&self) -> ReplicaStatus {
-        let progress = self.progress.lock().unwrap().clone();
-        let me = NodeId(self.id - 1);
-        let role = if progress.stopped.is_some() {
-            "stopped"
-        } else if progress.starting {
-            "starting"
-        } else if progress.catching_up {
-            "catching-up"
-        } else if !progress.normal {
-            "view-change"
-        } else if progress.leader == Some(me) {
-            "leader"
-        } else {
-            "follower"
-        };
-        ReplicaStatus {
-            id: self.id,
-            role: role.to_string(),
-            view: progress.view,
-            applied: self.next_position.load(Ordering::SeqCst),
-            epoch: self.epoch.load(Ordering::SeqCst),
-        }
+        self.core.lock().unwrap().status()
     }
 
-    /// The view this replica is a normal member of now, applying as it comes; `None` while
-    /// it suspects a peer, catches up, starts or stopped.
-    fn member_view(&self) -> Option<u64> {
-        let progress = self.progress.lock().unwrap();
-        let member = progress.normal
-            && !progress.catching_up
-            && !progress.starting
-            && progress.stopped.is_none();
-        member.then_some(progress.view)
+    /// Where it stands in the order.
+    fn position(&self) -> OrderPosition {
+        self.core.lock().unwrap().position()
     }
 
     /// Answers a read on `connection` from this replica's own store, if the connection is
@@ -454,19 +388,15 @@ impl Replica {
         served: &Mutex<Served>,
         request: &ManagerRequest,
     ) -> Option<ManagerResponse> {
-        if !is_read(request) {
+        if !self.core.lock().unwrap().reads_locally(connection, request) {
             return None;
         }
-        let view = self.member_view()?;
-        if self.synced.lock().unwrap().get(&connection) != Some(&Some(view)) {
-            return None;
+        match &mut *served.lock().unwrap() {
+            Served::Running(manager) => {
+                crate::replica_core::local_answer(manager, request, Instant::now())
+            }
+            Served::NoStore(_) => None,
         }
-        let answer = match &mut *served.lock().unwrap() {
-            Served::Running(manager) => manager.answer_read(request, Instant::now())?,
-            Served::NoStore(_) => return None,
-        };
-        let absent = matches!(answer, ManagerResponse::Error(ManagerError::NotFound(_)));
-        (!absent).then_some(answer)
     }
 
     /// Orders `request` that came on `connection` and waits for the answer; an answer other
@@ -478,49 +408,30 @@ impl Replica {
         request: ManagerRequest,
     ) -> ManagerResponse {
         let answer = self.order(served, request).await;
-        let refused = matches!(answer, ManagerResponse::Error(ManagerError::Unordered(_)));
-        let view = self.member_view().filter(|_| !refused);
-        if let Some(synced) = self.synced.lock().unwrap().get_mut(&connection) {
-            *synced = view;
-        }
+        self.core.lock().unwrap().answered(connection, &answer);
         answer
     }
 
     /// Enters a connection that opened, not synced.
     pub(crate) fn opened(&self, connection: ConnectionId) {
-        self.synced.lock().unwrap().insert(connection, None);
+        self.core.lock().unwrap().opened(connection);
     }
 
     /// Forgets a connection that closed.
     pub(crate) fn closed(&self, connection: ConnectionId) {
-        self.synced.lock().unwrap().remove(&connection);
+        self.core.lock().unwrap().closed(connection);
     }
 
     /// Why requests cannot be ordered here now, if they cannot.
     fn refusal(&self) -> Option<ManagerError> {
-        let progress = self.progress.lock().unwrap();
-        if let Some(why) = &progress.stopped {
-            return Some(ManagerError::Unordered(format!(
-                "replica {} stopped: {why}",
-                self.id
-            )));
-        }
-        if progress.starting {
-            return Some(ManagerError::Unordered(format!(
-                "replica {} is starting",
-                self.id
-            )));
-        }
-        progress.catching_up.then(|| {
-            ManagerError::Unordered(format!("replica {} is catching up from its peers", self.id))
-        })
+        self.core.lock().unwrap().refusal()
     }
 
     /// Leaves the order and refuses every request from now on, saying `why`; requests
     /// waiting for their answer here are told to try another replica.
     pub(crate) fn stop(&self, why: String) {
         tracing::error!("replica {}: stopping: {why}", self.id);
-        self.progress.lock().unwrap().stopped = Some(why.clone());
+        self.core.lock().unwrap().stop(why.clone());
         if let Some(handle) = self.handle.lock().unwrap().take() {
             let _ = handle.stop();
         }
@@ -535,26 +446,11 @@ impl Replica {
         &self,
         command: Command,
     ) -> Result<oneshot::Receiver<ManagerResponse>, ManagerError> {
-        let ticket = self.next_ticket.fetch_add(1, Ordering::SeqCst);
-        let proposal = Proposal {
-            version: crate::command::PROPOSAL_VERSION,
-            origin: self.id,
-            incarnation: self.incarnation,
-            ticket,
-            command,
-        }
-        .encode();
-        if proposal.len() > self.message_bytes_max {
-            return Err(ManagerError::Layout(format!(
-                "request of {} bytes; a replicated manager orders at most {}",
-                proposal.len(),
-                self.message_bytes_max
-            )));
-        }
+        let (ticket, proposal) = self.core.lock().unwrap().proposal(command)?;
         let (answer, waiting) = oneshot::channel();
         self.waiters.lock().unwrap().insert(ticket, answer);
         let proposed = match &*self.handle.lock().unwrap() {
-            Some(handle) => handle.propose(Bytes::from(proposal)),
+            Some(handle) => handle.propose(proposal),
             None => Err(tessera_order_udp::DriverError::Stopped),
         };
         if let Err(error) = proposed {
@@ -577,7 +473,8 @@ impl Replica {
             Served::Running(manager) => (manager.decide(&request), manager.known_servers()),
             Served::NoStore(path) => return crate::refuse_without_store(path, &request),
         };
-        if let Some(refused) = self.young_placement(&decision, known) {
+        let young = (self.core.lock().unwrap()).young_placement(&decision, known, Instant::now());
+        if let Some(refused) = young {
             return ManagerResponse::Error(refused);
         }
         let waiting = match self.propose(Command::Request { request, decision }) {
@@ -593,25 +490,6 @@ impl Replica {
         }
     }
 
-    /// Refuses to place a file on fewer than the `known` servers while this replica's
-    /// liveness table is younger than a heartbeat timeout (it restarted or caught up lately
-    /// and may not have heard every live server yet): the client tries another replica.
-    fn young_placement(
-        &self,
-        decision: &crate::command::Decision,
-        known: usize,
-    ) -> Option<ManagerError> {
-        let placement = decision.placement.as_ref()?;
-        let age = self.live_since.lock().unwrap().elapsed();
-        (placement.len() < known && age < self.heartbeat_timeout).then(|| {
-            ManagerError::Unordered(format!(
-                "replica {} has heard the servers for only {} ms",
-                self.id,
-                age.as_millis()
-            ))
-        })
-    }
-
     /// A piece of a copy of the store and the position the copy stands at (see the module
     /// doc): with `at` empty a new copy is made first.
     pub(crate) fn snapshot_piece(
@@ -623,8 +501,10 @@ impl Replica {
         max_bytes: u32,
     ) -> Result<(u64, u64, Vec<u8>), ManagerError> {
         // A starting replica's store stands still: peers starting with it may copy it.
-        let progress = self.progress.lock().unwrap().clone();
-        if progress.catching_up || progress.stopped.is_some() {
+        let core = self.core.lock().unwrap();
+        let busy = core.is_catching_up() || core.is_stopped();
+        drop(core);
+        if busy {
             return Err(ManagerError::Unordered(format!(
                 "replica {} is catching up from its peers",
                 self.id
@@ -657,24 +537,20 @@ impl Replica {
     /// transaction: the applier goes on meanwhile) and returns the position.
     fn copy_store(&self, served: &Mutex<Served>, dir: &Path) -> Result<u64, ManagerError> {
         let _one_at_a_time = self.outgoing.lock().unwrap();
-        let (txn, position) = match &*served.lock().unwrap() {
-            Served::Running(manager) => (
-                manager
-                    .db
-                    .begin_read()
-                    .map_err(|e| ManagerError::Store(e.to_string()))?,
-                self.next_position.load(Ordering::SeqCst),
-            ),
-            Served::NoStore(_) => return Err(ManagerError::Unordered("no store".into())),
+        let served = served.lock().unwrap();
+        let Served::Running(manager) = &*served else {
+            return Err(ManagerError::Unordered("no store".into()));
         };
+        // The position is read under the manager's lock, with the copy's read transaction.
+        let position = self.position().next;
         let path = outgoing_path(dir, position);
         if !path.exists() {
             let tmp = dir.join("manager.redb.outgoing.tmp");
             let _ = std::fs::remove_file(&tmp);
-            crate::store::copy_tables(&txn, &tmp).map_err(ManagerError::from)?;
+            crate::replica_core::copy_store(manager, &tmp)?;
             std::fs::rename(&tmp, &path).map_err(|e| ManagerError::Store(e.to_string()))?;
         }
-        drop(txn);
+        drop(served);
         prune_outgoing(dir, position);
         Ok(position)
     }
@@ -781,7 +657,7 @@ impl Applier {
             "replica {} of {} (incarnation {}): {}",
             config.id,
             config.peers.len(),
-            self.replica.incarnation,
+            self.replica.core.lock().unwrap().incarnation(),
             if start == Start::Initial {
                 "starting with the group"
             } else {
@@ -792,7 +668,7 @@ impl Applier {
             config: config.order.clone(),
             group: Group::all_to_all(config.peers.len()),
             node: NodeId(config.id - 1),
-            incarnation: self.replica.incarnation,
+            incarnation: self.replica.core.lock().unwrap().incarnation(),
             start,
             seed: rand::random(),
             peers: config.peers.clone(),
@@ -802,9 +678,7 @@ impl Applier {
             .expect("the order node starts");
         let events = handle.take_events();
         *self.replica.handle.lock().unwrap() = Some(handle);
-        let mut progress = self.replica.progress.lock().unwrap();
-        progress.catching_up = start == Start::Restarted;
-        progress.starting = false;
+        self.replica.core.lock().unwrap().began(start);
         events
     }
 
@@ -818,10 +692,7 @@ impl Applier {
     fn start_with_everyone(&self) -> bool {
         let transport = admin_transport(&self.secret);
         loop {
-            let mine = OrderPosition {
-                epoch: self.replica.epoch.load(Ordering::SeqCst),
-                next: self.replica.next_position.load(Ordering::SeqCst),
-            };
+            let mine = self.replica.position();
             let peers = self.peer_statuses(&transport);
             // A peer running the next epoch started it once every replica, this one
             // included, stood where this one stands still: this one starts too, whoever
@@ -931,14 +802,13 @@ impl Applier {
             manager.set_order_position(position);
             manager.flush().expect("the store commits the new epoch");
         }
-        self.replica.epoch.store(epoch, Ordering::SeqCst);
-        self.replica.next_position.store(0, Ordering::SeqCst);
+        self.replica.core.lock().unwrap().begin_epoch(epoch);
     }
 
     fn run(self, events: mpsc::Receiver<Event>) {
         let (mut held, mut ticked) = (None, Instant::now());
         loop {
-            if self.replica.progress.lock().unwrap().stopped.is_some() {
+            if self.replica.core.lock().unwrap().is_stopped() {
                 return;
             }
             // Deliveries that never pause must not hold expiries back.
@@ -981,39 +851,28 @@ impl Applier {
     }
 
     fn on_event(&self, event: Event) {
+        if let Event::Deliver {
+            position, message, ..
+        } = event
+        {
+            return self.apply_batch(&[(position, message)]);
+        }
+        let catch_up = self.replica.core.lock().unwrap().on_event(&event);
         match event {
-            Event::Deliver {
-                position, message, ..
-            } => self.apply_batch(&[(position, message)]),
-            Event::View { view, leader, .. } => {
-                let mut progress = self.replica.progress.lock().unwrap();
-                progress.view = view;
-                progress.leader = Some(leader);
-                progress.normal = true;
-                tracing::info!(
-                    "replica {}: view {view}, leader {}",
-                    self.replica.id,
-                    leader.0 + 1
-                );
-            }
-            Event::Suspected { node } => {
-                self.replica.progress.lock().unwrap().normal = false;
-                tracing::warn!(
-                    "replica {}: suspects replica {}",
-                    self.replica.id,
-                    node.0 + 1
-                );
-            }
-            Event::Joined { position } | Event::Gap { to: position, .. } => {
-                // A restarted replica takes a peer's store even when it joins at the start
-                // of the order: its own may be older than the group's (the group restarted
-                // without it).
-                let restarted = self.replica.progress.lock().unwrap().catching_up;
-                if restarted || position > self.replica.next_position.load(Ordering::SeqCst) {
-                    self.catch_up(position);
-                }
-            }
-            Event::Optimistic { .. } | Event::Revoked { .. } => {}
+            Event::View { view, leader, .. } => tracing::info!(
+                "replica {}: view {view}, leader {}",
+                self.replica.id,
+                leader.0 + 1
+            ),
+            Event::Suspected { node } => tracing::warn!(
+                "replica {}: suspects replica {}",
+                self.replica.id,
+                node.0 + 1
+            ),
+            _ => {}
+        }
+        if let Some(position) = catch_up {
+            self.catch_up(position);
         }
     }
 
@@ -1022,89 +881,28 @@ impl Applier {
     /// answered (its waiters are told to try another replica).
     fn apply_batch(&self, batch: &[(u64, Bytes)]) {
         let mut served = self.served.lock().unwrap();
-        if let Served::Running(manager) = &mut *served {
-            manager.begin_batch();
-        }
-        let mut answers = Vec::with_capacity(batch.len());
-        let mut failed = None;
-        for (position, message) in batch {
-            match self.apply_one(&mut served, *position, message) {
-                Ok(answer) => answers.extend(answer),
-                Err(why) => {
-                    failed = Some(why);
-                    break;
-                }
-            }
-        }
-        if let Served::Running(manager) = &mut *served {
-            if failed.is_some() {
-                manager.abandon_batch();
-            } else if let Err(error) = manager.end_batch() {
-                let (first, last) = (batch[0].0, batch[batch.len() - 1].0);
-                failed = Some(format!(
-                    "positions {first}..={last}: its store failed to sync: {error}"
-                ));
-            }
-        }
+        let manager = match &mut *served {
+            Served::Running(manager) => Some(&mut **manager),
+            Served::NoStore(_) => None,
+        };
+        let applied =
+            (self.replica.core.lock().unwrap()).apply_batch(manager, batch, Instant::now());
         drop(served);
-        if let Some(why) = failed {
-            // It cannot commit what the others commit: going on would answer from a store
-            // that drifted from theirs. It stops; the others carry on.
-            self.replica.stop(why);
-            return;
-        }
+        let answers = match applied {
+            Ok(answers) => answers,
+            Err(why) => {
+                // It cannot commit what the others commit: going on would answer from a
+                // store that drifted from theirs. It stops; the others carry on.
+                self.replica.stop(why);
+                return;
+            }
+        };
         let mut waiters = self.replica.waiters.lock().unwrap();
         for (ticket, answer) in answers {
             if let Some(waiter) = waiters.remove(&ticket) {
                 let _ = waiter.send(answer);
             }
         }
-    }
-
-    /// Applies the delivery at `position` to the store (not synced yet): the ticket and
-    /// answer of a request waiting here, if it is one; an error if the store failed.
-    fn apply_one(
-        &self,
-        served: &mut Served,
-        position: u64,
-        message: &[u8],
-    ) -> Result<Option<(u64, ManagerResponse)>, String> {
-        let next = self.replica.next_position.load(Ordering::SeqCst);
-        if position < next {
-            return Ok(None); // Already in the store copied from a peer.
-        }
-        assert_eq!(position, next, "deliveries skipped positions");
-        let proposal = Proposal::decode(message);
-        let answer = match (&proposal, served) {
-            (Ok(proposal), Served::Running(manager)) => {
-                manager.set_order_position(OrderPosition {
-                    epoch: self.replica.epoch.load(Ordering::SeqCst),
-                    next: position + 1,
-                });
-                let answer = manager.apply(proposal.command.clone(), Instant::now());
-                if let Some(failure) = manager.take_store_failure() {
-                    return Err(format!("position {position}: its store failed: {failure}"));
-                }
-                Some(answer)
-            }
-            (Err(error), _) => {
-                tracing::error!("replica {}: position {position}: {error}", self.replica.id);
-                None
-            }
-            (Ok(_), Served::NoStore(_)) => None,
-        };
-        self.replica
-            .next_position
-            .store(position + 1, Ordering::SeqCst);
-        let (Ok(proposal), Some(answer)) = (proposal, answer) else {
-            return Ok(None);
-        };
-        if let Command::ExpirePending { file } = proposal.command {
-            self.replica.expiry_proposed.lock().unwrap().remove(&file);
-        }
-        let mine =
-            proposal.origin == self.replica.id && proposal.incarnation == self.replica.incarnation;
-        Ok(mine.then_some((proposal.ticket, answer)))
     }
 
     /// Proposes the removal of every pending file whose lease ran out here.
@@ -1117,7 +915,7 @@ impl Applier {
             if self.replica.refusal().is_some() {
                 return;
             }
-            if self.replica.expiry_proposed.lock().unwrap().insert(file) {
+            if self.replica.core.lock().unwrap().propose_expiry(file) {
                 // The answer is nobody's: the waiter is dropped when it comes.
                 let _ = self.replica.propose(Command::ExpirePending { file });
             }
@@ -1127,18 +925,14 @@ impl Applier {
     /// Proposes [`Command::ExpireOnce`] when its cutoff moved (or records remain), if this
     /// replica leads the view: one proposer is enough, and a new leader has its own marks.
     fn propose_once_expiry(&self) {
-        let here = OrderPosition {
-            epoch: self.replica.epoch.load(Ordering::SeqCst),
-            next: self.replica.next_position.load(Ordering::SeqCst),
-        };
+        let here = self.replica.position();
         let backlog = match &*self.served.lock().unwrap() {
             Served::Running(manager) => manager.once_expiry_backlog(),
             Served::NoStore(_) => return,
         };
         let expiry = self.manager_config.once_expiry;
         let mut marks = self.once_marks.lock().unwrap();
-        let leads = self.replica.member_view().is_some()
-            && self.replica.progress.lock().unwrap().leader == Some(NodeId(self.replica.id - 1));
+        let leads = self.replica.core.lock().unwrap().leads();
         if !leads {
             // Keep marking, so that a replica that comes to lead knows the past.
             marks.tick(Instant::now(), here, expiry, false);
@@ -1153,7 +947,7 @@ impl Applier {
 
     /// Installs a peer's store that stands at `position` or later.
     fn catch_up(&self, position: u64) {
-        self.replica.progress.lock().unwrap().catching_up = true;
+        self.replica.core.lock().unwrap().set_catching_up(true);
         tracing::info!(
             "replica {}: delivers from position {position}; fetching a peer's store",
             self.replica.id
@@ -1182,7 +976,7 @@ impl Applier {
                             index + 1,
                             began.elapsed().as_millis()
                         );
-                        self.replica.progress.lock().unwrap().catching_up = false;
+                        self.replica.core.lock().unwrap().set_catching_up(false);
                         return;
                     }
                     Err(error) => tracing::error!("replica {}: {error}", self.replica.id),
@@ -1258,24 +1052,20 @@ impl Applier {
         let incoming = self.dir.join(INCOMING_FILE_NAME);
         let mut served = self.served.lock().unwrap();
         // Close the old store before its file is replaced.
-        *served = Served::NoStore(path.clone());
-        let written = std::fs::rename(&incoming, &path)
-            .and_then(|()| std::fs::File::open(&self.dir)?.sync_all());
-        written.map_err(|e| format!("cannot install the copied store: {e}"))?;
-        let mut manager = Manager::open_existing(&self.dir, self.manager_config)
-            .map_err(|e| format!("cannot open the copied store: {e}"))?;
-        manager.set_replicated(self.secret.replica_key());
-        let stored = manager
-            .order_position()
-            .map_err(|e| format!("the copied store's order position: {e}"))?;
-        manager.set_order_position(OrderPosition {
-            epoch: stored.epoch,
-            next: position,
-        });
+        *served = Served::NoStore(path);
+        let (manager, at) = crate::replica_core::open_installed(
+            &self.dir,
+            &incoming,
+            position,
+            self.manager_config,
+            self.secret.replica_key(),
+        )?;
         *served = Served::Running(Box::new(manager));
-        self.replica.epoch.store(stored.epoch, Ordering::SeqCst);
-        self.replica.next_position.store(position, Ordering::SeqCst);
-        *self.replica.live_since.lock().unwrap() = Instant::now();
+        self.replica
+            .core
+            .lock()
+            .unwrap()
+            .installed(at, Instant::now());
         Ok(())
     }
 }

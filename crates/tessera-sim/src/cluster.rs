@@ -1,6 +1,7 @@
 //! A whole cluster in one process: the manager's state machine and N storage servers behind a
 //! [`MemNetwork`], clients over [`MemTransport`]s, and the faults a simulator plays on them.
 
+use crate::replicas::{OrderFaults, SimReplicas};
 use bytes::Bytes;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -11,7 +12,7 @@ use tessera_client::Client;
 use tessera_manager::{Manager, ManagerConfig};
 use tessera_store::{BitFlip, MemDisk, PowerLoss, Store};
 use tessera_transport::{BoxFuture, ConnectionId, FrameHandler, MemNetwork};
-use tessera_wire::{encode_message, ManagerRequest, ManagerResponse, ServerId};
+use tessera_wire::{encode_message, ManagerError, ManagerRequest, ManagerResponse, ServerId};
 
 /// How often a running server heartbeats (as `tessera_server::HEARTBEAT_INTERVAL`).
 const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(300);
@@ -47,6 +48,50 @@ impl FrameHandler for ManagerHost {
         Box::pin(async move { answer })
     }
 }
+
+/// The cluster's manager: one state machine, or replicas ([`SimReplicas`]).
+#[derive(Clone)]
+enum Metadata {
+    Single(Arc<Mutex<Manager>>),
+    Replicated(Arc<SimReplicas>),
+}
+
+impl Metadata {
+    /// Sends `request` as a storage server does: straight into the single manager, or to the
+    /// replicas in turn until one answers (at most [`REPLICA_ROUNDS_MAX`] rounds).
+    async fn call(&self, network: &Arc<MemNetwork>, request: ManagerRequest) -> ManagerResponse {
+        let replicas = match self {
+            Metadata::Single(manager) => return manager.lock().unwrap().handle(request, now()),
+            Metadata::Replicated(replicas) => replicas.addrs(),
+        };
+        let transport = network.transport(Duration::from_secs(5));
+        let mut last = None;
+        for _ in 0..REPLICA_ROUNDS_MAX {
+            for &addr in &replicas {
+                let answer = tessera_transport::call::<_, ManagerResponse>(
+                    &transport,
+                    addr,
+                    &request,
+                    Bytes::new(),
+                )
+                .await;
+                match answer {
+                    Ok((ManagerResponse::Error(ManagerError::Unordered(why)), _)) => {
+                        last = Some(why);
+                    }
+                    Ok((answer, _)) => return answer,
+                    Err(error) => last = Some(error.to_string()),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let why = last.unwrap_or_default();
+        ManagerResponse::Error(ManagerError::Unordered(why))
+    }
+}
+
+/// Rounds over the replicas a server's request to the manager makes before it gives up.
+const REPLICA_ROUNDS_MAX: usize = 20;
 
 /// One storage server of the simulated cluster.
 struct SimServer {
@@ -84,7 +129,7 @@ pub struct SimCluster {
     pub network: Arc<MemNetwork>,
     /// The manager's address.
     pub manager_addr: SocketAddr,
-    manager: Arc<Mutex<Manager>>,
+    metadata: Metadata,
     servers: Vec<SimServer>,
     request_timeout: Duration,
     /// Whether the servers' background torn-stripe resolvers act (on unless a test that
@@ -99,6 +144,25 @@ impl SimCluster {
     /// in-memory disks, the manager's store under `/dev/shm` when it exists (fsync costs
     /// nothing there), else the system's temp dir.
     pub async fn start(seed: u64, servers: usize) -> SimCluster {
+        Self::start_with(seed, servers, None).await
+    }
+
+    /// As [`SimCluster::start`], with `replicas` manager replicas ([`SimReplicas`]) whose
+    /// order datagrams meet `faults`; clients and servers fail over between them.
+    pub async fn start_replicated(
+        seed: u64,
+        servers: usize,
+        replicas: usize,
+        faults: OrderFaults,
+    ) -> SimCluster {
+        Self::start_with(seed, servers, Some((replicas, faults))).await
+    }
+
+    async fn start_with(
+        seed: u64,
+        servers: usize,
+        replicated: Option<(usize, OrderFaults)>,
+    ) -> SimCluster {
         let shm = std::path::Path::new("/dev/shm");
         let root = match shm.is_dir() {
             true => tempfile::Builder::new()
@@ -107,20 +171,33 @@ impl SimCluster {
             false => tempfile::Builder::new().prefix("tessera-sim").tempdir(),
         }
         .expect("a temporary directory");
-        let network = MemNetwork::new(seed);
+        // Replicas wait for the order while handling a request: deliveries run concurrently.
+        let network = MemNetwork::with_order(seed, replicated.is_none());
         let config = ManagerConfig {
             cluster_id: Some(seed | 1),
             ..ManagerConfig::default()
         };
-        let manager = Manager::open(&root.path().join("manager"), config).expect("manager store");
-        let manager = Arc::new(Mutex::new(manager));
         let manager_addr: SocketAddr = "10.0.0.1:7000".parse().unwrap();
-        network.listen(
-            manager_addr,
-            Arc::new(ManagerHost {
-                manager: manager.clone(),
-            }),
-        );
+        let metadata = match replicated {
+            None => {
+                let manager =
+                    Manager::open(&root.path().join("manager"), config).expect("manager store");
+                let manager = Arc::new(Mutex::new(manager));
+                let host = ManagerHost {
+                    manager: manager.clone(),
+                };
+                network.listen(manager_addr, Arc::new(host));
+                Metadata::Single(manager)
+            }
+            Some((count, faults)) => Metadata::Replicated(Arc::new(SimReplicas::start(
+                seed,
+                count,
+                root.path(),
+                config,
+                network.clone(),
+                faults,
+            ))),
+        };
         let servers = (0..servers)
             .map(|i| SimServer {
                 addr: SocketAddr::from(([10, 0, 1, i as u8 + 1], 7100)),
@@ -134,9 +211,13 @@ impl SimCluster {
         let mut cluster = SimCluster {
             network,
             manager_addr,
-            manager,
+            request_timeout: match metadata {
+                Metadata::Single(_) => Duration::from_secs(1),
+                // As the real client's: longer than a replica's order timeout.
+                Metadata::Replicated(_) => Duration::from_secs(5),
+            },
+            metadata,
             servers,
-            request_timeout: Duration::from_secs(1),
             resolving: Arc::new(AtomicBool::new(true)),
             _root: root,
         };
@@ -148,8 +229,21 @@ impl SimCluster {
 
     /// A new client process.
     pub fn client(&self) -> Client {
-        let transport = self.network.transport(self.request_timeout);
-        Client::with_transport(self.manager_addr, Arc::new(transport))
+        let transport = Arc::new(self.network.transport(self.request_timeout));
+        match &self.metadata {
+            Metadata::Single(_) => Client::with_transport(self.manager_addr, transport),
+            Metadata::Replicated(replicas) => {
+                Client::with_transport_replicated(replicas.addrs(), transport)
+            }
+        }
+    }
+
+    /// The manager's replicas, if it is replicated.
+    pub fn replicas(&self) -> Option<&SimReplicas> {
+        match &self.metadata {
+            Metadata::Single(_) => None,
+            Metadata::Replicated(replicas) => Some(replicas),
+        }
     }
 
     /// Pauses (or resumes) every server's background torn-stripe resolver, for tests that
@@ -237,7 +331,7 @@ impl SimCluster {
             incarnation,
             cluster: store.cluster_id(),
         };
-        let answer = self.manager.lock().unwrap().handle(request, now());
+        let answer = self.metadata.call(&self.network, request).await;
         let ManagerResponse::Registered {
             server: id,
             cluster,
@@ -256,7 +350,7 @@ impl SimCluster {
         let handler = tessera_server::handler(store.clone(), id);
         self.network.listen(server.addr, handler);
         let heartbeat = tokio::spawn(heartbeat(
-            self.manager.clone(),
+            self.metadata.clone(),
             self.network.clone(),
             server.addr,
             [id as u64, incarnation, cluster],
@@ -316,7 +410,13 @@ impl SimCluster {
         let mut out = Vec::new();
         for server in &self.servers {
             let request = ManagerRequest::FilesOnServer { server: server.id };
-            let answer = self.manager.lock().unwrap().handle(request, now());
+            let answer = match &self.metadata {
+                Metadata::Single(manager) => manager.lock().unwrap().handle(request, now()),
+                Metadata::Replicated(replicas) => {
+                    let answer = replicas.with_manager(|manager| manager.handle(request, now()));
+                    answer.unwrap_or(ManagerResponse::Done)
+                }
+            };
             let ManagerResponse::Debts(debts) = answer else {
                 continue;
             };
@@ -361,7 +461,7 @@ impl Drop for SimCluster {
 /// server's address is served (a server killed in the middle of an operation falls silent at
 /// once, before the simulator reaps it).
 async fn heartbeat(
-    manager: Arc<Mutex<Manager>>,
+    metadata: Metadata,
     network: Arc<MemNetwork>,
     addr: SocketAddr,
     [server, incarnation, cluster]: [u64; 3],
@@ -377,7 +477,7 @@ async fn heartbeat(
             incarnation,
             cluster,
         };
-        manager.lock().unwrap().handle(request, now());
+        metadata.call(&network, request).await;
     }
 }
 

@@ -46,13 +46,25 @@
 //! past its size that some server holds bytes or damage in (bit-flip seed 196 grew a file over
 //! such damage on two servers when scrub stopped at the size). Farther out it stays.
 //!
-//! Also left: a manager crash and restart inside a run (its redb store reopened), several
-//! clients at once (parity locks contended, a dead client's lock), the datagram transport's
-//! state machine under the network instead of whole frames, and scrub inside the workload.
+//! # The replicated manager ([`replicas`], [`metadata`])
+//! [`SimCluster::start_replicated`] replaces the one manager by 3 or 5 replicas: each the
+//! total order's sans-IO node (`tessera_order::Node`) and the manager replica's sans-IO core
+//! (`tessera_manager::replica_core`, shared with the `tessera manager --id` daemon) over its
+//! own redb store, their datagrams on an in-memory queue with seeded delay, loss and
+//! partitions; replicas are killed and restarted (catching up from a peer's store) and cut
+//! off. [`metadata::check_metadata`] runs clients' metadata operations under such faults and
+//! checks the history against a sequential model of the namespace (see its doc).
+//!
+//! Also left: a manager crash and restart inside the explorer's runs (its redb store
+//! reopened), several clients at once (parity locks contended, a dead client's lock), the
+//! datagram transport's state machine under the network instead of whole frames, and scrub
+//! inside the workload.
 
 pub mod cluster;
 pub mod explore;
+pub mod metadata;
 pub mod model;
+pub mod replicas;
 
 pub use cluster::SimCluster;
 

@@ -1,0 +1,445 @@
+//! The sans-IO core of a manager replica: what [`crate::replica`]'s daemon and the
+//! simulator (`tessera-sim`'s replicated manager) share.
+//!
+//! It owns where the replica stands in the order (epoch and next position), its role (view,
+//! leader, starting, catching up, stopped), the numbering and encoding of its proposals, the
+//! application of UTO deliveries to a [`Manager`] in position order with the answers owed to
+//! its own proposals, and the table of *synced* connections that decides which reads are
+//! answered locally (see [`crate::replica`]'s module doc for the rules). It must never do
+//! I/O: no sockets, threads or clock; time comes in as `now`, deliveries and order events
+//! as arguments, and the caller drives the order node, waits for answers, and moves store
+//! files ([`copy_store`], [`open_installed`]) when a replica catches up.
+
+use crate::command::{is_read, Command, Decision, OrderPosition, Proposal};
+use crate::Manager;
+use bytes::Bytes;
+use redb::ReadableDatabase;
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tessera_order::{Event, NodeId, Start};
+use tessera_transport::ConnectionId;
+use tessera_wire::{ManagerError, ManagerRequest, ManagerResponse, ReplicaStatus};
+
+/// Where this replica stands, as `tessera status` shows it.
+#[derive(Debug, Clone, Default)]
+struct Progress {
+    /// The last view it was a normal member of.
+    view: u64,
+    /// That view's leader.
+    leader: Option<NodeId>,
+    /// A member of `view` and not suspecting anyone since.
+    normal: bool,
+    /// Waiting for a peer's store before it can apply.
+    catching_up: bool,
+    /// Not yet in the order: deciding how to start, or waiting for every replica to start
+    /// the group again.
+    starting: bool,
+    /// Why the replica stopped, once it did: it left the order and refuses every request.
+    stopped: Option<String>,
+}
+
+/// The replica's state besides its store and its order node (module doc).
+#[derive(Debug)]
+pub struct ReplicaCore {
+    /// This replica's id (1-based).
+    id: u16,
+    incarnation: u32,
+    /// The next order position to apply.
+    next_position: u64,
+    /// The group's epoch that position is of.
+    epoch: u64,
+    next_ticket: u64,
+    progress: Progress,
+    /// Pending files whose expiry this replica proposed already.
+    expiry_proposed: BTreeSet<u64>,
+    message_bytes_max: usize,
+    /// When this replica's liveness table began (its start, or the install of a peer's
+    /// store): younger than a heartbeat timeout, it may not have heard every live server.
+    live_since: Instant,
+    heartbeat_timeout: Duration,
+    /// Every open connection, with the view it was synced in if it is synced.
+    synced: HashMap<ConnectionId, Option<u64>>,
+}
+
+impl ReplicaCore {
+    /// Replica `id` in `incarnation`, its store standing at `stored`, starting (not yet in
+    /// the order) at `now`; proposals of at most `message_bytes_max` bytes.
+    pub fn new(
+        id: u16,
+        incarnation: u32,
+        stored: OrderPosition,
+        message_bytes_max: usize,
+        heartbeat_timeout: Duration,
+        now: Instant,
+    ) -> ReplicaCore {
+        ReplicaCore {
+            id,
+            incarnation,
+            next_position: stored.next,
+            epoch: stored.epoch,
+            next_ticket: 0,
+            progress: Progress {
+                starting: true,
+                ..Progress::default()
+            },
+            expiry_proposed: BTreeSet::new(),
+            message_bytes_max,
+            live_since: now,
+            heartbeat_timeout,
+            synced: HashMap::new(),
+        }
+    }
+
+    /// This replica's id (1-based).
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    /// This start's incarnation.
+    pub fn incarnation(&self) -> u32 {
+        self.incarnation
+    }
+
+    /// Where this replica stands: the epoch and the next position to apply.
+    pub fn position(&self) -> OrderPosition {
+        OrderPosition {
+            epoch: self.epoch,
+            next: self.next_position,
+        }
+    }
+
+    /// This replica's state for `tessera status`.
+    pub fn status(&self) -> ReplicaStatus {
+        let progress = &self.progress;
+        let role = if progress.stopped.is_some() {
+            "stopped"
+        } else if progress.starting {
+            "starting"
+        } else if progress.catching_up {
+            "catching-up"
+        } else if !progress.normal {
+            "view-change"
+        } else if progress.leader == Some(NodeId(self.id - 1)) {
+            "leader"
+        } else {
+            "follower"
+        };
+        ReplicaStatus {
+            id: self.id,
+            role: role.to_string(),
+            view: progress.view,
+            applied: self.next_position,
+            epoch: self.epoch,
+        }
+    }
+
+    /// The view this replica is a normal member of now, applying as it comes; `None` while
+    /// it suspects a peer, catches up, starts or stopped.
+    pub fn member_view(&self) -> Option<u64> {
+        let progress = &self.progress;
+        let member = progress.normal
+            && !progress.catching_up
+            && !progress.starting
+            && progress.stopped.is_none();
+        member.then_some(progress.view)
+    }
+
+    /// Whether this replica leads the view it is a normal member of.
+    pub fn leads(&self) -> bool {
+        self.member_view().is_some() && self.progress.leader == Some(NodeId(self.id - 1))
+    }
+
+    /// Whether it waits for a peer's store.
+    pub fn is_catching_up(&self) -> bool {
+        self.progress.catching_up
+    }
+
+    /// Whether it stopped (left the order for good in this incarnation).
+    pub fn is_stopped(&self) -> bool {
+        self.progress.stopped.is_some()
+    }
+
+    /// Why requests cannot be ordered here now, if they cannot.
+    pub fn refusal(&self) -> Option<ManagerError> {
+        let progress = &self.progress;
+        if let Some(why) = &progress.stopped {
+            return Some(ManagerError::Unordered(format!(
+                "replica {} stopped: {why}",
+                self.id
+            )));
+        }
+        if progress.starting {
+            return Some(ManagerError::Unordered(format!(
+                "replica {} is starting",
+                self.id
+            )));
+        }
+        progress.catching_up.then(|| {
+            ManagerError::Unordered(format!("replica {} is catching up from its peers", self.id))
+        })
+    }
+
+    /// The order node began as `start`: a restarted one catches up before it applies.
+    pub fn began(&mut self, start: Start) {
+        self.progress.catching_up = start == Start::Restarted;
+        self.progress.starting = false;
+    }
+
+    /// Sets whether it waits for a peer's store.
+    pub fn set_catching_up(&mut self, catching_up: bool) {
+        self.progress.catching_up = catching_up;
+    }
+
+    /// Stands at `epoch`'s position 0 (the whole group begins that epoch).
+    pub fn begin_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+        self.next_position = 0;
+    }
+
+    /// Leaves the order: refuses every request from now on, saying `why`.
+    pub fn stop(&mut self, why: String) {
+        self.progress.stopped = Some(why);
+    }
+
+    /// Enters a connection that opened, not synced.
+    pub fn opened(&mut self, connection: ConnectionId) {
+        self.synced.insert(connection, None);
+    }
+
+    /// Forgets a connection that closed.
+    pub fn closed(&mut self, connection: ConnectionId) {
+        self.synced.remove(&connection);
+    }
+
+    /// Whether `request` on `connection` may be answered from the replica's own store: a
+    /// read, on a connection synced in the view this replica is a normal member of.
+    pub fn reads_locally(&self, connection: ConnectionId, request: &ManagerRequest) -> bool {
+        let Some(view) = self.member_view() else {
+            return false;
+        };
+        is_read(request) && self.synced.get(&connection) == Some(&Some(view))
+    }
+
+    /// An ordered request on `connection` was answered with `answer`: anything but a refusal
+    /// syncs the connection (in the view it is a member of now), a refusal unsyncs it.
+    pub fn answered(&mut self, connection: ConnectionId, answer: &ManagerResponse) {
+        let refused = matches!(answer, ManagerResponse::Error(ManagerError::Unordered(_)));
+        let view = self.member_view().filter(|_| !refused);
+        if let Some(synced) = self.synced.get_mut(&connection) {
+            *synced = view;
+        }
+    }
+
+    /// A proposal of `command` from this replica: its ticket and bytes.
+    pub fn proposal(&mut self, command: Command) -> Result<(u64, Bytes), ManagerError> {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        let proposal = Proposal {
+            version: crate::command::PROPOSAL_VERSION,
+            origin: self.id,
+            incarnation: self.incarnation,
+            ticket,
+            command,
+        }
+        .encode();
+        if proposal.len() > self.message_bytes_max {
+            return Err(ManagerError::Layout(format!(
+                "request of {} bytes; a replicated manager orders at most {}",
+                proposal.len(),
+                self.message_bytes_max
+            )));
+        }
+        Ok((ticket, Bytes::from(proposal)))
+    }
+
+    /// Refuses to place a file on fewer than the `known` servers while this replica's
+    /// liveness table is younger than a heartbeat timeout (it restarted or caught up lately
+    /// and may not have heard every live server yet): the client tries another replica.
+    pub fn young_placement(
+        &self,
+        decision: &Decision,
+        known: usize,
+        now: Instant,
+    ) -> Option<ManagerError> {
+        let placement = decision.placement.as_ref()?;
+        let age = now.saturating_duration_since(self.live_since);
+        (placement.len() < known && age < self.heartbeat_timeout).then(|| {
+            ManagerError::Unordered(format!(
+                "replica {} has heard the servers for only {} ms",
+                self.id,
+                age.as_millis()
+            ))
+        })
+    }
+
+    /// Takes an order event other than a delivery: the position to catch up from (a peer's
+    /// store standing there or later), if this replica must.
+    pub fn on_event(&mut self, event: &Event) -> Option<u64> {
+        match event {
+            Event::View { view, leader, .. } => {
+                self.progress.view = *view;
+                self.progress.leader = Some(*leader);
+                self.progress.normal = true;
+                None
+            }
+            Event::Suspected { .. } => {
+                self.progress.normal = false;
+                None
+            }
+            &Event::Joined { position } | &Event::Gap { to: position, .. } => {
+                // A restarted replica takes a peer's store even when it joins at the start
+                // of the order: its own may be older than the group's.
+                let restarted = self.progress.catching_up;
+                (restarted || position > self.next_position).then_some(position)
+            }
+            Event::Deliver { .. } | Event::Optimistic { .. } | Event::Revoked { .. } => None,
+        }
+    }
+
+    /// A peer's store standing at `position` (of the epoch it records) was installed at `now`.
+    pub fn installed(&mut self, position: OrderPosition, now: Instant) {
+        self.epoch = position.epoch;
+        self.next_position = position.next;
+        self.live_since = now;
+    }
+
+    /// Whether this replica should propose the expiry of pending `file` (not yet proposed).
+    pub fn propose_expiry(&mut self, file: u64) -> bool {
+        self.expiry_proposed.insert(file)
+    }
+
+    /// Applies a batch of deliveries to `manager` (`None`: the store is closed) at `now`,
+    /// syncing once at the end: the tickets and answers of this replica's proposals among
+    /// them. An error says the store failed: the batch is neither synced nor to be answered,
+    /// and the replica must stop.
+    pub fn apply_batch(
+        &mut self,
+        mut manager: Option<&mut Manager>,
+        batch: &[(u64, Bytes)],
+        now: Instant,
+    ) -> Result<Vec<(u64, ManagerResponse)>, String> {
+        if let Some(manager) = manager.as_deref_mut() {
+            manager.begin_batch();
+        }
+        let mut answers = Vec::with_capacity(batch.len());
+        let mut failed = None;
+        for (position, message) in batch {
+            match self.apply_one(manager.as_deref_mut(), *position, message, now) {
+                Ok(answer) => answers.extend(answer),
+                Err(why) => {
+                    failed = Some(why);
+                    break;
+                }
+            }
+        }
+        if let Some(manager) = manager {
+            if failed.is_some() {
+                manager.abandon_batch();
+            } else if let Err(error) = manager.end_batch() {
+                let (first, last) = (batch[0].0, batch[batch.len() - 1].0);
+                failed = Some(format!(
+                    "positions {first}..={last}: its store failed to sync: {error}"
+                ));
+            }
+        }
+        match failed {
+            Some(why) => Err(why),
+            None => Ok(answers),
+        }
+    }
+
+    /// Applies the delivery at `position` (not synced yet): the ticket and answer of this
+    /// replica's proposal, if it is one; an error if the store failed.
+    fn apply_one(
+        &mut self,
+        manager: Option<&mut Manager>,
+        position: u64,
+        message: &[u8],
+        now: Instant,
+    ) -> Result<Option<(u64, ManagerResponse)>, String> {
+        if position < self.next_position {
+            return Ok(None); // Already in the store copied from a peer.
+        }
+        assert_eq!(position, self.next_position, "deliveries skipped positions");
+        let proposal = Proposal::decode(message);
+        let answer = match (&proposal, manager) {
+            (Ok(proposal), Some(manager)) => {
+                manager.set_order_position(OrderPosition {
+                    epoch: self.epoch,
+                    next: position + 1,
+                });
+                let answer = manager.apply(proposal.command.clone(), now);
+                if let Some(failure) = manager.take_store_failure() {
+                    return Err(format!("position {position}: its store failed: {failure}"));
+                }
+                Some(answer)
+            }
+            (Err(error), _) => {
+                tracing::error!("replica {}: position {position}: {error}", self.id);
+                None
+            }
+            (Ok(_), None) => None,
+        };
+        self.next_position = position + 1;
+        let (Ok(proposal), Some(answer)) = (proposal, answer) else {
+            return Ok(None);
+        };
+        if let Command::ExpirePending { file } = proposal.command {
+            self.expiry_proposed.remove(&file);
+        }
+        let mine = proposal.origin == self.id && proposal.incarnation == self.incarnation;
+        Ok(mine.then_some((proposal.ticket, answer)))
+    }
+}
+
+/// Answers a read from `manager`'s own store at `now`, unless it must be ordered (not a
+/// read, a lookup by id of a pending file, or an answer "not found": absence is always asked
+/// through the order).
+pub fn local_answer(
+    manager: &mut Manager,
+    request: &ManagerRequest,
+    now: Instant,
+) -> Option<ManagerResponse> {
+    let answer = manager.answer_read(request, now)?;
+    let absent = matches!(answer, ManagerResponse::Error(ManagerError::NotFound(_)));
+    (!absent).then_some(answer)
+}
+
+/// Copies every table of `manager`'s store, as one read transaction sees it, into a new
+/// store file at `to` (what a replica sends a peer that catches up).
+pub fn copy_store(manager: &Manager, to: &Path) -> Result<(), ManagerError> {
+    let txn = manager
+        .db
+        .begin_read()
+        .map_err(|e| ManagerError::Store(e.to_string()))?;
+    crate::store::copy_tables(&txn, to).map_err(ManagerError::from)
+}
+
+/// Makes the store copy at `incoming` the store of the replica in `dir` (whose manager must
+/// be closed), standing at `position`, and opens it as a replica's: the manager and the
+/// position (with the epoch the copy records).
+pub fn open_installed(
+    dir: &Path,
+    incoming: &Path,
+    position: u64,
+    config: crate::ManagerConfig,
+    replica_key: tessera_auth::Key,
+) -> Result<(Manager, OrderPosition), String> {
+    let path = dir.join(crate::store::DB_FILE_NAME);
+    let written =
+        std::fs::rename(incoming, &path).and_then(|()| std::fs::File::open(dir)?.sync_all());
+    written.map_err(|e| format!("cannot install the copied store: {e}"))?;
+    let mut manager = Manager::open_existing(dir, config)
+        .map_err(|e| format!("cannot open the copied store: {e}"))?;
+    manager.set_replicated(replica_key);
+    let stored = manager
+        .order_position()
+        .map_err(|e| format!("the copied store's order position: {e}"))?;
+    let at = OrderPosition {
+        epoch: stored.epoch,
+        next: position,
+    };
+    manager.set_order_position(at);
+    Ok((manager, at))
+}
