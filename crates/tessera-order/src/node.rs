@@ -109,6 +109,10 @@ struct SendState {
 struct Peer {
     /// ACKs `(length, hash)` not yet compared with our log (it is shorter).
     history: VecDeque<(u64, u64)>,
+    /// The member's latest ACK in this view: compared again once the leader's order
+    /// replaced part of our log (it conflicted with what we had, and the member may send
+    /// no other until its next heartbeat).
+    latest: Option<(u64, u64)>,
     /// The member's log equals ours at positions `0..matched`.
     matched: u64,
     /// Positions the member delivered.
@@ -144,6 +148,8 @@ struct ReceiveState {
     ack_now: bool,
     /// When our last fresh ACK is sent again (see `ack_sent`).
     ack_again_at: Option<Micros>,
+    /// ACKs sent since the last fresh one (the pause before the next doubles each time).
+    ack_again_rounds: u32,
     nacked_at: BTreeMap<SenderId, Micros>,
     repair_check_at: Micros,
     /// The end of our log at the leader's last repair check.
