@@ -322,7 +322,8 @@ impl Node {
     }
 
     pub(super) fn deliver(&mut self) {
-        while self.receive.delivered < self.receive.commit {
+        // While fetching, the positions up to the view's log come first.
+        while self.receive.fetch.is_none() && self.receive.delivered < self.receive.commit {
             let position = self.receive.delivered;
             let entry = self
                 .receive
