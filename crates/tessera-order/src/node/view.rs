@@ -426,6 +426,9 @@ impl Node {
             self.stats.malformed += 1;
             return;
         };
+        // A START-VIEW of a later view may come while we fetch below this one's log (we
+        // missed the view change): that fetch no longer applies.
+        self.drop_fetch();
         if members & bit(self.id) == 0 {
             self.become_joining(view, now);
             return;
