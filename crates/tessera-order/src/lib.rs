@@ -82,7 +82,10 @@
 //! in the log, after `ack_every_messages` appends or `ack_delay_us` (the threshold of ACK
 //! aggregation), piggybacked on its DATA when it sends; and once more two round trips later
 //! unless another ACK follows first (a lost last ACK of a burst would otherwise hold a
-//! member's deliveries until the next heartbeat). A member that holds ACKs from every
+//! member's deliveries until the next heartbeat), and again, each pause twice the last up to
+//! a heartbeat interval, while some member reports fewer deliveries than its log holds. A
+//! member whose log the leader's order replaced compares every member's latest ACK again
+//! (it conflicted with the log it had). A member that holds ACKs from every
 //! member of the view whose `(length, hash)` equal its own log's at that length knows that
 //! every member holds the same messages at every position below it: it UTO-delivers them
 //! ([`Event::Deliver`]). Nobody waits for the leader for this.
@@ -95,9 +98,10 @@
 //! less than half a round trip ago: another receiver's NACK of the same loss), and at once
 //! when a later broadcast of its own came back before the DATA packet that carried it (the
 //! packet was lost; a lost last packet shows nobody a gap). A receiver NACKs a gap in a
-//! sender's numbering, and a message that another member's ACK counts but it lacks, at
-//! most once per sender every two round trips (one NACK names a range), and again every two
-//! round trips while the gap stays open. The round trip is measured on the node's own
+//! sender's numbering, and a message that another member's ACK counts (as held or
+//! delivered: that ACK crossed the sequencer link after the DATA) but it lacks, at most
+//! once per sender every two round trips (one NACK names a range), and again every two
+//! round trips while that sender's gap stays open. The round trip is measured on the node's own
 //! broadcasts ([`rtt`]), which cross the sequencer link's queue as repairs do. Where
 //! members' logs disagree (one lost a message and appended later ones before its
 //! retransmission), the leader's order takes over (section 3.4.2, Pedone and Schiper's
@@ -158,6 +162,19 @@
 //! leader starts another view change to let it in. A view change that does not finish
 //! within `view_change_timeout_us` (plus jitter) moves to the next view and leader.
 //!
+//! **Catching up below a view's log.** A view's log begins at the lowest position some
+//! voter had not delivered, as far down as some vote carries it. A member that had not
+//! delivered as far (it voted from another view, and the leader does not retain those
+//! positions) asks the view's members for them (FETCH: the range, and the part of it still
+//! lacking), one member every two round trips, in turn, the one that answered last first;
+//! a member that retains them below its own view's log answers with the parts of that one
+//! image, each within `repair_bytes_max` (LOG-PART), at most [`REPAIR_PACKETS_MAX`] per
+//! question. The image is taken whole, if its hash chain begins at the member's own hash
+//! where its deliveries stopped and ends at the view log's first hash, and its counts agree
+//! at both ends; the member delivers nothing until then. After four questions to every
+//! other member (or a view change), or past [`FETCH_POSITIONS_MAX`] positions, it reports
+//! [`Event::Gap`] instead: the application's state transfer.
+//!
 //! **Orphans.** Messages of a crashed sender that reached some members but not the leader
 //! cannot be retransmitted to it. A member whose log matches the leader's ACK up to its
 //! length and goes on past it only with messages of earlier incarnations drops them; they
@@ -202,6 +219,10 @@
 //! - **DO-VIEW-CHANGE** (I4, promise): a node that sends it for view `v'` has stopped
 //!   appending and acknowledging in every view below `v'`; it reports its log as it was, so
 //!   the log contains everything it ever acknowledged as a member of its last normal view.
+//! - **FETCH and LOG-PART** keep no invariant of their own either: the fetched image is
+//!   taken only whole, when its hash chain runs from the member's own hash at its last
+//!   delivery to the view log's hash at its first position, so it holds exactly the
+//!   positions below the view's log that the view's voters delivered (I5), in order.
 //! - **Parts and MISSING** keep no invariant of their own: a vote or START-VIEW takes effect
 //!   only whole, checked against the hash chain at its end, so it is the message the
 //!   sender meant; MISSING only makes a node send a part again.
@@ -237,9 +258,9 @@
 //! ```text
 //! offset size field
 //!  0      2   magic        0x544F ("TO")
-//!  2      1   version      3; checked first, so a later version may change all that follows
+//!  2      1   version      4; checked first, so a later version may change all that follows
 //!  3      1   kind         1 DATA, 2 ACK, 3 NACK, 4 HEARTBEAT, 5 ENTRIES,
-//!                          6 DO-VIEW-CHANGE, 7 START-VIEW, 8 MISSING
+//!                          6 DO-VIEW-CHANGE, 7 START-VIEW, 8 MISSING, 9 FETCH, 10 LOG-PART
 //!  4      2   from         the sending node
 //!  6      4   incarnation  of the sending node
 //! 10      8   view         the sender's view (or the view it is changing to)
@@ -268,6 +289,9 @@
 //! DO-VIEW-CHANGE  last_normal u64 (u64::MAX: none), commit u64, part
 //! START-VIEW      members u64, commit u64, part
 //! MISSING    from u64, to u64 (from < to; positions lacking of the header view's message)
+//! FETCH      start u64, end u64, from u64, to u64 (start <= from < to <= end: the image
+//!            start..end of your log, of which I lack from..to)
+//! LOG-PART   part (of the image start..end a FETCH asked for)
 //! ```
 //!
 //! [`packet::decode`] never panics and refuses anything truncated, with trailing bytes, of
@@ -283,7 +307,8 @@
 //! per packet and [`REPAIR_PACKETS_MAX`] packets per repair round or MISSING answered,
 //! 4,096 parts kept per view-change message being put together, at most
 //! [`GROUP_NODES_MAX`] nodes; logs keep positions until every member delivered them, and at
-//! most `log_retain_entries` more.
+//! most `log_retain_entries` more; a member fetches at most [`FETCH_POSITIONS_MAX`]
+//! positions, asking every other member at most four times.
 
 pub mod check;
 pub mod log;
@@ -293,7 +318,7 @@ mod parts;
 pub mod rtt;
 pub mod sim;
 
-pub use node::{Node, Stats};
+pub use node::{Node, Stats, FETCH_POSITIONS_MAX};
 
 use bytes::Bytes;
 
@@ -628,8 +653,9 @@ pub enum Event {
         /// The member.
         node: NodeId,
     },
-    /// A view started past positions this node had not delivered and no member retained:
-    /// the application must transfer state (only if `log_retain_entries` was too small).
+    /// A view started past positions this node had not delivered and no member it asked
+    /// retained (or a view change cut the fetch short): the application must transfer
+    /// state (only if `log_retain_entries` was too small).
     Gap {
         /// First position this node did not deliver.
         from: u64,

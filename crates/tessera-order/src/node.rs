@@ -1,5 +1,6 @@
 //! The node: sender, receiver and view change in one sans-IO state machine.
 
+mod fetch;
 mod receive;
 mod send;
 mod view;
@@ -12,6 +13,8 @@ use crate::{
     Config, Destination, Event, Group, Micros, NodeId, ProposeError, Role, SenderId, Start, Status,
     Transmit,
 };
+pub use fetch::FETCH_POSITIONS_MAX;
+
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -59,6 +62,13 @@ pub struct Stats {
     pub view_change_parts_sent: u64,
     /// MISSING packets sent (asking for lost parts of a view-change message).
     pub missing_sent: u64,
+    /// FETCH packets sent (asking a member for positions below a view's log).
+    pub fetches_sent: u64,
+    /// Parts of our log sent in answer to FETCH.
+    pub fetch_parts_sent: u64,
+    /// Positions below a view's log we had not delivered and fetched from a member
+    /// (instead of a state transfer, [`crate::Event::Gap`]).
+    pub positions_fetched: u64,
     /// Messages UTO-delivered.
     pub delivered: u64,
     /// Time proposals waited while the window was full, microseconds (to the last time a
@@ -109,6 +119,10 @@ struct SendState {
 struct Peer {
     /// ACKs `(length, hash)` not yet compared with our log (it is shorter).
     history: VecDeque<(u64, u64)>,
+    /// The member's latest ACK in this view: compared again once the leader's order
+    /// replaced part of our log (it conflicted with what we had, and the member may send
+    /// no other until its next heartbeat).
+    latest: Option<(u64, u64)>,
     /// The member's log equals ours at positions `0..matched`.
     matched: u64,
     /// Positions the member delivered.
@@ -144,6 +158,8 @@ struct ReceiveState {
     ack_now: bool,
     /// When our last fresh ACK is sent again (see `ack_sent`).
     ack_again_at: Option<Micros>,
+    /// ACKs sent since the last fresh one (the pause before the next doubles each time).
+    ack_again_rounds: u32,
     nacked_at: BTreeMap<SenderId, Micros>,
     repair_check_at: Micros,
     /// The end of our log at the leader's last repair check.
@@ -160,6 +176,24 @@ struct ReceiveState {
     /// (all delivered them), so repairs begin there at the lowest (a member may keep no
     /// more than that).
     view_start: u64,
+    /// Positions below the view's log that we had not delivered, being fetched.
+    fetch: Option<Fetch>,
+}
+
+/// Positions `start..end` (`end`: where the view's log begins) that we had not delivered
+/// when we adopted the view, asked of its members; we deliver nothing until they are in.
+#[derive(Debug)]
+struct Fetch {
+    start: u64,
+    end: u64,
+    /// Our hash chain at `start` (what we delivered): the image must continue it.
+    start_hash: u64,
+    /// Questions sent so far, and when the last went.
+    asked: u32,
+    asked_at: Micros,
+    /// The member whose parts arrived since our last question: asked again.
+    source: Option<NodeId>,
+    assembly: Option<Assembly>,
 }
 
 /// A DO-VIEW-CHANGE as the new leader keeps it.
@@ -443,6 +477,8 @@ impl Node {
                 | Body::DoViewChange { .. }
                 | Body::StartView { .. }
                 | Body::Missing { .. }
+                | Body::Fetch { .. }
+                | Body::LogPart(_)
         );
         if ordering && !self.role.receiver {
             return;
@@ -481,6 +517,13 @@ impl Node {
                 }
             }
             Body::Missing { from, to } => self.on_missing(&header, from, to),
+            Body::Fetch {
+                start,
+                end,
+                from,
+                to,
+            } => self.on_fetch(&header, (start, end), (from, to)),
+            Body::LogPart(part) => self.on_log_part(&header, part, now),
         }
     }
 
@@ -506,6 +549,9 @@ impl Node {
         }
         if self.nack_due().is_some_and(|due| due <= now) {
             self.nack_gaps(now);
+        }
+        if self.fetch_due().is_some_and(|due| due <= now) {
+            self.ask_fetch(now);
         }
         self.progress(now);
     }
@@ -560,6 +606,9 @@ impl Node {
             deadline = deadline.min(due);
         }
         if let Some(due) = self.nack_due() {
+            deadline = deadline.min(due);
+        }
+        if let Some(due) = self.fetch_due() {
             deadline = deadline.min(due);
         }
         Some(deadline)

@@ -11,7 +11,7 @@ use bytes::Bytes;
 /// "TO": total order.
 pub const MAGIC: u16 = 0x544F;
 /// The version of this layout; checked first, so a later version may change all that follows.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Bytes of the fixed header.
 pub const HEADER_LEN: usize = 28;
 /// Largest packet the decoder takes. Every packet the node makes fits one UDP datagram
@@ -239,6 +239,20 @@ pub enum Body {
         /// One past the last (`u64::MAX`: up to the end).
         to: u64,
     },
+    /// To a member, from one that joined a view past positions it had not delivered: send
+    /// positions `start..end` of your log, as parts of one image; I lack `from..to` of it.
+    Fetch {
+        /// First position of the image.
+        start: u64,
+        /// One past its last (the view's first position).
+        end: u64,
+        /// First position lacking.
+        from: u64,
+        /// One past the last lacking.
+        to: u64,
+    },
+    /// The answer to [`Body::Fetch`]: a part of the image asked for.
+    LogPart(ImagePart),
 }
 
 /// One packet.
@@ -258,6 +272,8 @@ const KIND_ENTRIES: u8 = 5;
 const KIND_DO_VIEW_CHANGE: u8 = 6;
 const KIND_START_VIEW: u8 = 7;
 const KIND_MISSING: u8 = 8;
+const KIND_FETCH: u8 = 9;
+const KIND_LOG_PART: u8 = 10;
 
 fn put_u16(out: &mut Vec<u8>, value: u16) {
     out.extend_from_slice(&value.to_be_bytes());
@@ -409,6 +425,8 @@ impl Packet {
             Body::DoViewChange { .. } => KIND_DO_VIEW_CHANGE,
             Body::StartView { .. } => KIND_START_VIEW,
             Body::Missing { .. } => KIND_MISSING,
+            Body::Fetch { .. } => KIND_FETCH,
+            Body::LogPart(_) => KIND_LOG_PART,
         }
     }
 
@@ -473,6 +491,21 @@ impl Packet {
                 put_u64(out, *from);
                 put_u64(out, *to);
             }
+            Body::Fetch {
+                start,
+                end,
+                from,
+                to,
+            } => {
+                assert!(
+                    start <= from && from < to && to <= end,
+                    "a fetched range is not empty and within its image"
+                );
+                for value in [start, end, from, to] {
+                    put_u64(out, *value);
+                }
+            }
+            Body::LogPart(part) => put_part(out, part),
         }
     }
 }
@@ -767,6 +800,22 @@ fn decode_body(kind: u8, reader: &mut Reader<'_>) -> Result<Body, PacketError> {
             }
             Body::Missing { from, to }
         }
+        KIND_FETCH => {
+            let start = reader.u64()?;
+            let end = reader.u64()?;
+            let from = reader.u64()?;
+            let to = reader.u64()?;
+            if !(start <= from && from < to && to <= end) {
+                return Err(PacketError::Field("fetch range"));
+            }
+            Body::Fetch {
+                start,
+                end,
+                from,
+                to,
+            }
+        }
+        KIND_LOG_PART => Body::LogPart(reader.part()?),
         other => return Err(PacketError::Kind(other)),
     })
 }
@@ -900,6 +949,15 @@ mod tests {
                 from: from.min(u64::MAX - len),
                 to: from.min(u64::MAX - len) + len
             }),
+            (0u64..1 << 40, 0u64..1000, 1u64..1000, 0u64..1000).prop_map(
+                |(start, skip, len, after)| Body::Fetch {
+                    start,
+                    end: start + skip + len + after,
+                    from: start + skip,
+                    to: start + skip + len,
+                }
+            ),
+            part().prop_map(Body::LogPart),
         ]
     }
 

@@ -2,8 +2,11 @@
 //! broadcasts through the network, as everyone does, so the time from sending a packet to
 //! receiving it back is one trip through the TX link, the sequencer link (with its queue)
 //! and an RX link, the way a retransmission or a repair travels. Twice that, smoothed as
-//! TCP smooths its RTT (RFC 6298, gain 1/8), paces NACKs, answers to them and the leader's
-//! repairs, so that loss is repaired in round trips rather than in retransmission timeouts.
+//! TCP smooths its RTT (RFC 6298, gain 1/8) on the way up and by halves on the way down,
+//! paces NACKs, answers to them and the leader's repairs, so that loss is repaired in round
+//! trips rather than in retransmission timeouts. The fast way down matters: the trip is
+//! mostly the sequencer link's queue, which empties within a trip once a hole holds every
+//! window full, and repairs paced by the trip of the full queue then idle the network.
 
 use crate::Micros;
 use std::collections::VecDeque;
@@ -44,6 +47,7 @@ impl RttEstimator {
         let sample = now.saturating_sub(sent_at);
         self.one_way_us = Some(match self.one_way_us {
             None => sample,
+            Some(smoothed) if sample < smoothed => (smoothed + sample) / 2,
             Some(smoothed) => (7 * smoothed + sample) / 8,
         });
         self.samples += 1;
@@ -81,8 +85,13 @@ mod tests {
         assert_eq!(rtt.round_trip_us(100, 10_000), 800);
         assert_eq!(rtt.round_trip_us(100, 500), 500);
         rtt.on_sent(b"c", 1_000);
-        rtt.on_returned(b"c", 1_000);
-        assert_eq!(rtt.round_trip_us(100, 10_000), 2 * (7 * 400 / 8));
+        rtt.on_returned(b"c", 1_200);
+        // Down by halves: the queue emptied.
+        assert_eq!(rtt.round_trip_us(100, 10_000), 2 * ((400 + 200) / 2));
+        rtt.on_sent(b"d", 2_000);
+        rtt.on_returned(b"d", 2_700);
+        // Up by eighths.
+        assert_eq!(rtt.round_trip_us(100, 10_000), 2 * ((7 * 300 + 700) / 8));
         assert_eq!(rtt.round_trip_us(1_000, 10_000), 1_000);
     }
 }

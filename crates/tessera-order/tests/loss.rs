@@ -67,7 +67,14 @@ fn total(outcome: &sim::Outcome, field: fn(&tessera_order::Stats) -> u64) -> u64
 fn ratios(nodes: usize, faults: &Faults, seeds: std::ops::Range<u64>) -> (f64, f64) {
     let (mut worst, mut sum, count) = (f64::MAX, 0.0, seeds.end - seeds.start);
     for seed in seeds {
-        let (base, _) = throughput(seed, &lab_like(nodes));
+        let (base, base_outcome) = throughput(seed, &lab_like(nodes));
+        println!(
+            "  without loss: trunk busy {:.3} of {} us; DATA {} ACK {}",
+            base_outcome.stats.trunk_busy_ns as f64 / 1e3 / base_outcome.last_delivery_us as f64,
+            base_outcome.last_delivery_us,
+            base_outcome.stats.trunk_bytes_by_kind[1],
+            base_outcome.stats.trunk_bytes_by_kind[2],
+        );
         let mut lossy = lab_like(nodes);
         lossy.faults = faults.clone();
         let (rate, outcome) = throughput(seed, &lossy);
@@ -119,12 +126,13 @@ fn at_senders(loss: f64) -> Faults {
 #[test]
 fn table_4_one_percent_at_the_receivers() {
     let (worst, mean) = ratios(3, &at_receivers(0.01), 0..8);
-    // Measured: worst 0.890, mean 0.927 (before a fresh ACK went twice: 0.804, 0.900, the
-    // worst run's last 6.7 ms spent waiting for the heartbeat that replaced a lost last
-    // ACK; before ENTRIES of identities, the window on held messages and arrival-order
-    // replay: 0.294, 0.340; before round-trip pacing: 0.205, 0.238).
+    // Measured: worst 0.901, mean 0.942 (before the round trip fell by halves, gaps were
+    // NACKed again on their own schedule, held counts were NACKed, ACKs compared again
+    // after a repair and repeated while members lag: 0.890, 0.927; before a fresh ACK went
+    // twice: 0.804, 0.900; before ENTRIES of identities, the window on held messages and
+    // arrival-order replay: 0.294, 0.340; before round-trip pacing: 0.205, 0.238).
     assert!(
-        worst >= 0.85 && mean >= 0.9,
+        worst >= 0.9 && mean >= 0.93,
         "worst {worst:.3}, mean {mean:.3}"
     );
 }
@@ -132,10 +140,10 @@ fn table_4_one_percent_at_the_receivers() {
 #[test]
 fn table_4_five_percent_at_the_receivers() {
     let (worst, mean) = ratios(3, &at_receivers(0.05), 0..8);
-    // Measured: worst 0.719, mean 0.768 (before a fresh ACK went twice: 0.708, 0.753;
-    // before: 0.174, 0.202; 0.085, 0.107).
+    // Measured: worst 0.795, mean 0.825 (before the changes of the 1% test: 0.719, 0.768;
+    // before a fresh ACK went twice: 0.708, 0.753; before: 0.174, 0.202; 0.085, 0.107).
     assert!(
-        worst >= 0.65 && mean >= 0.72,
+        worst >= 0.75 && mean >= 0.8,
         "worst {worst:.3}, mean {mean:.3}"
     );
 }
@@ -143,12 +151,12 @@ fn table_4_five_percent_at_the_receivers() {
 #[test]
 fn table_4_one_percent_at_the_senders() {
     let (worst, mean) = ratios(3, &at_senders(0.01), 0..8);
-    // Measured: worst 0.961, mean 0.994 (before a fresh ACK went twice: 0.902, 0.987;
-    // before: 0.994, 0.998; 0.369, 0.637). A worst run's last DATA packet was lost at its
-    // sender: nobody sees a gap, and the sender resends it once a later broadcast of its
-    // own comes back, here its heartbeat.
+    // Measured: worst 0.995, mean 0.998 (before the changes of the 1% test: 0.961, 0.994,
+    // a run whose last DATA packet was lost at its sender and resent once its heartbeat
+    // came back; before a fresh ACK went twice: 0.902, 0.987; before: 0.994, 0.998;
+    // 0.369, 0.637).
     assert!(
-        worst >= 0.85 && mean >= 0.95,
+        worst >= 0.95 && mean >= 0.98,
         "worst {worst:.3}, mean {mean:.3}"
     );
 }
@@ -156,8 +164,8 @@ fn table_4_one_percent_at_the_senders() {
 #[test]
 fn table_4_five_percent_at_the_senders() {
     let (worst, mean) = ratios(3, &at_senders(0.05), 0..8);
-    // Measured: worst 0.996, mean 0.998 (before a fresh ACK went twice: 0.990, 0.997;
-    // before: 0.195, 0.280; 0.142, 0.189).
+    // Measured: worst 0.962, mean 0.989 (before the changes of the 1% test: 0.996, 0.998;
+    // before a fresh ACK went twice: 0.990, 0.997; before: 0.195, 0.280; 0.142, 0.189).
     assert!(
         worst >= 0.95 && mean >= 0.98,
         "worst {worst:.3}, mean {mean:.3}"

@@ -68,7 +68,7 @@ fn seeded_runs_keep_uto_and_fifo() {
     let (mut crashes, mut partitions, mut lost, mut view_changes, mut delivered) = (0, 0, 0, 0, 0);
     let mut unsettled = Vec::new();
     let mut gaps = 0;
-    let (mut oversized, mut parts) = (0, 0);
+    let (mut oversized, mut parts, mut fetched) = (0, 0, 0);
     for seed in start..start + seeds {
         match run_seed(seed) {
             Ok(outcome) => {
@@ -87,6 +87,11 @@ fn seeded_runs_keep_uto_and_fifo() {
                     .node_stats
                     .iter()
                     .map(|s| s.view_change_parts_sent)
+                    .sum::<u64>();
+                fetched += outcome
+                    .node_stats
+                    .iter()
+                    .map(|s| s.positions_fetched)
                     .sum::<u64>();
                 partitions += outcome.stats.partitions;
                 lost += outcome.stats.lost;
@@ -115,7 +120,7 @@ fn seeded_runs_keep_uto_and_fifo() {
     }
     println!(
         "{seeds} seeds from {start} in {:.1} s: {} violations; {crashes} crashes, {partitions} \
-         partitions, {lost} packets lost, {view_changes} view changes, {delivered} deliveries, {gaps} gaps (state transfers), {parts} view-change parts, \
+         partitions, {lost} packets lost, {view_changes} view changes, {delivered} deliveries, {gaps} gaps (state transfers), {fetched} positions fetched instead, {parts} view-change parts, \
          {oversized} packets over a datagram; \
          {} runs reached the deadline unsettled {:?}",
         began.elapsed().as_secs_f64(),

@@ -185,9 +185,17 @@ impl Node {
             .leader_order
             .front()
             .map(|entry| entry.id.sender);
+        let again = 2 * self.round_trip_us();
         let mut senders: Vec<SenderId> = self.receive.pending.keys().copied().collect();
         senders.extend(following);
         for sender in senders {
+            // Only the senders whose check is due: stamping the others would put off, for
+            // as long as some other sender's check keeps coming due first, the NACK again
+            // of a gap whose NACK or answer was lost (a window held full for milliseconds).
+            let at = self.receive.nacked_at.get(&sender).copied().unwrap_or(0);
+            if now < at + again {
+                continue;
+            }
             self.nack_gap(sender, now);
             // Checked even when nothing was missing (a message held only to follow the
             // leader's order), so that the check is not due again at once.
@@ -195,16 +203,20 @@ impl Node {
         }
     }
 
-    /// Another member delivered messages of a sender that our log lacks: NACK them.
+    /// Another member holds or delivered messages of a sender that we hold nowhere: NACK
+    /// them. Its ACK crossed the sequencer link after the DATA that carried them, so in a
+    /// FIFO network they were lost on our way (a sender's lost last packet shows us no gap).
     fn nack_counted(&mut self, counts: &[SenderCounts], now: Micros) {
         for &SenderCounts {
             sender,
-            delivered: count,
-            ..
+            delivered,
+            held,
         } in counts
         {
+            let count = delivered.max(held);
             let latest = self.latest_incarnation.get(&sender.node) == Some(&sender.incarnation);
-            if latest && count > self.receive.log.count(sender) {
+            let ours = self.receive.log.count(sender);
+            if latest && count > ours && self.held_through(sender, ours) < count {
                 self.nack_range(sender, Some(count), now);
             }
         }
@@ -234,6 +246,7 @@ impl Node {
             peer.history.pop_front();
         }
         peer.history.push_back((ack.len, ack.hash));
+        peer.latest = Some((ack.len, ack.hash));
         self.verify(header.from, now);
         self.nack_counted(&ack.counts, now);
         if header.from == self.leader() {
@@ -309,7 +322,8 @@ impl Node {
     }
 
     pub(super) fn deliver(&mut self) {
-        while self.receive.delivered < self.receive.commit {
+        // While fetching, the positions up to the view's log come first.
+        while self.receive.fetch.is_none() && self.receive.delivered < self.receive.commit {
             let position = self.receive.delivered;
             let entry = self
                 .receive
@@ -576,6 +590,14 @@ impl Node {
         self.receive.log.truncate(at);
         for peer in self.receive.peers.values_mut() {
             peer.matched = peer.matched.min(at);
+            // An ACK is evidence of the member's log whenever it is compared (as one that
+            // waited in `history` for our log to grow): the delivered prefix never moves.
+            if let Some(latest) = peer.latest.filter(|ack| !peer.history.contains(ack)) {
+                if peer.history.len() == ACK_HISTORY_MAX {
+                    peer.history.pop_front();
+                }
+                peer.history.push_back(latest);
+            }
         }
         if self.receive.optimistic_end > at {
             self.receive.optimistic_end = at;
@@ -709,12 +731,26 @@ impl Node {
 
     /// An ACK went out; `fresh`: it told of appends, and goes again two round trips later
     /// unless another follows first (the last ACK of a burst, lost on its way to one
-    /// member, would hold that member's deliveries until our next heartbeat).
+    /// member, would hold that member's deliveries until our next heartbeat), and again,
+    /// each pause twice the last up to a heartbeat interval, while some member reports
+    /// having delivered less than our log holds (it may lack our ACK; one that lacks
+    /// messages instead costs a small packet per pause).
     pub(super) fn ack_sent(&mut self, fresh: bool, now: Micros) {
         self.receive.ack_owed = 0;
         self.receive.ack_due = None;
         self.receive.ack_now = false;
-        self.receive.ack_again_at = fresh.then(|| now + 2 * self.round_trip_us());
+        let rounds = if fresh {
+            0
+        } else {
+            self.receive.ack_again_rounds.saturating_add(1)
+        };
+        self.receive.ack_again_rounds = rounds;
+        let pause = (2 * self.round_trip_us())
+            .saturating_mul(1 << rounds.min(16))
+            .min(self.config.heartbeat_interval_us);
+        let end = self.receive.log.end();
+        let behind = self.receive.peers.values().any(|peer| peer.delivered < end);
+        self.receive.ack_again_at = (fresh || behind).then_some(now + pause);
     }
 
     /// When our last fresh ACK goes again, if it does.

@@ -45,6 +45,7 @@ impl Node {
         };
         self.receive.peers.clear();
         self.receive.pending.clear();
+        self.drop_fetch();
     }
 
     /// Stops the fast path, promises view `view` (I4) and sends our state to its leader.
@@ -54,6 +55,7 @@ impl Node {
         self.status = Status::ViewChange;
         self.members = 0;
         self.receive.peers.clear();
+        self.drop_fetch();
         let timeout = self.config.view_change_timeout_us;
         self.change = ChangeState {
             deadline: now + timeout + self.rng.gen_range(0..=timeout),
@@ -424,6 +426,9 @@ impl Node {
             self.stats.malformed += 1;
             return;
         };
+        // A START-VIEW of a later view may come while we fetch below this one's log (we
+        // missed the view change): that fetch no longer applies.
+        self.drop_fetch();
         if members & bit(self.id) == 0 {
             self.become_joining(view, now);
             return;
@@ -440,19 +445,29 @@ impl Node {
                 self.id
             );
         }
+        // Positions below the view's log that we had not delivered: fetched from a member
+        // that retains them, else a gap (the application's state transfer).
+        let mut fetch = None;
         if self.last_normal.is_none() {
             self.receive.delivered = commit.max(log.start());
             self.events.push_back(Event::Joined {
                 position: self.receive.delivered,
             });
         } else if delivered < log.start() {
-            self.events.push_back(Event::Gap {
-                from: delivered,
-                to: log.start(),
-            });
-            self.receive.delivered = log.start();
+            fetch = self
+                .fetchable_below(delivered, log.start(), members)
+                .map(|hash| (delivered, log.start(), hash));
+            if fetch.is_none() {
+                self.events.push_back(Event::Gap {
+                    from: delivered,
+                    to: log.start(),
+                });
+                self.receive.delivered = log.start();
+            }
         }
-        self.receive.delivered_counts = log.counts_at(self.receive.delivered);
+        if fetch.is_none() {
+            self.receive.delivered_counts = log.counts_at(self.receive.delivered);
+        }
         self.receive.log = log;
         self.receive.commit = commit.max(self.receive.delivered);
         if self.receive.optimistic_end > self.receive.delivered {
@@ -465,6 +480,9 @@ impl Node {
         self.incoming_start_view = None;
         self.start_view_sent = None;
         self.enter_normal(now);
+        if let Some((start, end, hash)) = fetch {
+            self.begin_fetch(start, end, hash, now);
+        }
         self.deliver();
     }
 
@@ -491,9 +509,11 @@ impl Node {
         self.status = Status::Normal;
         self.last_normal = Some(self.view);
         self.reset_peers(now);
-        self.receive.optimistic_end = self.receive.delivered;
+        // While fetching, our log begins past what we delivered.
+        let start = self.receive.delivered.max(self.receive.log.start());
+        self.receive.optimistic_end = start;
         let end = self.receive.log.end();
-        for position in self.receive.delivered..end {
+        for position in start..end {
             let entry = self.receive.log.get(position).expect("retained");
             self.events.push_back(Event::Optimistic {
                 position,
@@ -515,7 +535,7 @@ impl Node {
 
 /// Adds `part` to the message in `slot` (or begins a new one, if it belongs to another);
 /// the whole image once every part is in, and the slot emptied.
-fn assemble(
+pub(super) fn assemble(
     slot: &mut Option<Assembly>,
     head: (u64, u64),
     part: ImagePart,
