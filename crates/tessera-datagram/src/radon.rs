@@ -66,6 +66,19 @@ pub const WINDOW_RATE_MAX_QUARTERS: u64 = 16;
 /// per round trip: it fell behind early in each period and missed the deadline catching up).
 pub const WINDOW_RATE_MIN_QUARTERS: u64 = 4;
 
+/// A reserved session whose packets went out late (the host did not run its sender in
+/// time) may send the next ones closer together than their wait, back onto its schedule,
+/// by at most this much: on a busy host each wakeup was late and the stream never reached
+/// its rate (`lab radon`: sleeps of 100 µs woke 75 µs late at the median, and the stream
+/// at 0.749 of the port, 80 µs a packet, got 0.58-0.76 of its target).
+pub const CATCH_UP_US_MAX: Micros = 1_000;
+
+/// What Tessera's clients give [`RadonConfig::send_by_margin_divisor`]: a reserved
+/// stream's bytes are due *done* by the period's end (acknowledged, written), which takes
+/// the last packet's trip and the server's work after it, so its budget is due a sixteenth
+/// of the period before.
+pub const SEND_BY_MARGIN_DIVISOR: u64 = 16;
+
 /// Shortest reservation period accepted.
 pub const PERIOD_US_MIN: Micros = 1_000;
 
@@ -127,6 +140,11 @@ pub struct RadonConfig {
     pub budget: BudgetKind,
     /// The largest window of [`BudgetKind::Window`], packets (`w_max`).
     pub window_packets_max: u64,
+    /// A reserved session's budget is due `1 / n` of the period before its end (0: one
+    /// packet's wait before it, the paper's percent budget to the deadline). A margin costs
+    /// rate while sending (`n / (n - 1)` of the reservation): a port booked to the full
+    /// cannot carry it.
+    pub send_by_margin_divisor: u64,
 }
 
 /// The two percent-budget schedulers of the paper.
@@ -152,6 +170,7 @@ impl Default for RadonConfig {
             pace_best_effort: true,
             budget: BudgetKind::Rate,
             window_packets_max: 64,
+            send_by_margin_divisor: 0,
         }
     }
 }
@@ -346,6 +365,9 @@ pub struct PacingStats {
     pub deadlines_met: u64,
     /// Periods that ended with budget queued and unsent.
     pub deadlines_missed: u64,
+    /// Packets that went out more than a whole wait after the pacer let them (the host did
+    /// not run the sender in time).
+    pub late_sends: u64,
 }
 
 /// The sender's pacing of one session.
@@ -361,6 +383,10 @@ pub struct Pacer {
     deadline_ns: u64,
     /// Payload bytes sent in the current period.
     period_sent_bytes: u64,
+    /// Payload bytes the last period owed and did not send while they were queued: this
+    /// period's budget carries them (at most a period's worth), so that a stream that fell
+    /// behind (a late host, a resend taking a slot) catches up instead of staying behind.
+    carried_bytes: u64,
     /// When a best-effort session last backed off, µs.
     backed_off_at: Option<Micros>,
     /// A best-effort session's rate, bytes/s on the wire.
@@ -395,6 +421,7 @@ impl Pacer {
             next_send_ns: 0,
             deadline_ns: 0,
             period_sent_bytes: 0,
+            carried_bytes: 0,
             backed_off_at: None,
             best_effort_rate: (config.link_bytes_per_s / BEST_EFFORT_START_DIVISOR).max(1),
             recover_seq: 0,
@@ -416,6 +443,7 @@ impl Pacer {
                 .expect("reservations are validated by the endpoint");
             self.deadline_ns = now * 1_000 + reservation.period_us * 1_000;
             self.period_sent_bytes = 0;
+            self.carried_bytes = 0;
         }
         self.reservation = reservation;
         self.backed_off_at = None;
@@ -471,19 +499,51 @@ impl Pacer {
         let now_ns = now * 1_000;
         while self.deadline_ns <= now_ns {
             self.stats.periods += 1;
-            if self.period_sent_bytes >= reservation.bytes_per_period() || queued_bytes == 0 {
+            let due = self.period_budget(reservation);
+            let owed = due.saturating_sub(self.period_sent_bytes);
+            if owed == 0 || queued_bytes == 0 {
                 self.stats.deadlines_met += 1;
+                self.carried_bytes = 0;
             } else {
                 self.stats.deadlines_missed += 1;
+                self.carried_bytes = owed.min(queued_bytes).min(reservation.bytes_per_period());
             }
             self.period_sent_bytes = 0;
+            // A new period's first wait is its own target, not halfway from the last
+            // period's (which ended at `w_min` if it caught up): streams whose periods
+            // start together would otherwise open them at their links' rate.
+            self.wait_ns = 0;
             // An idle gap of many periods counts once: those periods had nothing queued.
             self.deadline_ns = if now_ns - self.deadline_ns > period_ns {
+                self.carried_bytes = 0;
                 now_ns + period_ns
             } else {
                 self.deadline_ns + period_ns
             };
         }
+    }
+
+    /// A stream that starts sending well into a period it had sent nothing in (it was
+    /// idle) starts its period now: its application counts its periods from its own start,
+    /// and the pacer's budget would otherwise run out, and the deadline come, that much too
+    /// early each period. (In steady state a period's first packet goes at its start, and
+    /// the phase holds.)
+    fn restart_unused_period(&mut self, reservation: Reservation, now_ns: u64) {
+        let period_ns = reservation.period_us * 1_000;
+        let started_ns = self.deadline_ns.saturating_sub(period_ns);
+        let unused = self.period_sent_bytes == 0 && self.carried_bytes == 0;
+        if unused && now_ns >= started_ns + period_ns / SEND_BY_MARGIN_DIVISOR {
+            self.deadline_ns = now_ns + period_ns;
+            self.wait_ns = 0;
+        }
+    }
+
+    /// Payload bytes the current period may send: the reservation's, and what the last one
+    /// owed.
+    fn period_budget(&self, reservation: Reservation) -> u64 {
+        reservation
+            .bytes_per_period()
+            .saturating_add(self.carried_bytes)
     }
 
     /// The wait of a best-effort session between packets of `wire_bytes`, ns.
@@ -499,15 +559,20 @@ impl Pacer {
     /// wait before the next one.
     pub fn on_sent(&mut self, sent: SentPacket, random: u64) {
         let now_ns = sent.now * 1_000;
+        let scheduled_ns = self.next_send_ns;
         let wait_ns_min = self.wait_ns_min(sent.wire_bytes);
+        if self.next_send_ns > 0 && now_ns > self.next_send_ns + self.wait_ns.max(wait_ns_min) {
+            self.stats.late_sends += 1;
+        }
         let Some(reservation) = self.reservation else {
             self.wait_ns = self.best_effort_wait_ns(sent.wire_bytes);
             self.next_send_ns = now_ns + self.wait_ns;
             return;
         };
         self.roll_periods(sent.now, sent.queued_bytes);
+        self.restart_unused_period(reservation, now_ns);
         self.period_sent_bytes += sent.new_bytes;
-        let budget = reservation.bytes_per_period();
+        let budget = self.period_budget(reservation);
         if self.period_sent_bytes >= budget {
             // This period's budget is out: the next packet belongs to the next period.
             self.next_send_ns = self.deadline_ns.max(now_ns + wait_ns_min);
@@ -517,17 +582,46 @@ impl Pacer {
         let left_bytes = budget - self.period_sent_bytes;
         let left_packets = left_bytes.div_ceil(sent.payload_bytes.max(1));
         match self.config.budget {
-            BudgetKind::Rate => self.pace_by_rate(now_ns, left_packets, wait_ns_min),
+            BudgetKind::Rate => {
+                let period_ns = reservation.period_us * 1_000;
+                let margin_ns = period_ns
+                    .checked_div(self.config.send_by_margin_divisor)
+                    .unwrap_or(0);
+                let send_by_ns = self.deadline_ns.saturating_sub(margin_ns);
+                // Without a margin, one slot more than packets left, so that the last one
+                // goes (and arrives) before the deadline rather than at it.
+                let left_packets = left_packets + u64::from(margin_ns == 0);
+                // A packet due before this period began was held by an idle session, not a
+                // late host: nothing to catch up.
+                let period_start_ns = self.deadline_ns.saturating_sub(period_ns);
+                let scheduled_ns = if scheduled_ns < period_start_ns {
+                    now_ns
+                } else {
+                    scheduled_ns
+                };
+                self.pace_by_rate(now_ns, scheduled_ns, send_by_ns, left_packets, wait_ns_min)
+            }
             BudgetKind::Window => self.pace_by_window(now_ns, left_packets, sent, random),
         }
     }
 
-    /// Rate-based percent budget: `%budget = e_i / (d - t)` with `e_i = left_packets * w_min`,
-    /// and `w_op = w_min / %budget`. One slot more than packets left, so that the last one
-    /// goes (and arrives) before the deadline rather than at it.
-    fn pace_by_rate(&mut self, now_ns: u64, left_packets: u64, wait_ns_min: u64) {
-        let laxity_ns = self.deadline_ns.saturating_sub(now_ns).max(1);
-        let wait_ns_target = laxity_ns / (left_packets + 1);
+    /// Rate-based percent budget: `%budget = e_i / (d - t)` with `e_i = left_packets * w_min`
+    /// and `d` the time to send by (the deadline less [`RadonConfig::send_by_margin_divisor`]'s
+    /// share of the period, so that the last packet can be done, not only sent, by the
+    /// deadline), and
+    /// `w_op = w_min / %budget`. The next packet waits from when this one was due
+    /// (`scheduled_ns`), not from when it went: a late host catches up, by at most
+    /// [`CATCH_UP_US_MAX`].
+    fn pace_by_rate(
+        &mut self,
+        now_ns: u64,
+        scheduled_ns: u64,
+        send_by_ns: u64,
+        left_packets: u64,
+        wait_ns_min: u64,
+    ) {
+        let laxity_ns = send_by_ns.saturating_sub(now_ns).max(1);
+        let wait_ns_target = laxity_ns / left_packets.max(1);
         let wait_ns_max = (WAIT_US_MAX * 1_000).max(wait_ns_min);
         let next = if self.wait_ns == 0 {
             wait_ns_target
@@ -535,7 +629,8 @@ impl Pacer {
             halfway(self.wait_ns, wait_ns_target)
         };
         self.wait_ns = next.clamp(wait_ns_min, wait_ns_max);
-        self.next_send_ns = now_ns + self.wait_ns;
+        let from_ns = scheduled_ns.clamp(now_ns.saturating_sub(CATCH_UP_US_MAX * 1_000), now_ns);
+        self.next_send_ns = from_ns + self.wait_ns;
     }
 
     /// This stream's `w_max`: what carries its rate [`WINDOW_RATE_MAX_QUARTERS`] quarters
@@ -722,8 +817,11 @@ mod tests {
             prop_assert!(decoded * 17 >= delay_us * 16, "{} -> {}", delay_us, decoded);
         }
 
-        /// Whatever the reservation, the queue reports and the sizes of the packets, the pacer
-        /// never lets two packets go closer together than one packet's time on the link.
+        /// Whatever the reservation, the queue reports, the sizes of the packets and how late
+        /// the host runs the sender, the pacer never lets packets go faster than one
+        /// packet's time on the link each (`w_min`): two in a row only closer when a
+        /// reserved stream catches up after a late one, and any span of them never more
+        /// than [`CATCH_UP_US_MAX`] ahead of `w_min` a packet.
         #[test]
         fn pacing_never_sends_faster_than_w_min_allows(
             rate in 1u64..1_000_000_000,
@@ -740,15 +838,30 @@ mod tests {
                 pacer.reserve(Some(Reservation { rate_bytes_per_s: rate, period_us }), 0);
             }
             let mut now = 0;
-            let mut last_sent: Option<(Micros, u64)> = None;
+            // Every packet sent: when, and w_min after it, ns.
+            let mut sends: Vec<(Micros, u64)> = Vec::new();
             for (seq, (bytes, extra_us, queue_us)) in (0u64..).zip(steps) {
-                now = pacer.send_at(now).unwrap_or(now) + extra_us % 3;
-                if let Some((at, wire_bytes)) = last_sent {
-                    let w_min_us = pacer.wait_ns_min(wire_bytes) / 1_000;
-                    prop_assert!(now - at >= w_min_us, "{} after {} (w_min {} µs)", now, at, w_min_us);
+                // Now and then the host runs the sender late (up to 2 ms).
+                let late_us = if extra_us % 7 == 0 { extra_us % 2_000 } else { extra_us % 3 };
+                now = pacer.send_at(now).unwrap_or(now) + late_us;
+                if let Some(&(at, w_min_ns)) = sends.last() {
+                    // Packet to packet, w_min apart at least, unless catching up after a late
+                    // send; over any span of packets, never more than CATCH_UP_US_MAX ahead
+                    // of w_min per packet (1 µs of rounding per packet).
+                    let late = now - at < w_min_ns / 1_000;
+                    prop_assert!(!late || reserved, "{} after {} (w_min {} ns)", now, at, w_min_ns);
+                    let mut needed_ns = 0u64;
+                    for (k, &(at, w_min_ns)) in sends.iter().rev().enumerate() {
+                        needed_ns += w_min_ns;
+                        let slack_us = CATCH_UP_US_MAX + k as u64 + 1;
+                        prop_assert!(
+                            now - at + slack_us >= needed_ns / 1_000,
+                            "{} packets in {} µs (w_min total {} ns)", k + 1, now - at, needed_ns
+                        );
+                    }
                 }
                 pacer.on_sent(sent(now, bytes, 1 << 20), seq.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-                last_sent = Some((now, bytes + 88));
+                sends.push((now, pacer.wait_ns_min(bytes + 88)));
                 pacer.on_queue_report(QueueReport {
                     queue_delay_us: queue_us,
                     now,
@@ -935,9 +1048,87 @@ mod tests {
             PacingStats {
                 periods: 1,
                 deadlines_met: 1,
-                deadlines_missed: 0
+                deadlines_missed: 0,
+                late_sends: 0,
             }
         );
+    }
+
+    #[test]
+    fn a_late_host_catches_up_and_a_period_s_deficit_carries_over() {
+        // 8,000 packets of 1,000 bytes in 100 ms, 11.7 µs apart to be sent by 15/16 of it,
+        // on a link where one takes 8.7 µs (w_min).
+        let fast = Reservation {
+            rate_bytes_per_s: 80_000_000,
+            period_us: 100_000,
+        };
+        let mut pacer = Pacer::new(RadonConfig {
+            send_by_margin_divisor: SEND_BY_MARGIN_DIVISOR,
+            ..RadonConfig::default()
+        });
+        pacer.reserve(Some(fast), 0);
+        // A host that runs the sender 10 µs late every other packet still sends the budget
+        // before the deadline: the packets after a late one catch up. (Waiting from when
+        // each went, the average gap is 13.7 µs at least, and 8,000 take 109 ms.)
+        let (mut now, mut packets, mut last) = (0, 0u64, 0);
+        while now < 100_000 {
+            pacer.on_sent(sent(now, 1_000, 1 << 30), 0);
+            (packets, last) = (packets + 1, now);
+            let due = pacer.send_at(now).unwrap_or(now);
+            now = if packets % 2 == 0 { due + 10 } else { due };
+        }
+        assert_eq!(packets, 8_000);
+        assert!(last < 97_000, "budget sent by {last} µs");
+        assert_eq!(pacer.stats().deadlines_missed, 0);
+        let reservation = Reservation {
+            rate_bytes_per_s: 1_000_000,
+            period_us: 1_000_000,
+        };
+        // A period in which the sender could send only half the budget (the host stalled)
+        // with the rest queued: the next period's budget carries the rest.
+        let mut pacer = Pacer::new(RadonConfig::default());
+        pacer.reserve(Some(reservation), 0);
+        for index in 0..500 {
+            pacer.on_sent(sent(index, 1_000, 1 << 30), 0);
+        }
+        let mut now = 1_000_000;
+        let mut packets = 0u64;
+        while now < 2_000_000 {
+            pacer.on_sent(sent(now, 1_000, 1 << 30), 0);
+            packets += 1;
+            // After the stall, at most CATCH_UP_US_MAX of packets back to back.
+            now = pacer.send_at(now).unwrap_or(now);
+        }
+        assert_eq!(packets, 1_500);
+        assert_eq!(pacer.stats().deadlines_missed, 1);
+        // Nothing queued at a period's end: nothing owed, nothing carried.
+        pacer.on_sent(sent(2_000_000, 1_000, 0), 0);
+        pacer.on_sent(sent(3_000_000, 1_000, 0), 0);
+        assert_eq!(pacer.stats().deadlines_missed, 1);
+    }
+
+    #[test]
+    fn a_stream_that_starts_into_an_unused_period_starts_its_period() {
+        let mut pacer = Pacer::new(RadonConfig::default());
+        pacer.reserve(
+            Some(Reservation {
+                rate_bytes_per_s: 1_000_000,
+                period_us: 1_000_000,
+            }),
+            0,
+        );
+        // The reservation came at 0, the data at 400 ms: its period runs to 1.4 s, the budget
+        // is spread over it, and the next period opens at 1.4 s.
+        let mut now = 400_000;
+        let mut packets = 0u64;
+        while now < 1_400_000 {
+            pacer.on_sent(sent(now, 1_000, 1 << 30), 0);
+            packets += 1;
+            now = pacer.send_at(now).expect("paced");
+        }
+        assert_eq!(packets, 1_000);
+        assert_eq!(now, 1_400_000);
+        assert_eq!(pacer.stats().deadlines_missed, 0);
     }
 
     /// A first transmission of `payload_bytes` with 88 bytes of headers.

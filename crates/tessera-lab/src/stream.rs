@@ -52,6 +52,10 @@ pub struct StreamJob {
     pub period_us: u64,
     /// How its sessions send.
     pub pacing: StreamPacing,
+    /// A best-effort transfer (the bulk writer): its sessions are not reserved and it asks
+    /// for no admission, whatever the line; the rate only releases its chunks.
+    #[serde(default)]
+    pub best_effort: bool,
     /// The link rate Radon's pacer is given (bytes/s on the wire).
     pub link_bytes_per_s: u64,
     /// When to ask the manager (with [`StreamPacing::Admitted`]), µs since the Unix epoch:
@@ -113,6 +117,48 @@ pub struct StreamSample {
     pub retransmissions: u64,
     /// Retransmission timeouts.
     pub timeouts: u64,
+    /// The client's pacers: periods and deadlines missed as they count them (the budget
+    /// not sent by the end of a period of the session), and packets sent late (more than a
+    /// wait after the pacer let them: the host did not run the sender in time).
+    #[serde(default)]
+    pub pacer_periods: u64,
+    /// See `pacer_periods`.
+    #[serde(default)]
+    pub pacer_deadlines_missed: u64,
+    /// See `pacer_periods`.
+    #[serde(default)]
+    pub pacer_late_sends: u64,
+    /// The queue toward the server that the server reports (its RFD estimate through the
+    /// median filter), sampled: µs since the agreed start, µs of queue.
+    #[serde(default)]
+    pub queue_us: Vec<(u64, u64)>,
+}
+
+/// How often a stream samples the queue its server reports.
+pub const QUEUE_SAMPLE_EVERY: Duration = Duration::from_millis(10);
+
+/// Samples the queue the client's server reports every [`QUEUE_SAMPLE_EVERY`] from the
+/// agreed start until aborted, into `into`.
+fn sample_queue(
+    client: Client,
+    start_unix_us: u64,
+    into: std::sync::Arc<std::sync::Mutex<Vec<(u64, u64)>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        sleep_until_unix_us(start_unix_us).await;
+        loop {
+            let counters = client.transport_counters().await;
+            let queue = counters
+                .get("peer_queue_delay_us_max")
+                .copied()
+                .unwrap_or(0);
+            let at = unix_us().saturating_sub(start_unix_us);
+            if let Ok(mut samples) = into.lock() {
+                samples.push((at, queue));
+            }
+            tokio::time::sleep(QUEUE_SAMPLE_EVERY).await;
+        }
+    })
 }
 
 /// Asks the manager to admit `job`'s stream of `file` at the job's admission time.
@@ -154,6 +200,7 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
     };
     let file = setup.create_replacing(&job.path, layout).await?;
     let (admission, held) = match job.pacing {
+        _ if job.best_effort => (AdmissionOutcome::NotAsked, None),
         StreamPacing::Constant | StreamPacing::Radon => (AdmissionOutcome::NotAsked, None),
         StreamPacing::Admitted => match admit_at(&setup, &file, job).await {
             Ok(held) => (AdmissionOutcome::Admitted, Some(held)),
@@ -167,6 +214,7 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
         },
     };
     let sessions = match (job.pacing, &admission) {
+        _ if job.best_effort => None,
         (StreamPacing::Constant, _) => Some(Reservation {
             period_us: CONSTANT_SESSION_PERIOD_US,
             ..reservation
@@ -176,8 +224,14 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
     };
     let client = connect(sessions)?;
     let mut open = client.open_id(&file).await?;
+    // Open the client's session to the server before the start (one request), so that the
+    // stream's first period does not pay for the handshake (15-20 ms on the busy testbed,
+    // which every period after it then lagged by).
+    client.server_counters().await?;
     let before = client.transport_counters().await;
 
+    let queue = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sampler = sample_queue(client.clone(), job.start_unix_us, queue.clone());
     sleep_until_unix_us(job.start_unix_us).await;
     let started = tokio::time::Instant::now();
     let start_late_us = unix_us().saturating_sub(job.start_unix_us);
@@ -192,6 +246,8 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
         .upload(&mut open, 0, &mut source, Some(&mut clock), &mut progress)
         .await?;
     let report = clock.finish();
+    sampler.abort();
+    let queue_us = std::mem::take(&mut *queue.lock().unwrap_or_else(|e| e.into_inner()));
     if let Some(held) = held {
         // A release that fails only leaves the reservation to lapse with its lease.
         let _ = held.release().await;
@@ -209,6 +265,10 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
         data_packets_sent: grown("data_packets_sent"),
         retransmissions: grown("retransmissions"),
         timeouts: grown("timeouts"),
+        pacer_periods: grown("pacer_periods"),
+        pacer_deadlines_missed: grown("pacer_deadlines_missed"),
+        pacer_late_sends: grown("pacer_late_sends"),
+        queue_us,
     })
 }
 
@@ -224,6 +284,7 @@ mod tests {
             rate_bytes_per_s: 4_000_000,
             period_us: 1_000_000,
             pacing: StreamPacing::Admitted,
+            best_effort: false,
             link_bytes_per_s: 25_000_000,
             admit_unix_us: 1,
             start_unix_us: 2,

@@ -377,6 +377,30 @@ pub fn serve_udp(
     Ok(UdpServer { mailbox, addr })
 }
 
+/// Radon's view over the endpoint's sessions: the reserved sessions' periods and deadlines
+/// (as their pacers counted them) and the largest queue a peer reports toward it, µs (its
+/// RFD estimate through the median filter), for `lab radon` to sample beside `tc`.
+fn radon_counters(endpoint: &Endpoint) -> Vec<(String, u64)> {
+    let (mut periods, mut met, mut missed, mut late, mut queue_us) = (0, 0, 0, 0, 0);
+    for info in endpoint
+        .sessions()
+        .filter_map(|id| endpoint.session_info(id))
+    {
+        periods += info.deadlines.periods;
+        met += info.deadlines.deadlines_met;
+        missed += info.deadlines.deadlines_missed;
+        late += info.deadlines.late_sends;
+        queue_us = queue_us.max(info.peer_queue_delay_us);
+    }
+    vec![
+        ("pacer_periods".into(), periods),
+        ("pacer_deadlines_met".into(), met),
+        ("pacer_deadlines_missed".into(), missed),
+        ("pacer_late_sends".into(), late),
+        ("peer_queue_delay_us_max".into(), queue_us),
+    ]
+}
+
 fn encode_frame(kind: FrameKind, request_id: u64, message: &[u8], payload: &[u8]) -> Bytes {
     let header = FrameHeader {
         kind,
@@ -571,6 +595,7 @@ impl Driver {
                         .into_iter()
                         .map(|(name, value)| (name.to_string(), value))
                         .collect();
+                    counters.extend(radon_counters(&self.endpoint));
                     counters.push(("gso_sends".into(), self.sending.gso_sends));
                     counters.push(("gso_datagrams".into(), self.sending.gso_datagrams));
                     let _ = reply.send(counters);

@@ -64,6 +64,8 @@ impl Config {
             self.radon_link_bytes_per_s
                 .map(|link_bytes_per_s| tessera_client::RadonConfig {
                     link_bytes_per_s,
+                    // A stream's period counts its bytes when done, not when sent.
+                    send_by_margin_divisor: tessera_datagram::radon::SEND_BY_MARGIN_DIVISOR,
                     ..tessera_client::RadonConfig::default()
                 });
         config

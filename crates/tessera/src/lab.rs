@@ -63,6 +63,12 @@ enum Experiment {
         /// 2 s runs of 250 ms periods: about a minute and a half.
         #[arg(long)]
         quick: bool,
+        /// Only these experiments (punctuated, fairshare, unfair, bulk; repeat for more).
+        #[arg(long = "experiment")]
+        experiments: Vec<String>,
+        /// Only these lines (constant, radon, tessera; repeat for more).
+        #[arg(long = "line")]
+        lines: Vec<String>,
         /// An extra flag for the measurement clients (repeat for more).
         #[arg(long, allow_hyphen_values = true)]
         client_arg: Vec<String>,
@@ -289,6 +295,8 @@ pub async fn run(config: &Flags, args: LabArgs) -> Result<()> {
         }
         Experiment::Radon {
             quick,
+            experiments,
+            lines,
             client_arg,
             common,
         } => {
@@ -297,6 +305,20 @@ pub async fn run(config: &Flags, args: LabArgs) -> Result<()> {
             } else {
                 RadonLabConfig::full()
             };
+            if !experiments.is_empty() {
+                radon.experiments = experiments
+                    .iter()
+                    .map(|name| radon::Experiment::from_name(name))
+                    .collect::<Result<_, String>>()
+                    .map_err(anyhow::Error::msg)?;
+            }
+            if !lines.is_empty() {
+                radon.lines = lines
+                    .iter()
+                    .map(|name| radon::Line::from_name(name))
+                    .collect::<Result<_, String>>()
+                    .map_err(anyhow::Error::msg)?;
+            }
             radon.server_args = common.server_arg.clone();
             radon.client_args = client_args(config, &client_arg);
             (common, Config::Radon(radon))

@@ -16,7 +16,9 @@ use crate::cluster::{Cluster, ClusterSpec, Transport};
 use crate::job::{ClientJob, ClientReport};
 use crate::net::{Network, Rate, RunPrefix, Topology, FRAME_BYTES_MAX, MANAGER_HOST};
 use crate::results::{self, Cell, Figure, LinePanel, LineSeries, Panel, Table, XScale};
-use crate::stream::{AdmissionOutcome, StreamJob, StreamPacing, StreamSample};
+use crate::stream::{
+    AdmissionOutcome, StreamJob, StreamPacing, StreamSample, QUEUE_SAMPLE_EVERY as RFD_SAMPLE_EVERY,
+};
 use crate::LabError;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -52,6 +54,10 @@ pub const JAIN_MIN: f64 = 0.99;
 /// A short stream of the punctuated run must get this share of what the long one leaves.
 pub const SHORT_STREAM_SHARE_OF_REST_MIN: f64 = 0.8;
 
+/// The paper's result for one stream: (received Mbit/s, % lost) of its constant and of its
+/// adaptive stream.
+pub type PaperStream = ((f64, f64), (f64, f64));
+
 /// One of the paper's experiments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -62,14 +68,19 @@ pub enum Experiment {
     Fairshare,
     /// 0.5, 0.25, 0.125, 0.0625, 0.03125, 0.03125.
     Unfair,
+    /// Five at 0.166 and, on the sixth host, a best-effort bulk writer into the same port
+    /// for the whole run, as fast as it can (not in the paper; the issue's target that best
+    /// effort does not push an admitted stream under its target).
+    Bulk,
 }
 
 impl Experiment {
-    /// All three, in the paper's order.
-    pub const ALL: [Experiment; 3] = [
+    /// All four: the paper's three in its order, then the bulk writer.
+    pub const ALL: [Experiment; 4] = [
         Experiment::Punctuated,
         Experiment::Fairshare,
         Experiment::Unfair,
+        Experiment::Bulk,
     ];
 
     /// Lower-case name.
@@ -78,22 +89,42 @@ impl Experiment {
             Experiment::Punctuated => "punctuated",
             Experiment::Fairshare => "fairshare",
             Experiment::Unfair => "unfair",
+            Experiment::Bulk => "bulk",
         }
     }
 
-    /// Each stream's share of the port's payload capacity.
+    /// The experiment of that name (`--experiment`).
+    pub fn from_name(name: &str) -> Result<Experiment, String> {
+        Experiment::ALL
+            .into_iter()
+            .find(|e| e.name() == name)
+            .ok_or_else(|| {
+                format!("no radon experiment '{name}' (punctuated, fairshare, unfair, bulk)")
+            })
+    }
+
+    /// Each stream's share of the port's payload capacity (the bulk writer's: the whole
+    /// port, which its chunks are released at; it has no reservation).
     pub fn shares(self) -> [f64; STREAMS] {
         match self {
             Experiment::Punctuated => [0.749, 0.251, 0.251, 0.251, 0.251, 0.251],
             Experiment::Fairshare => [0.166; STREAMS],
             Experiment::Unfair => [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.03125],
+            Experiment::Bulk => [0.166, 0.166, 0.166, 0.166, 0.166, 1.0],
         }
     }
 
+    /// Whether stream `index` (0-based) is the best-effort bulk writer.
+    pub fn is_bulk(self, index: usize) -> bool {
+        self == Experiment::Bulk && index == STREAMS - 1
+    }
+
     /// The paper's results per stream: (received Mbit/s, % lost) for its constant and its
-    /// adaptive streams, against targets in Mbit/s of a 1 Gbit/s link (1000 x the share).
-    pub fn paper(self) -> [((f64, f64), (f64, f64)); STREAMS] {
-        match self {
+    /// adaptive streams, against targets in Mbit/s of a 1 Gbit/s link (1000 x the share);
+    /// none for the bulk writer's experiment.
+    pub fn paper(self) -> Option<[PaperStream; STREAMS]> {
+        Some(match self {
+            Experiment::Bulk => return None,
             Experiment::Punctuated => [
                 ((565.5, 24.0), (725.2, 2.5)),
                 ((245.5, 3.8), (1.5, 0.2)),
@@ -118,7 +149,7 @@ impl Experiment {
                 ((30.73, 0.0), (30.73, 0.0)),
                 ((30.64, 0.2), (30.71, 0.0)),
             ],
-        }
+        })
     }
 }
 
@@ -148,6 +179,14 @@ impl Line {
             Line::Radon => "radon",
             Line::Tessera => "tessera",
         }
+    }
+
+    /// The line of that name (`--line`).
+    pub fn from_name(name: &str) -> Result<Line, String> {
+        Line::ALL
+            .into_iter()
+            .find(|l| l.name() == name)
+            .ok_or_else(|| format!("no radon line '{name}' (constant, radon, tessera)"))
     }
 
     /// How its streams' sessions send.
@@ -234,11 +273,21 @@ pub struct StreamPlan {
     pub start_s: f64,
     /// Bytes.
     pub bytes: u64,
+    /// The best-effort bulk writer: no reservation, never asks for admission.
+    #[serde(default)]
+    pub bulk: bool,
 }
 
 /// The streams of `experiment` at `capacity` payload bytes/s for `duration_s`: the
-/// punctuated run's short streams start at 1/7, 2/7, ... 5/7 of it.
+/// punctuated run's short streams start at 1/7, 2/7, ... 5/7 of it; the bulk writer has
+/// twice what the reserved streams leave of the port in the run to write, so that it is
+/// busy from the start to their end.
 pub fn plan(experiment: Experiment, capacity: f64, duration_s: f64) -> Vec<StreamPlan> {
+    let reserved: f64 = (0..STREAMS)
+        .filter(|&i| !experiment.is_bulk(i))
+        .map(|i| experiment.shares()[i])
+        .sum();
+    let bulk_bytes = (2.0 * (1.0 - reserved).max(0.05) * capacity * duration_s) as u64;
     experiment
         .shares()
         .iter()
@@ -256,9 +305,12 @@ pub fn plan(experiment: Experiment, capacity: f64, duration_s: f64) -> Vec<Strea
                 },
                 bytes: if short {
                     SHORT_STREAM_PACKETS * PAYLOAD_BYTES_PER_FRAME
+                } else if experiment.is_bulk(index) {
+                    bulk_bytes
                 } else {
                     (rate * duration_s) as u64
                 },
+                bulk: experiment.is_bulk(index),
             }
         })
         .collect()
@@ -430,6 +482,7 @@ fn jobs(
                 rate_bytes_per_s: plan.rate_bytes_per_s,
                 period_us: config.period_us,
                 pacing: line.pacing(),
+                best_effort: plan.bulk,
                 link_bytes_per_s: lab.link.rate.bits_per_s / 8,
                 admit_unix_us: admit_from + index as u64 * ADMISSION_STAGGER_US,
                 start_unix_us: start_unix_us + (plan.start_s * 1e6) as u64,
@@ -494,7 +547,8 @@ fn run_one(
     if error.is_some() {
         streams.clear();
     }
-    let jain = (!streams.is_empty()).then(|| jain_index(&streams));
+    let reserved: Vec<StreamResult> = streams.iter().filter(|s| !s.plan.bulk).cloned().collect();
+    let jain = (!reserved.is_empty()).then(|| jain_index(&reserved));
     Ok(Run {
         experiment,
         line,
@@ -564,11 +618,16 @@ fn brief(run: &Run) -> String {
     }
     for s in &run.streams {
         out += &format!(
-            "; {}: {:.3} of target, {:.2}% resent, {:.0}% deadlines{}",
+            "; {}: {:.3} of target, {:.2}% resent, {:.0}% deadlines (worst {:.1} ms late; \
+             pacer missed {} of {}, {} late sends){}",
             s.stream,
             s.fraction_of_target,
             s.retransmitted_percent,
             s.deadlines_met_percent,
+            s.sample.ledger.worst_lateness_us as f64 / 1e3,
+            s.sample.pacer_deadlines_missed,
+            s.sample.pacer_periods,
+            s.sample.pacer_late_sends,
             match s.sample.admission {
                 AdmissionOutcome::Refused { .. } => " (refused)",
                 _ => "",
@@ -591,8 +650,12 @@ pub fn targets(runs: &[Run], link: Rate) -> Vec<Target> {
         short_streams_target(runs, link),
         fairshare_target(runs),
         unfair_target(runs, link),
+        bulk_target(runs),
     ];
     for experiment in Experiment::ALL {
+        if experiment == Experiment::Bulk {
+            continue;
+        }
         out.push(shape_target(runs, experiment));
     }
     out
@@ -742,6 +805,50 @@ fn unfair_target(runs: &[Run], link: Rate) -> Target {
     }
 }
 
+fn bulk_target(runs: &[Run]) -> Target {
+    let run = find(runs, Experiment::Bulk, Line::Tessera);
+    let reserved = |r: &Run| -> Vec<StreamResult> {
+        r.streams
+            .iter()
+            .filter(|s| s.sample.admission == AdmissionOutcome::Admitted)
+            .cloned()
+            .collect()
+    };
+    let bulk = |r: &Run| r.streams.iter().find(|s| s.plan.bulk).cloned();
+    Target {
+        goal: format!(
+            "bulk, Tessera: beside a best-effort bulk writer into the same port, every admitted \
+             stream >= {RATE_TARGET} of target with <= {LOSS_PERCENT_MAX}% resent"
+        ),
+        measured: run.map_or("not run".into(), |r| {
+            let streams = reserved(r);
+            format!(
+                "{} admitted: lowest {:.3} of target, most resent {:.2}%; the bulk writer {:.2} \
+                 MB/s, {:.2}% resent",
+                streams.len(),
+                streams
+                    .iter()
+                    .map(|s| s.fraction_of_target)
+                    .fold(f64::INFINITY, f64::min),
+                streams
+                    .iter()
+                    .map(|s| s.retransmitted_percent)
+                    .fold(0.0, f64::max),
+                bulk(r).map_or(0.0, |b| b.received_bytes_per_s / 1e6),
+                bulk(r).map_or(0.0, |b| b.retransmitted_percent),
+            )
+        }),
+        pass: run.map(|r| {
+            let streams = reserved(r);
+            !streams.is_empty()
+                && streams.iter().all(|s| {
+                    s.fraction_of_target >= RATE_TARGET
+                        && s.retransmitted_percent <= LOSS_PERCENT_MAX
+                })
+        }),
+    }
+}
+
 /// Packets resent over packets sent, percent, and payload bytes/s, of a whole run.
 fn totals(run: &Run) -> (f64, f64) {
     let sent: u64 = run.streams.iter().map(|s| s.sample.data_packets_sent).sum();
@@ -838,18 +945,18 @@ fn comparison(report: &RadonReport, experiment: Experiment) -> Table {
         "tessera",
     ]);
     let cell = |fraction: f64, loss: f64| Cell::text(format!("{fraction:.3} ({loss:.2}%)"));
-    for (index, ((c, a), share)) in experiment
-        .paper()
-        .iter()
-        .zip(experiment.shares())
-        .enumerate()
-    {
+    for (index, share) in experiment.shares().into_iter().enumerate() {
         let target = 1000.0 * share;
+        let paper = experiment.paper().map(|p| p[index]);
         let mut row = vec![
             Cell::Int(index as i64 + 1),
-            Cell::float(share, 5),
-            cell(c.0 / target, c.1),
-            cell(a.0 / target, a.1),
+            if experiment.is_bulk(index) {
+                Cell::text("bulk")
+            } else {
+                Cell::float(share, 5)
+            },
+            paper.map_or(Cell::Empty, |(c, _)| cell(c.0 / target, c.1)),
+            paper.map_or(Cell::Empty, |(_, a)| cell(a.0 / target, a.1)),
         ];
         for line in Line::ALL {
             row.push(
@@ -911,13 +1018,18 @@ fn preamble(report: &RadonReport) -> String {
         };
         out += &format!("- {}: {verdict} — {}.\n", t.goal, t.measured);
     }
-    out += "\n## Runs\n\n| experiment | line | port frames sent | dropped | queue max (frames) | queue mean | Jain |\n|---|---|---:|---:|---:|---:|---:|\n";
+    out += "\n## Runs\n\nThe port's queue in frames from `tc -s` and as the server's RFD estimate \
+            reported to the streams (the largest over them, converted at the link's rate).\n\n\
+            | experiment | line | port frames sent | dropped | tc queue max | tc mean | RFD \
+            max | RFD mean | Jain |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+    let link = report.testbed.link_rate_bits_per_s as f64 / 8.0;
     for run in &report.runs {
         let max = run.queue.iter().map(|q| q.packets).max().unwrap_or(0);
         let mean =
             run.queue.iter().map(|q| q.packets as f64).sum::<f64>() / run.queue.len().max(1) as f64;
+        let (rfd_max, rfd_mean) = max_mean(&rfd_queue(run, link));
         out += &format!(
-            "| {} | {} | {} | {} | {max} | {mean:.1} | {} |\n",
+            "| {} | {} | {} | {} | {max} | {mean:.1} | {rfd_max:.1} | {rfd_mean:.1} | {} |\n",
             run.experiment.name(),
             run.line.name(),
             run.port_sent,
@@ -937,6 +1049,37 @@ fn preamble(report: &RadonReport) -> String {
     }
     out += "\n## All streams\n";
     out
+}
+
+/// The queue the server reports to the streams (its RFD estimate through the median
+/// filter), the largest over the streams in each 10 ms sample, in frames of the
+/// port at `link_bytes_per_s`: seconds after the run's start, frames.
+pub fn rfd_queue(run: &Run, link_bytes_per_s: f64) -> Vec<(f64, f64)> {
+    let bin_s = RFD_SAMPLE_EVERY.as_secs_f64();
+    let mut bins: Vec<Option<u64>> = Vec::new();
+    for s in &run.streams {
+        for &(at_us, queue_us) in &s.sample.queue_us {
+            let bin = ((at_us as f64 / 1e6 + s.plan.start_s) / bin_s) as usize;
+            if bins.len() <= bin {
+                bins.resize(bin + 1, None);
+            }
+            bins[bin] = Some(bins[bin].unwrap_or(0).max(queue_us));
+        }
+    }
+    let frame_us = FRAME_BYTES_MAX as f64 * 1e6 / link_bytes_per_s.max(1.0);
+    bins.iter()
+        .enumerate()
+        .filter_map(|(i, q)| q.map(|q| ((i as f64 + 0.5) * bin_s, q as f64 / frame_us)))
+        .collect()
+}
+
+/// Largest and mean of a series' values.
+fn max_mean(points: &[(f64, f64)]) -> (f64, f64) {
+    let max = points.iter().map(|p| p.1).fold(0.0, f64::max);
+    (
+        max,
+        points.iter().map(|p| p.1).sum::<f64>() / points.len().max(1) as f64,
+    )
 }
 
 /// Received rate per stream over time, in bins.
@@ -994,20 +1137,30 @@ fn figure(report: &RadonReport) -> Figure {
             let points: Vec<(f64, f64)> = run.map_or(Vec::new(), |r| {
                 r.queue.iter().map(|q| (q.at_s, q.packets as f64)).collect()
             });
-            let queue_max = points.iter().map(|p| p.1).fold(10.0, f64::max) * 1.1;
+            let link = report.testbed.link_rate_bits_per_s as f64 / 8.0;
+            let rfd = run.map_or(Vec::new(), |r| rfd_queue(r, link));
+            let queue_max = points.iter().chain(&rfd).map(|p| p.1).fold(10.0, f64::max) * 1.1;
             queues.push(Panel::Lines(LinePanel {
-                title: format!("{title}: port queue (tc -s)"),
+                title: format!("{title}: port queue (tc -s; RFD dashed)"),
                 x_label: "seconds".into(),
                 y_label: "frames queued".into(),
                 x_range: (0.0, x_max),
                 x_scale: XScale::Linear,
                 y_range: (0.0, queue_max),
-                series: vec![LineSeries {
-                    label: String::new(),
-                    color: 7,
-                    dashed: false,
-                    points,
-                }],
+                series: vec![
+                    LineSeries {
+                        label: "tc -s".into(),
+                        color: 7,
+                        dashed: false,
+                        points,
+                    },
+                    LineSeries {
+                        label: "RFD estimate".into(),
+                        color: 0,
+                        dashed: true,
+                        points: rfd,
+                    },
+                ],
             }));
         }
         rows.push(rates);
@@ -1038,10 +1191,17 @@ mod tests {
             let shares = experiment.shares();
             let sum: f64 = match experiment {
                 Experiment::Punctuated => shares[0] + shares[1],
+                // The bulk writer takes what the five leave.
+                Experiment::Bulk => shares[..STREAMS - 1].iter().sum::<f64>() + 0.17,
                 _ => shares.iter().sum(),
             };
             assert!((0.99..=1.0).contains(&sum), "{}: {sum}", experiment.name());
         }
+        let bulk = plan(Experiment::Bulk, 1_000_000.0, 2.0);
+        assert_eq!(bulk.iter().filter(|p| p.bulk).count(), 1);
+        assert!(bulk[STREAMS - 1].bulk && bulk[STREAMS - 1].share == 1.0);
+        // Twice what the five reserved streams leave of the port over the run.
+        assert!(bulk[STREAMS - 1].bytes.abs_diff(680_000) <= 1);
         let capacity = payload_capacity(Rate::mbit(200));
         assert!((capacity - 23_579_920.7).abs() < 1.0, "{capacity}");
         let plans = plan(Experiment::Punctuated, capacity, 7.0);
