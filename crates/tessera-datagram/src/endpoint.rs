@@ -89,6 +89,8 @@ pub struct Endpoint {
     out_of_order_held: Held,
     /// Bytes queued to send and not acknowledged, over every session.
     send_queued_bytes: usize,
+    /// Sessions peers opened, per source address.
+    accepted_by_source: HashMap<IpAddr, usize>,
     stats: Stats,
 }
 
@@ -187,6 +189,7 @@ impl Endpoint {
             messages_held: Held::default(),
             out_of_order_held: Held::default(),
             send_queued_bytes: 0,
+            accepted_by_source: HashMap::new(),
             stats: Stats::default(),
         }
     }
@@ -567,6 +570,7 @@ impl Endpoint {
                     session.key = key;
                 }
                 self.sessions.insert(id, session);
+                *self.accepted_by_source.entry(from.ip()).or_default() += 1;
                 self.half_open.insert((now, id));
                 self.half_open_heard.insert(id, now);
                 self.stats.sessions_opened += 1;
@@ -618,6 +622,21 @@ impl Endpoint {
         if self.events.len() >= EVENT_QUEUE_MAX {
             self.stats.dropped_sessions_full += 1;
             return false;
+        }
+        let of_source = self.accepted_by_source.get(&from.ip()).copied();
+        if of_source.unwrap_or(0) >= self.config.sessions_per_source_max {
+            // Its own half-open session silent longest makes room; one address never
+            // evicts another's sessions.
+            let sessions = &self.sessions;
+            let oldest = self
+                .half_open
+                .iter()
+                .find(|(_, id)| sessions[id].peer.ip() == from.ip());
+            let Some(&(_, oldest)) = oldest else {
+                self.stats.dropped_sessions_source_full += 1;
+                return false;
+            };
+            self.evict_half_open(oldest);
         }
         let full = self.sessions.len() >= self.config.sessions_max
             || self.half_open.len() >= self.config.admission.half_open_sessions_max;
@@ -805,6 +824,17 @@ impl Endpoint {
 
     fn remove(&mut self, id: SessionId) -> Option<Session> {
         let session = self.sessions.remove(&id)?;
+        if session.accepted {
+            let source = session.peer.ip();
+            let of_source = self
+                .accepted_by_source
+                .get_mut(&source)
+                .expect("an accepted session counts");
+            *of_source -= 1;
+            if *of_source == 0 {
+                self.accepted_by_source.remove(&source);
+            }
+        }
         self.account(
             session.peer.ip(),
             Footprint::of(&session),

@@ -312,6 +312,9 @@ pub struct Config {
     pub message_bytes_max: usize,
     /// Most sessions peers may open with this endpoint.
     pub sessions_max: usize,
+    /// Most sessions peers at one IP address may hold open with this endpoint: a newcomer
+    /// beyond it evicts that address's half-open session silent longest, or is dropped.
+    pub sessions_per_source_max: usize,
     /// In-order packets per ACK.
     pub ack_every_packets: u32,
     /// An ACK owed is sent at most this late.
@@ -431,6 +434,7 @@ impl Default for Config {
             congestion: CongestionKind::Adaptive,
             message_bytes_max: 17 << 20,
             sessions_max: 4096,
+            sessions_per_source_max: 1024,
             ack_every_packets: 2,
             ack_delay_us: 100,
             receive_budget_packets: None,
@@ -482,8 +486,8 @@ pub enum ConfigError {
     /// `message_bytes_max` does not fit the 32-bit `message_len`.
     #[error("message_bytes_max {0} exceeds u32::MAX")]
     MessageBytes(usize),
-    /// `sessions_max` is zero.
-    #[error("sessions_max must be at least 1")]
+    /// `sessions_max` or `sessions_per_source_max` is zero.
+    #[error("sessions_max and sessions_per_source_max must be at least 1")]
     Sessions,
     /// `ack_every_packets` is zero.
     #[error("ack_every_packets must be at least 1")]
@@ -551,7 +555,7 @@ impl Config {
         if u32::try_from(self.message_bytes_max).is_err() {
             return Err(ConfigError::MessageBytes(self.message_bytes_max));
         }
-        if self.sessions_max == 0 {
+        if self.sessions_max == 0 || self.sessions_per_source_max == 0 {
             return Err(ConfigError::Sessions);
         }
         if self.ack_every_packets == 0 {
@@ -715,6 +719,9 @@ pub struct Stats {
     pub dropped_unknown_session: u64,
     /// Packets dropped: would open a session beyond `sessions_max`.
     pub dropped_sessions_full: u64,
+    /// Packets dropped: would open a session beyond `sessions_per_source_max` of their
+    /// address, none of whose sessions was half-open.
+    pub dropped_sessions_source_full: u64,
     /// Packets dropped: would open a session faster than its source may
     /// ([`AdmissionConfig::opens_per_second_per_source`]).
     pub dropped_opens_source_rate: u64,
@@ -795,6 +802,10 @@ impl Stats {
             ("dropped_malformed", self.dropped_malformed),
             ("dropped_unknown_session", self.dropped_unknown_session),
             ("dropped_sessions_full", self.dropped_sessions_full),
+            (
+                "dropped_sessions_source_full",
+                self.dropped_sessions_source_full,
+            ),
             ("dropped_opens_source_rate", self.dropped_opens_source_rate),
             ("dropped_opens_total_rate", self.dropped_opens_total_rate),
             ("half_open_evicted", self.half_open_evicted),

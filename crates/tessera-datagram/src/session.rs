@@ -124,6 +124,8 @@ pub(crate) struct Session {
     pub(crate) key: tessera_auth::Key,
     pub(crate) id: SessionId,
     pub(crate) peer: SocketAddr,
+    /// The peer opened it (it counts toward `sessions_max` and its address's share).
+    pub(crate) accepted: bool,
     /// Payload bytes per packet this side sends (the path's datagram size less the header).
     pub(crate) fragment_bytes_max: usize,
 
@@ -233,6 +235,19 @@ pub(crate) struct Room {
     pub(crate) out_of_order: usize,
 }
 
+/// Appends `bytes` to `buffer`, growing it as `Vec` does but never past `capacity_max` (the
+/// message's length, checked to hold it): doubling would take up to twice what the message
+/// reserved of the budget.
+fn append_within(buffer: &mut Vec<u8>, bytes: &[u8], capacity_max: usize) {
+    let needed = buffer.len() + bytes.len();
+    assert!(needed <= capacity_max);
+    if needed > buffer.capacity() {
+        let target = (buffer.capacity() * 2).max(needed).min(capacity_max);
+        buffer.reserve_exact(target - buffer.len());
+    }
+    buffer.extend_from_slice(bytes);
+}
+
 /// What a packet held past a gap costs of the out-of-order budget.
 fn held_packet_bytes(packet: &Packet) -> usize {
     packet.payload.len() + crate::HELD_PACKET_OVERHEAD_BYTES
@@ -282,6 +297,7 @@ impl Session {
             key: crate::packet::PUBLIC_KEY,
             id,
             peer,
+            accepted,
             fragment_bytes_max: config.fragment_bytes_max(),
             outgoing: VecDeque::new(),
             send_base: 0,
@@ -1254,7 +1270,8 @@ impl Session {
             None
         } else {
             let reassembly = self.reassembly.as_mut().expect("checked above");
-            reassembly.buffer.extend_from_slice(&packet.payload);
+            let message_len = reassembly.message_len as usize;
+            append_within(&mut reassembly.buffer, &packet.payload, message_len);
             reassembly.packets += 1;
             reassembly.progress_at = now;
             if packet.last {
@@ -1359,5 +1376,23 @@ impl Session {
             reservation: self.pacer.as_ref().and_then(Pacer::reservation),
             deadlines: self.pacer.as_ref().map(Pacer::stats).unwrap_or_default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::append_within;
+
+    #[test]
+    fn a_reassembly_buffer_never_grows_past_its_message() {
+        let len = (17 << 20) + 7;
+        let mut buffer = Vec::with_capacity(1 << 20);
+        let fragment = vec![1; 1428];
+        while buffer.len() < len {
+            let n = (len - buffer.len()).min(fragment.len());
+            append_within(&mut buffer, &fragment[..n], len);
+            assert!(buffer.capacity() <= len, "{} past {len}", buffer.capacity());
+        }
+        assert_eq!(buffer.capacity(), len);
     }
 }

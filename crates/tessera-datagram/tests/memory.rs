@@ -463,3 +463,28 @@ fn messages_the_application_has_not_taken_hold_the_message_budget() {
         sim.now() - away_until
     );
 }
+
+/// One address holds at most `sessions_per_source_max` sessions, established ones included:
+/// past it, its newcomers are dropped while another address still opens sessions.
+#[test]
+fn one_address_holds_at_most_its_share_of_sessions() {
+    let mut sim = Sim::new(208);
+    let server = addr(2);
+    let config = Config {
+        sessions_per_source_max: 8,
+        ..Config::default()
+    };
+    sim.add_endpoint(server, config);
+    for n in 0..20 {
+        // A whole one-packet message each: every session is established.
+        sim.inject(hostile(1), server, fragment(0x100 + n, 0, true, true, 10));
+    }
+    sim.run_for(1_000);
+    while sim.endpoint(server).poll_event().is_some() {}
+    assert_eq!(sim.endpoint(server).session_count(), 8);
+    let stats = sim.endpoint(server).stats();
+    assert_eq!(stats.dropped_sessions_source_full, 12, "{stats:?}");
+    sim.inject(hostile(2), server, fragment(0x200, 0, true, true, 10));
+    sim.run_for(1_000);
+    assert_eq!(sim.endpoint(server).session_count(), 9);
+}
