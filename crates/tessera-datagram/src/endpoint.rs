@@ -4,7 +4,7 @@
 use crate::admission::{Admission, Refusal};
 use crate::packet::{self, decode, Packet, PacketError, PacketKind, OVERHEAD_LEN, PUBLIC_KEY};
 use crate::radon::{Reservation, ReservationError};
-use crate::session::{PendingEvent, Session, Verdict, WINDOW_INITIAL_PACKETS};
+use crate::session::{PendingEvent, Room, Session, Verdict, WINDOW_INITIAL_PACKETS};
 use crate::{
     Config, Event, LossReason, Micros, SendError, SessionId, SessionInfo, Stats, Transmit,
 };
@@ -82,28 +82,76 @@ pub struct Endpoint {
     /// Keys admitted for sessions peers will open, oldest first ([`Endpoint::admit`]).
     admitted: BTreeMap<SessionId, Key>,
     admitted_order: VecDeque<SessionId>,
-    /// Bytes reserved by messages being reassembled, in all and per source address
-    /// ([`crate::MemoryConfig`]).
-    reassembly_bytes: usize,
-    reassembly_by_source: HashMap<IpAddr, usize>,
+    /// Bytes reserved by messages being reassembled or waiting for the application, in all
+    /// and per source address ([`crate::MemoryConfig`]).
+    messages_held: Held,
+    /// Bytes of packets held past a gap, in all and per source address.
+    out_of_order_held: Held,
     /// Bytes queued to send and not acknowledged, over every session.
     send_queued_bytes: usize,
+    /// Sessions peers opened, per source address.
+    accepted_by_source: HashMap<IpAddr, usize>,
     stats: Stats,
 }
 
-/// What a session holds of the endpoint's memory budgets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a session (or an event waiting for the application) holds of the endpoint's memory
+/// budgets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Footprint {
-    reassembly: usize,
+    /// Of the message budget: a message being reassembled, or waiting for the application.
+    messages: usize,
     queued: usize,
+    out_of_order: usize,
 }
 
 impl Footprint {
     fn of(session: &Session) -> Footprint {
         Footprint {
-            reassembly: session.reassembly_reserved(),
+            messages: session.reassembly_reserved(),
             queued: session.queued_bytes(),
+            out_of_order: session.out_of_order_bytes(),
         }
+    }
+}
+
+/// Bytes held against one budget, in all and per source address.
+#[derive(Debug, Default)]
+struct Held {
+    total: usize,
+    by_source: HashMap<IpAddr, usize>,
+}
+
+impl Held {
+    /// What `source` may still take within `total_max` in all and `source_max` of its own.
+    fn room(&self, source: IpAddr, total_max: usize, source_max: usize) -> usize {
+        let of_source = self.by_source.get(&source).copied().unwrap_or(0);
+        (total_max - self.total).min(source_max - of_source)
+    }
+
+    /// `source` went from holding `before` to `after` (of one session or event); asserts
+    /// the bounds still hold.
+    fn change(&mut self, source: IpAddr, before: usize, after: usize, maxima: (usize, usize)) {
+        if before == after {
+            return;
+        }
+        self.total = self.total + after - before;
+        let of_source = self.by_source.entry(source).or_default();
+        *of_source = *of_source + after - before;
+        let of_source = *of_source;
+        if of_source == 0 {
+            self.by_source.remove(&source);
+        }
+        assert!(
+            self.total <= maxima.0,
+            "{} bytes held, at most {}",
+            self.total,
+            maxima.0
+        );
+        assert!(
+            of_source <= maxima.1,
+            "{source} holds {of_source} bytes, at most {}",
+            maxima.1
+        );
     }
 }
 
@@ -138,9 +186,10 @@ impl Endpoint {
             half_open_heard: BTreeMap::new(),
             admitted: BTreeMap::new(),
             admitted_order: VecDeque::new(),
-            reassembly_bytes: 0,
-            reassembly_by_source: HashMap::new(),
+            messages_held: Held::default(),
+            out_of_order_held: Held::default(),
             send_queued_bytes: 0,
+            accepted_by_source: HashMap::new(),
             stats: Stats::default(),
         }
     }
@@ -521,6 +570,7 @@ impl Endpoint {
                     session.key = key;
                 }
                 self.sessions.insert(id, session);
+                *self.accepted_by_source.entry(from.ip()).or_default() += 1;
                 self.half_open.insert((now, id));
                 self.half_open_heard.insert(id, now);
                 self.stats.sessions_opened += 1;
@@ -573,6 +623,21 @@ impl Endpoint {
             self.stats.dropped_sessions_full += 1;
             return false;
         }
+        let of_source = self.accepted_by_source.get(&from.ip()).copied();
+        if of_source.unwrap_or(0) >= self.config.sessions_per_source_max {
+            // Its own half-open session silent longest makes room; one address never
+            // evicts another's sessions.
+            let sessions = &self.sessions;
+            let oldest = self
+                .half_open
+                .iter()
+                .find(|(_, id)| sessions[id].peer.ip() == from.ip());
+            let Some(&(_, oldest)) = oldest else {
+                self.stats.dropped_sessions_source_full += 1;
+                return false;
+            };
+            self.evict_half_open(oldest);
+        }
         let full = self.sessions.len() >= self.config.sessions_max
             || self.half_open.len() >= self.config.admission.half_open_sessions_max;
         if full {
@@ -601,7 +666,7 @@ impl Endpoint {
         let data = packet.kind == PacketKind::Data;
         let session = self.sessions.get(&id).expect("dispatch to a known session");
         let (source, before) = (session.peer.ip(), Footprint::of(session));
-        let room = self.reassembly_room(source) + before.reassembly;
+        let room = self.room(source);
         let session = self.sessions.get_mut(&id).expect("just looked up");
         let verdict = session.on_packet(
             packet,
@@ -612,7 +677,13 @@ impl Endpoint {
             &mut self.stats,
             &mut self.events,
         );
-        let after = Footprint::of(session);
+        let mut after = Footprint::of(session);
+        // Messages delivered by this packet hold their bytes until the application takes them.
+        after.messages += self
+            .events
+            .range(events_before..)
+            .map(|pending| pending.bytes)
+            .sum::<usize>();
         self.account(source, before, after);
         if let Some(heard) = self.half_open_heard.get(&id).copied() {
             let delivered = self
@@ -645,6 +716,7 @@ impl Endpoint {
                 event: Event::Opened { session: id, peer },
                 session: id,
                 packets: 0,
+                bytes: 0,
             },
         );
     }
@@ -683,43 +755,66 @@ impl Endpoint {
             },
             session: id,
             packets: 0,
+            bytes: 0,
         });
         self.remember(id, session.peer, Forgotten::Lost);
         // Its promise is void: the budget it held goes to the others.
         self.grants_due = true;
     }
 
-    /// Reassembly bytes a new message from `source` may reserve now.
-    fn reassembly_room(&self, source: IpAddr) -> usize {
+    /// What is left of the memory budgets for new messages and packets past a gap from
+    /// `source`.
+    fn room(&self, source: IpAddr) -> Room {
         let memory = &self.config.memory;
-        let of_source = self.reassembly_by_source.get(&source).copied();
-        let source_left = memory.reassembly_bytes_per_source_max - of_source.unwrap_or(0);
-        (memory.reassembly_bytes_max - self.reassembly_bytes).min(source_left)
+        Room {
+            messages: self.messages_held.room(
+                source,
+                memory.reassembly_bytes_max,
+                memory.reassembly_bytes_per_source_max,
+            ),
+            out_of_order: self.out_of_order_held.room(
+                source,
+                memory.out_of_order_bytes_max,
+                memory.out_of_order_bytes_per_source_max,
+            ),
+        }
     }
 
-    /// A session of `source` went from holding `before` to holding `after`.
+    /// A session (or event) of `source` went from holding `before` to holding `after`.
     fn account(&mut self, source: IpAddr, before: Footprint, after: Footprint) {
         self.send_queued_bytes = self.send_queued_bytes + after.queued - before.queued;
-        if before.reassembly == after.reassembly {
-            return;
-        }
-        self.reassembly_bytes = self.reassembly_bytes + after.reassembly - before.reassembly;
-        let of_source = self.reassembly_by_source.entry(source).or_default();
-        *of_source = *of_source + after.reassembly - before.reassembly;
-        if *of_source == 0 {
-            self.reassembly_by_source.remove(&source);
-        }
-        let memory = &self.config.memory;
-        assert!(self.reassembly_bytes <= memory.reassembly_bytes_max);
-        assert!(
-            self.reassembly_by_source.get(&source).copied().unwrap_or(0)
-                <= memory.reassembly_bytes_per_source_max
+        let memory = self.config.memory;
+        let messages_max = (
+            memory.reassembly_bytes_max,
+            memory.reassembly_bytes_per_source_max,
         );
+        self.messages_held
+            .change(source, before.messages, after.messages, messages_max);
+        let out_of_order_max = (
+            memory.out_of_order_bytes_max,
+            memory.out_of_order_bytes_per_source_max,
+        );
+        let (before, after) = (before.out_of_order, after.out_of_order);
+        self.out_of_order_held
+            .change(source, before, after, out_of_order_max);
     }
 
-    /// Bytes reserved by messages being reassembled, over every session.
+    /// Bytes reserved by messages being reassembled or waiting for the application, over
+    /// every session.
     pub fn reassembly_bytes(&self) -> usize {
-        self.reassembly_bytes
+        self.messages_held.total
+    }
+
+    /// Bytes held by packets past a gap ([`crate::HELD_PACKET_OVERHEAD_BYTES`] each beyond
+    /// their payload), over every session.
+    pub fn out_of_order_bytes(&self) -> usize {
+        self.out_of_order_held.total
+    }
+
+    /// The same two, for one source address.
+    pub fn held_bytes_of(&self, source: IpAddr) -> (usize, usize) {
+        let of = |held: &Held| held.by_source.get(&source).copied().unwrap_or(0);
+        (of(&self.messages_held), of(&self.out_of_order_held))
     }
 
     /// Bytes queued to send and not yet acknowledged, over every session.
@@ -729,11 +824,22 @@ impl Endpoint {
 
     fn remove(&mut self, id: SessionId) -> Option<Session> {
         let session = self.sessions.remove(&id)?;
-        let gone = Footprint {
-            reassembly: 0,
-            queued: 0,
-        };
-        self.account(session.peer.ip(), Footprint::of(&session), gone);
+        if session.accepted {
+            let source = session.peer.ip();
+            let of_source = self
+                .accepted_by_source
+                .get_mut(&source)
+                .expect("an accepted session counts");
+            *of_source -= 1;
+            if *of_source == 0 {
+                self.accepted_by_source.remove(&source);
+            }
+        }
+        self.account(
+            session.peer.ip(),
+            Footprint::of(&session),
+            Footprint::default(),
+        );
         if let Some(deadline) = session.timer {
             self.timers.remove(&(deadline, id));
         }
@@ -885,7 +991,10 @@ impl Endpoint {
                 continue;
             };
             session.timer = None;
+            let before = Footprint::of(session);
             let verdict = session.on_timeout(now, &self.config, &mut self.stats);
+            let (source, after) = (session.peer.ip(), Footprint::of(session));
+            self.account(source, before, after);
             self.settle(id, verdict, now);
         }
     }
@@ -894,6 +1003,7 @@ impl Endpoint {
     /// the session's receive window.
     pub fn poll_event(&mut self) -> Option<Event> {
         let pending = self.events.pop_front()?;
+        self.release_event(&pending);
         if pending.packets > 0 {
             if let Some(session) = self.sessions.get_mut(&pending.session) {
                 session.on_drained(pending.packets, &self.config);
@@ -908,12 +1018,29 @@ impl Endpoint {
         Some(pending.event)
     }
 
+    /// The application took (or no longer gets) an event: its message's bytes are free.
+    fn release_event(&mut self, pending: &PendingEvent) {
+        if let Event::Message { peer, .. } = &pending.event {
+            let held = Footprint {
+                messages: pending.bytes,
+                ..Footprint::default()
+            };
+            self.account(peer.ip(), held, Footprint::default());
+        }
+    }
+
     /// Forgets a session: nothing more is sent or retransmitted on it, queued messages and
     /// its events not yet polled are dropped, and the peer gets one RESET so that it forgets
     /// the session too (it reports [`Event::Lost`]). No event is reported here.
     pub fn close(&mut self, session: SessionId) {
         if let Some(state) = self.remove(session) {
-            self.events.retain(|pending| pending.session != session);
+            let (dropped, kept) = std::mem::take(&mut self.events)
+                .into_iter()
+                .partition(|pending| pending.session == session);
+            self.events = kept;
+            for pending in dropped.iter() {
+                self.release_event(pending);
+            }
             let now = self.now;
             self.queue_reset(state.peer, session, now, false);
             self.remember(session, state.peer, Forgotten::Closed);

@@ -148,7 +148,7 @@
 //! alive.
 //!
 //! **Receiver.** It delivers in sequence. Packets past a gap are kept (within the window
-//! promised) until it fills; once [`REORDER_PACKETS`] of them wait, the gap is taken for a
+//! promised and the out-of-order budgets of [`MemoryConfig`]) until it fills; once [`REORDER_PACKETS`] of them wait, the gap is taken for a
 //! loss and one RESTART carries the expected number, re-sent only if the gap outlives a
 //! retransmission timeout; a duplicate is dropped and acknowledged again; a packet past the
 //! advertised window edge is dropped. ACKs go out
@@ -207,16 +207,20 @@
 //! [`MemoryConfig::send_queue_messages_per_session_max`] messages queued per session and
 //! [`MemoryConfig::send_queue_bytes_max`] over all sessions ([`SendError::QueueFull`]
 //! beyond), reassembly of one message at a time per session, within an endpoint-wide and a
-//! per-source-address budget of bytes reserved at each message's first fragment (a first
-//! fragment that does not fit is dropped unacknowledged and resent by its sender; a
-//! reassembly that stalls for [`MemoryConfig::reassembly_stall_us`] is given up with its
-//! session), `sessions_max` sessions opened by peers, [`CONTROL_QUEUE_MAX`] RESETs waiting to be sent,
-//! and the events waiting for the application by the receive windows (messages) and
-//! [`EVENT_QUEUE_MAX`] (no session opens while more wait), sessions opened per second per
-//! source and in total, and half-open sessions ([`AdmissionConfig`]). A peer that breaks the
-//! protocol (a fragment out of place, a message over `message_bytes_max`) is reset: both sides
-//! report [`Event::Lost`] (the accepting side only if the session had delivered a message).
-//! Established sessions without traffic have no timer and stay until closed or reset.
+//! per-source-address budget of bytes reserved at each message's first fragment and held
+//! until the application takes the message (a first fragment that does not fit is dropped
+//! unacknowledged and resent by its sender; a reassembly that stalls for
+//! [`MemoryConfig::reassembly_stall_us`] is given up with its session), packets held past a
+//! gap within budgets of their own, endpoint-wide and per source (beyond them dropped
+//! unacknowledged; held at most [`MemoryConfig::out_of_order_hold_us`]), `sessions_max`
+//! sessions opened by peers, [`CONTROL_QUEUE_MAX`] RESETs waiting to be sent, and the
+//! events waiting for the application by the receive windows and the message budget
+//! (messages) and [`EVENT_QUEUE_MAX`] (no session opens while more wait), sessions opened
+//! per second per source and in total, and half-open sessions ([`AdmissionConfig`]). A peer
+//! that breaks the protocol (a fragment out of place, a message over `message_bytes_max`) is
+//! reset: both sides report [`Event::Lost`] (the accepting side only if the session had
+//! delivered a message). Established sessions without traffic have no timer and stay until
+//! closed or reset.
 
 pub mod admission;
 pub mod congestion;
@@ -246,6 +250,10 @@ const _: () = {
     const fn assert_send<T: Send>() {}
     assert_send::<Endpoint>();
 };
+
+/// What a packet held past a gap costs beyond its payload, for the out-of-order budgets:
+/// its header fields, its buffer's bookkeeping and its node in the session's map.
+pub const HELD_PACKET_OVERHEAD_BYTES: usize = 192;
 
 /// Microseconds since an arbitrary origin.
 pub type Micros = u64;
@@ -304,6 +312,9 @@ pub struct Config {
     pub message_bytes_max: usize,
     /// Most sessions peers may open with this endpoint.
     pub sessions_max: usize,
+    /// Most sessions peers at one IP address may hold open with this endpoint: a newcomer
+    /// beyond it evicts that address's half-open session silent longest, or is dropped.
+    pub sessions_per_source_max: usize,
     /// In-order packets per ACK.
     pub ack_every_packets: u32,
     /// An ACK owed is sent at most this late.
@@ -333,21 +344,39 @@ pub struct Config {
     pub memory: MemoryConfig,
 }
 
-/// Bounds on the memory an endpoint holds for its peers (issue 15). A message being
-/// reassembled reserves its whole announced length when its first fragment is taken, so a
-/// message admitted always has room to complete; a first fragment that does not fit is
-/// dropped unacknowledged (the sender resends it after its timeout, as for a loss). A peer
-/// that starts messages and never finishes them holds at most the budget of its address,
-/// for at most `reassembly_stall_us` per message: then its session is given up.
+/// Bounds on the memory an endpoint holds for its peers (issue 15).
+///
+/// - **Messages**: a message reserves its whole announced length when its first fragment
+///   is taken (a one-packet message, its length), and holds it while it is reassembled and
+///   then until the application takes it with [`Endpoint::poll_event`], so a message
+///   admitted always has room to complete; a first fragment that does not fit is dropped
+///   unacknowledged (the sender resends it after its timeout, as for a loss). A peer that
+///   starts messages and never finishes them holds at most the budget of its address, for
+///   at most `reassembly_stall_us` per message: then its session is given up.
+/// - **Packets past a gap**, kept until the gap fills: each costs its payload plus
+///   [`HELD_PACKET_OVERHEAD_BYTES`], within their own budgets, endpoint-wide and per source
+///   address. One that does not fit is dropped unacknowledged (go-back-N resends it after
+///   the gap), and the packets of a gap that has not filled for `out_of_order_hold_us` are
+///   dropped, so a peer that sends only past a gap holds them for that long at most. They
+///   are a cache: dropping them never loses or corrupts anything, it only costs a resend.
+/// - **Queued answers**: bytes in all and messages per session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryConfig {
-    /// Bytes of messages being reassembled, summed over every session.
+    /// Bytes of messages being reassembled or waiting for the application, summed over
+    /// every session.
     pub reassembly_bytes_max: usize,
     /// The same, over the sessions of one source IP address.
     pub reassembly_bytes_per_source_max: usize,
     /// A message being reassembled that takes no fragment for this long, µs, is given up
     /// with its session ([`Stats::reassemblies_stalled`]).
     pub reassembly_stall_us: Micros,
+    /// Bytes of packets held past a gap, summed over every session.
+    pub out_of_order_bytes_max: usize,
+    /// The same, over the sessions of one source IP address.
+    pub out_of_order_bytes_per_source_max: usize,
+    /// Packets held past a gap that has not filled for this long, µs, are dropped
+    /// ([`Stats::out_of_order_expired`]); the session stays.
+    pub out_of_order_hold_us: Micros,
     /// Bytes queued to send and not yet acknowledged, summed over every session; past it
     /// `send` refuses ([`SendError::QueueFull`]), also into an empty queue.
     pub send_queue_bytes_max: usize,
@@ -363,6 +392,11 @@ impl Default for MemoryConfig {
             reassembly_bytes_max: 32 * (17 << 20),
             reassembly_bytes_per_source_max: 16 * (17 << 20),
             reassembly_stall_us: 5_000_000,
+            // Four honest sessions' worth per address (a sender keeps at most 64 packets,
+            // of up to 64 KiB on loopback, in flight), sixteen in all.
+            out_of_order_bytes_max: 64 << 20,
+            out_of_order_bytes_per_source_max: 16 << 20,
+            out_of_order_hold_us: 1_000_000,
             send_queue_bytes_max: 1 << 30,
             send_queue_messages_per_session_max: 4096,
         }
@@ -370,10 +404,15 @@ impl Default for MemoryConfig {
 }
 
 impl MemoryConfig {
-    /// Whether every bound admits a message of `message_bytes_max` and a stall has a length.
+    /// Whether every bound admits a message of `message_bytes_max` (and a packet held past
+    /// a gap), every total is at least its per-source bound, and timeouts have a length.
     pub fn is_valid(&self, message_bytes_max: usize) -> bool {
         self.reassembly_bytes_per_source_max >= message_bytes_max
             && self.reassembly_bytes_max >= self.reassembly_bytes_per_source_max
+            && self.out_of_order_bytes_per_source_max
+                >= packet::DATAGRAM_LEN_MAX + HELD_PACKET_OVERHEAD_BYTES
+            && self.out_of_order_bytes_max >= self.out_of_order_bytes_per_source_max
+            && self.out_of_order_hold_us > 0
             && self.send_queue_bytes_max >= message_bytes_max
             && self.reassembly_stall_us > 0
             && self.send_queue_messages_per_session_max > 0
@@ -395,6 +434,7 @@ impl Default for Config {
             congestion: CongestionKind::Adaptive,
             message_bytes_max: 17 << 20,
             sessions_max: 4096,
+            sessions_per_source_max: 1024,
             ack_every_packets: 2,
             ack_delay_us: 100,
             receive_budget_packets: None,
@@ -446,8 +486,8 @@ pub enum ConfigError {
     /// `message_bytes_max` does not fit the 32-bit `message_len`.
     #[error("message_bytes_max {0} exceeds u32::MAX")]
     MessageBytes(usize),
-    /// `sessions_max` is zero.
-    #[error("sessions_max must be at least 1")]
+    /// `sessions_max` or `sessions_per_source_max` is zero.
+    #[error("sessions_max and sessions_per_source_max must be at least 1")]
     Sessions,
     /// `ack_every_packets` is zero.
     #[error("ack_every_packets must be at least 1")]
@@ -464,9 +504,9 @@ pub enum ConfigError {
     /// A limit of [`AdmissionConfig`] is zero, so no session could ever open.
     #[error("every admission limit (rates, bursts, sources, half-open sessions and timeout) must be at least 1")]
     Admission,
-    /// A bound of [`MemoryConfig`] admits no message of `message_bytes_max` (or the total is
-    /// below the per-source bound, or the stall timeout or message count is zero).
-    #[error("the reassembly budgets must each hold a message of message_bytes_max (the total at least the per-source one), and the stall timeout and queued messages be at least 1")]
+    /// A bound of [`MemoryConfig`] admits no message of `message_bytes_max` or no datagram
+    /// (or a total is below its per-source bound, or a timeout or message count is zero).
+    #[error("the reassembly budgets must each hold a message of message_bytes_max and the out-of-order ones a datagram (each total at least its per-source one), and the timeouts and queued messages be at least 1")]
     Memory,
 }
 
@@ -515,7 +555,7 @@ impl Config {
         if u32::try_from(self.message_bytes_max).is_err() {
             return Err(ConfigError::MessageBytes(self.message_bytes_max));
         }
-        if self.sessions_max == 0 {
+        if self.sessions_max == 0 || self.sessions_per_source_max == 0 {
             return Err(ConfigError::Sessions);
         }
         if self.ack_every_packets == 0 {
@@ -679,6 +719,9 @@ pub struct Stats {
     pub dropped_unknown_session: u64,
     /// Packets dropped: would open a session beyond `sessions_max`.
     pub dropped_sessions_full: u64,
+    /// Packets dropped: would open a session beyond `sessions_per_source_max` of their
+    /// address, none of whose sessions was half-open.
+    pub dropped_sessions_source_full: u64,
     /// Packets dropped: would open a session faster than its source may
     /// ([`AdmissionConfig::opens_per_second_per_source`]).
     pub dropped_opens_source_rate: u64,
@@ -718,6 +761,12 @@ pub struct Stats {
     /// Sessions lost because the message they were reassembling made no progress for
     /// [`MemoryConfig::reassembly_stall_us`].
     pub reassemblies_stalled: u64,
+    /// DATA packets past a gap dropped unacknowledged: they did not fit the out-of-order
+    /// budget left (endpoint-wide or of their source address; [`MemoryConfig`]).
+    pub dropped_out_of_order_budget: u64,
+    /// Packets held past a gap dropped because it did not fill for
+    /// [`MemoryConfig::out_of_order_hold_us`].
+    pub out_of_order_expired: u64,
     /// Messages `send` refused because the session's or the endpoint's send queue was full
     /// ([`SendError::QueueFull`]): answers dropped for a peer that does not take them.
     pub sends_refused_queue_full: u64,
@@ -753,6 +802,10 @@ impl Stats {
             ("dropped_malformed", self.dropped_malformed),
             ("dropped_unknown_session", self.dropped_unknown_session),
             ("dropped_sessions_full", self.dropped_sessions_full),
+            (
+                "dropped_sessions_source_full",
+                self.dropped_sessions_source_full,
+            ),
             ("dropped_opens_source_rate", self.dropped_opens_source_rate),
             ("dropped_opens_total_rate", self.dropped_opens_total_rate),
             ("half_open_evicted", self.half_open_evicted),
@@ -768,6 +821,11 @@ impl Stats {
             ("window_limited", self.window_limited),
             ("dropped_reassembly_budget", self.dropped_reassembly_budget),
             ("reassemblies_stalled", self.reassemblies_stalled),
+            (
+                "dropped_out_of_order_budget",
+                self.dropped_out_of_order_budget,
+            ),
+            ("out_of_order_expired", self.out_of_order_expired),
             ("sends_refused_queue_full", self.sends_refused_queue_full),
         ]
     }

@@ -34,6 +34,9 @@ pub(crate) struct PendingEvent {
     pub(crate) event: Event,
     pub(crate) session: SessionId,
     pub(crate) packets: u32,
+    /// Bytes of the message budget it holds until the application takes it (its message's
+    /// length; 0 for other events).
+    pub(crate) bytes: usize,
 }
 
 /// A packet of the send queue: a fragment of a queued message.
@@ -121,6 +124,8 @@ pub(crate) struct Session {
     pub(crate) key: tessera_auth::Key,
     pub(crate) id: SessionId,
     pub(crate) peer: SocketAddr,
+    /// The peer opened it (it counts toward `sessions_max` and its address's share).
+    pub(crate) accepted: bool,
     /// Payload bytes per packet this side sends (the path's datagram size less the header).
     pub(crate) fragment_bytes_max: usize,
 
@@ -135,8 +140,12 @@ pub(crate) struct Session {
     queued_bytes: usize,
     /// Messages in `queued_bytes`.
     queued_messages: usize,
-    /// Reassembly bytes the packet being handled may reserve (set by `on_packet`).
+    /// Bytes of the message budget the packet being handled may still reserve (set by
+    /// `on_packet`, spent by each message it admits).
     reassembly_room: usize,
+    /// Bytes of the out-of-order budget the packet being handled may still take (set by
+    /// `on_packet`).
+    out_of_order_room: usize,
     /// Requests waiting until the grant of the receive budget reaches into their answers,
     /// oldest first, with any message sent after them (see [`crate::Endpoint::request`]);
     /// their bytes count in `queued_bytes`.
@@ -187,6 +196,11 @@ pub(crate) struct Session {
     reassembly: Option<Reassembly>,
     /// DATA packets that arrived past a gap, by sequence number, until it fills.
     out_of_order: BTreeMap<u64, Packet>,
+    /// What they cost of the out-of-order budget ([`held_packet_bytes`]).
+    out_of_order_bytes: usize,
+    /// Since when they have waited without the stream moving on: past
+    /// [`crate::MemoryConfig::out_of_order_hold_us`] they are dropped.
+    out_of_order_since: Option<Micros>,
     /// Packets of complete messages waiting in the endpoint's event queue.
     pub(crate) undrained_packets: u32,
     /// One past the highest sequence number this side ever advertised (or promised).
@@ -209,6 +223,34 @@ pub(crate) struct Session {
     // The endpoint's bookkeeping.
     pub(crate) timer: Option<Micros>,
     pub(crate) in_ready: bool,
+}
+
+/// What is left of the endpoint's memory budgets for one source address, for the packet
+/// being handled ([`crate::MemoryConfig`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Room {
+    /// Bytes of messages (being reassembled or waiting for the application).
+    pub(crate) messages: usize,
+    /// Bytes of packets held past a gap.
+    pub(crate) out_of_order: usize,
+}
+
+/// Appends `bytes` to `buffer`, growing it as `Vec` does but never past `capacity_max` (the
+/// message's length, checked to hold it): doubling would take up to twice what the message
+/// reserved of the budget.
+fn append_within(buffer: &mut Vec<u8>, bytes: &[u8], capacity_max: usize) {
+    let needed = buffer.len() + bytes.len();
+    assert!(needed <= capacity_max);
+    if needed > buffer.capacity() {
+        let target = (buffer.capacity() * 2).max(needed).min(capacity_max);
+        buffer.reserve_exact(target - buffer.len());
+    }
+    buffer.extend_from_slice(bytes);
+}
+
+/// What a packet held past a gap costs of the out-of-order budget.
+fn held_packet_bytes(packet: &Packet) -> usize {
+    packet.payload.len() + crate::HELD_PACKET_OVERHEAD_BYTES
 }
 
 /// Bytes a DATA packet of `payload_bytes` takes on the wire: our header and tag, and IPv4 and
@@ -255,6 +297,7 @@ impl Session {
             key: crate::packet::PUBLIC_KEY,
             id,
             peer,
+            accepted,
             fragment_bytes_max: config.fragment_bytes_max(),
             outgoing: VecDeque::new(),
             send_base: 0,
@@ -263,6 +306,7 @@ impl Session {
             queued_bytes: 0,
             queued_messages: 0,
             reassembly_room: 0,
+            out_of_order_room: 0,
             held_requests: VecDeque::new(),
             peer_window_edge,
             congestion: congestion::controller(config.congestion, config.window_packets_max),
@@ -287,6 +331,8 @@ impl Session {
             queue_estimate: QueueEstimator::default(),
             reassembly: None,
             out_of_order: BTreeMap::new(),
+            out_of_order_bytes: 0,
+            out_of_order_since: None,
             undrained_packets: 0,
             advertised_edge,
             echo: 0,
@@ -318,6 +364,11 @@ impl Session {
         self.reassembly
             .as_ref()
             .map_or(0, |reassembly| reassembly.message_len as usize)
+    }
+
+    /// Bytes of the out-of-order budget held by packets past a gap.
+    pub(crate) fn out_of_order_bytes(&self) -> usize {
+        self.out_of_order_bytes
     }
 
     fn send_end(&self) -> u64 {
@@ -806,7 +857,10 @@ impl Session {
         let stalled = self.reassembly.as_ref().map(|reassembly| {
             (reassembly.progress_at).saturating_add(config.memory.reassembly_stall_us)
         });
-        [self.rto_deadline, self.ack_deadline, paced, stalled]
+        let held = self
+            .out_of_order_since
+            .map(|since| since.saturating_add(config.memory.out_of_order_hold_us));
+        [self.rto_deadline, self.ack_deadline, paced, stalled, held]
             .into_iter()
             .flatten()
             .min()
@@ -825,6 +879,17 @@ impl Session {
             // message, so the session goes with it.
             stats.reassemblies_stalled += 1;
             return Verdict::TimedOut;
+        }
+        if self
+            .out_of_order_since
+            .is_some_and(|since| now.saturating_sub(since) >= config.memory.out_of_order_hold_us)
+        {
+            // The gap never filled: a sender that went quiet, or one that sends only past
+            // it. An honest sender resends them after the gap.
+            stats.out_of_order_expired += self.out_of_order.len() as u64;
+            self.out_of_order.clear();
+            self.out_of_order_bytes = 0;
+            self.out_of_order_since = None;
         }
         if self.ack_deadline.is_some_and(|deadline| deadline <= now) {
             self.ack_deadline = None;
@@ -872,8 +937,8 @@ impl Session {
 
     /// Handles one packet from the peer, which arrived at `arrived` (at most `now`: a host
     /// that was busy reads what waited in its socket late, and the RTT must not count that).
-    /// `reassembly_room`: bytes of the endpoint's reassembly budget a message whose first
-    /// fragment arrives now may reserve (this session's current reservation included).
+    /// `room`: what is left of the endpoint's budgets for this session's source, which the
+    /// messages and packets past a gap this packet brings may take.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn on_packet(
         &mut self,
@@ -881,11 +946,12 @@ impl Session {
         arrived: Micros,
         now: Micros,
         config: &Config,
-        reassembly_room: usize,
+        room: Room,
         stats: &mut Stats,
         events: &mut VecDeque<PendingEvent>,
     ) -> Verdict {
-        self.reassembly_room = reassembly_room;
+        self.reassembly_room = room.messages;
+        self.out_of_order_room = room.out_of_order;
         if packet.kind == PacketKind::Reset {
             stats.resets_received += 1;
             return Verdict::Reset;
@@ -1087,11 +1153,23 @@ impl Session {
             // asks for a resend, once per gap, and again only if the gap outlives a
             // retransmission timeout. The go-back-N sender resends from the gap on; what
             // is kept here already is dropped as duplicate.
-            if self.out_of_order.insert(seq, packet).is_some() {
+            if self.out_of_order.contains_key(&seq) {
                 stats.dropped_duplicate += 1;
-            } else {
-                stats.held_out_of_order += 1;
+                return Verdict::Keep;
             }
+            let cost = held_packet_bytes(&packet);
+            if cost > self.out_of_order_room {
+                // Dropped unacknowledged, as if lost; it still shows the gap, so the
+                // sender is asked to resend from there as if it had been kept.
+                stats.dropped_out_of_order_budget += 1;
+                self.note_gap(now);
+                return Verdict::Keep;
+            }
+            self.out_of_order_room -= cost;
+            self.out_of_order_bytes += cost;
+            self.out_of_order_since.get_or_insert(now);
+            self.out_of_order.insert(seq, packet);
+            stats.held_out_of_order += 1;
             if self.out_of_order.len() >= REORDER_PACKETS {
                 self.note_gap(now);
             }
@@ -1108,11 +1186,14 @@ impl Session {
             let Some(next) = self.out_of_order.remove(&self.recv_next) else {
                 break;
             };
+            self.out_of_order_bytes -= held_packet_bytes(&next);
             match self.accept_in_order(next, now, config, stats, events) {
                 Some(next_verdict) => verdict = next_verdict,
                 None => break,
             }
         }
+        // The stream moved on: what is still held waits for a new gap, from now.
+        self.out_of_order_since = (!self.out_of_order.is_empty()).then_some(now);
         // Echo the packet that filled the gap, not those it released: their timestamps are
         // older and would pass a retransmission off as a late original (RFC 7323, 4.3).
         self.echo = timestamp;
@@ -1137,13 +1218,16 @@ impl Session {
         let payload_len = packet.payload.len();
         match (&self.reassembly, packet.first) {
             (None, true) => {
-                if packet.message_len as usize > config.message_bytes_max {
+                let message_len = packet.message_len as usize;
+                if message_len > config.message_bytes_max {
                     return Some(Verdict::Violation);
                 }
-                if !packet.last && packet.message_len as usize > self.reassembly_room {
+                if message_len > self.reassembly_room {
                     stats.dropped_reassembly_budget += 1;
                     return None;
                 }
+                // Held from here until the application takes the message.
+                self.reassembly_room -= message_len;
             }
             (Some(reassembly), false) => {
                 let len = reassembly.buffer.len() + payload_len;
@@ -1186,7 +1270,8 @@ impl Session {
             None
         } else {
             let reassembly = self.reassembly.as_mut().expect("checked above");
-            reassembly.buffer.extend_from_slice(&packet.payload);
+            let message_len = reassembly.message_len as usize;
+            append_within(&mut reassembly.buffer, &packet.payload, message_len);
             reassembly.packets += 1;
             reassembly.progress_at = now;
             if packet.last {
@@ -1206,6 +1291,7 @@ impl Session {
             }
             self.undrained_packets += packets;
             stats.messages_delivered += 1;
+            let bytes = message.len();
             events.push_back(PendingEvent {
                 event: Event::Message {
                     session: self.id,
@@ -1214,6 +1300,7 @@ impl Session {
                 },
                 session: self.id,
                 packets,
+                bytes,
             });
         }
         self.ack_owed(now, config, packet.last);
@@ -1289,5 +1376,23 @@ impl Session {
             reservation: self.pacer.as_ref().and_then(Pacer::reservation),
             deadlines: self.pacer.as_ref().map(Pacer::stats).unwrap_or_default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::append_within;
+
+    #[test]
+    fn a_reassembly_buffer_never_grows_past_its_message() {
+        let len = (17 << 20) + 7;
+        let mut buffer = Vec::with_capacity(1 << 20);
+        let fragment = vec![1; 1428];
+        while buffer.len() < len {
+            let n = (len - buffer.len()).min(fragment.len());
+            append_within(&mut buffer, &fragment[..n], len);
+            assert!(buffer.capacity() <= len, "{} past {len}", buffer.capacity());
+        }
+        assert_eq!(buffer.capacity(), len);
     }
 }

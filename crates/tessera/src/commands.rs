@@ -167,19 +167,27 @@ pub fn connect_admin(config: &Config) -> Result<Client> {
 
 /// Parse a size such as `65536`, `64K`, `64KiB`, `1M`.
 pub fn parse_size(text: &str) -> Result<u32> {
+    let bytes = parse_bytes(text)?;
+    u32::try_from(bytes).map_err(|_| anyhow!("size '{text}' is too large"))
+}
+
+/// A byte count with an optional unit (K, M, G, powers of 1024), e.g. 65536, 64K, 256M, 1G.
+pub fn parse_bytes(text: &str) -> Result<u64> {
     let t = text.trim();
     let digits: String = t.chars().take_while(|c| c.is_ascii_digit()).collect();
     let unit = t[digits.len()..].trim().to_ascii_lowercase();
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| anyhow!("bad size '{text}' (expected e.g. 65536, 64K, 1M)"))?;
-    let scale = match unit.as_str() {
+    let bad = || anyhow!("bad size '{text}' (expected e.g. 65536, 64K, 1M)");
+    let value: u64 = digits.parse().map_err(|_| bad())?;
+    let scale: u64 = match unit.as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
-        _ => bail!("bad size '{text}' (expected e.g. 65536, 64K, 1M)"),
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return Err(bad()),
     };
-    u32::try_from(value * scale).map_err(|_| anyhow!("size '{text}' is too large"))
+    value
+        .checked_mul(scale)
+        .ok_or_else(|| anyhow!("size '{text}' is too large"))
 }
 
 fn progress_bar(total: u64, what: &str) -> ProgressBar {
@@ -801,12 +809,22 @@ pub struct ServerAt<'a> {
     pub metrics: Option<&'a str>,
 }
 
+/// What a server lets its peers hold: TCP connections and frames, datagram sessions and
+/// their memory (the datagram settings also carry the window choice).
+pub struct ServerLimits {
+    /// Connections, idle time, memory for frames.
+    pub tcp: tessera_transport::TcpLimits,
+    /// The datagram protocol's settings, its limits included.
+    pub datagram: tessera_transport::DatagramConfig,
+}
+
+/// Runs a storage server until SIGTERM or SIGINT.
 pub async fn run_server(
     config: &Config,
     manager: &str,
     at: ServerAt<'_>,
     id: Option<u32>,
-    limits: tessera_transport::TcpLimits,
+    limits: ServerLimits,
     schedule: tessera_server::ScheduleConfig,
 ) -> Result<()> {
     let ServerAt {
@@ -840,8 +858,8 @@ pub async fn run_server(
         dir: dir.to_path_buf(),
         id,
         transport: config.transport.unwrap_or_default(),
-        datagram: config.server_datagram(),
-        tcp: limits,
+        datagram: limits.datagram,
+        tcp: limits.tcp,
         schedule,
     })
     .await?;

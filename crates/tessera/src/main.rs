@@ -296,6 +296,8 @@ struct ServerArgs {
     disk_slots: Option<u32>,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    datagram_limits: DatagramLimitArgs,
 }
 
 /// How a server orders its disk work, from its flags.
@@ -349,13 +351,146 @@ impl LimitArgs {
                 .map_err(|_| anyhow::anyhow!("bad --idle-timeout {seconds}"))?;
         }
         if let Some(size) = &self.frame_budget {
-            limits.frame_bytes_budget = commands::parse_size(size)? as usize;
+            limits.frame_bytes_budget = usize::try_from(commands::parse_bytes(size)?)?;
         }
         limits
             .validate()
             .map_err(|e| anyhow::anyhow!("bad connection limits: {e}"))?;
         Ok(limits)
     }
+}
+
+/// What a server's datagram endpoint lets its peers hold (see the README's "Wire and
+/// transport"; `tessera_datagram::MemoryConfig`).
+#[derive(Args, Clone, Default)]
+struct DatagramLimitArgs {
+    /// Bytes of datagram messages being reassembled or not yet handled, in all, e.g. 544M
+    /// [default: 544M]
+    #[arg(long, env = "TESSERA_DATAGRAM_MEMORY", value_name = "SIZE")]
+    datagram_memory: Option<String>,
+    /// The same, from one IP address; at least the largest message, 17M [default: 272M]
+    #[arg(long, env = "TESSERA_DATAGRAM_MEMORY_PER_SOURCE", value_name = "SIZE")]
+    datagram_memory_per_source: Option<String>,
+    /// Bytes of datagrams held past a gap (a loss or a reordering), in all [default: 64M]
+    #[arg(long, env = "TESSERA_DATAGRAM_OUT_OF_ORDER", value_name = "SIZE")]
+    datagram_out_of_order: Option<String>,
+    /// The same, from one IP address; at least one datagram, 65K [default: 16M]
+    #[arg(
+        long,
+        env = "TESSERA_DATAGRAM_OUT_OF_ORDER_PER_SOURCE",
+        value_name = "SIZE"
+    )]
+    datagram_out_of_order_per_source: Option<String>,
+    /// Bytes of datagram answers queued and not yet acknowledged, in all; at least the
+    /// largest message, 17M [default: 1G]
+    #[arg(long, env = "TESSERA_DATAGRAM_SEND_QUEUE", value_name = "SIZE")]
+    datagram_send_queue: Option<String>,
+    /// Datagram sessions peers may hold open at once [default: 4096]
+    #[arg(long, env = "TESSERA_DATAGRAM_SESSIONS_MAX", value_name = "N")]
+    datagram_sessions_max: Option<usize>,
+    /// The same, from one IP address [default: 1024]
+    #[arg(
+        long,
+        env = "TESSERA_DATAGRAM_SESSIONS_PER_SOURCE_MAX",
+        value_name = "N"
+    )]
+    datagram_sessions_per_source_max: Option<usize>,
+}
+
+impl DatagramLimitArgs {
+    /// `config` with these limits, or one line saying which flag is wrong.
+    fn apply(
+        &self,
+        mut config: tessera_transport::DatagramConfig,
+    ) -> anyhow::Result<tessera_transport::DatagramConfig> {
+        let size = |flag: &str, value: &Option<String>, into: &mut usize| -> anyhow::Result<()> {
+            if let Some(text) = value {
+                let bytes =
+                    commands::parse_bytes(text).map_err(|e| anyhow::anyhow!("--{flag}: {e}"))?;
+                *into = usize::try_from(bytes)?;
+            }
+            Ok(())
+        };
+        let memory = &mut config.memory;
+        size(
+            "datagram-memory",
+            &self.datagram_memory,
+            &mut memory.reassembly_bytes_max,
+        )?;
+        size(
+            "datagram-memory-per-source",
+            &self.datagram_memory_per_source,
+            &mut memory.reassembly_bytes_per_source_max,
+        )?;
+        size(
+            "datagram-out-of-order",
+            &self.datagram_out_of_order,
+            &mut memory.out_of_order_bytes_max,
+        )?;
+        size(
+            "datagram-out-of-order-per-source",
+            &self.datagram_out_of_order_per_source,
+            &mut memory.out_of_order_bytes_per_source_max,
+        )?;
+        size(
+            "datagram-send-queue",
+            &self.datagram_send_queue,
+            &mut memory.send_queue_bytes_max,
+        )?;
+        if let Some(n) = self.datagram_sessions_max {
+            config.sessions_max = n;
+        }
+        if let Some(n) = self.datagram_sessions_per_source_max {
+            config.sessions_per_source_max = n;
+        }
+        datagram_limits_check(&config)?;
+        Ok(config)
+    }
+}
+
+/// Says which datagram limit flag admits nothing, in one line.
+fn datagram_limits_check(config: &tessera_transport::DatagramConfig) -> anyhow::Result<()> {
+    let memory = &config.memory;
+    let message = config.message_bytes_max;
+    let datagram =
+        tessera_datagram::packet::DATAGRAM_LEN_MAX + tessera_datagram::HELD_PACKET_OVERHEAD_BYTES;
+    let checks = [
+        (
+            memory.reassembly_bytes_per_source_max >= message,
+            format!("--datagram-memory-per-source must hold the largest message, {message} bytes"),
+        ),
+        (
+            memory.reassembly_bytes_max >= memory.reassembly_bytes_per_source_max,
+            "--datagram-memory must be at least --datagram-memory-per-source".to_string(),
+        ),
+        (
+            memory.out_of_order_bytes_per_source_max >= datagram,
+            format!("--datagram-out-of-order-per-source must hold a datagram, {datagram} bytes"),
+        ),
+        (
+            memory.out_of_order_bytes_max >= memory.out_of_order_bytes_per_source_max,
+            "--datagram-out-of-order must be at least --datagram-out-of-order-per-source"
+                .to_string(),
+        ),
+        (
+            memory.send_queue_bytes_max >= message,
+            format!("--datagram-send-queue must hold the largest message, {message} bytes"),
+        ),
+        (
+            config.sessions_max >= 1,
+            "--datagram-sessions-max must be at least 1".to_string(),
+        ),
+        (
+            config.sessions_per_source_max >= 1,
+            "--datagram-sessions-per-source-max must be at least 1".to_string(),
+        ),
+    ];
+    if let Some((_, error)) = checks.into_iter().find(|(ok, _)| !ok) {
+        anyhow::bail!("{error}");
+    }
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("bad datagram limits: {e}"))
 }
 
 #[derive(Args)]
@@ -614,12 +749,17 @@ async fn run(cli: Cli) -> Result<()> {
                     .dir
                     .ok_or_else(|| anyhow::anyhow!("tessera server needs --dir"))?;
                 let limits = args.limits.tcp_limits()?;
+                let datagram = args.datagram_limits.apply(config.server_datagram())?;
                 let schedule = server_schedule(args.rebuild_rate.as_deref(), args.disk_slots)?;
                 let at = commands::ServerAt {
                     listen: &listen,
                     dir: &dir,
                     addr_file: args.addr_file,
                     metrics: args.metrics.as_deref(),
+                };
+                let limits = commands::ServerLimits {
+                    tcp: limits,
+                    datagram,
                 };
                 commands::run_server(config, &manager, at, args.id, limits, schedule).await
             }

@@ -694,6 +694,51 @@ fn bad_input_fails_with_one_clear_line() {
     c.assert_states(&[(1, "up"), (2, "up"), (3, "up"), (4, "up"), (5, "up")]);
 }
 
+/// Bad datagram limits on `tessera server` fail with one line naming the flag, before the
+/// server reads its secret or binds anything.
+#[test]
+fn bad_datagram_limits_fail_with_one_clear_line() {
+    let root = tempfile::tempdir().expect("temporary directory");
+    let dir = root.path().join("server");
+    let server = |flag: &str, value: &str| {
+        let args = [
+            "server",
+            "--manager",
+            "127.0.0.1:1",
+            "--listen",
+            "127.0.0.1:0",
+            "--dir",
+            text(&dir),
+            flag,
+            value,
+        ];
+        fails_alone_with_one_line(&args)
+    };
+    let line = server("--datagram-memory", "3Q");
+    assert_mentions(&line, &["--datagram-memory", "bad size", "3Q"]);
+    let line = server("--datagram-memory", "18446744073709551615M");
+    assert_mentions(&line, &["--datagram-memory", "too large"]);
+    let line = server("--datagram-memory-per-source", "1M");
+    assert_mentions(&line, &["--datagram-memory-per-source", "largest message"]);
+    let line = server("--datagram-memory", "100M");
+    assert_mentions(
+        &line,
+        &["--datagram-memory ", "--datagram-memory-per-source"],
+    );
+    let line = server("--datagram-out-of-order-per-source", "1K");
+    assert_mentions(&line, &["--datagram-out-of-order-per-source", "datagram"]);
+    let line = server("--datagram-sessions-max", "0");
+    assert_mentions(&line, &["--datagram-sessions-max", "at least 1"]);
+    let line = server("--datagram-sessions-per-source-max", "0");
+    assert_mentions(&line, &["--datagram-sessions-per-source-max", "at least 1"]);
+    let line = server("--datagram-send-queue", "1M");
+    assert_mentions(&line, &["--datagram-send-queue", "largest message"]);
+    assert!(
+        !dir.exists(),
+        "a refused server must not create its directory"
+    );
+}
+
 /// Test 5: with servers stopped, a read returns the exact bytes or fails naming the servers it
 /// lacks; never anything else.
 #[test]
