@@ -31,7 +31,27 @@ const BUCKET: &str = "bench";
 const MINIO_START: Duration = Duration::from_secs(60);
 
 /// The three ways an object is stored and read.
-const PATHS: [&str; 3] = ["tessera", "tessera-s3", "minio"];
+#[derive(Clone, Copy)]
+enum Route {
+    /// Tessera's client library (what `put` and `get` run).
+    Library,
+    /// Tessera's S3 gateway over the same cluster.
+    Gateway,
+    /// MinIO.
+    Minio,
+}
+
+impl Route {
+    const ALL: [Route; 3] = [Route::Library, Route::Gateway, Route::Minio];
+
+    fn name(self) -> &'static str {
+        match self {
+            Route::Library => "tessera",
+            Route::Gateway => "tessera-s3",
+            Route::Minio => "minio",
+        }
+    }
+}
 
 /// MinIO serving 5 directories of a temporary directory, killed on every way out.
 struct Minio {
@@ -162,49 +182,56 @@ struct Stores {
 }
 
 impl Stores {
-    async fn write(&self, path: &str, key: &str, data: &Bytes) -> Result<()> {
-        match path {
-            "tessera" => {
+    /// The S3 endpoint of an S3 route; `None` for the library.
+    fn s3(&self, route: Route) -> Option<&S3Client> {
+        match route {
+            Route::Library => None,
+            Route::Gateway => Some(&self.gateway),
+            Route::Minio => Some(&self.minio),
+        }
+    }
+
+    async fn write(&self, route: Route, key: &str, data: &Bytes) -> Result<()> {
+        match self.s3(route) {
+            Some(s3) => s3.put(BUCKET, key, data.clone()).await,
+            None => {
                 let name = format!("{BUCKET}/{key}");
                 let file = self.library.create(&name, layout()).await?;
                 write_all(&self.library, &file, data).await
             }
-            "tessera-s3" => self.gateway.put(BUCKET, key, data.clone()).await,
-            _ => self.minio.put(BUCKET, key, data.clone()).await,
         }
     }
 
-    async fn read(&self, path: &str, key: &str, len: usize) -> Result<Bytes> {
-        match path {
-            "tessera" => {
+    async fn read(&self, route: Route, key: &str, len: usize) -> Result<Bytes> {
+        match self.s3(route) {
+            Some(s3) => s3.get(BUCKET, key).await,
+            None => {
                 let file = self.library.open(&format!("{BUCKET}/{key}")).await?;
                 Ok(read_all(&self.library, &file, len as u64).await?.into())
             }
-            "tessera-s3" => self.gateway.get(BUCKET, key).await,
-            _ => self.minio.get(BUCKET, key).await,
         }
     }
 
-    async fn remove(&self, path: &str, key: &str) -> Result<()> {
-        match path {
-            "tessera" => Ok(self.library.remove(&format!("{BUCKET}/{key}")).await?),
-            "tessera-s3" => self.gateway.delete(BUCKET, key).await,
-            _ => self.minio.delete(BUCKET, key).await,
+    async fn remove(&self, route: Route, key: &str) -> Result<()> {
+        match self.s3(route) {
+            Some(s3) => s3.delete(BUCKET, key).await,
+            None => Ok(self.library.remove(&format!("{BUCKET}/{key}")).await?),
         }
     }
 
-    /// Reads `key` by `path`, checks every byte, and counts the speed as `workload`.
+    /// Reads `key` by `route`, checks every byte, and counts the speed as `workload`.
     async fn timed_read(
         &self,
-        path: &str,
+        route: Route,
         key: &str,
         data: &Bytes,
         s: &mut Samples,
         workload: &str,
     ) -> Result<()> {
         let start = Instant::now();
-        let back = self.read(path, key, data.len()).await?;
+        let back = self.read(route, key, data.len()).await?;
         let speed = mb_s(data.len(), start);
+        let path = route.name();
         if back != *data {
             bail!("{path}: {key} read back wrong ({} bytes)", back.len());
         }
@@ -216,19 +243,19 @@ impl Stores {
 
     /// One round: each path writes, reads warm and (as root) cold, in turn.
     async fn round(&self, n: usize, data: &Bytes, s: &mut Samples) -> Result<()> {
-        for path in PATHS {
-            let key = format!("{path}-{n}");
+        for route in Route::ALL {
+            let key = format!("{}-{n}", route.name());
             let start = Instant::now();
-            self.write(path, &key, data).await?;
-            s.entry(format!("{path} write"))
+            self.write(route, &key, data).await?;
+            s.entry(format!("{} write", route.name()))
                 .or_default()
                 .push(mb_s(data.len(), start));
-            self.timed_read(path, &key, data, s, "warm read").await?;
+            self.timed_read(route, &key, data, s, "warm read").await?;
             if self.cold {
                 drop_caches()?;
-                self.timed_read(path, &key, data, s, "cold read").await?;
+                self.timed_read(route, &key, data, s, "cold read").await?;
             }
-            self.remove(path, &key).await?;
+            self.remove(route, &key).await?;
         }
         Ok(())
     }
@@ -252,7 +279,7 @@ fn report(samples: &Samples, cold: bool) {
     };
     for workload in workloads {
         let m = |path: &str| median(&samples[&format!("{path} {workload}")]);
-        let (t, g, minio) = (m("tessera"), m("tessera-s3"), m("minio"));
+        let [t, g, minio] = Route::ALL.map(|route| m(route.name()));
         println!(
             "{workload:<10} {t:>13.1} {g:>13.1} {minio:>11.1} {:>8.2}x {:>8.2}x",
             t / minio,

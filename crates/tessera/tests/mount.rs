@@ -499,7 +499,8 @@ fn fsx_run(m: &Mounted, ops: u64, dice: &mut Dice) -> Vec<u8> {
             45..=79 => fsx_read(&mut handles[h], &model, dice, &context),
             80..=87 => {
                 let size = dice.below(FSX_SIZE_MAX);
-                handles[h].set_len(size).unwrap();
+                let truncated = handles[h].set_len(size);
+                truncated.unwrap_or_else(|e| panic!("{context}: truncate to {size}: {e}"));
                 model.resize(size as usize, 0);
                 format!("truncate to {size}")
             }
