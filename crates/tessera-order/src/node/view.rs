@@ -218,6 +218,17 @@ impl Node {
             let parts = log.image_parts(bounds.start, bounds.end, self.config.repair_bytes_max);
             parts_within(parts, from, to, REPAIR_PACKETS_MAX)
         };
+        self.send_start_view(Destination::Node(header.from), members, commit, parts);
+    }
+
+    /// Queues START-VIEW to `to`, one packet per part of the chosen log.
+    fn send_start_view(
+        &mut self,
+        to: Destination,
+        members: u64,
+        commit: u64,
+        parts: Vec<ImagePart>,
+    ) {
         for part in parts {
             let body = Body::StartView {
                 members,
@@ -225,7 +236,7 @@ impl Node {
                 part,
             };
             self.stats.view_change_parts_sent += 1;
-            self.queue(Destination::Node(header.from), body);
+            self.queue(to, body);
         }
     }
 
@@ -330,15 +341,7 @@ impl Node {
             entries: Vec::new(),
             ..parts[0].clone()
         };
-        for part in parts {
-            let body = Body::StartView {
-                members,
-                commit,
-                part,
-            };
-            self.stats.view_change_parts_sent += 1;
-            self.queue(Destination::All, body);
-        }
+        self.send_start_view(Destination::All, members, commit, parts);
         self.adopt_view(self.view, members, commit, &log, now);
         self.start_view_sent = Some(StartViewSent {
             view: self.view,
