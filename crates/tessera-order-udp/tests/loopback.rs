@@ -11,6 +11,20 @@ fn start(nodes: usize) -> Vec<Handle> {
     start_lossy(nodes, None)
 }
 
+/// Node `i`'s driver settings in an all-to-all group of `nodes` over unicast to `peers`.
+fn driver(i: usize, nodes: usize, config: Config, peers: &[SocketAddr]) -> DriverConfig {
+    DriverConfig {
+        config,
+        group: Group::all_to_all(nodes),
+        node: NodeId(i as u16),
+        incarnation: 0,
+        start: Start::Initial,
+        seed: i as u64,
+        peers: peers.to_vec(),
+        broadcast: Broadcast::Unicast,
+    }
+}
+
 /// `nodes` nodes; with `loss`, each drops datagrams as it says (seeded by the node).
 fn start_lossy(nodes: usize, loss: Option<Loss>) -> Vec<Handle> {
     let sockets: Vec<UdpSocket> = (0..nodes)
@@ -21,16 +35,7 @@ fn start_lossy(nodes: usize, loss: Option<Loss>) -> Vec<Handle> {
         .into_iter()
         .enumerate()
         .map(|(i, socket)| {
-            let driver = DriverConfig {
-                config: Config::default(),
-                group: Group::all_to_all(nodes),
-                node: NodeId(i as u16),
-                incarnation: 0,
-                start: Start::Initial,
-                seed: i as u64,
-                peers: peers.clone(),
-                broadcast: Broadcast::Unicast,
-            };
+            let driver = driver(i, nodes, Config::default(), &peers);
             match loss {
                 None => spawn(driver, socket).unwrap(),
                 Some(loss) => {
@@ -172,16 +177,7 @@ fn keyed_nodes_take_only_datagrams_macd_with_their_key() {
         .into_iter()
         .enumerate()
         .map(|(i, socket)| {
-            let driver = DriverConfig {
-                config: Config::default(),
-                group: Group::all_to_all(3),
-                node: NodeId(i as u16),
-                incarnation: 0,
-                start: Start::Initial,
-                seed: i as u64,
-                peers: peers.clone(),
-                broadcast: Broadcast::Unicast,
-            };
+            let driver = driver(i, 3, Config::default(), &peers);
             // Node 2 holds the wrong key: the other two never hear it, nor it them.
             let key = if i == 2 { other_key } else { group_key };
             tessera_order_udp::spawn_keyed(driver, socket, key).unwrap()
@@ -246,16 +242,7 @@ fn a_view_change_under_load_sends_its_log_in_datagrams() {
         .into_iter()
         .enumerate()
         .map(|(i, socket)| {
-            let driver = DriverConfig {
-                config: config.clone(),
-                group: Group::all_to_all(3),
-                node: NodeId(i as u16),
-                incarnation: 0,
-                start: Start::Initial,
-                seed: i as u64,
-                peers: peers.clone(),
-                broadcast: Broadcast::Unicast,
-            };
+            let driver = driver(i, 3, config.clone(), &peers);
             spawn(driver, socket).unwrap()
         })
         .collect();
