@@ -62,6 +62,9 @@ pub struct TesseraFs {
     next_handle: AtomicU64,
     mounted_at: SystemTime,
     owner: (u32, u32),
+    /// Files unlinked while a handle was open on them, by id: moved to their path under
+    /// [`ORPHANS`] and removed when the last handle closes (see `unlink`).
+    orphans: Mutex<HashMap<u64, String>>,
 }
 
 /// Forgets the blocks read ahead through `handles`.
@@ -99,6 +102,12 @@ pub(crate) fn errno(error: &ClientError) -> Errno {
     }
 }
 
+/// Whether `path` is a file unlinked while open (see [`ORPHANS`]).
+fn is_orphan(path: &str) -> bool {
+    path.strip_prefix(ORPHANS)
+        .is_some_and(|rest| rest.starts_with('/'))
+}
+
 fn nanos_to_time(nanos: Option<u64>, fallback: SystemTime) -> SystemTime {
     nanos.map_or(fallback, |n| UNIX_EPOCH + Duration::from_nanos(n))
 }
@@ -111,8 +120,13 @@ fn now_nanos() -> u64 {
 
 /// The block size `statfs` counts in.
 const STATFS_BLOCK: u32 = 4096;
-/// The longest name `statfs` announces (the manager limits whole paths, to 4,096 bytes).
+/// The longest name `statfs` announces and a lookup or create accepts (the manager limits
+/// whole paths, to 4,096 bytes).
 const NAME_MAX: u32 = 255;
+/// The directory that holds files unlinked while open until their last handle closes, as
+/// POSIX wants (they stay readable and writable through those handles). Hidden from the
+/// root's listing. A mount that dies leaves them there, visible to `tessera ls`.
+pub const ORPHANS: &str = ".tessera-unlinked";
 
 /// The servers' raw capacity and free bytes in [`STATFS_BLOCK`]s.
 fn statfs_blocks(capacity: &tessera_client::Capacity) -> (u64, u64) {
@@ -139,6 +153,7 @@ impl TesseraFs {
             next_handle: AtomicU64::new(1),
             mounted_at: SystemTime::now(),
             owner,
+            orphans: Mutex::new(HashMap::new()),
         }
     }
 
@@ -156,15 +171,27 @@ impl TesseraFs {
     }
 
     fn child(&self, parent: INodeNo, name: &OsStr) -> Result<String, Errno> {
+        if name.len() > NAME_MAX as usize {
+            return Err(Errno::ENAMETOOLONG);
+        }
         let name = name.to_str().ok_or(Errno::EINVAL)?;
         Ok(join_path(&self.path(parent)?, name))
     }
 
-    fn attr(&self, ino: u64, kind: FileType, size: u64, modified: Option<u64>) -> FileAttr {
+    /// Attributes of a file or directory; `nlink` is its number of names (for a directory,
+    /// 2 plus its subdirectories; 0 for a file unlinked while open).
+    fn attr(
+        &self,
+        ino: u64,
+        kind: FileType,
+        size: u64,
+        modified: Option<u64>,
+        nlink: u32,
+    ) -> FileAttr {
         let time = nanos_to_time(modified, self.mounted_at);
-        let (perm, nlink) = match kind {
-            FileType::Directory => (0o755, 2),
-            _ => (0o644, 1),
+        let perm = match kind {
+            FileType::Directory => 0o755,
+            _ => 0o644,
         };
         FileAttr {
             ino: INodeNo(ino),
@@ -191,16 +218,73 @@ impl TesseraFs {
         let entry = self.call(self.client.entry(path))?;
         let ino = self.inodes.lock().unwrap().ino(path);
         match entry {
-            Some(NamespaceEntry::Dir) => Ok(self.attr(ino, FileType::Directory, 0, None)),
+            Some(NamespaceEntry::Dir) => {
+                let nlink = self.dir_links(path)?;
+                Ok(self.attr(ino, FileType::Directory, 0, None, nlink))
+            }
             Some(NamespaceEntry::File { meta, modified }) => {
                 let size = meta.size.max(self.buffered_end(meta.id));
-                Ok(self.attr(ino, FileType::RegularFile, size, modified))
+                let nlink = u32::from(!is_orphan(path));
+                Ok(self.attr(ino, FileType::RegularFile, size, modified, nlink))
             }
             None => {
                 self.inodes.lock().unwrap().remove(path);
                 Err(Errno::ENOENT)
             }
         }
+    }
+
+    /// A directory's link count: its name, its `.`, and each subdirectory's `..`.
+    fn dir_links(&self, path: &str) -> Result<u32, Errno> {
+        let listing = self.call(self.client.list_dir(path))?;
+        let hidden = usize::from(path.is_empty() && listing.dirs.iter().any(|d| d == ORPHANS));
+        let subdirs = listing.dirs.len() - hidden;
+        Ok(2u32.saturating_add(u32::try_from(subdirs).unwrap_or(u32::MAX)))
+    }
+
+    /// Whether a handle is open on file `id`.
+    fn is_open(&self, id: u64) -> bool {
+        self.open.lock().unwrap().values().any(|f| f.file.id == id)
+    }
+
+    /// Unlinks the file at `path`. A file with a handle open is moved under [`ORPHANS`]
+    /// instead, and removed when its last handle closes (`release_orphan`).
+    fn unlink_path(&self, path: &str) -> Result<(), Errno> {
+        let open_id = match self.call(self.client.entry(path))? {
+            Some(NamespaceEntry::File { meta, .. }) if self.is_open(meta.id) => Some(meta.id),
+            Some(NamespaceEntry::Dir) => return Err(Errno::EISDIR),
+            _ => None,
+        };
+        match open_id {
+            Some(id) if !is_orphan(path) => {
+                let hidden = join_path(ORPHANS, &id.to_string());
+                match self.call(self.client.make_dir(ORPHANS)) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(e),
+                }
+                self.call(self.client.rename(path, &hidden))?;
+                self.inodes.lock().unwrap().rename(path, &hidden);
+                self.orphans.lock().unwrap().insert(id, hidden);
+            }
+            _ => {
+                self.call(self.client.remove(path))?;
+                self.inodes.lock().unwrap().remove(path);
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes file `id` if it was unlinked while open and no handle is open on it now.
+    fn release_orphan(&self, id: u64) -> Result<(), Errno> {
+        if self.is_open(id) {
+            return Ok(());
+        }
+        let Some(hidden) = self.orphans.lock().unwrap().remove(&id) else {
+            return Ok(());
+        };
+        self.call(self.client.remove(&hidden))?;
+        self.inodes.lock().unwrap().remove(&hidden);
+        Ok(())
     }
 
     /// Where bytes written through the mount to file `id` and perhaps not yet counted in its
@@ -497,6 +581,9 @@ impl TesseraFs {
             (parent, FileType::Directory, "..".to_string()),
         ];
         for dir in listing.dirs {
+            if path.is_empty() && dir == ORPHANS {
+                continue;
+            }
             let ino = inodes.ino(&join_path(path, &dir));
             entries.push((ino, FileType::Directory, dir));
         }
@@ -532,7 +619,12 @@ impl fuser::Filesystem for TesseraFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         if ino.0 == ROOT {
-            return reply.attr(&TTL, &self.attr(ROOT, FileType::Directory, 0, None));
+            return match self.dir_links("") {
+                Ok(nlink) => {
+                    reply.attr(&TTL, &self.attr(ROOT, FileType::Directory, 0, None, nlink))
+                }
+                Err(e) => reply.error(e),
+            };
         }
         match self.path(ino).and_then(|path| self.stat_path(&path)) {
             Ok(attr) => reply.attr(&TTL, &attr),
@@ -607,11 +699,9 @@ impl fuser::Filesystem for TesseraFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let result = self.child(parent, name).and_then(|path| {
-            self.call(self.client.remove(&path))?;
-            self.inodes.lock().unwrap().remove(&path);
-            Ok(())
-        });
+        let result = self
+            .child(parent, name)
+            .and_then(|path| self.unlink_path(&path));
         reply_empty(reply, result)
     }
 
@@ -644,6 +734,12 @@ impl fuser::Filesystem for TesseraFs {
                 && self.call(self.client.entry(&to))?.is_some()
             {
                 return Err(Errno::EEXIST);
+            }
+            // A file replaced while open stays readable through its handles, as if unlinked.
+            if let Some(NamespaceEntry::File { meta, .. }) = self.call(self.client.entry(&to))? {
+                if self.is_open(meta.id) && from != to {
+                    self.unlink_path(&to)?;
+                }
             }
             self.call(self.client.rename(&from, &to))?;
             self.inodes.lock().unwrap().rename(&from, &to);
@@ -772,7 +868,8 @@ impl fuser::Filesystem for TesseraFs {
             let touched = self.touch_if_dirty(&open);
             self.open.lock().unwrap().remove(&fh.0);
             self.forget_order(open.file.id);
-            flushed.and(touched)
+            let orphan = self.release_orphan(open.file.id);
+            flushed.and(touched).and(orphan)
         });
         reply_empty(reply, result)
     }

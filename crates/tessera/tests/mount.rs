@@ -404,6 +404,61 @@ fn a_write_that_cannot_land_is_reported_not_lost() {
     m.umount();
 }
 
+/// POSIX cases the pjdfstest run found: a name longer than 255 bytes is refused with
+/// `ENAMETOOLONG`; a directory's link count is 2 plus its subdirectories; a file unlinked
+/// (or replaced by a rename) while open stays readable and writable through its handle,
+/// with a link count of 0, and is gone once the handle closes.
+#[test]
+fn long_names_directory_links_and_files_unlinked_while_open() {
+    use std::os::unix::fs::FileExt;
+    let mut m = Mounted::start();
+    let long = "n".repeat(256);
+    let error = std::fs::write(m.path(&long), b"x").unwrap_err();
+    assert_eq!(error.raw_os_error(), Some(libc::ENAMETOOLONG), "{error}");
+    let error = std::fs::create_dir(m.path(&long)).unwrap_err();
+    assert_eq!(error.raw_os_error(), Some(libc::ENAMETOOLONG), "{error}");
+    std::fs::write(m.path(&long[..255]), b"255 bytes is fine").unwrap();
+
+    std::fs::create_dir_all(m.path("d/a")).unwrap();
+    std::fs::create_dir(m.path("d/b")).unwrap();
+    std::fs::write(m.path("d/f"), b"a file is not a link").unwrap();
+    assert_eq!(std::fs::metadata(m.path("d")).unwrap().nlink(), 4);
+    assert_eq!(std::fs::metadata(m.path("d/a")).unwrap().nlink(), 2);
+
+    std::fs::write(m.path("open"), b"still here").unwrap();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("open"))
+        .unwrap();
+    std::fs::remove_file(m.path("open")).unwrap();
+    assert!(!m.path("open").exists(), "an unlinked name is gone");
+    assert_eq!(file.metadata().unwrap().nlink(), 0);
+    file.write_at(b" and writable", 10).unwrap();
+    let mut read = vec![0u8; 23];
+    file.read_exact_at(&mut read, 0).unwrap();
+    assert_eq!(&read, b"still here and writable");
+    // A rename over an open file: its handle keeps the old bytes.
+    std::fs::write(m.path("old"), b"old bytes").unwrap();
+    std::fs::write(m.path("new"), b"new bytes").unwrap();
+    let replaced = std::fs::File::open(m.path("old")).unwrap();
+    std::fs::rename(m.path("new"), m.path("old")).unwrap();
+    let mut old = vec![0u8; 9];
+    replaced.read_exact_at(&mut old, 0).unwrap();
+    assert_eq!(&old, b"old bytes");
+    assert_eq!(std::fs::read(m.path("old")).unwrap(), b"new bytes");
+    let root: Vec<String> = std::fs::read_dir(&m.mountpoint)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!root.iter().any(|n| n.starts_with(".tessera")), "{root:?}");
+    drop((file, replaced));
+    // Closed: nothing of either is left in the cluster.
+    let listed = ok(m.cli(&["ls"]));
+    assert!(!listed.contains(".tessera-unlinked/"), "left over:\n{listed}");
+    m.umount();
+}
+
 #[test]
 fn mount_refuses_bad_mountpoints_and_umount_a_non_mount() {
     let root = tempfile::tempdir().unwrap();
