@@ -235,7 +235,10 @@ impl Gateway {
             .chunk_bytes(file)
             .await
             .map_err(|e| s3_err(e, S3ErrorCode::InternalError))? as usize;
-        let mut md5 = Md5::new();
+        // The MD5 of each chunk is taken on a blocking thread while the next chunk arrives
+        // (one chunk at a time, in order): inline, it was a third of the gateway's CPU on
+        // the task that receives the body.
+        let mut md5 = Md5Chain::default();
         let (mut buf, mut offset) = (Vec::with_capacity(chunk), base);
         let mut writes = VecDeque::new();
         let mut body = body.map(|b| b.boxed());
@@ -247,13 +250,17 @@ impl Gateway {
                 };
                 let end = next.is_none();
                 if let Some(bytes) = next {
-                    let bytes = bytes.map_err(body_err)?;
-                    md5.update(&bytes);
-                    buf.extend_from_slice(&bytes);
+                    buf.extend_from_slice(&bytes.map_err(body_err)?);
                 }
                 while buf.len() >= chunk || (end && !buf.is_empty()) {
-                    let rest = buf.split_off(chunk.min(buf.len()));
-                    let full = std::mem::replace(&mut buf, rest);
+                    // The next chunk's buffer is made whole at once (growing it by doubling
+                    // copied each chunk about once more).
+                    let cut = chunk.min(buf.len());
+                    let mut next = Vec::with_capacity(chunk);
+                    next.extend_from_slice(&buf[cut..]);
+                    buf.truncate(cut);
+                    let full = Bytes::from(std::mem::replace(&mut buf, next));
+                    md5.feed(full.clone()).await?;
                     let (client, file, at) = (self.client.clone(), file.clone(), offset);
                     offset = offset.checked_add(full.len() as u64).ok_or_else(|| {
                         s3_error!(EntityTooLarge, "the body ends past the largest offset")
@@ -269,7 +276,7 @@ impl Gateway {
                     while let Some(write) = writes.pop_front() {
                         join_write(write).await?;
                     }
-                    return Ok((offset - base, md5.finalize().into()));
+                    return Ok((offset - base, md5.finish().await?));
                 }
             }
         }
@@ -347,5 +354,39 @@ impl futures::Stream for ChannelStream {
     type Item = Result<Bytes, std::io::Error>;
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.0.poll_recv(cx)
+    }
+}
+
+/// An MD5 taken chunk by chunk on the blocking pool, at most one chunk at a time, in order.
+#[derive(Default)]
+struct Md5Chain {
+    idle: Option<Md5>,
+    hashing: Option<tokio::task::JoinHandle<Md5>>,
+}
+
+impl Md5Chain {
+    /// The hasher once the chunk before is hashed.
+    async fn take(&mut self) -> S3Result<Md5> {
+        match self.hashing.take() {
+            Some(job) => job
+                .await
+                .map_err(|e| s3_error!(InternalError, "hashing the body failed: {e}")),
+            None => Ok(self.idle.take().unwrap_or_default()),
+        }
+    }
+
+    /// Starts hashing `chunk` after the chunks fed before it.
+    async fn feed(&mut self, chunk: Bytes) -> S3Result<()> {
+        let mut md5 = self.take().await?;
+        self.hashing = Some(tokio::task::spawn_blocking(move || {
+            md5.update(&chunk);
+            md5
+        }));
+        Ok(())
+    }
+
+    /// The MD5 of every chunk fed.
+    async fn finish(mut self) -> S3Result<[u8; 16]> {
+        Ok(self.take().await?.finalize().into())
     }
 }

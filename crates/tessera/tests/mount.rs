@@ -455,7 +455,10 @@ fn long_names_directory_links_and_files_unlinked_while_open() {
     drop((file, replaced));
     // Closed: nothing of either is left in the cluster.
     let listed = ok(m.cli(&["ls"]));
-    assert!(!listed.contains(".tessera-unlinked/"), "left over:\n{listed}");
+    assert!(
+        !listed.contains(".tessera-unlinked/"),
+        "left over:\n{listed}"
+    );
     m.umount();
 }
 
