@@ -284,7 +284,14 @@ impl Manager {
     pub fn end_batch(&mut self) -> Result<(), ManagerError> {
         self.sync_deferred = false;
         if std::mem::take(&mut self.sync_owed) {
-            self.flush()?;
+            // The sync records no position of its own: the store stays where its last change
+            // put it. Written here, it recorded the batch's last position, and where batches
+            // end is each replica's own timing, so replicas that applied the same commands
+            // recorded different positions (the simulator's seed 18: 92 and 96 at 492).
+            let position = self.order_position.take();
+            let flushed = self.flush();
+            self.order_position = position;
+            flushed?;
         }
         Ok(())
     }

@@ -311,24 +311,33 @@ fn register_three_servers(manager: &mut Manager, now: Instant) {
 }
 
 /// A replica applying the order in batches (as the applier takes every delivery waiting)
-/// ends with the same store and answers as one applying command by command, and syncs its
-/// store at most once per batch instead of once per change.
+/// ends with the same store and answers as one applying command by command, the order
+/// position it records included (the batch's sync recorded the batch's last position once),
+/// and syncs its store at most once per batch instead of once per change.
 #[test]
 fn a_batch_applies_like_single_commands_and_syncs_once() {
     for seed in 0..4 {
         let mut group = replicas();
         let start = Instant::now();
         let commands = commands(seed, 150, &mut group[0].1, start);
-        let singles: Vec<_> = commands
-            .iter()
-            .map(|command| group[1].1.apply(command.clone(), start))
+        let at = |index: usize| OrderPosition {
+            epoch: 1,
+            next: index as u64 + 1,
+        };
+        let singles: Vec<_> = (0..)
+            .zip(&commands)
+            .map(|(index, command)| {
+                group[1].1.set_order_position(at(index));
+                group[1].1.apply(command.clone(), start)
+            })
             .collect();
         let batched = &mut group[2].1;
         let (synced_before, mut batches) = (batched.synced_commits(), 0);
         let mut answers = Vec::new();
-        for batch in commands.chunks(16) {
+        for (chunk, batch) in commands.chunks(16).enumerate() {
             batched.begin_batch();
-            for command in batch {
+            for (offset, command) in batch.iter().enumerate() {
+                batched.set_order_position(at(chunk * 16 + offset));
                 answers.push(batched.apply(command.clone(), start));
             }
             batched.end_batch().unwrap();

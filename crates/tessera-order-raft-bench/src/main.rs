@@ -15,10 +15,17 @@
 //! and 5 nodes (`--nodes`), see [`lab`]: openraft over TCP unicast through the same switches
 //! and shaped links as tessera-order's multicast.
 //!
+//! With `--manager`, the manager's metadata state machine instead of bare messages: Tessera's
+//! 3 replicas against the same state machine replicated by openraft on 3 nodes (and one
+//! manager alone), the same metadata workload in interleaved rounds, see [`metadata`].
+//!
 //! Usage: `tessera-order-raft-bench [--quick] [--sizes 64,1024] [--seconds S] [--json PATH]
-//! [--lab [--nodes 3,5] [--loads 4096]]`.
+//! [--lab [--nodes 3,5] [--loads 4096]]`, or `tessera-order-raft-bench --manager
+//! [--rounds 3] [--seconds 3] [--clients 8]`.
 
 mod lab;
+mod manager;
+mod metadata;
 mod order;
 mod raft;
 
@@ -72,6 +79,12 @@ struct Args {
     json: Option<String>,
     /// Run in the lab's namespaces, with these node counts.
     lab: Option<Vec<usize>>,
+    /// Run the manager's metadata workload (`--manager`).
+    manager: bool,
+    /// Rounds of the metadata workload.
+    rounds: usize,
+    /// Client tasks of the metadata workload.
+    clients: usize,
 }
 
 fn parse_args() -> Result<Args> {
@@ -81,6 +94,9 @@ fn parse_args() -> Result<Args> {
         loads: vec![1, 1024],
         json: None,
         lab: None,
+        manager: false,
+        rounds: 3,
+        clients: 8,
     };
     let mut loads_given = false;
     let mut it = std::env::args().skip(1);
@@ -103,6 +119,9 @@ fn parse_args() -> Result<Args> {
                     .collect::<Result<_>>()?
             }
             "--json" => args.json = Some(value()?),
+            "--manager" => args.manager = true,
+            "--rounds" => args.rounds = value()?.parse().context("--rounds")?,
+            "--clients" => args.clients = value()?.parse().context("--clients")?,
             "--lab" => {
                 args.lab.get_or_insert_with(|| vec![3, 5]);
             }
@@ -124,7 +143,12 @@ fn parse_args() -> Result<Args> {
     {
         bail!("message sizes must be {} to 1400 bytes", order::STAMP_BYTES);
     }
-    if args.loads.contains(&0) || !args.seconds.is_finite() || args.seconds <= 0.0 {
+    if args.loads.contains(&0)
+        || args.rounds == 0
+        || args.clients == 0
+        || !args.seconds.is_finite()
+        || args.seconds <= 0.0
+    {
         bail!("loads and seconds must be positive");
     }
     if let (Some(_), false) = (&args.lab, loads_given) {
@@ -150,6 +174,9 @@ fn main() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    if args.manager {
+        return run_manager(&args, &runtime);
+    }
     let mut points = Vec::new();
     for &size in &args.sizes {
         for &outstanding in &args.loads {
@@ -184,6 +211,40 @@ fn main() -> Result<()> {
         std::fs::write(&path, serde_json::to_string_pretty(&points)? + "\n")
             .with_context(|| format!("write {path}"))?;
     }
+    Ok(())
+}
+
+/// `--manager`: the metadata workload's table on stdout.
+fn run_manager(args: &Args, runtime: &tokio::runtime::Runtime) -> Result<()> {
+    let seconds = if args.seconds == 5.0 {
+        3.0
+    } else {
+        args.seconds
+    };
+    let dir = tempfile::tempdir()?;
+    let measured = runtime.block_on(metadata::run(
+        dir.path(),
+        args.rounds,
+        seconds,
+        args.clients,
+    ))?;
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    eprintln!("load average after: {}", load.trim());
+    println!(
+        "metadata ops/s (create, stat, small put), {} clients, {} rounds of {seconds} s:",
+        args.clients, args.rounds
+    );
+    for (name, rates) in &measured.rates {
+        println!("  {name:<20} {rates:.0?}");
+    }
+    let [(_, tessera), (_, openraft), (_, single)] = &measured.rates[..] else {
+        bail!("three systems measured");
+    };
+    let ratio =
+        |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(a, b)| a / b).collect() };
+    println!("  tessera / openraft   {:.2?}", ratio(tessera, openraft));
+    println!("  tessera / 1 manager  {:.2?}", ratio(tessera, single));
+    println!("  load before rounds   {:?}", measured.loads);
     Ok(())
 }
 

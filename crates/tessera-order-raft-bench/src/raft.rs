@@ -31,14 +31,17 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 openraft::declare_raft_types!(
-    /// Messages are bytes; applying one answers nothing.
+    /// Messages are bytes, and so is the answer to applying one: none for the ordering
+    /// bench, the encoded answer for the manager's state machine ([`crate::manager`]).
     pub TypeConfig:
         D = Vec<u8>,
-        R = (),
+        R = Vec<u8>,
 );
 
-type NodeId = u64;
-type Raft = openraft::Raft<TypeConfig>;
+/// A node's id.
+pub type NodeId = u64;
+/// A node.
+pub type Raft = openraft::Raft<TypeConfig>;
 
 /// The log, shared by the store and its readers.
 #[derive(Default)]
@@ -121,7 +124,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
 /// Counts the entries it applies.
 #[derive(Clone, Default)]
-struct StateMachine(Arc<Mutex<MachineInner>>);
+pub struct StateMachine(Arc<Mutex<MachineInner>>);
 
 #[derive(Default)]
 struct MachineInner {
@@ -155,7 +158,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok((inner.applied, inner.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<()>, StorageError<NodeId>>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<u8>>, StorageError<NodeId>>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
@@ -171,7 +174,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 }
                 EntryPayload::Blank => {}
             }
-            out.push(());
+            out.push(Vec::new());
         }
         Ok(out)
     }
@@ -413,10 +416,10 @@ fn mismatch() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, "answer of another kind")
 }
 
-/// A cluster of nodes, its leader elected.
-pub struct Cluster {
+/// A cluster of nodes, its leader elected, each with a state machine `M`.
+pub struct Cluster<M = StateMachine> {
     rafts: Vec<Raft>,
-    machines: Vec<StateMachine>,
+    machines: Vec<M>,
     leader: usize,
     /// The nodes' accept loops, stopped with the cluster.
     listeners: Vec<tokio::task::JoinHandle<()>>,
@@ -433,6 +436,23 @@ impl Cluster {
         places: Vec<Option<Place>>,
         max_payload_entries: u64,
     ) -> anyhow::Result<Cluster> {
+        let machines = vec![StateMachine::default(); places.len()];
+        Cluster::start_with(places, machines, max_payload_entries).await
+    }
+}
+
+impl<M> Cluster<M>
+where
+    M: RaftStateMachine<TypeConfig> + Clone,
+{
+    /// Starts a node per place (`None`: on 127.0.0.1), node `i` with `machines[i]`,
+    /// initializes the cluster and waits for a leader.
+    pub async fn start_with(
+        places: Vec<Option<Place>>,
+        machines: Vec<M>,
+        max_payload_entries: u64,
+    ) -> anyhow::Result<Cluster<M>> {
+        anyhow::ensure!(places.len() == machines.len(), "a machine per node");
         let config = Arc::new(
             openraft::Config {
                 cluster_name: "bench".into(),
@@ -446,15 +466,14 @@ impl Cluster {
             .validate()?,
         );
         let mut members = BTreeMap::new();
-        let (mut rafts, mut machines, mut listeners) = (Vec::new(), Vec::new(), Vec::new());
-        for (id, place) in (0u64..).zip(places) {
+        let (mut rafts, mut listeners) = (Vec::new(), Vec::new());
+        for ((id, place), machine) in (0u64..).zip(places).zip(&machines) {
             let listener = match &place {
                 None => TcpListener::bind("127.0.0.1:0").await?,
                 Some(place) => listen_in(place)?,
             };
             let addr = listener.local_addr()?.to_string();
             members.insert(id, BasicNode { addr });
-            let machine = StateMachine::default();
             let raft = Raft::new(
                 id,
                 config.clone(),
@@ -470,7 +489,6 @@ impl Cluster {
                 }
             }));
             rafts.push(raft);
-            machines.push(machine);
         }
         rafts[0].initialize(members).await?;
         let began = Instant::now();
@@ -492,6 +510,28 @@ impl Cluster {
         })
     }
 
+    /// The leader's Raft, through which every write goes.
+    pub fn leader(&self) -> &Raft {
+        &self.rafts[self.leader]
+    }
+
+    /// Node `i`'s state machine.
+    pub fn machine(&self, i: usize) -> &M {
+        &self.machines[i]
+    }
+
+    /// Stops every node.
+    pub async fn shutdown(self) {
+        for listener in self.listeners {
+            listener.abort();
+        }
+        for raft in self.rafts {
+            let _ = raft.shutdown().await;
+        }
+    }
+}
+
+impl Cluster {
     /// Writes `message_bytes`-byte entries through the leader, `outstanding` at a time, for
     /// `seconds`; entries committed per second and each write's latency.
     pub async fn closed_loop(
@@ -532,15 +572,5 @@ impl Cluster {
             .collect();
         applied.sort_unstable();
         applied
-    }
-
-    /// Stops every node.
-    pub async fn shutdown(self) {
-        for listener in self.listeners {
-            listener.abort();
-        }
-        for raft in self.rafts {
-            let _ = raft.shutdown().await;
-        }
     }
 }

@@ -20,6 +20,8 @@ const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(300);
 /// How often a running server resolves the torn stripes it holds parity of (as the
 /// `tessera server` daemon's `TORN_RESOLVE_EVERY`).
 const TORN_RESOLVE_EVERY: Duration = Duration::from_secs(2);
+/// How long the simulated manager keeps a client's `once` answers after its last change.
+pub const ONCE_EXPIRY: Duration = Duration::from_secs(120);
 
 /// The manager's state machine as a daemon on the in-memory network: every request is handled
 /// at once with tokio's (virtual) clock as `now`.
@@ -175,6 +177,9 @@ impl SimCluster {
         let network = MemNetwork::with_order(seed, replicated.is_none());
         let config = ManagerConfig {
             cluster_id: Some(seed | 1),
+            // Longer than a client retries one request (3 rounds over 5 replicas of at most
+            // 5 s each), short enough that a run's idle end sees `ExpireOnce` applied.
+            once_expiry: ONCE_EXPIRY,
             ..ManagerConfig::default()
         };
         let manager_addr: SocketAddr = "10.0.0.1:7000".parse().unwrap();

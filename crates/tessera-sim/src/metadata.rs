@@ -19,7 +19,15 @@
 //! answered "exists", a remove "not found", a stat of the wrong size), a read that misses
 //! the client's own acknowledged write, all fail the run. After recovery (every replica
 //! running, the network whole) every replica must stand at the same position with the same
-//! store, table for table, and each client's listing must be one its model allows.
+//! store, table for table (where it records that it stands in the order included), and each
+//! client's listing must be one its model allows. Then (one seed in four) the group idles
+//! for longer than the `once` answers are kept: the leader's `ExpireOnce` must have emptied
+//! the `once` tables, alike at every replica.
+//!
+//! Besides single kills and partitions, the fault injector now and then kills the whole group
+//! at once and starts it again ([`SimReplicas::kill_all`], [`SimReplicas::start_group`]);
+//! every kill loses the store's commits made without sync, so what an acknowledged change
+//! must survive is the most advanced store's synced state.
 
 use crate::cluster::SimCluster;
 use crate::replicas::{OrderFaults, SimReplicas};
@@ -75,6 +83,12 @@ pub struct MetadataReport {
     pub partitions: u64,
     /// Peer stores installed by restarted replicas.
     pub catch_ups: u64,
+    /// Times the whole group was killed and started again.
+    pub group_restarts: u64,
+    /// Kills that lost commits made without sync.
+    pub unsynced_lost: u64,
+    /// `ExpireOnce` commands applied, summed over replicas.
+    pub once_expiries: u64,
     /// Order datagrams sent and lost.
     pub datagrams: u64,
     /// Of which lost.
@@ -365,8 +379,11 @@ async fn client_run(
     Ok((checker, checked, acknowledged, unknown))
 }
 
+/// One fault draw in this many, with every replica up and joined, kills the whole group.
+const GROUP_KILL_ODDS: u32 = 25;
+
 /// Kills, restarts and cuts off replicas at random network calls until `done`, never more
-/// than a minority at once: returns the partitions made.
+/// than a minority at once, and now and then the whole group: returns the partitions made.
 async fn inject_faults(
     cluster: Arc<SimCluster>,
     seed: u64,
@@ -393,6 +410,19 @@ async fn inject_faults(
             .count();
         let undo = !down.is_empty() || !cut.is_empty();
         let action = rng.gen_range(0..10);
+        if !undo && rng.gen_range(0..GROUP_KILL_ODDS) == 0 {
+            let what = format!("every replica killed ({})", replicas.describe());
+            shared.trace.lock().unwrap().push(what);
+            replicas.kill_all();
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(0..500))).await;
+            replicas.start_group();
+            shared
+                .trace
+                .lock()
+                .unwrap()
+                .push("the group started again".into());
+            continue;
+        }
         let what = if undo && (faulty >= minority || action < 5) {
             match (down.first(), cut.first().copied()) {
                 (Some(&index), _) => {
@@ -493,10 +523,16 @@ async fn run(
     let replicas = cluster.replicas().expect("replicated");
     recover(replicas).await?;
     check_final(&cluster, &mut checkers).await?;
+    if seed.is_multiple_of(ONCE_EXPIRY_CHECKED_EVERY) {
+        check_once_expired(replicas).await?;
+    }
     let stats = replicas.stats();
     report.kills = stats.kills;
     report.restarts = stats.restarts;
     report.catch_ups = stats.catch_ups;
+    report.group_restarts = stats.group_restarts;
+    report.unsynced_lost = stats.unsynced_lost;
+    report.once_expiries = stats.once_expiries;
     report.datagrams = stats.datagrams;
     report.datagrams_lost = stats.datagrams_lost;
     let failures = replicas.failures();
@@ -516,20 +552,10 @@ async fn recover(replicas: &SimReplicas) -> Result<(), String> {
     let mut last = Vec::new();
     for _ in 0..300 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        // Where a store records that it stands in the order is the position of its last
-        // commit, which may differ between replicas whose content is the same (seeds 1 and
-        // 14 of the first runs: one replica recorded 106, the others 102): compared apart.
-        let dumps: Vec<(usize, u64, Vec<String>)> = replicas
-            .dumps()
-            .into_iter()
-            .map(|(index, position, dump)| {
-                let content = dump
-                    .into_iter()
-                    .filter(|line| !line.starts_with("meta \"order_next\""))
-                    .collect();
-                (index, position, content)
-            })
-            .collect();
+        // Where a store records that it stands in the order is compared too: it once
+        // recorded where the last batch of deliveries ended, which is each replica's own
+        // timing (seed 18: 92 at one replica, 96 at another, both applied to 492).
+        let dumps = replicas.dumps();
         let same = dumps.len() == replicas.count()
             && dumps
                 .windows(2)
@@ -561,6 +587,30 @@ async fn recover(replicas: &SimReplicas) -> Result<(), String> {
         replicas.describe(),
         positions.join("; ")
     ))
+}
+
+/// One seed in this many ends with [`check_once_expired`]: its idle time (longer than a
+/// client retries) costs more than the rest of the run.
+const ONCE_EXPIRY_CHECKED_EVERY: u64 = 4;
+
+/// Idles for longer than the `once` answers are kept (every client is idle now): the
+/// leader's `ExpireOnce` must empty every replica's `once` tables, and the stores must stay
+/// identical.
+async fn check_once_expired(replicas: &SimReplicas) -> Result<(), String> {
+    let expiry = replicas.once_expiry();
+    tokio::time::sleep(expiry + expiry / 4).await;
+    recover(replicas).await?;
+    for (index, _, dump) in replicas.dumps() {
+        let left = dump.iter().filter(|line| line.starts_with("once")).count();
+        if left > 0 {
+            return Err(format!(
+                "replica {}: {left} once records left {} s after every client went idle",
+                index + 1,
+                (expiry + expiry / 4).as_secs()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Every client's names, listed by a new client after recovery, must be a namespace its

@@ -10,11 +10,16 @@
 //! with the same order configuration ([`order_config`]). What differs: the order's packets
 //! cross this module's queue instead of UDP (no MAC: nobody forges them here); a replica
 //! that catches up copies a peer's store directly ([`tessera_manager::replica_core::copy_store`],
-//! at once, instead of pieces over TCP); a kill closes the replica's redb cleanly (committed
-//! transactions are what a kill -9 keeps too, but a commit made without sync would survive
-//! here and may not there); the whole group never stops at once (the start of the group from
-//! the most advanced store is not simulated); `ExpireOnce` is not proposed (runs are far
-//! shorter than its 10 minutes).
+//! at once, instead of pieces over TCP).
+//!
+//! A kill leaves the store file as the operating system holds it at that instant (a copy of
+//! the file taken before the store is dropped, put back after): redb's header on disk is its
+//! last synced commit's, so the store reopens there, and commits made without sync since are
+//! lost, as after a kill -9 ([`SimReplicas::kill`]). The whole group may die at once and start
+//! again ([`SimReplicas::kill_all`], [`SimReplicas::start_group`]) as the daemon starts it:
+//! from the most advanced store, at the next epoch. The leader proposes `ExpireOnce` as the
+//! daemon's applier does, from marks of where the order stood (a copy of its `OnceMarks`:
+//! that one is private to the daemon).
 
 use bytes::Bytes;
 use rand::rngs::StdRng;
@@ -25,7 +30,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tessera_manager::command::{is_read, Command};
+use tessera_manager::command::{is_read, Command, OrderPosition};
 use tessera_manager::replica::{is_local, order_config, ORDER_TIMEOUT};
 use tessera_manager::replica_core::{copy_store, local_answer, open_installed, ReplicaCore};
 use tessera_manager::{Manager, ManagerConfig};
@@ -68,6 +73,13 @@ pub struct ReplicaStats {
     pub catch_ups: u64,
     /// Deliveries applied, summed over replicas.
     pub applied: u64,
+    /// Times the whole group died at once and started again.
+    pub group_restarts: u64,
+    /// Kills whose replica's store reopened without some commits it had made (made without
+    /// sync, lost with the process).
+    pub unsynced_lost: u64,
+    /// `ExpireOnce` commands applied, summed over replicas.
+    pub once_expiries: u64,
 }
 
 /// One running replica: its order node, store and core.
@@ -85,6 +97,58 @@ struct Running {
     held: VecDeque<Event>,
     /// When it last looked at pending files' leases.
     leases_checked: Instant,
+    /// Where the order stood, for its `ExpireOnce` cutoff.
+    once_marks: OnceMarks,
+}
+
+/// Marks of where the order stood, at most [`ONCE_MARKS_MAX`] per once expiry time, the newest
+/// cutoff at least one expiry old, and its last proposal: the daemon's `OnceMarks`
+/// (`tessera_manager::replica`), copied because it is private there.
+#[derive(Default)]
+struct OnceMarks {
+    marks: VecDeque<(Instant, OrderPosition)>,
+    due: Option<OrderPosition>,
+    proposed: Option<(Instant, OrderPosition)>,
+}
+
+/// Marks kept per once expiry time (the daemon's `ONCE_MARKS_MAX`).
+const ONCE_MARKS_MAX: u32 = 16;
+/// Least time between two proposals of one cutoff while records remain (the daemon's).
+const ONCE_EXPIRY_AGAIN: Duration = Duration::from_secs(1);
+
+impl OnceMarks {
+    /// Marks where the order stands (`here`) if the last mark is old enough, moves the
+    /// cutoff to the newest mark one `expiry` old; the cutoff to propose now, if any.
+    fn tick(
+        &mut self,
+        now: Instant,
+        here: OrderPosition,
+        expiry: Duration,
+        backlog: bool,
+    ) -> Option<OrderPosition> {
+        let interval = expiry / ONCE_MARKS_MAX;
+        let last = self.marks.back().map(|&(at, _)| at);
+        if last.is_none_or(|at| now.saturating_duration_since(at) >= interval) {
+            self.marks.push_back((now, here));
+        }
+        while let Some(&(at, position)) = self.marks.front() {
+            if now.saturating_duration_since(at) < expiry {
+                break;
+            }
+            self.due = Some(position);
+            self.marks.pop_front();
+        }
+        let due = self.due?;
+        let propose = match self.proposed {
+            None => true,
+            Some((_, proposed)) if due > proposed => true,
+            Some((at, _)) => backlog && now.saturating_duration_since(at) >= ONCE_EXPIRY_AGAIN,
+        };
+        propose.then(|| {
+            self.proposed = Some((now, due));
+            due
+        })
+    }
 }
 
 struct Replica {
@@ -178,7 +242,7 @@ impl SimReplicas {
             driver,
         };
         for index in 0..count {
-            replicas.boot(index, Start::Initial);
+            replicas.boot(index, Start::Initial, 1);
         }
         replicas
     }
@@ -193,8 +257,9 @@ impl SimReplicas {
         self.addrs.len()
     }
 
-    /// Opens replica `index`'s store and starts it (`Initial`: with the group, at epoch 1).
-    fn boot(&self, index: usize, start: Start) {
+    /// Opens replica `index`'s store and starts it (`Initial`: with the group, at position 0
+    /// of `epoch`).
+    fn boot(&self, index: usize, start: Start, epoch: u64) {
         let mut group = self.group.lock().unwrap();
         let group = &mut *group;
         let now = Instant::now();
@@ -214,10 +279,9 @@ impl SimReplicas {
             now.into_std(),
         );
         if start == Start::Initial {
-            let position = tessera_manager::command::OrderPosition { epoch: 1, next: 0 };
-            manager.set_order_position(position);
+            manager.set_order_position(OrderPosition { epoch, next: 0 });
             manager.flush().expect("the store commits the new epoch");
-            core.begin_epoch(1);
+            core.begin_epoch(epoch);
         }
         core.began(start);
         let node = Node::new(
@@ -238,6 +302,7 @@ impl SimReplicas {
             catch_up: None,
             held: VecDeque::new(),
             leases_checked: now,
+            once_marks: OnceMarks::default(),
         }));
         let host = ReplicaHost {
             group: self.group.clone(),
@@ -276,13 +341,77 @@ impl SimReplicas {
     }
 
     /// Replica `index`'s process dies (kill -9): its order node, its waiting requests and
-    /// its connections go; its store keeps what it committed.
+    /// its connections go; its store keeps what it committed with a sync, and loses the
+    /// commits made without one since (see the module doc).
     pub fn kill(&self, index: usize) {
         let mut group = self.group.lock().unwrap();
-        if group.replicas[index].running.take().is_some() {
-            group.stats.kills += 1;
-            drop(group);
-            self.network.crash(self.addrs[index]);
+        let dir = group.replicas[index].dir.clone();
+        let Some(running) = group.replicas[index].running.take() else {
+            return;
+        };
+        group.stats.kills += 1;
+        let before = running.manager.as_ref().map(|manager| manager.state_dump());
+        let store = dir.join(STORE_FILE_NAME);
+        let left = dir.join("manager.redb.killed");
+        // What the process leaves: the file as it is now, before redb's orderly close.
+        let copied = std::fs::copy(&store, &left).is_ok();
+        drop(running);
+        if copied {
+            std::fs::rename(&left, &store).expect("the killed store goes back");
+            let reopened =
+                Manager::open_existing(&dir, group.config).expect("a killed store opens");
+            if before.is_some_and(|before| before != reopened.state_dump()) {
+                group.stats.unsynced_lost += 1;
+            }
+        }
+        drop(group);
+        self.network.crash(self.addrs[index]);
+    }
+
+    /// Every replica dies at once (see [`SimReplicas::kill`]).
+    pub fn kill_all(&self) {
+        for index in 0..self.count() {
+            self.kill(index);
+        }
+    }
+
+    /// The whole group, every replica down, starts again as the daemon starts it: each store
+    /// says where it stands in the order, those behind the most advanced take a copy of it,
+    /// and all begin the next epoch at position 0 as new incarnations.
+    pub fn start_group(&self) {
+        let (dirs, config) = {
+            let mut group = self.group.lock().unwrap();
+            assert!(
+                group.replicas.iter().all(|r| r.running.is_none()),
+                "all down"
+            );
+            group.stats.group_restarts += 1;
+            let dirs: Vec<PathBuf> = group.replicas.iter().map(|r| r.dir.clone()).collect();
+            (dirs, group.config)
+        };
+        let stands: Vec<OrderPosition> = dirs
+            .iter()
+            .map(|dir| {
+                let manager = Manager::open_existing(dir, config).expect("a store");
+                manager.order_position().expect("its position")
+            })
+            .collect();
+        let best = (0..dirs.len())
+            .max_by_key(|&i| (stands[i], Reverse(i)))
+            .expect("replicas");
+        for (index, dir) in dirs.iter().enumerate() {
+            if stands[index] < stands[best] {
+                let from = dirs[best].join(STORE_FILE_NAME);
+                std::fs::copy(from, dir.join(STORE_FILE_NAME)).expect("the store copies");
+            }
+        }
+        for index in 0..dirs.len() {
+            {
+                let mut group = self.group.lock().unwrap();
+                group.replicas[index].incarnation += 1;
+                group.stats.restarts += 1;
+            }
+            self.boot(index, Start::Initial, stands[best].epoch + 1);
         }
     }
 
@@ -297,7 +426,7 @@ impl SimReplicas {
             group.replicas[index].incarnation += 1;
             group.stats.restarts += 1;
         }
-        self.boot(index, Start::Restarted);
+        self.boot(index, Start::Restarted, 0);
     }
 
     /// Cuts replica `index` off from the other replicas and from every client and server
@@ -318,6 +447,11 @@ impl SimReplicas {
         for index in 0..self.count() {
             self.partition(index, false);
         }
+    }
+
+    /// How long the replicas keep a client's `once` answers after its last change.
+    pub fn once_expiry(&self) -> Duration {
+        self.group.lock().unwrap().config.once_expiry
     }
 
     /// Sets the faults of the network between replicas.
@@ -411,6 +545,8 @@ async fn drive(group: Arc<Mutex<GroupState>>, wake: Arc<Notify>) {
 const IDLE_STEP: Duration = Duration::from_millis(100);
 /// How often a replica looks at its pending files' leases (the daemon's applier tick).
 const LEASE_TICK: Duration = Duration::from_millis(100);
+/// The store's file in a replica's directory (`tessera_manager`'s own name for it).
+const STORE_FILE_NAME: &str = "manager.redb";
 
 impl GroupState {
     /// Does everything due at `now`; returns when to come back.
@@ -476,6 +612,28 @@ impl GroupState {
         self.expire_leases(index, now, at);
     }
 
+    /// Proposes `ExpireOnce` when its cutoff moved (or records remain), if replica `index`
+    /// leads the view; the others keep marking (the daemon's `propose_once_expiry`).
+    fn expire_once(&mut self, index: usize, now: Instant, at: u64) {
+        let expiry = self.config.once_expiry;
+        let running = self.replicas[index].running.as_mut().expect("running");
+        let Some(manager) = running.manager.as_ref() else {
+            return;
+        };
+        let (here, backlog) = (running.core.position(), manager.once_expiry_backlog());
+        let marks = &mut running.once_marks;
+        if !running.core.leads() {
+            marks.tick(now, here, expiry, false);
+            marks.proposed = None;
+            return;
+        }
+        if let Some(before) = marks.tick(now, here, expiry, backlog) {
+            if let Ok((_, proposal)) = running.core.proposal(Command::ExpireOnce { before }) {
+                let _ = running.node.propose(proposal, at);
+            }
+        }
+    }
+
     /// Puts a datagram from `from` to `to` on the wire, unless the faults lose it.
     fn send(&mut self, from: usize, to: usize, bytes: Vec<u8>, at: u64) {
         self.stats.datagrams += 1;
@@ -537,6 +695,13 @@ impl GroupState {
         if running.core.is_stopped() {
             return;
         }
+        self.stats.once_expiries += batch
+            .iter()
+            .filter(|(_, message)| {
+                let proposal = tessera_manager::command::Proposal::decode(message);
+                proposal.is_ok_and(|p| matches!(p.command, Command::ExpireOnce { .. }))
+            })
+            .count() as u64;
         let applied = running
             .core
             .apply_batch(running.manager.as_mut(), batch, now.into_std());
@@ -599,6 +764,8 @@ impl GroupState {
             return;
         }
         running.leases_checked = now;
+        self.expire_once(index, now, at);
+        let running = self.replicas[index].running.as_mut().expect("running");
         let Some(manager) = running.manager.as_mut() else {
             return;
         };

@@ -9,8 +9,9 @@ use tessera_sim::explore::seed_range;
 use tessera_sim::metadata::{check_metadata, MetadataConfig, MetadataReport};
 use tessera_sim::replicas::OrderFaults;
 
-/// Runs `seeds` seeds (or what the environment asks) and fails with the first failure.
-fn check(name: &str, config: MetadataConfig, seeds: u64) {
+/// Runs `seeds` seeds (or what the environment asks) and fails with the first failure; what
+/// they did, summed.
+fn check(name: &str, config: MetadataConfig, seeds: u64) -> MetadataReport {
     let (base, count) = seed_range(seeds);
     let started = Instant::now();
     let mut total = MetadataReport::default();
@@ -24,6 +25,9 @@ fn check(name: &str, config: MetadataConfig, seeds: u64) {
                 total.restarts += report.restarts;
                 total.partitions += report.partitions;
                 total.catch_ups += report.catch_ups;
+                total.group_restarts += report.group_restarts;
+                total.unsynced_lost += report.unsynced_lost;
+                total.once_expiries += report.once_expiries;
                 total.datagrams += report.datagrams;
                 total.datagrams_lost += report.datagrams_lost;
                 total.states_max = total.states_max.max(report.states_max);
@@ -34,7 +38,8 @@ fn check(name: &str, config: MetadataConfig, seeds: u64) {
     eprintln!(
         "{name}: seeds {base}..{} passed in {:.1} s: {} answers checked ({} changes \
          acknowledged), {} unknown, {} replica kills, {} restarts ({} catch-ups from a peer's \
-         store), {} partitions, {} of {} order datagrams lost, at most {} namespaces followed",
+         store), {} whole-group kills, {} kills that lost unsynced commits, {} ExpireOnce applied, \
+         {} partitions, {} of {} order datagrams lost, at most {} namespaces followed",
         base + count,
         started.elapsed().as_secs_f64(),
         total.checked,
@@ -43,16 +48,27 @@ fn check(name: &str, config: MetadataConfig, seeds: u64) {
         total.kills,
         total.restarts,
         total.catch_ups,
+        total.group_restarts,
+        total.unsynced_lost,
+        total.once_expiries,
         total.partitions,
         total.datagrams_lost,
         total.datagrams,
         total.states_max,
     );
+    total
 }
 
 #[test]
 fn three_replicas_killed_restarted_and_cut_off() {
-    check("three replicas", MetadataConfig::default(), 24);
+    let total = check("three replicas", MetadataConfig::default(), 24);
+    if std::env::var_os("TESSERA_SIM_SEED").is_none() {
+        // The faults this checks against happened: whole-group kills, kills that lost
+        // commits made without sync, and expiries of the once answers.
+        assert!(total.group_restarts > 0, "{total:?}");
+        assert!(total.unsynced_lost > 0, "{total:?}");
+        assert!(total.once_expiries > 0, "{total:?}");
+    }
 }
 
 #[test]

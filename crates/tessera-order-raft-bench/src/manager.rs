@@ -1,0 +1,287 @@
+//! The manager's metadata state machine replicated by openraft instead of tessera-order:
+//! the same [`Manager`] over its own redb store at each node, fed the same bytes
+//! ([`Proposal`]s, as `ReplicaCore` encodes them) and applied the same way (a batch of
+//! committed entries applied without syncing, one sync of the store at the end, then the
+//! answers), served to clients over the same authenticated TCP transport and wire messages.
+//!
+//! What differs from a Tessera replica, on purpose: openraft commits through its leader, so
+//! clients talk to the leader only (a Tessera client talks to any replica; the bench uses
+//! replica 1 for all); reads (`is_read`) are answered from the leader's own store, which has
+//! applied every write it acknowledged (read-your-writes, as a synced Tessera connection
+//! gives); the log is kept in memory at every node ([`crate::raft`]'s store), as
+//! tessera-order keeps its log in memory. Snapshots are never built (the runs are short) and
+//! installing one is refused.
+
+use crate::raft::{NodeId, Raft, TypeConfig};
+use bytes::Bytes;
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    AnyError, BasicNode, Entry, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta,
+    StorageError, StorageIOError, StoredMembership,
+};
+use std::collections::HashMap;
+use std::io::Cursor;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tessera_auth::{Claim, Key, Secret};
+use tessera_manager::command::{is_read, Command, OrderPosition, Proposal, PROPOSAL_VERSION};
+use tessera_manager::replica::is_local;
+use tessera_manager::replica_core::local_answer;
+use tessera_manager::Manager;
+use tessera_transport::{Accepted, BoxFuture, ConnectionId, FrameHandler};
+use tessera_wire::{encode_message, ManagerError, ManagerRequest, ManagerResponse};
+
+/// One node's [`Manager`], applied to by openraft.
+#[derive(Clone)]
+pub struct ManagerMachine {
+    manager: Arc<Mutex<Manager>>,
+    applied: Arc<Mutex<Applied>>,
+}
+
+/// What openraft asks the state machine to remember besides the store.
+#[derive(Default)]
+struct Applied {
+    last: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, BasicNode>,
+}
+
+impl ManagerMachine {
+    /// Applies to `manager` (opened as a replica's).
+    pub fn new(manager: Manager) -> ManagerMachine {
+        ManagerMachine {
+            manager: Arc::new(Mutex::new(manager)),
+            applied: Arc::default(),
+        }
+    }
+
+    /// The node's manager.
+    pub fn manager(&self) -> Arc<Mutex<Manager>> {
+        self.manager.clone()
+    }
+
+    /// Entries applied so far (the last one's index).
+    pub fn applied_index(&self) -> u64 {
+        let applied = self.applied.lock().expect("applied lock");
+        applied.last.map_or(0, |id| id.index)
+    }
+}
+
+fn machine_error(why: impl std::fmt::Display) -> StorageError<NodeId> {
+    StorageIOError::write_state_machine(AnyError::error(why.to_string())).into()
+}
+
+/// Applies `entries` to `manager` as a Tessera replica applies a batch of deliveries: every
+/// command without a sync, one sync at the end; the encoded answer of each entry.
+fn apply_batch(
+    manager: &Mutex<Manager>,
+    entries: &[Entry<TypeConfig>],
+) -> Result<Vec<Vec<u8>>, String> {
+    let mut manager = manager.lock().expect("manager lock");
+    let now = Instant::now();
+    manager.begin_batch();
+    let mut answers = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let answer = match &entry.payload {
+            EntryPayload::Normal(bytes) => {
+                let proposal = match Proposal::decode(bytes) {
+                    Ok(proposal) => proposal,
+                    Err(error) => {
+                        manager.abandon_batch();
+                        return Err(format!("entry {}: {error}", entry.log_id.index));
+                    }
+                };
+                manager.set_order_position(OrderPosition {
+                    epoch: 1,
+                    next: entry.log_id.index + 1,
+                });
+                let answer = manager.apply(proposal.command, now);
+                if let Some(failure) = manager.take_store_failure() {
+                    manager.abandon_batch();
+                    return Err(format!("entry {}: {failure}", entry.log_id.index));
+                }
+                answer
+            }
+            EntryPayload::Blank | EntryPayload::Membership(_) => ManagerResponse::Done,
+        };
+        answers.push(encode_message(&answer));
+    }
+    manager.end_batch().map_err(|error| error.to_string())?;
+    Ok(answers)
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for ManagerMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        Err(machine_error("snapshots are not built in this bench"))
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for ManagerMachine {
+    type SnapshotBuilder = ManagerMachine;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>), StorageError<NodeId>>
+    {
+        let applied = self.applied.lock().expect("applied lock");
+        Ok((applied.last, applied.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<u8>>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let Some(last) = entries.last().map(|entry| entry.log_id) else {
+            return Ok(Vec::new());
+        };
+        let membership = entries.iter().rev().find_map(|entry| match &entry.payload {
+            EntryPayload::Membership(m) => {
+                Some(StoredMembership::new(Some(entry.log_id), m.clone()))
+            }
+            _ => None,
+        });
+        // The store syncs: off the async workers, as a Tessera replica's applier thread.
+        let manager = self.manager.clone();
+        let answers = tokio::task::spawn_blocking(move || apply_batch(&manager, &entries))
+            .await
+            .map_err(machine_error)?
+            .map_err(machine_error)?;
+        let mut applied = self.applied.lock().expect("applied lock");
+        applied.last = Some(last);
+        if let Some(membership) = membership {
+            applied.membership = membership;
+        }
+        Ok(answers)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> ManagerMachine {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Err(machine_error("snapshots are not installed in this bench"))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        _meta: &SnapshotMeta<NodeId, BasicNode>,
+        _snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        Err(machine_error("snapshots are not installed in this bench"))
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        Ok(None)
+    }
+}
+
+/// The leader's client-facing daemon: the manager's wire requests over Tessera's TCP
+/// transport, changes written through openraft, reads from the leader's store.
+pub struct Front {
+    raft: Raft,
+    manager: Arc<Mutex<Manager>>,
+    admin_key: Key,
+    server_key: Key,
+    /// The claim each open connection authenticated as.
+    claims: Mutex<HashMap<ConnectionId, Claim>>,
+}
+
+impl Front {
+    /// Serves through `raft` (the leader's) and its node's `manager`.
+    pub fn new(raft: Raft, manager: Arc<Mutex<Manager>>, secret: &Secret) -> Front {
+        Front {
+            raft,
+            manager,
+            admin_key: secret.admin_key(),
+            server_key: secret.server_key(),
+            claims: Mutex::default(),
+        }
+    }
+}
+
+impl FrameHandler for Front {
+    fn peer_key(&self, claim: &Claim) -> Option<Key> {
+        match claim {
+            Claim::Admin => Some(self.admin_key),
+            Claim::Server => Some(self.server_key),
+            Claim::Client(_) => None,
+        }
+    }
+
+    fn opened(&self, connection: ConnectionId, accepted: &Accepted) {
+        let mut claims = self.claims.lock().expect("claims lock");
+        claims.insert(connection, accepted.claim);
+    }
+
+    fn closed(&self, connection: ConnectionId) {
+        self.claims.lock().expect("claims lock").remove(&connection);
+    }
+
+    fn handle(
+        &self,
+        connection: ConnectionId,
+        message: Bytes,
+        _payload: Bytes,
+    ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
+        let claim = self
+            .claims
+            .lock()
+            .expect("claims lock")
+            .get(&connection)
+            .copied();
+        let request: Option<ManagerRequest> = tessera_wire::decode_message(&message).ok();
+        let (Some(claim), Some(request)) = (claim, request) else {
+            return Box::pin(async { None });
+        };
+        let (raft, manager) = (self.raft.clone(), self.manager.clone());
+        Box::pin(async move {
+            let answer = match tessera_manager::authorize(&request, claim.role()) {
+                Ok(()) => serve(raft, manager, request).await,
+                Err(refused) => encode_message(&ManagerResponse::Error(refused)),
+            };
+            Some((Bytes::from(answer), Bytes::new()))
+        })
+    }
+}
+
+/// The encoded answer to `request`: from the leader's store if it only reads (and finds
+/// what it reads: absence goes through the log, as at a Tessera replica), else written
+/// through openraft and answered once the leader applied and synced it.
+async fn serve(raft: Raft, manager: Arc<Mutex<Manager>>, request: ManagerRequest) -> Vec<u8> {
+    if is_local(&request) || is_read(&request) {
+        let (reading, asked) = (manager.clone(), request.clone());
+        let local = tokio::task::spawn_blocking(move || {
+            let mut manager = reading.lock().expect("manager lock");
+            if is_local(&asked) {
+                Some(manager.handle(asked, Instant::now()))
+            } else {
+                local_answer(&mut manager, &asked, Instant::now())
+            }
+        })
+        .await
+        .ok()
+        .flatten();
+        if let Some(answer) = local {
+            return encode_message(&answer);
+        }
+    }
+    let decision = manager.lock().expect("manager lock").decide(&request);
+    let proposal = Proposal {
+        version: PROPOSAL_VERSION,
+        origin: 1,
+        incarnation: 1,
+        ticket: 0,
+        command: Command::Request { request, decision },
+    };
+    match raft.client_write(proposal.encode()).await {
+        Ok(written) => written.data,
+        Err(error) => encode_message(&ManagerResponse::Error(ManagerError::Unordered(
+            error.to_string(),
+        ))),
+    }
+}

@@ -1,0 +1,422 @@
+//! `--manager`: the manager's metadata workload against three systems in one process, in
+//! interleaved rounds: Tessera's 3 replicas (`tessera_manager::daemon::start_replica`, the
+//! real daemon: tessera-order over UDP, the applier, the TCP front), the same state machine
+//! replicated by openraft on 3 nodes ([`crate::manager`]), and one manager alone
+//! (`daemon::start`), all on 127.0.0.1 with their stores in one temporary directory.
+//!
+//! Every system gets the same requests from the same client code: 3 storage servers
+//! registered and heartbeating (fake ones: nothing but their manager requests), and
+//! `clients` tasks each repeating create (a raid5 file on the 3 servers), stat (lookup, then
+//! lookup by id) and small-file put (create pending, then commit it with its size); every
+//! change is wrapped in `Once`, as a client of several managers sends it. The servers'
+//! part of a stat and a put (reading and writing the data) is left out: this measures the
+//! metadata path only.
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera_auth::{Claim, Credential, Key, Secret};
+use tessera_layout::Scheme;
+use tessera_manager::daemon::RunningManager;
+use tessera_manager::replica::{order_config, replicated_cluster_id, ReplicaConfig};
+use tessera_manager::{Manager, ManagerConfig};
+use tessera_transport::{TcpConfig, TcpLimits, TcpTransport};
+use tessera_wire::{LayoutRequest, ManagerRequest, ManagerResponse};
+
+use crate::manager::{Front, ManagerMachine};
+use crate::raft::Cluster;
+
+/// Metadata operations a client task does per iteration: create, stat, put.
+const OPS_PER_ITERATION: u64 = 3;
+/// How often the fake servers heartbeat (the manager's timeout is 2 s).
+const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
+/// Servers registered.
+const SERVERS: u64 = 3;
+/// The size a put commits.
+const PUT_BYTES: u64 = 1000;
+
+/// One system under test: where its clients and servers send requests.
+struct System {
+    name: &'static str,
+    addr: SocketAddr,
+    heartbeats: tokio::task::JoinHandle<()>,
+}
+
+/// What `run` measured.
+pub struct Measured {
+    /// Per system, its name and the operations per second of each round.
+    pub rates: Vec<(&'static str, Vec<f64>)>,
+    /// The load average before each round.
+    pub loads: Vec<String>,
+}
+
+fn transport(claim: Claim, key: Key) -> Arc<TcpTransport> {
+    let config = TcpConfig {
+        connect_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(5),
+    };
+    Arc::new(TcpTransport::with_credential(
+        config,
+        Some(Credential { claim, key }),
+    ))
+}
+
+async fn ask(
+    transport: &Arc<TcpTransport>,
+    addr: SocketAddr,
+    request: &ManagerRequest,
+) -> Result<ManagerResponse> {
+    let (answer, _) = tessera_transport::call(transport, addr, request, Bytes::new())
+        .await
+        .with_context(|| format!("{addr}: {request:?}"))?;
+    Ok(answer)
+}
+
+/// `count` ports free for TCP and UDP alike (a replica's order runs on UDP at its port).
+fn free_addrs(count: usize) -> Vec<SocketAddr> {
+    let mut addrs: Vec<SocketAddr> = Vec::new();
+    while addrs.len() < count {
+        let Ok(tcp) = std::net::TcpListener::bind("127.0.0.1:0") else {
+            continue;
+        };
+        let Ok(addr) = tcp.local_addr() else { continue };
+        if std::net::UdpSocket::bind(addr).is_ok() && !addrs.contains(&addr) {
+            addrs.push(addr);
+        }
+    }
+    addrs
+}
+
+fn load_average() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    load.split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Tessera's 3 replicas, the group running: the address of replica 1 (every request goes
+/// there, as the throughput test's clients do).
+async fn start_tessera(dir: &Path, secret: &Secret) -> Result<(Vec<RunningManager>, SocketAddr)> {
+    let peers = free_addrs(3);
+    let mut running = Vec::new();
+    for id in 1..=3u16 {
+        let config = ReplicaConfig {
+            id,
+            peers: peers.clone(),
+            order: order_config(),
+            catch_up_piece_bytes: tessera_manager::replica::SNAPSHOT_PIECE_BYTES_MAX as u32,
+        };
+        let replica_dir = dir.join(format!("tessera-{id}"));
+        running.push(
+            tessera_manager::daemon::start_replica(
+                config,
+                &replica_dir,
+                ManagerConfig::default(),
+                true,
+                TcpLimits::default(),
+                secret,
+            )
+            .await?,
+        );
+    }
+    Ok((running, peers[0]))
+}
+
+/// The same state machine on 3 openraft nodes, and the leader's front on TCP.
+async fn start_openraft(
+    dir: &Path,
+    secret: &Secret,
+) -> Result<(
+    Cluster<ManagerMachine>,
+    SocketAddr,
+    tokio::task::JoinHandle<()>,
+)> {
+    let config = ManagerConfig {
+        cluster_id: Some(replicated_cluster_id(secret)),
+        ..ManagerConfig::default()
+    };
+    let mut machines = Vec::new();
+    for id in 1..=3 {
+        let mut manager = Manager::open(&dir.join(format!("openraft-{id}")), config)?;
+        manager.set_replicated(secret.replica_key());
+        machines.push(ManagerMachine::new(manager));
+    }
+    // openraft's default batch of entries per append (300 would do; the bench's 4096 too).
+    let cluster = Cluster::start_with(vec![None; 3], machines, 300).await?;
+    let leader = cluster.leader().clone();
+    let leader_id = leader.metrics().borrow().id as usize;
+    let front = Front::new(leader, cluster.machine(leader_id).manager(), secret);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let serving = tokio::spawn(tessera_transport::serve_tcp_limited(
+        listener,
+        Arc::new(front),
+        TcpLimits::default(),
+    ));
+    Ok((cluster, addr, serving))
+}
+
+/// Registers the fake servers at `addr` (retrying while the group forms) and keeps them
+/// heartbeating until the returned task is aborted.
+async fn servers(name: &'static str, addr: SocketAddr, secret: &Secret) -> Result<System> {
+    let server = transport(Claim::Server, secret.server_key());
+    let mut beats = Vec::new();
+    for index in 0..SERVERS {
+        let register = ManagerRequest::Register {
+            server: None,
+            addr: format!("127.0.0.1:{}", 9000 + index),
+            incarnation: index + 1,
+            cluster: None,
+        };
+        let began = Instant::now();
+        loop {
+            match ask(&server, addr, &register).await {
+                Ok(ManagerResponse::Registered {
+                    server: id,
+                    cluster,
+                    ..
+                }) => {
+                    beats.push(ManagerRequest::Heartbeat {
+                        server: id,
+                        incarnation: index + 1,
+                        cluster,
+                    });
+                    break;
+                }
+                answer if began.elapsed() > Duration::from_secs(30) => {
+                    bail!("{name}: registering a server: {answer:?}")
+                }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+    let heartbeats = tokio::spawn(async move {
+        loop {
+            for beat in &beats {
+                let _ = ask(&server, addr, beat).await;
+            }
+            tokio::time::sleep(HEARTBEAT_INTERVAL).await;
+        }
+    });
+    Ok(System {
+        name,
+        addr,
+        heartbeats,
+    })
+}
+
+/// One client's changes, each wrapped in `Once` with the next number of `client`.
+struct Changes {
+    client: u64,
+    sequence: Arc<AtomicU64>,
+}
+
+impl Changes {
+    fn once(&self, request: ManagerRequest) -> ManagerRequest {
+        ManagerRequest::Once {
+            client: self.client,
+            sequence: self.sequence.fetch_add(1, Ordering::Relaxed) + 1,
+            request: Box::new(request),
+        }
+    }
+}
+
+fn layout() -> LayoutRequest {
+    LayoutRequest {
+        scheme: Scheme::Raid5,
+        stripe_unit: 65536,
+        width: Some(3),
+    }
+}
+
+/// One create, one stat and one small-file put at `addr`, on names made of `name`.
+async fn iteration(
+    admin: &Arc<TcpTransport>,
+    addr: SocketAddr,
+    changes: &Changes,
+    name: &str,
+) -> Result<()> {
+    let path = format!("{name}/created");
+    let create = ManagerRequest::Create {
+        path: path.clone(),
+        layout: layout(),
+        replace: false,
+    };
+    let ManagerResponse::File(view) = ask(admin, addr, &changes.once(create)).await? else {
+        bail!("create {path}: not a file");
+    };
+    let lookup = ask(admin, addr, &ManagerRequest::Lookup { path: path.clone() }).await?;
+    let by_id = ManagerRequest::LookupId { file: view.meta.id };
+    let by_id = ask(admin, addr, &by_id).await?;
+    if !matches!((&lookup, &by_id), (ManagerResponse::File(a), ManagerResponse::File(b)) if a.meta == view.meta && b.meta == view.meta)
+    {
+        bail!("stat {path}: {lookup:?}, {by_id:?}");
+    }
+    let path = format!("{name}/put");
+    let pending = ManagerRequest::CreatePending {
+        path: path.clone(),
+        layout: layout(),
+    };
+    let ManagerResponse::Pending { view, .. } = ask(admin, addr, &changes.once(pending)).await?
+    else {
+        bail!("put {path}: not pending");
+    };
+    let commit = ManagerRequest::CommitPendingSized {
+        file: view.meta.id,
+        size: PUT_BYTES,
+    };
+    match ask(admin, addr, &changes.once(commit)).await? {
+        ManagerResponse::Committed { replaced: None } => Ok(()),
+        other => bail!("put {path}: commit answered {other:?}"),
+    }
+}
+
+/// `clients` tasks doing [`iteration`]s at `system` for `time`: metadata operations per
+/// second.
+async fn round(
+    system: &System,
+    secret: &Secret,
+    clients: usize,
+    time: Duration,
+    round: usize,
+) -> Result<f64> {
+    let admin = transport(Claim::Admin, secret.admin_key());
+    let sequence = Arc::new(AtomicU64::new(0));
+    let client = u64::from(std::process::id()) << 32 | (round as u64) << 8 | 1;
+    let began = Instant::now();
+    let deadline = began + time;
+    let tasks: Vec<_> = (0..clients)
+        .map(|task| {
+            let (admin, addr) = (admin.clone(), system.addr);
+            let changes = Changes {
+                client,
+                sequence: sequence.clone(),
+            };
+            tokio::spawn(async move {
+                let mut ops = 0u64;
+                while Instant::now() < deadline {
+                    let name = format!("/bench/{round}/{task}/{ops}");
+                    iteration(&admin, addr, &changes, &name).await?;
+                    ops += OPS_PER_ITERATION;
+                }
+                anyhow::Ok(ops)
+            })
+        })
+        .collect();
+    let mut ops = 0;
+    for task in tasks {
+        ops += task.await??;
+    }
+    Ok(ops as f64 / began.elapsed().as_secs_f64())
+}
+
+/// Waits until the 3 openraft nodes' stores print alike (they applied the same entries),
+/// for at most 10 s.
+async fn openraft_stores_agree(cluster: &Cluster<ManagerMachine>) -> Result<()> {
+    let began = Instant::now();
+    loop {
+        let dumps: Vec<Vec<String>> = (0..3)
+            .map(|i| {
+                cluster
+                    .machine(i)
+                    .manager()
+                    .lock()
+                    .expect("manager lock")
+                    .state_dump()
+            })
+            .collect();
+        if dumps.iter().all(|dump| *dump == dumps[0]) {
+            return Ok(());
+        }
+        if began.elapsed() > Duration::from_secs(10) {
+            let applied: Vec<u64> = (0..3).map(|i| cluster.machine(i).applied_index()).collect();
+            bail!("openraft nodes' stores differ after 10 s (applied {applied:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Starts the three systems in `dir` and runs `rounds` rounds of `seconds` each against each,
+/// interleaved (the order within a round turns each round).
+pub async fn run(dir: &Path, rounds: usize, seconds: f64, clients: usize) -> Result<Measured> {
+    let secret = Secret::from_bytes(rand_bytes());
+    let (tessera, tessera_addr) = start_tessera(dir, &secret).await?;
+    let (openraft, openraft_addr, front) = start_openraft(dir, &secret).await?;
+    let single = tessera_manager::daemon::start(
+        "127.0.0.1:0".parse()?,
+        &dir.join("single"),
+        ManagerConfig::default(),
+        true,
+        &secret,
+    )
+    .await?;
+    let systems = [
+        servers("tessera 3 replicas", tessera_addr, &secret).await?,
+        servers("openraft 3 nodes", openraft_addr, &secret).await?,
+        servers("1 manager", single.addr, &secret).await?,
+    ];
+    let mut rates: Vec<(&'static str, Vec<f64>)> =
+        systems.iter().map(|s| (s.name, Vec::new())).collect();
+    let mut loads = Vec::new();
+    let time = Duration::from_secs_f64(seconds);
+    for r in 0..rounds {
+        loads.push(load_average());
+        for k in 0..systems.len() {
+            let i = (k + r) % systems.len();
+            let rate = round(&systems[i], &secret, clients, time, r).await?;
+            eprintln!("round {r}: {}: {rate:.0} ops/s", systems[i].name);
+            rates[i].1.push(rate);
+        }
+    }
+    for system in &systems {
+        system.heartbeats.abort();
+    }
+    openraft_stores_agree(&openraft).await?;
+    front.abort();
+    openraft.shutdown().await;
+    for replica in tessera {
+        replica.stop();
+    }
+    single.stop();
+    Ok(Measured { rates, loads })
+}
+
+/// A secret for this run, from the clock (no store outlives the run).
+fn rand_bytes() -> [u8; 32] {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let mut bytes = [0; 32];
+    bytes[..16].copy_from_slice(&nanos.to_le_bytes());
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every system answers every request of the workload as expected (a wrong answer fails
+    /// the round), and the openraft nodes end with the same store.
+    #[test]
+    fn each_system_serves_the_workload_and_openraft_replicas_agree() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let measured = runtime
+            .block_on(run(dir.path(), 1, 0.5, 2))
+            .expect("the workload runs");
+        assert_eq!(measured.rates.len(), 3);
+        for (name, rates) in &measured.rates {
+            assert!(rates.len() == 1 && rates[0] > 0.0, "{name}: {rates:?}");
+        }
+    }
+}
