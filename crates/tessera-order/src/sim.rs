@@ -310,6 +310,11 @@ struct Sim<'a> {
     group: GroupRecord,
     /// The change under way, and when it was last proposed.
     change: Option<(GroupChange, Micros)>,
+    /// Removed nodes still running, with the epoch that removed them: stopped once a
+    /// majority of the new group runs it (as an operator stops a removed process once the
+    /// change took effect; stopped at once, a removed member that alone delivered its
+    /// removal could leave the old group without a majority holding state).
+    retiring: Vec<(usize, u32)>,
     next_change: Option<Micros>,
 }
 
@@ -389,6 +394,7 @@ impl<'a> Sim<'a> {
             last_delivery_us: 0,
             group: GroupRecord::initial(&scenario.group),
             change: None,
+            retiring: Vec::new(),
             next_change: None,
         };
         sim.next_crash = sim.draw(scenario.faults.crash_every_us);
@@ -548,6 +554,9 @@ impl<'a> Sim<'a> {
             let (_, host) = self.proposals.pop().expect("last exists");
             self.propose(host);
         }
+        if !self.retiring.is_empty() {
+            self.retire();
+        }
         if self
             .change
             .is_some_and(|(_, at)| now >= at + CHANGE_RETRY_US)
@@ -669,12 +678,35 @@ impl<'a> Sim<'a> {
             return;
         }
         self.stats.nodes_removed += 1;
-        let entry = &mut self.hosts[host];
-        entry.active = false;
-        entry.down_until = None;
-        if let Some(node) = entry.node.take() {
-            entry.view_changes_before += node.stats().view_changes;
-            self.history.processes[entry.process].crashed = true;
+        self.retiring.push((host, change.epoch));
+    }
+
+    /// Stops the removed nodes whose removal a majority of the new group runs.
+    fn retire(&mut self) {
+        let receivers = self.group.receivers;
+        let running = |sim: &Sim<'_>, epoch: u32| {
+            let normal = (0..sim.hosts.len())
+                .filter(|&host| receivers & 1 << host != 0)
+                .filter(|&host| {
+                    sim.hosts[host].node.as_ref().is_some_and(|node| {
+                        node.status() == crate::Status::Normal && node.group_record().epoch >= epoch
+                    })
+                })
+                .count();
+            normal > receivers.count_ones() as usize / 2
+        };
+        let (done, left): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retiring)
+            .into_iter()
+            .partition(|&(_, epoch)| running(self, epoch));
+        self.retiring = left;
+        for (host, _) in done {
+            let entry = &mut self.hosts[host];
+            entry.active = false;
+            entry.down_until = None;
+            if let Some(node) = entry.node.take() {
+                entry.view_changes_before += node.stats().view_changes;
+                self.history.processes[entry.process].crashed = true;
+            }
         }
     }
 
@@ -682,7 +714,7 @@ impl<'a> Sim<'a> {
     /// operator starts the process and then adds it) or removes a receiver, whichever keeps
     /// a majority of every group concerned holding state.
     fn start_change(&mut self) {
-        if self.change.is_some() {
+        if self.change.is_some() || !self.retiring.is_empty() {
             return;
         }
         let receivers = self.group.receivers;
@@ -907,7 +939,7 @@ impl<'a> Sim<'a> {
     /// Every proposal made, every own message acked, every receiver a normal member of one
     /// view with the same deliveries.
     fn settled(&self) -> bool {
-        if !self.proposals.is_empty() || self.change.is_some() {
+        if !self.proposals.is_empty() || self.change.is_some() || !self.retiring.is_empty() {
             return false;
         }
         let mut delivered = None;
