@@ -273,3 +273,38 @@ fn a_change_that_lost_the_race_changes_nothing() {
         assert_eq!(record.receivers, 0b111 & !(1 << winner.0), "node {id}");
     }
 }
+
+/// The sweep's scenarios with group changes far more often (every 1.5-7.5 ms on average)
+/// and two spare nodes, in every all-to-all seed: UTO1-4 and FIFO over every run, every
+/// run settled.
+#[test]
+fn s3_4_frequent_group_changes_during_faults_keep_uto_and_fifo() {
+    use tessera_order::{check, sim};
+    let (mut runs, mut added, mut removed, mut unsettled) = (0, 0, 0, Vec::new());
+    for seed in 0..400u64 {
+        let mut scenario = sim::Scenario::random(seed);
+        if !scenario
+            .group
+            .roles
+            .iter()
+            .all(|role| role.sender && role.receiver)
+        {
+            continue;
+        }
+        scenario.spare_nodes = 2;
+        scenario.change_every_us = Some(1_500 + seed % 5 * 1_500);
+        let outcome = sim::run(seed, &scenario);
+        if let Err(violations) = check::check(&outcome.history) {
+            panic!("seed {seed}: {violations:?}");
+        }
+        runs += 1;
+        added += outcome.stats.nodes_added;
+        removed += outcome.stats.nodes_removed;
+        if !outcome.settled_early {
+            unsettled.push(seed);
+        }
+    }
+    println!("{runs} runs: {added} nodes added, {removed} removed, unsettled {unsettled:?}");
+    assert!(unsettled.is_empty(), "unsettled: {unsettled:?}");
+    assert!(added > runs && removed > runs);
+}
