@@ -293,7 +293,13 @@ impl ReplicaCore {
                 let restarted = self.progress.catching_up;
                 (restarted || position > self.next_position).then_some(position)
             }
-            Event::Deliver { .. } | Event::Optimistic { .. } | Event::Revoked { .. } => None,
+            // The replicas propose no group change (the group is `--peers`): nothing to do.
+            Event::Deliver { .. }
+            | Event::Optimistic { .. }
+            | Event::Revoked { .. }
+            | Event::GroupChange { .. }
+            | Event::Group(_)
+            | Event::Removed => None,
         }
     }
 

@@ -66,7 +66,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 use tessera_auth::{packet_tag, Key, PACKET_TAG_BYTES};
-use tessera_order::{Config, Destination, Event, Group, Micros, Node, NodeId, Start, Stats};
+use tessera_order::{
+    Config, Destination, Event, Group, Micros, Node, NodeId, ProposeError, Role, Start, Stats,
+};
 
 /// Largest UDP payload over IPv4.
 pub const DATAGRAM_BYTES_MAX: usize = 65_507;
@@ -107,7 +109,9 @@ pub struct DriverConfig {
     /// Seed of the node's randomness.
     pub seed: u64,
     /// The address of every node of the group, by node id (where its receiving socket
-    /// listens): packets for one node go there.
+    /// listens): packets for one node go there. It may go on past the group, with nodes
+    /// that group changes may add; a unicast broadcast goes to the nodes of the groups the
+    /// node knows (and to itself).
     pub peers: Vec<SocketAddr>,
     /// How packets for every node go.
     pub broadcast: Broadcast,
@@ -116,7 +120,7 @@ pub struct DriverConfig {
 /// Why the driver could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
-    /// `peers` does not list one address per node of the group.
+    /// `peers` does not list an address for every node of the group.
     #[error("{peers} peer addresses for a group of {nodes} nodes")]
     Peers {
         /// Addresses given.
@@ -266,9 +270,15 @@ impl Wakeup {
     }
 }
 
+/// What the application asks the node to broadcast.
+enum Proposal {
+    Message(Bytes),
+    Change(NodeId, Role),
+}
+
 /// A running node.
 pub struct Handle {
-    proposals: mpsc::SyncSender<Bytes>,
+    proposals: mpsc::SyncSender<Proposal>,
     events: mpsc::Receiver<Event>,
     stop: Arc<AtomicBool>,
     wakeup: Arc<Wakeup>,
@@ -279,8 +289,20 @@ impl Handle {
     /// Broadcasts `message` in total order (it waits in the driver while the node's queue is
     /// full).
     pub fn propose(&self, message: Bytes) -> Result<(), DriverError> {
+        self.send_proposal(Proposal::Message(message))
+    }
+
+    /// Broadcasts a group change in total order ([`Node::propose_group_change`]): from where
+    /// it is delivered, `node` (an index of [`DriverConfig::peers`]) has `role`. A change
+    /// the node refuses (no such node id, no receiver left) is dropped; the delivery
+    /// ([`Event::GroupChange`]) and the node's group ([`Event::Group`]) tell what happened.
+    pub fn propose_group_change(&self, node: NodeId, role: Role) -> Result<(), DriverError> {
+        self.send_proposal(Proposal::Change(node, role))
+    }
+
+    fn send_proposal(&self, proposal: Proposal) -> Result<(), DriverError> {
         self.proposals
-            .try_send(message)
+            .try_send(proposal)
             .map_err(|error| match error {
                 mpsc::TrySendError::Full(_) => DriverError::BacklogFull,
                 mpsc::TrySendError::Disconnected(_) => DriverError::Stopped,
@@ -358,7 +380,7 @@ fn spawn_inner(
     if !loss.valid() {
         return Err(DriverError::Loss(loss));
     }
-    if driver.peers.len() != driver.group.roles.len() {
+    if driver.peers.len() < driver.group.roles.len() || driver.peers.len() > 64 {
         return Err(DriverError::Peers {
             peers: driver.peers.len(),
             nodes: driver.group.roles.len(),
@@ -425,11 +447,13 @@ struct Runner {
     send: UdpSocket,
     receive: UdpSocket,
     peers: Vec<SockAddr>,
+    /// The nodes a unicast broadcast goes to (a bit each), and their addresses.
+    fan_out: (Option<u64>, Vec<SockAddr>),
     /// The multicast group, if broadcasts go there.
     group: Option<SockAddr>,
     origin: Instant,
-    proposals: mpsc::Receiver<Bytes>,
-    backlog: Option<Bytes>,
+    proposals: mpsc::Receiver<Proposal>,
+    backlog: Option<Proposal>,
     events: mpsc::Sender<Event>,
     wakeup: Arc<Wakeup>,
     stats: DriverStats,
@@ -444,7 +468,7 @@ impl Runner {
         driver: DriverConfig,
         send: UdpSocket,
         receive: UdpSocket,
-        proposals: mpsc::Receiver<Bytes>,
+        proposals: mpsc::Receiver<Proposal>,
         events: mpsc::Sender<Event>,
         wakeup: Arc<Wakeup>,
     ) -> Runner {
@@ -462,6 +486,7 @@ impl Runner {
             send,
             receive,
             peers: driver.peers.into_iter().map(SockAddr::from).collect(),
+            fan_out: (None, Vec::new()),
             group: match driver.broadcast {
                 Broadcast::Unicast => None,
                 Broadcast::Multicast(group) => Some(SocketAddr::from(group).into()),
@@ -594,17 +619,23 @@ impl Runner {
     fn take_proposals(&mut self) {
         let now = self.now();
         loop {
-            let Some(message) = self
+            let Some(proposal) = self
                 .backlog
                 .take()
                 .or_else(|| self.proposals.try_recv().ok())
             else {
                 return;
             };
-            match self.node.propose(message.clone(), now) {
+            let result = match &proposal {
+                Proposal::Message(message) => self.node.propose(message.clone(), now),
+                Proposal::Change(node, role) => {
+                    self.node.propose_group_change(*node, *role, now).map(drop)
+                }
+            };
+            match result {
                 Ok(()) => {}
-                Err(tessera_order::ProposeError::QueueFull) => {
-                    self.backlog = Some(message);
+                Err(ProposeError::QueueFull) => {
+                    self.backlog = Some(proposal);
                     return;
                 }
                 // Refused for good (too large, not a sender): dropped, as the node says why
@@ -631,13 +662,16 @@ impl Runner {
             packets.push(transmit);
         }
         let mut datagrams: Vec<(&[u8], &SockAddr)> = Vec::new();
+        self.update_fan_out();
+        let members = &self.fan_out.1;
         for transmit in &packets {
             let targets: &[SockAddr] = match (transmit.destination, &self.group) {
-                (Destination::All, None) => &self.peers,
+                (Destination::All, None) => members,
                 (Destination::All, Some(group)) => std::slice::from_ref(group),
-                (Destination::Node(node), _) => {
-                    std::slice::from_ref(&self.peers[usize::from(node.0)])
-                }
+                (Destination::Node(node), _) => match self.peers.get(usize::from(node.0)) {
+                    Some(peer) => std::slice::from_ref(peer),
+                    None => &[],
+                },
             };
             for target in targets {
                 if self.dropper.at_send() {
@@ -654,6 +688,27 @@ impl Runner {
             // The application may have dropped its receiver; the node goes on regardless.
             let _ = self.events.send(event);
         }
+    }
+}
+
+impl Runner {
+    /// The addresses a unicast broadcast goes to: this node and every node of the groups
+    /// it knows (its view's, the newest, and the receivers before them), not a removed one
+    /// nor one not yet added. Computed again when the node's groups change.
+    fn update_fan_out(&mut self) {
+        let records = [self.node.group_record(), self.node.known_group()];
+        let mut nodes = 1u64 << self.node.id().0;
+        for record in records {
+            nodes |= record.senders | record.receivers | record.previous_receivers;
+        }
+        if self.fan_out.0 == Some(nodes) {
+            return;
+        }
+        let addresses = (0..self.peers.len())
+            .filter(|&i| nodes & 1 << i != 0)
+            .map(|i| self.peers[i].clone())
+            .collect();
+        self.fan_out = (Some(nodes), addresses);
     }
 }
 

@@ -66,7 +66,8 @@
 //! a sender, a receiver or both. The receivers hold the order. They move through numbered
 //! *views*; a view has a set of *members* (receivers, at least a majority of all of them)
 //! and a *leader*, receiver number `view mod receivers`. View 0 has every receiver.
-//! Positions are global: they go on across views.
+//! Positions are global: they go on across views. The group itself changes by ordered
+//! group changes (below); each view runs one group.
 //!
 //! **Fast path (sections 3.1-3.2).** A sender numbers its messages 0, 1, 2... (FIFO) and
 //! broadcasts them in DATA packets; at most `window_packets` of its packets may hold
@@ -188,6 +189,32 @@
 //! ([`Event::Joined`]); what came before is the application's state transfer (the
 //! replicated manager's snapshots).
 //!
+//! **Group changes.** Adding or removing a node is itself a message:
+//! [`Node::propose_group_change`] broadcasts a [`GroupChange`] (`node` has `role` from
+//! epoch `e` on) in the same FIFO stream as the sender's messages; every message in a log
+//! carries one byte saying which it is. The initial group is epoch 0; a change takes effect
+//! where it is UTO-delivered if it names the next epoch ([`GroupRecord::apply`]; one that
+//! lost a race names a taken epoch and changes nothing), and it changes one node, so at
+//! most one receiver. Each view runs one group, a [`GroupRecord`] (its epoch, senders,
+//! receivers, and the receivers before it) carried in START-VIEW: the leader, the members,
+//! failure detection and the view-change majority are that group's. A view of epoch `e`
+//! delivers nothing past the change that makes `e + 1` (every node delivers in order, so
+//! each stops at the same position): the messages ordered before it count the old group's
+//! ACKs. A node that delivered it knows a newer group than its view's and starts a view
+//! change; a view change runs the newest group its node knows, so the next view runs the
+//! new group and the messages after the change count the new group's ACKs. Every header
+//! carries the low byte of the newest epoch its sender knows; a node that knows a newer
+//! one tells it (GROUP, kind 11, taken from any node: one that missed changes may not know
+//! who tells it), and a DO-VIEW-CHANGE carries its voter's newest group: a leader that
+//! hears of a newer group than its own starts the view change again with it. A removed
+//! node is no member of the new view and stops being waited on (its packets are stale to
+//! the group's members; [`Event::Removed`] tells its application to stop it). An added
+//! node starts with [`Start::Added`]: it holds nothing (like a restarted node it counts
+//! toward no majority), learns the group from its peers, votes, is made a member by the
+//! next view change and delivers from that view's highest delivered position on
+//! ([`Event::Joined`]): the state before it, the change's position included, is the
+//! application's state transfer.
+//!
 //! # Safety argument
 //!
 //! The claim: no two nodes UTO-deliver different messages at one position, in any view,
@@ -239,6 +266,26 @@
 //!   replaced suffix there); both delivered them, so both agree (the leader asserts that the
 //!   two hash chains meet). A restarted node counts for no majority, since it may have forgotten a
 //!   promise or a prefix.
+//! - **Group changes** (I6, every view change meets the members of every view that
+//!   delivered): the leader needs votes from a majority of the receivers of the group it
+//!   runs, the newest `K` that it or any voter knows (epochs only grow at a node, and a
+//!   vote naming a newer one restarts the view change). Views that delivered something
+//!   (*established*: every member adopted them) run epochs that never decrease with the
+//!   view number, and epoch `k + 1` runs only after a view of epoch `k` delivered its change.
+//!   Let `P` be delivered in view `v` of epoch `j`, members `M` (a majority of `j`'s
+//!   receivers). Since a change moves one receiver, any majority of epoch `k` meets any
+//!   majority of epoch `k ± 1`. If `j > K`, an established view of epoch `K + 1` below the
+//!   new one has members meeting the voters, one of which would know `K + 1`: impossible.
+//!   If `j` is `K` or `K - 1`, the voters meet `M` and I5's induction holds as is. If
+//!   `j <= K - 2`, an established view `y > v` of epoch `K - 1` exists, its START-VIEW holds
+//!   `P` (induction on views) and its members meet the voters: the chosen log's last normal
+//!   view is `>= y`, so it holds `P`. Sealing the old group's view at its change keeps the
+//!   ACKs that deliver a position those of one group: the group the position was ordered
+//!   in. A node that joined by state transfer starts its epoch count at its view's; a
+//!   change of a later epoch cannot lie below the view's own change (it was proposed after
+//!   that change was delivered, so after every position below it was fixed), so all nodes
+//!   stop at the same position. The simulator adds and removes nodes during loss, crashes
+//!   and partitions and the checker holds every run to UTO1-4 and FIFO.
 //!
 //! Together: all deliveries at a position in one view agree (I2, I3), and every view's
 //! log extends the prefixes delivered in earlier views (I5), so a position delivered anywhere
@@ -258,14 +305,15 @@
 //! ```text
 //! offset size field
 //!  0      2   magic        0x544F ("TO")
-//!  2      1   version      4; checked first, so a later version may change all that follows
+//!  2      1   version      5; checked first, so a later version may change all that follows
 //!  3      1   kind         1 DATA, 2 ACK, 3 NACK, 4 HEARTBEAT, 5 ENTRIES,
-//!                          6 DO-VIEW-CHANGE, 7 START-VIEW, 8 MISSING, 9 FETCH, 10 LOG-PART
+//!                          6 DO-VIEW-CHANGE, 7 START-VIEW, 8 MISSING, 9 FETCH, 10 LOG-PART,
+//!                          11 GROUP
 //!  4      2   from         the sending node
 //!  6      4   incarnation  of the sending node
 //! 10      8   view         the sender's view (or the view it is changing to)
 //! 18      1   status       1 normal, 2 changing view, 3 joining, 4 sender only
-//! 19      1   reserved     0
+//! 19      1   epoch        low byte of the newest group epoch the sender knows
 //! 20      4   checksum     CRC32C of the whole packet with this field taken as zero
 //! 24      4   body_len     bytes after the header; the packet is exactly 28 + body_len
 //! 28      -   body
@@ -276,7 +324,10 @@
 //! ```text
 //! ack        len u64, hash u64, commit u64, members u64 (bit per node),
 //!            n, n x (node u16, incarnation u32, delivered u64, held u64)
+//! group      epoch u32, senders u64, receivers u64 (not 0), previous receivers u64 (not 0)
 //! DATA       has_ack u8 (0|1), [ack], n, n x (seq u64, len, bytes)
+//!            (a message's first byte: 0 the application's bytes follow, 1 a group change:
+//!            epoch u32, node u16, role u8 (bit 0 sender, bit 1 receiver))
 //! ACK        ack
 //! NACK       node u16, incarnation u32, from u64, to u64 (from < to)
 //! HEARTBEAT  empty
@@ -286,12 +337,13 @@
 //! entries    n u32, n x (node u16, incarnation u32, seq u64, len, bytes)
 //! part       start u64, start_hash u64, n, n x (node u16, incarnation u32, count u64),
 //!            end u64, end_hash u64, first u64 (start <= first), entries (first + n <= end)
-//! DO-VIEW-CHANGE  last_normal u64 (u64::MAX: none), commit u64, part
-//! START-VIEW      members u64, commit u64, part
+//! DO-VIEW-CHANGE  last_normal u64 (u64::MAX: none), commit u64, group, part
+//! START-VIEW      members u64, commit u64, group, part
 //! MISSING    from u64, to u64 (from < to; positions lacking of the header view's message)
 //! FETCH      start u64, end u64, from u64, to u64 (start <= from < to <= end: the image
 //!            start..end of your log, of which I lack from..to)
 //! LOG-PART   part (of the image start..end a FETCH asked for)
+//! GROUP      group (the newest the sender knows)
 //! ```
 //!
 //! [`packet::decode`] never panics and refuses anything truncated, with trailing bytes, of
@@ -458,6 +510,142 @@ impl Group {
         let receivers = self.receivers();
         receivers[(view % receivers.len() as u64) as usize]
     }
+
+    /// The senders, one bit per node id.
+    pub fn senders_mask(&self) -> u64 {
+        mask(self.roles.iter().map(|role| role.sender))
+    }
+
+    /// The receivers, one bit per node id.
+    pub fn receivers_mask(&self) -> u64 {
+        mask(self.roles.iter().map(|role| role.receiver))
+    }
+
+    /// The group whose senders and receivers are the bits set in `senders` and `receivers`
+    /// (node ids past the highest bit set are not in it).
+    pub fn from_masks(senders: u64, receivers: u64) -> Group {
+        let nodes = 64 - (senders | receivers).leading_zeros() as usize;
+        Group {
+            roles: (0..nodes)
+                .map(|i| Role {
+                    sender: senders & (1 << i) != 0,
+                    receiver: receivers & (1 << i) != 0,
+                })
+                .collect(),
+        }
+    }
+}
+
+fn mask(bits: impl Iterator<Item = bool>) -> u64 {
+    bits.enumerate()
+        .filter(|(_, set)| *set)
+        .fold(0, |mask, (i, _)| mask | 1 << i)
+}
+
+/// A group as the order knows it: the initial group is epoch 0, and every group change
+/// UTO-delivered makes the next. A view runs one group: its leader, members and failure
+/// detection are that group's; a view change needs a majority of this group's receivers
+/// and of the previous group's (the joint quorum that makes a change of one receiver at a
+/// time safe, see the crate docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupRecord {
+    /// Group changes applied since the initial group.
+    pub epoch: u32,
+    /// Senders, one bit per node id.
+    pub senders: u64,
+    /// Receivers, one bit per node id (never empty).
+    pub receivers: u64,
+    /// The receivers of the group before this one (epoch 0: its own).
+    pub previous_receivers: u64,
+}
+
+impl GroupRecord {
+    /// The initial group (epoch 0).
+    pub fn initial(group: &Group) -> GroupRecord {
+        let receivers = group.receivers_mask();
+        GroupRecord {
+            epoch: 0,
+            senders: group.senders_mask(),
+            receivers,
+            previous_receivers: receivers,
+        }
+    }
+
+    /// The group as roles.
+    pub fn group(&self) -> Group {
+        Group::from_masks(self.senders, self.receivers)
+    }
+
+    /// The next group: `change` applied, if it is the change of the next epoch and leaves
+    /// at least one receiver; `None` otherwise (the change is delivered and ignored).
+    pub fn apply(&self, change: &GroupChange) -> Option<GroupRecord> {
+        let node = usize::from(change.node.0);
+        if change.epoch != self.epoch.checked_add(1)? || node >= GROUP_NODES_MAX {
+            return None;
+        }
+        let bit = 1u64 << node;
+        let set = |mask: u64, on: bool| if on { mask | bit } else { mask & !bit };
+        let receivers = set(self.receivers, change.role.receiver);
+        (receivers != 0).then_some(GroupRecord {
+            epoch: change.epoch,
+            senders: set(self.senders, change.role.sender),
+            receivers,
+            previous_receivers: self.receivers,
+        })
+    }
+}
+
+/// A change of the group, proposed as a message ([`Node::propose_group_change`]): from
+/// `epoch` on, `node` has `role` (no role: removed). It takes effect where it is
+/// UTO-delivered, if `epoch` is one past the group's epoch there; one change changes one
+/// node, so at most one receiver, which is what keeps majorities of the old and the new
+/// group intersecting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupChange {
+    /// The epoch this change makes.
+    pub epoch: u32,
+    /// The node added, changed or removed.
+    pub node: NodeId,
+    /// Its role from then on.
+    pub role: Role,
+}
+
+/// First byte of every message in a log: an application message.
+pub(crate) const MESSAGE_APPLICATION: u8 = 0;
+/// First byte of a group change.
+pub(crate) const MESSAGE_GROUP_CHANGE: u8 = 1;
+/// Bytes of an encoded group change: kind, epoch u32, node u16, role u8.
+const GROUP_CHANGE_LEN: usize = 8;
+
+impl GroupChange {
+    /// The message bytes, as carried in the log.
+    pub(crate) fn encode(&self) -> Bytes {
+        let mut out = Vec::with_capacity(GROUP_CHANGE_LEN);
+        out.push(MESSAGE_GROUP_CHANGE);
+        out.extend_from_slice(&self.epoch.to_be_bytes());
+        out.extend_from_slice(&self.node.0.to_be_bytes());
+        out.push(u8::from(self.role.sender) | u8::from(self.role.receiver) << 1);
+        Bytes::from(out)
+    }
+
+    /// The change a log message holds; `None` if it is not one (another kind, or
+    /// malformed: delivered as nothing).
+    pub(crate) fn decode(message: &[u8]) -> Option<GroupChange> {
+        if message.len() != GROUP_CHANGE_LEN || message[0] != MESSAGE_GROUP_CHANGE {
+            return None;
+        }
+        let roles = message[7];
+        (roles <= 3).then(|| GroupChange {
+            epoch: u32::from_be_bytes(message[1..5].try_into().expect("4 bytes")),
+            node: NodeId(u16::from_be_bytes(
+                message[5..7].try_into().expect("2 bytes"),
+            )),
+            role: Role {
+                sender: roles & 1 != 0,
+                receiver: roles & 2 != 0,
+            },
+        })
+    }
 }
 
 /// Why a [`Group`] or [`Config`] cannot be used.
@@ -543,10 +731,12 @@ impl Config {
     }
 
     /// The largest message [`Node::propose`] accepts: one that fits a data packet alone,
-    /// without a piggybacked ACK.
+    /// without a piggybacked ACK, with the byte that tells an application message from a
+    /// group change.
     pub fn message_bytes_max(&self) -> usize {
-        self.packet_bytes_max()
-            .saturating_sub(packet::HEADER_LEN + packet::DATA_FIXED_LEN + packet::MESSAGE_OVERHEAD)
+        self.packet_bytes_max().saturating_sub(
+            packet::HEADER_LEN + packet::DATA_FIXED_LEN + packet::MESSAGE_OVERHEAD + 1,
+        )
     }
 
     /// Checks the settings; [`Node::new`] panics on what this refuses.
@@ -585,6 +775,10 @@ pub enum Start {
     Initial,
     /// After a crash, with nothing remembered: joins the current view.
     Restarted,
+    /// A node being added: it holds nothing, learns the current group from the others and
+    /// joins once a delivered group change made it a receiver (the group given to
+    /// [`Node::new`] need not contain it).
+    Added,
 }
 
 /// Where a packet goes.
@@ -653,6 +847,25 @@ pub enum Event {
         /// The member.
         node: NodeId,
     },
+    /// UTO delivery of a group change at `position` (it holds the place of a message). It
+    /// takes effect there if its epoch is one past the group's there
+    /// ([`GroupRecord::apply`]: an application that keeps the group in its state applies
+    /// it the same way); the next view runs the new group ([`Event::Group`]).
+    GroupChange {
+        /// The position.
+        position: u64,
+        /// The message's identity.
+        id: MsgId,
+        /// The change.
+        change: GroupChange,
+        /// Its bytes as proposed (for a checker).
+        message: Bytes,
+    },
+    /// The newest group this node knows changed (a group change delivered, or learnt from
+    /// a peer or a START-VIEW).
+    Group(GroupRecord),
+    /// This node is no longer a receiver of the group: it takes no further part.
+    Removed,
     /// A view started past positions this node had not delivered and no member it asked
     /// retained (or a view change cut the fetch short): the application must transfer
     /// state (only if `log_retain_entries` was too small).
@@ -676,4 +889,10 @@ pub enum ProposeError {
     /// `send_queue_messages_max` proposals already wait.
     #[error("send queue full")]
     QueueFull,
+    /// A group change names a node id of [`GROUP_NODES_MAX`] or more.
+    #[error("node id {0} is out of range")]
+    NodeId(u16),
+    /// A group change would leave the group without a receiver.
+    #[error("the group would have no receiver")]
+    NoReceiver,
 }

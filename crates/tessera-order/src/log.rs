@@ -355,6 +355,7 @@ mod repair_size_tests {
                     incarnation: 0,
                     view: 0,
                     status: Status::Normal,
+                    epoch: 0,
                 },
                 body: Body::Entries {
                     from: 0,

@@ -1,6 +1,7 @@
 //! The node: sender, receiver and view change in one sans-IO state machine.
 
 mod fetch;
+mod membership;
 mod receive;
 mod send;
 mod view;
@@ -10,8 +11,8 @@ use crate::packet::{self, Body, Header, ImagePart, LogImage, Packet};
 use crate::parts::Assembly;
 use crate::rtt::RttEstimator;
 use crate::{
-    Config, Destination, Event, Group, Micros, NodeId, ProposeError, Role, SenderId, Start, Status,
-    Transmit,
+    Config, Destination, Event, Group, GroupChange, GroupRecord, Micros, NodeId, ProposeError,
+    Role, SenderId, Start, Status, Transmit, MESSAGE_APPLICATION,
 };
 pub use fetch::FETCH_POSITIONS_MAX;
 
@@ -74,6 +75,8 @@ pub struct Stats {
     /// Time proposals waited while the window was full, microseconds (to the last time a
     /// packet was asked for).
     pub window_full_us: u64,
+    /// Group changes this node delivered that made the next epoch.
+    pub group_changes: u64,
 }
 
 /// A message of this node's, sent and not yet UTO-delivered.
@@ -237,8 +240,29 @@ struct StartViewSent {
     view: u64,
     members: u64,
     commit: u64,
+    /// The group it runs.
+    group: GroupRecord,
     /// Its image's bounds and hashes (entries empty).
     bounds: ImagePart,
+}
+
+/// What this node knows of the group: the one its view runs, the newest it heard of, and
+/// where its deliveries stand.
+#[derive(Debug)]
+struct Membership {
+    /// The group of the view we are in (or change to): leader, members, quorums.
+    record: GroupRecord,
+    /// The newest group known (a delivered change, a START-VIEW, a peer's word): a view
+    /// change runs it.
+    known: GroupRecord,
+    /// The epoch after the positions we delivered (a node that joined by state transfer
+    /// starts at its view's). A view of epoch `e` delivers nothing past the change that
+    /// makes `e + 1`: from there the next view's group counts the ACKs.
+    delivered_epoch: u32,
+    /// When we last told each node of a newer group than its header named.
+    told_at: BTreeMap<NodeId, Micros>,
+    /// No longer a receiver of the group.
+    removed: bool,
 }
 
 /// One member of the group: see the crate documentation for the protocol and the order in
@@ -247,6 +271,7 @@ struct StartViewSent {
 pub struct Node {
     config: Config,
     group: Group,
+    membership: Membership,
     id: NodeId,
     incarnation: u32,
     role: Role,
@@ -300,15 +325,33 @@ impl Node {
             !receivers.is_empty() && group.roles.len() <= crate::GROUP_NODES_MAX,
             "invalid group"
         );
-        let role = group.role(id).expect("node in the group");
+        let in_group = group.role(id).filter(|role| role.sender || role.receiver);
+        // A node not (or no longer) in the group it was given holds nothing and waits to
+        // hear of one that makes it a receiver.
+        let role = match (in_group, start) {
+            (Some(role), _) => role,
+            (None, Start::Initial) => panic!("node in the group"),
+            (None, _) => Role {
+                sender: false,
+                receiver: true,
+            },
+        };
         let all = receivers.iter().fold(0, |set, &node| set | bit(node));
         let status = match (role.receiver, start) {
             (false, _) => Status::Sender,
             (true, Start::Initial) => Status::Normal,
-            (true, Start::Restarted) => Status::Joining,
+            (true, Start::Restarted | Start::Added) => Status::Joining,
         };
+        let record = GroupRecord::initial(&group);
         let mut node = Node {
             config,
+            membership: Membership {
+                record,
+                known: record,
+                delivered_epoch: 0,
+                told_at: BTreeMap::new(),
+                removed: false,
+            },
             id,
             incarnation,
             role,
@@ -362,6 +405,21 @@ impl Node {
         self.role.receiver && self.last_normal.is_none()
     }
 
+    /// The group of this node's view (or of the view change in progress).
+    pub fn group_record(&self) -> GroupRecord {
+        self.membership.record
+    }
+
+    /// The newest group this node knows of.
+    pub fn known_group(&self) -> GroupRecord {
+        self.membership.known
+    }
+
+    /// Whether this node learnt that it is no longer a receiver of the group.
+    pub fn is_removed(&self) -> bool {
+        self.membership.removed
+    }
+
     /// Positions UTO-delivered.
     pub fn delivered(&self) -> u64 {
         self.receive.delivered
@@ -381,11 +439,14 @@ impl Node {
             .map(|(node, peer)| (node.0, peer.matched, peer.history.len()))
             .collect();
         format!(
-            "node {} inc {} {:?} view {} members {:#b} last_normal {:?} log {}..{} commit {} \
+            "node {} inc {} {:?} group {:?} known epoch {} delivered epoch {} view {} members {:#b} last_normal {:?} log {}..{} commit {} \
              delivered {} unacked {} (queue {}, next_seq {}, known view {}) peers(matched, history) {:?} pending {:?} leader order {:?} (+{})",
             self.id.0,
             self.incarnation,
             self.status,
+            self.membership.record,
+            self.membership.known.epoch,
+            self.membership.delivered_epoch,
             self.view,
             self.members,
             self.last_normal,
@@ -426,8 +487,43 @@ impl Node {
         if self.send.queue.len() >= self.config.send_queue_messages_max {
             return Err(ProposeError::QueueFull);
         }
-        self.send.queue.push_back(message);
+        let mut framed = Vec::with_capacity(message.len() + 1);
+        framed.push(MESSAGE_APPLICATION);
+        framed.extend_from_slice(&message);
+        self.send.queue.push_back(Bytes::from(framed));
         Ok(())
+    }
+
+    /// Broadcasts a change of the group in total order: from where it is UTO-delivered,
+    /// `node` has `role` (`Role { sender: false, receiver: false }`: removed), if nothing
+    /// changed the group since the newest group this node knows (the change names the
+    /// next epoch; a change that lost that race is delivered and ignored). The view after
+    /// it runs the new group. Refused like [`Node::propose`]; the change proposed.
+    pub fn propose_group_change(
+        &mut self,
+        node: NodeId,
+        role: Role,
+        _now: Micros,
+    ) -> Result<GroupChange, ProposeError> {
+        if !self.role.sender {
+            return Err(ProposeError::NotSender);
+        }
+        if usize::from(node.0) >= crate::GROUP_NODES_MAX {
+            return Err(ProposeError::NodeId(node.0));
+        }
+        if self.send.queue.len() >= self.config.send_queue_messages_max {
+            return Err(ProposeError::QueueFull);
+        }
+        let change = GroupChange {
+            epoch: self.membership.known.epoch + 1,
+            node,
+            role,
+        };
+        if self.membership.known.apply(&change).is_none() {
+            return Err(ProposeError::NoReceiver);
+        }
+        self.send.queue.push_back(change.encode());
+        Ok(change)
     }
 
     /// A packet arrived (from any node, this one included: a node receives its own
@@ -439,7 +535,14 @@ impl Node {
             return;
         };
         let header = packet.header;
-        let Some(role) = self.group.role(header.from) else {
+        if let Body::Group(record) = packet.body {
+            // From any node of the cluster: a node that missed changes may not know the
+            // node that tells it of them.
+            self.learn_group(record, now);
+            self.progress(now);
+            return;
+        }
+        let Some(role) = self.peer_role(header.from) else {
             self.stats.stale += 1;
             return;
         };
@@ -455,6 +558,9 @@ impl Node {
             self.new_incarnation(header.from, header.incarnation);
         }
         let own = header.from == self.id;
+        if !own {
+            self.tell_group(&header, now);
+        }
         if own {
             let lost = self.rtt.on_returned(bytes, now);
             self.own_returned(bytes, &lost);
@@ -479,6 +585,7 @@ impl Node {
                 | Body::Missing { .. }
                 | Body::Fetch { .. }
                 | Body::LogPart(_)
+                | Body::Group(_)
         );
         if ordering && !self.role.receiver {
             return;
@@ -505,15 +612,17 @@ impl Node {
             Body::DoViewChange {
                 last_normal,
                 commit,
+                group,
                 part,
-            } => self.on_vote_part(&header, last_normal, commit, part, now),
+            } => self.on_vote_part(&header, (last_normal, commit, group), part, now),
             Body::StartView {
                 members,
                 commit,
+                group,
                 part,
             } => {
                 if !own {
-                    self.on_start_view_part(&header, members, commit, part, now);
+                    self.on_start_view_part(&header, (members, commit, group), part, now);
                 }
             }
             Body::Missing { from, to } => self.on_missing(&header, from, to),
@@ -524,6 +633,7 @@ impl Node {
                 to,
             } => self.on_fetch(&header, (start, end), (from, to)),
             Body::LogPart(part) => self.on_log_part(&header, part, now),
+            Body::Group(_) => unreachable!("handled before the group's roles"),
         }
     }
 
@@ -645,6 +755,7 @@ impl Node {
                 self.send.known_view
             },
             status: self.status,
+            epoch: self.membership.known.epoch as u8,
         }
     }
 

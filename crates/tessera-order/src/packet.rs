@@ -5,13 +5,13 @@
 //! checksum, longer than [`PACKET_BYTES_MAX`], or with a field outside its range, and what it
 //! accepts encodes back to the same bytes (one packet, one encoding).
 
-use crate::{MsgId, NodeId, SenderId, Status};
+use crate::{GroupRecord, MsgId, NodeId, SenderId, Status};
 use bytes::Bytes;
 
 /// "TO": total order.
 pub const MAGIC: u16 = 0x544F;
 /// The version of this layout; checked first, so a later version may change all that follows.
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 /// Bytes of the fixed header.
 pub const HEADER_LEN: usize = 28;
 /// Largest packet the decoder takes. Every packet the node makes fits one UDP datagram
@@ -23,8 +23,8 @@ pub const ACK_FIXED_LEN: usize = 34;
 /// Bytes of one per-sender count in an [`Ack`] or a [`LogImage`].
 pub const COUNT_LEN: usize = 14;
 /// Bytes of an [`ImagePart`] besides its per-sender counts and entries, with the 16 bytes
-/// before it in a DO-VIEW-CHANGE or START-VIEW body.
-pub const PART_FIXED_LEN: usize = 16 + 8 + 8 + 2 + 8 + 8 + 8 + 4;
+/// and the group record before it in a DO-VIEW-CHANGE or START-VIEW body.
+pub const PART_FIXED_LEN: usize = 16 + GROUP_LEN + 8 + 8 + 2 + 8 + 8 + 8 + 4;
 /// Bytes of an entry of an [`ImagePart`] besides its message.
 pub const IMAGE_ENTRY_OVERHEAD: usize = 18;
 /// Bytes a data packet spends per message besides the message itself.
@@ -79,6 +79,9 @@ pub struct Header {
     pub view: u64,
     /// The sender's status in that view.
     pub status: Status,
+    /// The low byte of the newest group epoch the sender knows: a peer that knows a newer
+    /// group tells it ([`Body::Group`]).
+    pub epoch: u8,
 }
 
 /// A receiver's acknowledgement: its log in the header's view.
@@ -218,6 +221,8 @@ pub enum Body {
         last_normal: Option<u64>,
         /// Positions this node UTO-delivered.
         commit: u64,
+        /// The newest group it knows (the leader adopts a newer one before it chooses).
+        group: GroupRecord,
         /// A part of its log, from about the first position some member had not delivered.
         part: ImagePart,
     },
@@ -227,6 +232,8 @@ pub enum Body {
         members: u64,
         /// Positions known UTO-delivered by some node.
         commit: u64,
+        /// The group the view runs.
+        group: GroupRecord,
         /// A part of the view's log.
         part: ImagePart,
     },
@@ -253,6 +260,8 @@ pub enum Body {
     },
     /// The answer to [`Body::Fetch`]: a part of the image asked for.
     LogPart(ImagePart),
+    /// The newest group the sender knows, to a node whose header named an older epoch.
+    Group(GroupRecord),
 }
 
 /// One packet.
@@ -274,6 +283,9 @@ const KIND_START_VIEW: u8 = 7;
 const KIND_MISSING: u8 = 8;
 const KIND_FETCH: u8 = 9;
 const KIND_LOG_PART: u8 = 10;
+const KIND_GROUP: u8 = 11;
+/// Bytes of a [`GroupRecord`] in a packet.
+pub const GROUP_LEN: usize = 28;
 
 fn put_u16(out: &mut Vec<u8>, value: u16) {
     out.extend_from_slice(&value.to_be_bytes());
@@ -295,6 +307,14 @@ fn put_counts(out: &mut Vec<u8>, counts: &[(SenderId, u64)]) {
         put_u32(out, sender.incarnation);
         put_u64(out, *count);
     }
+}
+
+fn put_group(out: &mut Vec<u8>, group: &GroupRecord) {
+    assert!(group.receivers != 0 && group.previous_receivers != 0);
+    put_u32(out, group.epoch);
+    put_u64(out, group.senders);
+    put_u64(out, group.receivers);
+    put_u64(out, group.previous_receivers);
 }
 
 fn put_ack(out: &mut Vec<u8>, ack: &Ack) {
@@ -400,7 +420,7 @@ impl Packet {
         put_u32(&mut out, self.header.incarnation);
         put_u64(&mut out, self.header.view);
         out.push(self.header.status as u8);
-        out.push(0);
+        out.push(self.header.epoch);
         put_u32(&mut out, 0); // checksum, sealed below
         put_u32(&mut out, 0); // body length, written below
         self.encode_body(&mut out);
@@ -427,6 +447,7 @@ impl Packet {
             Body::Missing { .. } => KIND_MISSING,
             Body::Fetch { .. } => KIND_FETCH,
             Body::LogPart(_) => KIND_LOG_PART,
+            Body::Group(_) => KIND_GROUP,
         }
     }
 
@@ -470,20 +491,24 @@ impl Packet {
             Body::DoViewChange {
                 last_normal,
                 commit,
+                group,
                 part,
             } => {
                 assert!(*last_normal != Some(u64::MAX), "view u64::MAX is reserved");
                 put_u64(out, last_normal.unwrap_or(u64::MAX));
                 put_u64(out, *commit);
+                put_group(out, group);
                 put_part(out, part);
             }
             Body::StartView {
                 members,
                 commit,
+                group,
                 part,
             } => {
                 put_u64(out, *members);
                 put_u64(out, *commit);
+                put_group(out, group);
                 put_part(out, part);
             }
             Body::Missing { from, to } => {
@@ -506,6 +531,7 @@ impl Packet {
                 }
             }
             Body::LogPart(part) => put_part(out, part),
+            Body::Group(group) => put_group(out, group),
         }
     }
 }
@@ -657,6 +683,18 @@ impl<'a> Reader<'a> {
         }
         Ok(entries)
     }
+    fn group(&mut self) -> Result<GroupRecord, PacketError> {
+        let group = GroupRecord {
+            epoch: self.u32()?,
+            senders: self.u64()?,
+            receivers: self.u64()?,
+            previous_receivers: self.u64()?,
+        };
+        if group.receivers == 0 || group.previous_receivers == 0 {
+            return Err(PacketError::Field("group"));
+        }
+        Ok(group)
+    }
     fn part(&mut self) -> Result<ImagePart, PacketError> {
         let start = self.u64()?;
         let start_hash = self.u64()?;
@@ -699,9 +737,7 @@ pub fn decode(bytes: &[u8]) -> Result<Packet, PacketError> {
     let incarnation = reader.u32()?;
     let view = reader.u64()?;
     let status = Status::from_byte(reader.u8()?).ok_or(PacketError::Field("status"))?;
-    if reader.u8()? != 0 {
-        return Err(PacketError::Field("reserved"));
-    }
+    let epoch = reader.u8()?;
     let stored_checksum = reader.u32()?;
     let body_len = reader.u32()? as usize;
     if HEADER_LEN.checked_add(body_len) != Some(bytes.len()) {
@@ -719,6 +755,7 @@ pub fn decode(bytes: &[u8]) -> Result<Packet, PacketError> {
         incarnation,
         view,
         status,
+        epoch,
     };
     let body = decode_body(kind, &mut reader)?;
     if reader.remaining() != 0 {
@@ -775,20 +812,24 @@ fn decode_body(kind: u8, reader: &mut Reader<'_>) -> Result<Body, PacketError> {
                 view => Some(view),
             };
             let commit = reader.u64()?;
+            let group = reader.group()?;
             let part = reader.part()?;
             Body::DoViewChange {
                 last_normal,
                 commit,
+                group,
                 part,
             }
         }
         KIND_START_VIEW => {
             let members = reader.u64()?;
             let commit = reader.u64()?;
+            let group = reader.group()?;
             let part = reader.part()?;
             Body::StartView {
                 members,
                 commit,
+                group,
                 part,
             }
         }
@@ -816,6 +857,7 @@ fn decode_body(kind: u8, reader: &mut Reader<'_>) -> Result<Body, PacketError> {
             }
         }
         KIND_LOG_PART => Body::LogPart(reader.part()?),
+        KIND_GROUP => Body::Group(reader.group()?),
         other => return Err(PacketError::Kind(other)),
     })
 }
@@ -931,20 +973,29 @@ mod tests {
                     }
                 }
             ),
-            (proptest::option::of(0u64..u64::MAX), any::<u64>(), part()).prop_map(
-                |(last_normal, commit, part)| Body::DoViewChange {
+            (
+                proptest::option::of(0u64..u64::MAX),
+                any::<u64>(),
+                group(),
+                part()
+            )
+                .prop_map(|(last_normal, commit, group, part)| Body::DoViewChange {
                     last_normal,
                     commit,
+                    group,
                     part
+                }),
+            (any::<u64>(), any::<u64>(), group(), part()).prop_map(
+                |(members, commit, group, part)| {
+                    Body::StartView {
+                        members,
+                        commit,
+                        group,
+                        part,
+                    }
                 }
             ),
-            (any::<u64>(), any::<u64>(), part()).prop_map(|(members, commit, part)| {
-                Body::StartView {
-                    members,
-                    commit,
-                    part,
-                }
-            }),
+            group().prop_map(Body::Group),
             (any::<u64>(), 1u64..u64::MAX).prop_map(|(from, len)| Body::Missing {
                 from: from.min(u64::MAX - len),
                 to: from.min(u64::MAX - len) + len
@@ -961,9 +1012,27 @@ mod tests {
         ]
     }
 
+    fn group() -> impl Strategy<Value = GroupRecord> {
+        (any::<u32>(), any::<u64>(), 1u64.., 1u64..).prop_map(
+            |(epoch, senders, receivers, previous_receivers)| GroupRecord {
+                epoch,
+                senders,
+                receivers,
+                previous_receivers,
+            },
+        )
+    }
+
     fn packet() -> impl Strategy<Value = Packet> {
-        (0u16..64, any::<u32>(), any::<u64>(), 0usize..4, body()).prop_map(
-            |(from, incarnation, view, status, body)| Packet {
+        (
+            0u16..64,
+            any::<u32>(),
+            any::<u64>(),
+            0usize..4,
+            any::<u8>(),
+            body(),
+        )
+            .prop_map(|(from, incarnation, view, status, epoch, body)| Packet {
                 header: Header {
                     from: NodeId(from),
                     incarnation,
@@ -974,10 +1043,10 @@ mod tests {
                         Status::Joining,
                         Status::Sender,
                     ][status],
+                    epoch,
                 },
                 body,
-            },
-        )
+            })
     }
 
     proptest! {
@@ -1021,6 +1090,7 @@ mod tests {
                 incarnation: 2,
                 view: 3,
                 status: Status::Normal,
+                epoch: 0,
             },
             body: Body::Entries {
                 from: 4,
@@ -1085,6 +1155,7 @@ mod tests {
                 incarnation: 1,
                 view: 9,
                 status: Status::Normal,
+                epoch: 0,
             },
             body: Body::Data {
                 ack: None,

@@ -23,7 +23,10 @@
 //! ```
 
 use crate::check::{History, Process};
-use crate::{Config, Event, Group, Micros, Node, NodeId, SenderId, Start, Transmit};
+use crate::{
+    Config, Event, Group, GroupChange, GroupRecord, Micros, Node, NodeId, Role, SenderId, Start,
+    Transmit,
+};
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -97,6 +100,11 @@ pub struct Scenario {
     /// Crashes at given times, `(at, node, down for)`, besides the random ones; they obey
     /// the same limit (never a majority of receivers out) and stop at `faults_until_us`.
     pub scripted_crashes: Vec<(Micros, NodeId, Micros)>,
+    /// Node ids past the group's that may be added (as senders and receivers).
+    pub spare_nodes: usize,
+    /// Mean time between group changes (a spare node added, or a receiver removed: at
+    /// most one change under way), until `faults_until_us`; `None`: the group stays.
+    pub change_every_us: Option<Micros>,
 }
 
 impl Scenario {
@@ -115,6 +123,8 @@ impl Scenario {
             trunk_rate_bits_per_s: 1_000_000_000,
             reorder_delay_us_max: 200,
             scripted_crashes: Vec::new(),
+            spare_nodes: 0,
+            change_every_us: None,
         }
     }
 
@@ -172,6 +182,19 @@ impl Scenario {
         if rng.gen_bool(0.3) {
             config.repair_bytes_max = rng.gen_range(100..=2_000);
         }
+        // Group changes from a generator of their own, so that every draw above (and the
+        // scenarios of seeds before them) stays: in a third of the all-to-all runs, nodes
+        // are added and removed while the faults strike.
+        let mut changes = StdRng::seed_from_u64(crate::log::mix(seed ^ 0x6E0B_E75C));
+        let all_to_all = group.roles.iter().all(|role| role.sender && role.receiver);
+        let (spare_nodes, change_every_us) = if all_to_all && changes.gen_bool(0.35) {
+            (
+                changes.gen_range(1..=2),
+                Some(changes.gen_range(5_000..=40_000)),
+            )
+        } else {
+            (0, None)
+        };
         Scenario {
             group,
             config,
@@ -185,6 +208,8 @@ impl Scenario {
             trunk_rate_bits_per_s: 1_000_000_000,
             reorder_delay_us_max: 300,
             scripted_crashes: Vec::new(),
+            spare_nodes,
+            change_every_us,
         }
     }
 }
@@ -217,6 +242,13 @@ pub struct NetworkStats {
     /// Packets longer than one UDP datagram ([`DATAGRAM_BYTES_MAX`]), dropped as a UDP
     /// driver must.
     pub oversized: u64,
+    /// Group changes proposed (again, if one was not delivered in time), and delivered
+    /// with effect: nodes added, nodes removed.
+    pub changes_proposed: u64,
+    /// See `changes_proposed`.
+    pub nodes_added: u64,
+    /// See `changes_proposed`.
+    pub nodes_removed: u64,
 }
 
 /// Largest UDP payload over IPv4: longer packets cannot be sent, here as over UDP.
@@ -248,6 +280,8 @@ pub struct Outcome {
 pub const STEPS_AT_ONE_TIME_MAX: u64 = 100_000;
 
 struct Host {
+    /// In the group (or being added): it runs, crashes and restarts.
+    active: bool,
     node: Option<Node>,
     incarnation: u32,
     process: usize,
@@ -272,7 +306,21 @@ struct Sim<'a> {
     history: History,
     stats: NetworkStats,
     last_delivery_us: Micros,
+    /// The group after every change delivered so far (by any node).
+    group: GroupRecord,
+    /// The change under way, and when it was last proposed.
+    change: Option<(GroupChange, Micros)>,
+    /// Removed nodes still running, with the epoch that removed them: stopped once a
+    /// majority of the new group runs it (as an operator stops a removed process once the
+    /// change took effect; stopped at once, a removed member that alone delivered its
+    /// removal could leave the old group without a majority holding state).
+    retiring: Vec<(usize, u32)>,
+    next_change: Option<Micros>,
 }
+
+/// A change not delivered this long after it was proposed is proposed again (its proposer
+/// may have crashed).
+const CHANGE_RETRY_US: Micros = 30_000;
 
 /// Runs `scenario` with `seed`.
 pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
@@ -344,11 +392,18 @@ impl<'a> Sim<'a> {
             history: History::default(),
             stats: NetworkStats::default(),
             last_delivery_us: 0,
+            group: GroupRecord::initial(&scenario.group),
+            change: None,
+            retiring: Vec::new(),
+            next_change: None,
         };
         sim.next_crash = sim.draw(scenario.faults.crash_every_us);
         sim.next_partition = sim.draw(scenario.faults.partition_every_us);
-        for i in 0..scenario.group.roles.len() {
+        sim.next_change = sim.draw(scenario.change_every_us);
+        let nodes = scenario.group.roles.len();
+        for i in 0..nodes + scenario.spare_nodes {
             sim.hosts.push(Host {
+                active: i < nodes,
                 node: None,
                 incarnation: 0,
                 process: 0,
@@ -356,9 +411,20 @@ impl<'a> Sim<'a> {
                 cut_until: 0,
                 view_changes_before: 0,
             });
-            sim.boot(i, Start::Initial);
+            if i < nodes {
+                sim.boot(i, Start::Initial);
+            }
         }
         sim
+    }
+
+    /// A node's role in the group as it stands.
+    fn role(&self, host: usize) -> Role {
+        let bit = 1u64 << host;
+        Role {
+            sender: self.group.senders & bit != 0,
+            receiver: self.group.receivers & bit != 0,
+        }
     }
 
     fn draw(&mut self, every: Option<Micros>) -> Option<Micros> {
@@ -377,10 +443,15 @@ impl<'a> Sim<'a> {
             node_seed(self.seed, host, incarnation),
             self.now,
         );
+        // A node being added counts as a receiver: it must deliver once it is one.
+        let adding = self
+            .change
+            .is_some_and(|(change, _)| change.node == id && change.role.receiver);
+        let receiver = self.role(host).receiver || adding;
         self.history.processes.push(Process {
             node: id,
             incarnation,
-            receiver: self.scenario.group.roles[host].receiver,
+            receiver,
             ..Process::default()
         });
         let entry = &mut self.hosts[host];
@@ -433,9 +504,11 @@ impl<'a> Sim<'a> {
             consider(host.down_until);
         }
         consider(self.proposals.last().map(|p| p.0));
+        consider(self.change.map(|(_, at)| at + CHANGE_RETRY_US));
         if !self.healed {
             consider(self.next_crash);
             consider(self.next_partition);
+            consider(self.next_change);
             consider(
                 self.scenario
                     .scripted_crashes
@@ -459,7 +532,7 @@ impl<'a> Sim<'a> {
             self.arrive(host, &bytes);
         }
         for host in 0..self.hosts.len() {
-            if self.hosts[host].down_until.is_some_and(|at| at <= now) {
+            if self.hosts[host].active && self.hosts[host].down_until.is_some_and(|at| at <= now) {
                 self.hosts[host].incarnation += 1;
                 self.boot(host, Start::Restarted);
             }
@@ -481,8 +554,21 @@ impl<'a> Sim<'a> {
             let (_, host) = self.proposals.pop().expect("last exists");
             self.propose(host);
         }
+        if !self.retiring.is_empty() {
+            self.retire();
+        }
+        if self
+            .change
+            .is_some_and(|(_, at)| now >= at + CHANGE_RETRY_US)
+        {
+            self.propose_change();
+        }
         if !self.healed {
             self.faults();
+            if self.next_change.is_some_and(|at| at <= now) {
+                self.next_change = self.draw(self.scenario.change_every_us);
+                self.start_change();
+            }
         }
     }
 
@@ -534,6 +620,7 @@ impl<'a> Sim<'a> {
             return;
         };
         let mut transmits = Vec::new();
+        let mut changes = Vec::new();
         while let Some(transmit) = node.poll_transmit(now) {
             transmits.push(transmit);
         }
@@ -552,12 +639,163 @@ impl<'a> Sim<'a> {
                     process.joined_at.get_or_insert(position);
                 }
                 Event::Gap { from, to } => process.gaps.push((from, to)),
+                Event::GroupChange {
+                    position,
+                    id,
+                    change,
+                    message,
+                } => {
+                    process.deliveries.push((position, id, message));
+                    changes.push(change);
+                }
                 _ => {}
             }
         }
         for transmit in transmits {
             self.send(host, transmit);
         }
+        for change in changes {
+            self.group_changed(change);
+        }
+    }
+
+    /// A group change was delivered: the first delivery of the next epoch's change makes
+    /// the group; a removed node is stopped (its operator's part).
+    fn group_changed(&mut self, change: GroupChange) {
+        let Some(next) = self.group.apply(&change) else {
+            return;
+        };
+        self.group = next;
+        if self
+            .change
+            .is_some_and(|(pending, _)| pending.node == change.node)
+        {
+            self.change = None;
+        }
+        let host = usize::from(change.node.0);
+        if change.role.receiver {
+            self.stats.nodes_added += 1;
+            return;
+        }
+        self.stats.nodes_removed += 1;
+        self.retiring.push((host, change.epoch));
+    }
+
+    /// Stops the removed nodes whose removal a majority of the new group runs.
+    fn retire(&mut self) {
+        let receivers = self.group.receivers;
+        let running = |sim: &Sim<'_>, epoch: u32| {
+            let normal = (0..sim.hosts.len())
+                .filter(|&host| receivers & 1 << host != 0)
+                .filter(|&host| {
+                    sim.hosts[host].node.as_ref().is_some_and(|node| {
+                        node.status() == crate::Status::Normal && node.group_record().epoch >= epoch
+                    })
+                })
+                .count();
+            normal > receivers.count_ones() as usize / 2
+        };
+        let (done, left): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retiring)
+            .into_iter()
+            .partition(|&(_, epoch)| running(self, epoch));
+        self.retiring = left;
+        for (host, _) in done {
+            let entry = &mut self.hosts[host];
+            entry.active = false;
+            entry.down_until = None;
+            if let Some(node) = entry.node.take() {
+                entry.view_changes_before += node.stats().view_changes;
+                self.history.processes[entry.process].crashed = true;
+            }
+        }
+    }
+
+    /// Starts a group change, if none is under way: adds a spare node (booted now, as an
+    /// operator starts the process and then adds it) or removes a receiver, whichever keeps
+    /// a majority of every group concerned holding state.
+    fn start_change(&mut self) {
+        if self.change.is_some() || !self.retiring.is_empty() {
+            return;
+        }
+        let receivers = self.group.receivers;
+        let spare: Vec<usize> = (0..self.hosts.len())
+            .filter(|&host| !self.hosts[host].active && receivers & 1 << host == 0)
+            .collect();
+        let add = !spare.is_empty() && (receivers.count_ones() < 3 || self.rng.gen_bool(0.5));
+        let (host, role) = if add {
+            let host = spare[self.rng.gen_range(0..spare.len())];
+            let both = Role {
+                sender: true,
+                receiver: true,
+            };
+            (host, both)
+        } else {
+            let members = crate::node::members_of(receivers);
+            if members.len() <= 2 {
+                return;
+            }
+            let host = members[self.rng.gen_range(0..members.len())].0 as usize;
+            let none = Role {
+                sender: false,
+                receiver: false,
+            };
+            (host, none)
+        };
+        let bit = 1u64 << host;
+        let next = if add {
+            receivers | bit
+        } else {
+            receivers & !bit
+        };
+        // The added node counts as out (it is not up yet, and will hold nothing); a removed
+        // one is not in `next`.
+        let out_next = self.receivers_out(next);
+        if out_next > (next.count_ones() as usize - 1) / 2 {
+            return;
+        }
+        let change = GroupChange {
+            epoch: self.group.epoch + 1,
+            node: NodeId(host as u16),
+            role,
+        };
+        self.change = Some((change, self.now));
+        if add {
+            self.hosts[host].active = true;
+            self.hosts[host].incarnation += 1;
+            self.boot(host, Start::Added);
+        }
+        self.propose_change();
+    }
+
+    /// Proposes the change under way through a node of the group that is up.
+    fn propose_change(&mut self) {
+        let Some((change, _)) = self.change else {
+            return;
+        };
+        self.change = Some((change, self.now));
+        let senders: Vec<usize> = (0..self.hosts.len())
+            .filter(|&host| self.role(host).sender && self.hosts[host].node.is_some())
+            .collect();
+        if senders.is_empty() {
+            return;
+        }
+        let host = senders[self.rng.gen_range(0..senders.len())];
+        let incarnation = self.hosts[host].incarnation;
+        let node = self.hosts[host].node.as_mut().expect("up");
+        let Ok(proposed) = node.propose_group_change(change.node, change.role, self.now) else {
+            return;
+        };
+        self.stats.changes_proposed += 1;
+        let sender = SenderId {
+            node: NodeId(host as u16),
+            incarnation,
+        };
+        self.history
+            .proposals
+            .entry(sender)
+            .or_default()
+            .push(proposed.encode());
+        self.flush(host);
     }
 
     /// TX link, the sequencer link (FIFO), then switch B fans out over the RX links.
@@ -618,24 +856,37 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Receivers out of the count of those holding state: down, or restarted and not yet
-    /// in a view. At most a minority may be, or a view change could forget a delivery.
-    fn receivers_out(&self) -> usize {
+    /// Receivers of `receivers` (a bit set) out of the count of those holding state:
+    /// down, or restarted and not yet in a view. At most a minority of every group a view
+    /// change may count (the current one, the one before, the one a change under way
+    /// makes) may be, or a view change could forget a delivery.
+    fn receivers_out(&self, receivers: u64) -> usize {
         self.hosts
             .iter()
             .enumerate()
-            .filter(|(i, _)| self.scenario.group.roles[*i].receiver)
+            .filter(|(i, _)| receivers & 1 << i != 0)
             .filter(|(_, host)| host.node.as_ref().is_none_or(Node::is_fresh))
             .count()
+    }
+
+    /// Whether one more receiver out (`host`, about to crash) leaves a majority of every
+    /// group concerned holding state.
+    fn may_crash(&self, host: usize) -> bool {
+        let mut groups = vec![self.group.receivers, self.group.previous_receivers];
+        if let Some((change, _)) = self.change {
+            groups.extend(self.group.apply(&change).map(|next| next.receivers));
+        }
+        groups.into_iter().all(|receivers| {
+            let out = self.receivers_out(receivers) + usize::from(receivers & 1 << host != 0);
+            out <= (receivers.count_ones() as usize - 1) / 2
+        })
     }
 
     fn faults(&mut self) {
         let now = self.now;
         for &(at, node, down) in &self.scenario.scripted_crashes {
             let host = node.0 as usize;
-            let receiver = self.scenario.group.roles[host].receiver;
-            let tolerated = (self.scenario.group.receivers().len() - 1) / 2;
-            let allowed = !receiver || self.receivers_out() < tolerated;
+            let allowed = self.may_crash(host);
             if at == now && allowed && self.hosts[host].node.is_some() {
                 self.crash(host);
                 self.hosts[host].down_until = Some(now + down.max(1));
@@ -644,9 +895,7 @@ impl<'a> Sim<'a> {
         if self.next_crash.is_some_and(|at| at <= now) {
             self.next_crash = self.draw(self.scenario.faults.crash_every_us);
             let host = self.rng.gen_range(0..self.hosts.len());
-            let receiver = self.scenario.group.roles[host].receiver;
-            let tolerated = (self.scenario.group.receivers().len() - 1) / 2;
-            let allowed = !receiver || self.receivers_out() < tolerated;
+            let allowed = self.may_crash(host);
             if allowed && self.hosts[host].node.is_some() {
                 self.crash(host);
             }
@@ -680,7 +929,7 @@ impl<'a> Sim<'a> {
         self.healed = true;
         for host in 0..self.hosts.len() {
             self.hosts[host].cut_until = 0;
-            if self.hosts[host].node.is_none() {
+            if self.hosts[host].active && self.hosts[host].node.is_none() {
                 self.hosts[host].incarnation += 1;
                 self.boot(host, Start::Restarted);
             }
@@ -690,18 +939,21 @@ impl<'a> Sim<'a> {
     /// Every proposal made, every own message acked, every receiver a normal member of one
     /// view with the same deliveries.
     fn settled(&self) -> bool {
-        if !self.proposals.is_empty() {
+        if !self.proposals.is_empty() || self.change.is_some() || !self.retiring.is_empty() {
             return false;
         }
         let mut delivered = None;
         for (i, host) in self.hosts.iter().enumerate() {
+            if !host.active {
+                continue;
+            }
             let Some(node) = &host.node else {
                 return false;
             };
             if node.unacked() > 0 {
                 return false;
             }
-            if self.scenario.group.roles[i].receiver {
+            if self.role(i).receiver {
                 if node.status() != crate::Status::Normal || node.delivered() != node.log_end() {
                     return false;
                 }

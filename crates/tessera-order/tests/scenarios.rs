@@ -364,9 +364,14 @@ fn s3_4_a_view_change_under_load_carries_a_log_of_many_datagrams() {
 #[test]
 fn s3_4_a_member_behind_the_view_fetches_what_it_lacks() {
     let mut small_parts_sent = 0;
-    for seed in [472, 2452, 419] {
+    for seed in [419, 427, 795] {
         for small_parts in [false, true] {
             let mut scenario = Scenario::random(seed);
+            // Seeds of the sweep without its group changes (the kind byte every message
+            // carries since packet version 5 moved the runs: 472 and 2452 of the first
+            // choice no longer fall behind a view).
+            scenario.change_every_us = None;
+            scenario.spare_nodes = 0;
             if small_parts {
                 scenario.config.repair_bytes_max = 300;
             }
@@ -383,7 +388,9 @@ fn s3_4_a_member_behind_the_view_fetches_what_it_lacks() {
             }
         }
     }
-    // Measured: 94, 71 and 58 positions in 2, 2 and 1 parts; with 300-byte parts, 0, 47
-    // and 58 positions in 0, 15 and 27 parts (before: 2, 2 and 1 gaps in these runs).
+    // Measured: 58, 61 and 30 positions in 1, 3 and 2 parts; with 300-byte parts, 58, 0
+    // and 7 positions in 36, 0 and 7 parts. (On the first choice of seeds, 472, 2452 and
+    // 419 before packet version 5: 94, 71 and 58 positions where there had been 2, 2 and 1
+    // gaps.)
     assert!(small_parts_sent >= 10, "{small_parts_sent} parts");
 }

@@ -1,5 +1,6 @@
 //! The checker's sweep: thousands of seeded simulator runs with loss, reordering, crashes,
-//! restarts and partitions, each history checked for UTO1-UTO4 and FIFO.
+//! restarts, partitions and (in a third of the all-to-all runs) nodes added and removed by
+//! ordered group changes, each history checked for UTO1-UTO4 and FIFO.
 //!
 //! `TESSERA_ORDER_SEEDS=N` runs N seeds (the soak: millions), from
 //! `TESSERA_ORDER_SEED_START` (default 0); `TESSERA_ORDER_SEED=S` replays seed S alone and
@@ -69,6 +70,7 @@ fn seeded_runs_keep_uto_and_fifo() {
     let mut unsettled = Vec::new();
     let mut gaps = 0;
     let (mut oversized, mut parts, mut fetched) = (0, 0, 0);
+    let (mut changing_runs, mut added, mut removed) = (0, 0, 0);
     for seed in start..start + seeds {
         match run_seed(seed) {
             Ok(outcome) => {
@@ -82,6 +84,9 @@ fn seeded_runs_keep_uto_and_fifo() {
                     .map(|p| p.gaps.len() as u64)
                     .sum::<u64>();
                 crashes += outcome.stats.crashes;
+                changing_runs += u64::from(outcome.stats.changes_proposed > 0);
+                added += outcome.stats.nodes_added;
+                removed += outcome.stats.nodes_removed;
                 oversized += outcome.stats.oversized;
                 parts += outcome
                     .node_stats
@@ -121,7 +126,8 @@ fn seeded_runs_keep_uto_and_fifo() {
     println!(
         "{seeds} seeds from {start} in {:.1} s: {} violations; {crashes} crashes, {partitions} \
          partitions, {lost} packets lost, {view_changes} view changes, {delivered} deliveries, {gaps} gaps (state transfers), {fetched} positions fetched instead, {parts} view-change parts, \
-         {oversized} packets over a datagram; \
+         {oversized} packets over a datagram; group changes in {changing_runs} runs: {added} \
+         nodes added, {removed} removed; \
          {} runs reached the deadline unsettled {:?}",
         began.elapsed().as_secs_f64(),
         failures.len(),
@@ -137,5 +143,6 @@ fn seeded_runs_keep_uto_and_fifo() {
     // The sweep must exercise the faults it claims to.
     if seeds >= 500 {
         assert!(crashes > 0 && partitions > 0 && lost > 0 && view_changes > 0);
+        assert!(added > 0 && removed > 0);
     }
 }

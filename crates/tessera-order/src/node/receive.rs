@@ -83,7 +83,7 @@ impl Node {
         self.events.push_back(Event::Optimistic {
             position,
             id,
-            message,
+            message: super::membership::application_bytes(&message),
         });
         self.receive.ack_owed += 1;
         if self.receive.ack_owed >= self.config.ack_every_messages {
@@ -224,8 +224,7 @@ impl Node {
 
     pub(super) fn on_ack(&mut self, header: &Header, ack: &Ack, own: bool, now: Micros) {
         if self
-            .group
-            .role(header.from)
+            .peer_role(header.from)
             .is_some_and(|role| role.receiver)
         {
             self.on_sender_ack(header, ack);
@@ -301,6 +300,9 @@ impl Node {
 
     /// After any input: compare ACKs, advance the commit point, deliver, forget.
     pub(super) fn progress(&mut self, now: Micros) {
+        if self.reconfigure_due() {
+            self.start_view_change(self.view + 1, now);
+        }
         if !self.role.receiver || self.status != Status::Normal {
             return;
         }
@@ -323,23 +325,20 @@ impl Node {
 
     pub(super) fn deliver(&mut self) {
         // While fetching, the positions up to the view's log come first.
-        while self.receive.fetch.is_none() && self.receive.delivered < self.receive.commit {
+        while self.receive.fetch.is_none()
+            && self.receive.delivered < self.receive.commit
+            && self.epoch_open()
+        {
             let position = self.receive.delivered;
             let entry = self
                 .receive
                 .log
                 .get(position)
                 .expect("committed positions are retained");
-            self.events.push_back(Event::Deliver {
-                position,
-                id: entry.id,
-                message: entry.message.clone(),
-            });
-            *self
-                .receive
-                .delivered_counts
-                .entry(entry.id.sender)
-                .or_insert(0) += 1;
+            let (id, message) = (entry.id, entry.message.clone());
+            let event = self.delivery(position, id, &message);
+            self.events.push_back(event);
+            *self.receive.delivered_counts.entry(id.sender).or_insert(0) += 1;
             self.receive.delivered += 1;
             self.stats.delivered += 1;
         }

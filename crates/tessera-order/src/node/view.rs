@@ -5,7 +5,7 @@ use super::{bit, ChangeState, IncomingStartView, Node, StartViewSent, ViewChange
 use crate::log::Log;
 use crate::packet::{Body, Header, ImagePart, LogImage};
 use crate::parts::{parts_within, Assembly};
-use crate::{Destination, Event, Micros, NodeId, Status, REPAIR_PACKETS_MAX};
+use crate::{Destination, Event, GroupRecord, Micros, NodeId, Status, REPAIR_PACKETS_MAX};
 use rand::Rng;
 
 impl Node {
@@ -28,7 +28,12 @@ impl Node {
             Status::ViewChange if header.view == self.view => {
                 self.change.changing.insert(header.from);
             }
-            Status::Joining if self.status == Status::Normal && self.leader() == self.id => {
+            // Only a receiver of our group is let in (a removed one may still ask).
+            Status::Joining
+                if self.status == Status::Normal
+                    && self.leader() == self.id
+                    && self.membership.record.receivers & bit(header.from) != 0 =>
+            {
                 self.start_view_change(self.view + 1, now);
             }
             _ => {}
@@ -51,6 +56,8 @@ impl Node {
     /// Stops the fast path, promises view `view` (I4) and sends our state to its leader.
     pub(super) fn start_view_change(&mut self, view: u64, now: Micros) {
         assert!(view > self.view, "view change to {view} from {}", self.view);
+        // The view we change to runs the newest group we know.
+        self.set_record(self.membership.known);
         self.view = view;
         self.status = Status::ViewChange;
         self.members = 0;
@@ -99,6 +106,7 @@ impl Node {
             let body = Body::DoViewChange {
                 last_normal: self.last_normal,
                 commit: self.receive.delivered,
+                group: self.membership.known,
                 part,
             };
             self.stats.view_change_parts_sent += 1;
@@ -110,15 +118,17 @@ impl Node {
     pub(super) fn on_vote_part(
         &mut self,
         header: &Header,
-        last_normal: Option<u64>,
-        commit: u64,
+        (last_normal, commit, group): (Option<u64>, u64, GroupRecord),
         part: ImagePart,
         now: Micros,
     ) {
-        let receiver = self
-            .group
-            .role(header.from)
-            .is_some_and(|role| role.receiver);
+        if group.epoch > self.membership.known.epoch {
+            // The voter knows a newer group: the view change starts again with it (a
+            // quorum and a leader judged by an older group would not do).
+            self.learn_group(group, now);
+            return;
+        }
+        let receiver = self.voters() & bit(header.from) != 0;
         if !receiver
             || header.view != self.view
             || self.status != Status::ViewChange
@@ -152,8 +162,7 @@ impl Node {
     pub(super) fn on_start_view_part(
         &mut self,
         header: &Header,
-        members: u64,
-        commit: u64,
+        (members, commit, group): (u64, u64, GroupRecord),
         part: ImagePart,
         now: Micros,
     ) {
@@ -163,11 +172,13 @@ impl Node {
             .incoming_start_view
             .as_ref()
             .is_some_and(|incoming| incoming.view > header.view);
-        if !newer || assembling_later || header.from != self.group.leader(header.view) {
+        if !newer || assembling_later || header.from != group.group().leader(header.view) {
             return;
         }
         if members & bit(self.id) == 0 {
+            self.check_removed(&group);
             if header.view > self.view || self.status != Status::Joining {
+                self.know_group(group);
                 self.become_joining(header.view, now);
             }
             return;
@@ -185,7 +196,7 @@ impl Node {
         match whole {
             None => {}
             Some(Err(())) => self.stats.malformed += 1,
-            Some(Ok(log)) => self.on_start_view(header, members, commit, &log, now),
+            Some(Ok(log)) => self.on_start_view(header, (members, commit, group), &log, now),
         }
     }
 
@@ -207,7 +218,7 @@ impl Node {
         if !leading || self.status != Status::Normal || sent.view != self.view {
             return;
         }
-        let (members, commit) = (sent.members, sent.commit);
+        let (members, commit, group) = (sent.members, sent.commit, sent.group);
         let log = &self.receive.log;
         let bounds = &sent.bounds;
         let retained = log.start() <= bounds.start && bounds.end <= log.end();
@@ -218,21 +229,25 @@ impl Node {
             let parts = log.image_parts(bounds.start, bounds.end, self.config.repair_bytes_max);
             parts_within(parts, from, to, REPAIR_PACKETS_MAX)
         };
-        self.send_start_view(Destination::Node(header.from), members, commit, parts);
+        self.send_start_view(
+            Destination::Node(header.from),
+            (members, commit, group),
+            parts,
+        );
     }
 
     /// Queues START-VIEW to `to`, one packet per part of the chosen log.
     fn send_start_view(
         &mut self,
         to: Destination,
-        members: u64,
-        commit: u64,
+        (members, commit, group): (u64, u64, GroupRecord),
         parts: Vec<ImagePart>,
     ) {
         for part in parts {
             let body = Body::StartView {
                 members,
                 commit,
+                group,
                 part,
             };
             self.stats.view_change_parts_sent += 1;
@@ -250,7 +265,7 @@ impl Node {
         let pause = 2 * self.round_trip_us();
         let mut asks: Vec<(NodeId, (u64, u64))> = Vec::new();
         if self.leader() == self.id {
-            for node in self.group.receivers() {
+            for node in super::members_of(self.voters()) {
                 if node == self.id || self.change.votes.contains_key(&node) {
                     continue;
                 }
@@ -301,20 +316,21 @@ impl Node {
         let holding = self
             .change
             .votes
-            .values()
-            .filter(|vote| vote.last_normal.is_some())
-            .count();
-        if holding < self.group.majority() {
+            .iter()
+            .filter(|(_, vote)| vote.last_normal.is_some())
+            .fold(0, |set, (&node, _)| set | bit(node));
+        if !self.quorum(holding) {
             return;
         }
         let quorum_at = *self.change.quorum_at.get_or_insert(now);
-        let everyone = self.change.votes.len() == self.group.receivers().len();
+        let voters = super::members_of(self.voters());
+        let everyone = self.change.votes.len() == voters.len();
         // A receiver heard from lately is alive and its vote on its way: one left out would
         // ask to join at once and start the next view change, and with votes that carry long
         // logs (each a millisecond or more on the wire) it could be left out every time. So
         // the leader waits for the live ones up to half a view-change timeout, and for the
         // silent ones a heartbeat interval.
-        let live_missing = self.group.receivers().into_iter().any(|node| {
+        let live_missing = voters.into_iter().any(|node| {
             !self.change.votes.contains_key(&node)
                 && self
                     .last_heard
@@ -330,23 +346,28 @@ impl Node {
             return;
         }
         let (log, commit) = self.choose_log();
+        // Voters of the previous group only (being removed) vouch for the log, but are not
+        // members.
+        let group = self.membership.record;
         let members = self
             .change
             .votes
             .keys()
-            .fold(0, |set, &node| set | bit(node));
+            .fold(0, |set, &node| set | bit(node))
+            & group.receivers;
         let chosen = Log::from_image(&log).expect("chosen from whole, checked votes");
         let parts = chosen.image_parts(log.start, log.end(), self.config.repair_bytes_max);
         let bounds = ImagePart {
             entries: Vec::new(),
             ..parts[0].clone()
         };
-        self.send_start_view(Destination::All, members, commit, parts);
-        self.adopt_view(self.view, members, commit, &log, now);
+        self.send_start_view(Destination::All, (members, commit, group), parts);
+        self.adopt_view(self.view, (members, commit, group), &log, now);
         self.start_view_sent = Some(StartViewSent {
             view: self.view,
             members,
             commit,
+            group,
             bounds,
         });
     }
@@ -410,21 +431,26 @@ impl Node {
     pub(super) fn on_start_view(
         &mut self,
         header: &Header,
-        members: u64,
-        commit: u64,
+        (members, commit, group): (u64, u64, GroupRecord),
         log: &LogImage,
         now: Micros,
     ) {
         let newer =
             header.view > self.view || (header.view == self.view && self.status != Status::Normal);
-        if !newer || header.from != self.group.leader(header.view) {
+        if !newer || header.from != group.group().leader(header.view) {
             return;
         }
-        self.adopt_view(header.view, members, commit, log, now);
+        self.adopt_view(header.view, (members, commit, group), log, now);
     }
 
-    /// Enters `view` with its log, if a member; otherwise asks to join it.
-    fn adopt_view(&mut self, view: u64, members: u64, commit: u64, image: &LogImage, now: Micros) {
+    /// Enters `view` with its log and group, if a member; otherwise asks to join it.
+    fn adopt_view(
+        &mut self,
+        view: u64,
+        (members, commit, group): (u64, u64, GroupRecord),
+        image: &LogImage,
+        now: Micros,
+    ) {
         let Some(log) = Log::from_image(image).filter(|log| commit <= log.end()) else {
             self.stats.malformed += 1;
             return;
@@ -432,10 +458,17 @@ impl Node {
         // A START-VIEW of a later view may come while we fetch below this one's log (we
         // missed the view change): that fetch no longer applies.
         self.drop_fetch();
-        if members & bit(self.id) == 0 {
+        if members & bit(self.id) == 0 || group.receivers & bit(self.id) == 0 {
+            self.check_removed(&group);
+            self.know_group(group);
             self.become_joining(view, now);
             return;
         }
+        if self.last_normal.is_none() {
+            // Joined by state transfer: our deliveries start in the view's epoch.
+            self.membership.delivered_epoch = group.epoch;
+        }
+        self.set_record(group);
         self.receive.view_start = log.start();
         let log = self.keep_own_prefix(log);
         let delivered = self.receive.delivered;
@@ -521,7 +554,7 @@ impl Node {
             self.events.push_back(Event::Optimistic {
                 position,
                 id: entry.id,
-                message: entry.message.clone(),
+                message: super::membership::application_bytes(&entry.message),
             });
         }
         self.receive.optimistic_end = end;
