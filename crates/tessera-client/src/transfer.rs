@@ -204,7 +204,10 @@ impl Client {
         let mut in_flight = FuturesUnordered::new();
         let (mut at, mut total) = (offset, 0u64);
         let outcome = loop {
-            let data = match source.next(chunk) {
+            let want = stream.as_deref().map_or(chunk, |stream| {
+                stream.chunk_bytes_at(total, at, chunk as u64) as usize
+            });
+            let data = match source.next(want) {
                 Ok(data) => data,
                 Err(e) => break Err(e),
             };
@@ -221,8 +224,7 @@ impl Client {
                 (at, total) = (at + filled as u64, total + filled as u64);
                 in_flight.push(async move { ctx.write(self, start, &data).await.map(|()| filled) });
             }
-            while in_flight.len() >= TRANSFERS_IN_FLIGHT
-                || (filled < chunk && !in_flight.is_empty())
+            while in_flight.len() >= TRANSFERS_IN_FLIGHT || (filled < want && !in_flight.is_empty())
             {
                 match in_flight.next().await.expect("non-empty") {
                     Ok(done) => {
@@ -234,7 +236,7 @@ impl Client {
                     Err(e) => return Err(e),
                 }
             }
-            if filled < chunk {
+            if filled < want {
                 break Ok(total);
             }
         };
@@ -296,10 +298,21 @@ impl Client {
         let chunk = open.chunk_bytes(stream.as_deref());
         let len = len.min(open.size().saturating_sub(offset));
         let pacing = stream.as_ref().map(|stream| stream.pacing());
-        let chunks = (0..len.div_ceil(chunk)).map(|i| {
-            let at = offset + i * chunk;
-            let release = pacing.as_ref().map(|pacing| pacing.release(i * chunk));
-            let mut buf = vec![0u8; chunk.min(offset + len - at) as usize];
+        let mut done = 0;
+        let pieces = std::iter::from_fn(|| {
+            let piece = pacing.as_ref().map_or(chunk, |pacing| {
+                pacing.chunk_bytes_at(done, offset + done, chunk)
+            });
+            let piece = piece.min(len - done);
+            (piece > 0).then(|| {
+                done += piece;
+                (done - piece, piece)
+            })
+        });
+        let chunks = pieces.map(|(from, piece)| {
+            let at = offset + from;
+            let release = pacing.as_ref().map(|pacing| pacing.release(from));
+            let mut buf = vec![0u8; piece as usize];
             async move {
                 if let Some(release) = release {
                     tokio::time::sleep_until(release).await;

@@ -79,6 +79,14 @@ pub const CATCH_UP_US_MAX: Micros = 1_000;
 /// of the period before.
 pub const SEND_BY_MARGIN_DIVISOR: u64 = 16;
 
+/// A reserved session with the rate-based budget may send this share of its period's budget
+/// beyond it, at the reserved rate, while data stays queued: the reservation counts the application's bytes, and the
+/// session's payload carries their framing too (a request's header with every message).
+/// Stopped at the budget, the last packets of a period's requests waited for the next
+/// period, and the period missed its deadline by that wait (`lab radon`: 11-22% of deadlines
+/// met while the rate was 0.985-1.003 of the target).
+pub const FRAMING_ALLOWANCE_DIVISOR: u64 = 64;
+
 /// Shortest reservation period accepted.
 pub const PERIOD_US_MIN: Micros = 1_000;
 
@@ -574,9 +582,24 @@ impl Pacer {
         self.period_sent_bytes += sent.new_bytes;
         let budget = self.period_budget(reservation);
         if self.period_sent_bytes >= budget {
-            // This period's budget is out: the next packet belongs to the next period.
-            self.next_send_ns = self.deadline_ns.max(now_ns + wait_ns_min);
             self.round_sent_packets = 0;
+            let allowance = reservation.bytes_per_period() / FRAMING_ALLOWANCE_DIVISOR;
+            let next_period_ns = self.deadline_ns.max(now_ns + wait_ns_min);
+            let rate_based = self.config.budget == BudgetKind::Rate;
+            self.next_send_ns = if rate_based
+                && sent.queued_bytes > 0
+                && self.period_sent_bytes < budget.saturating_add(allowance)
+            {
+                // The budget is out and data still waits: the framing that came with the
+                // period's bytes goes now, at the reserved rate, not after the deadline.
+                let wait_ns = (u128::from(sent.payload_bytes.max(1)) * 1_000_000_000)
+                    .div_ceil(u128::from(reservation.rate_bytes_per_s));
+                let wait_ns = u64::try_from(wait_ns).unwrap_or(u64::MAX).max(wait_ns_min);
+                now_ns.saturating_add(wait_ns).min(next_period_ns)
+            } else {
+                // The next packet belongs to the next period.
+                next_period_ns
+            };
             return;
         }
         let left_bytes = budget - self.period_sent_bytes;
@@ -1077,7 +1100,8 @@ mod tests {
             let due = pacer.send_at(now).unwrap_or(now);
             now = if packets % 2 == 0 { due + 10 } else { due };
         }
-        assert_eq!(packets, 8_000);
+        // The budget, and with data still queued the framing allowance after it.
+        assert_eq!(packets, 8_000 + 8_000 / FRAMING_ALLOWANCE_DIVISOR);
         assert!(last < 97_000, "budget sent by {last} µs");
         assert_eq!(pacer.stats().deadlines_missed, 0);
         let reservation = Reservation {
@@ -1105,6 +1129,42 @@ mod tests {
         pacer.on_sent(sent(2_000_000, 1_000, 0), 0);
         pacer.on_sent(sent(3_000_000, 1_000, 0), 0);
         assert_eq!(pacer.stats().deadlines_missed, 1);
+    }
+
+    #[test]
+    fn the_framing_of_a_period_s_bytes_goes_before_its_deadline_and_no_more() {
+        // 1,000 packets of 1,000 bytes due in a second, sent by 15/16 of it; the application
+        // queued them with 1% more of framing, then a second period's worth behind them.
+        let reservation = Reservation {
+            rate_bytes_per_s: 1_000_000,
+            period_us: 1_000_000,
+        };
+        let mut pacer = Pacer::new(RadonConfig {
+            send_by_margin_divisor: SEND_BY_MARGIN_DIVISOR,
+            ..RadonConfig::default()
+        });
+        pacer.reserve(Some(reservation), 0);
+        let (mut now, mut sent_bytes) = (0, 0u64);
+        let mut queued: u64 = 3_000_000;
+        while now < 1_000_000 {
+            queued -= 1_000;
+            pacer.on_sent(sent(now, 1_000, queued), 0);
+            sent_bytes += 1_000;
+            now = pacer.send_at(now).expect("paced");
+        }
+        // In the first period: the budget, the framing, and no more than the allowance.
+        let allowance = 1_000_000 / FRAMING_ALLOWANCE_DIVISOR;
+        assert!(sent_bytes >= 1_010_000, "{sent_bytes}");
+        assert!(sent_bytes <= 1_000_000 + allowance + 1_000, "{sent_bytes}");
+        assert_eq!(now, 1_000_000, "the rest waits for the next period");
+        // Past the budget, the packets are a reserved rate's wait apart (1 ms each).
+        let mut pacer = Pacer::new(RadonConfig::default());
+        pacer.reserve(Some(reservation), 0);
+        for index in 0..1_000 {
+            pacer.on_sent(sent(index, 1_000, 1 << 30), 0);
+        }
+        assert_eq!(pacer.send_at(1_000), Some(1_999));
+        assert_eq!(pacer.stats().deadlines_missed, 0);
     }
 
     #[test]

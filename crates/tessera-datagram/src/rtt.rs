@@ -1,6 +1,7 @@
-//! Round-trip time estimation (Jacobson and Karels) and the retransmission timeout, and the
-//! smallest of the latest samples: the path's own round trip, without the queues and busy
-//! hosts that come and go.
+//! Round-trip time estimation (Jacobson and Karels) and the retransmission timeout, the
+//! smallest of the latest samples (the path's own round trip, without the queues and busy
+//! hosts that come and go), and how long the peer holds its ACKs (its ACK delay and its
+//! host's lateness, which round-trip samples leave out).
 
 use crate::Micros;
 
@@ -22,6 +23,9 @@ pub struct RttEstimator {
     recent: [Micros; RECENT_SAMPLES],
     recent_count: usize,
     recent_next: usize,
+    /// The peer's smoothed hold time of an ACK and its mean deviation, µs.
+    hold_us: Option<Micros>,
+    holdvar_us: Micros,
 }
 
 impl RttEstimator {
@@ -37,7 +41,38 @@ impl RttEstimator {
             recent: [0; RECENT_SAMPLES],
             recent_count: 0,
             recent_next: 0,
+            hold_us: None,
+            holdvar_us: 0,
         }
+    }
+
+    /// Folds in how long the peer held a packet before acknowledging it (the ACK delay it
+    /// reports: from the packet's arrival at its host to the ACK's sending), as
+    /// [`RttEstimator::on_sample`] folds in round trips.
+    pub fn on_hold(&mut self, held_us: Micros) {
+        if held_us > RTT_SAMPLE_US_MAX {
+            return;
+        }
+        match self.hold_us {
+            None => {
+                self.hold_us = Some(held_us);
+                self.holdvar_us = held_us / 2;
+            }
+            Some(hold_us) => {
+                self.holdvar_us = (3 * self.holdvar_us + hold_us.abs_diff(held_us)) / 4;
+                self.hold_us = Some((7 * hold_us + held_us) / 8);
+            }
+        }
+    }
+
+    /// How long past the round trip an ACK may come because the peer held it: its smoothed
+    /// hold time and four deviations, at most the RTO's maximum (0 before any sample). On a
+    /// busy host the peer's wake-ups are late by as much as the round trip or more, and a
+    /// timer that did not wait for them fired before the ACK of a packet that had arrived.
+    pub fn hold_allowance_us(&self) -> Micros {
+        self.hold_us
+            .map_or(0, |hold_us| hold_us + 4 * self.holdvar_us)
+            .min(self.rto_us_max)
     }
 
     /// Folds one RTT sample in: srtt += (r - srtt)/8, rttvar += (|r - srtt| - rttvar)/4,
@@ -118,6 +153,39 @@ mod tests {
         assert_eq!(rtt.rto_us_backed_off(3), 2_400);
         assert_eq!(rtt.rto_us_backed_off(40), 200_000);
         assert_eq!(rtt.rto_us_backed_off(100), 200_000);
+    }
+
+    #[test]
+    fn the_hold_allowance_follows_a_late_peer_and_comes_back() {
+        let mut rtt = RttEstimator::new(2_000, 300, 200_000);
+        assert_eq!(rtt.hold_allowance_us(), 0);
+        for _ in 0..50 {
+            rtt.on_hold(100);
+        }
+        assert_eq!(rtt.hold_allowance_us(), 100);
+        // A peer whose host wakes 0-300 µs late: the allowance covers most of its holds.
+        let holds: Vec<Micros> = (0..200u64).map(|i| 100 + (i * 37) % 300).collect();
+        for &held in &holds {
+            rtt.on_hold(held);
+        }
+        let covered = holds
+            .iter()
+            .filter(|&&held| held <= rtt.hold_allowance_us())
+            .count();
+        assert!(
+            covered * 100 >= holds.len() * 95,
+            "{covered} of {}",
+            holds.len()
+        );
+        // A stall of 5 ms raises it; prompt ACKs bring it back.
+        rtt.on_hold(5_000);
+        assert!(rtt.hold_allowance_us() >= 5_000);
+        for _ in 0..100 {
+            rtt.on_hold(100);
+        }
+        assert!(rtt.hold_allowance_us() < 200, "{}", rtt.hold_allowance_us());
+        rtt.on_hold(u64::MAX);
+        assert!(rtt.hold_allowance_us() <= 200_000);
     }
 
     #[test]

@@ -9,6 +9,11 @@
 //! wake-up the test asked for) and calls the test's closure, which plays the applications,
 //! after every step.
 //!
+//! A host may run late ([`Sim::set_lateness`]): like a driver thread on a busy machine, it
+//! acts only when it wakes, some time after its timer or a datagram called it, and then
+//! reads every datagram that came meanwhile (with its arrival time, as the kernel stamps it),
+//! runs its timers and sends what it may.
+//!
 //! Everything is drawn from the seed given to [`Sim::new`]: the same seed replays the same
 //! run. If a test panics while a `Sim` is alive, the seed is printed.
 //!
@@ -202,6 +207,27 @@ struct Host {
     endpoint: Endpoint,
     up: bool,
     incarnation: u64,
+    /// How late the host wakes; `None`: at once.
+    lateness: Option<Lateness>,
+    /// Datagrams that reached a late host while it slept, with their arrival times.
+    inbox: Vec<(Micros, InTransit)>,
+    /// When a late host, called, wakes next.
+    wake_at: Option<Micros>,
+    /// Whether a late host is awake in the current step (it sends only then).
+    awake: bool,
+}
+
+/// How late a host wakes each time something calls it (a timer, a datagram, the
+/// application): uniformly `0..=late_us_max`, and with probability `stall` longer, by up to
+/// `stall_us_max` more (a host that was not scheduled for a while).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Lateness {
+    /// The most a wake-up is late in the common case, µs.
+    pub late_us_max: Micros,
+    /// The chance that a wake-up stalls.
+    pub stall: f64,
+    /// The most a stall adds, µs.
+    pub stall_us_max: Micros,
 }
 
 /// The simulated network and its endpoints.
@@ -285,6 +311,10 @@ impl Sim {
             endpoint,
             up: true,
             incarnation: 0,
+            lateness: None,
+            inbox: Vec::new(),
+            wake_at: None,
+            awake: false,
         });
     }
 
@@ -401,6 +431,34 @@ impl Sim {
         self.schedule(at, from, to, contents);
     }
 
+    /// Makes the host at `addr` wake late ([`Lateness`]; `None`: at once, the default).
+    pub fn set_lateness(&mut self, addr: SocketAddr, lateness: Option<Lateness>) {
+        let host = self.host(addr);
+        self.hosts[host].lateness = lateness;
+    }
+
+    /// The application gave the host at `addr` something to do (a message to send): a late
+    /// host wakes for it, late; any other sends it at once.
+    pub fn notify(&mut self, addr: SocketAddr) {
+        let host = self.host(addr);
+        self.call(host);
+    }
+
+    /// Something calls a late host: it wakes after its lateness, unless already called.
+    fn call(&mut self, host: usize) {
+        let Some(lateness) = self.hosts[host].lateness else {
+            return;
+        };
+        if self.hosts[host].wake_at.is_some() {
+            return;
+        }
+        let mut late = self.rng.gen_range(0..=lateness.late_us_max);
+        if lateness.stall > 0.0 && self.rng.gen_bool(lateness.stall) {
+            late += self.rng.gen_range(0..=lateness.stall_us_max);
+        }
+        self.hosts[host].wake_at = Some(self.now + late);
+    }
+
     /// Makes `run_until` step at `at` even if nothing else happens then, so that the
     /// closure runs (an application that acts later, like one slow to drain its events).
     pub fn wake_at(&mut self, at: Micros) {
@@ -478,6 +536,9 @@ impl Sim {
             if !self.hosts[host].up {
                 continue;
             }
+            if self.hosts[host].lateness.is_some() && !self.hosts[host].awake {
+                continue;
+            }
             let from = self.hosts[host].addr;
             while let Some(transmit) = self.hosts[host].endpoint.poll_transmit(now) {
                 self.route(from, transmit.destination, transmit.contents);
@@ -487,11 +548,15 @@ impl Sim {
 
     fn next_time(&self) -> Option<Micros> {
         let datagram = self.queue.keys().next().map(|&(at, _)| at);
+        // A late host's timer calls it; it acts when it wakes.
         let timer = self
             .hosts
             .iter()
             .filter(|host| host.up)
-            .filter_map(|host| host.endpoint.poll_timeout())
+            .filter_map(|host| match host.wake_at {
+                Some(wake_at) => Some(wake_at),
+                None => host.endpoint.poll_timeout(),
+            })
             .min();
         let wakeup = self.wakeups.first().copied();
         [datagram, timer, wakeup].into_iter().flatten().min()
@@ -540,6 +605,17 @@ impl Sim {
             self.stats.unroutable += 1;
             return;
         }
+        if self.hosts[host].lateness.is_some() {
+            self.hosts[host].inbox.push((now, datagram));
+            self.call(host);
+            return;
+        }
+        self.receive(host, datagram, now);
+    }
+
+    /// The host reads a datagram that arrived at `arrived`.
+    fn receive(&mut self, host: usize, datagram: InTransit, arrived: Micros) {
+        let now = self.now;
         if let Some(tracer) = self.tracer.as_mut() {
             tracer(&TraceEvent {
                 now,
@@ -551,14 +627,20 @@ impl Sim {
         }
         self.stats.delivered += 1;
         self.stats.bytes_delivered += datagram.contents.len() as u64;
-        self.hosts[host]
-            .endpoint
-            .handle_datagram(datagram.from, &datagram.contents, now);
+        self.hosts[host].endpoint.handle_datagram_arrived(
+            datagram.from,
+            &datagram.contents,
+            arrived,
+            now,
+        );
     }
 
     /// Handles everything due at the current virtual time.
     fn step(&mut self) {
         let now = self.now;
+        for host in &mut self.hosts {
+            host.awake = false;
+        }
         while let Some(entry) = self.queue.first_entry() {
             if entry.key().0 > now {
                 break;
@@ -569,13 +651,50 @@ impl Sim {
                 Stage::Endpoint => self.deliver(datagram),
             }
         }
-        for host in &mut self.hosts {
+        for host in 0..self.hosts.len() {
+            if self.hosts[host].lateness.is_some() {
+                self.step_late_host(host);
+                continue;
+            }
+            let host = &mut self.hosts[host];
             if host.up && host.endpoint.poll_timeout().is_some_and(|at| at <= now) {
                 host.endpoint.handle_timeout(now);
             }
         }
         while self.wakeups.first().is_some_and(|&at| at <= now) {
             self.wakeups.pop_first();
+        }
+    }
+
+    /// A late host: its due timer calls it; once awake it reads what came and runs its timers.
+    fn step_late_host(&mut self, host: usize) {
+        let now = self.now;
+        if !self.hosts[host].up {
+            self.hosts[host].wake_at = None;
+            self.hosts[host].inbox.clear();
+            return;
+        }
+        if self.hosts[host]
+            .endpoint
+            .poll_timeout()
+            .is_some_and(|at| at <= now)
+        {
+            self.call(host);
+        }
+        if self.hosts[host].wake_at.is_none_or(|at| at > now) {
+            return;
+        }
+        self.hosts[host].wake_at = None;
+        self.hosts[host].awake = true;
+        for (arrived, datagram) in std::mem::take(&mut self.hosts[host].inbox) {
+            self.receive(host, datagram, arrived);
+        }
+        if self.hosts[host]
+            .endpoint
+            .poll_timeout()
+            .is_some_and(|at| at <= now)
+        {
+            self.hosts[host].endpoint.handle_timeout(now);
         }
     }
 

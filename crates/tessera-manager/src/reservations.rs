@@ -24,6 +24,22 @@ pub const RESERVATION_LEASE: Duration = Duration::from_secs(10);
 /// Most reservations admitted at once (a bound on what clients can make the manager hold).
 pub const RESERVATIONS_MAX: usize = 65_536;
 
+/// Bytes a full-size packet takes on an Ethernet link besides its payload: Ethernet's header
+/// (14), IPv4 (20), UDP (8) and the datagram header with its tag (60).
+pub const PACKET_OVERHEAD_BYTES: u64 = 14 + 20 + 8 + tessera_datagram::OVERHEAD_LEN as u64;
+
+/// Payload of a full-size packet at an MTU of 1500 bytes (the IP packet less IPv4, UDP and
+/// the datagram header): a stream's bytes go in packets of this size.
+pub const PACKET_PAYLOAD_BYTES: u64 = 1500 - 20 - 8 - tessera_datagram::OVERHEAD_LEN as u64;
+
+/// What a stream of `payload_bytes_per_s` takes of a link: its payload and the headers of
+/// the full-size packets that carry it (7% more at an MTU of 1500).
+pub fn wire_bytes_per_s(payload_bytes_per_s: u64) -> u64 {
+    let wire =
+        u128::from(payload_bytes_per_s) * u128::from(PACKET_PAYLOAD_BYTES + PACKET_OVERHEAD_BYTES);
+    u64::try_from(wire.div_ceil(u128::from(PACKET_PAYLOAD_BYTES))).unwrap_or(u64::MAX)
+}
+
 /// The share of a link reservations may take unless configured, in thousandths.
 pub const RESERVABLE_SHARE_DEFAULT_MILLIS: u64 = 900;
 
@@ -59,7 +75,8 @@ impl LinkCapacity {
     fn source(&self) -> String {
         let link = self.link_bytes_per_s.unwrap_or(0);
         format!(
-            "{} of the {:.2} MB/s link rate configured on the manager with --link-rate",
+            "{} of the {:.2} MB/s link rate configured on the manager with --link-rate; \
+             rates on the wire, with packet headers",
             self.reservable_share_millis as f64 / 1_000.0,
             link as f64 / 1e6
         )
@@ -68,15 +85,16 @@ impl LinkCapacity {
 
 /// The server links a stream of the file `meta` at `rate` bytes/s crosses, and what it asks
 /// of each: its rate over the file's data columns per column the server holds (a read takes
-/// that from each data column, a write puts it, parity included, on every column). `addr`
-/// names a server's address, if known.
+/// that from each data column, a write puts it, parity included, on every column), on the
+/// wire, headers counted ([`wire_bytes_per_s`]; counting payload only, streams booked to
+/// 0.9 of a link's payload overflowed it). `addr` names a server's address, if known.
 pub fn links_of(
     meta: &FileMeta,
     rate: u64,
     addr: impl Fn(ServerId) -> Option<String>,
 ) -> Vec<(String, u64)> {
     let data_columns = u64::from(meta.layout.data_per_stripe().max(1));
-    let per_column = rate.div_ceil(data_columns);
+    let per_column = wire_bytes_per_s(rate.div_ceil(data_columns));
     let mut links = BTreeMap::<ServerId, u64>::new();
     for &server in &meta.servers {
         *links.entry(server).or_default() += per_column;
@@ -247,6 +265,21 @@ mod tests {
     }
 
     #[test]
+    fn streams_take_their_packets_headers_of_a_link() {
+        // 1,412 bytes of payload travel in a 1,514-byte frame.
+        assert_eq!(PACKET_PAYLOAD_BYTES + PACKET_OVERHEAD_BYTES, 1_514);
+        assert_eq!(wire_bytes_per_s(1_412), 1_514);
+        assert_eq!(wire_bytes_per_s(1), 2);
+        assert_eq!(wire_bytes_per_s(0), 0);
+        assert_eq!(wire_bytes_per_s(u64::MAX), u64::MAX);
+        // Five of six fairshare streams of the lab (0.166 of its port's payload, 23.58 MB/s)
+        // fit in 0.9 of the 25 MB/s link, with their headers.
+        let stream = wire_bytes_per_s(3_914_267);
+        assert_eq!(stream, 4_197_026);
+        assert!(5 * stream <= 22_500_000 && 6 * stream > 22_500_000);
+    }
+
+    #[test]
     fn a_reservation_that_does_not_fit_is_refused_naming_the_link() {
         let now = Instant::now();
         let mut reservations = Reservations::new(capacity(100_000_000));
@@ -270,7 +303,7 @@ mod tests {
                 available_bytes_per_s: 30_000_000,
                 reservable_bytes_per_s: 90_000_000,
                 capacity: "0.9 of the 100.00 MB/s link rate configured on the manager with \
-                           --link-rate"
+                           --link-rate; rates on the wire, with packet headers"
                     .into(),
             }
         );
@@ -278,7 +311,7 @@ mod tests {
             refused.to_string(),
             "reservation refused: server 1 has 30.00 MB/s of 90.00 MB/s reservable left, 40.00 \
              MB/s asked (0.9 of the 100.00 MB/s link rate configured on the manager with \
-             --link-rate)"
+             --link-rate; rates on the wire, with packet headers)"
         );
         // The refused one took nothing anywhere.
         assert_eq!(reservations.load("server 2"), 0);
@@ -326,7 +359,8 @@ mod tests {
     }
 
     /// Through the manager: a RAID-5 file over three servers puts half a stream's rate on
-    /// each server's link (two data columns).
+    /// each server's link (two data columns), with the headers of its packets (50 MB/s of
+    /// payload take 53.61 MB/s of the link).
     #[test]
     fn the_manager_admits_streams_of_a_file_on_its_servers_links() {
         use crate::{Manager, ManagerConfig};
@@ -379,11 +413,11 @@ mod tests {
         assert!(
             refused
                 .to_string()
-                .starts_with("reservation refused: server 1 (127.0.0.1:7001) has 40.00 MB/s"),
+                .starts_with("reservation refused: server 1 (127.0.0.1:7001) has 36.39 MB/s"),
             "{refused}"
         );
         assert!(matches!(
-            manager.handle(reserve(80_000_000), now),
+            manager.handle(reserve(60_000_000), now),
             ManagerResponse::Reserved { .. }
         ));
         let release = ManagerRequest::ReleaseReservation { id };
@@ -399,7 +433,7 @@ mod tests {
         // The lease runs out at the tick after it ends.
         manager.tick(now + RESERVATION_LEASE);
         assert!(matches!(
-            manager.handle(reserve(180_000_000), now + RESERVATION_LEASE),
+            manager.handle(reserve(160_000_000), now + RESERVATION_LEASE),
             ManagerResponse::Reserved { .. }
         ));
     }

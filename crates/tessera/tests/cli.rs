@@ -1219,7 +1219,7 @@ fn reservations_that_do_not_fit_a_link_are_refused() {
         &line,
         &[
             "reservation refused: server",
-            "has 9.00 MB/s of 9.00 MB/s reservable left, 10.00 MB/s asked",
+            "has 9.00 MB/s of 9.00 MB/s reservable left, 10.60 MB/s asked",
             "--link-rate",
         ],
     );
