@@ -357,6 +357,11 @@ impl FileContext {
     ) -> Result<(), ClientError> {
         match self.rpc(client, op.column, op.request, op.payload).await {
             Ok(_) => Ok(()),
+            // The manager removed the file (a lease that ran out under a stalled writer): no
+            // column owes anything of it, and no other write of it can succeed.
+            Err(Fault::Refused(e @ StorageError::Removed { .. })) => {
+                Err(self.storage_error(op.column, e))
+            }
             Err(fault) => {
                 if let Fault::Refused(e) = &fault {
                     tracing::warn!("write to column {} refused: {e}", op.column);

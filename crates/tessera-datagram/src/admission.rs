@@ -19,6 +19,13 @@
 //!   a flood cannot keep out a real client, whose session completes its first message in a few
 //!   round trips.
 //! - **Expiry.** A half-open session silent for `half_open_timeout_us` is evicted.
+//! - **Idle sessions.** An established session a peer opened and from which nothing arrives
+//!   for `idle_timeout_us` is closed with a RESET, so that an authenticated peer that opens
+//!   its address's share of sessions and goes silent keeps later sessions out for that long
+//!   at most. A client whose idle session was closed learns it from the RESET (or, if that is
+//!   lost, from the RESET that answers its next packet, which is then sent again on a new
+//!   session), so a quiet but live client goes on working; sessions this endpoint opened
+//!   never expire here.
 //!
 //! Everything here is sans-IO: time comes in as an argument.
 
@@ -45,6 +52,10 @@ pub struct AdmissionConfig {
     pub half_open_sessions_max: usize,
     /// A half-open session silent this long is evicted, µs.
     pub half_open_timeout_us: Micros,
+    /// An established session a peer opened that sends nothing for this long, µs, is
+    /// closed (a RESET tells the peer, which keys a new session when it next calls), so that
+    /// sessions left idle never hold their address's share of the table for good.
+    pub idle_timeout_us: Micros,
 }
 
 impl Default for AdmissionConfig {
@@ -57,6 +68,10 @@ impl Default for AdmissionConfig {
             sources_max: 16_384,
             half_open_sessions_max: 1024,
             half_open_timeout_us: 1_000_000,
+            // Three client request timeouts (10 s): an answer is never owed on a session
+            // idle this long, since its caller gave up long before. Far above the RTO (at most
+            // 200 ms) and the time after which a silent peer is lost (1 s).
+            idle_timeout_us: 30_000_000,
         }
     }
 }
@@ -71,6 +86,7 @@ impl AdmissionConfig {
             && self.sources_max >= 1
             && self.half_open_sessions_max >= 1
             && self.half_open_timeout_us >= 1
+            && self.idle_timeout_us >= 1
     }
 }
 

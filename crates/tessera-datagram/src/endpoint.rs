@@ -79,6 +79,10 @@ pub struct Endpoint {
     half_open: BTreeSet<(Micros, SessionId)>,
     /// When each half-open session was last heard: its key in `half_open`.
     half_open_heard: BTreeMap<SessionId, Micros>,
+    /// Established sessions peers opened, by the time each is filed under (when it was last
+    /// heard, as of its filing; its `heard_at` may be later, and it is filed again then
+    /// rather than on every packet). See [`crate::AdmissionConfig::idle_timeout_us`].
+    idle: BTreeSet<(Micros, SessionId)>,
     /// Keys admitted for sessions peers will open, oldest first ([`Endpoint::admit`]).
     admitted: BTreeMap<SessionId, Key>,
     admitted_order: VecDeque<SessionId>,
@@ -184,6 +188,7 @@ impl Endpoint {
             admission: Admission::new(),
             half_open: BTreeSet::new(),
             half_open_heard: BTreeMap::new(),
+            idle: BTreeSet::new(),
             admitted: BTreeMap::new(),
             admitted_order: VecDeque::new(),
             messages_held: Held::default(),
@@ -651,6 +656,46 @@ impl Endpoint {
         true
     }
 
+    /// Closes the established sessions peers opened that nothing arrived on for
+    /// [`crate::AdmissionConfig::idle_timeout_us`]: a RESET tells the peer (which keys a new session
+    /// when it next calls; if the RESET is lost, the one that answers its next packet does,
+    /// since the session is remembered as forgotten), and the application gets
+    /// [`Event::Lost`] with [`LossReason::Idle`]. A session heard since it was filed is filed
+    /// again under that time instead: one re-filing per idle period, not one per packet.
+    fn expire_idle(&mut self, now: Micros) {
+        let timeout_us = self.config.admission.idle_timeout_us;
+        while let Some(&(filed, id)) = self.idle.first() {
+            if filed.saturating_add(timeout_us) > now {
+                break;
+            }
+            self.idle.remove(&(filed, id));
+            let session = self.sessions.get_mut(&id).expect("idle sessions are known");
+            if session.heard_at.saturating_add(timeout_us) > now {
+                session.idle_filed = Some(session.heard_at);
+                self.idle.insert((session.heard_at, id));
+                continue;
+            }
+            session.idle_filed = None;
+            let peer = session.peer;
+            self.remove(id);
+            self.queue_reset(peer, id, now, false);
+            self.remember(id, peer, Forgotten::Lost);
+            self.events.push_back(PendingEvent {
+                event: Event::Lost {
+                    session: id,
+                    peer,
+                    reason: LossReason::Idle,
+                },
+                session: id,
+                packets: 0,
+                bytes: 0,
+            });
+            self.stats.sessions_lost += 1;
+            self.stats.idle_sessions_closed += 1;
+            self.grants_due = true;
+        }
+    }
+
     /// Forgets a half-open session without a word to anyone: the application never heard
     /// of it, and an honest peer's retransmission of its first packet opens it again (one
     /// past the initial window is answered with a RESET, so the peer starts over).
@@ -668,6 +713,7 @@ impl Endpoint {
         let (source, before) = (session.peer.ip(), Footprint::of(session));
         let room = self.room(source);
         let session = self.sessions.get_mut(&id).expect("just looked up");
+        session.heard_at = now;
         let verdict = session.on_packet(
             packet,
             arrived,
@@ -691,7 +737,7 @@ impl Endpoint {
                 .range(events_before..)
                 .any(|pending| matches!(pending.event, Event::Message { .. }));
             if delivered {
-                self.establish(id, events_before);
+                self.establish(id, events_before, now);
             } else if data && heard < now {
                 self.half_open.remove(&(heard, id));
                 self.half_open.insert((now, id));
@@ -703,13 +749,19 @@ impl Endpoint {
 
     /// A half-open session delivered its first message: the application learns of it now,
     /// just before that message (at `events_at` in the queue).
-    fn establish(&mut self, id: SessionId, events_at: usize) {
+    fn establish(&mut self, id: SessionId, events_at: usize, now: Micros) {
         let heard = self
             .half_open_heard
             .remove(&id)
             .expect("establish a half-open session");
         self.half_open.remove(&(heard, id));
-        let peer = self.sessions[&id].peer;
+        let session = self
+            .sessions
+            .get_mut(&id)
+            .expect("establish a known session");
+        session.idle_filed = Some(now);
+        self.idle.insert((now, id));
+        let peer = session.peer;
         self.events.insert(
             events_at,
             PendingEvent {
@@ -846,6 +898,9 @@ impl Endpoint {
         if let Some(heard) = self.half_open_heard.remove(&id) {
             self.half_open.remove(&(heard, id));
         }
+        if let Some(filed) = session.idle_filed {
+            self.idle.remove(&(filed, id));
+        }
         Some(session)
     }
 
@@ -963,14 +1018,16 @@ impl Endpoint {
             .half_open
             .first()
             .map(|&(heard, _)| heard + self.config.admission.half_open_timeout_us);
-        match (session, half_open) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let idle = self
+            .idle
+            .first()
+            .map(|&(filed, _)| filed.saturating_add(self.config.admission.idle_timeout_us));
+        [session, half_open, idle].into_iter().flatten().min()
     }
 
     /// Runs every timer due at `now`: delayed ACKs, retransmissions, window probes, sessions
-    /// lost to timeouts, and half-open sessions evicted for their silence.
+    /// lost to timeouts, half-open sessions evicted and established ones closed for their
+    /// silence.
     pub fn handle_timeout(&mut self, now: Micros) {
         self.observe(now);
         let timeout_us = self.config.admission.half_open_timeout_us;
@@ -980,6 +1037,7 @@ impl Endpoint {
             }
             self.evict_half_open(id);
         }
+        self.expire_idle(now);
         let due: Vec<(Micros, SessionId)> = self
             .timers
             .range(..=(now, SessionId(u64::MAX)))

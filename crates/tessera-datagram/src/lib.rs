@@ -116,7 +116,10 @@
 //! them the packet is dropped and counted. The session is half-open until it delivers its
 //! first whole message, when the peer reports [`Event::Opened`] just before that message; a
 //! half-open session is evicted without a word when silent for the half-open timeout or to
-//! make room for a newcomer, so junk that opens sessions never holds the table. Each session carries messages both ways, each direction with its own sequence
+//! make room for a newcomer, so junk that opens sessions never holds the table. An
+//! established session a peer opened that sends nothing for the idle timeout (30 s) is closed
+//! with a RESET and reported [`LossReason::Idle`], so an authenticated peer that goes silent
+//! holds its address's share of the table for that long at most. Each session carries messages both ways, each direction with its own sequence
 //! numbers starting at 0. For a session it does not know (it restarted, or closed or lost
 //! the session), an endpoint answers with a RESET a RESTART, a window probe, or a DATA packet
 //! past the initial window ([`WINDOW_INITIAL_PACKETS`]), whose sender must have heard from
@@ -629,6 +632,9 @@ pub enum LossReason {
     TimedOut,
     /// The peer broke the protocol (e.g. a message over the size limit).
     Violation,
+    /// The peer opened the session and sent nothing on it for
+    /// [`AdmissionConfig::idle_timeout_us`]: this side closed it (and sent the peer a RESET).
+    Idle,
 }
 
 /// Why [`Endpoint::send`] refused a message.
@@ -730,6 +736,9 @@ pub struct Stats {
     pub dropped_opens_total_rate: u64,
     /// Half-open sessions evicted, for their silence or to make room for a newcomer.
     pub half_open_evicted: u64,
+    /// Established sessions peers opened, closed after [`AdmissionConfig::idle_timeout_us`]
+    /// of silence (also counted in `sessions_lost`).
+    pub idle_sessions_closed: u64,
     /// Packets dropped: DATA past the advertised window edge, or an ACK of the never sent.
     pub dropped_out_of_window: u64,
     /// DATA packets that arrived past a gap and were kept until it filled (reordered on the
@@ -809,6 +818,7 @@ impl Stats {
             ("dropped_opens_source_rate", self.dropped_opens_source_rate),
             ("dropped_opens_total_rate", self.dropped_opens_total_rate),
             ("half_open_evicted", self.half_open_evicted),
+            ("idle_sessions_closed", self.idle_sessions_closed),
             ("dropped_out_of_window", self.dropped_out_of_window),
             ("held_out_of_order", self.held_out_of_order),
             ("dropped_duplicate", self.dropped_duplicate),

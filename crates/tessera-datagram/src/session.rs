@@ -126,6 +126,11 @@ pub(crate) struct Session {
     pub(crate) peer: SocketAddr,
     /// The peer opened it (it counts toward `sessions_max` and its address's share).
     pub(crate) accepted: bool,
+    /// When a packet of the peer last arrived on it (for the idle expiry of established
+    /// sessions peers opened, [`crate::AdmissionConfig::idle_timeout_us`]).
+    pub(crate) heard_at: crate::Micros,
+    /// The time it is filed under in the endpoint's idle queue, if it is there.
+    pub(crate) idle_filed: Option<crate::Micros>,
     /// Payload bytes per packet this side sends (the path's datagram size less the header).
     pub(crate) fragment_bytes_max: usize,
 
@@ -298,6 +303,8 @@ impl Session {
             id,
             peer,
             accepted,
+            heard_at: 0,
+            idle_filed: None,
             fragment_bytes_max: config.fragment_bytes_max(),
             outgoing: VecDeque::new(),
             send_base: 0,

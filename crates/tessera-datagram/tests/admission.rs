@@ -7,7 +7,7 @@ use bytes::Bytes;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use tessera_datagram::packet::{Packet, PacketKind};
 use tessera_datagram::sim::{addr, Sim};
-use tessera_datagram::{AdmissionConfig, Config, Event, Micros, SessionId};
+use tessera_datagram::{AdmissionConfig, Config, Event, LossReason, Micros, SessionId};
 
 /// A session-opening DATA packet of a multi-packet message that never continues: 44 bytes of
 /// header and 50 of payload, 94 bytes as in the issue.
@@ -290,4 +290,171 @@ fn a_source_past_its_rate_is_dropped_quietly_and_gets_in_once_its_bucket_refills
     let took = round_trips(&mut sim, client, server, None, 1, 100, 1_000_000);
     assert!((5_000..200_000).contains(&took), "{took} µs");
     assert!(sim.endpoint(server).stats().dropped_opens_source_rate > 46);
+}
+
+/// What a client saw while it waited for the answer to one request.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Answered,
+    Lost(LossReason),
+    NoAnswer,
+}
+
+/// Sends one request on `session` from `client` and runs the network until its echo comes
+/// back (the server echoes every message and drains its events), the session is lost, or
+/// `wait_us` passes.
+fn request(
+    sim: &mut Sim,
+    client: SocketAddr,
+    server: SocketAddr,
+    session: SessionId,
+    wait_us: Micros,
+) -> Outcome {
+    let now = sim.now();
+    sim.endpoint(client)
+        .send(session, Bytes::from_static(b"ping"), now)
+        .unwrap();
+    let mut outcome = Outcome::NoAnswer;
+    let _ = sim.run_until(now + wait_us, |sim| {
+        let now = sim.now();
+        while let Some(event) = sim.endpoint(server).poll_event() {
+            if let Event::Message {
+                session, message, ..
+            } = event
+            {
+                sim.endpoint(server).send(session, message, now).unwrap();
+            }
+        }
+        while let Some(event) = sim.endpoint(client).poll_event() {
+            match event {
+                Event::Message { session: at, .. } if at == session => {
+                    outcome = Outcome::Answered;
+                }
+                Event::Lost {
+                    session: at,
+                    reason,
+                    ..
+                } if at == session => outcome = Outcome::Lost(reason),
+                _ => {}
+            }
+        }
+        outcome != Outcome::NoAnswer
+    });
+    outcome
+}
+
+/// An authenticated-looking peer that opens its address's whole share of sessions and goes
+/// silent keeps later sessions from that address out only until the idle timeout: then the
+/// server closes them (RESETs tell the peer), and a new session from the address is served.
+/// Before, idle established sessions never expired and the address stayed locked out.
+#[test]
+fn idle_established_sessions_are_closed_and_free_their_address_share() {
+    let mut sim = Sim::new(105);
+    let (hog, server) = (addr(3), addr(2));
+    let idle_timeout_us = 2_000_000;
+    let config = Config {
+        sessions_per_source_max: 4,
+        admission: AdmissionConfig {
+            idle_timeout_us,
+            ..AdmissionConfig::default()
+        },
+        ..Config::default()
+    };
+    sim.add_endpoint(server, config);
+    sim.add_endpoint(hog, Config::default());
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let now = sim.now();
+        let session = sim.endpoint(hog).connect(server, now);
+        assert_eq!(
+            request(&mut sim, hog, server, session, 100_000),
+            Outcome::Answered
+        );
+        held.push(session);
+    }
+    // The share is taken by established sessions: a fifth one is kept out.
+    let now = sim.now();
+    let fifth = sim.endpoint(hog).connect(server, now);
+    assert_eq!(
+        request(&mut sim, hog, server, fifth, 500_000),
+        Outcome::NoAnswer
+    );
+    assert!(sim.endpoint(server).stats().dropped_sessions_source_full > 0);
+    sim.endpoint(hog).close(fifth);
+    // The idle timer alone wakes the server: nothing else is due.
+    let due = sim.endpoint(server).poll_timeout().expect("an idle timer");
+    assert!(due <= sim.now() + idle_timeout_us, "idle timer at {due}");
+    sim.run_for(idle_timeout_us);
+    let stats = sim.endpoint(server).stats();
+    assert_eq!(stats.idle_sessions_closed, 4, "{stats:?}");
+    assert_eq!(sim.endpoint(server).session_count(), 0);
+    let mut lost = Vec::new();
+    while let Some(event) = sim.endpoint(hog).poll_event() {
+        if let Event::Lost {
+            session, reason, ..
+        } = event
+        {
+            assert_eq!(reason, LossReason::Reset);
+            lost.push(session);
+        }
+    }
+    lost.sort();
+    held.sort();
+    assert_eq!(lost, held, "every closed session was told with a RESET");
+    let now = sim.now();
+    let again = sim.endpoint(hog).connect(server, now);
+    assert_eq!(
+        request(&mut sim, hog, server, again, 100_000),
+        Outcome::Answered
+    );
+}
+
+/// A live client that calls now and then keeps its session however long it lives; a client
+/// that stays quiet past the idle timeout learns that its session was closed from the
+/// server's RESET, or, if that RESET is lost, from the RESET that answers its next request,
+/// and its request is then answered on a new session (as the UDP transport does on a RESET).
+#[test]
+fn a_quiet_client_keeps_working_across_the_idle_timeout() {
+    let mut sim = Sim::new(106);
+    let (client, server) = (addr(1), addr(2));
+    let idle_timeout_us = 2_000_000;
+    let config = Config {
+        admission: AdmissionConfig {
+            idle_timeout_us,
+            ..AdmissionConfig::default()
+        },
+        ..Config::default()
+    };
+    sim.add_endpoint(server, config);
+    sim.add_endpoint(client, Config::default());
+    let now = sim.now();
+    let session = sim.endpoint(client).connect(server, now);
+    // A request every 1.5 s (under the timeout) for 12 s: one session throughout.
+    for _ in 0..8 {
+        assert_eq!(
+            request(&mut sim, client, server, session, 100_000),
+            Outcome::Answered
+        );
+        sim.run_for(idle_timeout_us * 3 / 4);
+    }
+    assert_eq!(sim.endpoint(server).stats().idle_sessions_closed, 0);
+    assert_eq!(sim.endpoint(server).session_count(), 1);
+    // Quiet past the timeout, with the server's RESET lost on the way.
+    sim.set_filter(move |_, from, _, _| from != server);
+    sim.run_for(idle_timeout_us + 10_000);
+    sim.clear_filter();
+    assert_eq!(sim.endpoint(server).stats().idle_sessions_closed, 1);
+    assert_eq!(sim.endpoint(server).session_count(), 0);
+    // The next request on the old session is answered with a RESET: the session is lost
+    // (not timed out), so the caller tries again at once on a new one.
+    assert_eq!(
+        request(&mut sim, client, server, session, 100_000),
+        Outcome::Lost(LossReason::Reset)
+    );
+    let now = sim.now();
+    let fresh = sim.endpoint(client).connect(server, now);
+    assert_eq!(
+        request(&mut sim, client, server, fresh, 100_000),
+        Outcome::Answered
+    );
 }

@@ -463,10 +463,9 @@ async fn remove_orphans(
     };
     let store = store.clone();
     let removed = tokio::task::spawn_blocking(move || {
-        let removed: Vec<_> = files
-            .into_iter()
-            .filter(|&file| store.remove(file).is_ok())
-            .collect();
+        // Tombstones first: a late write from a writer stalled past the file's lease is then
+        // refused, never made again here after the manager has forgotten the file.
+        let removed = store.bury(&files)?;
         // Gone for good before the manager forgets them.
         store.sync().map(|()| removed)
     })

@@ -45,6 +45,9 @@
 //!                                  (INTENT_FORMAT_VERSION) + crc32c + the record
 //! <root>/stale/<F>.<token>        a stale-parity record of a full-stripe write: "TSSP" +
 //!                                  version u32 LE (STALE_FORMAT_VERSION) + crc32c + ranges
+//! <root>/tombstones.0, .1        ids of files the manager removed, as ranges, in two copies:
+//!                                  "TSTB" + version u32 LE (TOMBSTONE_FORMAT_VERSION) +
+//!                                  sequence + ranges + crc32c (see `tombstone.rs`)
 //! <root>/files/<F>/record          the file's metadata for recovery (see `record`, own version)
 //! <root>/files/<F>/snap.journal    copy-on-write snapshots: epochs begun and blocks copied
 //! <root>/files/<F>/snap.<E>.*      blocks copied for snapshot epoch E (see `snapshot`, own
@@ -67,6 +70,7 @@
 //! - A file's `record` (its metadata for `tessera manager recover`, [`FileRecord`]) carries
 //!   its own crc32c; a damaged one is listed as damaged, never read, and recovery takes the
 //!   file's record from another column's server.
+//! - A tombstone copy that fails its checksum is replaced by the other copy (`tombstone.rs`).
 //! - A flipped bit in overflow bytes that no live entry refers to changes nothing that is ever
 //!   read; those bytes are dropped when the overflow files are next emptied.
 //!
@@ -124,6 +128,7 @@ mod region;
 mod snapshot;
 mod stale;
 mod store;
+mod tombstone;
 
 pub use disk::{Disk, DiskFile, DiskLock, DiskSpace, EntryKind, FileHandle, RealDisk};
 pub use intent::{IntentRecord, INTENT_FORMAT_VERSION};
@@ -133,6 +138,7 @@ pub use record::{FileRecord, RecordError, RecordPage, RECORD_FORMAT_VERSION};
 pub use snapshot::SNAPSHOT_FORMAT_VERSION;
 pub use stale::{StaleState, STALE_FORMAT_VERSION, STALE_RECORDS_MAX};
 pub use store::{DiskUsage, Store};
+pub use tombstone::{TOMBSTONE_FORMAT_VERSION, TOMBSTONE_RANGES_MAX};
 
 pub use tessera_layout::{OverflowRole, Region};
 pub use tessera_wire::{FileId, IntentPiece, OverflowExtent, ParityIntent, StorageError};

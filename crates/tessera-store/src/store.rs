@@ -19,6 +19,7 @@ use crate::record::{self, FileRecord, RecordError, RecordPage};
 use crate::region::{RegionFile, CRC_ENTRY_BYTES};
 use crate::snapshot::{Snapshots, Written};
 use crate::stale::{StaleRecords, StaleState, STALE_DIR};
+use crate::tombstone::Tombstones;
 use crate::{BLOCK_BYTES, FILE_BYTES_MAX, OPEN_FILES_MAX, REQUEST_BYTES_MAX};
 
 /// Directory under the root holding one directory per file id.
@@ -223,6 +224,8 @@ pub struct Store {
     stale: Mutex<StaleRecords>,
     /// Present on disk while an answered write is not synced (see `boot.rs`).
     unsynced: UnsyncedMark,
+    /// Ids of files the manager removed: never made again here (see `tombstone.rs`).
+    tombstones: Mutex<Tombstones>,
     /// Keeps the exclusive lock on `store.lock` for the store's lifetime.
     _lock: DiskLock,
 }
@@ -260,7 +263,9 @@ impl Store {
         let meta = renew_if_writes_lost(&*disk, root, &files_dir, meta)?;
         let intents = Intents::open(&disk, root)?;
         let stale = StaleRecords::open(&disk, root)?;
+        let tombstones = Tombstones::open(&disk, root)?;
         Ok(Store {
+            tombstones: Mutex::new(tombstones),
             unsynced: UnsyncedMark::new(root),
             disk,
             intents: Mutex::new(intents),
@@ -899,6 +904,36 @@ impl Store {
         Ok(())
     }
 
+    /// Deletes the files the manager removed (its list of this server's orphans) and keeps
+    /// their ids as tombstones, durably before anything is deleted: from then on a write that
+    /// would make one of them again is refused with [`StorageError::Removed`] (see
+    /// `tombstone.rs`). Returns the files deleted; the caller syncs before telling the
+    /// manager, as for [`Store::remove`].
+    pub fn bury(&self, files: &[FileId]) -> Result<Vec<FileId>, StorageError> {
+        {
+            let mut tombstones = lock(&self.tombstones);
+            if tombstones.insert(files) {
+                tombstones.save()?;
+            }
+        }
+        Ok(files
+            .iter()
+            .copied()
+            .filter(|&file| self.remove(file).is_ok())
+            .collect())
+    }
+
+    /// Whether `file` was removed by the manager and buried here ([`Store::bury`]).
+    pub fn is_buried(&self, file: FileId) -> bool {
+        lock(&self.tombstones).contains(file)
+    }
+
+    /// Disjoint ranges of buried file ids kept (at most
+    /// [`crate::TOMBSTONE_RANGES_MAX`]).
+    pub fn tombstone_ranges(&self) -> usize {
+        lock(&self.tombstones).ranges()
+    }
+
     /// The directory of a file's files.
     fn file_dir(&self, file: FileId) -> PathBuf {
         self.files_dir.join(file.to_string())
@@ -988,6 +1023,11 @@ impl Store {
         state: &'a mut FileState,
     ) -> Result<&'a mut FileData, StorageError> {
         if !matches!(state, FileState::Present(_)) {
+            // Checked under the file's lock, which `bury` takes only after the tombstone is in:
+            // a write that made the file before is deleted with it, one after is refused.
+            if lock(&self.tombstones).contains(file) {
+                return Err(StorageError::Removed { file });
+            }
             let dir = self.file_dir(file);
             match self.disk.create_dir(&dir) {
                 Ok(()) => {}

@@ -374,6 +374,90 @@ fn remove_deletes_everything_and_unknown_files_are_fine() {
     store.remove(FILE).unwrap();
 }
 
+/// A file the manager removed (`bury`) is deleted, and a late write that would make it
+/// again is refused with `Removed` and leaves nothing on disk, also after a restart and with
+/// one tombstone copy damaged; a client's `remove` buries nothing. Without tombstones the
+/// late write made the file again, bytes no file in the namespace owned.
+#[test]
+fn a_late_write_to_a_buried_file_is_refused_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let removed = |file| StorageError::Removed { file };
+    let absent = |file: u64| !dir.path().join("files").join(file.to_string()).exists();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        for file in [FILE, FILE + 1, FILE + 3] {
+            store
+                .write(file, Region::Data, 0, b"pending", false)
+                .unwrap();
+        }
+        store
+            .write(FILE + 2, Region::Data, 0, b"live", false)
+            .unwrap();
+        assert_eq!(store.bury(&[FILE, FILE + 1, FILE + 3]).unwrap().len(), 3);
+        store.sync().unwrap();
+        assert_eq!(store.tombstone_ranges(), 2);
+        for file in [FILE, FILE + 1, FILE + 3] {
+            assert!(absent(file));
+            assert_eq!(
+                store.write(file, Region::Data, 0, b"late", false),
+                Err(removed(file))
+            );
+            assert_eq!(
+                store.overflow_write(file, OverflowRole::Primary, 0, b"late"),
+                Err(removed(file))
+            );
+            assert_eq!(
+                store.write(file, Region::Redundancy, 0, b"late", false),
+                Err(removed(file))
+            );
+            assert!(absent(file), "a late write made file {file} again");
+        }
+        // The live file in between is untouched, and writes on.
+        store
+            .write(FILE + 2, Region::Data, 4, b"more", false)
+            .unwrap();
+        // A client's remove deletes bytes, but only the manager's word buries.
+        store.remove(FILE + 2).unwrap();
+        store
+            .write(FILE + 2, Region::Data, 0, b"again", false)
+            .unwrap();
+    }
+    // Across a restart.
+    {
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(
+            store.write(FILE + 1, Region::Data, 0, b"late", false),
+            Err(removed(FILE + 1))
+        );
+        assert!(absent(FILE + 1));
+        store.bury(&[FILE + 2]).unwrap();
+        assert_eq!(store.tombstone_ranges(), 1);
+    }
+    // A flipped bit in either copy is found, the other copy serves, and both are rewritten.
+    for copy in ["tombstones.0", "tombstones.1"] {
+        flip_byte(&dir.path().join(copy), 21);
+        let store = Store::open(dir.path()).unwrap();
+        for file in FILE..=FILE + 3 {
+            assert!(store.is_buried(file), "file {file} after a flip in {copy}");
+            assert_eq!(
+                store.write(file, Region::Data, 0, b"late", false),
+                Err(removed(file))
+            );
+        }
+        drop(store);
+        let copies: Vec<Vec<u8>> = ["tombstones.0", "tombstones.1"]
+            .iter()
+            .map(|name| std::fs::read(dir.path().join(name)).unwrap())
+            .collect();
+        assert_eq!(copies[0], copies[1], "the damaged copy was not repaired");
+    }
+    // Both copies damaged: the store opens, says so, and has lost the fence (not a live byte).
+    flip_byte(&dir.path().join("tombstones.0"), 21);
+    flip_byte(&dir.path().join("tombstones.1"), 30);
+    let store = Store::open(dir.path()).unwrap();
+    assert!(!store.is_buried(FILE));
+}
+
 #[test]
 fn incarnation_and_membership_persist_and_a_wiped_store_is_new() {
     let dir = tempfile::tempdir().unwrap();

@@ -813,6 +813,7 @@ impl Driver {
                         LossReason::Reset => "server restarted".into(),
                         LossReason::TimedOut => "server stopped answering".into(),
                         LossReason::Violation => "protocol violation".into(),
+                        LossReason::Idle => "session closed for idleness".into(),
                     },
                 }));
             }

@@ -42,6 +42,8 @@
 //! `ManagerResponse::Snapshots`, `SnapshotRemoved`, `Retained`; and `CommitPendingSized` (a
 //! commit that carries the file's size, issue 19). Version 8: a snapshot is begun behind a
 //! fence against writes in flight (`StorageRequest::SnapshotFence`, `SnapshotRelease`).
+//! Appended in version 8: `StorageError::Removed`, a write refused because the manager
+//! removed its file (an older peer cannot decode it, and fails the write all the same).
 
 mod frame;
 mod handshake;

@@ -600,6 +600,15 @@ pub enum StorageError {
         /// The snapshot's epoch.
         epoch: u64,
     },
+    /// The manager removed the file and this server deleted its data (it keeps the id as a
+    /// tombstone): a write that would make the file again is refused, since no file in the
+    /// namespace could own its bytes. The writer was stalled past its pending file's lease, or
+    /// wrote to a file removed under it. Nothing was written.
+    #[error("file {file} was removed (its pending lease ran out, or it was deleted)")]
+    Removed {
+        /// File.
+        file: FileId,
+    },
 }
 
 /// State of a storage server as the manager sees it.

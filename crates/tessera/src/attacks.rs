@@ -4,9 +4,17 @@
 //! and floods of junk datagram session openings leave other clients working at 0.8x or more of
 //! their throughput, with the daemons' memory bounded. This measures it on an embedded cluster
 //! of its own (never the one `TESSERA_CLUSTER` names: attacking a user's cluster is not a
-//! benchmark): each round times the client's work (a RAID-5 file written, synced and read back)
-//! without an attack and then under each attack in turn, and reports the median ratio over the
-//! rounds, with the attacked daemon's resident memory before and at most during the attack.
+//! benchmark): each round times the client's work (a RAID-5 file written, synced and read back,
+//! repeated for at least [`WORK_TIME_MIN`]) without an attack and under each attack in turn,
+//! and reports the median ratio over the rounds, with the attacked daemon's resident memory
+//! before and at most during the attack.
+//!
+//! The two runs of a pair are made comparable: the same data, the daemons quiet (their CPU
+//! time not moving) before each run, so that what one run or attack set off does not fall on
+//! the next, and the order of the pair alternating from round to round (attacked first in half
+//! of them), so that a machine slowing down or warming up over the pair favours neither. The
+//! machine's load average is reported with the ratios: on a shared machine it moves them more
+//! than any attack.
 //!
 //! The attacker runs in this process, so it shares the machine's cores with the client and the
 //! daemons, as an attacker on the same host would; the ratio includes that.
@@ -40,8 +48,15 @@ const JUNK_BURST: usize = 4_200;
 const JUNK_PER_SECOND: usize = 20_000;
 /// Source addresses of the junk (127.0.0.2 and up), so per-source limits do not stop it all.
 const JUNK_SOURCES: u8 = 64;
-/// Pause after an attack ends, before the next measurement.
-const SETTLE: Duration = Duration::from_secs(1);
+/// Shortest time the client's work is repeated for in one measurement: single runs of a few
+/// tens of milliseconds vary by more than the attacks cost.
+const WORK_TIME_MIN: Duration = Duration::from_millis(600);
+/// The daemons are quiet when, over [`QUIET_WINDOW`], they used at most this share of one core
+/// together (their heartbeats and timers cost about nothing).
+const QUIET_CPU_SHARE: f64 = 0.10;
+const QUIET_WINDOW: Duration = Duration::from_millis(200);
+/// Longest wait for the daemons to be quiet; past it the run starts all the same.
+const QUIET_WAIT_MAX: Duration = Duration::from_secs(5);
 /// Where the TCP attacks come from: another host than the client's 127.0.0.1, as an attacker
 /// on the network would (per-peer caps are per address; on one address the attacker and the
 /// client would be one peer).
@@ -115,6 +130,15 @@ struct Target {
     key: Credential,
 }
 
+impl Target {
+    /// Every daemon of the cluster.
+    fn pids(&self) -> Vec<u32> {
+        std::iter::once(self.manager_pid)
+            .chain(self.servers.iter().map(|s| s.1))
+            .collect()
+    }
+}
+
 #[derive(Serialize)]
 struct Row {
     attack: String,
@@ -122,8 +146,32 @@ struct Row {
     baseline_mb_s: f64,
     attacked_mb_s: f64,
     ratio: f64,
+    /// Each round's attacked/alone ratio, in round order.
+    ratios: Vec<f64>,
     rss_before_mib: u64,
     rss_max_mib: u64,
+    /// Median time the daemons took to be quiet again after the attack began, ms.
+    landing_ms: u64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    rounds: usize,
+    work_bytes: usize,
+    /// The machine's one-minute load average at the start and at the end.
+    load_average_start: f64,
+    load_average_end: f64,
+    attacks: Vec<Row>,
+}
+
+/// One attack's measurements over the rounds.
+#[derive(Clone, Default)]
+struct Samples {
+    baseline: Vec<f64>,
+    attacked: Vec<f64>,
+    rss_before: u64,
+    rss_max: u64,
+    landing_ms: Vec<f64>,
 }
 
 /// Runs every attack against an embedded cluster and prints the table (and JSON).
@@ -144,56 +192,173 @@ pub async fn run(config: &Config, quick: bool, json: Option<PathBuf>) -> Result<
     };
     let client = cluster.client(config).await?;
     let bytes = if quick { 16 << 20 } else { 64 << 20 };
-    let rounds = if quick { 3 } else { 5 };
+    // Even, so that each order of a pair is run equally often.
+    let rounds = if quick { 4 } else { 6 };
+    let load_average_start = load_average();
     eprintln!(
         "bench --attacks: {SERVERS} servers over {} (embedded cluster), {rounds} rounds of a \
-         {} MiB RAID-5 write+sync+read without and under each attack",
+         {} MiB RAID-5 write+sync+read (repeated for {} ms at least) alone and under each \
+         attack, load average {load_average_start:.2}",
         cluster.transport().name(),
-        bytes >> 20
+        bytes >> 20,
+        WORK_TIME_MIN.as_millis()
     );
     let mut data = vec![0u8; bytes];
     rand::thread_rng().fill_bytes(&mut data);
     let mut back = vec![0u8; bytes];
     work(&client, &data, &mut back).await?; // warms connections and caches
-    let mut samples: Vec<(Vec<f64>, Vec<f64>, u64, u64)> =
-        vec![(Vec::new(), Vec::new(), 0, 0); Attack::ALL.len()];
+    let mut samples = vec![Samples::default(); Attack::ALL.len()];
     for round in 0..rounds {
         // Rotated each round, so what one attack leaves behind falls on each in turn.
         for k in 0..Attack::ALL.len() {
             let i = (k + round) % Attack::ALL.len();
-            let attack = Attack::ALL[i];
-            let baseline = work(&client, &data, &mut back).await?;
-            let pid = attacked_pid(&target, attack);
-            let rss_before = rss_bytes(pid);
-            let held = start(&target, attack).await?;
-            let watch = RssWatch::start(pid);
-            let attacked = work(&client, &data, &mut back)
-                .await
-                .with_context(|| format!("the client failed under {}", attack.describe()))?;
-            let rss_max = watch.stop();
-            drop(held);
-            // The daemons close what the attack left (evictions, handshake timeouts) before
-            // the next baseline.
-            tokio::time::sleep(SETTLE).await;
+            let attacked_first = round % 2 == 1;
+            let pair = measure_pair(&target, Attack::ALL[i], attacked_first, &client, &data);
+            let (baseline, attacked) = pair.await?;
             let slot = &mut samples[i];
-            slot.0.push(baseline);
-            slot.1.push(attacked);
-            slot.2 = if round == 0 {
-                rss_before
-            } else {
-                slot.2.min(rss_before)
+            slot.baseline.push(baseline);
+            slot.attacked.push(attacked.mb_s);
+            slot.rss_before = match round {
+                0 => attacked.rss_before,
+                _ => slot.rss_before.min(attacked.rss_before),
             };
-            slot.3 = slot.3.max(rss_max);
+            slot.rss_max = slot.rss_max.max(attacked.rss_max);
+            slot.landing_ms.push(attacked.landing.as_secs_f64() * 1e3);
         }
-        eprintln!("bench --attacks: round {} of {rounds} done", round + 1);
+        eprintln!(
+            "bench --attacks: round {} of {rounds} done (load average {:.2})",
+            round + 1,
+            load_average()
+        );
     }
-    let rows = rows(samples);
-    print_rows(&rows);
+    let report = Report {
+        rounds,
+        work_bytes: bytes,
+        load_average_start,
+        load_average_end: load_average(),
+        attacks: rows(samples),
+    };
+    print_report(&report);
     if let Some(path) = json {
-        std::fs::write(&path, serde_json::to_string_pretty(&rows)?)
+        std::fs::write(&path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The client's work under an attack, and what the attack did to the daemon it aims at.
+struct AttackedRun {
+    mb_s: f64,
+    rss_before: u64,
+    rss_max: u64,
+    /// From the attack's start to the daemons' being quiet under it.
+    landing: Duration,
+}
+
+/// One round of one attack: the client's work alone and under the attack, in the order given,
+/// each after the daemons are quiet. Returns MB/s alone, and the attacked run.
+async fn measure_pair(
+    target: &Target,
+    attack: Attack,
+    attacked_first: bool,
+    client: &Client,
+    data: &[u8],
+) -> Result<(f64, AttackedRun)> {
+    let mut back = vec![0u8; data.len()];
+    let mut baseline = None;
+    if !attacked_first {
+        quiet(&target.pids()).await;
+        baseline = Some(work_for(client, data, &mut back).await?);
+    }
+    quiet(&target.pids()).await;
+    let pid = attacked_pid(target, attack);
+    let rss_before = rss_bytes(pid);
+    let started = Instant::now();
+    let held = start(target, attack).await?;
+    let watch = RssWatch::start(pid);
+    // Under the attack held, not while the daemons are still taking its first burst in.
+    quiet(&target.pids()).await;
+    let landing = started.elapsed();
+    let mb_s = work_for(client, data, &mut back)
+        .await
+        .with_context(|| format!("the client failed under {}", attack.describe()))?;
+    let rss_max = watch.stop();
+    drop(held);
+    let baseline = match baseline {
+        Some(baseline) => baseline,
+        None => {
+            quiet(&target.pids()).await;
+            work_for(client, data, &mut back).await?
+        }
+    };
+    let run = AttackedRun {
+        mb_s,
+        rss_before,
+        rss_max,
+        landing,
+    };
+    Ok((baseline, run))
+}
+
+/// The client's work repeated until [`WORK_TIME_MIN`] has passed; MB/s over all of it.
+async fn work_for(client: &Client, data: &[u8], back: &mut [u8]) -> Result<f64> {
+    let started = Instant::now();
+    let mut runs = 0u32;
+    while runs == 0 || started.elapsed() < WORK_TIME_MIN {
+        work(client, data, back).await?;
+        runs += 1;
+    }
+    let bytes = 2.0 * data.len() as f64 * f64::from(runs);
+    Ok(bytes / started.elapsed().as_secs_f64() / 1e6)
+}
+
+/// Waits until the daemons' CPU time stops moving (see [`QUIET_CPU_SHARE`]), at most
+/// [`QUIET_WAIT_MAX`].
+async fn quiet(pids: &[u32]) {
+    let started = Instant::now();
+    let ticks_per_second = clock_ticks_per_second();
+    let mut before = cpu_ticks(pids);
+    while started.elapsed() < QUIET_WAIT_MAX {
+        tokio::time::sleep(QUIET_WINDOW).await;
+        let now = cpu_ticks(pids);
+        let used = now.saturating_sub(before) as f64 / ticks_per_second;
+        if used <= QUIET_CPU_SHARE * QUIET_WINDOW.as_secs_f64() {
+            return;
+        }
+        before = now;
+    }
+}
+
+/// User and system CPU time of `pids` together, in clock ticks (`/proc/PID/stat`).
+fn cpu_ticks(pids: &[u32]) -> u64 {
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|stat| {
+            // Fields after the command name, which is in parentheses and may hold spaces.
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            let user: u64 = fields.get(11)?.parse().ok()?;
+            let system: u64 = fields.get(12)?.parse().ok()?;
+            Some(user + system)
+        })
+        .sum()
+}
+
+fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 {
+        ticks as f64
+    } else {
+        100.0
+    }
+}
+
+/// The machine's one-minute load average (0 if it cannot be read).
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// The client's work: write `data` to a new RAID-5 file, sync, read it back and compare.
@@ -394,48 +559,69 @@ impl RssWatch {
     }
 }
 
+/// The median (of an even count, the mean of the middle two).
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
-    values[values.len() / 2]
+    let middle = values.len() / 2;
+    if values.len().is_multiple_of(2) {
+        (values[middle - 1] + values[middle]) / 2.0
+    } else {
+        values[middle]
+    }
 }
 
-fn rows(samples: Vec<(Vec<f64>, Vec<f64>, u64, u64)>) -> Vec<Row> {
+fn rows(samples: Vec<Samples>) -> Vec<Row> {
     Attack::ALL
         .into_iter()
         .zip(samples)
-        .map(|(attack, (mut base, mut attacked, rss_before, rss_max))| {
+        .map(|(attack, mut samples)| {
             // The ratio of each round's pair, so a slow moment of the machine falls on both.
-            let mut ratios: Vec<f64> = attacked.iter().zip(&base).map(|(a, b)| a / b).collect();
+            let ratios: Vec<f64> = samples
+                .attacked
+                .iter()
+                .zip(&samples.baseline)
+                .map(|(a, b)| a / b)
+                .collect();
             Row {
                 attack: attack.name().into(),
                 what: attack.describe(),
-                baseline_mb_s: median(&mut base),
-                attacked_mb_s: median(&mut attacked),
-                ratio: median(&mut ratios),
-                rss_before_mib: rss_before >> 20,
-                rss_max_mib: rss_max >> 20,
+                baseline_mb_s: median(&mut samples.baseline),
+                attacked_mb_s: median(&mut samples.attacked),
+                ratio: median(&mut ratios.clone()),
+                ratios,
+                rss_before_mib: samples.rss_before >> 20,
+                rss_max_mib: samples.rss_max >> 20,
+                landing_ms: median(&mut samples.landing_ms) as u64,
             }
         })
         .collect()
 }
 
-fn print_rows(rows: &[Row]) {
+fn print_report(report: &Report) {
     println!(
-        "{:<17} {:>12} {:>12} {:>7} {:>16}",
-        "attack", "alone MB/s", "attacked", "ratio", "RSS MiB (max)"
+        "{:<17} {:>10} {:>10} {:>7} {:>24} {:>14} {:>8}",
+        "attack", "alone MB/s", "attacked", "ratio", "ratios by round", "RSS MiB (max)", "landing"
     );
-    for row in rows {
+    for row in &report.attacks {
+        let ratios: Vec<String> = row.ratios.iter().map(|r| format!("{r:.2}")).collect();
         println!(
-            "{:<17} {:>12.0} {:>12.0} {:>6.2}x {:>8} ({:>5})",
+            "{:<17} {:>10.0} {:>10.0} {:>6.2}x {:>24} {:>6} ({:>5}) {:>6} ms",
             row.attack,
             row.baseline_mb_s,
             row.attacked_mb_s,
             row.ratio,
+            ratios.join(" "),
             row.rss_before_mib,
-            row.rss_max_mib
+            row.rss_max_mib,
+            row.landing_ms
         );
     }
-    for row in rows {
+    println!(
+        "load average {:.2} at the start, {:.2} at the end ({} rounds, alternating which run \
+         of a pair comes first)",
+        report.load_average_start, report.load_average_end, report.rounds
+    );
+    for row in &report.attacks {
         println!("  {}: {}", row.attack, row.what);
     }
 }
