@@ -41,6 +41,12 @@ use std::path::Path;
 use tessera_auth::{Key, KeyId};
 use tessera_wire::{ClusterId, FileId, FileMeta, Incarnation, ServerId};
 
+/// How far past the highest reported file id a recovered manager starts handing out ids:
+/// files created and removed after the newest surviving one left tombstones on their
+/// servers under ids nobody reports, and a new file given one of them could not be written.
+/// Ids are 64-bit and only need to be unique, so skipping 2^32 of them costs nothing.
+pub const RECOVERED_FILE_ID_GAP: u64 = 1 << 32;
+
 /// What one server said about itself and its files.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerReport {
@@ -85,8 +91,10 @@ pub struct Recovered {
     /// Files no server saw committed: an interrupted `put`'s new file. They get no path; their
     /// data is listed as orphaned on their servers, which delete it.
     pub abandoned: Vec<FileMeta>,
-    /// The next file id to hand out: above every id any server reported, recorded or not,
-    /// so that a new file never meets bytes left under its id.
+    /// The next file id to hand out: [`RECOVERED_FILE_ID_GAP`] above every id any server
+    /// reported, recorded or not, so that a new file never meets bytes left under its id,
+    /// nor a tombstone of a file removed after the last one that survives (servers refuse
+    /// writes to a removed id, and report only the files they hold).
     pub file_id_next: FileId,
     /// What the operator should know: files moved to `lost+found/`, damaged records, servers
     /// that never joined.
@@ -161,7 +169,7 @@ pub fn merge(reports: &[ServerReport]) -> Result<Recovered, RecoveryError> {
                 .chain(r.unrecorded.iter().copied())
         })
         .max()
-        .map_or(1, |id| id.saturating_add(1));
+        .map_or(1, |id| id.saturating_add(RECOVERED_FILE_ID_GAP));
     let recorded: BTreeSet<FileId> = files.keys().copied().collect();
     let unrecorded: BTreeSet<FileId> = reports
         .iter()

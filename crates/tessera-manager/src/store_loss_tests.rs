@@ -1,7 +1,7 @@
 //! The manager's store lost and found again: deleted or replaced while the manager runs,
 //! missing at start, rebuilt from the servers' records (issue 15, item 8).
 
-use crate::recovery::{self, RecoveryError, ServerReport};
+use crate::recovery::{self, RecoveryError, ServerReport, RECOVERED_FILE_ID_GAP};
 use crate::{refuse_without_store, Manager, ManagerConfig, ManagerOpenError};
 use std::path::Path;
 use std::time::Instant;
@@ -284,7 +284,11 @@ fn recovered_store_has_the_namespace_cluster_and_servers() {
     let ManagerResponse::File(view) = manager.handle(create("/c"), now) else {
         panic!("create refused after recovery")
     };
-    assert_eq!(view.meta.id, 3, "above every id seen");
+    assert_eq!(
+        view.meta.id,
+        2 + RECOVERED_FILE_ID_GAP,
+        "past every id seen, by the gap"
+    );
     let register = ManagerRequest::Register {
         server: None,
         addr: "127.0.0.1:7004".into(),
@@ -323,7 +327,7 @@ fn merge_takes_the_largest_size_the_common_path_and_keeps_every_file() {
     ];
     let recovered = recovery::merge(&reports).unwrap();
     assert_eq!(recovered.cluster, cluster);
-    assert_eq!(recovered.file_id_next, 10);
+    assert_eq!(recovered.file_id_next, 9 + RECOVERED_FILE_ID_GAP);
     assert_eq!(
         recovered.files,
         vec![
@@ -353,7 +357,7 @@ fn merge_takes_the_largest_size_the_common_path_and_keeps_every_file() {
     let recovered = recovery::merge(&[interrupted.clone(), committed_elsewhere.clone()]).unwrap();
     assert_eq!(recovered.files, vec![meta(4, "/x", 9, vec![1, 2])]);
     assert_eq!(recovered.abandoned, vec![meta(6, "/x", 3, vec![1, 2])]);
-    assert_eq!(recovered.file_id_next, 7);
+    assert_eq!(recovered.file_id_next, 6 + RECOVERED_FILE_ID_GAP);
     // One server that saw the commit is enough.
     committed_elsewhere.uncommitted.clear();
     let recovered = recovery::merge(&[interrupted, committed_elsewhere]).unwrap();
@@ -365,7 +369,7 @@ fn merge_takes_the_largest_size_the_common_path_and_keeps_every_file() {
     unrecorded.damaged = vec![77];
     unrecorded.unrecorded = vec![50];
     let recovered = recovery::merge(&[unrecorded, report("a:2", 2, cluster, vec![])]).unwrap();
-    assert_eq!(recovered.file_id_next, 78);
+    assert_eq!(recovered.file_id_next, 77 + RECOVERED_FILE_ID_GAP);
     assert_eq!(recovered.files.len(), 1);
     assert!(
         recovered.notes.iter().any(|n| n.contains("[50, 77]")),
