@@ -1210,7 +1210,8 @@ fn raid0_damage_fails_cleanly() {
 fn reservations_that_do_not_fit_a_link_are_refused() {
     let c = Cluster::start_with_env(3, &[("TESSERA_LINK_RATE", "10MB/s")]);
     let data = random_bytes(&mut seeded("admitted"), 1_000_000);
-    // RAID-5 over 3 servers: a stream puts half its rate on each server's link, of which
+    // RAID-5 over 3 servers: a stream puts half its rate on each server's link (10 MB/s of
+    // payload, 10.72 on the wire: 1,412 payload bytes per 1,514-byte frame), of which
     // 9 MB/s (0.9 of 10 MB/s) is reservable.
     c.put("admitted", &data, "raid5");
     let got = c.local("admitted.got");
@@ -1219,7 +1220,7 @@ fn reservations_that_do_not_fit_a_link_are_refused() {
         &line,
         &[
             "reservation refused: server",
-            "has 9.00 MB/s of 9.00 MB/s reservable left, 10.60 MB/s asked",
+            "has 9.00 MB/s of 9.00 MB/s reservable left, 10.72 MB/s asked",
             "--link-rate",
         ],
     );
