@@ -587,8 +587,9 @@ fn prune_outgoing(dir: &Path, newest: u64) {
 /// What an applier remembers to propose [`Command::ExpireOnce`] (see `command.rs`): where
 /// the order stood at moments of its own monotonic clock, one every expiry time /
 /// [`ONCE_MARKS_MAX`], the newest cutoff at least one expiry time old, and its last proposal.
+/// Public so that the whole-cluster simulator (`tessera-sim`) runs this code, not a copy.
 #[derive(Default)]
-struct OnceMarks {
+pub struct OnceMarks {
     marks: VecDeque<(Instant, OrderPosition)>,
     due: Option<OrderPosition>,
     proposed: Option<(Instant, OrderPosition)>,
@@ -598,7 +599,7 @@ impl OnceMarks {
     /// Marks where the order stands `now` if the last mark is old enough, and moves the
     /// cutoff to the newest mark one `expiry` old; the cutoff to propose now, if any (a new
     /// one, or the last again while records remain beyond a command's bound).
-    fn tick(
+    pub fn tick(
         &mut self,
         now: Instant,
         here: OrderPosition,
@@ -627,6 +628,13 @@ impl OnceMarks {
             self.proposed = Some((now, due));
             due
         })
+    }
+
+    /// What a replica that does not lead does: it keeps marking, so that it knows the past
+    /// if it comes to lead, and forgets any proposal of its own.
+    pub fn follow(&mut self, now: Instant, here: OrderPosition, expiry: Duration) {
+        self.tick(now, here, expiry, false);
+        self.proposed = None;
     }
 }
 
@@ -934,9 +942,7 @@ impl Applier {
         let mut marks = self.once_marks.lock().unwrap();
         let leads = self.replica.core.lock().unwrap().leads();
         if !leads {
-            // Keep marking, so that a replica that comes to lead knows the past.
-            marks.tick(Instant::now(), here, expiry, false);
-            marks.proposed = None;
+            marks.follow(Instant::now(), here, expiry);
             return;
         }
         if let Some(before) = marks.tick(Instant::now(), here, expiry, backlog) {

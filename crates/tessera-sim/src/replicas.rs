@@ -18,8 +18,8 @@
 //! lost, as after a kill -9 ([`SimReplicas::kill`]). The whole group may die at once and start
 //! again ([`SimReplicas::kill_all`], [`SimReplicas::start_group`]) as the daemon starts it:
 //! from the most advanced store, at the next epoch. The leader proposes `ExpireOnce` as the
-//! daemon's applier does, from marks of where the order stood (a copy of its `OnceMarks`:
-//! that one is private to the daemon).
+//! daemon's applier does, from marks of where the order stood (the daemon's own
+//! `OnceMarks`).
 
 use bytes::Bytes;
 use rand::rngs::StdRng;
@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tessera_manager::command::{is_read, Command, OrderPosition};
-use tessera_manager::replica::{is_local, order_config, ORDER_TIMEOUT};
+use tessera_manager::replica::{is_local, order_config, OnceMarks, ORDER_TIMEOUT};
 use tessera_manager::replica_core::{copy_store, local_answer, open_installed, ReplicaCore};
 use tessera_manager::{Manager, ManagerConfig};
 use tessera_order::{Destination, Event, Group, Node, NodeId, Start};
@@ -99,56 +99,6 @@ struct Running {
     leases_checked: Instant,
     /// Where the order stood, for its `ExpireOnce` cutoff.
     once_marks: OnceMarks,
-}
-
-/// Marks of where the order stood, at most [`ONCE_MARKS_MAX`] per once expiry time, the newest
-/// cutoff at least one expiry old, and its last proposal: the daemon's `OnceMarks`
-/// (`tessera_manager::replica`), copied because it is private there.
-#[derive(Default)]
-struct OnceMarks {
-    marks: VecDeque<(Instant, OrderPosition)>,
-    due: Option<OrderPosition>,
-    proposed: Option<(Instant, OrderPosition)>,
-}
-
-/// Marks kept per once expiry time (the daemon's `ONCE_MARKS_MAX`).
-const ONCE_MARKS_MAX: u32 = 16;
-/// Least time between two proposals of one cutoff while records remain (the daemon's).
-const ONCE_EXPIRY_AGAIN: Duration = Duration::from_secs(1);
-
-impl OnceMarks {
-    /// Marks where the order stands (`here`) if the last mark is old enough, moves the
-    /// cutoff to the newest mark one `expiry` old; the cutoff to propose now, if any.
-    fn tick(
-        &mut self,
-        now: Instant,
-        here: OrderPosition,
-        expiry: Duration,
-        backlog: bool,
-    ) -> Option<OrderPosition> {
-        let interval = expiry / ONCE_MARKS_MAX;
-        let last = self.marks.back().map(|&(at, _)| at);
-        if last.is_none_or(|at| now.saturating_duration_since(at) >= interval) {
-            self.marks.push_back((now, here));
-        }
-        while let Some(&(at, position)) = self.marks.front() {
-            if now.saturating_duration_since(at) < expiry {
-                break;
-            }
-            self.due = Some(position);
-            self.marks.pop_front();
-        }
-        let due = self.due?;
-        let propose = match self.proposed {
-            None => true,
-            Some((_, proposed)) if due > proposed => true,
-            Some((at, _)) => backlog && now.saturating_duration_since(at) >= ONCE_EXPIRY_AGAIN,
-        };
-        propose.then(|| {
-            self.proposed = Some((now, due));
-            due
-        })
-    }
 }
 
 struct Replica {
@@ -623,11 +573,10 @@ impl GroupState {
         let (here, backlog) = (running.core.position(), manager.once_expiry_backlog());
         let marks = &mut running.once_marks;
         if !running.core.leads() {
-            marks.tick(now, here, expiry, false);
-            marks.proposed = None;
+            marks.follow(now.into_std(), here, expiry);
             return;
         }
-        if let Some(before) = marks.tick(now, here, expiry, backlog) {
+        if let Some(before) = marks.tick(now.into_std(), here, expiry, backlog) {
             if let Ok((_, proposal)) = running.core.proposal(Command::ExpireOnce { before }) {
                 let _ = running.node.propose(proposal, at);
             }
