@@ -730,13 +730,12 @@ impl fuser::Filesystem for TesseraFs {
             if flags.contains(RenameFlags::RENAME_EXCHANGE) {
                 return Err(Errno::EINVAL);
             }
-            if flags.contains(RenameFlags::RENAME_NOREPLACE)
-                && self.call(self.client.entry(&to))?.is_some()
-            {
+            let target = self.call(self.client.entry(&to))?;
+            if flags.contains(RenameFlags::RENAME_NOREPLACE) && target.is_some() {
                 return Err(Errno::EEXIST);
             }
             // A file replaced while open stays readable through its handles, as if unlinked.
-            if let Some(NamespaceEntry::File { meta, .. }) = self.call(self.client.entry(&to))? {
+            if let Some(NamespaceEntry::File { meta, .. }) = target {
                 if self.is_open(meta.id) && from != to {
                     self.unlink_path(&to)?;
                 }
