@@ -142,7 +142,10 @@
 //! after one smoothed RTT). When the retransmission timer expires it goes back to the oldest
 //! unacknowledged packet and doubles the timeout, up to `retransmit_timer_max_us` (1 ms);
 //! a timeout that finds the peer silent for `peer_lost_after_us` since the first timeout
-//! without progress reports the session [`Event::Lost`] and drops its queue. A
+//! without progress, after at least [`LOST_AFTER_TIMEOUTS_MIN`] unanswered timeouts, reports
+//! the session [`Event::Lost`] and drops its queue. Time this host was late to handle its
+//! timers (beyond 2 ms each) is not counted as the peer's silence: a process kept off the
+//! CPU for a second resends and listens before it gives up on anyone. A
 //! timeout whose first advancing ACK echoes a transmission from before it was spurious
 //! (Eifel, RFC 3522): the window cut is undone and the sender goes on from where it was. If
 //! the receiver's window is closed and nothing is in flight, the same timer sends window
@@ -246,7 +249,7 @@ pub use endpoint::{
 };
 pub use packet::{decode, Packet, PacketError, PacketKind, HEADER_LEN, OVERHEAD_LEN, TAG_LEN};
 pub use radon::{PacingStats, RadonConfig, Reservation, ReservationError};
-pub use session::{REORDER_PACKETS, WINDOW_INITIAL_PACKETS};
+pub use session::{LOST_AFTER_TIMEOUTS_MIN, REORDER_PACKETS, WINDOW_INITIAL_PACKETS};
 
 // The drivers move endpoints between threads.
 const _: () = {
@@ -303,6 +306,8 @@ pub struct Config {
     /// How long a session may wait without any answer from its peer (timeouts and window
     /// probes unanswered) before it is reported lost. A time, not a count of timeouts: with
     /// short timers a count would give up on a live peer that a busy host did not schedule.
+    /// The time this host was late to handle its own timers is left out, and at least
+    /// [`LOST_AFTER_TIMEOUTS_MIN`] timeouts must go unanswered.
     pub peer_lost_after_us: u64,
     /// Shortest wait before a window probe, µs. A closed window opens by the receiver's
     /// own update, so a probe is only insurance against that update's loss: probing every

@@ -15,6 +15,16 @@ use std::net::SocketAddr;
 /// least this).
 pub const WINDOW_INITIAL_PACKETS: u32 = 2;
 
+/// The fewest consecutive timeouts (retransmissions or window probes, all unanswered) before
+/// a session may be given up, however long its peer was silent: one long wait is not
+/// evidence that the peer is gone if nothing was sent again during it.
+pub const LOST_AFTER_TIMEOUTS_MIN: u32 = 3;
+
+/// How late a host may handle a timer before the rest counts as its own stall rather than
+/// the peer's silence (see `Session::peer_silent_too_long`): a scheduler's usual lateness
+/// stays counted, so a peer that is gone is still found within about `peer_lost_after_us`.
+const HOST_LATE_SLACK_US: Micros = 2_000;
+
 /// What the endpoint must do with a session after it handled an input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -875,6 +885,21 @@ impl Session {
             .min()
     }
 
+    /// Whether the timeout due at `deadline`, handled at `now`, finds the peer silent for
+    /// [`Config::peer_lost_after_us`]. Silence is counted from when the first unanswered
+    /// timer was armed, less the time this host itself was late to handle its timers: a
+    /// process kept off the CPU for a second would otherwise give up on every peer at its
+    /// first timeout, without a retransmission, while their answers waited in its socket.
+    /// And at least [`LOST_AFTER_TIMEOUTS_MIN`] timeouts must have gone unanswered.
+    fn peer_silent_too_long(&mut self, deadline: Micros, now: Micros, config: &Config) -> bool {
+        let late = now
+            .saturating_sub(deadline)
+            .saturating_sub(HOST_LATE_SLACK_US);
+        let since = self.stalled_since.get_or_insert(self.rto_armed_at);
+        *since = since.saturating_add(late).min(now);
+        now - *since >= config.peer_lost_after_us && self.backoffs + 1 >= LOST_AFTER_TIMEOUTS_MIN
+    }
+
     pub(crate) fn on_timeout(
         &mut self,
         now: Micros,
@@ -917,8 +942,7 @@ impl Session {
             } else {
                 stats.probe_timeouts += 1;
             }
-            let stalled_since = *self.stalled_since.get_or_insert(self.rto_armed_at);
-            if now.saturating_sub(stalled_since) >= config.peer_lost_after_us {
+            if self.peer_silent_too_long(deadline, now, config) {
                 return Verdict::TimedOut;
             }
             self.backoffs += 1;

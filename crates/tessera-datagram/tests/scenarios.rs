@@ -1128,6 +1128,112 @@ fn a_peer_that_vanishes_while_the_window_is_closed_is_lost_too() {
     );
 }
 
+/// One round of the hand-stepped client and server of [`client_and_server`] at `now`: a
+/// message out, its acknowledgement back 100 µs later.
+fn one_round(endpoints: &mut [(SocketAddr, Endpoint)], session: SessionId, now: Micros) {
+    endpoints[0]
+        .1
+        .send(session, Bytes::from_static(b"ping"), now)
+        .unwrap();
+    assert!(deliver_late(endpoints, (0, 1), now, now + 50, now + 50) > 0);
+    while endpoints[1].1.poll_event().is_some() {}
+    deliver_late(endpoints, (1, 0), now + 50, now + 100, now + 100);
+    while endpoints[0].1.poll_event().is_some() {}
+}
+
+#[test]
+fn a_host_kept_off_the_cpu_does_not_give_up_on_a_peer_that_answered() {
+    // The client sends, the server acknowledges at once, but the client is not scheduled for
+    // 1.5 s (a loaded machine, SIGSTOP): its timer expired long ago when it next runs, and in
+    // the worst order it handles that timer before reading its socket. Its own lateness is
+    // not the server's silence: it resends, reads the acknowledgement that waited, and keeps
+    // the session (before, it reported the server lost at this first timeout).
+    let (config, mut endpoints, session) = client_and_server();
+    let mut now: Micros = 1_000;
+    for _ in 0..5 {
+        one_round(&mut endpoints, session, now);
+        now += 1_000;
+    }
+    endpoints[0]
+        .1
+        .send(session, Bytes::from_static(b"late"), now)
+        .unwrap();
+    assert!(deliver_late(&mut endpoints, (0, 1), now, now + 50, now + 50) > 0);
+    while endpoints[1].1.poll_event().is_some() {}
+    let mut acks = Vec::new();
+    while let Some(transmit) = endpoints[1].1.poll_transmit(now + 50) {
+        acks.push(transmit);
+    }
+    assert!(!acks.is_empty(), "the server acknowledges");
+    let woke = now + config.peer_lost_after_us + 500_000;
+    assert!(endpoints[0].1.poll_timeout().unwrap() < woke);
+    endpoints[0].1.handle_timeout(woke);
+    assert_eq!(
+        endpoints[0].1.poll_event(),
+        None,
+        "no loss at the late timer"
+    );
+    assert!(
+        endpoints[0].1.poll_transmit(woke).is_some(),
+        "the late timer resends"
+    );
+    let server = endpoints[1].0;
+    for ack in &acks {
+        endpoints[0]
+            .1
+            .handle_datagram_arrived(server, &ack.contents, now + 100, woke);
+    }
+    let info = endpoints[0].1.session_info(session).expect("session kept");
+    assert_eq!(info.in_flight, 0, "{info:?}");
+    assert_eq!(endpoints[0].1.stats().sessions_lost, 0);
+}
+
+#[test]
+fn a_host_kept_off_the_cpu_still_finds_a_vanished_peer_lost() {
+    // The same stall, but the server is gone: once the client runs on schedule again, it
+    // resends for about `peer_lost_after_us` more and then reports the session lost.
+    let (config, mut endpoints, session) = client_and_server();
+    let mut now: Micros = 1_000;
+    for _ in 0..5 {
+        one_round(&mut endpoints, session, now);
+        now += 1_000;
+    }
+    endpoints[0]
+        .1
+        .send(session, Bytes::from_static(b"lost"), now)
+        .unwrap();
+    while endpoints[0].1.poll_transmit(now).is_some() {}
+    let woke = now + config.peer_lost_after_us + 500_000;
+    let mut at = woke;
+    let lost_at = loop {
+        endpoints[0].1.handle_timeout(at);
+        while endpoints[0].1.poll_transmit(at).is_some() {}
+        if let Some(event) = endpoints[0].1.poll_event() {
+            assert!(matches!(
+                event,
+                Event::Lost {
+                    reason: LossReason::TimedOut,
+                    ..
+                }
+            ));
+            break at;
+        }
+        at = endpoints[0]
+            .1
+            .poll_timeout()
+            .expect("a timer while sending");
+        assert!(at < woke + 10 * config.peer_lost_after_us, "never lost");
+    };
+    let after_waking = lost_at - woke;
+    println!("lost {after_waking} µs after the host ran again");
+    assert!(
+        (config.peer_lost_after_us - 3 * config.retransmit_timer_max_us
+            ..=config.peer_lost_after_us + 3 * config.retransmit_timer_max_us)
+            .contains(&after_waking),
+        "lost {after_waking} µs after waking"
+    );
+}
+
 #[test]
 fn a_partition_shorter_than_the_loss_bound_heals_without_losing_the_session() {
     let mut sim = Sim::new(25);

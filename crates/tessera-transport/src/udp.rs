@@ -803,9 +803,17 @@ impl Driver {
             return;
         };
         let mut again = Vec::new();
+        let silence_ms = self.endpoint.config().peer_lost_after_us / 1000;
         for (id, p) in take_session(pending, sessions, session) {
             if reason == LossReason::Reset && !p.resent {
                 again.push((id, p));
+            } else if reason == LossReason::TimedOut {
+                // Silence is a timeout, as on TCP: the caller pings before it reports the
+                // server down (its answers may only be late, on a loaded machine).
+                let _ = p.reply.send(Err(TransportError::Timeout {
+                    addr: peer,
+                    timeout_ms: silence_ms,
+                }));
             } else {
                 let _ = p.reply.send(Err(TransportError::Disconnected {
                     addr: peer,
