@@ -48,7 +48,9 @@ impl Client {
     async fn describe_renamed(&self, to: &str) {
         let metas = match self.entry(to).await {
             Ok(Some(NamespaceEntry::File { meta, .. })) => vec![meta],
-            Ok(Some(NamespaceEntry::Dir)) => self.list(&format!("{to}/")).await.unwrap_or_default(),
+            Ok(Some(NamespaceEntry::Dir { .. })) => {
+                self.list(&format!("{to}/")).await.unwrap_or_default()
+            }
             _ => Vec::new(),
         };
         for meta in metas {
@@ -84,6 +86,15 @@ impl Client {
     pub async fn touch(&self, file: &File, modified: u64) -> Result<(), ClientError> {
         self.namespace_change(NamespaceRequest::Touch {
             file: file.id,
+            modified,
+        })
+        .await
+    }
+
+    /// Record directory `path`'s modification time, in nanoseconds since the Unix epoch.
+    pub async fn touch_dir(&self, path: &str, modified: u64) -> Result<(), ClientError> {
+        self.namespace_change(NamespaceRequest::TouchDir {
+            path: path.into(),
             modified,
         })
         .await

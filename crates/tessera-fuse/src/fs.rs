@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tessera_client::{Client, ClientError, File, LayoutRequest, NamespaceEntry};
-use tessera_wire::{join_path, ManagerError};
+use tessera_wire::{join_path, parent_of, ManagerError};
 
 /// How long the kernel may keep attributes and entries without asking again.
 const TTL: Duration = Duration::from_secs(1);
@@ -218,9 +218,9 @@ impl TesseraFs {
         let entry = self.call(self.client.entry(path))?;
         let ino = self.inodes.lock().unwrap().ino(path);
         match entry {
-            Some(NamespaceEntry::Dir) => {
+            Some(NamespaceEntry::Dir { modified }) => {
                 let nlink = self.dir_links(path)?;
-                Ok(self.attr(ino, FileType::Directory, 0, None, nlink))
+                Ok(self.attr(ino, FileType::Directory, 0, modified, nlink))
             }
             Some(NamespaceEntry::File { meta, modified }) => {
                 let size = meta.size.max(self.buffered_end(meta.id));
@@ -230,6 +230,22 @@ impl TesseraFs {
             None => {
                 self.inodes.lock().unwrap().remove(path);
                 Err(Errno::ENOENT)
+            }
+        }
+    }
+
+    /// Records `modified` as the time of each directory in `dirs` (an entry in it was made,
+    /// removed or renamed). Best effort: the change itself is done, and a time that could
+    /// not be recorded is only a stale time.
+    fn touch_dirs(&self, dirs: &[&str], modified: u64) {
+        let client = &self.client;
+        let touches = dirs.iter().map(|dir| client.touch_dir(dir, modified));
+        for (dir, result) in dirs
+            .iter()
+            .zip(self.runtime.block_on(futures::future::join_all(touches)))
+        {
+            if let Err(e) = result {
+                tracing::debug!("time of directory '{dir}' not recorded: {e}");
             }
         }
     }
@@ -252,7 +268,7 @@ impl TesseraFs {
     fn unlink_path(&self, path: &str) -> Result<(), Errno> {
         let open_id = match self.call(self.client.entry(path))? {
             Some(NamespaceEntry::File { meta, .. }) if self.is_open(meta.id) => Some(meta.id),
-            Some(NamespaceEntry::Dir) => return Err(Errno::EISDIR),
+            Some(NamespaceEntry::Dir { .. }) => return Err(Errno::EISDIR),
             _ => None,
         };
         match open_id {
@@ -329,7 +345,7 @@ impl TesseraFs {
                 };
                 Ok((file, bytes_max))
             }
-            Some(NamespaceEntry::Dir) => Err(Errno::EISDIR),
+            Some(NamespaceEntry::Dir { .. }) => Err(Errno::EISDIR),
             None => Err(Errno::ENOENT),
         }
     }
@@ -619,10 +635,16 @@ impl fuser::Filesystem for TesseraFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         if ino.0 == ROOT {
-            return match self.dir_links("") {
-                Ok(nlink) => {
-                    reply.attr(&TTL, &self.attr(ROOT, FileType::Directory, 0, None, nlink))
-                }
+            let root = self.call(self.client.entry("")).and_then(|entry| {
+                let modified = match entry {
+                    Some(NamespaceEntry::Dir { modified }) => modified,
+                    _ => None,
+                };
+                let nlink = self.dir_links("")?;
+                Ok(self.attr(ROOT, FileType::Directory, 0, modified, nlink))
+            });
+            return match root {
+                Ok(attr) => reply.attr(&TTL, &attr),
                 Err(e) => reply.error(e),
             };
         }
@@ -661,14 +683,18 @@ impl fuser::Filesystem for TesseraFs {
                         .duration_since(UNIX_EPOCH)
                         .map_or(0, |d| d.as_nanos() as u64),
                 };
-                if let Ok(Some(NamespaceEntry::File { meta, .. })) =
-                    self.call(self.client.entry(&path))
-                {
-                    let file = File {
-                        id: meta.id,
-                        path: meta.path,
-                    };
-                    self.call(self.client.touch(&file, nanos))?;
+                match self.call(self.client.entry(&path)) {
+                    Ok(Some(NamespaceEntry::File { meta, .. })) => {
+                        let file = File {
+                            id: meta.id,
+                            path: meta.path,
+                        };
+                        self.call(self.client.touch(&file, nanos))?;
+                    }
+                    Ok(Some(NamespaceEntry::Dir { .. })) => {
+                        self.call(self.client.touch_dir(&path, nanos))?;
+                    }
+                    _ => {}
                 }
             }
             self.stat_path(&path)
@@ -690,6 +716,7 @@ impl fuser::Filesystem for TesseraFs {
     ) {
         let result = self.child(parent, name).and_then(|path| {
             self.call(self.client.make_dir(&path))?;
+            self.touch_dirs(&[&path, parent_of(&path)], now_nanos());
             self.stat_path(&path)
         });
         match result {
@@ -699,9 +726,11 @@ impl fuser::Filesystem for TesseraFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let result = self
-            .child(parent, name)
-            .and_then(|path| self.unlink_path(&path));
+        let result = self.child(parent, name).and_then(|path| {
+            self.unlink_path(&path)?;
+            self.touch_dirs(&[parent_of(&path)], now_nanos());
+            Ok(())
+        });
         reply_empty(reply, result)
     }
 
@@ -709,6 +738,7 @@ impl fuser::Filesystem for TesseraFs {
         let result = self.child(parent, name).and_then(|path| {
             self.call(self.client.remove_dir(&path))?;
             self.inodes.lock().unwrap().remove(&path);
+            self.touch_dirs(&[parent_of(&path)], now_nanos());
             Ok(())
         });
         reply_empty(reply, result)
@@ -742,6 +772,12 @@ impl fuser::Filesystem for TesseraFs {
             }
             self.call(self.client.rename(&from, &to))?;
             self.inodes.lock().unwrap().rename(&from, &to);
+            let (old_parent, new_parent) = (parent_of(&from), parent_of(&to));
+            if old_parent == new_parent {
+                self.touch_dirs(&[old_parent], now_nanos());
+            } else {
+                self.touch_dirs(&[old_parent, new_parent], now_nanos());
+            }
             Ok(())
         })();
         reply_empty(reply, result)
@@ -769,7 +805,14 @@ impl fuser::Filesystem for TesseraFs {
     ) {
         let result = self.child(parent, name).and_then(|path| {
             let file = self.call(self.client.create(&path, self.config.layout.clone()))?;
-            self.call(self.client.touch(&file, now_nanos()))?;
+            // The file's time and its directory's in one round trip; the directory's is best
+            // effort (see `touch_dirs`).
+            let now = now_nanos();
+            let (touched, _) = self.runtime.block_on(futures::future::join(
+                self.client.touch(&file, now),
+                self.client.touch_dir(parent_of(&path), now),
+            ));
+            touched.map_err(|e| errno(&e))?;
             let attr = self.stat_path(&path)?;
             let (_, bytes_max) = self.open_path(&path)?;
             Ok((attr, self.register(file, bytes_max)))

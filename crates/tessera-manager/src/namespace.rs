@@ -1,11 +1,17 @@
 //! The directory tree over the flat namespace (see `tessera_wire::NamespaceRequest`).
 //!
-//! Two tables beside `paths`:
+//! Three tables beside `paths`:
 //!
 //! ```text
-//! dirs:  &str   -> ()    directories made explicitly (an empty one exists only here)
-//! times: FileId -> u64   a file's modification time, ns since the Unix epoch, as its writer sent it
+//! dirs:      &str   -> ()    directories made explicitly (an empty one exists only here)
+//! times:     FileId -> u64   a file's modification time, ns since the Unix epoch, as its writer sent it
+//! dir_times: &str   -> u64   a directory's modification time, the same way (`TouchDir`)
 //! ```
+//!
+//! A directory's time moves with it in a rename and goes with it in a `RemoveDir`. One that
+//! vanishes because its last file went (it was never made) keeps its time until the path is
+//! a directory again and touched; the mount touches a directory at each change of its
+//! entries, so only a directory filled and emptied by other clients shows such a time.
 //!
 //! A directory `d` exists if `dirs` holds it or if any key of `paths` or `dirs` starts with
 //! `d/`: both tables sort bytewise, so that is one range probe each. A rename of a directory
@@ -22,6 +28,7 @@ use tessera_wire::{
 
 pub(crate) const DIRS: TableDefinition<&str, ()> = TableDefinition::new("dirs");
 pub(crate) const TIMES: TableDefinition<FileId, u64> = TableDefinition::new("times");
+pub(crate) const DIR_TIMES: TableDefinition<&str, u64> = TableDefinition::new("dir_times");
 
 /// Entries one listing returns at most: a larger directory is refused rather than sent in
 /// a frame the transports would refuse.
@@ -57,6 +64,9 @@ impl Manager {
                     Ok(())
                 })?;
             }
+            NamespaceRequest::TouchDir { path, modified } => {
+                self.write(|change| touch_dir(change, &path, modified))?;
+            }
         }
         Ok(ManagerResponse::Done)
     }
@@ -75,10 +85,16 @@ impl Manager {
                 modified,
             })));
         }
-        let is_dir = path.is_empty() || dir_exists(&paths, dirs.as_ref(), path)?;
-        Ok(ManagerResponse::Entry(
-            is_dir.then_some(NamespaceEntry::Dir),
-        ))
+        if !(path.is_empty() || dir_exists(&paths, dirs.as_ref(), path)?) {
+            return Ok(ManagerResponse::Entry(None));
+        }
+        let modified = match open_read(&txn, DIR_TIMES)? {
+            Some(times) => times.get(path)?.map(|time| time.value()),
+            None => None,
+        };
+        Ok(ManagerResponse::Entry(Some(NamespaceEntry::Dir {
+            modified,
+        })))
     }
 
     fn list_dir(&self, path: &str) -> Result<ManagerResponse, Failure> {
@@ -250,6 +266,19 @@ fn remove_dir(change: &mut Change<'_>, path: &str) -> Result<(), Failure> {
         return Err(ManagerError::NotEmpty(path.to_string()).into());
     }
     dirs.remove(path)?;
+    change.txn.open_table(DIR_TIMES)?.remove(path)?;
+    Ok(())
+}
+
+/// Records directory `path`'s modification time; refused if it is not a directory.
+fn touch_dir(change: &mut Change<'_>, path: &str, modified: u64) -> Result<(), Failure> {
+    let dirs = change.txn.open_table(DIRS)?;
+    match kind_in(change, &dirs, path)? {
+        Some(None) => {}
+        Some(Some(_)) => return Err(ManagerError::NotDir(path.to_string()).into()),
+        None => return Err(ManagerError::NotFound(path.to_string()).into()),
+    }
+    change.txn.open_table(DIR_TIMES)?.insert(path, modified)?;
     Ok(())
 }
 
@@ -285,8 +314,10 @@ fn rename(change: &mut Change<'_>, from: &str, to: &str) -> Result<(), Failure> 
                     return Err(ManagerError::NotEmpty(to.to_string()).into());
                 }
                 dirs.remove(to)?;
+                change.txn.open_table(DIR_TIMES)?.remove(to)?;
             }
-            move_dir(change, &mut dirs, from, to)
+            move_dir(change, &mut dirs, from, to)?;
+            move_dir_times(change, from, to)
         }
     }
 }
@@ -342,5 +373,35 @@ fn move_dir(
     // The moved directory stays a directory at its new path even if it was empty.
     dirs.remove(from)?;
     dirs.insert(to, ())?;
+    Ok(())
+}
+
+/// Moves the times of directory `from` and of every directory below it to `to`.
+fn move_dir_times(change: &mut Change<'_>, from: &str, to: &str) -> Result<(), Failure> {
+    let mut times = change.txn.open_table(DIR_TIMES)?;
+    let prefix = dir_prefix(from);
+    let mut moved = Vec::new();
+    if let Some(time) = times.remove(from)? {
+        moved.push((to.to_string(), time.value()));
+    }
+    let mut below = Vec::new();
+    for entry in times.range(prefix.as_str()..)? {
+        let (key, time) = entry?;
+        let Some(rest) = key.value().strip_prefix(prefix.as_str()) else {
+            break;
+        };
+        below.push((
+            key.value().to_string(),
+            format!("{to}/{rest}"),
+            time.value(),
+        ));
+    }
+    for (old, new, time) in below {
+        times.remove(old.as_str())?;
+        moved.push((new, time));
+    }
+    for (path, time) in moved {
+        times.insert(path.as_str(), time)?;
+    }
     Ok(())
 }

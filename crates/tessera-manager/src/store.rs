@@ -232,6 +232,7 @@ pub(crate) fn copy_tables(from: &ReadTransaction, path: &std::path::Path) -> Res
     copy_table(from, &to, crate::command::ONCE_IDLE)?;
     copy_table(from, &to, crate::manager::namespace::DIRS)?;
     copy_table(from, &to, crate::manager::namespace::TIMES)?;
+    copy_table(from, &to, crate::manager::namespace::DIR_TIMES)?;
     copy_table(from, &to, crate::snapshot::SNAPSHOTS)?;
     copy_table(from, &to, crate::snapshot::SNAPSHOT_FILES)?;
     copy_table(from, &to, crate::snapshot::RETAINED)?;
@@ -289,6 +290,7 @@ pub(crate) fn dump(db: &Database) -> Result<Vec<String>, Failure> {
     dump_table!("once_idle", crate::command::ONCE_IDLE);
     dump_table!("dirs", crate::manager::namespace::DIRS);
     dump_table!("times", crate::manager::namespace::TIMES);
+    dump_table!("dir_times", crate::manager::namespace::DIR_TIMES);
     dump_table!("snapshots", crate::snapshot::SNAPSHOTS);
     dump_table!("snapshot_files", crate::snapshot::SNAPSHOT_FILES);
     dump_table!("retained", crate::snapshot::RETAINED);

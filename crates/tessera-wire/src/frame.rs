@@ -13,7 +13,9 @@ use serde::{de::DeserializeOwned, Serialize};
 /// compares before and after its reads. Version 7: a [`crate::StorageCall`] carries its
 /// [`crate::Service`] (a reserved stream's deadline, best effort, or rebuild). Version 8:
 /// snapshots are fenced against writes in flight (`SnapshotFence`, `SnapshotRelease`).
-pub const PROTOCOL_VERSION: u8 = 8;
+/// Version 9: directories have modification times (`NamespaceRequest::TouchDir`, `modified`
+/// in `NamespaceEntry::Dir`).
+pub const PROTOCOL_VERSION: u8 = 9;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.

@@ -48,6 +48,14 @@ pub enum NamespaceRequest {
         /// Nanoseconds since the Unix epoch.
         modified: u64,
     },
+    /// Record a directory's modification time (the writer's clock, as for `Touch`): the
+    /// mount sends it after each change of the directory's entries, and for `utimensat`.
+    TouchDir {
+        /// Path of the directory (`""` is the root).
+        path: String,
+        /// Nanoseconds since the Unix epoch.
+        modified: u64,
+    },
 }
 
 /// What a path names.
@@ -60,8 +68,11 @@ pub enum NamespaceEntry {
         /// Nanoseconds since the Unix epoch.
         modified: Option<u64>,
     },
-    /// A directory.
-    Dir,
+    /// A directory, with its modification time if one was recorded.
+    Dir {
+        /// Nanoseconds since the Unix epoch.
+        modified: Option<u64>,
+    },
 }
 
 /// The entries directly below a directory.

@@ -463,6 +463,63 @@ fn long_names_directory_links_and_files_unlinked_while_open() {
 }
 
 #[test]
+fn directory_times_follow_changes_of_their_entries() {
+    use std::time::{Duration, SystemTime};
+    let m = Mounted::start();
+    let mtime = |path: &str| std::fs::metadata(m.path(path)).unwrap().modified().unwrap();
+    // Each step after a pause, so that a time that moved is later by more than the clock's
+    // resolution.
+    let pause = || std::thread::sleep(Duration::from_millis(20));
+    let started = SystemTime::now();
+    std::fs::create_dir(m.path("d")).unwrap();
+    let made = mtime("d");
+    assert!(made >= started, "a new directory has the time it was made");
+    let mut last = made;
+    let mut step = |what: &str, change: &dyn Fn()| {
+        pause();
+        change();
+        let now = mtime("d");
+        assert!(now > last, "{what} did not move the directory's time");
+        last = now;
+    };
+    step("create", &|| std::fs::write(m.path("d/f"), b"x").unwrap());
+    step("rename inside", &|| {
+        std::fs::rename(m.path("d/f"), m.path("d/g")).unwrap()
+    });
+    step("mkdir", &|| std::fs::create_dir(m.path("d/sub")).unwrap());
+    step("rmdir", &|| std::fs::remove_dir(m.path("d/sub")).unwrap());
+    step("unlink", &|| std::fs::remove_file(m.path("d/g")).unwrap());
+    std::fs::write(m.path("elsewhere"), b"y").unwrap();
+    step("rename into", &|| {
+        std::fs::rename(m.path("elsewhere"), m.path("d/in")).unwrap()
+    });
+    // Writing a file's bytes changes the file's time, not its directory's.
+    pause();
+    std::fs::write(m.path("d/in"), b"new bytes").unwrap();
+    assert_eq!(mtime("d"), last);
+    // utimensat on a directory is kept, and the time goes with a rename of the directory.
+    let set = SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+    std::fs::File::open(m.path("d"))
+        .unwrap()
+        .set_modified(set)
+        .unwrap();
+    assert_eq!(mtime("d"), set);
+    std::fs::rename(m.path("d"), m.path("e")).unwrap();
+    assert_eq!(
+        std::fs::metadata(m.path("e")).unwrap().modified().unwrap(),
+        set
+    );
+    // The root's time moved with the rename of `d`.
+    assert!(
+        std::fs::metadata(&m.mountpoint)
+            .unwrap()
+            .modified()
+            .unwrap()
+            > made
+    );
+}
+
+#[test]
 fn mount_refuses_bad_mountpoints_and_umount_a_non_mount() {
     let root = tempfile::tempdir().unwrap();
     let missing = root.path().join("missing");
