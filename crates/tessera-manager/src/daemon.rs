@@ -24,7 +24,6 @@ use tessera_transport::{
     serve_tcp_limited, Accepted, BoxFuture, ConnectionId, FrameHandler, TcpLimits,
 };
 use tessera_wire::{encode_message, ManagerError, ManagerRequest, ManagerResponse};
-use tokio::net::TcpListener;
 
 /// How often liveness is re-evaluated when nothing else happens.
 const TICK_INTERVAL: Duration = Duration::from_millis(100);
@@ -474,12 +473,10 @@ async fn start_with(
         Err(e) => return Err(e.into()),
     };
     let manager = Arc::new(Mutex::new(served));
-    let listener = TcpListener::bind(listen)
-        .await
-        .map_err(|e| DaemonError::Listen {
-            addr: listen,
-            detail: e.to_string(),
-        })?;
+    let listener = tessera_transport::listen(listen).map_err(|e| DaemonError::Listen {
+        addr: listen,
+        detail: e.to_string(),
+    })?;
     let addr = listener.local_addr().map_err(|e| DaemonError::Listen {
         addr: listen,
         detail: e.to_string(),

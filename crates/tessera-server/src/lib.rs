@@ -36,7 +36,6 @@ use tessera_wire::{
     encode_message, IndexRange, ManagerError, ManagerRequest, ManagerResponse, OverflowExtent,
     ServerId, StorageCall, StorageError, StorageRequest, StorageResponse, RECORDS_PER_PAGE,
 };
-use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 mod keys;
@@ -235,9 +234,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     });
     // TCP is always served; with the datagram transport, UDP is served on the same port number
     // too, so clients of either kind (and benchmarks comparing them) reach the same server.
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(listen_error)?;
+    let listener = tessera_transport::listen(config.listen).map_err(listen_error)?;
     let addr = listener.local_addr().map_err(listen_error)?;
     let udp_counters = OnceLock::new();
     let udp = match config.transport {

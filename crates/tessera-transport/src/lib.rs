@@ -32,7 +32,7 @@ use tessera_wire::WireError;
 pub use handshake::Accepted;
 pub use limits::TcpLimits;
 pub use mem::{MemFaults, MemNetwork, MemStats, MemTransport};
-pub use tcp::{serve_tcp, serve_tcp_limited, TcpConfig, TcpTransport};
+pub use tcp::{listen, serve_tcp, serve_tcp_limited, TcpConfig, TcpTransport, LISTEN_BACKLOG};
 pub use tessera_auth::{Claim, Credential, Key, Refusal};
 pub use tessera_datagram::{Config as DatagramConfig, CongestionKind};
 pub use udp::{serve_udp, UdpConfig, UdpCounters, UdpServer, UdpTransport};

@@ -8,9 +8,13 @@
 //!
 //! - **Connections.** At most `connections_max` in total and `connections_per_peer_max` per
 //!   source IP address. A newcomer beyond either cap evicts the connection (of that peer, or
-//!   of anyone) that has no request at the handler and has been silent longest; only when
-//!   every candidate is busy is the newcomer refused. Someone who holds connections open
-//!   without using them therefore cannot keep out a client who comes to ask something.
+//!   of anyone) that has no request at the handler and has been silent longest, taking one
+//!   still in its handshake before any authenticated one; only when every candidate is busy
+//!   is the newcomer refused. Someone who holds connections open without using them
+//!   therefore cannot keep out a client who comes to ask something, and a stranger who
+//!   opens connections without a key (newcomers are strangers until their handshake
+//!   completes) evicts only other strangers while there are any, however many it opens:
+//!   clients that share its address (behind one NAT, or on 127.0.0.1) keep their sessions.
 //! - **Time.** A connection with no request in progress and no byte for `idle_timeout` is
 //!   closed. Once a frame has begun, its header must be complete within `header_timeout`
 //!   and its body within `body_timeout_base` plus its length at `body_bytes_per_second_min`.
@@ -141,6 +145,8 @@ impl TcpLimits {
 /// One connection's entry in the table.
 struct Entry {
     peer: IpAddr,
+    /// Its handshake succeeded: evicted for a newcomer only when no stranger is left.
+    authenticated: bool,
     /// When its last byte arrived or its last request was answered.
     active_at: Instant,
     /// Requests read and not yet answered.
@@ -165,12 +171,13 @@ struct Table {
 }
 
 impl Table {
-    /// The idle connection (of `peer`, if given) silent longest.
+    /// The idle connection (of `peer`, if given) to evict for a newcomer: one still in its
+    /// handshake if there is any, the one silent longest among them.
     fn victim(&self, peer: Option<IpAddr>) -> Option<u64> {
         self.entries
             .iter()
             .filter(|(_, e)| e.requests == 0 && peer.is_none_or(|p| e.peer == p))
-            .min_by_key(|(_, e)| e.active_at)
+            .min_by_key(|(_, e)| (e.authenticated, e.active_at))
             .map(|(id, _)| *id)
     }
 
@@ -308,6 +315,7 @@ impl Limiter {
             id,
             Entry {
                 peer,
+                authenticated: false,
                 active_at: Instant::now(),
                 requests: 0,
                 partial_bytes: 0,
@@ -344,6 +352,15 @@ impl Slot {
     /// Completes when the connection was evicted for a newcomer.
     pub(crate) async fn evicted(&self) {
         self.evicted.notified().await
+    }
+
+    /// The peer completed its handshake: from now on a newcomer evicts it only when no
+    /// connection still in its handshake is left to evict.
+    pub(crate) fn authenticated(&self) {
+        self.limiter.update(self.id, |entry| {
+            entry.authenticated = true;
+            entry.active_at = Instant::now();
+        });
     }
 
     /// Bytes arrived (or an answer went out).
@@ -551,6 +568,41 @@ mod tests {
             .unwrap()
             .entries
             .contains_key(&third.id));
+    }
+
+    #[tokio::test]
+    async fn strangers_evict_strangers_not_authenticated_sessions_of_their_address() {
+        // One address for all, as on 127.0.0.1 or behind a NAT: the per-peer cap cannot
+        // tell the client from the attacker, the handshake can.
+        let limiter = Limiter::new(limits(8, 4));
+        let shared: IpAddr = "10.0.0.1".parse().unwrap();
+        let client = limiter.admit(shared).unwrap();
+        client.authenticated();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let mut strangers: Vec<Slot> = Vec::new();
+        for _ in 0..2_000 {
+            strangers.push(limiter.admit(shared).unwrap());
+        }
+        let evicted = tokio::time::timeout(Duration::from_millis(50), client.evicted()).await;
+        assert!(
+            evicted.is_err(),
+            "a stranger evicted an authenticated session"
+        );
+        {
+            let table = limiter.table.lock().unwrap();
+            assert!(table.entries.contains_key(&client.id));
+            assert_eq!(table.per_peer[&shared], 4);
+        }
+        // With no stranger left to take, a newcomer still finds room (the session silent
+        // longest goes), so idle sessions cannot lock clients out either.
+        let sessions: Vec<Slot> = strangers.drain(..).rev().take(3).collect();
+        for session in &sessions {
+            session.authenticated();
+        }
+        let _newcomer = limiter.admit(shared).unwrap();
+        tokio::time::timeout(Duration::from_secs(1), client.evicted())
+            .await
+            .expect("the session silent longest makes room once no stranger is left");
     }
 
     #[tokio::test]

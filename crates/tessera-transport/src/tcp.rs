@@ -392,6 +392,24 @@ async fn read_replies(
     }
 }
 
+/// Connections the kernel completes and queues for a daemon's accept loop. Tokio's default
+/// (128) overflowed while 2,000 strangers connected at once: the kernel then dropped
+/// connection attempts, and each dropped one, a client's as well as the stranger's, waited
+/// the 1 s of a SYN's retransmission (16 of 4,000 in one run: 2,000 connections took 7-9 s).
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listener for a daemon on `addr` (SO_REUSEADDR, as `TcpListener::bind`), with a
+/// backlog of [`LISTEN_BACKLOG`] (the kernel caps it at `net.core.somaxconn`).
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Serve `handler` on `listener` until the task is dropped, within the default
 /// [`TcpLimits`]. See [`serve_tcp_limited`].
 pub async fn serve_tcp(listener: TcpListener, handler: Arc<dyn FrameHandler>) {
@@ -499,7 +517,7 @@ async fn serve_connection(
     let Some(accepted) = accepted else {
         return;
     };
-    slot.touch();
+    slot.authenticated();
     handler.opened(id, &accepted);
     if accepted.datagram.is_some() {
         // The handshake keyed a datagram session: its requests come over UDP.

@@ -259,6 +259,49 @@ async fn idle_connections_beyond_the_caps_do_not_lock_clients_out() {
     assert!(rss_after.1 < rss_before.1 + (64 << 20));
 }
 
+/// A client's authenticated connection, opened before 2,000 strangers connect from its own
+/// address (as behind one NAT; the per-address cap cannot tell them apart), is not the one
+/// evicted for them: strangers evict strangers. Before, it was silent longest and went first.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_strangers_on_a_clients_address_do_not_evict_its_session() {
+    let cluster = tokio::task::block_in_place(|| Cluster::up(TransportKind::Tcp, &[]));
+    let (server, _) = cluster.server(0);
+    let key = tessera_client::parse_access_key(&cluster.file.key)
+        .expect("access key")
+        .for_storage();
+    let mut session = support::authenticated(server, &key).await;
+    let held = tokio::task::block_in_place(|| idle_connections(server, 2_000));
+    assert!(held.len() > 1_024, "{} connected", held.len());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The strangers beyond the cap of 256 were evicted...
+    let closed = closed_count(&held);
+    assert!(
+        closed >= held.len() - 256,
+        "{closed} of {} closed",
+        held.len()
+    );
+    // ...and the session still answers: any answer to a ping (an incarnation of 0 may be
+    // refused as stale) on this connection, not an end of stream.
+    let call = StorageCall {
+        incarnation: 0,
+        request: StorageRequest::Ping,
+        service: tessera_wire::Service::BestEffort,
+    };
+    let frame = tessera_wire::Frame::new(FrameKind::Request, 7, &call, Bytes::new()).to_bytes();
+    session
+        .write_all(&frame)
+        .await
+        .expect("the session is open");
+    let mut head = [0u8; tessera_wire::FRAME_HEADER_BYTES];
+    let read = tokio::io::AsyncReadExt::read_exact(&mut session, &mut head);
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .expect("an answer in time")
+        .expect("the session was not closed");
+    let header = FrameHeader::decode(&head).expect("a valid header");
+    assert_eq!((header.kind, header.request_id), (FrameKind::Response, 7));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Frames that announce almost 24 MiB: some send only the header, some almost all of the body,
 // then both stall. Without a budget each pinned its announced size.
