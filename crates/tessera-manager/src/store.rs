@@ -235,6 +235,7 @@ pub(crate) fn copy_tables(from: &ReadTransaction, path: &std::path::Path) -> Res
     copy_table(from, &to, crate::snapshot::SNAPSHOTS)?;
     copy_table(from, &to, crate::snapshot::SNAPSHOT_FILES)?;
     copy_table(from, &to, crate::snapshot::RETAINED)?;
+    copy_table(from, &to, crate::group::REPLICAS)?;
     to.commit()?;
     Ok(())
 }
@@ -290,6 +291,7 @@ pub(crate) fn dump(db: &Database) -> Result<Vec<String>, Failure> {
     dump_table!("dirs", crate::manager::namespace::DIRS);
     dump_table!("times", crate::manager::namespace::TIMES);
     dump_table!("snapshots", crate::snapshot::SNAPSHOTS);
+    dump_table!("replicas", crate::group::REPLICAS);
     dump_table!("snapshot_files", crate::snapshot::SNAPSHOT_FILES);
     dump_table!("retained", crate::snapshot::RETAINED);
     Ok(lines)
