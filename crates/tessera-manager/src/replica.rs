@@ -65,8 +65,13 @@
 //! replica whose directory was wiped is still a new process to its peers (it lost what it
 //! acknowledged to them), rejoins as restarted and catches up.
 //!
+//! **Membership** ([`crate::group`]): the group is the one the store records (at first
+//! `--peers`); `Replica::change_group` adds or removes one replica per ordered change, a
+//! new replica starts with [`ReplicaConfig::join`], and a removed one stops its order node
+//! once a majority of the new group is normal in a later view.
+//!
 //! **Not handled** (see the README): a start of the group while a replica is down for good
-//! (it waits for every replica); membership change.
+//! (it waits for every replica).
 
 use crate::command::{Command, OrderPosition};
 use crate::daemon::Served;
