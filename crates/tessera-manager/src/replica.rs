@@ -842,10 +842,14 @@ impl Applier {
             // A peer running the next epoch started it once every replica, this one
             // included, stood where this one stands still: this one starts too, whoever
             // answers now.
+            // One still `starting` but standing in the next epoch has begun it (it records
+            // the next epoch before its order node runs): taking its store as the most
+            // advanced instead left this one a whole epoch behind, waiting forever (seen in
+            // `every_replica_killed_at_once_restarts_without_loss`).
             let next_runs = peers.iter().any(|(_, status)| {
-                status.as_ref().is_some_and(|status| {
-                    status.role != "starting" && status.epoch == mine.epoch + 1
-                })
+                status
+                    .as_ref()
+                    .is_some_and(|status| status.epoch == mine.epoch + 1)
             });
             if next_runs {
                 self.begin_epoch(mine.epoch + 1);
