@@ -373,6 +373,10 @@ impl Managers {
                 | R::Status
                 | R::FilesOnServer { .. }
                 | R::KeyList
+                // A change of the replica group made already is answered as made: a retry
+                // needs no record.
+                | R::ReplicaChange { .. }
+                | R::ReplicaGroup
                 | R::Namespace(
                     tessera_wire::NamespaceRequest::ListDir { .. }
                         | tessera_wire::NamespaceRequest::Entry { .. }
@@ -569,6 +573,32 @@ impl Client {
             out.push((addr, status));
         }
         out
+    }
+
+    /// Adds manager replica `id` at `addr` to the replicated manager's group, or removes it
+    /// (`addr` empty), as one ordered change (admin only): the group after it, as the
+    /// group's epoch and its members' ids and addresses.
+    pub async fn replica_change(
+        &self,
+        id: u16,
+        addr: Option<String>,
+    ) -> Result<(u32, Vec<(u16, String)>), ClientError> {
+        match self
+            .manager_call(ManagerRequest::ReplicaChange { id, addr })
+            .await?
+        {
+            ManagerResponse::ReplicaGroup { epoch, members } => Ok((epoch, members)),
+            other => Err(self.unexpected("replica group", other)),
+        }
+    }
+
+    /// The replicated manager's group as the replica asked records it: its epoch and its
+    /// members' ids and addresses.
+    pub async fn replica_group(&self) -> Result<(u32, Vec<(u16, String)>), ClientError> {
+        match self.manager_call(ManagerRequest::ReplicaGroup).await? {
+            ManagerResponse::ReplicaGroup { epoch, members } => Ok((epoch, members)),
+            other => Err(self.unexpected("replica group", other)),
+        }
     }
 
     /// This client's transport counters by name (the datagram endpoint's statistics:

@@ -17,6 +17,8 @@
 //!
 //! | `Replica` | yes | yes | yes | a replica's role, view and position |
 //! | `Snapshot` | yes | | | a copy of the whole store, for a replica catching up (replicas hold the secret) |
+//! | `ReplicaGroup` | yes | yes | yes | the replicas' group as a replica's store records it |
+//! | `ReplicaChange` | yes | | | adds or removes a replica (`tessera manager add|remove`) |
 //! | `Once` | | | | as the request it wraps |
 //!
 //! The admin may do everything a client may, so operators need no second key for rebuild.
@@ -29,8 +31,8 @@ pub fn roles_allowed(request: &ManagerRequest) -> &'static [Role] {
     use ManagerRequest as R;
     match request {
         R::Once { request, .. } => roles_allowed(request),
-        R::Replica => &[Role::Admin, Role::Server, Role::Client],
-        R::Snapshot { .. } => &[Role::Admin],
+        R::Replica | R::ReplicaGroup => &[Role::Admin, Role::Server, Role::Client],
+        R::Snapshot { .. } | R::ReplicaChange { .. } => &[Role::Admin],
         R::Register { .. }
         | R::Heartbeat { .. }
         | R::StorageKeys

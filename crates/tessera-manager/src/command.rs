@@ -52,8 +52,9 @@ use serde::{Deserialize, Serialize};
 use std::time::Instant;
 use tessera_wire::{FileId, ManagerError, ManagerRequest, ManagerResponse, ServerId};
 
-/// Version of a [`Proposal`]'s encoding (2: [`Command::ExpireOnce`]).
-pub const PROPOSAL_VERSION: u8 = 2;
+/// Version of a [`Proposal`]'s encoding (2: [`Command::ExpireOnce`]; 3:
+/// [`Command::AddReplica`]).
+pub const PROPOSAL_VERSION: u8 = 3;
 /// Version of a record of the `once` table.
 const ONCE_RECORD_VERSION: u8 = 1;
 
@@ -133,6 +134,14 @@ pub enum Command {
     ExpireOnce {
         /// What the proposing replica had applied one expiry time ago.
         before: OrderPosition,
+    },
+    /// Replica `id` listens at `addr`: recorded (and given to every replica's order driver)
+    /// before the order's group change that makes it a member (`crate::group`).
+    AddReplica {
+        /// The replica.
+        id: u16,
+        /// Its address.
+        addr: String,
     },
 }
 
@@ -266,6 +275,10 @@ impl Manager {
             }
             Command::ExpireOnce { before } => match self.expire_once(before) {
                 Ok(_) => ManagerResponse::Done,
+                Err(failure) => ManagerResponse::Error(failure.into()),
+            },
+            Command::AddReplica { id, addr } => match self.record_replica_addr(id, &addr) {
+                Ok(()) => ManagerResponse::Done,
                 Err(failure) => ManagerResponse::Error(failure.into()),
             },
         }

@@ -314,6 +314,10 @@ impl ManagerHandler {
                 ManagerRequest::Replica => {
                     (ManagerResponse::Replica(replica.status()), Bytes::new())
                 }
+                ManagerRequest::ReplicaGroup => (replica.group_answer(), Bytes::new()),
+                ManagerRequest::ReplicaChange { id, addr } => {
+                    (replica.change_group(id, addr).await, Bytes::new())
+                }
                 ManagerRequest::Snapshot {
                     at,
                     offset,

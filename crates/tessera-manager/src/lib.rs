@@ -96,6 +96,7 @@
 mod auth;
 pub mod command;
 pub mod daemon;
+pub mod group;
 mod keys;
 mod manager;
 pub mod metrics;

@@ -427,7 +427,10 @@ impl Manager {
             ManagerRequest::SnapshotList { name } => self.snapshot_list(name),
             ManagerRequest::SnapshotRemove { name } => self.snapshot_remove(name),
             // A replica's own state and copies of its store are the daemon's (replica.rs).
-            ManagerRequest::Replica | ManagerRequest::Snapshot { .. } => {
+            ManagerRequest::Replica
+            | ManagerRequest::Snapshot { .. }
+            | ManagerRequest::ReplicaChange { .. }
+            | ManagerRequest::ReplicaGroup => {
                 Err(ManagerError::Unordered("this manager is not replicated".into()).into())
             }
         };

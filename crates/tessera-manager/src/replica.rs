@@ -65,11 +65,17 @@
 //! replica whose directory was wiped is still a new process to its peers (it lost what it
 //! acknowledged to them), rejoins as restarted and catches up.
 //!
+//! **Membership** ([`crate::group`]): the group is the one the store records (at first
+//! `--peers`); `Replica::change_group` adds or removes one replica per ordered change, a
+//! new replica starts with [`ReplicaConfig::join`], and a removed one stops its order node
+//! once a majority of the new group is normal in a later view.
+//!
 //! **Not handled** (see the README): a start of the group while a replica is down for good
-//! (it waits for every replica); membership change.
+//! (it waits for every replica).
 
 use crate::command::{Command, OrderPosition};
 use crate::daemon::Served;
+use crate::group::ReplicaGroup;
 use crate::replica_core::ReplicaCore;
 use crate::ManagerConfig;
 use bytes::Bytes;
@@ -80,7 +86,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 use tessera_auth::{Claim, Credential, Secret};
-use tessera_order::{Event, Group, NodeId, Start};
+use tessera_order::{Event, NodeId, Start};
 use tessera_order_udp::{Broadcast, DriverConfig, Handle};
 use tessera_transport::{ConnectionId, TcpConfig, TcpTransport};
 use tessera_wire::{ManagerError, ManagerRequest, ManagerResponse, ReplicaStatus};
@@ -131,6 +137,12 @@ pub enum ReplicaError {
         /// What failed.
         detail: String,
     },
+    /// The replica's store says it was removed from the group.
+    #[error(
+        "replica {0} was removed from the group (its store says so): to bring it back, wipe \
+         its directory and add it again (`tessera manager add`)"
+    )]
+    Removed(u16),
     /// The incarnation file could not be read or written.
     #[error("incarnation file {path}: {error}")]
     Incarnation {
@@ -145,6 +157,7 @@ pub enum ReplicaError {
 pub(crate) struct Replica {
     /// This replica's id (1-based).
     pub(crate) id: u16,
+    /// `--peers`: where replicas the store names no address for listen.
     peers: Vec<SocketAddr>,
     /// The order node, once started.
     handle: Mutex<Option<Handle>>,
@@ -191,6 +204,9 @@ pub struct ReplicaConfig {
     /// Largest piece of a peer's store to ask for at once when catching up (at most
     /// [`SNAPSHOT_PIECE_BYTES_MAX`]; tests ask for less to cross many pieces).
     pub catch_up_piece_bytes: u32,
+    /// A replica being added to a running group (`tessera manager add`): it starts as an
+    /// added order node (`Start::Added`) and takes a peer's store once it is a member.
+    pub join: bool,
 }
 
 impl ReplicaConfig {
@@ -264,14 +280,12 @@ fn admin_transport(secret: &Secret) -> Arc<TcpTransport> {
 /// one rejoins (as a restarted node: it must not count for a majority, having forgotten the
 /// order). Otherwise the group is starting, and it starts with it: a joining node needs a
 /// majority that holds state to let it in.
-async fn group_is_running(config: &ReplicaConfig, secret: &Secret) -> bool {
+async fn group_is_running(others: &[(u16, SocketAddr)], secret: &Secret) -> bool {
     let transport = admin_transport(secret);
-    let majority = config.peers.len() / 2 + 1;
+    let group = others.len() + 1; // This replica is a member.
+    let majority = group / 2 + 1;
     let mut members = 0;
-    for (index, &peer) in config.peers.iter().enumerate() {
-        if index + 1 == usize::from(config.id) {
-            continue;
-        }
+    for &(_, peer) in others {
         let answer = tessera_transport::call::<_, ManagerResponse>(
             &transport,
             peer,
@@ -303,13 +317,22 @@ pub(crate) async fn start(
     let order_failed = |detail: String| ReplicaError::Order { addr, detail };
     let incarnation = next_incarnation(dir)?;
     let socket = UdpSocket::bind(addr).map_err(|e| order_failed(e.to_string()))?;
-    let stored = match &*served.lock().unwrap() {
-        Served::Running(manager) => manager
-            .order_position()
-            .map_err(|e| order_failed(format!("the store's order position: {e}")))?,
-        Served::NoStore(_) => OrderPosition::default(),
+    let (stored, group) = match &*served.lock().unwrap() {
+        Served::Running(manager) => (
+            manager
+                .order_position()
+                .map_err(|e| order_failed(format!("the store's order position: {e}")))?,
+            manager
+                .replica_group()
+                .map_err(|e| order_failed(format!("the store's replica group: {e}")))?,
+        ),
+        Served::NoStore(_) => (OrderPosition::default(), None),
     };
-    let core = ReplicaCore::new(
+    let group = group.unwrap_or_else(|| ReplicaGroup::initial(&config.peers));
+    if !config.join && !group.contains(config.id) {
+        return Err(ReplicaError::Removed(config.id));
+    }
+    let mut core = ReplicaCore::new(
         config.id,
         incarnation,
         stored,
@@ -317,6 +340,7 @@ pub(crate) async fn start(
         manager_config.heartbeat_timeout,
         Instant::now(),
     );
+    core.set_group(group);
     let replica = Arc::new(Replica {
         id: config.id,
         peers: config.peers.clone(),
@@ -362,6 +386,7 @@ pub fn is_local(request: &ManagerRequest) -> bool {
             | ManagerRequest::KeyList
             | ManagerRequest::StorageKeys
             | ManagerRequest::Replica
+            | ManagerRequest::ReplicaGroup
             | ManagerRequest::Snapshot { .. }
             | ManagerRequest::Reserve { .. }
             | ManagerRequest::RenewReservation { .. }
@@ -373,6 +398,30 @@ impl Replica {
     /// This replica's state for `tessera status`.
     pub(crate) fn status(&self) -> ReplicaStatus {
         self.core.lock().unwrap().status()
+    }
+
+    /// The other members of the group and their addresses (from the store, else `--peers`).
+    fn others(&self) -> Vec<(u16, SocketAddr)> {
+        let group = self.core.lock().unwrap().group().clone();
+        let address = |id: u16| {
+            let stored = group.addresses.get(&id).and_then(|addr| addr.parse().ok());
+            stored.or_else(|| self.peers.get(usize::from(id) - 1).copied())
+        };
+        group
+            .member_ids()
+            .into_iter()
+            .filter(|&id| id != self.id)
+            .filter_map(|id| Some((id, address(id)?)))
+            .collect()
+    }
+
+    /// The group as this replica applied it, for `ReplicaGroup`.
+    pub(crate) fn group_answer(&self) -> ManagerResponse {
+        let core = self.core.lock().unwrap();
+        ManagerResponse::ReplicaGroup {
+            epoch: core.group().epoch,
+            members: core.group().members(),
+        }
     }
 
     /// Where it stands in the order.
@@ -483,11 +532,69 @@ impl Replica {
         };
         match tokio::time::timeout(ORDER_TIMEOUT, waiting).await {
             Ok(Ok(answer)) => answer,
-            _ => ManagerResponse::Error(ManagerError::Unordered(format!(
-                "not ordered within {} ms (no majority of replicas, or a view change)",
-                ORDER_TIMEOUT.as_millis()
-            ))),
+            _ => ManagerResponse::Error(not_ordered()),
         }
+    }
+
+    /// Adds replica `id` at `addr` to the group, or removes it (`addr` empty), and answers
+    /// with the group once this replica applied the change (see [`crate::group`]): an
+    /// addition orders [`Command::AddReplica`] first, so that every replica knows where the
+    /// new one listens before the order's change makes it a member. A change already made
+    /// is answered at once.
+    pub(crate) async fn change_group(&self, id: u16, addr: Option<String>) -> ManagerResponse {
+        if let Some(refused) = self.refusal() {
+            return ManagerResponse::Error(refused);
+        }
+        let refuse = |why: String| ManagerResponse::Error(ManagerError::Layout(why));
+        if id == 0 || usize::from(id) > tessera_order::GROUP_NODES_MAX {
+            return refuse(format!("replica id {id} is not in 1..=64"));
+        }
+        let adding = addr.is_some();
+        let (member, members) = {
+            let core = self.core.lock().unwrap();
+            (core.group().contains(id), core.group().member_ids().len())
+        };
+        if member == adding {
+            return self.group_answer();
+        }
+        if !adding && members == 1 {
+            return refuse(format!("replica {id} is the group's last member"));
+        }
+        if let Some(addr) = addr {
+            if addr.parse::<SocketAddr>().is_err() {
+                return refuse(format!("bad replica address '{addr}'"));
+            }
+            let recorded = match self.propose(Command::AddReplica { id, addr }) {
+                Ok(waiting) => tokio::time::timeout(ORDER_TIMEOUT, waiting).await,
+                Err(error) => return ManagerResponse::Error(error),
+            };
+            match recorded {
+                Ok(Ok(ManagerResponse::Done)) => {}
+                Ok(Ok(other)) => return other,
+                _ => return ManagerResponse::Error(not_ordered()),
+            }
+        }
+        let role = tessera_order::Role {
+            sender: adding,
+            receiver: adding,
+        };
+        let proposed = match &*self.handle.lock().unwrap() {
+            Some(handle) => handle.propose_group_change(NodeId(id - 1), role),
+            None => Err(tessera_order_udp::DriverError::Stopped),
+        };
+        if let Err(error) = proposed {
+            return ManagerResponse::Error(ManagerError::Unordered(error.to_string()));
+        }
+        // The change is applied in order by the applier; a change of another that took the
+        // same epoch leaves this one ignored, and the caller asks again.
+        let began = Instant::now();
+        while began.elapsed() < ORDER_TIMEOUT {
+            if self.core.lock().unwrap().group().contains(id) == adding {
+                return self.group_answer();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        ManagerResponse::Error(not_ordered())
     }
 
     /// A piece of a copy of the store and the position the copy stands at (see the module
@@ -554,6 +661,31 @@ impl Replica {
         prune_outgoing(dir, position);
         Ok(position)
     }
+}
+
+/// The order driver's address of every node up to the highest replica id known: the
+/// group's (stored) addresses, else `--peers`; an id with neither gets the discard port
+/// (no node of the group has it).
+fn driver_peers(group: &ReplicaGroup, peers: &[SocketAddr]) -> Vec<SocketAddr> {
+    let highest = group.addresses.keys().copied().max().unwrap_or(0);
+    let count = usize::from(highest).max(peers.len());
+    (1..=count)
+        .map(|id| {
+            let stored = group.addresses.get(&(id as u16));
+            stored
+                .and_then(|addr| addr.parse().ok())
+                .or_else(|| peers.get(id - 1).copied())
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 9)))
+        })
+        .collect()
+}
+
+/// The refusal of a request not ordered within [`ORDER_TIMEOUT`].
+fn not_ordered() -> ManagerError {
+    ManagerError::Unordered(format!(
+        "not ordered within {} ms (no majority of replicas, or a view change)",
+        ORDER_TIMEOUT.as_millis()
+    ))
 }
 
 /// Where the copy of the store at `position` is kept for peers.
@@ -653,33 +785,38 @@ impl Applier {
     /// Joins the order: as a restarted node if a majority of the replicas run a view now,
     /// else with every replica, from the most advanced store (see the module doc).
     fn begin(&self, config: &ReplicaConfig, socket: UdpSocket) -> mpsc::Receiver<Event> {
-        let running = self
+        let start = if config.join {
+            Start::Added
+        } else if self
             .runtime
-            .block_on(group_is_running(config, &self.secret));
-        let start = if running || !self.start_with_everyone() {
+            .block_on(group_is_running(&self.replica.others(), &self.secret))
+            || !self.start_with_everyone()
+        {
             Start::Restarted
         } else {
             Start::Initial
         };
+        // The group the store records (a whole-group start begins it again at epoch 0).
+        let group = self.replica.core.lock().unwrap().group().clone();
         tracing::info!(
-            "replica {} of {} (incarnation {}): {}",
+            "replica {} of group {:?} (incarnation {}): {}",
             config.id,
-            config.peers.len(),
+            group.member_ids(),
             self.replica.core.lock().unwrap().incarnation(),
-            if start == Start::Initial {
-                "starting with the group"
-            } else {
-                "rejoining the running group"
+            match start {
+                Start::Initial => "starting with the group",
+                Start::Restarted => "rejoining the running group",
+                Start::Added => "joining the group as a new member",
             }
         );
         let driver = DriverConfig {
             config: config.order.clone(),
-            group: Group::all_to_all(config.peers.len()),
+            group: group.order_group(),
             node: NodeId(config.id - 1),
             incarnation: self.replica.core.lock().unwrap().incarnation(),
             start,
             seed: rand::random(),
-            peers: config.peers.clone(),
+            peers: driver_peers(&group, &config.peers),
             broadcast: Broadcast::Unicast,
         };
         let mut handle = tessera_order_udp::spawn_keyed(driver, socket, self.secret.replica_key())
@@ -705,10 +842,14 @@ impl Applier {
             // A peer running the next epoch started it once every replica, this one
             // included, stood where this one stands still: this one starts too, whoever
             // answers now.
+            // One still `starting` but standing in the next epoch has begun it (it records
+            // the next epoch before its order node runs): taking its store as the most
+            // advanced instead left this one a whole epoch behind, waiting forever (seen in
+            // `every_replica_killed_at_once_restarts_without_loss`).
             let next_runs = peers.iter().any(|(_, status)| {
-                status.as_ref().is_some_and(|status| {
-                    status.role != "starting" && status.epoch == mine.epoch + 1
-                })
+                status
+                    .as_ref()
+                    .is_some_and(|status| status.epoch == mine.epoch + 1)
             });
             if next_runs {
                 self.begin_epoch(mine.epoch + 1);
@@ -722,7 +863,8 @@ impl Applier {
                         .is_some_and(|s| s.role == "leader" || s.role == "follower")
                 })
                 .count();
-            if members > self.replica.peers.len() / 2 {
+            let group = peers.len() + 1; // This replica is a member.
+            if members > group / 2 {
                 return false;
             }
             if peers.iter().all(|(_, status)| status.is_some()) {
@@ -760,7 +902,6 @@ impl Applier {
         &self,
         transport: &Arc<TcpTransport>,
     ) -> Vec<(SocketAddr, Option<ReplicaStatus>)> {
-        let me = usize::from(self.replica.id) - 1;
         let ask = |addr: SocketAddr| {
             let call = tessera_transport::call::<_, ManagerResponse>(
                 transport,
@@ -773,10 +914,10 @@ impl Applier {
                 _ => None,
             }
         };
-        let others = self.replica.peers.iter().enumerate();
+        let others = self.replica.others();
         others
-            .filter(|&(index, _)| index != me)
-            .map(|(_, &addr)| (addr, ask(addr)))
+            .into_iter()
+            .map(|(_, addr)| (addr, ask(addr)))
             .collect()
     }
 
@@ -803,14 +944,21 @@ impl Applier {
         }
     }
 
-    /// Begins `epoch` at position 0, durably, before the order node starts.
+    /// Begins `epoch` at position 0, durably, before the order node starts; the order counts
+    /// group changes from 0 again, so the group (the same members) is recorded at epoch 0.
     fn begin_epoch(&self, epoch: u64) {
         let position = OrderPosition { epoch, next: 0 };
+        let mut core = self.replica.core.lock().unwrap();
+        let group = ReplicaGroup {
+            epoch: 0,
+            ..core.group().clone()
+        };
         if let Served::Running(manager) = &mut *self.served.lock().unwrap() {
             manager.set_order_position(position);
-            manager.flush().expect("the store commits the new epoch");
+            (manager.record_replica_group(&group)).expect("the store commits the new epoch");
         }
-        self.replica.core.lock().unwrap().begin_epoch(epoch);
+        core.begin_epoch(epoch);
+        core.set_group(group);
     }
 
     fn run(self, events: mpsc::Receiver<Event>) {
@@ -859,11 +1007,14 @@ impl Applier {
     }
 
     fn on_event(&self, event: Event) {
-        if let Event::Deliver {
-            position, message, ..
-        } = event
-        {
-            return self.apply_batch(&[(position, message)]);
+        match event {
+            Event::Deliver {
+                position, message, ..
+            } => return self.apply_batch(&[(position, message)]),
+            Event::GroupChange {
+                position, change, ..
+            } => return self.apply_group_change(position, &change),
+            _ => {}
         }
         let catch_up = self.replica.core.lock().unwrap().on_event(&event);
         match event {
@@ -877,6 +1028,7 @@ impl Applier {
                 self.replica.id,
                 node.0 + 1
             ),
+            Event::Removed => self.leave(),
             _ => {}
         }
         if let Some(position) = catch_up {
@@ -905,12 +1057,84 @@ impl Applier {
                 return;
             }
         };
+        self.tell_driver_addresses();
         let mut waiters = self.replica.waiters.lock().unwrap();
         for (ticket, answer) in answers {
             if let Some(waiter) = waiters.remove(&ticket) {
                 let _ = waiter.send(answer);
             }
         }
+    }
+
+    /// Gives the order driver the address of every replica an applied `AddReplica` recorded.
+    fn tell_driver_addresses(&self) {
+        let learned = self.replica.core.lock().unwrap().take_learned();
+        let handle = self.replica.handle.lock().unwrap();
+        for (id, addr) in learned {
+            let (Some(handle), Ok(addr)) = (&*handle, addr.parse::<SocketAddr>()) else {
+                continue;
+            };
+            if let Err(error) = handle.set_peer(NodeId(id - 1), addr) {
+                tracing::warn!(
+                    "replica {}: replica {id} at {addr}: {error}",
+                    self.replica.id
+                );
+            }
+        }
+    }
+
+    /// Applies the order's group change delivered at `position` to the store (see
+    /// [`crate::group`]); a store that fails stops the replica.
+    fn apply_group_change(&self, position: u64, change: &tessera_order::GroupChange) {
+        let mut served = self.served.lock().unwrap();
+        let manager = match &mut *served {
+            Served::Running(manager) => Some(&mut **manager),
+            Served::NoStore(_) => None,
+        };
+        let applied =
+            (self.replica.core.lock().unwrap()).apply_group_change(manager, position, change);
+        drop(served);
+        match applied {
+            Ok(true) => tracing::info!(
+                "replica {}: position {position}: the group is now {:?}",
+                self.replica.id,
+                self.replica.core.lock().unwrap().group().member_ids()
+            ),
+            Ok(false) => {}
+            Err(why) => self.replica.stop(why),
+        }
+    }
+
+    /// Removed from the group: refuses every request at once, and stops its order node once
+    /// a majority of the new group is normal in a later view (stopped at once, it may be the
+    /// only one holding the change while a just-added member holds nothing: see "Total
+    /// order" in the README, operators).
+    fn leave(&self) {
+        let view = self.replica.core.lock().unwrap().status().view;
+        tracing::warn!("replica {}: removed from the group", self.replica.id);
+        let transport = admin_transport(&self.secret);
+        loop {
+            let others = self.replica.others();
+            let running = others
+                .iter()
+                .filter(|&&(_, addr)| {
+                    let call = tessera_transport::call::<_, ManagerResponse>(
+                        &transport,
+                        addr,
+                        &ManagerRequest::Replica,
+                        Bytes::new(),
+                    );
+                    matches!(self.runtime.block_on(call), Ok((ManagerResponse::Replica(status), _))
+                        if (status.role == "leader" || status.role == "follower")
+                            && status.view > view)
+                })
+                .count();
+            if running > others.len() / 2 {
+                break;
+            }
+            std::thread::sleep(CATCH_UP_PAUSE);
+        }
+        self.replica.stop("removed from the group".into());
     }
 
     /// Proposes the removal of every pending file whose lease ran out here.
@@ -960,10 +1184,7 @@ impl Applier {
         );
         let transport = admin_transport(&self.secret);
         loop {
-            for (index, &peer) in self.replica.peers.iter().enumerate() {
-                if index + 1 == usize::from(self.replica.id) {
-                    continue;
-                }
+            for (id, peer) in self.replica.others() {
                 let began = Instant::now();
                 let (at, bytes, pieces) = match self.fetch(&transport, peer, position) {
                     Ok(Some(fetched)) => fetched,
@@ -976,10 +1197,9 @@ impl Applier {
                 match self.install(at) {
                     Ok(()) => {
                         tracing::info!(
-                            "replica {}: caught up from replica {} at position {at} ({bytes} \
+                            "replica {}: caught up from replica {id} at position {at} ({bytes} \
                              bytes in {pieces} pieces, {} ms)",
                             self.replica.id,
-                            index + 1,
                             began.elapsed().as_millis()
                         );
                         self.replica.core.lock().unwrap().set_catching_up(false);
@@ -1066,12 +1286,14 @@ impl Applier {
             self.manager_config,
             self.secret.replica_key(),
         )?;
+        let group = manager
+            .replica_group()
+            .map_err(|e| format!("the copied store's replica group: {e}"))?
+            .unwrap_or_else(|| ReplicaGroup::initial(&self.replica.peers));
         *served = Served::Running(Box::new(manager));
-        self.replica
-            .core
-            .lock()
-            .unwrap()
-            .installed(at, Instant::now());
+        let mut core = self.replica.core.lock().unwrap();
+        core.installed(at, Instant::now());
+        core.set_group(group);
         Ok(())
     }
 }

@@ -11,13 +11,14 @@
 //! files ([`copy_store`], [`open_installed`]) when a replica catches up.
 
 use crate::command::{is_read, Command, Decision, OrderPosition, Proposal};
+use crate::group::ReplicaGroup;
 use crate::Manager;
 use bytes::Bytes;
 use redb::ReadableDatabase;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tessera_order::{Event, NodeId, Start};
+use tessera_order::{Event, GroupChange, NodeId, Start};
 use tessera_transport::ConnectionId;
 use tessera_wire::{ManagerError, ManagerRequest, ManagerResponse, ReplicaStatus};
 
@@ -37,6 +38,9 @@ struct Progress {
     starting: bool,
     /// Why the replica stopped, once it did: it left the order and refuses every request.
     stopped: Option<String>,
+    /// Removed from the group ([`Event::Removed`]): it refuses every request, and its
+    /// order node runs on until the new group runs (then `stopped` is set too).
+    removed: bool,
 }
 
 /// The replica's state besides its store and its order node (module doc).
@@ -60,6 +64,12 @@ pub struct ReplicaCore {
     heartbeat_timeout: Duration,
     /// Every open connection, with the view it was synced in if it is synced.
     synced: HashMap<ConnectionId, Option<u64>>,
+    /// The replica group as applied (`crate::group`): set by the caller at the start, then
+    /// changed by the group changes applied.
+    group: ReplicaGroup,
+    /// Replicas whose address an applied [`Command::AddReplica`] recorded, for the caller to
+    /// give its order driver.
+    learned: Vec<(u16, String)>,
 }
 
 impl ReplicaCore {
@@ -88,7 +98,30 @@ impl ReplicaCore {
             live_since: now,
             heartbeat_timeout,
             synced: HashMap::new(),
+            group: ReplicaGroup::default(),
+            learned: Vec::new(),
         }
+    }
+
+    /// The replica group as applied.
+    pub fn group(&self) -> &ReplicaGroup {
+        &self.group
+    }
+
+    /// Sets the group the store records (or the initial one of `--peers`), at the start and
+    /// when a peer's store is installed.
+    pub fn set_group(&mut self, group: ReplicaGroup) {
+        self.group = group;
+    }
+
+    /// Addresses of replicas recorded since the last call ([`Command::AddReplica`]).
+    pub fn take_learned(&mut self) -> Vec<(u16, String)> {
+        std::mem::take(&mut self.learned)
+    }
+
+    /// Whether it was removed from the group.
+    pub fn is_removed(&self) -> bool {
+        self.progress.removed
     }
 
     /// This replica's id (1-based).
@@ -112,7 +145,13 @@ impl ReplicaCore {
     /// This replica's state for `tessera status`.
     pub fn status(&self) -> ReplicaStatus {
         let progress = &self.progress;
-        let role = if progress.stopped.is_some() {
+        let role = if progress.removed {
+            if progress.stopped.is_some() {
+                "removed"
+            } else {
+                "leaving"
+            }
+        } else if progress.stopped.is_some() {
             "stopped"
         } else if progress.starting {
             "starting"
@@ -139,6 +178,7 @@ impl ReplicaCore {
     pub fn member_view(&self) -> Option<u64> {
         let progress = &self.progress;
         let member = progress.normal
+            && !progress.removed
             && !progress.catching_up
             && !progress.starting
             && progress.stopped.is_none();
@@ -163,6 +203,12 @@ impl ReplicaCore {
     /// Why requests cannot be ordered here now, if they cannot.
     pub fn refusal(&self) -> Option<ManagerError> {
         let progress = &self.progress;
+        if progress.removed {
+            return Some(ManagerError::Unordered(format!(
+                "replica {} was removed from the group",
+                self.id
+            )));
+        }
         if let Some(why) = &progress.stopped {
             return Some(ManagerError::Unordered(format!(
                 "replica {} stopped: {why}",
@@ -180,9 +226,10 @@ impl ReplicaCore {
         })
     }
 
-    /// The order node began as `start`: a restarted one catches up before it applies.
+    /// The order node began as `start`: a restarted or added one catches up before it
+    /// applies.
     pub fn began(&mut self, start: Start) {
-        self.progress.catching_up = start == Start::Restarted;
+        self.progress.catching_up = matches!(start, Start::Restarted | Start::Added);
         self.progress.starting = false;
     }
 
@@ -293,13 +340,16 @@ impl ReplicaCore {
                 let restarted = self.progress.catching_up;
                 (restarted || position > self.next_position).then_some(position)
             }
-            // The replicas propose no group change (the group is `--peers`): nothing to do.
+            Event::Removed => {
+                self.progress.removed = true;
+                None
+            }
+            // Group changes are applied in position order by `apply_group_change`.
             Event::Deliver { .. }
             | Event::Optimistic { .. }
             | Event::Revoked { .. }
             | Event::GroupChange { .. }
-            | Event::Group(_)
-            | Event::Removed => None,
+            | Event::Group(_) => None,
         }
     }
 
@@ -308,6 +358,36 @@ impl ReplicaCore {
         self.epoch = position.epoch;
         self.next_position = position.next;
         self.live_since = now;
+    }
+
+    /// Applies the order's group change delivered at `position` to `manager`'s store (if it
+    /// takes effect: the order's rule, `crate::group`), committed with the position (synced);
+    /// whether it took effect. An error says the store failed: the replica must stop.
+    pub fn apply_group_change(
+        &mut self,
+        manager: Option<&mut Manager>,
+        position: u64,
+        change: &GroupChange,
+    ) -> Result<bool, String> {
+        if position < self.next_position {
+            return Ok(false); // Already in the store copied from a peer.
+        }
+        assert_eq!(position, self.next_position, "deliveries skipped positions");
+        self.next_position = position + 1;
+        let Some(group) = self.group.apply(change) else {
+            return Ok(false);
+        };
+        if let Some(manager) = manager {
+            manager.set_order_position(OrderPosition {
+                epoch: self.epoch,
+                next: position + 1,
+            });
+            if let Err(error) = manager.record_replica_group(&group) {
+                return Err(format!("position {position}: its store failed: {error}"));
+            }
+        }
+        self.group = group;
+        Ok(true)
     }
 
     /// Whether this replica should propose the expiry of pending `file` (not yet proposed).
@@ -391,8 +471,15 @@ impl ReplicaCore {
         let (Ok(proposal), Some(answer)) = (proposal, answer) else {
             return Ok(None);
         };
-        if let Command::ExpirePending { file } = proposal.command {
-            self.expiry_proposed.remove(&file);
+        match &proposal.command {
+            Command::ExpirePending { file } => {
+                self.expiry_proposed.remove(file);
+            }
+            Command::AddReplica { id, addr } => {
+                self.group.addresses.insert(*id, addr.clone());
+                self.learned.push((*id, addr.clone()));
+            }
+            _ => {}
         }
         let mine = proposal.origin == self.id && proposal.incarnation == self.incarnation;
         Ok(mine.then_some((proposal.ticket, answer)))

@@ -46,6 +46,7 @@ pub(crate) async fn start(
         peers: peers.to_vec(),
         order: order_config(),
         catch_up_piece_bytes: piece_bytes,
+        join: false,
     };
     let began = Instant::now();
     loop {

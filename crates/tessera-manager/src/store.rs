@@ -236,6 +236,7 @@ pub(crate) fn copy_tables(from: &ReadTransaction, path: &std::path::Path) -> Res
     copy_table(from, &to, crate::snapshot::SNAPSHOTS)?;
     copy_table(from, &to, crate::snapshot::SNAPSHOT_FILES)?;
     copy_table(from, &to, crate::snapshot::RETAINED)?;
+    copy_table(from, &to, crate::group::REPLICAS)?;
     to.commit()?;
     Ok(())
 }
@@ -292,6 +293,7 @@ pub(crate) fn dump(db: &Database) -> Result<Vec<String>, Failure> {
     dump_table!("times", crate::manager::namespace::TIMES);
     dump_table!("dir_times", crate::manager::namespace::DIR_TIMES);
     dump_table!("snapshots", crate::snapshot::SNAPSHOTS);
+    dump_table!("replicas", crate::group::REPLICAS);
     dump_table!("snapshot_files", crate::snapshot::SNAPSHOT_FILES);
     dump_table!("retained", crate::snapshot::RETAINED);
     Ok(lines)

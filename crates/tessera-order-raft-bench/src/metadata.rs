@@ -110,6 +110,7 @@ async fn start_tessera(dir: &Path, secret: &Secret) -> Result<(Vec<RunningManage
             peers: peers.clone(),
             order: order_config(),
             catch_up_piece_bytes: tessera_manager::replica::SNAPSHOT_PIECE_BYTES_MAX as u32,
+            join: false,
         };
         let replica_dir = dir.join(format!("tessera-{id}"));
         running.push(

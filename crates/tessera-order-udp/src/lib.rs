@@ -274,6 +274,8 @@ impl Wakeup {
 enum Proposal {
     Message(Bytes),
     Change(NodeId, Role),
+    /// Not a proposal: where a node listens from now on (one a change will add).
+    Peer(NodeId, SocketAddr),
 }
 
 /// A running node.
@@ -298,6 +300,19 @@ impl Handle {
     /// ([`Event::GroupChange`]) and the node's group ([`Event::Group`]) tell what happened.
     pub fn propose_group_change(&self, node: NodeId, role: Role) -> Result<(), DriverError> {
         self.send_proposal(Proposal::Change(node, role))
+    }
+
+    /// Sends to `node` at `addr` from now on ([`DriverConfig::peers`] extended or changed):
+    /// the address of a node a group change is about to add. Ids past the list are filled
+    /// with `addr` until set.
+    pub fn set_peer(&self, node: NodeId, addr: SocketAddr) -> Result<(), DriverError> {
+        if usize::from(node.0) >= tessera_order::GROUP_NODES_MAX {
+            return Err(DriverError::Peers {
+                peers: usize::from(node.0) + 1,
+                nodes: tessera_order::GROUP_NODES_MAX,
+            });
+        }
+        self.send_proposal(Proposal::Peer(node, addr))
     }
 
     fn send_proposal(&self, proposal: Proposal) -> Result<(), DriverError> {
@@ -630,6 +645,15 @@ impl Runner {
                 Proposal::Message(message) => self.node.propose(message.clone(), now),
                 Proposal::Change(node, role) => {
                     self.node.propose_group_change(*node, *role, now).map(drop)
+                }
+                Proposal::Peer(node, addr) => {
+                    let index = usize::from(node.0);
+                    if self.peers.len() <= index {
+                        self.peers.resize(index + 1, SockAddr::from(*addr));
+                    }
+                    self.peers[index] = SockAddr::from(*addr);
+                    self.fan_out = (None, Vec::new());
+                    Ok(())
                 }
             };
             match result {

@@ -157,13 +157,25 @@ impl SimCluster {
         replicas: usize,
         faults: OrderFaults,
     ) -> SimCluster {
-        Self::start_with(seed, servers, Some((replicas, faults))).await
+        Self::start_with(seed, servers, Some((replicas, 0, faults))).await
+    }
+
+    /// As [`SimCluster::start_replicated`], with `spares` replicas that may be added to the
+    /// group later ([`SimReplicas::add`]).
+    pub async fn start_replicated_with_spares(
+        seed: u64,
+        servers: usize,
+        replicas: usize,
+        spares: usize,
+        faults: OrderFaults,
+    ) -> SimCluster {
+        Self::start_with(seed, servers, Some((replicas, spares, faults))).await
     }
 
     async fn start_with(
         seed: u64,
         servers: usize,
-        replicated: Option<(usize, OrderFaults)>,
+        replicated: Option<(usize, usize, OrderFaults)>,
     ) -> SimCluster {
         let shm = std::path::Path::new("/dev/shm");
         let root = match shm.is_dir() {
@@ -194,14 +206,17 @@ impl SimCluster {
                 network.listen(manager_addr, Arc::new(host));
                 Metadata::Single(manager)
             }
-            Some((count, faults)) => Metadata::Replicated(Arc::new(SimReplicas::start(
-                seed,
-                count,
-                root.path(),
-                config,
-                network.clone(),
-                faults,
-            ))),
+            Some((count, spares, faults)) => {
+                Metadata::Replicated(Arc::new(SimReplicas::start_with_spares(
+                    seed,
+                    count,
+                    spares,
+                    root.path(),
+                    config,
+                    network.clone(),
+                    faults,
+                )))
+            }
         };
         let servers = (0..servers)
             .map(|i| SimServer {

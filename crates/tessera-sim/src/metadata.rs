@@ -52,6 +52,9 @@ pub struct MetadataConfig {
     pub faults: bool,
     /// Faults of the network between replicas.
     pub order: OrderFaults,
+    /// Spare replicas beyond `replicas`: with some, the fault injector also adds replicas
+    /// to the group and removes members (issue 17 item 3), and never kills the whole group.
+    pub spares: usize,
 }
 
 impl Default for MetadataConfig {
@@ -62,6 +65,7 @@ impl Default for MetadataConfig {
             operations: 30,
             faults: true,
             order: OrderFaults::default(),
+            spares: 0,
         }
     }
 }
@@ -95,6 +99,13 @@ pub struct MetadataReport {
     pub datagrams_lost: u64,
     /// The largest number of namespaces the model allowed at once.
     pub states_max: usize,
+    /// Replica group changes that took effect, summed over replicas; spares started to be
+    /// added, and removals proposed.
+    pub group_changes: u64,
+    /// Spares started to be added.
+    pub added: u64,
+    /// Removals proposed.
+    pub removed: u64,
 }
 
 /// A failed run: its seed and what went wrong, with the trace.
@@ -392,7 +403,7 @@ async fn inject_faults(
 ) -> u64 {
     let mut rng = StdRng::seed_from_u64(seed ^ 0xfa17);
     let replicas = cluster.replicas().expect("replicated");
-    let minority = (replicas.count() - 1) / 2;
+    let membership = replicas.count() > replicas.members().len();
     let mut partitions = 0;
     let mut cut: BTreeSet<usize> = BTreeSet::new();
     while !done.load(std::sync::atomic::Ordering::SeqCst) {
@@ -400,17 +411,25 @@ async fn inject_faults(
         let reached = cluster.network.calls_reached(calls);
         let _ = tokio::time::timeout(Duration::from_secs(2), reached).await;
         tokio::time::sleep(Duration::from_micros(rng.gen_range(0..2000))).await;
-        let down: Vec<usize> = (0..replicas.count())
+        // Faults touch the group's members only (spares are added and removed below).
+        let members = replicas.members();
+        let minority = (members.len() - 1) / 2;
+        let down: Vec<usize> = (members.iter().copied())
             .filter(|&i| !replicas.is_running(i))
             .collect();
         // A replica restarted counts as faulty until it is a member again: the order is
         // safe while a majority keeps its memory, and live while a majority answers.
-        let faulty = (0..replicas.count())
-            .filter(|&i| !replicas.is_healthy(i))
+        let faulty = (members.iter())
+            .filter(|&&i| !replicas.is_healthy(i))
             .count();
         let undo = !down.is_empty() || !cut.is_empty();
         let action = rng.gen_range(0..10);
-        if !undo && rng.gen_range(0..GROUP_KILL_ODDS) == 0 {
+        if membership && !undo && faulty == 0 && rng.gen_range(0..MEMBERSHIP_ODDS) == 0 {
+            let what = change_membership(replicas, &members, &mut rng).await;
+            shared.trace.lock().unwrap().push(what);
+            continue;
+        }
+        if !membership && !undo && rng.gen_range(0..GROUP_KILL_ODDS) == 0 {
             let what = format!("every replica killed ({})", replicas.describe());
             shared.trace.lock().unwrap().push(what);
             replicas.kill_all();
@@ -439,7 +458,7 @@ async fn inject_faults(
         } else if faulty < minority {
             let index = match (action < 4, replicas.leader()) {
                 (true, Some(leader)) => leader,
-                _ => rng.gen_range(0..replicas.count()),
+                _ => members[rng.gen_range(0..members.len())],
             };
             if action < 7 {
                 replicas.kill(index);
@@ -456,6 +475,78 @@ async fn inject_faults(
         shared.trace.lock().unwrap().push(what);
     }
     partitions
+}
+
+/// One draw in this many, with every member healthy and spares configured, changes the
+/// group instead of injecting a fault.
+const MEMBERSHIP_ODDS: u32 = 4;
+
+/// Adds a spare to the group (`members` has fewer than every replica) or removes a member
+/// (at least 3 stay), through a normal member, and waits until the change is applied and
+/// the new group runs: then a removed replica is killed (a removed node is stopped only
+/// once a majority of the new group runs the change). What happened, for the trace.
+async fn change_membership(replicas: &SimReplicas, members: &[usize], rng: &mut StdRng) -> String {
+    let spares: Vec<usize> = (0..replicas.count())
+        .filter(|i| !members.contains(i) && !replicas.is_running(*i))
+        .collect();
+    let add = !spares.is_empty() && (members.len() <= 3 || rng.gen_bool(0.5));
+    let index = match add {
+        true => spares[rng.gen_range(0..spares.len())],
+        false => members[rng.gen_range(0..members.len())],
+    };
+    let via = (members.iter().copied()).find(|&m| m != index && replicas.is_healthy(m));
+    let Some(via) = via else {
+        return "no member to propose a change".into();
+    };
+    if add {
+        replicas.add(index);
+    }
+    if !replicas.change_group(via, index, add) {
+        if add {
+            replicas.kill(index);
+        }
+        return format!("replica {} could not propose a change", via + 1);
+    }
+    let verb = if add { "added" } else { "removed" };
+    // The change is applied within a view change; a lost race (another change took the
+    // epoch) leaves the group as it was, and the spare is stopped again.
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = replicas.members();
+        if now.contains(&index) != add {
+            continue;
+        }
+        if add {
+            return format!(
+                "replica {} {verb} by {} ({})",
+                index + 1,
+                via + 1,
+                replicas.describe()
+            );
+        }
+        let healthy = now.iter().filter(|&&m| replicas.is_healthy(m)).count();
+        if healthy > now.len() / 2 {
+            replicas.kill(index);
+            return format!(
+                "replica {} {verb} by {} and stopped ({})",
+                index + 1,
+                via + 1,
+                replicas.describe()
+            );
+        }
+    }
+    if add && !replicas.members().contains(&index) {
+        replicas.kill(index);
+        return format!(
+            "replica {}'s addition was not applied in 2 s: stopped",
+            index + 1
+        );
+    }
+    format!(
+        "replica {} {verb} by {}, the new group not running in 2 s",
+        index + 1,
+        via + 1
+    )
 }
 
 /// Runs one seed on a fresh virtual runtime.
@@ -476,7 +567,14 @@ async fn run(
     config: MetadataConfig,
     shared: Arc<Shared>,
 ) -> Result<MetadataReport, String> {
-    let cluster = SimCluster::start_replicated(seed, 4, config.replicas, config.order).await;
+    let cluster = SimCluster::start_replicated_with_spares(
+        seed,
+        4,
+        config.replicas,
+        config.spares,
+        config.order,
+    )
+    .await;
     let cluster = Arc::new(cluster);
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let injector = config.faults.then(|| {
@@ -533,6 +631,9 @@ async fn run(
     report.group_restarts = stats.group_restarts;
     report.unsynced_lost = stats.unsynced_lost;
     report.once_expiries = stats.once_expiries;
+    report.group_changes = stats.group_changes;
+    report.added = stats.added;
+    report.removed = stats.removed;
     report.datagrams = stats.datagrams;
     report.datagrams_lost = stats.datagrams_lost;
     let failures = replicas.failures();
@@ -546,7 +647,12 @@ async fn run(
 /// position with the same store.
 async fn recover(replicas: &SimReplicas) -> Result<(), String> {
     replicas.heal();
-    for index in 0..replicas.count() {
+    let members = replicas.members();
+    // A replica removed whose new group did not run in time is stopped now.
+    for index in (0..replicas.count()).filter(|index| !members.contains(index)) {
+        replicas.kill(index);
+    }
+    for &index in &members {
         replicas.restart(index);
     }
     let mut last = Vec::new();
@@ -556,7 +662,7 @@ async fn recover(replicas: &SimReplicas) -> Result<(), String> {
         // recorded where the last batch of deliveries ended, which is each replica's own
         // timing (seed 18: 92 at one replica, 96 at another, both applied to 492).
         let dumps = replicas.dumps();
-        let same = dumps.len() == replicas.count()
+        let same = dumps.len() == members.len()
             && dumps
                 .windows(2)
                 .all(|pair| pair[0].1 == pair[1].1 && pair[0].2 == pair[1].2);

@@ -20,6 +20,13 @@
 //! from the most advanced store, at the next epoch. The leader proposes `ExpireOnce` as the
 //! daemon's applier does, from marks of where the order stood (the daemon's own
 //! `OnceMarks`).
+//!
+//! **Membership** (issue 17 item 3): spare replicas beyond the initial group may be added
+//! ([`SimReplicas::add`]: an empty store, an added order node that takes a peer's store
+//! once it is a member) and members removed ([`SimReplicas::change_group`]: the daemon's two
+//! steps, `AddReplica` then the order's group change, proposed at a running member); every
+//! replica applies the change at its position with the daemon's `ReplicaCore`. A whole-group
+//! start after a change is not simulated.
 
 use bytes::Bytes;
 use rand::rngs::StdRng;
@@ -31,10 +38,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tessera_manager::command::{is_read, Command, OrderPosition};
+use tessera_manager::group::ReplicaGroup;
 use tessera_manager::replica::{is_local, order_config, OnceMarks, ORDER_TIMEOUT};
 use tessera_manager::replica_core::{copy_store, local_answer, open_installed, ReplicaCore};
 use tessera_manager::{Manager, ManagerConfig};
-use tessera_order::{Destination, Event, Group, Node, NodeId, Start};
+use tessera_order::{Destination, Event, Node, NodeId, Role, Start};
 use tessera_transport::{BoxFuture, ConnectionId, FrameHandler, MemNetwork};
 use tessera_wire::{encode_message, ManagerError, ManagerRequest, ManagerResponse};
 use tokio::sync::{oneshot, Notify};
@@ -80,6 +88,12 @@ pub struct ReplicaStats {
     pub unsynced_lost: u64,
     /// `ExpireOnce` commands applied, summed over replicas.
     pub once_expiries: u64,
+    /// Group changes that took effect, summed over replicas.
+    pub group_changes: u64,
+    /// Spares started to be added to the group, and removals proposed.
+    pub added: u64,
+    /// Removals proposed.
+    pub removed: u64,
 }
 
 /// One running replica: its order node, store and core.
@@ -128,6 +142,8 @@ struct GroupState {
     stats: ReplicaStats,
     /// Stores that failed (a replica stopped): the checker wants none.
     failures: Vec<String>,
+    /// The group of a store that records none: the first replicas, before any spare.
+    initial: ReplicaGroup,
 }
 
 /// The replicas of a simulated replicated manager.
@@ -155,12 +171,27 @@ impl SimReplicas {
         network: Arc<MemNetwork>,
         faults: OrderFaults,
     ) -> SimReplicas {
+        Self::start_with_spares(seed, count, 0, root, config, network, faults)
+    }
+
+    /// As [`SimReplicas::start`], with `spares` more replicas (ids past `count`) that are not
+    /// started: [`SimReplicas::add`] adds one to the group.
+    pub fn start_with_spares(
+        seed: u64,
+        count: usize,
+        spares: usize,
+        root: &std::path::Path,
+        config: ManagerConfig,
+        network: Arc<MemNetwork>,
+        faults: OrderFaults,
+    ) -> SimReplicas {
         let key = tessera_auth::Secret::from_bytes([seed as u8 | 1; 32]).replica_key();
-        let addrs: Vec<SocketAddr> = (0..count)
+        let addrs: Vec<SocketAddr> = (0..count + spares)
             .map(|i| SocketAddr::from(([10, 0, 0, i as u8 + 1], 7000)))
             .collect();
+        let initial = ReplicaGroup::initial(&addrs[..count]);
         let now = Instant::now();
-        let replicas = (0..count)
+        let replicas = (0..count + spares)
             .map(|i| Replica {
                 dir: root.join(format!("manager-{}", i + 1)),
                 incarnation: 1,
@@ -180,6 +211,7 @@ impl SimReplicas {
             seed,
             stats: ReplicaStats::default(),
             failures: Vec::new(),
+            initial,
         };
         let group = Arc::new(Mutex::new(group));
         let wake = Arc::new(Notify::new());
@@ -208,12 +240,11 @@ impl SimReplicas {
     }
 
     /// Opens replica `index`'s store and starts it (`Initial`: with the group, at position 0
-    /// of `epoch`).
+    /// of `epoch`), in the group its store records.
     fn boot(&self, index: usize, start: Start, epoch: u64) {
         let mut group = self.group.lock().unwrap();
         let group = &mut *group;
         let now = Instant::now();
-        let count = group.replicas.len();
         let replica = &mut group.replicas[index];
         std::fs::create_dir_all(&replica.dir).expect("replica directory");
         let mut manager = Manager::open(&replica.dir, group.config).expect("replica store");
@@ -228,15 +259,22 @@ impl SimReplicas {
             group.config.heartbeat_timeout,
             now.into_std(),
         );
+        let mut members = (manager.replica_group().expect("the stored group"))
+            .unwrap_or_else(|| group.initial.clone());
         if start == Start::Initial {
+            // The order counts group changes from 0 again (as the daemon's begin_epoch).
+            members.epoch = 0;
             manager.set_order_position(OrderPosition { epoch, next: 0 });
-            manager.flush().expect("the store commits the new epoch");
+            manager
+                .record_replica_group(&members)
+                .expect("the store commits the new epoch");
             core.begin_epoch(epoch);
         }
+        core.set_group(members.clone());
         core.began(start);
         let node = Node::new(
             order,
-            Group::all_to_all(count),
+            members.order_group(),
             NodeId(index as u16),
             replica.incarnation,
             start,
@@ -363,6 +401,81 @@ impl SimReplicas {
             }
             self.boot(index, Start::Initial, stands[best].epoch + 1);
         }
+    }
+
+    /// The group as the most advanced running replica applied it: its members' indexes.
+    pub fn members(&self) -> Vec<usize> {
+        let group = self.group.lock().unwrap();
+        let newest = (group.replicas.iter())
+            .filter_map(|replica| replica.running.as_ref())
+            .filter(|running| !running.core.is_catching_up())
+            .max_by_key(|running| (running.core.position(), running.core.group().epoch));
+        let members = newest.map_or_else(|| group.initial.clone(), |r| r.core.group().clone());
+        let ids = members.member_ids();
+        ids.into_iter().map(|id| usize::from(id) - 1).collect()
+    }
+
+    /// Whether replica `index` was told it is removed from the group.
+    pub fn is_removed(&self, index: usize) -> bool {
+        let group = self.group.lock().unwrap();
+        let running = group.replicas[index].running.as_ref();
+        running.is_some_and(|running| running.core.is_removed())
+    }
+
+    /// Proposes at running replica `via` (a normal member) the addition (`add`) or the
+    /// removal of replica `index`, as the daemon's `change_group` does: an addition records
+    /// the address first (`AddReplica`), then the order's group change follows in the same
+    /// FIFO stream. Whether it was proposed (`via` runs and may propose).
+    pub fn change_group(&self, via: usize, index: usize, add: bool) -> bool {
+        let mut guard = self.group.lock().unwrap();
+        let group = &mut *guard;
+        let at = micros(group.base, Instant::now());
+        let Some(running) = group.replicas[via].running.as_mut() else {
+            return false;
+        };
+        if running.core.member_view().is_none() {
+            return false;
+        }
+        if add {
+            let command = Command::AddReplica {
+                id: index as u16 + 1,
+                addr: self.addrs[index].to_string(),
+            };
+            let Ok((_, proposal)) = running.core.proposal(command) else {
+                return false;
+            };
+            if running.node.propose(proposal, at).is_err() {
+                return false;
+            }
+        }
+        let role = Role {
+            sender: add,
+            receiver: add,
+        };
+        let proposed = running
+            .node
+            .propose_group_change(NodeId(index as u16), role, at);
+        if proposed.is_ok() && !add {
+            group.stats.removed += 1;
+        }
+        drop(guard);
+        self.wake.notify_one();
+        proposed.is_ok()
+    }
+
+    /// Starts replica `index` as a new member: its directory wiped, an added order node (a
+    /// new incarnation) that takes a peer's store once a group change makes it a member.
+    pub fn add(&self, index: usize) {
+        if self.is_running(index) {
+            return;
+        }
+        {
+            let mut group = self.group.lock().unwrap();
+            let _ = std::fs::remove_dir_all(&group.replicas[index].dir);
+            group.replicas[index].incarnation += 1;
+            group.stats.added += 1;
+        }
+        self.boot(index, Start::Added, 0);
     }
 
     /// Replica `index` starts again from its store, as a restarted order node (a new
@@ -631,6 +744,21 @@ impl GroupState {
             let Some(event) = running.held.pop_front() else {
                 return;
             };
+            if let Event::GroupChange {
+                position, change, ..
+            } = &event
+            {
+                let manager = running.manager.as_mut();
+                match running.core.apply_group_change(manager, *position, change) {
+                    Ok(changed) => self.stats.group_changes += u64::from(changed),
+                    Err(why) => {
+                        self.failures.push(format!("replica {}: {why}", index + 1));
+                        running.core.stop(why);
+                        running.waiters.clear();
+                    }
+                }
+                continue;
+            }
             running.catch_up = running.core.on_event(&event);
             if running.catch_up.is_some() {
                 running.core.set_catching_up(true);
@@ -697,6 +825,10 @@ impl GroupState {
         drop(running.manager.take());
         let (manager, stands) =
             open_installed(&dir, &incoming, at, self.config, self.key).expect("the copy installs");
+        let members = manager.replica_group().expect("the copy's group");
+        running
+            .core
+            .set_group(members.unwrap_or_else(|| self.initial.clone()));
         running.manager = Some(manager);
         running.core.installed(stands, now.into_std());
         running.core.set_catching_up(false);

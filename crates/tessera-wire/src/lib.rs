@@ -44,6 +44,9 @@
 //! fence against writes in flight (`StorageRequest::SnapshotFence`, `SnapshotRelease`).
 //! Appended in version 8: `StorageError::Removed`, a write refused because the manager
 //! removed its file (an older peer cannot decode it, and fails the write all the same).
+//! Appended in version 8: `ManagerRequest::ReplicaChange` and `ReplicaGroup`,
+//! `ManagerResponse::ReplicaGroup` (the replicated manager's membership; an older replica
+//! cannot decode them and refuses the request).
 
 mod frame;
 mod handshake;

@@ -932,6 +932,19 @@ pub enum ManagerRequest {
         /// Its size, exactly.
         size: u64,
     },
+    /// Add replica `id` listening at `addr` to a replicated manager's group, or remove it
+    /// (`addr` empty): an ordered change of the group, one replica at a time (admin only).
+    /// Answered with [`ManagerResponse::ReplicaGroup`] once the replica asked applied the
+    /// change; asked again, a change already made is answered the same.
+    ReplicaChange {
+        /// The replica (1-based; order node `id - 1`).
+        id: u16,
+        /// Where it listens (TCP, and UDP at the same port), for an addition.
+        addr: Option<String>,
+    },
+    /// The replica group as this replica's store records it (any role): answered with
+    /// [`ManagerResponse::ReplicaGroup`].
+    ReplicaGroup,
 }
 
 /// A manager replica as `tessera status` shows it.
@@ -1047,6 +1060,14 @@ pub enum ManagerResponse {
     /// The file left the namespace, but snapshots still hold it: its data stays on the
     /// servers until the last of them is removed.
     Retained(FileMeta),
+    /// A replicated manager's group: the number of changes applied since the group's
+    /// start (the order's group epoch) and each member's id and address.
+    ReplicaGroup {
+        /// Group changes applied since the whole group last started.
+        epoch: u32,
+        /// The members, by id.
+        members: Vec<(u16, String)>,
+    },
 }
 
 /// A copy-on-write snapshot of files, as the manager keeps it.

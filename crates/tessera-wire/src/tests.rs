@@ -226,6 +226,12 @@ fn appended_messages_round_trip_and_leave_earlier_variants_alone() {
             size: u64::MAX,
         },
         ManagerRequest::AbandonPending { file: 7 },
+        ManagerRequest::ReplicaChange {
+            id: u16::MAX,
+            addr: Some("127.0.0.1:9".into()),
+        },
+        ManagerRequest::ReplicaChange { id: 2, addr: None },
+        ManagerRequest::ReplicaGroup,
         ManagerRequest::Orphans { server: 3 },
         ManagerRequest::OrphansRemoved {
             server: 3,
@@ -241,6 +247,10 @@ fn appended_messages_round_trip_and_leave_earlier_variants_alone() {
     let responses = [
         ManagerResponse::Committed { replaced: None },
         ManagerResponse::Orphans(vec![5, 6]),
+        ManagerResponse::ReplicaGroup {
+            epoch: u32::MAX,
+            members: vec![(1, "127.0.0.1:1".into()), (u16::MAX, String::new())],
+        },
         ManagerResponse::Error(ManagerError::NotPending(9)),
         ManagerResponse::Error(ManagerError::TooLarge {
             what: "size".into(),

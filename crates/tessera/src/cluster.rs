@@ -67,6 +67,10 @@ pub struct ClusterFile {
     /// `manager_process`).
     #[serde(default)]
     pub replicas: Vec<Process>,
+    /// Replicas removed from the group (`tessera manager remove`), by id: listed in
+    /// `replicas` still (ids stay positions), no longer in `managers`.
+    #[serde(default)]
+    pub removed_replicas: Vec<u16>,
     /// The S3 gateway's endpoint, when `up --s3` started one (`http://ADDR`).
     #[serde(default)]
     pub s3_endpoint: Option<String>,
@@ -345,6 +349,7 @@ impl LocalCluster {
                 window,
                 managers: replicas.iter().map(|r| r.addr.clone()).collect(),
                 replicas,
+                removed_replicas: Vec::new(),
                 s3_endpoint: None,
                 s3_access_key: previous.as_ref().and_then(|p| p.file.s3_access_key.clone()),
                 s3_secret_key: previous.as_ref().and_then(|p| p.file.s3_secret_key.clone()),
@@ -473,6 +478,19 @@ impl LocalCluster {
         init: bool,
         metrics: Option<&str>,
     ) -> Result<u32> {
+        Self::spawn_replica_joining(replicas, id, secret, init, false, metrics)
+    }
+
+    /// Spawns replica `id` of `replicas` (1-based), as a new member joining the running
+    /// group if `join` (`tessera manager add`).
+    fn spawn_replica_joining(
+        replicas: &[Process],
+        id: u16,
+        secret: &Path,
+        init: bool,
+        join: bool,
+        metrics: Option<&str>,
+    ) -> Result<u32> {
         let replica = &replicas[usize::from(id) - 1];
         std::fs::create_dir_all(&replica.dir)?;
         let _ = std::fs::remove_file(replica.dir.join("addr"));
@@ -494,6 +512,9 @@ impl LocalCluster {
         // (empty) state, and a later start keeps them.
         if init || !replica.dir.join("manager.redb").exists() {
             args.push("--init".into());
+        }
+        if join {
+            args.push("--join".into());
         }
         args.extend(metrics_args(metrics));
         spawn_daemon(&args, &replica.dir.join("log"))
@@ -536,6 +557,78 @@ impl LocalCluster {
         if index == 0 {
             self.file.manager_process.pid = pid;
         }
+        self.save()
+    }
+
+    /// Starts replica `id` as a new member joining the group (before it is added: it waits
+    /// to be made one), with an empty store: the next id, or a removed one (its directory is
+    /// wiped first), at `addr` or a free port; its address.
+    pub fn start_joining_replica(&mut self, id: u16, addr: Option<String>) -> Result<String> {
+        if self.file.replicas.is_empty() {
+            bail!("this local cluster's manager is not replicated (tessera up --managers 3)");
+        }
+        let next = self.file.replicas.len() + 1;
+        let index = usize::from(id).wrapping_sub(1);
+        if usize::from(id) == next {
+            let addr = match addr {
+                Some(addr) => addr,
+                None => free_ports(1)?.remove(0),
+            };
+            self.file.replicas.push(Process {
+                addr,
+                dir: self.dir.join(format!("manager-{id}")),
+                pid: 0,
+            });
+        } else if self.file.removed_replicas.contains(&id) {
+            let pid = self.file.replicas[index].pid;
+            if pid_alive(pid) {
+                bail!("removed replica {id} still runs (pid {pid})");
+            }
+            // A removed replica's store says so: it comes back as a new member, empty.
+            let dir = &self.file.replicas[index].dir;
+            std::fs::remove_dir_all(dir)
+                .with_context(|| format!("cannot wipe {}", dir.display()))?;
+            if let Some(addr) = addr {
+                self.file.replicas[index].addr = addr;
+            }
+        } else if index < self.file.replicas.len() {
+            bail!("manager replica {id} is a member already");
+        } else {
+            bail!("manager replica ids are consecutive: the next is {next}");
+        }
+        let secret = self
+            .secret_path()
+            .ok_or_else(|| anyhow!("this local cluster has no secret"))?;
+        let index = usize::from(id) - 1;
+        let pid = Self::spawn_replica_joining(&self.file.replicas, id, &secret, true, true, None)?;
+        self.file.replicas[index].pid = pid;
+        self.save()?;
+        wait_for_addr(&self.file.replicas[index].dir.join("addr"), pid)?;
+        Ok(self.file.replicas[index].addr.clone())
+    }
+
+    /// Records the group after a change: `members` (id, address) are the replicas clients
+    /// and servers use; a replica no longer among them is removed.
+    pub fn set_members(&mut self, members: &[(u16, String)]) -> Result<()> {
+        let ids: Vec<u16> = members.iter().map(|&(id, _)| id).collect();
+        let count = self.file.replicas.len() as u16;
+        self.file.removed_replicas = (1..=count).filter(|id| !ids.contains(id)).collect();
+        self.file.managers = members.iter().map(|(_, addr)| addr.clone()).collect();
+        let first = self.replica_index(*ids.first().context("a group without members")?)?;
+        self.file.manager = self.file.replicas[first].addr.clone();
+        self.file.manager_process = self.file.replicas[first].clone();
+        self.save()
+    }
+
+    /// Kills replica `id` (removed from the group: its order node stopped already).
+    pub fn kill_replica(&mut self, id: u16) -> Result<()> {
+        let index = self.replica_index(id)?;
+        let pid = self.file.replicas[index].pid;
+        if pid_alive(pid) {
+            signal(pid, libc::SIGKILL);
+            wait_exit(pid, Duration::from_secs(5));
+        }
+        self.file.replicas[index].pid = 0;
         self.save()
     }
 

@@ -476,6 +476,11 @@ pub async fn status(config: &Config, json: bool) -> Result<()> {
     } else {
         Vec::new()
     };
+    let group = if replicated {
+        client.replica_group().await.ok()
+    } else {
+        None
+    };
     if json {
         let list: Vec<_> = servers
             .iter()
@@ -489,8 +494,14 @@ pub async fn status(config: &Config, json: bool) -> Result<()> {
                 Err(e) => serde_json::json!({"addr": addr.to_string(), "error": e.to_string()}),
             })
             .collect();
+        let group = group.as_ref().map(|(epoch, members)| {
+            let members: Vec<_> = (members.iter())
+                .map(|(id, addr)| serde_json::json!({"id": id, "addr": addr}))
+                .collect();
+            serde_json::json!({"changes": epoch, "members": members})
+        });
         let value = serde_json::json!({"manager": addr.to_string(), "managers": managers,
-            "servers": list});
+            "group": group, "servers": list});
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         if replicated {
@@ -506,6 +517,9 @@ pub async fn status(config: &Config, json: bool) -> Result<()> {
                     ),
                     Err(e) => println!("{:>4}  {:<22}  down ({e})", "-", addr),
                 }
+            }
+            if let Some((epoch, members)) = &group {
+                print_group(*epoch, members);
             }
         } else {
             println!("manager {addr}");
@@ -657,6 +671,82 @@ pub fn manager_start(dir: &Path, id: u16) -> Result<()> {
     LocalCluster::load(dir)?.start_replica(id)
 }
 
+/// `tessera manager add ID [ADDR]`: on a local cluster, starts the replica as a joining
+/// member first (stopped again if the change fails), then orders the change.
+pub async fn manager_add(config: &Config, dir: &Path, id: u16, addr: Option<String>) -> Result<()> {
+    let local = LocalCluster::cluster_file(dir).exists() && config.cluster.is_none();
+    if !local {
+        let addr = addr.context("tessera manager add ID ADDR: the new replica's address")?;
+        let (epoch, members) = admin_of(config)
+            .await?
+            .replica_change(id, Some(addr))
+            .await?;
+        print_group(epoch, &members);
+        return Ok(());
+    }
+    let mut cluster = LocalCluster::load(dir)?;
+    let addr = cluster.start_joining_replica(id, addr)?;
+    let changed = async {
+        let admin = cluster.admin_client(config).await?;
+        anyhow::Ok(admin.replica_change(id, Some(addr.clone())).await?)
+    }
+    .await;
+    let (epoch, members) = match changed {
+        Ok(group) => group,
+        Err(error) => {
+            cluster.kill_replica(id)?;
+            return Err(error.context(format!("replica {id} was not added (stopped again)")));
+        }
+    };
+    cluster.set_members(&members)?;
+    print_group(epoch, &members);
+    Ok(())
+}
+
+/// `tessera manager remove ID`: orders the change; on a local cluster, stops the replica
+/// once it left (its order node stops when the new group runs).
+pub async fn manager_remove(config: &Config, dir: &Path, id: u16) -> Result<()> {
+    let local = LocalCluster::cluster_file(dir).exists() && config.cluster.is_none();
+    if !local {
+        let (epoch, members) = admin_of(config).await?.replica_change(id, None).await?;
+        print_group(epoch, &members);
+        return Ok(());
+    }
+    let mut cluster = LocalCluster::load(dir)?;
+    let admin = cluster.admin_client(config).await?;
+    let (epoch, members) = admin.replica_change(id, None).await?;
+    cluster.set_members(&members)?;
+    print_group(epoch, &members);
+    let removed: SocketAddr = cluster.file.replicas[usize::from(id) - 1].addr.parse()?;
+    let began = std::time::Instant::now();
+    while began.elapsed() < Duration::from_secs(10) {
+        // The admin client still lists the removed replica: ask it how far it left.
+        let left = admin.replicas().await.iter().all(|(addr, status)| {
+            *addr != removed || status.as_ref().map_or(true, |s| s.role == "removed")
+        });
+        if left {
+            return cluster.kill_replica(id);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("replica {id} has not stopped its part in the order within 10 s: left running");
+    Ok(())
+}
+
+/// An admin client of the cluster `config` names.
+async fn admin_of(config: &Config) -> Result<Client> {
+    let target = resolve(config.cluster.clone())?;
+    let credential = target.admin_credential(config)?;
+    connect_replicas(config, target.replicas(), target.transport, credential).await
+}
+
+fn print_group(epoch: u32, members: &[(u16, String)]) {
+    let list: Vec<String> = (members.iter())
+        .map(|(id, addr)| format!("{id} at {addr}"))
+        .collect();
+    println!("manager group (change {epoch}): {}", list.join(", "));
+}
+
 pub fn server_stop(dir: &Path, id: u32) -> Result<()> {
     LocalCluster::load(dir)?.stop_server(id)
 }
@@ -714,6 +804,7 @@ fn manager_secret(config: &Config, dir: &Path, init: bool) -> Result<tessera_cli
 pub fn replica_config(
     id: u16,
     peers: &[String],
+    join: bool,
 ) -> Result<tessera_manager::replica::ReplicaConfig> {
     let peers = peers
         .iter()
@@ -728,6 +819,7 @@ pub fn replica_config(
         peers,
         order: tessera_manager::replica::order_config(),
         catch_up_piece_bytes: tessera_manager::replica::SNAPSHOT_PIECE_BYTES_MAX as u32,
+        join,
     };
     config.validate()?;
     Ok(config)

@@ -532,10 +532,33 @@ struct ManagerArgs {
     /// `tessera manager recover`.
     #[arg(long)]
     init: bool,
+    /// Join a running group as a new member (with --id/--peers and an empty store): the
+    /// replica waits until `tessera manager add ID ADDR` makes it one, then takes a peer's store
+    #[arg(long, requires = "id")]
+    join: bool,
 }
 
 #[derive(Subcommand)]
 enum ManagerAction {
+    /// Add manager replica ID to the replicated manager's group, as one ordered change. On
+    /// a local cluster (DIR/cluster.toml) the replica is started first, with an empty store
+    /// (a removed id's directory is wiped), at ADDR or a free port; elsewhere start it
+    /// yourself with `tessera manager --id ID --peers ... --join --init` and give its ADDR.
+    Add {
+        id: u16,
+        addr: Option<String>,
+        /// Data directory of the local cluster.
+        #[arg(long, default_value = "tessera-data")]
+        dir: PathBuf,
+    },
+    /// Remove manager replica ID from the replicated manager's group, as one ordered
+    /// change; on a local cluster, the replica is stopped once the new group runs.
+    Remove {
+        id: u16,
+        /// Data directory of the local cluster.
+        #[arg(long, default_value = "tessera-data")]
+        dir: PathBuf,
+    },
     /// Stop (kill) manager replica ID of the local cluster (`up --managers N`).
     Stop {
         id: u16,
@@ -697,6 +720,12 @@ async fn run(cli: Cli) -> Result<()> {
                 recover::run(config, &dir, servers).await
             }
             Some(ManagerAction::Stop { id, dir }) => commands::manager_stop(&dir, id),
+            Some(ManagerAction::Add { id, addr, dir }) => {
+                commands::manager_add(config, &dir, id, addr).await
+            }
+            Some(ManagerAction::Remove { id, dir }) => {
+                commands::manager_remove(config, &dir, id).await
+            }
             Some(ManagerAction::Start { id, dir }) => commands::manager_start(&dir, id),
             None => {
                 let dir = args
@@ -704,7 +733,7 @@ async fn run(cli: Cli) -> Result<()> {
                     .ok_or_else(|| anyhow::anyhow!("tessera manager needs --dir"))?;
                 let limits = args.limits.tcp_limits()?;
                 let replica = match args.id {
-                    Some(id) => Some(commands::replica_config(id, &args.peers)?),
+                    Some(id) => Some(commands::replica_config(id, &args.peers, args.join)?),
                     None => None,
                 };
                 let listen = match (&replica, args.listen) {
