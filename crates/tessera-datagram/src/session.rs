@@ -1261,8 +1261,8 @@ impl Session {
             Some((Bytes::copy_from_slice(&packet.payload), 1))
         } else if packet.first {
             let message_len = packet.message_len as usize;
-            // Sized from the announced length, which the budget reserved whole above, so that
-            // it is never copied to grow; pages not yet written cost no memory.
+            // Sized from the announced length, which the budget reserved whole above (so it
+            // bounds what peers make us allocate), so that it never grows: growing copied it.
             let mut buffer = Vec::with_capacity(message_len);
             buffer.extend_from_slice(&packet.payload);
             self.reassembly = Some(Reassembly {
