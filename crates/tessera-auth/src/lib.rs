@@ -351,7 +351,17 @@ pub fn replicated_access_key(replica: &Key, seed: &[u8; KEY_BYTES]) -> Key {
 
 /// The MAC of one datagram: keyed BLAKE3 over its bytes, truncated to 16 bytes.
 pub fn packet_tag(key: &Key, datagram: &[u8]) -> [u8; PACKET_TAG_BYTES] {
-    let hash = blake3::keyed_hash(&key.0, datagram);
+    packet_tag_of_parts(key, &[datagram])
+}
+
+/// [`packet_tag`] of the datagram that `parts` make one after the other, without joining
+/// them (a header, and a payload that is a slice of the message it belongs to).
+pub fn packet_tag_of_parts(key: &Key, parts: &[&[u8]]) -> [u8; PACKET_TAG_BYTES] {
+    let mut hasher = blake3::Hasher::new_keyed(&key.0);
+    for part in parts {
+        hasher.update(part);
+    }
+    let hash = hasher.finalize();
     let mut tag = [0u8; PACKET_TAG_BYTES];
     tag.copy_from_slice(&hash.as_bytes()[..PACKET_TAG_BYTES]);
     tag

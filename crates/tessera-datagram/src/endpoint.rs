@@ -6,7 +6,7 @@ use crate::packet::{self, decode, Packet, PacketError, PacketKind, OVERHEAD_LEN,
 use crate::radon::{Reservation, ReservationError};
 use crate::session::{PendingEvent, Room, Session, Verdict, WINDOW_INITIAL_PACKETS};
 use crate::{
-    Config, Event, LossReason, Micros, SendError, SessionId, SessionInfo, Stats, Transmit,
+    Config, Event, LossReason, Message, Micros, SendError, SessionId, SessionInfo, Stats, Transmit,
 };
 use bytes::Bytes;
 use rand::rngs::StdRng;
@@ -314,12 +314,15 @@ impl Endpoint {
     }
 
     /// Queues a message on a session, cut into as many packets as it needs.
+    /// A [`Message`] of two parts (a head and a body) is sent without joining them: each
+    /// fragment is a slice of one part, but for the first where they meet.
     pub fn send(
         &mut self,
         session: SessionId,
-        message: Bytes,
+        message: impl Into<Message>,
         now: Micros,
     ) -> Result<(), SendError> {
+        let message = message.into();
         self.observe(now);
         self.send_checks(session, message.len())?;
         self.enqueue(session, message, None, now);
@@ -329,7 +332,7 @@ impl Endpoint {
     /// Queues a checked message, or holds it behind held requests or, for a request whose
     /// answer is the expectation `answer`, until the grant reaches into that answer (see
     /// [`request`](Self::request)).
-    fn enqueue(&mut self, session: SessionId, message: Bytes, answer: Option<u64>, now: Micros) {
+    fn enqueue(&mut self, session: SessionId, message: Message, answer: Option<u64>, now: Micros) {
         let state = self
             .sessions
             .get_mut(&session)
@@ -402,10 +405,11 @@ impl Endpoint {
     pub fn request(
         &mut self,
         session: SessionId,
-        message: Bytes,
+        message: impl Into<Message>,
         answer_bytes: Option<usize>,
         now: Micros,
     ) -> Result<(), SendError> {
+        let message = message.into();
         let hold = self.config.receive_budget_packets.is_some()
             && self.sessions.get(&session).is_some_and(|state| {
                 answer_bytes
@@ -498,10 +502,37 @@ impl Endpoint {
         arrived: Micros,
         now: Micros,
     ) {
+        self.handle_decoded(from, datagram, decode(datagram), arrived, now);
+    }
+
+    /// [`handle_datagram_arrived`](Self::handle_datagram_arrived) of a datagram held as
+    /// [`Bytes`] (the UDP driver's receive buffers): the payload of a DATA packet stays a
+    /// slice of `datagram` until it is copied into its message, the one copy on the way
+    /// from the socket to the application. What the session keeps longer (a packet past a
+    /// gap, a message of one packet) it copies, so that no receive buffer is held.
+    pub fn handle_datagram_bytes(
+        &mut self,
+        from: SocketAddr,
+        datagram: Bytes,
+        arrived: Micros,
+        now: Micros,
+    ) {
+        let packet = packet::decode_bytes(&datagram);
+        self.handle_decoded(from, &datagram, packet, arrived, now);
+    }
+
+    fn handle_decoded(
+        &mut self,
+        from: SocketAddr,
+        datagram: &[u8],
+        packet: Result<Packet, PacketError>,
+        arrived: Micros,
+        now: Micros,
+    ) {
         self.observe(now);
         let arrived = arrived.min(now);
         self.stats.datagrams_received += 1;
-        let packet = match decode(datagram) {
+        let packet = match packet {
             Ok(packet) => packet,
             Err(error) => {
                 self.count_refused(&error);
@@ -948,10 +979,7 @@ impl Endpoint {
             queue: 0,
             payload: Bytes::new(),
         };
-        self.control.push_back(Transmit {
-            destination: to,
-            contents: reset.encode(),
-        });
+        self.control.push_back(Transmit::of(to, reset, &PUBLIC_KEY));
         self.stats.resets_sent += 1;
     }
 
@@ -1002,10 +1030,7 @@ impl Endpoint {
             self.touch(id, now);
             if let Some(packet) = packet {
                 self.stats.datagrams_sent += 1;
-                return Some(Transmit {
-                    destination,
-                    contents: packet.encode_with(&key),
-                });
+                return Some(Transmit::of(destination, packet, &key));
             }
         }
         None

@@ -38,10 +38,10 @@
 //!     // A perfect network: every datagram arrives 50 µs later.
 //!     now += 50;
 //!     while let Some(transmit) = client.poll_transmit(now) {
-//!         server.handle_datagram(client_addr, &transmit.contents, now);
+//!         server.handle_datagram(client_addr, &transmit.contents(), now);
 //!     }
 //!     while let Some(transmit) = server.poll_transmit(now) {
-//!         client.handle_datagram(server_addr, &transmit.contents, now);
+//!         client.handle_datagram(server_addr, &transmit.contents(), now);
 //!     }
 //!     while let Some(event) = server.poll_event() {
 //!         if let Event::Message { message, .. } = event {
@@ -107,6 +107,29 @@
 //! truncated, with trailing bytes, of another magic or version, with a wrong checksum, or
 //! with inconsistent fields; [`packet::verify`] checks the tag. Sequence numbers are 64-bit inside the endpoint and widened from
 //! the wire's 32 bits around the value expected ([`packet::widen`]).
+//!
+//! # Copies of a payload byte
+//!
+//! The protocol copies a payload byte once on its way from the sending application to the
+//! receiving one, where a driver that gathers and scatters (the UDP driver of
+//! `tessera-transport` does) lets it:
+//! - *Sending: none.* A [`Message`] may be a small head and a large body (a frame's header and
+//!   its payload) that are never joined: every fragment is a slice of one part, but for the
+//!   first, short fragment where they meet (a copy of at most one fragment, usually of tens
+//!   of bytes of the body). [`Transmit`] carries a packet's header, its payload (that slice)
+//!   and its tag apart, so the driver hands the kernel three `iovec`s and builds no datagram.
+//! - *Receiving: one.* [`Endpoint::handle_datagram_bytes`] decodes a packet whose payload is a
+//!   slice of the driver's receive buffer ([`packet::decode_bytes`]) and copies it into its
+//!   message, whose buffer is allocated once at the first fragment, sized from the length
+//!   it announces (the memory budget reserved that length anyway), so it never grows and
+//!   is handed to the application as it is. A one-packet message is copied into a buffer of
+//!   its own, and so is a packet held past a gap (it is copied into its message when the gap
+//!   fills), so that the driver's receive buffers are never held.
+//!
+//! Each packet's checksum and tag still read its payload once each, on both sides.
+//! Before (to `38e20fe`), a payload byte was copied five times: joined into its frame,
+//! copied into each datagram, out of the receive buffer, into the message (whose buffer
+//! doubled past 1 MiB, which copied again), and out of the message by the frame decoder.
 //!
 //! # Protocol
 //!
@@ -232,6 +255,7 @@ pub mod admission;
 pub mod congestion;
 mod endpoint;
 pub mod grants;
+mod message;
 pub mod packet;
 pub mod radon;
 pub mod rtt;
@@ -247,6 +271,7 @@ pub use endpoint::{
     Endpoint, CONTROL_QUEUE_MAX, EVENT_QUEUE_MAX, FORGOTTEN_SESSIONS_MAX, HOLD_ANSWER_PACKETS_MIN,
     RESET_BURST_MAX, RESET_INTERVAL_US, SEND_QUEUE_BYTES_MAX,
 };
+pub use message::Message;
 pub use packet::{decode, Packet, PacketError, PacketKind, HEADER_LEN, OVERHEAD_LEN, TAG_LEN};
 pub use radon::{PacingStats, RadonConfig, Reservation, ReservationError};
 pub use session::{LOST_AFTER_TIMEOUTS_MIN, REORDER_PACKETS, WINDOW_INITIAL_PACKETS};
@@ -587,13 +612,52 @@ impl Config {
     }
 }
 
-/// A datagram to send.
+/// A datagram to send: its packet's header, payload and tag, one after the other. The payload
+/// is a slice of the message it is a fragment of, not a copy, so that a driver sends the three
+/// parts as they are (one `iovec` each, as the UDP driver does) and the payload is copied only
+/// by the kernel; [`contents`](Transmit::contents) joins them, for simulators and tests.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Transmit {
     /// Where to.
     pub destination: SocketAddr,
-    /// The datagram.
-    pub contents: Vec<u8>,
+    /// The packet's header, its checksum written in.
+    pub header: [u8; HEADER_LEN],
+    /// The packet's payload (empty but for DATA).
+    pub payload: Bytes,
+    /// The packet's MAC, over header and payload.
+    pub tag: [u8; TAG_LEN],
+}
+
+impl Transmit {
+    /// The datagram carrying `packet` to `destination`, tagged with `key`.
+    pub fn of(destination: SocketAddr, packet: Packet, key: &tessera_auth::Key) -> Transmit {
+        let (header, tag) = packet.encode_parts(key);
+        Transmit {
+            destination,
+            header,
+            payload: packet.payload,
+            tag,
+        }
+    }
+
+    /// Bytes of the datagram.
+    pub fn len(&self) -> usize {
+        HEADER_LEN + self.payload.len() + TAG_LEN
+    }
+
+    /// Always false: a datagram has at least a header and a tag.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The datagram as one buffer (a copy of its parts).
+    pub fn contents(&self) -> Vec<u8> {
+        let mut datagram = Vec::with_capacity(self.len());
+        datagram.extend_from_slice(&self.header);
+        datagram.extend_from_slice(&self.payload);
+        datagram.extend_from_slice(&self.tag);
+        datagram
+    }
 }
 
 /// What the endpoint has to tell the application.

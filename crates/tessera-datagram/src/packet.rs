@@ -284,37 +284,52 @@ impl Packet {
 
     /// Appends the encoded packet to `buffer`, tagged with `key`.
     pub fn encode_into_with(&self, buffer: &mut Vec<u8>, key: &tessera_auth::Key) {
+        let (header, tag) = self.encode_parts(key);
+        buffer.reserve(self.encoded_len());
+        buffer.extend_from_slice(&header);
+        buffer.extend_from_slice(&self.payload);
+        buffer.extend_from_slice(&tag);
+    }
+
+    /// The encoded packet's header (checksum included) and tag, under `key`: the datagram is
+    /// the header, the payload and the tag, one after the other. The payload is read (for
+    /// the checksum and the tag) but not copied, so a driver can send the three as they
+    /// are (see [`crate::Transmit`]). Panics as [`encode_into`](Self::encode_into) does.
+    pub fn encode_parts(&self, key: &tessera_auth::Key) -> ([u8; HEADER_LEN], [u8; TAG_LEN]) {
         if let Err(error) = self.check() {
             panic!("encoding an invalid packet: {error}");
         }
-        let start = buffer.len();
-        buffer.reserve(self.encoded_len());
-        buffer.extend_from_slice(&MAGIC.to_be_bytes());
-        buffer.push(VERSION);
-        buffer.push(self.kind.code());
-        buffer.extend_from_slice(&[0; 4]);
-        buffer.extend_from_slice(&self.session.to_be_bytes());
-        buffer.extend_from_slice(&self.seq.to_be_bytes());
-        buffer.extend_from_slice(&self.ack.to_be_bytes());
-        buffer.extend_from_slice(&self.window.to_be_bytes());
-        buffer.extend_from_slice(&self.timestamp.to_be_bytes());
-        buffer.extend_from_slice(&self.echo.to_be_bytes());
-        let message_len_or_ack_delay = if self.first {
-            self.message_len
-        } else {
-            self.ack_delay
-        };
-        buffer.extend_from_slice(&message_len_or_ack_delay.to_be_bytes());
-        buffer.push(self.flags());
-        buffer.push(self.queue);
-        buffer.extend_from_slice(&(self.payload.len() as u16).to_be_bytes());
-        assert_eq!(buffer.len() - start, HEADER_LEN);
-        buffer.extend_from_slice(&self.payload);
-        let checksum = checksum(&buffer[start..]);
-        buffer[start + OFFSET_CHECKSUM..start + OFFSET_CHECKSUM + 4]
-            .copy_from_slice(&checksum.to_be_bytes());
-        let tag = tessera_auth::packet_tag(key, &buffer[start..]);
-        buffer.extend_from_slice(&tag);
+        let mut header = [0u8; HEADER_LEN];
+        header[OFFSET_MAGIC..OFFSET_MAGIC + 2].copy_from_slice(&MAGIC.to_be_bytes());
+        header[OFFSET_VERSION] = VERSION;
+        header[OFFSET_KIND] = self.kind.code();
+        header[OFFSET_SESSION..OFFSET_SESSION + 8].copy_from_slice(&self.session.to_be_bytes());
+        let words = [
+            (OFFSET_SEQ, self.seq),
+            (OFFSET_ACK, self.ack),
+            (OFFSET_WINDOW, self.window),
+            (OFFSET_TIMESTAMP, self.timestamp),
+            (OFFSET_ECHO, self.echo),
+            (
+                OFFSET_MESSAGE_LEN_OR_ACK_DELAY,
+                if self.first {
+                    self.message_len
+                } else {
+                    self.ack_delay
+                },
+            ),
+        ];
+        for (offset, word) in words {
+            header[offset..offset + 4].copy_from_slice(&word.to_be_bytes());
+        }
+        header[OFFSET_FLAGS] = self.flags();
+        header[OFFSET_QUEUE] = self.queue;
+        header[OFFSET_PAYLOAD_LEN..HEADER_LEN]
+            .copy_from_slice(&(self.payload.len() as u16).to_be_bytes());
+        let checksum = crc32c::crc32c_append(checksum(&header), &self.payload);
+        header[OFFSET_CHECKSUM..OFFSET_CHECKSUM + 4].copy_from_slice(&checksum.to_be_bytes());
+        let tag = tessera_auth::packet_tag_of_parts(key, &[&header, &self.payload]);
+        (header, tag)
     }
 
     /// The encoded packet, tagged with [`PUBLIC_KEY`].
@@ -404,8 +419,24 @@ fn read_u64(datagram: &[u8], offset: usize) -> u64 {
 /// Decodes one datagram. Never panics: every length is checked before it is used.
 ///
 /// The checks run in this order, so that each error names the first thing wrong: length of
-/// the header, magic, version, length of the payload, checksum, then the fields.
+/// the header, magic, version, length of the payload, checksum, then the fields. The payload
+/// is copied out of `datagram`; [`decode_bytes`] slices it instead.
 pub fn decode(datagram: &[u8]) -> Result<Packet, PacketError> {
+    decode_with(datagram, |range| Bytes::copy_from_slice(&datagram[range]))
+}
+
+/// [`decode`] of a datagram held as [`Bytes`]: the payload is a slice of `datagram`, not a
+/// copy (the same checks, so both accept exactly the same datagrams).
+pub fn decode_bytes(datagram: &Bytes) -> Result<Packet, PacketError> {
+    decode_with(datagram, |range| datagram.slice(range))
+}
+
+/// The one decoder behind [`decode`] and [`decode_bytes`]; `payload` makes the payload of
+/// the byte range it is given.
+fn decode_with(
+    datagram: &[u8],
+    payload: impl FnOnce(std::ops::Range<usize>) -> Bytes,
+) -> Result<Packet, PacketError> {
     let len = datagram.len();
     if len < OVERHEAD_LEN {
         return Err(PacketError::Truncated {
@@ -468,7 +499,7 @@ pub fn decode(datagram: &[u8]) -> Result<Packet, PacketError> {
         message_len,
         ack_delay,
         queue: datagram[OFFSET_QUEUE],
-        payload: Bytes::copy_from_slice(&body[HEADER_LEN..]),
+        payload: payload(HEADER_LEN..body.len()),
     };
     packet.check()?;
     Ok(packet)
@@ -559,13 +590,14 @@ mod tests {
             let bytes = packet.encode();
             prop_assert_eq!(bytes.len(), packet.encoded_len());
             let decoded = decode(&bytes).unwrap();
+            prop_assert_eq!(&decode_bytes(&Bytes::from(bytes.clone())).unwrap(), &packet);
             prop_assert_eq!(&decoded, &packet);
             prop_assert_eq!(decoded.encode(), bytes);
         }
 
         #[test]
         fn decode_of_random_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
-            let _ = decode(&bytes);
+            prop_assert_eq!(decode_bytes(&Bytes::from(bytes.clone())), decode(&bytes));
         }
 
         #[test]

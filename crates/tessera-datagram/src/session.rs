@@ -5,7 +5,7 @@ use crate::congestion::{self, CongestionControl};
 use crate::packet::{widen, Packet, PacketKind};
 use crate::radon::{self, Pacer, QueueEstimator, Reservation};
 use crate::rtt::RttEstimator;
-use crate::{Config, Event, Micros, SessionId, SessionInfo, Stats};
+use crate::{Config, Event, Message, Micros, SessionId, SessionInfo, Stats};
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -121,7 +121,7 @@ struct RestartState {
 /// A message held back in [`Session::held_requests`].
 #[derive(Debug)]
 struct HeldMessage {
-    message: Bytes,
+    message: Message,
     /// The expectation of the request's answer; `None` for a message that only keeps its
     /// place behind a held request.
     answer: Option<u64>,
@@ -443,32 +443,20 @@ impl Session {
     }
 
     /// Queues a message, cut into fragments of at most `fragment_bytes_max`.
-    pub(crate) fn queue_message(&mut self, message: Bytes, fragment_bytes_max: usize) {
-        assert!(fragment_bytes_max >= 1);
+    /// The fragments are slices of the message's parts ([`Message::fragment_bounds`]).
+    pub(crate) fn queue_message(&mut self, message: Message, fragment_bytes_max: usize) {
         let message_len = u32::try_from(message.len()).expect("message length checked by send");
         self.queued_bytes += message.len();
         self.queued_messages += 1;
-        if message.is_empty() {
+        let bounds = message.fragment_bounds(fragment_bytes_max);
+        for (index, piece) in bounds.windows(2).enumerate() {
             self.outgoing.push_back(Outgoing {
-                payload: message,
-                first: true,
-                last: true,
-                message_len: 0,
-                transmissions: 0,
-            });
-            return;
-        }
-        let mut offset = 0;
-        while offset < message.len() {
-            let end = (offset + fragment_bytes_max).min(message.len());
-            self.outgoing.push_back(Outgoing {
-                payload: message.slice(offset..end),
-                first: offset == 0,
-                last: end == message.len(),
+                payload: message.range(piece[0]..piece[1]),
+                first: index == 0,
+                last: index + 2 == bounds.len(),
                 message_len,
                 transmissions: 0,
             });
-            offset = end;
         }
     }
 
@@ -520,7 +508,7 @@ impl Session {
     /// session's messages in order), and, if it is a request whose answer is the
     /// expectation `answer`, until the grant reaches into that answer. Returns whether it
     /// was held.
-    pub(crate) fn queue_or_hold(&mut self, message: Bytes, answer: Option<u64>) -> bool {
+    pub(crate) fn queue_or_hold(&mut self, message: Message, answer: Option<u64>) -> bool {
         let hold = !self.held_requests.is_empty()
             || answer.is_some_and(|ticket| !self.granted_into(ticket));
         if hold {
@@ -1203,7 +1191,9 @@ impl Session {
             self.out_of_order_room -= cost;
             self.out_of_order_bytes += cost;
             self.out_of_order_since.get_or_insert(now);
-            self.out_of_order.insert(seq, packet);
+            // A copy of its own, so that it pins no receive buffer of the driver's.
+            let payload = Bytes::copy_from_slice(&packet.payload);
+            self.out_of_order.insert(seq, Packet { payload, ..packet });
             stats.held_out_of_order += 1;
             if self.out_of_order.len() >= REORDER_PACKETS {
                 self.note_gap(now);
@@ -1290,11 +1280,14 @@ impl Session {
             self.restart = None;
         }
         let complete = if packet.first && packet.last {
-            Some((packet.payload, 1))
+            // Copied (the one copy between socket and application), so that a small message
+            // pins no receive buffer of the driver's while it waits for the application.
+            Some((Bytes::copy_from_slice(&packet.payload), 1))
         } else if packet.first {
             let message_len = packet.message_len as usize;
-            // Grow with the data rather than trusting the announced length up front.
-            let mut buffer = Vec::with_capacity(message_len.min(1 << 20));
+            // Sized from the announced length, which the budget reserved whole above (so it
+            // bounds what peers make us allocate), so that it never grows: growing copied it.
+            let mut buffer = Vec::with_capacity(message_len);
             buffer.extend_from_slice(&packet.payload);
             self.reassembly = Some(Reassembly {
                 message_len: packet.message_len,

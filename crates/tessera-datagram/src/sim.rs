@@ -42,6 +42,7 @@
 //! ```
 
 use crate::{Config, Endpoint, Micros};
+use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
@@ -541,7 +542,7 @@ impl Sim {
             }
             let from = self.hosts[host].addr;
             while let Some(transmit) = self.hosts[host].endpoint.poll_transmit(now) {
-                self.route(from, transmit.destination, transmit.contents);
+                self.route(from, transmit.destination, transmit.contents());
             }
         }
     }
@@ -627,9 +628,9 @@ impl Sim {
         }
         self.stats.delivered += 1;
         self.stats.bytes_delivered += datagram.contents.len() as u64;
-        self.hosts[host].endpoint.handle_datagram_arrived(
+        self.hosts[host].endpoint.handle_datagram_bytes(
             datagram.from,
-            &datagram.contents,
+            Bytes::from(datagram.contents),
             arrived,
             now,
         );

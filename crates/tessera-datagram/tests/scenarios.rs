@@ -2302,7 +2302,7 @@ fn deliver_late(
         assert_eq!(transmit.destination, endpoints[to].0);
         endpoints[to]
             .1
-            .handle_datagram_arrived(sender, &transmit.contents, arrived, now);
+            .handle_datagram_arrived(sender, &transmit.contents(), arrived, now);
     }
     transmits.len()
 }
@@ -2359,7 +2359,7 @@ fn late_acknowledgements_on_a_short_path_do_not_stretch_the_timers() {
         for ack in &acks {
             endpoints[0]
                 .1
-                .handle_datagram_arrived(server, &ack.contents, arrives, arrives);
+                .handle_datagram_arrived(server, &ack.contents(), arrives, arrives);
         }
         now = arrives;
         endpoints[0].1.handle_timeout(now);

@@ -6,9 +6,22 @@
 //! and a 1 µs timer slack, because a tokio timer alone has millisecond granularity and the
 //! protocol's retransmission timeouts are a few hundred microseconds. Async callers talk to
 //! the thread through a command queue and an eventfd that wakes it.
+//!
+//! Copies of a payload byte in user space, from the caller's `Bytes` to the peer's handler:
+//! one. A frame goes to the endpoint as its header and message (joined: tens of bytes) and
+//! its payload as it is ([`Message`]); each datagram goes to `sendmmsg` as three `iovec`s, the
+//! packet's header, a slice of the frame and the tag. `recvmmsg` reads into buffers that
+//! each datagram is split off as `Bytes`; the endpoint copies the payload into the message
+//! (the one copy), and the frame is decoded into slices of the message
+//! ([`Frame::decode_bytes`]). Only the first fragment of a frame, where its header meets its
+//! payload, is a copy on the sending side (at most one datagram, usually tens of bytes).
+//! Before, a payload byte was copied five times (into the frame, into each datagram, out of
+//! the receive buffer, into the message, out of it into the decoded frame). TCP copies none
+//! on sending (header, message and payload are written one after the other) and at most one
+//! on receiving.
 
 use crate::{BoxFuture, ConnectionId, FrameHandler, Reply, TransportError};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -17,7 +30,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_datagram::{
-    Config as DatagramConfig, Endpoint, Event, LossReason, SendError, SessionId, Transmit,
+    Config as DatagramConfig, Endpoint, Event, LossReason, Message, SendError, SessionId, Transmit,
 };
 use tessera_wire::{Frame, FrameHeader, FrameKind};
 use tokio::sync::oneshot;
@@ -105,7 +118,7 @@ enum Command {
     Call {
         addr: SocketAddr,
         request_id: u64,
-        frame: Bytes,
+        frame: Message,
         reply_bytes: Option<usize>,
         reply: oneshot::Sender<Result<Reply, TransportError>>,
     },
@@ -116,7 +129,7 @@ enum Command {
     /// The caller gave up waiting.
     Cancel { request_id: u64 },
     /// Send a response frame on a session (server side).
-    Respond { session: SessionId, frame: Bytes },
+    Respond { session: SessionId, frame: Message },
     /// Drop a session whose peer sent garbage (server side).
     Close { session: SessionId },
     /// Stop the thread.
@@ -249,7 +262,7 @@ impl UdpTransport {
         reply_bytes: Option<usize>,
     ) -> Result<Reply, TransportError> {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let frame = encode_frame(FrameKind::Request, request_id, &message, &payload);
+        let frame = encode_frame(FrameKind::Request, request_id, &message, payload);
         let (reply, answer) = oneshot::channel();
         if !self.mailbox.post(Command::Call {
             addr,
@@ -401,18 +414,19 @@ fn radon_counters(endpoint: &Endpoint) -> Vec<(String, u64)> {
     ]
 }
 
-fn encode_frame(kind: FrameKind, request_id: u64, message: &[u8], payload: &[u8]) -> Bytes {
+/// A frame as a datagram message: its header and serialized message joined (a small copy),
+/// and its payload behind them as it is, never copied (the endpoint cuts fragments out of it).
+fn encode_frame(kind: FrameKind, request_id: u64, message: &[u8], payload: Bytes) -> Message {
     let header = FrameHeader {
         kind,
         message_len: message.len() as u32,
         payload_len: payload.len() as u32,
         request_id,
     };
-    let mut out = Vec::with_capacity(header.frame_len());
-    out.extend_from_slice(&header.encode());
-    out.extend_from_slice(message);
-    out.extend_from_slice(payload);
-    Bytes::from(out)
+    let mut head = Vec::with_capacity(header.frame_len() - payload.len());
+    head.extend_from_slice(&header.encode());
+    head.extend_from_slice(message);
+    Message::new(Bytes::from(head), payload)
 }
 
 /// Forget a client session: its server mapping and its waiting requests, returned oldest
@@ -438,7 +452,7 @@ fn take_session(
 struct Pending {
     session: SessionId,
     addr: SocketAddr,
-    frame: Bytes,
+    frame: Message,
     /// Expected size of the answer frame, if known.
     reply_bytes: Option<usize>,
     /// Whether it was already sent again after its session was reset.
@@ -847,7 +861,8 @@ impl Driver {
     }
 
     fn handle_message(&mut self, session: SessionId, peer: SocketAddr, message: Bytes) {
-        let frame = match Frame::decode(&message) {
+        // Message and payload are slices of the reassembled message: no copy.
+        let frame = match Frame::decode_bytes(&message) {
             Ok(Some((frame, used))) if used == message.len() => frame,
             _ => {
                 tracing::info!("closing datagram session from {peer}: undecodable frame");
@@ -886,7 +901,7 @@ impl Driver {
                 match handler.handle_now(connection, &frame.message, &frame.payload) {
                     Some(Some((message, payload))) => {
                         let frame =
-                            encode_frame(FrameKind::Response, frame.request_id, &message, &payload);
+                            encode_frame(FrameKind::Response, frame.request_id, &message, payload);
                         let now = self.now();
                         let _ = self.endpoint.send(session, frame, now);
                         return;
@@ -908,7 +923,7 @@ impl Driver {
                     {
                         Some((message, payload)) => {
                             let frame =
-                                encode_frame(FrameKind::Response, request_id, &message, &payload);
+                                encode_frame(FrameKind::Response, request_id, &message, payload);
                             mailbox.post(Command::Respond { session, frame });
                         }
                         None => {
@@ -992,23 +1007,26 @@ impl Driver {
             let now = self.now();
             let wall_now = std::time::SystemTime::now();
             let full = got == BATCH_DATAGRAMS_MAX;
-            for datagram in &self.receiving.received {
+            // Taken and dropped datagram by datagram, so that the buffers are whole again by
+            // the next call.
+            let mut received = std::mem::take(&mut self.receiving.received);
+            for datagram in received.drain(..) {
                 // How long it waited in the socket, by the wall clock the kernel stamps with.
                 let waited = datagram
                     .arrived
                     .and_then(|arrived| wall_now.duration_since(arrived).ok())
                     .map_or(0, |waited| waited.as_micros() as u64);
-                let bytes = &self.receiving.buffers[datagram.index][..datagram.len];
                 if let Role::Server { handler, .. } = &self.role {
-                    admit_keyed_session(&mut self.endpoint, handler.as_ref(), bytes);
+                    admit_keyed_session(&mut self.endpoint, handler.as_ref(), &datagram.datagram);
                 }
-                self.endpoint.handle_datagram_arrived(
+                self.endpoint.handle_datagram_bytes(
                     datagram.from,
-                    bytes,
+                    datagram.datagram,
                     now.saturating_sub(waited),
                     now,
                 );
             }
+            self.receiving.received = received;
             if !full {
                 return;
             }
@@ -1139,6 +1157,8 @@ struct SegmentControl([u8; 32]);
 struct SendBatch {
     addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)>,
     iovs: Vec<libc::iovec>,
+    /// Where each datagram's iovecs start in `iovs` (and, last, their end).
+    iov_starts: Vec<usize>,
     headers: Vec<libc::mmsghdr>,
     controls: Vec<SegmentControl>,
     /// Datagrams carried by each header.
@@ -1155,6 +1175,7 @@ impl Default for SendBatch {
         SendBatch {
             addrs: Vec::new(),
             iovs: Vec::new(),
+            iov_starts: Vec::new(),
             headers: Vec::new(),
             controls: Vec::new(),
             segments: Vec::new(),
@@ -1202,25 +1223,37 @@ impl SendBatch {
             self.addrs.push(sockaddr_of(&batch[start].destination));
             let mut control = SegmentControl::default();
             if count > 1 {
-                fill_segment_control(&mut control, batch[start].contents.len());
+                fill_segment_control(&mut control, batch[start].len());
             }
             self.controls.push(control);
             start += count;
         }
-        self.iovs.extend(batch.iter().map(|t| libc::iovec {
-            iov_base: t.contents.as_ptr() as *mut libc::c_void,
-            iov_len: t.contents.len(),
-        }));
+        // Each datagram as its packet's header, payload and tag, gathered by the kernel: the
+        // payload is a slice of its message, never copied here.
+        self.iov_starts.clear();
+        for t in batch {
+            self.iov_starts.push(self.iovs.len());
+            for part in [&t.header[..], &t.payload[..], &t.tag[..]] {
+                if !part.is_empty() {
+                    self.iovs.push(libc::iovec {
+                        iov_base: part.as_ptr() as *mut libc::c_void,
+                        iov_len: part.len(),
+                    });
+                }
+            }
+        }
+        self.iov_starts.push(self.iovs.len());
         // SAFETY: an all-zero mmsghdr is a valid empty header.
         self.headers
             .extend((0..groups).map(|_| unsafe { std::mem::zeroed::<libc::mmsghdr>() }));
         let mut start = 0;
         for (i, &count) in self.segments.iter().enumerate() {
+            let (first_iov, end_iov) = (self.iov_starts[start], self.iov_starts[start + count]);
             let header = &mut self.headers[i].msg_hdr;
             header.msg_name = &mut self.addrs[i].0 as *mut _ as *mut libc::c_void;
             header.msg_namelen = self.addrs[i].1;
-            header.msg_iov = &mut self.iovs[start];
-            header.msg_iovlen = count as _;
+            header.msg_iov = &mut self.iovs[first_iov];
+            header.msg_iovlen = (end_iov - first_iov) as _;
             if count > 1 {
                 header.msg_control = self.controls[i].0.as_mut_ptr().cast();
                 // SAFETY: CMSG_SPACE only computes a size.
@@ -1247,11 +1280,11 @@ impl SendBatch {
 /// size, except that the last may be shorter.
 fn gso_run(batch: &[Transmit]) -> usize {
     let first = &batch[0];
-    let size = first.contents.len();
+    let size = first.len();
     let mut count = 1;
     let mut bytes = size;
     for t in &batch[1..] {
-        let len = t.contents.len();
+        let len = t.len();
         if t.destination != first.destination
             || len > size
             || len == 0
@@ -1299,9 +1332,8 @@ fn enable_receive_timestamps(fd: RawFd) {
 
 /// One datagram [`ReceiveBatch::receive`] read.
 struct Received {
-    /// Index of the buffer that holds it.
-    index: usize,
-    len: usize,
+    /// Its bytes: the front of a receive buffer, split off it.
+    datagram: Bytes,
     from: SocketAddr,
     /// The kernel's receive timestamp, if it gave one.
     arrived: Option<std::time::SystemTime>,
@@ -1329,9 +1361,15 @@ fn receive_timestamp(header: &libc::msghdr) -> Option<std::time::SystemTime> {
     None
 }
 
-/// What `recvmmsg` reads into, kept across calls: the receive path allocates nothing.
+/// What `recvmmsg` reads into, kept across calls. Each datagram read is split off its buffer
+/// as [`Bytes`], so that the endpoint can slice its payload instead of copying it; the
+/// endpoint copies each payload once, into its message (or into a copy of its own, for what
+/// it holds), and drops the datagram, so by the next call every buffer is whole again and is
+/// reused in place: the receive path allocates nothing.
 struct ReceiveBatch {
-    buffers: Vec<Vec<u8>>,
+    buffers: Vec<BytesMut>,
+    /// Bytes each buffer offers the kernel.
+    buffer_bytes: usize,
     controls: Vec<[u8; CONTROL_BYTES]>,
     addrs: Vec<libc::sockaddr_storage>,
     iovs: Vec<libc::iovec>,
@@ -1343,20 +1381,21 @@ struct ReceiveBatch {
 impl ReceiveBatch {
     fn new(buffer_bytes: usize) -> ReceiveBatch {
         let n = BATCH_DATAGRAMS_MAX;
-        let mut buffers = vec![vec![0u8; buffer_bytes]; n];
-        let iovs = buffers
-            .iter_mut()
-            .map(|b| libc::iovec {
-                iov_base: b.as_mut_ptr() as *mut libc::c_void,
-                iov_len: b.len(),
-            })
-            .collect();
         ReceiveBatch {
-            buffers,
+            buffers: (0..n)
+                .map(|_| BytesMut::with_capacity(buffer_bytes))
+                .collect(),
+            buffer_bytes,
+            iovs: vec![
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                };
+                n
+            ],
             controls: vec![[0u8; CONTROL_BYTES]; n],
             // SAFETY: zeroed sockaddr_storage and mmsghdr are valid initial values.
             addrs: (0..n).map(|_| unsafe { std::mem::zeroed() }).collect(),
-            iovs,
             headers: (0..n).map(|_| unsafe { std::mem::zeroed() }).collect(),
             received: Vec::with_capacity(n),
         }
@@ -1368,7 +1407,17 @@ impl ReceiveBatch {
         let n = self.buffers.len();
         // The kernel rewrites the name and control lengths: set them (and the pointers, which
         // cost nothing) afresh for every call.
+        self.received.clear();
         for i in 0..n {
+            let buffer = &mut self.buffers[i];
+            buffer.clear();
+            // In place once the datagrams split off it last time are dropped (they are,
+            // unless the caller kept one), else a fresh buffer.
+            buffer.reserve(self.buffer_bytes);
+            self.iovs[i] = libc::iovec {
+                iov_base: buffer.spare_capacity_mut().as_mut_ptr().cast(),
+                iov_len: self.buffer_bytes,
+            };
             let header = &mut self.headers[i].msg_hdr;
             header.msg_name = &mut self.addrs[i] as *mut _ as *mut libc::c_void;
             header.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
@@ -1378,9 +1427,9 @@ impl ReceiveBatch {
             header.msg_controllen = CONTROL_BYTES as _;
             header.msg_flags = 0;
         }
-        self.received.clear();
         // SAFETY: every pointer refers to memory owned by `self`, which outlives the call;
-        // the buffers are never resized, so the iovecs stay valid. Non-blocking socket.
+        // the buffers are not touched between taking the pointers and the call, so the
+        // iovecs stay valid and each has `buffer_bytes` of spare room. Non-blocking socket.
         let got = unsafe {
             libc::recvmmsg(
                 fd,
@@ -1397,9 +1446,14 @@ impl ReceiveBatch {
             let header = &self.headers[i];
             let truncated = header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
             if let (false, Some(from)) = (truncated, socket_addr_from(&self.addrs[i])) {
+                let len = header.msg_len as usize;
+                assert!(len <= self.buffer_bytes);
+                let buffer = &mut self.buffers[i];
+                // SAFETY: the kernel wrote `len` bytes (not truncated) at the buffer's start,
+                // within the spare room reserved above.
+                unsafe { buffer.set_len(len) };
                 self.received.push(Received {
-                    index: i,
-                    len: header.msg_len as usize,
+                    datagram: buffer.split().freeze(),
                     from,
                     arrived: receive_timestamp(&header.msg_hdr),
                 });
@@ -1414,9 +1468,12 @@ mod tests {
     use super::*;
 
     fn datagram(port: u16, len: usize) -> Transmit {
+        let overhead = tessera_datagram::OVERHEAD_LEN;
         Transmit {
             destination: SocketAddr::from(([10, 0, 0, 1], port)),
-            contents: vec![0; len],
+            header: [0; tessera_datagram::HEADER_LEN],
+            payload: Bytes::from(vec![0; len.saturating_sub(overhead)]),
+            tag: [0; tessera_datagram::TAG_LEN],
         }
     }
 

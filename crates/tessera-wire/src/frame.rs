@@ -197,6 +197,20 @@ impl Frame {
     /// Decode one frame from the front of `buf`: `Ok(None)` if more bytes are needed, else the
     /// frame and how many bytes it used.
     pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
+        Self::decode_with(buf, |range| Bytes::copy_from_slice(&buf[range]))
+    }
+
+    /// [`decode`](Self::decode) of a frame held as [`Bytes`]: its message and payload are
+    /// slices of `buf`, not copies (the same checks, so both accept the same frames).
+    pub fn decode_bytes(buf: &Bytes) -> Result<Option<(Frame, usize)>, WireError> {
+        Self::decode_with(buf, |range| buf.slice(range))
+    }
+
+    /// The one decoder behind both; `part` makes the message or payload of a byte range.
+    fn decode_with(
+        buf: &[u8],
+        part: impl Fn(std::ops::Range<usize>) -> Bytes,
+    ) -> Result<Option<(Frame, usize)>, WireError> {
         let Some(head) = buf.first_chunk::<FRAME_HEADER_BYTES>() else {
             // Reject garbage as early as the bytes allow.
             if !buf.is_empty() && buf[0] != FRAME_MAGIC[0] {
@@ -214,8 +228,8 @@ impl Frame {
             Frame {
                 kind: header.kind,
                 request_id: header.request_id,
-                message: Bytes::copy_from_slice(&buf[FRAME_HEADER_BYTES..message_end]),
-                payload: Bytes::copy_from_slice(&buf[message_end..total]),
+                message: part(FRAME_HEADER_BYTES..message_end),
+                payload: part(message_end..total),
             },
             total,
         )))

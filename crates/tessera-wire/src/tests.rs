@@ -120,6 +120,7 @@ proptest! {
         let bytes = frame.to_bytes();
         let (decoded, used) = Frame::decode(&bytes).unwrap().unwrap();
         prop_assert_eq!(used, bytes.len());
+        prop_assert_eq!(Frame::decode_bytes(&Bytes::from(bytes.clone())).unwrap(), Some((decoded.clone(), used)));
         prop_assert_eq!(&decoded, &frame);
         prop_assert_eq!(decoded.decode_message::<StorageCall>().unwrap(), req);
         // Every strict prefix asks for more bytes rather than failing or inventing a frame.
@@ -132,7 +133,7 @@ proptest! {
 
     #[test]
     fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
-        let _ = Frame::decode(&bytes);
+        prop_assert_eq!(Frame::decode_bytes(&Bytes::from(bytes.clone())), Frame::decode(&bytes));
         let _ = decode_message::<StorageRequest>(&bytes);
         let _ = decode_message::<StorageCall>(&bytes);
         let _ = decode_message::<StorageResponse>(&bytes);
