@@ -432,6 +432,14 @@ impl Session {
             .reserve(reservation, now);
     }
 
+    /// The application's reserved stream counts its periods from `epoch`: the pacer's
+    /// follow ([`Pacer::start_periods`]).
+    pub(crate) fn start_periods(&mut self, epoch: Micros, now: Micros) {
+        if let Some(pacer) = self.pacer.as_mut() {
+            pacer.start_periods(epoch, now);
+        }
+    }
+
     /// Queues a message, cut into fragments of at most `fragment_bytes_max`.
     pub(crate) fn queue_message(&mut self, message: Bytes, fragment_bytes_max: usize) {
         assert!(fragment_bytes_max >= 1);
