@@ -18,16 +18,16 @@ pub use tessera_datagram::Reservation;
 use tessera_wire::{ManagerRequest, ManagerResponse, Service};
 
 /// How a client's requests ask the servers to order them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(crate) enum ServiceClock {
     /// Unreserved.
     BestEffort,
     /// A reserved stream: a request is due at the end of the period it is sent in, periods
-    /// counted from the client's start (the transfer loop's [`StreamLedger`] starts its
-    /// periods when the stream does, within the manager's admission round trip of it).
+    /// counted from the client's start until a stream starts ([`Client::start_stream`]),
+    /// then from the stream's.
     Reserved {
-        /// When the first period began.
-        epoch: std::time::Instant,
+        /// When the first period began (shared by the client's clones).
+        epoch: std::sync::Arc<std::sync::Mutex<std::time::Instant>>,
         /// The reservation's period, µs.
         period_us: u64,
     },
@@ -40,7 +40,7 @@ impl ServiceClock {
     pub(crate) fn of(reservation: Option<Reservation>) -> ServiceClock {
         match reservation {
             Some(reservation) => ServiceClock::Reserved {
-                epoch: std::time::Instant::now(),
+                epoch: std::sync::Arc::new(std::sync::Mutex::new(std::time::Instant::now())),
                 period_us: reservation.period_us.max(1),
             },
             None => ServiceClock::BestEffort,
@@ -49,16 +49,41 @@ impl ServiceClock {
 
     /// What a request sent now asks for.
     pub(crate) fn now(&self) -> Service {
-        match *self {
+        match self {
             ServiceClock::BestEffort => Service::BestEffort,
             ServiceClock::Background => Service::Background,
             ServiceClock::Reserved { epoch, period_us } => {
+                let epoch = *epoch.lock().unwrap_or_else(|e| e.into_inner());
                 let elapsed_us = u64::try_from(epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
+                let period_us = *period_us;
                 Service::Reserved {
                     deadline_us: period_left_us(elapsed_us, period_us),
                 }
             }
         }
+    }
+
+    /// A reserved stream starts its periods at `at`.
+    fn restart(&self, at: std::time::Instant) {
+        if let ServiceClock::Reserved { epoch, .. } = self {
+            *epoch.lock().unwrap_or_else(|e| e.into_inner()) = at;
+        }
+    }
+}
+
+impl Client {
+    /// A reserved stream of this client starts now: its clock (when chunks may go, which
+    /// deadlines were met), and the periods of everything that serves it begin with it:
+    /// the pacing of the client's datagram sessions and the deadlines its requests carry to
+    /// the servers. (Counted from the client's start or its sessions' opening instead, they
+    /// ran out of phase with the stream's, and a period's last bytes were paced past its
+    /// deadline.)
+    pub fn start_stream(&self, reservation: Reservation) -> StreamClock {
+        let clock = StreamClock::start(reservation);
+        let at = clock.start.into_std();
+        self.service.restart(at);
+        self.transport.start_periods(at);
+        clock
     }
 }
 

@@ -95,6 +95,9 @@ pub struct Endpoint {
     send_queued_bytes: usize,
     /// Sessions peers opened, per source address.
     accepted_by_source: HashMap<IpAddr, usize>,
+    /// When the application's reserved stream started its periods
+    /// ([`Endpoint::start_periods`]): sessions opened later count theirs from it too.
+    periods_epoch: Option<Micros>,
     stats: Stats,
 }
 
@@ -195,6 +198,7 @@ impl Endpoint {
             out_of_order_held: Held::default(),
             send_queued_bytes: 0,
             accepted_by_source: HashMap::new(),
+            periods_epoch: None,
             stats: Stats::default(),
         }
     }
@@ -265,6 +269,9 @@ impl Endpoint {
         if let Some(reservation) = self.config.connect_reservation {
             let radon_config = self.config.radon.unwrap_or_default();
             session.reserve(Some(reservation), radon_config, now);
+            if let Some(epoch) = self.periods_epoch {
+                session.start_periods(epoch, now);
+            }
         }
     }
 
@@ -1158,6 +1165,23 @@ impl Endpoint {
         state.reserve(reservation, radon_config, now);
         self.touch(session, now);
         Ok(())
+    }
+
+    /// The application's reserved stream starts its periods at `epoch` (µs, at most `now`;
+    /// its deadlines are their ends): every reserved session paces its budget over those
+    /// periods, not its own, and so do sessions opened later with
+    /// [`Config::connect_reservation`]. See [`crate::radon::Pacer::start_periods`].
+    pub fn start_periods(&mut self, epoch: Micros, now: Micros) {
+        self.observe(now);
+        let epoch = epoch.min(now);
+        self.periods_epoch = Some(epoch);
+        let ids: Vec<SessionId> = self.sessions.keys().copied().collect();
+        for id in ids {
+            if let Some(session) = self.sessions.get_mut(&id) {
+                session.start_periods(epoch, now);
+            }
+            self.touch(id, now);
+        }
     }
 
     /// A snapshot of a session's flow-control state.

@@ -442,6 +442,14 @@ impl Session {
             .reserve(reservation, now);
     }
 
+    /// The application's reserved stream counts its periods from `epoch`: the pacer's
+    /// follow ([`Pacer::start_periods`]).
+    pub(crate) fn start_periods(&mut self, epoch: Micros, now: Micros) {
+        if let Some(pacer) = self.pacer.as_mut() {
+            pacer.start_periods(epoch, now);
+        }
+    }
+
     /// Queues a message, cut into fragments of at most `fragment_bytes_max`.
     /// The fragments are slices of the message's parts ([`Message::fragment_bounds`]).
     pub(crate) fn queue_message(&mut self, message: Message, fragment_bytes_max: usize) {

@@ -10,7 +10,7 @@
 use crate::LabError;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tessera_client::stream::{Reservation, StreamClock, StreamReport};
+use tessera_client::stream::{Reservation, StreamReport};
 use tessera_client::{Client, ClientError, LayoutRequest, Scheme};
 use tessera_wire::ManagerError;
 
@@ -235,7 +235,7 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
     sleep_until_unix_us(job.start_unix_us).await;
     let started = tokio::time::Instant::now();
     let start_late_us = unix_us().saturating_sub(job.start_unix_us);
-    let mut clock = StreamClock::start(reservation);
+    let mut clock = client.start_stream(reservation);
     let mut done = Vec::new();
     let mut source = std::io::Read::take(std::io::repeat(0), job.bytes);
     let mut progress = |bytes: u64| {

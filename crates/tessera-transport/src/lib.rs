@@ -164,6 +164,13 @@ pub trait Transport: Send + Sync + 'static {
     fn counters(&self) -> BoxFuture<'static, Vec<(String, u64)>> {
         Box::pin(async { Vec::new() })
     }
+
+    /// The client's reserved stream starts its periods at `at` (its deadlines are their
+    /// ends): a transport that paces reserved sessions (the datagram one) counts their
+    /// periods from it. Others ignore it.
+    fn start_periods(&self, at: std::time::Instant) {
+        let _ = at;
+    }
 }
 
 /// Send a typed request and decode a typed answer.

@@ -122,6 +122,8 @@ enum Command {
         reply_bytes: Option<usize>,
         reply: oneshot::Sender<Result<Reply, TransportError>>,
     },
+    /// The client's reserved stream starts its periods at `at`.
+    StartPeriods { at: std::time::Instant },
     /// Report the endpoint's counters.
     Counters {
         reply: oneshot::Sender<Vec<(String, u64)>>,
@@ -343,6 +345,10 @@ impl crate::Transport for Arc<UdpTransport> {
     fn counters(&self) -> BoxFuture<'static, Vec<(String, u64)>> {
         let counters = UdpCounters(self.mailbox.clone());
         Box::pin(async move { counters.get().await })
+    }
+
+    fn start_periods(&self, at: std::time::Instant) {
+        self.mailbox.post(Command::StartPeriods { at });
     }
 }
 
@@ -623,6 +629,11 @@ impl Driver {
                     self.forget_session(session);
                 }
                 Command::Keyed { addr, session, key } => self.keyed(addr, session, key, now),
+                Command::StartPeriods { at } => {
+                    let epoch = at.saturating_duration_since(self.origin).as_micros();
+                    let epoch = u64::try_from(epoch).unwrap_or(u64::MAX);
+                    self.endpoint.start_periods(epoch, now);
+                }
             }
         }
         true

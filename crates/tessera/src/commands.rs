@@ -3,7 +3,7 @@
 use crate::cluster::LocalCluster;
 use crate::config::Config;
 use crate::credentials;
-use crate::reserve::{self, print_report, ReserveArgs, StreamClock};
+use crate::reserve::{self, print_report, ReserveArgs};
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{IsTerminal, Read, Write};
@@ -255,7 +255,7 @@ pub async fn put(
     // when its lease runs out, if this process is not there to).
     let (pending, mut open) = client.create_pending_open(remote, layout).await?;
     let bar = progress_bar(len.unwrap_or(0), "put");
-    let mut stream = reservation.map(StreamClock::start);
+    let mut stream = reservation.map(|r| client.start_stream(r));
     let stored = client
         .keep_pending(&pending, async {
             let admission = reserve::admit(&client, &pending.file, reservation).await?;
@@ -306,7 +306,7 @@ pub async fn get(config: &Config, remote: &str, local: &str, reserve: &ReserveAr
     let admission = reserve::admit(&client, open.file(), reservation).await?;
     let mut out = open_output(local)?;
     let bar = progress_bar(open.size(), "get");
-    let mut stream = reservation.map(StreamClock::start);
+    let mut stream = reservation.map(|r| client.start_stream(r));
     let mut progress = advance(&bar);
     let got = client
         .download(
@@ -347,7 +347,7 @@ pub async fn write(
     open.check_range(offset, len.unwrap_or(0))?;
     let admission = reserve::admit(&client, open.file(), reservation).await?;
     let bar = progress_bar(len.unwrap_or(0), "write");
-    let mut stream = reservation.map(StreamClock::start);
+    let mut stream = reservation.map(|r| client.start_stream(r));
     let mut progress = advance(&bar);
     let sent = client.upload(
         &mut open,
@@ -381,7 +381,7 @@ pub async fn read(
     let open = client.open_file(remote).await?;
     let admission = reserve::admit(&client, open.file(), reservation).await?;
     let mut out = open_output(local)?;
-    let mut stream = reservation.map(StreamClock::start);
+    let mut stream = reservation.map(|r| client.start_stream(r));
     let got = client
         .download(
             &open,

@@ -4,7 +4,6 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-pub use tessera_client::stream::StreamClock;
 use tessera_client::stream::{parse_period_us, parse_rate, Admission, Reservation, StreamReport};
 use tessera_client::{Client, File};
 use tessera_manager::reservations::LinkCapacity;
