@@ -1181,7 +1181,7 @@ fn a_host_kept_off_the_cpu_does_not_give_up_on_a_peer_that_answered() {
     for ack in &acks {
         endpoints[0]
             .1
-            .handle_datagram_arrived(server, &ack.contents, now + 100, woke);
+            .handle_datagram_arrived(server, &ack.contents(), now + 100, woke);
     }
     let info = endpoints[0].1.session_info(session).expect("session kept");
     assert_eq!(info.in_flight, 0, "{info:?}");
