@@ -1141,13 +1141,11 @@ fn one_round(endpoints: &mut [(SocketAddr, Endpoint)], session: SessionId, now: 
     while endpoints[0].1.poll_event().is_some() {}
 }
 
-#[test]
-fn a_host_kept_off_the_cpu_does_not_give_up_on_a_peer_that_answered() {
-    // The client sends, the server acknowledges at once, but the client is not scheduled for
-    // 1.5 s (a loaded machine, SIGSTOP): its timer expired long ago when it next runs, and in
-    // the worst order it handles that timer before reading its socket. Its own lateness is
-    // not the server's silence: it resends, reads the acknowledgement that waited, and keeps
-    // the session (before, it reported the server lost at this first timeout).
+/// [`client_and_server`] after five rounds (the RTT is known), with `message` just sent by
+/// the client at the returned time.
+fn warmed_up_then_sent(
+    message: &'static [u8],
+) -> (Config, Vec<(SocketAddr, Endpoint)>, SessionId, Micros) {
     let (config, mut endpoints, session) = client_and_server();
     let mut now: Micros = 1_000;
     for _ in 0..5 {
@@ -1156,8 +1154,19 @@ fn a_host_kept_off_the_cpu_does_not_give_up_on_a_peer_that_answered() {
     }
     endpoints[0]
         .1
-        .send(session, Bytes::from_static(b"late"), now)
+        .send(session, Bytes::from_static(message), now)
         .unwrap();
+    (config, endpoints, session, now)
+}
+
+#[test]
+fn a_host_kept_off_the_cpu_does_not_give_up_on_a_peer_that_answered() {
+    // The client sends, the server acknowledges at once, but the client is not scheduled for
+    // 1.5 s (a loaded machine, SIGSTOP): its timer expired long ago when it next runs, and in
+    // the worst order it handles that timer before reading its socket. Its own lateness is
+    // not the server's silence: it resends, reads the acknowledgement that waited, and keeps
+    // the session (before, it reported the server lost at this first timeout).
+    let (config, mut endpoints, session, now) = warmed_up_then_sent(b"late");
     assert!(deliver_late(&mut endpoints, (0, 1), now, now + 50, now + 50) > 0);
     while endpoints[1].1.poll_event().is_some() {}
     let mut acks = Vec::new();
@@ -1192,16 +1201,7 @@ fn a_host_kept_off_the_cpu_does_not_give_up_on_a_peer_that_answered() {
 fn a_host_kept_off_the_cpu_still_finds_a_vanished_peer_lost() {
     // The same stall, but the server is gone: once the client runs on schedule again, it
     // resends for about `peer_lost_after_us` more and then reports the session lost.
-    let (config, mut endpoints, session) = client_and_server();
-    let mut now: Micros = 1_000;
-    for _ in 0..5 {
-        one_round(&mut endpoints, session, now);
-        now += 1_000;
-    }
-    endpoints[0]
-        .1
-        .send(session, Bytes::from_static(b"lost"), now)
-        .unwrap();
+    let (config, mut endpoints, session, now) = warmed_up_then_sent(b"lost");
     while endpoints[0].1.poll_transmit(now).is_some() {}
     let woke = now + config.peer_lost_after_us + 500_000;
     let mut at = woke;

@@ -829,26 +829,22 @@ impl Driver {
         };
         let mut again = Vec::new();
         let silence_ms = self.endpoint.config().peer_lost_after_us / 1000;
+        // Silence is a timeout, as on TCP: the caller pings before it reports the server
+        // down (its answers may only be late, on a loaded machine).
+        let failure = || match reason {
+            LossReason::TimedOut => TransportError::Timeout {
+                addr: peer,
+                timeout_ms: silence_ms,
+            },
+            LossReason::Reset => disconnected(peer, "server restarted"),
+            LossReason::Violation => disconnected(peer, "protocol violation"),
+            LossReason::Idle => disconnected(peer, "session closed for idleness"),
+        };
         for (id, p) in take_session(pending, sessions, session) {
             if reason == LossReason::Reset && !p.resent {
                 again.push((id, p));
-            } else if reason == LossReason::TimedOut {
-                // Silence is a timeout, as on TCP: the caller pings before it reports the
-                // server down (its answers may only be late, on a loaded machine).
-                let _ = p.reply.send(Err(TransportError::Timeout {
-                    addr: peer,
-                    timeout_ms: silence_ms,
-                }));
             } else {
-                let _ = p.reply.send(Err(TransportError::Disconnected {
-                    addr: peer,
-                    detail: match reason {
-                        LossReason::Reset => "server restarted".into(),
-                        LossReason::TimedOut => "server stopped answering".into(),
-                        LossReason::Violation => "protocol violation".into(),
-                        LossReason::Idle => "session closed for idleness".into(),
-                    },
-                }));
+                let _ = p.reply.send(Err(failure()));
             }
         }
         let now = self.now();
@@ -1471,6 +1467,14 @@ impl ReceiveBatch {
             }
         }
         Ok(got as usize)
+    }
+}
+
+/// A connection lost for `detail`.
+fn disconnected(addr: SocketAddr, detail: &str) -> TransportError {
+    TransportError::Disconnected {
+        addr,
+        detail: detail.into(),
     }
 }
 
