@@ -1201,7 +1201,7 @@ fn a_host_kept_off_the_cpu_does_not_give_up_on_a_peer_that_answered() {
 fn a_host_kept_off_the_cpu_still_finds_a_vanished_peer_lost() {
     // The same stall, but the server is gone: once the client runs on schedule again, it
     // resends for about `peer_lost_after_us` more and then reports the session lost.
-    let (config, mut endpoints, session, now) = warmed_up_then_sent(b"lost");
+    let (config, mut endpoints, _, now) = warmed_up_then_sent(b"lost");
     while endpoints[0].1.poll_transmit(now).is_some() {}
     let woke = now + config.peer_lost_after_us + 500_000;
     let mut at = woke;
