@@ -81,9 +81,10 @@
 //! to its sender), and delivers it at once as PO ([`Event::Optimistic`]). It acknowledges
 //! its log as `(view, length, hash)`, where the hash chains the identities of every message
 //! in the log, after `ack_every_messages` appends or `ack_delay_us` (the threshold of ACK
-//! aggregation), piggybacked on its DATA when it sends; and once more two round trips later
-//! unless another ACK follows first (a lost last ACK of a burst would otherwise hold a
-//! member's deliveries until the next heartbeat), and again, each pause twice the last up to
+//! aggregation), piggybacked on its DATA when it sends; and once more two round trips
+//! through an empty queue later (under load a fresh ACK follows sooner) unless another ACK
+//! follows first (a lost last ACK of a burst would otherwise hold a member's deliveries
+//! until the next heartbeat), and again, each pause twice the last up to
 //! a heartbeat interval, while some member reports fewer deliveries than its log holds. A
 //! member whose log the leader's order replaced compares every member's latest ACK again
 //! (it conflicted with the log it had). A member that holds ACKs from every

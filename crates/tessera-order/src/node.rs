@@ -675,6 +675,14 @@ impl Node {
         )
     }
 
+    /// The round trip through an empty queue (see [`crate::rtt`]), within the same bounds.
+    fn round_trip_us_min(&self) -> Micros {
+        self.rtt.round_trip_us_min(
+            self.config.rtt_floor_us,
+            self.config.retransmit_after_us / 4,
+        )
+    }
+
     /// Leader: when to look for members whose log stopped short of ours (a loss nobody's
     /// numbering reveals, such as a sender's last message); `None` if none lags.
     fn laggard_check_due(&self) -> Option<Micros> {

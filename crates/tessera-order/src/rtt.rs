@@ -7,6 +7,8 @@
 //! trips rather than in retransmission timeouts. The fast way down matters: the trip is
 //! mostly the sequencer link's queue, which empties within a trip once a hole holds every
 //! window full, and repairs paced by the trip of the full queue then idle the network.
+//! The shortest trip sampled, the trip through an empty queue, paces what is sent once the
+//! network falls quiet: the repeat of a burst's last ACK.
 
 use crate::Micros;
 use std::collections::VecDeque;
@@ -23,6 +25,8 @@ pub struct RttEstimator {
     sent: VecDeque<(u32, Micros)>,
     /// Samples taken.
     samples: u64,
+    /// The shortest one-way trip sampled: the trip through an empty queue.
+    one_way_us_min: Option<Micros>,
 }
 
 impl RttEstimator {
@@ -51,6 +55,7 @@ impl RttEstimator {
             Some(smoothed) => (7 * smoothed + sample) / 8,
         });
         self.samples += 1;
+        self.one_way_us_min = Some(self.one_way_us_min.map_or(sample, |min| min.min(sample)));
         lost
     }
 
@@ -58,6 +63,15 @@ impl RttEstimator {
     /// (`floor` before the first sample).
     pub fn round_trip_us(&self, floor: Micros, ceiling: Micros) -> Micros {
         self.one_way_us
+            .map_or(floor, |one_way| 2 * one_way)
+            .clamp(floor, ceiling.max(floor))
+    }
+
+    /// The round trip through an empty queue: twice the shortest one-way trip sampled,
+    /// within `floor..=ceiling` (`floor` before the first sample). What a packet sent
+    /// when the network falls quiet takes.
+    pub fn round_trip_us_min(&self, floor: Micros, ceiling: Micros) -> Micros {
+        self.one_way_us_min
             .map_or(floor, |one_way| 2 * one_way)
             .clamp(floor, ceiling.max(floor))
     }
@@ -93,5 +107,8 @@ mod tests {
         // Up by eighths.
         assert_eq!(rtt.round_trip_us(100, 10_000), 2 * ((7 * 300 + 700) / 8));
         assert_eq!(rtt.round_trip_us(1_000, 10_000), 1_000);
+        // The shortest trip stays, whatever the smoothed one does.
+        assert_eq!(rtt.round_trip_us_min(100, 10_000), 400);
+        assert_eq!(rtt.round_trip_us_min(500, 10_000), 500);
     }
 }

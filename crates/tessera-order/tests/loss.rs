@@ -125,18 +125,18 @@ fn at_senders(loss: f64) -> Faults {
 
 #[test]
 fn table_4_one_percent_at_the_receivers() {
-    let (worst, mean) = ratios(3, &at_receivers(0.01), 0..8);
-    // Since every message carries a kind byte (group changes, packet version 5), the same
-    // 8 seeds pack and lose differently: worst 0.882 (seed 6), mean 0.927; over seeds
-    // 0..24 the distribution is the one before (mean 0.942 against 0.943, worst 0.882
-    // against 0.894), so the bound is the 24 seeds' worst and a mean below their 0.942.
-    // Before: worst 0.901, mean 0.942 (before the round trip fell by halves, gaps were
-    // NACKed again on their own schedule, held counts were NACKed, ACKs compared again
-    // after a repair and repeated while members lag: 0.890, 0.927; before a fresh ACK went
+    let (worst, mean) = ratios(3, &at_receivers(0.01), 0..24);
+    // The target on every seed: 1% lost at the receivers costs at most 10%.
+    // Measured over seeds 0..24: worst 0.917 (seed 5), mean 0.946. Before a lost last ACK
+    // of a burst went again after two round trips through an empty queue instead of two
+    // loaded ones (the network idled ~3 ms at the end of the run): worst 0.882 (seed 6),
+    // mean 0.942 (before the round trip fell by halves, gaps were NACKed again on their
+    // own schedule, held counts were NACKed, ACKs compared again after a repair and
+    // repeated while members lag: 0.890, 0.927 over seeds 0..8; before a fresh ACK went
     // twice: 0.804, 0.900; before ENTRIES of identities, the window on held messages and
     // arrival-order replay: 0.294, 0.340; before round-trip pacing: 0.205, 0.238).
     assert!(
-        worst >= 0.88 && mean >= 0.92,
+        worst >= 0.90 && mean >= 0.93,
         "worst {worst:.3}, mean {mean:.3}"
     );
 }

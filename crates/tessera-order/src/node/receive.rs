@@ -744,7 +744,11 @@ impl Node {
             self.receive.ack_again_rounds.saturating_add(1)
         };
         self.receive.ack_again_rounds = rounds;
-        let pause = (2 * self.round_trip_us())
+        // Paced by the trip through an empty queue: under load fresh ACKs follow each other
+        // sooner and this never fires; once the appends stop, the queue drains within a
+        // trip, and a pause of the loaded trip would idle the network at the end of every
+        // burst whose last ACK one member lost.
+        let pause = (2 * self.round_trip_us_min())
             .saturating_mul(1 << rounds.min(16))
             .min(self.config.heartbeat_interval_us);
         let end = self.receive.log.end();
