@@ -109,7 +109,9 @@
 //! retransmission), the leader's order takes over (section 3.4.2, Pedone and Schiper's
 //! optimistic atomic broadcast): the leader, seeing an ACK whose hash differs from its own
 //! log at that length, at once (again only after two round trips, unless the member took
-//! the last repair), or a member that has not matched its log for four round trips, sends
+//! the last repair; this round trip is at least twice the age of the leader's oldest
+//! broadcast not yet back, so a queue filling faster than samples return still paces
+//! it), or a member that has not matched its log for four round trips, sends
 //! that member ENTRIES: its own order from the last position they agreed on to the end of
 //! its log (in several packets if need be), as message identities in runs of one sender's
 //! consecutive messages, without their bytes: the member holds them, in its log or held

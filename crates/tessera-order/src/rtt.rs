@@ -76,6 +76,21 @@ impl RttEstimator {
             .clamp(floor, ceiling.max(floor))
     }
 
+    /// The round trip as a packet sent at `now` would see it: the smoothed one, or, if
+    /// longer, twice the age of our oldest broadcast not back yet (a lower bound on the
+    /// sequencer link's queue while it grows: samples come back only once through it, so
+    /// the smoothed trip lags a queue filling up, as at the start of a burst). Within
+    /// `floor..=ceiling`.
+    pub fn round_trip_us_now(&self, now: Micros, floor: Micros, ceiling: Micros) -> Micros {
+        let waiting = self
+            .sent
+            .front()
+            .map_or(0, |&(_, sent_at)| 2 * now.saturating_sub(sent_at));
+        self.round_trip_us(floor, ceiling)
+            .max(waiting)
+            .clamp(floor, ceiling.max(floor))
+    }
+
     /// Samples taken.
     pub fn samples(&self) -> u64 {
         self.samples
@@ -110,5 +125,13 @@ mod tests {
         // The shortest trip stays, whatever the smoothed one does.
         assert_eq!(rtt.round_trip_us_min(100, 10_000), 400);
         assert_eq!(rtt.round_trip_us_min(500, 10_000), 500);
+        // A broadcast not back for 900 us: the queue holds at least that much.
+        rtt.on_sent(b"e", 3_000);
+        assert_eq!(
+            rtt.round_trip_us_now(3_100, 100, 10_000),
+            2 * ((7 * 300 + 700) / 8)
+        );
+        assert_eq!(rtt.round_trip_us_now(3_900, 100, 10_000), 1_800);
+        assert_eq!(rtt.round_trip_us_now(3_900, 100, 1_000), 1_000);
     }
 }

@@ -127,16 +127,32 @@ fn at_senders(loss: f64) -> Faults {
 fn table_4_one_percent_at_the_receivers() {
     let (worst, mean) = ratios(3, &at_receivers(0.01), 0..24);
     // The target on every seed: 1% lost at the receivers costs at most 10%.
-    // Measured over seeds 0..24: worst 0.917 (seed 5), mean 0.946. Before a lost last ACK
-    // of a burst went again after two round trips through an empty queue instead of two
-    // loaded ones (the network idled ~3 ms at the end of the run): worst 0.882 (seed 6),
-    // mean 0.942 (before the round trip fell by halves, gaps were NACKed again on their
-    // own schedule, held counts were NACKed, ACKs compared again after a repair and
-    // repeated while members lag: 0.890, 0.927 over seeds 0..8; before a fresh ACK went
-    // twice: 0.804, 0.900; before ENTRIES of identities, the window on held messages and
-    // arrival-order replay: 0.294, 0.340; before round-trip pacing: 0.205, 0.238).
+    // Measured over seeds 0..24: worst 0.929 (seed 13), mean 0.951; over 0..96: worst
+    // 0.923, mean 0.953. Before the leader paced its repairs by the trip as the queue is
+    // now (at a burst's start repairs were judged unanswered before an answer could
+    // return, and resent with every message's bytes): 0.917, 0.946. Before a burst's last
+    // ACK went again after two round trips through an empty queue instead of two loaded
+    // ones (the network idled ~3 ms at the end of the run): 0.882 (seed 6), 0.942 (before
+    // the round trip fell by halves, gaps were NACKed again on their own schedule, held
+    // counts were NACKed, ACKs compared again after a repair and repeated while members
+    // lag: 0.890, 0.927 over seeds 0..8; before a fresh ACK went twice: 0.804, 0.900;
+    // before ENTRIES of identities, the window on held messages and arrival-order replay:
+    // 0.294, 0.340; before round-trip pacing: 0.205, 0.238).
     assert!(
         worst >= 0.90 && mean >= 0.93,
+        "worst {worst:.3}, mean {mean:.3}"
+    );
+}
+
+/// The lab's 5 nodes: every DATA packet is lost at some receiver five times as often as at
+/// one, so the logs diverge and the leader repairs more.
+#[test]
+fn table_4_one_percent_at_the_receivers_five_nodes() {
+    let (worst, mean) = ratios(5, &at_receivers(0.01), 0..24);
+    // Measured: worst 0.910 (seed 3), mean 0.927. Before repairs were paced by the trip as
+    // the queue is now: 0.815 (seed 19), 0.917.
+    assert!(
+        worst >= 0.90 && mean >= 0.91,
         "worst {worst:.3}, mean {mean:.3}"
     );
 }
@@ -144,7 +160,8 @@ fn table_4_one_percent_at_the_receivers() {
 #[test]
 fn table_4_five_percent_at_the_receivers() {
     let (worst, mean) = ratios(3, &at_receivers(0.05), 0..8);
-    // Measured: worst 0.795, mean 0.825 (before the changes of the 1% test: 0.719, 0.768;
+    // Measured: worst 0.812, mean 0.834 (before repairs were paced by the trip as the queue
+    // is now: 0.795, 0.825; before the changes of the 1% test: 0.719, 0.768;
     // before a fresh ACK went twice: 0.708, 0.753; before: 0.174, 0.202; 0.085, 0.107).
     assert!(
         worst >= 0.75 && mean >= 0.8,
@@ -155,7 +172,8 @@ fn table_4_five_percent_at_the_receivers() {
 #[test]
 fn table_4_one_percent_at_the_senders() {
     let (worst, mean) = ratios(3, &at_senders(0.01), 0..8);
-    // Measured: worst 0.995, mean 0.998 (before the changes of the 1% test: 0.961, 0.994,
+    // Measured: worst 0.992, mean 0.996 (before repairs were paced by the trip as the queue
+    // is now: 0.995, 0.998; before the changes of the 1% test: 0.961, 0.994,
     // a run whose last DATA packet was lost at its sender and resent once its heartbeat
     // came back; before a fresh ACK went twice: 0.902, 0.987; before: 0.994, 0.998;
     // 0.369, 0.637).
@@ -168,7 +186,8 @@ fn table_4_one_percent_at_the_senders() {
 #[test]
 fn table_4_five_percent_at_the_senders() {
     let (worst, mean) = ratios(3, &at_senders(0.05), 0..8);
-    // Measured: worst 0.962, mean 0.989 (before the changes of the 1% test: 0.996, 0.998;
+    // Measured: worst 0.980, mean 0.987 (before repairs were paced by the trip as the queue
+    // is now: 0.962, 0.989; before the changes of the 1% test: 0.996, 0.998;
     // before a fresh ACK went twice: 0.990, 0.997; before: 0.195, 0.280; 0.142, 0.189).
     assert!(
         worst >= 0.95 && mean >= 0.98,

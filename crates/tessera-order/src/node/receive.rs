@@ -609,7 +609,14 @@ impl Node {
     /// is not enough under load: the member goes on appending in its own order past what
     /// one packet repaired, so it would fall further behind every round.
     fn repair(&mut self, node: NodeId, now: Micros) {
-        let round_trip = self.round_trip_us();
+        // The trip as it is now: at the start of a burst the queue fills faster than
+        // samples come back, and repairs paced by the trip of the empty queue would be
+        // judged unanswered before any answer could return, and resent with every byte.
+        let round_trip = self.rtt.round_trip_us_now(
+            now,
+            self.config.rtt_floor_us,
+            self.config.retransmit_after_us / 4,
+        );
         let ceiling = self.config.retransmit_after_us;
         let log = &self.receive.log;
         let Some(peer) = self.receive.peers.get_mut(&node) else {
