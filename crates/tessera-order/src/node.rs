@@ -16,7 +16,7 @@ use crate::{
 };
 pub use fetch::FETCH_POSITIONS_MAX;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -115,7 +115,13 @@ struct SendState {
     window_full_since: Option<Micros>,
     /// Our DATA packets not yet back through the network: checksum, messages.
     unreturned: VecDeque<(u32, Vec<u64>)>,
+    /// Where proposals are framed: each a slice of one shared buffer, so that a message
+    /// costs no allocation of its own (nor one more when a packet takes a reference).
+    arena: BytesMut,
 }
+
+/// Bytes of the buffer proposals are framed in, allocated when the last is used up.
+const PROPOSAL_ARENA_BYTES: usize = 64 << 10;
 
 /// What this node knows of another member's log in the current view.
 #[derive(Debug, Default)]
@@ -487,10 +493,13 @@ impl Node {
         if self.send.queue.len() >= self.config.send_queue_messages_max {
             return Err(ProposeError::QueueFull);
         }
-        let mut framed = Vec::with_capacity(message.len() + 1);
-        framed.push(MESSAGE_APPLICATION);
-        framed.extend_from_slice(&message);
-        self.send.queue.push_back(Bytes::from(framed));
+        let arena = &mut self.send.arena;
+        if arena.capacity() < message.len() + 1 {
+            *arena = BytesMut::with_capacity(PROPOSAL_ARENA_BYTES.max(message.len() + 1));
+        }
+        arena.put_u8(MESSAGE_APPLICATION);
+        arena.extend_from_slice(&message);
+        self.send.queue.push_back(arena.split().freeze());
         Ok(())
     }
 

@@ -544,6 +544,18 @@ pub fn checksum(packet: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, &packet[OFFSET_CHECKSUM + 4..])
 }
 
+/// A sealed packet's identity, for a node to know its own broadcasts when they come back:
+/// the checksum its header carries (no second pass over its bytes); the CRC32C of anything
+/// shorter than a header.
+pub fn identity(packet: &[u8]) -> u32 {
+    match packet.get(OFFSET_CHECKSUM..OFFSET_CHECKSUM + 4) {
+        Some(field) if packet.len() >= HEADER_LEN => {
+            u32::from_be_bytes(field.try_into().expect("4 bytes"))
+        }
+        _ => crc32c::crc32c(packet),
+    }
+}
+
 /// Writes the checksum of a packet of at least [`HEADER_LEN`] bytes into it.
 pub fn seal(packet: &mut [u8]) {
     let crc = checksum(packet);
@@ -554,6 +566,9 @@ pub fn seal(packet: &mut [u8]) {
 struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
+    /// The whole packet, copied once at the first message's bytes: every message of it is
+    /// a slice of this copy (one allocation per packet, not one per message).
+    shared: Option<Bytes>,
 }
 
 impl<'a> Reader<'a> {
@@ -585,7 +600,13 @@ impl<'a> Reader<'a> {
         self.bytes.len() - self.at
     }
     fn bytes(&mut self, len: u32) -> Result<Bytes, PacketError> {
-        Ok(Bytes::copy_from_slice(self.take(len as usize)?))
+        let start = self.at;
+        self.take(len as usize)?;
+        let packet = self.bytes;
+        let shared = self
+            .shared
+            .get_or_insert_with(|| Bytes::copy_from_slice(packet));
+        Ok(shared.slice(start..self.at))
     }
     fn sender(&mut self) -> Result<SenderId, PacketError> {
         let node = NodeId(self.u16()?);
@@ -724,7 +745,11 @@ pub fn decode(bytes: &[u8]) -> Result<Packet, PacketError> {
     if bytes.len() > PACKET_BYTES_MAX {
         return Err(PacketError::TooLong(bytes.len()));
     }
-    let mut reader = Reader { bytes, at: 0 };
+    let mut reader = Reader {
+        bytes,
+        at: 0,
+        shared: None,
+    };
     if reader.u16().map_err(|_| PacketError::Truncated)? != MAGIC {
         return Err(PacketError::Magic);
     }

@@ -21,7 +21,7 @@ pub const SENT_REMEMBERED_MAX: usize = 64;
 pub struct RttEstimator {
     /// Smoothed one-way trip of own broadcasts, microseconds; `None` before the first.
     one_way_us: Option<Micros>,
-    /// `(checksum of the packet, when sent)`, oldest first.
+    /// `(identity of the packet (its checksum), when sent)`, oldest first.
     sent: VecDeque<(u32, Micros)>,
     /// Samples taken.
     samples: u64,
@@ -35,14 +35,14 @@ impl RttEstimator {
         if self.sent.len() == SENT_REMEMBERED_MAX {
             self.sent.pop_front();
         }
-        self.sent.push_back((crc32c::crc32c(bytes), now));
+        self.sent.push_back((crate::packet::identity(bytes), now));
     }
 
     /// An own broadcast came back at `now`: one sample, if we remember sending it. Returns
     /// the checksums of the older ones not back yet: lost (the network is FIFO but for rare
     /// reordering).
     pub fn on_returned(&mut self, bytes: &[u8], now: Micros) -> Vec<u32> {
-        let checksum = crc32c::crc32c(bytes);
+        let checksum = crate::packet::identity(bytes);
         let Some(index) = self.sent.iter().position(|&(sum, _)| sum == checksum) else {
             return Vec::new();
         };

@@ -141,7 +141,7 @@ impl Node {
         if self.send.unreturned.len() == crate::rtt::SENT_REMEMBERED_MAX {
             self.send.unreturned.pop_front();
         }
-        let checksum = crc32c::crc32c(&transmit.contents);
+        let checksum = packet::identity(&transmit.contents);
         self.send.unreturned.push_back((checksum, seqs));
         Some(transmit)
     }
@@ -151,7 +151,7 @@ impl Node {
     /// last packet would otherwise wait for the retransmission timeout, since no later
     /// message of ours shows anyone a gap.
     pub(super) fn own_returned(&mut self, bytes: &[u8], lost: &[u32]) {
-        let checksum = crc32c::crc32c(bytes);
+        let checksum = packet::identity(bytes);
         let unreturned = std::mem::take(&mut self.send.unreturned);
         for (sum, seqs) in unreturned {
             if lost.contains(&sum) {
