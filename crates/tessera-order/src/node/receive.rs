@@ -493,6 +493,13 @@ impl Node {
         if self.holds(first) {
             return;
         }
+        // Paced as `nack_range` paces it, checked before the scan of the leader's order
+        // (called for every message that arrives while we follow it).
+        let again = 2 * self.round_trip_us();
+        let nacked_at = self.receive.nacked_at.get(&first.sender).copied();
+        if nacked_at.is_some_and(|at| now < at + again) {
+            return;
+        }
         let last = self
             .receive
             .leader_order

@@ -99,13 +99,6 @@ impl Node {
         self.send.nacked.extend(seqs);
     }
 
-    /// NACKed, or not held by some member after the retransmission timeout (messages every
-    /// member holds wait for delivery, not for the network).
-    fn retransmission_due(&self, seq: u64, flight: &Flight, held: u64, now: Micros) -> bool {
-        let since = now.saturating_sub(flight.sent_at);
-        (seq >= held && since >= self.config.retransmit_after_us) || self.send.nacked.contains(&seq)
-    }
-
     /// A DATA packet: messages due for retransmission first, then new ones while the window
     /// allows, as many as fit the MTU (one, without aggregation); with our ACK if we receive.
     pub(super) fn data_packet(&mut self, now: Micros) -> Option<Transmit> {
@@ -178,13 +171,27 @@ impl Node {
 
     fn pack_retransmissions(&mut self, packer: &mut Packer, now: Micros) {
         let held = self.held_now();
-        let due: Vec<u64> = self
+        // Due: NACKed, or not held by some member after the retransmission timeout
+        // (messages every member holds wait for delivery, not for the network). So the
+        // NACKed are looked up and only those not yet held scanned, not every message kept
+        // until delivery (up to `RETAINED_WINDOWS` windows of them, at every packet).
+        let mut due: Vec<u64> = self
             .send
-            .in_flight
+            .nacked
             .iter()
-            .filter(|(&seq, flight)| self.retransmission_due(seq, flight, held, now))
-            .map(|(&seq, _)| seq)
+            .copied()
+            .filter(|seq| self.send.in_flight.contains_key(seq))
             .collect();
+        let timeout = self.config.retransmit_after_us;
+        due.extend(
+            self.send
+                .in_flight
+                .range(held..)
+                .filter(|(_, flight)| now.saturating_sub(flight.sent_at) >= timeout)
+                .map(|(&seq, _)| seq),
+        );
+        due.sort_unstable();
+        due.dedup();
         for seq in due {
             let flight = self.send.in_flight.get_mut(&seq).expect("due is in flight");
             if !packer.take(seq, &flight.message) {
