@@ -31,25 +31,13 @@ pub fn closed_loop(
     let mut apps = Vec::new();
     for (i, socket) in sockets.into_iter().enumerate() {
         let driver = DriverConfig {
-            config: Config {
-                // Jumbo packing as in the lab (loopback's MTU is 64 KiB): a 1500-byte packet
-                // holds one 1 KiB message, and the window would bound the group at 48.
-                mtu_bytes: 9000,
-                window_packets: 16,
-                ack_every_messages: 64,
-                // At low load the ACK delay is the UTO latency's floor; openraft answers at once.
-                ack_delay_us: 20,
-                retransmit_after_us: 50_000,
-                // As in the lab: on shared CPUs a starved node can be silent for tens of
-                // milliseconds, and a needless view change under load stalls delivery while
-                // logs of many datagrams change hands, so suspicion must not come from mere
-                // slowness (the protocol works at 80 ms: `tessera-order-udp`'s loopback test).
-                heartbeat_interval_us: 5_000,
-                suspect_after_us: 500_000,
-                view_change_timeout_us: 200_000,
-                send_queue_messages_max: 1 << 14,
-                ..Config::default()
-            },
+            // The lab's settings (`Config::jumbo`): 9000-byte packing, as loopback's MTU is
+            // 64 KiB and a 1500-byte packet holds one 1 KiB message; a 20 us ACK delay, the
+            // UTO latency's floor at low load (openraft answers at once); and suspicion at
+            // 500 ms, since a node starved of a shared CPU can be silent for tens of
+            // milliseconds and a needless view change stalls delivery (the protocol works at
+            // 80 ms: `tessera-order-udp`'s loopback test).
+            config: Config::jumbo(),
             group: Group::all_to_all(nodes),
             node: NodeId(i as u16),
             incarnation: 0,

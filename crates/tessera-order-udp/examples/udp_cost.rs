@@ -20,16 +20,9 @@ fn main() {
         .next()
         .map_or(100_000, |n| n.parse().expect("MESSAGES"));
     let config = Config {
-        mtu_bytes: 9000,
-        window_packets: 16,
-        ack_every_messages: 64,
-        ack_delay_us: 20,
-        retransmit_after_us: 50_000,
-        heartbeat_interval_us: 5_000,
         suspect_after_us: 2_000_000,
         view_change_timeout_us: 500_000,
-        send_queue_messages_max: 1 << 14,
-        ..Config::default()
+        ..Config::jumbo()
     };
     let sockets: Vec<UdpSocket> = (0..nodes)
         .map(|_| UdpSocket::bind("127.0.0.1:0").expect("bind"))

@@ -227,16 +227,8 @@ fn a_view_change_under_load_sends_its_log_in_datagrams() {
         .collect();
     let peers: Vec<SocketAddr> = sockets.iter().map(|s| s.local_addr().unwrap()).collect();
     let config = Config {
-        mtu_bytes: 9000,
-        window_packets: 16,
-        ack_every_messages: 64,
-        ack_delay_us: 20,
-        retransmit_after_us: 50_000,
-        heartbeat_interval_us: 5_000,
         suspect_after_us: 80_000,
-        view_change_timeout_us: 200_000,
-        send_queue_messages_max: 1 << 14,
-        ..Config::default()
+        ..Config::jumbo()
     };
     let mut handles: Vec<Handle> = sockets
         .into_iter()

@@ -16,17 +16,7 @@ fn main() {
     let per_node: u64 = args
         .next()
         .map_or(200_000, |n| n.parse().expect("MESSAGES_PER_NODE"));
-    let config = Config {
-        mtu_bytes: 9000,
-        window_packets: 16,
-        ack_every_messages: 64,
-        ack_delay_us: 20,
-        retransmit_after_us: 50_000,
-        heartbeat_interval_us: 5_000,
-        suspect_after_us: 500_000,
-        send_queue_messages_max: 1 << 14,
-        ..Config::default()
-    };
+    let config = Config::jumbo();
     let group = Group::all_to_all(nodes);
     let mut cluster: Vec<Node> = (0..nodes)
         .map(|i| {

@@ -728,6 +728,27 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The settings of the lab and of the examples and tests that model it: jumbo packets
+    /// (9000 bytes; loopback's MTU is 64 KiB), a window of 16 of them, one ACK per 64
+    /// messages or 20 us, and failure detection slow enough that a node starved of a shared
+    /// CPU for tens of milliseconds is not suspected (500 ms; callers that test view changes
+    /// shorten it).
+    pub fn jumbo() -> Config {
+        Config {
+            mtu_bytes: 9000,
+            aggregate: true,
+            window_packets: 16,
+            ack_every_messages: 64,
+            ack_delay_us: 20,
+            retransmit_after_us: 50_000,
+            heartbeat_interval_us: 5_000,
+            suspect_after_us: 500_000,
+            view_change_timeout_us: 200_000,
+            send_queue_messages_max: 1 << 14,
+            ..Config::default()
+        }
+    }
+
     /// Bytes of a data packet (the MTU minus IPv4 and UDP headers).
     pub fn packet_bytes_max(&self) -> usize {
         self.mtu_bytes.saturating_sub(28)

@@ -12,19 +12,7 @@ use tessera_order::{check, Config, Group};
 fn lab_like(nodes: usize) -> Scenario {
     let mut scenario = Scenario::clean(nodes);
     scenario.group = Group::all_to_all(nodes);
-    scenario.config = Config {
-        mtu_bytes: 9000,
-        aggregate: true,
-        window_packets: 16,
-        ack_every_messages: 64,
-        ack_delay_us: 20,
-        retransmit_after_us: 50_000,
-        heartbeat_interval_us: 5_000,
-        suspect_after_us: 500_000,
-        view_change_timeout_us: 200_000,
-        send_queue_messages_max: 1 << 14,
-        ..Config::default()
-    };
+    scenario.config = Config::jumbo();
     // Every message offered at once: the window, not the offer, paces the senders.
     scenario.messages_per_sender = 4_000;
     scenario.message_bytes_max = 1_024;

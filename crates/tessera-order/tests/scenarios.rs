@@ -309,16 +309,9 @@ fn s3_4_a_view_change_under_load_carries_a_log_of_many_datagrams() {
     for (seed, loss_rx) in [(1, 0.0), (2, 0.0), (3, 0.02), (4, 0.02), (5, 0.05)] {
         let mut scenario = Scenario::clean(3);
         scenario.config = Config {
-            mtu_bytes: 9000,
-            window_packets: 16,
-            ack_every_messages: 64,
-            ack_delay_us: 20,
-            retransmit_after_us: 50_000,
-            heartbeat_interval_us: 5_000,
             suspect_after_us: 50_000,
             view_change_timeout_us: 100_000,
-            send_queue_messages_max: 1 << 14,
-            ..Config::default()
+            ..Config::jumbo()
         };
         scenario.messages_per_sender = 3_000;
         scenario.message_bytes_max = 1_024;
