@@ -747,6 +747,10 @@ pub struct Stats {
     pub data_packets_sent: u64,
     /// DATA packets sent more than once.
     pub retransmissions: u64,
+    /// Of the retransmissions, those a retransmission timeout sent (going back to the oldest
+    /// unacknowledged packet, until the next acknowledgement): on a path that drops nothing
+    /// these are the spurious ones. The rest followed a RESTART (the receiver saw a gap).
+    pub timeout_retransmissions: u64,
     /// RESTARTs sent (gaps seen, and re-sent).
     pub restarts_sent: u64,
     /// RESTARTs received.
@@ -768,6 +772,10 @@ pub struct Stats {
     /// spurious afterwards: the packet had arrived, only its acknowledgement was late (Eifel
     /// detection, RFC 3522). Their timeouts are counted in `timeouts` too.
     pub spurious_timeouts: u64,
+    /// Retransmission timeouts of a paced session that resent nothing: it had sent new
+    /// packets since the timer was armed, enough past the oldest unacknowledged one for the
+    /// receiver to see a gap and ask for it (RESTART). Counted in `timeouts` too.
+    pub timeouts_without_resend: u64,
     /// Window-probe timer expiries (the peer's window was closed and nothing in flight).
     pub probe_timeouts: u64,
     /// Times this receiver extended a session's window from its receive budget.
@@ -858,6 +866,7 @@ impl Stats {
             ("datagrams_received", self.datagrams_received),
             ("data_packets_sent", self.data_packets_sent),
             ("retransmissions", self.retransmissions),
+            ("timeout_retransmissions", self.timeout_retransmissions),
             ("restarts_sent", self.restarts_sent),
             ("restarts_received", self.restarts_received),
             ("restarts_honoured", self.restarts_honoured),
@@ -866,6 +875,7 @@ impl Stats {
             ("timer_us_max", self.timer_us_max),
             ("long_timeouts", self.long_timeouts),
             ("spurious_timeouts", self.spurious_timeouts),
+            ("timeouts_without_resend", self.timeouts_without_resend),
             ("probe_timeouts", self.probe_timeouts),
             ("grants", self.grants),
             ("requests_held", self.requests_held),
