@@ -170,7 +170,11 @@
 //! timers (beyond 2 ms each) is not counted as the peer's silence: a process kept off the
 //! CPU for a second resends and listens before it gives up on anyone. A
 //! timeout whose first advancing ACK echoes a transmission from before it was spurious
-//! (Eifel, RFC 3522): the window cut is undone and the sender goes on from where it was. If
+//! (Eifel, RFC 3522): the window cut is undone and the sender goes on from where it was. A
+//! paced session that keeps sending (new packets since the timer was armed, or more the
+//! window lets go) does not go back on its first [`TIMEOUTS_WITHOUT_RESEND_MAX`]
+//! timeouts in a row: the timer backs off and the receiver, seeing any gap in what follows,
+//! asks for it; on a busy host late ACKs otherwise cost 1-5% of a paced stream in resends. If
 //! the receiver's window is closed and nothing is in flight, the same timer sends window
 //! probes (ACKs with the PROBE flag), at most one per `probe_interval_min_us` and backing
 //! off up to `rto_max_us`, which the receiver answers at once; any answer proves the peer
@@ -274,7 +278,9 @@ pub use endpoint::{
 pub use message::Message;
 pub use packet::{decode, Packet, PacketError, PacketKind, HEADER_LEN, OVERHEAD_LEN, TAG_LEN};
 pub use radon::{PacingStats, RadonConfig, Reservation, ReservationError};
-pub use session::{LOST_AFTER_TIMEOUTS_MIN, REORDER_PACKETS, WINDOW_INITIAL_PACKETS};
+pub use session::{
+    LOST_AFTER_TIMEOUTS_MIN, REORDER_PACKETS, TIMEOUTS_WITHOUT_RESEND_MAX, WINDOW_INITIAL_PACKETS,
+};
 
 // The drivers move endpoints between threads.
 const _: () = {
