@@ -170,7 +170,11 @@
 //! timers (beyond 2 ms each) is not counted as the peer's silence: a process kept off the
 //! CPU for a second resends and listens before it gives up on anyone. A
 //! timeout whose first advancing ACK echoes a transmission from before it was spurious
-//! (Eifel, RFC 3522): the window cut is undone and the sender goes on from where it was. If
+//! (Eifel, RFC 3522): the window cut is undone and the sender goes on from where it was. A
+//! paced session that keeps sending (new packets since the timer was armed, or more the
+//! window lets go) does not go back on its first [`TIMEOUTS_WITHOUT_RESEND_MAX`]
+//! timeouts in a row: the timer backs off and the receiver, seeing any gap in what follows,
+//! asks for it; on a busy host late ACKs otherwise cost 1-5% of a paced stream in resends. If
 //! the receiver's window is closed and nothing is in flight, the same timer sends window
 //! probes (ACKs with the PROBE flag), at most one per `probe_interval_min_us` and backing
 //! off up to `rto_max_us`, which the receiver answers at once; any answer proves the peer
@@ -274,7 +278,9 @@ pub use endpoint::{
 pub use message::Message;
 pub use packet::{decode, Packet, PacketError, PacketKind, HEADER_LEN, OVERHEAD_LEN, TAG_LEN};
 pub use radon::{PacingStats, RadonConfig, Reservation, ReservationError};
-pub use session::{LOST_AFTER_TIMEOUTS_MIN, REORDER_PACKETS, WINDOW_INITIAL_PACKETS};
+pub use session::{
+    LOST_AFTER_TIMEOUTS_MIN, REORDER_PACKETS, TIMEOUTS_WITHOUT_RESEND_MAX, WINDOW_INITIAL_PACKETS,
+};
 
 // The drivers move endpoints between threads.
 const _: () = {
@@ -747,6 +753,10 @@ pub struct Stats {
     pub data_packets_sent: u64,
     /// DATA packets sent more than once.
     pub retransmissions: u64,
+    /// Of the retransmissions, those a retransmission timeout sent (going back to the oldest
+    /// unacknowledged packet, until the next acknowledgement): on a path that drops nothing
+    /// these are the spurious ones. The rest followed a RESTART (the receiver saw a gap).
+    pub timeout_retransmissions: u64,
     /// RESTARTs sent (gaps seen, and re-sent).
     pub restarts_sent: u64,
     /// RESTARTs received.
@@ -768,6 +778,10 @@ pub struct Stats {
     /// spurious afterwards: the packet had arrived, only its acknowledgement was late (Eifel
     /// detection, RFC 3522). Their timeouts are counted in `timeouts` too.
     pub spurious_timeouts: u64,
+    /// Retransmission timeouts of a paced session that resent nothing: it had sent new
+    /// packets since the timer was armed, enough past the oldest unacknowledged one for the
+    /// receiver to see a gap and ask for it (RESTART). Counted in `timeouts` too.
+    pub timeouts_without_resend: u64,
     /// Window-probe timer expiries (the peer's window was closed and nothing in flight).
     pub probe_timeouts: u64,
     /// Times this receiver extended a session's window from its receive budget.
@@ -858,6 +872,7 @@ impl Stats {
             ("datagrams_received", self.datagrams_received),
             ("data_packets_sent", self.data_packets_sent),
             ("retransmissions", self.retransmissions),
+            ("timeout_retransmissions", self.timeout_retransmissions),
             ("restarts_sent", self.restarts_sent),
             ("restarts_received", self.restarts_received),
             ("restarts_honoured", self.restarts_honoured),
@@ -866,6 +881,7 @@ impl Stats {
             ("timer_us_max", self.timer_us_max),
             ("long_timeouts", self.long_timeouts),
             ("spurious_timeouts", self.spurious_timeouts),
+            ("timeouts_without_resend", self.timeouts_without_resend),
             ("probe_timeouts", self.probe_timeouts),
             ("grants", self.grants),
             ("requests_held", self.requests_held),

@@ -115,8 +115,19 @@ pub struct StreamSample {
     pub data_packets_sent: u64,
     /// Of them, retransmissions (losses, and resends after reordering or a late ACK).
     pub retransmissions: u64,
+    /// Of the retransmissions, those its retransmission timeouts sent (the rest the server
+    /// asked for, having seen a gap: losses at the port or reordering).
+    #[serde(default)]
+    pub timeout_retransmissions: u64,
     /// Retransmission timeouts.
     pub timeouts: u64,
+    /// Of them, those found spurious (the ACK was late, not the packet lost) and those
+    /// that resent nothing (the sender kept sending; the server would have asked).
+    #[serde(default)]
+    pub spurious_timeouts: u64,
+    /// See `spurious_timeouts`.
+    #[serde(default)]
+    pub timeouts_without_resend: u64,
     /// The client's pacers: periods and deadlines missed as they count them (the budget
     /// not sent by the end of a period of the session), and packets sent late (more than a
     /// wait after the pacer let them: the host did not run the sender in time).
@@ -264,7 +275,10 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
         ledger: report,
         data_packets_sent: grown("data_packets_sent"),
         retransmissions: grown("retransmissions"),
+        timeout_retransmissions: grown("timeout_retransmissions"),
         timeouts: grown("timeouts"),
+        spurious_timeouts: grown("spurious_timeouts"),
+        timeouts_without_resend: grown("timeouts_without_resend"),
         pacer_periods: grown("pacer_periods"),
         pacer_deadlines_missed: grown("pacer_deadlines_missed"),
         pacer_late_sends: grown("pacer_late_sends"),
