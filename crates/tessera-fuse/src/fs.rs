@@ -2,7 +2,7 @@
 
 use crate::cache::{self, ReadAhead, WriteBack, WritePlan};
 use crate::inodes::{Inodes, ROOT};
-use crate::runs::{FileOrder, Prefetch};
+use crate::runs::{self, FileOrder, Prefetch};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
     OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
@@ -37,8 +37,9 @@ struct OpenFile {
     file: File,
     write_back: Mutex<WriteBack>,
     read_ahead: Mutex<Option<ReadAhead>>,
-    /// The block after the last one read, being fetched (see [`crate::runs`]).
-    prefetch: Mutex<Option<Prefetch>>,
+    /// The blocks after the last one read, being fetched, in order (at most
+    /// [`crate::runs::BLOCKS_AHEAD`]; see [`crate::runs`]).
+    prefetch: Mutex<std::collections::VecDeque<Prefetch>>,
     /// The block of the last read, so that only sequential reads fetch ahead.
     last_block: Mutex<Option<u64>>,
     /// Where the file's layout ends (a write past it is refused at once, `EFBIG`).
@@ -74,7 +75,7 @@ pub struct TesseraFs {
 fn forget_read_ahead(handles: &[Arc<OpenFile>]) {
     for handle in handles {
         *handle.read_ahead.lock().unwrap() = None;
-        *handle.prefetch.lock().unwrap() = None;
+        handle.prefetch.lock().unwrap().clear();
     }
 }
 
@@ -429,7 +430,7 @@ impl TesseraFs {
             file,
             write_back: Mutex::new(WriteBack::default()),
             read_ahead: Mutex::new(None),
-            prefetch: Mutex::new(None),
+            prefetch: Mutex::new(Default::default()),
             last_block: Mutex::new(None),
             bytes_max,
             dirty: Mutex::new(None),
@@ -561,9 +562,18 @@ impl TesseraFs {
     /// it as the handle's read-ahead and answers the read from it.
     fn fetch_block(&self, open: &OpenFile, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
         let block = cache::block_of(offset);
-        let pending = open.prefetch.lock().unwrap().take();
+        let pending = {
+            let mut ahead = open.prefetch.lock().unwrap();
+            match ahead.front() {
+                Some(prefetch) if prefetch.offset == block => ahead.pop_front(),
+                _ => {
+                    ahead.clear();
+                    None
+                }
+            }
+        };
         let fetched = match pending {
-            Some(prefetch) if prefetch.offset == block => {
+            Some(prefetch) => {
                 tracing::debug!(offset, size, block, "read-ahead fetched ahead");
                 let file_size = prefetch.file_size;
                 let data = prefetch.wait(&self.runtime)?;
@@ -573,7 +583,7 @@ impl TesseraFs {
                     file_size,
                 }
             }
-            _ => {
+            None => {
                 tracing::debug!(offset, size, block, "read-ahead miss");
                 let file_size = self.call(self.client.size(&open.file))?;
                 let read = self
@@ -596,8 +606,9 @@ impl TesseraFs {
     }
 
     /// After a read of `block` that follows one of the same or the previous block (a
-    /// sequential reader), starts fetching the next block unless it is past the end of the
-    /// file or already on its way (the caller holds the file's lock).
+    /// sequential reader), starts fetching the next [`runs::BLOCKS_AHEAD`] blocks that are
+    /// neither past the end of the file nor already on their way (the caller holds the
+    /// file's lock).
     fn prefetch_next(&self, open: &OpenFile, block: u64) {
         let last = open.last_block.lock().unwrap().replace(block);
         let sequential = last
@@ -606,14 +617,21 @@ impl TesseraFs {
             Some(current) if current.offset == block => current.file_size,
             _ => return,
         };
-        let next = block.saturating_add(cache::READ_AHEAD_BYTES);
-        let mut prefetch = open.prefetch.lock().unwrap();
-        if !sequential || next >= file_size || prefetch.as_ref().is_some_and(|p| p.offset == next) {
+        if !sequential {
             return;
         }
-        let (runtime, client, file) = (&self.runtime, &self.client, &open.file);
         let len = cache::READ_AHEAD_BYTES;
-        *prefetch = Some(Prefetch::start(runtime, client, file, next, len, file_size));
+        let first = block.saturating_add(len);
+        let mut ahead = open.prefetch.lock().unwrap();
+        if ahead.front().is_some_and(|p| p.offset != first) {
+            ahead.clear();
+        }
+        let mut next = ahead.back().map_or(first, |p| p.offset.saturating_add(len));
+        let (runtime, client, file) = (&self.runtime, &self.client, &open.file);
+        while ahead.len() < runs::BLOCKS_AHEAD && next < file_size {
+            ahead.push_back(Prefetch::start(runtime, client, file, next, len, file_size));
+            next = next.saturating_add(len);
+        }
     }
 
     /// A write through handle `open`. Bytes of other handles still buffered where it writes
