@@ -1,8 +1,10 @@
-//! The directory tree (made directories, renames, listings, modification times) for the
+//! The directory tree (made directories, renames, listings, times) for the
 //! POSIX mount and anyone else who wants directories over the flat namespace.
 
 use crate::{Client, ClientError, File};
-use tessera_wire::{DirListing, ManagerRequest, ManagerResponse, NamespaceEntry, NamespaceRequest};
+use tessera_wire::{
+    DirListing, ManagerRequest, ManagerResponse, NamespaceEntry, NamespaceRequest, Times, TimesOf,
+};
 
 impl Client {
     async fn namespace_call(
@@ -98,5 +100,12 @@ impl Client {
             modified,
         })
         .await
+    }
+
+    /// Record the times given of what `of` names (a `None` keeps the recorded time), in
+    /// nanoseconds since the Unix epoch.
+    pub async fn set_times(&self, of: TimesOf, times: Times) -> Result<(), ClientError> {
+        self.namespace_change(NamespaceRequest::SetTimes { of, times })
+            .await
     }
 }

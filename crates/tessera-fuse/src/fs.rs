@@ -2,7 +2,7 @@
 
 use crate::cache::{self, ReadAhead, WriteBack, WritePlan};
 use crate::inodes::{Inodes, ROOT};
-use crate::runs::{FileOrder, Prefetch};
+use crate::runs::{self, FileOrder, Prefetch};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
     OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tessera_client::{Client, ClientError, File, LayoutRequest, NamespaceEntry};
-use tessera_wire::{join_path, parent_of, ManagerError};
+use tessera_wire::{join_path, parent_of, ManagerError, Times, TimesOf};
 
 /// How long the kernel may keep attributes and entries without asking again.
 const TTL: Duration = Duration::from_secs(1);
@@ -37,14 +37,18 @@ struct OpenFile {
     file: File,
     write_back: Mutex<WriteBack>,
     read_ahead: Mutex<Option<ReadAhead>>,
-    /// The block after the last one read, being fetched (see [`crate::runs`]).
-    prefetch: Mutex<Option<Prefetch>>,
+    /// The blocks after the last one read, being fetched, in order (at most
+    /// [`crate::runs::BLOCKS_AHEAD`]; see [`crate::runs`]).
+    prefetch: Mutex<std::collections::VecDeque<Prefetch>>,
     /// The block of the last read, so that only sequential reads fetch ahead.
     last_block: Mutex<Option<u64>>,
     /// Where the file's layout ends (a write past it is refused at once, `EFBIG`).
     bytes_max: u64,
-    /// Written since the last modification time was recorded.
-    dirty: Mutex<bool>,
+    /// The time of the last write through this handle if it is not yet recorded (it is at
+    /// `flush`, `fsync` and `release`; `stat` shows it meanwhile).
+    dirty: Mutex<Option<u64>>,
+    /// Whether a read through this handle has been counted as an access (see `note_access`).
+    accessed: std::sync::atomic::AtomicBool,
 }
 
 /// The file system: the client, the inode table and the open files.
@@ -71,7 +75,7 @@ pub struct TesseraFs {
 fn forget_read_ahead(handles: &[Arc<OpenFile>]) {
     for handle in handles {
         *handle.read_ahead.lock().unwrap() = None;
-        *handle.prefetch.lock().unwrap() = None;
+        handle.prefetch.lock().unwrap().clear();
     }
 }
 
@@ -110,6 +114,49 @@ fn is_orphan(path: &str) -> bool {
 
 fn nanos_to_time(nanos: Option<u64>, fallback: SystemTime) -> SystemTime {
     nanos.map_or(fallback, |n| UNIX_EPOCH + Duration::from_nanos(n))
+}
+
+fn time_to_nanos(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// A time `setattr` was given, in nanoseconds since the Unix epoch.
+fn given_nanos(time: TimeOrNow, now: u64) -> u64 {
+    match time {
+        TimeOrNow::Now => now,
+        TimeOrNow::SpecificTime(t) => time_to_nanos(t),
+    }
+}
+
+/// The times a modification at `now` records (a modification is a change).
+fn modified_at(now: u64) -> Times {
+    Times {
+        accessed: None,
+        modified: Some(now),
+        changed: Some(now),
+    }
+}
+
+/// The times a change of the entry itself (rename, `chmod`) at `now` records.
+fn changed_at(now: u64) -> Times {
+    Times {
+        changed: Some(now),
+        ..Times::default()
+    }
+}
+
+/// How old an access time may get before a read records a new one although the file was
+/// not modified since (relatime's rule).
+const ACCESS_STALE_NANOS: u64 = 24 * 3600 * 1_000_000_000;
+
+/// Whether a read at `now` records an access time (relatime, as Linux mounts by default):
+/// if the recorded access is not later than the last modification or change, or is older
+/// than a day.
+fn access_is_stale(times: &Times, now: u64) -> bool {
+    let accessed = times.accessed.or(times.modified).unwrap_or(0);
+    let changed = times.modified.max(times.changed).unwrap_or(0);
+    accessed <= changed || now.saturating_sub(accessed) >= ACCESS_STALE_NANOS
 }
 
 fn now_nanos() -> u64 {
@@ -180,15 +227,10 @@ impl TesseraFs {
 
     /// Attributes of a file or directory; `nlink` is its number of names (for a directory,
     /// 2 plus its subdirectories; 0 for a file unlinked while open).
-    fn attr(
-        &self,
-        ino: u64,
-        kind: FileType,
-        size: u64,
-        modified: Option<u64>,
-        nlink: u32,
-    ) -> FileAttr {
-        let time = nanos_to_time(modified, self.mounted_at);
+    fn attr(&self, ino: u64, kind: FileType, size: u64, times: &Times, nlink: u32) -> FileAttr {
+        // An entry without a recorded access or change time shows its modification time
+        // there (the mount's start if it has none either).
+        let time = nanos_to_time(times.modified, self.mounted_at);
         let perm = match kind {
             FileType::Directory => 0o755,
             _ => 0o644,
@@ -197,9 +239,9 @@ impl TesseraFs {
             ino: INodeNo(ino),
             size,
             blocks: size.div_ceil(512),
-            atime: time,
+            atime: nanos_to_time(times.accessed, time),
             mtime: time,
-            ctime: time,
+            ctime: nanos_to_time(times.changed, time),
             crtime: time,
             kind,
             perm,
@@ -218,14 +260,18 @@ impl TesseraFs {
         let entry = self.call(self.client.entry(path))?;
         let ino = self.inodes.lock().unwrap().ino(path);
         match entry {
-            Some(NamespaceEntry::Dir { modified }) => {
+            Some(NamespaceEntry::Dir { times }) => {
                 let nlink = self.dir_links(path)?;
-                Ok(self.attr(ino, FileType::Directory, 0, modified, nlink))
+                Ok(self.attr(ino, FileType::Directory, 0, &times, nlink))
             }
-            Some(NamespaceEntry::File { meta, modified }) => {
+            Some(NamespaceEntry::File { meta, mut times }) => {
                 let size = meta.size.max(self.buffered_end(meta.id));
                 let nlink = u32::from(!is_orphan(path));
-                Ok(self.attr(ino, FileType::RegularFile, size, modified, nlink))
+                if let Some(written) = self.unrecorded_write(meta.id) {
+                    times.modified = times.modified.max(Some(written));
+                    times.changed = times.changed.max(Some(written));
+                }
+                Ok(self.attr(ino, FileType::RegularFile, size, &times, nlink))
             }
             None => {
                 self.inodes.lock().unwrap().remove(path);
@@ -234,19 +280,76 @@ impl TesseraFs {
         }
     }
 
-    /// Records `modified` as the time of each directory in `dirs` (an entry in it was made,
-    /// removed or renamed). Best effort: the change itself is done, and a time that could
-    /// not be recorded is only a stale time.
-    fn touch_dirs(&self, dirs: &[&str], modified: u64) {
+    /// Records `modified` as the modification (and change) time of each directory in
+    /// `dirs` (an entry in it was made, removed or renamed), and `changed` as the change time
+    /// of each path in `entries` (renamed, or unlinked while open), in one round trip. Best
+    /// effort: the change itself is done, and a time that could not be recorded is only a
+    /// stale time.
+    fn touch_dirs_and(&self, dirs: &[&str], entries: &[&str], now: u64) {
         let client = &self.client;
-        let touches = dirs.iter().map(|dir| client.touch_dir(dir, modified));
-        for (dir, result) in dirs
+        let updates = dirs.iter().map(|dir| (*dir, modified_at(now)));
+        let updates: Vec<(&str, Times)> = updates
+            .chain(entries.iter().map(|entry| (*entry, changed_at(now))))
+            .collect();
+        let calls = updates
             .iter()
-            .zip(self.runtime.block_on(futures::future::join_all(touches)))
+            .map(|(path, times)| client.set_times(TimesOf::Path(path.to_string()), *times));
+        for ((path, _), result) in updates
+            .iter()
+            .zip(self.runtime.block_on(futures::future::join_all(calls)))
         {
             if let Err(e) = result {
-                tracing::debug!("time of directory '{dir}' not recorded: {e}");
+                tracing::debug!("times of '{path}' not recorded: {e}");
             }
+        }
+    }
+
+    /// See [`touch_dirs_and`](Self::touch_dirs_and), for directories only.
+    fn touch_dirs(&self, dirs: &[&str], modified: u64) {
+        self.touch_dirs_and(dirs, &[], modified);
+    }
+
+    /// The latest write to file `id` through a handle open on it whose time is not yet
+    /// recorded.
+    fn unrecorded_write(&self, id: u64) -> Option<u64> {
+        let open = self.open.lock().unwrap();
+        let handles = open.values().filter(|f| f.file.id == id);
+        handles.filter_map(|f| *f.dirty.lock().unwrap()).max()
+    }
+
+    /// Forgets the unrecorded write times of file `id`: the times about to be recorded
+    /// (a truncation's, `utimensat`'s) are later and must not be overwritten by them.
+    fn forget_unrecorded_writes(&self, id: u64) {
+        for handle in self.open.lock().unwrap().values() {
+            if handle.file.id == id {
+                *handle.dirty.lock().unwrap() = None;
+            }
+        }
+    }
+
+    /// On the first read through `open`, records the access time of the file at `ino` if
+    /// relatime's rule says so ([`access_is_stale`]). Best effort, like `touch_dirs`.
+    fn note_access(&self, ino: INodeNo, open: &OpenFile) {
+        if open.accessed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let now = now_nanos();
+        let recorded = self.path(ino).and_then(|path| {
+            let stale = match self.call(self.client.entry(&path))? {
+                Some(NamespaceEntry::File { times, .. }) => access_is_stale(&times, now),
+                _ => false,
+            };
+            if stale {
+                let times = Times {
+                    accessed: Some(now),
+                    ..Times::default()
+                };
+                self.call(self.client.set_times(TimesOf::Path(path), times))?;
+            }
+            Ok(())
+        });
+        if let Err(e) = recorded {
+            tracing::debug!("access time not recorded: {e:?}");
         }
     }
 
@@ -264,8 +367,9 @@ impl TesseraFs {
     }
 
     /// Unlinks the file at `path`. A file with a handle open is moved under [`ORPHANS`]
-    /// instead, and removed when its last handle closes (`release_orphan`).
-    fn unlink_path(&self, path: &str) -> Result<(), Errno> {
+    /// instead, and removed when its last handle closes (`release_orphan`); its new path is
+    /// returned.
+    fn unlink_path(&self, path: &str) -> Result<Option<String>, Errno> {
         let open_id = match self.call(self.client.entry(path))? {
             Some(NamespaceEntry::File { meta, .. }) if self.is_open(meta.id) => Some(meta.id),
             Some(NamespaceEntry::Dir { .. }) => return Err(Errno::EISDIR),
@@ -280,14 +384,15 @@ impl TesseraFs {
                 }
                 self.call(self.client.rename(path, &hidden))?;
                 self.inodes.lock().unwrap().rename(path, &hidden);
-                self.orphans.lock().unwrap().insert(id, hidden);
+                self.orphans.lock().unwrap().insert(id, hidden.clone());
+                Ok(Some(hidden))
             }
             _ => {
                 self.call(self.client.remove(path))?;
                 self.inodes.lock().unwrap().remove(path);
+                Ok(None)
             }
         }
-        Ok(())
     }
 
     /// Removes file `id` if it was unlinked while open and no handle is open on it now.
@@ -325,10 +430,11 @@ impl TesseraFs {
             file,
             write_back: Mutex::new(WriteBack::default()),
             read_ahead: Mutex::new(None),
-            prefetch: Mutex::new(None),
+            prefetch: Mutex::new(Default::default()),
             last_block: Mutex::new(None),
             bytes_max,
-            dirty: Mutex::new(false),
+            dirty: Mutex::new(None),
+            accessed: std::sync::atomic::AtomicBool::new(false),
         });
         self.open.lock().unwrap().insert(fh, open);
         FileHandle(fh)
@@ -423,12 +529,13 @@ impl TesseraFs {
         order.failure().map_or(Ok(()), Err)
     }
 
-    /// Records the modification time if the handle wrote since it was last recorded.
+    /// Records the time of the handle's last write as the file's modification and change
+    /// time, if it wrote since it was last recorded.
     fn touch_if_dirty(&self, open: &OpenFile) -> Result<(), Errno> {
         let mut dirty = open.dirty.lock().unwrap();
-        if *dirty {
-            self.call(self.client.touch(&open.file, now_nanos()))?;
-            *dirty = false;
+        if let Some(written) = *dirty {
+            self.call(self.client.touch(&open.file, written))?;
+            *dirty = None;
         }
         Ok(())
     }
@@ -455,9 +562,18 @@ impl TesseraFs {
     /// it as the handle's read-ahead and answers the read from it.
     fn fetch_block(&self, open: &OpenFile, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
         let block = cache::block_of(offset);
-        let pending = open.prefetch.lock().unwrap().take();
+        let pending = {
+            let mut ahead = open.prefetch.lock().unwrap();
+            match ahead.front() {
+                Some(prefetch) if prefetch.offset == block => ahead.pop_front(),
+                _ => {
+                    ahead.clear();
+                    None
+                }
+            }
+        };
         let fetched = match pending {
-            Some(prefetch) if prefetch.offset == block => {
+            Some(prefetch) => {
                 tracing::debug!(offset, size, block, "read-ahead fetched ahead");
                 let file_size = prefetch.file_size;
                 let data = prefetch.wait(&self.runtime)?;
@@ -467,7 +583,7 @@ impl TesseraFs {
                     file_size,
                 }
             }
-            _ => {
+            None => {
                 tracing::debug!(offset, size, block, "read-ahead miss");
                 let file_size = self.call(self.client.size(&open.file))?;
                 let read = self
@@ -490,8 +606,9 @@ impl TesseraFs {
     }
 
     /// After a read of `block` that follows one of the same or the previous block (a
-    /// sequential reader), starts fetching the next block unless it is past the end of the
-    /// file or already on its way (the caller holds the file's lock).
+    /// sequential reader), starts fetching the next [`runs::BLOCKS_AHEAD`] blocks that are
+    /// neither past the end of the file nor already on their way (the caller holds the
+    /// file's lock).
     fn prefetch_next(&self, open: &OpenFile, block: u64) {
         let last = open.last_block.lock().unwrap().replace(block);
         let sequential = last
@@ -500,14 +617,21 @@ impl TesseraFs {
             Some(current) if current.offset == block => current.file_size,
             _ => return,
         };
-        let next = block.saturating_add(cache::READ_AHEAD_BYTES);
-        let mut prefetch = open.prefetch.lock().unwrap();
-        if !sequential || next >= file_size || prefetch.as_ref().is_some_and(|p| p.offset == next) {
+        if !sequential {
             return;
         }
-        let (runtime, client, file) = (&self.runtime, &self.client, &open.file);
         let len = cache::READ_AHEAD_BYTES;
-        *prefetch = Some(Prefetch::start(runtime, client, file, next, len, file_size));
+        let first = block.saturating_add(len);
+        let mut ahead = open.prefetch.lock().unwrap();
+        if ahead.front().is_some_and(|p| p.offset != first) {
+            ahead.clear();
+        }
+        let mut next = ahead.back().map_or(first, |p| p.offset.saturating_add(len));
+        let (runtime, client, file) = (&self.runtime, &self.client, &open.file);
+        while ahead.len() < runs::BLOCKS_AHEAD && next < file_size {
+            ahead.push_back(Prefetch::start(runtime, client, file, next, len, file_size));
+            next = next.saturating_add(len);
+        }
     }
 
     /// A write through handle `open`. Bytes of other handles still buffered where it writes
@@ -524,7 +648,7 @@ impl TesseraFs {
         if let Some(e) = order.failure() {
             return Err(e);
         }
-        *open.dirty.lock().unwrap() = true;
+        *open.dirty.lock().unwrap() = Some(now_nanos());
         order.note_written(end);
         let others: Vec<Arc<OpenFile>> = handles
             .iter()
@@ -557,6 +681,7 @@ impl TesseraFs {
         let (order, handles) = self.file_of(file.id);
         let truncated = {
             let _order = order.lock.lock().unwrap();
+            self.forget_unrecorded_writes(file.id);
             self.truncate_locked(&file, &order, &handles, size)
         };
         drop((order, handles));
@@ -636,12 +761,12 @@ impl fuser::Filesystem for TesseraFs {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         if ino.0 == ROOT {
             let root = self.call(self.client.entry("")).and_then(|entry| {
-                let modified = match entry {
-                    Some(NamespaceEntry::Dir { modified }) => modified,
-                    _ => None,
+                let times = match entry {
+                    Some(NamespaceEntry::Dir { times }) => times,
+                    _ => Times::default(),
                 };
                 let nlink = self.dir_links("")?;
-                Ok(self.attr(ROOT, FileType::Directory, 0, modified, nlink))
+                Ok(self.attr(ROOT, FileType::Directory, 0, &times, nlink))
             });
             return match root {
                 Ok(attr) => reply.attr(&TTL, &attr),
@@ -658,44 +783,42 @@ impl fuser::Filesystem for TesseraFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
         size: Option<u64>,
-        _atime: Option<TimeOrNow>,
+        atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
+        ctime: Option<SystemTime>,
         _fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
+        flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let now = now_nanos();
+        // Whatever the call changes (a size, times, or a mode or owner that is not kept),
+        // it is a change of the entry: its change time moves (to the one given, if any).
+        let times = Times {
+            accessed: atime.map(|t| given_nanos(t, now)),
+            modified: mtime.map(|t| given_nanos(t, now)),
+            changed: Some(ctime.map_or(now, time_to_nanos)),
+        };
+        let anything = mode.or(uid).or(gid).is_some() || flags.is_some() || ctime.is_some();
         let result = self.path(ino).and_then(|path| {
             if let Some(size) = size {
                 self.truncate(&path, size)?;
             }
-            if let Some(mtime) = mtime {
-                let nanos = match mtime {
-                    TimeOrNow::Now => now_nanos(),
-                    TimeOrNow::SpecificTime(t) => t
-                        .duration_since(UNIX_EPOCH)
-                        .map_or(0, |d| d.as_nanos() as u64),
-                };
-                match self.call(self.client.entry(&path)) {
-                    Ok(Some(NamespaceEntry::File { meta, .. })) => {
-                        let file = File {
-                            id: meta.id,
-                            path: meta.path,
-                        };
-                        self.call(self.client.touch(&file, nanos))?;
+            if size.is_none() || times.accessed.or(times.modified).is_some() || anything {
+                if times.modified.is_some() {
+                    if let Some(NamespaceEntry::File { meta, .. }) =
+                        self.call(self.client.entry(&path))?
+                    {
+                        self.forget_unrecorded_writes(meta.id);
                     }
-                    Ok(Some(NamespaceEntry::Dir { .. })) => {
-                        self.call(self.client.touch_dir(&path, nanos))?;
-                    }
-                    _ => {}
                 }
+                self.call(self.client.set_times(TimesOf::Path(path.clone()), times))?;
             }
             self.stat_path(&path)
         });
@@ -727,8 +850,10 @@ impl fuser::Filesystem for TesseraFs {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let result = self.child(parent, name).and_then(|path| {
-            self.unlink_path(&path)?;
-            self.touch_dirs(&[parent_of(&path)], now_nanos());
+            // A file still open loses a link: that changes it.
+            let hidden = self.unlink_path(&path)?;
+            let hidden: Vec<&str> = hidden.as_deref().into_iter().collect();
+            self.touch_dirs_and(&[parent_of(&path)], &hidden, now_nanos());
             Ok(())
         });
         reply_empty(reply, result)
@@ -772,11 +897,12 @@ impl fuser::Filesystem for TesseraFs {
             }
             self.call(self.client.rename(&from, &to))?;
             self.inodes.lock().unwrap().rename(&from, &to);
+            // Both directories are modified, and the renamed entry itself is changed.
             let (old_parent, new_parent) = (parent_of(&from), parent_of(&to));
             if old_parent == new_parent {
-                self.touch_dirs(&[old_parent], now_nanos());
+                self.touch_dirs_and(&[old_parent], &[&to], now_nanos());
             } else {
-                self.touch_dirs(&[old_parent, new_parent], now_nanos());
+                self.touch_dirs_and(&[old_parent, new_parent], &[&to], now_nanos());
             }
             Ok(())
         })();
@@ -805,11 +931,15 @@ impl fuser::Filesystem for TesseraFs {
     ) {
         let result = self.child(parent, name).and_then(|path| {
             let file = self.call(self.client.create(&path, self.config.layout.clone()))?;
-            // The file's time and its directory's in one round trip; the directory's is best
+            // The file's times and its directory's in one round trip; the directory's is best
             // effort (see `touch_dirs`).
             let now = now_nanos();
+            let born = Times {
+                accessed: Some(now),
+                ..modified_at(now)
+            };
             let (touched, _) = self.runtime.block_on(futures::future::join(
-                self.client.touch(&file, now),
+                self.client.set_times(TimesOf::File(file.id), born),
                 self.client.touch_dir(parent_of(&path), now),
             ));
             touched.map_err(|e| errno(&e))?;
@@ -826,7 +956,7 @@ impl fuser::Filesystem for TesseraFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -834,10 +964,10 @@ impl fuser::Filesystem for TesseraFs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        match self
-            .handle(fh)
-            .and_then(|open| self.read_block(&open, offset, size))
-        {
+        match self.handle(fh).and_then(|open| {
+            self.note_access(ino, &open);
+            self.read_block(&open, offset, size)
+        }) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(e),
         }

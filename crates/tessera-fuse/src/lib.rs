@@ -9,6 +9,11 @@
 //! up to four runs of a file travel at once, and a sequential reader's next block is fetched
 //! while it reads the current one (`runs`).
 //!
+//! Times: access, modification and change times are kept by the manager
+//! (`NamespaceRequest::SetTimes`); the mount sets them as POSIX says (a write or truncation
+//! modifies and changes, a rename or `chmod` changes, `utimensat` sets what it gives and
+//! changes) and records reads with relatime's rule.
+//!
 //! Durability: `fsync` sends the buffered run and syncs the file on its servers, so an
 //! fsync'd byte is as durable as one written with `tessera write` and `sync`. `close`
 //! (`flush`) sends the buffered run too, and reports a failed write there (`EIO`); bytes

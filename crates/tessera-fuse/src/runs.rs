@@ -18,6 +18,10 @@ use tokio::task::JoinHandle;
 
 /// Runs of one file in flight at most: with 8 MiB runs, 32 MiB per file being written.
 pub const RUNS_IN_FLIGHT_MAX: usize = 4;
+/// Read-ahead blocks a sequential reader has on their way beyond the one it reads: with
+/// 8 MiB blocks, three blocks in flight, as the library's `get` keeps three chunks (one
+/// block ahead: two in flight).
+pub const BLOCKS_AHEAD: usize = 2;
 
 /// A failure as the errno the kernel is given.
 pub type Errno = fuser::Errno;

@@ -1205,6 +1205,9 @@ impl<'txn> Change<'txn> {
         }
         self.tables.files.remove(meta.id)?;
         self.txn.open_table(namespace::TIMES)?.remove(meta.id)?;
+        self.txn
+            .open_table(namespace::ACCESS_CHANGE)?
+            .remove(meta.id)?;
         for &server in &meta.servers {
             self.set_debt(server, meta.id, &[])?;
             self.tables.orphans.insert((server, meta.id), ())?;

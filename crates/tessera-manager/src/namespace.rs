@@ -1,14 +1,21 @@
 //! The directory tree over the flat namespace (see `tessera_wire::NamespaceRequest`).
 //!
-//! Three tables beside `paths`:
+//! Five tables beside `paths`:
 //!
 //! ```text
-//! dirs:      &str   -> ()    directories made explicitly (an empty one exists only here)
-//! times:     FileId -> u64   a file's modification time, ns since the Unix epoch, as its writer sent it
-//! dir_times: &str   -> u64   a directory's modification time, the same way (`TouchDir`)
+//! dirs:                 &str   -> ()          directories made explicitly (an empty one exists only here)
+//! times:                FileId -> u64         a file's modification time, ns since the Unix epoch, as its writer sent it
+//! dir_times:            &str   -> u64         a directory's modification time, the same way (`TouchDir`)
+//! access_change:        FileId -> (atime, ctime)  a file's access and change times (`Option<u64>` each)
+//! dir_access_change:    &str   -> (atime, ctime)  a directory's, the same way
 //! ```
 //!
-//! A directory's time moves with it in a rename and goes with it in a `RemoveDir`. One that
+//! A modification is a change: `Touch` and `TouchDir` set the change time to the
+//! modification time they record; `SetTimes` sets whichever times it gives. The access and
+//! change times were added beside the older modification tables (rather than widening
+//! their values) so that a store written before them opens as it is.
+//!
+//! A directory's times move with it in a rename and go with it in a `RemoveDir`. One that
 //! vanishes because its last file went (it was never made) keeps its time until the path is
 //! a directory again and touched; the mount touches a directory at each change of its
 //! entries, so only a directory filled and emptied by other clients shows such a time.
@@ -23,12 +30,18 @@ use crate::store::{self, Failure};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use tessera_wire::{
     parent_of, DirListing, FileId, FileMeta, ManagerError, ManagerResponse, NamespaceEntry,
-    NamespaceRequest,
+    NamespaceRequest, Times, TimesOf,
 };
 
 pub(crate) const DIRS: TableDefinition<&str, ()> = TableDefinition::new("dirs");
 pub(crate) const TIMES: TableDefinition<FileId, u64> = TableDefinition::new("times");
 pub(crate) const DIR_TIMES: TableDefinition<&str, u64> = TableDefinition::new("dir_times");
+/// Access and change times of a file or directory: (accessed, changed).
+pub(crate) type AccessChange = (Option<u64>, Option<u64>);
+pub(crate) const ACCESS_CHANGE: TableDefinition<FileId, AccessChange> =
+    TableDefinition::new("access_change");
+pub(crate) const DIR_ACCESS_CHANGE: TableDefinition<&str, AccessChange> =
+    TableDefinition::new("dir_access_change");
 
 /// Entries one listing returns at most: a larger directory is refused rather than sent in
 /// a frame the transports would refuse.
@@ -56,16 +69,13 @@ impl Manager {
             NamespaceRequest::ListDir { path } => return self.list_dir(&path),
             NamespaceRequest::Entry { path } => return self.entry(&path),
             NamespaceRequest::Touch { file, modified } => {
-                self.write(|change| {
-                    if store::read_file(&change.tables.files, file)?.is_none() {
-                        return Err(ManagerError::NotFound(file.to_string()).into());
-                    }
-                    change.txn.open_table(TIMES)?.insert(file, modified)?;
-                    Ok(())
-                })?;
+                self.write(|change| set_file_times(change, file, &modification(modified)))?;
             }
             NamespaceRequest::TouchDir { path, modified } => {
-                self.write(|change| touch_dir(change, &path, modified))?;
+                self.write(|change| set_dir_times(change, &path, &modification(modified)))?;
+            }
+            NamespaceRequest::SetTimes { of, times } => {
+                self.write(|change| set_times(change, of, &times))?;
             }
         }
         Ok(ManagerResponse::Done)
@@ -75,26 +85,20 @@ impl Manager {
         let txn = self.db.begin_read()?;
         let paths = txn.open_table(store::PATHS)?;
         let dirs = open_read(&txn, DIRS)?;
-        let times = open_read(&txn, TIMES)?;
         if let Some(file) = paths.get(path)?.map(|id| id.value()) {
             let meta = store::read_file(&txn.open_table(store::FILES)?, file)?
                 .ok_or_else(|| ManagerError::Store(format!("path {path} names a missing file")))?;
-            let modified = read_time(times.as_ref(), file)?;
+            let times = entry_times(&txn, TIMES, ACCESS_CHANGE, file)?;
             return Ok(ManagerResponse::Entry(Some(NamespaceEntry::File {
                 meta,
-                modified,
+                times,
             })));
         }
         if !(path.is_empty() || dir_exists(&paths, dirs.as_ref(), path)?) {
             return Ok(ManagerResponse::Entry(None));
         }
-        let modified = match open_read(&txn, DIR_TIMES)? {
-            Some(times) => times.get(path)?.map(|time| time.value()),
-            None => None,
-        };
-        Ok(ManagerResponse::Entry(Some(NamespaceEntry::Dir {
-            modified,
-        })))
+        let times = entry_times(&txn, DIR_TIMES, DIR_ACCESS_CHANGE, path)?;
+        Ok(ManagerResponse::Entry(Some(NamespaceEntry::Dir { times })))
     }
 
     fn list_dir(&self, path: &str) -> Result<ManagerResponse, Failure> {
@@ -176,6 +180,28 @@ fn open_read<K: redb::Key + 'static, V: redb::Value + 'static>(
         Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
         Err(error) => Err(Failure::Store(error.into())),
     }
+}
+
+/// The times recorded for `key` in a modification table and an access-and-change table.
+fn entry_times<'k, K: redb::Key + 'static>(
+    txn: &redb::ReadTransaction,
+    modified: TableDefinition<K, u64>,
+    access_change: TableDefinition<K, AccessChange>,
+    key: impl std::borrow::Borrow<K::SelfType<'k>>,
+) -> Result<Times, Failure> {
+    let modified = match open_read(txn, modified)? {
+        Some(table) => table.get(key.borrow())?.map(|time| time.value()),
+        None => None,
+    };
+    let (accessed, changed) = match open_read(txn, access_change)? {
+        Some(table) => table.get(key.borrow())?.map_or((None, None), |t| t.value()),
+        None => (None, None),
+    };
+    Ok(Times {
+        accessed,
+        modified,
+        changed,
+    })
 }
 
 fn read_time(
@@ -267,18 +293,73 @@ fn remove_dir(change: &mut Change<'_>, path: &str) -> Result<(), Failure> {
     }
     dirs.remove(path)?;
     change.txn.open_table(DIR_TIMES)?.remove(path)?;
+    change.txn.open_table(DIR_ACCESS_CHANGE)?.remove(path)?;
     Ok(())
 }
 
-/// Records directory `path`'s modification time; refused if it is not a directory.
-fn touch_dir(change: &mut Change<'_>, path: &str, modified: u64) -> Result<(), Failure> {
+/// The times a modification at `modified` records: it is also a change.
+fn modification(modified: u64) -> Times {
+    Times {
+        accessed: None,
+        modified: Some(modified),
+        changed: Some(modified),
+    }
+}
+
+/// Records the times given of what `of` names.
+fn set_times(change: &mut Change<'_>, of: TimesOf, times: &Times) -> Result<(), Failure> {
+    match of {
+        TimesOf::File(file) => set_file_times(change, file, times),
+        TimesOf::Path(path) => {
+            let dirs = change.txn.open_table(DIRS)?;
+            let kind = kind_in(change, &dirs, &path)?;
+            drop(dirs);
+            match kind {
+                Some(Some(file)) => set_file_times(change, file, times),
+                Some(None) => set_dir_times(change, &path, times),
+                None => Err(ManagerError::NotFound(path).into()),
+            }
+        }
+    }
+}
+
+/// Records the times given of file `file`; refused if there is no such file.
+fn set_file_times(change: &mut Change<'_>, file: FileId, times: &Times) -> Result<(), Failure> {
+    if store::read_file(&change.tables.files, file)?.is_none() {
+        return Err(ManagerError::NotFound(file.to_string()).into());
+    }
+    if let Some(modified) = times.modified {
+        change.txn.open_table(TIMES)?.insert(file, modified)?;
+    }
+    merge_access_change(&mut change.txn.open_table(ACCESS_CHANGE)?, file, times)
+}
+
+/// Records the times given of directory `path`; refused if it is not a directory.
+fn set_dir_times(change: &mut Change<'_>, path: &str, times: &Times) -> Result<(), Failure> {
     let dirs = change.txn.open_table(DIRS)?;
     match kind_in(change, &dirs, path)? {
         Some(None) => {}
         Some(Some(_)) => return Err(ManagerError::NotDir(path.to_string()).into()),
         None => return Err(ManagerError::NotFound(path.to_string()).into()),
     }
-    change.txn.open_table(DIR_TIMES)?.insert(path, modified)?;
+    if let Some(modified) = times.modified {
+        change.txn.open_table(DIR_TIMES)?.insert(path, modified)?;
+    }
+    merge_access_change(&mut change.txn.open_table(DIR_ACCESS_CHANGE)?, path, times)
+}
+
+/// Replaces the access and change times of `key` that `times` gives, keeping the others.
+fn merge_access_change<'k, K: redb::Key + 'static>(
+    table: &mut redb::Table<'_, K, AccessChange>,
+    key: impl std::borrow::Borrow<K::SelfType<'k>>,
+    times: &Times,
+) -> Result<(), Failure> {
+    if times.accessed.is_none() && times.changed.is_none() {
+        return Ok(());
+    }
+    let (accessed, changed) = table.get(key.borrow())?.map_or((None, None), |t| t.value());
+    let merged = (times.accessed.or(accessed), times.changed.or(changed));
+    table.insert(key.borrow(), merged)?;
     Ok(())
 }
 
@@ -315,9 +396,11 @@ fn rename(change: &mut Change<'_>, from: &str, to: &str) -> Result<(), Failure> 
                 }
                 dirs.remove(to)?;
                 change.txn.open_table(DIR_TIMES)?.remove(to)?;
+                change.txn.open_table(DIR_ACCESS_CHANGE)?.remove(to)?;
             }
             move_dir(change, &mut dirs, from, to)?;
-            move_dir_times(change, from, to)
+            move_dir_times(&mut change.txn.open_table(DIR_TIMES)?, from, to)?;
+            move_dir_times(&mut change.txn.open_table(DIR_ACCESS_CHANGE)?, from, to)
         }
     }
 }
@@ -376,9 +459,16 @@ fn move_dir(
     Ok(())
 }
 
-/// Moves the times of directory `from` and of every directory below it to `to`.
-fn move_dir_times(change: &mut Change<'_>, from: &str, to: &str) -> Result<(), Failure> {
-    let mut times = change.txn.open_table(DIR_TIMES)?;
+/// Moves the times of directory `from` and of every directory below it to `to`, in one of
+/// the directory time tables.
+fn move_dir_times<V>(
+    times: &mut redb::Table<'_, &'static str, V>,
+    from: &str,
+    to: &str,
+) -> Result<(), Failure>
+where
+    V: for<'a> redb::Value<SelfType<'a> = V> + 'static,
+{
     let prefix = dir_prefix(from);
     let mut moved = Vec::new();
     if let Some(time) = times.remove(from)? {

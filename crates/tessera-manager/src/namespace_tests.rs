@@ -8,7 +8,7 @@ use std::time::Instant;
 use tessera_layout::Scheme;
 use tessera_wire::{
     DirListing, LayoutRequest, ManagerError, ManagerRequest, ManagerResponse, NamespaceEntry,
-    NamespaceRequest,
+    NamespaceRequest, Times, TimesOf,
 };
 
 struct Tree {
@@ -258,7 +258,7 @@ impl Tree {
 
     fn dir_time(&mut self, path: &str) -> Option<u64> {
         match self.entry(path) {
-            Some(NamespaceEntry::Dir { modified }) => modified,
+            Some(NamespaceEntry::Dir { times }) => times.modified,
             other => panic!("{path} is {other:?}"),
         }
     }
@@ -307,6 +307,86 @@ fn directory_times_move_with_a_rename_and_go_with_a_removal() {
     tree.rmdir("y").unwrap();
     tree.mkdir("y").unwrap();
     assert_eq!(tree.dir_time("y"), None);
+}
+
+impl Tree {
+    fn set_times(&mut self, of: TimesOf, times: Times) -> Result<(), ManagerError> {
+        self.done(NamespaceRequest::SetTimes { of, times })
+    }
+
+    fn times(&mut self, path: &str) -> Times {
+        match self.entry(path) {
+            Some(NamespaceEntry::Dir { times } | NamespaceEntry::File { times, .. }) => times,
+            None => panic!("{path} is missing"),
+        }
+    }
+}
+
+fn times(accessed: Option<u64>, modified: Option<u64>, changed: Option<u64>) -> Times {
+    Times {
+        accessed,
+        modified,
+        changed,
+    }
+}
+
+#[test]
+fn access_and_change_times_are_set_apart_and_follow_the_entry() {
+    let mut tree = Tree::new();
+    let file = tree.create("d/f").unwrap();
+    assert_eq!(tree.times("d/f"), Times::default());
+    // A modification is a change.
+    tree.done(NamespaceRequest::Touch { file, modified: 10 })
+        .unwrap();
+    assert_eq!(tree.times("d/f"), times(None, Some(10), Some(10)));
+    // utimensat: access and modification given, the change time is the call's.
+    let by_path = TimesOf::Path("d/f".into());
+    tree.set_times(by_path.clone(), times(Some(5), Some(6), Some(20)))
+        .unwrap();
+    assert_eq!(tree.times("d/f"), times(Some(5), Some(6), Some(20)));
+    // A read: only the access time; a rename: only the change time, by file id.
+    tree.set_times(by_path, times(Some(30), None, None))
+        .unwrap();
+    tree.rename("d/f", "d/g").unwrap();
+    tree.set_times(TimesOf::File(file), times(None, None, Some(40)))
+        .unwrap();
+    assert_eq!(tree.times("d/g"), times(Some(30), Some(6), Some(40)));
+    // A later write keeps the access time.
+    tree.done(NamespaceRequest::Touch { file, modified: 50 })
+        .unwrap();
+    assert_eq!(tree.times("d/g"), times(Some(30), Some(50), Some(50)));
+    // Directories: the same rules, and the times move with a rename and go with rmdir.
+    tree.mkdir("d/s").unwrap();
+    tree.touch_dir("d/s", 60).unwrap();
+    tree.set_times(TimesOf::Path("d/s".into()), times(Some(61), None, None))
+        .unwrap();
+    tree.rename("d", "e").unwrap();
+    assert_eq!(tree.times("e/s"), times(Some(61), Some(60), Some(60)));
+    tree.rmdir("e/s").unwrap();
+    tree.mkdir("e/s").unwrap();
+    assert_eq!(tree.times("e/s"), Times::default());
+    // Nothing there: refused, nothing recorded.
+    for of in [TimesOf::Path("nope".into()), TimesOf::File(999)] {
+        assert!(matches!(
+            tree.set_times(of, times(Some(1), Some(1), Some(1))),
+            Err(ManagerError::NotFound(_))
+        ));
+    }
+    // A removed file's times go with it.
+    let again = tree.create("x").unwrap();
+    tree.set_times(TimesOf::File(again), times(Some(1), None, Some(2)))
+        .unwrap();
+    let removed = tree
+        .manager
+        .handle(ManagerRequest::Remove { path: "x".into() }, tree.now);
+    assert!(matches!(removed, ManagerResponse::Meta(_)), "{removed:?}");
+    let dump = crate::store::dump(&tree.manager.db).unwrap();
+    assert!(
+        !dump
+            .iter()
+            .any(|line| line.starts_with(&format!("access_change {again} "))),
+        "{dump:?}"
+    );
 }
 
 #[test]

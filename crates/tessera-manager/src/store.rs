@@ -233,6 +233,8 @@ pub(crate) fn copy_tables(from: &ReadTransaction, path: &std::path::Path) -> Res
     copy_table(from, &to, crate::manager::namespace::DIRS)?;
     copy_table(from, &to, crate::manager::namespace::TIMES)?;
     copy_table(from, &to, crate::manager::namespace::DIR_TIMES)?;
+    copy_table(from, &to, crate::manager::namespace::ACCESS_CHANGE)?;
+    copy_table(from, &to, crate::manager::namespace::DIR_ACCESS_CHANGE)?;
     copy_table(from, &to, crate::snapshot::SNAPSHOTS)?;
     copy_table(from, &to, crate::snapshot::SNAPSHOT_FILES)?;
     copy_table(from, &to, crate::snapshot::RETAINED)?;
@@ -292,6 +294,11 @@ pub(crate) fn dump(db: &Database) -> Result<Vec<String>, Failure> {
     dump_table!("dirs", crate::manager::namespace::DIRS);
     dump_table!("times", crate::manager::namespace::TIMES);
     dump_table!("dir_times", crate::manager::namespace::DIR_TIMES);
+    dump_table!("access_change", crate::manager::namespace::ACCESS_CHANGE);
+    dump_table!(
+        "dir_access_change",
+        crate::manager::namespace::DIR_ACCESS_CHANGE
+    );
     dump_table!("snapshots", crate::snapshot::SNAPSHOTS);
     dump_table!("replicas", crate::group::REPLICAS);
     dump_table!("snapshot_files", crate::snapshot::SNAPSHOT_FILES);

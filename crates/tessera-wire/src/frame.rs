@@ -14,8 +14,9 @@ use serde::{de::DeserializeOwned, Serialize};
 /// [`crate::Service`] (a reserved stream's deadline, best effort, or rebuild). Version 8:
 /// snapshots are fenced against writes in flight (`SnapshotFence`, `SnapshotRelease`).
 /// Version 9: directories have modification times (`NamespaceRequest::TouchDir`, `modified`
-/// in `NamespaceEntry::Dir`).
-pub const PROTOCOL_VERSION: u8 = 9;
+/// in `NamespaceEntry::Dir`). Version 10: access and change times (`NamespaceRequest::SetTimes`,
+/// `times` in `NamespaceEntry`).
+pub const PROTOCOL_VERSION: u8 = 10;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.

@@ -1,5 +1,6 @@
 //! The directory tree over the manager's flat namespace: explicit directories, renames,
-//! directory listings and modification times, as the POSIX mount needs them.
+//! directory listings and times (access, modification, change), as the POSIX mount needs
+//! them.
 //!
 //! The manager names files by whole paths (`a/b/c`). A directory exists if it was made
 //! (`MakeDir`) or if any file or made directory lies below it (a file put as `a/b/c` makes
@@ -56,22 +57,54 @@ pub enum NamespaceRequest {
         /// Nanoseconds since the Unix epoch.
         modified: u64,
     },
+    /// Record times of a file or a directory (the writer's clock, as for `Touch`): each time
+    /// given replaces the recorded one, each `None` keeps it. The mount sends it for
+    /// `utimensat`, for a change of the entry itself (its `ctime`: a rename, a `chmod`) and
+    /// for a read (its `atime`).
+    SetTimes {
+        /// The file or directory.
+        of: TimesOf,
+        /// The times to record.
+        times: Times,
+    },
+}
+
+/// What a [`NamespaceRequest::SetTimes`] is about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TimesOf {
+    /// The file or directory at this path (`""` is the root).
+    Path(String),
+    /// This file, wherever it is named now.
+    File(crate::FileId),
+}
+
+/// An entry's times, nanoseconds since the Unix epoch, each `None` until one is recorded.
+/// `Touch` and `TouchDir` record a modification, which is also a change: they set
+/// `modified` and `changed` alike.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Times {
+    /// Last access (`atime`).
+    pub accessed: Option<u64>,
+    /// Last modification of the contents (`mtime`).
+    pub modified: Option<u64>,
+    /// Last change of the contents or of the entry itself (`ctime`).
+    pub changed: Option<u64>,
 }
 
 /// What a path names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NamespaceEntry {
-    /// A file, with its modification time if one was recorded.
+    /// A file, with the times recorded for it.
     File {
         /// The file.
         meta: FileMeta,
-        /// Nanoseconds since the Unix epoch.
-        modified: Option<u64>,
+        /// Its times.
+        times: Times,
     },
-    /// A directory, with its modification time if one was recorded.
+    /// A directory, with the times recorded for it.
     Dir {
-        /// Nanoseconds since the Unix epoch.
-        modified: Option<u64>,
+        /// Its times.
+        times: Times,
     },
 }
 

@@ -519,6 +519,115 @@ fn directory_times_follow_changes_of_their_entries() {
     );
 }
 
+/// A path's (access, modification, change) times as `stat` shows them.
+fn stat_times(path: &std::path::Path) -> [std::time::SystemTime; 3] {
+    use std::time::{Duration, UNIX_EPOCH};
+    let meta = std::fs::metadata(path).unwrap();
+    let at = |secs: i64, nanos: i64| UNIX_EPOCH + Duration::new(secs as u64, nanos as u32);
+    [
+        at(meta.atime(), meta.atime_nsec()),
+        at(meta.mtime(), meta.mtime_nsec()),
+        at(meta.ctime(), meta.ctime_nsec()),
+    ]
+}
+
+#[test]
+fn access_modification_and_change_times_follow_posix() {
+    use std::time::{Duration, SystemTime};
+    let mut m = Mounted::start();
+    let f = m.path("f");
+    let pause = || std::thread::sleep(Duration::from_millis(20));
+    let started = SystemTime::now();
+    std::fs::write(&f, b"abc").unwrap();
+    let [a, mt, c] = stat_times(&f);
+    assert!(
+        a >= started && mt >= a && c >= mt,
+        "new file: {a:?} {mt:?} {c:?}"
+    );
+    // utimensat: access and modification as given, change time now.
+    pause();
+    let (set_a, set_m) = (
+        SystemTime::UNIX_EPOCH + Duration::new(1_000_000_000, 5),
+        SystemTime::UNIX_EPOCH + Duration::new(1_100_000_000, 7),
+    );
+    let times = std::fs::FileTimes::new()
+        .set_accessed(set_a)
+        .set_modified(set_m);
+    std::fs::File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_times(times)
+        .unwrap();
+    let [a, mt, c1] = stat_times(&f);
+    assert_eq!((a, mt), (set_a, set_m), "utimensat");
+    assert!(c1 > c, "utimensat did not change the change time");
+    // A read records the access (it is older than the last change); a second one does not
+    // (relatime). Neither modifies nor changes the file.
+    pause();
+    let before_read = SystemTime::now();
+    assert_eq!(std::fs::read(&f).unwrap(), b"abc");
+    // Past the kernel's attribute cache (the mount's TTL, 1 s): the access time is what
+    // the mount answers.
+    std::thread::sleep(Duration::from_millis(1100));
+    let [a1, mt1, c2] = stat_times(&f);
+    assert!(a1 >= before_read, "a read did not record the access");
+    assert_eq!(
+        (mt1, c2),
+        (set_m, c1),
+        "a read modified or changed the file"
+    );
+    pause();
+    std::fs::read(&f).unwrap();
+    assert_eq!(stat_times(&f), [a1, mt1, c2], "relatime: no second access");
+    // A write modifies and changes, stat shows it before the file is closed; the access
+    // time stays.
+    pause();
+    let mut file = std::fs::OpenOptions::new().append(true).open(&f).unwrap();
+    file.write_all(b"def").unwrap();
+    let [a2, mt2, c3] = stat_times(&f);
+    assert!(mt2 > c2 && c3 >= mt2, "write: {mt2:?} {c3:?}");
+    drop(file);
+    let [a3, mt3, c4] = stat_times(&f);
+    assert_eq!((a2, a3), (a1, a1), "a write moved the access time");
+    assert!(mt3 >= mt2 && c4 >= mt3, "after close: {mt3:?} {c4:?}");
+    // A truncation modifies and changes.
+    pause();
+    std::fs::File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(2)
+        .unwrap();
+    let [_, mt4, c5] = stat_times(&f);
+    assert!(mt4 > mt3 && c5 > c4, "truncate did not modify and change");
+    // A rename and a chmod change the file without modifying it.
+    pause();
+    let g = m.path("g");
+    std::fs::rename(&f, &g).unwrap();
+    let [_, mt5, c6] = stat_times(&g);
+    assert!(mt5 == mt4 && c6 > c5, "rename: {mt5:?} {c6:?}");
+    pause();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&g, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let [a7, mt7, c7] = stat_times(&g);
+    assert!(mt7 == mt4 && c7 > c6, "chmod: {mt7:?} {c7:?}");
+    // Directories: utimensat keeps both times given.
+    std::fs::create_dir(m.path("d")).unwrap();
+    std::fs::File::open(m.path("d"))
+        .unwrap()
+        .set_times(times)
+        .unwrap();
+    let [da, dm, dc] = stat_times(&m.path("d"));
+    assert_eq!((da, dm), (set_a, set_m), "utimensat on a directory");
+    // The manager keeps them all: the same after a remount.
+    m.umount();
+    m.mount();
+    assert_eq!(stat_times(&g), [a7, mt7, c7], "file times after a remount");
+    assert_eq!(stat_times(&m.path("d")), [da, dm, dc], "directory times");
+    m.umount();
+}
+
 #[test]
 fn mount_refuses_bad_mountpoints_and_umount_a_non_mount() {
     let root = tempfile::tempdir().unwrap();
