@@ -38,7 +38,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tessera_transport::{
-    TcpConfig, TcpTransport, Transport, TransportError, UdpConfig, UdpTransport,
+    ManagerReplicas, TcpConfig, TcpTransport, Transport, TransportError, UdpConfig, UdpTransport,
 };
 use tessera_wire::{
     FileId, FileMeta, ManagerError, ManagerRequest, ManagerResponse, ServerId, ServerStatus,
@@ -321,45 +321,35 @@ pub const MANAGER_ROUNDS_MAX: usize = 3;
 const MANAGER_ROUND_PAUSE: Duration = Duration::from_millis(200);
 
 /// The manager's replicas (one address for a manager that is not replicated), the one
-/// requests go to now, and this client's numbering of its changes (see
-/// [`ManagerRequest::Once`]).
+/// requests go to now (kept up to date from the group: [`ManagerReplicas`]), and this
+/// client's numbering of its changes (see [`ManagerRequest::Once`]).
 pub(crate) struct Managers {
-    addrs: Vec<SocketAddr>,
-    current: std::sync::atomic::AtomicUsize,
+    replicas: ManagerReplicas,
     client: u64,
     sequence: std::sync::atomic::AtomicU64,
 }
 
 impl Managers {
     fn new(addrs: Vec<SocketAddr>) -> Managers {
-        assert!(!addrs.is_empty(), "a client needs a manager");
         Managers {
-            addrs,
-            current: std::sync::atomic::AtomicUsize::new(0),
+            replicas: ManagerReplicas::new(addrs),
             client: rand::random(),
             sequence: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
     fn replicated(&self) -> bool {
-        self.addrs.len() > 1
+        self.replicas.replicated()
     }
 
     /// The replica requests go to now.
     fn current(&self) -> (usize, SocketAddr) {
-        let index = self.current.load(std::sync::atomic::Ordering::SeqCst) % self.addrs.len();
-        (index, self.addrs[index])
+        self.replicas.current()
     }
 
     /// Moves on from replica `index` (unless another request already did).
     fn fail_over(&self, index: usize) {
-        let next = (index + 1) % self.addrs.len();
-        let _ = self.current.compare_exchange(
-            index,
-            next,
-            std::sync::atomic::Ordering::SeqCst,
-            std::sync::atomic::Ordering::SeqCst,
-        );
+        self.replicas.fail_over(index);
     }
 
     /// `request` numbered for at-most-once application, if it changes state and the manager
@@ -497,41 +487,60 @@ impl Client {
         self.managers.current().1
     }
 
+    /// The manager's replicas as this client knows them now (learned from the group: see
+    /// [`ManagerReplicas`]).
+    pub fn manager_addrs(&self) -> Vec<SocketAddr> {
+        self.managers.replicas.addrs()
+    }
+
+    /// Sends `request` to the current replica, failing over round the replicas (at most
+    /// [`MANAGER_ROUNDS_MAX`] rounds, learning the group between rounds), and learns the
+    /// group after an answer when it is due.
     pub(crate) async fn manager_call(
         &self,
         request: ManagerRequest,
     ) -> Result<ManagerResponse, ClientError> {
         let request = self.managers.wrap(request);
-        let replicas = self.managers.addrs.len();
+        let replicas = &self.managers.replicas;
+        let transport = self.manager_transport.as_ref();
         let mut failed = None;
-        for attempt in 0..replicas * MANAGER_ROUNDS_MAX {
-            if attempt > 0 && attempt % replicas == 0 {
+        for round in 0..MANAGER_ROUNDS_MAX {
+            if round > 0 {
+                replicas.learn_from_any(transport).await;
                 tokio::time::sleep(MANAGER_ROUND_PAUSE).await;
             }
-            let (index, addr) = self.managers.current();
-            let answer = tessera_transport::call::<_, ManagerResponse>(
-                self.manager_transport.as_ref(),
-                addr,
-                &request,
-                Bytes::new(),
-            )
-            .await;
-            match answer {
-                Ok((ManagerResponse::Error(ManagerError::Unordered(why)), _))
-                    if self.managers.replicated() =>
-                {
-                    failed = Some(ClientError::Metadata(ManagerError::Unordered(why)));
-                    self.managers.fail_over(index);
-                }
-                Ok((ManagerResponse::Error(e), _)) => return Err(ClientError::Metadata(e)),
-                Ok((other, _)) => return Ok(other),
-                Err(error) => {
-                    failed = Some(ClientError::ManagerUnreachable { addr, error });
-                    if !self.managers.replicated() {
-                        break;
+            for _ in 0..replicas.len() {
+                let (index, addr) = self.managers.current();
+                let answer = tessera_transport::call::<_, ManagerResponse>(
+                    transport,
+                    addr,
+                    &request,
+                    Bytes::new(),
+                )
+                .await;
+                let answer = match answer {
+                    Ok((ManagerResponse::Error(ManagerError::Unordered(why)), _))
+                        if self.managers.replicated() =>
+                    {
+                        failed = Some(ClientError::Metadata(ManagerError::Unordered(why)));
+                        self.managers.fail_over(index);
+                        continue;
                     }
-                    self.managers.fail_over(index);
+                    Ok((ManagerResponse::Error(e), _)) => Err(ClientError::Metadata(e)),
+                    Ok((other, _)) => Ok(other),
+                    Err(error) => {
+                        failed = Some(ClientError::ManagerUnreachable { addr, error });
+                        if !self.managers.replicated() {
+                            return Err(failed.expect("just set"));
+                        }
+                        self.managers.fail_over(index);
+                        continue;
+                    }
+                };
+                if replicas.begin_learning(tokio::time::Instant::now()) {
+                    replicas.learn(transport, addr).await;
                 }
+                return answer;
             }
         }
         Err(failed.expect("at least one attempt"))
@@ -553,26 +562,32 @@ impl Client {
     }
 
     /// The state of every replica of a replicated manager (role, view, applied position), or
-    /// of the one manager; a replica that does not answer is listed with the error.
+    /// of the one manager; a replica that does not answer is listed with the error. The
+    /// replicas are those this client knows now (the group learned as it changes).
     pub async fn replicas(&self) -> Vec<(SocketAddr, Result<ReplicaStatus, ClientError>)> {
         let mut out = Vec::new();
-        for &addr in &self.managers.addrs {
-            let answer = tessera_transport::call::<_, ManagerResponse>(
-                self.manager_transport.as_ref(),
-                addr,
-                &ManagerRequest::Replica,
-                Bytes::new(),
-            )
-            .await;
-            let status = match answer {
-                Ok((ManagerResponse::Replica(status), _)) => Ok(status),
-                Ok((ManagerResponse::Error(e), _)) => Err(ClientError::Metadata(e)),
-                Ok((other, _)) => Err(self.unexpected("replica", other)),
-                Err(error) => Err(ClientError::ManagerUnreachable { addr, error }),
-            };
-            out.push((addr, status));
+        for addr in self.managers.replicas.addrs() {
+            out.push((addr, self.replica_at(addr).await));
         }
         out
+    }
+
+    /// The state of the manager replica at `addr` (role, view, applied position), whether
+    /// or not it is a member of the group.
+    pub async fn replica_at(&self, addr: SocketAddr) -> Result<ReplicaStatus, ClientError> {
+        let answer = tessera_transport::call::<_, ManagerResponse>(
+            self.manager_transport.as_ref(),
+            addr,
+            &ManagerRequest::Replica,
+            Bytes::new(),
+        )
+        .await;
+        match answer {
+            Ok((ManagerResponse::Replica(status), _)) => Ok(status),
+            Ok((ManagerResponse::Error(e), _)) => Err(ClientError::Metadata(e)),
+            Ok((other, _)) => Err(self.unexpected("replica", other)),
+            Err(error) => Err(ClientError::ManagerUnreachable { addr, error }),
+        }
     }
 
     /// Adds manager replica `id` at `addr` to the replicated manager's group, or removes it

@@ -151,6 +151,9 @@ pub struct Manager {
     servers: BTreeMap<ServerId, ServerRecord>,
     /// Last heartbeat of every live server; a known server missing here is down.
     heartbeats: BTreeMap<ServerId, Instant>,
+    /// Servers presumed live since [`Manager::presume_live`] and not heard since: in
+    /// `heartbeats` (so that they time out as silent servers do), never placed on.
+    presumed: BTreeSet<ServerId>,
     /// Servers owing stripes of at least one file, updated after each commit that writes debts.
     indebted: BTreeSet<ServerId>,
     /// Every pending file with the end of its lease (`None` until the first tick after open).
@@ -262,6 +265,7 @@ impl Manager {
             cluster,
             servers,
             heartbeats: BTreeMap::new(),
+            presumed: BTreeSet::new(),
             indebted,
             pending: pending.into_iter().map(|file| (file, None)).collect(),
             incomplete: incomplete.into_iter().map(|name| (name, None)).collect(),
@@ -446,6 +450,9 @@ impl Manager {
         let timeout = self.config.heartbeat_timeout;
         self.heartbeats
             .retain(|_, last| now.saturating_duration_since(*last) < timeout);
+        let heartbeats = &self.heartbeats;
+        self.presumed
+            .retain(|server| heartbeats.contains_key(server));
         let expired = self.expired_pending(now);
         // A replica's clock is its own: it proposes the expiry (`Command::ExpirePending`), and
         // every replica removes the file when it applies that, at one point of the order.
@@ -510,9 +517,27 @@ impl Manager {
         self.servers.len()
     }
 
-    /// The live servers (Up or Stale), in id order: where new files go.
+    /// The live servers (Up or Stale), in id order, heard since the manager opened: where
+    /// new files go.
     pub fn live_servers(&self) -> Vec<ServerId> {
-        self.heartbeats.keys().copied().collect()
+        let heard = |server: &&ServerId| !self.presumed.contains(*server);
+        self.heartbeats.keys().filter(heard).copied().collect()
+    }
+
+    /// Presumes every known server not heard yet live from `now` for one heartbeat timeout,
+    /// in the state the store gives it (up, or stale while it owes stripes), unless it is
+    /// reported down first: a replica that starts or installs a peer's store would otherwise
+    /// call every server down, and refuse reads, until their heartbeats come through the
+    /// order, though the group heard them all along. New files are placed only on servers
+    /// heard here ([`Manager::live_servers`]).
+    pub fn presume_live(&mut self, now: Instant) {
+        for &server in self.servers.keys() {
+            if let std::collections::btree_map::Entry::Vacant(entry) = self.heartbeats.entry(server)
+            {
+                entry.insert(now);
+                self.presumed.insert(server);
+            }
+        }
     }
 
     /// Files waiting for their writer to commit them, in id order.
@@ -612,6 +637,7 @@ impl Manager {
             Ok(server)
         })?;
         self.heartbeats.insert(server, now);
+        self.presumed.remove(&server);
         Ok(self.registered(server))
     }
 
@@ -630,6 +656,7 @@ impl Manager {
             return self.register(Some(server), addr, incarnation, now);
         }
         self.heartbeats.insert(server, now);
+        self.presumed.remove(&server);
         Ok(self.registered(server))
     }
 
@@ -970,6 +997,7 @@ impl Manager {
     fn report_down(&mut self, server: ServerId) -> Result<ManagerResponse, Failure> {
         self.check_known(server)?;
         self.heartbeats.remove(&server);
+        self.presumed.remove(&server);
         Ok(ManagerResponse::Done)
     }
 

@@ -44,6 +44,10 @@
 //! crosses) until one has `n >= p`, installs the copy as its store, and applies the
 //! deliveries from `n` on (those below were in the copy). Until then
 //! it refuses requests with [`ManagerError::Unordered`], and clients try another replica.
+//! A replica that starts or installs a store presumes the servers it records in their
+//! stored state for one heartbeat timeout
+//! ([`Manager::presume_live`](crate::Manager::presume_live)): they heartbeat through the
+//! order, and the group heard them meanwhile.
 //!
 //! **Starting.** Whether a replica rejoins ([`Start::Restarted`]) or starts with the group
 //! ([`Start::Initial`]) is decided by asking the peers: if a majority of all replicas are
@@ -317,6 +321,11 @@ pub(crate) async fn start(
     let order_failed = |detail: String| ReplicaError::Order { addr, detail };
     let incarnation = next_incarnation(dir)?;
     let socket = UdpSocket::bind(addr).map_err(|e| order_failed(e.to_string()))?;
+    // The servers the group knows are presumed in their stored state for one heartbeat
+    // timeout, rather than down until their heartbeats come through the order.
+    if let Served::Running(manager) = &mut *served.lock().unwrap() {
+        manager.presume_live(Instant::now());
+    }
     let (stored, group) = match &*served.lock().unwrap() {
         Served::Running(manager) => (
             manager
@@ -1279,7 +1288,7 @@ impl Applier {
         let mut served = self.served.lock().unwrap();
         // Close the old store before its file is replaced.
         *served = Served::NoStore(path);
-        let (manager, at) = crate::replica_core::open_installed(
+        let (mut manager, at) = crate::replica_core::open_installed(
             &self.dir,
             &incoming,
             position,
@@ -1290,9 +1299,11 @@ impl Applier {
             .replica_group()
             .map_err(|e| format!("the copied store's replica group: {e}"))?
             .unwrap_or_else(|| ReplicaGroup::initial(&self.replica.peers));
+        let now = Instant::now();
+        manager.presume_live(now);
         *served = Served::Running(Box::new(manager));
         let mut core = self.replica.core.lock().unwrap();
-        core.installed(at, Instant::now());
+        core.installed(at, now);
         core.set_group(group);
         Ok(())
     }

@@ -456,6 +456,46 @@ fn reported_server_is_down_until_it_heartbeats() {
     assert_eq!(harness.state(2), Some(ServerState::Up));
 }
 
+/// A restarted replica presumes the servers it knows in their stored state for one heartbeat
+/// timeout (issue 17): a lookup sees them up, or stale while they owe stripes, not down; new
+/// files go only on servers heard since; a server still silent then is down, one reported down
+/// is down at once, and one that heartbeats is heard.
+#[test]
+fn servers_are_presumed_live_for_one_timeout_after_a_restart() {
+    let mut harness = Harness::with_servers(4);
+    let file = harness.create("/a", Scheme::Raid5, None).meta.id;
+    harness.missed(2, file, 0, 1);
+    harness.reopen();
+    assert_eq!(harness.state(1), Some(ServerState::Down), "no presumption");
+    let now = harness.now;
+    harness.manager().presume_live(now);
+    let states: Vec<_> = (1..=4).map(|server| harness.state(server)).collect();
+    let (up, stale) = (Some(ServerState::Up), Some(ServerState::Stale));
+    assert_eq!(states, vec![up, stale, up, up]);
+    let columns = harness.lookup("/a").columns;
+    assert!(
+        columns.iter().all(|c| c.state != ServerState::Down),
+        "{columns:?}"
+    );
+    assert_eq!(harness.manager().live_servers(), Vec::<ServerId>::new());
+    let timeout = crate::ManagerConfig::default().heartbeat_timeout;
+    harness.advance(timeout / 2);
+    harness.heartbeat(3, INCARNATION);
+    assert_eq!(harness.manager().live_servers(), vec![3], "heard");
+    let report = ManagerRequest::ReportDown { server: 4 };
+    assert_eq!(harness.handle(report), ManagerResponse::Done);
+    assert_eq!(harness.state(4), Some(ServerState::Down));
+    harness.advance(timeout / 2);
+    let now = harness.now;
+    harness.manager().tick(now);
+    assert_eq!(
+        harness.state(1),
+        Some(ServerState::Down),
+        "silent one timeout"
+    );
+    assert_eq!(harness.state(3), Some(ServerState::Up));
+}
+
 #[test]
 fn missed_stripes_make_server_stale_until_resynced() {
     let mut harness = Harness::with_servers(3);

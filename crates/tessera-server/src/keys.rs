@@ -7,11 +7,10 @@
 
 use bytes::Bytes;
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 use tessera_auth::{Claim, Credential, Key, KeyId, Secret};
-use tessera_transport::{TcpConfig, TcpTransport, Transport};
+use tessera_transport::{ManagerReplicas, TcpConfig, TcpTransport, Transport};
 use tessera_wire::{ManagerRequest, ManagerResponse};
 
 /// How often the server asks the manager for the live access keys.
@@ -28,8 +27,9 @@ pub(crate) struct ServerKeys {
     /// What this server proves at the manager.
     pub(crate) credential: Credential,
     clients: RwLock<HashMap<KeyId, Key>>,
-    /// The manager, or every replica of a replicated one (any of them answers).
-    managers: Vec<SocketAddr>,
+    /// The manager, or every replica of a replicated one (any of them answers), as the
+    /// heartbeats learn them.
+    managers: Arc<ManagerReplicas>,
     transport: Arc<TcpTransport>,
     /// When the last fetch started and when one last succeeded; one fetch at a time.
     last_fetch: tokio::sync::Mutex<(Option<Instant>, Option<Instant>)>,
@@ -42,7 +42,7 @@ const DATAGRAM_KEYS_WAITING_MAX: usize = 4096;
 
 impl ServerKeys {
     /// The keys derived from `secret`, with no client key yet.
-    pub(crate) fn new(secret: &Secret, managers: Vec<SocketAddr>) -> ServerKeys {
+    pub(crate) fn new(secret: &Secret, managers: Arc<ManagerReplicas>) -> ServerKeys {
         let credential = Credential {
             claim: Claim::Server,
             key: secret.server_key(),
@@ -110,7 +110,7 @@ impl ServerKeys {
         }
         *started = Some(Instant::now());
         let mut answer = None;
-        for &manager in &self.managers {
+        for manager in self.managers.addrs() {
             let asked = tessera_transport::call::<_, ManagerResponse>(
                 &self.transport as &dyn Transport,
                 manager,

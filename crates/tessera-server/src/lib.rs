@@ -29,8 +29,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tessera_store::{ParityLocks, Region, StaleState, Store};
 use tessera_transport::{
-    serve_tcp_limited, serve_udp, BoxFuture, ConnectionId, DatagramConfig, FrameHandler, TcpConfig,
-    TcpLimits, TcpTransport, Transport, TransportKind, UdpCounters, UdpServer,
+    serve_tcp_limited, serve_udp, BoxFuture, ConnectionId, DatagramConfig, FrameHandler,
+    ManagerReplicas, TcpConfig, TcpLimits, TcpTransport, Transport, TransportKind, UdpCounters,
+    UdpServer,
 };
 use tessera_wire::{
     encode_message, IndexRange, ManagerError, ManagerRequest, ManagerResponse, OverflowExtent,
@@ -219,6 +220,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     } else {
         config.manager_replicas.clone()
     };
+    let managers = Arc::new(ManagerReplicas::new(managers));
     let keys = Arc::new(keys::ServerKeys::new(&config.secret, managers.clone()));
     let metrics = Arc::new(metrics::ServerMetrics::default());
     let handler = Arc::new(StorageHandler {
@@ -316,7 +318,10 @@ pub fn handler_scheduled(
         // fetched.
         keys: Arc::new(keys::ServerKeys::new(
             &tessera_auth::Secret::from_bytes(rand::random()),
-            vec![SocketAddr::from(([0, 0, 0, 0], 0))],
+            Arc::new(ManagerReplicas::new(vec![SocketAddr::from((
+                [0, 0, 0, 0],
+                0,
+            ))])),
         )),
     })
 }
@@ -324,7 +329,7 @@ pub fn handler_scheduled(
 /// Register (once an id is known, re-register whenever the manager forgets us) and heartbeat.
 async fn keep_registered(
     credential: tessera_auth::Credential,
-    managers: Vec<SocketAddr>,
+    managers: Arc<ManagerReplicas>,
     advertise: SocketAddr,
     store: Arc<Store>,
     wanted_id: Option<ServerId>,
@@ -342,10 +347,10 @@ async fn keep_registered(
     // Said once per run of refusals, not every heartbeat interval.
     let mut refusal_logged = false;
     let mut beats = 0u32;
-    // The replica heartbeats go to; the next one when it does not answer or cannot order.
-    let mut current = 0;
     loop {
-        let manager = managers[current % managers.len()];
+        // The replica heartbeats go to; the next one when it does not answer or cannot
+        // order, and the group learned from the replicas as it changes.
+        let (current, manager) = managers.current();
         let request = match (registered, store.cluster_id()) {
             (true, Some(cluster)) => ManagerRequest::Heartbeat {
                 server: id.load(Ordering::Acquire),
@@ -413,7 +418,7 @@ async fn keep_registered(
             }
             Ok((ManagerResponse::Error(ManagerError::Unordered(why)), _)) => {
                 tracing::debug!("manager replica {manager} cannot order now: {why}");
-                current += 1;
+                managers.fail_over(current);
             }
             Ok((other, _)) => tracing::warn!("manager answered {other:?}"),
             Err(
@@ -431,8 +436,14 @@ async fn keep_registered(
             }
             Err(e) => {
                 tracing::debug!("manager {manager} unreachable: {e}");
-                current += 1;
+                managers.fail_over(current);
+                if current + 1 == managers.len() {
+                    managers.learn_from_any(&transport as &dyn Transport).await;
+                }
             }
+        }
+        if registered && managers.begin_learning(Instant::now()) {
+            managers.learn(&transport as &dyn Transport, manager).await;
         }
         beats = beats.wrapping_add(1);
         if registered && beats.is_multiple_of(ORPHAN_POLL_HEARTBEATS) {

@@ -365,7 +365,9 @@ impl SimReplicas {
 
     /// The whole group, every replica down, starts again as the daemon starts it: each store
     /// says where it stands in the order, those behind the most advanced take a copy of it,
-    /// and all begin the next epoch at position 0 as new incarnations.
+    /// and all begin the next epoch at position 0 as new incarnations. The group is the one
+    /// the most advanced store records: a replica removed from it (or a spare never added)
+    /// stays down.
     pub fn start_group(&self) {
         let (dirs, config) = {
             let mut group = self.group.lock().unwrap();
@@ -377,29 +379,33 @@ impl SimReplicas {
             let dirs: Vec<PathBuf> = group.replicas.iter().map(|r| r.dir.clone()).collect();
             (dirs, group.config)
         };
-        let stands: Vec<OrderPosition> = dirs
-            .iter()
-            .map(|dir| {
-                let manager = Manager::open_existing(dir, config).expect("a store");
-                manager.order_position().expect("its position")
-            })
-            .collect();
+        // A spare never started has no store.
+        let stored = |dir: &PathBuf| -> Option<(OrderPosition, Option<ReplicaGroup>)> {
+            let manager = Manager::open_existing(dir, config).ok()?;
+            let position = manager.order_position().expect("its position");
+            Some((position, manager.replica_group().expect("its group")))
+        };
+        let stands: Vec<_> = dirs.iter().map(stored).collect();
         let best = (0..dirs.len())
-            .max_by_key(|&i| (stands[i], Reverse(i)))
-            .expect("replicas");
-        for (index, dir) in dirs.iter().enumerate() {
-            if stands[index] < stands[best] {
+            .filter(|&i| stands[i].is_some())
+            .max_by_key(|&i| (stands[i].as_ref().map(|s| s.0), Reverse(i)))
+            .expect("a replica with a store");
+        let (best_stands, best_group) = stands[best].clone().expect("a store");
+        let initial = self.group.lock().unwrap().initial.clone();
+        let members = best_group.unwrap_or(initial).member_ids();
+        for id in members {
+            let index = usize::from(id) - 1;
+            if stands[index].as_ref().map(|s| s.0) < Some(best_stands) {
+                std::fs::create_dir_all(&dirs[index]).expect("replica directory");
                 let from = dirs[best].join(STORE_FILE_NAME);
-                std::fs::copy(from, dir.join(STORE_FILE_NAME)).expect("the store copies");
+                std::fs::copy(from, dirs[index].join(STORE_FILE_NAME)).expect("the store copies");
             }
-        }
-        for index in 0..dirs.len() {
             {
                 let mut group = self.group.lock().unwrap();
                 group.replicas[index].incarnation += 1;
                 group.stats.restarts += 1;
             }
-            self.boot(index, Start::Initial, stands[best].epoch + 1);
+            self.boot(index, Start::Initial, best_stands.epoch + 1);
         }
     }
 
@@ -936,6 +942,11 @@ async fn serve(
         match request {
             ManagerRequest::Replica => {
                 return Some(ManagerResponse::Replica(running.core.status()));
+            }
+            ManagerRequest::ReplicaGroup => {
+                let group = running.core.group();
+                let (epoch, members) = (group.epoch, group.members());
+                return Some(ManagerResponse::ReplicaGroup { epoch, members });
             }
             ManagerRequest::Snapshot { .. } => {
                 let refused = "the simulator's replicas copy stores directly".to_string();

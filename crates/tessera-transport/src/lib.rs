@@ -17,6 +17,7 @@ mod answers;
 mod frame_buffer;
 mod handshake;
 pub mod limits;
+pub mod managers;
 mod mem;
 pub mod metrics;
 mod tcp;
@@ -31,6 +32,7 @@ use tessera_wire::WireError;
 
 pub use handshake::Accepted;
 pub use limits::TcpLimits;
+pub use managers::ManagerReplicas;
 pub use mem::{MemFaults, MemNetwork, MemStats, MemTransport};
 pub use tcp::{listen, serve_tcp, serve_tcp_limited, TcpConfig, TcpTransport, LISTEN_BACKLOG};
 pub use tessera_auth::{Claim, Credential, Key, Refusal};

@@ -336,6 +336,11 @@ impl LocalCluster {
                 Self::start_single(&manager_dir, previous.as_ref(), &secret, init, metrics);
             (single?, Vec::new())
         };
+        // A restarted group keeps the replicas `tessera manager remove` took out of it.
+        let removed_replicas = match previous.as_ref() {
+            Some(p) if managers > 1 => p.file.removed_replicas.clone(),
+            _ => Vec::new(),
+        };
         let mut cluster = LocalCluster {
             dir: dir.clone(),
             file: ClusterFile {
@@ -347,9 +352,12 @@ impl LocalCluster {
                 servers: Vec::new(),
                 transport: transport.name().into(),
                 window,
-                managers: replicas.iter().map(|r| r.addr.clone()).collect(),
+                managers: (replicas.iter().enumerate())
+                    .filter(|&(index, _)| !removed_replicas.contains(&(index as u16 + 1)))
+                    .map(|(_, r)| r.addr.clone())
+                    .collect(),
                 replicas,
-                removed_replicas: Vec::new(),
+                removed_replicas,
                 s3_endpoint: None,
                 s3_access_key: previous.as_ref().and_then(|p| p.file.s3_access_key.clone()),
                 s3_secret_key: previous.as_ref().and_then(|p| p.file.s3_secret_key.clone()),
@@ -448,10 +456,10 @@ impl LocalCluster {
         init: bool,
         metrics: &BTreeMap<String, String>,
     ) -> Result<(Process, Vec<Process>)> {
-        let addrs = match previous {
-            Some(p) if p.file.managers.len() == usize::from(count) => p.file.managers.clone(),
-            _ => free_ports(usize::from(count))?,
-        };
+        if let Some(previous) = previous.filter(|p| !p.file.replicas.is_empty()) {
+            return Self::restart_group(previous, count, secret, metrics);
+        }
+        let addrs = free_ports(usize::from(count))?;
         let mut replicas: Vec<Process> = (1..=count)
             .map(|id| Process {
                 addr: addrs[usize::from(id) - 1].clone(),
@@ -468,6 +476,46 @@ impl LocalCluster {
             wait_for_addr(&replica.dir.join("addr"), replica.pid)?;
         }
         Ok((replicas[0].clone(), replicas))
+    }
+
+    /// Starts the group `previous` recorded (`tessera manager add|remove` changed it since
+    /// `up --managers N`): every replica not removed, in its directory, at its address; the
+    /// first member and all the replicas (the removed ones not running). `count` must be the
+    /// number of members.
+    fn restart_group(
+        previous: &LocalCluster,
+        count: u16,
+        secret: &Path,
+        metrics: &BTreeMap<String, String>,
+    ) -> Result<(Process, Vec<Process>)> {
+        let removed = &previous.file.removed_replicas;
+        let mut replicas = previous.file.replicas.clone();
+        let members: Vec<u16> = (1..=replicas.len() as u16)
+            .filter(|id| !removed.contains(id))
+            .collect();
+        if members.len() != usize::from(count) {
+            bail!(
+                "this cluster's manager group has {} members (replicas {members:?}), not {count}: \
+                 start it with `tessera up --managers {}`, and change it with `tessera manager \
+                 add|remove`",
+                members.len(),
+                members.len()
+            );
+        }
+        for replica in &mut replicas {
+            replica.pid = 0;
+        }
+        for &id in &members {
+            let metrics = metrics.get(&format!("manager-{id}")).map(String::as_str);
+            let pid = Self::spawn_replica(&replicas, id, secret, false, metrics)?;
+            replicas[usize::from(id) - 1].pid = pid;
+        }
+        for &id in &members {
+            let replica = &replicas[usize::from(id) - 1];
+            wait_for_addr(&replica.dir.join("addr"), replica.pid)?;
+        }
+        let first = replicas[usize::from(members[0]) - 1].clone();
+        Ok((first, replicas))
     }
 
     /// Spawns replica `id` of `replicas` (1-based).

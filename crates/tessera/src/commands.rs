@@ -720,10 +720,9 @@ pub async fn manager_remove(config: &Config, dir: &Path, id: u16) -> Result<()> 
     let removed: SocketAddr = cluster.file.replicas[usize::from(id) - 1].addr.parse()?;
     let began = std::time::Instant::now();
     while began.elapsed() < Duration::from_secs(10) {
-        // The admin client still lists the removed replica: ask it how far it left.
-        let left = admin.replicas().await.iter().all(|(addr, status)| {
-            *addr != removed || status.as_ref().map_or(true, |s| s.role == "removed")
-        });
+        // Asked directly: the admin client learned the group without it.
+        let status = admin.replica_at(removed).await;
+        let left = status.as_ref().map_or(true, |s| s.role == "removed");
         if left {
             return cluster.kill_replica(id);
         }

@@ -4,48 +4,17 @@
 //! 3 and 4 carry on, and replica 2 wiped and added again as a new member. Every put
 //! acknowledged along the way must be listed and read back at the end.
 
+mod support;
+
 use std::path::Path;
-use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+use support::local::{local, local_ok, Down};
 
 /// Longest a change of the group may take to show in `tessera status`.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn tessera() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_tessera"));
-    command
-        .env_remove("TESSERA_CLUSTER")
-        .env("TESSERA_LOG", "info");
-    command
-}
-
-/// `tessera ARGS` on the local cluster in `dir` (`--dir` for cluster commands, `--cluster`
-/// for the rest).
-fn local(dir: &Path, args: &[&str]) -> Output {
-    let mut command = tessera();
-    command.args(args);
-    if matches!(args[0], "up" | "down" | "manager") {
-        command.arg("--dir").arg(dir);
-    } else {
-        command.arg("--cluster").arg(dir);
-    }
-    command.output().unwrap()
-}
-
-#[track_caller]
-fn local_ok(dir: &Path, args: &[&str]) -> String {
-    let output = local(dir, args);
-    assert!(
-        output.status.success(),
-        "tessera {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// The group line of `tessera status`'s output: the member ids.
-fn group_of(status: &str) -> Vec<u16> {
+/// The members of the group line of `tessera status`'s output, as (id, address).
+fn members_of(status: &str) -> Vec<(u16, std::net::SocketAddr)> {
     let line = status
         .lines()
         .find(|line| line.starts_with("manager group"))
@@ -53,8 +22,16 @@ fn group_of(status: &str) -> Vec<u16> {
     let (_, members) = line.split_once("): ").expect("members");
     members
         .split(", ")
-        .map(|member| member.split(' ').next().unwrap().parse().unwrap())
+        .map(|member| match member.split(' ').collect::<Vec<_>>()[..] {
+            [id, "at", addr] => (id.parse().unwrap(), addr.parse().unwrap()),
+            _ => panic!("not ID at ADDR: {member}"),
+        })
         .collect()
+}
+
+/// The member ids of `tessera status`'s group line.
+fn group_of(status: &str) -> Vec<u16> {
+    members_of(status).into_iter().map(|(id, _)| id).collect()
 }
 
 /// Waits until `tessera status` shows the group `members`, each of them a normal member
@@ -92,12 +69,6 @@ fn replicas_are_removed_added_and_replaced_without_loss() {
         &dir,
         &["up", "--managers", "3", "--servers", "4", "--detach"],
     );
-    struct Down<'a>(&'a Path);
-    impl Drop for Down<'_> {
-        fn drop(&mut self) {
-            let _ = local(self.0, &["down"]);
-        }
-    }
     let _down = Down(&dir);
     let mut acknowledged = Vec::new();
     let mut put = |path: &str| {
@@ -168,5 +139,99 @@ fn replicas_are_removed_added_and_replaced_without_loss() {
             "members stand apart: {status}"
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The member addresses of `tessera status`'s group line.
+fn member_addrs(status: &str) -> Vec<std::net::SocketAddr> {
+    members_of(status)
+        .into_iter()
+        .map(|(_, addr)| addr)
+        .collect()
+}
+
+/// Servers and clients learn the group (issue 17): a client of the library and the servers
+/// start with replicas 1-3; 4 and 5 are added, 1 and 2 removed (their processes killed) and
+/// 3 stopped, so that only replicas they learned of reach the group. The client goes on
+/// creating and reading, and the servers stay up past several heartbeat timeouts (they
+/// heartbeat to the new members). Then `tessera down` and `tessera up --managers 3` start
+/// the changed group (3, 4 and 5), with every acknowledged file.
+#[test]
+fn clients_and_servers_follow_the_group_and_up_starts_it() {
+    let temp = tempfile::Builder::new()
+        .prefix("tessera-follow-")
+        .tempdir()
+        .unwrap();
+    let dir = temp.path().join("cluster");
+    let up = ["up", "--managers", "3", "--servers", "3", "--detach"];
+    local_ok(&dir, &up);
+    let _down = Down(&dir);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let client = runtime.block_on(support::local::admin_client(&dir));
+    let first = support::local::manager_addrs(&dir);
+    let layout = tessera_client::LayoutRequest {
+        scheme: tessera_client::Scheme::Raid5,
+        stripe_unit: 65536,
+        width: Some(3),
+    };
+    let mut created = Vec::new();
+    let mut create = |path: &str| {
+        runtime
+            .block_on(client.create(path, layout.clone()))
+            .unwrap_or_else(|e| panic!("create {path}: {e}"));
+        created.push(path.to_string());
+    };
+    create("/before");
+    local_ok(&dir, &["manager", "add", "4"]);
+    local_ok(&dir, &["manager", "add", "5"]);
+    let status = wait_group(&dir, &[1, 2, 3, 4, 5]);
+    let five = member_addrs(&status);
+    // The client learns the new members from its answers (at most GROUP_REFRESH apart).
+    let start = Instant::now();
+    while client.manager_addrs() != five {
+        assert!(
+            start.elapsed() < SETTLE_TIMEOUT,
+            "the client did not learn {five:?}: {:?}",
+            client.manager_addrs()
+        );
+        runtime.block_on(client.stat("/before")).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    create("/added");
+    // The servers learn them too, by their heartbeats' refresh.
+    std::thread::sleep(tessera_transport::managers::GROUP_REFRESH * 2);
+    local_ok(&dir, &["manager", "remove", "1"]);
+    local_ok(&dir, &["manager", "remove", "2"]);
+    let three = member_addrs(&wait_group(&dir, &[3, 4, 5]));
+    local_ok(&dir, &["manager", "stop", "3"]);
+    // Of the replicas the client was given, none is a running member now.
+    create("/after");
+    for path in &created {
+        runtime
+            .block_on(client.stat(path))
+            .unwrap_or_else(|e| panic!("stat {path}: {e}"));
+    }
+    assert_eq!(client.manager_addrs(), three, "learned");
+    assert!(first
+        .iter()
+        .all(|addr| *addr == three[0] || !three.contains(addr)));
+    // Three heartbeat timeouts (2 s each) with the servers' first replicas gone: still up.
+    std::thread::sleep(Duration::from_secs(6));
+    let status = local_ok(&dir, &["status", "--json"]);
+    let value: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let servers = value["servers"].as_array().unwrap();
+    let servers_up = servers.iter().filter(|s| s["state"] == "up").count();
+    assert_eq!(
+        servers_up, 3,
+        "servers fell down with the old group gone: {status}"
+    );
+    // The whole cluster stopped and started again: the changed group starts.
+    drop(client);
+    local_ok(&dir, &["down"]);
+    local_ok(&dir, &up);
+    assert_eq!(member_addrs(&wait_group(&dir, &[3, 4, 5])), three);
+    let listing = local_ok(&dir, &["ls"]);
+    for path in &created {
+        assert!(listing.contains(path.as_str()), "{path} lost: {listing}");
     }
 }

@@ -5,9 +5,12 @@
 //! killed. Every acknowledged put must read back byte-exact, each put succeed within a retry,
 //! and service return within a bounded time (printed: run with `--nocapture`).
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use support::local::{admin_client, local_ok, tessera, Down};
 
 const REPLICAS: usize = 3;
 const SERVERS: usize = 4;
@@ -50,14 +53,6 @@ impl Drop for Daemons {
             let _ = child.wait();
         }
     }
-}
-
-fn tessera() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_tessera"));
-    command
-        .env_remove("TESSERA_CLUSTER")
-        .env("TESSERA_LOG", "info");
-    command
 }
 
 /// Three ports free for TCP and UDP alike (the order runs on UDP at the manager's port).
@@ -437,31 +432,6 @@ fn every_replica_killed_at_once_restarts_without_loss() {
     assert_eq!(std::fs::read(&out).unwrap(), b"/while-3-stopped-2");
 }
 
-/// `tessera ARGS` on the local cluster in `dir` (`--dir` for cluster commands, `--cluster`
-/// for the rest).
-fn local(dir: &Path, args: &[&str]) -> Output {
-    let mut command = tessera();
-    command.args(args);
-    if matches!(args[0], "up" | "down" | "manager") {
-        command.arg("--dir").arg(dir);
-    } else {
-        command.arg("--cluster").arg(dir);
-    }
-    command.output().unwrap()
-}
-
-#[track_caller]
-fn local_ok(dir: &Path, args: &[&str]) -> String {
-    let output = local(dir, args);
-    assert!(
-        output.status.success(),
-        "tessera {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 #[test]
 fn local_cluster_with_three_manager_replicas() {
     let temp = tempfile::Builder::new()
@@ -476,12 +446,6 @@ fn local_cluster_with_three_manager_replicas() {
         &dir,
         &["up", "--managers", "3", "--servers", "4", "--detach"],
     );
-    struct Down<'a>(&'a Path);
-    impl Drop for Down<'_> {
-        fn drop(&mut self) {
-            let _ = local(self.0, &["down"]);
-        }
-    }
     let _down = Down(&dir);
     local_ok(&dir, &["put", file, "/a"]);
     // The replica clients use first, killed: the cluster goes on.
@@ -536,29 +500,7 @@ fn local_cluster_with_three_manager_replicas() {
 /// Creates and stats per second by `clients` concurrent clients for `time`, against the local
 /// cluster in `dir`.
 async fn metadata_ops_per_second(dir: &Path, clients: usize, time: Duration, round: usize) -> f64 {
-    let text = std::fs::read_to_string(dir.join("cluster.toml")).unwrap();
-    let file: toml::Table = text.parse().unwrap();
-    let mut managers: Vec<std::net::SocketAddr> = file["managers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap().parse().unwrap())
-        .collect();
-    if managers.is_empty() {
-        managers.push(file["manager"].as_str().unwrap().parse().unwrap());
-    }
-    let secret_text = std::fs::read_to_string(file["secret"].as_str().unwrap()).unwrap();
-    let secret = tessera_auth::Secret::from_file_text(&secret_text).unwrap();
-    let config = tessera_client::ClientConfig {
-        credential: Some(tessera_auth::Credential {
-            claim: tessera_auth::Claim::Admin,
-            key: secret.admin_key(),
-        }),
-        ..tessera_client::ClientConfig::default()
-    };
-    let client = tessera_client::Client::connect_replicated(managers, config)
-        .await
-        .unwrap();
+    let client = admin_client(dir).await;
     let layout = tessera_client::LayoutRequest {
         scheme: tessera_client::Scheme::Raid5,
         stripe_unit: 65536,

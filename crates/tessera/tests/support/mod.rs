@@ -1,5 +1,6 @@
 //! Raw TCP peers for the multi-process tests: the handshake done by hand (or not at all), so
-//! that a test can send exactly the bytes it means to.
+//! that a test can send exactly the bytes it means to; and [`local`], the local cluster as
+//! the manager tests drive it.
 
 // Each test crate uses a part of it.
 #![allow(dead_code)]
@@ -67,3 +68,5 @@ pub async fn authenticated(addr: SocketAddr, credential: &Credential) -> TcpStre
         .unwrap_or_else(|step| panic!("handshake with {addr} refused: {step:?}"));
     stream
 }
+
+pub mod local;
