@@ -330,9 +330,9 @@ pub(crate) struct Managers {
 }
 
 impl Managers {
-    fn new(addrs: Vec<SocketAddr>) -> Managers {
+    fn new(replicas: ManagerReplicas) -> Managers {
         Managers {
-            replicas: ManagerReplicas::new(addrs),
+            replicas,
             client: rand::random(),
             sequence: std::sync::atomic::AtomicU64::new(0),
         }
@@ -452,7 +452,7 @@ impl Client {
         Ok(Client {
             transport,
             manager_transport,
-            managers: Arc::new(Managers::new(managers)),
+            managers: Arc::new(Managers::new(ManagerReplicas::new(managers))),
             pending: Arc::default(),
             service: stream::ServiceClock::of(config.reservation),
         })
@@ -464,20 +464,21 @@ impl Client {
         Client {
             manager_transport: transport.clone(),
             transport,
-            managers: Arc::new(Managers::new(vec![manager])),
+            managers: Arc::new(Managers::new(ManagerReplicas::new(vec![manager]))),
             pending: Arc::default(),
             service: stream::ServiceClock::BestEffort,
         }
     }
 
     /// As [`Client::with_transport`], to a manager given by the addresses of its replicas:
-    /// requests fail over between them as [`Client::connect_replicated`]'s do.
+    /// requests fail over between them as [`Client::connect_replicated`]'s do, but the list
+    /// does not follow the group ([`ManagerReplicas::fixed`]).
     pub fn with_transport_replicated(
         managers: Vec<SocketAddr>,
         transport: Arc<dyn Transport>,
     ) -> Client {
         Client {
-            managers: Arc::new(Managers::new(managers)),
+            managers: Arc::new(Managers::new(ManagerReplicas::fixed(managers))),
             ..Client::with_transport(SocketAddr::from(([0, 0, 0, 0], 0)), transport)
         }
     }
