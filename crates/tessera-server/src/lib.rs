@@ -371,6 +371,12 @@ async fn keep_registered(
             Bytes::new(),
         )
         .await;
+        // Only a replica that answered is asked for the group: one that did not would keep
+        // the heartbeats waiting for it a second time.
+        let answered = match &answer {
+            Ok((ManagerResponse::Error(ManagerError::Unordered(_)), _)) | Err(_) => false,
+            Ok(_) => true,
+        };
         match answer {
             Ok((
                 ManagerResponse::Registered {
@@ -442,7 +448,7 @@ async fn keep_registered(
                 }
             }
         }
-        if registered && managers.begin_learning(Instant::now()) {
+        if registered && answered && managers.begin_learning(Instant::now()) {
             managers.learn(&transport as &dyn Transport, manager).await;
         }
         beats = beats.wrapping_add(1);
