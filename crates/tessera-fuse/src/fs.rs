@@ -160,9 +160,7 @@ fn access_is_stale(times: &Times, now: u64) -> bool {
 }
 
 fn now_nanos() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+    time_to_nanos(SystemTime::now())
 }
 
 /// The block size `statfs` counts in.
