@@ -129,23 +129,6 @@ fn given_nanos(time: TimeOrNow, now: u64) -> u64 {
     }
 }
 
-/// The times a modification at `now` records (a modification is a change).
-fn modified_at(now: u64) -> Times {
-    Times {
-        accessed: None,
-        modified: Some(now),
-        changed: Some(now),
-    }
-}
-
-/// The times a change of the entry itself (rename, `chmod`) at `now` records.
-fn changed_at(now: u64) -> Times {
-    Times {
-        changed: Some(now),
-        ..Times::default()
-    }
-}
-
 /// How old an access time may get before a read records a new one although the file was
 /// not modified since (relatime's rule).
 const ACCESS_STALE_NANOS: u64 = 24 * 3600 * 1_000_000_000;
@@ -285,9 +268,9 @@ impl TesseraFs {
     /// stale time.
     fn touch_dirs_and(&self, dirs: &[&str], entries: &[&str], now: u64) {
         let client = &self.client;
-        let updates = dirs.iter().map(|dir| (*dir, modified_at(now)));
+        let updates = dirs.iter().map(|dir| (*dir, Times::modified_at(now)));
         let updates: Vec<(&str, Times)> = updates
-            .chain(entries.iter().map(|entry| (*entry, changed_at(now))))
+            .chain(entries.iter().map(|entry| (*entry, Times::changed_at(now))))
             .collect();
         let calls = updates
             .iter()
@@ -934,7 +917,7 @@ impl fuser::Filesystem for TesseraFs {
             let now = now_nanos();
             let born = Times {
                 accessed: Some(now),
-                ..modified_at(now)
+                ..Times::modified_at(now)
             };
             let (touched, _) = self.runtime.block_on(futures::future::join(
                 self.client.set_times(TimesOf::File(file.id), born),

@@ -69,10 +69,10 @@ impl Manager {
             NamespaceRequest::ListDir { path } => return self.list_dir(&path),
             NamespaceRequest::Entry { path } => return self.entry(&path),
             NamespaceRequest::Touch { file, modified } => {
-                self.write(|change| set_file_times(change, file, &modification(modified)))?;
+                self.write(|change| set_file_times(change, file, &Times::modified_at(modified)))?;
             }
             NamespaceRequest::TouchDir { path, modified } => {
-                self.write(|change| set_dir_times(change, &path, &modification(modified)))?;
+                self.write(|change| set_dir_times(change, &path, &Times::modified_at(modified)))?;
             }
             NamespaceRequest::SetTimes { of, times } => {
                 self.write(|change| set_times(change, of, &times))?;
@@ -295,15 +295,6 @@ fn remove_dir(change: &mut Change<'_>, path: &str) -> Result<(), Failure> {
     change.txn.open_table(DIR_TIMES)?.remove(path)?;
     change.txn.open_table(DIR_ACCESS_CHANGE)?.remove(path)?;
     Ok(())
-}
-
-/// The times a modification at `modified` records: it is also a change.
-fn modification(modified: u64) -> Times {
-    Times {
-        accessed: None,
-        modified: Some(modified),
-        changed: Some(modified),
-    }
 }
 
 /// Records the times given of what `of` names.

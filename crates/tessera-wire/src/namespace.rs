@@ -91,6 +91,25 @@ pub struct Times {
     pub changed: Option<u64>,
 }
 
+impl Times {
+    /// The times a modification at `at` records: a modification is also a change.
+    pub fn modified_at(at: u64) -> Times {
+        Times {
+            accessed: None,
+            modified: Some(at),
+            changed: Some(at),
+        }
+    }
+
+    /// The times a change of the entry itself (a rename, a `chmod`) at `at` records.
+    pub fn changed_at(at: u64) -> Times {
+        Times {
+            changed: Some(at),
+            ..Times::default()
+        }
+    }
+}
+
 /// What a path names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NamespaceEntry {
