@@ -454,10 +454,13 @@ impl FileContext {
             }
         });
         let metadata = async {
-            match manager {
-                true => client.manager_call(ManagerRequest::Sync).await.map(|_| ()),
-                false => Ok(()),
+            if !manager {
+                return Ok::<(), ClientError>(());
             }
+            let request = client.sync_request(self.meta.id);
+            client.manager_call(request.clone()).await?;
+            client.synced(&request);
+            Ok(())
         };
         let (failed, metadata) = futures::join!(futures::future::join_all(syncs), metadata);
         metadata?;

@@ -33,7 +33,7 @@ mod transfer;
 mod write;
 
 use bytes::Bytes;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -310,6 +310,9 @@ pub struct Client {
     /// full-stripe writes take no stale-parity record (if the client dies, the whole file is
     /// discarded; see `tessera-store`'s `stale` module).
     pub(crate) pending: Arc<Mutex<HashSet<FileId>>>,
+    /// Sizes this client's writes gave files by growing them (`SetSize { grow_only }`, which
+    /// the manager commits without sync), until a sync restates them durably.
+    pub(crate) grown: Arc<Mutex<HashMap<FileId, u64>>>,
     /// How the servers are asked to order this client's requests (see [`stream::ServiceClock`]).
     pub(crate) service: stream::ServiceClock,
 }
@@ -454,6 +457,7 @@ impl Client {
             manager_transport,
             managers: Arc::new(Managers::new(ManagerReplicas::new(managers))),
             pending: Arc::default(),
+            grown: Arc::default(),
             service: stream::ServiceClock::of(config.reservation),
         })
     }
@@ -466,6 +470,7 @@ impl Client {
             transport,
             managers: Arc::new(Managers::new(ManagerReplicas::new(vec![manager]))),
             pending: Arc::default(),
+            grown: Arc::default(),
             service: stream::ServiceClock::BestEffort,
         }
     }
@@ -534,6 +539,10 @@ impl Client {
                         if !self.managers.replicated() {
                             return Err(failed.expect("just set"));
                         }
+                        // The replica may still hold this connection as synced (reads
+                        // answered from its own store) while this client writes elsewhere:
+                        // the next request there comes on a new connection, ordered again.
+                        transport.reset(addr).await;
                         self.managers.fail_over(index);
                         continue;
                     }
@@ -733,6 +742,41 @@ impl Client {
                 Ok((pending, view))
             }
             other => Err(self.unexpected("pending file", other)),
+        }
+    }
+
+    /// The sizes this client's writes gave files and no sync has restated yet.
+    pub(crate) fn grown_sizes(&self) -> std::sync::MutexGuard<'_, HashMap<FileId, u64>> {
+        self.grown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Remembers that this client's writes grew `file` to at least `size`.
+    pub(crate) fn note_grown(&self, file: FileId, size: u64) {
+        let mut grown = self.grown_sizes();
+        let at_least = grown.entry(file).or_insert(size);
+        *at_least = (*at_least).max(size);
+    }
+
+    /// The request that makes the manager's changes durable for a sync of `file`: with the
+    /// size this client's writes gave it, if any, so that a grow lost in a crash of the
+    /// manager is granted again rather than acknowledged as synced.
+    pub(crate) fn sync_request(&self, file: FileId) -> ManagerRequest {
+        match self.grown_sizes().get(&file) {
+            Some(&size) => ManagerRequest::SyncFile { file, size },
+            None => ManagerRequest::Sync,
+        }
+    }
+
+    /// After `request` (from [`Client::sync_request`]) was answered: the size it restated
+    /// is durable, unless a write grew the file further meanwhile.
+    pub(crate) fn synced(&self, request: &ManagerRequest) {
+        if let ManagerRequest::SyncFile { file, size } = *request {
+            let mut grown = self.grown_sizes();
+            if grown.get(&file).is_some_and(|&now| now <= size) {
+                grown.remove(&file);
+            }
         }
     }
 
@@ -961,6 +1005,7 @@ impl Client {
                 grow_only: true,
             })
             .await?;
+            self.note_grown(file.id, end);
         }
         Ok(())
     }
@@ -975,8 +1020,11 @@ impl Client {
             size,
             grow_only: false,
         })
-        .await
-        .map(|_| ())
+        .await?;
+        // Committed durably, and it supersedes the sizes earlier writes gave the file: a
+        // sync must not grow it back to them.
+        self.grown_sizes().remove(&file.id);
+        Ok(())
     }
 
     /// Read up to `len` bytes at `offset` (fewer at the end of the file). A range past the

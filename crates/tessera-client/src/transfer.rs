@@ -248,19 +248,16 @@ impl Client {
         outcome
     }
 
-    /// Make an open file's writes durable, as [`Client::sync`] does, after telling the
-    /// manager the size they gave it (one request, only if they grew it).
+    /// Make an open file's writes durable, as [`Client::sync`] does, with the size they gave
+    /// it: the manager's sync grows the file to it (one request).
     pub async fn sync_open(&self, open: &mut OpenFile) -> Result<(), ClientError> {
-        if open.size() > open.size_at_manager {
-            self.manager_call(ManagerRequest::SetSize {
-                file: open.file.id,
-                size: open.size(),
-                grow_only: true,
-            })
-            .await?;
-            open.size_at_manager = open.size();
+        let size = open.size();
+        if size > open.size_at_manager {
+            self.note_grown(open.file.id, size);
         }
-        open.ctx.sync(self, true).await
+        open.ctx.sync(self, true).await?;
+        open.size_at_manager = open.size_at_manager.max(size);
+        Ok(())
     }
 
     /// Make a pending file's writes durable on its servers and give it its path and size

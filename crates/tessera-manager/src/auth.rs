@@ -12,7 +12,7 @@
 //! | `Resynced` | yes | | | clears a debt: a lie would serve stale bytes, so rebuild runs as admin |
 //! | `KeyCreate`, `KeyList`, `KeyRemove` | yes | | | access keys are the admin's |
 //! | `ReportDown`, `ReportMissed` | yes | | yes | writers report what they could not reach; a false report only degrades (reads reconstruct, rebuild repairs) |
-//! | `Create`, `Lookup`, `LookupId`, `List`, `Remove`, `SetSize`, `Sync`, `Status`, `FilesOnServer`, `CreatePending`, `RenewPending`, `CommitPending`, `CommitPendingSized`, `AbandonPending`, `Namespace`, `SnapshotCreate`, `SnapshotReady`, `SnapshotList`, `SnapshotRemove` | yes | | yes | the namespace is the clients' |
+//! | `Create`, `Lookup`, `LookupId`, `List`, `Remove`, `SetSize`, `Sync`, `SyncFile`, `Status`, `FilesOnServer`, `CreatePending`, `RenewPending`, `CommitPending`, `CommitPendingSized`, `AbandonPending`, `Namespace`, `SnapshotCreate`, `SnapshotReady`, `SnapshotList`, `SnapshotRemove` | yes | | yes | the namespace is the clients' |
 //! | `Reserve`, `RenewReservation`, `ReleaseReservation` | yes | | yes | streams reserve their rate (admission control, `reservations.rs`) |
 //!
 //! | `Replica` | yes | yes | yes | a replica's role, view and position |
@@ -50,6 +50,7 @@ pub fn roles_allowed(request: &ManagerRequest) -> &'static [Role] {
         | R::Remove { .. }
         | R::SetSize { .. }
         | R::Sync
+        | R::SyncFile { .. }
         | R::Status
         | R::FilesOnServer { .. }
         | R::CreatePending { .. }

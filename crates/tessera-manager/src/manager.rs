@@ -378,6 +378,10 @@ impl Manager {
             ManagerRequest::ReportDown { server } => self.report_down(server),
             ManagerRequest::Status => Ok(self.status()),
             ManagerRequest::Sync => self.write(|_| Ok(())).map(|()| ManagerResponse::Done),
+            ManagerRequest::SyncFile { file, size } => {
+                self.renew(file, now);
+                self.sync_file(file, size)
+            }
             ManagerRequest::FilesOnServer { server } => self.files_on_server(server),
             ManagerRequest::Resynced {
                 server,
@@ -948,6 +952,24 @@ impl Manager {
                 .ok_or_else(|| ManagerError::NotFound(file.to_string()))?;
             check_size(&meta, size)?;
             meta.size = if grow_only { meta.size.max(size) } else { size };
+            change.put_file_record(&meta)
+        })?;
+        Ok(ManagerResponse::Done)
+    }
+
+    /// Makes every change durable, with `file` grown to at least `size`: a grow answered
+    /// without sync and lost in a crash since is granted again, not acknowledged as synced
+    /// with the size it no longer has. A file removed since is only synced.
+    fn sync_file(&mut self, file: FileId, size: u64) -> Result<ManagerResponse, Failure> {
+        self.write(|change| {
+            let Some(mut meta) = store::read_file(&change.tables.files, file)? else {
+                return Ok(());
+            };
+            if meta.size >= size {
+                return Ok(());
+            }
+            check_size(&meta, size)?;
+            meta.size = size;
             change.put_file_record(&meta)
         })?;
         Ok(ManagerResponse::Done)

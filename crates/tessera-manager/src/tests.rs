@@ -794,6 +794,34 @@ fn grown_size_is_durable_after_sync() {
     assert_eq!(harness.lookup("/grown").meta.size, 777);
 }
 
+/// A client's sync restates the size its writes gave the file: a manager that lost that
+/// grow (answered without sync, then a crash; here, never told) grows the file in the sync's
+/// durable commit, so the sync does not acknowledge a size the store no longer has.
+#[test]
+fn sync_file_grants_a_grow_the_store_lost() {
+    let mut harness = Harness::with_servers(3);
+    let a = harness.create("/lost-grow", Scheme::Raid5, None).meta;
+    let sync = |size| ManagerRequest::SyncFile { file: a.id, size };
+    assert_eq!(harness.handle(sync(777)), ManagerResponse::Done);
+    harness.reopen();
+    assert_eq!(harness.lookup("/lost-grow").meta.size, 777);
+    // Never a shrink: a larger size from another writer stays.
+    assert_eq!(harness.handle(sync(100)), ManagerResponse::Done);
+    assert_eq!(harness.lookup("/lost-grow").meta.size, 777);
+    let too_large = sync(a.layout.file_bytes_max() + 1);
+    assert!(matches!(
+        harness.handle(too_large),
+        ManagerResponse::Error(ManagerError::TooLarge { .. })
+    ));
+    assert_eq!(harness.lookup("/lost-grow").meta.size, 777);
+    // A file removed since is only synced.
+    let remove = ManagerRequest::Remove {
+        path: "/lost-grow".into(),
+    };
+    assert!(!matches!(harness.handle(remove), ManagerResponse::Error(_)));
+    assert_eq!(harness.handle(sync(999)), ManagerResponse::Done);
+}
+
 #[test]
 fn servers_of_another_cluster_are_refused_and_the_cluster_id_persists() {
     let mut harness = Harness::with_servers(2);

@@ -173,6 +173,16 @@ pub trait Transport: Send + Sync + 'static {
     fn start_periods(&self, at: std::time::Instant) {
         let _ = at;
     }
+
+    /// Closes this transport's connection to `addr`, if it keeps one: the next call opens a
+    /// new one. For a caller whose request timed out there and which must not let the peer
+    /// go on treating the connection as it did (a manager replica answers reads locally on a
+    /// connection it has ordered a request on: after a client's failover away from it and
+    /// back, its reads must be ordered again). Calls in flight on the old connection finish.
+    fn reset(&self, addr: SocketAddr) -> BoxFuture<'static, ()> {
+        let _ = addr;
+        Box::pin(async {})
+    }
 }
 
 /// Send a typed request and decode a typed answer.

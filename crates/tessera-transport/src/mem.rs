@@ -310,6 +310,21 @@ impl MemNetwork {
         }
     }
 
+    /// `transport`'s connection to `addr` is closed (its caller reset it): the daemon hears
+    /// so, and the next call opens another.
+    fn close_connection(&self, transport: u64, addr: SocketAddr) {
+        let closing = {
+            let mut inner = self.inner.lock().unwrap();
+            inner.hosts.get_mut(&addr).and_then(|host| {
+                let connection = host.connections.remove(&transport)?;
+                Some((host.handler.clone(), connection))
+            })
+        };
+        if let Some((handler, connection)) = closing {
+            handler.closed(connection);
+        }
+    }
+
     /// Hand one request to the daemon at `addr` and wait for its answer. Runs as a task of its
     /// own, so that a caller that gives up does not stop a request the daemon has begun.
     async fn deliver(
@@ -457,6 +472,11 @@ impl Transport for MemTransport {
             payload,
         ))
     }
+
+    fn reset(&self, addr: SocketAddr) -> BoxFuture<'static, ()> {
+        self.network.close_connection(self.id, addr);
+        Box::pin(async {})
+    }
 }
 
 #[cfg(test)]
@@ -525,6 +545,27 @@ mod tests {
         assert!(
             matches!(refused, Err(TransportError::Connect { .. })),
             "{refused:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reset_connection_is_closed_and_the_next_call_opens_another() {
+        let network = MemNetwork::new(3);
+        let echo = Arc::new(Echo::default());
+        network.listen(addr(), echo.clone());
+        let transport = network.transport(TIMEOUT);
+        let call = || transport.call(addr(), Bytes::new(), Bytes::new());
+        call().await.unwrap();
+        transport.reset(addr()).await;
+        let first = echo.closed.lock().unwrap().clone();
+        assert_eq!(first.len(), 1, "the reset closed the connection");
+        call().await.unwrap();
+        drop(transport);
+        let closed = echo.closed.lock().unwrap().clone();
+        assert_eq!(closed.len(), 2);
+        assert_ne!(
+            closed[0], closed[1],
+            "the call after the reset came on a new one"
         );
     }
 

@@ -202,6 +202,15 @@ impl crate::Transport for Arc<TcpTransport> {
     ) -> BoxFuture<'static, Result<Reply, TransportError>> {
         Box::pin(self.clone().call_inner(addr, message, payload))
     }
+
+    fn reset(&self, addr: SocketAddr) -> BoxFuture<'static, ()> {
+        let transport = self.clone();
+        Box::pin(async move {
+            // Out of the map, the connection closes once the calls on it finish (its writer
+            // ends with the last sender, and the peer sees the end of the stream).
+            transport.connections.lock().await.remove(&addr);
+        })
+    }
 }
 
 fn tune(stream: &TcpStream) {

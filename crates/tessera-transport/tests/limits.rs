@@ -215,3 +215,66 @@ async fn newcomers_evict_the_idle_connection_silent_longest_and_its_client_goes_
         "the client's newcomer evicted the oldest idle one"
     );
 }
+
+/// Echoes, and remembers which connection each request came on and which connections closed.
+#[derive(Default)]
+struct Connections {
+    handled_on: std::sync::Mutex<Vec<ConnectionId>>,
+    closed: std::sync::Mutex<Vec<ConnectionId>>,
+}
+
+impl FrameHandler for Connections {
+    fn peer_key(&self, _claim: &tessera_auth::Claim) -> Option<tessera_auth::Key> {
+        Some(TEST_KEY)
+    }
+
+    fn handle(
+        &self,
+        connection: ConnectionId,
+        message: Bytes,
+        payload: Bytes,
+    ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
+        self.handled_on.lock().unwrap().push(connection);
+        Box::pin(async move { Some((message, payload)) })
+    }
+
+    fn closed(&self, connection: ConnectionId) {
+        self.closed.lock().unwrap().push(connection);
+    }
+}
+
+/// A reset closes the pooled connection (the server hears it end) and the next call opens a
+/// new one: what a manager replica knows of the old connection does not carry over.
+#[tokio::test]
+async fn a_reset_closes_the_connection_and_the_next_call_opens_another() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let server = Arc::new(Connections::default());
+    tokio::spawn(serve_tcp_limited(
+        listener,
+        server.clone(),
+        TcpLimits::default(),
+    ));
+    let client = TcpTransport::with_credential(TcpConfig::default(), Some(CREDENTIAL));
+    let client = Arc::new(client);
+    for message in [&b"\x00one"[..], b"\x00two"] {
+        let message = Bytes::from_static(message);
+        let reply = client.call(addr, message.clone(), Bytes::new()).await;
+        assert_eq!(reply.expect("call").message, message);
+    }
+    client.reset(addr).await;
+    let reply = client.call(addr, Bytes::from_static(b"\x00three"), Bytes::new());
+    assert!(reply.await.is_ok());
+    let handled_on = server.handled_on.lock().unwrap().clone();
+    assert_eq!(handled_on.len(), 3);
+    assert_eq!(handled_on[0], handled_on[1], "pooled before the reset");
+    assert_ne!(handled_on[1], handled_on[2], "a new connection after it");
+    let start = Instant::now();
+    while !server.closed.lock().unwrap().contains(&handled_on[0]) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the reset connection was never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

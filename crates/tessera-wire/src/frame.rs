@@ -15,8 +15,9 @@ use serde::{de::DeserializeOwned, Serialize};
 /// snapshots are fenced against writes in flight (`SnapshotFence`, `SnapshotRelease`).
 /// Version 9: directories have modification times (`NamespaceRequest::TouchDir`, `modified`
 /// in `NamespaceEntry::Dir`). Version 10: access and change times (`NamespaceRequest::SetTimes`,
-/// `times` in `NamespaceEntry`).
-pub const PROTOCOL_VERSION: u8 = 10;
+/// `times` in `NamespaceEntry`). Version 11: a client's sync restates the size its writes
+/// gave a file (`ManagerRequest::SyncFile`).
+pub const PROTOCOL_VERSION: u8 = 11;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.

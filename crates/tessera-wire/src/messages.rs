@@ -945,6 +945,17 @@ pub enum ManagerRequest {
     /// The replica group as this replica's store records it (any role): answered with
     /// [`ManagerResponse::ReplicaGroup`].
     ReplicaGroup,
+    /// [`ManagerRequest::Sync`] that also grows `file` to at least `size` (if it still
+    /// exists) in the durable commit: the size this client's writes gave it with
+    /// `SetSize { grow_only }`, committed without sync. A manager (or every replica) that
+    /// crashed after answering that grow lost it; restated here, the sync cannot acknowledge
+    /// a size it no longer has. Answered with [`ManagerResponse::Done`].
+    SyncFile {
+        /// The file whose writes are being synced.
+        file: FileId,
+        /// The least size its writes gave it.
+        size: u64,
+    },
 }
 
 /// A manager replica as `tessera status` shows it.
