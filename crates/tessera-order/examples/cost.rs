@@ -8,7 +8,8 @@
 
 use bytes::Bytes;
 use std::time::Instant;
-use tessera_order::{Config, Destination, Event, Group, Micros, Node, NodeId, Start};
+use tessera_order::sim::initial_nodes;
+use tessera_order::{Config, Destination, Event, Group, Micros, NodeId};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -17,21 +18,7 @@ fn main() {
         .next()
         .map_or(200_000, |n| n.parse().expect("MESSAGES_PER_NODE"));
     let config = Config::jumbo();
-    let group = Group::all_to_all(nodes);
-    let mut cluster: Vec<Node> = (0..nodes)
-        .map(|i| {
-            let id = NodeId(i as u16);
-            Node::new(
-                config.clone(),
-                group.clone(),
-                id,
-                0,
-                Start::Initial,
-                i as u64,
-                0,
-            )
-        })
-        .collect();
+    let mut cluster = initial_nodes(&config, &Group::all_to_all(nodes));
     let message = Bytes::from(vec![7u8; 64]);
     let (mut proposed, mut delivered) = (vec![0u64; nodes], vec![0u64; nodes]);
     let target = per_node * nodes as u64;

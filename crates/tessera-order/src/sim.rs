@@ -322,6 +322,25 @@ struct Sim<'a> {
 /// may have crashed).
 const CHANGE_RETRY_US: Micros = 30_000;
 
+/// Every node of `group` as a member of view 0 (`Start::Initial`, incarnation 0), each
+/// seeded by its number: the cluster of a test or example that runs the nodes itself.
+pub fn initial_nodes(config: &Config, group: &Group) -> Vec<Node> {
+    (0..group.roles.len())
+        .map(|i| {
+            let id = NodeId(i as u16);
+            Node::new(
+                config.clone(),
+                group.clone(),
+                id,
+                0,
+                Start::Initial,
+                i as u64,
+                0,
+            )
+        })
+        .collect()
+}
+
 /// Runs `scenario` with `seed`.
 pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     let mut sim = Sim::new(seed, scenario);

@@ -95,6 +95,9 @@ enum Experiment {
         /// Tables 2-3: every disjoint configuration of 1..=N senders and receivers (0: none).
         #[arg(long)]
         grid: Option<usize>,
+        /// Share of the measured throughput offered in the latency runs [default: 0.1].
+        #[arg(long)]
+        latency_load: Option<f64>,
         #[command(flatten)]
         common: Common,
     },
@@ -266,6 +269,7 @@ pub async fn run(config: &Flags, args: LabArgs) -> Result<()> {
             senders,
             loss,
             grid,
+            latency_load,
             common,
         } => {
             if !(1..=total_order::net::NODES_MAX).contains(&nodes) {
@@ -289,6 +293,14 @@ pub async fn run(config: &Flags, args: LabArgs) -> Result<()> {
                     bail!("--grid {grid}: at most {}", total_order::net::NODES_MAX / 2);
                 }
                 config.grid = grid;
+            }
+            if let Some(share) = latency_load {
+                if !(share > 0.0 && share <= 1.0) {
+                    bail!(
+                        "--latency-load {share}: a share of the throughput, above 0 and at most 1"
+                    );
+                }
+                config.latency_load = share;
             }
             config.group()?;
             (common, Config::TotalOrder(config))

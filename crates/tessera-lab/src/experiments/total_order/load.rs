@@ -24,6 +24,10 @@ const CHECKPOINT_EVERY: u64 = 1024;
 /// Most latency samples kept per node (the rest are counted, not kept).
 const LATENCY_SAMPLES_MAX: usize = 1 << 20;
 
+/// The environment variable that sets the protocol's `ack_delay_us` for an experiment
+/// (microseconds; 20 if unset or not a number).
+pub const ACK_DELAY_VARIABLE: &str = "TESSERA_LAB_ORDER_ACK_DELAY_US";
+
 /// The raw streams' group: another port, so that their datagrams still queued in the
 /// switches when a total-order run starts reach no node of it.
 const RAW_GROUP: SocketAddrV4 = SocketAddrV4::new(*GROUP.ip(), GROUP.port() + 1);
@@ -133,6 +137,17 @@ pub fn raw_stream(
 /// switches and the trunk (unicast out of TX, in on RX), the unit of the latency
 /// targets: median and 99th percentile in microseconds.
 pub fn echo(network: &TwoSwitch, count: usize) -> Result<(f64, f64), LabError> {
+    echo_paced(network, count, Duration::ZERO)
+}
+
+/// As [`echo`], with `gap` between the answer to one datagram and the next one sent: a
+/// paced latency run's messages find the CPUs idle (a virtual CPU that halted must be woken
+/// by the host), a back-to-back echo keeps them polling.
+pub fn echo_paced(
+    network: &TwoSwitch,
+    count: usize,
+    gap: Duration,
+) -> Result<(f64, f64), LabError> {
     let echo_group = SocketAddrV4::new(*GROUP.ip(), GROUP.port() + 2);
     let (tx0, rx0) = sockets(network, 0, echo_group)?;
     let (tx1, rx1) = sockets(network, 1, echo_group)?;
@@ -156,6 +171,7 @@ pub fn echo(network: &TwoSwitch, count: usize) -> Result<(f64, f64), LabError> {
         let mut rtts_us = Vec::new();
         let mut buffer = [0u8; 64];
         for seq in 0..count as u64 {
+            std::thread::sleep(gap);
             let sent = Instant::now();
             if tx0.send_to(&seq.to_be_bytes(), to_node1).is_err() {
                 continue;
@@ -229,6 +245,14 @@ pub struct OrderRun {
     pub view_changes: u64,
     /// Datagrams the drivers dropped on purpose (artificial loss), summed over nodes.
     pub dropped: u64,
+    /// Share of the machine's CPU time busy over the measured window (every process and
+    /// the kernel; 0 if `/proc/stat` could not be read).
+    pub cpu_busy_share: f64,
+    /// CPUs of the machine (0 if not read).
+    pub cpus: usize,
+    /// Share of the machine's CPU time this process used over the measured window (the
+    /// nodes' threads and the kernel work charged to them; not other processes).
+    pub process_cpu_share: f64,
 }
 
 /// What one node's application saw.
@@ -249,6 +273,10 @@ struct NodeLog {
 /// The protocol's settings for a run: packing to `mtu_bytes` (or off), a window and ACK
 /// threshold that keep a closed loop busy.
 pub fn protocol_config(mtu_bytes: Option<usize>) -> Config {
+    let ack_delay_us = std::env::var(ACK_DELAY_VARIABLE)
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(20);
     Config {
         mtu_bytes: mtu_bytes.unwrap_or(1500),
         aggregate: mtu_bytes.is_some(),
@@ -256,7 +284,7 @@ pub fn protocol_config(mtu_bytes: Option<usize>) -> Config {
         ack_every_messages: 64,
         // Under load the threshold sends ACKs (a packet carries ~100 small messages); at low
         // load this delay is the floor of the UTO latency.
-        ack_delay_us: 20,
+        ack_delay_us,
         // Loss here is a full socket buffer at one receiver, which its NACK reports at once;
         // the timeout is for the tail, and one shorter than a CPU-bound UTO latency makes
         // the sender retransmit whole windows that were only slow (a collapse seen at 20 ms
@@ -355,6 +383,22 @@ pub fn order_run(
             })
         })
         .collect();
+    let (cpu_busy_share, process_cpu_share, cpus) = cpu_over(window);
+    let logs = stop_nodes(apps, group)?;
+    Ok(OrderRun {
+        cpu_busy_share,
+        process_cpu_share,
+        cpus,
+        ..summarize(logs, message_bytes, mtu_bytes, seconds)
+    })
+}
+
+/// Waits for every node's application, stops its node, and adds the node's counters to
+/// its log.
+fn stop_nodes(
+    apps: Vec<std::thread::JoinHandle<(NodeLog, Handle)>>,
+    group: &Group,
+) -> Result<Vec<NodeLog>, LabError> {
     let mut logs = Vec::new();
     for app in apps {
         let (mut log, handle) = app.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
@@ -370,7 +414,65 @@ pub fn order_run(
         log.receiver = group.roles[logs.len()].receiver;
         logs.push(log);
     }
-    Ok(summarize(logs, message_bytes, mtu_bytes, seconds))
+    Ok(logs)
+}
+
+/// Sleeps through `window`; the share of the machine's CPU time busy over it (every
+/// process: the nodes, the kernel's bridges, whatever else runs), the share this process
+/// used, and the CPUs (zeros where `/proc/stat` cannot be read).
+fn cpu_over(window: (Instant, Instant)) -> (f64, f64, usize) {
+    std::thread::sleep(window.0.saturating_duration_since(Instant::now()));
+    let (before, process_before) = (cpu_times(), process_cpu_s());
+    std::thread::sleep(window.1.saturating_duration_since(Instant::now()));
+    let (after, process_after) = (cpu_times(), process_cpu_s());
+    let (Some(before), Some(after)) = (before, after) else {
+        return (0.0, 0.0, 0);
+    };
+    let seconds = (window.1 - window.0).as_secs_f64();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let total = after.1.saturating_sub(before.1).max(1) as f64;
+    (
+        after.0.saturating_sub(before.0) as f64 / total,
+        (process_after - process_before) / seconds / cpus as f64,
+        cpus,
+    )
+}
+
+/// CPU seconds this process (every node's driver and application thread) used so far,
+/// user and system.
+fn process_cpu_s() -> f64 {
+    // SAFETY: getrusage writes one rusage into the zeroed struct we own.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF needs nothing else.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
+/// Busy and total CPU time of the machine so far, summed over CPUs, in clock ticks (the
+/// first line of `/proc/stat`; idle and I/O wait count as not busy); `None` where it
+/// cannot be read.
+fn cpu_times() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = text
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|field| field.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().take(8).sum();
+    let idle = fields.get(3)? + fields.get(4)?;
+    Some((total - idle, total))
+}
+
+/// CPU core-seconds the whole machine spent per million messages delivered at every
+/// receiver in `run` (NaN if nothing was delivered or the CPU time was not read).
+pub fn core_seconds_per_million(run: &OrderRun) -> f64 {
+    if run.messages_per_s <= 0.0 || run.cpus == 0 {
+        return f64::NAN;
+    }
+    run.cpu_busy_share * run.cpus as f64 / run.messages_per_s * 1e6
 }
 
 fn summarize(
@@ -418,6 +520,9 @@ fn summarize(
         positions_replaced,
         view_changes,
         dropped,
+        cpu_busy_share: 0.0,
+        cpus: 0,
+        process_cpu_share: 0.0,
     }
 }
 
@@ -464,6 +569,7 @@ fn application(
     let mut order_hash = 0u64;
     let mut position_count = 0u64;
     let mut next_batch = Instant::now();
+    let mut paced_credit = 0.0f64;
     let mut message = vec![0u8; message_bytes];
     message[8..10].copy_from_slice(&(node as u16).to_be_bytes());
     loop {
@@ -479,7 +585,7 @@ fn application(
             }
             Some(Load::Paced { per_node_per_s }) if now >= next_batch => {
                 next_batch += Duration::from_millis(1);
-                (per_node_per_s / 1000.0).ceil() as u64
+                paced_batch(&mut paced_credit, per_node_per_s)
             }
             Some(Load::Paced { .. }) | None => 0,
         };
@@ -527,6 +633,15 @@ fn application(
     }
 }
 
+/// Messages of one millisecond's batch at `per_node_per_s`; fractions carry over in
+/// `credit`, so that a rate under 1,000/s is not rounded up to one every millisecond.
+fn paced_batch(credit: &mut f64, per_node_per_s: f64) -> u64 {
+    *credit += per_node_per_s / 1000.0;
+    let batch = credit.floor();
+    *credit -= batch;
+    batch as u64
+}
+
 fn stamp_us(message: &[u8]) -> f64 {
     u64::from_be_bytes(message[..8].try_into().expect("a stamp")) as f64
 }
@@ -534,6 +649,22 @@ fn stamp_us(message: &[u8]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A paced rate below one message a millisecond offers that rate, not one a millisecond
+    /// (the batches used to be rounded up).
+    #[test]
+    fn paced_batches_carry_fractions_over() {
+        for per_node_per_s in [393.0, 1_000.0, 5_700.0] {
+            let mut credit = 0.0;
+            let sent: u64 = (0..1000)
+                .map(|_| paced_batch(&mut credit, per_node_per_s))
+                .sum();
+            assert!(
+                (sent as f64 - per_node_per_s).abs() <= 1.0,
+                "{sent} in a second at {per_node_per_s}/s"
+            );
+        }
+    }
 
     /// A run that delivered nothing to time has no latency: the tables say "n/a", not NaN.
     #[test]

@@ -170,6 +170,11 @@ pub struct TotalOrderReport {
     pub rtt_us_median: f64,
     /// The same, 99th percentile.
     pub rtt_us_p99: f64,
+    /// The same round trip with a millisecond between an answer and the next datagram (the
+    /// CPUs idle between them, as in a paced latency run), median, microseconds.
+    pub paced_rtt_us_median: f64,
+    /// That, 99th percentile.
+    pub paced_rtt_us_p99: f64,
     /// The lines.
     pub lines: Vec<Line>,
     /// Seconds the run took.
@@ -192,13 +197,11 @@ pub fn run(
         config.nodes, link.rate, load_average_before
     ));
     let network = TwoSwitch::build(config.nodes, &link)?;
-    let (rtt_us_median, rtt_us_p99) = if config.nodes >= 2 {
-        load::echo(&network, 200)?
-    } else {
-        (f64::NAN, f64::NAN)
-    };
+    let [rtt_us_median, rtt_us_p99, paced_rtt_us_median, paced_rtt_us_p99] = round_trips(&network)?;
     lab.say(&format!(
-        "round trip through the switches: {rtt_us_median:.0} us median, {rtt_us_p99:.0} us p99"
+        "round trip through the switches: {rtt_us_median:.0} us median, {rtt_us_p99:.0} us \
+         p99; one every millisecond: {paced_rtt_us_median:.0} us median, \
+         {paced_rtt_us_p99:.0} us p99"
     ));
     let mut lines = Vec::new();
     for &size in &config.message_bytes {
@@ -229,6 +232,8 @@ pub fn run(
         load_average_before,
         rtt_us_median,
         rtt_us_p99,
+        paced_rtt_us_median,
+        paced_rtt_us_p99,
         lines,
         duration_s: began.elapsed().as_secs_f64(),
     };
@@ -252,6 +257,17 @@ pub fn run(
         .chain(grid.into_iter().flat_map(|g| g.1))
         .collect();
     Ok((report, paths))
+}
+
+/// The round trip's median and p99, back to back and one every millisecond (NaN with one
+/// node).
+fn round_trips(network: &TwoSwitch) -> Result<[f64; 4], LabError> {
+    if network.nodes() < 2 {
+        return Ok([f64::NAN; 4]);
+    }
+    let (median, p99) = load::echo(network, 200)?;
+    let paced = load::echo_paced(network, 200, std::time::Duration::from_millis(1))?;
+    Ok([median, p99, paced.0, paced.1])
 }
 
 /// One line: the closed-loop throughput, the paced latency run, and (for the largest
@@ -304,7 +320,8 @@ fn measure_line(
     let latency = paced(config.latency_load)?;
     lab.say(&format!(
         "total order, {size} B, packing {}: {:.0} messages/s ({:.2} of raw), {:.1} Mbit/s; at \
-         {:.0}%: PO {}/{} us, UTO {}/{} us (median/p99)",
+         {:.0}%: PO {}/{} us, UTO {}/{} us (median/p99); CPU busy {:.0}% and {:.0}% (the nodes \
+         {:.0}% and {:.0}%), {:.2} core-s per million",
         packing_name(mtu),
         throughput.messages_per_s,
         throughput.messages_per_s / raw.messages_per_s.max(1.0),
@@ -314,6 +331,11 @@ fn measure_line(
         load::latency_text(latency.po_latency_us_p99),
         load::latency_text(latency.uto_latency_us_median),
         load::latency_text(latency.uto_latency_us_p99),
+        throughput.cpu_busy_share * 100.0,
+        latency.cpu_busy_share * 100.0,
+        throughput.process_cpu_share * 100.0,
+        latency.process_cpu_share * 100.0,
+        load::core_seconds_per_million(&throughput),
     ));
     if !throughput.orders_agree {
         return Err(disagreement(size, mtu));
@@ -380,6 +402,9 @@ fn table(report: &TotalOrderReport) -> Table {
         "UTO p99 us",
         "retransmitted",
         "view changes",
+        "CPU busy %, throughput / latency run",
+        "nodes' CPU %, throughput / latency run",
+        "core-s per million msgs",
     ]);
     for line in &report.lines {
         let (t, l) = (&line.throughput, &line.latency);
@@ -399,6 +424,17 @@ fn table(report: &TotalOrderReport) -> Table {
             load::latency_cell(l.uto_latency_us_p99),
             Cell::Int((t.retransmitted + l.retransmitted) as i64),
             Cell::Int((t.view_changes + l.view_changes) as i64),
+            Cell::text(format!(
+                "{:.0} / {:.0}",
+                t.cpu_busy_share * 100.0,
+                l.cpu_busy_share * 100.0
+            )),
+            Cell::text(format!(
+                "{:.0} / {:.0}",
+                t.process_cpu_share * 100.0,
+                l.process_cpu_share * 100.0
+            )),
+            Cell::float(load::core_seconds_per_million(t), 2),
         ]);
     }
     table
@@ -411,7 +447,7 @@ fn preamble(report: &TotalOrderReport, config: &TotalOrderConfig) -> String {
          and receives on an RX veth out of bridge B, ports isolated, multicast. {} nodes: {}. \
          Load average before the run: {:.2}. A small datagram's \
          round trip node 0 to node 1 and back through the switches: {:.0} us median, {:.0} us \
-         p99.\n\n\"raw UDP\": every \
+         p99 (back to back), {:.0} us median, {:.0} us p99 (one every millisecond).\n\n\"raw UDP\": every \
          sender multicasts datagrams of the message size as fast as it can for {} s, no order \
          and no recovery; messages/s at the slowest receiver. \"total order\": tessera-order \
          over tessera-order-udp, each sender keeping {} own messages outstanding (one that \
@@ -437,6 +473,8 @@ fn preamble(report: &TotalOrderReport, config: &TotalOrderConfig) -> String {
         report.load_average_before,
         report.rtt_us_median,
         report.rtt_us_p99,
+        report.paced_rtt_us_median,
+        report.paced_rtt_us_p99,
         config.seconds,
         config.outstanding,
         config.seconds,
