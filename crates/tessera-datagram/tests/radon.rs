@@ -671,12 +671,14 @@ fn run_periodic_from(
     for (index, &sender) in senders.iter().enumerate() {
         let stats = sim.endpoint_ref(sender).stats();
         let result = &mut results[index];
-        assert_eq!(
-            result.periods,
-            periods,
-            "stream {}: every period's bytes delivered",
-            index + 1
-        );
+        if index < start.best_effort_from {
+            assert_eq!(
+                result.periods,
+                periods,
+                "stream {}: every period's bytes delivered",
+                index + 1
+            );
+        }
         result.retransmissions = stats.retransmissions;
         result.timeouts = stats.timeouts;
         result.spurious = stats.spurious_timeouts;
@@ -818,7 +820,8 @@ fn reserved_streams_on_busy_hosts_resend_nothing_the_port_did_not_drop() {
 ///
 /// Not met yet (hence ignored), as in the lab (1.9-2.2% resent by the admitted streams):
 /// with seed 9, 163, 31 and 20 packets of the admitted streams dropped, stream 1 met 4 of 8
-/// deadlines (the three admitted alone: 0 dropped, every deadline). The best-effort senders
+/// deadlines (seeds 1-8: stream 1 dropped 104-185 and met 3-6; the three admitted alone: 0
+/// dropped, every deadline). The best-effort senders
 /// ramp from a quarter of the link toward it while the queue is under target, the port's
 /// queue fills, the admitted streams lose packets, fall behind their budgets and catch up
 /// at `w_min` (line rate), and the queue stays full for the rest of the run while the
