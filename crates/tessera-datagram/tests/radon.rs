@@ -523,6 +523,10 @@ struct PeriodicStart {
     /// A small request each session sends at this time before the stream (the lab opens
     /// its sessions with one), in a period of the session's own.
     opening_us: Option<Micros>,
+    /// Streams from this index on are not reserved (refused by admission control): they
+    /// release their bytes a period at a time as the others do, and their sessions run
+    /// best effort.
+    best_effort_from: usize,
 }
 
 impl Default for PeriodicStart {
@@ -530,6 +534,7 @@ impl Default for PeriodicStart {
         PeriodicStart {
             start_us: 10_000,
             opening_us: None,
+            best_effort_from: usize::MAX,
         }
     }
 }
@@ -564,7 +569,7 @@ fn run_periodic_from(
         .iter()
         .map(|share| (share * payload_capacity() * PERIOD_US as f64 / 1e6) as u64)
         .collect();
-    for (&sender, &share) in senders.iter().zip(shares) {
+    for (index, (&sender, &share)) in senders.iter().zip(shares).enumerate() {
         let mut config = sender_config(true, BudgetKind::Rate);
         if let Some(radon) = config.radon.as_mut() {
             radon.send_by_margin_divisor = tessera_datagram::radon::SEND_BY_MARGIN_DIVISOR;
@@ -576,15 +581,18 @@ fn run_periodic_from(
             rate_bytes_per_s: (share * payload_capacity()) as u64,
             period_us: PERIOD_US,
         };
-        sim.endpoint(sender)
-            .reserve(session, Some(reservation), 0)
-            .unwrap();
+        if index < start.best_effort_from {
+            sim.endpoint(sender)
+                .reserve(session, Some(reservation), 0)
+                .unwrap();
+        }
         sessions.push(session);
     }
     // The streams start once their sessions are open, each period at a period's start.
     let PeriodicStart {
         start_us,
         opening_us,
+        ..
     } = start;
     if let Some(at) = opening_us {
         sim.wake_at(at);
@@ -663,12 +671,14 @@ fn run_periodic_from(
     for (index, &sender) in senders.iter().enumerate() {
         let stats = sim.endpoint_ref(sender).stats();
         let result = &mut results[index];
-        assert_eq!(
-            result.periods,
-            periods,
-            "stream {}: every period's bytes delivered",
-            index + 1
-        );
+        if index < start.best_effort_from {
+            assert_eq!(
+                result.periods,
+                periods,
+                "stream {}: every period's bytes delivered",
+                index + 1
+            );
+        }
         result.retransmissions = stats.retransmissions;
         result.timeouts = stats.timeouts;
         result.spurious = stats.spurious_timeouts;
@@ -754,6 +764,7 @@ fn a_stream_that_starts_mid_period_of_an_older_session_meets_its_deadlines() {
         let start = PeriodicStart {
             start_us: 5 * PERIOD_US,
             opening_us: Some(5 * PERIOD_US - offset_us),
+            ..PeriodicStart::default()
         };
         let duration_us = start.start_us + 9 * PERIOD_US;
         let results = run_periodic_from(&shares, Some(LAB_LATENESS), duration_us, 7, start);
@@ -795,6 +806,44 @@ fn reserved_streams_on_busy_hosts_resend_nothing_the_port_did_not_drop() {
             result.retransmissions * 1_000 <= result.data_packets,
             "{name}: stream {stream}: {} of {} packets resent",
             result.retransmissions,
+            result.data_packets
+        );
+    }
+}
+
+/// The paper's unfair run behind admission control (`lab radon`'s tessera line): 0.5, 0.25
+/// and 0.125 of the port admitted and reserved, the three that do not fit (0.0625, 0.03125,
+/// 0.03125) refused and sent best effort, each period's bytes released at its start as the
+/// admitted streams' are, on hosts as late as the lab's. The issue's target: best effort
+/// yields to the reservations, every admitted stream meets its deadlines and loses at most
+/// 0.1% of its packets at the port.
+///
+/// Not met yet (hence ignored), as in the lab (1.9-2.2% resent by the admitted streams):
+/// with seed 9, 163, 31 and 20 packets of the admitted streams dropped, stream 1 met 4 of 8
+/// deadlines (seeds 1-8: stream 1 dropped 104-185 and met 3-6; the three admitted alone: 0
+/// dropped, every deadline). The best-effort senders
+/// ramp from a quarter of the link toward it while the queue is under target, the port's
+/// queue fills, the admitted streams lose packets, fall behind their budgets and catch up
+/// at `w_min` (line rate), and the queue stays full for the rest of the run while the
+/// best-effort senders sit at their floor. `docs/notes/radon2.md` has what was tried.
+#[test]
+#[ignore = "issue 18 target not met: best effort still pushes admitted streams into loss"]
+fn refused_streams_sent_best_effort_do_not_push_admitted_streams_into_loss() {
+    let shares = [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.03125];
+    let start = PeriodicStart {
+        best_effort_from: 3,
+        ..PeriodicStart::default()
+    };
+    let results = run_periodic_from(&shares, Some(LAB_LATENESS), DURATION_US, 9, start);
+    let name = "unfair, three admitted, three best effort";
+    report_deadlines(name, &shares, &results);
+    for (index, result) in results.iter().enumerate().take(3) {
+        let stream = index + 1;
+        assert_eq!(result.met, result.periods, "{name}: stream {stream}");
+        assert!(
+            result.dropped * 1_000 <= result.data_packets,
+            "{name}: stream {stream}: {} of {} packets dropped at the port",
+            result.dropped,
             result.data_packets
         );
     }
