@@ -476,14 +476,14 @@ impl Client {
     }
 
     /// As [`Client::with_transport`], to a manager given by the addresses of its replicas:
-    /// requests fail over between them as [`Client::connect_replicated`]'s do, but the list
-    /// does not follow the group ([`ManagerReplicas::fixed`]).
+    /// requests fail over between them and the list follows the group, as
+    /// [`Client::connect_replicated`]'s do.
     pub fn with_transport_replicated(
         managers: Vec<SocketAddr>,
         transport: Arc<dyn Transport>,
     ) -> Client {
         Client {
-            managers: Arc::new(Managers::new(ManagerReplicas::fixed(managers))),
+            managers: Arc::new(Managers::new(ManagerReplicas::new(managers))),
             ..Client::with_transport(SocketAddr::from(([0, 0, 0, 0], 0)), transport)
         }
     }
