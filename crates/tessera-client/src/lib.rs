@@ -954,9 +954,14 @@ impl Client {
         let meta = match self.manager_call(request).await? {
             ManagerResponse::Meta(meta) => meta,
             // Snapshots still hold it: its data stays until the last of them is removed.
-            ManagerResponse::Retained(_) => return Ok(()),
+            ManagerResponse::Retained(meta) => {
+                self.grown_sizes().remove(&meta.id);
+                return Ok(());
+            }
             other => return Err(self.unexpected("meta", other)),
         };
+        // Nothing of it is left to sync.
+        self.grown_sizes().remove(&meta.id);
         self.delete_data(&meta, None).await
     }
 
