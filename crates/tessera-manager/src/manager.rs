@@ -948,11 +948,9 @@ impl Manager {
             redb::Durability::Immediate
         };
         self.write_with(durability, |change| {
-            let mut meta = store::read_file(&change.tables.files, file)?
+            let meta = store::read_file(&change.tables.files, file)?
                 .ok_or_else(|| ManagerError::NotFound(file.to_string()))?;
-            check_size(&meta, size)?;
-            meta.size = if grow_only { meta.size.max(size) } else { size };
-            change.put_file_record(&meta)
+            change.resize_file(meta, size, grow_only)
         })?;
         Ok(ManagerResponse::Done)
     }
@@ -961,17 +959,12 @@ impl Manager {
     /// without sync and lost in a crash since is granted again, not acknowledged as synced
     /// with the size it no longer has. A file removed since is only synced.
     fn sync_file(&mut self, file: FileId, size: u64) -> Result<ManagerResponse, Failure> {
-        self.write(|change| {
-            let Some(mut meta) = store::read_file(&change.tables.files, file)? else {
-                return Ok(());
-            };
-            if meta.size >= size {
-                return Ok(());
-            }
-            check_size(&meta, size)?;
-            meta.size = size;
-            change.put_file_record(&meta)
-        })?;
+        self.write(
+            |change| match store::read_file(&change.tables.files, file)? {
+                Some(meta) => change.resize_file(meta, size, true),
+                None => Ok(()),
+            },
+        )?;
         Ok(ManagerResponse::Done)
     }
 
@@ -1234,6 +1227,19 @@ impl<'txn> Change<'txn> {
     }
 
     /// Stores a file's record only (a pending file has no path yet; a named one keeps its own).
+    /// Sets `meta`'s size to `size` (with `grow_only`, to at least `size`) within the file's
+    /// largest, and writes its record.
+    fn resize_file(
+        &mut self,
+        mut meta: FileMeta,
+        size: u64,
+        grow_only: bool,
+    ) -> Result<(), Failure> {
+        check_size(&meta, size)?;
+        meta.size = if grow_only { meta.size.max(size) } else { size };
+        self.put_file_record(&meta)
+    }
+
     fn put_file_record(&mut self, meta: &FileMeta) -> Result<(), Failure> {
         let record = postcard::to_allocvec(meta)?;
         self.tables.files.insert(meta.id, record.as_slice())?;

@@ -293,20 +293,14 @@ impl MemNetwork {
 
     /// A transport is gone (its process died): close its connections everywhere.
     fn drop_transport(&self, transport: u64) {
-        let closing: Vec<(Arc<dyn FrameHandler>, ConnectionId)> = {
+        let hosts: Vec<SocketAddr> = {
             let mut inner = self.inner.lock().unwrap();
+            // Gone from the set first: no call of it opens a connection meanwhile.
             inner.transports.remove(&transport);
-            inner
-                .hosts
-                .values_mut()
-                .filter_map(|host| {
-                    let connection = host.connections.remove(&transport)?;
-                    Some((host.handler.clone(), connection))
-                })
-                .collect()
+            inner.hosts.keys().copied().collect()
         };
-        for (handler, connection) in closing {
-            handler.closed(connection);
+        for addr in hosts {
+            self.close_connection(transport, addr);
         }
     }
 
