@@ -27,7 +27,7 @@ def line_cat(l):
     return None
 cur=None; tests=collections.Counter(); fails=collections.defaultdict(list); plans={}
 for line in open(log,errors='replace'):
-    m=re.match(r'^/work/peer/pjdfstest/tests/(\S+\.t) \.\.',line)
+    m=re.match(r'^\S*/tests/(\S+\.t) \.\.',line)
     if m: cur=m.group(1); continue
     m=re.match(r'^1\.\.(\d+)',line)
     if m and cur: plans[cur]=int(m.group(1))
