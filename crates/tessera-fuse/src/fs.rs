@@ -156,6 +156,14 @@ const NAME_MAX: u32 = 255;
 /// root's listing. A mount that dies leaves them there, visible to `tessera ls`.
 pub const ORPHANS: &str = ".tessera-unlinked";
 
+/// Whether a directory listing can show `name`. The store's paths are any strings (the CLI
+/// and S3 keys may hold `/x`, `x/` or `a//b`): a name that is empty, `.`, `..` or longer
+/// than [`NAME_MAX`] is left out, as the kernel refuses a whole listing that holds one
+/// (it was EIO for the directory). Such files stay reachable by the CLI and S3.
+fn shown(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && name.len() <= NAME_MAX as usize
+}
+
 /// The servers' raw capacity and free bytes in [`STATFS_BLOCK`]s.
 fn statfs_blocks(capacity: &tessera_client::Capacity) -> (u64, u64) {
     let block = u64::from(STATFS_BLOCK);
@@ -703,7 +711,7 @@ impl TesseraFs {
             (parent, FileType::Directory, "..".to_string()),
         ];
         for dir in listing.dirs {
-            if path.is_empty() && dir == ORPHANS {
+            if (path.is_empty() && dir == ORPHANS) || !shown(&dir) {
                 continue;
             }
             let ino = inodes.ino(&join_path(path, &dir));
@@ -716,6 +724,9 @@ impl TesseraFs {
                 .next()
                 .unwrap_or(&meta.path)
                 .to_string();
+            if !shown(&name) {
+                continue;
+            }
             entries.push((inodes.ino(&meta.path), FileType::RegularFile, name));
         }
         Ok(entries)
@@ -1113,5 +1124,20 @@ impl fuser::Filesystem for TesseraFs {
     ) {
         // Every change to the tree is committed by the manager before it is answered.
         reply.ok();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_a_listing_cannot_hold_are_left_out() {
+        for name in ["a", ".hidden", "a b", "ü", &"n".repeat(NAME_MAX as usize)] {
+            assert!(shown(name), "{name}");
+        }
+        for name in ["", ".", "..", &"n".repeat(NAME_MAX as usize + 1)] {
+            assert!(!shown(name), "{name}");
+        }
     }
 }

@@ -695,14 +695,7 @@ impl Manager {
         check_path(&path)?;
         let (layout, candidates) = self.place(&request)?;
         let meta = self.write(|change| {
-            if change
-                .txn
-                .open_table(namespace::DIRS)?
-                .get(path.as_str())?
-                .is_some()
-            {
-                return Err(ManagerError::IsDir(path).into());
-            }
+            namespace::check_file_path(change, &path)?;
             if let Some(old) = change.file_id(&path)? {
                 if !replace {
                     return Err(ManagerError::Exists(path).into());
@@ -728,6 +721,8 @@ impl Manager {
         check_path(&path)?;
         let (layout, candidates) = self.place(&request)?;
         let meta = self.write(|change| {
+            // Refused here, before any data moves; the commit checks again.
+            namespace::check_file_path(change, &path)?;
             let meta = change.new_file(path, layout, &candidates)?;
             change.put_file_record(&meta)?;
             change.tables.pending.insert(meta.id, ())?;
@@ -779,6 +774,7 @@ impl Manager {
                 check_size(&meta, size)?;
                 meta.size = size;
             }
+            namespace::check_file_path(change, &meta.path)?;
             let replaced = match change.file_id(&meta.path)? {
                 Some(old) => store::read_file(&change.tables.files, old)?,
                 None => None,
@@ -1456,6 +1452,10 @@ fn check_path(path: &str) -> Result<(), Failure> {
             "path is {} bytes long; at most {PATH_BYTES_MAX} are allowed",
             path.len()
         )
+    } else if path.split('/').any(|name| name == "." || name == "..") {
+        // Such a name means a different path to every interface (the mount, a shell, S3),
+        // and a mount's directory listing cannot show it.
+        format!("path '{path}' has a '.' or '..' component")
     } else {
         return Ok(());
     };

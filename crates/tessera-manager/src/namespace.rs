@@ -240,6 +240,24 @@ fn dir_exists(
     has_below(paths, path)
 }
 
+/// Refuses to give a file `path` where the tree cannot hold it: a directory is there
+/// (`IsDir`), or a file holds the place of one of its directories (`NotDir`). Without this,
+/// `a` and `a/x` could both be files, which a mount lists as two entries of one name.
+pub(crate) fn check_file_path(change: &Change<'_>, path: &str) -> Result<(), Failure> {
+    let dirs = change.txn.open_table(DIRS)?;
+    if dir_exists(&change.tables.paths, Some(&dirs), path)? {
+        return Err(ManagerError::IsDir(path.to_string()).into());
+    }
+    let mut at = path;
+    while let Some((parent, _)) = at.rsplit_once('/') {
+        if change.file_id(parent)?.is_some() {
+            return Err(ManagerError::NotDir(parent.to_string()).into());
+        }
+        at = parent;
+    }
+    Ok(())
+}
+
 /// What `path` names inside a write transaction: `Some(Some(file))`, `Some(None)` for a
 /// directory, `None` for nothing. The root is a directory.
 fn kind_in(

@@ -228,6 +228,52 @@ fn a_rename_that_would_push_a_path_below_past_the_limit_changes_nothing() {
 }
 
 #[test]
+fn a_file_never_takes_the_place_of_a_directory_or_sits_below_a_file() {
+    let mut tree = Tree::new();
+    let file = tree.create("f").unwrap();
+    tree.create("d/x").unwrap();
+    tree.mkdir("e").unwrap();
+    for (path, dir) in [("f/x", "f"), ("f/y/z", "f")] {
+        assert!(
+            matches!(tree.create(path), Err(ManagerError::NotDir(at)) if at == dir),
+            "{path}"
+        );
+    }
+    for path in ["d", "e"] {
+        assert!(
+            matches!(tree.create(path), Err(ManagerError::IsDir(_))),
+            "{path}"
+        );
+    }
+    assert_eq!(
+        tree.names(""),
+        vec!["d:d".to_string(), "d:e".to_string(), format!("f:f@{file}")]
+    );
+}
+
+#[test]
+fn dot_components_are_refused_in_every_change() {
+    let mut tree = Tree::new();
+    tree.create("d/f").unwrap();
+    for bad in ["..", "d/..", "./d", "d/./e"] {
+        assert!(
+            matches!(tree.mkdir(bad), Err(ManagerError::Layout(_))),
+            "{bad}"
+        );
+        assert!(
+            matches!(tree.rename("d/f", bad), Err(ManagerError::Layout(_))),
+            "{bad}"
+        );
+        assert!(
+            matches!(tree.create(bad), Err(ManagerError::Layout(_))),
+            "{bad}"
+        );
+    }
+    assert_eq!(tree.names(""), vec!["d:d".to_string()]);
+    assert_eq!(tree.names("d").len(), 1);
+}
+
+#[test]
 fn times_are_kept_with_the_file_and_go_with_it() {
     let mut tree = Tree::new();
     let file = tree.create("t").unwrap();

@@ -358,7 +358,16 @@ fn width_beyond_servers_up_is_refused() {
 fn bad_paths_and_layouts_are_refused() {
     let mut harness = Harness::with_servers(3);
     let too_long = "p".repeat(PATH_BYTES_MAX + 1);
-    for path in ["", "/a\0b", too_long.as_str()] {
+    for path in [
+        "",
+        "/a\0b",
+        too_long.as_str(),
+        "..",
+        "../x",
+        "a/../b",
+        "a/.",
+        "./a",
+    ] {
         let answer = harness.create_with(path, Scheme::Raid0, None);
         assert!(
             matches!(answer, ManagerResponse::Error(ManagerError::Layout(_))),

@@ -44,6 +44,14 @@ pub struct Gateway {
 
 /// A client error as an S3 error; `missing` is what a missing path means in context.
 pub(crate) fn s3_err(e: ClientError, missing: S3ErrorCode) -> S3Error {
+    // Objects are files of a tree: `a` and `a/x` cannot both be objects (as in MinIO on a
+    // file system, which answers `XMinioParentIsObject`).
+    if let ClientError::Metadata(ManagerError::NotDir(at) | ManagerError::IsDir(at)) = &e {
+        return S3Error::with_message(
+            S3ErrorCode::InvalidArgument,
+            format!("the key conflicts with an object or prefix at '{at}': an object cannot also be a prefix of another"),
+        );
+    }
     let code = match &e {
         ClientError::Metadata(ManagerError::NotFound(_)) => missing,
         ClientError::Metadata(ManagerError::Layout(_)) => S3ErrorCode::InvalidArgument,

@@ -642,6 +642,37 @@ fn mount_refuses_bad_mountpoints_and_umount_a_non_mount() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a Tessera mount"));
 }
 
+/// Paths the store holds that no directory listing can show (an empty name, from `/abs`,
+/// `x/` or `a//b`, or a name over 255 bytes, all possible through the CLI and S3) are left
+/// out of the listing, which once failed whole with EIO; the rest is listed and read.
+#[test]
+fn names_a_listing_cannot_show_leave_the_rest_listed() {
+    let m = Mounted::start();
+    let local = m.root.path().join("local");
+    std::fs::write(&local, b"plain bytes").unwrap();
+    let long = format!("d/{}", "n".repeat(300));
+    for path in ["/abs", "x/", "a//b", long.as_str(), "plain"] {
+        ok(m.cli(&["put", text(&local), path]));
+    }
+    let names = |dir: &str| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(m.path(dir))
+            .unwrap_or_else(|e| panic!("listing '{dir}': {e}"))
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names(""), vec!["a", "d", "plain", "x"]);
+    for dir in ["a", "d", "x"] {
+        assert!(names(dir).is_empty(), "{dir}: {:?}", names(dir));
+    }
+    assert_eq!(std::fs::read(m.path("plain")).unwrap(), b"plain bytes");
+    // The CLI still reaches what the mount does not show.
+    let fetched = m.root.path().join("fetched");
+    ok(m.cli(&["get", "x/", text(&fetched)]));
+    assert_eq!(std::fs::read(&fetched).unwrap(), b"plain bytes");
+}
+
 /// A seeded generator for the fsx run (xorshift: the run replays from its seed alone).
 struct Dice(u64);
 

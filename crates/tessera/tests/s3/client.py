@@ -137,6 +137,10 @@ expect(error_code(s3.get_object, Bucket="photos", Key="missing")[0], "NoSuchKey"
 expect(error_code(s3.head_object, Bucket="photos", Key="missing")[1], 404, "head a missing key")
 for key in ["../escape", "a/../b", "a/./b", "nul\x00byte"]:
     expect(error_code(s3.put_object, Bucket="photos", Key=key, Body=b"1")[0], "InvalidArgument", f"key {key!r}")
+# An object cannot also be a prefix of another (objects are files of a tree).
+for key in ["empty/below", "list"]:
+    expect(error_code(s3.put_object, Bucket="photos", Key=key, Body=b"1")[0], "InvalidArgument", f"key {key!r}")
+expect(get_bytes("photos", "empty"), b"", "the object a refused key ran into")
 # A refused upload whose body was never sent (Expect: 100-continue) closes its connection: kept
 # open, the server took the first byte of the client's next request for that body and
 # answered the request with a bare 400 (a flaky 'got 400' above, before the fix).
