@@ -73,6 +73,33 @@ impl Target {
     }
 }
 
+/// The directory of the local cluster that a command starting or stopping its processes
+/// acts on: `--dir` if given, else that of the cluster file `--cluster` (or
+/// `TESSERA_CLUSTER`) names, else `./tessera-data`. So one way of naming a cluster works
+/// for every command; a cluster named by its managers' addresses has no directory here, and
+/// the command refuses rather than act on `./tessera-data`, which the user did not name.
+pub fn local_dir(config: &Config, dir: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(dir) = dir {
+        return Ok(dir);
+    }
+    let Some(spec) = &config.cluster else {
+        return Ok(PathBuf::from("tessera-data"));
+    };
+    let path = Path::new(spec);
+    if path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    if path.is_file() {
+        let parent = path.parent().unwrap_or(Path::new("."));
+        return Ok(if parent.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            parent.to_path_buf()
+        });
+    }
+    bail!("'{spec}' names no local cluster (not a cluster file or its directory): give --dir")
+}
+
 /// Find the cluster: its manager, and what its cluster file says (transport, keys).
 pub fn resolve(spec: Option<String>) -> Result<Target> {
     let bare = |addr| Target {

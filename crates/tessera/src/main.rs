@@ -94,9 +94,10 @@ enum Command {
     },
     /// Stop the local cluster in DIR.
     Down {
-        /// Data directory.
-        #[arg(long, default_value = "tessera-data")]
-        dir: PathBuf,
+        /// Data directory [default: the directory of the cluster file --cluster names, else
+        /// tessera-data].
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
     /// Run the metadata manager daemon, or rebuild its lost store from the servers.
     Manager(ManagerArgs),
@@ -547,31 +548,35 @@ enum ManagerAction {
     Add {
         id: u16,
         addr: Option<String>,
-        /// Data directory of the local cluster.
-        #[arg(long, default_value = "tessera-data")]
-        dir: PathBuf,
+        /// Data directory of the local cluster [default: the directory of the cluster file
+        /// --cluster names, else tessera-data].
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
     /// Remove manager replica ID from the replicated manager's group, as one ordered
     /// change; on a local cluster, the replica is stopped once the new group runs.
     Remove {
         id: u16,
-        /// Data directory of the local cluster.
-        #[arg(long, default_value = "tessera-data")]
-        dir: PathBuf,
+        /// Data directory of the local cluster [default: the directory of the cluster file
+        /// --cluster names, else tessera-data].
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
     /// Stop (kill) manager replica ID of the local cluster (`up --managers N`).
     Stop {
         id: u16,
-        /// Data directory of the local cluster.
-        #[arg(long, default_value = "tessera-data")]
-        dir: PathBuf,
+        /// Data directory of the local cluster [default: the directory of the cluster file
+        /// --cluster names, else tessera-data].
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
     /// Start manager replica ID of the local cluster again; it catches up from the others.
     Start {
         id: u16,
-        /// Data directory of the local cluster.
-        #[arg(long, default_value = "tessera-data")]
-        dir: PathBuf,
+        /// Data directory of the local cluster [default: the directory of the cluster file
+        /// --cluster names, else tessera-data].
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
     /// Rebuild a lost metadata store from the file records the servers keep. Run it where the
     /// manager's store is missing (the manager may be running: it opens the store once written).
@@ -608,16 +613,18 @@ enum ServerAction {
     /// Stop (kill) server ID of the local cluster.
     Stop {
         id: u32,
-        /// Data directory of the local cluster.
-        #[arg(long, default_value = "tessera-data")]
-        dir: PathBuf,
+        /// Data directory of the local cluster [default: the directory of the cluster file
+        /// --cluster names, else tessera-data].
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
     /// Start server ID of the local cluster again.
     Start {
         id: u32,
-        /// Data directory of the local cluster.
-        #[arg(long, default_value = "tessera-data")]
-        dir: PathBuf,
+        /// Data directory of the local cluster [default: the directory of the cluster file
+        /// --cluster names, else tessera-data].
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -714,19 +721,25 @@ async fn run(cli: Cli) -> Result<()> {
             };
             commands::up(config, &dir, daemons, detach).await
         }
-        Command::Down { dir } => commands::down(&dir),
+        Command::Down { dir } => commands::down(&commands::local_dir(config, dir)?),
         Command::Manager(args) => match args.action {
             Some(ManagerAction::Recover { dir, servers }) => {
                 recover::run(config, &dir, servers).await
             }
-            Some(ManagerAction::Stop { id, dir }) => commands::manager_stop(&dir, id),
+            Some(ManagerAction::Stop { id, dir }) => {
+                commands::manager_stop(&commands::local_dir(config, dir)?, id)
+            }
             Some(ManagerAction::Add { id, addr, dir }) => {
+                let dir = commands::local_dir(config, dir)?;
                 commands::manager_add(config, &dir, id, addr).await
             }
             Some(ManagerAction::Remove { id, dir }) => {
+                let dir = commands::local_dir(config, dir)?;
                 commands::manager_remove(config, &dir, id).await
             }
-            Some(ManagerAction::Start { id, dir }) => commands::manager_start(&dir, id),
+            Some(ManagerAction::Start { id, dir }) => {
+                commands::manager_start(&commands::local_dir(config, dir)?, id)
+            }
             None => {
                 let dir = args
                     .dir
@@ -766,8 +779,13 @@ async fn run(cli: Cli) -> Result<()> {
             KeyAction::Rm { id } => commands::key_rm(config, &id).await,
         },
         Command::Server(args) => match args.action {
-            Some(ServerAction::Stop { id, dir }) => commands::server_stop(&dir, id),
-            Some(ServerAction::Start { id, dir }) => commands::server_start(config, &dir, id).await,
+            Some(ServerAction::Stop { id, dir }) => {
+                commands::server_stop(&commands::local_dir(config, dir)?, id)
+            }
+            Some(ServerAction::Start { id, dir }) => {
+                let dir = commands::local_dir(config, dir)?;
+                commands::server_start(config, &dir, id).await
+            }
             None => {
                 let need = |v: Option<String>, flag: &str| {
                     v.ok_or_else(|| anyhow::anyhow!("tessera server needs --{flag}"))

@@ -689,6 +689,16 @@ fn bad_input_fails_with_one_clear_line() {
     assert_mentions(&line, &["server 9"]);
     let line = c.fails_with_one_line(&["server", "start", "1", "--dir", dir]);
     assert_mentions(&line, &["server 1", "already running"]);
+    // Without --dir: the cluster --cluster names (the directory of its file), one way of
+    // naming a cluster for every command; an address names no local directory.
+    let line = c.fails_with_one_line(&["server", "stop", "9"]);
+    assert_mentions(&line, &["server 9"]);
+    let line = c.fails_with_one_line(&["server", "start", "1"]);
+    assert_mentions(&line, &["server 1", "already running"]);
+    let by_address = ["--cluster", "127.0.0.1:9", "server", "stop", "1"];
+    let run = tessera(&by_address, None);
+    let line = error_line(&run, &command_line(&by_address));
+    assert_mentions(&line, &["127.0.0.1:9", "--dir"]);
 
     assert_eq!(c.ok(&["ls"]), "", "failed commands must not create files");
     c.assert_states(&[(1, "up"), (2, "up"), (3, "up"), (4, "up"), (5, "up")]);
