@@ -76,8 +76,9 @@ impl Target {
 /// The directory of the local cluster that a command starting or stopping its processes
 /// acts on: `--dir` if given, else that of the cluster file `--cluster` (or
 /// `TESSERA_CLUSTER`) names, else `./tessera-data`. So one way of naming a cluster works
-/// for every command; a cluster named by its managers' addresses has no directory here, and
-/// the command refuses rather than act on `./tessera-data`, which the user did not name.
+/// for every command (`up` makes the directory a path names that does not exist yet); a
+/// cluster named by its managers' addresses has no directory here, and the command refuses
+/// rather than act on `./tessera-data`, which the user did not name.
 pub fn local_dir(config: &Config, dir: Option<PathBuf>) -> Result<PathBuf> {
     if let Some(dir) = dir {
         return Ok(dir);
@@ -89,7 +90,14 @@ pub fn local_dir(config: &Config, dir: Option<PathBuf>) -> Result<PathBuf> {
     if path.is_dir() {
         return Ok(path.to_path_buf());
     }
-    if path.is_file() {
+    let addresses = spec
+        .split(',')
+        .all(|one| one.trim().to_socket_addrs().is_ok());
+    if addresses && !path.exists() {
+        bail!("'{spec}' names a cluster by address, not a local cluster's directory: give --dir");
+    }
+    if path.is_file() || spec.ends_with(".toml") {
+        // A cluster file, or the one `up` is to write.
         let parent = path.parent().unwrap_or(Path::new("."));
         return Ok(if parent.as_os_str().is_empty() {
             PathBuf::from(".")
@@ -97,7 +105,7 @@ pub fn local_dir(config: &Config, dir: Option<PathBuf>) -> Result<PathBuf> {
             parent.to_path_buf()
         });
     }
-    bail!("'{spec}' names no local cluster (not a cluster file or its directory): give --dir")
+    Ok(path.to_path_buf())
 }
 
 /// Find the cluster: its manager, and what its cluster file says (transport, keys).

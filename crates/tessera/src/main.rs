@@ -77,9 +77,10 @@ enum Command {
         /// Number of manager replicas (3 or 5 survive the loss of 1 or 2; 1: one manager).
         #[arg(long, default_value_t = 1)]
         managers: u16,
-        /// Data directory.
-        #[arg(long, default_value = "tessera-data")]
-        dir: PathBuf,
+        /// Data directory [default: the directory of the cluster file --cluster names, else
+        /// tessera-data].
+        #[arg(long)]
+        dir: Option<PathBuf>,
         /// Return once all servers are up, leaving the cluster running in the background.
         #[arg(long)]
         detach: bool,
@@ -719,6 +720,7 @@ async fn run(cli: Cli) -> Result<()> {
                 s3: s3.as_deref(),
                 metrics,
             };
+            let dir = commands::local_dir(config, dir)?;
             commands::up(config, &dir, daemons, detach).await
         }
         Command::Down { dir } => commands::down(&commands::local_dir(config, dir)?),
