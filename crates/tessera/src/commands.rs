@@ -435,9 +435,27 @@ pub async fn read(
     Ok(())
 }
 
-pub async fn ls(config: &Config, prefix: &str) -> Result<()> {
+pub async fn ls(config: &Config, prefix: &str, json: bool) -> Result<()> {
     let client = connect(config)?;
-    for meta in client.list(prefix).await? {
+    let files = client.list(prefix).await?;
+    if json {
+        let files: Vec<_> = files
+            .iter()
+            .map(|meta| {
+                serde_json::json!({
+                    "path": meta.path,
+                    "id": meta.id,
+                    "size": meta.size,
+                    "scheme": meta.layout.scheme.name(),
+                    "stripe_unit": meta.layout.stripe_unit,
+                    "width": meta.layout.width,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&files)?);
+        return Ok(());
+    }
+    for meta in files {
         println!(
             "{:>14}  {:<6}  {}",
             meta.size,

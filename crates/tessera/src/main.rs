@@ -161,7 +161,12 @@ enum Command {
         reserve: reserve::ReserveArgs,
     },
     /// List stored files.
-    Ls { prefix: Option<String> },
+    Ls {
+        prefix: Option<String>,
+        /// One JSON array of {path, id, size, scheme, stripe_unit, width}.
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove a stored file.
     Rm { remote: String },
     /// Show a file's layout, size and stored bytes.
@@ -863,7 +868,9 @@ async fn run(cli: Cli) -> Result<()> {
             snapshot: None,
         } => commands::read(config, &remote, offset, length, &local, &reserve).await,
         Command::Snapshot { action } => snapshot::run(config, action).await,
-        Command::Ls { prefix } => commands::ls(config, prefix.as_deref().unwrap_or("")).await,
+        Command::Ls { prefix, json } => {
+            commands::ls(config, prefix.as_deref().unwrap_or(""), json).await
+        }
         Command::Rm { remote } => commands::rm(config, &remote).await,
         Command::Stat { remote, json } => commands::stat(config, &remote, json).await,
         Command::Status { json } => commands::status(config, json).await,

@@ -497,6 +497,22 @@ fn every_scheme_round_trips_awkward_sizes() {
         .collect();
     want.sort();
     assert_eq!(listed, want, "ls rt/");
+    let json: Value = serde_json::from_str(&c.ok(&["ls", "rt/", "--json"])).expect("ls --json");
+    let mut listed_json: Vec<(String, usize, String)> = json
+        .as_array()
+        .expect("ls --json is an array")
+        .iter()
+        .map(|file| {
+            assert_eq!(file["stripe_unit"], 65536, "{file}");
+            (
+                file["path"].as_str().unwrap().to_string(),
+                file["size"].as_u64().unwrap() as usize,
+                file["scheme"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    listed_json.sort();
+    assert_eq!(listed_json, want, "ls rt/ --json");
 
     // `-` is stdin for put and stdout for get.
     for scheme in ["raid5", "hybrid"] {
