@@ -40,7 +40,14 @@ pub struct Gateway {
     /// [`crate::multipart`]).
     pub(crate) part_sizes:
         std::sync::Arc<tokio::sync::Mutex<std::collections::HashMap<String, u64>>>,
+    /// How long a connection may take to send a request head (also while idle between
+    /// requests), and a request body may send nothing, before it is dropped.
+    pub(crate) idle: std::time::Duration,
 }
+
+/// The default of [`Gateway::with_idle_timeout`]: an idle or stalled peer holds a connection
+/// and a descriptor at most this long (AWS closes idle connections after about 20 s too).
+pub const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// A client error as an S3 error; `missing` is what a missing path means in context.
 pub(crate) fn s3_err(e: ClientError, missing: S3ErrorCode) -> S3Error {
@@ -86,7 +93,15 @@ impl Gateway {
             client,
             defaults,
             part_sizes: Default::default(),
+            idle: IDLE_TIMEOUT,
         }
+    }
+
+    /// The same gateway dropping connections idle or stalled for `idle` (default
+    /// [`IDLE_TIMEOUT`]).
+    pub fn with_idle_timeout(mut self, idle: std::time::Duration) -> Gateway {
+        self.idle = idle;
+        self
     }
 
     /// A small file's bytes, or `None` if there is no such file.
@@ -253,7 +268,13 @@ impl Gateway {
         let result = async {
             loop {
                 let next = match body.as_mut() {
-                    Some(stream) => stream.next().await,
+                    // A body that sends nothing for the idle time fails its request (a
+                    // stalled upload would otherwise hold its connection and chunk forever).
+                    Some(stream) => tokio::time::timeout(self.idle, stream.next())
+                        .await
+                        .map_err(|_| {
+                            s3_error!(RequestTimeout, "the body sent nothing for {:?}", self.idle)
+                        })?,
                     None => None,
                 };
                 let end = next.is_none();

@@ -18,9 +18,9 @@ pub mod multipart;
 pub mod names;
 mod ops;
 
-pub use gateway::{Gateway, SCHEME_HEADER, STRIPE_UNIT_HEADER, WIDTH_HEADER};
+pub use gateway::{Gateway, IDLE_TIMEOUT, SCHEME_HEADER, STRIPE_UNIT_HEADER, WIDTH_HEADER};
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
 use metrics::GatewayMetrics;
 use rand::Rng;
@@ -139,7 +139,14 @@ pub async fn serve(
         })
     };
     let _stop_sweeper = AbortOnDrop(sweeper);
-    let connections = ConnBuilder::new(TokioExecutor::new());
+    // HTTP/1 only (S3 clients speak it; hyper has no idle limit for HTTP/2), and a
+    // connection that sends no whole request head within the idle time, also between
+    // requests, is closed: idle and slow peers cannot pile up until descriptors run out.
+    let mut connections = ConnBuilder::new(TokioExecutor::new()).http1_only();
+    connections
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(gateway.idle);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,

@@ -243,6 +243,10 @@ enum Command {
         /// Serve Prometheus metrics on this address (GET /metrics).
         #[arg(long, value_name = "ADDR")]
         metrics: Option<String>,
+        /// Close a connection that sends no whole request head for this long (also while
+        /// idle between requests), and fail a body that sends nothing for this long.
+        #[arg(long, default_value = "20s")]
+        idle_timeout: String,
     },
     /// Mount the cluster as a file system (FUSE) at MOUNTPOINT, an empty directory.
     Mount {
@@ -911,6 +915,7 @@ async fn run(cli: Cli) -> Result<()> {
             width,
             addr_file,
             metrics,
+            idle_timeout,
         } => {
             let args = s3::S3Args {
                 listen,
@@ -921,6 +926,7 @@ async fn run(cli: Cli) -> Result<()> {
                 width,
                 addr_file,
                 metrics,
+                idle_timeout,
             };
             s3::run(config, args).await
         }

@@ -28,6 +28,8 @@ pub struct S3Args {
     pub addr_file: Option<PathBuf>,
     /// Serve Prometheus metrics here.
     pub metrics: Option<String>,
+    /// `--idle-timeout`, e.g. `20s`.
+    pub idle_timeout: String,
 }
 
 pub async fn run(config: &Config, args: S3Args) -> Result<()> {
@@ -61,7 +63,14 @@ pub async fn run(config: &Config, args: S3Args) -> Result<()> {
         // Printed only when made here: a key given on the command line is the caller's.
         println!("secret key:  {}", keys.secret);
     }
-    let gateway = Gateway::new(client, defaults);
+    let idle_us = tessera_client::stream::parse_period_us(&args.idle_timeout).map_err(|_| {
+        anyhow!(
+            "bad idle timeout '{}' (expected e.g. 20s, 500ms)",
+            args.idle_timeout
+        )
+    })?;
+    let gateway =
+        Gateway::new(client, defaults).with_idle_timeout(std::time::Duration::from_micros(idle_us));
     let metrics = args
         .metrics
         .as_ref()

@@ -37,6 +37,11 @@ impl Drop for Gateway {
 
 impl Gateway {
     fn start() -> Gateway {
+        Gateway::start_with(&[])
+    }
+
+    /// A gateway started with these extra `tessera s3` arguments.
+    fn start_with(extra: &[&str]) -> Gateway {
         let root = tempfile::Builder::new()
             .prefix("tessera-s3-")
             .tempdir()
@@ -60,6 +65,7 @@ impl Gateway {
             .args(["--cluster", text(&config), "s3", "--listen", "127.0.0.1:0"])
             .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
             .args(["--addr-file", text(&addr_file), "--metrics", &metrics])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -447,4 +453,64 @@ fn assert_same_files(a: &Path, b: &Path) {
         }
         at += na as u64;
     }
+}
+
+/// Reads from `stream` until the gateway closes it (EOF or reset); the bytes read, or `None`
+/// if it is still open after `limit`.
+fn read_until_closed(stream: &mut std::net::TcpStream, limit: Duration) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let deadline = Instant::now() + limit;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        stream
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        match stream.read(&mut buf) {
+            Ok(0) => return Some(got),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return Some(got),
+        }
+    }
+    None
+}
+
+/// Idle and slow peers cannot hold the gateway's connections (and descriptors): one that
+/// sends nothing, one that sends half a request head, and one idle after a whole request
+/// are each closed after `--idle-timeout`; the gateway answers a new request after them.
+#[test]
+fn idle_and_slow_connections_are_closed() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let gateway = Gateway::start_with(&["--idle-timeout", "1s"]);
+    let addr = gateway.endpoint.trim_start_matches("http://").to_string();
+    let mut idle = TcpStream::connect(&addr).unwrap();
+    let mut slow = TcpStream::connect(&addr).unwrap();
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let mut kept = TcpStream::connect(&addr).unwrap();
+    kept.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let limit = Duration::from_secs(10);
+    assert!(
+        read_until_closed(&mut idle, limit).is_some(),
+        "idle connection kept"
+    );
+    assert!(
+        read_until_closed(&mut slow, limit).is_some(),
+        "half a head kept"
+    );
+    let answered = read_until_closed(&mut kept, limit).expect("idle keep-alive kept");
+    assert!(
+        answered.starts_with(b"HTTP/1.1 403"),
+        "unsigned request answered {:?}",
+        String::from_utf8_lossy(&answered[..answered.len().min(200)])
+    );
+    let mut fresh = TcpStream::connect(&addr).unwrap();
+    fresh
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let answer = read_until_closed(&mut fresh, limit).expect("closed after its answer");
+    assert!(answer.starts_with(b"HTTP/1.1 403"), "after the idle peers");
 }
