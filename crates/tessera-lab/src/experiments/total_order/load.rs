@@ -331,7 +331,7 @@ pub fn order_run(
         origin + warmup,
         origin + warmup + Duration::from_secs_f64(seconds),
     );
-    let mode = AppMode::from_env();
+    let mode = AppMode::for_load(load);
     let mut apps = Vec::new();
     for node in 0..nodes {
         let (tx, rx) = sockets(network, node, multicast)?;
