@@ -2,7 +2,8 @@
 //! a UDP socket, with the real clock.
 //!
 //! This crate owns only the I/O: the sockets, the clock, and the channels to the
-//! application. A broadcast ([`Destination::All`]) goes one of two ways ([`Broadcast`]):
+//! application, or the calls into it where it runs on the driver's thread ([`spawn_inline`],
+//! [`Application`]: no hand-off between threads per message). A broadcast ([`Destination::All`]) goes one of two ways ([`Broadcast`]):
 //! - **unicast fan-out**, one datagram to every node of the group, this one included (a node
 //!   receives its own messages through the network, as everyone's). On one LAN switch that
 //!   gives no shared sequencer link, so receivers' preliminary orders differ more often and
