@@ -2,7 +2,8 @@
 //! a UDP socket, with the real clock.
 //!
 //! This crate owns only the I/O: the sockets, the clock, and the channels to the
-//! application. A broadcast ([`Destination::All`]) goes one of two ways ([`Broadcast`]):
+//! application, or the calls into it where it runs on the driver's thread ([`spawn_inline`],
+//! [`Application`]: no hand-off between threads per message). A broadcast ([`Destination::All`]) goes one of two ways ([`Broadcast`]):
 //! - **unicast fan-out**, one datagram to every node of the group, this one included (a node
 //!   receives its own messages through the network, as everyone's). On one LAN switch that
 //!   gives no shared sequencer link, so receivers' preliminary orders differ more often and
@@ -54,6 +55,9 @@
 //! ```
 
 mod batch;
+mod inline;
+
+pub use inline::{spawn_inline, Application, Control, InlineHandle};
 
 use bytes::Bytes;
 use socket2::SockAddr;
@@ -392,16 +396,7 @@ fn spawn_inner(
     key: Option<Key>,
     loss: Loss,
 ) -> Result<Handle, DriverError> {
-    if !loss.valid() {
-        return Err(DriverError::Loss(loss));
-    }
-    if driver.peers.len() < driver.group.roles.len() || driver.peers.len() > 64 {
-        return Err(DriverError::Peers {
-            peers: driver.peers.len(),
-            nodes: driver.group.roles.len(),
-        });
-    }
-    driver.config.validate()?;
+    validate(&driver, loss)?;
     let (proposals, proposals_rx) = mpsc::sync_channel(BACKLOG_MAX);
     let (events_tx, events) = mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));
@@ -415,7 +410,7 @@ fn spawn_inner(
             let mut runner = Runner::new(driver, send, receive, proposals_rx, events_tx, woken);
             runner.key = key;
             runner.dropper = Dropper::new(loss);
-            runner.run(&flag)
+            runner.run(&flag, None)
         })?;
     Ok(Handle {
         proposals,
@@ -424,6 +419,21 @@ fn spawn_inner(
         wakeup,
         thread,
     })
+}
+
+/// Refuses a loss outside 0..=1, too few or too many peers, an invalid config.
+fn validate(driver: &DriverConfig, loss: Loss) -> Result<(), DriverError> {
+    if !loss.valid() {
+        return Err(DriverError::Loss(loss));
+    }
+    if driver.peers.len() < driver.group.roles.len() || driver.peers.len() > 64 {
+        return Err(DriverError::Peers {
+            peers: driver.peers.len(),
+            nodes: driver.group.roles.len(),
+        });
+    }
+    driver.config.validate()?;
+    Ok(())
 }
 
 /// Timer slack of the driver thread, nanoseconds. Linux lets a sleep of a thread with the
@@ -490,6 +500,8 @@ struct Runner {
     key: Option<Key>,
     /// Artificial loss (none unless asked for).
     dropper: Dropper,
+    /// How long to poll without sleeping before each wait ([`Application::spin`]).
+    spin_us: u64,
 }
 
 impl Runner {
@@ -528,21 +540,54 @@ impl Runner {
             stats: DriverStats::default(),
             key: None,
             dropper: Dropper::new(Loss::NONE),
+            spin_us: 0,
         }
+    }
+
+    /// A runner for an inline application ([`spawn_inline`]): no proposals come by channel
+    /// and no events go by one.
+    fn start(
+        driver: DriverConfig,
+        send: UdpSocket,
+        receive: UdpSocket,
+        loss: Loss,
+    ) -> Result<Runner, DriverError> {
+        validate(&driver, loss)?;
+        let wakeup = Arc::new(Wakeup::new()?);
+        let proposals = mpsc::sync_channel(1).1;
+        let events = mpsc::channel().0;
+        let mut runner = Runner::new(driver, send, receive, proposals, events, wakeup);
+        runner.dropper = Dropper::new(loss);
+        Ok(runner)
     }
 
     fn now(&self) -> Micros {
         self.origin.elapsed().as_micros() as Micros
     }
 
-    fn run(&mut self, stop: &AtomicBool) -> Result<(Stats, DriverStats), DriverError> {
+    /// The inline application's turn: the longest it lets the driver sleep.
+    fn turn(&mut self, app: &mut Option<&mut dyn Application>) -> Option<std::time::Duration> {
+        let app = app.as_mut()?;
+        let now = self.now();
+        app.turn(&mut Control {
+            node: &mut self.node,
+            now,
+        })
+    }
+
+    fn run(
+        &mut self,
+        stop: &AtomicBool,
+        mut app: Option<&mut dyn Application>,
+    ) -> Result<(Stats, DriverStats), DriverError> {
         // Touched only as far as datagrams fill it: the kernel maps zeroed pages lazily.
         let mut buffers = vec![0u8; RECEIVE_BATCH_MAX * DATAGRAM_BYTES_MAX];
         let mut lengths = Vec::with_capacity(RECEIVE_BATCH_MAX);
         while !stop.load(Ordering::SeqCst) {
             self.take_proposals();
-            self.flush();
-            if self.wait()? {
+            let sleep_max = self.turn(&mut app);
+            self.flush(&mut app);
+            if self.wait(sleep_max)? {
                 self.drain(&mut buffers, &mut lengths)?;
             }
             let now = self.now();
@@ -557,7 +602,7 @@ impl Runner {
     /// (at most [`POLL_US_MAX`]); whether a datagram is waiting. `ppoll` times to the
     /// microsecond: a socket's receive timeout counts in scheduler ticks (4-10 ms), which
     /// made every ACK delay and every idle proposal a tick late.
-    fn wait(&mut self) -> Result<bool, DriverError> {
+    fn wait(&mut self, sleep_max: Option<std::time::Duration>) -> Result<bool, DriverError> {
         self.wakeup.sleeping.store(true, Ordering::SeqCst);
         // A proposal queued before the flag was set would not wake us: look once more. (A
         // backlog already held waits for the node's queue, which only packets and timeouts
@@ -571,11 +616,8 @@ impl Runner {
         }
         let now = self.now();
         let deadline = self.node.poll_timeout().unwrap_or(now + POLL_US_MAX);
-        let wait_us = deadline.saturating_sub(now).min(POLL_US_MAX);
-        let timeout = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: (wait_us * 1_000) as libc::c_long,
-        };
+        let app_us = sleep_max.map_or(POLL_US_MAX, |d| d.as_micros() as u64);
+        let wait_us = deadline.saturating_sub(now).min(POLL_US_MAX).min(app_us);
         let mut fds = [
             libc::pollfd {
                 fd: self.receive.as_raw_fd(),
@@ -588,8 +630,23 @@ impl Runner {
                 revents: 0,
             },
         ];
-        // SAFETY: fds and timeout are live for the call; the descriptors are open.
-        let ready = unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &timeout, std::ptr::null()) };
+        // Spinning first (an inline application's choice): a datagram that comes within
+        // `spin_us` finds the thread awake rather than asleep.
+        let spin_us = self.spin_us.min(wait_us);
+        let mut ready = 0;
+        if spin_us > 0 {
+            let until = now + spin_us;
+            loop {
+                ready = poll_fds(&mut fds, 0);
+                if ready != 0 || self.now() >= until {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        if ready == 0 {
+            ready = poll_fds(&mut fds, wait_us - spin_us);
+        }
         self.wakeup.sleeping.store(false, Ordering::SeqCst);
         if ready < 0 {
             let error = io::Error::last_os_error();
@@ -684,8 +741,35 @@ impl Runner {
     }
 
     /// Sends every packet the node has, in batches, and hands every event to the
-    /// application.
-    fn flush(&mut self) {
+    /// application; again while an inline application's answers to the events make more.
+    fn flush(&mut self, app: &mut Option<&mut dyn Application>) {
+        loop {
+            self.send_packets();
+            let now = self.now();
+            let mut any = false;
+            while let Some(event) = self.node.poll_event() {
+                any = true;
+                match app {
+                    Some(app) => app.event(
+                        event,
+                        &mut Control {
+                            node: &mut self.node,
+                            now,
+                        },
+                    ),
+                    // The application may have dropped its receiver; the node goes on
+                    // regardless.
+                    None => drop(self.events.send(event)),
+                }
+            }
+            if !any || app.is_none() {
+                return;
+            }
+        }
+    }
+
+    /// Sends every packet the node has, in batches.
+    fn send_packets(&mut self) {
         let now = self.now();
         let mut packets = Vec::new();
         while let Some(mut transmit) = self.node.poll_transmit(now) {
@@ -698,6 +782,9 @@ impl Runner {
                 continue;
             }
             packets.push(transmit);
+        }
+        if packets.is_empty() {
+            return;
         }
         let mut datagrams: Vec<(&[u8], &SockAddr)> = Vec::new();
         self.update_fan_out();
@@ -722,10 +809,6 @@ impl Runner {
         let (sent, refused) = batch::send(self.send.as_raw_fd(), &datagrams, SEND_BATCH_MAX);
         self.stats.datagrams_sent += sent;
         self.stats.send_errors += refused;
-        while let Some(event) = self.node.poll_event() {
-            // The application may have dropped its receiver; the node goes on regardless.
-            let _ = self.events.send(event);
-        }
     }
 }
 
@@ -748,6 +831,16 @@ impl Runner {
             .collect();
         self.fan_out = (Some(nodes), addresses);
     }
+}
+
+/// `ppoll` on `fds` for at most `wait_us`: what it returned.
+fn poll_fds(fds: &mut [libc::pollfd; 2], wait_us: u64) -> libc::c_int {
+    let timeout = libc::timespec {
+        tv_sec: (wait_us / 1_000_000) as libc::time_t,
+        tv_nsec: ((wait_us % 1_000_000) * 1_000) as libc::c_long,
+    };
+    // SAFETY: fds and timeout are live for the call; the descriptors are open.
+    unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &timeout, std::ptr::null()) }
 }
 
 /// Compares two MACs in time independent of where they differ.

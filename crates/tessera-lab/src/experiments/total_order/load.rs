@@ -2,27 +2,20 @@
 //! `tessera-order` nodes over `tessera-order-udp` driven by a closed-loop or paced load,
 //! each node's driver and application in threads whose sockets live in its namespace.
 
+use super::app::{AppMode, NodeApp, CHECKPOINT_EVERY, STAMP_BYTES};
 use super::net::{rx_addr, tx_addr, TwoSwitch, GROUP, RX_INTERFACE, TX_INTERFACE};
 use crate::net::run_in_namespace;
 use crate::LabError;
-use bytes::Bytes;
 use serde::Serialize;
 use std::net::{SocketAddr, SocketAddrV4, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tessera_order::{Config, Event, Group, NodeId, Start};
+use tessera_order::{Config, Group, NodeId, Start, Stats};
 use tessera_order_udp::{
-    spawn_split_lossy, two_switch_sockets, Broadcast, DriverConfig, Handle, Loss,
+    spawn_inline, spawn_split_lossy, two_switch_sockets, Broadcast, DriverConfig, DriverStats,
+    Handle, InlineHandle, Loss,
 };
-
-/// Bytes at the start of every message: the proposer's clock (microseconds since the run's
-/// origin, shared by every thread of the process) and the proposing node.
-const STAMP_BYTES: usize = 10;
-/// Deliveries between two checkpoints of a node's order (a running hash of the identities).
-const CHECKPOINT_EVERY: u64 = 1024;
-/// Most latency samples kept per node (the rest are counted, not kept).
-const LATENCY_SAMPLES_MAX: usize = 1 << 20;
 
 /// The environment variable that sets the protocol's `ack_delay_us` for an experiment
 /// (microseconds; 20 if unset or not a number).
@@ -257,12 +250,12 @@ pub struct OrderRun {
 
 /// What one node's application saw.
 #[derive(Default)]
-struct NodeLog {
-    receiver: bool,
-    delivered_in_window: u64,
-    po_us: Vec<f64>,
-    uto_us: Vec<f64>,
-    checkpoints: Vec<u64>,
+pub struct NodeLog {
+    pub(super) receiver: bool,
+    pub(super) delivered_in_window: u64,
+    pub(super) po_us: Vec<f64>,
+    pub(super) uto_us: Vec<f64>,
+    pub(super) checkpoints: Vec<u64>,
     datagrams_sent: u64,
     retransmitted: u64,
     positions_replaced: u64,
@@ -333,7 +326,13 @@ pub fn order_run(
     let peers: Vec<SocketAddr> = (0..nodes)
         .map(|i| SocketAddrV4::new(rx_addr(i), multicast.port()).into())
         .collect();
-    let mut handles = Vec::new();
+    let warmup = Duration::from_secs_f64((seconds / 4.0).clamp(0.3, 2.0));
+    let window = (
+        origin + warmup,
+        origin + warmup + Duration::from_secs_f64(seconds),
+    );
+    let mode = AppMode::for_load(load);
+    let mut apps = Vec::new();
     for node in 0..nodes {
         let (tx, rx) = sockets(network, node, multicast)?;
         let driver = DriverConfig {
@@ -350,40 +349,25 @@ pub fn order_run(
             seed: loss.seed.wrapping_add(node as u64),
             ..loss
         };
-        handles.push(
-            spawn_split_lossy(driver, tx, rx, loss).map_err(|error| LabError::Io {
-                action: format!("start node {node}"),
-                source: std::io::Error::other(error.to_string()),
-            })?,
-        );
+        let role = group.roles[node];
+        // A node that only receives proposes nothing.
+        let load = if role.sender { Some(load) } else { None };
+        let app = NodeApp::new(node, message_bytes, load, origin, window, role.receiver);
+        let started = match mode {
+            AppMode::Driver => spawn_inline(driver, tx, rx, loss, app).map(RunningNode::Inline),
+            AppMode::Thread => spawn_split_lossy(driver, tx, rx, loss).map(|handle| {
+                RunningNode::Thread(std::thread::spawn(move || {
+                    (app.run_on_thread(&handle), handle)
+                }))
+            }),
+        };
+        apps.push(started.map_err(|error| LabError::Io {
+            action: format!("start node {node}"),
+            source: std::io::Error::other(error.to_string()),
+        })?);
     }
-    let warmup = Duration::from_secs_f64((seconds / 4.0).clamp(0.3, 2.0));
-    let window = (
-        origin + warmup,
-        origin + warmup + Duration::from_secs_f64(seconds),
-    );
-    let apps: Vec<_> = handles
-        .into_iter()
-        .enumerate()
-        .map(|(node, handle)| {
-            let role = group.roles[node];
-            // A node that only receives proposes nothing.
-            let load = if role.sender { Some(load) } else { None };
-            std::thread::spawn(move || {
-                let log = application(
-                    &handle,
-                    node,
-                    message_bytes,
-                    load,
-                    origin,
-                    window,
-                    role.receiver,
-                );
-                (log, handle)
-            })
-        })
-        .collect();
     let (cpu_busy_share, process_cpu_share, cpus) = cpu_over(window);
+    std::thread::sleep(window.1.saturating_duration_since(Instant::now()));
     let logs = stop_nodes(apps, group)?;
     Ok(OrderRun {
         cpu_busy_share,
@@ -393,16 +377,35 @@ pub fn order_run(
     })
 }
 
-/// Waits for every node's application, stops its node, and adds the node's counters to
-/// its log.
-fn stop_nodes(
-    apps: Vec<std::thread::JoinHandle<(NodeLog, Handle)>>,
-    group: &Group,
-) -> Result<Vec<NodeLog>, LabError> {
+/// A started node: its application on the driver's thread, or on a thread of its own.
+enum RunningNode {
+    Inline(InlineHandle<NodeApp>),
+    Thread(std::thread::JoinHandle<(NodeLog, Handle)>),
+}
+
+impl RunningNode {
+    /// Stops the node after its window: the application's log and the node's counters.
+    fn stop(self) -> Result<(NodeLog, Stats, DriverStats), tessera_order_udp::DriverError> {
+        match self {
+            RunningNode::Inline(handle) => {
+                let (stats, driver, app) = handle.stop()?;
+                Ok((app.log, stats, driver))
+            }
+            RunningNode::Thread(app) => {
+                let (log, handle) = app.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+                let (stats, driver) = handle.stop()?;
+                Ok((log, stats, driver))
+            }
+        }
+    }
+}
+
+/// Stops every node after its application's window and adds the node's counters to its
+/// log.
+fn stop_nodes(apps: Vec<RunningNode>, group: &Group) -> Result<Vec<NodeLog>, LabError> {
     let mut logs = Vec::new();
     for app in apps {
-        let (mut log, handle) = app.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-        let (stats, driver) = handle.stop().map_err(|error| LabError::Io {
+        let (mut log, stats, driver) = app.stop().map_err(|error| LabError::Io {
             action: "stop a node".into(),
             source: std::io::Error::other(error.to_string()),
         })?;
@@ -553,102 +556,10 @@ pub fn percentile(values: &mut [f64], q: f64) -> f64 {
     values[((values.len() - 1) as f64 * q).round() as usize]
 }
 
-/// One node's application: proposes by `load` (nothing if `None`) until the window's end,
-/// records deliveries.
-fn application(
-    handle: &Handle,
-    node: usize,
-    message_bytes: usize,
-    load: Option<Load>,
-    origin: Instant,
-    window: (Instant, Instant),
-    receiver: bool,
-) -> NodeLog {
-    let mut log = NodeLog::default();
-    let (mut proposed, mut own_delivered) = (0u64, 0u64);
-    let mut order_hash = 0u64;
-    let mut position_count = 0u64;
-    let mut next_batch = Instant::now();
-    let mut paced_credit = 0.0f64;
-    let mut message = vec![0u8; message_bytes];
-    message[8..10].copy_from_slice(&(node as u16).to_be_bytes());
-    loop {
-        let now = Instant::now();
-        if now >= window.1 {
-            return log;
-        }
-        let want = match load {
-            // A node that only sends hears of no delivery: the driver's backlog bounds it.
-            Some(Load::Closed { .. }) if !receiver => u64::MAX,
-            Some(Load::Closed { outstanding }) => {
-                (own_delivered + outstanding).saturating_sub(proposed)
-            }
-            Some(Load::Paced { per_node_per_s }) if now >= next_batch => {
-                next_batch += Duration::from_millis(1);
-                paced_batch(&mut paced_credit, per_node_per_s)
-            }
-            Some(Load::Paced { .. }) | None => 0,
-        };
-        for _ in 0..want {
-            let stamp = origin.elapsed().as_micros() as u64;
-            message[..8].copy_from_slice(&stamp.to_be_bytes());
-            if handle.propose(Bytes::copy_from_slice(&message)).is_err() {
-                break;
-            }
-            proposed += 1;
-        }
-        let Ok(event) = handle.events().recv_timeout(Duration::from_micros(500)) else {
-            continue;
-        };
-        let mut next = Some(event);
-        while let Some(event) = next {
-            let now_us = origin.elapsed().as_micros() as f64;
-            let measuring = Instant::now() >= window.0;
-            match event {
-                Event::Optimistic { message, .. }
-                    if measuring && log.po_us.len() < LATENCY_SAMPLES_MAX =>
-                {
-                    log.po_us.push(now_us - stamp_us(&message));
-                }
-                Event::Deliver { id, message, .. } => {
-                    if id.sender.node.0 as usize == node {
-                        own_delivered += 1;
-                    }
-                    if measuring {
-                        log.delivered_in_window += 1;
-                        if log.uto_us.len() < LATENCY_SAMPLES_MAX {
-                            log.uto_us.push(now_us - stamp_us(&message));
-                        }
-                    }
-                    order_hash = tessera_order::log::chain(order_hash, id);
-                    position_count += 1;
-                    if position_count.is_multiple_of(CHECKPOINT_EVERY) {
-                        log.checkpoints.push(order_hash);
-                    }
-                }
-                _ => {}
-            }
-            next = handle.events().try_recv().ok();
-        }
-    }
-}
-
-/// Messages of one millisecond's batch at `per_node_per_s`; fractions carry over in
-/// `credit`, so that a rate under 1,000/s is not rounded up to one every millisecond.
-fn paced_batch(credit: &mut f64, per_node_per_s: f64) -> u64 {
-    *credit += per_node_per_s / 1000.0;
-    let batch = credit.floor();
-    *credit -= batch;
-    batch as u64
-}
-
-fn stamp_us(message: &[u8]) -> f64 {
-    u64::from_be_bytes(message[..8].try_into().expect("a stamp")) as f64
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::experiments::total_order::app::paced_batch;
 
     /// A paced rate below one message a millisecond offers that rate, not one a millisecond
     /// (the batches used to be rounded up).

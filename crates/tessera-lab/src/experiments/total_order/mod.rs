@@ -11,6 +11,7 @@
 //! latencies (PO and UTO, propose to delivery at every node, median and p99). Throughput is
 //! what the slowest node UTO-delivered. Every node's order is compared at checkpoints.
 
+pub mod app;
 pub mod load;
 pub mod net;
 pub mod tables;
