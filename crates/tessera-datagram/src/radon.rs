@@ -59,8 +59,8 @@ pub const PORT_QUEUE_AGE_US_MAX: Micros = 2 * SAMPLE_AGE_US_MAX;
 /// the port dropped the admitted streams' packets.
 pub const BEST_EFFORT_GROWTH_US: Micros = 5_000;
 
-/// A reserved session behind its budget sends at most this many eighths of its reserved rate
-/// while its peer reports more than twice [`RadonConfig::queue_target_us`] of queue, instead
+/// A reserved session behind its budget sends at most this many eighths of its steady pace
+/// (its budget over the period less the send-by margin) while its peer reports more than twice [`RadonConfig::queue_target_us`] of queue, instead
 /// of at `w_min` (its link's rate): catching up at the link's rate into a full port kept it
 /// full for the rest of the period and the port dropped the reserved streams' own packets.
 pub const CATCH_UP_RATE_EIGHTHS: u64 = 9;
@@ -721,7 +721,14 @@ impl Pacer {
                 } else {
                     scheduled_ns
                 };
-                self.pace_by_rate(now_ns, scheduled_ns, send_by_ns, left_packets, wait_ns_min)
+                let wait_ns_floor = self.catch_up_wait_ns(sent.payload_bytes, wait_ns_min);
+                self.pace_by_rate(
+                    now_ns,
+                    scheduled_ns,
+                    send_by_ns,
+                    left_packets,
+                    wait_ns_floor,
+                )
             }
             BudgetKind::Window => self.pace_by_window(now_ns, left_packets, sent, random),
         }
@@ -740,37 +747,39 @@ impl Pacer {
         scheduled_ns: u64,
         send_by_ns: u64,
         left_packets: u64,
-        wait_ns_min: u64,
+        wait_ns_floor: u64,
     ) {
         let laxity_ns = send_by_ns.saturating_sub(now_ns).max(1);
         let wait_ns_target = laxity_ns / left_packets.max(1);
-        let wait_ns_max = (WAIT_US_MAX * 1_000).max(wait_ns_min);
+        let wait_ns_max = (WAIT_US_MAX * 1_000).max(wait_ns_floor);
         let next = if self.wait_ns == 0 {
             wait_ns_target
         } else {
             halfway(self.wait_ns, wait_ns_target)
         };
-        let wait_ns_floor = self.catch_up_wait_ns(wait_ns_min);
-        self.wait_ns = next.clamp(wait_ns_floor, wait_ns_max.max(wait_ns_floor));
+        self.wait_ns = next.clamp(wait_ns_floor, wait_ns_max);
         let from_ns = scheduled_ns.clamp(now_ns.saturating_sub(CATCH_UP_US_MAX * 1_000), now_ns);
         self.next_send_ns = from_ns + self.wait_ns;
     }
 
-    /// The shortest wait of a reserved session between packets that take `wait_ns_min` on its
-    /// link: `w_min`, or the wait at [`CATCH_UP_RATE_EIGHTHS`] of its reserved rate while the
-    /// peer reports more than twice the queue target.
-    fn catch_up_wait_ns(&self, wait_ns_min: u64) -> u64 {
+    /// The shortest wait of a reserved session between packets of `payload_bytes` that take
+    /// `wait_ns_min` on its link: `w_min`, or, while the peer reports more than twice the
+    /// queue target, the wait that sends [`CATCH_UP_RATE_EIGHTHS`] of its steady pace (a
+    /// period's budget spread over the period less the send-by margin).
+    fn catch_up_wait_ns(&self, payload_bytes: u64, wait_ns_min: u64) -> u64 {
         let Some(reservation) = self.reservation else {
             return wait_ns_min;
         };
         if self.peer_queue_us <= 2 * self.config.queue_target_us {
             return wait_ns_min;
         }
-        let rate = (u128::from(reservation.rate_bytes_per_s) * u128::from(CATCH_UP_RATE_EIGHTHS)
-            / 8)
-        .max(1);
-        let wait_ns =
-            (u128::from(wait_ns_min) * u128::from(self.config.link_bytes_per_s)).div_ceil(rate);
+        let period_ns = reservation.period_us * 1_000;
+        let margin_ns = period_ns
+            .checked_div(self.config.send_by_margin_divisor)
+            .unwrap_or(0);
+        let steady_ns = u128::from(period_ns - margin_ns) * u128::from(payload_bytes.max(1))
+            / u128::from(reservation.bytes_per_period());
+        let wait_ns = steady_ns * 8 / u128::from(CATCH_UP_RATE_EIGHTHS);
         u64::try_from(wait_ns).unwrap_or(u64::MAX).max(wait_ns_min)
     }
 
@@ -1412,15 +1421,12 @@ mod tests {
         };
         pacer.reserve(Some(reservation), 0);
         let w_min = pacer.wait_ns_min(1_488);
-        assert_eq!(pacer.catch_up_wait_ns(w_min), w_min);
+        assert_eq!(pacer.catch_up_wait_ns(1_400, w_min), w_min);
         let high = 2 * config.queue_target_us + 1;
         pacer.on_queue_report(report_with(high, 10, 100));
-        // 9/8 of a fifth of the link: the wait of 5 w_min, shortened by a ninth.
-        let wait = pacer.catch_up_wait_ns(w_min);
-        assert!(
-            wait.abs_diff(w_min * 5 * 8 / 9) <= 1,
-            "{wait} against {w_min}"
-        );
+        // 9/8 of the steady pace: 1,400 of the period's 500,000 bytes each 280 µs.
+        let wait = pacer.catch_up_wait_ns(1_400, w_min);
+        assert_eq!(wait, 280_000 * 8 / 9);
         // A stream 80 ms behind its budget (one packet sent at the period's start) would go
         // at w_min; into the high queue it goes no faster than the catch-up rate.
         pacer.on_sent(sent(0, 1_400, 1_000_000), 0);
@@ -1430,7 +1436,7 @@ mod tests {
         }
         // Once the queue is reported down, it catches up at its link's rate.
         pacer.on_queue_report(report_with(0, 81_000, 100));
-        assert_eq!(pacer.catch_up_wait_ns(w_min), w_min);
+        assert_eq!(pacer.catch_up_wait_ns(1_400, w_min), w_min);
         for now in (81_000..82_000).step_by(100) {
             pacer.on_sent(sent(now, 1_400, 1_000_000), 0);
         }
