@@ -98,6 +98,9 @@ pub struct Endpoint {
     /// When the application's reserved stream started its periods
     /// ([`Endpoint::start_periods`]): sessions opened later count theirs from it too.
     periods_epoch: Option<Micros>,
+    /// The queue in front of this endpoint, from every session's DATA
+    /// ([`crate::radon::PortQueue`]).
+    port_queue: crate::radon::PortQueue,
     stats: Stats,
 }
 
@@ -199,6 +202,7 @@ impl Endpoint {
             send_queued_bytes: 0,
             accepted_by_source: HashMap::new(),
             periods_epoch: None,
+            port_queue: crate::radon::PortQueue::default(),
             stats: Stats::default(),
         }
     }
@@ -761,6 +765,9 @@ impl Endpoint {
             &mut self.stats,
             &mut self.events,
         );
+        if data {
+            self.port_queue.on_estimate(session.queue_delay_us(), now);
+        }
         let mut after = Footprint::of(session);
         // Messages delivered by this packet hold their bytes until the application takes them.
         after.messages += self
@@ -1032,6 +1039,7 @@ impl Endpoint {
                 continue;
             };
             session.in_ready = false;
+            session.port_queue_us = self.port_queue.queue_delay_us(now);
             let packet = session.build_transmit(now, &self.config, &mut self.stats);
             let (destination, key) = (session.peer, session.key);
             self.touch(id, now);

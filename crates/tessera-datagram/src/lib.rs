@@ -82,8 +82,9 @@
 //!             or ack_delay otherwise: µs from the arrival of the packet whose timestamp
 //!                          is echoed to the sending of this one
 //! 40      1   flags        0x01 FIRST, 0x02 LAST (DATA); 0x04 PROBE (ACK)
-//! 41      1   queue        the queueing delay the sender measured on the path from the peer
-//!                          (Radon, [`radon::queue_code`]); 0 for none. Reserved and zero
+//! 41      1   queue        the queueing delay the sender measured on the path from the peer,
+//!                          or in front of it from any peer if larger (Radon,
+//!                          [`radon::queue_code`], [`radon::PortQueue`]); 0 for none. Reserved and zero
 //!                          before, so packets of older peers decode as "no queue seen"
 //! 42      2   payload_len  bytes of payload; the datagram is exactly 60 + payload_len
 //! 44      -   payload      DATA only: one fragment, at least one byte unless the message

@@ -216,6 +216,10 @@ pub(crate) struct Session {
     recv_next: u64,
     /// Radon's estimate of the queue on the path from the peer, from its DATA packets.
     queue_estimate: QueueEstimator,
+    /// The queue in front of this endpoint as all its sessions measure it
+    /// ([`radon::PortQueue`]), set by the endpoint before each packet is built: reported to
+    /// the peer when larger than this session's own estimate.
+    pub(crate) port_queue_us: u64,
     reassembly: Option<Reassembly>,
     /// DATA packets that arrived past a gap, by sequence number, until it fills.
     out_of_order: BTreeMap<u64, Packet>,
@@ -355,6 +359,7 @@ impl Session {
             ack_delay_us: config.ack_delay_us,
             recv_next: 0,
             queue_estimate: QueueEstimator::default(),
+            port_queue_us: 0,
             reassembly: None,
             out_of_order: BTreeMap::new(),
             out_of_order_bytes: 0,
@@ -688,6 +693,11 @@ impl Session {
         self.jitter
     }
 
+    /// The queue this session's DATA packets measured on their path, µs.
+    pub(crate) fn queue_delay_us(&self) -> u64 {
+        self.queue_estimate.queue_delay_us()
+    }
+
     fn fill_control_fields(&mut self, packet: &mut Packet, now: Micros, config: &Config) {
         let window = self.receive_window(config);
         self.advertised_edge = self.advertised_edge.max(self.recv_next + window as u64);
@@ -695,7 +705,8 @@ impl Session {
         packet.window = window;
         packet.timestamp = timestamp(now);
         packet.echo = self.echo;
-        packet.queue = radon::queue_code(self.queue_estimate.queue_delay_us());
+        let queue_us = self.queue_estimate.queue_delay_us().max(self.port_queue_us);
+        packet.queue = radon::queue_code(queue_us);
         if !packet.first {
             // A first fragment has no room for it (see `Packet::ack_delay`).
             packet.ack_delay = self.echo_arrived_at.map_or(0, |arrived| {
