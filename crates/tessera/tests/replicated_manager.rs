@@ -603,7 +603,7 @@ fn last_counters(dir: &Path) -> Vec<String> {
                 continue;
             }
             let text = std::fs::read_to_string(&path).unwrap_or_default();
-            let last = text.lines().filter(|l| l.contains("synced_commits")).last();
+            let last = text.lines().rfind(|l| l.contains("synced_commits"));
             if let Some(line) = last {
                 let from = line.find("manager").or(line.find("replica")).unwrap_or(0);
                 found.push(line[from..].to_string());
