@@ -17,6 +17,7 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tessera_auth::{Claim, Key, Secret};
@@ -27,6 +28,8 @@ use tessera_wire::{encode_message, ManagerError, ManagerRequest, ManagerResponse
 
 /// How often liveness is re-evaluated when nothing else happens.
 const TICK_INTERVAL: Duration = Duration::from_millis(100);
+/// Requests a single manager handles between two logs of its counters.
+const COUNTERS_EVERY: u64 = 1000;
 
 /// Errors starting the manager daemon.
 #[derive(Debug, thiserror::Error)]
@@ -191,6 +194,8 @@ struct ManagerHandler {
     /// The claim each open connection authenticated as.
     claims: Mutex<HashMap<ConnectionId, Claim>>,
     metrics: Arc<ManagerMetrics>,
+    /// Requests a single manager handled, for its counters' log (see [`log_counters`]).
+    handled: Arc<AtomicU64>,
 }
 
 impl FrameHandler for ManagerHandler {
@@ -274,18 +279,20 @@ impl ManagerHandler {
         if let Some(replica) = &self.replica {
             return self.replicated(replica.clone(), connection, claim, request);
         }
-        let manager = self.manager.clone();
+        let (manager, handled) = (self.manager.clone(), self.handled.clone());
         Box::pin(async move {
             // Mutations commit to the store (an fsync): keep them off the async workers.
             let response = tokio::task::spawn_blocking(move || {
                 let mut manager = manager.lock().unwrap();
-                match claim {
+                let response = match claim {
                     // A key revoked while its connection was open is refused from then on.
                     Claim::Client(id) if manager.access_key(id).is_none() => {
                         ManagerResponse::Error(ManagerError::UnknownKey(id))
                     }
                     _ => manager.handle(request, Instant::now()),
-                }
+                };
+                log_counters(&handled, &manager);
+                response
             })
             .await
             .ok()?;
@@ -359,6 +366,22 @@ impl ManagerHandler {
             };
             Some((Bytes::from(encode_message(&response)), payload))
         })
+    }
+}
+
+/// Counts one request a single manager handled and logs, every [`COUNTERS_EVERY`] of them,
+/// how many it handled and how many commits of `served`'s store synced (target
+/// `tessera_manager::counters`, at debug: the throughput measurement reads it).
+fn log_counters(handled: &AtomicU64, served: &Served) {
+    let handled = handled.fetch_add(1, Ordering::Relaxed) + 1;
+    if handled.is_multiple_of(COUNTERS_EVERY) {
+        if let Served::Running(manager) = served {
+            tracing::debug!(
+                target: "tessera_manager::counters",
+                "manager: requests {handled} synced_commits {}",
+                manager.synced_commits()
+            );
+        }
     }
 }
 
@@ -517,6 +540,7 @@ async fn start_with(
             server_key: secret.server_key(),
             claims: Mutex::new(HashMap::new()),
             metrics: metrics.clone(),
+            handled: Arc::default(),
         }),
         limits,
     ));

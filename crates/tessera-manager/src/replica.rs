@@ -80,7 +80,7 @@
 use crate::command::{Command, OrderPosition};
 use crate::daemon::Served;
 use crate::group::ReplicaGroup;
-use crate::replica_core::ReplicaCore;
+use crate::replica_core::{Counters, ReplicaCore};
 use crate::ManagerConfig;
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
@@ -105,6 +105,8 @@ const PEER_TIMEOUT: Duration = Duration::from_millis(500);
 const CATCH_UP_PAUSE: Duration = Duration::from_millis(100);
 /// Most deliveries applied as one batch, with one sync of the store.
 pub const BATCH_DELIVERIES_MAX: usize = 256;
+/// Least time between two logs of the replica's [`Counters`].
+const COUNTERS_EVERY: Duration = Duration::from_millis(500);
 /// How often the applier looks at lease deadlines when no delivery comes.
 const APPLIER_TICK: Duration = Duration::from_millis(100);
 /// Marks of where the order stood that the applier keeps per once expiry time (see
@@ -446,15 +448,18 @@ impl Replica {
         served: &Mutex<Served>,
         request: &ManagerRequest,
     ) -> Option<ManagerResponse> {
-        if !self.core.lock().unwrap().reads_locally(connection, request) {
-            return None;
-        }
-        match &mut *served.lock().unwrap() {
-            Served::Running(manager) => {
-                crate::replica_core::local_answer(manager, request, Instant::now())
+        let answer = if self.core.lock().unwrap().reads_locally(connection, request) {
+            match &mut *served.lock().unwrap() {
+                Served::Running(manager) => {
+                    crate::replica_core::local_answer(manager, request, Instant::now())
+                }
+                Served::NoStore(_) => None,
             }
-            Served::NoStore(_) => None,
-        }
+        } else {
+            None
+        };
+        (self.core.lock().unwrap()).count_read(answer.is_some());
+        answer
     }
 
     /// Orders `request` that came on `connection` and waits for the answer; an answer other
@@ -972,6 +977,7 @@ impl Applier {
 
     fn run(self, events: mpsc::Receiver<Event>) {
         let (mut held, mut ticked) = (None, Instant::now());
+        let mut logged = (Instant::now(), Counters::default());
         loop {
             if self.replica.core.lock().unwrap().is_stopped() {
                 return;
@@ -981,6 +987,7 @@ impl Applier {
                 ticked = Instant::now();
                 self.propose_expiries();
                 self.propose_once_expiry();
+                logged = self.log_counters(logged);
             }
             let event = match held.take() {
                 Some(event) => event,
@@ -1144,6 +1151,32 @@ impl Applier {
             std::thread::sleep(CATCH_UP_PAUSE);
         }
         self.replica.stop("removed from the group".into());
+    }
+
+    /// Logs the replica's [`Counters`] and its store's synced commits (target
+    /// `tessera_manager::counters`, at debug) at most every [`COUNTERS_EVERY`] and only when
+    /// they changed since `logged`; when and what it logged last.
+    fn log_counters(&self, logged: (Instant, Counters)) -> (Instant, Counters) {
+        let counters = self.replica.core.lock().unwrap().counters();
+        if counters == logged.1 || logged.0.elapsed() < COUNTERS_EVERY {
+            return logged;
+        }
+        let synced = match &*self.served.lock().unwrap() {
+            Served::Running(manager) => manager.synced_commits(),
+            Served::NoStore(_) => 0,
+        };
+        tracing::debug!(
+            target: "tessera_manager::counters",
+            "replica {}: batches {} deliveries {} batch_sizes(1,2-3,4-7,8-15,16+) {:?} \
+             synced_commits {synced} reads_local {} reads_ordered {}",
+            self.replica.id,
+            counters.batches,
+            counters.deliveries,
+            counters.batch_sizes,
+            counters.reads_local,
+            counters.reads_ordered
+        );
+        (Instant::now(), counters)
     }
 
     /// Proposes the removal of every pending file whose lease ran out here.

@@ -43,6 +43,33 @@ struct Progress {
     removed: bool,
 }
 
+/// Counts of what a replica applied and how it answered reads, since it started: what the
+/// throughput measurement (`metadata_throughput_one_and_three_managers`) prints, cheap
+/// enough to keep.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Batches of deliveries applied ([`ReplicaCore::apply_batch`]), each synced once.
+    pub batches: u64,
+    /// Deliveries in them.
+    pub deliveries: u64,
+    /// Batches by size: 1, 2-3, 4-7, 8-15, 16 and more deliveries.
+    pub batch_sizes: [u64; 5],
+    /// Reads answered from the replica's own store.
+    pub reads_local: u64,
+    /// Reads ([`is_read`]) that were ordered instead.
+    pub reads_ordered: u64,
+}
+
+impl Counters {
+    /// Counts one batch of `deliveries`.
+    fn batch(&mut self, deliveries: usize) {
+        self.batches += 1;
+        self.deliveries += deliveries as u64;
+        let bucket = (usize::BITS - deliveries.max(1).leading_zeros() - 1) as usize;
+        self.batch_sizes[bucket.min(4)] += 1;
+    }
+}
+
 /// The replica's state besides its store and its order node (module doc).
 #[derive(Debug)]
 pub struct ReplicaCore {
@@ -70,6 +97,7 @@ pub struct ReplicaCore {
     /// Replicas whose address an applied [`Command::AddReplica`] recorded, for the caller to
     /// give its order driver.
     learned: Vec<(u16, String)>,
+    counters: Counters,
 }
 
 impl ReplicaCore {
@@ -100,6 +128,21 @@ impl ReplicaCore {
             synced: HashMap::new(),
             group: ReplicaGroup::default(),
             learned: Vec::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// What it applied and how it answered reads so far.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Counts a read answered locally (`true`) or ordered.
+    pub fn count_read(&mut self, local: bool) {
+        if local {
+            self.counters.reads_local += 1;
+        } else {
+            self.counters.reads_ordered += 1;
         }
     }
 
@@ -408,6 +451,7 @@ impl ReplicaCore {
         if let Some(manager) = manager.as_deref_mut() {
             manager.begin_batch();
         }
+        self.counters.batch(batch.len());
         let mut answers = Vec::with_capacity(batch.len());
         let mut failed = None;
         for (position, message) in batch {
@@ -535,4 +579,19 @@ pub fn open_installed(
     };
     manager.set_order_position(at);
     Ok((manager, at))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_are_counted_by_size() {
+        let mut counters = Counters::default();
+        for size in [1, 2, 3, 4, 7, 8, 15, 16, 256] {
+            counters.batch(size);
+        }
+        assert_eq!(counters.batch_sizes, [1, 2, 2, 2, 2]);
+        assert_eq!((counters.batches, counters.deliveries), (9, 312));
+    }
 }
