@@ -907,6 +907,34 @@ pub struct TornResolution {
 }
 
 impl Client {
+    /// The parts of `range` (bytes of `file`) that may hold written bytes, in whole stripes
+    /// clipped to `range`, from the extents of every column's data and redundancy files (and
+    /// the stripes a column owes); every other byte of `range` reads as zeros on every
+    /// column. `None` if some column could not say, or listed more extents than one answer
+    /// holds: then any of `range` may hold bytes. A shrinking truncation zeroes only these,
+    /// so cutting a sparse file's tail costs what it holds, not its length.
+    pub async fn written_ranges(
+        &self,
+        file: &crate::File,
+        range: Range<u64>,
+    ) -> Result<Option<Vec<Range<u64>>>, ClientError> {
+        let ctx = self.context_of(file.id).await?;
+        let stripe = ctx.layout.stripe_bytes();
+        let (first, end) = (range.start / stripe, range.end.div_ceil(stripe));
+        let allocation = ctx.allocated_stripes_past(self, None, end, end).await;
+        if !allocation.complete || allocation.extent_end.is_none() {
+            return Ok(None);
+        }
+        let clip = |stripes: &Range<u64>| {
+            let start = stripes.start.max(first).saturating_mul(stripe).max(range.start);
+            let stop = stripes.end.min(end).saturating_mul(stripe).min(range.end);
+            (start < stop).then_some(start..stop)
+        };
+        Ok(Some(allocation.stripes.iter().filter_map(clip).collect()))
+    }
+}
+
+impl Client {
     /// Resolve the torn stripes server `server` holds orphaned stale-parity records of
     /// (full-stripe writes whose writer died): each stripe is locked, which hands the lock
     /// holder the record, and its parity is recomputed from the data, as a scrub of the

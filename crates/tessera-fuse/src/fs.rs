@@ -664,7 +664,9 @@ impl TesseraFs {
     }
 
     /// Sets a file's size; bytes past a smaller size are zeroed so that growing it again
-    /// shows zeros, as POSIX wants (the store's own shrink only hides them).
+    /// shows zeros, as POSIX wants (the store's own shrink only hides them). Only the
+    /// stripes that may hold written bytes are zeroed (the servers' extents): zeroing a
+    /// sparse file's whole tail once filled a disk (a 4 TiB file cut to 1 TiB).
     fn truncate(&self, path: &str, size: u64) -> Result<(), Errno> {
         let file = self.call(self.client.open(path))?;
         let (order, handles) = self.file_of(file.id);
@@ -690,15 +692,26 @@ impl TesseraFs {
         // Blocks read ahead hold the old bytes and the old size.
         forget_read_ahead(handles);
         let old = self.call(self.client.size(file))?;
-        let mut at = size;
-        while at < old {
-            let len = (old - at).min(cache::WRITE_BACK_BYTES as u64);
+        if size < old {
+            let written = self.call(self.client.written_ranges(file, size..old))?;
+            for range in written.unwrap_or_else(|| vec![size..old]) {
+                self.zero(file, range)?;
+            }
+        }
+        self.call(self.client.set_size(file, size))?;
+        self.call(self.client.touch(file, now_nanos()))
+    }
+
+    /// Writes zeros over `range` of `file`, a write-back buffer at a time.
+    fn zero(&self, file: &File, range: std::ops::Range<u64>) -> Result<(), Errno> {
+        let mut at = range.start;
+        while at < range.end {
+            let len = (range.end - at).min(cache::WRITE_BACK_BYTES as u64);
             let zeros = vec![0u8; len as usize];
             self.call(self.client.write_at(file, at, &zeros))?;
             at += len;
         }
-        self.call(self.client.set_size(file, size))?;
-        self.call(self.client.touch(file, now_nanos()))
+        Ok(())
     }
 
     fn listing(&self, path: &str) -> Result<Listing, Errno> {

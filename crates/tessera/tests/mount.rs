@@ -673,6 +673,42 @@ fn names_a_listing_cannot_show_leave_the_rest_listed() {
     assert_eq!(std::fs::read(&fetched).unwrap(), b"plain bytes");
 }
 
+/// A shrinking truncation zeroes only what the file holds: a sparse 8 GiB file (bytes
+/// written at its start and its end) cut to 100 bytes writes next to nothing (it once wrote
+/// zeros over the whole tail, which filled a disk), and growing it again shows zeros where
+/// the last byte was.
+#[test]
+fn truncating_a_sparse_file_writes_only_what_it_held() {
+    use std::os::unix::fs::FileExt;
+    let m = Mounted::start();
+    let path = m.path("sparse");
+    let far = 8u64 << 30;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .open(&path)
+        .unwrap();
+    file.write_all_at(b"head", 0).unwrap();
+    file.write_all_at(b"x", far).unwrap();
+    file.sync_all().unwrap();
+    file.set_len(100).unwrap();
+    file.set_len(far + 1).unwrap();
+    let mut byte = [7u8; 1];
+    file.read_exact_at(&mut byte, far).unwrap();
+    assert_eq!(byte, [0], "the byte cut off shows again after growing");
+    let mut head = [0u8; 4];
+    file.read_exact_at(&mut head, 0).unwrap();
+    assert_eq!(&head, b"head");
+    file.sync_all().unwrap();
+    drop(file);
+    let stat: serde_json::Value =
+        serde_json::from_str(&ok(m.cli(&["stat", "sparse", "--json"]))).unwrap();
+    assert_eq!(stat["size"], far + 1);
+    let stored = stat["stored_bytes"].as_u64().unwrap();
+    assert!(stored < 64 << 20, "{stored} bytes stored for two written");
+}
+
 /// A seeded generator for the fsx run (xorshift: the run replays from its seed alone).
 struct Dice(u64);
 
