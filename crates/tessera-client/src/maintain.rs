@@ -926,7 +926,11 @@ impl Client {
             return Ok(None);
         }
         let clip = |stripes: &Range<u64>| {
-            let start = stripes.start.max(first).saturating_mul(stripe).max(range.start);
+            let start = stripes
+                .start
+                .max(first)
+                .saturating_mul(stripe)
+                .max(range.start);
             let stop = stripes.end.min(end).saturating_mul(stripe).min(range.end);
             (start < stop).then_some(start..stop)
         };

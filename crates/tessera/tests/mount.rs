@@ -687,6 +687,7 @@ fn truncating_a_sparse_file_writes_only_what_it_held() {
         .read(true)
         .write(true)
         .create(true)
+        .truncate(true)
         .open(&path)
         .unwrap();
     file.write_all_at(b"head", 0).unwrap();
