@@ -1222,7 +1222,6 @@ impl<'txn> Change<'txn> {
         Ok(())
     }
 
-    /// Stores a file's record only (a pending file has no path yet; a named one keeps its own).
     /// Sets `meta`'s size to `size` (with `grow_only`, to at least `size`) within the file's
     /// largest, and writes its record.
     fn resize_file(
@@ -1236,6 +1235,7 @@ impl<'txn> Change<'txn> {
         self.put_file_record(&meta)
     }
 
+    /// Stores a file's record only (a pending file has no path yet; a named one keeps its own).
     fn put_file_record(&mut self, meta: &FileMeta) -> Result<(), Failure> {
         let record = postcard::to_allocvec(meta)?;
         self.tables.files.insert(meta.id, record.as_slice())?;

@@ -10,8 +10,8 @@
 use bytes::Bytes;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
-use tessera_order::{Config, Event, Group, NodeId, Start};
-use tessera_order_udp::{spawn, Broadcast, DriverConfig, DriverError};
+use tessera_order::{Config, Event};
+use tessera_order_udp::{spawn, DriverConfig, DriverError};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -35,16 +35,7 @@ fn main() {
         .into_iter()
         .enumerate()
         .map(|(i, socket)| {
-            let driver = DriverConfig {
-                config: config.clone(),
-                group: Group::all_to_all(nodes),
-                node: NodeId(i as u16),
-                incarnation: 0,
-                start: Start::Initial,
-                seed: i as u64,
-                peers: peers.clone(),
-                broadcast: Broadcast::Unicast,
-            };
+            let driver = DriverConfig::all_to_all(i, nodes, config.clone(), peers.clone());
             spawn(driver, socket).expect("spawn")
         })
         .collect();

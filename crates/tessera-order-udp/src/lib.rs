@@ -121,6 +121,23 @@ pub struct DriverConfig {
     pub broadcast: Broadcast,
 }
 
+impl DriverConfig {
+    /// Node `node` of a fresh all-to-all group of `nodes` over unicast, at incarnation 0,
+    /// seeded with its id: the plain setup of tests and examples on one host.
+    pub fn all_to_all(node: usize, nodes: usize, config: Config, peers: Vec<SocketAddr>) -> Self {
+        DriverConfig {
+            config,
+            group: Group::all_to_all(nodes),
+            node: NodeId(node as u16),
+            incarnation: 0,
+            start: Start::Initial,
+            seed: node as u64,
+            peers,
+            broadcast: Broadcast::Unicast,
+        }
+    }
+}
+
 /// Why the driver could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {

@@ -7,8 +7,8 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tessera_order::{Config, Event, Group, MsgId, NodeId, Start};
-use tessera_order_udp::{spawn_inline, Application, Broadcast, Control, DriverConfig, Loss};
+use tessera_order::{Config, Event, MsgId};
+use tessera_order_udp::{spawn_inline, Application, Control, DriverConfig, Loss};
 
 /// Proposes `total` messages, at most `outstanding` of them not yet delivered, and keeps
 /// every UTO delivery.
@@ -80,16 +80,7 @@ fn inline_applications_deliver_one_order_with_loss() {
         .into_iter()
         .enumerate()
         .map(|(i, socket)| {
-            let driver = DriverConfig {
-                config: Config::default(),
-                group: Group::all_to_all(nodes),
-                node: NodeId(i as u16),
-                incarnation: 0,
-                start: Start::Initial,
-                seed: i as u64,
-                peers: peers.clone(),
-                broadcast: Broadcast::Unicast,
-            };
+            let driver = DriverConfig::all_to_all(i, nodes, Config::default(), peers.clone());
             let loss = Loss {
                 send: 0.02,
                 receive: 0.02,

@@ -4,8 +4,8 @@
 use bytes::Bytes;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
-use tessera_order::{Config, Event, Group, MsgId, NodeId, Start};
-use tessera_order_udp::{spawn, spawn_split_lossy, Broadcast, DriverConfig, Handle, Loss};
+use tessera_order::{Config, Event, MsgId, NodeId};
+use tessera_order_udp::{spawn, spawn_split_lossy, DriverConfig, Handle, Loss};
 
 fn start(nodes: usize) -> Vec<Handle> {
     start_lossy(nodes, None)
@@ -13,16 +13,7 @@ fn start(nodes: usize) -> Vec<Handle> {
 
 /// Node `i`'s driver settings in an all-to-all group of `nodes` over unicast to `peers`.
 fn driver(i: usize, nodes: usize, config: Config, peers: &[SocketAddr]) -> DriverConfig {
-    DriverConfig {
-        config,
-        group: Group::all_to_all(nodes),
-        node: NodeId(i as u16),
-        incarnation: 0,
-        start: Start::Initial,
-        seed: i as u64,
-        peers: peers.to_vec(),
-        broadcast: Broadcast::Unicast,
-    }
+    DriverConfig::all_to_all(i, nodes, config, peers.to_vec())
 }
 
 /// `nodes` nodes; with `loss`, each drops datagrams as it says (seeded by the node).

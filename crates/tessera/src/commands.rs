@@ -435,23 +435,24 @@ pub async fn read(
     Ok(())
 }
 
+/// A file's path, id, size and layout as JSON: `ls --json`'s entries, which `stat --json`
+/// extends.
+fn file_json(meta: &tessera_wire::FileMeta) -> serde_json::Value {
+    serde_json::json!({
+        "path": meta.path,
+        "id": meta.id,
+        "size": meta.size,
+        "scheme": meta.layout.scheme.name(),
+        "stripe_unit": meta.layout.stripe_unit,
+        "width": meta.layout.width,
+    })
+}
+
 pub async fn ls(config: &Config, prefix: &str, json: bool) -> Result<()> {
     let client = connect(config)?;
     let files = client.list(prefix).await?;
     if json {
-        let files: Vec<_> = files
-            .iter()
-            .map(|meta| {
-                serde_json::json!({
-                    "path": meta.path,
-                    "id": meta.id,
-                    "size": meta.size,
-                    "scheme": meta.layout.scheme.name(),
-                    "stripe_unit": meta.layout.stripe_unit,
-                    "width": meta.layout.width,
-                })
-            })
-            .collect();
+        let files: Vec<_> = files.iter().map(file_json).collect();
         println!("{}", serde_json::to_string_pretty(&files)?);
         return Ok(());
     }
@@ -477,18 +478,11 @@ pub async fn stat(config: &Config, remote: &str, json: bool) -> Result<()> {
     let stat = client.stat(remote).await?;
     let meta = &stat.meta;
     if json {
-        let value = serde_json::json!({
-            "path": meta.path,
-            "id": meta.id,
-            "size": meta.size,
-            "scheme": meta.layout.scheme.name(),
-            "stripe_unit": meta.layout.stripe_unit,
-            "width": meta.layout.width,
-            "servers": meta.servers,
-            "stored_bytes": stat.stored_bytes,
-            "snapshot_bytes": stat.snapshot_bytes,
-            "unreachable_servers": stat.unreachable,
-        });
+        let mut value = file_json(meta);
+        value["servers"] = serde_json::json!(meta.servers);
+        value["stored_bytes"] = serde_json::json!(stat.stored_bytes);
+        value["snapshot_bytes"] = serde_json::json!(stat.snapshot_bytes);
+        value["unreachable_servers"] = serde_json::json!(stat.unreachable);
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         let ratio = if meta.size > 0 {
