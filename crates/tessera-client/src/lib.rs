@@ -56,7 +56,7 @@ pub use tessera_layout::{Layout, Scheme};
 pub use tessera_transport::{CongestionKind, DatagramConfig, TransportKind};
 pub use tessera_wire::{AccessKeyInfo, ReplicaStatus};
 pub use tessera_wire::{DirListing, LayoutRequest, NamespaceEntry, ServerState};
-pub use transfer::{OpenFile, TRANSFERS_IN_FLIGHT, TRANSFER_CHUNK_BYTES};
+pub use transfer::{OpenFile, StreamUploadError, TRANSFERS_IN_FLIGHT, TRANSFER_CHUNK_BYTES};
 
 /// Requests one operation keeps in flight at once: a whole stripe of 64 servers goes out
 /// together. What they answer does not all come at once: the datagram transport's receive
@@ -1078,22 +1078,14 @@ impl Client {
         read_ahead: usize,
     ) -> Result<impl futures::Stream<Item = Result<(Vec<u8>, Duration), ClientError>>, ClientError>
     {
-        use futures::StreamExt;
         let ctx = Arc::new(self.context_of(file.id).await?);
-        let client = self.clone();
-        Ok(futures::stream::iter(offsets)
-            .map(move |offset| {
-                let (client, ctx) = (client.clone(), ctx.clone());
-                async move {
-                    let began = std::time::Instant::now();
-                    ctx.check_range(offset, block_bytes as u64)?;
-                    let mut block = vec![0u8; block_bytes];
-                    let got = ctx.read_into(&client, offset, &mut block).await?;
-                    block.truncate(got);
-                    Ok((block, began.elapsed()))
-                }
-            })
-            .buffered(read_ahead.max(1)))
+        Ok(transfer::blocks(
+            self.clone(),
+            ctx,
+            offsets,
+            block_bytes,
+            read_ahead,
+        ))
     }
 
     /// The file's size.

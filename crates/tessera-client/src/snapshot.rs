@@ -228,6 +228,36 @@ impl Client {
         offset: u64,
         len: u64,
     ) -> Result<Vec<u8>, ClientError> {
+        let ctx = self.snapshot_context(handle).await?;
+        ctx.check_range(offset, len)?;
+        let available = ctx.meta.size.saturating_sub(offset).min(len);
+        let mut out = vec![0u8; available as usize];
+        let read = ctx.read_into(self, offset, &mut out).await?;
+        out.truncate(read);
+        Ok(out)
+    }
+
+    /// Read `len` bytes at `offset` of a file as its snapshot holds it (fewer past its end)
+    /// into `sink`, as [`Client::download`] does: the servers are looked up once, several
+    /// chunks in flight. Returns the bytes read.
+    pub async fn snapshot_download(
+        &self,
+        handle: &SnapshotHandle,
+        offset: u64,
+        len: u64,
+        sink: &mut dyn std::io::Write,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<u64, ClientError> {
+        let ctx = self.snapshot_context(handle).await?;
+        self.download_from(&ctx, offset, len, sink, None, progress)
+            .await
+    }
+
+    /// The view a snapshot's reads take of its file: the servers as they are now.
+    async fn snapshot_context(
+        &self,
+        handle: &SnapshotHandle,
+    ) -> Result<crate::context::FileContext, ClientError> {
         let servers = self.status().await?;
         let meta = handle.file.meta.clone();
         let columns = meta
@@ -248,12 +278,7 @@ impl Client {
         };
         let mut ctx = self.context_from(view)?;
         ctx.snapshot = Some(handle.epoch);
-        ctx.check_range(offset, len)?;
-        let available = ctx.meta.size.saturating_sub(offset).min(len);
-        let mut out = vec![0u8; available as usize];
-        let read = ctx.read_into(self, offset, &mut out).await?;
-        out.truncate(read);
-        Ok(out)
+        Ok(ctx)
     }
 
     /// Removes snapshot `name`: its servers drop the copies no other snapshot reads, and the

@@ -86,18 +86,23 @@ impl OpenFile {
     /// stream near a quarter of its budget per period (whole stripes still), so that chunks
     /// released at the rate finish within the period whose bytes they carry.
     pub fn chunk_bytes(&self, stream: Option<&StreamClock>) -> u64 {
-        let stripe = self.ctx.layout.stripe_bytes();
-        let target = stream.map_or(TRANSFER_CHUNK_BYTES, |stream| {
-            (stream.budget_bytes() / 4).min(TRANSFER_CHUNK_BYTES)
-        });
-        stripe * (target / stripe).max(1)
+        chunk_bytes(&self.ctx, stream)
     }
+}
+
+/// See [`OpenFile::chunk_bytes`].
+fn chunk_bytes(ctx: &FileContext, stream: Option<&StreamClock>) -> u64 {
+    let stripe = ctx.layout.stripe_bytes();
+    let target = stream.map_or(TRANSFER_CHUNK_BYTES, |stream| {
+        (stream.budget_bytes() / 4).min(TRANSFER_CHUNK_BYTES)
+    });
+    stripe * (target / stripe).max(1)
 }
 
 /// Where an upload's bytes come from.
 enum Source<'a> {
     /// Read (and copied) chunk by chunk.
-    Reader(&'a mut dyn Read),
+    Reader(&'a mut (dyn Read + Send)),
     /// Already in memory: written from where they are.
     Bytes(&'a [u8]),
 }
@@ -169,9 +174,9 @@ impl Client {
         &self,
         open: &mut OpenFile,
         offset: u64,
-        source: &mut dyn Read,
+        source: &mut (dyn Read + Send),
         stream: Option<&mut StreamClock>,
-        progress: &mut dyn FnMut(u64),
+        progress: &mut (dyn FnMut(u64) + Send),
     ) -> Result<u64, ClientError> {
         let source = Source::Reader(source);
         self.upload_from(open, offset, source, stream, progress)
@@ -197,7 +202,7 @@ impl Client {
         offset: u64,
         mut source: Source<'_>,
         mut stream: Option<&mut StreamClock>,
-        progress: &mut dyn FnMut(u64),
+        progress: &mut (dyn FnMut(u64) + Send),
     ) -> Result<u64, ClientError> {
         let chunk = open.chunk_bytes(stream.as_deref()) as usize;
         let ctx = &open.ctx;
@@ -248,6 +253,57 @@ impl Client {
         outcome
     }
 
+    /// Write the chunks `source` yields, one after another from `offset`, with up to
+    /// [`TRANSFERS_IN_FLIGHT`] writes in flight while the next chunk is awaited (a request
+    /// body arriving over the network, say). Chunks of whole stripes
+    /// ([`OpenFile::chunk_bytes`]) write without reading parity back; a chunk is written from
+    /// where it is (no copy). Returns the bytes written. As with [`Client::upload`], the
+    /// manager learns the size only from [`Client::sync_open`] or [`Client::commit_upload`].
+    pub async fn upload_stream<S, E>(
+        &self,
+        open: &mut OpenFile,
+        offset: u64,
+        mut source: S,
+    ) -> Result<u64, StreamUploadError<E>>
+    where
+        S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+    {
+        let ctx = &open.ctx;
+        let mut in_flight = FuturesUnordered::new();
+        let (mut at, mut ended) = (offset, false);
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                    if let Err(e) = done {
+                        break Err(StreamUploadError::Store(e));
+                    }
+                }
+                next = source.next(), if !ended && in_flight.len() < TRANSFERS_IN_FLIGHT => {
+                    match next {
+                        None => ended = true,
+                        Some(Err(e)) => break Err(StreamUploadError::Source(e)),
+                        Some(Ok(chunk)) => {
+                            let (start, len) = (at, chunk.len() as u64);
+                            if let Err(e) = ctx.check_range(start, len) {
+                                break Err(StreamUploadError::Store(e));
+                            }
+                            at += len;
+                            in_flight.push(async move { ctx.write(self, start, &chunk).await });
+                        }
+                    }
+                }
+                else => break Ok(at - offset),
+            }
+        };
+        // A chunk written before a failure still counts: the size covers what may be there.
+        drop(in_flight);
+        if at > offset {
+            open.ctx.meta.size = open.ctx.meta.size.max(at);
+        }
+        outcome
+    }
+
     /// Make an open file's writes durable, as [`Client::sync`] does, with the size they gave
     /// it: the manager's sync grows the file to it (one request).
     pub async fn sync_open(&self, open: &mut OpenFile) -> Result<(), ClientError> {
@@ -287,13 +343,26 @@ impl Client {
         offset: u64,
         len: u64,
         sink: &mut dyn Write,
+        stream: Option<&mut StreamClock>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<u64, ClientError> {
+        self.download_from(&open.ctx, offset, len, sink, stream, progress)
+            .await
+    }
+
+    /// [`Client::download`] of the file `ctx` describes (a live file, or a snapshot's).
+    pub(crate) async fn download_from(
+        &self,
+        ctx: &FileContext,
+        offset: u64,
+        len: u64,
+        sink: &mut dyn Write,
         mut stream: Option<&mut StreamClock>,
         progress: &mut dyn FnMut(u64),
     ) -> Result<u64, ClientError> {
-        let ctx = &open.ctx;
         ctx.check_range(offset, len)?;
-        let chunk = open.chunk_bytes(stream.as_deref());
-        let len = len.min(open.size().saturating_sub(offset));
+        let chunk = chunk_bytes(ctx, stream.as_deref());
+        let len = len.min(ctx.meta.size.saturating_sub(offset));
         let pacing = stream.as_ref().map(|stream| stream.pacing());
         let mut done = 0;
         let pieces = std::iter::from_fn(|| {
@@ -335,6 +404,23 @@ impl Client {
         Ok(total)
     }
 
+    /// [`Client::read_blocks`] of a file already open: no manager round trip.
+    pub fn read_open_blocks(
+        &self,
+        open: OpenFile,
+        offsets: impl IntoIterator<Item = u64, IntoIter: Send + 'static>,
+        block_bytes: usize,
+        read_ahead: usize,
+    ) -> impl futures::Stream<Item = Result<(Vec<u8>, std::time::Duration), ClientError>> {
+        blocks(
+            self.clone(),
+            std::sync::Arc::new(open.ctx),
+            offsets,
+            block_bytes,
+            read_ahead,
+        )
+    }
+
     /// Fill `out` from `offset` straight from the servers, several chunks in flight; returns
     /// the bytes the file had there (fewer than `out` holds past its end).
     pub async fn download_into(
@@ -346,10 +432,16 @@ impl Client {
         let ctx = &open.ctx;
         ctx.check_range(offset, out.len() as u64)?;
         let chunk = open.chunk_bytes(None) as usize;
-        let reads = out.chunks_mut(chunk).enumerate().map(|(i, part)| {
-            let at = offset + (i * chunk) as u64;
-            async move { ctx.read_into(self, at, part).await }
-        });
+        // Collected first: a future holding the lazy iterator (a closure over `&mut [u8]`)
+        // would not be `Send` (rustc cannot see the closure is general over the lifetime).
+        let reads: Vec<_> = out
+            .chunks_mut(chunk)
+            .enumerate()
+            .map(|(i, part)| {
+                let at = offset + (i * chunk) as u64;
+                async move { ctx.read_into(self, at, part).await }
+            })
+            .collect();
         let mut reads = futures::stream::iter(reads).buffer_unordered(TRANSFERS_IN_FLIGHT);
         let mut total = 0;
         while let Some(got) = reads.next().await {
@@ -357,6 +449,39 @@ impl Client {
         }
         Ok(total)
     }
+}
+
+/// The blocks of `block_bytes` at `offsets` of the file `ctx` describes, `read_ahead` read
+/// at once, in order (see [`Client::read_blocks`]).
+pub(crate) fn blocks(
+    client: Client,
+    ctx: std::sync::Arc<FileContext>,
+    offsets: impl IntoIterator<Item = u64, IntoIter: Send + 'static>,
+    block_bytes: usize,
+    read_ahead: usize,
+) -> impl futures::Stream<Item = Result<(Vec<u8>, std::time::Duration), ClientError>> {
+    futures::stream::iter(offsets)
+        .map(move |offset| {
+            let (client, ctx) = (client.clone(), ctx.clone());
+            async move {
+                let began = std::time::Instant::now();
+                ctx.check_range(offset, block_bytes as u64)?;
+                let mut block = vec![0u8; block_bytes];
+                let got = ctx.read_into(&client, offset, &mut block).await?;
+                block.truncate(got);
+                Ok((block, began.elapsed()))
+            }
+        })
+        .buffered(read_ahead.max(1))
+}
+
+/// Why [`Client::upload_stream`] stopped: its source failed, or the store refused a write.
+#[derive(Debug)]
+pub enum StreamUploadError<E> {
+    /// The source yielded this error.
+    Source(E),
+    /// Writing to the store failed.
+    Store(ClientError),
 }
 
 /// Waits until `release` (the next chunk's period), meanwhile taking the chunks in flight
@@ -368,7 +493,7 @@ async fn wait_draining<F>(
     release: tokio::time::Instant,
     in_flight: &mut FuturesUnordered<F>,
     stream: &mut StreamClock,
-    progress: &mut dyn FnMut(u64),
+    progress: &mut (dyn FnMut(u64) + Send),
 ) -> Result<(), ClientError>
 where
     F: std::future::Future<Output = Result<usize, ClientError>>,

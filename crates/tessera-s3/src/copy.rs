@@ -1,13 +1,15 @@
 //! CopyObject, and the conditions of puts and reads that need the object's current ETag.
 
 use crate::conditions::{self, Conditions, Verdict};
-use crate::gateway::{name_err, s3_err, Gateway};
+use crate::gateway::{name_err, s3_err, Gateway, READ_AHEAD};
 use crate::meta::{hex, ObjectMeta, FORMAT_VERSION};
 use crate::names;
+use bytes::Bytes;
+use futures::StreamExt;
 use md5::{Digest, Md5};
 use s3s::dto::*;
 use s3s::{s3_error, S3ErrorCode, S3Request, S3Response, S3Result};
-use tessera_client::File;
+use tessera_client::{File, OpenFile, StreamUploadError};
 
 impl Gateway {
     /// The object's ETag and modification time, or `None` if there is no such object.
@@ -127,15 +129,15 @@ impl Gateway {
             (meta.content_type, meta.metadata.into_iter().collect())
         };
         let internal = |e| s3_err(e, S3ErrorCode::InternalError);
-        let pending = self
+        let (pending, mut open) = self
             .client
-            .create_pending(&names::object_path(bucket, key), layout.clone())
+            .create_pending_open(&names::object_path(bucket, key), layout.clone())
             .await
             .map_err(internal)?;
         let md5 = self
-            .fill_pending(&pending, async {
+            .fill_pending(&pending, &mut open, async |open: &mut OpenFile| {
                 let size = self.client.size(&source).await.map_err(internal)?;
-                self.copy_hashed(&source, &pending.file, size).await
+                self.copy_hashed(&source, open, size).await
             })
             .await?;
         let meta = ObjectMeta {
@@ -146,7 +148,7 @@ impl Gateway {
             content_type,
             metadata: metadata.into_iter().collect(),
         };
-        self.commit_object(bucket, key, layout, &pending, &meta)
+        self.commit_object((bucket, key), layout, (&pending, Some(&open)), &meta)
             .await?;
         let output = CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
@@ -161,50 +163,57 @@ impl Gateway {
 
     /// Copy the first `len` bytes of `from` to the start of `to`, a chunk at a time; the
     /// MD5 of what was copied.
-    async fn copy_hashed(&self, from: &File, to: &File, len: u64) -> S3Result<[u8; 16]> {
+    async fn copy_hashed(&self, from: &File, to: &mut OpenFile, len: u64) -> S3Result<[u8; 16]> {
         let mut md5 = Md5::new();
         self.copy_bytes((from, 0), (to, 0), len, Some(&mut md5))
             .await?;
         Ok(md5.finalize().into())
     }
 
-    /// Copy `len` bytes of `from` at `from_at` to `to` at `to_at`, a chunk at a time,
-    /// hashing them into `md5` if given.
+    /// Copy `len` bytes of `from` at `from_at` to `to` at `to_at`, a chunk at a time (reads
+    /// ahead and writes in flight overlap), hashing them into `md5` if given. Both files are
+    /// looked up once. The ranges must not overlap unless `from_at >= to_at + len`.
     pub(crate) async fn copy_bytes(
         &self,
         (from, from_at): (&File, u64),
-        (to, to_at): (&File, u64),
+        (to, to_at): (&mut OpenFile, u64),
         len: u64,
         mut md5: Option<&mut Md5>,
     ) -> S3Result<()> {
         let internal = |e| s3_err(e, S3ErrorCode::InternalError);
-        let chunk = self.chunk_bytes(to).await.map_err(internal)?;
+        let chunk = to.chunk_bytes(None);
+        let offsets = (0..len)
+            .step_by(chunk as usize)
+            .map(move |done| from_at + done);
+        let blocks = self
+            .client
+            .read_blocks(from, offsets, chunk as usize, READ_AHEAD)
+            .await
+            .map_err(internal)?;
         let mut done = 0;
-        while done < len {
-            let n = chunk.min(len - done);
-            let bytes = self
-                .client
-                .read_at(from, from_at + done, n)
-                .await
-                .map_err(internal)?;
-            if bytes.len() as u64 != n {
+        let chunks = blocks.map(|block| {
+            let wanted = chunk.min(len - done);
+            let (mut block, _) = block.map_err(internal)?;
+            if (block.len() as u64) < wanted {
                 return Err(s3_error!(
                     InternalError,
-                    "{}: {} bytes at {} where {n} were expected (changed under the copy?)",
+                    "{}: {} bytes at {} where {wanted} were expected (changed under the copy?)",
                     from.path,
-                    bytes.len(),
+                    block.len(),
                     from_at + done
                 ));
             }
+            block.truncate(wanted as usize);
             if let Some(md5) = md5.as_deref_mut() {
-                md5.update(&bytes);
+                md5.update(&block);
             }
-            self.client
-                .write_at(to, to_at + done, &bytes)
-                .await
-                .map_err(internal)?;
-            done += n;
+            done += wanted;
+            Ok(Bytes::from(block))
+        });
+        match self.client.upload_stream(to, to_at, Box::pin(chunks)).await {
+            Ok(_) => Ok(()),
+            Err(StreamUploadError::Source(e)) => Err(e),
+            Err(StreamUploadError::Store(e)) => Err(internal(e)),
         }
-        Ok(())
     }
 }

@@ -8,19 +8,15 @@ use futures::StreamExt;
 use md5::{Digest, Md5};
 use s3s::dto::StreamingBlob;
 use s3s::{s3_error, S3Error, S3ErrorCode, S3Result};
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use tessera_client::{Client, ClientError, File, LayoutRequest, PendingFile};
+use tessera_client::{
+    Client, ClientError, LayoutRequest, OpenFile, PendingFile, StreamUploadError,
+};
 use tessera_wire::ManagerError;
 
-/// Bytes one client call of a streamed body moves (rounded to whole stripes).
-const CHUNK_BYTES: u64 = 8 << 20;
-/// Chunk writes of one upload in flight while the next chunk arrives: with the chunk being
-/// filled, an upload holds at most `(WRITES_IN_FLIGHT + 1) * CHUNK_BYTES` (plus a stripe).
-const WRITES_IN_FLIGHT: usize = 2;
 /// Chunk reads of one download ahead of the one being sent.
-const READ_AHEAD: usize = 2;
+pub(crate) const READ_AHEAD: usize = 2;
 /// Largest gateway record (bucket config, object metadata) read back.
 const RECORD_BYTES_MAX: u64 = 1 << 20;
 /// Header overriding the scheme of a new bucket or object.
@@ -106,13 +102,16 @@ impl Gateway {
 
     /// A small file's bytes, or `None` if there is no such file.
     pub(crate) async fn read_record(&self, path: &str) -> Result<Option<Vec<u8>>, ClientError> {
-        let file = match self.client.open(path).await {
-            Ok(file) => file,
+        // One manager round trip: the open brings the size and layout with it.
+        let open = match self.client.open_file(path).await {
+            Ok(open) => open,
             Err(e) if is_not_found(&e) => return Ok(None),
             Err(e) => return Err(e),
         };
-        let size = self.client.size(&file).await?.min(RECORD_BYTES_MAX);
-        self.client.read_at(&file, 0, size).await.map(Some)
+        let mut bytes = vec![0u8; open.size().min(RECORD_BYTES_MAX) as usize];
+        let got = self.client.download_into(&open, 0, &mut bytes).await?;
+        bytes.truncate(got);
+        Ok(Some(bytes))
     }
 
     /// The layout defaults of `bucket`; `NoSuchBucket` if it does not exist.
@@ -149,21 +148,17 @@ impl Gateway {
         (meta.file == file).then_some(meta)
     }
 
-    /// Write `bytes` as a new file that takes `path` when committed; it is synced, not yet
-    /// committed.
+    /// Write `bytes` as a new file that takes `path` when committed (by
+    /// [`Client::commit_upload`], which syncs it first).
     pub(crate) async fn write_pending_record(
         &self,
         path: &str,
         layout: LayoutRequest,
         bytes: &[u8],
-    ) -> Result<PendingFile, ClientError> {
-        let pending = self.client.create_pending(path, layout).await?;
-        let written = async {
-            self.client.write_at(&pending.file, 0, bytes).await?;
-            self.client.sync(&pending.file).await
-        };
-        match written.await {
-            Ok(()) => Ok(pending),
+    ) -> Result<(PendingFile, OpenFile), ClientError> {
+        let (pending, mut open) = self.client.create_pending_open(path, layout).await?;
+        match self.client.upload_bytes(&mut open, 0, bytes).await {
+            Ok(()) => Ok((pending, open)),
             Err(e) => {
                 let _ = self.client.abandon_pending(&pending).await;
                 Err(e)
@@ -171,44 +166,37 @@ impl Gateway {
         }
     }
 
-    /// Run `write` (which fills a pending file and gives the MD5 of what it wrote) under the
-    /// file's lease, then sync the file; on any failure the pending file is abandoned.
+    /// Run `write` (which fills a pending file, open as `open`, and gives the MD5 of what it
+    /// wrote) under the file's lease; on any failure the pending file is abandoned. The
+    /// file is synced by its commit ([`Gateway::commit_object`]).
     pub(crate) async fn fill_pending(
         &self,
         pending: &PendingFile,
-        write: impl std::future::Future<Output = S3Result<[u8; 16]>>,
+        open: &mut OpenFile,
+        write: impl AsyncFnOnce(&mut OpenFile) -> S3Result<[u8; 16]>,
     ) -> S3Result<[u8; 16]> {
-        let filled = self
-            .client
-            .keep_pending(pending, async {
-                let md5 = write.await?;
-                self.client
-                    .sync(&pending.file)
-                    .await
-                    .map_err(|e| s3_err(e, S3ErrorCode::InternalError))?;
-                Ok(md5)
-            })
-            .await;
+        let filled = self.client.keep_pending(pending, write(open)).await;
         if filled.is_err() {
             let _ = self.client.abandon_pending(pending).await;
         }
         filled
     }
 
-    /// Give a written and synced pending file its object's key, with `meta` beside it. The
-    /// metadata record is written first and committed after the object: without it the
-    /// object stays readable, with an ETag made from its file id.
+    /// Give a written pending file its object's key, with `meta` beside it. The metadata
+    /// record is written first and committed after the object: without it the object stays
+    /// readable, with an ETag made from its file id. An object `open` for transfers is
+    /// synced and committed with the size its writes gave it ([`Client::commit_upload`]:
+    /// no manager request of its own for the sync); without, it must be synced already.
     pub(crate) async fn commit_object(
         &self,
-        bucket: &str,
-        key: &str,
+        (bucket, key): (&str, &str),
         layout: LayoutRequest,
-        object: &PendingFile,
+        (object, open): (&PendingFile, Option<&OpenFile>),
         meta: &ObjectMeta,
     ) -> S3Result<()> {
         let internal = |e| s3_err(e, S3ErrorCode::InternalError);
         let bytes = serde_json::to_vec(meta).expect("serializable");
-        let record = match self
+        let (record, record_open) = match self
             .write_pending_record(&names::meta_path(bucket, key), layout, &bytes)
             .await
         {
@@ -218,121 +206,68 @@ impl Gateway {
                 return Err(internal(e));
             }
         };
-        if let Err(e) = self.client.commit_pending(&object.file).await {
+        let committed = match open {
+            // Under the lease: syncing a large object may take a while.
+            Some(open) => {
+                let commit = self.client.commit_upload(open);
+                self.client.keep_pending(object, commit).await
+            }
+            None => self.client.commit_pending(&object.file).await,
+        };
+        if let Err(e) = committed {
             let _ = self.client.abandon_pending(&record).await;
             let _ = self.client.abandon_pending(object).await;
             return Err(internal(e));
         }
-        if let Err(e) = self.client.commit_pending(&record.file).await {
+        if let Err(e) = self.client.commit_upload(&record_open).await {
             tracing::warn!("{bucket}/{key}: stored, but its metadata could not be: {e}");
             let _ = self.client.abandon_pending(&record).await;
         }
         Ok(())
     }
 
-    /// Bytes per chunk of a file's transfers: whole stripes, about [`CHUNK_BYTES`].
-    pub(crate) async fn chunk_bytes(&self, file: &File) -> Result<u64, ClientError> {
-        let stripe = self.client.meta(file).await?.layout.stripe_bytes();
-        Ok(stripe * (CHUNK_BYTES / stripe).max(1))
-    }
-
-    /// Write a request body into `file` from offset 0, a chunk at a time, as it arrives;
-    /// returns its length and MD5.
-    pub(crate) async fn write_body(
-        &self,
-        file: &File,
-        body: Option<StreamingBlob>,
-    ) -> S3Result<(u64, [u8; 16])> {
-        self.write_body_at(file, 0, body).await
-    }
-
-    /// Write a request body into `file` from offset `base`, a chunk at a time, as it arrives;
-    /// returns its length and MD5.
+    /// Write a request body into `open` from offset `base`, a chunk of whole stripes at a
+    /// time, as it arrives, [`tessera_client::TRANSFERS_IN_FLIGHT`] chunks written while the
+    /// next arrives (the open file's view serves every chunk: no manager round trip per
+    /// chunk); returns its length and MD5. The manager learns the size at the sync or commit.
     pub(crate) async fn write_body_at(
         &self,
-        file: &File,
+        open: &mut OpenFile,
         base: u64,
         body: Option<StreamingBlob>,
     ) -> S3Result<(u64, [u8; 16])> {
-        let chunk = self
-            .chunk_bytes(file)
-            .await
-            .map_err(|e| s3_err(e, S3ErrorCode::InternalError))? as usize;
-        // The MD5 of each chunk is taken on a blocking thread while the next chunk arrives
-        // (one chunk at a time, in order): inline, it was a third of the gateway's CPU on
-        // the task that receives the body.
-        let mut md5 = Md5Chain::default();
-        let (mut buf, mut offset) = (Vec::with_capacity(chunk), base);
-        let mut writes = VecDeque::new();
-        let mut body = body.map(|b| b.boxed());
-        let result = async {
-            loop {
-                let next = match body.as_mut() {
-                    // A body that sends nothing for the idle time fails its request (a
-                    // stalled upload would otherwise hold its connection and chunk forever).
-                    Some(stream) => tokio::time::timeout(self.idle, stream.next())
-                        .await
-                        .map_err(|_| {
-                            s3_error!(RequestTimeout, "the body sent nothing for {:?}", self.idle)
-                        })?,
-                    None => None,
-                };
-                let end = next.is_none();
-                if let Some(bytes) = next {
-                    buf.extend_from_slice(&bytes.map_err(body_err)?);
-                }
-                while buf.len() >= chunk || (end && !buf.is_empty()) {
-                    // The next chunk's buffer is made whole at once (growing it by doubling
-                    // copied each chunk about once more).
-                    let cut = chunk.min(buf.len());
-                    let mut next = Vec::with_capacity(chunk);
-                    next.extend_from_slice(&buf[cut..]);
-                    buf.truncate(cut);
-                    let full = Bytes::from(std::mem::replace(&mut buf, next));
-                    md5.feed(full.clone()).await?;
-                    let (client, file, at) = (self.client.clone(), file.clone(), offset);
-                    offset = offset.checked_add(full.len() as u64).ok_or_else(|| {
-                        s3_error!(EntityTooLarge, "the body ends past the largest offset")
-                    })?;
-                    writes.push_back(tokio::spawn(async move {
-                        client.write_at(&file, at, &full).await
-                    }));
-                    if writes.len() > WRITES_IN_FLIGHT {
-                        join_write(writes.pop_front().expect("non-empty")).await?;
-                    }
-                }
-                if end {
-                    while let Some(write) = writes.pop_front() {
-                        join_write(write).await?;
-                    }
-                    return Ok((offset - base, md5.finish().await?));
-                }
-            }
-        }
-        .await;
-        for write in writes {
-            write.abort();
-        }
-        result
+        let mut chunker = BodyChunks {
+            body: body.map(|b| b.boxed()),
+            buf: Vec::new(),
+            chunk: open.chunk_bytes(None) as usize,
+            idle: self.idle,
+            md5: Md5Chain::default(),
+        };
+        let chunks = futures::stream::unfold(&mut chunker, |chunker| async move {
+            chunker.next_chunk().await.map(|chunk| (chunk, chunker))
+        });
+        let written = self
+            .client
+            .upload_stream(open, base, Box::pin(chunks))
+            .await;
+        let size = match written {
+            Ok(size) => size,
+            Err(StreamUploadError::Source(e)) => return Err(e),
+            Err(StreamUploadError::Store(e)) => return Err(s3_err(e, S3ErrorCode::InternalError)),
+        };
+        Ok((size, chunker.md5.finish().await?))
     }
 
-    /// Stream bytes `start..end` of `file`, a chunk at a time with [`READ_AHEAD`] chunks read
-    /// ahead; the reads stop when the receiver of the body goes away.
-    pub(crate) fn read_body(&self, file: File, start: u64, end: u64, chunk: u64) -> StreamingBlob {
+    /// Stream bytes `start..end` of the file `open`, a chunk of whole stripes at a time with
+    /// [`READ_AHEAD`] chunks read ahead (no manager round trip: the open's view serves
+    /// them); the reads stop when the receiver of the body goes away.
+    pub(crate) fn read_body(&self, open: OpenFile, start: u64, end: u64) -> StreamingBlob {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
         let client = self.client.clone();
+        let (file, chunk) = (open.file().clone(), open.chunk_bytes(None));
         tokio::spawn(async move {
             let offsets = (start..end).step_by(chunk as usize);
-            let blocks = match client
-                .read_blocks(&file, offsets, chunk as usize, READ_AHEAD)
-                .await
-            {
-                Ok(blocks) => blocks,
-                Err(e) => {
-                    let _ = tx.send(Err(std::io::Error::other(e))).await;
-                    return;
-                }
-            };
+            let blocks = client.read_open_blocks(open, offsets, chunk as usize, READ_AHEAD);
             let mut blocks = std::pin::pin!(blocks);
             let mut at = start;
             while let Some(block) = blocks.next().await {
@@ -360,13 +295,6 @@ impl Gateway {
     }
 }
 
-async fn join_write(write: tokio::task::JoinHandle<Result<(), ClientError>>) -> S3Result<()> {
-    match write.await {
-        Ok(done) => done.map_err(|e| s3_err(e, S3ErrorCode::InternalError)),
-        Err(e) => Err(s3_error!(InternalError, "write task failed: {e}")),
-    }
-}
-
 /// A body that could not be read: S3's own error if s3s gave one (a bad chunk signature),
 /// else `IncompleteBody`.
 fn body_err(e: s3s::StdError) -> S3Error {
@@ -383,6 +311,56 @@ impl futures::Stream for ChannelStream {
     type Item = Result<Bytes, std::io::Error>;
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.0.poll_recv(cx)
+    }
+}
+
+/// A request body cut into chunks of `chunk` bytes (the last shorter), each hashed into
+/// `md5` on a blocking thread while the next arrives: inline, the MD5 was a third of the
+/// gateway's CPU on the task that receives the body.
+struct BodyChunks {
+    body: Option<futures::stream::BoxStream<'static, Result<Bytes, s3s::StdError>>>,
+    buf: Vec<u8>,
+    chunk: usize,
+    idle: std::time::Duration,
+    md5: Md5Chain,
+}
+
+impl BodyChunks {
+    /// The next chunk; `None` once the body has ended and everything was handed out.
+    async fn next_chunk(&mut self) -> Option<S3Result<Bytes>> {
+        while self.buf.len() < self.chunk {
+            let Some(stream) = self.body.as_mut() else {
+                break;
+            };
+            // A body that sends nothing for the idle time fails its request (a stalled
+            // upload would otherwise hold its connection and chunk forever).
+            let next = match tokio::time::timeout(self.idle, stream.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    let idle = self.idle;
+                    return Some(Err(s3_error!(
+                        RequestTimeout,
+                        "the body sent nothing for {idle:?}"
+                    )));
+                }
+            };
+            match next {
+                Some(Ok(bytes)) => self.buf.extend_from_slice(&bytes),
+                Some(Err(e)) => return Some(Err(body_err(e))),
+                None => self.body = None,
+            }
+        }
+        if self.buf.is_empty() {
+            return None;
+        }
+        // The next chunk's buffer is made whole at once (growing it by doubling copied
+        // each chunk about once more).
+        let cut = self.chunk.min(self.buf.len());
+        let mut rest = Vec::with_capacity(self.chunk);
+        rest.extend_from_slice(&self.buf[cut..]);
+        self.buf.truncate(cut);
+        let full = Bytes::from(std::mem::replace(&mut self.buf, rest));
+        Some(self.md5.feed(full.clone()).await.map(|()| full))
     }
 }
 

@@ -169,8 +169,8 @@ impl Gateway {
             scheme: tessera_client::Scheme::Raid1,
             ..self.defaults.clone()
         };
-        let pending = self.write_pending_record(path, layout, bytes).await?;
-        if let Err(e) = self.client.commit_pending(&pending.file).await {
+        let (pending, open) = self.write_pending_record(path, layout, bytes).await?;
+        if let Err(e) = self.client.commit_upload(&open).await {
             let _ = self.client.abandon_pending(&pending).await;
             return Err(e);
         }
@@ -369,14 +369,15 @@ impl Gateway {
             Place::Side { .. } => 0,
         };
         let stored = async {
-            let (size, md5) = self.write_body_at(&target, base, input.body).await?;
+            let mut open = self.client.open_id(&target).await.map_err(internal)?;
+            let (size, md5) = self.write_body_at(&mut open, base, input.body).await?;
             crate::ops::check_body(
                 size,
                 &md5,
                 input.content_length,
                 input.content_md5.as_deref(),
             )?;
-            self.client.sync(&target).await.map_err(internal)?;
+            self.client.sync_open(&mut open).await.map_err(internal)?;
             Ok::<_, S3Error>((size, md5))
         };
         let (size, md5) = match stored.await {
@@ -447,7 +448,7 @@ impl Gateway {
             .layout
             .layout()
             .map_err(|e| s3_error!(InternalError, "{e}"))?;
-        self.commit_object(bucket, key, layout, &object, &meta)
+        self.commit_object((bucket, key), layout, (&object, None), &meta)
             .await?;
         if object.file.id != pending.file.id {
             let _ = self.client.abandon_pending(&pending).await;
@@ -514,7 +515,8 @@ impl Gateway {
             let at = (parts.len() as u64 - 1) * parts[0].size;
             if last.place != (Place::InPlace { offset: at }) {
                 let (from, from_at) = self.resolve(source(last)).await?;
-                self.copy_bytes((&from, from_at), (&pending.file, at), last.size, None)
+                let mut to = self.client.open_id(&pending.file).await.map_err(internal)?;
+                self.copy_bytes((&from, from_at), (&mut to, at), last.size, None)
                     .await?;
             }
             pending.clone()
@@ -523,16 +525,16 @@ impl Gateway {
                 .layout
                 .layout()
                 .map_err(|e| s3_error!(InternalError, "{e}"))?;
-            let target = self
+            let (target, mut to) = self
                 .client
-                .create_pending(&names::object_path(bucket, &upload.key), layout)
+                .create_pending_open(&names::object_path(bucket, &upload.key), layout)
                 .await
                 .map_err(internal)?;
             let mut at = 0;
             for part in parts {
                 let (from, from_at) = self.resolve(source(part)).await?;
                 let copied = self
-                    .copy_bytes((&from, from_at), (&target.file, at), part.size, None)
+                    .copy_bytes((&from, from_at), (&mut to, at), part.size, None)
                     .await;
                 if let Err(e) = copied {
                     let _ = self.client.abandon_pending(&target).await;

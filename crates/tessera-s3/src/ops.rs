@@ -8,7 +8,7 @@ use crate::names;
 use s3s::dto::*;
 use s3s::{s3_error, S3ErrorCode, S3Request, S3Response, S3Result, S3};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tessera_client::{LayoutRequest, Scheme};
+use tessera_client::{LayoutRequest, OpenFile, Scheme};
 
 /// The layout asked for by a request's headers, over `base`.
 pub(crate) fn layout_from_headers(
@@ -153,12 +153,17 @@ impl Gateway {
         })
     }
 
-    /// The object's file, or `NoSuchKey` (`NoSuchBucket` if the bucket is missing).
-    async fn object_file(&self, bucket: &str, key: &str) -> S3Result<tessera_client::File> {
+    /// The object's file open for transfers (one manager round trip: its size and layout
+    /// come with it), or `NoSuchKey` (`NoSuchBucket` if the bucket is missing).
+    async fn object_open(&self, bucket: &str, key: &str) -> S3Result<OpenFile> {
         names::check_bucket(bucket).map_err(name_err)?;
         names::check_key(key).map_err(name_err)?;
-        match self.client.open(&names::object_path(bucket, key)).await {
-            Ok(file) => Ok(file),
+        match self
+            .client
+            .open_file(&names::object_path(bucket, key))
+            .await
+        {
+            Ok(open) => Ok(open),
             Err(e) => {
                 let err = s3_err(e, S3ErrorCode::NoSuchKey);
                 if *err.code() == S3ErrorCode::NoSuchKey {
@@ -299,14 +304,15 @@ impl S3 for Gateway {
         let internal = |e| s3_err(e, S3ErrorCode::InternalError);
         // Written as a new, unnamed file and given the key only once all of it is durable: a
         // put that fails or is cut off leaves the object it replaces whole.
-        let pending = self
+        let (pending, mut open) = self
             .client
-            .create_pending(&path, layout.clone())
+            .create_pending_open(&path, layout.clone())
             .await
             .map_err(internal)?;
+        let body = input.body;
         let md5 = self
-            .fill_pending(&pending, async {
-                let (size, md5) = self.write_body(&pending.file, input.body).await?;
+            .fill_pending(&pending, &mut open, async |open: &mut OpenFile| {
+                let (size, md5) = self.write_body_at(open, 0, body).await?;
                 check_body(
                     size,
                     &md5,
@@ -338,7 +344,7 @@ impl S3 for Gateway {
             let _ = self.client.abandon_pending(&pending).await;
             return Err(e);
         }
-        self.commit_object(bucket, key, layout, &pending, &meta)
+        self.commit_object((bucket, key), layout, (&pending, Some(&open)), &meta)
             .await?;
         let etag = meta.etag;
         let output = PutObjectOutput {
@@ -353,9 +359,8 @@ impl S3 for Gateway {
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let input = req.input;
-        let file = self.object_file(&input.bucket, &input.key).await?;
-        let internal = |e| s3_err(e, S3ErrorCode::NoSuchKey);
-        let size = self.client.size(&file).await.map_err(internal)?;
+        let open = self.object_open(&input.bucket, &input.key).await?;
+        let (file, size) = (open.file().clone(), open.size());
         let range = match &input.range {
             Some(range) => Some(range.check(size).map_err(|_| {
                 s3_error!(
@@ -366,7 +371,6 @@ impl S3 for Gateway {
             None => None,
         };
         let (start, end) = range.as_ref().map_or((0, size), |r| (r.start, r.end));
-        let chunk = self.chunk_bytes(&file).await.map_err(internal)?;
         let meta = self.object_meta(&input.bucket, &input.key, file.id).await;
         let when = Conditions {
             if_match: input.if_match.as_ref(),
@@ -383,7 +387,7 @@ impl S3 for Gateway {
             last_modified: meta.as_ref().map(|m| timestamp(m.modified_ms)),
             content_type: meta.as_ref().and_then(|m| m.content_type.clone()),
             metadata: meta.map(|m| m.metadata.into_iter().collect()),
-            body: Some(self.read_body(file, start, end, chunk)),
+            body: Some(self.read_body(open, start, end)),
             ..GetObjectOutput::default()
         };
         Ok(S3Response::new(output))
@@ -394,12 +398,8 @@ impl S3 for Gateway {
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let input = req.input;
-        let file = self.object_file(&input.bucket, &input.key).await?;
-        let size = self
-            .client
-            .size(&file)
-            .await
-            .map_err(|e| s3_err(e, S3ErrorCode::NoSuchKey))?;
+        let open = self.object_open(&input.bucket, &input.key).await?;
+        let (file, size) = (open.file(), open.size());
         let meta = self.object_meta(&input.bucket, &input.key, file.id).await;
         let when = Conditions {
             if_match: input.if_match.as_ref(),

@@ -241,9 +241,9 @@ fn progress_bar(total: u64, what: &str) -> ProgressBar {
     bar
 }
 
-fn open_input(local: &str) -> Result<(Box<dyn Read>, Option<u64>)> {
+fn open_input(local: &str) -> Result<(Box<dyn Read + Send>, Option<u64>)> {
     if local == "-" {
-        return Ok((Box::new(std::io::stdin().lock()), None));
+        return Ok((Box::new(std::io::stdin()), None));
     }
     let file = std::fs::File::open(local).with_context(|| format!("cannot open {local}"))?;
     let metadata = file

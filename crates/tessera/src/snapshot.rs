@@ -3,12 +3,8 @@
 
 use crate::commands::{connect, open_output};
 use crate::config::Config;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Subcommand;
-use std::io::Write;
-
-/// Bytes read per request when a snapshot's file is copied out.
-const CHUNK_BYTES: u64 = 8 << 20;
 
 #[derive(Subcommand)]
 pub enum SnapshotAction {
@@ -93,16 +89,13 @@ pub async fn read(
         None => handle.size(),
     };
     let mut out = open_output(local)?;
-    let mut at = offset;
+    let want = end.saturating_sub(offset);
     let copied: Result<()> = async {
-        while at < end {
-            let len = (end - at).min(CHUNK_BYTES);
-            let bytes = client.snapshot_read_at(&handle, at, len).await?;
-            anyhow::ensure!(bytes.len() as u64 == len, "short read at {at}");
-            out.write_all(&bytes).context("write output")?;
-            at += len;
-        }
-        out.flush().context("write output")
+        let got = client
+            .snapshot_download(&handle, offset, want, &mut out, &mut |_| {})
+            .await?;
+        anyhow::ensure!(got == want, "short read: {got} of {want} bytes");
+        Ok(())
     }
     .await;
     if copied.is_err() && local != "-" && length.is_none() {

@@ -253,3 +253,94 @@ fn datagrams_received(cluster: &Cluster) -> u64 {
             .sum()
     })
 }
+
+/// The S3 gateway's PutObject (issue 19 item 3, issue 20): the object's file is opened once at
+/// its creation and written through the transfer API, so a put of several 8 MiB chunks asks
+/// the manager what a put of 1 KiB asks, and nothing per chunk (no lookup, no size update).
+#[test]
+fn a_gateway_put_asks_the_manager_the_same_whatever_its_size() {
+    let cluster = Cluster::up("udp");
+    let proxy = CountingProxy::start(cluster.manager());
+    let via = proxy.addr.to_string();
+    let root = tempfile::tempdir().expect("temporary directory");
+    let addr_file = root.path().join("s3.addr");
+    let (access, secret) = (
+        "TESSERATESTACCESSKEY",
+        "tessera/test/secret/key/0123456789abcdefg",
+    );
+    let key = cluster.field("key");
+    let mut gateway = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "--cluster",
+            &via,
+            "--key",
+            &key,
+            "s3",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--access-key", access, "--secret-key", secret])
+        .args(["--addr-file", text(&addr_file)])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start tessera s3");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !addr_file.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gateway did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let endpoint = format!("http://{}", std::fs::read_to_string(&addr_file).unwrap());
+    let boto3 = |code: &str| {
+        let script = format!(
+            "import boto3, botocore\n\
+             s3 = boto3.client('s3', endpoint_url='{endpoint}', aws_access_key_id='{access}',\n\
+                 aws_secret_access_key='{secret}', region_name='us-east-1',\n\
+                 config=botocore.config.Config(retries={{'max_attempts': 1}}))\n{code}\n"
+        );
+        let out = std::process::Command::new("python3")
+            .args(["-c", &script])
+            .output()
+            .expect("python3 (with python3-boto3) is needed");
+        assert!(
+            out.status.success(),
+            "boto3: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    boto3("s3.create_bucket(Bucket='tbucket')");
+    // Lease renewals and the gateway's sweep of stale multipart uploads (a `List` every
+    // 10 s) are timing, not per-chunk work.
+    let asked = || -> Vec<String> {
+        let mut kinds = proxy.take();
+        kinds.retain(|kind| kind != "RenewPending" && kind != "List");
+        kinds
+    };
+    asked();
+    boto3("s3.put_object(Bucket='tbucket', Key='small', Body=b'x' * 1024)");
+    let small = asked();
+    boto3(
+        "data = bytes((i * 7 + (i >> 13)) % 251 for i in range((20 << 20) + 12345))\n\
+         s3.put_object(Bucket='tbucket', Key='big', Body=data)\n\
+         got = s3.get_object(Bucket='tbucket', Key='big')['Body'].read()\n\
+         assert got == data, 'the object read back differs'",
+    );
+    let big = asked();
+    let _ = gateway.kill();
+    let _ = gateway.wait();
+    println!("a put of 1 KiB asked {small:?}; a put of 20 MiB and its get {big:?}");
+    assert!(
+        !small.iter().any(|k| k == "SetSize" || k == "LookupId"),
+        "a put asked {small:?}"
+    );
+    // The big one's list also holds the get's requests after its put's.
+    assert_eq!(big[..small.len()], small[..], "put of 20 MiB asked {big:?}");
+    assert!(
+        big.len() - small.len() <= 3,
+        "the get asked {:?}",
+        &big[small.len()..]
+    );
+}
