@@ -399,11 +399,35 @@ fn rclone_moves_a_one_gib_object() {
     }
     rclone(&["deletefile", "t:big/one.bin"]);
     rclone(&["rmdir", "t:big"]);
+    // Bodies stream: the gateway holds a few chunks per transfer, never the object.
+    let peak = peak_resident_bytes(gateway.child.id());
     println!(
-        "rclone, 1 GiB through the gateway (debug build): put {:.1} s, get {:.1} s",
+        "rclone, 1 GiB through the gateway (debug build): put {:.1} s, get {:.1} s, the \
+         gateway's peak resident memory {} MiB",
         put.as_secs_f64(),
-        get.as_secs_f64()
+        get.as_secs_f64(),
+        peak >> 20
     );
+    assert!(
+        peak < SIZE / 2,
+        "the gateway's peak resident memory was {} MiB for a 1 GiB object",
+        peak >> 20
+    );
+}
+
+/// The most memory process `pid` has held resident (`VmHWM`), in bytes.
+fn peak_resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .expect("a VmHWM line");
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM in kB");
+    kib << 10
 }
 
 /// The byte at `offset` of the test pattern: a position hash, so that a byte at a wrong
