@@ -49,6 +49,9 @@ struct OpenFile {
     dirty: Mutex<Option<u64>>,
     /// Whether a read through this handle has been counted as an access (see `note_access`).
     accessed: std::sync::atomic::AtomicBool,
+    /// Its file was replaced by an empty one (see `replace_with_empty`): the handle's table
+    /// entry now names the new file, and a write that took this one before must not land.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 /// The file system: the client, the inode table and the open files.
@@ -69,6 +72,22 @@ pub struct TesseraFs {
     /// Files unlinked while a handle was open on them, by id: moved to their path under
     /// [`ORPHANS`] and removed when the last handle closes (see `unlink`).
     orphans: Mutex<HashMap<u64, String>>,
+}
+
+impl OpenFile {
+    fn new(file: File, bytes_max: u64) -> OpenFile {
+        OpenFile {
+            file,
+            write_back: Mutex::new(WriteBack::default()),
+            read_ahead: Mutex::new(None),
+            prefetch: Mutex::new(Default::default()),
+            last_block: Mutex::new(None),
+            bytes_max,
+            dirty: Mutex::new(None),
+            accessed: std::sync::atomic::AtomicBool::new(false),
+            retired: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
 }
 
 /// Forgets the blocks read ahead through `handles`.
@@ -415,16 +434,7 @@ impl TesseraFs {
 
     fn register(&self, file: File, bytes_max: u64) -> FileHandle {
         let fh = self.next_handle.fetch_add(1, Ordering::SeqCst);
-        let open = Arc::new(OpenFile {
-            file,
-            write_back: Mutex::new(WriteBack::default()),
-            read_ahead: Mutex::new(None),
-            prefetch: Mutex::new(Default::default()),
-            last_block: Mutex::new(None),
-            bytes_max,
-            dirty: Mutex::new(None),
-            accessed: std::sync::atomic::AtomicBool::new(false),
-        });
+        let open = Arc::new(OpenFile::new(file, bytes_max));
         self.open.lock().unwrap().insert(fh, open);
         FileHandle(fh)
     }
@@ -532,6 +542,10 @@ impl TesseraFs {
     fn read_block(&self, open: &OpenFile, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
         let (order, handles) = self.file_of(open.file.id);
         let _order = order.lock.lock().unwrap();
+        if open.retired.load(Ordering::SeqCst) {
+            // See `write_buffered`: its file was replaced while this read waited.
+            return Err(Errno::EIO);
+        }
         self.settled(&order, &handles)?;
         let hit = open
             .read_ahead
@@ -637,6 +651,11 @@ impl TesseraFs {
         if let Some(e) = order.failure() {
             return Err(e);
         }
+        if open.retired.load(Ordering::SeqCst) {
+            // Taken before its file was replaced under it by an `O_TRUNC` open racing this
+            // write: refused rather than written into the replaced file.
+            return Err(Errno::EIO);
+        }
         *open.dirty.lock().unwrap() = Some(now_nanos());
         order.note_written(end);
         let others: Vec<Arc<OpenFile>> = handles
@@ -673,11 +692,40 @@ impl TesseraFs {
         let truncated = {
             let _order = order.lock.lock().unwrap();
             self.forget_unrecorded_writes(file.id);
-            self.truncate_locked(&file, &order, &handles, size)
+            // With no handle open on it (an `O_TRUNC` open, whose handle is made after, or
+            // `truncate -s 0`), a file cut to nothing is replaced, not zeroed.
+            if size == 0 && handles.is_empty() {
+                self.truncate_by_replacement(&file, &order, &handles)
+            } else {
+                self.truncate_locked(&file, &order, &handles, size)
+            }
         };
         drop((order, handles));
         self.forget_order(file.id);
         truncated
+    }
+
+    /// Cuts `file` to nothing by replacing it (see `replace_with_empty`), or by zeroing
+    /// when it cannot be replaced (the caller holds the file's lock).
+    fn truncate_by_replacement(
+        &self,
+        file: &File,
+        order: &FileOrder,
+        handles: &[Arc<OpenFile>],
+    ) -> Result<(), Errno> {
+        // Runs of handles closed before may still be on their way.
+        self.settled(order, handles)?;
+        order.landed();
+        if self.call(self.client.size(file))? == 0 {
+            return self.truncate_locked(file, order, handles, 0);
+        }
+        match self.replace_with_empty(file)? {
+            Some(new) => {
+                self.repoint_handles(file.id, &new);
+                Ok(())
+            }
+            None => self.truncate_locked(file, order, handles, 0),
+        }
     }
 
     fn truncate_locked(
@@ -702,6 +750,52 @@ impl TesseraFs {
         }
         self.call(self.client.set_size(file, size))?;
         self.call(self.client.touch(file, now_nanos()))
+    }
+
+    /// Gives `file`'s path to a new, empty file of the same layout in one atomic commit (as
+    /// `put` replaces a file) and deletes the old one's data: truncating to nothing costs two
+    /// manager requests, not a write of zeros over every byte it held. The new file, or
+    /// `None` (nothing changed) when it cannot be made, e.g. too few servers up for its
+    /// width: the caller zeroes instead.
+    /// Points the handles open on file `old` (one opened while it was replaced) at `new`; their old entries are retired, so a write that took one before cannot land
+    /// in the replaced file (see `write_buffered`).
+    fn repoint_handles(&self, old: u64, new: &File) {
+        let mut open = self.open.lock().unwrap();
+        for entry in open.values_mut() {
+            if entry.file.id == old {
+                let fresh = OpenFile::new(new.clone(), entry.bytes_max);
+                *fresh.dirty.lock().unwrap() = *entry.dirty.lock().unwrap();
+                entry.retired.store(true, Ordering::SeqCst);
+                *entry = Arc::new(fresh);
+            }
+        }
+    }
+
+    fn replace_with_empty(&self, file: &File) -> Result<Option<File>, Errno> {
+        let layout = self.call(self.client.meta(file))?.layout;
+        let layout = LayoutRequest {
+            scheme: layout.scheme,
+            stripe_unit: layout.stripe_unit,
+            width: Some(layout.width),
+        };
+        let replaced = self.runtime.block_on(async {
+            let (pending, open) = self.client.create_pending_open(&file.path, layout).await?;
+            if let Err(e) = self.client.commit_upload(&open).await {
+                let _ = self.client.abandon_pending(&pending).await;
+                return Err(e);
+            }
+            Ok(open.file().clone())
+        });
+        match replaced {
+            Ok(new) => {
+                self.call(self.client.touch(&new, now_nanos()))?;
+                Ok(Some(new))
+            }
+            Err(e) => {
+                tracing::debug!(path = %file.path, "truncation by replacement failed: {e}");
+                Ok(None)
+            }
+        }
     }
 
     /// Writes zeros over `range` of `file`, a write-back buffer at a time.
@@ -752,6 +846,9 @@ impl fuser::Filesystem for TesseraFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
+        // `O_TRUNC` comes with the open (see `open`), so that the truncation knows no handle
+        // of this open exists yet and may replace the file instead of zeroing it.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC);
         Ok(())
     }
 
@@ -916,8 +1013,14 @@ impl fuser::Filesystem for TesseraFs {
         reply_empty(reply, result)
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let result = self.path(ino).and_then(|path| self.open_path(&path));
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let result = self.path(ino).and_then(|path| {
+            // With `FUSE_ATOMIC_O_TRUNC` the kernel leaves the truncation to the open.
+            if flags.0 & libc::O_TRUNC != 0 {
+                self.truncate(&path, 0)?;
+            }
+            self.open_path(&path)
+        });
         match result {
             Ok((file, bytes_max)) => {
                 reply.opened(self.register(file, bytes_max), FopenFlags::empty())

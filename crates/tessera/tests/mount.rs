@@ -710,6 +710,41 @@ fn truncating_a_sparse_file_writes_only_what_it_held() {
     assert!(stored < 64 << 20, "{stored} bytes stored for two written");
 }
 
+/// Cutting a written file to nothing with no handle open on it (an `O_TRUNC` open, as `cp`
+/// and `>` do) replaces it with an empty file instead of writing zeros over it: what is
+/// stored afterwards is the new bytes, not a file's worth of zeros. (The file is written by
+/// the CLI: a handle of the mount closed just before may not be released yet, and then the
+/// mount zeroes instead.)
+#[test]
+fn an_o_trunc_open_over_a_written_file_writes_no_zeros() {
+    let m = Mounted::start();
+    let path = m.path("dense");
+    let local = tempfile::NamedTempFile::new().unwrap();
+    let old: Vec<u8> = (0..32u32 << 20).map(|i| (i ^ (i >> 11)) as u8).collect();
+    std::fs::write(local.path(), &old).unwrap();
+    ok(m.cli(&["put", text(local.path()), "dense"]));
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), old.len() as u64);
+    let mut file = std::fs::File::create(&path).unwrap();
+    file.write_all(b"new").unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    assert_eq!(std::fs::read(&path).unwrap(), b"new");
+    // Growing it shows zeros, not the old bytes.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let back = std::fs::read(&path).unwrap();
+    assert_eq!(&back[..3], b"new");
+    assert!(back[3..].iter().all(|&b| b == 0), "old bytes showed again");
+    let stat: serde_json::Value =
+        serde_json::from_str(&ok(m.cli(&["stat", "dense", "--json"]))).unwrap();
+    let stored = stat["stored_bytes"].as_u64().unwrap();
+    assert!(stored < 4 << 20, "{stored} bytes stored for 3 written");
+}
+
 /// A seeded generator for the fsx run (xorshift: the run replays from its seed alone).
 struct Dice(u64);
 
