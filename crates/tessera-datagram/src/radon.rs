@@ -17,9 +17,11 @@
 //!   catches up on a deficit at only [`CATCH_UP_RATE_EIGHTHS`] of its rate, not its link's,
 //!   while the queue is high. A best-effort session backs off instead: it starts at a
 //!   sixteenth of its link, moves its rate in proportion to itself and to the distance of the
-//!   reported queue from [`RadonConfig::queue_target_us`] (counting at most a round trip per
-//!   report), and cuts it by a quarter above twice the target, at most once per round of
-//!   packets (the reports must come from packets sent after the last cut), so that reserved
+//!   reported queue from [`RadonConfig::queue_target_us`] (counting at most a millisecond
+//!   per report) and, above the target, against the queue's rise ([`best_effort_change`]),
+//!   and above twice the target cuts it in proportion to the queue ([`best_effort_cut`]),
+//!   at most once per round of packets (the reports must come from packets sent after the
+//!   last cut), so that reserved
 //!   streams keep their budget and best-effort ones fill what is left. The receiver reports
 //!   the queue every session's packets show ([`PortQueue`]), not only the session's own.
 //!   With [`BudgetKind::Window`] a reserved session sends windows instead: "less laxity, more
@@ -64,6 +66,10 @@ pub const BEST_EFFORT_GROWTH_US: Micros = 5_000;
 /// of at `w_min` (its link's rate): catching up at the link's rate into a full port kept it
 /// full for the rest of the period and the port dropped the reserved streams' own packets.
 pub const CATCH_UP_RATE_EIGHTHS: u64 = 9;
+
+/// A best-effort session cut far over its queue target keeps at least this share of its rate
+/// ([`best_effort_cut`]).
+pub const BEST_EFFORT_CUT_DIVISOR_MAX: u64 = 8;
 
 /// A best-effort session never paces slower than its link's rate divided by this: a
 /// sender slowed to a trickle hears of the queue too rarely to come back.
@@ -423,6 +429,48 @@ fn halfway(from: u64, to: u64) -> u64 {
     } else {
         from + (to - from).div_ceil(2)
     }
+}
+
+/// A best-effort rate far over the queue target (`queue_delay_us > 2 * target_us`) cut in
+/// proportion to how far: to `3/2 * target / queue` of itself, at most to three quarters
+/// (just over twice the target) and at least to [`BEST_EFFORT_CUT_DIVISOR_MAX`]'s share. A
+/// fixed cut by a quarter took eight rounds of packets, each as long as the queue, to come
+/// down from the link's rate to what reservations that resumed at a period's start left, and
+/// the port's queue stood at 80-100 of its 128 frames for tens of milliseconds
+/// (`lab radon --quick`'s fairshare behind admission, in the simulator).
+fn best_effort_cut(rate: u64, queue_delay_us: u64, target_us: u64) -> u64 {
+    let rate = u128::from(rate);
+    let cut = (rate * 3 / 4)
+        .min(rate * 3 * u128::from(target_us) / (2 * u128::from(queue_delay_us.max(1))))
+        .max(rate / u128::from(BEST_EFFORT_CUT_DIVISOR_MAX));
+    u64::try_from(cut).unwrap_or(u64::MAX)
+}
+
+/// How a best-effort rate moves on a report of the queue within twice its target, bytes/s:
+/// in proportion to how far the queue is from the target (LEDBAT's controller, in time) and
+/// to the rate itself, up by the rate in [`BEST_EFFORT_GROWTH_US`] on an empty queue, down as
+/// fast at twice the target; and, above the target, by the rate's share `-rise / target`
+/// for the queue's change since the last report (`queues_us`: that report's and this one's,
+/// each counted between the target and twice it, where [`best_effort_cut`] takes over). The second term damps the first: growing on the queue's
+/// distance alone, best effort beside reservations that left it a tenth of the port overshot
+/// the target by two or three times in a cycle of some 75 ms (the port drains that tenth
+/// slowly), and each period's start, where the reservations resume, pushed the queue to
+/// 80-100 of 128 frames. At most half the rate down or a quarter up per report.
+fn best_effort_change(
+    rate: u64,
+    since_report_us: Micros,
+    queues_us: (u64, u64),
+    target_us: u64,
+) -> i128 {
+    let (rate, target) = (i128::from(rate), i128::from(target_us));
+    let (before_us, now_us) = queues_us;
+    let off = target - i128::from(now_us);
+    let toward_target =
+        rate * i128::from(since_report_us) * off / (i128::from(BEST_EFFORT_GROWTH_US) * target);
+    let level = |queue_us: u64| i128::from(queue_us.clamp(target_us, 2 * target_us));
+    let rise = level(now_us) - level(before_us);
+    let damping = -rate * rise / target;
+    (toward_target + damping).clamp(-rate / 2, rate / 4)
 }
 
 /// What a reserved session did in its periods.
@@ -851,6 +899,7 @@ impl Pacer {
     /// a reservation holds its budget.
     pub fn on_queue_report(&mut self, report: QueueReport) {
         self.round_trip_us = report.round_trip_us;
+        let previous_queue_us = self.peer_queue_us;
         self.peer_queue_us = report.queue_delay_us;
         if self.reservation.is_some() || !self.config.pace_best_effort {
             return;
@@ -878,12 +927,12 @@ impl Pacer {
             .min(BEST_EFFORT_REPORT_US_MAX);
         self.reported_at = Some(now);
         if queue_delay_us > 2 * target {
-            // Far over the target: cut by a quarter, once per round of packets. Reports go
-            // on showing the queue the old rate built until packets sent after the cut reach
-            // the peer and fill its median filter; cutting again on those (the old rule:
-            // halve once per round trip) drove a sender to a trickle, whose rare packets
-            // kept the stale median alive longer still. (Halving once per round of packets
-            // left 0.78 of the rest of the port used in the simulator, a quarter 0.84.)
+            // Far over the target: cut, once per round of packets. Reports go on showing
+            // the queue the old rate built until packets sent after the cut reach the peer
+            // and fill its median filter; cutting again on those (the old rule: halve once
+            // per round trip) drove a sender to a trickle, whose rare packets kept the stale
+            // median alive longer still. (Halving once per round of packets left 0.78 of the
+            // rest of the port used in the simulator, a quarter 0.84.)
             let fresh = acked_seq >= self.recover_seq;
             let round_trip_passed = self
                 .backed_off_at
@@ -891,19 +940,18 @@ impl Pacer {
             if fresh && round_trip_passed {
                 self.backed_off_at = Some(now);
                 self.recover_seq = sent_seq + MEDIAN_FILTER_LEN as u64 / 2 + 1;
-                self.best_effort_rate = (self.best_effort_rate / 4 * 3).max(rate_min);
+                self.best_effort_rate =
+                    best_effort_cut(self.best_effort_rate, queue_delay_us, target).max(rate_min);
             }
         } else {
-            // Near the target: move in proportion to how far the queue is from it (LEDBAT's
-            // controller, in time) and to the rate itself: up by the rate in
-            // `BEST_EFFORT_GROWTH_US` on an empty queue, down as fast at twice the target,
-            // by at most a quarter per report.
-            let rate_now = i128::from(self.best_effort_rate);
-            let off = i128::from(target) - i128::from(queue_delay_us);
-            let change = rate_now * i128::from(since_report_us) * off
-                / (i128::from(BEST_EFFORT_GROWTH_US) * i128::from(target));
-            let change = change.clamp(-rate_now / 4, rate_now / 4);
-            let rate = (rate_now + change).clamp(i128::from(rate_min), i128::from(link));
+            let change = best_effort_change(
+                self.best_effort_rate,
+                since_report_us,
+                (previous_queue_us, queue_delay_us),
+                target,
+            );
+            let rate = (i128::from(self.best_effort_rate) + change)
+                .clamp(i128::from(rate_min), i128::from(link));
             self.best_effort_rate = rate as u64;
         }
         self.wait_ns = self.best_effort_wait_ns(wire_bytes);
@@ -1353,9 +1401,10 @@ mod tests {
         // A queue far over the target (more than twice it).
         let far = 3 * QUEUE_TARGET_US_DEFAULT;
         pacer.on_queue_report(report(far, 10, 0, 1));
+        // Three times the target: cut to half the rate (3/2 of target over queue).
         let cut = pacer.wait_ns();
         assert!(
-            cut * 3 >= start * 4 - 3 && cut * 3 <= start * 4 + 3,
+            cut >= start * 2 - 2 && cut <= start * 2 + 2,
             "{start} -> {cut}"
         );
         // Later reports that still come from packets sent before the cut change nothing,
@@ -1367,12 +1416,13 @@ mod tests {
         pacer.on_queue_report(report(far, 5_100, 4, 5));
         assert!(pacer.wait_ns() > cut);
         // A single report of an empty queue after a long silence counts for
-        // BEST_EFFORT_REPORT_US_MAX only: the rate grows by a fifth at most.
+        // BEST_EFFORT_REPORT_US_MAX only, and with the queue's fall from twice the target the
+        // rate grows by a quarter at most.
         let before = pacer.wait_ns();
         pacer.on_queue_report(report(0, 1_000_000, 5, 5));
         assert!(pacer.wait_ns() < before);
         assert!(
-            pacer.wait_ns() * 6 + 6 >= before * 5,
+            pacer.wait_ns() * 5 + 5 >= before * 4,
             "{before} -> {}",
             pacer.wait_ns()
         );
