@@ -18,7 +18,8 @@
 //!   while the queue is high. A best-effort session backs off instead: it starts at a
 //!   sixteenth of its link, moves its rate in proportion to itself and to the distance of the
 //!   reported queue from [`RadonConfig::queue_target_us`] (counting at most a millisecond
-//!   per report) and, above the target, against the queue's rise ([`best_effort_change`]),
+//!   per report) and, above the target, inversely to the queue's level
+//!   ([`best_effort_damped`]),
 //!   and above twice the target cuts it in proportion to the queue ([`best_effort_cut`]),
 //!   at most once per round of packets (the reports must come from packets sent after the
 //!   last cut), so that reserved
@@ -446,31 +447,37 @@ fn best_effort_cut(rate: u64, queue_delay_us: u64, target_us: u64) -> u64 {
     u64::try_from(cut).unwrap_or(u64::MAX)
 }
 
-/// How a best-effort rate moves on a report of the queue within twice its target, bytes/s:
-/// in proportion to how far the queue is from the target (LEDBAT's controller, in time) and
-/// to the rate itself, up by the rate in [`BEST_EFFORT_GROWTH_US`] on an empty queue, down as
-/// fast at twice the target; and, above the target, by the rate's share `-rise / target`
-/// for the queue's change since the last report (`queues_us`: that report's and this one's,
-/// each counted between the target and twice it, where [`best_effort_cut`] takes over). The second term damps the first: growing on the queue's
-/// distance alone, best effort beside reservations that left it a tenth of the port overshot
-/// the target by two or three times in a cycle of some 75 ms (the port drains that tenth
-/// slowly), and each period's start, where the reservations resume, pushed the queue to
-/// 80-100 of 128 frames. At most half the rate down or a quarter up per report.
-fn best_effort_change(
+/// A best-effort rate moved inversely to the square of the queue's level between the target
+/// and twice it (`queues_us`: the last report's and this one's): quartered as the queue rises
+/// from the target to twice it, and as much back as it falls, so that a passing rise of the
+/// estimate (a host that was late) costs nothing once it has passed. This damps
+/// [`best_effort_toward_target`]: moved on the queue's distance from the target alone, best
+/// effort beside reservations that left it a tenth of the port overshot the target by two or
+/// three times in a cycle of some 75 ms (the port drains that tenth slowly), and each
+/// period's start, where the reservations resume, pushed the queue to 80-100 of 128 frames.
+fn best_effort_damped(rate: u64, queues_us: (u64, u64), target_us: u64) -> u64 {
+    let level = |queue_us: u64| u128::from(queue_us.clamp(target_us, 2 * target_us).max(1));
+    let (before, now) = (level(queues_us.0), level(queues_us.1));
+    let damped = u128::from(rate) * before * before / (now * now);
+    u64::try_from(damped).unwrap_or(u64::MAX)
+}
+
+/// A best-effort rate moved on a report of the queue within twice its target, bytes/s: in
+/// proportion to how far the queue is from the target (LEDBAT's controller, in time) and to
+/// the rate itself, up by the rate in [`BEST_EFFORT_GROWTH_US`] on an empty queue, down as
+/// fast at twice the target, by at most a quarter per report.
+fn best_effort_toward_target(
     rate: u64,
     since_report_us: Micros,
-    queues_us: (u64, u64),
+    queue_delay_us: u64,
     target_us: u64,
-) -> i128 {
+) -> u64 {
     let (rate, target) = (i128::from(rate), i128::from(target_us));
-    let (before_us, now_us) = queues_us;
-    let off = target - i128::from(now_us);
-    let toward_target =
-        rate * i128::from(since_report_us) * off / (i128::from(BEST_EFFORT_GROWTH_US) * target);
-    let level = |queue_us: u64| i128::from(queue_us.clamp(target_us, 2 * target_us));
-    let rise = level(now_us) - level(before_us);
-    let damping = -rate * rise / target;
-    (toward_target + damping).clamp(-rate / 2, rate / 4)
+    let off = target - i128::from(queue_delay_us);
+    let change = (rate * i128::from(since_report_us) * off
+        / (i128::from(BEST_EFFORT_GROWTH_US) * target))
+        .clamp(-rate / 4, rate / 4);
+    u64::try_from(rate + change).unwrap_or(0)
 }
 
 /// What a reserved session did in its periods.
@@ -926,6 +933,8 @@ impl Pacer {
             .map_or(0, |at| now.saturating_sub(at))
             .min(BEST_EFFORT_REPORT_US_MAX);
         self.reported_at = Some(now);
+        let queues_us = (previous_queue_us, queue_delay_us);
+        let mut rate = best_effort_damped(self.best_effort_rate, queues_us, target);
         if queue_delay_us > 2 * target {
             // Far over the target: cut, once per round of packets. Reports go on showing
             // the queue the old rate built until packets sent after the cut reach the peer
@@ -940,20 +949,12 @@ impl Pacer {
             if fresh && round_trip_passed {
                 self.backed_off_at = Some(now);
                 self.recover_seq = sent_seq + MEDIAN_FILTER_LEN as u64 / 2 + 1;
-                self.best_effort_rate =
-                    best_effort_cut(self.best_effort_rate, queue_delay_us, target).max(rate_min);
+                rate = best_effort_cut(rate, queue_delay_us, target);
             }
         } else {
-            let change = best_effort_change(
-                self.best_effort_rate,
-                since_report_us,
-                (previous_queue_us, queue_delay_us),
-                target,
-            );
-            let rate = (i128::from(self.best_effort_rate) + change)
-                .clamp(i128::from(rate_min), i128::from(link));
-            self.best_effort_rate = rate as u64;
+            rate = best_effort_toward_target(rate, since_report_us, queue_delay_us, target);
         }
+        self.best_effort_rate = rate.clamp(rate_min, link);
         self.wait_ns = self.best_effort_wait_ns(wire_bytes);
     }
 
@@ -1398,35 +1399,46 @@ mod tests {
         // It starts at a sixteenth of its link.
         assert_eq!(pacer.wait_ns(), BEST_EFFORT_START_DIVISOR * w_min);
         let start = pacer.wait_ns();
-        // A queue far over the target (more than twice it).
-        let far = 3 * QUEUE_TARGET_US_DEFAULT;
-        pacer.on_queue_report(report(far, 10, 0, 1));
-        // Three times the target: cut to half the rate (3/2 of target over queue).
+        assert_eq!(start, BEST_EFFORT_START_DIVISOR * w_min);
+        // Back to the link's rate within 20 ms of reports every 100 µs.
+        let mut now = 0;
+        for _ in 0..200 {
+            now += 100;
+            pacer.on_queue_report(report(0, now, 0, 0));
+        }
+        assert_eq!(pacer.wait_ns(), w_min);
+        // A queue at the target, then far over it (more than twice it): the rise from the
+        // target to twice it quarters the rate, and three times the target cuts it to half
+        // (3/2 of the target over the queue).
+        let target = QUEUE_TARGET_US_DEFAULT;
+        let far = 3 * target;
+        pacer.on_queue_report(report(target, now, 0, 0));
+        assert_eq!(pacer.wait_ns(), w_min);
+        pacer.on_queue_report(report(far, now + 10, 0, 1));
         let cut = pacer.wait_ns();
-        assert!(
-            cut >= start * 2 - 2 && cut <= start * 2 + 2,
-            "{start} -> {cut}"
-        );
+        assert!(cut.abs_diff(8 * w_min) <= 8, "{w_min} -> {cut}");
         // Later reports that still come from packets sent before the cut change nothing,
         // however many round trips they take to arrive.
-        pacer.on_queue_report(report(far, 500, 2, 3));
-        pacer.on_queue_report(report(far, 5_000, 3, 3));
+        pacer.on_queue_report(report(far, now + 500, 2, 3));
+        pacer.on_queue_report(report(far, now + 5_000, 3, 3));
         assert_eq!(pacer.wait_ns(), cut);
         // Once the peer has seen enough packets sent after it, the next cut.
-        pacer.on_queue_report(report(far, 5_100, 4, 5));
-        assert!(pacer.wait_ns() > cut);
+        pacer.on_queue_report(report(far, now + 5_100, 4, 5));
+        assert!(
+            pacer.wait_ns().abs_diff(2 * cut) <= 8,
+            "{cut} -> {}",
+            pacer.wait_ns()
+        );
         // A single report of an empty queue after a long silence counts for
-        // BEST_EFFORT_REPORT_US_MAX only, and with the queue's fall from twice the target the
-        // rate grows by a quarter at most.
+        // BEST_EFFORT_REPORT_US_MAX only: a fifth more (e in BEST_EFFORT_GROWTH_US), and four
+        // times for the queue's fall from twice the target.
         let before = pacer.wait_ns();
         pacer.on_queue_report(report(0, 1_000_000, 5, 5));
-        assert!(pacer.wait_ns() < before);
         assert!(
-            pacer.wait_ns() * 5 + 5 >= before * 4,
+            pacer.wait_ns().abs_diff(before * 5 / 24) <= 8,
             "{before} -> {}",
             pacer.wait_ns()
         );
-        // Back to the link's rate within 20 ms of reports every 100 µs.
         let mut now = 1_000_000;
         for _ in 0..200 {
             now += 100;
@@ -1444,6 +1456,32 @@ mod tests {
         let before = pacer.wait_ns();
         pacer.on_queue_report(report(100_000, now + 1_000, 100, 100));
         assert_eq!(pacer.wait_ns(), before);
+    }
+
+    #[test]
+    fn a_passing_rise_of_the_queue_costs_best_effort_nothing() {
+        let mut pacer = Pacer::new(RadonConfig::default());
+        pacer.on_sent(sent(0, 1_400, 0), 0);
+        let start = pacer.wait_ns();
+        let target = QUEUE_TARGET_US_DEFAULT;
+        // Reports that come at once (no time to move toward the target): a rise from the
+        // target to twice it quarters the rate, the fall back restores it.
+        pacer.on_queue_report(report(target, 10, 0, 0));
+        pacer.on_queue_report(report(2 * target, 10, 0, 0));
+        assert!(
+            pacer.wait_ns().abs_diff(4 * start) <= 4,
+            "{start} -> {}",
+            pacer.wait_ns()
+        );
+        pacer.on_queue_report(report(target, 10, 0, 0));
+        assert!(
+            pacer.wait_ns().abs_diff(start) <= 1,
+            "{start} -> {}",
+            pacer.wait_ns()
+        );
+        // Below the target the queue's level does not matter, only its distance.
+        pacer.on_queue_report(report(target / 2, 10, 0, 0));
+        assert_eq!(pacer.wait_ns(), pacer.best_effort_wait_ns(1_488));
     }
 
     #[test]

@@ -919,7 +919,8 @@ const LAB_FRAME_US: Micros = 61;
 /// frames at each period's start and held more than twice the target (1 ms) for 611-690 ms
 /// of the 1.7-2 s, for tens of ms at a time; in the lab, with noisier hosts, it reached the
 /// 128 frames and dropped the admitted streams' packets (0.9-1.9% resent). Now (the cut in
-/// proportion to the queue, the queue's rise damping growth) 45-48 frames, 111-131 ms.
+/// proportion to the queue, the rate moved inversely to the square of the queue's level
+/// between the target and twice it) 41-43 frames, 70-80 ms.
 #[test]
 fn best_effort_beside_resuming_reservations_keeps_the_port_queue_low() {
     let bulk = [0.166, 0.166, 0.166, 0.166, 0.166, 1.0];
