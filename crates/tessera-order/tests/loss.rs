@@ -137,11 +137,43 @@ fn table_4_one_percent_at_the_receivers() {
 #[test]
 fn table_4_one_percent_at_the_receivers_five_nodes() {
     let (worst, mean) = ratios(5, &at_receivers(0.01), 0..24);
-    // Measured: worst 0.910 (seed 3), mean 0.927. Before repairs were paced by the trip as
-    // the queue is now: 0.815 (seed 19), 0.917.
+    // Measured: worst 0.949 (seed 7), mean 0.968. Before a receiver paused its log after a
+    // loss: 0.910 (seed 3), 0.927; before repairs were paced by the trip as the queue is
+    // now: 0.815 (seed 19), 0.917.
     assert!(
-        worst >= 0.90 && mean >= 0.91,
+        worst >= 0.93 && mean >= 0.955,
         "worst {worst:.3}, mean {mean:.3}"
+    );
+}
+
+/// The cost of a loss at 5 nodes: positions of some receiver's log replaced by the leader's
+/// order (each set aside, appended again and reported again as PO). A receiver that goes
+/// on appending past a lost message has every position up to the repair's arrival
+/// replaced; one that pauses once it learns of the loss (`sent` in ACKs, a gap, the
+/// leader's conflicting ACK) only those between the message's place and the pause.
+#[test]
+fn a_loss_replaces_only_the_positions_before_the_pause() {
+    let (mut replaced, mut messages, mut pauses) = (0, 0, 0);
+    for seed in 0..8 {
+        let mut lossy = lab_like(5);
+        lossy.faults = at_receivers(0.01);
+        let (_, outcome) = throughput(seed, &lossy);
+        replaced += total(&outcome, |s| s.positions_replaced);
+        pauses += total(&outcome, |s| s.pauses);
+        messages += outcome
+            .history
+            .proposals
+            .values()
+            .map(Vec::len)
+            .sum::<usize>() as u64;
+    }
+    let per_message = replaced as f64 / messages as f64;
+    println!("{replaced} positions replaced for {messages} messages ({per_message:.2} each), {pauses} pauses");
+    // Measured: 338,081 positions for 160,000 messages (2.11 each), 3,113 pauses. Before
+    // the pause: 705,152 (4.41 each), in the 4,000 messages per sender offered at once.
+    assert!(
+        per_message <= 3.0,
+        "{per_message:.2} positions replaced per message"
     );
 }
 
