@@ -10,7 +10,7 @@
 //! as arguments, and the caller drives the order node, waits for answers, and moves store
 //! files ([`copy_store`], [`open_installed`]) when a replica catches up.
 
-use crate::command::{is_read, Command, Decision, OrderPosition, Proposal};
+use crate::command::{is_read, BatchSync, Command, Decision, OrderPosition, Proposal};
 use crate::group::ReplicaGroup;
 use crate::Manager;
 use bytes::Bytes;
@@ -43,21 +43,20 @@ struct Progress {
     removed: bool,
 }
 
-/// Counts of what a replica applied and how it answered reads, since it started: what the
-/// throughput measurement (`metadata_throughput_one_and_three_managers`) prints, cheap
-/// enough to keep.
+/// Longest a replica leaves commits it applied unsynced when none of its own proposals is
+/// among them (see [`ReplicaCore::apply_unsynced`] and `crate::replica`'s module doc).
+pub const SYNC_DELAY_MAX: Duration = Duration::from_millis(20);
+
+/// Counts of what a replica applied since it started: what the throughput measurement
+/// (`metadata_throughput_one_and_three_managers`) prints, cheap enough to keep.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
-    /// Batches of deliveries applied ([`ReplicaCore::apply_batch`]), each synced once.
+    /// Batches of deliveries applied ([`ReplicaCore::apply_batch`]), each synced at most once.
     pub batches: u64,
     /// Deliveries in them.
     pub deliveries: u64,
     /// Batches by size: 1, 2-3, 4-7, 8-15, 16 and more deliveries.
     pub batch_sizes: [u64; 5],
-    /// Reads answered from the replica's own store.
-    pub reads_local: u64,
-    /// Reads ([`is_read`]) that were ordered instead.
-    pub reads_ordered: u64,
 }
 
 impl Counters {
@@ -67,6 +66,47 @@ impl Counters {
         self.deliveries += deliveries as u64;
         let bucket = (usize::BITS - deliveries.max(1).leading_zeros() - 1) as usize;
         self.batch_sizes[bucket.min(4)] += 1;
+    }
+}
+
+/// A batch applied but not yet answered ([`ReplicaCore::apply_unsynced`]): its answers wait
+/// for the one sync it may owe, which [`Applied::sync`] runs without the manager (a daemon
+/// runs it outside the manager's lock, so that requests are decided and read meanwhile).
+#[must_use = "a batch's answers go out only once it is synced"]
+pub struct Applied {
+    answers: Vec<(u64, ManagerResponse)>,
+    sync: Option<BatchSync>,
+    synced: Option<Result<(), ManagerError>>,
+    /// The first and last positions of the batch.
+    positions: (u64, u64),
+}
+
+impl Applied {
+    /// Runs the sync the batch owes, if it owes one (an fsync; no lock needed).
+    pub fn sync(&mut self) {
+        self.synced = self.sync.take().map(BatchSync::run);
+    }
+
+    /// Tells `manager` how its sync went (its local reads see the batch from now on): the
+    /// tickets and answers of this replica's proposals, or why the store failed (the replica
+    /// must stop).
+    pub fn finish(
+        self,
+        manager: Option<&mut Manager>,
+    ) -> Result<Vec<(u64, ManagerResponse)>, String> {
+        assert!(
+            self.sync.is_none(),
+            "a batch's sync runs before its answers go out"
+        );
+        let synced = match (self.synced, manager) {
+            (None, _) => return Ok(self.answers),
+            (Some(synced), Some(manager)) => manager.batch_synced(synced),
+            (Some(synced), None) => synced,
+        };
+        let (first, last) = self.positions;
+        synced.map(|()| self.answers).map_err(|error| {
+            format!("positions {first}..={last}: its store failed to sync: {error}")
+        })
     }
 }
 
@@ -98,6 +138,9 @@ pub struct ReplicaCore {
     /// give its order driver.
     learned: Vec<(u16, String)>,
     counters: Counters,
+    /// When the oldest commit applied and not yet synced was made (see
+    /// [`ReplicaCore::apply_unsynced`]).
+    unsynced_since: Option<Instant>,
 }
 
 impl ReplicaCore {
@@ -129,21 +172,13 @@ impl ReplicaCore {
             group: ReplicaGroup::default(),
             learned: Vec::new(),
             counters: Counters::default(),
+            unsynced_since: None,
         }
     }
 
     /// What it applied and how it answered reads so far.
     pub fn counters(&self) -> Counters {
         self.counters
-    }
-
-    /// Counts a read answered locally (`true`) or ordered.
-    pub fn count_read(&mut self, local: bool) {
-        if local {
-            self.counters.reads_local += 1;
-        } else {
-            self.counters.reads_ordered += 1;
-        }
     }
 
     /// The replica group as applied.
@@ -439,44 +474,116 @@ impl ReplicaCore {
     }
 
     /// Applies a batch of deliveries to `manager` (`None`: the store is closed) at `now`,
-    /// syncing once at the end: the tickets and answers of this replica's proposals among
-    /// them. An error says the store failed: the batch is neither synced nor to be answered,
-    /// and the replica must stop.
+    /// syncing at the end if it must ([`ReplicaCore::apply_unsynced`]): the tickets and
+    /// answers of this replica's proposals among them. An error says the store failed: the batch is neither synced nor to be answered,
+    /// and the replica must stop. ([`ReplicaCore::apply_unsynced`] and [`Applied`] are the
+    /// same in steps, for a caller that syncs without holding the manager.)
     pub fn apply_batch(
         &mut self,
         mut manager: Option<&mut Manager>,
         batch: &[(u64, Bytes)],
         now: Instant,
     ) -> Result<Vec<(u64, ManagerResponse)>, String> {
+        let mut applied = self.apply_unsynced(manager.as_deref_mut(), batch, now)?;
+        applied.sync();
+        applied.finish(manager)
+    }
+
+    /// Applies a batch of deliveries to `manager` (`None`: the store is closed) at `now`
+    /// without syncing it: what the batch still owes ([`Applied`]). The batch is synced when
+    /// it holds a proposal of this replica's, whose answer waits for it; otherwise commits
+    /// stay unsynced for up to [`SYNC_DELAY_MAX`] (a later batch's sync, or
+    /// [`ReplicaCore::overdue_sync`], makes them durable): only the replica that answers a
+    /// change must hold it durably before it answers (`crate::replica`'s module doc). Until
+    /// the sync, the manager's local reads see the store as it stood at the last one. An
+    /// error says the store failed: the batch is neither synced nor to be answered, and the
+    /// replica must stop.
+    pub fn apply_unsynced(
+        &mut self,
+        mut manager: Option<&mut Manager>,
+        batch: &[(u64, Bytes)],
+        now: Instant,
+    ) -> Result<Applied, String> {
+        assert!(!batch.is_empty(), "a batch has a delivery");
+        let positions = (batch[0].0, batch[batch.len() - 1].0);
+        let sync_failed = |error: ManagerError| {
+            let (first, last) = positions;
+            format!("positions {first}..={last}: its store failed to sync: {error}")
+        };
         if let Some(manager) = manager.as_deref_mut() {
-            manager.begin_batch();
+            manager.begin_batch().map_err(sync_failed)?;
         }
         self.counters.batch(batch.len());
         let mut answers = Vec::with_capacity(batch.len());
-        let mut failed = None;
         for (position, message) in batch {
             match self.apply_one(manager.as_deref_mut(), *position, message, now) {
                 Ok(answer) => answers.extend(answer),
                 Err(why) => {
-                    failed = Some(why);
-                    break;
+                    if let Some(manager) = manager {
+                        manager.abandon_batch();
+                    }
+                    return Err(why);
                 }
             }
         }
-        if let Some(manager) = manager {
-            if failed.is_some() {
-                manager.abandon_batch();
-            } else if let Err(error) = manager.end_batch() {
-                let (first, last) = (batch[0].0, batch[batch.len() - 1].0);
-                failed = Some(format!(
-                    "positions {first}..={last}: its store failed to sync: {error}"
-                ));
+        let sync = match manager {
+            Some(manager) => {
+                let due = self.sync_due(!answers.is_empty(), manager.sync_owed(), now);
+                manager.finish_batch(due).map_err(sync_failed)?
             }
+            None => None,
+        };
+        Ok(Applied {
+            answers,
+            sync,
+            synced: None,
+            positions,
+        })
+    }
+
+    /// Whether what this replica applied and has not synced must be synced now, after a
+    /// batch at `now`: when the batch holds a proposal of this replica's (its answer goes out
+    /// only once the store holds it durably), or when the oldest unsynced commit waited
+    /// [`SYNC_DELAY_MAX`]. Commits that owe no sync (`owed` false) wait for nothing.
+    fn sync_due(&mut self, mine: bool, owed: bool, now: Instant) -> bool {
+        if !owed {
+            self.unsynced_since = None;
+            return false;
         }
-        match failed {
-            Some(why) => Err(why),
-            None => Ok(answers),
+        let since = *self.unsynced_since.get_or_insert(now);
+        let due = mine || now.saturating_duration_since(since) >= SYNC_DELAY_MAX;
+        if due {
+            self.unsynced_since = None;
         }
+        due
+    }
+
+    /// The sync of what this replica applied and left unsynced, if it waited
+    /// [`SYNC_DELAY_MAX`] by `now` (the caller asks when no delivery comes): as
+    /// [`Applied`], with no answers.
+    pub fn overdue_sync(
+        &mut self,
+        manager: Option<&mut Manager>,
+        now: Instant,
+    ) -> Result<Applied, String> {
+        let last = self.next_position.saturating_sub(1);
+        let overdue = self
+            .unsynced_since
+            .is_some_and(|since| now.saturating_duration_since(since) >= SYNC_DELAY_MAX);
+        let sync = match manager {
+            Some(manager) if overdue => {
+                self.unsynced_since = None;
+                let failed = |error| format!("position {last}: its store failed to sync: {error}");
+                manager.finish_batch(true).map_err(failed)?
+            }
+            _ => None,
+        };
+        Ok(Applied {
+            answers: Vec::new(),
+            sync,
+            synced: None,
+            positions: (last, last),
+        })
     }
 
     /// Applies the delivery at `position` (not synced yet): the ticket and answer of this

@@ -335,7 +335,7 @@ fn a_batch_applies_like_single_commands_and_syncs_once() {
         let (synced_before, mut batches) = (batched.synced_commits(), 0);
         let mut answers = Vec::new();
         for (chunk, batch) in commands.chunks(16).enumerate() {
-            batched.begin_batch();
+            batched.begin_batch().unwrap();
             for (offset, command) in batch.iter().enumerate() {
                 batched.set_order_position(at(chunk * 16 + offset));
                 answers.push(batched.apply(command.clone(), start));
@@ -370,6 +370,171 @@ fn a_batch_applies_like_single_commands_and_syncs_once() {
         let reopened = Manager::open_existing(dir.path(), config).unwrap();
         assert_eq!(reopened.state_dump(), dump, "seed {seed}");
     }
+}
+
+/// The create of `path` as `manager` decides it (placement on its live servers).
+fn create_command(manager: &Manager, path: &str) -> Command {
+    let request = ManagerRequest::Create {
+        path: path.into(),
+        layout: LayoutRequest {
+            scheme: Scheme::Raid5,
+            stripe_unit: 65536,
+            width: Some(3),
+        },
+        replace: false,
+    };
+    let decision = manager.decide(&request);
+    Command::Request { request, decision }
+}
+
+/// A lookup of `path`.
+fn lookup(path: &str) -> ManagerRequest {
+    ManagerRequest::Lookup { path: path.into() }
+}
+
+/// A replica syncs a batch that holds a proposal of its own at once (the answer waits for
+/// it), and leaves the other replicas' changes unsynced for at most `SYNC_DELAY_MAX` (a
+/// later batch's sync or the applier's tick makes them durable), its local reads seeing
+/// the store as at its last sync meanwhile.
+#[test]
+fn a_replica_syncs_its_own_changes_at_once_and_the_others_within_the_delay() {
+    use crate::replica_core::{local_answer, ReplicaCore, SYNC_DELAY_MAX};
+    let mut group = replicas();
+    let manager = &mut group[0].1;
+    let start = Instant::now();
+    register_three_servers(manager, start);
+    let stored = OrderPosition::default();
+    let timeout = Duration::from_secs(2);
+    let mut core = ReplicaCore::new(1, 1, stored, 1 << 16, timeout, start);
+    let mut next = 0;
+    let mut apply = |manager: &mut Manager, origin: u16, path: &str, at: Instant| {
+        let command = create_command(manager, path);
+        let proposal = Proposal {
+            version: crate::command::PROPOSAL_VERSION,
+            origin,
+            incarnation: 1,
+            ticket: next,
+            command,
+        };
+        let batch = [(next, bytes::Bytes::from(proposal.encode()))];
+        next += 1;
+        core.apply_batch(Some(manager), &batch, at).unwrap().len()
+    };
+    let found = |manager: &mut Manager, path: &str| {
+        matches!(
+            local_answer(manager, &lookup(path), start),
+            Some(ManagerResponse::File(_))
+        )
+    };
+    let synced = manager.synced_commits();
+    assert_eq!(apply(manager, 2, "/theirs", start), 0, "not this replica's");
+    let half = start + SYNC_DELAY_MAX / 2;
+    assert_eq!(apply(manager, 3, "/theirs-2", half), 0);
+    assert_eq!(
+        manager.synced_commits(),
+        synced,
+        "within the delay: unsynced"
+    );
+    assert!(
+        !found(manager, "/theirs"),
+        "a local read sees the last sync"
+    );
+    assert_eq!(
+        apply(manager, 1, "/mine", half),
+        1,
+        "its own proposal is answered"
+    );
+    assert_eq!(manager.synced_commits(), synced + 1, "synced at once");
+    assert!(found(manager, "/theirs") && found(manager, "/mine"));
+    assert_eq!(apply(manager, 2, "/theirs-3", half), 0);
+    assert_eq!(apply(manager, 2, "/theirs-4", half + SYNC_DELAY_MAX), 0);
+    assert_eq!(manager.synced_commits(), synced + 2, "the delay ran out");
+    assert_eq!(apply(manager, 2, "/theirs-5", half + SYNC_DELAY_MAX), 0);
+    let mut overdue = core
+        .overdue_sync(Some(manager), half + SYNC_DELAY_MAX)
+        .unwrap();
+    overdue.sync();
+    overdue.finish(Some(manager)).unwrap();
+    assert_eq!(manager.synced_commits(), synced + 2, "not overdue yet");
+    let mut overdue = core
+        .overdue_sync(Some(manager), half + 2 * SYNC_DELAY_MAX)
+        .unwrap();
+    overdue.sync();
+    assert!(overdue.finish(Some(manager)).unwrap().is_empty());
+    assert_eq!(manager.synced_commits(), synced + 3, "synced on the tick");
+    assert!(found(manager, "/theirs-5"));
+}
+
+/// While a batch's sync is owed, a local read sees the store as it stood before the batch
+/// (durable: the store reopened after a crash then holds what it read), ordered requests in
+/// the batch see what the batch changed, and once the sync ran local reads see it too.
+#[test]
+fn local_reads_see_the_durable_store_while_a_batch_syncs() {
+    let mut group = replicas();
+    let (dir, manager) = &mut group[0];
+    let now = Instant::now();
+    register_three_servers(manager, now);
+    let create = create_command;
+    let local = |manager: &mut Manager, request: &ManagerRequest| {
+        crate::replica_core::local_answer(manager, request, now)
+    };
+    manager.begin_batch().unwrap();
+    let before = manager.apply(create(manager, "/before"), now);
+    assert!(matches!(before, ManagerResponse::File(_)), "{before:?}");
+    manager.end_batch().unwrap();
+
+    manager.begin_batch().unwrap();
+    let ManagerResponse::File(during) = manager.apply(create(manager, "/during"), now) else {
+        panic!("create /during")
+    };
+    let ordered = Command::Request {
+        request: lookup("/during"),
+        decision: Decision::default(),
+    };
+    let seen = manager.apply(ordered, now);
+    assert!(
+        matches!(&seen, ManagerResponse::File(view) if view.meta == during.meta),
+        "an ordered read sees the batch: {seen:?}"
+    );
+    let sync = manager
+        .finish_batch(true)
+        .unwrap()
+        .expect("a create owes a sync");
+    let read = local(manager, &lookup("/before"));
+    assert!(matches!(read, Some(ManagerResponse::File(_))), "{read:?}");
+    assert_eq!(local(manager, &lookup("/during")), None, "absent: ordered");
+    let listed = local(manager, &ManagerRequest::List { prefix: "/".into() });
+    let Some(ManagerResponse::Files(files)) = listed else {
+        panic!("{listed:?}")
+    };
+    let paths: Vec<_> = files.iter().map(|meta| meta.path.as_str()).collect();
+    assert_eq!(paths, ["/before"]);
+
+    // Killed now, the replica's store reopens with what the local reads saw.
+    let crashed = tempfile::tempdir().unwrap();
+    let file = crate::store::DB_FILE_NAME;
+    std::fs::copy(dir.path().join(file), crashed.path().join(file)).unwrap();
+    let config = ManagerConfig {
+        cluster_id: Some(0x5eed),
+        ..ManagerConfig::default()
+    };
+    let mut reopened = Manager::open_existing(crashed.path(), config).unwrap();
+    assert!(matches!(
+        reopened.handle(lookup("/before"), now),
+        ManagerResponse::File(_)
+    ));
+    let lost = reopened.handle(lookup("/during"), now);
+    assert!(
+        matches!(lost, ManagerResponse::Error(ManagerError::NotFound(_))),
+        "{lost:?}"
+    );
+
+    manager.batch_synced(sync.run()).unwrap();
+    let read = local(manager, &lookup("/during"));
+    assert!(
+        matches!(&read, Some(ManagerResponse::File(view)) if view.meta == during.meta),
+        "{read:?}"
+    );
 }
 
 /// Applies `command` at order position `next - 1` of epoch 1 on every replica; the answers.
