@@ -332,25 +332,23 @@ impl Manager {
 
     /// Begins applying a delivered batch: from now until [`Manager::end_batch`] (or
     /// [`Manager::finish_batch`]), commits are not synced one by one, and local reads
-    /// ([`Manager::answer_read`]) see the store as it stood at its last sync (pinned now if
-    /// every commit since was synced, else kept from the first batch that left commits
-    /// unsynced), until a sync ends. An error says the store failed.
+    /// ([`Manager::answer_read`]) see the store as it stands now, durable (every earlier
+    /// batch was synced), until the batch's sync ends. An error says the store failed.
     pub fn begin_batch(&mut self) -> Result<(), ManagerError> {
         self.sync_deferred = true;
-        if self.durable_reads.pinned.is_none() {
-            let pinned = self.db.begin_read().map_err(|error| {
-                ManagerError::Store(format!("a read of the store before the batch: {error}"))
-            })?;
-            self.durable_reads.pinned = Some(Arc::new(pinned));
-        }
+        self.sync_owed = false;
+        let pinned = self.db.begin_read().map_err(|error| {
+            ManagerError::Store(format!("a read of the store before the batch: {error}"))
+        })?;
+        self.durable_reads.pinned = Some(Arc::new(pinned));
         Ok(())
     }
 
-    /// Ends the batch with one synced commit, if any commit since the last sync asked for
-    /// one: everything the batch changed is then on disk, and its answers may go out. A
-    /// store failure is returned.
+    /// Ends the batch with one synced commit, if any commit of the batch asked for a sync:
+    /// everything the batch changed is then on disk, and its answers may go out. A store
+    /// failure is returned.
     pub fn end_batch(&mut self) -> Result<(), ManagerError> {
-        match self.finish_batch(true)? {
+        match self.finish_batch()? {
             Some(sync) => {
                 let synced = sync.run();
                 self.batch_synced(synced)
@@ -359,29 +357,19 @@ impl Manager {
         }
     }
 
-    /// Whether commits made since the last sync asked for a sync.
-    pub fn sync_owed(&self) -> bool {
-        self.sync_owed
-    }
-
-    /// Ends applying a batch: with `sync`, the sync owed since the last one, if any, to be
-    /// run without the manager (by a replica, outside the manager's lock) and then given to
-    /// [`Manager::batch_synced`]; without, the sync stays owed (a later batch's or
-    /// [`Manager::end_batch`]'s makes it). Until it ran, local reads still see the store as
-    /// it stood at the last sync. The sync records no position of its own: the store stays
-    /// where its last change put it (where batches end is each replica's own timing, so a
-    /// position written there made replicas that applied the same commands differ: the
-    /// simulator's seed 18).
-    pub fn finish_batch(&mut self, sync: bool) -> Result<Option<BatchSync>, ManagerError> {
+    /// Ends applying a batch: the sync it owes, if it owes one, to be run without the
+    /// manager (by a replica, outside the manager's lock) and then given to
+    /// [`Manager::batch_synced`]; until then local reads still see the store as it stood
+    /// before the batch. The sync records no position of its own: the store stays where its
+    /// last change put it (where batches end is each replica's own timing, so a position
+    /// written there made replicas that applied the same commands differ: the simulator's
+    /// seed 18).
+    pub fn finish_batch(&mut self) -> Result<Option<BatchSync>, ManagerError> {
         self.sync_deferred = false;
-        if !self.sync_owed {
+        if !std::mem::take(&mut self.sync_owed) {
             self.durable_reads.pinned = None;
             return Ok(None);
         }
-        if !sync {
-            return Ok(None);
-        }
-        self.sync_owed = false;
         self.check_store()?;
         Ok(Some(BatchSync {
             db: self.db.clone(),

@@ -19,21 +19,6 @@
 //! store, then syncs once, and only then answers; a batch that fails is neither synced nor
 //! answered (the replica stops).
 //!
-//! **Which replica syncs when.** Only the replica that answers a change must hold it
-//! durably before it answers: a replica that restarts alone takes a peer's store anyway
-//! (see Catching up), and when every replica starts at once the group starts from the
-//! most advanced store (see Starting), which holds every change any replica acknowledged
-//! (each store is a prefix of the order). So the applier syncs a batch at once only when
-//! it holds one of this replica's own proposals; a batch of others' changes stays unsynced
-//! for at most [`SYNC_DELAY_MAX`] (the next sync, or one on the applier's tick, makes it
-//! durable). On a machine that runs all the replicas, that is one disk's syncs for the
-//! group rather than one per replica and batch. The price: a change is durable on one
-//! replica only, for up to that delay, so losing that replica's disk together with a crash
-//! of every other replica within it loses the change (before, the window was the others'
-//! apply and sync, a millisecond or so).
-//!
-//! [`SYNC_DELAY_MAX`]: crate::replica_core::SYNC_DELAY_MAX
-//!
 //! **The lock and the sync.** The applier holds the manager's lock (and the core's) while
 //! it applies a batch, not while it syncs it: the sync ([`crate::command::BatchSync`], an
 //! empty durable commit that makes the batch's commits durable) needs only the database.
@@ -44,15 +29,14 @@
 //!
 //! **Reads while a batch syncs.** The batch's commits are in the store (redb shows a
 //! commit made without sync to every later transaction), but on this replica's disk only
-//! once a sync ends. A local read must not see them before: if every replica crashed at
+//! once the sync ends. A local read must not see them before: if every replica crashed at
 //! once before any synced the batch (a power cut), the group would start again from the
 //! most advanced store (see Starting), which lacks them, and undo what a client had read,
 //! though nobody had acknowledged it. So a read answered locally sees the store as it stood
 //! before the batch: [`Manager::begin_batch`](crate::Manager::begin_batch) pins a read
 //! transaction there, and local reads use it until the sync ended
-//! ([`Manager::batch_synced`](crate::Manager::batch_synced)); batches left unsynced (see
-//! above) keep the pin where it was. That state is durable here: the pin is taken only
-//! when every commit before it was synced (the applier is one thread). The only
+//! ([`Manager::batch_synced`](crate::Manager::batch_synced)). That state is durable here:
+//! the applier is one thread and syncs each batch before it begins the next. The only
 //! commits in it made without sync are those that asked for none: a grow-only `SetSize`
 //! (which a single manager too commits without sync, and a crash may undo, by design: the
 //! client's `SyncFile` restates the size) and the `once` records of ordered reads (which
@@ -1063,7 +1047,6 @@ impl Applier {
             // Deliveries that never pause must not hold expiries back.
             if ticked.elapsed() >= APPLIER_TICK {
                 ticked = Instant::now();
-                self.sync_overdue();
                 self.propose_expiries();
                 self.propose_once_expiry();
                 logged = self.log_counters(logged);
@@ -1161,24 +1144,6 @@ impl Applier {
             if let Some(waiter) = waiters.remove(&ticket) {
                 let _ = waiter.send(answer);
             }
-        }
-    }
-
-    /// Syncs what the applier left unsynced, if it waited
-    /// [`crate::replica_core::SYNC_DELAY_MAX`] (deliveries stopped coming), without holding
-    /// the manager's lock through the sync; a store that fails stops the replica.
-    fn sync_overdue(&self) {
-        let overdue = {
-            let mut served = self.served.lock().unwrap();
-            let mut core = self.replica.core.lock().unwrap();
-            core.overdue_sync(served.manager(), Instant::now())
-        };
-        let synced = overdue.and_then(|mut overdue| {
-            overdue.sync();
-            overdue.finish(self.served.lock().unwrap().manager())
-        });
-        if let Err(why) = synced {
-            self.replica.stop(why);
         }
     }
 

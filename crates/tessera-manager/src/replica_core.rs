@@ -43,15 +43,11 @@ struct Progress {
     removed: bool,
 }
 
-/// Longest a replica leaves commits it applied unsynced when none of its own proposals is
-/// among them (see [`ReplicaCore::apply_unsynced`] and `crate::replica`'s module doc).
-pub const SYNC_DELAY_MAX: Duration = Duration::from_millis(20);
-
 /// Counts of what a replica applied since it started: what the throughput measurement
 /// (`metadata_throughput_one_and_three_managers`) prints, cheap enough to keep.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
-    /// Batches of deliveries applied ([`ReplicaCore::apply_batch`]), each synced at most once.
+    /// Batches of deliveries applied ([`ReplicaCore::apply_batch`]), each synced once.
     pub batches: u64,
     /// Deliveries in them.
     pub deliveries: u64,
@@ -138,9 +134,6 @@ pub struct ReplicaCore {
     /// give its order driver.
     learned: Vec<(u16, String)>,
     counters: Counters,
-    /// When the oldest commit applied and not yet synced was made (see
-    /// [`ReplicaCore::apply_unsynced`]).
-    unsynced_since: Option<Instant>,
 }
 
 impl ReplicaCore {
@@ -172,7 +165,6 @@ impl ReplicaCore {
             group: ReplicaGroup::default(),
             learned: Vec::new(),
             counters: Counters::default(),
-            unsynced_since: None,
         }
     }
 
@@ -474,8 +466,8 @@ impl ReplicaCore {
     }
 
     /// Applies a batch of deliveries to `manager` (`None`: the store is closed) at `now`,
-    /// syncing at the end if it must ([`ReplicaCore::apply_unsynced`]): the tickets and
-    /// answers of this replica's proposals among them. An error says the store failed: the batch is neither synced nor to be answered,
+    /// syncing once at the end: the tickets and answers of this replica's proposals among
+    /// them. An error says the store failed: the batch is neither synced nor to be answered,
     /// and the replica must stop. ([`ReplicaCore::apply_unsynced`] and [`Applied`] are the
     /// same in steps, for a caller that syncs without holding the manager.)
     pub fn apply_batch(
@@ -490,14 +482,10 @@ impl ReplicaCore {
     }
 
     /// Applies a batch of deliveries to `manager` (`None`: the store is closed) at `now`
-    /// without syncing it: what the batch still owes ([`Applied`]). The batch is synced when
-    /// it holds a proposal of this replica's, whose answer waits for it; otherwise commits
-    /// stay unsynced for up to [`SYNC_DELAY_MAX`] (a later batch's sync, or
-    /// [`ReplicaCore::overdue_sync`], makes them durable): only the replica that answers a
-    /// change must hold it durably before it answers (`crate::replica`'s module doc). Until
-    /// the sync, the manager's local reads see the store as it stood at the last one. An
-    /// error says the store failed: the batch is neither synced nor to be answered, and the
-    /// replica must stop.
+    /// without syncing it: what the batch still owes ([`Applied`]). Until
+    /// [`Applied::finish`], the manager's local reads see the store as it stood before the
+    /// batch. An error says the store failed: the batch is neither synced nor to be
+    /// answered, and the replica must stop.
     pub fn apply_unsynced(
         &mut self,
         mut manager: Option<&mut Manager>,
@@ -527,10 +515,7 @@ impl ReplicaCore {
             }
         }
         let sync = match manager {
-            Some(manager) => {
-                let due = self.sync_due(!answers.is_empty(), manager.sync_owed(), now);
-                manager.finish_batch(due).map_err(sync_failed)?
-            }
+            Some(manager) => manager.finish_batch().map_err(sync_failed)?,
             None => None,
         };
         Ok(Applied {
@@ -538,51 +523,6 @@ impl ReplicaCore {
             sync,
             synced: None,
             positions,
-        })
-    }
-
-    /// Whether what this replica applied and has not synced must be synced now, after a
-    /// batch at `now`: when the batch holds a proposal of this replica's (its answer goes out
-    /// only once the store holds it durably), or when the oldest unsynced commit waited
-    /// [`SYNC_DELAY_MAX`]. Commits that owe no sync (`owed` false) wait for nothing.
-    fn sync_due(&mut self, mine: bool, owed: bool, now: Instant) -> bool {
-        if !owed {
-            self.unsynced_since = None;
-            return false;
-        }
-        let since = *self.unsynced_since.get_or_insert(now);
-        let due = mine || now.saturating_duration_since(since) >= SYNC_DELAY_MAX;
-        if due {
-            self.unsynced_since = None;
-        }
-        due
-    }
-
-    /// The sync of what this replica applied and left unsynced, if it waited
-    /// [`SYNC_DELAY_MAX`] by `now` (the caller asks when no delivery comes): as
-    /// [`Applied`], with no answers.
-    pub fn overdue_sync(
-        &mut self,
-        manager: Option<&mut Manager>,
-        now: Instant,
-    ) -> Result<Applied, String> {
-        let last = self.next_position.saturating_sub(1);
-        let overdue = self
-            .unsynced_since
-            .is_some_and(|since| now.saturating_duration_since(since) >= SYNC_DELAY_MAX);
-        let sync = match manager {
-            Some(manager) if overdue => {
-                self.unsynced_since = None;
-                let failed = |error| format!("position {last}: its store failed to sync: {error}");
-                manager.finish_batch(true).map_err(failed)?
-            }
-            _ => None,
-        };
-        Ok(Applied {
-            answers: Vec::new(),
-            sync,
-            synced: None,
-            positions: (last, last),
         })
     }
 

@@ -372,99 +372,6 @@ fn a_batch_applies_like_single_commands_and_syncs_once() {
     }
 }
 
-/// The create of `path` as `manager` decides it (placement on its live servers).
-fn create_command(manager: &Manager, path: &str) -> Command {
-    let request = ManagerRequest::Create {
-        path: path.into(),
-        layout: LayoutRequest {
-            scheme: Scheme::Raid5,
-            stripe_unit: 65536,
-            width: Some(3),
-        },
-        replace: false,
-    };
-    let decision = manager.decide(&request);
-    Command::Request { request, decision }
-}
-
-/// A lookup of `path`.
-fn lookup(path: &str) -> ManagerRequest {
-    ManagerRequest::Lookup { path: path.into() }
-}
-
-/// A replica syncs a batch that holds a proposal of its own at once (the answer waits for
-/// it), and leaves the other replicas' changes unsynced for at most `SYNC_DELAY_MAX` (a
-/// later batch's sync or the applier's tick makes them durable), its local reads seeing
-/// the store as at its last sync meanwhile.
-#[test]
-fn a_replica_syncs_its_own_changes_at_once_and_the_others_within_the_delay() {
-    use crate::replica_core::{local_answer, ReplicaCore, SYNC_DELAY_MAX};
-    let mut group = replicas();
-    let manager = &mut group[0].1;
-    let start = Instant::now();
-    register_three_servers(manager, start);
-    let stored = OrderPosition::default();
-    let timeout = Duration::from_secs(2);
-    let mut core = ReplicaCore::new(1, 1, stored, 1 << 16, timeout, start);
-    let mut next = 0;
-    let mut apply = |manager: &mut Manager, origin: u16, path: &str, at: Instant| {
-        let command = create_command(manager, path);
-        let proposal = Proposal {
-            version: crate::command::PROPOSAL_VERSION,
-            origin,
-            incarnation: 1,
-            ticket: next,
-            command,
-        };
-        let batch = [(next, bytes::Bytes::from(proposal.encode()))];
-        next += 1;
-        core.apply_batch(Some(manager), &batch, at).unwrap().len()
-    };
-    let found = |manager: &mut Manager, path: &str| {
-        matches!(
-            local_answer(manager, &lookup(path), start),
-            Some(ManagerResponse::File(_))
-        )
-    };
-    let synced = manager.synced_commits();
-    assert_eq!(apply(manager, 2, "/theirs", start), 0, "not this replica's");
-    let half = start + SYNC_DELAY_MAX / 2;
-    assert_eq!(apply(manager, 3, "/theirs-2", half), 0);
-    assert_eq!(
-        manager.synced_commits(),
-        synced,
-        "within the delay: unsynced"
-    );
-    assert!(
-        !found(manager, "/theirs"),
-        "a local read sees the last sync"
-    );
-    assert_eq!(
-        apply(manager, 1, "/mine", half),
-        1,
-        "its own proposal is answered"
-    );
-    assert_eq!(manager.synced_commits(), synced + 1, "synced at once");
-    assert!(found(manager, "/theirs") && found(manager, "/mine"));
-    assert_eq!(apply(manager, 2, "/theirs-3", half), 0);
-    assert_eq!(apply(manager, 2, "/theirs-4", half + SYNC_DELAY_MAX), 0);
-    assert_eq!(manager.synced_commits(), synced + 2, "the delay ran out");
-    assert_eq!(apply(manager, 2, "/theirs-5", half + SYNC_DELAY_MAX), 0);
-    let mut overdue = core
-        .overdue_sync(Some(manager), half + SYNC_DELAY_MAX)
-        .unwrap();
-    overdue.sync();
-    overdue.finish(Some(manager)).unwrap();
-    assert_eq!(manager.synced_commits(), synced + 2, "not overdue yet");
-    let mut overdue = core
-        .overdue_sync(Some(manager), half + 2 * SYNC_DELAY_MAX)
-        .unwrap();
-    overdue.sync();
-    assert!(overdue.finish(Some(manager)).unwrap().is_empty());
-    assert_eq!(manager.synced_commits(), synced + 3, "synced on the tick");
-    assert!(found(manager, "/theirs-5"));
-}
-
 /// While a batch's sync is owed, a local read sees the store as it stood before the batch
 /// (durable: the store reopened after a crash then holds what it read), ordered requests in
 /// the batch see what the batch changed, and once the sync ran local reads see it too.
@@ -474,7 +381,20 @@ fn local_reads_see_the_durable_store_while_a_batch_syncs() {
     let (dir, manager) = &mut group[0];
     let now = Instant::now();
     register_three_servers(manager, now);
-    let create = create_command;
+    let create = |manager: &Manager, path: &str| {
+        let request = ManagerRequest::Create {
+            path: path.into(),
+            layout: LayoutRequest {
+                scheme: Scheme::Raid5,
+                stripe_unit: 65536,
+                width: Some(3),
+            },
+            replace: false,
+        };
+        let decision = manager.decide(&request);
+        Command::Request { request, decision }
+    };
+    let lookup = |path: &str| ManagerRequest::Lookup { path: path.into() };
     let local = |manager: &mut Manager, request: &ManagerRequest| {
         crate::replica_core::local_answer(manager, request, now)
     };
@@ -497,7 +417,7 @@ fn local_reads_see_the_durable_store_while_a_batch_syncs() {
         "an ordered read sees the batch: {seen:?}"
     );
     let sync = manager
-        .finish_batch(true)
+        .finish_batch()
         .unwrap()
         .expect("a create owes a sync");
     let read = local(manager, &lookup("/before"));

@@ -28,7 +28,12 @@ use tessera_manager::command::{
     is_read, BatchSync, Command, OrderPosition, Proposal, PROPOSAL_VERSION,
 };
 use tessera_manager::replica::is_local;
-use tessera_manager::replica_core::{local_answer, SYNC_DELAY_MAX};
+use tessera_manager::replica_core::local_answer;
+
+/// How long a follower may leave a batch unsynced: not at all, as a Tessera replica syncs
+/// every batch it applies (a lazy follower sync was tried and not kept: it widened the
+/// window in which an acknowledged change is on one disk only, and did not raise throughput).
+const SYNC_DELAY_MAX: std::time::Duration = std::time::Duration::ZERO;
 use tessera_manager::Manager;
 use tessera_transport::{Accepted, BoxFuture, ConnectionId, FrameHandler};
 use tessera_wire::{encode_message, ManagerError, ManagerRequest, ManagerResponse};
@@ -41,10 +46,8 @@ pub struct ManagerMachine {
     unsynced: Arc<Mutex<Unsynced>>,
 }
 
-/// When a node syncs what it applied, as a Tessera replica decides it
-/// (`ReplicaCore::apply_unsynced`): the node that answers clients (the leader) syncs every
-/// batch before its answers go out; a follower leaves batches unsynced for up to
-/// [`SYNC_DELAY_MAX`].
+/// When a node syncs what it applied: every batch, before its answers go out (a follower
+/// could leave batches unsynced for up to [`SYNC_DELAY_MAX`], which is zero).
 #[derive(Default)]
 struct Unsynced {
     /// Set on followers ([`ManagerMachine::follow`]).
