@@ -405,6 +405,14 @@ impl Sim {
         );
     }
 
+    /// The queue of the bottleneck port in front of `to` now, µs of its rate (`None`: no
+    /// port there).
+    pub fn port_queue_us(&self, to: SocketAddr) -> Option<Micros> {
+        let port = self.ports.get(&to)?;
+        let now_ns = u128::from(self.now) * 1_000;
+        Some((port.busy_until_ns.saturating_sub(now_ns) / 1_000) as Micros)
+    }
+
     /// Drops the datagrams for which `filter` returns false (after tracing, before loss).
     pub fn set_filter(
         &mut self,

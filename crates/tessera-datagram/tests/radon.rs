@@ -513,6 +513,7 @@ fn run_periodic(
         seed,
         PeriodicStart::default(),
     )
+    .0
 }
 
 /// When a periodic run's streams start, and what their sessions did before.
@@ -527,7 +528,45 @@ struct PeriodicStart {
     /// release their bytes a period at a time as the others do, and their sessions run
     /// best effort.
     best_effort_from: usize,
+    /// The port, the streams' period and best effort's queue target.
+    port: PortSetup,
 }
+
+/// What a periodic run's port queued: the most, µs of its rate, and the milliseconds in
+/// which it held more than twice the senders' queue target, of all of them.
+#[derive(Clone, Copy, Debug)]
+struct PortQueueSeen {
+    us_max: Micros,
+    ms_over_twice_target: usize,
+    ms: usize,
+}
+
+/// The port's buffer, the streams' period and the senders' queue target of a periodic run.
+#[derive(Clone, Copy, Debug)]
+struct PortSetup {
+    buffer_packets: usize,
+    period_us: Micros,
+    queue_target_us: Micros,
+}
+
+impl Default for PortSetup {
+    /// The other runs' small port, 100 ms periods, 300 µs of queue.
+    fn default() -> PortSetup {
+        PortSetup {
+            buffer_packets: BUFFER_PACKETS,
+            period_us: PERIOD_US,
+            queue_target_us: 300,
+        }
+    }
+}
+
+/// `lab radon --quick`'s port: 128 frames of buffer, periods of 250 ms, best effort's
+/// default queue target (1 ms).
+const LAB_QUICK_PORT: PortSetup = PortSetup {
+    buffer_packets: 128,
+    period_us: 250_000,
+    queue_target_us: tessera_datagram::radon::QUEUE_TARGET_US_DEFAULT,
+};
 
 impl Default for PeriodicStart {
     fn default() -> PeriodicStart {
@@ -535,6 +574,7 @@ impl Default for PeriodicStart {
             start_us: 10_000,
             opening_us: None,
             best_effort_from: usize::MAX,
+            port: PortSetup::default(),
         }
     }
 }
@@ -545,7 +585,8 @@ fn run_periodic_from(
     duration_us: Micros,
     seed: u64,
     start: PeriodicStart,
-) -> Vec<Deadlines> {
+) -> (Vec<Deadlines>, PortQueueSeen) {
+    let period_us = start.port.period_us;
     let mut sim = Sim::new(seed);
     let receiver = addr(100);
     sim.add_endpoint(
@@ -559,7 +600,7 @@ fn run_periodic_from(
         receiver,
         BottleneckConfig {
             rate_bits_per_s: PORT_BITS_PER_S,
-            buffer_bytes: BUFFER_PACKETS * (DATAGRAM_BYTES + DATAGRAM_OVERHEAD_BYTES),
+            buffer_bytes: start.port.buffer_packets * (DATAGRAM_BYTES + DATAGRAM_OVERHEAD_BYTES),
         },
     );
     sim.set_lateness(receiver, lateness);
@@ -567,19 +608,20 @@ fn run_periodic_from(
     let mut sessions = Vec::new();
     let budgets: Vec<u64> = shares
         .iter()
-        .map(|share| (share * payload_capacity() * PERIOD_US as f64 / 1e6) as u64)
+        .map(|share| (share * payload_capacity() * period_us as f64 / 1e6) as u64)
         .collect();
     for (index, (&sender, &share)) in senders.iter().zip(shares).enumerate() {
         let mut config = sender_config(true, BudgetKind::Rate);
         if let Some(radon) = config.radon.as_mut() {
             radon.send_by_margin_divisor = tessera_datagram::radon::SEND_BY_MARGIN_DIVISOR;
+            radon.queue_target_us = start.port.queue_target_us;
         }
         sim.add_endpoint(sender, config);
         sim.set_lateness(sender, lateness);
         let session = sim.endpoint(sender).connect(receiver, 0);
         let reservation = Reservation {
             rate_bytes_per_s: (share * payload_capacity()) as u64,
-            period_us: PERIOD_US,
+            period_us,
         };
         if index < start.best_effort_from {
             sim.endpoint(sender)
@@ -599,18 +641,25 @@ fn run_periodic_from(
     }
     let mut opened = opening_us.is_none();
     let mut started_at = None;
-    let periods = (duration_us - start_us) / PERIOD_US - 1;
+    let periods = (duration_us - start_us) / period_us - 1;
     for period in 0..=periods {
-        sim.wake_at(start_us + period * PERIOD_US);
+        sim.wake_at(start_us + period * period_us);
     }
     let index_of: HashMap<SocketAddr, usize> =
         senders.iter().enumerate().map(|(i, &a)| (a, i)).collect();
     let mut released = vec![0u64; shares.len()];
     let mut delivered = vec![0u64; shares.len()];
     let mut results: Vec<Deadlines> = shares.iter().map(|_| Deadlines::default()).collect();
-    let end = start_us + (periods + 2) * PERIOD_US;
+    let end = start_us + (periods + 2) * period_us;
+    // The port's largest queue in each millisecond, µs.
+    let mut queue_ms: Vec<Micros> = Vec::new();
     let _ = sim.run_until(end, |sim| {
         let now = sim.now();
+        let ms = (now / 1_000) as usize;
+        if queue_ms.len() <= ms {
+            queue_ms.resize(ms + 1, 0);
+        }
+        queue_ms[ms] = queue_ms[ms].max(sim.port_queue_us(receiver).unwrap_or(0));
         if !opened && opening_us.is_some_and(|at| now >= at) {
             opened = true;
             for (&sender, &session) in senders.iter().zip(&sessions) {
@@ -627,7 +676,7 @@ fn run_periodic_from(
             }
         }
         let due = if now >= start_us {
-            ((now - start_us) / PERIOD_US + 1).min(periods)
+            ((now - start_us) / period_us + 1).min(periods)
         } else {
             0
         };
@@ -655,7 +704,7 @@ fn run_periodic_from(
                 delivered[index] += (message.len() - REQUEST_HEADER_BYTES) as u64;
                 let after = delivered[index] / budgets[index];
                 for period in before..after {
-                    let deadline = start_us + (period + 1) * PERIOD_US;
+                    let deadline = start_us + (period + 1) * period_us;
                     let result = &mut results[index];
                     result.periods += 1;
                     if now <= deadline {
@@ -690,7 +739,13 @@ fn run_periodic_from(
             .copied()
             .unwrap_or(0);
     }
-    results
+    let twice_target_us = 2 * start.port.queue_target_us;
+    let seen = PortQueueSeen {
+        us_max: queue_ms.iter().copied().max().unwrap_or(0),
+        ms_over_twice_target: queue_ms.iter().filter(|&&q| q > twice_target_us).count(),
+        ms: queue_ms.len(),
+    };
+    (results, seen)
 }
 
 fn report_deadlines(name: &str, shares: &[f64], results: &[Deadlines]) {
@@ -767,7 +822,7 @@ fn a_stream_that_starts_mid_period_of_an_older_session_meets_its_deadlines() {
             ..PeriodicStart::default()
         };
         let duration_us = start.start_us + 9 * PERIOD_US;
-        let results = run_periodic_from(&shares, Some(LAB_LATENESS), duration_us, 7, start);
+        let (results, _) = run_periodic_from(&shares, Some(LAB_LATENESS), duration_us, 7, start);
         let name = format!("periodic from 500 ms, opened {offset_us} µs before");
         report_deadlines(&name, &shares, &results);
         for (index, result) in results.iter().enumerate() {
@@ -834,7 +889,7 @@ fn refused_streams_sent_best_effort_do_not_push_admitted_streams_into_loss() {
         best_effort_from: 3,
         ..PeriodicStart::default()
     };
-    let results = run_periodic_from(&shares, Some(LAB_LATENESS), DURATION_US, 9, start);
+    let (results, _) = run_periodic_from(&shares, Some(LAB_LATENESS), DURATION_US, 9, start);
     let name = "unfair, three admitted, three best effort";
     report_deadlines(name, &shares, &results);
     for (index, result) in results.iter().enumerate().take(3) {
@@ -846,5 +901,57 @@ fn refused_streams_sent_best_effort_do_not_push_admitted_streams_into_loss() {
             result.dropped,
             result.data_packets
         );
+    }
+}
+
+/// Frames of the lab's port per µs of its queue (1514-byte frames at 200 Mbit/s: 60.56 µs).
+const LAB_FRAME_US: Micros = 61;
+
+/// `lab radon --quick`'s fairshare and bulk runs behind admission control: five streams at
+/// 0.166 admitted, the sixth refused (fairshare: a period's 0.166 released at a time) or a
+/// bulk writer with more queued than the port can carry, both sent best effort, into the
+/// lab's 128-frame port in 250 ms periods, hosts as late as the lab's. The reservations send
+/// about 0.9 of the port and stop a sixteenth of each period before its end (the send-by
+/// margin); best effort grows into that gap and must come down when they resume.
+///
+/// Before (session 8's controller: best effort cut by a quarter once per round of packets,
+/// moved by the queue's distance from the target alone), the port's queue rose to 81-105
+/// frames at each period's start and held more than twice the target (1 ms) for 611-690 ms
+/// of the 1.7-2 s, for tens of ms at a time; in the lab, with noisier hosts, it reached the
+/// 128 frames and dropped the admitted streams' packets (0.9-1.9% resent). Now (the cut in
+/// proportion to the queue, the rate moved inversely to the square of the queue's level
+/// between the target and twice it) 41-43 frames, 70-80 ms.
+#[test]
+fn best_effort_beside_resuming_reservations_keeps_the_port_queue_low() {
+    let bulk = [0.166, 0.166, 0.166, 0.166, 0.166, 1.0];
+    for (name, shares) in [("fairshare", [0.166; 6]), ("bulk", bulk)] {
+        for seed in 1..=2 {
+            let start = PeriodicStart {
+                best_effort_from: 5,
+                port: LAB_QUICK_PORT,
+                ..PeriodicStart::default()
+            };
+            let (results, queue) =
+                run_periodic_from(&shares, Some(LAB_LATENESS), 2_000_000, seed, start);
+            let name = format!("{name} behind admission, lab's quick port, seed {seed}");
+            report_deadlines(&name, &shares, &results);
+            eprintln!("  port queue: {queue:?}");
+            for (index, result) in results.iter().enumerate().take(5) {
+                let stream = index + 1;
+                assert_eq!(result.met, result.periods, "{name}: stream {stream}");
+                assert_eq!(result.dropped, 0, "{name}: stream {stream}");
+            }
+            let frames_max = queue.us_max / LAB_FRAME_US;
+            assert!(
+                frames_max <= LAB_QUICK_PORT.buffer_packets as u64 / 2,
+                "{name}: the port queued {frames_max} frames"
+            );
+            assert!(
+                queue.ms_over_twice_target * 100 <= queue.ms * 15,
+                "{name}: over twice the target {} of {} ms",
+                queue.ms_over_twice_target,
+                queue.ms
+            );
+        }
     }
 }

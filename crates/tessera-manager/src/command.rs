@@ -49,6 +49,7 @@ use crate::store::Failure;
 use crate::Manager;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use std::time::Instant;
 use tessera_wire::{FileId, ManagerError, ManagerRequest, ManagerResponse, ServerId};
 
@@ -235,6 +236,51 @@ fn replicated_form(mut answer: ManagerResponse) -> ManagerResponse {
     answer
 }
 
+/// What a replica's local reads see while its applier syncs a batch (`replica.rs`'s module
+/// doc says why): the store as it stood before the batch, durable, pinned by a read
+/// transaction from [`Manager::begin_batch`] until [`Manager::batch_synced`]. Commits
+/// applied meanwhile are visible to every other read of the store (the apply path must see
+/// what it changed), so the pinned transaction is used only while a local read is answered.
+#[derive(Default)]
+pub(crate) struct DurableReads {
+    /// The store before the batch being applied or synced, if one is.
+    pinned: Option<Arc<redb::ReadTransaction>>,
+    /// Set while [`Manager::answer_read`] answers.
+    answering: bool,
+}
+
+impl DurableReads {
+    /// Whether a local read is answered from the pinned store now.
+    pub(crate) fn pinned(&self) -> bool {
+        self.answering && self.pinned.is_some()
+    }
+}
+
+/// The one sync a batch owes ([`Manager::finish_batch`]): a durable empty commit, which makes
+/// every commit of the batch durable. It needs only the database, so a replica runs it
+/// without holding the manager's lock.
+pub struct BatchSync {
+    db: Arc<redb::Database>,
+    /// Tests: the sync fails as a full disk would.
+    #[cfg(test)]
+    fail: bool,
+}
+
+impl BatchSync {
+    /// Syncs the store (an fsync).
+    pub fn run(self) -> Result<(), ManagerError> {
+        let failed = |error: &dyn std::fmt::Display| ManagerError::Store(error.to_string());
+        #[cfg(test)]
+        if self.fail {
+            return Err(failed(&std::io::Error::from_raw_os_error(28))); // ENOSPC
+        }
+        let mut txn = self.db.begin_write().map_err(|e| failed(&e))?;
+        txn.set_durability(redb::Durability::Immediate)
+            .map_err(|e| failed(&e))?;
+        txn.commit().map_err(|e| failed(&e))
+    }
+}
+
 impl Manager {
     /// Makes this manager one replica of several (see the module doc): pending files expire
     /// only by [`Command::ExpirePending`], and access keys derive from `replica_key`.
@@ -284,29 +330,61 @@ impl Manager {
         }
     }
 
-    /// Begins applying a delivered batch: from now until [`Manager::end_batch`], commits are
-    /// not synced one by one.
-    pub fn begin_batch(&mut self) {
+    /// Begins applying a delivered batch: from now until [`Manager::end_batch`] (or
+    /// [`Manager::finish_batch`]), commits are not synced one by one, and local reads
+    /// ([`Manager::answer_read`]) see the store as it stands now, durable (every earlier
+    /// batch was synced), until the batch's sync ends. An error says the store failed.
+    pub fn begin_batch(&mut self) -> Result<(), ManagerError> {
         self.sync_deferred = true;
         self.sync_owed = false;
+        let pinned = self.db.begin_read().map_err(|error| {
+            ManagerError::Store(format!("a read of the store before the batch: {error}"))
+        })?;
+        self.durable_reads.pinned = Some(Arc::new(pinned));
+        Ok(())
     }
 
     /// Ends the batch with one synced commit, if any commit of the batch asked for a sync:
     /// everything the batch changed is then on disk, and its answers may go out. A store
-    /// failure is returned (and kept for [`Manager::take_store_failure`]).
+    /// failure is returned.
     pub fn end_batch(&mut self) -> Result<(), ManagerError> {
-        self.sync_deferred = false;
-        if std::mem::take(&mut self.sync_owed) {
-            // The sync records no position of its own: the store stays where its last change
-            // put it. Written here, it recorded the batch's last position, and where batches
-            // end is each replica's own timing, so replicas that applied the same commands
-            // recorded different positions (the simulator's seed 18: 92 and 96 at 492).
-            let position = self.order_position.take();
-            let flushed = self.flush();
-            self.order_position = position;
-            flushed?;
+        match self.finish_batch()? {
+            Some(sync) => {
+                let synced = sync.run();
+                self.batch_synced(synced)
+            }
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    /// Ends applying a batch: the sync it owes, if it owes one, to be run without the
+    /// manager (by a replica, outside the manager's lock) and then given to
+    /// [`Manager::batch_synced`]; until then local reads still see the store as it stood
+    /// before the batch. The sync records no position of its own: the store stays where its
+    /// last change put it (where batches end is each replica's own timing, so a position
+    /// written there made replicas that applied the same commands differ: the simulator's
+    /// seed 18).
+    pub fn finish_batch(&mut self) -> Result<Option<BatchSync>, ManagerError> {
+        self.sync_deferred = false;
+        if !std::mem::take(&mut self.sync_owed) {
+            self.durable_reads.pinned = None;
+            return Ok(None);
+        }
+        self.check_store()?;
+        Ok(Some(BatchSync {
+            db: self.db.clone(),
+            #[cfg(test)]
+            fail: self.fail_commits,
+        }))
+    }
+
+    /// The batch's sync ran, with `synced`: local reads see the store as it stands now.
+    pub fn batch_synced(&mut self, synced: Result<(), ManagerError>) -> Result<(), ManagerError> {
+        self.durable_reads.pinned = None;
+        if synced.is_ok() {
+            self.synced_commits += 1;
+        }
+        synced
     }
 
     /// Leaves a batch that failed without syncing it: a replica that cannot apply a command
@@ -314,6 +392,17 @@ impl Manager {
     pub fn abandon_batch(&mut self) {
         self.sync_deferred = false;
         self.sync_owed = false;
+        self.durable_reads.pinned = None;
+    }
+
+    /// A read transaction for a request that only reads: the store as it stood before the
+    /// batch whose sync is owed, while [`Manager::answer_read`] answers and one is owed; the
+    /// store as it stands otherwise (the apply path always reads what it changed).
+    pub(crate) fn read_txn(&self) -> Result<Arc<redb::ReadTransaction>, redb::TransactionError> {
+        match (&self.durable_reads.pinned, self.durable_reads.answering) {
+            (Some(pinned), true) => Ok(pinned.clone()),
+            _ => Ok(Arc::new(self.db.begin_read()?)),
+        }
     }
 
     /// Commits synced to disk since the store was opened.
@@ -346,7 +435,12 @@ impl Manager {
         match request {
             ManagerRequest::Once { request, .. } => self.answer_read(request, now),
             ManagerRequest::LookupId { file } if self.is_pending(*file) => None,
-            request => Some(self.handle(request.clone(), now)),
+            request => {
+                self.durable_reads.answering = true;
+                let answer = self.handle(request.clone(), now);
+                self.durable_reads.answering = false;
+                Some(answer)
+            }
         }
     }
 

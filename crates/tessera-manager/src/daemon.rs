@@ -68,6 +68,14 @@ impl Served {
 
     /// Ticks the manager and checks its store's file; without a store, opens one that has
     /// appeared.
+    /// The manager, if its store is open.
+    pub(crate) fn manager(&mut self) -> Option<&mut Manager> {
+        match self {
+            Served::Running(manager) => Some(manager),
+            Served::NoStore(_) => None,
+        }
+    }
+
     /// The access key `id`'s secret; none without a store.
     fn access_key(&self, id: tessera_auth::KeyId) -> Option<Key> {
         match self {
@@ -76,6 +84,8 @@ impl Served {
         }
     }
 
+    /// Ticks the manager and checks its store's file; without a store, opens one that has
+    /// appeared.
     fn tick(&mut self, dir: &Path, config: ManagerConfig, now: Instant) {
         match self {
             Served::Running(manager) => {

@@ -139,7 +139,8 @@ pub enum ManagerOpenError {
 /// registers or heartbeats. Leases of pending files are in memory too: after `open` each
 /// pending file gets a whole lease from the first tick.
 pub struct Manager {
-    pub(crate) db: Database,
+    /// Shared with a replica's batch sync, which runs without the manager (`command.rs`).
+    pub(crate) db: std::sync::Arc<Database>,
     pub(crate) config: ManagerConfig,
     /// Where the store's file is, and which file it was when opened.
     store_file: StoreFile,
@@ -181,6 +182,8 @@ pub struct Manager {
     pub(crate) sync_owed: bool,
     /// Commits synced to disk since the store was opened.
     pub(crate) synced_commits: u64,
+    /// What a replica's local reads see while a batch's sync is owed (see `command.rs`).
+    pub(crate) durable_reads: crate::command::DurableReads,
     /// The last `ExpireOnce` applied stopped at its bound (see `command.rs`).
     pub(crate) once_expiry_backlog: bool,
     /// Reserved streams admitted on the servers' links (soft state, see `reservations.rs`).
@@ -228,7 +231,7 @@ impl Manager {
                 let access_keys = crate::keys::load(&db)?;
                 let incomplete = crate::snapshot::load_incomplete(&db)?;
                 Ok((
-                    db,
+                    std::sync::Arc::new(db),
                     cluster,
                     servers,
                     indebted,
@@ -276,6 +279,7 @@ impl Manager {
             sync_deferred: false,
             sync_owed: false,
             synced_commits: 0,
+            durable_reads: crate::command::DurableReads::default(),
             once_expiry_backlog: false,
             reservations: crate::reservations::Reservations::new(config.links),
             #[cfg(test)]
@@ -800,7 +804,7 @@ impl Manager {
     /// Removed files whose data `server` may still hold.
     fn orphans(&self, server: ServerId) -> Result<ManagerResponse, Failure> {
         self.check_known(server)?;
-        let txn = self.db.begin_read()?;
+        let txn = self.read_txn()?;
         let orphans = txn.open_table(store::ORPHANS)?;
         let mut files = Vec::new();
         for entry in orphans
@@ -835,7 +839,7 @@ impl Manager {
     }
 
     fn lookup(&self, path: &str) -> Result<ManagerResponse, Failure> {
-        let txn = self.db.begin_read()?;
+        let txn = self.read_txn()?;
         let paths = txn.open_table(store::PATHS)?;
         let Some(file) = paths.get(path)?.map(|id| id.value()) else {
             return Err(ManagerError::NotFound(path.to_string()).into());
@@ -864,15 +868,16 @@ impl Manager {
     }
 
     fn lookup_id(&self, file: FileId) -> Result<ManagerResponse, Failure> {
-        let txn = self.db.begin_read()?;
+        let txn = self.read_txn()?;
         let files = txn.open_table(store::FILES)?;
         let debts = txn.open_table(store::DEBTS)?;
         let meta = store::read_file(&files, file)?
             .ok_or_else(|| ManagerError::NotFound(file.to_string()))?;
         let mut missed = Vec::new();
         for &server in meta.servers.iter() {
-            // Only servers that owe anything at all can owe stripes of this file.
-            if self.indebted.contains(&server) {
+            // Only servers that owe anything at all can owe stripes of this file (as of now:
+            // a read of the durable state asks every server, see `command.rs`).
+            if self.indebted.contains(&server) || self.durable_reads.pinned() {
                 let stripes = store::read_debt(&debts, server, file)?;
                 if !stripes.is_empty() {
                     missed.push(MissedStripes { server, stripes });
@@ -896,7 +901,7 @@ impl Manager {
     }
 
     fn list(&self, prefix: &str) -> Result<ManagerResponse, Failure> {
-        let txn = self.db.begin_read()?;
+        let txn = self.read_txn()?;
         let paths = txn.open_table(store::PATHS)?;
         let files = txn.open_table(store::FILES)?;
         let mut metas = Vec::new();
@@ -1046,7 +1051,7 @@ impl Manager {
 
     fn files_on_server(&self, server: ServerId) -> Result<ManagerResponse, Failure> {
         self.check_known(server)?;
-        let txn = self.db.begin_read()?;
+        let txn = self.read_txn()?;
         let files = txn.open_table(store::FILES)?;
         let debts = txn.open_table(store::DEBTS)?;
         let mut owed = Vec::new();

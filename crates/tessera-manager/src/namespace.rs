@@ -27,7 +27,7 @@
 
 use super::{check_path, Change, Manager};
 use crate::store::{self, Failure};
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableTable, TableDefinition};
 use tessera_wire::{
     parent_of, DirListing, FileId, FileMeta, ManagerError, ManagerResponse, NamespaceEntry,
     NamespaceRequest, Times, TimesOf,
@@ -82,7 +82,7 @@ impl Manager {
     }
 
     fn entry(&self, path: &str) -> Result<ManagerResponse, Failure> {
-        let txn = self.db.begin_read()?;
+        let txn = self.read_txn()?;
         let paths = txn.open_table(store::PATHS)?;
         let dirs = open_read(&txn, DIRS)?;
         if let Some(file) = paths.get(path)?.map(|id| id.value()) {
@@ -102,7 +102,7 @@ impl Manager {
     }
 
     fn list_dir(&self, path: &str) -> Result<ManagerResponse, Failure> {
-        let txn = self.db.begin_read()?;
+        let txn = self.read_txn()?;
         let paths = txn.open_table(store::PATHS)?;
         let files = txn.open_table(store::FILES)?;
         let dirs = open_read(&txn, DIRS)?;

@@ -19,6 +19,40 @@
 //! store, then syncs once, and only then answers; a batch that fails is neither synced nor
 //! answered (the replica stops).
 //!
+//! **The lock and the sync.** The applier holds the manager's lock (and the core's) while
+//! it applies a batch, not while it syncs it: the sync ([`crate::command::BatchSync`], an
+//! empty durable commit that makes the batch's commits durable) needs only the database.
+//! So requests are decided ([`Manager::decide`](crate::Manager::decide): placement, a new
+//! key's seed), their access keys checked and proposed, and reads answered locally, while
+//! a batch syncs; the request path takes these locks on tokio workers, and holds them for
+//! an apply at most, never for an fsync.
+//!
+//! **Reads while a batch syncs.** The batch's commits are in the store (redb shows a
+//! commit made without sync to every later transaction), but on this replica's disk only
+//! once the sync ends. A local read must not see them before: if every replica crashed at
+//! once before any synced the batch (a power cut), the group would start again from the
+//! most advanced store (see Starting), which lacks them, and undo what a client had read,
+//! though nobody had acknowledged it. So a read answered locally sees the store as it stood
+//! before the batch: [`Manager::begin_batch`](crate::Manager::begin_batch) pins a read
+//! transaction there, and local reads use it until the sync ended
+//! ([`Manager::batch_synced`](crate::Manager::batch_synced)). That state is durable here:
+//! the applier is one thread and syncs each batch before it begins the next. The only
+//! commits in it made without sync are those that asked for none: a grow-only `SetSize`
+//! (which a single manager too commits without sync, and a crash may undo, by design: the
+//! client's `SyncFile` restates the size) and the `once` records of ordered reads (which
+//! no local read looks at). Reads lose nothing they were promised: a synced connection's
+//! ordered request was answered after its batch's sync, so that batch is in every later
+//! pinned state (read-your-writes holds), and a pinned state is never older than one a
+//! read saw before (the pin moves forward only, batch after batch). What a read takes from
+//! memory rather than from the store is local or advisory, as before, and may be newer than
+//! the pinned state: the servers' liveness and addresses in a file's columns (a replica's
+//! own judgement, never replicated), whether a server is known (a server asks for its
+//! files and orphans only once its registration was answered), and whether a file is
+//! pending (a file pending only in the unsynced batch is absent from the pinned state, so
+//! its lookup is ordered). A file's missed stripes come from the pinned state alone (every
+//! column's debts are read then, not only those of servers that owe something now).
+//! Ordered requests, applied in the batch, read what the batch changed, as they must.
+//!
 //! **Reads** ([`is_read`]: lookups, listings, debts, orphans) are answered from the
 //! replica's own store once the connection they come on is *synced*: one ordered request on
 //! it was answered here, in the view this replica is still a normal member of. That request
@@ -87,6 +121,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 use tessera_auth::{Claim, Credential, Secret};
@@ -168,13 +203,32 @@ pub(crate) struct Replica {
     /// The order node, once started.
     handle: Mutex<Option<Handle>>,
     /// The sans-IO state (positions, role, tickets, synced connections); its position
-    /// moves only while the manager's lock is held (lock the manager first).
+    /// moves only while the manager's lock is held (lock the manager first). Neither lock
+    /// is held while a batch syncs (module doc).
     core: Mutex<ReplicaCore>,
     waiters: Mutex<HashMap<u64, oneshot::Sender<ManagerResponse>>>,
     /// Held while a copy of the store is made for a peer.
     outgoing: Mutex<()>,
     /// See [`ReplicaConfig::catch_up_piece_bytes`].
     catch_up_piece_bytes: u32,
+    /// Reads answered locally or ordered, counted without the core's lock.
+    reads: ReadCounts,
+}
+
+/// Reads ([`crate::command::is_read`]) a replica answered from its own store, and those it
+/// ordered instead, since it started (logged with its [`Counters`]).
+#[derive(Debug, Default)]
+struct ReadCounts {
+    local: AtomicU64,
+    ordered: AtomicU64,
+}
+
+impl ReadCounts {
+    /// Local and ordered so far.
+    fn get(&self) -> (u64, u64) {
+        let local = self.local.load(Ordering::Relaxed);
+        (local, self.ordered.load(Ordering::Relaxed))
+    }
 }
 
 /// The order's settings for manager replicas: a view change within about half a second of a
@@ -360,6 +414,7 @@ pub(crate) async fn start(
         waiters: Mutex::new(HashMap::new()),
         outgoing: Mutex::new(()),
         catch_up_piece_bytes: config.catch_up_piece_bytes,
+        reads: ReadCounts::default(),
     });
     let applier = Applier {
         replica: replica.clone(),
@@ -458,7 +513,11 @@ impl Replica {
         } else {
             None
         };
-        (self.core.lock().unwrap()).count_read(answer.is_some());
+        let counted = match answer {
+            Some(_) => &self.reads.local,
+            None => &self.reads.ordered,
+        };
+        counted.fetch_add(1, Ordering::Relaxed);
         answer
     }
 
@@ -784,6 +843,9 @@ impl OnceMarks {
     }
 }
 
+/// When the applier last logged its counters, and what it logged.
+type Logged = (Instant, (Counters, (u64, u64)));
+
 /// The thread that applies deliveries in order, catches up, and proposes lease expiries.
 struct Applier {
     replica: Arc<Replica>,
@@ -977,7 +1039,7 @@ impl Applier {
 
     fn run(self, events: mpsc::Receiver<Event>) {
         let (mut held, mut ticked) = (None, Instant::now());
-        let mut logged = (Instant::now(), Counters::default());
+        let mut logged: Logged = (Instant::now(), Default::default());
         loop {
             if self.replica.core.lock().unwrap().is_stopped() {
                 return;
@@ -1053,18 +1115,21 @@ impl Applier {
     }
 
     /// Applies a batch of deliveries, syncs the store once, then answers the requests waiting
-    /// here for them. A store that fails stops the replica, the batch neither synced nor
-    /// answered (its waiters are told to try another replica).
+    /// here for them. The sync runs without the manager's lock or the core's, so that
+    /// requests are decided and read locally meanwhile (reads see the store as it stood
+    /// before the batch: see the module doc). A store that fails stops the replica, the
+    /// batch neither synced nor answered (its waiters are told to try another replica).
     fn apply_batch(&self, batch: &[(u64, Bytes)]) {
-        let mut served = self.served.lock().unwrap();
-        let manager = match &mut *served {
-            Served::Running(manager) => Some(&mut **manager),
-            Served::NoStore(_) => None,
+        let applied = {
+            let mut served = self.served.lock().unwrap();
+            let mut core = self.replica.core.lock().unwrap();
+            core.apply_unsynced(served.manager(), batch, Instant::now())
         };
-        let applied =
-            (self.replica.core.lock().unwrap()).apply_batch(manager, batch, Instant::now());
-        drop(served);
-        let answers = match applied {
+        let answers = applied.and_then(|mut applied| {
+            applied.sync();
+            applied.finish(self.served.lock().unwrap().manager())
+        });
+        let answers = match answers {
             Ok(answers) => answers,
             Err(why) => {
                 // It cannot commit what the others commit: going on would answer from a
@@ -1103,12 +1168,11 @@ impl Applier {
     /// [`crate::group`]); a store that fails stops the replica.
     fn apply_group_change(&self, position: u64, change: &tessera_order::GroupChange) {
         let mut served = self.served.lock().unwrap();
-        let manager = match &mut *served {
-            Served::Running(manager) => Some(&mut **manager),
-            Served::NoStore(_) => None,
-        };
-        let applied =
-            (self.replica.core.lock().unwrap()).apply_group_change(manager, position, change);
+        let applied = (self.replica.core.lock().unwrap()).apply_group_change(
+            served.manager(),
+            position,
+            change,
+        );
         drop(served);
         match applied {
             Ok(true) => tracing::info!(
@@ -1153,30 +1217,32 @@ impl Applier {
         self.replica.stop("removed from the group".into());
     }
 
-    /// Logs the replica's [`Counters`] and its store's synced commits (target
-    /// `tessera_manager::counters`, at debug) at most every [`COUNTERS_EVERY`] and only when
-    /// they changed since `logged`; when and what it logged last.
-    fn log_counters(&self, logged: (Instant, Counters)) -> (Instant, Counters) {
-        let counters = self.replica.core.lock().unwrap().counters();
-        if counters == logged.1 || logged.0.elapsed() < COUNTERS_EVERY {
+    /// Logs the replica's [`Counters`], its [`ReadCounts`] and its store's synced commits
+    /// (target `tessera_manager::counters`, at debug) at most every [`COUNTERS_EVERY`] and
+    /// only when they changed since `logged`; when and what it logged last.
+    fn log_counters(&self, logged: Logged) -> Logged {
+        let counted = (
+            self.replica.core.lock().unwrap().counters(),
+            self.replica.reads.get(),
+        );
+        if counted == logged.1 || logged.0.elapsed() < COUNTERS_EVERY {
             return logged;
         }
         let synced = match &*self.served.lock().unwrap() {
             Served::Running(manager) => manager.synced_commits(),
             Served::NoStore(_) => 0,
         };
+        let (counters, (reads_local, reads_ordered)) = counted;
         tracing::debug!(
             target: "tessera_manager::counters",
             "replica {}: batches {} deliveries {} batch_sizes(1,2-3,4-7,8-15,16+) {:?} \
-             synced_commits {synced} reads_local {} reads_ordered {}",
+             synced_commits {synced} reads_local {reads_local} reads_ordered {reads_ordered}",
             self.replica.id,
             counters.batches,
             counters.deliveries,
             counters.batch_sizes,
-            counters.reads_local,
-            counters.reads_ordered
         );
-        (Instant::now(), counters)
+        (Instant::now(), counted)
     }
 
     /// Proposes the removal of every pending file whose lease ran out here.

@@ -10,7 +10,7 @@
 //! as arguments, and the caller drives the order node, waits for answers, and moves store
 //! files ([`copy_store`], [`open_installed`]) when a replica catches up.
 
-use crate::command::{is_read, Command, Decision, OrderPosition, Proposal};
+use crate::command::{is_read, BatchSync, Command, Decision, OrderPosition, Proposal};
 use crate::group::ReplicaGroup;
 use crate::Manager;
 use bytes::Bytes;
@@ -43,9 +43,8 @@ struct Progress {
     removed: bool,
 }
 
-/// Counts of what a replica applied and how it answered reads, since it started: what the
-/// throughput measurement (`metadata_throughput_one_and_three_managers`) prints, cheap
-/// enough to keep.
+/// Counts of what a replica applied since it started: what the throughput measurement
+/// (`metadata_throughput_one_and_three_managers`) prints, cheap enough to keep.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
     /// Batches of deliveries applied ([`ReplicaCore::apply_batch`]), each synced once.
@@ -54,10 +53,6 @@ pub struct Counters {
     pub deliveries: u64,
     /// Batches by size: 1, 2-3, 4-7, 8-15, 16 and more deliveries.
     pub batch_sizes: [u64; 5],
-    /// Reads answered from the replica's own store.
-    pub reads_local: u64,
-    /// Reads ([`is_read`]) that were ordered instead.
-    pub reads_ordered: u64,
 }
 
 impl Counters {
@@ -67,6 +62,47 @@ impl Counters {
         self.deliveries += deliveries as u64;
         let bucket = (usize::BITS - deliveries.max(1).leading_zeros() - 1) as usize;
         self.batch_sizes[bucket.min(4)] += 1;
+    }
+}
+
+/// A batch applied but not yet answered ([`ReplicaCore::apply_unsynced`]): its answers wait
+/// for the one sync it may owe, which [`Applied::sync`] runs without the manager (a daemon
+/// runs it outside the manager's lock, so that requests are decided and read meanwhile).
+#[must_use = "a batch's answers go out only once it is synced"]
+pub struct Applied {
+    answers: Vec<(u64, ManagerResponse)>,
+    sync: Option<BatchSync>,
+    synced: Option<Result<(), ManagerError>>,
+    /// The first and last positions of the batch.
+    positions: (u64, u64),
+}
+
+impl Applied {
+    /// Runs the sync the batch owes, if it owes one (an fsync; no lock needed).
+    pub fn sync(&mut self) {
+        self.synced = self.sync.take().map(BatchSync::run);
+    }
+
+    /// Tells `manager` how its sync went (its local reads see the batch from now on): the
+    /// tickets and answers of this replica's proposals, or why the store failed (the replica
+    /// must stop).
+    pub fn finish(
+        self,
+        manager: Option<&mut Manager>,
+    ) -> Result<Vec<(u64, ManagerResponse)>, String> {
+        assert!(
+            self.sync.is_none(),
+            "a batch's sync runs before its answers go out"
+        );
+        let synced = match (self.synced, manager) {
+            (None, _) => return Ok(self.answers),
+            (Some(synced), Some(manager)) => manager.batch_synced(synced),
+            (Some(synced), None) => synced,
+        };
+        let (first, last) = self.positions;
+        synced.map(|()| self.answers).map_err(|error| {
+            format!("positions {first}..={last}: its store failed to sync: {error}")
+        })
     }
 }
 
@@ -135,15 +171,6 @@ impl ReplicaCore {
     /// What it applied and how it answered reads so far.
     pub fn counters(&self) -> Counters {
         self.counters
-    }
-
-    /// Counts a read answered locally (`true`) or ordered.
-    pub fn count_read(&mut self, local: bool) {
-        if local {
-            self.counters.reads_local += 1;
-        } else {
-            self.counters.reads_ordered += 1;
-        }
     }
 
     /// The replica group as applied.
@@ -441,42 +468,62 @@ impl ReplicaCore {
     /// Applies a batch of deliveries to `manager` (`None`: the store is closed) at `now`,
     /// syncing once at the end: the tickets and answers of this replica's proposals among
     /// them. An error says the store failed: the batch is neither synced nor to be answered,
-    /// and the replica must stop.
+    /// and the replica must stop. ([`ReplicaCore::apply_unsynced`] and [`Applied`] are the
+    /// same in steps, for a caller that syncs without holding the manager.)
     pub fn apply_batch(
         &mut self,
         mut manager: Option<&mut Manager>,
         batch: &[(u64, Bytes)],
         now: Instant,
     ) -> Result<Vec<(u64, ManagerResponse)>, String> {
+        let mut applied = self.apply_unsynced(manager.as_deref_mut(), batch, now)?;
+        applied.sync();
+        applied.finish(manager)
+    }
+
+    /// Applies a batch of deliveries to `manager` (`None`: the store is closed) at `now`
+    /// without syncing it: what the batch still owes ([`Applied`]). Until
+    /// [`Applied::finish`], the manager's local reads see the store as it stood before the
+    /// batch. An error says the store failed: the batch is neither synced nor to be
+    /// answered, and the replica must stop.
+    pub fn apply_unsynced(
+        &mut self,
+        mut manager: Option<&mut Manager>,
+        batch: &[(u64, Bytes)],
+        now: Instant,
+    ) -> Result<Applied, String> {
+        assert!(!batch.is_empty(), "a batch has a delivery");
+        let positions = (batch[0].0, batch[batch.len() - 1].0);
+        let sync_failed = |error: ManagerError| {
+            let (first, last) = positions;
+            format!("positions {first}..={last}: its store failed to sync: {error}")
+        };
         if let Some(manager) = manager.as_deref_mut() {
-            manager.begin_batch();
+            manager.begin_batch().map_err(sync_failed)?;
         }
         self.counters.batch(batch.len());
         let mut answers = Vec::with_capacity(batch.len());
-        let mut failed = None;
         for (position, message) in batch {
             match self.apply_one(manager.as_deref_mut(), *position, message, now) {
                 Ok(answer) => answers.extend(answer),
                 Err(why) => {
-                    failed = Some(why);
-                    break;
+                    if let Some(manager) = manager {
+                        manager.abandon_batch();
+                    }
+                    return Err(why);
                 }
             }
         }
-        if let Some(manager) = manager {
-            if failed.is_some() {
-                manager.abandon_batch();
-            } else if let Err(error) = manager.end_batch() {
-                let (first, last) = (batch[0].0, batch[batch.len() - 1].0);
-                failed = Some(format!(
-                    "positions {first}..={last}: its store failed to sync: {error}"
-                ));
-            }
-        }
-        match failed {
-            Some(why) => Err(why),
-            None => Ok(answers),
-        }
+        let sync = match manager {
+            Some(manager) => manager.finish_batch().map_err(sync_failed)?,
+            None => None,
+        };
+        Ok(Applied {
+            answers,
+            sync,
+            synced: None,
+            positions,
+        })
     }
 
     /// Applies the delivery at `position` (not synced yet): the ticket and answer of this

@@ -335,7 +335,7 @@ fn a_batch_applies_like_single_commands_and_syncs_once() {
         let (synced_before, mut batches) = (batched.synced_commits(), 0);
         let mut answers = Vec::new();
         for (chunk, batch) in commands.chunks(16).enumerate() {
-            batched.begin_batch();
+            batched.begin_batch().unwrap();
             for (offset, command) in batch.iter().enumerate() {
                 batched.set_order_position(at(chunk * 16 + offset));
                 answers.push(batched.apply(command.clone(), start));
@@ -370,6 +370,91 @@ fn a_batch_applies_like_single_commands_and_syncs_once() {
         let reopened = Manager::open_existing(dir.path(), config).unwrap();
         assert_eq!(reopened.state_dump(), dump, "seed {seed}");
     }
+}
+
+/// While a batch's sync is owed, a local read sees the store as it stood before the batch
+/// (durable: the store reopened after a crash then holds what it read), ordered requests in
+/// the batch see what the batch changed, and once the sync ran local reads see it too.
+#[test]
+fn local_reads_see_the_durable_store_while_a_batch_syncs() {
+    let mut group = replicas();
+    let (dir, manager) = &mut group[0];
+    let now = Instant::now();
+    register_three_servers(manager, now);
+    let create = |manager: &Manager, path: &str| {
+        let request = ManagerRequest::Create {
+            path: path.into(),
+            layout: LayoutRequest {
+                scheme: Scheme::Raid5,
+                stripe_unit: 65536,
+                width: Some(3),
+            },
+            replace: false,
+        };
+        let decision = manager.decide(&request);
+        Command::Request { request, decision }
+    };
+    let lookup = |path: &str| ManagerRequest::Lookup { path: path.into() };
+    let local = |manager: &mut Manager, request: &ManagerRequest| {
+        crate::replica_core::local_answer(manager, request, now)
+    };
+    manager.begin_batch().unwrap();
+    let before = manager.apply(create(manager, "/before"), now);
+    assert!(matches!(before, ManagerResponse::File(_)), "{before:?}");
+    manager.end_batch().unwrap();
+
+    manager.begin_batch().unwrap();
+    let ManagerResponse::File(during) = manager.apply(create(manager, "/during"), now) else {
+        panic!("create /during")
+    };
+    let ordered = Command::Request {
+        request: lookup("/during"),
+        decision: Decision::default(),
+    };
+    let seen = manager.apply(ordered, now);
+    assert!(
+        matches!(&seen, ManagerResponse::File(view) if view.meta == during.meta),
+        "an ordered read sees the batch: {seen:?}"
+    );
+    let sync = manager
+        .finish_batch()
+        .unwrap()
+        .expect("a create owes a sync");
+    let read = local(manager, &lookup("/before"));
+    assert!(matches!(read, Some(ManagerResponse::File(_))), "{read:?}");
+    assert_eq!(local(manager, &lookup("/during")), None, "absent: ordered");
+    let listed = local(manager, &ManagerRequest::List { prefix: "/".into() });
+    let Some(ManagerResponse::Files(files)) = listed else {
+        panic!("{listed:?}")
+    };
+    let paths: Vec<_> = files.iter().map(|meta| meta.path.as_str()).collect();
+    assert_eq!(paths, ["/before"]);
+
+    // Killed now, the replica's store reopens with what the local reads saw.
+    let crashed = tempfile::tempdir().unwrap();
+    let file = crate::store::DB_FILE_NAME;
+    std::fs::copy(dir.path().join(file), crashed.path().join(file)).unwrap();
+    let config = ManagerConfig {
+        cluster_id: Some(0x5eed),
+        ..ManagerConfig::default()
+    };
+    let mut reopened = Manager::open_existing(crashed.path(), config).unwrap();
+    assert!(matches!(
+        reopened.handle(lookup("/before"), now),
+        ManagerResponse::File(_)
+    ));
+    let lost = reopened.handle(lookup("/during"), now);
+    assert!(
+        matches!(lost, ManagerResponse::Error(ManagerError::NotFound(_))),
+        "{lost:?}"
+    );
+
+    manager.batch_synced(sync.run()).unwrap();
+    let read = local(manager, &lookup("/during"));
+    assert!(
+        matches!(&read, Some(ManagerResponse::File(view)) if view.meta == during.meta),
+        "{read:?}"
+    );
 }
 
 /// Applies `command` at order position `next - 1` of epoch 1 on every replica; the answers.

@@ -231,19 +231,22 @@ fn run_manager(args: &Args, runtime: &tokio::runtime::Runtime) -> Result<()> {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     eprintln!("load average after: {}", load.trim());
     println!(
-        "metadata ops/s (create, stat, small put), {} clients, {} rounds of {seconds} s:",
+        "metadata ops/s by kind, {} clients, {} rounds of {seconds} s per kind and system:",
         args.clients, args.rounds
     );
-    for (name, rates) in &measured.rates {
-        println!("  {name:<20} {rates:.0?}");
-    }
-    let [(_, tessera), (_, openraft), (_, single)] = &measured.rates[..] else {
-        bail!("three systems measured");
-    };
     let ratio =
         |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(a, b)| a / b).collect() };
-    println!("  tessera / openraft   {:.2?}", ratio(tessera, openraft));
-    println!("  tessera / 1 manager  {:.2?}", ratio(tessera, single));
+    for (kind, systems) in &measured.rates {
+        println!("{kind:?}:");
+        for (name, rates) in systems {
+            println!("  {name:<20} {rates:.0?}");
+        }
+        let [(_, tessera), (_, openraft), (_, single)] = &systems[..] else {
+            bail!("three systems measured");
+        };
+        println!("  tessera / openraft   {:.2?}", ratio(tessera, openraft));
+        println!("  tessera / 1 manager  {:.2?}", ratio(tessera, single));
+    }
     println!("  load before rounds   {:?}", measured.loads);
     Ok(())
 }

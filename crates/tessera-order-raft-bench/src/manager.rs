@@ -24,9 +24,16 @@ use std::io::Cursor;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tessera_auth::{Claim, Key, Secret};
-use tessera_manager::command::{is_read, Command, OrderPosition, Proposal, PROPOSAL_VERSION};
+use tessera_manager::command::{
+    is_read, BatchSync, Command, OrderPosition, Proposal, PROPOSAL_VERSION,
+};
 use tessera_manager::replica::is_local;
 use tessera_manager::replica_core::local_answer;
+
+/// How long a follower may leave a batch unsynced: not at all, as a Tessera replica syncs
+/// every batch it applies (a lazy follower sync was tried and not kept: it widened the
+/// window in which an acknowledged change is on one disk only, and did not raise throughput).
+const SYNC_DELAY_MAX: std::time::Duration = std::time::Duration::ZERO;
 use tessera_manager::Manager;
 use tessera_transport::{Accepted, BoxFuture, ConnectionId, FrameHandler};
 use tessera_wire::{encode_message, ManagerError, ManagerRequest, ManagerResponse};
@@ -36,6 +43,33 @@ use tessera_wire::{encode_message, ManagerError, ManagerRequest, ManagerResponse
 pub struct ManagerMachine {
     manager: Arc<Mutex<Manager>>,
     applied: Arc<Mutex<Applied>>,
+    unsynced: Arc<Mutex<Unsynced>>,
+}
+
+/// When a node syncs what it applied: every batch, before its answers go out (a follower
+/// could leave batches unsynced for up to [`SYNC_DELAY_MAX`], which is zero).
+#[derive(Default)]
+struct Unsynced {
+    /// Set on followers ([`ManagerMachine::follow`]).
+    follower: bool,
+    /// When the oldest commit not yet synced was made.
+    since: Option<Instant>,
+}
+
+impl Unsynced {
+    /// Whether a batch that leaves commits owing a sync (`owed`) syncs them now.
+    fn due(&mut self, owed: bool, now: Instant) -> bool {
+        if !owed {
+            self.since = None;
+            return false;
+        }
+        let since = *self.since.get_or_insert(now);
+        let due = !self.follower || now.saturating_duration_since(since) >= SYNC_DELAY_MAX;
+        if due {
+            self.since = None;
+        }
+        due
+    }
 }
 
 /// What openraft asks the state machine to remember besides the store.
@@ -51,7 +85,13 @@ impl ManagerMachine {
         ManagerMachine {
             manager: Arc::new(Mutex::new(manager)),
             applied: Arc::default(),
+            unsynced: Arc::default(),
         }
+    }
+
+    /// Makes this node a follower's: it answers no client, so it syncs lazily ([`Unsynced`]).
+    pub fn follow(&self) {
+        self.unsynced.lock().expect("unsynced lock").follower = true;
     }
 
     /// The node's manager.
@@ -71,14 +111,36 @@ fn machine_error(why: impl std::fmt::Display) -> StorageError<NodeId> {
 }
 
 /// Applies `entries` to `manager` as a Tessera replica applies a batch of deliveries: every
-/// command without a sync, one sync at the end; the encoded answer of each entry.
+/// command without a sync, one sync at the end, run without the manager's lock (local reads
+/// meanwhile see the store as it stood before the batch); the encoded answer of each entry.
 fn apply_batch(
     manager: &Mutex<Manager>,
+    unsynced: &Mutex<Unsynced>,
     entries: &[Entry<TypeConfig>],
 ) -> Result<Vec<Vec<u8>>, String> {
-    let mut manager = manager.lock().expect("manager lock");
+    let (answers, sync) = {
+        let mut manager = manager.lock().expect("manager lock");
+        apply_unsynced(&mut manager, unsynced, entries)?
+    };
+    if let Some(sync) = sync {
+        let synced = sync.run();
+        let mut manager = manager.lock().expect("manager lock");
+        manager
+            .batch_synced(synced)
+            .map_err(|error| error.to_string())?;
+    }
+    Ok(answers)
+}
+
+/// Applies `entries` to `manager` without syncing: their encoded answers and the sync the
+/// batch owes.
+fn apply_unsynced(
+    manager: &mut Manager,
+    unsynced: &Mutex<Unsynced>,
+    entries: &[Entry<TypeConfig>],
+) -> Result<(Vec<Vec<u8>>, Option<BatchSync>), String> {
     let now = Instant::now();
-    manager.begin_batch();
+    manager.begin_batch().map_err(|error| error.to_string())?;
     let mut answers = Vec::with_capacity(entries.len());
     for entry in entries {
         let answer = match &entry.payload {
@@ -105,8 +167,11 @@ fn apply_batch(
         };
         answers.push(encode_message(&answer));
     }
-    manager.end_batch().map_err(|error| error.to_string())?;
-    Ok(answers)
+    let due = (unsynced.lock().expect("unsynced lock")).due(manager.sync_owed(), now);
+    let sync = manager
+        .finish_batch(due)
+        .map_err(|error| error.to_string())?;
+    Ok((answers, sync))
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for ManagerMachine {
@@ -142,11 +207,12 @@ impl RaftStateMachine<TypeConfig> for ManagerMachine {
             _ => None,
         });
         // The store syncs: off the async workers, as a Tessera replica's applier thread.
-        let manager = self.manager.clone();
-        let answers = tokio::task::spawn_blocking(move || apply_batch(&manager, &entries))
-            .await
-            .map_err(machine_error)?
-            .map_err(machine_error)?;
+        let (manager, unsynced) = (self.manager.clone(), self.unsynced.clone());
+        let answers =
+            tokio::task::spawn_blocking(move || apply_batch(&manager, &unsynced, &entries))
+                .await
+                .map_err(machine_error)?
+                .map_err(machine_error)?;
         let mut applied = self.applied.lock().expect("applied lock");
         applied.last = Some(last);
         if let Some(membership) = membership {

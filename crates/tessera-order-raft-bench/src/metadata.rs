@@ -6,11 +6,14 @@
 //!
 //! Every system gets the same requests from the same client code: 3 storage servers
 //! registered and heartbeating (fake ones: nothing but their manager requests), and
-//! `clients` tasks each repeating create (a raid5 file on the 3 servers), stat (lookup, then
-//! lookup by id) and small-file put (create pending, then commit it with its size); every
-//! change is wrapped in `Once`, as a client of several managers sends it. The servers'
-//! part of a stat and a put (reading and writing the data) is left out: this measures the
-//! metadata path only.
+//! `clients` tasks each repeating one kind of operation at a time ([`Kind`]): create (a
+//! raid5 file on the 3 servers), stat (lookup, then lookup by id, of a file the round's
+//! creates made) and small-file put (the manager's part of `tessera_client`'s create, a
+//! 4 KiB write and `sync`: create, grow its size, sync it with that size); every change is
+//! wrapped in `Once`, as a client of several managers sends it. The servers' part of a
+//! stat and a put (reading and writing the data) is left out: this measures the metadata
+//! path only. Each round times every kind on every system in turn, the order of the
+//! systems turning each round.
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -30,14 +33,27 @@ use tessera_wire::{LayoutRequest, ManagerRequest, ManagerResponse};
 use crate::manager::{Front, ManagerMachine};
 use crate::raft::Cluster;
 
-/// Metadata operations a client task does per iteration: create, stat, put.
-const OPS_PER_ITERATION: u64 = 3;
 /// How often the fake servers heartbeat (the manager's timeout is 2 s).
 const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
 /// Servers registered.
 const SERVERS: u64 = 3;
-/// The size a put commits.
-const PUT_BYTES: u64 = 1000;
+/// The size a small-file put gives its file (the throughput test's 4 KiB write).
+const PUT_BYTES: u64 = 4096;
+
+/// The kinds of metadata operation timed apart, as `metadata_throughput_one_and_three_managers`
+/// (the `tessera` crate's test) times them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `Create` of a new file.
+    Create,
+    /// `Lookup` then `LookupId` of a file the round's creates made.
+    Stat,
+    /// `Create`, `SetSize { grow_only }` to [`PUT_BYTES`], then `SyncFile` with that size.
+    SmallPut,
+}
+
+/// Every kind, in the order a round times them (stats look up what creates made).
+pub const KINDS: [Kind; 3] = [Kind::Create, Kind::Stat, Kind::SmallPut];
 
 /// One system under test: where its clients and servers send requests.
 struct System {
@@ -46,10 +62,13 @@ struct System {
     heartbeats: tokio::task::JoinHandle<()>,
 }
 
+/// Per system, its name and the operations per second of each round.
+pub type SystemRates = Vec<(&'static str, Vec<f64>)>;
+
 /// What `run` measured.
 pub struct Measured {
-    /// Per system, its name and the operations per second of each round.
-    pub rates: Vec<(&'static str, Vec<f64>)>,
+    /// Per kind, the rates of every system.
+    pub rates: Vec<(Kind, SystemRates)>,
     /// The load average before each round.
     pub loads: Vec<String>,
 }
@@ -151,6 +170,9 @@ async fn start_openraft(
     let cluster = Cluster::start_with(vec![None; 3], machines, 300).await?;
     let leader = cluster.leader().clone();
     let leader_id = leader.metrics().borrow().id as usize;
+    for follower in (0..3).filter(|&id| id != leader_id) {
+        cluster.machine(follower).follow();
+    }
     let front = Front::new(leader, cluster.machine(leader_id).manager(), secret);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -235,60 +257,110 @@ fn layout() -> LayoutRequest {
     }
 }
 
-/// One create, one stat and one small-file put at `addr`, on names made of `name`.
-async fn iteration(
+/// The file operation number `n` of a client task makes or looks up, in round `round`.
+fn file_name(round: usize, task: usize, n: u64) -> String {
+    format!("/bench/{round}/{task}/{n}")
+}
+
+/// `request` at `addr`, wrapped in `Once`: its answer.
+async fn change(
     admin: &Arc<TcpTransport>,
     addr: SocketAddr,
     changes: &Changes,
-    name: &str,
-) -> Result<()> {
-    let path = format!("{name}/created");
+    request: ManagerRequest,
+) -> Result<ManagerResponse> {
+    ask(admin, addr, &changes.once(request)).await
+}
+
+/// A create of `path` at `addr`: the new file's id.
+async fn create(
+    admin: &Arc<TcpTransport>,
+    addr: SocketAddr,
+    changes: &Changes,
+    path: &str,
+) -> Result<tessera_wire::FileId> {
     let create = ManagerRequest::Create {
-        path: path.clone(),
+        path: path.to_string(),
         layout: layout(),
         replace: false,
     };
-    let ManagerResponse::File(view) = ask(admin, addr, &changes.once(create)).await? else {
-        bail!("create {path}: not a file");
-    };
-    let lookup = ask(admin, addr, &ManagerRequest::Lookup { path: path.clone() }).await?;
-    let by_id = ManagerRequest::LookupId { file: view.meta.id };
-    let by_id = ask(admin, addr, &by_id).await?;
-    if !matches!((&lookup, &by_id), (ManagerResponse::File(a), ManagerResponse::File(b)) if a.meta == view.meta && b.meta == view.meta)
-    {
-        bail!("stat {path}: {lookup:?}, {by_id:?}");
-    }
-    let path = format!("{name}/put");
-    let pending = ManagerRequest::CreatePending {
-        path: path.clone(),
-        layout: layout(),
-    };
-    let ManagerResponse::Pending { view, .. } = ask(admin, addr, &changes.once(pending)).await?
-    else {
-        bail!("put {path}: not pending");
-    };
-    let commit = ManagerRequest::CommitPendingSized {
-        file: view.meta.id,
-        size: PUT_BYTES,
-    };
-    match ask(admin, addr, &changes.once(commit)).await? {
-        ManagerResponse::Committed { replaced: None } => Ok(()),
-        other => bail!("put {path}: commit answered {other:?}"),
+    match change(admin, addr, changes, create).await? {
+        ManagerResponse::File(view) => Ok(view.meta.id),
+        other => bail!("create {path}: {other:?}"),
     }
 }
 
-/// `clients` tasks doing [`iteration`]s at `system` for `time`: metadata operations per
+/// A stat of `path` at `addr`: lookup, then lookup by id.
+async fn stat(admin: &Arc<TcpTransport>, addr: SocketAddr, path: &str) -> Result<()> {
+    let lookup = ask(admin, addr, &ManagerRequest::Lookup { path: path.into() }).await?;
+    let ManagerResponse::File(view) = &lookup else {
+        bail!("stat {path}: {lookup:?}");
+    };
+    let by_id = ManagerRequest::LookupId { file: view.meta.id };
+    match ask(admin, addr, &by_id).await? {
+        ManagerResponse::File(again) if again.meta == view.meta => Ok(()),
+        other => bail!("stat {path}: lookup by id answered {other:?}"),
+    }
+}
+
+/// The manager's part of a small-file put of `path` at `addr`.
+async fn small_put(
+    admin: &Arc<TcpTransport>,
+    addr: SocketAddr,
+    changes: &Changes,
+    path: &str,
+) -> Result<()> {
+    let file = create(admin, addr, changes, path).await?;
+    let grow = ManagerRequest::SetSize {
+        file,
+        size: PUT_BYTES,
+        grow_only: true,
+    };
+    let sync = ManagerRequest::SyncFile {
+        file,
+        size: PUT_BYTES,
+    };
+    for request in [grow, sync] {
+        let answer = change(admin, addr, changes, request.clone()).await?;
+        if answer != ManagerResponse::Done {
+            bail!("put {path}: {request:?} answered {answer:?}");
+        }
+    }
+    Ok(())
+}
+
+/// Operation number `n` of `kind` by client task `task` in `round` at `addr`.
+async fn operation(
+    admin: &Arc<TcpTransport>,
+    addr: SocketAddr,
+    changes: &Changes,
+    kind: Kind,
+    (round, task, n): (usize, usize, u64),
+) -> Result<()> {
+    match kind {
+        Kind::Create => create(admin, addr, changes, &file_name(round, task, n))
+            .await
+            .map(drop),
+        Kind::Stat => stat(admin, addr, &file_name(round, task, 0)).await,
+        Kind::SmallPut => {
+            let path = format!("{}-put", file_name(round, task, n));
+            small_put(admin, addr, changes, &path).await
+        }
+    }
+}
+
+/// `clients` tasks doing operations of `kind` at `system` for `time`: operations per
 /// second.
 async fn round(
     system: &System,
     secret: &Secret,
-    clients: usize,
-    time: Duration,
+    (clients, time): (usize, Duration),
     round: usize,
+    kind: Kind,
 ) -> Result<f64> {
     let admin = transport(Claim::Admin, secret.admin_key());
     let sequence = Arc::new(AtomicU64::new(0));
-    let client = u64::from(std::process::id()) << 32 | (round as u64) << 8 | 1;
+    let client = u64::from(std::process::id()) << 32 | (round as u64) << 8 | (kind as u64 + 1);
     let began = Instant::now();
     let deadline = began + time;
     let tasks: Vec<_> = (0..clients)
@@ -301,9 +373,8 @@ async fn round(
             tokio::spawn(async move {
                 let mut ops = 0u64;
                 while Instant::now() < deadline {
-                    let name = format!("/bench/{round}/{task}/{ops}");
-                    iteration(&admin, addr, &changes, &name).await?;
-                    ops += OPS_PER_ITERATION;
+                    operation(&admin, addr, &changes, kind, (round, task, ops)).await?;
+                    ops += 1;
                 }
                 anyhow::Ok(ops)
             })
@@ -361,17 +432,21 @@ pub async fn run(dir: &Path, rounds: usize, seconds: f64, clients: usize) -> Res
         servers("openraft 3 nodes", openraft_addr, &secret).await?,
         servers("1 manager", single.addr, &secret).await?,
     ];
-    let mut rates: Vec<(&'static str, Vec<f64>)> =
-        systems.iter().map(|s| (s.name, Vec::new())).collect();
+    let mut rates: Vec<(Kind, SystemRates)> = KINDS
+        .iter()
+        .map(|&kind| (kind, systems.iter().map(|s| (s.name, Vec::new())).collect()))
+        .collect();
     let mut loads = Vec::new();
     let time = Duration::from_secs_f64(seconds);
     for r in 0..rounds {
         loads.push(load_average());
-        for k in 0..systems.len() {
-            let i = (k + r) % systems.len();
-            let rate = round(&systems[i], &secret, clients, time, r).await?;
-            eprintln!("round {r}: {}: {rate:.0} ops/s", systems[i].name);
-            rates[i].1.push(rate);
+        for (kind, rates) in &mut rates {
+            for k in 0..systems.len() {
+                let i = (k + r) % systems.len();
+                let rate = round(&systems[i], &secret, (clients, time), r, *kind).await?;
+                eprintln!("round {r}: {kind:?}: {}: {rate:.0} ops/s", systems[i].name);
+                rates[i].1.push(rate);
+            }
         }
     }
     for system in &systems {
@@ -402,7 +477,7 @@ fn rand_bytes() -> [u8; 32] {
 mod tests {
     use super::*;
 
-    /// Every system answers every request of the workload as expected (a wrong answer fails
+    /// Every system answers every request of every kind as expected (a wrong answer fails
     /// the round), and the openraft nodes end with the same store.
     #[test]
     fn each_system_serves_the_workload_and_openraft_replicas_agree() {
@@ -415,9 +490,15 @@ mod tests {
         let measured = runtime
             .block_on(run(dir.path(), 1, 0.5, 2))
             .expect("the workload runs");
-        assert_eq!(measured.rates.len(), 3);
-        for (name, rates) in &measured.rates {
-            assert!(rates.len() == 1 && rates[0] > 0.0, "{name}: {rates:?}");
+        assert_eq!(measured.rates.len(), KINDS.len());
+        for (kind, systems) in &measured.rates {
+            assert_eq!(systems.len(), 3);
+            for (name, rates) in systems {
+                assert!(
+                    rates.len() == 1 && rates[0] > 0.0,
+                    "{kind:?}, {name}: {rates:?}"
+                );
+            }
         }
     }
 }

@@ -123,6 +123,31 @@
 //! prefix the leader sent. If it lacks a message of the leader's order, it NACKs its
 //! sender and appends nothing else until it has it.
 //!
+//! **Pausing after a loss (bounded repair).** A receiver that appended on past a lost
+//! message has to have every position from the lost message's place to its log's end
+//! replaced; under load (thousands of messages in flight per sender) that was thousands of
+//! positions per loss, each set aside, appended again and reported again as PO. So a
+//! receiver *pauses* its log as soon as it learns that its order may differ from the
+//! others': a new gap in a sender's numbering (a later message of it arrived), a sender's
+//! ACK counting messages it sent that we hold nowhere (every ACK carries `sent`, the
+//! messages its node sent before it: in a FIFO network they crossed the sequencer link
+//! before the ACK, so we lost them, even when that sender sent nothing after them yet),
+//! or, at a member, an ACK of the leader that conflicts with its log. While paused it
+//! appends nothing and holds what arrives (still counted as held in its ACKs, so flow
+//! control goes on). It resumes when every gap is filled: the leader at once (its order
+//! is the reference), a member unless the leader's ACKs past its log contradict the order
+//! it would append (then the leader's repair is on its way); a member paused by a
+//! conflict resumes when an ACK of the leader at least as long as the conflicting one
+//! agrees with its log and that order, or when the leader's ENTRIES were followed. It
+//! resumes in any case four round trips after it paused (a gap whose sender crashed).
+//! On resuming it appends what it holds in arrival order, except that a message that
+//! filled a gap goes where it was noticed missing: just before the first of its sender's
+//! later messages that arrived (or where the ACK that counted it arrived). That is where
+//! the receivers that did not lose it appended it at the latest, and where every receiver
+//! puts a message that all of them lost, so a loss at one receiver leaves its log
+//! different from the others' only between the message's place and the pause; the
+//! leader's repair replaces those positions and the log goes on in place past them.
+//!
 //! **Failure (section 3.4.1).** Every packet carries the sender's view and status and counts
 //! as a heartbeat; a node that has sent nothing for `heartbeat_interval_us` sends one. A
 //! member that hears nothing from another member for `suspect_after_us` suspects it and
@@ -231,6 +256,13 @@
 //!   late ENTRIES may set it aside, and a view change drop it, from a follower's undelivered
 //!   suffix. Presence frees only the window slot, which is about the network's queue, not
 //!   about safety.)
+//! - **Pausing** keeps no invariant of its own and needs none: it only delays appends and
+//!   chooses the order in which a receiver appends what it holds (each sender's messages
+//!   still in FIFO order, I1); it replaces no position. Any receiver may append in any
+//!   order: a position is delivered only where every member's ACK agrees (I2), and a
+//!   member's positions are replaced only by the leader's ENTRIES (I3). A pause that
+//!   guesses wrong costs a repair, never safety; the `sent` count in ACKs only makes a
+//!   receiver NACK and pause.
 //! - **DATA** (I1, FIFO): a log holds each sender's messages as a prefix `0..k` of its
 //!   numbering; [`log::Log::append`] asserts it. Duplicates and reordered packets are
 //!   dropped or held, never appended twice.
@@ -308,7 +340,7 @@
 //! ```text
 //! offset size field
 //!  0      2   magic        0x544F ("TO")
-//!  2      1   version      5; checked first, so a later version may change all that follows
+//!  2      1   version      6; checked first, so a later version may change all that follows
 //!  3      1   kind         1 DATA, 2 ACK, 3 NACK, 4 HEARTBEAT, 5 ENTRIES,
 //!                          6 DO-VIEW-CHANGE, 7 START-VIEW, 8 MISSING, 9 FETCH, 10 LOG-PART,
 //!                          11 GROUP
@@ -326,6 +358,7 @@
 //!
 //! ```text
 //! ack        len u64, hash u64, commit u64, members u64 (bit per node),
+//!            sent u64 (messages its node sent before this ACK, in this incarnation),
 //!            n, n x (node u16, incarnation u32, delivered u64, held u64)
 //! group      epoch u32, senders u64, receivers u64 (not 0), previous receivers u64 (not 0)
 //! DATA       has_ack u8 (0|1), [ack], n, n x (seq u64, len, bytes)

@@ -2,6 +2,7 @@
 
 mod fetch;
 mod membership;
+mod pause;
 mod receive;
 mod send;
 mod view;
@@ -50,6 +51,12 @@ pub struct Stats {
     pub repairs_sent: u64,
     /// Positions replaced by the leader's order.
     pub positions_replaced: u64,
+    /// Times this receiver paused its log (a gap in a sender's numbering, or the leader's
+    /// ACK conflicting with its log): it held what arrived until the gap filled or the
+    /// leader's order came.
+    pub pauses: u64,
+    /// Pauses that ended by their timeout (what was held appended in arrival order).
+    pub pauses_timed_out: u64,
     /// ENTRIES entries without bytes whose message this member did not hold after all
     /// (asked of its sender instead).
     pub repair_bytes_missing: u64,
@@ -187,6 +194,25 @@ struct ReceiveState {
     view_start: u64,
     /// Positions below the view's log that we had not delivered, being fetched.
     fetch: Option<Fetch>,
+    /// Our log paused past a gap or a conflict with the leader's order: what arrives is held.
+    pause: Option<Pause>,
+    /// Per sender, messages below this number that we lost, noticed (by an ACK of its
+    /// sender's that counted them) when this many messages had arrived: they go there
+    /// once they come (see `pause.rs`).
+    lost_before: BTreeMap<SenderId, (u64, u64)>,
+}
+
+/// A receiver's log paused: it appends nothing until the gap that paused it fills or the
+/// leader's order for it arrives, so that a loss costs a repair of the positions appended
+/// between the lost message's place and the pause, not of everything appended until the
+/// repair arrives.
+#[derive(Clone, Copy, Debug)]
+struct Pause {
+    /// When it began (it ends at the latest four round trips later).
+    since: Micros,
+    /// The leader's ACK of this length conflicted with our log: the leader's order, or an
+    /// ACK of the leader at least this long that agrees with us, ends it.
+    conflict: Option<u64>,
 }
 
 /// Positions `start..end` (`end`: where the view's log begins) that we had not delivered
@@ -672,6 +698,10 @@ impl Node {
         if self.fetch_due().is_some_and(|due| due <= now) {
             self.ask_fetch(now);
         }
+        if self.pause_due().is_some_and(|due| due <= now) {
+            self.stats.pauses_timed_out += 1;
+            self.resume(now);
+        }
         self.progress(now);
     }
 
@@ -736,6 +766,9 @@ impl Node {
             deadline = deadline.min(due);
         }
         if let Some(due) = self.fetch_due() {
+            deadline = deadline.min(due);
+        }
+        if let Some(due) = self.pause_due() {
             deadline = deadline.min(due);
         }
         Some(deadline)

@@ -11,7 +11,7 @@ use bytes::Bytes;
 /// "TO": total order.
 pub const MAGIC: u16 = 0x544F;
 /// The version of this layout; checked first, so a later version may change all that follows.
-pub const VERSION: u8 = 5;
+pub const VERSION: u8 = 6;
 /// Bytes of the fixed header.
 pub const HEADER_LEN: usize = 28;
 /// Largest packet the decoder takes. Every packet the node makes fits one UDP datagram
@@ -19,7 +19,7 @@ pub const HEADER_LEN: usize = 28;
 /// ([`ImagePart`]), as ENTRIES do; data, ACK and NACK packets fit one MTU.
 pub const PACKET_BYTES_MAX: usize = 16 << 20;
 /// Bytes of an [`Ack`] with no per-sender counts.
-pub const ACK_FIXED_LEN: usize = 34;
+pub const ACK_FIXED_LEN: usize = 42;
 /// Bytes of one per-sender count in an [`Ack`] or a [`LogImage`].
 pub const COUNT_LEN: usize = 14;
 /// Bytes of an [`ImagePart`] besides its per-sender counts and entries, with the 16 bytes
@@ -96,6 +96,10 @@ pub struct Ack {
     pub commit: u64,
     /// The view's members, one bit per node id.
     pub members: u64,
+    /// Messages the acknowledging node sent in its incarnation, all before this ACK (0 if
+    /// it is no sender): a receiver that lacks some of them lost them (in a FIFO network),
+    /// even when no later message of that sender came yet.
+    pub sent: u64,
     /// Per sender (latest incarnations only): what the acknowledging node delivered and
     /// holds of its messages.
     pub counts: Vec<SenderCounts>,
@@ -322,6 +326,7 @@ fn put_ack(out: &mut Vec<u8>, ack: &Ack) {
     put_u64(out, ack.hash);
     put_u64(out, ack.commit);
     put_u64(out, ack.members);
+    put_u64(out, ack.sent);
     put_u16(
         out,
         u16::try_from(ack.counts.len()).expect("at most 65535 senders"),
@@ -637,6 +642,7 @@ impl<'a> Reader<'a> {
             hash: self.u64()?,
             commit: self.u64()?,
             members: self.u64()?,
+            sent: self.u64()?,
             counts: self.sender_counts()?,
         })
     }
@@ -925,6 +931,7 @@ mod tests {
                 hash,
                 commit,
                 members,
+                sent: len ^ commit,
                 counts,
             })
     }

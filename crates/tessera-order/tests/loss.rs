@@ -115,7 +115,8 @@ fn at_senders(loss: f64) -> Faults {
 fn table_4_one_percent_at_the_receivers() {
     let (worst, mean) = ratios(3, &at_receivers(0.01), 0..24);
     // The target on every seed: 1% lost at the receivers costs at most 10%.
-    // Measured over seeds 0..24: worst 0.929 (seed 13), mean 0.951; over 0..96: worst
+    // Measured over seeds 0..24: worst 0.911, mean 0.962 (before receivers paused after a
+    // loss: worst 0.929 (seed 13), mean 0.951); over 0..96: worst
     // 0.923, mean 0.953. Before the leader paced its repairs by the trip as the queue is
     // now (at a burst's start repairs were judged unanswered before an answer could
     // return, and resent with every message's bytes): 0.917, 0.946. Before a burst's last
@@ -137,18 +138,51 @@ fn table_4_one_percent_at_the_receivers() {
 #[test]
 fn table_4_one_percent_at_the_receivers_five_nodes() {
     let (worst, mean) = ratios(5, &at_receivers(0.01), 0..24);
-    // Measured: worst 0.910 (seed 3), mean 0.927. Before repairs were paced by the trip as
-    // the queue is now: 0.815 (seed 19), 0.917.
+    // Measured: worst 0.949 (seed 7), mean 0.968. Before a receiver paused its log after a
+    // loss: 0.910 (seed 3), 0.927; before repairs were paced by the trip as the queue is
+    // now: 0.815 (seed 19), 0.917.
     assert!(
-        worst >= 0.90 && mean >= 0.91,
+        worst >= 0.93 && mean >= 0.955,
         "worst {worst:.3}, mean {mean:.3}"
+    );
+}
+
+/// The cost of a loss at 5 nodes: positions of some receiver's log replaced by the leader's
+/// order (each set aside, appended again and reported again as PO). A receiver that goes
+/// on appending past a lost message has every position up to the repair's arrival
+/// replaced; one that pauses once it learns of the loss (`sent` in ACKs, a gap, the
+/// leader's conflicting ACK) only those between the message's place and the pause.
+#[test]
+fn a_loss_replaces_only_the_positions_before_the_pause() {
+    let (mut replaced, mut messages, mut pauses) = (0, 0, 0);
+    for seed in 0..8 {
+        let mut lossy = lab_like(5);
+        lossy.faults = at_receivers(0.01);
+        let (_, outcome) = throughput(seed, &lossy);
+        replaced += total(&outcome, |s| s.positions_replaced);
+        pauses += total(&outcome, |s| s.pauses);
+        messages += outcome
+            .history
+            .proposals
+            .values()
+            .map(Vec::len)
+            .sum::<usize>() as u64;
+    }
+    let per_message = replaced as f64 / messages as f64;
+    println!("{replaced} positions replaced for {messages} messages ({per_message:.2} each), {pauses} pauses");
+    // Measured: 355,184 positions for 160,000 messages (2.22 each), 771 pauses. Before the
+    // pause: 705,191 (4.41 each); the 4,000 messages per sender are offered at once.
+    assert!(
+        per_message <= 3.0,
+        "{per_message:.2} positions replaced per message"
     );
 }
 
 #[test]
 fn table_4_five_percent_at_the_receivers() {
     let (worst, mean) = ratios(3, &at_receivers(0.05), 0..8);
-    // Measured: worst 0.812, mean 0.834 (before repairs were paced by the trip as the queue
+    // Measured: worst 0.827, mean 0.845 (before receivers paused after a loss: 0.812,
+    // 0.834; before repairs were paced by the trip as the queue
     // is now: 0.795, 0.825; before the changes of the 1% test: 0.719, 0.768;
     // before a fresh ACK went twice: 0.708, 0.753; before: 0.174, 0.202; 0.085, 0.107).
     assert!(

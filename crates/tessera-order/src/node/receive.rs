@@ -61,16 +61,32 @@ impl Node {
             }
         } else if id.seq < next {
             self.stats.duplicates += 1;
+        } else if self.receive.pause.is_some() {
+            if self.hold(id, message) {
+                if id.seq > next {
+                    self.nack_gap(id.sender, now);
+                }
+                self.resume_if_settled(now);
+            }
         } else if id.seq == next {
             let arrival = self.next_arrival();
             self.append(id, message, arrival, now);
             self.drain_pending(id.sender, now);
-        } else if self.hold(id, message) {
-            self.nack_gap(id.sender, now);
+        } else {
+            // A new gap (not one we already hold messages past): the lost messages have a
+            // place in the others' logs that we may have appended other messages at;
+            // pause here, so that the repair is of those positions only.
+            let new_gap = !self.receive.pending.contains_key(&id.sender);
+            if self.hold(id, message) {
+                if new_gap {
+                    self.pause(None, now);
+                }
+                self.nack_gap(id.sender, now);
+            }
         }
     }
 
-    fn append(&mut self, id: MsgId, message: Bytes, arrival: u64, now: Micros) {
+    pub(super) fn append(&mut self, id: MsgId, message: Bytes, arrival: u64, now: Micros) {
         let optimistic = super::membership::application_bytes(&message);
         let position = self.receive.log.append_arrived(id, message, arrival);
         assert_eq!(
@@ -220,6 +236,29 @@ impl Node {
         }
     }
 
+    /// The ACK's node sent `sent` messages before it, some of which we hold nowhere: they
+    /// were lost on our way (in a FIFO network); a new gap pauses our log, as one that a
+    /// later message shows (`offer`), without waiting for that message.
+    fn nack_sent(&mut self, header: &Header, sent: u64, now: Micros) {
+        let sender = SenderId {
+            node: header.from,
+            incarnation: header.incarnation,
+        };
+        let ours = self.receive.log.count(sender);
+        if self.latest_incarnation.get(&sender.node) != Some(&sender.incarnation)
+            || sent <= ours
+            || self.held_through(sender, ours) >= sent
+        {
+            return;
+        }
+        if !self.receive.pending.contains_key(&sender) && self.receive.leader_order.is_empty() {
+            self.pause(None, now);
+            let arrivals = self.receive.arrivals;
+            self.receive.lost_before.insert(sender, (sent, arrivals));
+        }
+        self.nack_range(sender, Some(sent), now);
+    }
+
     pub(super) fn on_ack(&mut self, header: &Header, ack: &Ack, own: bool, now: Micros) {
         if self
             .peer_role(header.from)
@@ -246,8 +285,10 @@ impl Node {
         peer.latest = Some((ack.len, ack.hash));
         self.verify(header.from, now);
         self.nack_counted(&ack.counts, now);
+        self.nack_sent(header, ack.sent, now);
         if header.from == self.leader() {
             self.drop_orphans(ack.len, ack.hash);
+            self.resume_if_settled(now);
         }
     }
 
@@ -279,20 +320,26 @@ impl Node {
             return;
         };
         let end = log.end();
-        let mut conflict = false;
+        let mut conflict = None;
         peer.history.retain(|&(len, hash)| {
             if len > end {
                 return true;
             }
             match log.hash_at(len) {
                 Some(ours) if ours == hash => peer.matched = peer.matched.max(len),
-                Some(_) => conflict = true,
+                Some(_) => conflict = Some(conflict.map_or(len, |at: u64| at.min(len))),
                 None => {}
             }
             false
         });
-        if conflict && self.leader() == self.id {
+        let Some(conflict) = conflict else {
+            return;
+        };
+        if self.leader() == self.id {
             self.repair(node, now);
+        } else if node == self.leader() {
+            // Our log differs from the leader's: what we append now would be replaced too.
+            self.pause(Some(conflict), now);
         }
     }
 
@@ -544,7 +591,7 @@ impl Node {
 
     /// Takes `id`'s place in arrival order and bytes out of the messages held back, if
     /// there.
-    fn take_held(&mut self, id: MsgId) -> Option<(u64, Bytes)> {
+    pub(super) fn take_held(&mut self, id: MsgId) -> Option<(u64, Bytes)> {
         let held = self.receive.pending.get_mut(&id.sender)?;
         let taken = held.remove(&id.seq)?;
         if held.is_empty() {
@@ -569,27 +616,11 @@ impl Node {
         self.truncate(at);
     }
 
-    /// Appends what is held back and can be (its sender's next), in arrival order; the
-    /// rest stays held.
+    /// The leader's order we followed is done: the pause (if any) ends, and what is held
+    /// back and can be appended is, in arrival order ([`Node::replay_order`]); the rest
+    /// stays held.
     fn append_held_in_arrival_order(&mut self, now: Micros) {
-        let mut held: Vec<(u64, MsgId)> = self
-            .receive
-            .pending
-            .iter()
-            .flat_map(|(&sender, messages)| {
-                messages
-                    .iter()
-                    .map(move |(&seq, &(arrival, _))| (arrival, MsgId { sender, seq }))
-            })
-            .collect();
-        held.sort_unstable();
-        for (_, id) in held {
-            if self.receive.log.count(id.sender) == id.seq {
-                let (arrival, message) = self.take_held(id).expect("held");
-                self.append(id, message, arrival, now);
-            }
-        }
-        self.drain_all_pending(now);
+        self.resume(now);
     }
 
     /// Drops our positions `at..`; never a delivered one (I3).
@@ -740,6 +771,11 @@ impl Node {
             hash: log.hash_at(log.end()).expect("end is known"),
             commit: self.receive.delivered,
             members: self.members,
+            sent: if self.role.sender {
+                self.send.next_seq
+            } else {
+                0
+            },
             counts: counts
                 .into_values()
                 .filter(|counts| {
@@ -813,5 +849,7 @@ impl Node {
         self.receive.repair_check_at = now;
         self.receive.end_at_check = self.receive.log.end();
         self.receive.leader_order.clear();
+        self.receive.pause = None;
+        self.receive.lost_before.clear();
     }
 }
