@@ -29,11 +29,6 @@ use tessera_manager::command::{
 };
 use tessera_manager::replica::is_local;
 use tessera_manager::replica_core::local_answer;
-
-/// How long a follower may leave a batch unsynced: not at all, as a Tessera replica syncs
-/// every batch it applies (a lazy follower sync was tried and not kept: it widened the
-/// window in which an acknowledged change is on one disk only, and did not raise throughput).
-const SYNC_DELAY_MAX: std::time::Duration = std::time::Duration::ZERO;
 use tessera_manager::Manager;
 use tessera_transport::{Accepted, BoxFuture, ConnectionId, FrameHandler};
 use tessera_wire::{encode_message, ManagerError, ManagerRequest, ManagerResponse};
@@ -43,33 +38,6 @@ use tessera_wire::{encode_message, ManagerError, ManagerRequest, ManagerResponse
 pub struct ManagerMachine {
     manager: Arc<Mutex<Manager>>,
     applied: Arc<Mutex<Applied>>,
-    unsynced: Arc<Mutex<Unsynced>>,
-}
-
-/// When a node syncs what it applied: every batch, before its answers go out (a follower
-/// could leave batches unsynced for up to [`SYNC_DELAY_MAX`], which is zero).
-#[derive(Default)]
-struct Unsynced {
-    /// Set on followers ([`ManagerMachine::follow`]).
-    follower: bool,
-    /// When the oldest commit not yet synced was made.
-    since: Option<Instant>,
-}
-
-impl Unsynced {
-    /// Whether a batch that leaves commits owing a sync (`owed`) syncs them now.
-    fn due(&mut self, owed: bool, now: Instant) -> bool {
-        if !owed {
-            self.since = None;
-            return false;
-        }
-        let since = *self.since.get_or_insert(now);
-        let due = !self.follower || now.saturating_duration_since(since) >= SYNC_DELAY_MAX;
-        if due {
-            self.since = None;
-        }
-        due
-    }
 }
 
 /// What openraft asks the state machine to remember besides the store.
@@ -85,13 +53,7 @@ impl ManagerMachine {
         ManagerMachine {
             manager: Arc::new(Mutex::new(manager)),
             applied: Arc::default(),
-            unsynced: Arc::default(),
         }
-    }
-
-    /// Makes this node a follower's: it answers no client, so it syncs lazily ([`Unsynced`]).
-    pub fn follow(&self) {
-        self.unsynced.lock().expect("unsynced lock").follower = true;
     }
 
     /// The node's manager.
@@ -115,12 +77,11 @@ fn machine_error(why: impl std::fmt::Display) -> StorageError<NodeId> {
 /// meanwhile see the store as it stood before the batch); the encoded answer of each entry.
 fn apply_batch(
     manager: &Mutex<Manager>,
-    unsynced: &Mutex<Unsynced>,
     entries: &[Entry<TypeConfig>],
 ) -> Result<Vec<Vec<u8>>, String> {
     let (answers, sync) = {
         let mut manager = manager.lock().expect("manager lock");
-        apply_unsynced(&mut manager, unsynced, entries)?
+        apply_unsynced(&mut manager, entries)?
     };
     if let Some(sync) = sync {
         let synced = sync.run();
@@ -136,7 +97,6 @@ fn apply_batch(
 /// batch owes.
 fn apply_unsynced(
     manager: &mut Manager,
-    unsynced: &Mutex<Unsynced>,
     entries: &[Entry<TypeConfig>],
 ) -> Result<(Vec<Vec<u8>>, Option<BatchSync>), String> {
     let now = Instant::now();
@@ -167,10 +127,7 @@ fn apply_unsynced(
         };
         answers.push(encode_message(&answer));
     }
-    let due = (unsynced.lock().expect("unsynced lock")).due(manager.sync_owed(), now);
-    let sync = manager
-        .finish_batch(due)
-        .map_err(|error| error.to_string())?;
+    let sync = manager.finish_batch().map_err(|error| error.to_string())?;
     Ok((answers, sync))
 }
 
@@ -207,12 +164,11 @@ impl RaftStateMachine<TypeConfig> for ManagerMachine {
             _ => None,
         });
         // The store syncs: off the async workers, as a Tessera replica's applier thread.
-        let (manager, unsynced) = (self.manager.clone(), self.unsynced.clone());
-        let answers =
-            tokio::task::spawn_blocking(move || apply_batch(&manager, &unsynced, &entries))
-                .await
-                .map_err(machine_error)?
-                .map_err(machine_error)?;
+        let manager = self.manager.clone();
+        let answers = tokio::task::spawn_blocking(move || apply_batch(&manager, &entries))
+            .await
+            .map_err(machine_error)?
+            .map_err(machine_error)?;
         let mut applied = self.applied.lock().expect("applied lock");
         applied.last = Some(last);
         if let Some(membership) = membership {

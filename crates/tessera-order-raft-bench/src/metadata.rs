@@ -170,9 +170,6 @@ async fn start_openraft(
     let cluster = Cluster::start_with(vec![None; 3], machines, 300).await?;
     let leader = cluster.leader().clone();
     let leader_id = leader.metrics().borrow().id as usize;
-    for follower in (0..3).filter(|&id| id != leader_id) {
-        cluster.machine(follower).follow();
-    }
     let front = Front::new(leader, cluster.machine(leader_id).manager(), secret);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
