@@ -695,7 +695,7 @@ impl TesseraFs {
             // With no handle open on it (an `O_TRUNC` open, whose handle is made after, or
             // `truncate -s 0`), a file cut to nothing is replaced, not zeroed.
             if size == 0 && handles.is_empty() {
-                self.truncate_by_replacement(&file, &order, &handles)
+                self.truncate_by_replacement(&file, &order)
             } else {
                 self.truncate_locked(&file, &order, &handles, size)
             }
@@ -707,24 +707,25 @@ impl TesseraFs {
 
     /// Cuts `file` to nothing by replacing it (see `replace_with_empty`), or by zeroing
     /// when it cannot be replaced (the caller holds the file's lock).
-    fn truncate_by_replacement(
-        &self,
-        file: &File,
-        order: &FileOrder,
-        handles: &[Arc<OpenFile>],
-    ) -> Result<(), Errno> {
+    /// Cuts `file`, which no handle has open, to nothing by replacing it (see
+    /// `replace_with_empty`), or by zeroing when it cannot be replaced (the caller holds the
+    /// file's lock).
+    fn truncate_by_replacement(&self, file: &File, order: &FileOrder) -> Result<(), Errno> {
         // Runs of handles closed before may still be on their way.
-        self.settled(order, handles)?;
+        self.settled(order, &[])?;
         order.landed();
-        if self.call(self.client.size(file))? == 0 {
-            return self.truncate_locked(file, order, handles, 0);
-        }
-        match self.replace_with_empty(file)? {
+        // One request for both the size and the layout.
+        let meta = self.call(self.client.meta(file))?;
+        let replaced = match meta.size {
+            0 => None,
+            _ => self.replace_with_empty(file, meta.layout)?,
+        };
+        match replaced {
             Some(new) => {
                 self.repoint_handles(file.id, &new);
                 Ok(())
             }
-            None => self.truncate_locked(file, order, handles, 0),
+            None => self.truncate_locked(file, order, &[], 0),
         }
     }
 
@@ -752,13 +753,9 @@ impl TesseraFs {
         self.call(self.client.touch(file, now_nanos()))
     }
 
-    /// Gives `file`'s path to a new, empty file of the same layout in one atomic commit (as
-    /// `put` replaces a file) and deletes the old one's data: truncating to nothing costs two
-    /// manager requests, not a write of zeros over every byte it held. The new file, or
-    /// `None` (nothing changed) when it cannot be made, e.g. too few servers up for its
-    /// width: the caller zeroes instead.
-    /// Points the handles open on file `old` (one opened while it was replaced) at `new`; their old entries are retired, so a write that took one before cannot land
-    /// in the replaced file (see `write_buffered`).
+    /// Points the handles open on file `old` (one opened while it was replaced) at `new`;
+    /// their old entries are retired, so a write that took one before cannot land in the
+    /// replaced file (see `write_buffered`).
     fn repoint_handles(&self, old: u64, new: &File) {
         let mut open = self.open.lock().unwrap();
         for entry in open.values_mut() {
@@ -771,8 +768,16 @@ impl TesseraFs {
         }
     }
 
-    fn replace_with_empty(&self, file: &File) -> Result<Option<File>, Errno> {
-        let layout = self.call(self.client.meta(file))?.layout;
+    /// Gives `file`'s path to a new, empty file of its layout in one atomic commit (as `put`
+    /// replaces a file) and deletes the old one's data: truncating to nothing costs two
+    /// manager requests, not a write of zeros over every byte it held. The new file, or
+    /// `None` (nothing changed) when it cannot be made, e.g. too few servers up for its
+    /// width: the caller zeroes instead.
+    fn replace_with_empty(
+        &self,
+        file: &File,
+        layout: tessera_client::Layout,
+    ) -> Result<Option<File>, Errno> {
         let layout = LayoutRequest {
             scheme: layout.scheme,
             stripe_unit: layout.stripe_unit,
