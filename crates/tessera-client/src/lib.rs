@@ -1079,10 +1079,13 @@ impl Client {
     ) -> Result<impl futures::Stream<Item = Result<(Vec<u8>, Duration), ClientError>>, ClientError>
     {
         let ctx = Arc::new(self.context_of(file.id).await?);
+        // No end of its own: every block is `block_bytes` (fewer past the end of the file).
+        let end = u64::MAX;
         Ok(transfer::blocks(
             self.clone(),
             ctx,
             offsets,
+            end,
             block_bytes,
             read_ahead,
         ))

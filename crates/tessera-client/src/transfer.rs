@@ -404,18 +404,23 @@ impl Client {
         Ok(total)
     }
 
-    /// [`Client::read_blocks`] of a file already open: no manager round trip.
+    /// [`Client::read_blocks`] of bytes `range` of a file already open (no manager round
+    /// trip): blocks of `block_bytes` from its start, the last one ending at its end (fewer
+    /// past the end of the file).
     pub fn read_open_blocks(
         &self,
         open: OpenFile,
-        offsets: impl IntoIterator<Item = u64, IntoIter: Send + 'static>,
+        range: std::ops::Range<u64>,
         block_bytes: usize,
         read_ahead: usize,
     ) -> impl futures::Stream<Item = Result<(Vec<u8>, std::time::Duration), ClientError>> {
+        let offsets = range.clone().step_by(block_bytes.max(1));
+        let ctx = std::sync::Arc::new(open.ctx);
         blocks(
             self.clone(),
-            std::sync::Arc::new(open.ctx),
+            ctx,
             offsets,
+            range.end,
             block_bytes,
             read_ahead,
         )
@@ -451,22 +456,24 @@ impl Client {
     }
 }
 
-/// The blocks of `block_bytes` at `offsets` of the file `ctx` describes, `read_ahead` read
-/// at once, in order (see [`Client::read_blocks`]).
+/// The blocks of `block_bytes` at `offsets` of the file `ctx` describes, none past `end`,
+/// `read_ahead` read at once, in order (see [`Client::read_blocks`]).
 pub(crate) fn blocks(
     client: Client,
     ctx: std::sync::Arc<FileContext>,
     offsets: impl IntoIterator<Item = u64, IntoIter: Send + 'static>,
+    end: u64,
     block_bytes: usize,
     read_ahead: usize,
 ) -> impl futures::Stream<Item = Result<(Vec<u8>, std::time::Duration), ClientError>> {
     futures::stream::iter(offsets)
         .map(move |offset| {
             let (client, ctx) = (client.clone(), ctx.clone());
+            let len = (block_bytes as u64).min(end.saturating_sub(offset));
             async move {
                 let began = std::time::Instant::now();
-                ctx.check_range(offset, block_bytes as u64)?;
-                let mut block = vec![0u8; block_bytes];
+                ctx.check_range(offset, len)?;
+                let mut block = vec![0u8; len as usize];
                 let got = ctx.read_into(&client, offset, &mut block).await?;
                 block.truncate(got);
                 Ok((block, began.elapsed()))

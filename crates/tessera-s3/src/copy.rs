@@ -182,14 +182,11 @@ impl Gateway {
     ) -> S3Result<()> {
         let internal = |e| s3_err(e, S3ErrorCode::InternalError);
         let chunk = to.chunk_bytes(None);
-        let offsets = (0..len)
-            .step_by(chunk as usize)
-            .map(move |done| from_at + done);
+        let source = self.client.open_id(from).await.map_err(internal)?;
+        let range = from_at..from_at.saturating_add(len);
         let blocks = self
             .client
-            .read_blocks(from, offsets, chunk as usize, READ_AHEAD)
-            .await
-            .map_err(internal)?;
+            .read_open_blocks(source, range, chunk as usize, READ_AHEAD);
         let mut done = 0;
         let chunks = blocks.map(|block| {
             let wanted = chunk.min(len - done);

@@ -266,8 +266,7 @@ impl Gateway {
         let client = self.client.clone();
         let (file, chunk) = (open.file().clone(), open.chunk_bytes(None));
         tokio::spawn(async move {
-            let offsets = (start..end).step_by(chunk as usize);
-            let blocks = client.read_open_blocks(open, offsets, chunk as usize, READ_AHEAD);
+            let blocks = client.read_open_blocks(open, start..end, chunk as usize, READ_AHEAD);
             let mut blocks = std::pin::pin!(blocks);
             let mut at = start;
             while let Some(block) = blocks.next().await {
