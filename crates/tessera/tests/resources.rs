@@ -11,6 +11,7 @@
 //! stays on the loopback network (the datagram flood comes from other 127.0.0.0/8
 //! addresses, as distinct sources).
 
+mod command;
 mod support;
 
 use bytes::Bytes;
@@ -138,17 +139,7 @@ impl Drop for Cluster {
 
 /// Resident memory of a process, bytes.
 fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("process status");
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .expect("VmRSS in status");
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS value");
-    kib << 10
+    command::process_memory_bytes(pid, "VmRSS")
 }
 
 /// The client's work: create a RAID-5 file, put `WORK_BYTES`, sync, get them back and compare.

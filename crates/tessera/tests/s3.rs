@@ -400,7 +400,7 @@ fn rclone_moves_a_one_gib_object() {
     rclone(&["deletefile", "t:big/one.bin"]);
     rclone(&["rmdir", "t:big"]);
     // Bodies stream: the gateway holds a few chunks per transfer, never the object.
-    let peak = peak_resident_bytes(gateway.child.id());
+    let peak = command::process_memory_bytes(gateway.child.id(), "VmHWM");
     println!(
         "rclone, 1 GiB through the gateway (debug build): put {:.1} s, get {:.1} s, the \
          gateway's peak resident memory {} MiB",
@@ -413,21 +413,6 @@ fn rclone_moves_a_one_gib_object() {
         "the gateway's peak resident memory was {} MiB for a 1 GiB object",
         peak >> 20
     );
-}
-
-/// The most memory process `pid` has held resident (`VmHWM`), in bytes.
-fn peak_resident_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .expect("a VmHWM line");
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .expect("VmHWM in kB");
-    kib << 10
 }
 
 /// The byte at `offset` of the test pattern: a position hash, so that a byte at a wrong

@@ -21,3 +21,22 @@ pub fn tessera(args: &[&str]) -> Output {
 pub fn text(path: &Path) -> &str {
     path.to_str().expect("temporary paths are UTF-8")
 }
+
+/// A memory figure of process `pid` from `/proc/PID/status` (`VmRSS`: resident now,
+/// `VmHWM`: the most ever resident), in bytes.
+pub fn process_memory_bytes(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("process status");
+    let line = status
+        .lines()
+        .find(|l| {
+            l.strip_prefix(field)
+                .is_some_and(|rest| rest.starts_with(':'))
+        })
+        .unwrap_or_else(|| panic!("no {field} in the status of process {pid}"));
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{field} in kB: '{line}'"));
+    kib << 10
+}
