@@ -30,6 +30,7 @@ mod read;
 mod snapshot;
 pub mod stream;
 mod transfer;
+mod truncate;
 mod write;
 
 use bytes::Bytes;
@@ -57,6 +58,7 @@ pub use tessera_transport::{CongestionKind, DatagramConfig, TransportKind};
 pub use tessera_wire::{AccessKeyInfo, ReplicaStatus};
 pub use tessera_wire::{DirListing, LayoutRequest, NamespaceEntry, ServerState};
 pub use transfer::{OpenFile, StreamUploadError, TRANSFERS_IN_FLIGHT, TRANSFER_CHUNK_BYTES};
+pub use truncate::Truncation;
 
 /// Requests one operation keeps in flight at once: a whole stripe of 64 servers goes out
 /// together. What they answer does not all come at once: the datagram transport's receive

@@ -682,10 +682,10 @@ impl TesseraFs {
         Ok(())
     }
 
-    /// Sets a file's size; bytes past a smaller size are zeroed so that growing it again
-    /// shows zeros, as POSIX wants (the store's own shrink only hides them). Only the
-    /// stripes that may hold written bytes are zeroed (the servers' extents): zeroing a
-    /// sparse file's whole tail once filled a disk (a 4 TiB file cut to 1 TiB).
+    /// Sets a file's size; bytes past a smaller size read as zeros if it grows again, as
+    /// POSIX wants (the store's own shrink only hides them): `Client::truncate` zeroes the
+    /// tail of the stripe holding the new end and discards the later stripes at the servers
+    /// (writing zeros over a file's whole tail once cost as much as writing it).
     fn truncate(&self, path: &str, size: u64) -> Result<(), Errno> {
         let file = self.call(self.client.open(path))?;
         let (order, handles) = self.file_of(file.id);
@@ -705,11 +705,9 @@ impl TesseraFs {
         truncated
     }
 
-    /// Cuts `file` to nothing by replacing it (see `replace_with_empty`), or by zeroing
-    /// when it cannot be replaced (the caller holds the file's lock).
     /// Cuts `file`, which no handle has open, to nothing by replacing it (see
-    /// `replace_with_empty`), or by zeroing when it cannot be replaced (the caller holds the
-    /// file's lock).
+    /// `replace_with_empty`), or by truncating it when it cannot be replaced (the caller
+    /// holds the file's lock).
     fn truncate_by_replacement(&self, file: &File, order: &FileOrder) -> Result<(), Errno> {
         // Runs of handles closed before may still be on their way.
         self.settled(order, &[])?;
@@ -740,16 +738,7 @@ impl TesseraFs {
         order.landed();
         // Blocks read ahead hold the old bytes and the old size.
         forget_read_ahead(handles);
-        let old = self.call(self.client.size(file))?;
-        if size < old {
-            let written = self.call(self.client.written_ranges(file, size..old))?;
-            // A column that could not say: any of the range may hold bytes.
-            let ranges = written.unwrap_or_else(|| std::iter::once(size..old).collect());
-            for range in ranges {
-                self.zero(file, range)?;
-            }
-        }
-        self.call(self.client.set_size(file, size))?;
+        self.call(self.client.truncate(file, size))?;
         self.call(self.client.touch(file, now_nanos()))
     }
 
@@ -772,7 +761,7 @@ impl TesseraFs {
     /// replaces a file) and deletes the old one's data: truncating to nothing costs two
     /// manager requests, not a write of zeros over every byte it held. The new file, or
     /// `None` (nothing changed) when it cannot be made, e.g. too few servers up for its
-    /// width: the caller zeroes instead.
+    /// width: the caller truncates instead.
     fn replace_with_empty(
         &self,
         file: &File,
@@ -801,18 +790,6 @@ impl TesseraFs {
                 Ok(None)
             }
         }
-    }
-
-    /// Writes zeros over `range` of `file`, a write-back buffer at a time.
-    fn zero(&self, file: &File, range: std::ops::Range<u64>) -> Result<(), Errno> {
-        let mut at = range.start;
-        while at < range.end {
-            let len = (range.end - at).min(cache::WRITE_BACK_BYTES as u64);
-            let zeros = vec![0u8; len as usize];
-            self.call(self.client.write_at(file, at, &zeros))?;
-            at += len;
-        }
-        Ok(())
     }
 
     fn listing(&self, path: &str) -> Result<Listing, Errno> {

@@ -378,6 +378,31 @@ impl Layout {
         }
     }
 
+    /// The first local index of `region` on `column` whose member belongs to `stripe` or a
+    /// later one (`None` if the region holds nothing there, as RAID-0's redundancy). Since
+    /// [`stripe_of_local`](Self::stripe_of_local) is monotone, everything a column stores of
+    /// the stripes from `stripe` on lies at or past this index: cutting each column's files
+    /// there discards exactly those stripes (a truncation's discard).
+    pub fn first_local_of_stripe(&self, column: u32, region: Region, stripe: u64) -> Option<u64> {
+        let end = COLUMN_BYTES_MAX / u64::from(self.stripe_unit);
+        let at_or_past = |index: u64| {
+            self.stripe_of_local(column, region, index)
+                .is_some_and(|found| found >= stripe)
+        };
+        // A region this column holds nothing of answers `None` for every index.
+        self.stripe_of_local(column, region, 0)?;
+        let (mut low, mut high) = (0u64, end);
+        while low < high {
+            let middle = low + (high - low) / 2;
+            if at_or_past(middle) {
+                high = middle;
+            } else {
+                low = middle + 1;
+            }
+        }
+        Some(low)
+    }
+
     /// Number of stripes that hold a file of `size` bytes.
     pub fn stripes_for_size(&self, size: u64) -> u64 {
         size.div_ceil(self.stripe_bytes())

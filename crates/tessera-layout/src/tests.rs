@@ -121,6 +121,30 @@ proptest! {
         }
     }
 
+    /// A truncation discards each column's files from `first_local_of_stripe` on: every
+    /// member of an earlier stripe lies before that index, every member of the stripe or a
+    /// later one at or past it.
+    #[test]
+    fn a_cut_at_the_first_local_index_of_a_stripe_splits_the_stripes_there(
+        layout in layout_strategy(), cut in 0u64..60, stripes in 1u64..12,
+    ) {
+        for stripe in cut.saturating_sub(stripes)..cut + stripes {
+            let mut slots: Vec<Slot> = layout.parity_slot(stripe).into_iter().collect();
+            for block in layout.blocks_of_stripe(stripe) {
+                slots.push(layout.data_slot(block));
+                slots.extend(layout.mirror_slot(block));
+            }
+            for slot in slots {
+                let first = layout.first_local_of_stripe(slot.column, slot.region, cut);
+                let first = first.expect("a region holding a member has a first index");
+                prop_assert_eq!(slot.local_index >= first, stripe >= cut, "{:?}", slot);
+            }
+        }
+        if layout.scheme == Scheme::Raid0 {
+            prop_assert_eq!(layout.first_local_of_stripe(0, Region::Redundancy, cut), None);
+        }
+    }
+
     /// Scrub and rebuild find a Hybrid overflow entry's stripe from the column that holds it,
     /// at the primary's local index, widened by one stripe either way: the mirror copy sits on
     /// the next column, under the offsets of the block before.

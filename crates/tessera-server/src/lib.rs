@@ -947,6 +947,18 @@ async fn serve(
             drop(entered);
             Ok((StorageResponse::StaleRecorded { token }, Bytes::new()))
         }
+        StorageRequest::RecordDiscard {
+            file,
+            stripes,
+            fence,
+        } => {
+            if !locks.is_fenced(file, fence, Instant::now()) {
+                return Err(StorageError::NotFenced { file, epoch: fence });
+            }
+            let lease_end = Instant::now() + PARITY_LEASE;
+            let token = blocking(move || store.record_stale(file, stripes, lease_end)).await?;
+            Ok((StorageResponse::StaleRecorded { token }, Bytes::new()))
+        }
         StorageRequest::ListStale => {
             let ranges = store.orphaned_stale(Instant::now(), tessera_wire::STALE_LIST_MAX);
             Ok((StorageResponse::StaleList { ranges }, Bytes::new()))
@@ -1022,6 +1034,18 @@ async fn serve(
         }
         StorageRequest::Sync => {
             blocking(move || store.sync()).await?;
+            done
+        }
+        StorageRequest::Discard {
+            file,
+            region,
+            from,
+            fence,
+        } => {
+            if !locks.is_fenced(file, fence, Instant::now()) {
+                return Err(StorageError::NotFenced { file, epoch: fence });
+            }
+            blocking(move || store.discard(file, region, from)).await?;
             done
         }
         StorageRequest::Remove { file } => {

@@ -185,6 +185,10 @@ enum Op {
     Sync {
         file: usize,
     },
+    Truncate {
+        file: usize,
+        size: u64,
+    },
 }
 
 /// How an operation ended.
@@ -193,6 +197,7 @@ enum Outcome {
     Wrote,
     Read(Vec<u8>),
     Synced,
+    Truncated,
     Failed(ClientError),
     /// The client was killed during it.
     Killed,
@@ -439,7 +444,7 @@ impl Explorer {
         }
         let file = rng.gen_range(0..self.files.len());
         let stripe = self.files[file].stripe_bytes;
-        match rng.gen_range(0..10) {
+        match rng.gen_range(0..11) {
             0..=5 => {
                 let offset = rng.gen_range(0..=stripe * 4);
                 // Partial stripes, whole ones and both, starting and ending anywhere.
@@ -454,7 +459,13 @@ impl Explorer {
                 let len = rng.gen_range(0..=size - offset);
                 Op::Read { file, offset, len }
             }
-            _ => Op::Sync { file },
+            9 => Op::Sync { file },
+            _ => {
+                // Mostly cuts, at and off stripe boundaries; sometimes a grow.
+                let size = self.files[file].model.size();
+                let size = rng.gen_range(0..=size + stripe);
+                Op::Truncate { file, size }
+            }
         }
     }
 
@@ -554,9 +565,10 @@ impl Explorer {
     fn files_of(&self, op: &Op) -> Option<File> {
         match op {
             Op::Create { .. } => None,
-            Op::Write { file, .. } | Op::Read { file, .. } | Op::Sync { file } => {
-                Some(self.files[*file].file.clone())
-            }
+            Op::Write { file, .. }
+            | Op::Read { file, .. }
+            | Op::Sync { file }
+            | Op::Truncate { file, .. } => Some(self.files[*file].file.clone()),
         }
     }
 
@@ -595,6 +607,12 @@ impl Explorer {
             }
             (Op::Read { .. }, _) => self.report.reads_failed += 1,
             (Op::Sync { .. }, _) => {}
+            (Op::Truncate { file, size }, Outcome::Truncated) => {
+                self.files[file].model.truncate(size);
+            }
+            (Op::Truncate { file, size }, _) => {
+                self.files[file].model.truncate_unacknowledged(size);
+            }
         }
         Ok(())
     }
@@ -767,13 +785,14 @@ impl Explorer {
                     return Err(self.fail(phase.into(), detail, None));
                 }
             };
-            if size < f.model.size() || size > f.model.size_max() || bytes.len() as u64 != size {
+            if size < f.model.size_min() || size > f.model.size_max() || bytes.len() as u64 != size
+            {
                 let detail = format!(
                     "{} ({}): size {size} (read {}), model allows {}..={}",
                     f.file.path,
                     f.scheme,
                     bytes.len(),
-                    f.model.size(),
+                    f.model.size_min(),
                     f.model.size_max()
                 );
                 return Err(self.fail(phase.into(), detail, None));
@@ -800,12 +819,12 @@ impl Explorer {
     ) -> Result<(), Failure> {
         let f = &self.files[index];
         let (file, stripe_bytes) = (f.file.clone(), f.stripe_bytes);
-        if size < f.model.size() || size > f.model.size_max() {
+        if size < f.model.size_min() || size > f.model.size_max() {
             let detail = format!(
                 "{} ({}): size {size}, model allows {}..={}",
                 f.file.path,
                 f.scheme,
-                f.model.size(),
+                f.model.size_min(),
                 f.model.size_max()
             );
             return Err(self.fail(phase.into(), detail, None));
@@ -871,6 +890,10 @@ async fn run_op(client: Client, file: Option<File>, op: Op) -> Outcome {
             client.read_at(&file, offset, len).await.map(Outcome::Read)
         }
         (Op::Sync { .. }, Some(file)) => client.sync(&file).await.map(|()| Outcome::Synced),
+        (Op::Truncate { size, .. }, Some(file)) => client
+            .truncate(&file, size)
+            .await
+            .map(|_| Outcome::Truncated),
         (op, None) => unreachable!("{op:?} names a file"),
     };
     result.unwrap_or_else(Outcome::Failed)
@@ -884,6 +907,7 @@ fn describe(op: &Op) -> String {
         }
         Op::Read { file, offset, len } => format!("read file#{file} {offset}+{len}"),
         Op::Sync { file } => format!("sync file#{file}"),
+        Op::Truncate { file, size } => format!("truncate file#{file} to {size}"),
     }
 }
 

@@ -24,6 +24,9 @@ pub struct FileModel {
     maybe: BTreeMap<u64, Vec<u8>>,
     /// Largest size an unacknowledged write may have given the file.
     size_max: u64,
+    /// Smallest size an unacknowledged truncation may have left, if below the acknowledged
+    /// size.
+    size_floor: Option<u64>,
     /// For parity schemes: the rule of stripes left torn.
     torn_rule: Option<TornStripes>,
     /// Stripes an unacknowledged write covered whole (a full-stripe write that may have been
@@ -98,6 +101,59 @@ impl FileModel {
         self.acked.len() as u64
     }
 
+    /// The smallest size the file may have (below [`size`](Self::size) after a truncation
+    /// that was not acknowledged).
+    pub fn size_min(&self) -> u64 {
+        self.size_floor
+            .map_or(self.size(), |floor| floor.min(self.size()))
+    }
+
+    /// An acknowledged truncation to `size`: the size is exactly that now, and every byte
+    /// past it reads as zero if the file grows again (values unacknowledged writes left past
+    /// the old size may stay: a truncation clears what the file held).
+    pub fn truncate(&mut self, size: u64) {
+        let old = self.size();
+        let cut: Vec<u64> = self
+            .maybe
+            .range(size..old.max(size))
+            .map(|(&o, _)| o)
+            .collect();
+        for o in cut {
+            self.maybe.remove(&o);
+        }
+        if let Some(rule) = self.torn_rule {
+            // Stripes inside what was cut were discarded or zeroed whole.
+            let sb = rule.stripe_bytes;
+            self.torn
+                .retain(|&s| !(s * sb >= size && (s + 1) * sb <= old));
+        }
+        self.acked.resize(size as usize, 0);
+        self.size_max = size;
+        self.size_floor = None;
+    }
+
+    /// A truncation to `size` that was not acknowledged: the size may be that or the old one,
+    /// each byte cut may be zero or its old value, and (parity schemes) the stripes from the
+    /// first one wholly cut may be torn (a discard interrupted between columns).
+    pub fn truncate_unacknowledged(&mut self, size: u64) {
+        if size >= self.size() {
+            self.size_max = self.size_max.max(size);
+            return;
+        }
+        for at in size..self.size() {
+            let values = self.maybe.entry(at).or_default();
+            if !values.contains(&0) {
+                values.push(0);
+            }
+        }
+        self.size_floor = Some(self.size_min().min(size));
+        if let Some(rule) = self.torn_rule {
+            let sb = rule.stripe_bytes;
+            self.torn
+                .extend(size.div_ceil(sb)..self.size_max().div_ceil(sb));
+        }
+    }
+
     /// The largest size the file may have.
     pub fn size_max(&self) -> u64 {
         self.size_max.max(self.size())
@@ -106,6 +162,9 @@ impl FileModel {
     /// An acknowledged write.
     pub fn write(&mut self, offset: u64, data: &[u8]) {
         let end = offset as usize + data.len();
+        if let Some(floor) = &mut self.size_floor {
+            *floor = (*floor).max(end as u64);
+        }
         if self.acked.len() < end {
             self.acked.resize(end, 0);
         }

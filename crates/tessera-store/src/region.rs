@@ -42,12 +42,14 @@ impl RegionFile {
         bytes: FileHandle,
         crc: FileHandle,
     ) -> Result<Self, StorageError> {
-        let blocks_written = count_written(&*crc).map_err(|error| {
+        let scan = |error| {
             disk(
                 format_args!("scan checksums of file {file} {region:?}"),
                 error,
             )
-        })?;
+        };
+        cut_blocks_without_entries(&*bytes, &*crc).map_err(scan)?;
+        let blocks_written = count_written(&*crc).map_err(scan)?;
         Ok(RegionFile {
             file,
             region,
@@ -150,6 +152,38 @@ impl RegionFile {
         Ok(())
     }
 
+    /// Length of the block file (everything past it reads as zeros).
+    pub(crate) fn len(&self) -> Result<u64, StorageError> {
+        self.bytes.size().map_err(|error| self.disk("size", error))
+    }
+
+    /// Discards every block from `from` (a block boundary) on: they read as zeros after.
+    /// Whether anything was cut. The checksum entries are cut first: a kill between the two
+    /// cuts leaves blocks with no entries, which opening the region cuts too (see
+    /// `cut_blocks_without_entries`), never entries whose blocks are gone (corrupt).
+    pub(crate) fn discard_from(&mut self, from: u64) -> Result<bool, StorageError> {
+        debug_assert!(from.is_multiple_of(BLOCK_BYTES));
+        let entries_end = from / BLOCK_BYTES * CRC_ENTRY_BYTES;
+        let mut cut = false;
+        if self.crc.size().map_err(|e| self.disk("size", e))? > entries_end {
+            self.crc
+                .set_len(entries_end)
+                .map_err(|error| self.disk("cut checksums", error))?;
+            cut = true;
+        }
+        if self.len()? > from {
+            self.bytes
+                .set_len(from)
+                .map_err(|error| self.disk("cut blocks", error))?;
+            cut = true;
+        }
+        if cut {
+            self.blocks_written =
+                count_written(&*self.crc).map_err(|error| self.disk("scan checksums", error))?;
+        }
+        Ok(cut)
+    }
+
     /// Makes the blocks and their checksum entries durable.
     pub(crate) fn sync(&self) -> Result<(), StorageError> {
         self.bytes
@@ -245,6 +279,19 @@ fn block_matches(block: &[u8], entry: &[u8]) -> bool {
     } else {
         marker == CRC_MARKER_WRITTEN && crc32c::crc32c(block) == crc
     }
+}
+
+/// Cuts the block file back to the blocks the sidecar has entries for (a torn last entry
+/// counts). Blocks past them can only be left by a process killed between a discard's two
+/// cuts, or between a write's blocks and its entries (a write never answered); either way
+/// they were never written as far as the sidecar says, so they must read as zeros, and
+/// would read as corrupt were they kept.
+fn cut_blocks_without_entries(bytes: &dyn DiskFile, crc: &dyn DiskFile) -> std::io::Result<()> {
+    let covered = crc.size()?.div_ceil(CRC_ENTRY_BYTES) * BLOCK_BYTES;
+    if bytes.size()? > covered {
+        bytes.set_len(covered)?;
+    }
+    Ok(())
 }
 
 /// Counts the checksum entries that are not all zeros (a torn last entry counts too).

@@ -583,6 +583,53 @@ impl Store {
         })
     }
 
+    /// Discards everything `region` of `file` holds from `from` (a multiple of 4 KiB) on,
+    /// and for the data file the primary overflow entries from there on: it all reads as
+    /// zeros after (a truncation, without writing zeros). Blocks the newest snapshot of the
+    /// file still needs are copied first. Refused with [`StorageError::WritesInFlight`]
+    /// while an intent record of the file is unresolved here: its resolution reads the bytes
+    /// this would discard (the caller writes zeros instead, under the stripes' locks). The
+    /// caller fences the file's writes (the server checks), which drains the stale-parity
+    /// records of others; its own, taken for the discard, are what make a caller's death
+    /// part-way safe (`tessera-client`'s `truncate` module).
+    pub fn discard(&self, file: FileId, region: Region, from: u64) -> Result<(), StorageError> {
+        if !from.is_multiple_of(BLOCK_BYTES) || from > FILE_BYTES_MAX {
+            return Err(bad_request(format!(
+                "discard from {from}: not a multiple of {BLOCK_BYTES} at most {FILE_BYTES_MAX}"
+            )));
+        }
+        if !lock(&self.intents).spans_of(file).is_empty() {
+            return Err(StorageError::WritesInFlight { file });
+        }
+        let _unsynced = self.unsynced.hold(&*self.disk)?;
+        self.with_write(file, |state| {
+            let FileState::Present(present) = state else {
+                return Ok(());
+            };
+            let mut end = present.region(region).len()?;
+            if region == Region::Data {
+                let entries = present.overflow.covered(from, FILE_BYTES_MAX - from);
+                end = entries.iter().map(|&(_, stop)| stop).fold(end, u64::max);
+            }
+            if end > from {
+                let copied = present.preserve(region, from, end - from)?;
+                self.mark_snapshot_dirty(file, copied);
+            }
+            if present.region_mut(region).discard_from(from)? {
+                self.mark_dirty(file, present, &FileKind::of_region(region));
+            }
+            if region == Region::Data {
+                let touched = present.overflow.invalidate(
+                    OverflowRole::Primary,
+                    from,
+                    FILE_BYTES_MAX - from,
+                )?;
+                self.mark_overflow_dirty(file, present, touched);
+            }
+            Ok(())
+        })
+    }
+
     /// Live overflow entries of `role` overlapping `offset..offset+len`, clipped to it,
     /// oldest first, with their bytes concatenated in the same order. Entries of one role
     /// never overlap each other. Fails with [`StorageError::BadRequest`] if the answer would

@@ -1,5 +1,6 @@
 //! The store against a model of what each byte should read as: random writes, overflow
-//! writes, invalidations and reopens, then every view compared over the whole range.
+//! writes, invalidations, discards (a truncation's) and reopens, then every view compared
+//! over the whole range.
 
 use proptest::prelude::*;
 use tessera_store::{OverflowRole, Region, Store, BLOCK_BYTES};
@@ -29,6 +30,12 @@ enum Op {
         offset: u64,
         len: u64,
     },
+    /// Everything of `region` from block `block` on, and of the data file its primary
+    /// overflow entries from there.
+    Discard {
+        region: Region,
+        block: u64,
+    },
     Reopen,
 }
 
@@ -46,9 +53,9 @@ fn range(len_max: u64) -> impl Strategy<Value = (u64, u64)> {
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    let region = prop_oneof![3 => Just(Region::Data), 1 => Just(Region::Redundancy)];
+    let region = || prop_oneof![3 => Just(Region::Data), 1 => Just(Region::Redundancy)];
     prop_oneof![
-        4 => (region, range(WRITE_BYTES_MAX), any::<u8>(), any::<bool>()).prop_map(
+        4 => (region(), range(WRITE_BYTES_MAX), any::<u8>(), any::<bool>()).prop_map(
             |(region, (offset, len), fill, invalidate)| Op::Write {
                 region,
                 offset,
@@ -64,6 +71,10 @@ fn op() -> impl Strategy<Value = Op> {
             role,
             offset,
             len
+        }),
+        1 => (region(), 0..=SPAN_BYTES / BLOCK_BYTES).prop_map(|(region, block)| Op::Discard {
+            region,
+            block
         }),
         1 => Just(Op::Reopen),
     ]
@@ -130,6 +141,18 @@ impl Model {
             }
             Op::Invalidate { role, offset, len } => {
                 self.overflow(role)[offset as usize..(offset + len) as usize].fill(None);
+            }
+            Op::Discard { region, block } => {
+                let from = (block * BLOCK_BYTES) as usize;
+                let (bytes, blocks) = match region {
+                    Region::Data => (&mut self.data, &mut self.blocks_written[0]),
+                    Region::Redundancy => (&mut self.redundancy, &mut self.blocks_written[1]),
+                };
+                bytes[from..].fill(0);
+                blocks[block as usize..].fill(false);
+                if region == Region::Data {
+                    self.primary[from..].fill(None);
+                }
             }
             Op::Reopen => {}
         }
@@ -209,6 +232,9 @@ proptest! {
                 }
                 Op::Invalidate { role, offset, len } => {
                     store.overflow_invalidate(FILE, role, offset, len).unwrap();
+                }
+                Op::Discard { region, block } => {
+                    store.discard(FILE, region, block * BLOCK_BYTES).unwrap();
                 }
                 Op::Reopen => {
                     drop(store);

@@ -246,3 +246,31 @@ fn a_corrupt_block_is_recorded_lost_for_the_snapshot_and_the_repair_goes_through
         filled(b'a', 4096)
     );
 }
+
+/// A truncation's discard cuts the live file only: the snapshot keeps the blocks it held,
+/// its overflow entries included.
+#[test]
+fn a_discard_after_a_snapshot_copies_what_the_snapshot_holds_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store
+        .write(7, Region::Data, 0, &filled(b'a', 2 * UNIT), false)
+        .unwrap();
+    store
+        .overflow_write(7, OverflowRole::Primary, UNIT as u64 + 10, b"newer")
+        .unwrap();
+    store.snapshot_begin(&[7], 1).unwrap();
+    store.discard(7, Region::Data, UNIT as u64).unwrap();
+    let live = store
+        .read(7, Region::Data, 0, 2 * UNIT as u32, true)
+        .unwrap();
+    assert_eq!(live[..UNIT], filled(b'a', UNIT)[..]);
+    assert!(live[UNIT..].iter().all(|&byte| byte == 0));
+    let mut then = filled(b'a', 2 * UNIT);
+    then[UNIT + 10..UNIT + 15].copy_from_slice(b"newer");
+    assert_eq!(
+        snapshot_bytes(&store, Region::Data, 0, 2 * UNIT as u32, 1),
+        then
+    );
+    assert_eq!(store.snapshot_usage(7).unwrap(), UNIT as u64);
+}

@@ -216,6 +216,52 @@ fn never_written_block_that_became_nonzero_is_corrupt() {
 }
 
 #[test]
+fn a_discard_reads_as_zeros_and_one_killed_between_its_cuts_is_finished_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let bytes = pattern(6 * BLOCK_BYTES as usize, 7);
+    store.write(FILE, Region::Data, 0, &bytes, false).unwrap();
+    store
+        .write(FILE, Region::Redundancy, 0, &bytes, false)
+        .unwrap();
+    let unaligned = store.discard(FILE, Region::Data, BLOCK_BYTES + 1);
+    assert!(matches!(unaligned, Err(StorageError::BadRequest { .. })));
+    store.discard(FILE, Region::Data, 4 * BLOCK_BYTES).unwrap();
+    let read = store.read(FILE, Region::Data, 0, 6 * 4096, false).unwrap();
+    assert_eq!(read[..4 * 4096], bytes[..4 * 4096]);
+    assert!(read[4 * 4096..].iter().all(|&byte| byte == 0));
+    assert_eq!(store.usage(FILE).unwrap(), 10 * BLOCK_BYTES);
+    // Growing again shows zeros, and new writes past the cut read back.
+    store
+        .write(FILE, Region::Data, 5 * BLOCK_BYTES, b"again", false)
+        .unwrap();
+    let read = store
+        .read(FILE, Region::Data, 4 * BLOCK_BYTES, 4096 + 5, false)
+        .unwrap();
+    assert!(read[..4096].iter().all(|&byte| byte == 0));
+    assert_eq!(&read[4096..], b"again");
+
+    // A kill between the cuts of the redundancy file: entries cut, blocks not. The blocks
+    // left would read as corrupt; opening the store cuts them too.
+    drop(store);
+    let crc = OpenOptions::new()
+        .write(true)
+        .open(on_disk(dir.path(), FILE, "redundancy.crc"))
+        .unwrap();
+    crc.set_len(2 * 8).unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let read = store
+        .read(FILE, Region::Redundancy, 0, 6 * 4096, false)
+        .unwrap();
+    assert_eq!(read[..2 * 4096], bytes[..2 * 4096]);
+    assert!(read[2 * 4096..].iter().all(|&byte| byte == 0));
+    let data_len = std::fs::metadata(on_disk(dir.path(), FILE, "redundancy"))
+        .unwrap()
+        .len();
+    assert_eq!(data_len, 2 * BLOCK_BYTES);
+}
+
+#[test]
 fn every_flipped_bit_of_a_checksum_entry_is_a_corrupt_block_never_zeros() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();

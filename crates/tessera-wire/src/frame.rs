@@ -16,8 +16,10 @@ use serde::{de::DeserializeOwned, Serialize};
 /// Version 9: directories have modification times (`NamespaceRequest::TouchDir`, `modified`
 /// in `NamespaceEntry::Dir`). Version 10: access and change times (`NamespaceRequest::SetTimes`,
 /// `times` in `NamespaceEntry`). Version 11: a client's sync restates the size its writes
-/// gave a file (`ManagerRequest::SyncFile`).
-pub const PROTOCOL_VERSION: u8 = 11;
+/// gave a file (`ManagerRequest::SyncFile`). Version 12: a file's stored bytes past a point
+/// are discarded in one request per column and region (`StorageRequest::Discard`), so that
+/// truncating a file costs no write of zeros.
+pub const PROTOCOL_VERSION: u8 = 12;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.

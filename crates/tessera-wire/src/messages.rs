@@ -354,6 +354,39 @@ pub enum StorageRequest {
         /// Files fenced for it.
         files: Vec<FileId>,
     },
+    /// Discard everything stored in `region` of `file` from byte `from` on (a multiple of
+    /// 4 KiB), and for the data file the primary overflow entries from there on: it reads as
+    /// zeros after. Blocks a snapshot of the file still reads are copied first. Refused with
+    /// [`StorageError::WritesInFlight`] while an intent record of the file is unresolved here
+    /// (the caller then writes zeros, which resolves it), and with
+    /// [`StorageError::NotFenced`] unless the caller's fence of the file stands here
+    /// ([`StorageRequest::SnapshotFence`] with epoch `fence`): no write of the file is then
+    /// in flight, so no read-modify-write can mix discarded and kept bytes into its parity.
+    /// Protocol version 12.
+    Discard {
+        /// File.
+        file: FileId,
+        /// Data or redundancy file.
+        region: Region,
+        /// First byte discarded.
+        from: u64,
+        /// The epoch of the caller's fence of the file.
+        fence: u64,
+    },
+    /// [`StorageRequest::RecordStale`] for a discard: parity of `stripes` (those whose parity
+    /// this server holds) may not match their data from now on, because the caller, under
+    /// its fence `fence` of the file, is about to discard them column by column. Taken while
+    /// the fence stands (a plain `RecordStale` is refused then), and refused with
+    /// [`StorageError::NotFenced`] unless it stands. A caller that dies part-way leaves the
+    /// record to be orphaned and resolved like a torn full-stripe write's. Protocol version 12.
+    RecordDiscard {
+        /// File.
+        file: FileId,
+        /// Stripes about to be discarded.
+        stripes: IndexRange,
+        /// The epoch of the caller's fence of the file.
+        fence: u64,
+    },
 }
 
 /// How long a [`StorageRequest::SnapshotFence`] stands at a server unless released, in

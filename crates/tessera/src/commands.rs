@@ -473,6 +473,17 @@ pub async fn rm(config: &Config, remote: &str) -> Result<()> {
     Ok(())
 }
 
+pub async fn truncate(config: &Config, remote: &str, size: &str) -> Result<()> {
+    let size = parse_bytes(size)?;
+    let client = connect(config)?;
+    let file = client.open(remote).await?;
+    client
+        .truncate(&file, size)
+        .await
+        .with_context(|| format!("truncate {remote} to {size} bytes"))?;
+    Ok(())
+}
+
 pub async fn stat(config: &Config, remote: &str, json: bool) -> Result<()> {
     let client = connect(config)?;
     let stat = client.stat(remote).await?;

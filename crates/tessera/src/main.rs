@@ -169,6 +169,9 @@ enum Command {
     },
     /// Remove a stored file.
     Rm { remote: String },
+    /// Cut or extend a stored file to SIZE bytes (e.g. 0, 1M); bytes past a smaller size read
+    /// as zeros if it grows again. What is cut is discarded at the servers, not overwritten.
+    Truncate { remote: String, size: String },
     /// Show a file's layout, size and stored bytes.
     Stat {
         remote: String,
@@ -876,6 +879,7 @@ async fn run(cli: Cli) -> Result<()> {
             commands::ls(config, prefix.as_deref().unwrap_or(""), json).await
         }
         Command::Rm { remote } => commands::rm(config, &remote).await,
+        Command::Truncate { remote, size } => commands::truncate(config, &remote, &size).await,
         Command::Stat { remote, json } => commands::stat(config, &remote, json).await,
         Command::Status { json } => commands::status(config, json).await,
         Command::Top { interval, count } => {

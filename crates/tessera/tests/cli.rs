@@ -854,6 +854,63 @@ fn stopped_servers_give_exact_bytes_or_a_clean_error() {
     }
 }
 
+/// `truncate` cuts every scheme's files but Hybrid's without writing zeros over what it cuts
+/// (what is stored shrinks), leaves parity and mirrors consistent (a scrub repairs nothing, a read
+/// with a server stopped gives the same bytes), and shows zeros when a file grows again.
+/// With a server down it zeroes instead, and the server is rebuilt to match.
+#[test]
+fn truncation_discards_what_it_cuts_and_keeps_redundancy() {
+    let c = Cluster::start(SERVERS);
+    let mut rng = seeded("truncation_discards_what_it_cuts_and_keeps_redundancy");
+    let len = 32 * STRIPE_UNIT_BYTES + 777;
+    let cut = 300_001;
+    let mut files = Vec::new();
+    for scheme in SCHEMES {
+        let remote = format!("cut/{scheme}");
+        let mut data = random_bytes(&mut rng, len);
+        c.put(&remote, &data, scheme);
+        // Partial-stripe writes on both sides of the cut: Hybrid overflow entries.
+        for at in [cut - 10_000, cut + 400_000] {
+            let patch = random_bytes(&mut rng, 5000);
+            c.write(&remote, at, &patch);
+            data[at..at + 5000].copy_from_slice(&patch);
+        }
+        let stored = |c: &Cluster| c.stat(&remote)["stored_bytes"].as_u64().expect("stored");
+        let before = stored(&c);
+        c.ok(&["truncate", &remote, &cut.to_string()]);
+        assert_bytes(&c.get(&remote), &data[..cut], &format!("{remote} cut"));
+        let after = stored(&c);
+        // Hybrid files are still cut by writing zeros (`tessera-client`'s `truncate` module).
+        assert!(
+            scheme == "hybrid" || after < before / 3,
+            "{remote}: {after} bytes stored after the cut, {before} before"
+        );
+        c.ok(&["truncate", &remote, &len.to_string()]);
+        data[cut..].fill(0);
+        assert_bytes(&c.get(&remote), &data, &format!("{remote} grown again"));
+        files.push((remote, data));
+    }
+    assert_eq!(repairs(&c.ok(&["scrub"])), [0, 0, 0], "nothing to repair");
+    c.server("stop", 2);
+    for (remote, data) in files.iter().filter(|(r, _)| !r.ends_with("raid0")) {
+        assert_bytes(&c.get(remote), data, &format!("{remote}, server 2 down"));
+    }
+    // Down, the discard cannot reach server 2: zeros are written, and it owes them.
+    let (remote, data) = &files[3];
+    c.ok(&["truncate", remote, "100000"]);
+    assert_bytes(&c.get(remote), &data[..100_000], "cut with a server down");
+    c.server("start", 2);
+    c.ok(&["rebuild", "2"]);
+    c.server("stop", 4);
+    assert_bytes(&c.get(remote), &data[..100_000], "server 2 rebuilt, 4 down");
+    c.server("start", 4);
+
+    let line = c.fails_with_one_line(&["truncate", "cut/none", "0"]);
+    assert_mentions(&line, &["cut/none"]);
+    let line = c.fails_with_one_line(&["truncate", remote, "12Q"]);
+    assert_mentions(&line, &["bad size"]);
+}
+
 /// Test 6: a server whose disk was wiped comes back stale, is rebuilt, and then its contents
 /// alone (with another server stopped) give back every byte.
 #[test]

@@ -745,6 +745,60 @@ fn an_o_trunc_open_over_a_written_file_writes_no_zeros() {
     assert!(stored < 4 << 20, "{stored} bytes stored for 3 written");
 }
 
+/// Truncations through a handle held open (`ftruncate`) of a dense file write no zeros over
+/// what they cut: the stripes past the new end are discarded at the servers, so what is
+/// stored shrinks with the file, and growing it again shows zeros.
+#[test]
+fn a_truncation_through_a_held_handle_discards_what_it_cuts() {
+    let m = Mounted::start();
+    let path = m.path("dense");
+    let local = tempfile::NamedTempFile::new().unwrap();
+    let old: Vec<u8> = (0..32u32 << 20).map(|i| (i ^ (i >> 13)) as u8).collect();
+    std::fs::write(local.path(), &old).unwrap();
+    // RAID-5: Hybrid files are still truncated by writing zeros (`tessera-client`'s
+    // `truncate` module says why).
+    ok(m.cli(&["put", text(local.path()), "dense", "--scheme", "raid5"]));
+    let stored = || -> u64 {
+        let stat: serde_json::Value =
+            serde_json::from_str(&ok(m.cli(&["stat", "dense", "--json"]))).unwrap();
+        stat["stored_bytes"].as_u64().unwrap()
+    };
+    let before = stored();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let cut = (5 << 20) + 123;
+    file.set_len(cut).unwrap();
+    file.sync_all().unwrap();
+    let after = stored();
+    assert!(
+        after < before / 4,
+        "{after} bytes stored after cutting to {cut}, {before} before"
+    );
+    file.set_len(old.len() as u64).unwrap();
+    let back = std::fs::read(&path).unwrap();
+    assert_eq!(back.len(), old.len());
+    assert!(
+        back[..cut as usize] == old[..cut as usize],
+        "kept bytes changed"
+    );
+    assert!(
+        back[cut as usize..].iter().all(|&b| b == 0),
+        "old bytes showed again"
+    );
+    file.set_len(0).unwrap();
+    file.sync_all().unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+    let emptied = stored();
+    assert!(
+        emptied < 64 << 10,
+        "{emptied} bytes stored for an empty file"
+    );
+    drop(file);
+}
+
 /// A seeded generator for the fsx run (xorshift: the run replays from its seed alone).
 struct Dice(u64);
 
