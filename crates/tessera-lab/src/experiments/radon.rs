@@ -41,6 +41,14 @@ pub const ADMISSION_PAYLOAD_BYTES_PER_FRAME: u64 = 1412;
 pub const RESERVABLE_SHARE: f64 = 0.9;
 /// How often the port's queue is sampled.
 const QUEUE_SAMPLE_EVERY: Duration = Duration::from_millis(10);
+/// The bulk writer's ledger period at most, µs: its chunks are a quarter of a period's
+/// budget at the whole port's rate and the client keeps three in flight, all queued in its
+/// one session. With the full run's 1 s period that was 17.7 MB, more than four seconds of
+/// what the reservations leave it, and the requests at the back of the queue passed the
+/// client's 5 s request timeout: every full run since session 6 lost its bulk writer
+/// ("server 1 unavailable"). At 100 ms, 1.8 MB, under half a second. Its deadlines are not
+/// judged; it still writes as fast as the port lets it.
+const BULK_PERIOD_US_MAX: u64 = 100_000;
 /// Streams ask the manager for admission this far apart, stream 1 first, so that which ones
 /// do not fit is the same in every run.
 const ADMISSION_STAGGER_US: u64 = 50_000;
@@ -487,7 +495,11 @@ fn jobs(
                 ),
                 bytes: plan.bytes,
                 rate_bytes_per_s: plan.rate_bytes_per_s,
-                period_us: config.period_us,
+                period_us: if plan.bulk {
+                    config.period_us.min(BULK_PERIOD_US_MAX)
+                } else {
+                    config.period_us
+                },
                 pacing: line.pacing(),
                 best_effort: plan.bulk,
                 link_bytes_per_s: lab.link.rate.bits_per_s / 8,
