@@ -61,12 +61,19 @@ impl Node {
             }
         } else if id.seq < next {
             self.stats.duplicates += 1;
-        } else if self.receive.pause.is_some() {
+        } else if let Some(pause) = self.receive.pause {
             if self.hold(id, message) {
                 if id.seq > next {
                     self.nack_gap(id.sender, now);
                 }
-                self.resume_if_settled(now);
+                // A pause for the leader's conflicting ACK (within our log, which the
+                // leader's fixed log then contradicts at every longer ACK) ends by its
+                // order, a leader ACK (checked as it arrives) or the timeout, not by an
+                // arrival: checking it here cost a sort and a hash chain over everything
+                // held at every arrival, quadratic in a pause.
+                if pause.conflict.is_none() {
+                    self.resume_if_settled(now);
+                }
             }
         } else if id.seq == next {
             let arrival = self.next_arrival();
