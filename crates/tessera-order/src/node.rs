@@ -57,6 +57,9 @@ pub struct Stats {
     pub pauses: u64,
     /// Pauses that ended by their timeout (what was held appended in arrival order).
     pub pauses_timed_out: u64,
+    /// Times a paused member compared everything it held, in the order it would append
+    /// it, with the leader's ACKs (each a sort and a hash chain over what is held).
+    pub pause_checks: u64,
     /// ENTRIES entries without bytes whose message this member did not hold after all
     /// (asked of its sender instead).
     pub repair_bytes_missing: u64,

@@ -237,6 +237,10 @@ pub struct NetworkStats {
     pub view_changes: u64,
     /// Bytes that crossed the sequencer link, by packet kind (index: the kind byte).
     pub trunk_bytes_by_kind: [u64; 8],
+    /// Packets that crossed the sequencer link, by packet kind (as `trunk_bytes_by_kind`;
+    /// kinds past 7 count at 7). Each is one datagram at every receiver: a proxy of the
+    /// CPU the lab spends, which the simulated time does not count.
+    pub trunk_packets_by_kind: [u64; 8],
     /// Time the sequencer link spent serializing packets, nanoseconds.
     pub trunk_busy_ns: u64,
     /// Packets longer than one UDP datagram ([`DATAGRAM_BYTES_MAX`]), dropped as a UDP
@@ -840,6 +844,7 @@ impl<'a> Sim<'a> {
         self.trunk_free_ns = self.trunk_free_ns.max(at_switch_ns) + serialize_ns;
         let kind = usize::from(transmit.contents.get(3).copied().unwrap_or(0)).min(7);
         self.stats.trunk_bytes_by_kind[kind] += transmit.contents.len() as u64;
+        self.stats.trunk_packets_by_kind[kind] += 1;
         self.stats.trunk_busy_ns += serialize_ns as u64;
         if self.rng.gen_bool(faults.loss_trunk) {
             self.stats.lost += 1;

@@ -67,7 +67,10 @@ impl Node {
         let Some(pause) = self.receive.pause else {
             return;
         };
-        if !self.gaps_filled() {
+        // A leader's ACK past our log contradicted what we would append: no ACK of the
+        // leader (whose log is fixed in a view) can agree now; its order or the timeout
+        // ends the pause.
+        if pause.conflict == Some(u64::MAX) || !self.gaps_filled() {
             return;
         }
         if self.leader() == self.id {
@@ -75,6 +78,7 @@ impl Node {
             return;
         }
         let leader = self.leader();
+        self.stats.pause_checks += 1;
         match self.agreement(leader, &self.replay_order(), pause.conflict.unwrap_or(0)) {
             Some(false) => self.pause(Some(u64::MAX), now),
             Some(true) => self.resume(now),

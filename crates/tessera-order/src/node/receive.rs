@@ -61,12 +61,19 @@ impl Node {
             }
         } else if id.seq < next {
             self.stats.duplicates += 1;
-        } else if self.receive.pause.is_some() {
+        } else if let Some(pause) = self.receive.pause {
             if self.hold(id, message) {
                 if id.seq > next {
                     self.nack_gap(id.sender, now);
                 }
-                self.resume_if_settled(now);
+                // A pause for the leader's conflicting ACK (within our log, which the
+                // leader's fixed log then contradicts at every longer ACK) ends by its
+                // order, a leader ACK (checked as it arrives) or the timeout, not by an
+                // arrival: checking it here cost a sort and a hash chain over everything
+                // held at every arrival, quadratic in a pause.
+                if pause.conflict.is_none() {
+                    self.resume_if_settled(now);
+                }
             }
         } else if id.seq == next {
             let arrival = self.next_arrival();
@@ -515,6 +522,16 @@ impl Node {
         let Some(held) = self.receive.pending.get(&sender) else {
             return count;
         };
+        // Most often what is held is one run without a hole from `count` (a pause holds
+        // every arrival): known from its ends and length without a walk over it, which
+        // every ACK we send or receive would otherwise take.
+        if let (Some((&first, _)), Some((&last, _))) =
+            (held.first_key_value(), held.last_key_value())
+        {
+            if first == count && last - first + 1 == held.len() as u64 {
+                return last + 1;
+            }
+        }
         let mut next = count;
         for (&seq, _) in held.range(count..) {
             if seq != next {

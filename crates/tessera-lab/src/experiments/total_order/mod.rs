@@ -244,8 +244,9 @@ pub fn run(
         &report,
         &table(&report),
         &format!(
-            "{}{}\n\nThroughput, and latency at {:.0}% load:",
+            "{}{}{}\n\nThroughput, and latency at {:.0}% load:",
             preamble(&report, config),
+            targets_markdown(&report, config.latency_load),
             curve_markdown(&report),
             config.latency_load * 100.0
         ),
@@ -406,9 +407,12 @@ fn table(report: &TotalOrderReport) -> Table {
         "CPU busy %, throughput / latency run",
         "nodes' CPU %, throughput / latency run",
         "core-s per million msgs",
+        "PO / RTT",
+        "UTO / (2 RTT + 100 us)",
     ]);
     for line in &report.lines {
         let (t, l) = (&line.throughput, &line.latency);
+        let (po, uto) = latency_against_targets(l, report.rtt_us_median);
         table.push(vec![
             Cell::Int(t.message_bytes as i64),
             Cell::text(packing_name(t.mtu_bytes)),
@@ -436,9 +440,56 @@ fn table(report: &TotalOrderReport) -> Table {
                 l.process_cpu_share * 100.0
             )),
             Cell::float(load::core_seconds_per_million(t), 2),
+            Cell::float(po, 2),
+            Cell::float(uto, 2),
         ]);
     }
     table
+}
+
+/// The latency run's medians against issue 16's targets at 10% load, as ratios (<= 1: met):
+/// PO within one round trip, UTO within two round trips and 100 us; `rtt_us` the measured
+/// round trip through the switches. NaN where either is unknown.
+pub fn latency_against_targets(latency: &OrderRun, rtt_us: f64) -> (f64, f64) {
+    (
+        latency.po_latency_us_median / rtt_us,
+        latency.uto_latency_us_median / (2.0 * rtt_us + 100.0),
+    )
+}
+
+/// One sentence per line on the latency targets, against the back-to-back and the paced
+/// round trip.
+fn targets_markdown(report: &TotalOrderReport, latency_load: f64) -> String {
+    let verdict = |ratio: f64| match ratio {
+        r if r.is_nan() => "not measured",
+        r if r <= 1.0 => "met",
+        _ => "not met",
+    };
+    let mut text = format!(
+        "\n\nLatency targets at {:.0}% load (issue 16: PO median <= 1 round trip, UTO median \
+         <= 2 round trips + 100 us), against the round trip back to back ({:.0} us; the \
+         verdict) and paced ({:.0} us, one a millisecond, as the CPUs are in a paced run):",
+        latency_load * 100.0,
+        report.rtt_us_median,
+        report.paced_rtt_us_median
+    );
+    for line in &report.lines {
+        let l = &line.latency;
+        let (po, uto) = latency_against_targets(l, report.rtt_us_median);
+        let (po_paced, uto_paced) = latency_against_targets(l, report.paced_rtt_us_median);
+        text.push_str(&format!(
+            "\n- {} B, packing {}: PO {} us = {po:.1} round trips ({:.1} paced), {}; UTO {} \
+             us = {uto:.2} of the bound ({uto_paced:.2} paced), {}.",
+            l.message_bytes,
+            packing_name(l.mtu_bytes),
+            load::latency_text(l.po_latency_us_median),
+            po_paced,
+            verdict(po),
+            load::latency_text(l.uto_latency_us_median),
+            verdict(uto),
+        ));
+    }
+    text
 }
 
 fn preamble(report: &TotalOrderReport, config: &TotalOrderConfig) -> String {

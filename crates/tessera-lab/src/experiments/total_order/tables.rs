@@ -224,6 +224,13 @@ pub(super) fn loss_table(
             throughput.retransmitted,
             throughput.positions_replaced,
         ));
+        lab.say(&format!(
+            "  {}; nodes' CPU {:.1} core-s per million delivered",
+            throughput
+                .work
+                .per_message(throughput.delivered_total, throughput.positions_replaced),
+            load::process_core_seconds_per_million(&throughput),
+        ));
         rows.push(LossRow {
             point: *point,
             throughput,
@@ -279,9 +286,13 @@ fn loss_rows(report: &LossReport) -> Table {
         "retransmitted",
         "positions replaced",
         "view changes",
+        "pauses",
+        "datagrams received per msg",
+        "nodes' core-s per million msgs",
     ]);
     for row in &report.rows {
         let (t, l) = (&row.throughput, &row.latency);
+        let received = t.work.datagrams_received as f64 / t.delivered_total.max(1) as f64;
         table.push(vec![
             Cell::text(row.point.name()),
             Cell::float(t.messages_per_s, 0),
@@ -294,6 +305,9 @@ fn loss_rows(report: &LossReport) -> Table {
             Cell::Int((t.retransmitted + l.retransmitted) as i64),
             Cell::Int((t.positions_replaced + l.positions_replaced) as i64),
             Cell::Int((t.view_changes + l.view_changes) as i64),
+            Cell::Int(t.work.pauses as i64),
+            Cell::float(received, 3),
+            Cell::float(load::process_core_seconds_per_million(t), 1),
         ]);
     }
     table
@@ -317,6 +331,9 @@ fn loss_preamble(report: &LossReport, config: &TotalOrderConfig) -> String {
          of those it receives (\"receivers\": each misses its own), every kind of datagram \
          alike; with packing a datagram holds many messages. Throughput closed-loop over {} \
          s, latency at {:.0}% of each row's throughput over {} s. The no-loss row was {}. \
+         Pauses: times a receiver stopped appending after it learnt of a loss; datagrams \
+         received and the nodes' CPU (this process's core-seconds: drivers, applications and \
+         the kernel work charged to them) per message UTO-delivered, of the throughput run. \
          Every receiver's order agreed. Took {:.0} s.{}",
         testbed_markdown(&report.testbed),
         report.nodes,
