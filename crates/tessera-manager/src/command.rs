@@ -236,15 +236,20 @@ fn replicated_form(mut answer: ManagerResponse) -> ManagerResponse {
     answer
 }
 
-/// What a replica's local reads see while its applier syncs a batch (`replica.rs`'s module
-/// doc says why): the store as it stood before the batch, durable, pinned by a read
-/// transaction from [`Manager::begin_batch`] until [`Manager::batch_synced`]. Commits
-/// applied meanwhile are visible to every other read of the store (the apply path must see
-/// what it changed), so the pinned transaction is used only while a local read is answered.
+/// What a replica's local reads see while its applier applies and syncs batches
+/// (`replica.rs`'s module doc says why): the store as it stood when it was last durable,
+/// pinned by a read transaction from [`Manager::begin_batch`] until no batch is being
+/// applied or waits for its sync ([`Manager::batches_synced`] moves it forward to what a
+/// sync covered while later batches are still unsynced). Commits applied meanwhile are
+/// visible to every other read of the store (the apply path must see what it changed), so
+/// the pinned transaction is used only while a local read is answered.
 #[derive(Default)]
 pub(crate) struct DurableReads {
-    /// The store before the batch being applied or synced, if one is.
+    /// The store as it stood when it was last durable, while a batch is being applied or
+    /// waits for its sync.
     pinned: Option<Arc<redb::ReadTransaction>>,
+    /// Batches begun and not yet synced (or finished owing no sync).
+    unsynced: usize,
     /// Set while [`Manager::answer_read`] answers.
     answering: bool,
 }
@@ -254,7 +259,23 @@ impl DurableReads {
     pub(crate) fn pinned(&self) -> bool {
         self.answering && self.pinned.is_some()
     }
+
+    /// `count` batches are durable, or finished owing no sync, with the store `covered`
+    /// durable: unpinned if no other batch is being applied or synced, else pinned at
+    /// `covered` if given.
+    fn done(&mut self, count: usize, covered: Option<Arc<redb::ReadTransaction>>) {
+        // Fewer only after a batch was abandoned (the replica stops, and reads no more).
+        self.unsynced = self.unsynced.saturating_sub(count);
+        if self.unsynced == 0 {
+            self.pinned = None;
+        } else if let Some(covered) = covered {
+            self.pinned = Some(covered);
+        }
+    }
 }
+
+/// How a sync went ([`BatchSync::run_covering`]), and the store it made durable.
+pub type Synced = (Result<(), ManagerError>, Option<Arc<redb::ReadTransaction>>);
 
 /// The one sync a batch owes ([`Manager::finish_batch`]): a durable empty commit, which makes
 /// every commit of the batch durable. It needs only the database, so a replica runs it
@@ -267,6 +288,13 @@ pub struct BatchSync {
 }
 
 impl BatchSync {
+    /// Syncs the store (an fsync), and returns the store as it stood just before (what the
+    /// sync made durable, for [`Manager::batches_synced`]; `None` if it could not be read).
+    pub fn run_covering(self) -> Synced {
+        let covered = self.db.begin_read().ok().map(Arc::new);
+        (self.run(), covered)
+    }
+
     /// Syncs the store (an fsync).
     pub fn run(self) -> Result<(), ManagerError> {
         let failed = |error: &dyn std::fmt::Display| ManagerError::Store(error.to_string());
@@ -333,14 +361,19 @@ impl Manager {
     /// Begins applying a delivered batch: from now until [`Manager::end_batch`] (or
     /// [`Manager::finish_batch`]), commits are not synced one by one, and local reads
     /// ([`Manager::answer_read`]) see the store as it stands now, durable (every earlier
-    /// batch was synced), until the batch's sync ends. An error says the store failed.
+    /// batch was synced), until the batch's sync ends; if an earlier batch still waits for
+    /// its sync, they go on seeing what they saw (the store before that one). An error says
+    /// the store failed.
     pub fn begin_batch(&mut self) -> Result<(), ManagerError> {
         self.sync_deferred = true;
         self.sync_owed = false;
-        let pinned = self.db.begin_read().map_err(|error| {
-            ManagerError::Store(format!("a read of the store before the batch: {error}"))
-        })?;
-        self.durable_reads.pinned = Some(Arc::new(pinned));
+        if self.durable_reads.pinned.is_none() {
+            let pinned = self.db.begin_read().map_err(|error| {
+                ManagerError::Store(format!("a read of the store before the batch: {error}"))
+            })?;
+            self.durable_reads.pinned = Some(Arc::new(pinned));
+        }
+        self.durable_reads.unsynced += 1;
         Ok(())
     }
 
@@ -367,7 +400,7 @@ impl Manager {
     pub fn finish_batch(&mut self) -> Result<Option<BatchSync>, ManagerError> {
         self.sync_deferred = false;
         if !std::mem::take(&mut self.sync_owed) {
-            self.durable_reads.pinned = None;
+            self.durable_reads.done(1, None);
             return Ok(None);
         }
         self.check_store()?;
@@ -378,11 +411,30 @@ impl Manager {
         }))
     }
 
-    /// The batch's sync ran, with `synced`: local reads see the store as it stands now.
+    /// The batch's sync ran, with `synced`: local reads see the store as it stands now (if
+    /// no later batch is being applied or synced).
     pub fn batch_synced(&mut self, synced: Result<(), ManagerError>) -> Result<(), ManagerError> {
-        self.durable_reads.pinned = None;
-        if synced.is_ok() {
-            self.synced_commits += 1;
+        self.batches_synced(1, synced, None)
+    }
+
+    /// One sync ran, with `synced`, for `count` batches that owed one (applied one after
+    /// another, the sync after the last; a durable commit makes every earlier commit
+    /// durable), and made the store `covered` durable (as it stood when the sync began). Local
+    /// reads see the store as it stands now if no later batch is being applied or waits for
+    /// its sync, else `covered` (a later pin than before, never an earlier one).
+    pub fn batches_synced(
+        &mut self,
+        count: usize,
+        synced: Result<(), ManagerError>,
+        covered: Option<Arc<redb::ReadTransaction>>,
+    ) -> Result<(), ManagerError> {
+        match synced {
+            Ok(()) => {
+                self.durable_reads.done(count, covered);
+                self.synced_commits += 1;
+            }
+            // The replica stops: nothing is read locally any more.
+            Err(_) => self.abandon_batch(),
         }
         synced
     }
@@ -393,6 +445,7 @@ impl Manager {
         self.sync_deferred = false;
         self.sync_owed = false;
         self.durable_reads.pinned = None;
+        self.durable_reads.unsynced = 0;
     }
 
     /// A read transaction for a request that only reads: the store as it stood before the

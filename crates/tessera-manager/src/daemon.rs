@@ -12,6 +12,7 @@
 
 use crate::metrics::ManagerMetrics;
 use crate::replica::{Replica, ReplicaConfig};
+use crate::replica_core::{StageClock, StageTimes, SINGLE_STAGES};
 use crate::{refuse_without_store, Manager, ManagerConfig, ManagerOpenError};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -118,9 +119,29 @@ pub struct RunningManager {
     /// Its replica, if it is one of several.
     replica: Option<Arc<Replica>>,
     metrics: Arc<ManagerMetrics>,
+    /// A single manager's stages ([`SINGLE_STAGES`]); a replica keeps its own.
+    stages: Arc<StageClock>,
 }
 
 impl RunningManager {
+    /// Commits of its store synced so far (a replica's batch syncs, a single manager's
+    /// durable commits).
+    pub fn synced_commits(&self) -> u64 {
+        match &*self.manager.lock().unwrap() {
+            Served::Running(manager) => manager.synced_commits(),
+            Served::NoStore(_) => 0,
+        }
+    }
+
+    /// Where the time of its requests went so far: a replica's ordered requests
+    /// ([`crate::replica_core::REPLICA_STAGES`]), or a single manager's requests.
+    pub fn stage_times(&self) -> StageTimes {
+        match &self.replica {
+            Some(replica) => replica.stage_times(),
+            None => self.stages.times(),
+        }
+    }
+
     /// A handle on its metrics, for a scrape endpoint.
     pub fn metrics(&self) -> MetricsHandle {
         MetricsHandle {
@@ -206,6 +227,17 @@ struct ManagerHandler {
     metrics: Arc<ManagerMetrics>,
     /// Requests a single manager handled, for its counters' log (see [`log_counters`]).
     handled: Arc<AtomicU64>,
+    /// Where a single manager's time went ([`SINGLE_STAGES`]).
+    stages: Arc<StageClock>,
+}
+
+/// Indexes of [`SINGLE_STAGES`].
+mod stage {
+    pub const QUEUE: usize = 0;
+    pub const LOCK: usize = 1;
+    pub const HANDLE: usize = 2;
+    pub const WAKE: usize = 3;
+    pub const TOTAL: usize = 4;
 }
 
 impl FrameHandler for ManagerHandler {
@@ -290,10 +322,14 @@ impl ManagerHandler {
             return self.replicated(replica.clone(), connection, claim, request);
         }
         let (manager, handled) = (self.manager.clone(), self.handled.clone());
+        let (stages, began) = (self.stages.clone(), Instant::now());
         Box::pin(async move {
             // Mutations commit to the store (an fsync): keep them off the async workers.
-            let response = tokio::task::spawn_blocking(move || {
+            let timing = stages.clone();
+            let (response, answered) = tokio::task::spawn_blocking(move || {
+                let running = Instant::now();
                 let mut manager = manager.lock().unwrap();
+                let locked = Instant::now();
                 let response = match claim {
                     // A key revoked while its connection was open is refused from then on.
                     Claim::Client(id) if manager.access_key(id).is_none() => {
@@ -301,11 +337,16 @@ impl ManagerHandler {
                     }
                     _ => manager.handle(request, Instant::now()),
                 };
-                log_counters(&handled, &manager);
-                response
+                timing.add(stage::QUEUE, running - began);
+                timing.add(stage::LOCK, locked - running);
+                timing.add(stage::HANDLE, locked.elapsed());
+                log_counters(&handled, &manager, &timing);
+                (response, Instant::now())
             })
             .await
             .ok()?;
+            stages.add(stage::WAKE, answered.elapsed());
+            stages.add(stage::TOTAL, began.elapsed());
             Some((Bytes::from(encode_message(&response)), Bytes::new()))
         })
     }
@@ -380,19 +421,39 @@ impl ManagerHandler {
 }
 
 /// Counts one request a single manager handled and logs, every [`COUNTERS_EVERY`] of them,
-/// how many it handled and how many commits of `served`'s store synced (target
-/// `tessera_manager::counters`, at debug: the throughput measurement reads it).
-fn log_counters(handled: &AtomicU64, served: &Served) {
+/// how many it handled, how many commits of `served`'s store synced, the process's CPU time
+/// and the mean time of each of `stages` (target `tessera_manager::counters`, at debug: the
+/// throughput measurement reads it).
+fn log_counters(handled: &AtomicU64, served: &Served, stages: &StageClock) {
     let handled = handled.fetch_add(1, Ordering::Relaxed) + 1;
     if handled.is_multiple_of(COUNTERS_EVERY) {
         if let Served::Running(manager) = served {
             tracing::debug!(
                 target: "tessera_manager::counters",
-                "manager: requests {handled} synced_commits {}",
-                manager.synced_commits()
+                "manager: requests {handled} synced_commits {} cpu_ms {} mean_us({})",
+                manager.synced_commits(),
+                process_cpu_ms(),
+                stages.times(),
             );
         }
     }
+}
+
+/// CPU time (user and system) this process used so far, in milliseconds, from
+/// `/proc/self/stat` (0 where there is none): the throughput measurement divides it by the
+/// operations done.
+pub fn process_cpu_ms() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name (in parentheses, which may hold spaces): utime and
+    // stime are the 12th and 13th, in clock ticks of 10 ms (USER_HZ is 100 on Linux).
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|field| field.parse::<u64>().ok())
+        .sum();
+    ticks * 10
 }
 
 /// A read at a replica: answered from its own store if `connection` is synced, else ordered
@@ -540,6 +601,7 @@ async fn start_with(
         }
     });
     let metrics = Arc::new(ManagerMetrics::default());
+    let stages = Arc::new(StageClock::new(&SINGLE_STAGES));
     let serve = tokio::spawn(serve_tcp_limited(
         listener,
         Arc::new(ManagerHandler {
@@ -551,6 +613,7 @@ async fn start_with(
             claims: Mutex::new(HashMap::new()),
             metrics: metrics.clone(),
             handled: Arc::default(),
+            stages: stages.clone(),
         }),
         limits,
     ));
@@ -561,6 +624,7 @@ async fn start_with(
         ticker,
         replica,
         metrics,
+        stages,
     })
 }
 

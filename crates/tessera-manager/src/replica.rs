@@ -16,34 +16,39 @@
 //! hands the answer back to the waiting request: a request is answered only once it is
 //! ordered, applied and committed here. The applier takes every delivery waiting for it as
 //! one batch (at most [`BATCH_DELIVERIES_MAX`]): it applies them all without syncing the
-//! store, then syncs once, and only then answers; a batch that fails is neither synced nor
-//! answered (the replica stops).
+//! store, then syncs once ([`crate::command::BatchSync`], an empty durable commit: it makes
+//! every earlier commit durable), and only then answers; a batch that fails is neither
+//! synced nor answered (the replica stops). The order reports each message twice, as a
+//! preliminary delivery and then in UTO order; the preliminary ones change nothing here and
+//! do not end a batch.
 //!
 //! **The lock and the sync.** The applier holds the manager's lock (and the core's) while
-//! it applies a batch, not while it syncs it: the sync ([`crate::command::BatchSync`], an
-//! empty durable commit that makes the batch's commits durable) needs only the database.
-//! So requests are decided ([`Manager::decide`](crate::Manager::decide): placement, a new
-//! key's seed), their access keys checked and proposed, and reads answered locally, while
-//! a batch syncs; the request path takes these locks on tokio workers, and holds them for
-//! an apply at most, never for an fsync.
+//! it applies a batch, not while it syncs it (the sync needs only the database). So
+//! requests are decided ([`Manager::decide`](crate::Manager::decide): placement, a new
+//! key's seed), their access keys checked and proposed, and reads answered locally between
+//! batches and while they sync; the request path takes these locks on tokio workers, and
+//! holds them for an apply at most, never for an fsync.
 //!
-//! **Reads while a batch syncs.** The batch's commits are in the store (redb shows a
-//! commit made without sync to every later transaction), but on this replica's disk only
-//! once the sync ends. A local read must not see them before: if every replica crashed at
+//! **Reads while batches sync.** A batch's commits are in the store (redb shows a commit
+//! made without sync to every later transaction), but on this replica's disk only once a
+//! sync after them ends. A local read must not see them before: if every replica crashed at
 //! once before any synced the batch (a power cut), the group would start again from the
 //! most advanced store (see Starting), which lacks them, and undo what a client had read,
 //! though nobody had acknowledged it. So a read answered locally sees the store as it stood
-//! before the batch: [`Manager::begin_batch`](crate::Manager::begin_batch) pins a read
-//! transaction there, and local reads use it until the sync ended
-//! ([`Manager::batch_synced`](crate::Manager::batch_synced)). That state is durable here:
-//! the applier is one thread and syncs each batch before it begins the next. The only
-//! commits in it made without sync are those that asked for none: a grow-only `SetSize`
-//! (which a single manager too commits without sync, and a crash may undo, by design: the
-//! client's `SyncFile` restates the size) and the `once` records of ordered reads (which
-//! no local read looks at). Reads lose nothing they were promised: a synced connection's
-//! ordered request was answered after its batch's sync, so that batch is in every later
-//! pinned state (read-your-writes holds), and a pinned state is never older than one a
-//! read saw before (the pin moves forward only, batch after batch). What a read takes from
+//! when it was last durable: [`Manager::begin_batch`](crate::Manager::begin_batch) pins a
+//! read transaction when a batch begins with nothing unsynced, and local reads use it while
+//! any batch is being applied or waits for its sync; a sync that ends while later batches
+//! are still unsynced moves the pin to the store as it stood when that sync began
+//! ([`Manager::batches_synced`](crate::Manager::batches_synced): everything in it was
+//! committed before the durable commit), and the pin goes once nothing is unsynced. The
+//! only commits in a pinned state made without sync are those that asked for none: a
+//! grow-only `SetSize` (which a single manager too commits without sync, and a crash may
+//! undo, by design: the client's `SyncFile` restates the size) and the `once` records of
+//! ordered reads (which no local read looks at). Reads lose nothing they were promised: a
+//! synced connection's ordered request was answered after a sync that covered its batch,
+//! and that sync moved the pin past the batch first, so the batch is in every later pinned
+//! state (read-your-writes holds), and a pinned state is never older than one a read saw
+//! before (the pin moves forward only). What a read takes from
 //! memory rather than from the store is local or advisory, as before, and may be newer than
 //! the pinned state: the servers' liveness and addresses in a file's columns (a replica's
 //! own judgement, never replicated), whether a server is known (a server asks for its
@@ -114,7 +119,7 @@
 use crate::command::{Command, OrderPosition};
 use crate::daemon::Served;
 use crate::group::ReplicaGroup;
-use crate::replica_core::{Counters, ReplicaCore};
+use crate::replica_core::{Applied, Counters, ReplicaCore, StageClock, StageTimes, REPLICA_STAGES};
 use crate::ManagerConfig;
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
@@ -206,13 +211,33 @@ pub(crate) struct Replica {
     /// moves only while the manager's lock is held (lock the manager first). Neither lock
     /// is held while a batch syncs (module doc).
     core: Mutex<ReplicaCore>,
-    waiters: Mutex<HashMap<u64, oneshot::Sender<ManagerResponse>>>,
+    waiters: Mutex<HashMap<u64, Waiter>>,
     /// Held while a copy of the store is made for a peer.
     outgoing: Mutex<()>,
     /// See [`ReplicaConfig::catch_up_piece_bytes`].
     catch_up_piece_bytes: u32,
     /// Reads answered locally or ordered, counted without the core's lock.
     reads: ReadCounts,
+    /// Where the time of the ordered requests answered here went ([`REPLICA_STAGES`]).
+    stages: StageClock,
+}
+
+/// A request waiting for the answer to its proposal: where the answer goes (with when it was
+/// sent), and when the proposal was handed to the order driver.
+struct Waiter {
+    answer: oneshot::Sender<(ManagerResponse, Instant)>,
+    proposed: Instant,
+}
+
+/// Indexes of [`REPLICA_STAGES`].
+mod stage {
+    pub const DECIDE: usize = 0;
+    pub const PROPOSE: usize = 1;
+    pub const ORDER: usize = 2;
+    pub const APPLY: usize = 3;
+    pub const SYNC: usize = 4;
+    pub const WAKE: usize = 5;
+    pub const TOTAL: usize = 6;
 }
 
 /// Reads ([`crate::command::is_read`]) a replica answered from its own store, and those it
@@ -415,6 +440,7 @@ pub(crate) async fn start(
         outgoing: Mutex::new(()),
         catch_up_piece_bytes: config.catch_up_piece_bytes,
         reads: ReadCounts::default(),
+        stages: StageClock::new(&REPLICA_STAGES),
     });
     let applier = Applier {
         replica: replica.clone(),
@@ -559,18 +585,44 @@ impl Replica {
         }
         for (_, waiter) in self.waiters.lock().unwrap().drain() {
             let refused = ManagerError::Unordered(format!("replica {} stopped: {why}", self.id));
-            let _ = waiter.send(ManagerResponse::Error(refused));
+            let _ = waiter
+                .answer
+                .send((ManagerResponse::Error(refused), Instant::now()));
         }
     }
 
-    /// Broadcasts `command`; the receiver gets the answer once this replica applied it.
+    /// Gives the order driver the address of every replica an applied `AddReplica` recorded.
+    fn tell_driver_addresses(&self) {
+        let learned = self.core.lock().unwrap().take_learned();
+        let handle = self.handle.lock().unwrap();
+        for (id, addr) in learned {
+            let (Some(handle), Ok(addr)) = (&*handle, addr.parse::<SocketAddr>()) else {
+                continue;
+            };
+            if let Err(error) = handle.set_peer(NodeId(id - 1), addr) {
+                tracing::warn!("replica {}: replica {id} at {addr}: {error}", self.id);
+            }
+        }
+    }
+
+    /// Where the time of the ordered requests answered here went, so far.
+    pub(crate) fn stage_times(&self) -> StageTimes {
+        self.stages.times()
+    }
+
+    /// Broadcasts `command`; the receiver gets the answer (and when it was sent) once this
+    /// replica applied it.
     fn propose(
         &self,
         command: Command,
-    ) -> Result<oneshot::Receiver<ManagerResponse>, ManagerError> {
+    ) -> Result<oneshot::Receiver<(ManagerResponse, Instant)>, ManagerError> {
         let (ticket, proposal) = self.core.lock().unwrap().proposal(command)?;
         let (answer, waiting) = oneshot::channel();
-        self.waiters.lock().unwrap().insert(ticket, answer);
+        let waiter = Waiter {
+            answer,
+            proposed: Instant::now(),
+        };
+        self.waiters.lock().unwrap().insert(ticket, waiter);
         let proposed = match &*self.handle.lock().unwrap() {
             Some(handle) => handle.propose(proposal),
             None => Err(tessera_order_udp::DriverError::Stopped),
@@ -588,6 +640,7 @@ impl Replica {
         served: &Arc<Mutex<Served>>,
         request: ManagerRequest,
     ) -> ManagerResponse {
+        let began = Instant::now();
         if let Some(refused) = self.refusal() {
             return ManagerResponse::Error(refused);
         }
@@ -599,14 +652,21 @@ impl Replica {
         if let Some(refused) = young {
             return ManagerResponse::Error(refused);
         }
+        let decided = Instant::now();
         let waiting = match self.propose(Command::Request { request, decision }) {
             Ok(waiting) => waiting,
             Err(error) => return ManagerResponse::Error(error),
         };
-        match tokio::time::timeout(ORDER_TIMEOUT, waiting).await {
-            Ok(Ok(answer)) => answer,
-            _ => ManagerResponse::Error(not_ordered()),
-        }
+        let proposed = Instant::now();
+        let Ok(Ok((answer, sent))) = tokio::time::timeout(ORDER_TIMEOUT, waiting).await else {
+            return ManagerResponse::Error(not_ordered());
+        };
+        let stages = &self.stages;
+        stages.add(stage::DECIDE, decided - began);
+        stages.add(stage::PROPOSE, proposed - decided);
+        stages.add(stage::WAKE, sent.elapsed());
+        stages.add(stage::TOTAL, began.elapsed());
+        answer
     }
 
     /// Adds replica `id` at `addr` to the group, or removes it (`addr` empty), and answers
@@ -642,8 +702,8 @@ impl Replica {
                 Err(error) => return ManagerResponse::Error(error),
             };
             match recorded {
-                Ok(Ok(ManagerResponse::Done)) => {}
-                Ok(Ok(other)) => return other,
+                Ok(Ok((ManagerResponse::Done, _))) => {}
+                Ok(Ok((other, _))) => return other,
                 _ => return ManagerResponse::Error(not_ordered()),
             }
         }
@@ -843,6 +903,74 @@ impl OnceMarks {
     }
 }
 
+/// The delivery `first` and every delivery already waiting after it, at most
+/// [`BATCH_DELIVERIES_MAX`]; another event that is not a preliminary delivery (or its
+/// revocation: they change nothing here) ends the batch and is `held` for later.
+fn gather(
+    first: (u64, Bytes),
+    events: &mpsc::Receiver<Event>,
+    held: &mut Option<Event>,
+) -> Vec<(u64, Bytes)> {
+    // The order reports each message twice, PO then UTO, and with the PO reports of later
+    // messages between the UTO ones: ended by those, batches stopped at one or two
+    // deliveries.
+    let mut batch = vec![first];
+    while batch.len() < BATCH_DELIVERIES_MAX {
+        match events.try_recv() {
+            Ok(Event::Deliver {
+                position, message, ..
+            }) => batch.push((position, message)),
+            Ok(Event::Optimistic { .. } | Event::Revoked { .. }) => {}
+            Ok(other) => {
+                *held = Some(other);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
+/// What makes the applied batches durable and answers them.
+struct Syncer {
+    replica: Arc<Replica>,
+    served: Arc<Mutex<Served>>,
+}
+
+impl Syncer {
+    /// Syncs `joined` (without the manager's lock or the core's), then answers the requests
+    /// waiting for it; `timings`: per batch joined, its answers, when the applier took it and
+    /// when it was applied. A store that fails to sync stops the replica.
+    fn sync_and_answer(&self, mut joined: Applied, timings: &[(usize, Instant, Instant)]) {
+        joined.sync();
+        let synced_at = Instant::now();
+        let answers = joined.finish(self.served.lock().unwrap().manager());
+        let answers = match answers {
+            Ok(answers) => answers,
+            Err(why) => return self.replica.stop(why),
+        };
+        if self.replica.core.lock().unwrap().is_stopped() {
+            return; // Its waiters were told to try another replica.
+        }
+        self.replica.tell_driver_addresses();
+        let each = timings.iter().flat_map(|&(count, taken, applied_at)| {
+            std::iter::repeat_n((taken, applied_at), count)
+        });
+        let (mut waiters, stages) = (self.replica.waiters.lock().unwrap(), &self.replica.stages);
+        for ((ticket, answer), (taken, applied_at)) in answers.into_iter().zip(each) {
+            if let Some(waiter) = waiters.remove(&ticket) {
+                stages.add(
+                    stage::ORDER,
+                    taken.saturating_duration_since(waiter.proposed),
+                );
+                stages.add(stage::APPLY, applied_at - taken);
+                stages.add(stage::SYNC, synced_at - applied_at);
+                let _ = waiter.answer.send((answer, Instant::now()));
+            }
+        }
+    }
+}
+
 /// When the applier last logged its counters, and what it logged.
 type Logged = (Instant, (Counters, (u64, u64)));
 
@@ -1037,7 +1165,16 @@ impl Applier {
         core.set_group(group);
     }
 
+    /// Applies the order's events until the replica stops.
     fn run(self, events: mpsc::Receiver<Event>) {
+        let syncer = Syncer {
+            replica: self.replica.clone(),
+            served: self.served.clone(),
+        };
+        self.apply_events(&events, &syncer);
+    }
+
+    fn apply_events(&self, events: &mpsc::Receiver<Event>, syncer: &Syncer) {
         let (mut held, mut ticked) = (None, Instant::now());
         let mut logged: Logged = (Instant::now(), Default::default());
         loop {
@@ -1059,40 +1196,27 @@ impl Applier {
                     Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 },
             };
-            let Event::Deliver {
-                position, message, ..
-            } = event
-            else {
-                self.on_event(event);
-                continue;
-            };
-            // Every delivery already waiting joins the batch; another event waits for it.
-            let mut batch = vec![(position, message)];
-            while batch.len() < BATCH_DELIVERIES_MAX {
-                match events.try_recv() {
-                    Ok(Event::Deliver {
-                        position, message, ..
-                    }) => batch.push((position, message)),
-                    Ok(other) => {
-                        held = Some(other);
-                        break;
-                    }
-                    Err(_) => break,
+            match event {
+                Event::Deliver {
+                    position, message, ..
+                } => {
+                    let batch = gather((position, message), events, &mut held);
+                    self.apply_batch(&batch, Instant::now(), syncer);
                 }
+                // A preliminary delivery, or its revocation, changes nothing here: a replica
+                // applies in UTO order only.
+                Event::Optimistic { .. } | Event::Revoked { .. } => {}
+                event => self.on_event(event),
             }
-            self.apply_batch(&batch);
         }
     }
 
     fn on_event(&self, event: Event) {
-        match event {
-            Event::Deliver {
-                position, message, ..
-            } => return self.apply_batch(&[(position, message)]),
-            Event::GroupChange {
-                position, change, ..
-            } => return self.apply_group_change(position, &change),
-            _ => {}
+        if let Event::GroupChange {
+            position, change, ..
+        } = event
+        {
+            return self.apply_group_change(position, &change);
         }
         let catch_up = self.replica.core.lock().unwrap().on_event(&event);
         match event {
@@ -1114,53 +1238,26 @@ impl Applier {
         }
     }
 
-    /// Applies a batch of deliveries, syncs the store once, then answers the requests waiting
-    /// here for them. The sync runs without the manager's lock or the core's, so that
-    /// requests are decided and read locally meanwhile (reads see the store as it stood
-    /// before the batch: see the module doc). A store that fails stops the replica, the
-    /// batch neither synced nor answered (its waiters are told to try another replica).
-    fn apply_batch(&self, batch: &[(u64, Bytes)]) {
+    /// Applies a batch of deliveries (`taken`: when the applier took it), syncs the store
+    /// once, then answers the requests waiting here for it. The sync runs without the
+    /// manager's lock or the core's, so that requests are decided and read locally
+    /// meanwhile (reads see the store as it stood before the batch: see the module doc). A
+    /// store that fails stops the replica, the batch neither synced nor answered (its
+    /// waiters are told to try another replica).
+    fn apply_batch(&self, batch: &[(u64, Bytes)], taken: Instant, syncer: &Syncer) {
         let applied = {
             let mut served = self.served.lock().unwrap();
             let mut core = self.replica.core.lock().unwrap();
             core.apply_unsynced(served.manager(), batch, Instant::now())
         };
-        let answers = applied.and_then(|mut applied| {
-            applied.sync();
-            applied.finish(self.served.lock().unwrap().manager())
-        });
-        let answers = match answers {
-            Ok(answers) => answers,
-            Err(why) => {
-                // It cannot commit what the others commit: going on would answer from a
-                // store that drifted from theirs. It stops; the others carry on.
-                self.replica.stop(why);
-                return;
+        match applied {
+            Ok(applied) => {
+                let timing = (applied.answer_count(), taken, Instant::now());
+                syncer.sync_and_answer(applied, &[timing]);
             }
-        };
-        self.tell_driver_addresses();
-        let mut waiters = self.replica.waiters.lock().unwrap();
-        for (ticket, answer) in answers {
-            if let Some(waiter) = waiters.remove(&ticket) {
-                let _ = waiter.send(answer);
-            }
-        }
-    }
-
-    /// Gives the order driver the address of every replica an applied `AddReplica` recorded.
-    fn tell_driver_addresses(&self) {
-        let learned = self.replica.core.lock().unwrap().take_learned();
-        let handle = self.replica.handle.lock().unwrap();
-        for (id, addr) in learned {
-            let (Some(handle), Ok(addr)) = (&*handle, addr.parse::<SocketAddr>()) else {
-                continue;
-            };
-            if let Err(error) = handle.set_peer(NodeId(id - 1), addr) {
-                tracing::warn!(
-                    "replica {}: replica {id} at {addr}: {error}",
-                    self.replica.id
-                );
-            }
+            // It cannot commit what the others commit: going on would answer from a store
+            // that drifted from theirs. It stops; the others carry on.
+            Err(why) => self.replica.stop(why),
         }
     }
 
@@ -1236,11 +1333,15 @@ impl Applier {
         tracing::debug!(
             target: "tessera_manager::counters",
             "replica {}: batches {} deliveries {} batch_sizes(1,2-3,4-7,8-15,16+) {:?} \
-             synced_commits {synced} reads_local {reads_local} reads_ordered {reads_ordered}",
+             synced_commits {synced} reads_local {reads_local} reads_ordered {reads_ordered} \
+             cpu_ms {} ordered {} mean_us({})",
             self.replica.id,
             counters.batches,
             counters.deliveries,
             counters.batch_sizes,
+            crate::daemon::process_cpu_ms(),
+            self.replica.stages.times().requests(),
+            self.replica.stages.times(),
         );
         (Instant::now(), counted)
     }

@@ -381,19 +381,7 @@ fn local_reads_see_the_durable_store_while_a_batch_syncs() {
     let (dir, manager) = &mut group[0];
     let now = Instant::now();
     register_three_servers(manager, now);
-    let create = |manager: &Manager, path: &str| {
-        let request = ManagerRequest::Create {
-            path: path.into(),
-            layout: LayoutRequest {
-                scheme: Scheme::Raid5,
-                stripe_unit: 65536,
-                width: Some(3),
-            },
-            replace: false,
-        };
-        let decision = manager.decide(&request);
-        Command::Request { request, decision }
-    };
+    let create = create_command;
     let lookup = |path: &str| ManagerRequest::Lookup { path: path.into() };
     let local = |manager: &mut Manager, request: &ManagerRequest| {
         crate::replica_core::local_answer(manager, request, now)
@@ -431,23 +419,7 @@ fn local_reads_see_the_durable_store_while_a_batch_syncs() {
     assert_eq!(paths, ["/before"]);
 
     // Killed now, the replica's store reopens with what the local reads saw.
-    let crashed = tempfile::tempdir().unwrap();
-    let file = crate::store::DB_FILE_NAME;
-    std::fs::copy(dir.path().join(file), crashed.path().join(file)).unwrap();
-    let config = ManagerConfig {
-        cluster_id: Some(0x5eed),
-        ..ManagerConfig::default()
-    };
-    let mut reopened = Manager::open_existing(crashed.path(), config).unwrap();
-    assert!(matches!(
-        reopened.handle(lookup("/before"), now),
-        ManagerResponse::File(_)
-    ));
-    let lost = reopened.handle(lookup("/during"), now);
-    assert!(
-        matches!(lost, ManagerResponse::Error(ManagerError::NotFound(_))),
-        "{lost:?}"
-    );
+    reopens_with(dir.path(), "/before", "/during");
 
     manager.batch_synced(sync.run()).unwrap();
     let read = local(manager, &lookup("/during"));
@@ -455,6 +427,90 @@ fn local_reads_see_the_durable_store_while_a_batch_syncs() {
         matches!(&read, Some(ManagerResponse::File(view)) if view.meta == during.meta),
         "{read:?}"
     );
+}
+
+/// The ordered create of a raid5 file at `path`, as `manager` decides it.
+fn create_command(manager: &Manager, path: &str) -> Command {
+    let request = ManagerRequest::Create {
+        path: path.into(),
+        layout: LayoutRequest {
+            scheme: Scheme::Raid5,
+            stripe_unit: 65536,
+            width: Some(3),
+        },
+        replace: false,
+    };
+    let decision = manager.decide(&request);
+    Command::Request { request, decision }
+}
+
+/// The store in `dir`, copied as a kill would leave it and reopened, holds `kept` and not
+/// `lost`.
+fn reopens_with(dir: &std::path::Path, kept: &str, lost: &str) {
+    let crashed = tempfile::tempdir().unwrap();
+    let file = crate::store::DB_FILE_NAME;
+    std::fs::copy(dir.join(file), crashed.path().join(file)).unwrap();
+    let config = ManagerConfig {
+        cluster_id: Some(0x5eed),
+        ..ManagerConfig::default()
+    };
+    let mut reopened = Manager::open_existing(crashed.path(), config).unwrap();
+    let lookup = |path: &str| ManagerRequest::Lookup { path: path.into() };
+    let now = Instant::now();
+    let found = reopened.handle(lookup(kept), now);
+    assert!(matches!(found, ManagerResponse::File(_)), "{found:?}");
+    let absent = reopened.handle(lookup(lost), now);
+    assert!(
+        matches!(absent, ManagerResponse::Error(ManagerError::NotFound(_))),
+        "{absent:?}"
+    );
+}
+
+/// A replica applies the next batch while the last one syncs (`replica.rs`, the pipeline):
+/// local reads see neither batch until the first one's sync ended, then what that sync
+/// covered (the first batch) and not the second, and the second once its own sync ended; a
+/// crash between the two syncs reopens with what the reads saw.
+#[test]
+fn local_reads_see_what_each_sync_covered_while_the_next_batch_applies() {
+    let mut group = replicas();
+    let (dir, manager) = &mut group[0];
+    let now = Instant::now();
+    register_three_servers(manager, now);
+    let create = |manager: &mut Manager, path: &str| {
+        let answer = manager.apply(create_command(manager, path), now);
+        assert!(matches!(answer, ManagerResponse::File(_)), "{answer:?}");
+    };
+    let lookup = |path: &str| ManagerRequest::Lookup { path: path.into() };
+    let sees = |manager: &mut Manager, path: &str| {
+        crate::replica_core::local_answer(manager, &lookup(path), now).is_some()
+    };
+    manager.begin_batch().unwrap();
+    create(manager, "/first");
+    let first = manager
+        .finish_batch()
+        .unwrap()
+        .expect("a create owes a sync");
+    // The syncer runs the first batch's sync; the applier begins the second meanwhile.
+    let (synced, covered) = first.run_covering();
+    manager.begin_batch().unwrap();
+    create(manager, "/second");
+    assert!(
+        !sees(manager, "/first"),
+        "its sync has not been reported yet"
+    );
+    let second = manager
+        .finish_batch()
+        .unwrap()
+        .expect("a create owes a sync");
+    manager.batches_synced(1, synced, covered).unwrap();
+    assert!(sees(manager, "/first"));
+    assert!(!sees(manager, "/second"), "not yet durable");
+
+    reopens_with(dir.path(), "/first", "/second");
+
+    let (synced, covered) = second.run_covering();
+    manager.batches_synced(1, synced, covered).unwrap();
+    assert!(sees(manager, "/second"));
 }
 
 /// Applies `command` at order position `next - 1` of epoch 1 on every replica; the answers.

@@ -346,15 +346,15 @@ async fn operation(
     }
 }
 
-/// `clients` tasks doing operations of `kind` at `system` for `time`: operations per
-/// second.
+/// `clients` tasks doing operations of `kind` at `system` for `time`: operations done and
+/// the seconds they took.
 async fn round(
     system: &System,
     secret: &Secret,
     (clients, time): (usize, Duration),
     round: usize,
     kind: Kind,
-) -> Result<f64> {
+) -> Result<(u64, f64)> {
     let admin = transport(Claim::Admin, secret.admin_key());
     let sequence = Arc::new(AtomicU64::new(0));
     let client = u64::from(std::process::id()) << 32 | (round as u64) << 8 | (kind as u64 + 1);
@@ -381,7 +381,7 @@ async fn round(
     for task in tasks {
         ops += task.await??;
     }
-    Ok(ops as f64 / began.elapsed().as_secs_f64())
+    Ok((ops, began.elapsed().as_secs_f64()))
 }
 
 /// Waits until the 3 openraft nodes' stores print alike (they applied the same entries),
@@ -435,14 +435,36 @@ pub async fn run(dir: &Path, rounds: usize, seconds: f64, clients: usize) -> Res
         .collect();
     let mut loads = Vec::new();
     let time = Duration::from_secs_f64(seconds);
+    // Where the time of Tessera's replica 1 (which every request goes to) and of the single
+    // manager went; openraft's is not timed.
+    let stages = |i: usize| match i {
+        0 => Some((tessera[0].stage_times(), tessera[0].synced_commits())),
+        2 => Some((single.stage_times(), single.synced_commits())),
+        _ => None,
+    };
     for r in 0..rounds {
         loads.push(load_average());
         for (kind, rates) in &mut rates {
             for k in 0..systems.len() {
                 let i = (k + r) % systems.len();
-                let rate = round(&systems[i], &secret, (clients, time), r, *kind).await?;
-                eprintln!("round {r}: {kind:?}: {}: {rate:.0} ops/s", systems[i].name);
-                rates[i].1.push(rate);
+                let (before, cpu_ms) = (stages(i), tessera_manager::daemon::process_cpu_ms());
+                let (ops, elapsed) = round(&systems[i], &secret, (clients, time), r, *kind).await?;
+                let cpu_us = (tessera_manager::daemon::process_cpu_ms() - cpu_ms) * 1000;
+                let spent = stages(i)
+                    .zip(before)
+                    .map(|((after, synced), (before, was))| {
+                        let syncs = (synced - was) as f64 / ops.max(1) as f64;
+                        let spent = after.since(&before);
+                        format!(", syncs/op {syncs:.2}, mean us: {spent}")
+                    });
+                eprintln!(
+                    "round {r}: {kind:?}: {}: {:.0} ops/s, cpu {} us/op{}",
+                    systems[i].name,
+                    ops as f64 / elapsed,
+                    cpu_us / ops.max(1),
+                    spent.unwrap_or_default()
+                );
+                rates[i].1.push(ops as f64 / elapsed);
             }
         }
     }

@@ -628,7 +628,7 @@ fn metadata_throughput_one_and_three_managers() {
     up_counting(&three, "3");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let mut done = [0u64; 2];
-    let mut measured = Vec::new();
+    let (mut measured, mut counted) = (Vec::new(), Vec::new());
     for op in METADATA_OPS {
         let (mut single, mut replicated) = (Vec::new(), Vec::new());
         for round in 0..3 {
@@ -640,9 +640,9 @@ fn metadata_throughput_one_and_three_managers() {
             done[1] += (replicated[round] * 2.0) as u64;
         }
         measured.push((op, single, replicated));
+        std::thread::sleep(Duration::from_secs(1)); // The replicas' last counters.
+        counted.push((op, [last_counters(&one), last_counters(&three)]));
     }
-    std::thread::sleep(Duration::from_secs(1)); // The replicas' last counters.
-    let counters = [last_counters(&one), last_counters(&three)];
     local_ok(&one, &["down"]);
     local_ok(&three, &["down"]);
     println!("ops/s, 8 clients, 3 interleaved rounds of 2 s per kind:");
@@ -653,12 +653,10 @@ fn metadata_throughput_one_and_three_managers() {
         println!("  3 replicas: {replicated:.0?}");
         println!("  ratio:      {ratios:.2?}");
     }
-    for (name, ops, lines) in [
-        ("1 manager", done[0], &counters[0]),
-        ("3 replicas", done[1], &counters[1]),
-    ] {
-        println!("{name}: {ops} ops in all; counters:");
-        for line in lines {
+    println!("ops in all: 1 manager {}, 3 replicas {}", done[0], done[1]);
+    for (op, counters) in &counted {
+        println!("counters after the {op:?} rounds (since the start; cpu_ms: the process's):");
+        for line in counters.iter().flatten() {
             println!("  {line}");
         }
     }
