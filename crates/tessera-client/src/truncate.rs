@@ -27,9 +27,14 @@
 //!
 //! Hybrid files are still truncated by writing zeros: with discards, the whole-cluster
 //! simulator (`tessera-sim`'s explorer, seed 10 of `lost_messages_with_server_faults_every_scheme`)
-//! read zeros in place of a later acknowledged full-stripe write of a cut stripe, after a
-//! lost message made a server owe that stripe and it was rebuilt. Not yet understood, so not
-//! shipped; every other scheme discards, and passes every explorer test with truncations.
+//! read zeros in place of a later acknowledged full-stripe write of a cut stripe. Traced:
+//! that write's data request to one column was lost, leaving the column's old overflow
+//! entries and its stale-parity record; the server's resolver scrubbed the stripe before
+//! the column was known to owe it, found the overflow copies differing, rebuilt the mirror
+//! column's unit from parity and recomputed parity from the stale column's zeros, and the
+//! later rebuild of that column then gave zeros. Whether the discard or only the seed's
+//! changed sequence of lost messages leads there is not settled, so Hybrid does not discard
+//! yet; every other scheme does and passes every explorer test with truncations.
 //!
 //! Writes of the file by other clients racing the truncation (RAID-0 and RAID-1 writes, and
 //! Hybrid's overflow writes, take no lock) may land before or after it at each column, as
