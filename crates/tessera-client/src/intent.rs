@@ -465,8 +465,12 @@ impl FileContext {
                     };
                     self.rpc(client, record.column, request, Bytes::new())
                 });
-                // A lost renewal only lets a locker resolve the stripe early.
-                let _ = futures::future::join_all(renewals).await;
+                // A lost renewal must not hold back the next round (its request would wait
+                // for the transport's timeout, past the record's lease): a writer slowed by
+                // a lost data request would then have its record resolved under it, parity
+                // recomputed from a column its write has not reached yet.
+                let _ =
+                    tokio::time::timeout(RENEW_INTERVAL, futures::future::join_all(renewals)).await;
             }
         };
         tokio::pin!(work);

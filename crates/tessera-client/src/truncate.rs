@@ -25,16 +25,10 @@
 //! which take the stripes' locks and supersede the records. The manager's size is set last,
 //! so a truncation that fails leaves the file at its old size.
 //!
-//! Hybrid files are still truncated by writing zeros: with discards, the whole-cluster
-//! simulator (`tessera-sim`'s explorer, seed 10 of `lost_messages_with_server_faults_every_scheme`)
-//! read zeros in place of a later acknowledged full-stripe write of a cut stripe. Traced:
-//! that write's data request to one column was lost, leaving the column's old overflow
-//! entries and its stale-parity record; the server's resolver scrubbed the stripe before
-//! the column was known to owe it, found the overflow copies differing, rebuilt the mirror
-//! column's unit from parity and recomputed parity from the stale column's zeros, and the
-//! later rebuild of that column then gave zeros. Whether the discard or only the seed's
-//! changed sequence of lost messages leads there is not settled, so Hybrid does not discard
-//! yet; every other scheme does and passes every explorer test with truncations.
+//! Hybrid files discard like the others. The explorer's seed that read zeros with Hybrid
+//! discards showed the resolver scrubbing a stripe under a live writer whose data request to
+//! one column was lost; the likely cause, a lost renewal that held the next round back past
+//! the record's lease, is fixed in `FileContext::renewing_stale`, and the seed passes.
 //!
 //! Writes of the file by other clients racing the truncation (RAID-0 and RAID-1 writes, and
 //! Hybrid's overflow writes, take no lock) may land before or after it at each column, as
@@ -118,13 +112,6 @@ impl crate::context::FileContext {
     /// refuses; what was done is then left under the records.
     async fn discard_stripes(&self, client: &Client, first: u64) -> Result<(), ClientError> {
         let width = self.layout.width;
-        if self.layout.scheme == Scheme::Hybrid {
-            // Not yet: see the module doc.
-            return Err(ClientError::Protocol {
-                peer: String::new(),
-                detail: "Hybrid files are truncated by writing zeros".into(),
-            });
-        }
         if let Some(column) = (0..width).find(|&c| self.lost_entirely(c)) {
             return Err(self.unavailable([column]));
         }

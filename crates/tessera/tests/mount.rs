@@ -755,9 +755,7 @@ fn a_truncation_through_a_held_handle_discards_what_it_cuts() {
     let local = tempfile::NamedTempFile::new().unwrap();
     let old: Vec<u8> = (0..32u32 << 20).map(|i| (i ^ (i >> 13)) as u8).collect();
     std::fs::write(local.path(), &old).unwrap();
-    // RAID-5: Hybrid files are still truncated by writing zeros (`tessera-client`'s
-    // `truncate` module says why).
-    ok(m.cli(&["put", text(local.path()), "dense", "--scheme", "raid5"]));
+    ok(m.cli(&["put", text(local.path()), "dense"]));
     let stored = || -> u64 {
         let stat: serde_json::Value =
             serde_json::from_str(&ok(m.cli(&["stat", "dense", "--json"]))).unwrap();
