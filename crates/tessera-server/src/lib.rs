@@ -952,9 +952,7 @@ async fn serve(
             stripes,
             fence,
         } => {
-            if !locks.is_fenced(file, fence, Instant::now()) {
-                return Err(StorageError::NotFenced { file, epoch: fence });
-            }
+            locks.require_fenced(file, fence, Instant::now())?;
             let lease_end = Instant::now() + PARITY_LEASE;
             let token = blocking(move || store.record_stale(file, stripes, lease_end)).await?;
             Ok((StorageResponse::StaleRecorded { token }, Bytes::new()))
@@ -1042,9 +1040,7 @@ async fn serve(
             from,
             fence,
         } => {
-            if !locks.is_fenced(file, fence, Instant::now()) {
-                return Err(StorageError::NotFenced { file, epoch: fence });
-            }
+            locks.require_fenced(file, fence, Instant::now())?;
             blocking(move || store.discard(file, region, from)).await?;
             done
         }

@@ -79,8 +79,8 @@ pub(crate) async fn handle(
         StorageRequest::SnapshotBegin { epoch, files } => {
             check_files(&files)?;
             let now = Instant::now();
-            if let Some(&file) = files.iter().find(|&&f| !locks.is_fenced(f, epoch, now)) {
-                return Err(StorageError::NotFenced { file, epoch });
+            for &file in &files {
+                locks.require_fenced(file, epoch, now)?;
             }
             blocking(move || store.snapshot_begin(&files, epoch)).await?;
             done

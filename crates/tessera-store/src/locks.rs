@@ -184,6 +184,21 @@ impl ParityLocks {
         until.is_some_and(|&until| until > now)
     }
 
+    /// [`is_fenced`](Self::is_fenced) as an answer: [`StorageError::NotFenced`] unless the
+    /// fence of `epoch` on `file` stands at `now` (what a request done under a fence checks).
+    pub fn require_fenced(
+        &self,
+        file: FileId,
+        epoch: u64,
+        now: Instant,
+    ) -> Result<(), StorageError> {
+        if self.is_fenced(file, epoch, now) {
+            Ok(())
+        } else {
+            Err(StorageError::NotFenced { file, epoch })
+        }
+    }
+
     /// Admits a request that takes a stale-parity record of `file`, counted until the guard
     /// drops; [`StorageError::Fenced`] while a snapshot fence of `file` stands.
     pub fn enter_unfenced(&self, file: FileId) -> Result<Entered<'_>, StorageError> {
