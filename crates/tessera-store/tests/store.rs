@@ -226,6 +226,8 @@ fn a_discard_reads_as_zeros_and_one_killed_between_its_cuts_is_finished_at_open(
         .unwrap();
     let unaligned = store.discard(FILE, Region::Data, BLOCK_BYTES + 1);
     assert!(matches!(unaligned, Err(StorageError::BadRequest { .. })));
+    let past_the_end = store.discard(FILE, Region::Data, u64::MAX - (BLOCK_BYTES - 1));
+    assert!(matches!(past_the_end, Err(StorageError::BadRequest { .. })));
     store.discard(FILE, Region::Data, 4 * BLOCK_BYTES).unwrap();
     let read = store.read(FILE, Region::Data, 0, 6 * 4096, false).unwrap();
     assert_eq!(read[..4 * 4096], bytes[..4 * 4096]);

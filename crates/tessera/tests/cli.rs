@@ -910,6 +910,13 @@ fn truncation_discards_what_it_cuts_and_keeps_redundancy() {
     assert_mentions(&line, &["cut/none"]);
     let line = c.fails_with_one_line(&["truncate", remote, "12Q"]);
     assert_mentions(&line, &["bad size"]);
+    let line = c.fails_with_one_line(&["truncate", remote, &u64::MAX.to_string()]);
+    assert_mentions(&line, &["maximum size"]);
+    assert_bytes(
+        &c.get(remote),
+        &data[..100_000],
+        "after refused truncations",
+    );
 }
 
 /// Test 6: a server whose disk was wiped comes back stale, is rebuilt, and then its contents
