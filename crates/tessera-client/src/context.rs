@@ -194,7 +194,29 @@ impl FileContext {
             StorageRequest::LockParity { stripe, .. } => Some(*stripe),
             _ => None,
         };
-        match call_store(client, addr, incarnation, request, payload).await {
+        let retry = retry_safe(&request).then(|| (request.clone(), payload.clone()));
+        let mut answer = call_store(client, addr, incarnation, request, payload).await;
+        // Known alive after a timeout (it answers a fresh ping): the request or its answer
+        // was lost on the way. A request that only reads, or writes the same bytes again, is
+        // sent once more rather than leaving its column owing the stripe: two losses in one
+        // write would otherwise leave two columns of a stripe owing it, beyond what parity
+        // rebuilds though every server is up (explorer seed 1084 of
+        // `lost_messages_with_server_faults_every_scheme`). If the first copy only waited at
+        // the server (its disk queue), it is served before the second, which arrived later
+        // (`tessera_server::schedule` serves in arrival order, or deadline order with the
+        // first copy's deadline earlier), so a later write of the same bytes never lands
+        // under it.
+        let mut alive = None;
+        if let (Err(TransportError::Timeout { .. }), Some((request, payload))) = (&answer, retry) {
+            let answers = self.answers(client, column).await;
+            if !answers {
+                alive = Some(false);
+            } else {
+                tracing::debug!("column {column}: a request timed out, sent again");
+                answer = call_store(client, addr, incarnation, request, payload).await;
+            }
+        }
+        match answer {
             Ok((StorageResponse::Error(e), _)) => Err(Fault::Refused(e)),
             Ok(answer) => Ok(answer),
             Err(TransportError::Timeout { .. })
@@ -216,7 +238,7 @@ impl FileContext {
                 // the miss); the server is reported down for every client only if it does
                 // not answer a fresh ping either.
                 let timed_out = matches!(e, TransportError::Timeout { .. });
-                if first && !(timed_out && self.answers(client, column).await) {
+                if first && !(timed_out && self.answers_cached(client, column, alive).await) {
                     let server = self.columns[column as usize].server;
                     tracing::warn!("server {server} ({addr}) unreachable: {e}");
                     let _ = client
@@ -225,6 +247,14 @@ impl FileContext {
                 }
                 Err(Fault::Unreachable(e))
             }
+        }
+    }
+
+    /// Whether `column`'s server answers a ping, unless one just went unanswered.
+    async fn answers_cached(&self, client: &Client, column: u32, known: Option<bool>) -> bool {
+        match known {
+            Some(answers) => answers,
+            None => self.answers(client, column).await,
         }
     }
 
@@ -363,6 +393,7 @@ impl FileContext {
                 seen.push(stripes.start);
             }
         }
+        tracing::debug!("column {column} misses {stripes:?}");
         client
             .manager_call(ManagerRequest::ReportMissed {
                 server: self.columns[column as usize].server,
@@ -508,6 +539,19 @@ pub(crate) async fn call_store(
         }
         answer => Ok(answer),
     }
+}
+
+/// Whether a request may be sent again after a timeout: it reads, or writes bytes that a second
+/// copy writes the same (an overflow entry or a record would be appended twice).
+fn retry_safe(request: &StorageRequest) -> bool {
+    matches!(
+        request,
+        StorageRequest::Read { .. }
+            | StorageRequest::Write { .. }
+            | StorageRequest::Sync
+            | StorageRequest::OverflowList { .. }
+            | StorageRequest::Allocated { .. }
+    )
 }
 
 /// The size of the answer frame a request will get if it succeeds, so that the transport can

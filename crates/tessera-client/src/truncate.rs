@@ -201,21 +201,9 @@ impl crate::context::FileContext {
                 let Some(index) = layout.first_local_of_stripe(column, region, first) else {
                     continue;
                 };
-                let offset = index * unit;
-                let request = StorageRequest::Allocated {
-                    file: self.meta.id,
-                    region,
-                    offset,
-                    len: COLUMN_BYTES_MAX - offset,
-                };
-                let ranges = match self
-                    .rpc_or_fail(client, column, request, Bytes::new())
+                let Some(last) = self
+                    .allocated_end(client, column, region, index * unit)
                     .await?
-                {
-                    (StorageResponse::Allocated { ranges }, _) => ranges,
-                    (other, _) => return Err(self.not_done(column, &other)),
-                };
-                let Some(last) = ranges.iter().filter(|r| !r.is_empty()).map(|r| r.end).max()
                 else {
                     continue;
                 };
@@ -227,6 +215,46 @@ impl crate::context::FileContext {
             }
         }
         Ok(end)
+    }
+
+    /// One past the last byte from `offset` on of `column`'s `region` file that may hold
+    /// written bytes, or `None` if none does. An answer at the listing's limit runs its last
+    /// range to the end of what was asked (a superset), so the listing is paged from that
+    /// range's start: taking it as it is would make a fragmented file's record span to the
+    /// column's end.
+    async fn allocated_end(
+        &self,
+        client: &Client,
+        column: u32,
+        region: Region,
+        mut offset: u64,
+    ) -> Result<Option<u64>, ClientError> {
+        let mut end = None;
+        loop {
+            let request = StorageRequest::Allocated {
+                file: self.meta.id,
+                region,
+                offset,
+                len: COLUMN_BYTES_MAX - offset,
+            };
+            let ranges = match self
+                .rpc_or_fail(client, column, request, Bytes::new())
+                .await?
+            {
+                (StorageResponse::Allocated { ranges }, _) => ranges,
+                (other, _) => return Err(self.not_done(column, &other)),
+            };
+            let ranges: Vec<_> = ranges.into_iter().filter(|r| !r.is_empty()).collect();
+            let Some(last) = ranges.last() else {
+                return Ok(end);
+            };
+            if ranges.len() < tessera_wire::ALLOCATED_RANGES_MAX || last.start <= offset {
+                return Ok(Some(last.end));
+            }
+            // Kept only if the next page finds nothing (bytes cut meanwhile): a superset.
+            end = Some(last.end);
+            offset = last.start;
+        }
     }
 
     fn not_done(&self, column: u32, answer: &StorageResponse) -> ClientError {
