@@ -18,7 +18,7 @@ use tessera_client::{Client, ClientConfig, LayoutRequest, Scheme, ServerState};
 use tessera_layout::Region;
 use tessera_wire::{
     decode_message, Frame, FrameKind, Handshake, IndexRange, ManagerError, ManagerRequest,
-    ManagerResponse, StorageCall, StorageRequest, StorageResponse,
+    ManagerResponse, StorageCall, StorageError, StorageRequest, StorageResponse,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -345,6 +345,68 @@ async fn a_peer_without_a_key_cannot_delete_a_file() {
         &["--key", "k0000000000000001:00", "rm", "precious.bin"],
     );
     assert!(line.contains("access key"), "{line}");
+}
+
+/// A truncation's requests: without a key they are refused at the handshake; with a client's
+/// key but no fence of the file (a peer skipping the protocol), the server refuses them too,
+/// and nothing stored changes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_discard_needs_a_key_and_the_files_fence() {
+    let cluster = Cluster::up();
+    let client = cluster.client().await;
+    let (file, data) = stored_file(&client, "whole.bin", 300_000).await;
+    let (server, incarnation) = first_server(&client, "whole.bin").await;
+    let call = |request| StorageCall {
+        incarnation,
+        request,
+        service: tessera_wire::Service::BestEffort,
+    };
+    let requests = [
+        StorageRequest::Discard {
+            file: file.id,
+            region: Region::Data,
+            from: 0,
+            fence: 1 << 63,
+        },
+        StorageRequest::Discard {
+            file: file.id,
+            region: Region::Redundancy,
+            from: 0,
+            fence: u64::MAX,
+        },
+        StorageRequest::RecordDiscard {
+            file: file.id,
+            stripes: IndexRange::new(0, u64::MAX),
+            fence: 1 << 63,
+        },
+    ];
+    for request in requests {
+        let request = call(request);
+        assert_refused_without_a_key(server, &request).await;
+        let outcome: Outcome<StorageResponse> = call_as(
+            server,
+            &cluster.client_key().for_storage(),
+            &request,
+            Bytes::new(),
+        )
+        .await;
+        assert!(
+            matches!(
+                outcome,
+                Outcome::Answered(StorageResponse::Error(StorageError::NotFenced { .. }))
+            ),
+            "{:?} without the fence got {outcome:?}",
+            request.request
+        );
+    }
+    assert_eq!(
+        read_all(&client, "whole.bin").await,
+        data,
+        "nothing changed"
+    );
+    let report = client.scrub(Some("whole.bin")).await.expect("scrub");
+    assert!(report.unrepairable.is_empty(), "{report:?}");
+    assert_eq!(report.corrupt_repaired + report.parity_repaired, 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
