@@ -37,15 +37,17 @@
 //! **Written once per batch.** Inside a batch ([`Manager::begin_batch`]) the records of the
 //! batch's `Once` requests are kept in memory ([`PendingOnce`]) and written in one commit when
 //! the batch ends ([`Manager::finish_batch`], before the batch's sync, which makes them
-//! durable with everything else), not in a commit of their own per request: that commit was
-//! a third of a replica's store work per request. The store a batch leaves is the one the
+//! durable with everything else), not in a commit of their own per request (one of the two
+//! write transactions each request took, and the store's commits are most of what a
+//! replica's applier spends: `docs/notes/mperf5.md`). The store a batch leaves is the one the
 //! requests written one by one would leave (the same inserts, stamps and removals in the same
-//! order, the position of the last `Once` request written with them), so replicas whose
+//! order; the store's position moved to the last `Once` request's unless a later commit of
+//! the batch wrote a later one), so replicas whose
 //! batches end at different places still hold identical stores once each batch ended, and the
 //! lock the applier holds from a batch's first apply to its end keeps every other reader out
 //! meanwhile. Inside the batch the two readers of these tables see the records as if written:
-//! [`Manager::once`] looks at the pending records first, and removes from what the table
-//! holds the sequence numbers a pending record's window moved past, and
+//! `Manager::once` looks at the pending records first, and takes the numbers a pending
+//! record's window moved past as gone from the table, and
 //! [`Command::ExpireOnce`] writes the pending records before it expires anything. A crash
 //! loses the pending records only with the batch's other unsynced commits, which its sync
 //! would have made durable together, before any answer of the batch went out.
