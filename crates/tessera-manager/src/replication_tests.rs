@@ -651,3 +651,82 @@ fn once_expiry_is_bounded_per_command() {
     assert_eq!(total(manager), 0);
     assert!(!manager.once_expiry_backlog());
 }
+
+/// `Once` records written once per batch (`command.rs`): replicas applying the same
+/// commands in batches that end at different places and one command by command give the
+/// same answers and end with the same store, with retries inside a batch, numbers
+/// that the window moved past (refused, or their records removed) and `ExpireOnce` in the
+/// middle of batches.
+#[test]
+fn once_records_written_per_batch_leave_the_store_of_one_by_one() {
+    let read = |path: &str| ManagerRequest::Lookup { path: path.into() };
+    let window = crate::command::ONCE_WINDOW;
+    let mut commands = Vec::new();
+    for step in 0..60u64 {
+        let client = step % 3;
+        // Numbers jump past the window now and then; retries and late numbers follow.
+        let sequence = step * (window / 4) + 1;
+        commands.push(once(client, sequence, read(&format!("/{step}"))));
+        if step % 4 == 1 {
+            commands.push(once(client, sequence, read("/retry")));
+        }
+        // A retry of this client's number two steps back: kept in the table until the
+        // record just applied (pending in a batch) moved the window past it.
+        if step % 4 == 3 && step >= 6 {
+            let gone = sequence - 2 * 3 * (window / 4);
+            commands.push(once(client, gone, read("/gone")));
+        }
+        if step % 5 == 2 {
+            let late = sequence.saturating_sub(window + step % 3);
+            commands.push(once(client, late, read("/late")));
+        }
+        if step % 9 == 4 {
+            commands.push(Command::ExpireOnce {
+                before: OrderPosition {
+                    epoch: 1,
+                    next: commands.len() as u64 / 2,
+                },
+            });
+        }
+    }
+    let mut group = replicas();
+    let now = Instant::now();
+    let at = |index: usize| OrderPosition {
+        epoch: 1,
+        next: index as u64 + 1,
+    };
+    let singles: Vec<_> = (0..commands.len())
+        .map(|index| {
+            group[0].1.set_order_position(at(index));
+            group[0].1.apply(commands[index].clone(), now)
+        })
+        .collect();
+    for (replica, size) in [(1, 7), (2, 3)] {
+        let manager = &mut group[replica].1;
+        let mut answers = Vec::new();
+        for (chunk, batch) in commands.chunks(size).enumerate() {
+            manager.begin_batch().unwrap();
+            for (offset, command) in batch.iter().enumerate() {
+                manager.set_order_position(at(chunk * size + offset));
+                answers.push(manager.apply(command.clone(), now));
+            }
+            manager.end_batch().unwrap();
+        }
+        assert_eq!(answers, singles, "batches of {size}: answers differ");
+    }
+    let superseded = singles
+        .iter()
+        .filter(|answer| {
+            matches!(
+                answer,
+                ManagerResponse::Error(ManagerError::Superseded { .. })
+            )
+        })
+        .count();
+    assert!(superseded > 0, "no number was refused: {singles:?}");
+    let reference = group[0].1.state_dump();
+    assert!(reference.iter().any(|line| line.starts_with("once ")));
+    for (index, (_, manager)) in group.iter().enumerate() {
+        assert_eq!(manager.state_dump(), reference, "replica {index} differs");
+    }
+}

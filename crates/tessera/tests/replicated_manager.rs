@@ -574,6 +574,39 @@ async fn metadata_ops_per_second(
     ops as f64 / time.as_secs_f64()
 }
 
+/// CPU time (user and system, ms) used so far by the daemons of the local cluster in `dir`
+/// (by their first argument: `manager` or `server`) and by this process (the clients),
+/// from `/proc`: what one operation costs each, where the two cores go.
+fn cpu_ms_by_role(dir: &Path) -> [u64; 3] {
+    let ticks = |stat: &str| -> u64 {
+        // utime and stime: the 12th and 13th fields after the command name, in 10 ms ticks.
+        let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let fields = after_name.split_whitespace().skip(11).take(2);
+        fields.filter_map(|f| f.parse::<u64>().ok()).sum::<u64>() * 10
+    };
+    let mut cpu = [0u64; 3];
+    let dir = dir.to_string_lossy().to_string();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let path = entry.path();
+        let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .map(|arg| String::from_utf8_lossy(arg).to_string())
+            .collect();
+        if !args.iter().any(|arg| arg.starts_with(&dir)) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
+        match args.get(1).map(String::as_str) {
+            Some("manager") => cpu[0] += ticks(&stat),
+            Some("server") => cpu[1] += ticks(&stat),
+            _ => {}
+        }
+    }
+    cpu[2] = ticks(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default());
+    cpu
+}
+
 /// `tessera up` of a local cluster in `dir` with `managers`, its manager daemons logging
 /// their counters (target `tessera_manager::counters`).
 fn up_counting(dir: &Path, managers: &str) {
@@ -628,17 +661,31 @@ fn metadata_throughput_one_and_three_managers() {
     up_counting(&three, "3");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let mut done = [0u64; 2];
-    let (mut measured, mut counted) = (Vec::new(), Vec::new());
+    let (mut measured, mut counted, mut cpu_per_op) = (Vec::new(), Vec::new(), Vec::new());
     for op in METADATA_OPS {
         let (mut single, mut replicated) = (Vec::new(), Vec::new());
+        let mut cpu = [[0u64; 3]; 2];
         for round in 0..3 {
             let time = Duration::from_secs(2);
-            let run = |dir| metadata_ops_per_second(dir, 8, time, round, op);
-            single.push(runtime.block_on(run(&one)));
-            replicated.push(runtime.block_on(run(&three)));
+            let run = |dir: &Path, cpu: &mut [u64; 3]| {
+                let before = cpu_ms_by_role(dir);
+                let ops = runtime.block_on(metadata_ops_per_second(dir, 8, time, round, op));
+                let after = cpu_ms_by_role(dir);
+                for (sum, (a, b)) in cpu.iter_mut().zip(after.iter().zip(before)) {
+                    *sum += a.saturating_sub(b);
+                }
+                ops
+            };
+            single.push(run(one.as_path(), &mut cpu[0]));
+            replicated.push(run(three.as_path(), &mut cpu[1]));
             done[0] += (single[round] * 2.0) as u64;
             done[1] += (replicated[round] * 2.0) as u64;
         }
+        let per_op = |cpu: [u64; 3], ops: &[f64]| -> Vec<f64> {
+            let ops: f64 = ops.iter().sum::<f64>() * 2.0;
+            cpu.iter().map(|&ms| ms as f64 / ops.max(1.0)).collect()
+        };
+        cpu_per_op.push((op, per_op(cpu[0], &single), per_op(cpu[1], &replicated)));
         measured.push((op, single, replicated));
         std::thread::sleep(Duration::from_secs(1)); // The replicas' last counters.
         counted.push((op, [last_counters(&one), last_counters(&three)]));
@@ -654,6 +701,10 @@ fn metadata_throughput_one_and_three_managers() {
         println!("  ratio:      {ratios:.2?}");
     }
     println!("ops in all: 1 manager {}, 3 replicas {}", done[0], done[1]);
+    println!("CPU ms per op (managers, servers, clients), all rounds:");
+    for (op, single, replicated) in &cpu_per_op {
+        println!("  {op:?}: 1 manager {single:.2?}, 3 replicas {replicated:.2?}");
+    }
     for (op, counters) in &counted {
         println!("counters after the {op:?} rounds (since the start; cpu_ms: the process's):");
         for line in counters.iter().flatten() {
