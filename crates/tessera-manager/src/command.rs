@@ -34,24 +34,6 @@
 //! that a client may have many requests in flight (they are ordered in any order); a
 //! request numbered below that window is refused ([`ManagerError::Superseded`]).
 //!
-//! **Written once per batch.** Inside a batch ([`Manager::begin_batch`]) the records of the
-//! batch's `Once` requests are kept in memory ([`PendingOnce`]) and written in one commit when
-//! the batch ends ([`Manager::finish_batch`], before the batch's sync, which makes them
-//! durable with everything else), not in a commit of their own per request (one of the two
-//! write transactions each request took, and the store's commits are most of what a
-//! replica's applier spends: `docs/notes/mperf5.md`). The store a batch leaves is the one the
-//! requests written one by one would leave (the same inserts, stamps and removals in the same
-//! order; the store's position moved to the last `Once` request's unless a later commit of
-//! the batch wrote a later one), so replicas whose
-//! batches end at different places still hold identical stores once each batch ended, and the
-//! lock the applier holds from a batch's first apply to its end keeps every other reader out
-//! meanwhile. Inside the batch the two readers of these tables see the records as if written:
-//! `Manager::once` looks at the pending records first, and takes the numbers a pending
-//! record's window moved past as gone from the table, and
-//! [`Command::ExpireOnce`] writes the pending records before it expires anything. A crash
-//! loses the pending records only with the batch's other unsynced commits, which its sync
-//! would have made durable together, before any answer of the batch went out.
-//!
 //! **Expiry of those answers.** Every client process that ever changed something has its
 //! records, so the table is emptied of idle clients by an ordered command, like a lease:
 //! applying a `Once` request stamps its client with the order position it was applied at
@@ -162,45 +144,6 @@ pub enum Command {
         /// Its address.
         addr: String,
     },
-}
-
-/// The `once` record of a request applied in a batch, until the batch ends and writes it
-/// (see the module doc).
-#[derive(Debug)]
-pub(crate) struct PendingOnce {
-    client: u64,
-    sequence: u64,
-    /// The answer as kept ([`replicated_form`]).
-    kept: ManagerResponse,
-    /// The answer's record, encoded.
-    record: Vec<u8>,
-    /// The client's records numbered up to this are removed once this one is written.
-    floor: u64,
-    /// Where the order stood when it was applied (written with it, as its own commit did).
-    stamp: Option<OrderPosition>,
-}
-
-/// Writes `records` in `txn`, in order, as [`Manager::once`] would have one by one.
-fn write_once_records(
-    txn: &redb::WriteTransaction,
-    records: &[PendingOnce],
-) -> Result<(), Failure> {
-    for pending in records {
-        if let Some(stamp) = pending.stamp {
-            stamp_client(txn, pending.client, stamp)?;
-        }
-        let mut table = txn.open_table(ONCE)?;
-        let client = pending.client;
-        table.insert((client, pending.sequence), pending.record.as_slice())?;
-        let stale = table
-            .range((client, 0)..=(client, pending.floor))?
-            .map(|entry| entry.map(|(key, _)| key.value()))
-            .collect::<Result<Vec<_>, _>>()?;
-        for key in stale {
-            table.remove(key)?;
-        }
-    }
-    Ok(())
 }
 
 /// Stamps `client` with the order position a `Once` request of its is applied at, replacing
@@ -455,10 +398,6 @@ impl Manager {
     /// written there made replicas that applied the same commands differ: the simulator's
     /// seed 18).
     pub fn finish_batch(&mut self) -> Result<Option<BatchSync>, ManagerError> {
-        if let Err(failure) = self.write_pending_once() {
-            self.abandon_batch();
-            return Err(failure.into());
-        }
         self.sync_deferred = false;
         if !std::mem::take(&mut self.sync_owed) {
             self.durable_reads.done(1, None);
@@ -503,7 +442,6 @@ impl Manager {
     /// Leaves a batch that failed without syncing it: a replica that cannot apply a command
     /// must not record a position past it.
     pub fn abandon_batch(&mut self) {
-        self.once_pending.clear();
         self.sync_deferred = false;
         self.sync_owed = false;
         self.durable_reads.pinned = None;
@@ -603,53 +541,25 @@ impl Manager {
             .unwrap_or(0)
             .max(sequence)
             .saturating_sub(ONCE_WINDOW);
-        let pending = PendingOnce {
-            client,
-            sequence,
-            kept,
-            record,
-            floor,
-            stamp: self.order_position,
-        };
-        // Not synced by itself: the next durable commit carries it (in a batch, the batch's
-        // sync; a replica that crashes before then catches up from a peer's store, which has
-        // it: see replica.rs). In a batch it is written when the batch ends (module doc).
-        self.once_pending.push(pending);
-        if !self.sync_deferred {
-            self.write_pending_once()?;
-        }
-        Ok(answer)
-    }
-
-    /// Writes the `once` records kept in memory, in one commit without sync. The store's
-    /// position moves to the last record's if that is later: where the commits one by one
-    /// would have left it (the last of them; a later command's commit may have written a
-    /// later position already, which stays).
-    fn write_pending_once(&mut self) -> Result<(), Failure> {
-        let Some(last) = self.once_pending.last() else {
-            return Ok(());
-        };
-        let stamp = last.stamp;
-        let pending = std::mem::take(&mut self.once_pending);
-        // Written here, not by the commit (which writes the current position).
-        let position = self.order_position.take();
-        let written = self.write_with(redb::Durability::None, |change| {
-            write_once_records(change.txn, &pending)?;
-            let meta = &mut change.tables.meta;
-            let stored = |key| -> Result<u64, Failure> {
-                Ok(meta.get(key)?.map(|value| value.value()).unwrap_or(0))
-            };
-            let stored = OrderPosition {
-                epoch: stored(KEY_ORDER_EPOCH)?,
-                next: stored(KEY_ORDER_NEXT)?,
-            };
-            match stamp {
-                Some(stamp) if stamp > stored => stamp.write(meta),
-                _ => Ok(()),
+        let stamp = self.order_position;
+        // Not synced by itself: the next durable commit carries it. A replica that crashes
+        // before then catches up from a peer's store, which has it (see replica.rs).
+        self.write_with(redb::Durability::None, |change| {
+            if let Some(stamp) = stamp {
+                stamp_client(change.txn, client, stamp)?;
             }
-        });
-        self.order_position = position;
-        written
+            let mut table = change.txn.open_table(ONCE)?;
+            table.insert((client, sequence), record.as_slice())?;
+            let stale = table
+                .range((client, 0)..=(client, floor))?
+                .map(|entry| entry.map(|(key, _)| key.value()))
+                .collect::<Result<Vec<_>, _>>()?;
+            for key in stale {
+                table.remove(key)?;
+            }
+            Ok(())
+        })?;
+        Ok(answer)
     }
 
     /// A kept answer with this replica's own view of its file's servers put back (see
@@ -670,8 +580,6 @@ impl Manager {
     /// at most about [`ONCE_EXPIRED_RECORDS_MAX`]; how many it removed. Whether some remain
     /// is kept for [`Manager::once_expiry_backlog`].
     pub(crate) fn expire_once(&mut self, before: OrderPosition) -> Result<usize, Failure> {
-        // What it expires must not depend on where this replica's batch began.
-        self.write_pending_once()?;
         let (removed, backlog) = self.write(|change| {
             let mut idle = change.txn.open_table(ONCE_IDLE)?;
             let mut clients = change.txn.open_table(ONCE_CLIENTS)?;
@@ -710,37 +618,8 @@ impl Manager {
         self.once_expiry_backlog
     }
 
-    /// The answer kept for `(client, sequence)`, and the client's latest sequence kept: in
-    /// the table as the batch's pending records would leave it once written (module doc).
+    /// The answer kept for `(client, sequence)`, and the client's latest sequence kept.
     fn read_once(
-        &self,
-        client: u64,
-        sequence: u64,
-    ) -> Result<(Option<ManagerResponse>, Option<u64>), Failure> {
-        let mut pending = self.once_pending.iter().filter(|p| p.client == client);
-        let Some(first) = pending.next() else {
-            return self.read_once_stored(client, sequence);
-        };
-        let (mut latest, mut floor) = (first.sequence, first.floor);
-        let mut kept = (first.sequence == sequence).then(|| first.kept.clone());
-        for later in pending {
-            (latest, floor) = (latest.max(later.sequence), floor.max(later.floor));
-            if later.sequence == sequence {
-                kept = Some(later.kept.clone());
-            }
-        }
-        let (stored, stored_latest) = self.read_once_stored(client, sequence)?;
-        let latest = Some(latest.max(stored_latest.unwrap_or(0)));
-        // Floors only rise, and each pending record's own floor lies below its number: the
-        // numbers up to the highest floor are gone, pending or stored, once all are written.
-        if sequence <= floor {
-            return Ok((None, latest));
-        }
-        Ok((kept.or(stored), latest))
-    }
-
-    /// [`Manager::read_once`] from the table alone.
-    fn read_once_stored(
         &self,
         client: u64,
         sequence: u64,

@@ -186,9 +186,6 @@ pub struct Manager {
     pub(crate) durable_reads: crate::command::DurableReads,
     /// The last `ExpireOnce` applied stopped at its bound (see `command.rs`).
     pub(crate) once_expiry_backlog: bool,
-    /// `once` records of the batch being applied, written together when it ends (see
-    /// `command.rs`).
-    pub(crate) once_pending: Vec<crate::command::PendingOnce>,
     /// Reserved streams admitted on the servers' links (soft state, see `reservations.rs`).
     reservations: crate::reservations::Reservations,
     /// Tests: every commit fails as a full disk would.
@@ -284,7 +281,6 @@ impl Manager {
             synced_commits: 0,
             durable_reads: crate::command::DurableReads::default(),
             once_expiry_backlog: false,
-            once_pending: Vec::new(),
             reservations: crate::reservations::Reservations::new(config.links),
             #[cfg(test)]
             fail_commits: false,
