@@ -154,6 +154,11 @@ pub struct StreamSample {
     /// server sends a read's DATA; in the mirror case each server holds one stream's file).
     #[serde(default)]
     pub server: Option<u32>,
+    /// The sender's pacing, sampled with `queue_us`: µs since the agreed start, the shortest
+    /// wait of a paced best-effort session, ns (0: none; a full-size frame per wait is its
+    /// controller's rate), and the bytes its sessions held queued.
+    #[serde(default)]
+    pub pacing: Vec<(u64, u64, u64)>,
 }
 
 /// How often a stream samples the queue its server reports.
@@ -186,23 +191,30 @@ impl CounterSource {
 fn sample_queue(
     source: CounterSource,
     start_unix_us: u64,
-    into: std::sync::Arc<std::sync::Mutex<Vec<(u64, u64)>>>,
+    into: std::sync::Arc<std::sync::Mutex<Samples>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         sleep_until_unix_us(start_unix_us).await;
         loop {
             let counters = source.counters().await;
-            let queue = counters
-                .get("peer_queue_delay_us_max")
-                .copied()
-                .unwrap_or(0);
+            let get = |name: &str| counters.get(name).copied().unwrap_or(0);
             let at = unix_us().saturating_sub(start_unix_us);
             if let Ok(mut samples) = into.lock() {
-                samples.push((at, queue));
+                samples.queue_us.push((at, get("peer_queue_delay_us_max")));
+                samples
+                    .pacing
+                    .push((at, get("best_effort_wait_ns"), get("queued_bytes")));
             }
             tokio::time::sleep(QUEUE_SAMPLE_EVERY).await;
         }
     })
+}
+
+/// What [`sample_queue`] collects.
+#[derive(Default)]
+struct Samples {
+    queue_us: Vec<(u64, u64)>,
+    pacing: Vec<(u64, u64, u64)>,
 }
 
 /// Asks the manager to admit `job`'s stream of `file` at the job's admission time.
@@ -320,7 +332,7 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
         pacer: client.transport_counters().await,
     };
 
-    let queue = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let queue = std::sync::Arc::new(std::sync::Mutex::new(Samples::default()));
     let sampler = sample_queue(source.clone(), job.start_unix_us, queue.clone());
     sleep_until_unix_us(job.start_unix_us).await;
     let started = tokio::time::Instant::now();
@@ -351,7 +363,7 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
     }
     let report = clock.finish();
     sampler.abort();
-    let queue_us = std::mem::take(&mut *queue.lock().unwrap_or_else(|e| e.into_inner()));
+    let samples = std::mem::take(&mut *queue.lock().unwrap_or_else(|e| e.into_inner()));
     if let Some(held) = held {
         // A release that fails only leaves the reservation to lapse with its lease.
         let _ = held.release().await;
@@ -365,7 +377,8 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
     sample.start_late_us = start_late_us;
     sample.done = done;
     sample.ledger = report;
-    sample.queue_us = queue_us;
+    sample.queue_us = samples.queue_us;
+    sample.pacing = samples.pacing;
     sample.server = match source {
         CounterSource::Client(_) => None,
         CounterSource::Server(_, status) => Some(status.id),
@@ -405,6 +418,7 @@ impl Grown {
             pacer_late_sends: pacer("pacer_late_sends"),
             queue_us: Vec::new(),
             server: None,
+            pacing: Vec::new(),
         }
     }
 }
