@@ -741,8 +741,17 @@ impl Pacer {
             self.stats.late_sends += 1;
         }
         let Some(reservation) = self.reservation else {
+            // As a reservation's, the next packet waits from when this one was due, by at
+            // most `CATCH_UP_US_MAX`: waited from when it went, a best-effort sender on a
+            // late host lost every wake-up's lateness, and the punctuated run's short
+            // streams got 0.63-0.90 of what the reservation left them (`lab radon`, load
+            // 9-10). Kept `w_min` apart instead, a sender can catch up only one packet per
+            // wake-up, which is what a late host lacks (simulator, hosts late up to 400 µs
+            // with 5% stalls: no gain).
             self.wait_ns = self.best_effort_wait_ns(sent.wire_bytes);
-            self.next_send_ns = now_ns + self.wait_ns;
+            let from_ns =
+                scheduled_ns.clamp(now_ns.saturating_sub(CATCH_UP_US_MAX * 1_000), now_ns);
+            self.next_send_ns = from_ns + self.wait_ns;
             return;
         };
         self.roll_periods(sent.now, sent.queued_bytes);
@@ -1040,9 +1049,9 @@ mod tests {
 
         /// Whatever the reservation, the queue reports, the sizes of the packets and how late
         /// the host runs the sender, the pacer never lets packets go faster than one
-        /// packet's time on the link each (`w_min`): two in a row only closer when a
-        /// reserved stream catches up after a late one, and any span of them never more
-        /// than [`CATCH_UP_US_MAX`] ahead of `w_min` a packet.
+        /// packet's time on the link each (`w_min`): two in a row only closer when the
+        /// sender catches up after a late one, and any span of them never more than
+        /// [`CATCH_UP_US_MAX`] ahead of `w_min` a packet.
         #[test]
         fn pacing_never_sends_faster_than_w_min_allows(
             rate in 1u64..1_000_000_000,
@@ -1061,6 +1070,7 @@ mod tests {
             let mut now = 0;
             // Every packet sent: when, and w_min after it, ns.
             let mut sends: Vec<(Micros, u64)> = Vec::new();
+            let mut last_late_at: Option<Micros> = None;
             for (seq, (bytes, extra_us, queue_us)) in (0u64..).zip(steps) {
                 // Now and then the host runs the sender late (up to 2 ms).
                 let late_us = if extra_us % 7 == 0 { extra_us % 2_000 } else { extra_us % 3 };
@@ -1069,8 +1079,15 @@ mod tests {
                     // Packet to packet, w_min apart at least, unless catching up after a late
                     // send; over any span of packets, never more than CATCH_UP_US_MAX ahead
                     // of w_min per packet (1 µs of rounding per packet).
-                    let late = now - at < w_min_ns / 1_000;
-                    prop_assert!(!late || reserved, "{} after {} (w_min {} ns)", now, at, w_min_ns);
+                    // (Catching up: behind its schedule after a late send, by at most
+                    // CATCH_UP_US_MAX.)
+                    let close = now - at < w_min_ns / 1_000;
+                    let catching_up = last_late_at
+                        .is_some_and(|late| late + 2 * CATCH_UP_US_MAX >= at);
+                    prop_assert!(
+                        !close || catching_up,
+                        "{} after {} (w_min {} ns)", now, at, w_min_ns
+                    );
                     let mut needed_ns = 0u64;
                     for (k, &(at, w_min_ns)) in sends.iter().rev().enumerate() {
                         needed_ns += w_min_ns;
@@ -1083,6 +1100,9 @@ mod tests {
                 }
                 pacer.on_sent(sent(now, bytes, 1 << 20), seq.wrapping_mul(0x9e37_79b9_7f4a_7c15));
                 sends.push((now, pacer.wait_ns_min(bytes + 88)));
+                if late_us > 0 {
+                    last_late_at = Some(now);
+                }
                 pacer.on_queue_report(QueueReport {
                     queue_delay_us: queue_us,
                     now,
