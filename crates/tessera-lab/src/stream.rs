@@ -69,6 +69,10 @@ pub struct StreamJob {
     /// readers' host.
     #[serde(default)]
     pub read: bool,
+    /// After a write, make it durable and give the manager the file's size (the mirror
+    /// case's files, written for readers).
+    #[serde(default)]
+    pub sync: bool,
 }
 
 impl StreamJob {
@@ -362,6 +366,9 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
             .await?;
     }
     let report = clock.finish();
+    if job.sync {
+        client.sync_open(&mut open).await?;
+    }
     sampler.abort();
     let samples = std::mem::take(&mut *queue.lock().unwrap_or_else(|e| e.into_inner()));
     if let Some(held) = held {
@@ -440,6 +447,7 @@ mod tests {
             admit_unix_us: 1,
             start_unix_us: 2,
             read: false,
+            sync: false,
         };
         let text = serde_json::to_string(&job).unwrap();
         assert!(text.contains("\"pacing\":\"admitted\""), "{text}");

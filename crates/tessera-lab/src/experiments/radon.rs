@@ -569,6 +569,7 @@ fn jobs(
                 admit_unix_us: admit_from + index as u64 * ADMISSION_STAGGER_US,
                 start_unix_us: start_unix_us + (plan.start_s * 1e6) as u64,
                 read: config.mirror,
+                sync: false,
             };
             (stream_host(config.mirror, index), ClientJob::Stream(job))
         })
@@ -669,6 +670,7 @@ fn fill(
                     host,
                     ClientJob::Stream(StreamJob {
                         read: false,
+                        sync: true,
                         best_effort: true,
                         pacing: StreamPacing::Constant,
                         rate_bytes_per_s: capacity as u64,
