@@ -1413,6 +1413,40 @@ mod tests {
     }
 
     /// A first transmission of `payload_bytes` with 88 bytes of headers.
+    #[test]
+    fn a_best_effort_sender_on_a_late_host_keeps_its_rate() {
+        // Best effort at its starting rate (a sixteenth of 125 MB/s: 1,088 bytes on the wire
+        // every 139 µs), on a host that runs the sender 70 µs late at every packet (`lab
+        // radon`'s median lateness): the packets go at the rate, 70 µs behind, not 70 µs
+        // apart more each (0.67 of the rate, as before the catch-up).
+        let mut pacer = Pacer::new(RadonConfig::default());
+        let wait_us = 1_088.0 * BEST_EFFORT_START_DIVISOR as f64 / 125.0;
+        let (mut now, mut packets) = (0, 0u64);
+        while now < 100_000 {
+            pacer.on_sent(sent(now, 1_000, 1 << 30), 0);
+            packets += 1;
+            now = pacer.send_at(now).unwrap_or(now) + 70;
+        }
+        let expected = 100_000.0 / wait_us;
+        assert!(
+            packets as f64 >= 0.98 * expected,
+            "{packets} packets in 100 ms, {expected:.0} at the rate"
+        );
+        // Catching up stops at CATCH_UP_US_MAX: after a stall of 10 ms, at most 1 ms of
+        // packets go back to back.
+        let stalled = now + 10_000;
+        pacer.on_sent(sent(stalled, 1_000, 1 << 30), 0);
+        let mut burst = 1;
+        while pacer.send_at(stalled).is_none() {
+            pacer.on_sent(sent(stalled, 1_000, 1 << 30), 0);
+            burst += 1;
+        }
+        assert!(
+            burst as f64 <= 1_000.0 / wait_us + 2.0,
+            "{burst} packets at once"
+        );
+    }
+
     fn sent(now: Micros, payload_bytes: u64, queued_bytes: u64) -> SentPacket {
         SentPacket {
             now,
