@@ -495,6 +495,8 @@ struct Deadlines {
     /// Its data delivered, bytes, and when its last byte arrived.
     delivered_bytes: u64,
     last_delivered_us: Micros,
+    /// Every message's delivery: when, and its data bytes.
+    deliveries: Vec<(Micros, u64)>,
 }
 
 /// Six hosts (or fewer) write reserved streams into one receiver behind the port, as
@@ -732,6 +734,9 @@ fn run_periodic_from(
                 }
                 let before = delivered[index] / budgets[index];
                 delivered[index] += (message.len() - REQUEST_HEADER_BYTES) as u64;
+                results[index]
+                    .deliveries
+                    .push((now, (message.len() - REQUEST_HEADER_BYTES) as u64));
                 results[index].delivered_bytes = delivered[index];
                 results[index].last_delivered_us = now;
                 let after = delivered[index] / budgets[index];
@@ -1047,6 +1052,69 @@ fn short_best_effort_streams_get_the_rest_while_a_reservation_sends() {
                 rate >= 0.8 * rest,
                 "{name}: stream {stream} got {:.3} of the rest",
                 rate / rest
+            );
+        }
+    }
+}
+
+/// `lab radon`'s full punctuated run in the simulator: 1 s periods over 10 s, the short
+/// streams starting at 1/7 to 5/7 of the run (0.14-0.86 s into a period).
+#[test]
+#[ignore = "exploratory: prints the full run's short streams' share of the rest"]
+fn short_best_effort_streams_in_the_full_run() {
+    const STARTS_US: [Micros; 5] = [1_438_571, 2_867_143, 4_295_714, 5_724_286, 7_152_857];
+    const FULL_PORT: PortSetup = PortSetup {
+        period_us: 1_000_000,
+        ..LAB_QUICK_PORT
+    };
+    // A loaded host (`lab radon` at load 9-10: wake-ups over 1 ms late 30% of the time).
+    const LOADED: tessera_datagram::sim::Lateness = tessera_datagram::sim::Lateness {
+        late_us_max: 400,
+        stall: 0.05,
+        stall_us_max: 3_000,
+    };
+    let shares = [0.749, 0.251, 0.251, 0.251, 0.251, 0.251];
+    let short_bytes = 500 * FRAGMENT_BYTES as u64;
+    let rest = (1.0 - 0.749) * payload_capacity();
+    for (seed, lateness) in [
+        (1, LAB_LATENESS),
+        (2, LAB_LATENESS),
+        (1, LOADED),
+        (2, LOADED),
+    ] {
+        eprintln!("lateness {lateness:?}");
+        let start = PeriodicStart {
+            best_effort_from: 1,
+            port: FULL_PORT,
+            short: Some(ShortStreams {
+                starts_us: &STARTS_US,
+                bytes: short_bytes,
+            }),
+            ..PeriodicStart::default()
+        };
+        let duration_us = start.start_us + 10 * FULL_PORT.period_us;
+        let (results, queue) = run_periodic_from(&shares, Some(lateness), duration_us, seed, start);
+        let name = format!("punctuated behind admission, lab's full run, seed {seed}");
+        report_deadlines(&name, &shares, &results);
+        eprintln!("  port queue: {queue:?}");
+        for (index, (result, &start_us)) in results[1..].iter().zip(&STARTS_US).enumerate() {
+            let rate = short_bytes as f64 * 1e6 / (result.last_delivered_us - start_us) as f64;
+            let end_us = result.last_delivered_us;
+            let long: u64 = results[0]
+                .deliveries
+                .iter()
+                .filter(|(at, _)| (start_us..=end_us).contains(at))
+                .map(|(_, bytes)| bytes)
+                .sum();
+            let long_share = long as f64 * 1e6 / (end_us - start_us) as f64 / payload_capacity();
+            eprintln!(
+                "  stream {}: {:.3} of the rest, done {} ms after its start; stream 1 got {:.3} \
+                 of the port meanwhile, the two {:.3}",
+                index + 2,
+                rate / rest,
+                (end_us - start_us) / 1_000,
+                long_share,
+                long_share + rate / payload_capacity(),
             );
         }
     }

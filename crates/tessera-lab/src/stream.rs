@@ -1,5 +1,6 @@
 //! What the measurement client does for one stream of `lab radon`: a write of its own file
-//! at a rate, each period's bytes released at the period's start (the CLI's `--rate` ledger,
+//! at a rate (or, in the mirror case, a read of a file written before), each period's bytes
+//! released at the period's start (the CLI's `--rate` ledger,
 //! [`tessera_client::stream::StreamClock`]), from an agreed start time, with the completion
 //! of every chunk timed.
 //!
@@ -63,6 +64,15 @@ pub struct StreamJob {
     pub admit_unix_us: u64,
     /// When to start writing, µs since the Unix epoch (the hosts share the clock).
     pub start_unix_us: u64,
+    /// Read the file (written before, by a job that was not) instead of writing it: the
+    /// mirror case, where the servers send and the streams meet in the port toward the
+    /// readers' host.
+    #[serde(default)]
+    pub read: bool,
+    /// After a write, make it durable and give the manager the file's size (the mirror
+    /// case's files, written for readers).
+    #[serde(default)]
+    pub sync: bool,
 }
 
 impl StreamJob {
@@ -140,36 +150,75 @@ pub struct StreamSample {
     #[serde(default)]
     pub pacer_late_sends: u64,
     /// The queue toward the server that the server reports (its RFD estimate through the
-    /// median filter), sampled: µs since the agreed start, µs of queue.
+    /// median filter), sampled: µs since the agreed start, µs of queue. For a read, the
+    /// queue toward this client as it reports it to the file's server (the server's counter).
     #[serde(default)]
     pub queue_us: Vec<(u64, u64)>,
+    /// A read: the server holding the file, whose counters the packet counts above are (the
+    /// server sends a read's DATA; in the mirror case each server holds one stream's file).
+    #[serde(default)]
+    pub server: Option<u32>,
+    /// The sender's pacing, sampled with `queue_us`: µs since the agreed start, the shortest
+    /// wait of a paced best-effort session, ns (0: none; a full-size frame per wait is its
+    /// controller's rate), and the bytes its sessions held queued.
+    #[serde(default)]
+    pub pacing: Vec<(u64, u64, u64)>,
 }
 
 /// How often a stream samples the queue its server reports.
 pub const QUEUE_SAMPLE_EVERY: Duration = Duration::from_millis(10);
 
-/// Samples the queue the client's server reports every [`QUEUE_SAMPLE_EVERY`] from the
-/// agreed start until aborted, into `into`.
+/// Where a stream's counters come from: the client's own endpoint (a write: it sends the
+/// DATA), or the one server holding the file (a read).
+#[derive(Clone)]
+enum CounterSource {
+    Client(Client),
+    Server(Client, tessera_wire::ServerStatus),
+}
+
+impl CounterSource {
+    async fn counters(&self) -> std::collections::BTreeMap<String, u64> {
+        match self {
+            CounterSource::Client(client) => client.transport_counters().await,
+            CounterSource::Server(client, server) => client
+                .counters_of(vec![server.clone()])
+                .await
+                .pop()
+                .map(|(_, counters)| counters)
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Samples the queue the stream's receiver reports to its sender every
+/// [`QUEUE_SAMPLE_EVERY`] from the agreed start until aborted, into `into`.
 fn sample_queue(
-    client: Client,
+    source: CounterSource,
     start_unix_us: u64,
-    into: std::sync::Arc<std::sync::Mutex<Vec<(u64, u64)>>>,
+    into: std::sync::Arc<std::sync::Mutex<Samples>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         sleep_until_unix_us(start_unix_us).await;
         loop {
-            let counters = client.transport_counters().await;
-            let queue = counters
-                .get("peer_queue_delay_us_max")
-                .copied()
-                .unwrap_or(0);
+            let counters = source.counters().await;
+            let get = |name: &str| counters.get(name).copied().unwrap_or(0);
             let at = unix_us().saturating_sub(start_unix_us);
             if let Ok(mut samples) = into.lock() {
-                samples.push((at, queue));
+                samples.queue_us.push((at, get("peer_queue_delay_us_max")));
+                samples
+                    .pacing
+                    .push((at, get("best_effort_wait_ns"), get("queued_bytes")));
             }
             tokio::time::sleep(QUEUE_SAMPLE_EVERY).await;
         }
     })
+}
+
+/// What [`sample_queue`] collects.
+#[derive(Default)]
+struct Samples {
+    queue_us: Vec<(u64, u64)>,
+    pacing: Vec<(u64, u64, u64)>,
 }
 
 /// Asks the manager to admit `job`'s stream of `file` at the job's admission time.
@@ -192,6 +241,75 @@ fn unix_us() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
+/// The stream's file: created (replacing one of its path) for a write, looked up for a
+/// read.
+async fn stream_file(setup: &Client, job: &StreamJob) -> Result<tessera_client::File, LabError> {
+    if job.read {
+        return Ok(setup.open(&job.path).await?);
+    }
+    let layout = LayoutRequest {
+        scheme: Scheme::Raid0,
+        stripe_unit: STREAM_STRIPE_UNIT_BYTES,
+        width: Some(1),
+    };
+    Ok(setup.create_replacing(&job.path, layout).await?)
+}
+
+/// Asks the manager if the job's line does; the reservation held while the stream runs.
+async fn admission(
+    setup: &Client,
+    file: &tessera_client::File,
+    job: &StreamJob,
+) -> Result<(AdmissionOutcome, Option<tessera_client::stream::Admission>), LabError> {
+    Ok(match job.pacing {
+        _ if job.best_effort => (AdmissionOutcome::NotAsked, None),
+        StreamPacing::Constant | StreamPacing::Radon => (AdmissionOutcome::NotAsked, None),
+        StreamPacing::Admitted => match admit_at(setup, file, job).await {
+            Ok(held) => (AdmissionOutcome::Admitted, Some(held)),
+            Err(ClientError::Metadata(refused @ ManagerError::ReservationRefused { .. })) => (
+                AdmissionOutcome::Refused {
+                    message: refused.to_string(),
+                },
+                None,
+            ),
+            Err(e) => return Err(e.into()),
+        },
+    })
+}
+
+/// The reservation the stream's sessions get.
+fn session_reservation(job: &StreamJob, admission: &AdmissionOutcome) -> Option<Reservation> {
+    match (job.pacing, admission) {
+        _ if job.best_effort => None,
+        (StreamPacing::Constant, _) => Some(Reservation {
+            period_us: CONSTANT_SESSION_PERIOD_US,
+            ..job.reservation()
+        }),
+        (_, AdmissionOutcome::Refused { .. }) => None,
+        _ => Some(job.reservation()),
+    }
+}
+
+/// Where the stream's packet counts come from: the client for a write, the file's server
+/// for a read.
+async fn counter_source(
+    client: &Client,
+    open: &tessera_client::OpenFile,
+    job: &StreamJob,
+) -> Result<CounterSource, LabError> {
+    if !job.read {
+        return Ok(CounterSource::Client(client.clone()));
+    }
+    let id = open.meta().servers.first().copied();
+    let server = client
+        .status()
+        .await?
+        .into_iter()
+        .find(|s| Some(s.id) == id)
+        .ok_or_else(|| LabError::Connect(format!("the server of {} is not up", job.path)))?;
+    Ok(CounterSource::Server(client.clone(), server))
+}
+
 /// Run `job`, making clients with `connect`.
 pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, LabError> {
     assert!(
@@ -204,86 +322,112 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
         .validate()
         .map_err(|e| LabError::Connect(e.to_string()))?;
     let setup = connect(None)?;
-    let layout = LayoutRequest {
-        scheme: Scheme::Raid0,
-        stripe_unit: STREAM_STRIPE_UNIT_BYTES,
-        width: Some(1),
-    };
-    let file = setup.create_replacing(&job.path, layout).await?;
-    let (admission, held) = match job.pacing {
-        _ if job.best_effort => (AdmissionOutcome::NotAsked, None),
-        StreamPacing::Constant | StreamPacing::Radon => (AdmissionOutcome::NotAsked, None),
-        StreamPacing::Admitted => match admit_at(&setup, &file, job).await {
-            Ok(held) => (AdmissionOutcome::Admitted, Some(held)),
-            Err(ClientError::Metadata(refused @ ManagerError::ReservationRefused { .. })) => (
-                AdmissionOutcome::Refused {
-                    message: refused.to_string(),
-                },
-                None,
-            ),
-            Err(e) => return Err(e.into()),
-        },
-    };
-    let sessions = match (job.pacing, &admission) {
-        _ if job.best_effort => None,
-        (StreamPacing::Constant, _) => Some(Reservation {
-            period_us: CONSTANT_SESSION_PERIOD_US,
-            ..reservation
-        }),
-        (_, AdmissionOutcome::Refused { .. }) => None,
-        _ => Some(reservation),
-    };
-    let client = connect(sessions)?;
+    let file = stream_file(&setup, job).await?;
+    let (admission, held) = admission(&setup, &file, job).await?;
+    let client = connect(session_reservation(job, &admission))?;
     let mut open = client.open_id(&file).await?;
     // Open the client's session to the server before the start (one request), so that the
     // stream's first period does not pay for the handshake (15-20 ms on the busy testbed,
     // which every period after it then lagged by).
     client.server_counters().await?;
-    let before = client.transport_counters().await;
+    let source = counter_source(&client, &open, job).await?;
+    let before = Grown {
+        packets: source.counters().await,
+        pacer: client.transport_counters().await,
+    };
 
-    let queue = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sampler = sample_queue(client.clone(), job.start_unix_us, queue.clone());
+    let queue = std::sync::Arc::new(std::sync::Mutex::new(Samples::default()));
+    let sampler = sample_queue(source.clone(), job.start_unix_us, queue.clone());
     sleep_until_unix_us(job.start_unix_us).await;
     let started = tokio::time::Instant::now();
     let start_late_us = unix_us().saturating_sub(job.start_unix_us);
     let mut clock = client.start_stream(reservation);
     let mut done = Vec::new();
-    let mut source = std::io::Read::take(std::io::repeat(0), job.bytes);
     let mut progress = |bytes: u64| {
         let at = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         done.push((at + start_late_us, bytes));
     };
-    client
-        .upload(&mut open, 0, &mut source, Some(&mut clock), &mut progress)
-        .await?;
+    if job.read {
+        let mut sink = std::io::sink();
+        client
+            .download(
+                &open,
+                0,
+                job.bytes,
+                &mut sink,
+                Some(&mut clock),
+                &mut progress,
+            )
+            .await?;
+    } else {
+        let mut source = std::io::Read::take(std::io::repeat(0), job.bytes);
+        client
+            .upload(&mut open, 0, &mut source, Some(&mut clock), &mut progress)
+            .await?;
+    }
     let report = clock.finish();
+    if job.sync {
+        client.sync_open(&mut open).await?;
+    }
     sampler.abort();
-    let queue_us = std::mem::take(&mut *queue.lock().unwrap_or_else(|e| e.into_inner()));
+    let samples = std::mem::take(&mut *queue.lock().unwrap_or_else(|e| e.into_inner()));
     if let Some(held) = held {
         // A release that fails only leaves the reservation to lapse with its lease.
         let _ = held.release().await;
     }
-    let after = client.transport_counters().await;
-    let grown = |name: &str| {
-        let at = |c: &std::collections::BTreeMap<String, u64>| c.get(name).copied().unwrap_or(0);
-        at(&after).saturating_sub(at(&before))
+    let after = Grown {
+        packets: source.counters().await,
+        pacer: client.transport_counters().await,
     };
-    Ok(StreamSample {
-        admission,
-        start_late_us,
-        done,
-        ledger: report,
-        data_packets_sent: grown("data_packets_sent"),
-        retransmissions: grown("retransmissions"),
-        timeout_retransmissions: grown("timeout_retransmissions"),
-        timeouts: grown("timeouts"),
-        spurious_timeouts: grown("spurious_timeouts"),
-        timeouts_without_resend: grown("timeouts_without_resend"),
-        pacer_periods: grown("pacer_periods"),
-        pacer_deadlines_missed: grown("pacer_deadlines_missed"),
-        pacer_late_sends: grown("pacer_late_sends"),
-        queue_us,
-    })
+    let mut sample = after.since(&before);
+    sample.admission = admission;
+    sample.start_late_us = start_late_us;
+    sample.done = done;
+    sample.ledger = report;
+    sample.queue_us = samples.queue_us;
+    sample.pacing = samples.pacing;
+    sample.server = match source {
+        CounterSource::Client(_) => None,
+        CounterSource::Server(_, status) => Some(status.id),
+    };
+    Ok(sample)
+}
+
+/// Counters at one moment: the stream's packets (the client's for a write, the file's
+/// server's for a read) and the client's pacers.
+struct Grown {
+    packets: std::collections::BTreeMap<String, u64>,
+    pacer: std::collections::BTreeMap<String, u64>,
+}
+
+impl Grown {
+    /// What grew since `before`, as a sample with nothing else filled in.
+    fn since(&self, before: &Grown) -> StreamSample {
+        let at = |c: &std::collections::BTreeMap<String, u64>, name: &str| {
+            c.get(name).copied().unwrap_or(0)
+        };
+        let packets =
+            |name: &str| at(&self.packets, name).saturating_sub(at(&before.packets, name));
+        let pacer = |name: &str| at(&self.pacer, name).saturating_sub(at(&before.pacer, name));
+        StreamSample {
+            admission: AdmissionOutcome::NotAsked,
+            start_late_us: 0,
+            done: Vec::new(),
+            ledger: StreamReport::default(),
+            data_packets_sent: packets("data_packets_sent"),
+            retransmissions: packets("retransmissions"),
+            timeout_retransmissions: packets("timeout_retransmissions"),
+            timeouts: packets("timeouts"),
+            spurious_timeouts: packets("spurious_timeouts"),
+            timeouts_without_resend: packets("timeouts_without_resend"),
+            pacer_periods: pacer("pacer_periods"),
+            pacer_deadlines_missed: pacer("pacer_deadlines_missed"),
+            pacer_late_sends: pacer("pacer_late_sends"),
+            queue_us: Vec::new(),
+            server: None,
+            pacing: Vec::new(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -302,6 +446,8 @@ mod tests {
             link_bytes_per_s: 25_000_000,
             admit_unix_us: 1,
             start_unix_us: 2,
+            read: false,
+            sync: false,
         };
         let text = serde_json::to_string(&job).unwrap();
         assert!(text.contains("\"pacing\":\"admitted\""), "{text}");

@@ -399,8 +399,14 @@ pub fn serve_udp(
 /// Radon's view over the endpoint's sessions: the reserved sessions' periods and deadlines
 /// (as their pacers counted them) and the largest queue a peer reports toward it, µs (its
 /// RFD estimate through the median filter), for `lab radon` to sample beside `tc`.
+///
+/// Also, as gauges: the shortest wait between packets of a paced best-effort session (its
+/// controller's rate: a full-size frame per wait; 0 with none), and the bytes queued over
+/// every session (not yet acknowledged), to tell a sender held by its pacer from one with
+/// nothing to send.
 fn radon_counters(endpoint: &Endpoint) -> Vec<(String, u64)> {
     let (mut periods, mut met, mut missed, mut late, mut queue_us) = (0, 0, 0, 0, 0);
+    let (mut best_effort_wait_ns, mut queued_bytes) = (u64::MAX, 0);
     for info in endpoint
         .sessions()
         .filter_map(|id| endpoint.session_info(id))
@@ -410,6 +416,10 @@ fn radon_counters(endpoint: &Endpoint) -> Vec<(String, u64)> {
         missed += info.deadlines.deadlines_missed;
         late += info.deadlines.late_sends;
         queue_us = queue_us.max(info.peer_queue_delay_us);
+        queued_bytes += info.queued_bytes;
+        if info.reservation.is_none() && info.pacing_wait_ns > 0 {
+            best_effort_wait_ns = best_effort_wait_ns.min(info.pacing_wait_ns);
+        }
     }
     vec![
         ("pacer_periods".into(), periods),
@@ -417,6 +427,15 @@ fn radon_counters(endpoint: &Endpoint) -> Vec<(String, u64)> {
         ("pacer_deadlines_missed".into(), missed),
         ("pacer_late_sends".into(), late),
         ("peer_queue_delay_us_max".into(), queue_us),
+        (
+            "best_effort_wait_ns".into(),
+            if best_effort_wait_ns == u64::MAX {
+                0
+            } else {
+                best_effort_wait_ns
+            },
+        ),
+        ("queued_bytes".into(), queued_bytes),
     ]
 }
 

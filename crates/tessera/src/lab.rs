@@ -69,6 +69,10 @@ enum Experiment {
         /// Only these lines (constant, radon, tessera; repeat for more).
         #[arg(long = "line")]
         lines: Vec<String>,
+        /// The mirror case: six reader processes on one host read from six servers, the
+        /// streams meeting in the port toward the readers (`DIR/radon-mirror.*`).
+        #[arg(long)]
+        mirror: bool,
         /// An extra flag for the measurement clients (repeat for more).
         #[arg(long, allow_hyphen_values = true)]
         client_arg: Vec<String>,
@@ -309,6 +313,7 @@ pub async fn run(config: &Flags, args: LabArgs) -> Result<()> {
             quick,
             experiments,
             lines,
+            mirror,
             client_arg,
             common,
         } => {
@@ -317,6 +322,7 @@ pub async fn run(config: &Flags, args: LabArgs) -> Result<()> {
             } else {
                 RadonLabConfig::full()
             };
+            radon.mirror = mirror;
             if !experiments.is_empty() {
                 radon.experiments = experiments
                     .iter()

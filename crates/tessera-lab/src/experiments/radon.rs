@@ -10,6 +10,10 @@
 //! Radon as the paper has it, and Tessera (Radon with the manager's admission control and
 //! the server's deadline-ordered service). Per stream: received rate, packets retransmitted,
 //! deadlines met; per run: the port's queue (`tc -s`, sampled) and its drops.
+//!
+//! The mirror case (`--mirror`, [`RadonLabConfig::mirror`]): six reader processes on one
+//! host (`c1`) each read a file of its own from a server of its own (`s1`..`s6`, files
+//! written beforehand), so the streams meet in the switch port toward the readers' host.
 
 use super::{calibrate, Calibration, LabConfig, Testbed};
 use crate::cluster::{Cluster, ClusterSpec, Transport};
@@ -28,6 +32,11 @@ use std::time::{Duration, Instant};
 pub const STREAMS: usize = 6;
 /// The one server, whose switch port the streams meet in.
 pub const SERVER_HOST: &str = "s1";
+/// The mirror case's one host of the six readers, whose switch port the streams meet in.
+pub const READER_HOST: &str = "c1";
+/// How long the mirror case's files get to be written before a run, beyond what the port
+/// carries them in, seconds.
+const FILL_SLACK_S: f64 = 30.0;
 /// Payload bytes of a full-size frame: 1500 bytes of IP less the IP, UDP and datagram
 /// headers (20 + 8 + 44).
 pub const PAYLOAD_BYTES_PER_FRAME: u64 = 1428;
@@ -233,6 +242,10 @@ pub struct RadonLabConfig {
     pub server_args: Vec<String>,
     /// Extra flags for the measurement clients.
     pub client_args: Vec<String>,
+    /// The mirror case: six reader processes on one host read from six servers (the files
+    /// written before each run), instead of six writers into one server.
+    #[serde(default)]
+    pub mirror: bool,
 }
 
 impl RadonLabConfig {
@@ -248,6 +261,7 @@ impl RadonLabConfig {
             setup_s: 3.0,
             server_args: Vec::new(),
             client_args: Vec::new(),
+            mirror: false,
         }
     }
 
@@ -272,6 +286,40 @@ pub fn payload_capacity(rate: Rate) -> f64 {
 /// The host of writer `index` (0-based).
 pub fn writer_host(index: usize) -> String {
     format!("c{}", index + 1)
+}
+
+/// The host of stream `index` (0-based): its own writer host, or in the mirror case the
+/// readers' one host.
+pub fn stream_host(mirror: bool, index: usize) -> String {
+    if mirror {
+        READER_HOST.into()
+    } else {
+        writer_host(index)
+    }
+}
+
+/// The host whose switch port the streams meet in.
+pub fn port_host(mirror: bool) -> &'static str {
+    if mirror {
+        READER_HOST
+    } else {
+        SERVER_HOST
+    }
+}
+
+/// The lab's hosts: the manager, the CLI's host, the server(s) and the stream hosts; the
+/// number of servers.
+fn hosts(mirror: bool) -> (Vec<String>, u32) {
+    let mut names = vec![MANAGER_HOST.to_string(), "cli".into()];
+    if mirror {
+        names.extend((1..=STREAMS as u32).map(crate::net::server_host));
+        names.push(READER_HOST.into());
+        (names, STREAMS as u32)
+    } else {
+        names.push(SERVER_HOST.into());
+        names.extend((0..STREAMS).map(writer_host));
+        (names, 1)
+    }
 }
 
 /// One stream's plan: its rate, when it starts (s after the run's start) and its bytes.
@@ -416,19 +464,30 @@ pub fn run(
 ) -> Result<(RadonReport, Vec<PathBuf>), LabError> {
     let start = Instant::now();
     let started_unix_s = super::unix_time_s();
-    let mut names = vec![MANAGER_HOST.to_string(), "cli".into(), SERVER_HOST.into()];
-    names.extend((0..STREAMS).map(writer_host));
+    let (names, servers) = hosts(config.mirror);
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let topology = Topology::new(RunPrefix::new(), &names, lab.link)?;
     lab.say(&format!(
-        "building the network: manager, server, {STREAMS} writers, links {}, switch buffer {}",
-        lab.link.rate, lab.link.switch_buffer
+        "building the network: manager, {servers} server(s), {STREAMS} {}, links {}, switch \
+         buffer {}",
+        if config.mirror {
+            "readers on one host"
+        } else {
+            "writers"
+        },
+        lab.link.rate,
+        lab.link.switch_buffer
     ));
     let network = Network::build(topology)?;
     let seconds = if config.quick { 0.5 } else { 2.0 };
-    let calibration = calibrate(&network, &lab.link, "c1", SERVER_HOST, seconds, &lab.cancel)?;
+    let (from, to) = if config.mirror {
+        (SERVER_HOST, READER_HOST)
+    } else {
+        ("c1", SERVER_HOST)
+    };
+    let calibration = calibrate(&network, &lab.link, from, to, seconds, &lab.cancel)?;
     lab.say(&calibration.markdown());
-    let mut spec = ClusterSpec::new(lab.exe.clone(), 1, Transport::Adaptive);
+    let mut spec = ClusterSpec::new(lab.exe.clone(), servers, Transport::Adaptive);
     // Admission control counts against the server's link at the lab's rate.
     spec.manager_args = vec![
         "--link-rate".into(),
@@ -463,7 +522,11 @@ pub fn run(
     };
     let paths = results::write_outputs(
         &lab.out_dir,
-        "radon",
+        if config.mirror {
+            "radon-mirror"
+        } else {
+            "radon"
+        },
         &report,
         &table(&report),
         &preamble(&report),
@@ -505,8 +568,10 @@ fn jobs(
                 link_bytes_per_s: lab.link.rate.bits_per_s / 8,
                 admit_unix_us: admit_from + index as u64 * ADMISSION_STAGGER_US,
                 start_unix_us: start_unix_us + (plan.start_s * 1e6) as u64,
+                read: config.mirror,
+                sync: false,
             };
-            (writer_host(index), ClientJob::Stream(job))
+            (stream_host(config.mirror, index), ClientJob::Stream(job))
         })
         .collect()
 }
@@ -531,12 +596,16 @@ fn run_one(
         payload_capacity(lab.link.rate),
         config.duration_s,
     );
+    if config.mirror {
+        fill(lab, config, cluster, experiment, line, &plans)?;
+    }
     let start_unix_us = unix_us() + (config.setup_s * 1e6) as u64;
     let jobs = jobs(lab, config, experiment, line, &plans, start_unix_us);
-    let before = network.port_stats(SERVER_HOST)?;
+    let port = port_host(config.mirror);
+    let before = network.port_stats(port)?;
     let mut queue = Vec::new();
     let mut sample = || {
-        let stats = network.port_stats(SERVER_HOST)?;
+        let stats = network.port_stats(port)?;
         queue.push(QueueSample {
             at_s: (unix_us() as f64 - start_unix_us as f64) / 1e6,
             packets: stats.backlog_packets,
@@ -553,7 +622,7 @@ fn run_one(
         QUEUE_SAMPLE_EVERY,
         &mut sample,
     )?;
-    let after = network.port_stats(SERVER_HOST)?;
+    let after = network.port_stats(port)?;
     let mut streams = Vec::new();
     let mut error = None;
     for (index, (report, plan)) in reports.into_iter().zip(&plans).enumerate() {
@@ -578,6 +647,56 @@ fn run_one(
         queue: queue.into_iter().filter(|q| q.at_s >= -0.5).collect(),
         jain,
     })
+}
+
+/// The mirror case: the run's six files written (best effort, unpaced, as fast as the
+/// readers' host's link lets six writers) before the readers start; created one after
+/// another's id, so the manager places them on six servers in turn.
+fn fill(
+    lab: &LabConfig,
+    config: &RadonLabConfig,
+    cluster: &mut Cluster<'_>,
+    experiment: Experiment,
+    line: Line,
+    plans: &[StreamPlan],
+) -> Result<(), LabError> {
+    let capacity = payload_capacity(lab.link.rate);
+    let start_unix_us = unix_us() + (config.setup_s * 1e6) as u64;
+    let writes: Vec<(String, ClientJob)> =
+        jobs(lab, config, experiment, line, plans, start_unix_us)
+            .into_iter()
+            .map(|(host, job)| match job {
+                ClientJob::Stream(job) => (
+                    host,
+                    ClientJob::Stream(StreamJob {
+                        read: false,
+                        sync: true,
+                        best_effort: true,
+                        pacing: StreamPacing::Constant,
+                        rate_bytes_per_s: capacity as u64,
+                        period_us: BULK_PERIOD_US_MAX,
+                        start_unix_us,
+                        ..job
+                    }),
+                ),
+                other => (host, other),
+            })
+            .collect();
+    let bytes: u64 = plans.iter().map(|p| p.bytes).sum();
+    let timeout =
+        Duration::from_secs_f64(config.setup_s + 2.0 * bytes as f64 / capacity + FILL_SLACK_S);
+    let reports = cluster.run_jobs_on(
+        &writes,
+        Transport::Adaptive,
+        timeout,
+        QUEUE_SAMPLE_EVERY,
+        &mut || Ok(()),
+    )?;
+    for (index, report) in reports.into_iter().enumerate() {
+        report
+            .map_err(|e| LabError::Connect(format!("writing stream {}'s file: {e}", index + 1)))?;
+    }
+    Ok(())
 }
 
 fn stream_result(index: usize, plan: &StreamPlan, sample: StreamSample) -> StreamResult {
@@ -658,6 +777,9 @@ fn brief(run: &Run) -> String {
                 _ => "",
             }
         );
+        if let Some(server) = s.sample.server {
+            out += &format!(" from server {server}");
+        }
     }
     out
 }
@@ -1011,6 +1133,17 @@ fn comparison(report: &RadonReport, experiment: Experiment) -> Table {
     table
 }
 
+/// What the mirror case changes, for its report.
+const MIRROR_NOTE: &str = "**Mirror case**: the six streams are reads instead: six reader \
+     processes on one host (c1) each read a file of its own from a server of its own (s1-s6; \
+     RAID-0 of width 1, written best effort before each run), so the servers send and the \
+     streams meet in the switch port toward c1, the port whose queue is shown. Packet \
+     counts (sent, resent, timeouts) are the file's server's, which sends the read's DATA. \
+     The servers pace nothing by the readers' reservations (no rate reaches them; a \
+     reserved read paces its requests, a period's chunks at its start), and the manager \
+     admits against the servers' links only: the readers' host's link is checked by no \
+     one.\n\n";
+
 fn preamble(report: &RadonReport) -> String {
     let c = &report.config;
     let mut out = format!(
@@ -1032,7 +1165,7 @@ fn preamble(report: &RadonReport) -> String {
          once (losses at the port, and resends after reordering or late ACKs), and after it \
          (\"; x%\" in the stream tables) those its retransmission timeouts sent: with no drop \
          at the port, packets that had arrived and whose ACKs were late; the rest the server \
-         asked for (it saw a gap). The paper's columns are its lost packets. Took {:.0} s.\n\n## Targets\n\n",
+         asked for (it saw a gap). The paper's columns are its lost packets. Took {:.0} s.\n\n{}## Targets\n\n",
         if c.quick { " (quick)" } else { "" },
         report.testbed.markdown(),
         report.calibration.markdown(),
@@ -1043,6 +1176,7 @@ fn preamble(report: &RadonReport) -> String {
             bits_per_s: report.testbed.link_rate_bits_per_s
         },
         report.duration_s,
+        if c.mirror { MIRROR_NOTE } else { "" },
     );
     for t in &report.targets {
         let verdict = match t.pass {
@@ -1202,8 +1336,13 @@ fn figure(report: &RadonReport) -> Figure {
     }
     Figure {
         title: format!(
-            "Radon on Tessera{}: six streams into one port, links {}",
+            "Radon on Tessera{}{}: six streams into one port, links {}",
             if c.quick { " (quick)" } else { "" },
+            if c.mirror {
+                ", mirror (six readers on one host)"
+            } else {
+                ""
+            },
             Rate {
                 bits_per_s: report.testbed.link_rate_bits_per_s
             }
