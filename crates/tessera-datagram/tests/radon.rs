@@ -1058,9 +1058,11 @@ fn short_best_effort_streams_get_the_rest_while_a_reservation_sends() {
 }
 
 /// `lab radon`'s full punctuated run in the simulator: 1 s periods over 10 s, the short
-/// streams starting at 1/7 to 5/7 of the run (0.14-0.86 s into a period).
+/// streams starting at 1/7 to 5/7 of the run (0.14-0.86 s into a period). With the lab's
+/// usual lateness every short stream gets at least 0.8 of the rest (the target);
+/// on a loaded host (late up to 400 us, 5% stalls) the shares are printed only: they reach
+/// 0.54-0.97 there.
 #[test]
-#[ignore = "exploratory: prints the full run's short streams' share of the rest"]
 fn short_best_effort_streams_in_the_full_run() {
     const STARTS_US: [Micros; 5] = [1_438_571, 2_867_143, 4_295_714, 5_724_286, 7_152_857];
     const FULL_PORT: PortSetup = PortSetup {
@@ -1116,6 +1118,14 @@ fn short_best_effort_streams_in_the_full_run() {
                 long_share,
                 long_share + rate / payload_capacity(),
             );
+            if lateness == LAB_LATENESS {
+                assert!(
+                    rate / rest >= 0.8,
+                    "{name}: stream {} got {:.3} of the rest",
+                    index + 2,
+                    rate / rest
+                );
+            }
         }
     }
 }
