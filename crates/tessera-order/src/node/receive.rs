@@ -8,12 +8,6 @@ use crate::{ACK_HISTORY_MAX, REPAIR_PACKETS_MAX};
 use bytes::Bytes;
 use std::collections::BTreeMap;
 
-/// The share of the sequencer link's queue an ACK waits for more appends, as a divisor
-/// (see `Node::ack_delay_now`). In the simulator's lab-like 5-node run of 1 KiB messages
-/// the payload UTO-delivered was 0.861 of the link with no such wait, 0.939 with an eighth
-/// of the queue, 0.946 with a quarter (ACK packets per DATA packet 5.44, 1.72, 1.36).
-const ACK_DELAY_QUEUE_SHARE: Micros = 8;
-
 impl Node {
     pub(super) fn on_data(&mut self, sender: SenderId, messages: Vec<(u64, Bytes)>, now: Micros) {
         if !self.role.receiver
@@ -128,8 +122,15 @@ impl Node {
     /// and the senders' windows cover it, so waiting a share of it costs little and lets
     /// one ACK cover several packets; with the queue empty (low load) the delay is
     /// `ack_delay_us` as before.
+    /// In the simulator's lab-like 5-node run of 1 KiB messages the payload UTO-delivered
+    /// was 0.861 of the link with no such wait, 0.939 with an eighth of the queue (the
+    /// default `ack_queue_divisor`), 0.946 with a quarter (ACK packets per DATA packet
+    /// 5.44, 1.72, 1.36).
     pub(super) fn ack_delay_now(&self) -> Micros {
-        let queue = self.rtt.queue_us() / ACK_DELAY_QUEUE_SHARE;
+        let queue = match self.config.ack_queue_divisor {
+            0 => 0,
+            divisor => self.rtt.queue_us() / divisor,
+        };
         self.config.ack_delay_us + queue.min(self.config.retransmit_after_us / 8)
     }
 

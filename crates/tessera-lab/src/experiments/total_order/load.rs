@@ -27,6 +27,10 @@ pub const ACK_DELAY_VARIABLE: &str = "TESSERA_LAB_ORDER_ACK_DELAY_US";
 /// (microseconds; 1,000 if unset or not a number).
 pub const RTT_FLOOR_VARIABLE: &str = "TESSERA_LAB_ORDER_RTT_FLOOR_US";
 
+/// The environment variable that sets the protocol's `ack_queue_divisor` for an experiment
+/// (8 if unset or not a number; 0: an ACK never waits for the queue).
+pub const ACK_QUEUE_VARIABLE: &str = "TESSERA_LAB_ORDER_ACK_QUEUE_DIVISOR";
+
 fn variable_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -378,6 +382,9 @@ pub fn protocol_config(mtu_bytes: Option<usize>) -> Config {
         // Under load the threshold sends ACKs (a packet carries ~100 small messages); at low
         // load this delay is the floor of the UTO latency.
         ack_delay_us,
+        // Under load an ACK also waits an eighth of the sequencer link's queue (the
+        // protocol's default); `TESSERA_LAB_ORDER_ACK_QUEUE_DIVISOR` sets it, 0: never.
+        ack_queue_divisor: variable_or(ACK_QUEUE_VARIABLE, 8),
         // Loss here is a full socket buffer at one receiver, which its NACK reports at once;
         // the timeout is for the tail, and one shorter than a CPU-bound UTO latency makes
         // the sender retransmit whole windows that were only slow (a collapse seen at 20 ms
