@@ -717,8 +717,12 @@ pub struct Config {
     pub send_queue_messages_max: usize,
     /// ACK aggregation: appends per ACK.
     pub ack_every_messages: u32,
-    /// An owed ACK is sent at most this late.
+    /// An owed ACK is sent at most this late when the sequencer link's queue is empty.
     pub ack_delay_us: u64,
+    /// Under load an owed ACK waits, besides `ack_delay_us`, the sequencer link's queue
+    /// (as the node's own broadcasts measure it) divided by this, at most an eighth of
+    /// `retransmit_after_us`, so that one ACK covers several DATA packets; 0: never.
+    pub ack_queue_divisor: u64,
     /// A message unacked this long is sent again (the tail: NACKs and the leader's repairs,
     /// paced by the measured round trip, recover loss sooner); a quarter of it bounds that
     /// round trip from above.
@@ -749,6 +753,7 @@ impl Default for Config {
             send_queue_messages_max: 4096,
             ack_every_messages: 4,
             ack_delay_us: 100,
+            ack_queue_divisor: 8,
             retransmit_after_us: 2_000,
             rtt_floor_us: 50,
             heartbeat_interval_us: 1_000,

@@ -91,6 +91,16 @@ impl RttEstimator {
             .clamp(floor, ceiling.max(floor))
     }
 
+    /// The sequencer link's queue as our broadcasts see it: the smoothed one-way trip
+    /// less the shortest one (0 before the first sample; no floor: the wait in a queue,
+    /// not a pace for repairs).
+    pub fn queue_us(&self) -> Micros {
+        match (self.one_way_us, self.one_way_us_min) {
+            (Some(one_way), Some(min)) => one_way.saturating_sub(min),
+            _ => 0,
+        }
+    }
+
     /// Samples taken.
     pub fn samples(&self) -> u64 {
         self.samples

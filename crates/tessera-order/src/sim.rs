@@ -83,6 +83,8 @@ pub struct Scenario {
     pub messages_per_sender: usize,
     /// Largest message, bytes (each at least 8).
     pub message_bytes_max: usize,
+    /// Smallest message, bytes (at least 8; sizes are uniform between the two).
+    pub message_bytes_min: usize,
     /// Proposals are spread over `0..propose_until_us`.
     pub propose_until_us: Micros,
     /// The faults.
@@ -115,6 +117,7 @@ impl Scenario {
             config: Config::default(),
             messages_per_sender: 50,
             message_bytes_max: 64,
+            message_bytes_min: 8,
             propose_until_us: 20_000,
             faults: Faults::none(),
             faults_until_us: 0,
@@ -200,6 +203,7 @@ impl Scenario {
             config,
             messages_per_sender,
             message_bytes_max,
+            message_bytes_min: 8,
             propose_until_us,
             faults,
             faults_until_us,
@@ -605,9 +609,10 @@ impl<'a> Sim<'a> {
             incarnation,
         };
         let index = self.history.proposals.get(&sender).map_or(0, Vec::len) as u32;
+        let max = self.scenario.message_bytes_max.max(8);
         let len = self
             .rng
-            .gen_range(8..=self.scenario.message_bytes_max.max(8));
+            .gen_range(self.scenario.message_bytes_min.clamp(8, max)..=max);
         let mut message = vec![0u8; len];
         message[..2].copy_from_slice(&(host as u16).to_be_bytes());
         message[2..4].copy_from_slice(&(incarnation as u16).to_be_bytes());

@@ -357,7 +357,7 @@ fn s3_4_a_view_change_under_load_carries_a_log_of_many_datagrams() {
 #[test]
 fn s3_4_a_member_behind_the_view_fetches_what_it_lacks() {
     let mut small_parts_sent = 0;
-    for seed in [419, 427, 795] {
+    for seed in [317, 507, 230] {
         for small_parts in [false, true] {
             let mut scenario = Scenario::random(seed);
             // Seeds of the sweep without its group changes (the kind byte every message
@@ -381,9 +381,10 @@ fn s3_4_a_member_behind_the_view_fetches_what_it_lacks() {
             }
         }
     }
-    // Measured: 58, 61 and 30 positions in 1, 3 and 2 parts; with 300-byte parts, 58, 0
-    // and 7 positions in 36, 0 and 7 parts. (On the first choice of seeds, 472, 2452 and
-    // 419 before packet version 5: 94, 71 and 58 positions where there had been 2, 2 and 1
-    // gaps.)
+    // Measured: 44, 50 and 35 positions in 1, 2 and 1 parts; with 300-byte parts, 44, 0
+    // and 0 positions in 15, 0 and 0 parts. (Seeds 419, 427 and 795 until ACKs waited a
+    // share of the queue under load, which moved the histories: 58, 61 and 30 positions;
+    // on the first choice of seeds, 472, 2452 and 419 before packet version 5: 94, 71 and
+    // 58 positions where there had been 2, 2 and 1 gaps.)
     assert!(small_parts_sent >= 10, "{small_parts_sent} parts");
 }

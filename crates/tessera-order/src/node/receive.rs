@@ -110,8 +110,28 @@ impl Node {
         if self.receive.ack_owed >= self.config.ack_every_messages {
             self.receive.ack_now = true;
         } else if self.receive.ack_due.is_none() {
-            self.receive.ack_due = Some(now + self.config.ack_delay_us);
+            self.receive.ack_due = Some(now + self.ack_delay_now());
         }
+    }
+
+    /// How long an ACK waits for more appends: `ack_delay_us`, and under load a share of
+    /// the sequencer link's queue. Every ACK crosses the link and wakes every node; with
+    /// packets of 1 KiB messages arriving a jumbo frame's 70 us apart, a delay of 20 us
+    /// sent one per packet from every receiver (5.4 ACK packets per DATA packet at 5
+    /// nodes, 12% of the link). A queue of milliseconds is already in every UTO latency
+    /// and the senders' windows cover it, so waiting a share of it costs little and lets
+    /// one ACK cover several packets; with the queue empty (low load) the delay is
+    /// `ack_delay_us` as before.
+    /// In the simulator's lab-like 5-node run of 1 KiB messages the payload UTO-delivered
+    /// was 0.861 of the link with no such wait, 0.939 with an eighth of the queue (the
+    /// default `ack_queue_divisor`), 0.946 with a quarter (ACK packets per DATA packet
+    /// 5.44, 1.72, 1.36).
+    pub(super) fn ack_delay_now(&self) -> Micros {
+        let queue = match self.config.ack_queue_divisor {
+            0 => 0,
+            divisor => self.rtt.queue_us() / divisor,
+        };
+        self.config.ack_delay_us + queue.min(self.config.retransmit_after_us / 8)
     }
 
     fn drain_pending(&mut self, sender: SenderId, now: Micros) {
@@ -823,7 +843,8 @@ impl Node {
         // sooner and this never fires; once the appends stop, the queue drains within a
         // trip, and a pause of the loaded trip would idle the network at the end of every
         // burst whose last ACK one member lost.
-        let pause = (2 * self.round_trip_us_min())
+        // Under load the next fresh ACK waits `ack_delay_now`: the repeat waits longer.
+        let pause = (2 * self.round_trip_us_min() + self.ack_delay_now())
             .saturating_mul(1 << rounds.min(16))
             .min(self.config.heartbeat_interval_us);
         let end = self.receive.log.end();

@@ -7,14 +7,17 @@
 
 use super::load::{Load, NodeLog};
 use bytes::Bytes;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use tessera_order::Event;
+use tessera_order::{Event, MsgId};
 use tessera_order_udp::{Application, Control, Handle};
 
 /// Bytes at the start of every message: the proposer's clock (microseconds since the run's
 /// origin, shared by every thread of the process) and the proposing node.
 pub const STAMP_BYTES: usize = 10;
-/// Deliveries between two checkpoints of a node's order (a running hash of the identities).
+/// Positions in one block of a node's order: each block whose positions the node delivered
+/// one after another is hashed (the identities' chain), and receivers' hashes of one block
+/// are compared.
 pub const CHECKPOINT_EVERY: u64 = 1024;
 /// Most latency samples kept per node (the rest are counted, not kept).
 const LATENCY_SAMPLES_MAX: usize = 1 << 20;
@@ -68,8 +71,6 @@ pub struct NodeApp {
     pub log: NodeLog,
     proposed: u64,
     own_delivered: u64,
-    order_hash: u64,
-    positions: u64,
     next_batch: Instant,
     paced_credit: f64,
     message: Vec<u8>,
@@ -98,8 +99,6 @@ impl NodeApp {
             log: NodeLog::default(),
             proposed: 0,
             own_delivered: 0,
-            order_hash: 0,
-            positions: 0,
             next_batch: Instant::now(),
             paced_credit: 0.0,
             message,
@@ -154,7 +153,11 @@ impl NodeApp {
             {
                 log.po_us.push(now_us - stamp_us(&message));
             }
-            Event::Deliver { id, message, .. } => {
+            Event::Deliver {
+                position,
+                id,
+                message,
+            } => {
                 if id.sender.node.0 as usize == self.node {
                     self.own_delivered += 1;
                 }
@@ -164,12 +167,9 @@ impl NodeApp {
                         log.uto_us.push(now_us - stamp_us(&message));
                     }
                 }
-                self.order_hash = tessera_order::log::chain(self.order_hash, id);
-                self.positions += 1;
-                if self.positions.is_multiple_of(CHECKPOINT_EVERY) {
-                    log.checkpoints.push(self.order_hash);
-                }
+                log.order.deliver(position, id);
             }
+            Event::Gap { from, to } => log.order.gap(from, to),
             _ => {}
         }
     }
@@ -219,6 +219,96 @@ impl Application for NodeApp {
     }
 }
 
+/// A node's UTO-delivered order in blocks of [`CHECKPOINT_EVERY`] positions.
+///
+/// A node delivers consecutive positions except after [`Event::Gap`] (a state transfer:
+/// it fell further behind than the members retained, or a view change cut its fetch
+/// short), when it goes on at the gap's end. A block that a gap cut is not hashed, so that
+/// a node's later blocks still compare with the others'; a jump with no gap reported is
+/// itself a fault ([`OrderBlocks::jumps`]).
+#[derive(Debug, Default)]
+pub struct OrderBlocks {
+    next: u64,
+    hash: u64,
+    cut: bool,
+    gap_to: Option<u64>,
+    /// Hash of each block the node delivered whole, by block number.
+    pub blocks: BTreeMap<u64, u64>,
+    /// Positions delivered.
+    pub delivered: u64,
+    /// Gaps reported.
+    pub gaps: u64,
+    /// Deliveries at another position than the next one, with no gap reported to it.
+    pub jumps: u64,
+}
+
+impl OrderBlocks {
+    /// Message `id` was delivered at `position`.
+    pub fn deliver(&mut self, position: u64, id: MsgId) {
+        if position != self.next && self.gap_to != Some(position) {
+            self.jumps += 1;
+        }
+        self.gap_to = None;
+        if position.is_multiple_of(CHECKPOINT_EVERY) {
+            self.hash = 0;
+            self.cut = false;
+        } else if position != self.next {
+            self.cut = true;
+        }
+        self.hash = tessera_order::log::chain(self.hash, id);
+        self.next = position + 1;
+        self.delivered += 1;
+        if self.next.is_multiple_of(CHECKPOINT_EVERY) && !self.cut {
+            self.blocks.insert(position / CHECKPOINT_EVERY, self.hash);
+        }
+    }
+
+    /// The node reported a gap: it delivers from `to` on.
+    pub fn gap(&mut self, from: u64, to: u64) {
+        // Gaps may follow each other with nothing delivered between.
+        if from != self.gap_to.unwrap_or(self.next) {
+            self.jumps += 1;
+        }
+        self.gaps += 1;
+        self.gap_to = Some(to);
+    }
+}
+
+/// Where receivers' orders differ.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disagreement {
+    /// The first block whose hashes differ (`None`: none differs, but a node jumped).
+    pub block: Option<u64>,
+    /// Two receivers (indices into the compared list) that differ there.
+    pub nodes: (usize, usize),
+}
+
+/// Compares receivers' orders block by block: every block that two or more delivered
+/// whole must hash alike, and no receiver may have jumped. The blocks compared (held by
+/// two or more), or where they differ.
+pub fn compare_orders(orders: &[&OrderBlocks]) -> Result<u64, Disagreement> {
+    if let Some(node) = orders.iter().position(|o| o.jumps > 0) {
+        return Err(Disagreement {
+            block: None,
+            nodes: (node, node),
+        });
+    }
+    let mut first: BTreeMap<u64, (usize, u64, bool)> = BTreeMap::new();
+    for (node, order) in orders.iter().enumerate() {
+        for (&block, &hash) in &order.blocks {
+            let seen = first.entry(block).or_insert((node, hash, false));
+            if seen.1 != hash {
+                return Err(Disagreement {
+                    block: Some(block),
+                    nodes: (seen.0, node),
+                });
+            }
+            seen.2 |= seen.0 != node;
+        }
+    }
+    Ok(first.values().filter(|seen| seen.2).count() as u64)
+}
+
 /// Messages of one millisecond's batch at `per_node_per_s`; fractions carry over in
 /// `credit`, so that a rate under 1,000/s is not rounded up to one every millisecond.
 pub fn paced_batch(credit: &mut f64, per_node_per_s: f64) -> u64 {
@@ -230,4 +320,66 @@ pub fn paced_batch(credit: &mut f64, per_node_per_s: f64) -> u64 {
 
 fn stamp_us(message: &[u8]) -> f64 {
     u64::from_be_bytes(message[..8].try_into().expect("a stamp")) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_order::{NodeId, SenderId};
+
+    fn id(seq: u64) -> MsgId {
+        MsgId {
+            sender: SenderId {
+                node: NodeId((seq % 3) as u16),
+                incarnation: 0,
+            },
+            seq,
+        }
+    }
+
+    fn delivered(positions: impl Iterator<Item = u64>, order: &mut OrderBlocks) {
+        for position in positions {
+            order.deliver(position, id(position));
+        }
+    }
+
+    /// A receiver that took a state transfer (two gaps in a row, as a view change can cut
+    /// the first short) in its third block still compares with the others from its fourth
+    /// block on; the cut block is not compared. (The lab's
+    /// running hash over every delivery called such a run a bad order.)
+    #[test]
+    fn a_gap_cuts_one_block_and_later_blocks_still_compare() {
+        let n = CHECKPOINT_EVERY;
+        let mut whole = OrderBlocks::default();
+        delivered(0..6 * n, &mut whole);
+        let mut gapped = OrderBlocks::default();
+        delivered(0..2 * n + 5, &mut gapped);
+        gapped.gap(2 * n + 5, 2 * n + 300);
+        gapped.gap(2 * n + 300, 2 * n + 700);
+        delivered(2 * n + 700..6 * n, &mut gapped);
+        assert_eq!(gapped.gaps, 2);
+        assert_eq!(gapped.jumps, 0);
+        assert_eq!(gapped.blocks.len(), 5);
+        assert_eq!(compare_orders(&[&whole, &gapped]), Ok(5));
+    }
+
+    /// One message at another position, or a skip with no gap reported, is a disagreement.
+    #[test]
+    fn a_different_message_or_an_unexplained_skip_disagrees() {
+        let n = CHECKPOINT_EVERY;
+        let mut a = OrderBlocks::default();
+        delivered(0..3 * n, &mut a);
+        let mut b = OrderBlocks::default();
+        delivered(0..n + 17, &mut b);
+        b.deliver(n + 17, id(9_999_999));
+        delivered(n + 18..3 * n, &mut b);
+        let wrong = compare_orders(&[&a, &b]).unwrap_err();
+        assert_eq!(wrong.block, Some(1));
+        assert_eq!(wrong.nodes, (0, 1));
+        let mut skipped = OrderBlocks::default();
+        delivered(0..n, &mut skipped);
+        delivered(n + 1..3 * n, &mut skipped);
+        assert_eq!(skipped.jumps, 1);
+        assert_eq!(compare_orders(&[&a, &skipped]).unwrap_err().block, None);
+    }
 }

@@ -2,7 +2,9 @@
 //! `tessera-order` nodes over `tessera-order-udp` driven by a closed-loop or paced load,
 //! each node's driver and application in threads whose sockets live in its namespace.
 
-use super::app::{AppMode, NodeApp, CHECKPOINT_EVERY, STAMP_BYTES};
+use super::app::{
+    compare_orders, AppMode, Disagreement, NodeApp, OrderBlocks, CHECKPOINT_EVERY, STAMP_BYTES,
+};
 use super::net::{rx_addr, tx_addr, TwoSwitch, GROUP, RX_INTERFACE, TX_INTERFACE};
 use crate::net::run_in_namespace;
 use crate::LabError;
@@ -24,6 +26,10 @@ pub const ACK_DELAY_VARIABLE: &str = "TESSERA_LAB_ORDER_ACK_DELAY_US";
 /// The environment variable that sets the protocol's `rtt_floor_us` for an experiment
 /// (microseconds; 1,000 if unset or not a number).
 pub const RTT_FLOOR_VARIABLE: &str = "TESSERA_LAB_ORDER_RTT_FLOOR_US";
+
+/// The environment variable that sets the protocol's `ack_queue_divisor` for an experiment
+/// (8 if unset or not a number; 0: an ACK never waits for the queue).
+pub const ACK_QUEUE_VARIABLE: &str = "TESSERA_LAB_ORDER_ACK_QUEUE_DIVISOR";
 
 fn variable_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -237,10 +243,16 @@ pub struct OrderRun {
     pub uto_samples: u64,
     /// Datagrams sent per message delivered (every kind, every node).
     pub datagrams_per_message: f64,
-    /// Every node delivered the same order (checkpoints of their orders' hashes agree).
+    /// Every receiver delivered the same order (their hashes of every block that two or
+    /// more delivered whole agree) and none jumped a position without a gap.
     pub orders_agree: bool,
-    /// Positions compared across nodes.
+    /// Positions compared across receivers.
     pub positions_compared: u64,
+    /// Where the orders differ, if they do.
+    #[serde(skip)]
+    pub disagreement: Option<Disagreement>,
+    /// Gaps the receivers reported (state transfers: positions not delivered), summed.
+    pub gaps: u64,
     /// Messages sent again, summed over nodes.
     pub retransmitted: u64,
     /// Positions replaced by the leader's order, summed over nodes.
@@ -349,7 +361,7 @@ pub struct NodeLog {
     pub(super) delivered_in_window: u64,
     pub(super) po_us: Vec<f64>,
     pub(super) uto_us: Vec<f64>,
-    pub(super) checkpoints: Vec<u64>,
+    pub(super) order: OrderBlocks,
     datagrams_sent: u64,
     retransmitted: u64,
     positions_replaced: u64,
@@ -370,6 +382,9 @@ pub fn protocol_config(mtu_bytes: Option<usize>) -> Config {
         // Under load the threshold sends ACKs (a packet carries ~100 small messages); at low
         // load this delay is the floor of the UTO latency.
         ack_delay_us,
+        // Under load an ACK also waits an eighth of the sequencer link's queue (the
+        // protocol's default); `TESSERA_LAB_ORDER_ACK_QUEUE_DIVISOR` sets it, 0: never.
+        ack_queue_divisor: variable_or(ACK_QUEUE_VARIABLE, 8),
         // Loss here is a full socket buffer at one receiver, which its NACK reports at once;
         // the timeout is for the tail, and one shorter than a CPU-bound UTO latency makes
         // the sender retransmit whole windows that were only slow (a collapse seen at 20 ms
@@ -608,15 +623,13 @@ fn summarize(
         .min()
         .unwrap_or(0) as f64
         / seconds;
-    let compared = logs.iter().map(|l| l.checkpoints.len()).min().unwrap_or(0);
-    let orders_agree = logs
-        .iter()
-        .all(|l| l.checkpoints[..compared] == logs[0].checkpoints[..compared]);
+    let orders: Vec<&OrderBlocks> = logs.iter().map(|l| &l.order).collect();
+    let compared = compare_orders(&orders);
+    let gaps = orders.iter().map(|o| o.gaps).sum();
     let mut po: Vec<f64> = logs.iter().flat_map(|l| l.po_us.iter().copied()).collect();
     let mut uto: Vec<f64> = logs.iter().flat_map(|l| l.uto_us.iter().copied()).collect();
-    let total_delivered: u64 = logs.iter().map(|l| l.checkpoints.len() as u64).sum::<u64>()
-        * CHECKPOINT_EVERY
-        / logs.len().max(1) as u64;
+    let total_delivered: u64 =
+        orders.iter().map(|o| o.delivered).sum::<u64>() / orders.len().max(1) as u64;
     OrderRun {
         message_bytes,
         mtu_bytes,
@@ -628,8 +641,12 @@ fn summarize(
         uto_latency_us_median: percentile(&mut uto, 0.5),
         uto_latency_us_p99: percentile(&mut uto, 0.99),
         datagrams_per_message: datagrams as f64 / total_delivered.max(1) as f64,
-        orders_agree,
-        positions_compared: compared as u64 * CHECKPOINT_EVERY,
+        orders_agree: compared.is_ok(),
+        positions_compared: compared
+            .as_ref()
+            .map_or(0, |blocks| blocks * CHECKPOINT_EVERY),
+        disagreement: compared.err(),
+        gaps,
         retransmitted,
         positions_replaced,
         view_changes,
@@ -639,6 +656,37 @@ fn summarize(
         process_cpu_share: 0.0,
         work,
         delivered_total: total_delivered,
+    }
+}
+
+/// The error of a run whose receivers' orders differ: where (the block's positions and two
+/// receivers, or a receiver that jumped a position with no gap), with the run's gaps and
+/// view changes.
+pub fn order_fault(run: &OrderRun, size: usize, mtu: Option<usize>) -> LabError {
+    let place = match &run.disagreement {
+        Some(Disagreement {
+            block: Some(block),
+            nodes: (a, b),
+        }) => format!(
+            "receivers {a} and {b} differ at positions {}..{}",
+            block * CHECKPOINT_EVERY,
+            (block + 1) * CHECKPOINT_EVERY
+        ),
+        Some(Disagreement {
+            block: None,
+            nodes: (a, _),
+        }) => format!("receiver {a} skipped positions without a gap"),
+        None => "orders agree".into(),
+    };
+    LabError::BadValue {
+        what: "total order",
+        text: format!(
+            "{size}-byte messages, packing {}: {place} ({} gaps, {} view changes)",
+            super::packing_name(mtu),
+            run.gaps,
+            run.view_changes
+        ),
+        expected: "every node delivering the same order",
     }
 }
 

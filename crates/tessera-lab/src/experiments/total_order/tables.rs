@@ -116,12 +116,10 @@ pub(super) fn measure(
         per_node_per_s: (throughput.messages_per_s * config.latency_load / senders).max(100.0),
     };
     let latency = load::order_run(network, group, size, mtu, paced, seconds.1, loss)?;
-    if !throughput.orders_agree || !latency.orders_agree {
-        return Err(LabError::BadValue {
-            what: "total order",
-            text: format!("{size}-byte messages, packing {}", packing_name(mtu)),
-            expected: "every node delivering the same order",
-        });
+    for run in [&throughput, &latency] {
+        if !run.orders_agree {
+            return Err(load::order_fault(run, size, mtu));
+        }
     }
     Ok((throughput, latency))
 }
