@@ -206,12 +206,11 @@ impl FileContext {
         // (`tessera_server::schedule` serves in arrival order, or deadline order with the
         // first copy's deadline earlier), so a later write of the same bytes never lands
         // under it.
-        let mut alive = None;
+        // Set when the ping just went unanswered: asking again below would tell nothing new.
+        let mut silent = false;
         if let (Err(TransportError::Timeout { .. }), Some((request, payload))) = (&answer, retry) {
-            let answers = self.answers(client, column).await;
-            if !answers {
-                alive = Some(false);
-            } else {
+            silent = !self.answers(client, column).await;
+            if !silent {
                 tracing::debug!("column {column}: a request timed out, sent again");
                 answer = call_store(client, addr, incarnation, request, payload).await;
             }
@@ -238,7 +237,7 @@ impl FileContext {
                 // the miss); the server is reported down for every client only if it does
                 // not answer a fresh ping either.
                 let timed_out = matches!(e, TransportError::Timeout { .. });
-                if first && !(timed_out && self.answers_cached(client, column, alive).await) {
+                if first && !(timed_out && !silent && self.answers(client, column).await) {
                     let server = self.columns[column as usize].server;
                     tracing::warn!("server {server} ({addr}) unreachable: {e}");
                     let _ = client
@@ -247,14 +246,6 @@ impl FileContext {
                 }
                 Err(Fault::Unreachable(e))
             }
-        }
-    }
-
-    /// Whether `column`'s server answers a ping, unless one just went unanswered.
-    async fn answers_cached(&self, client: &Client, column: u32, known: Option<bool>) -> bool {
-        match known {
-            Some(answers) => answers,
-            None => self.answers(client, column).await,
         }
     }
 
