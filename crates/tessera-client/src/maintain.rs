@@ -30,6 +30,10 @@ const PAST_SIZE_STRIPES_MAX: u64 = 1024;
 /// Stripes rebuilt or scrubbed at once.
 const STRIPES_IN_FLIGHT_MAX: usize = 8;
 
+/// Rounds of a file's rebuild while writes keep skipping the server (each round rebuilds what
+/// the debt says then); past them the rebuild of the file fails, to be run again.
+const REBUILD_ROUNDS_MAX: u32 = 8;
+
 /// Where a rebuild stands, for a progress bar.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RebuildProgress {
@@ -296,9 +300,29 @@ impl FileContext {
                 Err(fault) => return Err(self.second_fault(slot.column, slot.column, fault)),
             }
         }
-        let result = self
-            .scrub_locked(client, stripe, parity, lock, corrupt, &mut report)
-            .await;
+        // A column that went down, missed a write of this stripe and came back while the lock
+        // was awaited serves old bytes: nothing may be computed from them (see `revalidate`).
+        let work = async {
+            match self.revalidate(client, stripe).await {
+                Ok(true) => {
+                    report.stripes_checked = 0;
+                    report.stripes_skipped = 1;
+                    Ok(())
+                }
+                Ok(false) => {
+                    self.scrub_locked(client, stripe, parity, lock, corrupt, &mut report)
+                        .await
+                }
+                Err(e) => Err(e),
+            }
+        };
+        // Renewed while it works: a full-stripe writer of the stripe waits for it, rather
+        // than breaking a lease that ran out under a slow (background) read and writing while
+        // this computes parity from the stripe's data.
+        let result = match lock {
+            Some(held) => self.renewing(client, held.lock, work).await,
+            None => work.await,
+        };
         if let Some(held) = lock {
             self.unlock(client, held.lock).await;
         }
@@ -685,7 +709,7 @@ impl Client {
                 Err(Unrebuildable::NoRedundancy)
             } else {
                 match self
-                    .rebuild_file(server, &debt, &mut state, &mut progress)
+                    .rebuild_file_until_stable(server, debt.clone(), &mut state, &mut progress)
                     .await
                 {
                     Ok(()) => Ok(()),
@@ -732,6 +756,35 @@ impl Client {
                 peer: format!("manager {}", self.manager()),
                 detail: format!("expected debts, got {other:?}"),
             }),
+        }
+    }
+
+    /// [`rebuild_file`](Self::rebuild_file), again while writes that skipped the server
+    /// during the rebuild changed its debt (the manager refuses the `Resynced` of a debt
+    /// whose tag changed): at most [`REBUILD_ROUNDS_MAX`] rounds.
+    async fn rebuild_file_until_stable(
+        &self,
+        server: ServerId,
+        mut debt: FileDebt,
+        state: &mut RebuildProgress,
+        progress: &mut impl FnMut(RebuildProgress),
+    ) -> Result<(), ClientError> {
+        let mut round = 1;
+        loop {
+            match self.rebuild_file(server, &debt, state, progress).await {
+                Err(ClientError::Metadata(ManagerError::DebtChanged { .. }))
+                    if round < REBUILD_ROUNDS_MAX =>
+                {
+                    tracing::debug!("{}: owed more during its rebuild, again", debt.meta.path);
+                    round += 1;
+                    let listed = self.debts_of(server).await?;
+                    match listed.into_iter().find(|d| d.meta.id == debt.meta.id) {
+                        Some(again) => debt = again,
+                        None => return Ok(()),
+                    }
+                }
+                other => return other,
+            }
         }
     }
 
@@ -826,6 +879,7 @@ impl Client {
                     server,
                     file: debt.meta.id,
                     stripes,
+                    tag: debt.tag,
                 })
                 .await?;
             }

@@ -312,7 +312,11 @@ impl FileContext {
             match answer {
                 Ok(record) => records.push(record),
                 Err(Fault::Unreachable(_)) => unreachable.push(column),
-                Err(Fault::Refused(StorageError::Fenced { .. })) => fenced = true,
+                // A lock holder of these stripes outlasted the server's wait: as for a fence,
+                // drop the records and ask again.
+                Err(Fault::Refused(
+                    StorageError::Fenced { .. } | StorageError::LockBusy { .. },
+                )) => fenced = true,
                 Err(Fault::Refused(e)) => refused = Some((column, e)),
             }
         }
@@ -687,9 +691,16 @@ impl FileContext {
                 .await,
             )
         });
-        let olds = self
-            .renewing(client, lock, futures::future::join_all(old_reads))
-            .await;
+        // The manager is asked alongside the reads, which cost nothing if thrown away.
+        let (olds, revalidated) = futures::join!(
+            self.renewing(client, lock, futures::future::join_all(old_reads)),
+            self.revalidate(client, stripe)
+        );
+        if !matches!(revalidated, Ok(false)) {
+            // A column owes the stripe now (`revalidate`): its old bytes are not the stripe's.
+            self.unlock(client, lock).await;
+            return revalidated.map(|_| RmwOutcome::Retry);
+        }
         let mut old_data = Vec::with_capacity(hi - lo);
         for (piece, (column, old)) in pieces.iter().zip(olds) {
             let old = match old {
@@ -797,6 +808,11 @@ impl FileContext {
         if let Some((intent, bytes)) = &grant.orphan {
             self.resolve_orphan(client, lock, intent, bytes).await?;
             return Ok(RmwOutcome::Retry);
+        }
+        let revalidated = self.revalidate(client, stripe).await;
+        if !matches!(revalidated, Ok(false)) {
+            self.unlock(client, lock).await;
+            return revalidated.map(|_| RmwOutcome::Retry);
         }
         let parity_bytes = grant.parity.to_vec();
         let blocks: Vec<u64> = self.layout.blocks_of_stripe(stripe).collect();

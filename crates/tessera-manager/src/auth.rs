@@ -102,6 +102,7 @@ mod tests {
             server: 1,
             file: 1,
             stripes: IndexRange::new(0, u64::MAX),
+            tag: 1,
         };
         assert!(authorize(&resynced, Role::Admin).is_ok());
         assert_eq!(

@@ -6,7 +6,7 @@ pub(crate) mod namespace;
 use crate::ranges;
 use crate::store::{
     self, Failure, ServerRecord, Tables, DB_FILE_NAME, FORMAT_VERSION, ID_FIRST, KEY_CLUSTER_ID,
-    KEY_FILE_ID_NEXT, KEY_FORMAT_VERSION, KEY_SERVER_ID_NEXT,
+    KEY_DEBT_TAG_NEXT, KEY_FILE_ID_NEXT, KEY_FORMAT_VERSION, KEY_SERVER_ID_NEXT,
 };
 use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
 use std::collections::{BTreeMap, BTreeSet};
@@ -391,7 +391,8 @@ impl Manager {
                 server,
                 file,
                 stripes,
-            } => self.resynced(server, file, stripes),
+                tag,
+            } => self.resynced(server, file, stripes, tag),
             ManagerRequest::CreatePending { path, layout } => {
                 self.create_pending(path, layout, now)
             }
@@ -638,7 +639,8 @@ impl Manager {
                 // The server lost everything it stored: it owes every stripe of its files.
                 let whole = [IndexRange::new(0, u64::MAX)];
                 for meta in store::read_files_on(&change.tables.files, server)? {
-                    change.set_debt(server, meta.id, &whole)?;
+                    let tag = change.take_debt_tag()?;
+                    change.set_debt(server, meta.id, &whole, tag)?;
                 }
             }
             change.put_server(server, ServerRecord { addr, incarnation })?;
@@ -988,7 +990,10 @@ impl Manager {
                 .into());
             }
             let debt = store::read_debt(&change.tables.debts, server, file)?;
-            change.set_debt(server, file, &ranges::merge(&debt, stripes))
+            // A new tag even if the stripes were owed already: a rebuild that listed the debt
+            // may have rebuilt them before this write skipped the server.
+            let tag = change.take_debt_tag()?;
+            change.set_debt(server, file, &ranges::merge(&debt, stripes), tag)
         })?;
         Ok(ManagerResponse::Done)
     }
@@ -998,14 +1003,23 @@ impl Manager {
         server: ServerId,
         file: FileId,
         stripes: IndexRange,
+        tag: u64,
     ) -> Result<ManagerResponse, Failure> {
         self.check_known(server)?;
         self.write(|change| {
             if store::read_file(&change.tables.files, file)?.is_none() {
                 return Err(ManagerError::NotFound(file.to_string()).into());
             }
-            let debt = store::read_debt(&change.tables.debts, server, file)?;
-            change.set_debt(server, file, &ranges::subtract(&debt, stripes))
+            let (debt, now) = store::read_debt_tagged(&change.tables.debts, server, file)?;
+            if debt.is_empty() {
+                return Ok(());
+            }
+            if now != tag {
+                // A write skipped the server since the rebuild listed the debt: what the
+                // rebuild wrote may be older than that write.
+                return Err(ManagerError::DebtChanged { server, file }.into());
+            }
+            change.set_debt(server, file, &ranges::subtract(&debt, stripes), tag)
         })?;
         Ok(ManagerResponse::Done)
     }
@@ -1056,8 +1070,8 @@ impl Manager {
         let debts = txn.open_table(store::DEBTS)?;
         let mut owed = Vec::new();
         for meta in store::read_files_on(&files, server)? {
-            let missed = store::read_debt(&debts, server, meta.id)?;
-            owed.push(FileDebt { meta, missed });
+            let (missed, tag) = store::read_debt_tagged(&debts, server, meta.id)?;
+            owed.push(FileDebt { meta, missed, tag });
         }
         owed.sort_by(|a, b| a.meta.path.cmp(&b.meta.path));
         Ok(ManagerResponse::Debts(owed))
@@ -1182,6 +1196,20 @@ impl<'txn> Change<'txn> {
         Ok(value)
     }
 
+    /// A debt tag never handed out before (the counter starts at 1 in older stores).
+    fn take_debt_tag(&mut self) -> Result<u64, Failure> {
+        let tag = self
+            .tables
+            .meta
+            .get(KEY_DEBT_TAG_NEXT)?
+            .map_or(ID_FIRST, |value| value.value());
+        let next = tag
+            .checked_add(1)
+            .ok_or_else(|| ManagerError::Store("debt tags are exhausted".into()))?;
+        self.tables.meta.insert(KEY_DEBT_TAG_NEXT, next)?;
+        Ok(tag)
+    }
+
     /// Moves a counter up to at least `floor`, so that it never hands out an id already in use.
     fn raise_counter(&mut self, key: &str, floor: u64) -> Result<(), Failure> {
         if read_counter(&self.tables.meta, key)? < floor {
@@ -1266,7 +1294,7 @@ impl<'txn> Change<'txn> {
             .open_table(namespace::ACCESS_CHANGE)?
             .remove(meta.id)?;
         for &server in &meta.servers {
-            self.set_debt(server, meta.id, &[])?;
+            self.set_debt(server, meta.id, &[], 0)?;
             self.tables.orphans.insert((server, meta.id), ())?;
         }
         Ok(false)
@@ -1291,18 +1319,19 @@ impl<'txn> Change<'txn> {
         Ok(())
     }
 
-    /// Records what `server` owes of `file`; an empty list removes the debt.
+    /// Records what `server` owes of `file`, under `tag`; an empty list removes the debt.
     fn set_debt(
         &mut self,
         server: ServerId,
         file: FileId,
         stripes: &[IndexRange],
+        tag: u64,
     ) -> Result<(), Failure> {
         assert!(ranges::is_normal(stripes), "debt not normal: {stripes:?}");
         if stripes.is_empty() {
             self.tables.debts.remove((server, file))?;
         } else {
-            let record = postcard::to_allocvec(stripes)?;
+            let record = store::encode_debt(stripes, tag)?;
             self.tables
                 .debts
                 .insert((server, file), record.as_slice())?;

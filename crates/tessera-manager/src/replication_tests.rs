@@ -91,6 +91,7 @@ fn commands(seed: u64, count: usize, decider: &mut Manager, now: Instant) -> Vec
                 server: 1,
                 file,
                 stripes: tessera_wire::IndexRange::new(0, 9),
+                tag: next(3),
             },
             _ => ManagerRequest::AbandonPending { file },
         };

@@ -8,12 +8,19 @@
 //! files:   FileId              -> FileMeta
 //! paths:   &str                -> FileId           the namespace, an index into `files`
 //! servers: ServerId            -> ServerRecord
-//! debts:   (ServerId, FileId)  -> Vec<IndexRange>  normal (see `ranges`), never empty
+//! debts:   (ServerId, FileId)  -> Vec<IndexRange>  normal (see `ranges`), never empty; then
+//!                                                  the debt's tag (u64, see `read_debt_tagged`)
 //! pending: FileId              -> ()               files written for an atomic replace: in
 //!                                                  `files`, not yet in `paths`
 //! orphans: (ServerId, FileId)  -> ()               removed files whose data the server may
 //!                                                  still hold, until it says it deleted them
 //! ```
+//!
+//! A debt's tag changes with every miss reported for it (it is drawn from the counter
+//! `debt_tag_next` in `meta`, so no tag is handed out twice); a rebuild's `Resynced` names the
+//! tag it listed. Both extend version 1 compatibly: a record without a tag has tag 0 (postcard
+//! ignores bytes after the ranges, so an older build reads the newer records), and a missing
+//! counter starts at 1.
 //!
 //! `pending` and `orphans` extend version 1 compatibly: they are created when missing, and a
 //! store without them has no pending files and no orphans. A pending file's `FileMeta::path`
@@ -37,6 +44,8 @@ pub(crate) const KEY_FORMAT_VERSION: &str = "format_version";
 pub(crate) const KEY_FILE_ID_NEXT: &str = "file_id_next";
 /// Key in `meta` of the cluster's id (random, drawn when the store is created).
 pub(crate) const KEY_CLUSTER_ID: &str = "cluster_id";
+/// Key in `meta` of the next debt tag to hand out (absent in older stores: 1).
+pub(crate) const KEY_DEBT_TAG_NEXT: &str = "debt_tag_next";
 /// Key in `meta` of the next server id to hand out (kept as u64 so it can pass `ServerId::MAX`).
 pub(crate) const KEY_SERVER_ID_NEXT: &str = "server_id_next";
 /// First id handed out, for files and for servers alike.
@@ -193,6 +202,32 @@ pub(crate) fn read_debt(
     }
 }
 
+/// The stripes `server` owes of `file` and the debt's tag (0 for none, or a record from
+/// before tags).
+pub(crate) fn read_debt_tagged(
+    debts: &impl ReadableTable<(ServerId, FileId), &'static [u8]>,
+    server: ServerId,
+    file: FileId,
+) -> Result<(Vec<IndexRange>, u64), Failure> {
+    let Some(record) = debts.get((server, file))? else {
+        return Ok((Vec::new(), 0));
+    };
+    let (ranges, rest): (Vec<IndexRange>, &[u8]) = postcard::take_from_bytes(record.value())?;
+    let tag = if rest.is_empty() {
+        0
+    } else {
+        postcard::from_bytes(rest)?
+    };
+    Ok((ranges, tag))
+}
+
+/// A debt record: the ranges, then the tag.
+pub(crate) fn encode_debt(stripes: &[IndexRange], tag: u64) -> Result<Vec<u8>, Failure> {
+    let mut record = postcard::to_allocvec(stripes)?;
+    record.extend_from_slice(&postcard::to_allocvec(&tag)?);
+    Ok(record)
+}
+
 /// Whether `server` owes stripes of any file.
 pub(crate) fn has_debt(
     debts: &impl ReadableTable<(ServerId, FileId), &'static [u8]>,
@@ -304,4 +339,36 @@ pub(crate) fn dump(db: &Database) -> Result<Vec<String>, Failure> {
     dump_table!("snapshot_files", crate::snapshot::SNAPSHOT_FILES);
     dump_table!("retained", crate::snapshot::RETAINED);
     Ok(lines)
+}
+
+#[cfg(test)]
+mod debt_record_tests {
+    use super::*;
+
+    /// Debt records with a tag read back whole; records from before tags read as tag 0; and a
+    /// reader of the ranges alone (an older build) reads the newer records.
+    #[test]
+    fn debt_records_with_and_without_a_tag() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Database::create(dir.path().join("t.redb")).expect("db");
+        let ranges = vec![IndexRange::new(3, 9), IndexRange::new(20, u64::MAX)];
+        let txn = db.begin_write().expect("txn");
+        {
+            let mut debts = txn.open_table(DEBTS).expect("table");
+            let tagged = encode_debt(&ranges, u64::MAX - 1).expect("encode");
+            debts.insert((1, 7), tagged.as_slice()).expect("insert");
+            let untagged = postcard::to_allocvec(&ranges).expect("encode");
+            debts.insert((2, 7), untagged.as_slice()).expect("insert");
+        }
+        txn.commit().expect("commit");
+        let read = db.begin_read().expect("read");
+        let debts = read.open_table(DEBTS).expect("table");
+        assert_eq!(
+            read_debt_tagged(&debts, 1, 7).unwrap(),
+            (ranges.clone(), u64::MAX - 1)
+        );
+        assert_eq!(read_debt_tagged(&debts, 2, 7).unwrap(), (ranges.clone(), 0));
+        assert_eq!(read_debt(&debts, 1, 7).unwrap(), ranges);
+        assert_eq!(read_debt_tagged(&debts, 3, 7).unwrap(), (Vec::new(), 0));
+    }
 }

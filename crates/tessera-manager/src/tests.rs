@@ -139,12 +139,25 @@ impl Harness {
     }
 
     fn resynced(&mut self, server: ServerId, file: FileId, start: u64, end: u64) {
+        let tag = self.debt_tag(server, file);
         let answer = self.handle(ManagerRequest::Resynced {
             server,
             file,
             stripes: IndexRange::new(start, end),
+            tag,
         });
         assert_eq!(answer, ManagerResponse::Done);
+    }
+
+    /// The tag of what `server` owes of `file` (0 if nothing).
+    fn debt_tag(&mut self, server: ServerId, file: FileId) -> u64 {
+        match self.handle(ManagerRequest::FilesOnServer { server }) {
+            ManagerResponse::Debts(debts) => debts
+                .into_iter()
+                .find(|debt| debt.meta.id == file)
+                .map_or(0, |debt| debt.tag),
+            other => panic!("files on server {server} answered {other:?}"),
+        }
     }
 
     fn debts(&mut self, server: ServerId) -> Vec<(String, Vec<IndexRange>)> {
@@ -291,6 +304,7 @@ fn missing_files_are_not_found() {
         server: 1,
         file: 9,
         stripes,
+        tag: 0,
     };
     assert_eq!(error(harness.handle(resynced)), not_found("9"));
 }
@@ -315,6 +329,7 @@ fn unknown_servers_are_refused() {
             server: 9,
             file,
             stripes,
+            tag: 0,
         },
         ManagerRequest::ReportDown { server: 9 },
         ManagerRequest::FilesOnServer { server: 9 },
@@ -574,6 +589,62 @@ fn missed_stripes_make_server_stale_until_resynced() {
     assert_eq!(harness.state(3), Some(ServerState::Stale));
     harness.resynced(3, other, 0, 1);
     assert_eq!(harness.state(3), Some(ServerState::Up));
+}
+
+/// A rebuild names the debt's tag as it listed it; a miss reported since (even of stripes
+/// owed already: a write that skipped the server after the rebuild wrote them) changes the
+/// tag, and the manager refuses the rebuild's `Resynced` rather than forget that write.
+#[test]
+fn a_miss_reported_during_a_rebuild_keeps_the_debt() {
+    let mut harness = Harness::with_servers(3);
+    let file = harness.create("/a", Scheme::Raid5, None).meta.id;
+    harness.missed(2, file, 0, 10);
+    let listed = harness.debt_tag(2, file);
+    assert_ne!(listed, 0);
+    harness.missed(2, file, 3, 4);
+    let now = harness.debt_tag(2, file);
+    assert_ne!(
+        now, listed,
+        "a miss of a stripe owed already changes the tag"
+    );
+    let stale = ManagerRequest::Resynced {
+        server: 2,
+        file,
+        stripes: IndexRange::new(0, 10),
+        tag: listed,
+    };
+    assert_eq!(
+        error(harness.handle(stale)),
+        ManagerError::DebtChanged { server: 2, file }
+    );
+    assert_eq!(
+        harness.lookup("/a").missed[0].stripes,
+        vec![IndexRange::new(0, 10)]
+    );
+    // Listed again, the rebuild's `Resynced` goes through, in parts, under one tag.
+    for (start, end) in [(0, 4), (4, 10)] {
+        let answer = harness.handle(ManagerRequest::Resynced {
+            server: 2,
+            file,
+            stripes: IndexRange::new(start, end),
+            tag: now,
+        });
+        assert_eq!(answer, ManagerResponse::Done);
+    }
+    assert!(harness.lookup("/a").missed.is_empty());
+    // A debt owed again after it was paid never gets an old tag back.
+    harness.missed(2, file, 0, 10);
+    let again = harness.debt_tag(2, file);
+    assert!(again != listed && again != now);
+    // Resyncing what is not owed is a no-op whatever the tag.
+    harness.resynced(2, file, 0, 10);
+    let nothing = harness.handle(ManagerRequest::Resynced {
+        server: 2,
+        file,
+        stripes: IndexRange::new(0, 10),
+        tag: listed,
+    });
+    assert_eq!(nothing, ManagerResponse::Done);
 }
 
 #[test]

@@ -773,25 +773,16 @@ async fn wait_out_live_stale(
     file: tessera_wire::FileId,
     stripe: u64,
     wait_max: Duration,
-    mut renew: impl FnMut() -> Result<(), StorageError>,
+    holder: Option<(&ParityLocks, tessera_wire::LockToken)>,
 ) -> Result<StaleWait, StorageError> {
     let give_up = Instant::now() + wait_max;
     let mut waited = false;
     loop {
         let now = Instant::now();
-        match store.stale_state(file, stripe, now) {
-            StaleState::Clean => {
-                return Ok(StaleWait {
-                    orphaned: false,
-                    waited,
-                })
-            }
-            StaleState::Orphaned => {
-                return Ok(StaleWait {
-                    orphaned: true,
-                    waited,
-                })
-            }
+        let begun = holder.map(|(locks, _)| locks.records_begun());
+        let orphaned = match store.stale_state(file, stripe, now) {
+            StaleState::Clean => false,
+            StaleState::Orphaned => true,
             StaleState::Live { .. } if now >= give_up => {
                 return Err(StorageError::LockBusy { stripe })
             }
@@ -800,9 +791,20 @@ async fn wait_out_live_stale(
                 // Checked again at least every lease, so that a record cleared early is noticed.
                 let wake = until.min(give_up).min(now + PARITY_LEASE / 4);
                 tokio::time::sleep_until(wake).await;
-                renew()?;
+                if let Some((locks, token)) = holder {
+                    locks.renew(file, stripe, token)?;
+                }
+                continue;
+            }
+        };
+        // A lock holder settles, so that full-stripe writers begun from now on wait for it;
+        // one begun since the look above makes it look again (`tessera_store::locks`).
+        if let (Some((locks, token)), Some(begun)) = (holder, begun) {
+            if !locks.settle(file, stripe, token, begun)? {
+                continue;
             }
         }
+        return Ok(StaleWait { orphaned, waited });
     }
 }
 
@@ -859,8 +861,8 @@ async fn serve(
             let token = locks
                 .lock(file, stripe, connection, PARITY_LOCK_WAIT_MAX)
                 .await?;
-            let renew = || locks.renew(file, stripe, token);
-            let wait = wait_out_live_stale(&store, file, stripe, PARITY_LOCK_WAIT_MAX, renew);
+            let holder = Some((&*locks, token));
+            let wait = wait_out_live_stale(&store, file, stripe, PARITY_LOCK_WAIT_MAX, holder);
             let stale = match wait.await {
                 Ok(wait) => wait.orphaned,
                 Err(e) => {
@@ -917,7 +919,7 @@ async fn serve(
             // A degraded read under a full-stripe write in flight waits for it to finish (or
             // its writer to be found dead) rather than fail: here for a while, well within a
             // client's request timeout, and then the client asks again.
-            let wait = wait_out_live_stale(&store, file, stripe, READ_INTENT_WAIT_MAX, || Ok(()));
+            let wait = wait_out_live_stale(&store, file, stripe, READ_INTENT_WAIT_MAX, None);
             let wait = match wait.await {
                 Ok(wait) => wait,
                 Err(StorageError::LockBusy { .. }) => StaleWait {
@@ -942,9 +944,20 @@ async fn serve(
             // Refused at once under a snapshot fence: its writer may hold records at other
             // parity columns, whose fences wait for them (it drops them and asks again).
             let entered = locks.enter_unfenced(file)?;
+            locks.record_begins();
             let lease_end = Instant::now() + PARITY_LEASE;
-            let token = blocking(move || store.record_stale(file, stripes, lease_end)).await?;
+            let recorder = store.clone();
+            let token = blocking(move || recorder.record_stale(file, stripes, lease_end)).await?;
             drop(entered);
+            // Lock holders computing parity from these stripes' data finish first (their
+            // renewals keep them; a dead one's lease runs out). Later ones wait for the record.
+            let give_up = Instant::now() + PARITY_LOCK_WAIT_MAX;
+            if let Err(e) = locks.wait_settled(file, stripes, give_up).await {
+                let now = Instant::now();
+                let nothing = IndexRange::new(0, 0);
+                blocking(move || store.clear_stale(file, Some(token), nothing, now)).await?;
+                return Err(e);
+            }
             Ok((StorageResponse::StaleRecorded { token }, Bytes::new()))
         }
         StorageRequest::RecordDiscard {

@@ -110,7 +110,7 @@ pub struct Failure {
     /// What went wrong.
     pub detail: String,
     /// The wrong byte, if the failure is one.
-    pub mismatch: Option<Mismatch>,
+    pub mismatch: Option<Box<Mismatch>>,
     /// The last operations and faults of the run.
     pub trace: Vec<String>,
 }
@@ -257,12 +257,19 @@ impl Explorer {
         }
     }
 
+    /// A line of the run's trace, also logged as it happens (interleaved with the cluster's
+    /// log when `RUST_LOG` asks for it).
+    fn note(&mut self, line: String) {
+        tracing::debug!("explorer: {line}");
+        self.trace.push(line);
+    }
+
     fn fail(&self, phase: String, detail: String, mismatch: Option<Mismatch>) -> Failure {
         Failure {
             seed: self.seed,
             phase,
             detail,
-            mismatch,
+            mismatch: mismatch.map(Box::new),
             trace: self.trace.clone(),
         }
     }
@@ -289,7 +296,7 @@ impl Explorer {
                 MemFaults::default()
             };
             self.cluster.network.set_faults(faults);
-            self.trace.push(format!(
+            self.note(format!(
                 "{step}: {} {}{}",
                 describe(&op),
                 client_at.map_or(String::new(), |k| format!(" [client killed at call {k}]")),
@@ -307,7 +314,7 @@ impl Explorer {
             self.apply(step, op, outcome).await?;
             let debts = self.cluster.debts();
             if debts != self.debts {
-                self.trace.push(format!("{step}: owed now: {debts}"));
+                self.note(format!("{step}: owed now: {debts}"));
                 self.debts = debts;
             }
         }
@@ -401,7 +408,7 @@ impl Explorer {
         let seed = self.rng.gen();
         if let Some(flip) = self.cluster.flip_bit(index, seed) {
             self.report.bit_flips += 1;
-            self.trace.push(format!(
+            self.note(format!(
                 "{step}: bit {} of byte {} of server {}'s {} flipped",
                 flip.bit,
                 flip.offset,
@@ -418,7 +425,7 @@ impl Explorer {
     async fn start_server(&mut self, index: usize, phase: &str) {
         if let Some(why) = self.cluster.start_server(index).await {
             self.report.stores_refused += 1;
-            self.trace.push(format!(
+            self.note(format!(
                 "{phase}: server {} refused its store and starts blank: {why}",
                 index + 1
             ));
@@ -536,7 +543,7 @@ impl Explorer {
             let lost = self.cluster.power_loss(kill.index, self.rng.gen());
             self.report.power_losses += 1;
             self.report.writes_lost += lost.writes_dropped + lost.writes_torn;
-            self.trace.push(format!("  power lost: {lost:?}"));
+            self.note(format!("  power lost: {lost:?}"));
             // The store renews its incarnation if it lost answered writes: RAID-0 files on it
             // are gone.
             self.lose_raid0();
@@ -575,7 +582,7 @@ impl Explorer {
     /// Fold an operation's outcome into the model, checking what it read.
     async fn apply(&mut self, step: usize, op: Op, outcome: Outcome) -> Result<(), Failure> {
         if let Outcome::Failed(e) = &outcome {
-            self.trace.push(format!("{step}: failed: {e}"));
+            self.note(format!("{step}: failed: {e}"));
         }
         match (op, outcome) {
             (Op::Create { path, .. }, outcome) => {
@@ -656,7 +663,7 @@ impl Explorer {
             self.cluster.crash_server(index);
             self.start_server(index, "recovery").await;
         }
-        self.trace.push("recovery: every server started".into());
+        self.note("recovery: every server started".into());
         // A heartbeat from each, so that none still counts as down.
         tokio::time::sleep(Duration::from_secs(1)).await;
         // Rebuilding one server may need another rebuilt first: passes until none is owed.
@@ -683,7 +690,7 @@ impl Explorer {
         self.report.scrub_repairs +=
             report.corrupt_repaired + report.parity_repaired + report.mirrors_repaired;
         self.report.scrub_repairs_past_size += report.past_size_repaired;
-        self.trace.push(format!("{phase}: scrub: {report:?}"));
+        self.note(format!("{phase}: scrub: {report:?}"));
         Ok(())
     }
 
@@ -720,7 +727,7 @@ impl Explorer {
             };
             if !redundant_failed.is_empty() {
                 // A file with redundancy left owed: traced, and tried again by the next pass.
-                self.trace.push(format!(
+                self.note(format!(
                     "{phase}: rebuild of server {} left {}",
                     server.id,
                     redundant_failed.join("; ")
@@ -853,7 +860,7 @@ impl Explorer {
                 }
                 Err(_) if f.model.may_be_torn(stripe) => {
                     self.report.torn_stripes_unreadable += 1;
-                    self.trace.push(format!(
+                    self.note(format!(
                         "{phase}: {} stripe {stripe} unreadable (torn full-stripe write)",
                         f.file.path
                     ));
@@ -914,7 +921,7 @@ fn describe(op: &Op) -> String {
 fn describe_mismatch(f: &SimFile, m: &Mismatch) -> String {
     format!(
         "{} ({}, stripe {} bytes): byte {} read {:#04x}, acknowledged {:#04x}{}; {} wrong bytes, \
-         {} of them acknowledged",
+         {} of them acknowledged; the bytes read there are those of {}",
         f.file.path,
         f.scheme,
         f.stripe_bytes,
@@ -927,7 +934,12 @@ fn describe_mismatch(f: &SimFile, m: &Mismatch) -> String {
             " (or an unacknowledged write's)"
         },
         m.wrong_bytes,
-        m.wrong_acknowledged
+        m.wrong_acknowledged,
+        if m.origin.is_empty() {
+            "no write of this file"
+        } else {
+            &m.origin
+        }
     )
 }
 

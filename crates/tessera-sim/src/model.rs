@@ -33,6 +33,16 @@ pub struct FileModel {
     /// cut short, leaving a stale-parity record) and no acknowledged write has resolved
     /// since: with a column lost, their bytes may read as an error (never as wrong bytes).
     torn: BTreeSet<u64>,
+    /// Every write in order (acknowledged or not), to name the one a wrong read came from.
+    history: Vec<Written>,
+}
+
+/// One write the model saw, kept to explain a mismatch.
+#[derive(Debug, Clone)]
+struct Written {
+    offset: u64,
+    data: Vec<u8>,
+    acknowledged: bool,
 }
 
 /// A byte read back that the model does not allow.
@@ -50,6 +60,9 @@ pub struct Mismatch {
     pub wrong_bytes: u64,
     /// Of those, bytes no unacknowledged write touched: acknowledged bytes lost.
     pub wrong_acknowledged: u64,
+    /// The writes (numbered from 0 among this file's writes) whose bytes at `offset` match
+    /// the 16 read from there, where the wrong bytes came from ("" if none).
+    pub origin: Box<str>,
 }
 
 impl FileModel {
@@ -161,6 +174,7 @@ impl FileModel {
 
     /// An acknowledged write.
     pub fn write(&mut self, offset: u64, data: &[u8]) {
+        self.remember(offset, data, true);
         let end = offset as usize + data.len();
         if let Some(floor) = &mut self.size_floor {
             *floor = (*floor).max(end as u64);
@@ -192,6 +206,7 @@ impl FileModel {
 
     /// A write that was not acknowledged: each byte may hold its old value or the new one.
     pub fn write_unacknowledged(&mut self, offset: u64, data: &[u8]) {
+        self.remember(offset, data, false);
         self.size_max = self.size_max.max(offset + data.len() as u64);
         for (i, &byte) in data.iter().enumerate() {
             let values = self.maybe.entry(offset + i as u64).or_default();
@@ -203,6 +218,40 @@ impl FileModel {
             let (whole, _) = Self::stripes_of(&rule, offset, data.len() as u64);
             self.torn.extend(whole);
         }
+    }
+
+    fn remember(&mut self, offset: u64, data: &[u8], acknowledged: bool) {
+        self.history.push(Written {
+            offset,
+            data: data.to_vec(),
+            acknowledged,
+        });
+    }
+
+    /// The writes whose bytes at `offset` are `got` (a prefix of up to 16 bytes).
+    fn origin(&self, offset: u64, got: &[u8]) -> Box<str> {
+        let got = &got[..got.len().min(16)];
+        let end = offset + got.len() as u64;
+        let matches = |w: &Written| {
+            let at = offset.checked_sub(w.offset)? as usize;
+            (end <= w.offset + w.data.len() as u64 && w.data[at..at + got.len()] == *got)
+                .then_some(())
+        };
+        let found: Vec<String> = self
+            .history
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| matches(w).is_some())
+            .map(|(n, w)| {
+                let ack = if w.acknowledged {
+                    "acknowledged"
+                } else {
+                    "unacknowledged"
+                };
+                format!("write {n} ({ack}, {}+{})", w.offset, w.data.len())
+            })
+            .collect();
+        found.join(", ").into()
     }
 
     /// The acknowledged value of one byte (zero past the acknowledged size).
@@ -230,6 +279,7 @@ impl FileModel {
                 acknowledged: others.is_none(),
                 wrong_bytes: 0,
                 wrong_acknowledged: 0,
+                origin: self.origin(at, &got[i..]),
             });
         }
         match first {

@@ -288,3 +288,86 @@ fn a_stripe_changed_gets_a_new_generation() {
         "a huge range changes every slot"
     );
 }
+
+/// A full-stripe writer's record waits for the settled holders of its stripes (a scrub or a
+/// read-modify-writer computing parity from the data), not for holders that have not looked
+/// for records yet (they will see the record and wait it out), and not for other stripes.
+#[tokio::test(start_paused = true)]
+async fn a_record_waits_for_settled_holders_of_its_stripes_only() {
+    let locks = locks();
+    let settled = lock(&locks, 3, 1).await;
+    let begun = locks.records_begun();
+    assert!(locks.settle(FILE, 3, settled, begun).unwrap());
+    let unsettled = lock(&locks, 4, 2).await;
+    let elsewhere = lock(&locks, 9, 3).await;
+    assert!(locks.settle(FILE, 9, elsewhere, begun).unwrap());
+
+    locks.record_begins();
+    let writer = {
+        let locks = Arc::clone(&locks);
+        let give_up = tokio::time::Instant::now() + WAIT;
+        let stripes = tessera_wire::IndexRange::new(2, 6);
+        tokio::spawn(async move { locks.wait_settled(FILE, stripes, give_up).await })
+    };
+    settle().await;
+    assert!(
+        !writer.is_finished(),
+        "the settled holder of stripe 3 is still working"
+    );
+    // Renewed, it is waited for past its lease.
+    tokio::time::sleep(LEASE / 2).await;
+    locks.renew(FILE, 3, settled).unwrap();
+    tokio::time::sleep(LEASE / 2).await;
+    settle().await;
+    assert!(!writer.is_finished());
+    locks.unlock(FILE, 3, settled).unwrap();
+    writer
+        .await
+        .unwrap()
+        .expect("done once stripe 3 is unlocked");
+    // The unsettled holder of stripe 4 looked before the record began: it looks again.
+    assert!(!locks.settle(FILE, 4, unsettled, begun).unwrap());
+    locks.unlock(FILE, 4, unsettled).unwrap();
+    locks.unlock(FILE, 9, elsewhere).unwrap();
+}
+
+/// A settled holder that stops renewing is broken once its lease runs out, and the record's
+/// writer goes on; one that outlasts the writer's bound makes it busy.
+#[tokio::test(start_paused = true)]
+async fn a_record_breaks_a_silent_settled_holder_and_gives_up_at_its_bound() {
+    let locks = locks();
+    let silent = lock(&locks, 0, 1).await;
+    assert!(locks
+        .settle(FILE, 0, silent, locks.records_begun())
+        .unwrap());
+    let stripes = tessera_wire::IndexRange::new(0, 1);
+    let started = tokio::time::Instant::now();
+    locks
+        .wait_settled(FILE, stripes, started + WAIT)
+        .await
+        .expect("the silent holder is broken");
+    assert!(started.elapsed() >= LEASE);
+    assert_eq!(locks.held(), 0);
+    assert!(matches!(
+        locks.unlock(FILE, 0, silent),
+        Err(StorageError::StaleLock { .. })
+    ));
+
+    let busy = lock(&locks, 0, 2).await;
+    assert!(locks.settle(FILE, 0, busy, locks.records_begun()).unwrap());
+    let keep = {
+        let locks = Arc::clone(&locks);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(LEASE / 4).await;
+                if locks.renew(FILE, 0, busy).is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    let bound = tokio::time::Instant::now() + LEASE * 3;
+    let answer = locks.wait_settled(FILE, stripes, bound).await;
+    assert!(matches!(answer, Err(StorageError::LockBusy { stripe: 0 })));
+    keep.abort();
+}

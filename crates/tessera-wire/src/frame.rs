@@ -18,8 +18,9 @@ use serde::{de::DeserializeOwned, Serialize};
 /// `times` in `NamespaceEntry`). Version 11: a client's sync restates the size its writes
 /// gave a file (`ManagerRequest::SyncFile`). Version 12: a file's stored bytes past a point
 /// are discarded in one request per column and region (`StorageRequest::Discard`), so that
-/// truncating a file costs no write of zeros.
-pub const PROTOCOL_VERSION: u8 = 12;
+/// truncating a file costs no write of zeros. Version 13: a debt has a tag that every reported
+/// miss changes, and `Resynced` names it (`FileDebt::tag`, `ManagerError::DebtChanged`).
+pub const PROTOCOL_VERSION: u8 = 13;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.

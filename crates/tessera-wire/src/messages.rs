@@ -812,7 +812,9 @@ pub enum ManagerRequest {
     /// Make every metadata change so far durable (sizes are grown lazily, like a file system
     /// that persists a file's size at fsync).
     Sync,
-    /// The server has been resynced for these stripes of a file.
+    /// The server has been resynced for these stripes of a file. Refused with
+    /// [`ManagerError::DebtChanged`] unless the debt's tag is still `tag` (no miss was
+    /// reported since the rebuild listed it).
     Resynced {
         /// Server.
         server: ServerId,
@@ -820,6 +822,8 @@ pub enum ManagerRequest {
         file: FileId,
         /// Stripes now whole.
         stripes: IndexRange,
+        /// The debt's tag as listed ([`FileDebt::tag`]).
+        tag: u64,
     },
     /// Create a new, unnamed file that will take `path` when committed (an atomic replace):
     /// it is invisible to `Lookup` and `List` until [`ManagerRequest::CommitPending`], and
@@ -1013,6 +1017,10 @@ pub struct FileDebt {
     pub meta: FileMeta,
     /// Stripes the server owes, sorted and disjoint; a wiped store owes `0..u64::MAX`.
     pub missed: Vec<IndexRange>,
+    /// Changes with every miss reported for the debt, even of stripes already owed (never
+    /// the same twice): a rebuild's `Resynced` names it, so that a write that skipped the
+    /// server while it was being rebuilt is not forgotten.
+    pub tag: u64,
 }
 
 /// The manager's answer.
@@ -1282,6 +1290,15 @@ pub enum ManagerError {
     /// No such reservation (its lease ran out, or the manager restarted).
     #[error("no reservation {0}: it was released or its lease ran out")]
     UnknownReservation(u64),
+    /// A server missed more writes of the file while it was being rebuilt: the debt changed
+    /// since it was listed, and the rebuild lists it again.
+    #[error("server {server} missed more writes of file {file} during its rebuild")]
+    DebtChanged {
+        /// The server.
+        server: ServerId,
+        /// The file.
+        file: FileId,
+    },
 }
 
 fn no_store_message(path: &str, cluster: Option<ClusterId>) -> String {

@@ -175,6 +175,7 @@ mod tests {
                 size: 0,
             },
             missed: missed.iter().map(|&(a, b)| IndexRange::new(a, b)).collect(),
+            tag: 1,
         }
     }
 

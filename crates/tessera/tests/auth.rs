@@ -532,6 +532,7 @@ async fn resynced_needs_the_admin_and_a_stale_server_keeps_its_debt() {
         server: stale,
         file: file.id,
         stripes: IndexRange::new(0, u64::MAX),
+        tag: 0,
     };
     assert_refused_without_a_key(cluster.manager, &clear).await;
     let outcome: Outcome<ManagerResponse> =
