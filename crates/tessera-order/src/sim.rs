@@ -41,6 +41,9 @@ pub struct Faults {
     pub loss_trunk: f64,
     /// Probability that one receiver misses a packet (on its RX link).
     pub loss_rx: f64,
+    /// The nodes whose RX links `loss_rx` strikes (bit `i`: node `i`); the others miss
+    /// nothing there. `u64::MAX`: every node.
+    pub loss_rx_nodes: u64,
     /// Probability that a packet is delayed on an RX link past later ones.
     pub reorder: f64,
     /// Probability that an RX link delivers a packet twice.
@@ -62,6 +65,7 @@ impl Faults {
             loss_tx: 0.0,
             loss_trunk: 0.0,
             loss_rx: 0.0,
+            loss_rx_nodes: u64::MAX,
             reorder: 0.0,
             duplicate: 0.0,
             crash_every_us: None,
@@ -173,6 +177,7 @@ impl Scenario {
             loss_tx: chance(0.5, 0.05),
             loss_trunk: chance(0.3, 0.02),
             loss_rx: chance(0.5, 0.05),
+            loss_rx_nodes: u64::MAX,
             reorder: chance(0.3, 0.02),
             duplicate: chance(0.2, 0.02),
             crash_every_us: rng.gen_bool(0.4).then(|| rng.gen_range(10_000..=80_000)),
@@ -879,7 +884,9 @@ impl<'a> Sim<'a> {
             crate::Destination::Node(node) => vec![node.0 as usize],
         };
         for destination in destinations {
-            if self.rng.gen_bool(faults.loss_rx) {
+            // Drawn for every destination, so that a set of nodes leaves the others' draws.
+            let lost = self.rng.gen_bool(faults.loss_rx);
+            if lost && faults.loss_rx_nodes & 1 << destination != 0 {
                 self.stats.lost += 1;
                 continue;
             }

@@ -431,3 +431,61 @@ fn large_messages_link_share_five_nodes_lab_queue() {
         fixed.queue_drops
     );
 }
+
+/// Section 3.4.2 when the leader itself loses messages: 1% of the packets lost at one
+/// node's RX link only, the leader's (node 0, view 0) against a member's (node 1). The
+/// members learn of a message the leader missed only from the leader's ACK, and the
+/// leader's order (ENTRIES) replaces what they appended meanwhile; every history keeps
+/// UTO1-4 and FIFO (checked in `throughput`), no view changes, and what it costs is
+/// printed beside a member's loss.
+#[test]
+fn the_members_follow_the_leader_after_its_loss() {
+    let mut rows = Vec::new();
+    for (name, lossy_node) in [("leader", 0), ("member", 1)] {
+        let (mut ratio_worst, mut ratio_sum, mut replaced, mut repairs, mut messages) =
+            (f64::MAX, 0.0, 0, 0, 0);
+        let seeds = 0..6;
+        for seed in seeds.clone() {
+            let (base, _) = throughput(seed, &lab_like(5));
+            let mut lossy = lab_like(5);
+            lossy.faults = Faults {
+                loss_rx_nodes: 1 << lossy_node,
+                ..at_receivers(0.01)
+            };
+            let (rate, outcome) = throughput(seed, &lossy);
+            assert_eq!(outcome.stats.view_changes, 0, "{name} seed {seed}");
+            ratio_worst = ratio_worst.min(rate / base);
+            ratio_sum += rate / base;
+            replaced += total(&outcome, |s| s.positions_replaced);
+            repairs += total(&outcome, |s| s.repairs_sent);
+            messages += proposed(&outcome);
+        }
+        let per_message = replaced as f64 / messages as f64;
+        let mean = ratio_sum / seeds.count() as f64;
+        println!(
+            "1% lost at the {name}: worst {ratio_worst:.3}, mean {mean:.3} of no loss; \
+             {per_message:.3} positions replaced per message, {repairs} repairs"
+        );
+        rows.push((ratio_worst, per_message, repairs));
+    }
+    // Measured (seeds 0..6): the leader's loss worst 0.967, mean 0.974 of no loss, 1.85
+    // positions replaced per message, 179 repairs; a member's 0.961, 0.973, 0.45, 46. The
+    // members' repair works and costs about what a member's loss does in time; it replaces
+    // four times the positions (what they appended before the leader's ACK told them),
+    // which is CPU in the lab, not time here.
+    let [(leader_worst, leader_replaced, leader_repairs), _] = rows[..] else {
+        unreachable!("two rows")
+    };
+    assert!(
+        leader_repairs > 0,
+        "the leader's loss was repaired by its order"
+    );
+    assert!(
+        leader_worst >= 0.93,
+        "leader's loss: worst {leader_worst:.3}"
+    );
+    assert!(
+        leader_replaced <= 3.0,
+        "{leader_replaced:.2} positions replaced per message"
+    );
+}
