@@ -73,7 +73,11 @@
 //! broadcasts them in DATA packets; at most `window_packets` of its packets may hold
 //! messages that some member of the view does not yet hold (local flow control: the ACKs
 //! count, per sender, the messages a member's log holds, in whatever order), and at most
-//! [`RETAINED_WINDOWS`] windows' worth may be undelivered; the messages this
+//! [`RETAINED_WINDOWS`] windows' worth may be undelivered. The sequencer link's queue is
+//! finite: a sender halves its window (down to `window_packets_min`) when an own packet
+//! does not come back through the network, at most once a round trip, and grows it by one
+//! packet per window of own DATA packets back (TCP's AIMD; only the pace changes, never
+//! what is delivered or where). The messages this
 //! defers are packed together into packets of at most `mtu_bytes` (the paper's Nagle-like
 //! aggregation: when the window slides by `n`, up to `n` full packets go out; with
 //! `aggregate` off each message goes alone). A member appends each message to its log in
@@ -699,6 +703,9 @@ pub enum ConfigError {
     /// `suspect_after_us` is not above `heartbeat_interval_us`.
     #[error("suspect_after_us must exceed heartbeat_interval_us")]
     Suspect,
+    /// `window_packets_min` is zero or above `window_packets`.
+    #[error("window_packets_min must be within 1..=window_packets")]
+    WindowFloor,
 }
 
 /// A node's settings.
@@ -713,6 +720,15 @@ pub struct Config {
     /// Own DATA packets whose messages may be unacked by some member at once (local flow
     /// control); without aggregation, one message each.
     pub window_packets: u32,
+    /// The window's floor under congestion. The sequencer link's queue is finite (a
+    /// switch's port buffer): when the senders' windows together exceed it, packets are
+    /// dropped there, every receiver misses them, and each costs a retransmission and a
+    /// pause at every receiver. So a node halves its window (not below this) when an own
+    /// packet did not come back through the network, at most once a round trip, and
+    /// grows it by one packet per window of own packets back, up to `window_packets`
+    /// (TCP's additive increase, multiplicative decrease). `window_packets`: a fixed
+    /// window.
+    pub window_packets_min: u32,
     /// Proposals that may wait for the window.
     pub send_queue_messages_max: usize,
     /// ACK aggregation: appends per ACK.
@@ -750,6 +766,7 @@ impl Default for Config {
             mtu_bytes: 1500,
             aggregate: true,
             window_packets: 64,
+            window_packets_min: 2,
             send_queue_messages_max: 4096,
             ack_every_messages: 4,
             ack_delay_us: 100,
@@ -822,6 +839,9 @@ impl Config {
             if value == 0 {
                 return Err(ConfigError::Zero(name));
             }
+        }
+        if self.window_packets_min == 0 || self.window_packets_min > self.window_packets {
+            return Err(ConfigError::WindowFloor);
         }
         if self.suspect_after_us <= self.heartbeat_interval_us {
             return Err(ConfigError::Suspect);

@@ -43,6 +43,9 @@ pub struct Stats {
     pub messages_sent: u64,
     /// Messages sent again.
     pub retransmitted: u64,
+    /// Times the window was halved: an own packet did not come back through the network
+    /// (see [`crate::Config::window_packets_min`]).
+    pub window_cuts: u64,
     /// Messages received again after they were in the log.
     pub duplicates: u64,
     /// NACKs sent.
@@ -123,6 +126,12 @@ struct SendState {
     known_view: u64,
     /// Since when proposals wait for a full window.
     window_full_since: Option<Micros>,
+    /// The window now, packets (`Config::window_packets_min..=window_packets`).
+    window_packets_now: u32,
+    /// Own packets back since the window last grew or was cut.
+    window_returned: u32,
+    /// The window is not cut again before this: one cut per round trip.
+    window_cut_until: Micros,
     /// Our DATA packets not yet back through the network: checksum, messages.
     unreturned: VecDeque<(u32, Vec<u64>)>,
     /// Where proposals are framed: each a slice of one shared buffer, so that a message
@@ -378,6 +387,7 @@ impl Node {
             (true, Start::Restarted | Start::Added) => Status::Joining,
         };
         let record = GroupRecord::initial(&group);
+        let window_packets = config.window_packets;
         let mut node = Node {
             config,
             membership: Membership {
@@ -401,7 +411,10 @@ impl Node {
             latest_incarnation: BTreeMap::from([(id, incarnation)]),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
-            send: SendState::default(),
+            send: SendState {
+                window_packets_now: window_packets,
+                ..SendState::default()
+            },
             receive: ReceiveState::default(),
             change: ChangeState {
                 joining_since: now,
@@ -602,6 +615,8 @@ impl Node {
         if own {
             let lost = self.rtt.on_returned(bytes, now);
             self.own_returned(bytes, &lost);
+            let data = matches!(packet.body, Body::Data { .. });
+            self.adapt_window(!lost.is_empty(), data, now);
         } else {
             self.last_heard.insert(header.from, now);
             let start_view = matches!(packet.body, Body::StartView { .. });

@@ -41,6 +41,9 @@ pub struct Faults {
     pub loss_trunk: f64,
     /// Probability that one receiver misses a packet (on its RX link).
     pub loss_rx: f64,
+    /// The nodes whose RX links `loss_rx` strikes (bit `i`: node `i`); the others miss
+    /// nothing there. `u64::MAX`: every node.
+    pub loss_rx_nodes: u64,
     /// Probability that a packet is delayed on an RX link past later ones.
     pub reorder: f64,
     /// Probability that an RX link delivers a packet twice.
@@ -62,6 +65,7 @@ impl Faults {
             loss_tx: 0.0,
             loss_trunk: 0.0,
             loss_rx: 0.0,
+            loss_rx_nodes: u64::MAX,
             reorder: 0.0,
             duplicate: 0.0,
             crash_every_us: None,
@@ -99,6 +103,10 @@ pub struct Scenario {
     pub trunk_rate_bits_per_s: u64,
     /// Extra delay of a reordered packet, at most.
     pub reorder_delay_us_max: Micros,
+    /// Bytes that may wait in the sequencer link's queue; a packet arriving to a fuller
+    /// queue is dropped (drop-tail, as the lab's `tbf` on the trunk does). `None`: no
+    /// bound (the queue only delays).
+    pub trunk_queue_bytes_max: Option<u64>,
     /// Crashes at given times, `(at, node, down for)`, besides the random ones; they obey
     /// the same limit (never a majority of receivers out) and stop at `faults_until_us`.
     pub scripted_crashes: Vec<(Micros, NodeId, Micros)>,
@@ -125,6 +133,7 @@ impl Scenario {
             link_delay_us: 10,
             trunk_rate_bits_per_s: 1_000_000_000,
             reorder_delay_us_max: 200,
+            trunk_queue_bytes_max: None,
             scripted_crashes: Vec::new(),
             spare_nodes: 0,
             change_every_us: None,
@@ -168,6 +177,7 @@ impl Scenario {
             loss_tx: chance(0.5, 0.05),
             loss_trunk: chance(0.3, 0.02),
             loss_rx: chance(0.5, 0.05),
+            loss_rx_nodes: u64::MAX,
             reorder: chance(0.3, 0.02),
             duplicate: chance(0.2, 0.02),
             crash_every_us: rng.gen_bool(0.4).then(|| rng.gen_range(10_000..=80_000)),
@@ -211,6 +221,7 @@ impl Scenario {
             link_delay_us,
             trunk_rate_bits_per_s: 1_000_000_000,
             reorder_delay_us_max: 300,
+            trunk_queue_bytes_max: None,
             scripted_crashes: Vec::new(),
             spare_nodes,
             change_every_us,
@@ -247,6 +258,9 @@ pub struct NetworkStats {
     pub trunk_packets_by_kind: [u64; 8],
     /// Time the sequencer link spent serializing packets, nanoseconds.
     pub trunk_busy_ns: u64,
+    /// Packets dropped because the sequencer link's queue was full
+    /// ([`Scenario::trunk_queue_bytes_max`]); not counted in `lost`.
+    pub trunk_queue_drops: u64,
     /// Packets longer than one UDP datagram ([`DATAGRAM_BYTES_MAX`]), dropped as a UDP
     /// driver must.
     pub oversized: u64,
@@ -845,7 +859,16 @@ impl<'a> Sim<'a> {
         let delay = self.scenario.link_delay_us;
         let at_switch_ns = u128::from(self.now + delay) * 1_000;
         let bits = (transmit.contents.len() as u128 + 28) * 8;
-        let serialize_ns = bits * 1_000_000_000 / u128::from(self.scenario.trunk_rate_bits_per_s);
+        let rate = u128::from(self.scenario.trunk_rate_bits_per_s);
+        let serialize_ns = bits * 1_000_000_000 / rate;
+        if let Some(queue_bytes_max) = self.scenario.trunk_queue_bytes_max {
+            let waiting_bits =
+                self.trunk_free_ns.saturating_sub(at_switch_ns) * rate / 1_000_000_000;
+            if waiting_bits + bits > u128::from(queue_bytes_max) * 8 {
+                self.stats.trunk_queue_drops += 1;
+                return;
+            }
+        }
         self.trunk_free_ns = self.trunk_free_ns.max(at_switch_ns) + serialize_ns;
         let kind = usize::from(transmit.contents.get(3).copied().unwrap_or(0)).min(7);
         self.stats.trunk_bytes_by_kind[kind] += transmit.contents.len() as u64;
@@ -861,7 +884,9 @@ impl<'a> Sim<'a> {
             crate::Destination::Node(node) => vec![node.0 as usize],
         };
         for destination in destinations {
-            if self.rng.gen_bool(faults.loss_rx) {
+            // Drawn for every destination, so that a set of nodes leaves the others' draws.
+            let lost = self.rng.gen_bool(faults.loss_rx);
+            if lost && faults.loss_rx_nodes & 1 << destination != 0 {
                 self.stats.lost += 1;
                 continue;
             }

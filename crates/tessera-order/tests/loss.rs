@@ -151,8 +151,11 @@ fn table_4_one_percent_at_the_receivers_five_nodes() {
     // lost, less so when loss recovery sets the pace. Earlier: worst 0.949 (seed 7), mean
     // 0.968; before a receiver paused its log after a loss: 0.910 (seed 3), 0.927; before
     // repairs were paced by the trip as the queue is now: 0.815 (seed 19), 0.917.
+    // Since a sender halves its window when an own packet does not come back, and a NACK
+    // is answered only once a round trip: worst 0.899, mean 0.925 (the worst seed 0.005
+    // lower; the lab's trunk queue is what the change is for).
     assert!(
-        worst >= 0.90 && mean >= 0.92,
+        worst >= 0.89 && mean >= 0.92,
         "worst {worst:.3}, mean {mean:.3}"
     );
 }
@@ -222,11 +225,13 @@ fn table_4_one_percent_at_the_senders() {
 #[test]
 fn table_4_five_percent_at_the_senders() {
     let (worst, mean) = ratios(3, &at_senders(0.05), 0..8);
-    // Measured: worst 0.980, mean 0.987 (before repairs were paced by the trip as the queue
-    // is now: 0.962, 0.989; before the changes of the 1% test: 0.996, 0.998;
+    // Measured: worst 0.972, mean 0.977. A packet lost at its sender looks to it like one
+    // dropped by a full sequencer queue, and it halves its window (one in twenty here);
+    // before that: worst 0.980, mean 0.987 (before repairs were paced by the trip as the
+    // queue is now: 0.962, 0.989; before the changes of the 1% test: 0.996, 0.998;
     // before a fresh ACK went twice: 0.990, 0.997; before: 0.195, 0.280; 0.142, 0.189).
     assert!(
-        worst >= 0.95 && mean >= 0.98,
+        worst >= 0.95 && mean >= 0.97,
         "worst {worst:.3}, mean {mean:.3}"
     );
 }
@@ -314,24 +319,44 @@ fn process_cpu_s() -> f64 {
     fields.iter().sum::<f64>() / 100.0
 }
 
+/// The lab's queue of the sequencer link: `tbf` on the trunk holds 128 frames of 1,514
+/// bytes (`--buffer 128p`, "switch port buffer 193792 bytes" in its testbed line).
+const LAB_TRUNK_QUEUE_BYTES: u64 = 128 * 1_514;
+
+/// What a 5-node run of 1 KiB messages moved over the sequencer link (seeds 0..4).
+struct LinkShare {
+    /// Payload UTO-delivered, as a share of the link's rate.
+    payload: f64,
+    /// Packets dropped by a full trunk queue.
+    queue_drops: u64,
+    /// Messages sent again.
+    retransmitted: u64,
+}
+
 /// Large messages (issue 16: >= 0.9 of the link in UTO order): 5 nodes, every message
-/// 1,024 bytes, no loss. What the sequencer link carried, by kind, against the payload
-/// UTO-delivered, and the messages a DATA packet held: the share of the link the protocol
-/// can give at most, before any CPU cost (`--nocapture` prints it).
-#[test]
-fn large_messages_link_share_five_nodes() {
+/// 1,024 bytes, no loss, the sequencer link's queue bounded by `queue_bytes_max`. What the
+/// link carried, by kind, against the payload UTO-delivered, and the messages a DATA packet
+/// held: the share of the link the protocol can give at most, before any CPU cost
+/// (`--nocapture` prints it).
+fn large_messages_link_share(config: Config, queue_bytes_max: Option<u64>) -> LinkShare {
     let kinds = ["-", "DATA", "ACK", "NACK", "HB", "ENTRIES", "DVC", "SV"];
     let (mut bytes, mut packets, mut payload, mut seconds) = ([0u64; 8], [0u64; 8], 0u64, 0.0);
+    let (mut queue_drops, mut retransmitted, mut window_cuts) = (0, 0, 0);
     let cpu_before = process_cpu_s();
     let mut messages = 0;
     for seed in 0..4 {
         let mut scenario = lab_like(5);
+        scenario.config = config.clone();
         scenario.message_bytes_min = 1_024;
+        scenario.trunk_queue_bytes_max = queue_bytes_max;
         let (_, outcome) = throughput(seed, &scenario);
         for k in 0..8 {
             bytes[k] += outcome.stats.trunk_bytes_by_kind[k];
             packets[k] += outcome.stats.trunk_packets_by_kind[k];
         }
+        queue_drops += outcome.stats.trunk_queue_drops;
+        retransmitted += total(&outcome, |s| s.retransmitted);
+        window_cuts += total(&outcome, |s| s.window_cuts);
         messages += proposed(&outcome);
         payload += proposed(&outcome) * 1_024;
         seconds += outcome.last_delivery_us as f64 / 1e6;
@@ -342,20 +367,125 @@ fn large_messages_link_share_five_nodes() {
         .filter(|&k| packets[k] > 0)
         .map(|k| format!("{} {:.4}", kinds[k], link(bytes[k], packets[k])))
         .collect();
+    let share = payload as f64 * 8.0 / seconds / 1e9;
     println!(
-        "payload UTO-delivered: {:.4} of the link; link busy by kind: {}; messages per DATA \
-         packet {:.2}, DATA packet bytes mean {:.0}; ACK packets per DATA {:.2}, mean bytes {:.0}; simulation CPU {cpu_us_per_message:.1} us \
-         per message",
-        payload as f64 * 8.0 / seconds / 1e9,
+        "queue {queue_bytes_max:?} B: payload UTO-delivered: {share:.4} of the link; link busy by \
+         kind: {}; messages per DATA packet {:.2}, DATA packet bytes mean {:.0}; ACK packets per \
+         DATA {:.2}, mean bytes {:.0}; trunk queue drops {queue_drops}, retransmitted \
+         {retransmitted}, window cuts {window_cuts}; simulation CPU {cpu_us_per_message:.1} us per message",
         by_kind.join(", "),
         messages as f64 / packets[1] as f64,
         bytes[1] as f64 / packets[1] as f64,
         packets[2] as f64 / packets[1] as f64,
         bytes[2] as f64 / packets[2].max(1) as f64,
     );
+    LinkShare {
+        payload: share,
+        queue_drops,
+        retransmitted,
+    }
+}
+
+#[test]
+fn large_messages_link_share_five_nodes() {
     // Measured (seeds 0..4): 0.939 of the link, 1.72 ACK packets per DATA packet. Before
     // ACKs waited a share of the queue under load: 0.861, 5.44 (every receiver ACKed
     // every jumbo packet, 12% of the link).
-    let share = payload as f64 * 8.0 / seconds / 1e9;
-    assert!(share >= 0.92, "payload {share:.3} of the link");
+    let share = large_messages_link_share(Config::jumbo(), None);
+    assert_eq!(share.queue_drops, 0);
+    assert!(
+        share.payload >= 0.92,
+        "payload {:.3} of the link",
+        share.payload
+    );
+}
+
+/// The same with the lab's finite queue on the sequencer link: five senders' windows of
+/// 16 jumbo packets (720 KB) overflow its 194 KB, every frame dropped there is missed by
+/// every receiver and costs a retransmission and a pause everywhere. Senders halve their
+/// window when an own packet does not come back (`Config::window_packets_min`); with a
+/// fixed window (the floor at the window) the link carries far less payload.
+#[test]
+fn large_messages_link_share_five_nodes_lab_queue() {
+    let adaptive = large_messages_link_share(Config::jumbo(), Some(LAB_TRUNK_QUEUE_BYTES));
+    let fixed = Config {
+        window_packets_min: Config::jumbo().window_packets,
+        ..Config::jumbo()
+    };
+    let fixed = large_messages_link_share(fixed, Some(LAB_TRUNK_QUEUE_BYTES));
+    println!(
+        "adaptive window: {:.3} of the link, {} queue drops, {} retransmitted; fixed: {:.3}, \
+         {}, {}",
+        adaptive.payload,
+        adaptive.queue_drops,
+        adaptive.retransmitted,
+        fixed.payload,
+        fixed.queue_drops,
+        fixed.retransmitted
+    );
+    assert!(adaptive.payload >= 0.89, "adaptive {:.3}", adaptive.payload);
+    assert!(
+        adaptive.queue_drops * 4 < fixed.queue_drops,
+        "drops {} against {}",
+        adaptive.queue_drops,
+        fixed.queue_drops
+    );
+}
+
+/// Section 3.4.2 when the leader itself loses messages: 1% of the packets lost at one
+/// node's RX link only, the leader's (node 0, view 0) against a member's (node 1). The
+/// members learn of a message the leader missed only from the leader's ACK, and the
+/// leader's order (ENTRIES) replaces what they appended meanwhile; every history keeps
+/// UTO1-4 and FIFO (checked in `throughput`), no view changes, and what it costs is
+/// printed beside a member's loss.
+#[test]
+fn the_members_follow_the_leader_after_its_loss() {
+    let mut rows = Vec::new();
+    for (name, lossy_node) in [("leader", 0), ("member", 1)] {
+        let (mut ratio_worst, mut ratio_sum, mut replaced, mut repairs, mut messages) =
+            (f64::MAX, 0.0, 0, 0, 0);
+        let seeds = 0..6;
+        for seed in seeds.clone() {
+            let (base, _) = throughput(seed, &lab_like(5));
+            let mut lossy = lab_like(5);
+            lossy.faults = Faults {
+                loss_rx_nodes: 1 << lossy_node,
+                ..at_receivers(0.01)
+            };
+            let (rate, outcome) = throughput(seed, &lossy);
+            assert_eq!(outcome.stats.view_changes, 0, "{name} seed {seed}");
+            ratio_worst = ratio_worst.min(rate / base);
+            ratio_sum += rate / base;
+            replaced += total(&outcome, |s| s.positions_replaced);
+            repairs += total(&outcome, |s| s.repairs_sent);
+            messages += proposed(&outcome);
+        }
+        let per_message = replaced as f64 / messages as f64;
+        let mean = ratio_sum / seeds.count() as f64;
+        println!(
+            "1% lost at the {name}: worst {ratio_worst:.3}, mean {mean:.3} of no loss; \
+             {per_message:.3} positions replaced per message, {repairs} repairs"
+        );
+        rows.push((ratio_worst, per_message, repairs));
+    }
+    // Measured (seeds 0..6): the leader's loss worst 0.967, mean 0.974 of no loss, 1.85
+    // positions replaced per message, 179 repairs; a member's 0.961, 0.973, 0.45, 46. The
+    // members' repair works and costs about what a member's loss does in time; it replaces
+    // four times the positions (what they appended before the leader's ACK told them),
+    // which is CPU in the lab, not time here.
+    let [(leader_worst, leader_replaced, leader_repairs), _] = rows[..] else {
+        unreachable!("two rows")
+    };
+    assert!(
+        leader_repairs > 0,
+        "the leader's loss was repaired by its order"
+    );
+    assert!(
+        leader_worst >= 0.93,
+        "leader's loss: worst {leader_worst:.3}"
+    );
+    assert!(
+        leader_replaced <= 3.0,
+        "{leader_replaced:.2} positions replaced per message"
+    );
 }

@@ -357,7 +357,7 @@ fn s3_4_a_view_change_under_load_carries_a_log_of_many_datagrams() {
 #[test]
 fn s3_4_a_member_behind_the_view_fetches_what_it_lacks() {
     let mut small_parts_sent = 0;
-    for seed in [317, 507, 230] {
+    for seed in [277, 507, 230] {
         for small_parts in [false, true] {
             let mut scenario = Scenario::random(seed);
             // Seeds of the sweep without its group changes (the kind byte every message
@@ -381,7 +381,11 @@ fn s3_4_a_member_behind_the_view_fetches_what_it_lacks() {
             }
         }
     }
-    // Measured: 44, 50 and 35 positions in 1, 2 and 1 parts; with 300-byte parts, 44, 0
+    // Seed 277 took the place of 317 when senders began to halve their window on an own
+    // packet lost (the histories moved; 317 no longer fell behind a view). Measured: 18,
+    // 47 and 35 positions in 1 part each; with 300-byte parts, 24, 48 and 0 positions in
+    // 10, 31 and 0 parts. Before that:
+    // 44, 50 and 35 positions in 1, 2 and 1 parts; with 300-byte parts, 44, 0
     // and 0 positions in 15, 0 and 0 parts. (Seeds 419, 427 and 795 until ACKs waited a
     // share of the queue under load, which moved the histories: 58, 61 and 30 positions;
     // on the first choice of seeds, 472, 2452 and 419 before packet version 5: 94, 71 and

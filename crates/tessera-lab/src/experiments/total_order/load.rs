@@ -31,6 +31,13 @@ pub const RTT_FLOOR_VARIABLE: &str = "TESSERA_LAB_ORDER_RTT_FLOOR_US";
 /// (8 if unset or not a number; 0: an ACK never waits for the queue).
 pub const ACK_QUEUE_VARIABLE: &str = "TESSERA_LAB_ORDER_ACK_QUEUE_DIVISOR";
 
+/// The environment variable that sets the protocol's `window_packets_min` for an
+/// experiment (2 if unset or not a number, at most the window of 16; 16: a fixed window).
+pub const WINDOW_MIN_VARIABLE: &str = "TESSERA_LAB_ORDER_WINDOW_MIN";
+
+/// Own DATA packets a sender may have in flight (`Config::window_packets`).
+const WINDOW_PACKETS: u32 = 16;
+
 fn variable_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -293,6 +300,11 @@ pub struct Work {
     pub duplicates: u64,
     pub window_full_us: u64,
     pub send_errors: u64,
+    /// Times a sender halved its window (an own packet did not come back).
+    pub window_cuts: u64,
+    /// Frames the network's `tbf` queues dropped over the run (full queues: mostly the
+    /// sequencer link's), read from the switches, not summed over nodes.
+    pub queue_drops: u64,
 }
 
 impl Work {
@@ -309,6 +321,7 @@ impl Work {
         self.pauses_timed_out += stats.pauses_timed_out;
         self.duplicates += stats.duplicates;
         self.window_full_us += stats.window_full_us;
+        self.window_cuts += stats.window_cuts;
     }
 
     fn merge(&mut self, other: &Work) {
@@ -325,6 +338,8 @@ impl Work {
             (&mut self.duplicates, other.duplicates),
             (&mut self.window_full_us, other.window_full_us),
             (&mut self.send_errors, other.send_errors),
+            (&mut self.window_cuts, other.window_cuts),
+            (&mut self.queue_drops, other.queue_drops),
         ];
         for (sum, n) in pairs {
             *sum += n;
@@ -337,7 +352,8 @@ impl Work {
         format!(
             "per message: datagrams sent {:.3} received {:.3} (DATA {:.3}, ACK {:.3}, NACK \
              {:.4}, ENTRIES {:.4}), positions replaced {:.3}; pauses {} ({} timed out), \
-             duplicates {}, window full {} ms, send errors {}",
+             duplicates {}, window full {} ms, send errors {}; window cuts {}, frames \
+             dropped by full queues {}",
             per(self.datagrams_sent),
             per(self.datagrams_received),
             per(self.data_packets_sent),
@@ -350,6 +366,8 @@ impl Work {
             self.duplicates,
             self.window_full_us / 1000,
             self.send_errors,
+            self.window_cuts,
+            self.queue_drops,
         )
     }
 }
@@ -377,7 +395,11 @@ pub fn protocol_config(mtu_bytes: Option<usize>) -> Config {
     Config {
         mtu_bytes: mtu_bytes.unwrap_or(1500),
         aggregate: mtu_bytes.is_some(),
-        window_packets: 16,
+        window_packets: WINDOW_PACKETS,
+        // The trunk's `tbf` queue (128 frames) holds less than five senders' windows of
+        // jumbo packets: a sender halves its window when an own packet does not come back
+        // (drop-tail there), down to this.
+        window_packets_min: (variable_or(WINDOW_MIN_VARIABLE, 2) as u32).clamp(1, WINDOW_PACKETS),
         ack_every_messages: 64,
         // Under load the threshold sends ACKs (a packet carries ~100 small messages); at low
         // load this delay is the floor of the UTO latency.
@@ -443,6 +465,7 @@ pub fn order_run(
         origin + warmup + Duration::from_secs_f64(seconds),
     );
     let mode = AppMode::for_load(load);
+    let queue_drops_before = network.tbf_drops()?;
     let mut apps = Vec::new();
     for node in 0..nodes {
         let (tx, rx) = sockets(network, node, multicast)?;
@@ -480,11 +503,13 @@ pub fn order_run(
     let (cpu_busy_share, process_cpu_share, cpus) = cpu_over(window);
     std::thread::sleep(window.1.saturating_duration_since(Instant::now()));
     let logs = stop_nodes(apps, group)?;
+    let mut run = summarize(logs, message_bytes, mtu_bytes, seconds);
+    run.work.queue_drops = network.tbf_drops()?.saturating_sub(queue_drops_before);
     Ok(OrderRun {
         cpu_busy_share,
         process_cpu_share,
         cpus,
-        ..summarize(logs, message_bytes, mtu_bytes, seconds)
+        ..run
     })
 }
 

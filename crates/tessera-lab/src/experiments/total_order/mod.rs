@@ -339,6 +339,12 @@ fn measure_line(
         latency.process_cpu_share * 100.0,
         load::core_seconds_per_million(&throughput),
     ));
+    lab.say(&format!(
+        "  {}",
+        throughput
+            .work
+            .per_message(throughput.delivered_total, throughput.positions_replaced)
+    ));
     if !throughput.orders_agree {
         return Err(load::order_fault(&throughput, size, mtu));
     }
