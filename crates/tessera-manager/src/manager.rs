@@ -188,6 +188,11 @@ pub struct Manager {
     pub(crate) once_expiry_backlog: bool,
     /// Reserved streams admitted on the servers' links (soft state, see `reservations.rs`).
     reservations: crate::reservations::Reservations,
+    /// Set by a `Once` request whose record joins its request's commit (`command.rs`):
+    /// the next write leaves its transaction open in `held` instead of committing it.
+    pub(crate) hold_commit: bool,
+    /// A write's transaction left open (with its durability) for its `once` record.
+    pub(crate) held: Option<(WriteTransaction, redb::Durability)>,
     /// Tests: every commit fails as a full disk would.
     #[cfg(test)]
     pub(crate) fail_commits: bool,
@@ -282,6 +287,8 @@ impl Manager {
             durable_reads: crate::command::DurableReads::default(),
             once_expiry_backlog: false,
             reservations: crate::reservations::Reservations::new(config.links),
+            hold_commit: false,
+            held: None,
             #[cfg(test)]
             fail_commits: false,
         })
@@ -1118,6 +1125,28 @@ impl Manager {
         written
     }
 
+    /// Adds `extra` to the transaction a write left open (`held`) and commits it, recording
+    /// a failure of the store as [`Manager::write_with`] does.
+    pub(crate) fn commit_held(
+        &mut self,
+        held: (WriteTransaction, redb::Durability),
+        extra: impl FnOnce(&WriteTransaction) -> Result<(), Failure>,
+    ) -> Result<(), Failure> {
+        let (txn, durability) = held;
+        let committed = extra(&txn).and_then(|()| Ok(txn.commit()?));
+        match &committed {
+            Ok(()) if matches!(durability, redb::Durability::Immediate) => {
+                self.synced_commits += 1;
+            }
+            Ok(()) => {}
+            Err(Failure::Store(error)) => self.store_failure = Some(error.to_string()),
+            // The request was applied: a record that cannot be written is the store's failure
+            // too (the replica must not answer without it).
+            Err(other) => self.store_failure = Some(format!("the once record: {other:?}")),
+        }
+        committed
+    }
+
     /// The store's own failure since the last call (a refusal is not one), if any.
     pub fn take_store_failure(&mut self) -> Option<String> {
         self.store_failure.take()
@@ -1128,6 +1157,10 @@ impl Manager {
         durability: redb::Durability,
         apply: impl FnOnce(&mut Change<'_>) -> Result<T, Failure>,
     ) -> Result<T, Failure> {
+        // Only one write transaction at a time: one left open is committed first.
+        if let Some(held) = self.held.take() {
+            self.commit_held(held, |_| Ok(()))?;
+        }
         self.check_store()?;
         let durability = self.deferred(durability);
         let mut txn = self.db.begin_write()?;
@@ -1151,9 +1184,13 @@ impl Manager {
             let full = std::io::Error::from_raw_os_error(28); // ENOSPC
             return Err(Failure::Store(redb::StorageError::Io(full).into()));
         }
-        txn.commit()?;
-        if matches!(durability, redb::Durability::Immediate) {
-            self.synced_commits += 1;
+        if std::mem::take(&mut self.hold_commit) {
+            self.held = Some((txn, durability));
+        } else {
+            txn.commit()?;
+            if matches!(durability, redb::Durability::Immediate) {
+                self.synced_commits += 1;
+            }
         }
         self.servers.extend(servers);
         for (server, indebted) in debtors {

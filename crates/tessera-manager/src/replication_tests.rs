@@ -652,3 +652,69 @@ fn once_expiry_is_bounded_per_command() {
     assert_eq!(total(manager), 0);
     assert!(!manager.once_expiry_backlog());
 }
+
+/// A `once` record written in its request's own commit (a create, a size change, a file's
+/// sync) leaves the store and the answers of a record committed apart: same records, same
+/// stamps and window, same order position, in batches as one by one; retries of a folded
+/// request are answered from its record, and a failed one keeps a commit of its own.
+#[test]
+fn once_records_in_their_requests_commit_leave_the_store_of_records_apart() {
+    for seed in 0..4 {
+        let mut group = replicas();
+        let start = Instant::now();
+        let mut commands = commands(seed, 150, &mut group[0].1, start);
+        for file in 1..=12 {
+            let sync = ManagerRequest::Once {
+                client: file % 3,
+                sequence: 1000 + file,
+                request: Box::new(ManagerRequest::SyncFile {
+                    file,
+                    size: file << 12,
+                }),
+            };
+            let command = Command::Request {
+                request: sync,
+                decision: Decision::default(),
+            };
+            commands.push(command.clone());
+            commands.push(command);
+        }
+        let at = |index: usize| OrderPosition {
+            epoch: 1,
+            next: index as u64 + 1,
+        };
+        let mut answers = [Vec::new(), Vec::new()];
+        for (replica, apart) in [(1, false), (2, true)] {
+            crate::command::RECORDS_APART.with(|cell| cell.set(apart));
+            let manager = &mut group[replica].1;
+            for (chunk, batch) in commands.chunks(3).enumerate() {
+                manager.begin_batch().unwrap();
+                for (offset, command) in batch.iter().enumerate() {
+                    manager.set_order_position(at(chunk * 3 + offset));
+                    answers[replica - 1].push(manager.apply(command.clone(), start));
+                }
+                manager.end_batch().unwrap();
+            }
+        }
+        crate::command::RECORDS_APART.with(|cell| cell.set(false));
+        assert_eq!(answers[0], answers[1], "seed {seed}: answers differ");
+        let dump = group[1].1.state_dump();
+        assert!(
+            dump.iter().any(|line| line.starts_with("once")),
+            "seed {seed}"
+        );
+        assert_eq!(group[2].1.state_dump(), dump, "seed {seed}: stores differ");
+        assert_eq!(
+            group[1].1.order_position().unwrap(),
+            group[2].1.order_position().unwrap()
+        );
+        let (dir, manager) = group.remove(1);
+        drop(manager);
+        let config = ManagerConfig {
+            cluster_id: Some(0x5eed),
+            ..ManagerConfig::default()
+        };
+        let reopened = Manager::open_existing(dir.path(), config).unwrap();
+        assert_eq!(reopened.state_dump(), dump, "seed {seed}: not durable");
+    }
+}

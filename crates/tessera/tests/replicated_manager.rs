@@ -510,6 +510,21 @@ enum MetadataOp {
 }
 
 const METADATA_OPS: [MetadataOp; 3] = [MetadataOp::Create, MetadataOp::Stat, MetadataOp::SmallPut];
+
+/// The kinds to measure: all, or those `TESSERA_METADATA_OPS` names (`create`, `stat`,
+/// `small-put`, comma-separated; `stat` reads what `create` made), to profile one kind.
+fn metadata_ops() -> Vec<MetadataOp> {
+    let Ok(named) = std::env::var("TESSERA_METADATA_OPS") else {
+        return METADATA_OPS.to_vec();
+    };
+    let kind = |name: &str| match name.trim() {
+        "create" => MetadataOp::Create,
+        "stat" => MetadataOp::Stat,
+        "small-put" => MetadataOp::SmallPut,
+        other => panic!("TESSERA_METADATA_OPS: unknown kind '{other}' (create, stat, small-put)"),
+    };
+    named.split(',').map(kind).collect()
+}
 /// What a small-file put writes.
 const SMALL_PUT_BYTES: usize = 4096;
 
@@ -662,7 +677,7 @@ fn metadata_throughput_one_and_three_managers() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let mut done = [0u64; 2];
     let (mut measured, mut counted, mut cpu_per_op) = (Vec::new(), Vec::new(), Vec::new());
-    for op in METADATA_OPS {
+    for op in metadata_ops() {
         let (mut single, mut replicated) = (Vec::new(), Vec::new());
         let mut cpu = [[0u64; 3]; 2];
         for round in 0..3 {
