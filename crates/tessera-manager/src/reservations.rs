@@ -382,28 +382,11 @@ mod tests {
     /// payload take 53.61 MB/s of the link).
     #[test]
     fn the_manager_admits_streams_of_a_file_on_its_servers_links() {
-        use crate::{Manager, ManagerConfig};
         use tessera_layout::Scheme;
         use tessera_wire::{LayoutRequest, ManagerRequest, ManagerResponse};
         let dir = tempfile::tempdir().unwrap();
-        let config = ManagerConfig {
-            links: capacity(100_000_000),
-            ..ManagerConfig::default()
-        };
-        let mut manager = Manager::open(dir.path(), config).unwrap();
+        let mut manager = manager_with_servers(dir.path(), 100_000_000, 3);
         let now = Instant::now();
-        for port in 0..3 {
-            let register = ManagerRequest::Register {
-                server: None,
-                addr: format!("127.0.0.1:{}", 7001 + port),
-                incarnation: 7 + port,
-                cluster: None,
-            };
-            assert!(matches!(
-                manager.handle(register, now),
-                ManagerResponse::Registered { .. }
-            ));
-        }
         let create = ManagerRequest::Create {
             path: "/video".into(),
             layout: LayoutRequest {
@@ -463,26 +446,12 @@ mod tests {
     /// says so naming that host. Another host's streams are counted on its own link.
     #[test]
     fn streams_of_one_client_host_are_admitted_on_its_link() {
-        use crate::{Manager, ManagerConfig};
         use tessera_layout::Scheme;
         use tessera_wire::{LayoutRequest, ManagerRequest, ManagerResponse};
         let dir = tempfile::tempdir().unwrap();
-        let config = ManagerConfig {
-            links: capacity(25_000_000),
-            ..ManagerConfig::default()
-        };
-        let mut manager = Manager::open(dir.path(), config).unwrap();
+        let mut manager = manager_with_servers(dir.path(), 25_000_000, 6);
         let now = Instant::now();
         let mut files = Vec::new();
-        for i in 0..6u16 {
-            let register = ManagerRequest::Register {
-                server: None,
-                addr: format!("10.0.1.{}:7001", i + 1),
-                incarnation: 7 + u64::from(i),
-                cluster: None,
-            };
-            manager.handle(register, now);
-        }
         for i in 0..6u16 {
             let create = ManagerRequest::Create {
                 path: format!("/stream{i}"),
@@ -528,6 +497,30 @@ mod tests {
             manager.handle_from(elsewhere, Some("10.0.0.8".parse().unwrap()), now),
             ManagerResponse::Reserved { .. }
         ));
+    }
+
+    /// A manager admitting against links of `link` bytes/s, with `servers` servers
+    /// registered (at 127.0.0.1:7001 and on).
+    fn manager_with_servers(dir: &std::path::Path, link: u64, servers: u16) -> crate::Manager {
+        use tessera_wire::{ManagerRequest, ManagerResponse};
+        let config = crate::ManagerConfig {
+            links: capacity(link),
+            ..crate::ManagerConfig::default()
+        };
+        let mut manager = crate::Manager::open(dir, config).unwrap();
+        for port in 0..servers {
+            let register = ManagerRequest::Register {
+                server: None,
+                addr: format!("127.0.0.1:{}", 7001 + port),
+                incarnation: 7 + u64::from(port),
+                cluster: None,
+            };
+            assert!(matches!(
+                manager.handle(register, Instant::now()),
+                ManagerResponse::Registered { .. }
+            ));
+        }
+        manager
     }
 
     fn server_of(manager: &mut crate::Manager, file: tessera_wire::FileId) -> ServerId {
