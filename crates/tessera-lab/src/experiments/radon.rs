@@ -926,7 +926,8 @@ fn unfair_target(runs: &[Run], link: Rate) -> Target {
     Target {
         goal: format!(
             "unfair, Tessera: the manager refuses exactly the streams that do not fit in \
-             {RESERVABLE_SHARE} of the server's link (asked in order, stream 1 first); every \
+             {RESERVABLE_SHARE} of the port's link (the server's; in the mirror case the \
+             readers' host's; asked in order, stream 1 first); every \
              admitted stream >= {RATE_TARGET} of target with <= {LOSS_PERCENT_MAX}% resent"
         ),
         measured: match (&verdict, run) {
@@ -1139,10 +1140,11 @@ const MIRROR_NOTE: &str = "**Mirror case**: the six streams are reads instead: s
      RAID-0 of width 1, written best effort before each run), so the servers send and the \
      streams meet in the switch port toward c1, the port whose queue is shown. Packet \
      counts (sent, resent, timeouts) are the file's server's, which sends the read's DATA. \
-     The servers pace nothing by the readers' reservations (no rate reaches them; a \
-     reserved read paces its requests, a period's chunks at its start), and the manager \
-     admits against the servers' links only: the readers' host's link is checked by no \
-     one.\n\n";
+     A reserved reader grants its server window no faster than its rate (a sixteenth \
+     more), so the server's answers are paced at the reader's rate without a rate reaching \
+     the server; a best-effort reader is granted from the client's receive budget as \
+     before. The manager admits a stream on its client host's link as well as its \
+     servers': the six readers share the link of c1.\n\n";
 
 fn preamble(report: &RadonReport) -> String {
     let c = &report.config;
