@@ -488,7 +488,8 @@ pub fn run(
     let calibration = calibrate(&network, &lab.link, from, to, seconds, &lab.cancel)?;
     lab.say(&calibration.markdown());
     let mut spec = ClusterSpec::new(lab.exe.clone(), servers, Transport::Adaptive);
-    // Admission control counts against the server's link at the lab's rate.
+    // Admission control counts against every host's link (servers' and clients') at the
+    // lab's rate.
     spec.manager_args = vec![
         "--link-rate".into(),
         format!("{}B/s", lab.link.rate.bits_per_s / 8),
@@ -729,7 +730,8 @@ pub fn jain_index(streams: &[StreamResult]) -> f64 {
 }
 
 /// The streams the manager should admit, in the order they ask: those that still fit in
-/// the reservable share of the server's link beside the ones admitted before, each with
+/// the reservable share of the port's link (the server's, or in the mirror case the
+/// readers' host's) beside the ones admitted before, each with
 /// the headers of its full-size frames (the manager counts rates on the wire).
 pub fn expected_admissions(plans: &[StreamPlan], link: Rate) -> Vec<bool> {
     let reservable = RESERVABLE_SHARE * link.bytes_per_s();
