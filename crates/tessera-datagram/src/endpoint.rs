@@ -483,13 +483,13 @@ impl Endpoint {
         let mut claims = std::mem::take(&mut self.claims);
         claims.clear();
         for (id, session) in &self.sessions {
-            if let Some(claim) = session.claim(&self.config) {
+            if let Some(claim) = session.claim(&self.config, now) {
                 claims.push((*id, claim));
             }
         }
         for (id, packets) in crate::grants::allocate(budget as u64, promised_total, &mut claims) {
             if let Some(session) = self.sessions.get_mut(&id) {
-                session.grant(packets, &self.config, &mut self.stats);
+                session.grant(packets, &self.config, &mut self.stats, now);
             }
             self.touch(id, now);
         }
@@ -1094,6 +1094,8 @@ impl Endpoint {
             let (source, after) = (session.peer.ip(), Footprint::of(session));
             self.account(source, before, after);
             self.settle(id, verdict, now);
+            // A reserved session's grants may be due (their pace, `grants.rs`).
+            self.grants_due |= self.config.receive_budget_packets.is_some();
         }
     }
 

@@ -32,9 +32,91 @@
 //! Grants are carried by the window field of ordinary ACKs: a receiver never takes back
 //! window it advertised, which is exactly a grant that is never revoked. The budget counts a
 //! lost packet as still granted until its retransmission arrives.
+//!
+//! **Reserved streams are granted at their rate** ([`GrantPace`]). A session with a
+//! reservation ([`crate::Endpoint::reserve`], [`crate::Config::connect_reservation`]) under a
+//! receive budget is granted no faster than its reserved rate (a sixteenth more, so that a
+//! stream behind after a late wake-up catches up, and with [`GRANT_BURST_US`] of credit
+//! kept), so the peer answering it (a server answering a reader) is paced at the reader's
+//! rate without knowing it: six readers on one host that each ask their server for a
+//! period's data at the period's start no longer have all six answered at once into the
+//! one port in front of them (`tessera lab radon --mirror`). Best-effort sessions are
+//! granted as before and take what the reserved ones leave of the budget.
 
 use crate::session::Claim;
-use crate::SessionId;
+use crate::{Micros, SessionId};
+
+/// Credit a reserved session's grants may save up while it asks for nothing, µs of its
+/// rate: what a late wake-up of this host may cost it before it falls behind.
+pub const GRANT_BURST_US: u64 = 1_000;
+
+/// Least credit a reserved session may save, packets (a slow stream's answers are not
+/// granted one packet at a time).
+pub const GRANT_BURST_PACKETS_MIN: u64 = 4;
+
+/// A reserved session's grants run this much faster than its rate: numerator over
+/// denominator (17/16).
+pub const GRANT_RATE_MARGIN: (u64, u64) = (17, 16);
+
+/// The pace of a reserved session's grants: a token bucket of packets filled at the
+/// session's rate (by [`GRANT_RATE_MARGIN`]), holding at most its burst.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct GrantPace {
+    /// When the bucket was (or will be) empty, ns: credit is what accrued since.
+    empty_at_ns: u64,
+}
+
+/// One reserved rate as grants see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GrantRate {
+    /// ns per granted packet.
+    packet_ns: u64,
+    /// Most packets of credit kept.
+    burst: u64,
+}
+
+impl GrantRate {
+    /// Packets of `packet_bytes` at `rate_bytes_per_s` (at least 1).
+    pub(crate) fn new(rate_bytes_per_s: u64, packet_bytes: usize) -> GrantRate {
+        let (num, den) = GRANT_RATE_MARGIN;
+        let rate = u128::from(rate_bytes_per_s.max(1)) * u128::from(num);
+        let packet_ns = (packet_bytes.max(1) as u128 * 1_000_000_000 * u128::from(den))
+            .div_ceil(rate)
+            .clamp(1, u128::from(u64::MAX / 4));
+        let packet_ns = packet_ns as u64;
+        let burst = (GRANT_BURST_US * 1_000 / packet_ns).max(GRANT_BURST_PACKETS_MIN);
+        GrantRate { packet_ns, burst }
+    }
+}
+
+impl GrantPace {
+    fn empty_at(&self, rate: GrantRate, now: Micros) -> u64 {
+        let now_ns = now.saturating_mul(1_000);
+        let full_since = now_ns.saturating_sub(rate.burst.saturating_mul(rate.packet_ns));
+        self.empty_at_ns.max(full_since)
+    }
+
+    /// Packets that may be granted at `now`.
+    pub(crate) fn available(&self, rate: GrantRate, now: Micros) -> u64 {
+        let now_ns = now.saturating_mul(1_000);
+        now_ns.saturating_sub(self.empty_at(rate, now)) / rate.packet_ns
+    }
+
+    /// `packets` were granted at `now`.
+    pub(crate) fn spend(&mut self, rate: GrantRate, packets: u64, now: Micros) {
+        let spent = packets.saturating_mul(rate.packet_ns);
+        self.empty_at_ns = self.empty_at(rate, now).saturating_add(spent);
+    }
+
+    /// When `packets` (at most the burst) may be granted.
+    pub(crate) fn due(&self, rate: GrantRate, packets: u64, now: Micros) -> Micros {
+        let packets = packets.clamp(1, rate.burst);
+        let ns = self
+            .empty_at(rate, now)
+            .saturating_add(packets.saturating_mul(rate.packet_ns));
+        ns.div_ceil(1_000)
+    }
+}
 
 /// Senders that may hold a share of the budget at once.
 pub const OVERCOMMIT_SESSIONS: u64 = 4;
@@ -116,6 +198,60 @@ mod tests {
         // 3 + 8 promised of 32; shares of 11: session 2 may take 3 more, session 3 eleven.
         let grants = allocate(32, 11, &mut claims);
         assert_eq!(grants, vec![(SessionId(2), 3), (SessionId(3), 9)]);
+    }
+
+    #[test]
+    fn a_reserved_session_is_granted_at_its_rate_with_a_little_credit() {
+        // 1,412-byte packets at 14.12 MB/s: 10,000 packets/s, by 17/16: 94.2 µs each.
+        let rate = GrantRate::new(14_120_000, 1_412);
+        assert_eq!(rate.packet_ns, 94_118);
+        assert_eq!(rate.burst, 10);
+        let mut pace = GrantPace::default();
+        let start = 1_000_000;
+        // Idle for long: only the burst is saved.
+        assert_eq!(pace.available(rate, start), 10);
+        pace.spend(rate, 10, start);
+        assert_eq!(pace.available(rate, start), 0);
+        assert_eq!(pace.due(rate, 1, start), start + 95);
+        // Granting whatever is available, 100 ms later at most the rate's packets went.
+        let mut granted = 10;
+        for t in (start..start + 100_000).step_by(37) {
+            let packets = pace.available(rate, t);
+            pace.spend(rate, packets, t);
+            granted += packets;
+        }
+        assert!((1_071..=1_073).contains(&granted), "{granted}");
+        // A slow stream still gets a few packets at once.
+        assert_eq!(
+            GrantRate::new(100_000, 1_412).burst,
+            GRANT_BURST_PACKETS_MIN
+        );
+        assert_eq!(GrantRate::new(0, 0).packet_ns, 1_000_000_000 * 16 / 17 + 1);
+    }
+
+    proptest! {
+        /// Whatever the rate and however grants are taken, what is granted over any span
+        /// from an empty bucket stays within the span's packets at the rate.
+        #[test]
+        fn grants_never_run_ahead_of_the_rate(
+            rate in 1u64..10_000_000_000,
+            packet_bytes in 1usize..9_000,
+            steps in proptest::collection::vec((0u64..5_000, 0u64..50), 1..200),
+        ) {
+            let rate = GrantRate::new(rate, packet_bytes);
+            let mut pace = GrantPace::default();
+            let start = 10_000_000;
+            pace.spend(rate, pace.available(rate, start), start);
+            let (mut now, mut granted) = (start, 0u64);
+            for (advance, want) in steps {
+                now += advance;
+                let packets = pace.available(rate, now).min(want);
+                pace.spend(rate, packets, now);
+                granted += packets;
+            }
+            let allowed = (now - start) * 1_000 / rate.packet_ns;
+            prop_assert!(granted <= allowed, "{} > {}", granted, allowed);
+        }
     }
 
     proptest! {

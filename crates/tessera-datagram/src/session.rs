@@ -2,6 +2,7 @@
 //! estimate and one stream of piggybacked acknowledgements.
 
 use crate::congestion::{self, CongestionControl};
+use crate::grants::{GrantPace, GrantRate};
 use crate::packet::{widen, Packet, PacketKind};
 use crate::radon::{self, Pacer, QueueEstimator, Reservation};
 use crate::rtt::RttEstimator;
@@ -232,6 +233,8 @@ pub(crate) struct Session {
     pub(crate) undrained_packets: u32,
     /// One past the highest sequence number this side ever advertised (or promised).
     advertised_edge: u64,
+    /// The pace of the grants of a reserved session (see [`crate::grants`]).
+    grant_pace: GrantPace,
     /// Timestamp of the packet that last advanced `recv_next`.
     echo: u32,
     /// When that packet arrived, if any did: the ACK delay is counted from there.
@@ -366,6 +369,7 @@ impl Session {
             out_of_order_since: None,
             undrained_packets: 0,
             advertised_edge,
+            grant_pace: GrantPace::default(),
             echo: 0,
             echo_arrived_at: None,
             ack_pending_packets: 0,
@@ -590,7 +594,38 @@ impl Session {
     /// for later (a client reading ahead) waits its turn behind the other sessions' older
     /// ones, even on a session that holds a grant; granted as one, it would let the server
     /// start an answer that then waits for the rest of its grant behind all of those.
-    pub(crate) fn claim(&self, config: &Config) -> Option<Claim> {
+    /// A reserved session's claim is what its grants' pace allows at `now`
+    /// ([`crate::grants::GrantPace`]).
+    pub(crate) fn claim(&self, config: &Config, now: Micros) -> Option<Claim> {
+        let mut claim = self.claim_unpaced(config)?;
+        if let Some(rate) = self.grant_rate() {
+            claim.wanted = claim.wanted.min(self.grant_pace.available(rate, now));
+        }
+        Some(claim)
+    }
+
+    /// The pace of this session's grants: its reserved rate, if it has one.
+    fn grant_rate(&self) -> Option<GrantRate> {
+        let reservation = self.pacer.as_ref()?.reservation()?;
+        Some(GrantRate::new(
+            reservation.rate_bytes_per_s,
+            self.peer_fragment_bytes,
+        ))
+    }
+
+    /// When a reserved session held back by its grants' pace may be granted more (`None`:
+    /// it is not held back by the pace).
+    fn grant_due(&self, now: Micros, config: &Config) -> Option<Micros> {
+        config.receive_budget_packets?;
+        let rate = self.grant_rate()?;
+        let wanted = self.claim_unpaced(config)?.wanted;
+        if wanted == 0 {
+            return None;
+        }
+        Some(self.grant_pace.due(rate, wanted, now)).filter(|&due| due > now)
+    }
+
+    fn claim_unpaced(&self, config: &Config) -> Option<Claim> {
         let oldest = self.expected.front()?;
         let promised = self.promised_packets();
         let mut covered = self.expected_received + promised;
@@ -623,9 +658,12 @@ impl Session {
 
     /// Extends the window by `packets` from the receive budget. A sender that has used up
     /// (or nearly) what it had is told at once; otherwise the next ACK carries it.
-    pub(crate) fn grant(&mut self, packets: u64, config: &Config, stats: &mut Stats) {
+    pub(crate) fn grant(&mut self, packets: u64, config: &Config, stats: &mut Stats, now: Micros) {
         if packets == 0 {
             return;
+        }
+        if let Some(rate) = self.grant_rate() {
+            self.grant_pace.spend(rate, packets, now);
         }
         let promised_before = self.promised_packets();
         self.advertised_edge += packets;
@@ -899,10 +937,18 @@ impl Session {
         let held = self
             .out_of_order_since
             .map(|since| since.saturating_add(config.memory.out_of_order_hold_us));
-        [self.rto_deadline, self.ack_deadline, paced, stalled, held]
-            .into_iter()
-            .flatten()
-            .min()
+        let granted = self.grant_due(now, config);
+        [
+            self.rto_deadline,
+            self.ack_deadline,
+            paced,
+            stalled,
+            held,
+            granted,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Whether the timeout due at `deadline`, handled at `now`, finds the peer silent for

@@ -2545,3 +2545,91 @@ proptest! {
         prop_assert_eq!(stats.messages_delivered as usize, sessions.len() * requests_per_server);
     }
 }
+
+/// Bytes of whole answers each of two servers delivered to a client with a 20-packet receive
+/// budget behind a 200 Mbit/s port (the lab's), over `duration_us`, when the client reads
+/// 16 KiB answers from both as fast as it may, its session to the first reserved at
+/// `reserved_bytes_per_s` (the second best effort).
+fn reserved_and_best_effort_reads(reserved_bytes_per_s: u64, duration_us: Micros) -> [usize; 2] {
+    let FanIn {
+        mut sim,
+        client,
+        servers,
+        sessions,
+    } = fan_in(5, 2, Some(20));
+    sim.set_bottleneck(
+        client,
+        BottleneckConfig {
+            rate_bits_per_s: 200_000_000,
+            buffer_bytes: 193_792,
+        },
+    );
+    let now = sim.now();
+    let reservation = tessera_datagram::Reservation {
+        rate_bytes_per_s: reserved_bytes_per_s,
+        period_us: 1_000_000,
+    };
+    sim.endpoint(client)
+        .reserve(sessions[0], Some(reservation), now)
+        .unwrap();
+    // More requests than either server can answer in the run.
+    for _ in 0..400 {
+        for &session in &sessions {
+            sim.endpoint(client)
+                .request(session, Bytes::from_static(b"read"), Some(16 << 10), now)
+                .unwrap();
+        }
+    }
+    let answer = Bytes::from(vec![7u8; 16 << 10]);
+    let mut received = [0usize; 2];
+    let end = now + duration_us;
+    sim.run_until(end + 100_000, |sim| {
+        for &s in &servers {
+            while let Some(event) = sim.endpoint(s).poll_event() {
+                if let Event::Message { session, .. } = event {
+                    let now = sim.now();
+                    sim.endpoint(s).send(session, answer.clone(), now).unwrap();
+                }
+            }
+        }
+        while let Some(event) = sim.endpoint(client).poll_event() {
+            if let Event::Message {
+                session, message, ..
+            } = event
+            {
+                let i = sessions.iter().position(|&s| s == session).unwrap();
+                received[i] += message.len();
+            }
+        }
+        sim.now() >= end
+    })
+    .unwrap_or_else(|error| panic!("{error}"));
+    received
+}
+
+#[test]
+fn a_reserved_read_is_answered_at_its_rate_and_best_effort_takes_the_rest() {
+    // A tenth of the port reserved: its server answers at that rate (its grants' pace, a
+    // sixteenth more), not at half the port as an equal share of the budget would (4.7
+    // times its rate before grants were paced); the best effort session takes the rest, as
+    // much of it as it takes of the whole port beside a reservation of almost nothing
+    // (0.66 here: two sessions split the 20-packet budget, answers wait for their grants).
+    let (rate, duration_us) = (2_500_000u64, 400_000);
+    let [reserved, best_effort] = reserved_and_best_effort_reads(rate, duration_us);
+    let [_, alone] = reserved_and_best_effort_reads(20_000, duration_us);
+    let fraction = reserved as f64 / (rate as f64 * duration_us as f64 / 1e6);
+    let port = 200e6 / 8.0 * duration_us as f64 / 1e6;
+    let rest = best_effort as f64 / (port - reserved as f64);
+    let alone = alone as f64 / port;
+    eprintln!(
+        "reserved {fraction:.3} of its rate, best effort {rest:.3} of the rest, {alone:.3} alone"
+    );
+    assert!(
+        (0.97..=1.12).contains(&fraction),
+        "reserved got {fraction:.3} of its rate"
+    );
+    assert!(
+        rest >= 0.95 * alone,
+        "best effort got {rest:.3} of the rest, {alone:.3} alone"
+    );
+}

@@ -16,7 +16,7 @@ use crate::replica_core::{StageClock, StageTimes, SINGLE_STAGES};
 use crate::{refuse_without_store, Manager, ManagerConfig, ManagerOpenError};
 use bytes::Bytes;
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -61,8 +61,18 @@ pub(crate) enum Served {
 
 impl Served {
     fn handle(&mut self, request: ManagerRequest, now: Instant) -> tessera_wire::ManagerResponse {
+        self.handle_from(request, None, now)
+    }
+
+    /// [`Manager::handle_from`]: a request from the client host `peer`, if known.
+    fn handle_from(
+        &mut self,
+        request: ManagerRequest,
+        peer: Option<IpAddr>,
+        now: Instant,
+    ) -> tessera_wire::ManagerResponse {
         match self {
-            Served::Running(manager) => manager.handle(request, now),
+            Served::Running(manager) => manager.handle_from(request, peer, now),
             Served::NoStore(path) => refuse_without_store(path, &request),
         }
     }
@@ -223,7 +233,7 @@ struct ManagerHandler {
     admin_key: Key,
     server_key: Key,
     /// The claim each open connection authenticated as.
-    claims: Mutex<HashMap<ConnectionId, Claim>>,
+    claims: Mutex<HashMap<ConnectionId, (Claim, Option<IpAddr>)>>,
     metrics: Arc<ManagerMetrics>,
     /// Requests a single manager handled, for its counters' log (see [`log_counters`]).
     handled: Arc<AtomicU64>,
@@ -253,7 +263,7 @@ impl FrameHandler for ManagerHandler {
         self.claims
             .lock()
             .unwrap()
-            .insert(connection, accepted.claim);
+            .insert(connection, (accepted.claim, accepted.peer));
         if let Some(replica) = &self.replica {
             replica.opened(connection);
         }
@@ -307,7 +317,7 @@ impl ManagerHandler {
     ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
         // Every connection is authenticated before its first request; one without a role
         // would be a transport bug, and is dropped rather than served.
-        let Some(claim) = self.claims.lock().unwrap().get(&connection).copied() else {
+        let Some((claim, peer)) = self.claims.lock().unwrap().get(&connection).copied() else {
             return Box::pin(async { None });
         };
         let role = claim.role();
@@ -319,7 +329,7 @@ impl ManagerHandler {
             });
         }
         if let Some(replica) = &self.replica {
-            return self.replicated(replica.clone(), connection, claim, request);
+            return self.replicated(replica.clone(), connection, (claim, peer), request);
         }
         let (manager, handled) = (self.manager.clone(), self.handled.clone());
         let (stages, began) = (self.stages.clone(), Instant::now());
@@ -335,7 +345,7 @@ impl ManagerHandler {
                     Claim::Client(id) if manager.access_key(id).is_none() => {
                         ManagerResponse::Error(ManagerError::UnknownKey(id))
                     }
-                    _ => manager.handle(request, Instant::now()),
+                    _ => manager.handle_from(request, peer, Instant::now()),
                 };
                 timing.add(stage::QUEUE, running - began);
                 timing.add(stage::LOCK, locked - running);
@@ -356,7 +366,7 @@ impl ManagerHandler {
         &self,
         replica: Arc<Replica>,
         connection: ConnectionId,
-        claim: Claim,
+        (claim, peer): (Claim, Option<IpAddr>),
         request: ManagerRequest,
     ) -> BoxFuture<'static, Option<(Bytes, Bytes)>> {
         let manager = self.manager.clone();
@@ -400,7 +410,10 @@ impl ManagerHandler {
                 }
                 request if crate::replica::is_local(&request) => {
                     let answer = tokio::task::spawn_blocking(move || {
-                        manager.lock().unwrap().handle(request, Instant::now())
+                        manager
+                            .lock()
+                            .unwrap()
+                            .handle_from(request, peer, Instant::now())
                     })
                     .await
                     .ok()?;

@@ -10,6 +10,7 @@ use crate::store::{
 };
 use redb::{Database, ReadableDatabase, ReadableTable, WriteTransaction};
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tessera_layout::{Layout, WIDTH_MAX};
@@ -429,7 +430,7 @@ impl Manager {
             ManagerRequest::Reserve {
                 file,
                 rate_bytes_per_s,
-            } => self.reserve(file, rate_bytes_per_s, now),
+            } => self.reserve(file, rate_bytes_per_s, None, now),
             ManagerRequest::RenewReservation { id } => self
                 .reservations
                 .renew(id, now)
@@ -856,21 +857,49 @@ impl Manager {
         self.lookup_id(file)
     }
 
-    /// Admits a stream of `file` at `rate` bytes/s if every server link it crosses has room
-    /// (see `reservations.rs`).
+    /// [`handle`](Self::handle) of a request from a client at `client` (its host's address,
+    /// if known): a reservation is admitted on that host's link as well as the servers'.
+    pub fn handle_from(
+        &mut self,
+        request: ManagerRequest,
+        client: Option<IpAddr>,
+        now: Instant,
+    ) -> ManagerResponse {
+        match (request, client) {
+            (
+                ManagerRequest::Reserve {
+                    file,
+                    rate_bytes_per_s,
+                },
+                Some(client),
+            ) => {
+                self.tick(now);
+                self.reserve(file, rate_bytes_per_s, Some(client), now)
+                    .unwrap_or_else(|failure| ManagerResponse::Error(failure.into()))
+            }
+            (request, _) => self.handle(request, now),
+        }
+    }
+
+    /// Admits a stream of `file` at `rate` bytes/s if every server link it crosses has room,
+    /// and the link of its client's host `client` if known (see `reservations.rs`).
     fn reserve(
         &mut self,
         file: FileId,
         rate: u64,
+        client: Option<IpAddr>,
         now: Instant,
     ) -> Result<ManagerResponse, Failure> {
         let txn = self.db.begin_read()?;
         let files = txn.open_table(store::FILES)?;
         let meta = store::read_file(&files, file)?
             .ok_or_else(|| ManagerError::NotFound(file.to_string()))?;
-        let links = crate::reservations::links_of(&meta, rate, |server| {
+        let mut links = crate::reservations::links_of(&meta, rate, |server| {
             self.servers.get(&server).map(|record| record.addr.clone())
         });
+        if let Some(client) = client {
+            links.push(crate::reservations::client_link(&links, client));
+        }
         let id = self.reservations.admit(links, now)?;
         let lease_ms = crate::reservations::RESERVATION_LEASE.as_millis() as u64;
         Ok(ManagerResponse::Reserved { id, lease_ms })

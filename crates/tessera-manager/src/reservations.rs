@@ -8,13 +8,21 @@
 //! and released when it ends; a client that goes away stops renewing and its reservations
 //! lapse. Time comes in as an argument; nothing here reads a clock or does I/O.
 //!
-//! The capacities are configured ([`LinkCapacity`]): one rate for every server's link,
-//! given to the manager with `--link-rate`. The state is soft: it is not persisted nor
+//! The links are the servers' a stream's file is on and the client's own: a client's
+//! streams all cross its host's link, whichever servers they use, so six reader processes
+//! on one host reading from six servers meet there (the mirror case) and are
+//! admitted only as far as they fit in it. The client's host is the TCP peer address of its
+//! `Reserve` ([`client_link`]); its direction (in for reads, out for writes) is not known,
+//! so a host reading and writing at once is counted on one link, which errs toward refusing.
+//!
+//! The capacities are configured ([`LinkCapacity`]): one rate for every host's link,
+//! servers' and clients', given to the manager with `--link-rate`. The state is soft: it is not persisted nor
 //! ordered among the replicas of a replicated manager (each replica admits on its own), and a
 //! restarted manager knows no reservation (renewals then fail and the streams go on
 //! unreserved).
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 use tessera_wire::{FileMeta, ManagerError, ServerId};
 
@@ -46,7 +54,8 @@ pub const RESERVABLE_SHARE_DEFAULT_MILLIS: u64 = 900;
 /// The capacity reservations may take on each link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinkCapacity {
-    /// Every server link's rate, bytes/s, as configured (`--link-rate`); `None`: no admission
+    /// Every host link's rate (servers' and clients'), bytes/s, as configured (`--link-rate`);
+    /// `None`: no admission
     /// control, every reservation is admitted (and still leased).
     pub link_bytes_per_s: Option<u64>,
     /// The share of each link reservations may take, in thousandths (default 900).
@@ -111,6 +120,15 @@ pub fn links_of(
         .collect()
 }
 
+/// The link of the client at `host` for a stream that asks `links` of the servers' links:
+/// everything the stream exchanges with its servers crosses it, so it asks their sum.
+pub fn client_link(links: &[(String, u64)], host: IpAddr) -> (String, u64) {
+    let asked = links
+        .iter()
+        .fold(0u64, |sum, (_, rate)| sum.saturating_add(*rate));
+    (format!("client {host}"), asked)
+}
+
 /// One admitted reservation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Admitted {
@@ -168,7 +186,7 @@ impl Reservations {
         if self.admitted.len() >= RESERVATIONS_MAX {
             return Err(ManagerError::ReservationRefused {
                 link: "the manager".into(),
-                asked_bytes_per_s: links.iter().map(|(_, rate)| rate).sum(),
+                asked_bytes_per_s: links.iter().fold(0, |sum, (_, r)| r.saturating_add(sum)),
                 available_bytes_per_s: 0,
                 reservable_bytes_per_s: 0,
                 capacity: format!("it holds at most {RESERVATIONS_MAX} reservations"),
@@ -256,6 +274,7 @@ impl Reservations {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::BTreeSet;
 
     fn capacity(link: u64) -> LinkCapacity {
         LinkCapacity {
@@ -363,28 +382,11 @@ mod tests {
     /// payload take 53.61 MB/s of the link).
     #[test]
     fn the_manager_admits_streams_of_a_file_on_its_servers_links() {
-        use crate::{Manager, ManagerConfig};
         use tessera_layout::Scheme;
         use tessera_wire::{LayoutRequest, ManagerRequest, ManagerResponse};
         let dir = tempfile::tempdir().unwrap();
-        let config = ManagerConfig {
-            links: capacity(100_000_000),
-            ..ManagerConfig::default()
-        };
-        let mut manager = Manager::open(dir.path(), config).unwrap();
+        let mut manager = manager_with_servers(dir.path(), 100_000_000, 3);
         let now = Instant::now();
-        for port in 0..3 {
-            let register = ManagerRequest::Register {
-                server: None,
-                addr: format!("127.0.0.1:{}", 7001 + port),
-                incarnation: 7 + port,
-                cluster: None,
-            };
-            assert!(matches!(
-                manager.handle(register, now),
-                ManagerResponse::Registered { .. }
-            ));
-        }
         let create = ManagerRequest::Create {
             path: "/video".into(),
             layout: LayoutRequest {
@@ -436,6 +438,97 @@ mod tests {
             manager.handle(reserve(160_000_000), now + RESERVATION_LEASE),
             ManagerResponse::Reserved { .. }
         ));
+    }
+
+    /// The mirror case: six reader processes on one host, each reading a file alone on its
+    /// server, at the unfair shares of a 25 MB/s link. Each server's link has room for its
+    /// stream; the readers' host's link has room for the first three only, and the manager
+    /// says so naming that host. Another host's streams are counted on its own link.
+    #[test]
+    fn streams_of_one_client_host_are_admitted_on_its_link() {
+        use tessera_layout::Scheme;
+        use tessera_wire::{LayoutRequest, ManagerRequest, ManagerResponse};
+        let dir = tempfile::tempdir().unwrap();
+        let mut manager = manager_with_servers(dir.path(), 25_000_000, 6);
+        let now = Instant::now();
+        let mut files = Vec::new();
+        for i in 0..6u16 {
+            let create = ManagerRequest::Create {
+                path: format!("/stream{i}"),
+                layout: LayoutRequest {
+                    scheme: Scheme::Raid0,
+                    stripe_unit: 65_536,
+                    width: Some(1),
+                },
+                replace: false,
+            };
+            let ManagerResponse::File(view) = manager.handle(create, now) else {
+                panic!("created");
+            };
+            files.push(view.meta.id);
+        }
+        let servers: BTreeSet<_> = files.iter().map(|&f| server_of(&mut manager, f)).collect();
+        assert_eq!(servers.len(), 6, "each file alone on its server");
+        let readers: IpAddr = "10.0.0.7".parse().unwrap();
+        let shares_millis = [500u64, 250, 125, 62, 31, 31];
+        let mut admitted = Vec::new();
+        for (&file, share) in files.iter().zip(shares_millis) {
+            let reserve = ManagerRequest::Reserve {
+                file,
+                rate_bytes_per_s: 23_580_000 * share / 1_000,
+            };
+            match manager.handle_from(reserve, Some(readers), now) {
+                ManagerResponse::Reserved { .. } => admitted.push(true),
+                ManagerResponse::Error(refused) => {
+                    let refused = refused.to_string();
+                    assert!(refused.contains("client 10.0.0.7 has"), "{refused}");
+                    admitted.push(false);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(admitted, [true, true, true, false, false, false]);
+        // Stream 4 from another host fits: its link is its own, its server's has room.
+        let elsewhere = ManagerRequest::Reserve {
+            file: files[3],
+            rate_bytes_per_s: 23_580_000 * 62 / 1_000,
+        };
+        assert!(matches!(
+            manager.handle_from(elsewhere, Some("10.0.0.8".parse().unwrap()), now),
+            ManagerResponse::Reserved { .. }
+        ));
+    }
+
+    /// A manager admitting against links of `link` bytes/s, with `servers` servers
+    /// registered (at 127.0.0.1:7001 and on).
+    fn manager_with_servers(dir: &std::path::Path, link: u64, servers: u16) -> crate::Manager {
+        use tessera_wire::{ManagerRequest, ManagerResponse};
+        let config = crate::ManagerConfig {
+            links: capacity(link),
+            ..crate::ManagerConfig::default()
+        };
+        let mut manager = crate::Manager::open(dir, config).unwrap();
+        for port in 0..servers {
+            let register = ManagerRequest::Register {
+                server: None,
+                addr: format!("127.0.0.1:{}", 7001 + port),
+                incarnation: 7 + u64::from(port),
+                cluster: None,
+            };
+            assert!(matches!(
+                manager.handle(register, Instant::now()),
+                ManagerResponse::Registered { .. }
+            ));
+        }
+        manager
+    }
+
+    fn server_of(manager: &mut crate::Manager, file: tessera_wire::FileId) -> ServerId {
+        let request = tessera_wire::ManagerRequest::LookupId { file };
+        match manager.handle(request, Instant::now()) {
+            tessera_wire::ManagerResponse::File(view) => view.meta.servers[0],
+            other => panic!("{other:?}"),
+        }
     }
 
     proptest! {

@@ -6,7 +6,7 @@
 
 use crate::{FrameHandler, TransportError};
 use bytes::Bytes;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use tessera_auth::{proof, Claim, Credential, Key, Nonce, Refusal, Side, HANDSHAKE_VERSION};
 use tessera_wire::{
@@ -27,6 +27,9 @@ pub struct Accepted {
     pub claim: Claim,
     /// The datagram session it keyed, if it set one up: its id and key.
     pub datagram: Option<(u64, Key)>,
+    /// The peer's IP address (`None` if the socket could not tell): the host whose link its
+    /// traffic crosses, for admission control (issue 18).
+    pub peer: Option<IpAddr>,
 }
 
 /// The connecting side: prove `credential` (or present none, and be refused) and check the
@@ -166,7 +169,12 @@ async fn accept_steps(
         handler.datagram_keyed(session, key);
     }
     write_step(stream, FrameKind::Response, &Handshake::Welcome).await?;
-    Ok(Accepted { claim, datagram })
+    let peer = stream.peer_addr().ok().map(|addr| addr.ip().to_canonical());
+    Ok(Accepted {
+        claim,
+        datagram,
+        peer,
+    })
 }
 
 /// How a handshake went wrong.

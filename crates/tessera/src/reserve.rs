@@ -38,11 +38,13 @@ impl ReserveArgs {
     }
 }
 
-/// The manager's admission control: what reserved streams may take of each server's link.
+/// The manager's admission control: what reserved streams may take of each server's link
+/// and of each client host's.
 #[derive(Args, Clone, Debug, Default)]
 pub struct LinkArgs {
-    /// Every storage server's link rate, e.g. 1Gbit/s or 100MB/s: reserved streams are
-    /// admitted only while they fit in --reservable-share of it on every server they use
+    /// Every host's link rate, storage servers' and clients', e.g. 1Gbit/s or 100MB/s:
+    /// reserved streams are admitted only while they fit in --reservable-share of it on
+    /// every server they use and on their client's host
     /// [default: none, every reservation is admitted]
     #[arg(long, env = "TESSERA_LINK_RATE")]
     pub link_rate: Option<String>,

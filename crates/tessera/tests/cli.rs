@@ -1294,7 +1294,7 @@ fn raid0_damage_fails_cleanly() {
     assert_bytes(&c.get("a/raid5"), &parity, "a/raid5 after the rebuild");
 }
 
-/// Issue 18, admission control: with the servers' link rate configured on the manager, a
+/// Issue 18, admission control: with the hosts' link rate configured on the manager, a
 /// reserved stream that does not fit on a link is refused at once with one line naming the
 /// link and what is left, and one that fits runs; its reservation is given back at the end.
 #[test]
@@ -1316,9 +1316,19 @@ fn reservations_that_do_not_fit_a_link_are_refused() {
         ],
     );
     assert!(!got.exists(), "a refused get writes nothing");
+    // The client's host link carries what the stream asks of all three servers' (3.75 MB/s
+    // each at 7 MB/s): 11.26 MB/s does not fit in its 9, though each server's link has room.
+    let line = c.fails_with_one_line(&["get", "admitted", text(&got), "--rate", "7MB/s"]);
+    assert_mentions(
+        &line,
+        &[
+            "reservation refused: client 127.0.0.1 has 9.00 MB/s",
+            "11.26 MB/s asked",
+        ],
+    );
     // One that fits runs, twice in a row: the first gave its reservation back.
     for _ in 0..2 {
-        c.ok(&["get", "admitted", text(&got), "--rate", "16MB/s"]);
+        c.ok(&["get", "admitted", text(&got), "--rate", "5MB/s"]);
         assert_eq!(std::fs::read(&got).unwrap(), data);
     }
     // A refused put leaves the old file as it was.

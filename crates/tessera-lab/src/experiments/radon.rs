@@ -488,7 +488,8 @@ pub fn run(
     let calibration = calibrate(&network, &lab.link, from, to, seconds, &lab.cancel)?;
     lab.say(&calibration.markdown());
     let mut spec = ClusterSpec::new(lab.exe.clone(), servers, Transport::Adaptive);
-    // Admission control counts against the server's link at the lab's rate.
+    // Admission control counts against every host's link (servers' and clients') at the
+    // lab's rate.
     spec.manager_args = vec![
         "--link-rate".into(),
         format!("{}B/s", lab.link.rate.bits_per_s / 8),
@@ -729,7 +730,8 @@ pub fn jain_index(streams: &[StreamResult]) -> f64 {
 }
 
 /// The streams the manager should admit, in the order they ask: those that still fit in
-/// the reservable share of the server's link beside the ones admitted before, each with
+/// the reservable share of the port's link (the server's, or in the mirror case the
+/// readers' host's) beside the ones admitted before, each with
 /// the headers of its full-size frames (the manager counts rates on the wire).
 pub fn expected_admissions(plans: &[StreamPlan], link: Rate) -> Vec<bool> {
     let reservable = RESERVABLE_SHARE * link.bytes_per_s();
@@ -926,7 +928,8 @@ fn unfair_target(runs: &[Run], link: Rate) -> Target {
     Target {
         goal: format!(
             "unfair, Tessera: the manager refuses exactly the streams that do not fit in \
-             {RESERVABLE_SHARE} of the server's link (asked in order, stream 1 first); every \
+             {RESERVABLE_SHARE} of the port's link (the server's; in the mirror case the \
+             readers' host's; asked in order, stream 1 first); every \
              admitted stream >= {RATE_TARGET} of target with <= {LOSS_PERCENT_MAX}% resent"
         ),
         measured: match (&verdict, run) {
@@ -1139,10 +1142,11 @@ const MIRROR_NOTE: &str = "**Mirror case**: the six streams are reads instead: s
      RAID-0 of width 1, written best effort before each run), so the servers send and the \
      streams meet in the switch port toward c1, the port whose queue is shown. Packet \
      counts (sent, resent, timeouts) are the file's server's, which sends the read's DATA. \
-     The servers pace nothing by the readers' reservations (no rate reaches them; a \
-     reserved read paces its requests, a period's chunks at its start), and the manager \
-     admits against the servers' links only: the readers' host's link is checked by no \
-     one.\n\n";
+     A reserved reader grants its server window no faster than its rate (a sixteenth \
+     more), so the server's answers are paced at the reader's rate without a rate reaching \
+     the server; a best-effort reader is granted from the client's receive budget as \
+     before. The manager admits a stream on its client host's link as well as its \
+     servers': the six readers share the link of c1.\n\n";
 
 fn preamble(report: &RadonReport) -> String {
     let c = &report.config;
