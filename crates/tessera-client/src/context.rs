@@ -164,6 +164,11 @@ impl FileContext {
     /// the grant waits out or hands over. With replicated managers the view comes from one
     /// replica, which may lag a record acknowledged by another (README, known gaps).
     pub async fn revalidate(&self, client: &Client, stripe: u64) -> Result<bool, ClientError> {
+        if client.pending_files().contains(&self.meta.id) {
+            // Nobody else writes a file pending at this client (a put not yet committed):
+            // no other writer can have left a column owing it, so no manager round trip.
+            return Ok(false);
+        }
         let view = client.lookup_view(self.meta.id).await?;
         let mut changed = false;
         for (index, status) in view.columns.iter().enumerate() {

@@ -198,11 +198,14 @@ fn a_large_put_asks_nothing_per_chunk_and_write_tells_the_size_once() {
     let source = write_file(local.path(), "in", &data);
     cluster.run(&via, &["put", &source, "big", "--scheme", "raid5"]);
     assert_eq!(proxy.take(), ["CreatePending", "CommitPendingSized"]);
-    // Growing it by a write past its end: the open, and the sync that restates the size.
+    // Growing it by a write past its end: the open, the sync that restates the size, and
+    // for each partial stripe (read-modify-written under its parity lock) the file's view
+    // asked again once the lock is granted (`FileContext::revalidate`: a column may have
+    // come to owe the stripe since the open).
     let tail = write_file(local.path(), "tail", &[0xa5; 100_000]);
     let at = (data.len() - 50_000).to_string();
     cluster.run(&via, &["write", "big", &at, &tail]);
-    assert_eq!(proxy.take(), ["Lookup", "SyncFile"]);
+    assert_eq!(proxy.take(), ["Lookup", "LookupId", "LookupId", "SyncFile"]);
     let back = cluster.run(&via, &["get", "big", "-"]);
     assert_eq!(back.len(), data.len() + 50_000);
     assert!(back[..data.len() - 50_000] == data[..data.len() - 50_000]);
