@@ -1093,7 +1093,7 @@ impl Manager {
             .collect();
         for entry in debts.iter()? {
             let (key, record) = entry?;
-            let missed: Vec<IndexRange> = postcard::from_bytes(record.value())?;
+            let (missed, _) = store::decode_debt(record.value())?;
             owed.entry(key.value().0).or_default().add(&missed);
         }
         Ok(owed)

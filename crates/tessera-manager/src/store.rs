@@ -196,10 +196,7 @@ pub(crate) fn read_debt(
     server: ServerId,
     file: FileId,
 ) -> Result<Vec<IndexRange>, Failure> {
-    match debts.get((server, file))? {
-        Some(record) => Ok(postcard::from_bytes(record.value())?),
-        None => Ok(Vec::new()),
-    }
+    read_debt_tagged(debts, server, file).map(|(stripes, _)| stripes)
 }
 
 /// The stripes `server` owes of `file` and the debt's tag (0 for none, or a record from
@@ -209,10 +206,15 @@ pub(crate) fn read_debt_tagged(
     server: ServerId,
     file: FileId,
 ) -> Result<(Vec<IndexRange>, u64), Failure> {
-    let Some(record) = debts.get((server, file))? else {
-        return Ok((Vec::new(), 0));
-    };
-    let (ranges, rest): (Vec<IndexRange>, &[u8]) = postcard::take_from_bytes(record.value())?;
+    match debts.get((server, file))? {
+        Some(record) => decode_debt(record.value()),
+        None => Ok((Vec::new(), 0)),
+    }
+}
+
+/// A debt record's stripes and tag (0 for a record from before tags).
+pub(crate) fn decode_debt(record: &[u8]) -> Result<(Vec<IndexRange>, u64), Failure> {
+    let (ranges, rest): (Vec<IndexRange>, &[u8]) = postcard::take_from_bytes(record)?;
     let tag = if rest.is_empty() {
         0
     } else {
@@ -369,6 +371,10 @@ mod debt_record_tests {
         );
         assert_eq!(read_debt_tagged(&debts, 2, 7).unwrap(), (ranges.clone(), 0));
         assert_eq!(read_debt(&debts, 1, 7).unwrap(), ranges);
+        // What an older build does with the record: decode the ranges, ignore what follows.
+        let record = debts.get((1, 7)).unwrap().expect("a record");
+        let old: Vec<IndexRange> = postcard::from_bytes(record.value()).unwrap();
+        assert_eq!(old, ranges);
         assert_eq!(read_debt_tagged(&debts, 3, 7).unwrap(), (Vec::new(), 0));
     }
 }
