@@ -908,7 +908,11 @@ impl FileContext {
         failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
     ) -> Result<RmwOutcome, ClientError> {
         // Only the parity changes when every piece is on a lost column: nothing to record.
-        let recorded = if intent.pieces.is_empty() {
+        // Nor for a file pending at this client (a put not yet committed): the record guards
+        // against this writer dying between data and parity, and then the file is discarded
+        // whole, never read (as for full stripes, `needs_stale_records`).
+        let recorded = if intent.pieces.is_empty() || client.pending_files().contains(&self.meta.id)
+        {
             Ok(())
         } else {
             self.record_intent(client, lock, intent, old_data).await

@@ -414,3 +414,43 @@ fn up_with_metrics_gives_every_daemon_an_endpoint() {
     run(&["--cluster", text(&cluster), "rebuild", "1"]);
     assert_eq!(manager_owed(), 0.0, "after the rebuild");
 }
+
+/// Every server's count of requests of `kind` (`tessera_server_request_seconds_count`).
+fn server_requests(metrics: &toml::value::Table, kind: &str) -> f64 {
+    let name = format!("tessera_server_request_seconds_count{{kind=\"{kind}\"}}");
+    (1..=5)
+        .map(|server| {
+            let addr = metrics[&format!("server-{server}")]
+                .as_str()
+                .expect("address");
+            sample(&http_get(addr, "/metrics").1, &name)
+        })
+        .sum()
+}
+
+/// A `put` of 64 KiB under RAID-5 (a partial stripe, read-modify-written) records no intent
+/// at its parity server: the file is pending at the writer, discarded whole if it dies, so no
+/// write hole can be read. A `write` into the committed file still records one per stripe.
+#[test]
+fn a_put_records_no_intent_and_a_write_to_a_committed_file_does() {
+    let local_cluster = LocalCluster::new("tessera-put-intents-");
+    let (root, dir) = (&local_cluster.root, local_cluster.dir.clone());
+    run(&["up", "--dir", text(&dir), "--detach", "--metrics"]);
+    let config: toml::Value =
+        toml::from_str(&std::fs::read_to_string(dir.join("cluster.toml")).expect("cluster.toml"))
+            .expect("TOML");
+    let metrics = config["metrics"].as_table().expect("a metrics table");
+    let cluster = dir.join("cluster.toml");
+    let local = root.path().join("data");
+    std::fs::write(&local, vec![7u8; 64 << 10]).expect("local file");
+    let put = ["put", text(&local), "f", "--scheme", "raid5"];
+    run(&[&["--cluster", text(&cluster)][..], &put].concat());
+    assert!(
+        server_requests(metrics, "WriteParity") >= 1.0,
+        "read-modify-written"
+    );
+    assert_eq!(server_requests(metrics, "RecordIntent"), 0.0);
+    let write = ["write", "f", "4096", text(&local)];
+    run(&[&["--cluster", text(&cluster)][..], &write].concat());
+    assert!(server_requests(metrics, "RecordIntent") >= 1.0);
+}
