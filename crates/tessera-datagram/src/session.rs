@@ -164,6 +164,9 @@ pub(crate) struct Session {
     queued_bytes: usize,
     /// Messages in `queued_bytes`.
     queued_messages: usize,
+    /// Messages whose every packet the peer acknowledged, ever: with `queued_messages`, the
+    /// number of a message queued now, which the peer has whole once this reaches it.
+    messages_acknowledged: u64,
     /// Bytes of the message budget the packet being handled may still reserve (set by
     /// `on_packet`, spent by each message it admits).
     reassembly_room: usize,
@@ -340,6 +343,7 @@ impl Session {
             send_high: 0,
             queued_bytes: 0,
             queued_messages: 0,
+            messages_acknowledged: 0,
             reassembly_room: 0,
             out_of_order_room: 0,
             held_requests: VecDeque::new(),
@@ -1201,6 +1205,7 @@ impl Session {
             self.queued_bytes -= done.payload.len();
             if done.last {
                 self.queued_messages -= 1;
+                self.messages_acknowledged += 1;
             }
         }
         self.send_base = ack;
@@ -1521,6 +1526,8 @@ impl Session {
             rto_us: self.rtt.rto_us(),
             queued_packets: self.send_end() - self.send_next,
             queued_bytes: self.queued_bytes as u64,
+            queued_messages: self.queued_messages as u64,
+            messages_acknowledged: self.messages_acknowledged,
             receive_window: self.receive_window(config),
             backoffs: self.backoffs,
             send_base: self.send_base,
