@@ -42,6 +42,13 @@
 //! period's data at the period's start no longer have all six answered at once into the
 //! one port in front of them (`tessera lab radon --mirror`). Best-effort sessions are
 //! granted as before and take what the reserved ones leave of the budget.
+//!
+//! **And by their deadlines** (Radon's percent budget, receiving side). A reserved
+//! session behind in its period (its host woke late and lost the credit past
+//! [`GRANT_BURST_US`]) is granted faster than its rate: what its outstanding answers need to
+//! be granted by the period's end less the send-by margin, within what is left of the
+//! period's budget and of the last period's ([`GrantRate::for_period`]). Reserved claims are
+//! granted first, from the whole budget ([`allocate`]).
 
 use crate::session::Claim;
 use crate::{Micros, SessionId};
@@ -59,11 +66,49 @@ pub const GRANT_BURST_PACKETS_MIN: u64 = 4;
 pub const GRANT_RATE_MARGIN: (u64, u64) = (17, 16);
 
 /// The pace of a reserved session's grants: a token bucket of packets filled at the
-/// session's rate (by [`GRANT_RATE_MARGIN`]), holding at most its burst.
+/// session's rate (by [`GRANT_RATE_MARGIN`]), or faster when the period's outstanding
+/// answers need it ([`GrantRate::for_period`]), holding at most its burst.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct GrantPace {
     /// When the bucket was (or will be) empty, ns: credit is what accrued since.
     empty_at_ns: u64,
+    /// The period the grants below were counted in (its end, µs), if any was.
+    period_end_us: Option<Micros>,
+    /// Packets granted in that period.
+    period_granted: u64,
+    /// Packets of its budget the period before it left ungranted, at most a period's.
+    period_carried: u64,
+}
+
+/// A reserved reader's current period as its grants see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GrantPeriod {
+    /// The period's end (its deadline), µs.
+    pub end_us: Micros,
+    /// Its length, µs.
+    pub period_us: Micros,
+    /// How long before the end its answers must have been granted, µs (the pacer's
+    /// send-by margin: a granted answer still has to cross the path).
+    pub margin_us: Micros,
+    /// The period's budget, packets (its reserved bytes, by [`GRANT_RATE_MARGIN`] for the
+    /// answers' framing).
+    pub budget_packets: u64,
+    /// Packets of the answers the session expects that are not granted yet.
+    pub outstanding_packets: u64,
+}
+
+impl GrantPeriod {
+    /// The budget of `rate_bytes_per_s` over `period_us` in packets of `packet_bytes`.
+    pub(crate) fn budget_packets(
+        rate_bytes_per_s: u64,
+        period_us: Micros,
+        packet_bytes: usize,
+    ) -> u64 {
+        let (num, den) = GRANT_RATE_MARGIN;
+        let bytes = u128::from(rate_bytes_per_s) * u128::from(period_us) * u128::from(num)
+            / (1_000_000 * u128::from(den));
+        u64::try_from(bytes.div_ceil(packet_bytes.max(1) as u128)).unwrap_or(u64::MAX)
+    }
 }
 
 /// One reserved rate as grants see it.
@@ -83,9 +128,40 @@ impl GrantRate {
         let packet_ns = (packet_bytes.max(1) as u128 * 1_000_000_000 * u128::from(den))
             .div_ceil(rate)
             .clamp(1, u128::from(u64::MAX / 4));
-        let packet_ns = packet_ns as u64;
+        GrantRate::with_packet_ns(packet_ns as u64)
+    }
+
+    fn with_packet_ns(packet_ns: u64) -> GrantRate {
         let burst = (GRANT_BURST_US * 1_000 / packet_ns).max(GRANT_BURST_PACKETS_MIN);
         GrantRate { packet_ns, burst }
+    }
+
+    /// Radon's percent budget on the receiving side: this rate, or faster if the answers
+    /// the period still owes (what is outstanding, up to what is left of its budget and of
+    /// the last period's) need it to be granted by the period's end less its margin
+    /// (`e_i / (d - t)`). A host that woke late lost the credit past [`GRANT_BURST_US`]
+    /// each time; a sixteenth more than the rate did not catch that up within a period, the
+    /// period's deadline does. With no time left (at least [`GRANT_BURST_US`] is assumed),
+    /// what is owed is granted as fast as the budget lets.
+    pub(crate) fn for_period(
+        self,
+        pace: &GrantPace,
+        period: GrantPeriod,
+        now: Micros,
+    ) -> GrantRate {
+        let (granted, carried) = pace.counted_in(period);
+        let left = (period.budget_packets + carried).saturating_sub(granted);
+        let owed = period.outstanding_packets.min(left);
+        if owed == 0 {
+            return self;
+        }
+        let due_us = period.end_us.saturating_sub(period.margin_us);
+        let time_ns = due_us.saturating_sub(now).max(GRANT_BURST_US) * 1_000;
+        let needed_ns = (time_ns / owed).max(1);
+        if needed_ns >= self.packet_ns {
+            return self;
+        }
+        GrantRate::with_packet_ns(needed_ns)
     }
 }
 
@@ -102,10 +178,43 @@ impl GrantPace {
         now_ns.saturating_sub(self.empty_at(rate, now)) / rate.packet_ns
     }
 
-    /// `packets` were granted at `now`.
-    pub(crate) fn spend(&mut self, rate: GrantRate, packets: u64, now: Micros) {
+    /// `packets` were granted at `now`, in `period` if the session has one.
+    pub(crate) fn spend(
+        &mut self,
+        rate: GrantRate,
+        packets: u64,
+        now: Micros,
+        period: Option<GrantPeriod>,
+    ) {
         let spent = packets.saturating_mul(rate.packet_ns);
         self.empty_at_ns = self.empty_at(rate, now).saturating_add(spent);
+        if let Some(period) = period {
+            let (granted, carried) = self.counted_in(period);
+            self.period_end_us = Some(period.end_us);
+            self.period_granted = granted.saturating_add(packets);
+            self.period_carried = carried;
+        }
+    }
+
+    /// Packets granted in `period` so far, and those the period before it left of its
+    /// budget (at most a period's; none if the grants skipped a period: the stream was
+    /// idle).
+    fn counted_in(&self, period: GrantPeriod) -> (u64, u64) {
+        let Some(counted_end_us) = self.period_end_us else {
+            return (0, 0);
+        };
+        if period.end_us == counted_end_us {
+            return (self.period_granted, self.period_carried);
+        }
+        let follows = counted_end_us.saturating_add(period.period_us) == period.end_us;
+        let carried = if follows {
+            (period.budget_packets + self.period_carried)
+                .saturating_sub(self.period_granted)
+                .min(period.budget_packets)
+        } else {
+            0
+        };
+        (0, carried)
     }
 
     /// When `packets` (at most the burst) may be granted.
@@ -121,9 +230,14 @@ impl GrantPace {
 /// Senders that may hold a share of the budget at once.
 pub const OVERCOMMIT_SESSIONS: u64 = 4;
 
-/// Splits the free budget among `claims` (sorted here by ticket): each claim gets up to an
-/// equal share of the budget (`budget / min(claims, OVERCOMMIT_SESSIONS)`, rounded up) less
-/// what it already holds, first come first served. Returns the grants, in packets.
+/// Splits the free budget among `claims` (sorted here: reserved first, then by ticket).
+/// A reserved claim gets what its grants' pace lets it want, from the whole budget: its
+/// answers are due by its period's end, and an equal share of a small budget (a reader
+/// process's 20 packets, halved beside one best-effort session) carried less than half the
+/// port in a round trip with a late wake-up in it. Each best-effort claim gets up to an
+/// equal share of the budget (`budget / min(claims, OVERCOMMIT_SESSIONS)`, rounded up, the
+/// reserved claims counted: what they leave stays free for their next grants) less what
+/// it already holds, first come first served. Returns the grants, in packets.
 pub(crate) fn allocate(
     budget: u64,
     promised_total: u64,
@@ -133,11 +247,12 @@ pub(crate) fn allocate(
     if free == 0 || claims.is_empty() {
         return Vec::new();
     }
-    claims.sort_by_key(|(_, claim)| claim.ticket);
+    claims.sort_by_key(|(_, claim)| (!claim.reserved, claim.ticket));
     let sharers = (claims.len() as u64).min(OVERCOMMIT_SESSIONS);
     let share = budget.div_ceil(sharers);
     let mut grants = Vec::new();
     for (id, claim) in claims.iter() {
+        let share = if claim.reserved { budget } else { share };
         let room = share.saturating_sub(claim.promised);
         let packets = room.min(claim.wanted).min(free);
         if packets > 0 {
@@ -161,6 +276,7 @@ mod tests {
             ticket,
             promised,
             wanted,
+            reserved: false,
         }
     }
 
@@ -210,14 +326,14 @@ mod tests {
         let start = 1_000_000;
         // Idle for long: only the burst is saved.
         assert_eq!(pace.available(rate, start), 10);
-        pace.spend(rate, 10, start);
+        pace.spend(rate, 10, start, None);
         assert_eq!(pace.available(rate, start), 0);
         assert_eq!(pace.due(rate, 1, start), start + 95);
         // Granting whatever is available, 100 ms later at most the rate's packets went.
         let mut granted = 10;
         for t in (start..start + 100_000).step_by(37) {
             let packets = pace.available(rate, t);
-            pace.spend(rate, packets, t);
+            pace.spend(rate, packets, t, None);
             granted += packets;
         }
         assert!((1_071..=1_073).contains(&granted), "{granted}");
@@ -227,6 +343,77 @@ mod tests {
             GRANT_BURST_PACKETS_MIN
         );
         assert_eq!(GrantRate::new(0, 0).packet_ns, 1_000_000_000 * 16 / 17 + 1);
+    }
+
+    #[test]
+    fn a_reserved_claim_goes_first_from_the_whole_budget() {
+        let reserved = Claim {
+            reserved: true,
+            ..claim(5, 2, 30)
+        };
+        let mut claims = vec![(SessionId(1), claim(0, 0, 30)), (SessionId(2), reserved)];
+        // Two claims: best effort's share is 10; the reserved one, younger, goes first and
+        // may take all 18 free.
+        assert_eq!(allocate(20, 2, &mut claims), vec![(SessionId(2), 18)]);
+        let mut claims = vec![
+            (SessionId(1), claim(0, 0, 30)),
+            (
+                SessionId(2),
+                Claim {
+                    wanted: 4,
+                    ..reserved
+                },
+            ),
+        ];
+        assert_eq!(
+            allocate(20, 2, &mut claims),
+            vec![(SessionId(2), 4), (SessionId(1), 10)]
+        );
+    }
+
+    #[test]
+    fn a_reserved_reader_behind_in_its_period_is_granted_what_its_deadline_needs() {
+        // 10,000 packets/s reserved over 100 ms periods: a budget of 1,063 packets.
+        let rate = GrantRate::new(14_120_000, 1_412);
+        let period = |outstanding_packets| GrantPeriod {
+            end_us: 1_100_000,
+            period_us: 100_000,
+            margin_us: 6_250,
+            budget_packets: GrantPeriod::budget_packets(14_120_000, 100_000, 1_412),
+            outstanding_packets,
+        };
+        assert_eq!(period(0).budget_packets, 1_063);
+        let mut pace = GrantPace::default();
+        // Halfway through with the whole period outstanding: 1,000 packets in the 43.75 ms
+        // left before the margin, 43.75 µs each (the rate's are 94.1 µs).
+        let behind = rate.for_period(&pace, period(1_000), 1_050_000);
+        assert_eq!(behind.packet_ns, 43_750);
+        assert_eq!(behind.burst, 22);
+        // On time (little outstanding), or nothing left of the budget: the rate.
+        assert_eq!(rate.for_period(&pace, period(10), 1_050_000), rate);
+        pace.spend(rate, 1_063, 1_050_000, Some(period(1_000)));
+        assert_eq!(rate.for_period(&pace, period(1_000), 1_060_000), rate);
+        // The next period carries nothing of a budget granted whole; one after an idle
+        // period starts afresh.
+        let next = GrantPeriod {
+            end_us: 1_200_000,
+            ..period(0)
+        };
+        assert_eq!(pace.counted_in(next), (0, 0));
+        pace.spend(rate, 63, 1_150_000, Some(next));
+        let after = GrantPeriod {
+            end_us: 1_300_000,
+            ..period(0)
+        };
+        assert_eq!(pace.counted_in(after), (0, 1_000));
+        let idle = GrantPeriod {
+            end_us: 1_400_000,
+            ..period(0)
+        };
+        assert_eq!(pace.counted_in(idle), (0, 0));
+        // Past the margin, what is owed goes as fast as a millisecond allows.
+        let late = rate.for_period(&GrantPace::default(), period(100), 1_099_000);
+        assert_eq!(late.packet_ns, 10_000);
     }
 
     proptest! {
@@ -241,12 +428,12 @@ mod tests {
             let rate = GrantRate::new(rate, packet_bytes);
             let mut pace = GrantPace::default();
             let start = 10_000_000;
-            pace.spend(rate, pace.available(rate, start), start);
+            pace.spend(rate, pace.available(rate, start), start, None);
             let (mut now, mut granted) = (start, 0u64);
             for (advance, want) in steps {
                 now += advance;
                 let packets = pace.available(rate, now).min(want);
-                pace.spend(rate, packets, now);
+                pace.spend(rate, packets, now, None);
                 granted += packets;
             }
             let allowed = (now - start) * 1_000 / rate.packet_ns;

@@ -946,6 +946,13 @@ pub struct SessionInfo {
     pub queued_packets: u64,
     /// Bytes queued and not yet acknowledged.
     pub queued_bytes: u64,
+    /// Messages queued (or held for their grant) and not yet acknowledged whole.
+    pub queued_messages: u64,
+    /// Messages the peer acknowledged whole since the session opened. A message queued now
+    /// is the `messages_acknowledged + queued_messages`-th: the peer has it whole once this
+    /// count reaches that (a transport tells a request still on its way from one the peer
+    /// holds).
+    pub messages_acknowledged: u64,
     /// The receive window this side would advertise now.
     pub receive_window: u32,
     /// Consecutive timeouts without progress.

@@ -626,6 +626,22 @@ impl Pacer {
         self.reservation
     }
 
+    /// The end of the reserved period `now` falls in, and how long before it the period's
+    /// bytes are due (the send-by margin), µs; `None` without a reservation. The periods
+    /// keep their phase however long nothing was sent (the ends are those
+    /// [`Pacer::roll_periods`] would reach). A reserved reader's grants are sized by it
+    /// ([`crate::grants`]).
+    pub fn period_due(&self, now: Micros) -> Option<(Micros, Micros)> {
+        let reservation = self.reservation?;
+        let period_ns = reservation.period_us * 1_000;
+        let now_ns = now * 1_000;
+        let mut end_ns = self.deadline_ns;
+        if end_ns <= now_ns {
+            end_ns += ((now_ns - end_ns) / period_ns + 1) * period_ns;
+        }
+        Some((end_ns / 1_000, self.send_by_margin_ns(period_ns) / 1_000))
+    }
+
     /// Whether this pacer holds sessions back at all.
     fn active(&self) -> bool {
         self.reservation.is_some() || self.config.pace_best_effort

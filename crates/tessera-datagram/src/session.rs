@@ -2,7 +2,7 @@
 //! estimate and one stream of piggybacked acknowledgements.
 
 use crate::congestion::{self, CongestionControl};
-use crate::grants::{GrantPace, GrantRate};
+use crate::grants::{GrantPace, GrantPeriod, GrantRate};
 use crate::packet::{widen, Packet, PacketKind};
 use crate::radon::{self, Pacer, QueueEstimator, Reservation};
 use crate::rtt::RttEstimator;
@@ -109,6 +109,9 @@ pub(crate) struct Claim {
     /// Packets more that message could use now (expected and not yet granted, within the
     /// session's buffer).
     pub(crate) wanted: u64,
+    /// The session has a reservation: what it wants is bounded by its grants' pace, and it
+    /// is granted before best-effort sessions, from the whole budget.
+    pub(crate) reserved: bool,
 }
 
 /// The receiver's record of the gap it reported.
@@ -161,6 +164,9 @@ pub(crate) struct Session {
     queued_bytes: usize,
     /// Messages in `queued_bytes`.
     queued_messages: usize,
+    /// Messages whose every packet the peer acknowledged, ever: with `queued_messages`, the
+    /// number of a message queued now, which the peer has whole once this reaches it.
+    messages_acknowledged: u64,
     /// Bytes of the message budget the packet being handled may still reserve (set by
     /// `on_packet`, spent by each message it admits).
     reassembly_room: usize,
@@ -337,6 +343,7 @@ impl Session {
             send_high: 0,
             queued_bytes: 0,
             queued_messages: 0,
+            messages_acknowledged: 0,
             reassembly_room: 0,
             out_of_order_room: 0,
             held_requests: VecDeque::new(),
@@ -598,26 +605,50 @@ impl Session {
     /// ([`crate::grants::GrantPace`]).
     pub(crate) fn claim(&self, config: &Config, now: Micros) -> Option<Claim> {
         let mut claim = self.claim_unpaced(config)?;
-        if let Some(rate) = self.grant_rate() {
+        if let Some(rate) = self.grant_rate(now) {
             claim.wanted = claim.wanted.min(self.grant_pace.available(rate, now));
+            claim.reserved = true;
         }
         Some(claim)
     }
 
-    /// The pace of this session's grants: its reserved rate, if it has one.
-    fn grant_rate(&self) -> Option<GrantRate> {
+    /// The pace of this session's grants at `now`, if it has a reservation: its reserved
+    /// rate, or what its period's outstanding answers need ([`GrantRate::for_period`]).
+    fn grant_rate(&self, now: Micros) -> Option<GrantRate> {
         let reservation = self.pacer.as_ref()?.reservation()?;
-        Some(GrantRate::new(
-            reservation.rate_bytes_per_s,
-            self.peer_fragment_bytes,
-        ))
+        let rate = GrantRate::new(reservation.rate_bytes_per_s, self.peer_fragment_bytes);
+        Some(match self.grant_period(now) {
+            Some(period) => rate.for_period(&self.grant_pace, period, now),
+            None => rate,
+        })
+    }
+
+    /// The reserved period `now` falls in, with what this session's expected answers still
+    /// need granted.
+    fn grant_period(&self, now: Micros) -> Option<GrantPeriod> {
+        let pacer = self.pacer.as_ref()?;
+        let reservation = pacer.reservation()?;
+        let (end_us, margin_us) = pacer.period_due(now)?;
+        let expected: u64 = self.expected.iter().map(|e| e.packets).sum();
+        let covered = self.expected_received + self.promised_packets();
+        Some(GrantPeriod {
+            end_us,
+            period_us: reservation.period_us,
+            margin_us,
+            budget_packets: GrantPeriod::budget_packets(
+                reservation.rate_bytes_per_s,
+                reservation.period_us,
+                self.peer_fragment_bytes,
+            ),
+            outstanding_packets: expected.saturating_sub(covered),
+        })
     }
 
     /// When a reserved session held back by its grants' pace may be granted more (`None`:
     /// it is not held back by the pace).
     fn grant_due(&self, now: Micros, config: &Config) -> Option<Micros> {
         config.receive_budget_packets?;
-        let rate = self.grant_rate()?;
+        let rate = self.grant_rate(now)?;
         let wanted = self.claim_unpaced(config)?.wanted;
         if wanted == 0 {
             return None;
@@ -648,6 +679,7 @@ impl Session {
             ticket,
             promised,
             wanted: outstanding.min(buffer_room),
+            reserved: false,
         })
     }
 
@@ -662,8 +694,9 @@ impl Session {
         if packets == 0 {
             return;
         }
-        if let Some(rate) = self.grant_rate() {
-            self.grant_pace.spend(rate, packets, now);
+        if let Some(rate) = self.grant_rate(now) {
+            let period = self.grant_period(now);
+            self.grant_pace.spend(rate, packets, now, period);
         }
         let promised_before = self.promised_packets();
         self.advertised_edge += packets;
@@ -1172,6 +1205,7 @@ impl Session {
             self.queued_bytes -= done.payload.len();
             if done.last {
                 self.queued_messages -= 1;
+                self.messages_acknowledged += 1;
             }
         }
         self.send_base = ack;
@@ -1492,6 +1526,8 @@ impl Session {
             rto_us: self.rtt.rto_us(),
             queued_packets: self.send_end() - self.send_next,
             queued_bytes: self.queued_bytes as u64,
+            queued_messages: self.queued_messages as u64,
+            messages_acknowledged: self.messages_acknowledged,
             receive_window: self.receive_window(config),
             backoffs: self.backoffs,
             send_base: self.send_base,

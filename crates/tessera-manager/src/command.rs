@@ -164,11 +164,48 @@ fn folds_record(request: &ManagerRequest) -> bool {
     )
 }
 
+/// Whether `command` may be applied, inside a batch, in the write transaction that the
+/// batch's earlier commands left open (one commit per batch, not one per command): a `Once`
+/// request whose record folds into its commit ([`folds_record`]), whose refusals all come
+/// before its first write (so a refusal leaves that transaction as the earlier commands left
+/// it: a `Create` that replaces a file removes the old one first, so it does not share), and
+/// whose reads of the store all go through that transaction (its own writes' and
+/// [`Manager::once`]'s look-up of the record). Any other command first commits the open one.
+fn shares_batch_txn(command: &Command) -> bool {
+    let Command::Request {
+        request: ManagerRequest::Once { request, .. },
+        ..
+    } = command
+    else {
+        return false;
+    };
+    folds_record(request)
+        && !matches!(**request, ManagerRequest::Create { replace: true, .. })
+        && !batch_txn_apart()
+        && !records_apart()
+}
+
 #[cfg(test)]
 thread_local! {
     /// Tests: every `once` record gets a commit of its own, as before records joined their
     /// request's commit (to compare the two).
     pub(crate) static RECORDS_APART: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: every command of a batch gets a commit of its own (and its record's), as
+    /// before a batch's requests shared one transaction (to compare the two).
+    pub(crate) static BATCH_TXN_APART: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
+
+/// Whether every command of a batch gets a commit of its own ([`BATCH_TXN_APART`], tests).
+fn batch_txn_apart() -> bool {
+    #[cfg(test)]
+    return BATCH_TXN_APART.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    false
 }
 
 /// Whether every `once` record gets a commit of its own ([`RECORDS_APART`], tests only).
@@ -194,6 +231,27 @@ fn stamp_client(
     }
     idle.insert((stamp.epoch, stamp.next, client), ())?;
     Ok(())
+}
+
+/// The answer `table` keeps for `(client, sequence)`, and the client's latest sequence kept.
+fn find_once(
+    table: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    client: u64,
+    sequence: u64,
+) -> Result<(Option<ManagerResponse>, Option<u64>), Failure> {
+    let latest = table
+        .range((client, 0)..=(client, u64::MAX))?
+        .next_back()
+        .transpose()?
+        .map(|(key, _)| key.value().1);
+    let Some(record) = table.get((client, sequence))? else {
+        return Ok((None, latest));
+    };
+    let (version, answer): (u8, ManagerResponse) = postcard::from_bytes(record.value())?;
+    if version != ONCE_RECORD_VERSION {
+        return Err(Failure::UnknownFormat(version.into()));
+    }
+    Ok((Some(answer), latest))
 }
 
 /// Whether `request` (or the request a `Once` wraps) only reads the replicated state, so
@@ -310,11 +368,18 @@ impl DurableReads {
 /// How a sync went ([`BatchSync::run_covering`]), and the store it made durable.
 pub type Synced = (Result<(), ManagerError>, Option<Arc<redb::ReadTransaction>>);
 
-/// The one sync a batch owes ([`Manager::finish_batch`]): a durable empty commit, which makes
-/// every commit of the batch durable. It needs only the database, so a replica runs it
-/// without holding the manager's lock.
+/// The one sync a batch owes ([`Manager::finish_batch`]): the durable commit of the write
+/// transaction the batch's last requests share (`txn`), or else a durable empty commit; a
+/// durable commit makes every earlier commit of the batch durable. It needs only the
+/// database, so a replica runs it without holding the manager's lock. One that holds the
+/// batch's transaction must run before the next batch begins (no other write can begin
+/// until it commits; [`Manager::begin_batch`] refuses to).
 pub struct BatchSync {
     db: Arc<redb::Database>,
+    /// The batch's open transaction, committed durably by the sync.
+    txn: Option<redb::WriteTransaction>,
+    /// Set while a sync holding a transaction has not run (shared with the manager).
+    holds_txn: Arc<std::sync::atomic::AtomicBool>,
     /// Tests: the sync fails as a full disk would.
     #[cfg(test)]
     fail: bool,
@@ -324,21 +389,47 @@ impl BatchSync {
     /// Syncs the store (an fsync), and returns the store as it stood just before (what the
     /// sync made durable, for [`Manager::batches_synced`]; `None` if it could not be read).
     pub fn run_covering(self) -> Synced {
-        let covered = self.db.begin_read().ok().map(Arc::new);
+        let db = self.db.clone();
+        if self.txn.is_some() {
+            // No write can come between its commit and this read (none can begin before).
+            let synced = self.run();
+            return (synced, db.begin_read().ok().map(Arc::new));
+        }
+        let covered = db.begin_read().ok().map(Arc::new);
         (self.run(), covered)
     }
 
     /// Syncs the store (an fsync).
-    pub fn run(self) -> Result<(), ManagerError> {
+    pub fn run(mut self) -> Result<(), ManagerError> {
         let failed = |error: &dyn std::fmt::Display| ManagerError::Store(error.to_string());
-        #[cfg(test)]
-        if self.fail {
-            return Err(failed(&std::io::Error::from_raw_os_error(28))); // ENOSPC
+        let txn = self.txn.take();
+        let synced = (|| {
+            #[cfg(test)]
+            if self.fail {
+                return Err(failed(&std::io::Error::from_raw_os_error(28))); // ENOSPC
+            }
+            let mut txn = match txn {
+                Some(txn) => txn,
+                None => self.db.begin_write().map_err(|e| failed(&e))?,
+            };
+            txn.set_durability(redb::Durability::Immediate)
+                .map_err(|e| failed(&e))?;
+            txn.commit().map_err(|e| failed(&e))
+        })();
+        self.holds_txn
+            .store(false, std::sync::atomic::Ordering::Release);
+        synced
+    }
+}
+
+impl Drop for BatchSync {
+    /// A sync dropped unrun (its batch abandoned) aborts the transaction it holds, and so
+    /// no longer holds one.
+    fn drop(&mut self) {
+        if self.txn.take().is_some() {
+            self.holds_txn
+                .store(false, std::sync::atomic::Ordering::Release);
         }
-        let mut txn = self.db.begin_write().map_err(|e| failed(&e))?;
-        txn.set_durability(redb::Durability::Immediate)
-            .map_err(|e| failed(&e))?;
-        txn.commit().map_err(|e| failed(&e))
     }
 }
 
@@ -369,6 +460,11 @@ impl Manager {
     /// Applies one ordered command at local time `now` (which only feeds this replica's own
     /// liveness and lease clocks, never the store).
     pub fn apply(&mut self, command: Command, now: Instant) -> ManagerResponse {
+        if !shares_batch_txn(&command) {
+            if let Err(failure) = self.commit_batch_txn() {
+                return ManagerResponse::Error(failure.into());
+            }
+        }
         match command {
             Command::Request { request, decision } => {
                 self.decision = decision;
@@ -398,6 +494,12 @@ impl Manager {
     /// its sync, they go on seeing what they saw (the store before that one). An error says
     /// the store failed.
     pub fn begin_batch(&mut self) -> Result<(), ManagerError> {
+        assert!(
+            !self
+                .sync_holds_txn
+                .load(std::sync::atomic::Ordering::Acquire),
+            "a batch began before the last one's sync, which holds its transaction, ran"
+        );
         self.sync_deferred = true;
         self.sync_owed = false;
         if self.durable_reads.pinned.is_none() {
@@ -433,12 +535,22 @@ impl Manager {
     pub fn finish_batch(&mut self) -> Result<Option<BatchSync>, ManagerError> {
         self.sync_deferred = false;
         if !std::mem::take(&mut self.sync_owed) {
+            self.commit_batch_txn()?;
             self.durable_reads.done(1, None);
             return Ok(None);
         }
-        self.check_store()?;
+        if let Err(lost) = self.check_store() {
+            self.held = None;
+            return Err(lost);
+        }
+        // The batch's open transaction is committed by the sync itself: one commit, durable.
+        let txn = self.held.take().map(|(txn, _)| txn);
+        let holds_txn = self.sync_holds_txn.clone();
+        holds_txn.store(txn.is_some(), std::sync::atomic::Ordering::Release);
         Ok(Some(BatchSync {
             db: self.db.clone(),
+            txn,
+            holds_txn,
             #[cfg(test)]
             fail: self.fail_commits,
         }))
@@ -475,6 +587,9 @@ impl Manager {
     /// Leaves a batch that failed without syncing it: a replica that cannot apply a command
     /// must not record a position past it.
     pub fn abandon_batch(&mut self) {
+        // Dropped, the batch's open transaction commits nothing.
+        self.held = None;
+        self.hold_commit = false;
         self.sync_deferred = false;
         self.sync_owed = false;
         self.durable_reads.pinned = None;
@@ -602,6 +717,8 @@ impl Manager {
             Ok(())
         };
         match held {
+            // Inside a batch the transaction stays open for the batch's next requests.
+            Some(held) if self.sync_deferred => self.add_to_held(held, write)?,
             Some(held) => self.commit_held(held, write)?,
             None => self.write_with(redb::Durability::None, |change| write(change.txn))?,
         }
@@ -665,30 +782,31 @@ impl Manager {
     }
 
     /// The answer kept for `(client, sequence)`, and the client's latest sequence kept.
+    /// (Through the batch's open transaction if there is one: it holds the batch's earlier
+    /// records.)
     fn read_once(
         &self,
         client: u64,
         sequence: u64,
     ) -> Result<(Option<ManagerResponse>, Option<u64>), Failure> {
-        let txn = self.db.begin_read()?;
-        let table = match txn.open_table(ONCE) {
-            Ok(table) => table,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok((None, None)),
-            Err(error) => return Err(Failure::Store(error.into())),
-        };
-        let latest = table
-            .range((client, 0)..=(client, u64::MAX))?
-            .next_back()
-            .transpose()?
-            .map(|(key, _)| key.value().1);
-        let Some(record) = table.get((client, sequence))? else {
-            return Ok((None, latest));
-        };
-        let (version, answer): (u8, ManagerResponse) = postcard::from_bytes(record.value())?;
-        if version != ONCE_RECORD_VERSION {
-            return Err(Failure::UnknownFormat(version.into()));
+        if let Some((txn, _)) = &self.held {
+            return find_once(&txn.open_table(ONCE)?, client, sequence);
         }
-        Ok((Some(answer), latest))
+        let txn = self.db.begin_read()?;
+        match txn.open_table(ONCE) {
+            Ok(table) => find_once(&table, client, sequence),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok((None, None)),
+            Err(error) => Err(Failure::Store(error.into())),
+        }
+    }
+
+    /// Commits the transaction a batch's earlier commands left open, if any (not synced:
+    /// the batch's sync covers it). A failure is the store's.
+    pub(crate) fn commit_batch_txn(&mut self) -> Result<(), Failure> {
+        match self.held.take() {
+            Some(held) => self.commit_held(held, |_| Ok(())),
+            None => Ok(()),
+        }
     }
 
     /// Where the store stands in the order (zero for a store no replica applied to).
@@ -833,7 +951,10 @@ mod apply_cost {
             RECORDS_APART.with(|apart| apart.set(true));
             let apart = apply_puts(&mut manager, puts, true, &mut first);
             RECORDS_APART.with(|apart| apart.set(false));
-            println!("round {round}: CPU ms per small put: plain {plain:.3}, once (record in the request's commit) {folded:.3}, once (record apart) {apart:.3}");
+            BATCH_TXN_APART.with(|apart| apart.set(true));
+            let per_command = apply_puts(&mut manager, puts, true, &mut first);
+            BATCH_TXN_APART.with(|apart| apart.set(false));
+            println!("round {round}: CPU ms per small put: plain {plain:.3}, once (one transaction per batch) {folded:.3}, once (a commit per request, record in it) {per_command:.3}, once (record apart) {apart:.3}");
         }
     }
 }

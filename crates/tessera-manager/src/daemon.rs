@@ -127,7 +127,7 @@ pub struct RunningManager {
     serve: tokio::task::JoinHandle<()>,
     ticker: tokio::task::JoinHandle<()>,
     /// Its replica, if it is one of several.
-    replica: Option<Arc<Replica>>,
+    pub(crate) replica: Option<Arc<Replica>>,
     metrics: Arc<ManagerMetrics>,
     /// A single manager's stages ([`SINGLE_STAGES`]); a replica keeps its own.
     stages: Arc<StageClock>,
@@ -469,21 +469,27 @@ pub fn process_cpu_ms() -> u64 {
     ticks * 10
 }
 
-/// A read at a replica: answered from its own store if `connection` is synced, else ordered
-/// (see [`crate::replica`]); `None` if the blocking task failed.
+/// A read at a replica: answered from its own store if `connection` is synced and the
+/// replica has applied what any replica may have acknowledged before the read came, else
+/// ordered (see [`crate::replica`]); `None` if the blocking task failed.
 async fn read(
     replica: Arc<Replica>,
     manager: Arc<Mutex<Served>>,
     connection: ConnectionId,
     request: ManagerRequest,
 ) -> Option<ManagerResponse> {
-    let (reading, store) = (replica.clone(), manager.clone());
-    let (local, request) = tokio::task::spawn_blocking(move || {
-        (reading.read_locally(connection, &store, &request), request)
-    })
-    .await
-    .ok()?;
-    Some(match local {
+    let local = replica.may_read_locally(connection, &request) && replica.caught_up_to_now().await;
+    let (answer, request) = if local {
+        let (reading, store) = (replica.clone(), manager.clone());
+        tokio::task::spawn_blocking(move || {
+            (reading.read_locally(connection, &store, &request), request)
+        })
+        .await
+        .ok()?
+    } else {
+        (replica.count_ordered_read(), request)
+    };
+    Some(match answer {
         Some(answer) => answer,
         None => replica.order_from(connection, &manager, request).await,
     })

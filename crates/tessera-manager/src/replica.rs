@@ -62,9 +62,15 @@
 //! replica's own store once the connection they come on is *synced*: one ordered request on
 //! it was answered here, in the view this replica is still a normal member of. That request
 //! was ordered after every change acknowledged before it was sent, by any replica, so from
-//! then on a client sees its own writes and everything acknowledged before its first request
-//! (read-your-writes; a read that changes with a write acknowledged elsewhere since may
-//! come from a replica that has not applied it yet). The first request of a connection, a
+//! then on a client sees its own writes and everything acknowledged before its first request.
+//! A local read also waits until the replica has applied (and synced) its log as far as the
+//! log reached when the read came ([`Replica::caught_up_to_now`], at most
+//! [`READ_BARRIER_WAIT_MAX`], else it is ordered): a change is acknowledged only once every
+//! member's ACK holds it, so a change another replica acknowledged before the read came is
+//! in that stretch, and the read sees it (a client told of another's write by a third
+//! party reads it too: a column that came to owe a stripe, above all). No message is sent
+//! for it; an idle replica answers at once, a busy one after its current batches. This
+//! holds in the fast path; while a view changes, reads are ordered (below). The first request of a connection, a
 //! read answered "not found" (absence is always asked through the order), any read after a
 //! view change, and everything while the replica suspects a peer, catches up or starts,
 //! are ordered as before; a refusal (`Unordered`, after which the client moves on) unsyncs
@@ -143,6 +149,10 @@ pub const ORDER_TIMEOUT: Duration = Duration::from_secs(3);
 const PEER_TIMEOUT: Duration = Duration::from_millis(500);
 /// Pause between rounds of snapshot requests to peers that are not far enough yet.
 const CATCH_UP_PAUSE: Duration = Duration::from_millis(100);
+/// Longest a local read waits for this replica to apply what any replica may have
+/// acknowledged before it came ([`Replica::caught_up_to_now`]); a read that would wait
+/// longer is ordered instead.
+const READ_BARRIER_WAIT_MAX: Duration = Duration::from_secs(1);
 /// Most deliveries applied as one batch, with one sync of the store.
 pub const BATCH_DELIVERIES_MAX: usize = 256;
 /// Least time between two logs of the replica's [`Counters`].
@@ -220,6 +230,12 @@ pub(crate) struct Replica {
     reads: ReadCounts,
     /// Where the time of the ordered requests answered here went ([`REPLICA_STAGES`]).
     stages: StageClock,
+    /// Where local reads stand: every position below it is applied and synced here, so in
+    /// the state they see. Published by the applier between events.
+    readable: tokio::sync::watch::Sender<OrderPosition>,
+    /// Tests only: the applier takes no event while set (a replica that lags).
+    #[cfg(test)]
+    pub(crate) applier_paused: std::sync::atomic::AtomicBool,
 }
 
 /// A request waiting for the answer to its proposal: where the answer goes (with when it was
@@ -441,6 +457,9 @@ pub(crate) async fn start(
         catch_up_piece_bytes: config.catch_up_piece_bytes,
         reads: ReadCounts::default(),
         stages: StageClock::new(&REPLICA_STAGES),
+        readable: tokio::sync::watch::channel(OrderPosition::default()).0,
+        #[cfg(test)]
+        applier_paused: std::sync::atomic::AtomicBool::new(false),
     });
     let applier = Applier {
         replica: replica.clone(),
@@ -545,6 +564,66 @@ impl Replica {
         };
         counted.fetch_add(1, Ordering::Relaxed);
         answer
+    }
+
+    /// Reads answered locally and ordered so far (tests).
+    #[cfg(test)]
+    pub(crate) fn reads_counted(&self) -> (u64, u64) {
+        self.reads.get()
+    }
+
+    /// Counts a read ordered without asking the store (none to answer locally).
+    pub(crate) fn count_ordered_read(&self) -> Option<ManagerResponse> {
+        self.reads.ordered.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+
+    /// Whether a read of `request` on `connection` would be answered locally now.
+    pub(crate) fn may_read_locally(
+        &self,
+        connection: ConnectionId,
+        request: &ManagerRequest,
+    ) -> bool {
+        self.core.lock().unwrap().reads_locally(connection, request)
+    }
+
+    /// Waits until local reads see every change any replica may have acknowledged before
+    /// this call: true once this replica has applied (and synced) its log up to where the
+    /// log ended when the call came; false if that takes longer than
+    /// [`READ_BARRIER_WAIT_MAX`] or the order was not running (order the read then).
+    ///
+    /// Why that suffices: in the fast path a position is UTO-delivered only once every
+    /// member acknowledged a log holding it, and this replica stores its log's end before
+    /// any ACK of it leaves ([`Handle::log_end`]); a delivered position is never revoked,
+    /// so it lies below the end read here. Without the wait a synced connection read
+    /// whatever this replica had applied: a change acknowledged by another replica a
+    /// moment before (a column that came to owe a stripe, a file's new size) could be
+    /// missing, and a client that learned of it from another one acted on the old state
+    /// (the integrity section of the README).
+    pub(crate) async fn caught_up_to_now(&self) -> bool {
+        let Some(end) = self.handle.lock().unwrap().as_ref().map(Handle::log_end) else {
+            return false;
+        };
+        let epoch = self.position().epoch;
+        let reached = move |at: &OrderPosition| at.epoch == epoch && at.next >= end;
+        let mut readable = self.readable.subscribe();
+        if reached(&readable.borrow_and_update()) {
+            return true;
+        }
+        let waited = tokio::time::timeout(READ_BARRIER_WAIT_MAX, readable.wait_for(reached));
+        let caught_up = matches!(waited.await, Ok(Ok(_)));
+        caught_up
+    }
+
+    /// Publishes where local reads stand ([`Replica::readable`]): called by the applier
+    /// between events, when everything it applied is synced.
+    fn publish_readable(&self) {
+        let here = self.position();
+        self.readable.send_if_modified(|at| {
+            let moved = *at != here;
+            *at = here;
+            moved
+        });
     }
 
     /// Orders `request` that came on `connection` and waits for the answer; an answer other
@@ -1187,6 +1266,12 @@ impl Applier {
                 self.propose_expiries();
                 self.propose_once_expiry();
                 logged = self.log_counters(logged);
+            }
+            // Everything applied so far is synced (a batch syncs before the next event).
+            self.replica.publish_readable();
+            #[cfg(test)]
+            while self.replica.applier_paused.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
             }
             let event = match held.take() {
                 Some(event) => event,

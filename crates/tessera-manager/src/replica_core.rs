@@ -167,7 +167,10 @@ impl std::fmt::Display for StageTimes {
 ///
 /// Batches applied one after another may be [joined](Applied::join) and synced once, since
 /// a durable commit makes every earlier commit durable: group commit across batches, for a
-/// daemon that applies the next batch while the last one syncs.
+/// daemon that applies the next batch while the last one syncs. Only after a batch whose
+/// sync holds no transaction, though: a batch of small puts leaves its one transaction to
+/// its sync to commit, and no later batch can begin before that
+/// ([`crate::command::BatchSync`]).
 #[must_use = "a batch's answers go out only once it is synced"]
 pub struct Applied {
     answers: Vec<(u64, ManagerResponse)>,

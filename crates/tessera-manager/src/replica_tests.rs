@@ -438,3 +438,58 @@ async fn reads_on_a_synced_connection_are_local_and_see_the_clients_writes() {
     assert!(matches!(own, ManagerResponse::File(_)), "{own:?}");
     assert_eq!(applied(peers[0]).await, stands);
 }
+
+/// A read on a synced connection at a replica that lags sees a change another replica
+/// acknowledged just before: the replica answers it locally only once it has applied its
+/// log up to where it ended when the read came (before, it answered from what it had
+/// applied, and a client told of the change by another client read the old state).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_read_at_a_lagging_replica_sees_a_change_acknowledged_elsewhere() {
+    let (peers, _dirs, group) = settled_group_of_three().await;
+    let reader = admin();
+    let path = "/a/rather/long/directory/name/to/fill/the/store/file-00002";
+    let lookup = ManagerRequest::Lookup { path: path.into() };
+    // The first read syncs the reader's connection to replica 2.
+    let ManagerResponse::File(view) = ask(&reader, peers[1], lookup.clone()).await else {
+        panic!("no file")
+    };
+    let file = view.meta.id;
+    let lagging = group[1].replica.clone().expect("a replica");
+    lagging
+        .applier_paused
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let before = applied(peers[1]).await;
+    // Replica 1 orders and acknowledges the change: replica 2's order node acknowledges it
+    // though its applier takes nothing.
+    let size = 123_457;
+    let resize = ManagerRequest::SetSize {
+        file,
+        size,
+        grow_only: false,
+    };
+    let done = ask(&admin(), peers[0], resize).await;
+    assert!(matches!(done, ManagerResponse::Done), "{done:?}");
+    assert_eq!(applied(peers[1]).await, before, "replica 2 applied nothing");
+    let resume = lagging.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        resume
+            .applier_paused
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    });
+    let counted = lagging.reads_counted();
+    let answer = ask(&reader, peers[1], ManagerRequest::LookupId { file }).await;
+    let ManagerResponse::File(seen) = answer else {
+        panic!("{answer:?}")
+    };
+    assert_eq!(
+        seen.meta.size, size,
+        "the read missed an acknowledged change"
+    );
+    let (local, ordered) = lagging.reads_counted();
+    assert_eq!(
+        (local - counted.0, ordered - counted.1),
+        (1, 0),
+        "the read waited for the change and was answered locally, not ordered"
+    );
+}

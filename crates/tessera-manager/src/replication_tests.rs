@@ -25,17 +25,22 @@ fn replicas() -> Vec<(tempfile::TempDir, Manager)> {
         .collect()
 }
 
-/// A seeded sequence of commands as replica 0 would propose them (deciding with its own
-/// liveness): server registrations and heartbeats, creates, atomic replaces, size changes,
-/// removals, keys, lease expiries, and `Once` requests with retries.
-fn commands(seed: u64, count: usize, decider: &mut Manager, now: Instant) -> Vec<Command> {
+/// Seeded draws: each call a number below its argument.
+fn draws(seed: u64) -> impl FnMut(u64) -> u64 {
     let mut state = seed;
-    let mut next = move |n: u64| {
+    move |n: u64| {
         state = state
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         (state >> 33) % n
-    };
+    }
+}
+
+/// A seeded sequence of commands as replica 0 would propose them (deciding with its own
+/// liveness): server registrations and heartbeats, creates, atomic replaces, size changes,
+/// removals, keys, lease expiries, and `Once` requests with retries.
+fn commands(seed: u64, count: usize, decider: &mut Manager, now: Instant) -> Vec<Command> {
+    let mut next = draws(seed);
     let layout = LayoutRequest {
         scheme: Scheme::Raid5,
         stripe_unit: 65536,
@@ -703,18 +708,147 @@ fn once_records_in_their_requests_commit_leave_the_store_of_records_apart() {
             dump.iter().any(|line| line.starts_with("once")),
             "seed {seed}"
         );
-        assert_eq!(group[2].1.state_dump(), dump, "seed {seed}: stores differ");
-        assert_eq!(
-            group[1].1.order_position().unwrap(),
-            group[2].1.order_position().unwrap()
-        );
-        let (dir, manager) = group.remove(1);
-        drop(manager);
-        let config = ManagerConfig {
-            cluster_id: Some(0x5eed),
-            ..ManagerConfig::default()
-        };
-        let reopened = Manager::open_existing(dir.path(), config).unwrap();
-        assert_eq!(reopened.state_dump(), dump, "seed {seed}: not durable");
+        assert_same_stores_and_durable(group, seed);
     }
+}
+
+/// Small puts of several clients (`Once` creates, grows and syncs), with refusals of every
+/// kind a shared transaction must survive (a path that exists, a missing file, a size past
+/// the largest, a superseded number), retries and ordered reads in the same batch, mixed
+/// into the seeded command mix.
+fn small_put_commands(seed: u64, decider: &mut Manager, now: Instant) -> Vec<Command> {
+    let mut next = draws(seed ^ 0x9e37_79b9);
+    let layout = LayoutRequest {
+        scheme: Scheme::Raid5,
+        stripe_unit: 65536,
+        width: Some(3),
+    };
+    let mut commands = commands(seed, 120, decider, now);
+    for sequence in 2000..2200 {
+        let path = format!("/p{}", next(24));
+        let file = 1 + next(60);
+        let request = match next(7) {
+            0 | 1 => ManagerRequest::Create {
+                path,
+                layout: layout.clone(),
+                replace: next(4) == 0,
+            },
+            2 => ManagerRequest::SetSize {
+                file,
+                size: 4096 * (1 + next(4)),
+                grow_only: true,
+            },
+            3 => ManagerRequest::SetSize {
+                file,
+                size: u64::MAX,
+                grow_only: true,
+            },
+            4 => ManagerRequest::SyncFile {
+                file,
+                size: 4096 * next(3),
+            },
+            5 => ManagerRequest::Lookup { path },
+            _ => ManagerRequest::SyncFile { file, size: 1 },
+        };
+        // Client 9's numbers jump ahead, so its later small numbers are superseded.
+        let (client, sequence) = match next(9) {
+            0 => (9, if next(2) == 0 { sequence + 5000 } else { 1 }),
+            _ => (next(3), sequence),
+        };
+        let request = ManagerRequest::Once {
+            client,
+            sequence,
+            request: Box::new(request),
+        };
+        let command = Command::Request {
+            decision: decider.decide(&request),
+            request,
+        };
+        decider.apply(command.clone(), now);
+        commands.push(command.clone());
+        if next(4) == 0 {
+            commands.push(command);
+        }
+    }
+    commands
+}
+
+/// A batch's small puts applied in one write transaction (refused requests left out of it)
+/// leave the store, the answers and the order position of one commit per request: batches
+/// of 1 to 8 against batches of one with a commit each; the store reopened holds the same.
+#[test]
+fn a_batch_in_one_transaction_leaves_the_store_of_a_commit_per_request() {
+    for seed in 0..6 {
+        let mut group = replicas();
+        let start = Instant::now();
+        let commands = small_put_commands(seed, &mut group[0].1, start);
+        let mut state = seed;
+        let mut batch_len = move || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+            1 + (state >> 33) as usize % 8
+        };
+        let mut answers = [Vec::new(), Vec::new()];
+        for (replica, apart) in [(1, false), (2, true)] {
+            crate::command::BATCH_TXN_APART.with(|cell| cell.set(apart));
+            let manager = &mut group[replica].1;
+            let mut at = 0;
+            while at < commands.len() {
+                let end = commands.len().min(at + if apart { 1 } else { batch_len() });
+                manager.begin_batch().unwrap();
+                for (index, command) in commands.iter().enumerate().take(end).skip(at) {
+                    manager.set_order_position(OrderPosition {
+                        epoch: 1,
+                        next: index as u64 + 1,
+                    });
+                    answers[replica - 1].push(manager.apply(command.clone(), start));
+                }
+                manager.end_batch().unwrap();
+                at = end;
+            }
+        }
+        crate::command::BATCH_TXN_APART.with(|cell| cell.set(false));
+        assert_eq!(answers[0], answers[1], "seed {seed}: answers differ");
+        let refused = |what: fn(&ManagerError) -> bool| {
+            answers[0].iter().any(|answer| match answer {
+                ManagerResponse::Error(error) => what(error),
+                _ => false,
+            })
+        };
+        assert!(
+            refused(|e| matches!(e, ManagerError::Exists(_))),
+            "seed {seed}"
+        );
+        assert!(
+            refused(|e| matches!(e, ManagerError::NotFound(_))),
+            "seed {seed}"
+        );
+        assert!(
+            refused(|e| matches!(e, ManagerError::TooLarge { .. })),
+            "seed {seed}"
+        );
+        assert!(
+            refused(|e| matches!(e, ManagerError::Superseded { .. })),
+            "seed {seed}"
+        );
+        assert_same_stores_and_durable(group, seed);
+    }
+}
+
+/// Replicas 1 and 2 of `group` hold the same store at the same order position, and replica
+/// 1's store reopened (as after a restart) holds it too.
+fn assert_same_stores_and_durable(mut group: Vec<(tempfile::TempDir, Manager)>, seed: u64) {
+    let dump = group[1].1.state_dump();
+    assert_eq!(group[2].1.state_dump(), dump, "seed {seed}: stores differ");
+    assert_eq!(
+        group[1].1.order_position().unwrap(),
+        group[2].1.order_position().unwrap()
+    );
+    let (dir, manager) = group.remove(1);
+    drop(manager);
+    let config = ManagerConfig {
+        cluster_id: Some(0x5eed),
+        ..ManagerConfig::default()
+    };
+    let reopened = Manager::open_existing(dir.path(), config).unwrap();
+    assert_eq!(reopened.state_dump(), dump, "seed {seed}: not durable");
 }

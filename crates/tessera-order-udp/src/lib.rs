@@ -64,7 +64,7 @@ use socket2::SockAddr;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -305,10 +305,22 @@ pub struct Handle {
     events: mpsc::Receiver<Event>,
     stop: Arc<AtomicBool>,
     wakeup: Arc<Wakeup>,
+    /// The node's log end, as the driver last stored it ([`Handle::log_end`]).
+    log_end: Arc<AtomicU64>,
     thread: JoinHandle<Result<(Stats, DriverStats), DriverError>>,
 }
 
 impl Handle {
+    /// The end of the node's log (its preliminary order), stored by the driver before each
+    /// round of sends: every ACK this node has sent names a length at most this. So every
+    /// position that any member UTO-delivered before this call (in the fast path, which
+    /// needs this node's ACK) lies below it: an application that waits until it has
+    /// applied up to here has applied everything acknowledged anywhere before it asked (a
+    /// replica's barrier for linearizable local reads).
+    pub fn log_end(&self) -> u64 {
+        self.log_end.load(Ordering::SeqCst)
+    }
+
     /// Broadcasts `message` in total order (it waits in the driver while the node's queue is
     /// full).
     pub fn propose(&self, message: Bytes) -> Result<(), DriverError> {
@@ -420,11 +432,14 @@ fn spawn_inner(
     let flag = stop.clone();
     let wakeup = Arc::new(Wakeup::new()?);
     let woken = wakeup.clone();
+    let log_end = Arc::new(AtomicU64::new(0));
+    let stored = log_end.clone();
     let thread = std::thread::Builder::new()
         .name(format!("order-{}", driver.node.0))
         .spawn(move || {
             set_timer_slack();
             let mut runner = Runner::new(driver, send, receive, proposals_rx, events_tx, woken);
+            runner.log_end = stored;
             runner.key = key;
             runner.dropper = Dropper::new(loss);
             runner.run(&flag, None)
@@ -434,6 +449,7 @@ fn spawn_inner(
         events,
         stop,
         wakeup,
+        log_end,
         thread,
     })
 }
@@ -512,6 +528,8 @@ struct Runner {
     backlog: Option<Proposal>,
     events: mpsc::Sender<Event>,
     wakeup: Arc<Wakeup>,
+    /// Where the node's log ends, stored before each round of sends ([`Handle::log_end`]).
+    log_end: Arc<AtomicU64>,
     stats: DriverStats,
     /// The group's MAC key, if datagrams are authenticated.
     key: Option<Key>,
@@ -554,6 +572,7 @@ impl Runner {
             backlog: None,
             events,
             wakeup,
+            log_end: Arc::new(AtomicU64::new(0)),
             stats: DriverStats::default(),
             key: None,
             dropper: Dropper::new(Loss::NONE),
@@ -787,6 +806,8 @@ impl Runner {
 
     /// Sends every packet the node has, in batches.
     fn send_packets(&mut self) {
+        // Before any ACK leaves: the ACKs sent name lengths at most this.
+        self.log_end.store(self.node.log_end(), Ordering::SeqCst);
         let now = self.now();
         let mut packets = Vec::new();
         while let Some(mut transmit) = self.node.poll_transmit(now) {

@@ -100,7 +100,9 @@
 //! per-sender counts of delivered messages in every ACK, or its own delivery); its window
 //! slot opens earlier, once every member holds it, so that a hole in one member's log stops
 //! delivery for a while but not the network. It retransmits a message that some member
-//! does not hold after `retransmit_after_us`, at once when NACKed (unless it sent it again
+//! does not hold after `retransmit_after_us` (or twice the time members took to hold its
+//! messages lately, if longer: under load the queues, at most 8 times the setting), at once
+//! when NACKed (unless it sent it again
 //! less than half a round trip ago: another receiver's NACK of the same loss), and at once
 //! when a later broadcast of its own came back before the DATA packet that carried it (the
 //! packet was lost; a lost last packet shows nobody a gap). A receiver NACKs a gap in a
@@ -741,7 +743,8 @@ pub struct Config {
     pub ack_queue_divisor: u64,
     /// A message unacked this long is sent again (the tail: NACKs and the leader's repairs,
     /// paced by the measured round trip, recover loss sooner); a quarter of it bounds that
-    /// round trip from above.
+    /// round trip from above. Where twice the time members took to hold the sender's
+    /// messages lately is longer (queues under load), that, up to 8 times this.
     pub retransmit_after_us: u64,
     /// The round trip assumed before the first measurement, and its floor: NACKs, answers
     /// to them and repairs are paced by the measured round trip, never faster than this.

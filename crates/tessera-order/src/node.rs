@@ -20,7 +20,7 @@ pub use fetch::FETCH_POSITIONS_MAX;
 use bytes::{BufMut, Bytes, BytesMut};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 /// What a node counted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -41,8 +41,17 @@ pub struct Stats {
     pub ack_packets_sent: u64,
     /// Messages sent for the first time.
     pub messages_sent: u64,
-    /// Messages sent again.
+    /// Messages sent again (the sum of the three causes below).
     pub retransmitted: u64,
+    /// Of those, asked for by a receiver's NACK.
+    pub retransmitted_nacked: u64,
+    /// Of those, in an own DATA packet that did not come back through the network while a
+    /// later one did (lost on the way: a full queue, a full socket buffer).
+    pub retransmitted_unreturned: u64,
+    /// Of those, not held by some member after the retransmission timeout
+    /// (`retransmit_after_us`, stretched to twice the time members took to hold our
+    /// messages lately when longer).
+    pub retransmitted_timeout: u64,
     /// Times the window was halved: an own packet did not come back through the network
     /// (see [`crate::Config::window_packets_min`]).
     pub window_cuts: u64,
@@ -99,6 +108,17 @@ struct Flight {
     sent_at: Micros,
     /// The DATA packet that first carried it.
     packet: u64,
+    /// Sent more than once (its hold time is no sample: which sending was held?).
+    sent_again: bool,
+}
+
+/// Why a message is due to be sent again before its timeout (counted in [`Stats`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resend {
+    /// A receiver's NACK asked for it.
+    Nacked,
+    /// Its DATA packet did not come back through the network while a later one did.
+    Unreturned,
 }
 
 /// The sender's side: FIFO numbering, the window, retransmission.
@@ -114,14 +134,17 @@ struct SendState {
     packets_retained: BTreeMap<u64, u32>,
     /// Our messages below this were held by every member (or delivered): out of the window.
     held_by_all: u64,
+    /// How long every member took to hold a message of ours, smoothed (`None` before the
+    /// first): the retransmission timeout stretches to twice it.
+    hold_us: Option<Micros>,
     /// Per receiver, how many of our messages its log held at its latest ACK in
     /// `held_view`, and the members that view's ACKs named.
     held_by: BTreeMap<NodeId, u64>,
     held_view: u64,
     held_members: u64,
     next_packet: u64,
-    /// NACKed sequence numbers, sent again at the next transmit.
-    nacked: BTreeSet<u64>,
+    /// Sequence numbers due again at the next transmit, with why.
+    nacked: BTreeMap<u64, Resend>,
     /// The highest view a receiver's ACK named (a sender-only node's header carries it).
     known_view: u64,
     /// Since when proposals wait for a full window.

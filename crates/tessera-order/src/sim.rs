@@ -115,6 +115,10 @@ pub struct Scenario {
     /// Mean time between group changes (a spare node added, or a receiver removed: at
     /// most one change under way), until `faults_until_us`; `None`: the group stays.
     pub change_every_us: Option<Micros>,
+    /// One node whose RX link delays every packet by this much more (FIFO kept): a
+    /// receiver behind the others, as a CPU-starved one in the lab is, its socket buffer
+    /// the queue. `None`: none.
+    pub slow_receiver: Option<(NodeId, Micros)>,
 }
 
 impl Scenario {
@@ -134,6 +138,7 @@ impl Scenario {
             trunk_rate_bits_per_s: 1_000_000_000,
             reorder_delay_us_max: 200,
             trunk_queue_bytes_max: None,
+            slow_receiver: None,
             scripted_crashes: Vec::new(),
             spare_nodes: 0,
             change_every_us: None,
@@ -222,6 +227,7 @@ impl Scenario {
             trunk_rate_bits_per_s: 1_000_000_000,
             reorder_delay_us_max: 300,
             trunk_queue_bytes_max: None,
+            slow_receiver: None,
             scripted_crashes: Vec::new(),
             spare_nodes,
             change_every_us,
@@ -891,6 +897,11 @@ impl<'a> Sim<'a> {
                 continue;
             }
             let mut at = at_b + delay;
+            if let Some((slow, extra)) = self.scenario.slow_receiver {
+                if usize::from(slow.0) == destination {
+                    at += extra;
+                }
+            }
             if self.rng.gen_bool(faults.reorder) {
                 self.stats.reordered += 1;
                 at += self.rng.gen_range(1..=self.scenario.reorder_delay_us_max);

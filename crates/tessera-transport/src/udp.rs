@@ -130,6 +130,12 @@ enum Command {
     },
     /// The caller gave up waiting.
     Cancel { request_id: u64 },
+    /// Whether a request is still on its way out of this endpoint (waiting for its turn,
+    /// its grant or its pacer, or being sent), rather than held by the peer.
+    OnItsWay {
+        request_id: u64,
+        reply: oneshot::Sender<bool>,
+    },
     /// Send a response frame on a session (server side).
     Respond { session: SessionId, frame: Message },
     /// Drop a session whose peer sent garbage (server side).
@@ -158,6 +164,17 @@ impl Mailbox {
         sent
     }
 }
+
+/// Request timeouts a call waits out while its request is still on its way out of this
+/// endpoint (queued behind the session's earlier messages, held for its grant, paced), before
+/// it fails anyway. The request timeout is for a server that holds a request and does not
+/// answer; a peer that stops answering altogether is found by the session
+/// (`peer_lost_after_us`). A paced stream that queued more than a timeout's worth of its
+/// rate (`lab radon`: a best-effort writer at its pacer's floor, three 1 MB chunks in
+/// flight) had its later requests time out in its own queue, and the client's ping (queued
+/// behind them) time out too: the live server was reported down ("raid0 file ... is
+/// unavailable: server 1 ... unavailable").
+pub const TIMEOUTS_ON_ITS_WAY_MAX: u32 = 12;
 
 /// The client side: requests to any server over one datagram session per server.
 pub struct UdpTransport {
@@ -278,20 +295,37 @@ impl UdpTransport {
                 detail: "transport stopped".into(),
             });
         }
-        match tokio::time::timeout(self.request_timeout, answer).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(TransportError::Disconnected {
-                addr,
-                detail: "transport stopped".into(),
-            }),
-            Err(_) => {
-                self.mailbox.post(Command::Cancel { request_id });
-                Err(TransportError::Timeout {
-                    addr,
-                    timeout_ms: self.request_timeout.as_millis() as u64,
-                })
+        let mut answer = answer;
+        let mut timeouts = 0;
+        loop {
+            match tokio::time::timeout(self.request_timeout, &mut answer).await {
+                Ok(Ok(result)) => return result,
+                Ok(Err(_)) => {
+                    return Err(TransportError::Disconnected {
+                        addr,
+                        detail: "transport stopped".into(),
+                    })
+                }
+                Err(_) => {
+                    timeouts += 1;
+                    if timeouts < TIMEOUTS_ON_ITS_WAY_MAX && self.on_its_way(request_id).await {
+                        continue;
+                    }
+                    self.mailbox.post(Command::Cancel { request_id });
+                    return Err(TransportError::Timeout {
+                        addr,
+                        timeout_ms: self.request_timeout.as_millis() as u64,
+                    });
+                }
             }
         }
+    }
+
+    /// Whether the request is still on its way out of this endpoint (see
+    /// [`TIMEOUTS_ON_ITS_WAY_MAX`]).
+    async fn on_its_way(&self, request_id: u64) -> bool {
+        let (reply, answer) = oneshot::channel();
+        self.mailbox.post(Command::OnItsWay { request_id, reply }) && answer.await.unwrap_or(false)
     }
 }
 
@@ -482,6 +516,9 @@ struct Pending {
     reply_bytes: Option<usize>,
     /// Whether it was already sent again after its session was reset.
     resent: bool,
+    /// Its number among the messages its session queued: the peer has it whole once the
+    /// session's `messages_acknowledged` reaches this.
+    number: u64,
     reply: oneshot::Sender<Result<Reply, TransportError>>,
 }
 
@@ -626,6 +663,9 @@ impl Driver {
                         }
                     }
                 }
+                Command::OnItsWay { request_id, reply } => {
+                    let _ = reply.send(self.on_its_way(request_id));
+                }
                 Command::Counters { reply } => {
                     let mut counters: Vec<(String, u64)> = self
                         .endpoint
@@ -714,6 +754,10 @@ impl Driver {
             .request(session, frame.clone(), reply_bytes, now)
         {
             Ok(()) => {
+                let number = self
+                    .endpoint
+                    .session_info(session)
+                    .map_or(0, |info| info.messages_acknowledged + info.queued_messages);
                 pending.insert(
                     request_id,
                     Pending {
@@ -722,6 +766,7 @@ impl Driver {
                         frame,
                         reply_bytes,
                         resent: false,
+                        number,
                         reply,
                     },
                 );
@@ -740,6 +785,26 @@ impl Driver {
                     detail: e.to_string(),
                 }));
             }
+        }
+    }
+
+    /// Whether request `request_id` is still on its way out: deferred (its session's queue
+    /// was full), or not yet acknowledged whole by the peer.
+    fn on_its_way(&self, request_id: u64) -> bool {
+        let Role::Client {
+            pending, deferred, ..
+        } = &self.role
+        else {
+            return false;
+        };
+        match pending.get(&request_id) {
+            Some(p) => self
+                .endpoint
+                .session_info(p.session)
+                .is_some_and(|info| info.messages_acknowledged < p.number),
+            None => deferred.iter().any(
+                |call| matches!(call, Command::Call { request_id: id, .. } if *id == request_id),
+            ),
         }
     }
 

@@ -92,8 +92,8 @@ enum Experiment {
         #[arg(long)]
         senders: Option<usize>,
         /// Table 4's points instead of the default ones, each SIDE:PERCENT of datagrams
-        /// dropped by the drivers, SIDE `senders` or `receivers` (`receivers:0` measures the
-        /// no-loss row afresh). Repeatable.
+        /// dropped by the drivers, SIDE `senders`, `receivers` or `nodeN` (node N's receiver
+        /// only; node 0 leads) (`receivers:0` measures the no-loss row afresh). Repeatable.
         #[arg(long)]
         loss: Vec<total_order::tables::LossPoint>,
         /// Tables 2-3: every disjoint configuration of 1..=N senders and receivers (0: none).

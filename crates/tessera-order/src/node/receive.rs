@@ -291,7 +291,7 @@ impl Node {
             .peer_role(header.from)
             .is_some_and(|role| role.receiver)
         {
-            self.on_sender_ack(header, ack);
+            self.on_sender_ack(header, ack, now);
         }
         let current = self.role.receiver
             && self.status == Status::Normal

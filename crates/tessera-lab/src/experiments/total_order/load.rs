@@ -305,6 +305,18 @@ pub struct Work {
     /// Frames the network's `tbf` queues dropped over the run (full queues: mostly the
     /// sequencer link's), read from the switches, not summed over nodes.
     pub queue_drops: u64,
+    /// Datagrams the nodes' sockets dropped over the run for a full receive buffer.
+    pub socket_drops: u64,
+    /// Frames the machine's per-CPU input queues dropped over the run (every veth's
+    /// delivery goes through one; the machine's count, other work's included).
+    pub backlog_drops: u64,
+    /// Messages sent again on a NACK, for an own packet that did not come back, and on
+    /// the timeout (summed over nodes; `OrderRun::retransmitted` is their sum).
+    pub retransmitted_nacked: u64,
+    /// See `retransmitted_nacked`.
+    pub retransmitted_unreturned: u64,
+    /// See `retransmitted_nacked`.
+    pub retransmitted_timeout: u64,
 }
 
 impl Work {
@@ -322,6 +334,9 @@ impl Work {
         self.duplicates += stats.duplicates;
         self.window_full_us += stats.window_full_us;
         self.window_cuts += stats.window_cuts;
+        self.retransmitted_nacked += stats.retransmitted_nacked;
+        self.retransmitted_unreturned += stats.retransmitted_unreturned;
+        self.retransmitted_timeout += stats.retransmitted_timeout;
     }
 
     fn merge(&mut self, other: &Work) {
@@ -340,6 +355,14 @@ impl Work {
             (&mut self.send_errors, other.send_errors),
             (&mut self.window_cuts, other.window_cuts),
             (&mut self.queue_drops, other.queue_drops),
+            (&mut self.socket_drops, other.socket_drops),
+            (&mut self.backlog_drops, other.backlog_drops),
+            (&mut self.retransmitted_nacked, other.retransmitted_nacked),
+            (
+                &mut self.retransmitted_unreturned,
+                other.retransmitted_unreturned,
+            ),
+            (&mut self.retransmitted_timeout, other.retransmitted_timeout),
         ];
         for (sum, n) in pairs {
             *sum += n;
@@ -353,7 +376,8 @@ impl Work {
             "per message: datagrams sent {:.3} received {:.3} (DATA {:.3}, ACK {:.3}, NACK \
              {:.4}, ENTRIES {:.4}), positions replaced {:.3}; pauses {} ({} timed out), \
              duplicates {}, window full {} ms, send errors {}; window cuts {}, frames \
-             dropped by full queues {}",
+             dropped by full queues {}, by full socket buffers {}, by full input queues {} \
+             (the machine's); messages sent again {} on NACK, {} unreturned, {} on timeout",
             per(self.datagrams_sent),
             per(self.datagrams_received),
             per(self.data_packets_sent),
@@ -368,6 +392,11 @@ impl Work {
             self.send_errors,
             self.window_cuts,
             self.queue_drops,
+            self.socket_drops,
+            self.backlog_drops,
+            self.retransmitted_nacked,
+            self.retransmitted_unreturned,
+            self.retransmitted_timeout,
         )
     }
 }
@@ -386,6 +415,36 @@ pub struct NodeLog {
     view_changes: u64,
     dropped: u64,
     work: Work,
+}
+
+/// Which drivers drop datagrams in a run: every node as `loss` says (each seeded apart:
+/// its seed plus the node's number), or one node only.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeLoss {
+    /// What a dropping driver drops.
+    pub loss: Loss,
+    /// The one node that drops; `None`: every node.
+    pub only: Option<usize>,
+}
+
+impl NodeLoss {
+    /// Node `node`'s driver setting.
+    pub fn at(&self, node: usize) -> Loss {
+        let loss = match self.only {
+            Some(only) if only != node => Loss::NONE,
+            _ => self.loss,
+        };
+        Loss {
+            seed: self.loss.seed.wrapping_add(node as u64),
+            ..loss
+        }
+    }
+}
+
+impl From<Loss> for NodeLoss {
+    fn from(loss: Loss) -> NodeLoss {
+        NodeLoss { loss, only: None }
+    }
 }
 
 /// The protocol's settings for a run: packing to `mtu_bytes` (or off), a window and ACK
@@ -445,8 +504,9 @@ pub fn order_run(
     mtu_bytes: Option<usize>,
     load: Load,
     seconds: f64,
-    loss: Loss,
+    loss: impl Into<NodeLoss>,
 ) -> Result<OrderRun, LabError> {
+    let loss = loss.into();
     assert!(message_bytes >= STAMP_BYTES, "messages carry a stamp");
     // A port of its own per run: datagrams of the run before, still queued in the switches,
     // would otherwise reach this run's nodes as packets of the same nodes and incarnation.
@@ -466,6 +526,8 @@ pub fn order_run(
     );
     let mode = AppMode::for_load(load);
     let queue_drops_before = network.tbf_drops()?;
+    let socket_drops_before = network.socket_drops()?;
+    let backlog_drops_before = super::net::backlog_drops();
     let mut apps = Vec::new();
     for node in 0..nodes {
         let (tx, rx) = sockets(network, node, multicast)?;
@@ -479,10 +541,7 @@ pub fn order_run(
             peers: peers.clone(),
             broadcast: Broadcast::Multicast(multicast),
         };
-        let loss = Loss {
-            seed: loss.seed.wrapping_add(node as u64),
-            ..loss
-        };
+        let loss = loss.at(node);
         let role = group.roles[node];
         // A node that only receives proposes nothing.
         let load = if role.sender { Some(load) } else { None };
@@ -505,6 +564,8 @@ pub fn order_run(
     let logs = stop_nodes(apps, group)?;
     let mut run = summarize(logs, message_bytes, mtu_bytes, seconds);
     run.work.queue_drops = network.tbf_drops()?.saturating_sub(queue_drops_before);
+    run.work.socket_drops = network.socket_drops()?.saturating_sub(socket_drops_before);
+    run.work.backlog_drops = super::net::backlog_drops().saturating_sub(backlog_drops_before);
     Ok(OrderRun {
         cpu_busy_share,
         process_cpu_share,

@@ -242,6 +242,20 @@ impl TwoSwitch {
         Ok(drops)
     }
 
+    /// Datagrams the nodes' UDP sockets dropped so far for a full receive buffer (their
+    /// namespaces' `RcvbufErrors`, summed over nodes).
+    pub fn socket_drops(&self) -> Result<u64, LabError> {
+        let mut drops = 0;
+        for node in 0..self.nodes {
+            let snmp = Cmd::new("cat")
+                .arg("/proc/net/snmp")
+                .in_namespace(&self.namespace(node))
+                .run()?;
+            drops += parse_udp_counter(&snmp, "RcvbufErrors").unwrap_or(0);
+        }
+        Ok(drops)
+    }
+
     /// Deletes the namespaces now and checks that none is left.
     pub fn teardown(mut self) -> Result<(), LabError> {
         let ours = self.created.clone();
@@ -272,6 +286,35 @@ impl Drop for TwoSwitch {
     }
 }
 
+/// Frames the kernel dropped so far at a full per-CPU input queue (`netdev_max_backlog`),
+/// summed over CPUs: a veth delivers every frame through it, in every namespace (the
+/// machine's count, not the network's alone). 0 where `/proc/net/softnet_stat` cannot be
+/// read.
+pub fn backlog_drops() -> u64 {
+    std::fs::read_to_string("/proc/net/softnet_stat")
+        .map(|text| parse_softnet_drops(&text))
+        .unwrap_or(0)
+}
+
+/// The second column (dropped) of every CPU's line of `/proc/net/softnet_stat`, summed.
+fn parse_softnet_drops(text: &str) -> u64 {
+    text.lines()
+        .filter_map(|line| line.split_whitespace().nth(1))
+        .filter_map(|hex| u64::from_str_radix(hex, 16).ok())
+        .sum()
+}
+
+/// The UDP counter `name` of `/proc/net/snmp` (a line of names, then one of values).
+fn parse_udp_counter(snmp: &str, name: &str) -> Option<u64> {
+    let mut lines = snmp.lines().filter(|line| line.starts_with("Udp: "));
+    let names = lines.next()?.split_whitespace();
+    let values = lines.next()?.split_whitespace();
+    names
+        .zip(values)
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, value)| value.parse().ok())
+}
+
 fn offloads_off(interface: &str) -> Cmd {
     let mut cmd = Cmd::new("ethtool").args(["-K", interface]);
     for offload in OFFLOADS {
@@ -297,6 +340,20 @@ fn port_commands(sw: &str, port: &str, bridge: &str, isolated: bool) -> Vec<Cmd>
 mod tests {
     use super::*;
     use crate::net::Rate;
+
+    #[test]
+    fn reads_the_kernels_drop_counters() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+                    Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\n\
+                    Udp: 37 0 5 38 4 1\n\
+                    UdpLite: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors\n\
+                    UdpLite: 0 0 0 0 9\n";
+        assert_eq!(parse_udp_counter(snmp, "RcvbufErrors"), Some(4));
+        assert_eq!(parse_udp_counter(snmp, "SndbufErrors"), Some(1));
+        assert_eq!(parse_udp_counter(snmp, "Nothing"), None);
+        let softnet = "0000a0b1 0000000a 00000003 00000000\n0000ffff 00000100 00000000 00000000\n";
+        assert_eq!(parse_softnet_drops(softnet), 10 + 256);
+    }
 
     #[test]
     fn node_ports_are_isolated_and_routes_go_out_of_tx() {

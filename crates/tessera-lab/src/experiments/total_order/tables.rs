@@ -9,7 +9,7 @@
 //! do). With packing a datagram carries many messages, so a share of datagrams lost is not
 //! the same share of messages lost.
 
-use super::load::{self, Load, OrderRun};
+use super::load::{self, Load, NodeLoss, OrderRun};
 use super::net::TwoSwitch;
 use super::{load_average, packing_name, testbed_markdown, Line, TotalOrderConfig};
 use crate::experiments::{LabConfig, Testbed};
@@ -32,6 +32,9 @@ pub enum LossSide {
     Senders,
     /// By each receiver, after receiving: only that receiver misses it.
     Receivers,
+    /// By this node only, after receiving: node 0 is view 0's leader, whose own loss the
+    /// members repair by following its order (the other nodes lose nothing).
+    Node(u16),
 }
 
 /// One point of table 4.
@@ -44,11 +47,12 @@ pub struct LossPoint {
 }
 
 impl LossPoint {
-    /// The driver's setting.
+    /// The drivers' setting, for every node alike (a [`LossSide::Node`] point: none).
     pub fn loss(&self) -> Loss {
         let (send, receive) = match self.side {
             LossSide::Senders => (self.probability, 0.0),
             LossSide::Receivers => (0.0, self.probability),
+            LossSide::Node(_) => (0.0, 0.0),
         };
         Loss {
             send,
@@ -57,13 +61,28 @@ impl LossPoint {
         }
     }
 
+    /// The drivers' setting, for every node or, on [`LossSide::Node`], one only.
+    pub fn node_loss(&self) -> NodeLoss {
+        match self.side {
+            LossSide::Node(node) => NodeLoss {
+                loss: Loss {
+                    receive: self.probability,
+                    ..self.loss()
+                },
+                only: Some(usize::from(node)),
+            },
+            _ => self.loss().into(),
+        }
+    }
+
     fn name(&self) -> String {
         if self.probability == 0.0 {
             return "none".into();
         }
         let side = match self.side {
-            LossSide::Senders => "senders",
-            LossSide::Receivers => "receivers",
+            LossSide::Senders => "senders".to_string(),
+            LossSide::Receivers => "receivers".to_string(),
+            LossSide::Node(node) => format!("node {node}'s receiver"),
         };
         format!("{side} {}%", self.probability * 100.0)
     }
@@ -72,14 +91,19 @@ impl LossPoint {
 impl std::str::FromStr for LossPoint {
     type Err = String;
 
-    /// `senders:P` or `receivers:P`, P the percent of datagrams dropped (0 to 100).
+    /// `senders:P`, `receivers:P` or `nodeN:P` (node N's receiver only), P the percent of
+    /// datagrams dropped (0 to 100).
     fn from_str(text: &str) -> Result<LossPoint, String> {
-        let bad = || format!("{text:?}: expected senders:PERCENT or receivers:PERCENT");
+        let bad =
+            || format!("{text:?}: expected senders:PERCENT, receivers:PERCENT or nodeN:PERCENT");
         let (side, percent) = text.split_once(':').ok_or_else(bad)?;
         let side = match side {
             "senders" => LossSide::Senders,
             "receivers" => LossSide::Receivers,
-            _ => return Err(bad()),
+            _ => match side.strip_prefix("node").map(str::parse) {
+                Some(Ok(node)) => LossSide::Node(node),
+                _ => return Err(bad()),
+            },
         };
         let percent: f64 = percent.parse().map_err(|_| bad())?;
         if !(0.0..=100.0).contains(&percent) {
@@ -103,7 +127,7 @@ pub(super) fn measure(
     size: usize,
     mtu: Option<usize>,
     seconds: (f64, f64),
-    loss: Loss,
+    loss: NodeLoss,
 ) -> Result<(OrderRun, OrderRun), LabError> {
     lab.cancel.check()?;
     let closed = Load::Closed {
@@ -200,6 +224,15 @@ pub(super) fn loss_table(
         });
     }
     for point in &config.losses {
+        if let LossSide::Node(node) = point.side {
+            if usize::from(node) >= config.nodes {
+                return Err(LabError::BadValue {
+                    what: "node of a loss point",
+                    text: node.to_string(),
+                    expected: "a node of the run",
+                });
+            }
+        }
         let seconds = (config.seconds, config.latency_seconds);
         let (throughput, latency) = measure(
             lab,
@@ -209,7 +242,7 @@ pub(super) fn loss_table(
             size,
             mtu,
             seconds,
-            point.loss(),
+            point.node_loss(),
         )?;
         lab.say(&format!(
             "loss {}: {:.0} messages/s, UTO {}/{} us (median/p99), {} datagrams dropped, \
@@ -448,7 +481,7 @@ pub(super) fn grid_table(
                 size,
                 mtu,
                 seconds,
-                Loss::NONE,
+                Loss::NONE.into(),
             )?;
             lab.say(&format!(
                 "{senders} senders x {} receivers: {:.0} messages/s, {:.1} Mbit/s, UTO {} us \
@@ -628,6 +661,15 @@ mod tests {
             (0.0, 0.01)
         );
         assert_eq!(receivers.name(), "receivers 1%");
+        let leader: LossPoint = "node0:1".parse().unwrap();
+        assert_eq!(leader.side, LossSide::Node(0));
+        let at = |node| leader.node_loss().at(node);
+        assert_eq!((at(0).receive, at(0).send), (0.01, 0.0));
+        assert_eq!((at(1).receive, at(1).send), (0.0, 0.0));
+        assert_ne!(at(0).seed, at(2).seed);
+        assert_eq!(receivers.node_loss().at(3).receive, 0.01);
+        assert_eq!(leader.name(), "node 0's receiver 1%");
+        assert!("nodex:1".parse::<LossPoint>().is_err());
         assert_eq!(
             LossPoint {
                 probability: 0.0,
