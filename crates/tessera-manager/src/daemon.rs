@@ -487,7 +487,8 @@ async fn read(
         .await
         .ok()?
     } else {
-        (replica.count_ordered_read(), request)
+        replica.count_ordered_read();
+        (None, request)
     };
     Some(match answer {
         Some(answer) => answer,

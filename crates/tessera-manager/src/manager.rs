@@ -215,6 +215,28 @@ pub struct Manager {
     pub(crate) fail_commits: bool,
 }
 
+/// The store at `path` is damaged: `detail` says how.
+fn damaged(path: &Path, detail: String) -> ManagerOpenError {
+    ManagerOpenError::Damaged {
+        path: path.to_path_buf(),
+        detail,
+    }
+}
+
+/// What opening or checking the store at `path` failed with: damage if redb found the file
+/// corrupt, else the store's error.
+fn open_failed(path: &Path, error: redb::DatabaseError) -> ManagerOpenError {
+    match error {
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(detail)) => {
+            damaged(path, detail)
+        }
+        error => ManagerOpenError::Store {
+            path: path.to_path_buf(),
+            error: error.into(),
+        },
+    }
+}
+
 impl Manager {
     /// Opens the store at `dir/manager.redb`, creating it (a new cluster, with a new id) and
     /// `dir` if there is none: what `tessera manager --init` and a first `tessera up` do.
@@ -232,10 +254,6 @@ impl Manager {
     /// layout, a server's debts). A check that fails, or that had to roll the file back to
     /// an earlier commit (which would forget an acknowledged change), refuses the store.
     fn open_verified(path: &Path) -> Result<Database, ManagerOpenError> {
-        let damaged = |detail: String| ManagerOpenError::Damaged {
-            path: path.to_path_buf(),
-            detail,
-        };
         // redb may panic on some damaged files rather than say so (a slice index out of
         // range, seen once in 8,000 flipped bits): that is a damaged store too, not a crash.
         let checked = std::panic::catch_unwind(|| Self::open_checked(path));
@@ -243,34 +261,19 @@ impl Manager {
             let what = (panic.downcast_ref::<String>().map(String::as_str))
                 .or_else(|| panic.downcast_ref::<&str>().copied())
                 .unwrap_or("a panic");
-            Err(damaged(format!("redb failed reading it: {what}")))
+            Err(damaged(path, format!("redb failed reading it: {what}")))
         })
     }
 
     fn open_checked(path: &Path) -> Result<Database, ManagerOpenError> {
-        let damaged = |detail: String| ManagerOpenError::Damaged {
-            path: path.to_path_buf(),
-            detail,
-        };
-        let mut db = Database::create(path).map_err(|error| match error {
-            redb::DatabaseError::Storage(redb::StorageError::Corrupted(detail)) => damaged(detail),
-            error => ManagerOpenError::Store {
-                path: path.to_path_buf(),
-                error: error.into(),
-            },
-        })?;
+        let mut db = Database::create(path).map_err(|error| open_failed(path, error))?;
         match db.check_integrity() {
             Ok(true) => Ok(db),
             Ok(false) => Err(damaged(
+                path,
                 "pages failed their checksums; redb rolled it back to an earlier commit".into(),
             )),
-            Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(detail))) => {
-                Err(damaged(detail))
-            }
-            Err(error) => Err(ManagerOpenError::Store {
-                path: path.to_path_buf(),
-                error: error.into(),
-            }),
+            Err(error) => Err(open_failed(path, error)),
         }
     }
 

@@ -573,9 +573,8 @@ impl Replica {
     }
 
     /// Counts a read ordered without asking the store (none to answer locally).
-    pub(crate) fn count_ordered_read(&self) -> Option<ManagerResponse> {
+    pub(crate) fn count_ordered_read(&self) {
         self.reads.ordered.fetch_add(1, Ordering::Relaxed);
-        None
     }
 
     /// Whether a read of `request` on `connection` would be answered locally now.
