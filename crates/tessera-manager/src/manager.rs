@@ -266,6 +266,11 @@ impl Manager {
     }
 
     fn open_checked(path: &Path) -> Result<Database, ManagerOpenError> {
+        // redb initializes a new database in an empty file: a store cut to nothing (a torn
+        // copy, a file system that lost it) would open as a new cluster with no files.
+        if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
+            return Err(damaged(path, "it is empty".into()));
+        }
         let mut db = Database::create(path).map_err(|error| open_failed(path, error))?;
         match db.check_integrity() {
             Ok(true) => Ok(db),

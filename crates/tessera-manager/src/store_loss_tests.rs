@@ -485,3 +485,33 @@ fn a_flipped_bit_in_the_managers_store_is_refused_or_harmless() {
 /// Single-bit flips per run of [`a_flipped_bit_in_the_managers_store_is_refused_or_harmless`]
 /// (`TESSERA_FLIPS` sets another count: each opens and checks the whole store).
 const FLIPS: u32 = 400;
+
+/// A stopped manager's store cut short (a torn copy, a file system that lost its tail, a
+/// truncation to zero): the manager must refuse it with an error naming the file, or read it
+/// exactly as it was. An empty file is what redb initializes a new database in, so without a
+/// check the manager would start with no files at all.
+#[test]
+fn a_truncated_manager_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (manager, _now) = populated(dir.path());
+    let expected = manager.state_dump();
+    drop(manager);
+    let path = dir.path().join(crate::store::DB_FILE_NAME);
+    let clean = std::fs::read(&path).unwrap();
+    let len = clean.len();
+    let mut lengths = vec![0, 1, 511, 512, 4096, len / 2, len - 4096, len - 1];
+    lengths.extend((1..16).map(|i| len * i / 16));
+    for cut in lengths {
+        std::fs::write(&path, &clean[..cut]).unwrap();
+        match Manager::open_existing(dir.path(), ManagerConfig::default()) {
+            Err(error) => assert!(error.to_string().contains("manager.redb"), "{error}"),
+            Ok(manager) => {
+                let dump = crate::store::dump(&manager.db).expect("an opened store reads");
+                assert_eq!(
+                    dump, expected,
+                    "store cut to {cut} of {len} bytes opened and reads otherwise"
+                );
+            }
+        }
+    }
+}

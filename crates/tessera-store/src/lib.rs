@@ -41,6 +41,11 @@
 //! <root>/files/<F>/overflow.log    header "TSOL" + version u32 LE + crc32c u32 LE, then 36-byte
 //!                                  records, each with its own crc32c (see `overflow.rs`)
 //! <root>/files/<F>/overflow.log.new  a shorter log being written, before it is renamed over
+//! <root>/files/<F>/overflow.seal   the log's length at its last sync: u64 LE + crc32c u32 LE
+//!                                  (a shorter log lost synced records; see `overflow.rs`)
+//! <root>/files/<F>/discard.data    a discard of the data file's tail in progress: its start
+//!                                  u64 LE + crc32c u32 LE (`discard.redundancy` likewise;
+//!                                  see `region.rs`'s `CutMark`)
 //! <root>/intents/<F>.<stripe>      an unresolved intent record: "TSIR" + version u32 LE
 //!                                  (INTENT_FORMAT_VERSION) + crc32c + the record
 //! <root>/stale/<F>.<token>        a stale-parity record of a full-stripe write: "TSSP" +

@@ -8,7 +8,7 @@
 use tessera_layout::Region;
 use tessera_wire::{FileId, StorageError};
 
-use crate::disk::{DiskFile, FileHandle};
+use crate::disk::{read_file, Disk, DiskFile, FileHandle};
 use crate::io::{disk, disk_format, read_full_at, read_full_at_with, Wait};
 use crate::BLOCK_BYTES;
 
@@ -48,7 +48,6 @@ impl RegionFile {
                 error,
             )
         };
-        cut_blocks_without_entries(&*bytes, &*crc).map_err(scan)?;
         let blocks_written = count_written(&*crc).map_err(scan)?;
         Ok(RegionFile {
             file,
@@ -158,9 +157,10 @@ impl RegionFile {
     }
 
     /// Discards every block from `from` (a block boundary) on: they read as zeros after.
-    /// Whether anything was cut. The checksum entries are cut first: a kill between the two
-    /// cuts leaves blocks with no entries, which opening the region cuts too (see
-    /// `cut_blocks_without_entries`), never entries whose blocks are gone (corrupt).
+    /// Whether anything was cut. The checksum entries are cut first. A kill between the two
+    /// cuts leaves blocks with no entries, which read as corrupt, as do blocks whose entries
+    /// a damaged disk lost: the caller marks the cut beforehand ([`CutMark`]) so that
+    /// opening the region finishes it rather than report those blocks.
     pub(crate) fn discard_from(&mut self, from: u64) -> Result<bool, StorageError> {
         debug_assert!(from.is_multiple_of(BLOCK_BYTES));
         let entries_end = from / BLOCK_BYTES * CRC_ENTRY_BYTES;
@@ -281,19 +281,6 @@ fn block_matches(block: &[u8], entry: &[u8]) -> bool {
     }
 }
 
-/// Cuts the block file back to the blocks the sidecar has entries for (a torn last entry
-/// counts). Blocks past them can only be left by a process killed between a discard's two
-/// cuts, or between a write's blocks and its entries (a write never answered); either way
-/// they were never written as far as the sidecar says, so they must read as zeros, and
-/// would read as corrupt were they kept.
-fn cut_blocks_without_entries(bytes: &dyn DiskFile, crc: &dyn DiskFile) -> std::io::Result<()> {
-    let covered = crc.size()?.div_ceil(CRC_ENTRY_BYTES) * BLOCK_BYTES;
-    if bytes.size()? > covered {
-        bytes.set_len(covered)?;
-    }
-    Ok(())
-}
-
 /// Counts the checksum entries that are not all zeros (a torn last entry counts too).
 fn count_written(crc: &dyn DiskFile) -> std::io::Result<u64> {
     let len = crc.size()?;
@@ -310,4 +297,85 @@ fn count_written(crc: &dyn DiskFile) -> std::io::Result<u64> {
         offset += take as u64;
     }
     Ok(written)
+}
+
+/// A discard of a region's tail in progress: `discard.data` or `discard.redundancy` in the
+/// file's directory, holding where the cut starts (u64 LE) and its crc32c (u32 LE).
+///
+/// Blocks past the checksum sidecar's end are either the unfinished cut of a killed discard
+/// (the sidecar is cut first) or the sidecar's tail lost by the disk while the blocks, maybe
+/// acknowledged and synced, are still there. They looked the same, and opening a region cut
+/// them both: a lost sidecar tail silently turned acknowledged data into zeros. Now a
+/// discard writes this mark before its cuts and removes it after; opening finishes a marked
+/// cut, and unmarked blocks without entries read as corrupt (repaired from redundancy). So
+/// does a write killed between its blocks and its entries, a write never answered. The
+/// mark is not synced: after a process crash the page cache keeps the order of the writes,
+/// and after a power loss with unsynced writes the whole store starts a new incarnation
+/// (`boot.rs`).
+pub(crate) struct CutMark {
+    path: std::path::PathBuf,
+}
+
+impl CutMark {
+    /// The mark of `region` in the file directory `dir`.
+    pub(crate) fn new(dir: &std::path::Path, region: Region) -> CutMark {
+        let name = match region {
+            Region::Data => "discard.data",
+            Region::Redundancy => "discard.redundancy",
+        };
+        CutMark {
+            path: dir.join(name),
+        }
+    }
+
+    /// Records a cut from `from`, before its first change.
+    pub(crate) fn set(&self, disk: &dyn Disk, from: u64) -> Result<(), StorageError> {
+        let mut bytes = from.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&crc32c::crc32c(&bytes).to_le_bytes());
+        let file = disk
+            .create(&self.path)
+            .map_err(|e| self.disk_error("create", e))?;
+        file.write_all_at(&bytes, 0)
+            .map_err(|e| self.disk_error("write", e))
+    }
+
+    /// Removes the mark once its cut is done.
+    pub(crate) fn clear(&self, disk: &dyn Disk) -> Result<(), StorageError> {
+        match disk.remove_file(&self.path) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                Err(self.disk_error("remove", error))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Finishes a cut a killed discard left marked, if any (a damaged mark is dropped: the
+    /// blocks it would have cut read as corrupt, never as zeros they may not be).
+    pub(crate) fn finish(
+        &self,
+        disk: &dyn Disk,
+        region: &mut RegionFile,
+    ) -> Result<(), StorageError> {
+        let bytes = match read_file(disk, &self.path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(error) => return Err(self.disk_error("read", error)),
+        };
+        let from = (bytes.len() == 12)
+            .then(|| u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")))
+            .filter(|_| crc32c::crc32c(&bytes[..8]).to_le_bytes() == bytes[8..])
+            .filter(|from| from.is_multiple_of(BLOCK_BYTES));
+        match from {
+            Some(from) => {
+                region.discard_from(from)?;
+                region.sync()?;
+            }
+            None => tracing::warn!("{} is damaged: ignored", self.path.display()),
+        }
+        self.clear(disk)
+    }
+
+    fn disk_error(&self, what: &str, error: std::io::Error) -> StorageError {
+        disk(format_args!("{what} {}", self.path.display()), error)
+    }
 }

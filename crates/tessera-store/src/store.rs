@@ -14,9 +14,9 @@ use crate::disk::{Disk, DiskLock, EntryKind, FileHandle, RealDisk};
 use crate::intent::{IntentRecord, Intents, INTENTS_DIR};
 use crate::io::{bad_request, check_range, data_ranges, disk, disk_format};
 use crate::meta::{self, StoreMeta};
-use crate::overflow::{OverflowFiles, Touched};
+use crate::overflow::{OverflowFiles, Touched, SEAL_FILE};
 use crate::record::{self, FileRecord, RecordError, RecordPage};
-use crate::region::{RegionFile, CRC_ENTRY_BYTES};
+use crate::region::{CutMark, RegionFile, CRC_ENTRY_BYTES};
 use crate::snapshot::{Snapshots, Written};
 use crate::stale::{StaleRecords, StaleState, STALE_DIR};
 use crate::tombstone::Tombstones;
@@ -182,6 +182,9 @@ fn newest(
 #[derive(Default)]
 struct Dirty {
     files: HashMap<(FileId, FileKind), FileHandle>,
+    /// Overflow logs' seals, written by the sync that syncs them (never owed past it: the
+    /// next sync of a log that failed writes its seal again).
+    seals: HashMap<FileId, FileHandle>,
     /// Snapshot journals and copy files, by file and name.
     snapshot_files: HashMap<(FileId, String), FileHandle>,
     dirs: HashSet<PathBuf>,
@@ -615,9 +618,12 @@ impl Store {
                 let copied = present.preserve(region, from, end - from)?;
                 self.mark_snapshot_dirty(file, copied);
             }
+            let mark = CutMark::new(&self.file_dir(file), region);
+            mark.set(&*self.disk, from)?;
             if present.region_mut(region).discard_from(from)? {
                 self.mark_dirty(file, present, &FileKind::of_region(region));
             }
+            mark.clear(&*self.disk)?;
             if region == Region::Data {
                 let touched = present.overflow.invalidate(
                     OverflowRole::Primary,
@@ -839,8 +845,10 @@ impl Store {
     /// since the last sync and of every directory created or changed since.
     pub fn sync(&self) -> Result<(), StorageError> {
         let _one_at_a_time = lock(&self.sync_lock);
-        let owed = std::mem::take(&mut *lock(&self.dirty));
-        let result = sync_owed(&*self.disk, &owed);
+        let mut owed = std::mem::take(&mut *lock(&self.dirty));
+        let result = self
+            .seal_overflow_logs(&mut owed)
+            .and_then(|()| sync_owed(&*self.disk, &owed));
         if result.is_err() {
             // Keep owing them, so the next sync tries again.
             let mut dirty = lock(&self.dirty);
@@ -857,6 +865,28 @@ impl Store {
             let dirty = lock(&self.dirty);
             dirty.files.is_empty() && dirty.snapshot_files.is_empty() && dirty.dirs.is_empty()
         })
+    }
+
+    /// Seals each overflow log `owed` syncs at its length (`overflow.rs`), under the file's
+    /// lock so that no shortening of the log comes between, and adds the seals to `owed`.
+    fn seal_overflow_logs(&self, owed: &mut Dirty) -> Result<(), StorageError> {
+        let logs: Vec<FileId> = (owed.files.keys())
+            .filter(|(_, kind)| *kind == FileKind::OverflowLog)
+            .map(|&(file, _)| file)
+            .collect();
+        for file in logs {
+            let sealed = self.with_write(file, |state| match state {
+                FileState::Present(present) => present.overflow.seal().map(Some),
+                _ => Ok(None),
+            })?;
+            if let Some((seal, created)) = sealed {
+                owed.seals.insert(file, seal);
+                if created {
+                    owed.dirs.insert(self.file_dir(file));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Keeps `meta` as the file's record (see [`FileRecord`]), stamped with the cluster this
@@ -1106,12 +1136,21 @@ impl Store {
         }
         let mut handles = handles.into_iter();
         let mut next = || handles.next().expect("six handles were opened");
-        let data = RegionFile::open(file, Region::Data, next(), next())?;
-        let redundancy = RegionFile::open(file, Region::Redundancy, next(), next())?;
+        let mut data = RegionFile::open(file, Region::Data, next(), next())?;
+        let mut redundancy = RegionFile::open(file, Region::Redundancy, next(), next())?;
+        CutMark::new(dir, Region::Data).finish(&*self.disk, &mut data)?;
+        CutMark::new(dir, Region::Redundancy).finish(&*self.disk, &mut redundancy)?;
         let log_path = dir.join(FileKind::OverflowLog.name());
         let overflow_files = [next(), next()];
         let (overflow, touched, damage) =
             OverflowFiles::open(file, overflow_files, Arc::clone(&self.disk), log_path)?;
+        if damage.sealed_records_lost {
+            tracing::warn!(
+                "overflow log of file {file} in {} is shorter than a sync left it: every \
+                 overflow range reports corrupt until repaired from redundancy",
+                self.root.display()
+            );
+        }
         if damage.header_rewritten || damage.records_damaged > 0 {
             tracing::warn!(
                 "overflow log of file {file} in {}: {} damaged record(s){}; reads of the \
@@ -1184,6 +1223,11 @@ fn sync_owed(disk: &dyn Disk, owed: &Dirty) -> Result<(), StorageError> {
         handle.sync_data().map_err(|error| {
             self::disk(format_args!("sync {} of file {file}", kind.name()), error)
         })?;
+    }
+    for (file, handle) in &owed.seals {
+        handle
+            .sync_data()
+            .map_err(|error| self::disk(format_args!("sync {SEAL_FILE} of file {file}"), error))?;
     }
     for dir in &owed.dirs {
         match disk.sync_dir(dir) {

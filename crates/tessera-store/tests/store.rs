@@ -243,14 +243,20 @@ fn a_discard_reads_as_zeros_and_one_killed_between_its_cuts_is_finished_at_open(
     assert!(read[..4096].iter().all(|&byte| byte == 0));
     assert_eq!(&read[4096..], b"again");
 
-    // A kill between the cuts of the redundancy file: entries cut, blocks not. The blocks
-    // left would read as corrupt; opening the store cuts them too.
+    // A kill between the cuts of the redundancy file: its mark written, entries cut, blocks
+    // not. Opening the store finishes the cut.
     drop(store);
-    let crc = OpenOptions::new()
-        .write(true)
-        .open(on_disk(dir.path(), FILE, "redundancy.crc"))
-        .unwrap();
-    crc.set_len(2 * 8).unwrap();
+    let cut_entries = || {
+        let crc = OpenOptions::new()
+            .write(true)
+            .open(on_disk(dir.path(), FILE, "redundancy.crc"))
+            .unwrap();
+        crc.set_len(2 * 8).unwrap();
+    };
+    let mut mark = (2 * BLOCK_BYTES).to_le_bytes().to_vec();
+    mark.extend_from_slice(&crc32c::crc32c(&mark).to_le_bytes());
+    std::fs::write(on_disk(dir.path(), FILE, "discard.redundancy"), &mark).unwrap();
+    cut_entries();
     let store = Store::open(dir.path()).unwrap();
     let read = store
         .read(FILE, Region::Redundancy, 0, 6 * 4096, false)
@@ -261,6 +267,22 @@ fn a_discard_reads_as_zeros_and_one_killed_between_its_cuts_is_finished_at_open(
         .unwrap()
         .len();
     assert_eq!(data_len, 2 * BLOCK_BYTES);
+    assert!(!on_disk(dir.path(), FILE, "discard.redundancy").exists());
+
+    // The same entries lost with no discard marked (a disk that lost the sidecar's tail):
+    // the blocks they covered read as corrupt, never as zeros.
+    store
+        .write(FILE, Region::Redundancy, 0, &bytes, false)
+        .unwrap();
+    store.sync().unwrap();
+    drop(store);
+    cut_entries();
+    let store = Store::open(dir.path()).unwrap();
+    let read = store.read(FILE, Region::Redundancy, 2 * BLOCK_BYTES, 4096, false);
+    assert!(
+        matches!(read, Err(StorageError::Corrupt { .. })),
+        "{read:?}"
+    );
 }
 
 #[test]
