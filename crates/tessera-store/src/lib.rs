@@ -41,8 +41,9 @@
 //! <root>/files/<F>/overflow.log    header "TSOL" + version u32 LE + crc32c u32 LE, then 36-byte
 //!                                  records, each with its own crc32c (see `overflow.rs`)
 //! <root>/files/<F>/overflow.log.new  a shorter log being written, before it is renamed over
-//! <root>/files/<F>/overflow.seal   the log's length at its last sync: u64 LE + crc32c u32 LE
-//!                                  (a shorter log lost synced records; see `overflow.rs`)
+//! <root>/files/<F>/overflow.log.seal  the log's length at its last sync: u64 LE + crc32c
+//!                                  u32 LE (a shorter log lost synced records; see `seal.rs`)
+//! <root>/files/<F>/snap.journal.seal  the same for the snapshot journal
 //! <root>/files/<F>/discard.data    a discard of the data file's tail in progress: its start
 //!                                  u64 LE + crc32c u32 LE (`discard.redundancy` likewise;
 //!                                  see `region.rs`'s `CutMark`)
@@ -130,6 +131,7 @@ mod meta;
 mod overflow;
 mod record;
 mod region;
+mod seal;
 mod snapshot;
 mod stale;
 mod store;

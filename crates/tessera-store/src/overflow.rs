@@ -31,13 +31,11 @@
 //!   damaged, and the byte file is emptied: the damaged record is then gone from the disk.
 //! - A header that fails its checksum carries no information (the version comes from
 //!   `store.toml`, and records check themselves): it is rewritten in place.
-//! - A log cut at a record boundary is well formed, as a killed append leaves one. So each
-//!   sync that makes the log durable first writes its length to `overflow.seal` (length u64
-//!   LE, crc32c u32 LE), synced with it, and so does every shortening of the log, before it.
-//!   A log found shorter than its seal lost records that a sync made durable (a lost or torn
-//!   write of the disk): every range of both roles is then damaged, as for a damaged record,
-//!   and a "damaged" record says so in the log itself. A damaged seal tells nothing and is
-//!   rewritten with the log's length.
+//! - A log cut at a record boundary is well formed, as a killed append leaves one, so the log
+//!   is sealed (`seal.rs`: its length at each sync kept in `overflow.log.seal`). A log found
+//!   shorter than its seal lost records that a sync made durable (a lost or torn write of the
+//!   disk): every range of both roles is then damaged, as for a damaged record, and a
+//!   "damaged" record says so in the log itself.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -48,6 +46,7 @@ use tessera_wire::{FileId, OverflowExtent, StorageError};
 
 use crate::disk::{write_file_synced, Disk, DiskFile, FileHandle};
 use crate::io::{disk, disk_format, read_full_at};
+use crate::seal::Seal;
 use crate::{FILE_BYTES_MAX, LIST_EXTENTS_MAX, REQUEST_BYTES_MAX};
 
 /// First bytes of an overflow log.
@@ -474,27 +473,10 @@ impl OverflowFiles {
         Ok((overflow, touched, damage))
     }
 
-    /// The seal's path, beside the log.
-    fn seal_path(&self) -> PathBuf {
-        self.log_path.with_file_name(SEAL_FILE)
-    }
-
-    /// Compares the log with its seal (see the module doc): whether sealed records are gone,
-    /// in which case every range is damaged, durably in the log. A missing seal (a log never
-    /// synced) tells nothing; a damaged one is rewritten.
+    /// Compares the log with its seal (`seal.rs`): whether sealed records are gone, in which
+    /// case every range is damaged, durably in the log.
     fn check_seal(&mut self) -> Result<bool, StorageError> {
-        let path = self.seal_path();
-        let sealed = match crate::disk::read_file(&*self.disk, &path) {
-            Ok(bytes) => decode_seal(&bytes),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-            Err(error) => return Err(disk(format_args!("read {}", path.display()), error)),
-        };
-        let Some(sealed) = sealed else {
-            tracing::warn!("{} is damaged: written again", path.display());
-            self.write_seal(self.log_len)?;
-            return Ok(false);
-        };
-        if self.log_len >= sealed {
+        if !Seal::of(&self.log_path).lost_records(&*self.disk, self.log_len)? {
             return Ok(false);
         }
         for role in [OverflowRole::Primary, OverflowRole::Mirror] {
@@ -507,25 +489,10 @@ impl OverflowFiles {
         Ok(true)
     }
 
-    /// Writes `log_len` to the seal and makes it durable.
-    fn write_seal(&self, log_len: u64) -> Result<(), StorageError> {
-        let path = self.seal_path();
-        write_file_synced(&*self.disk, &path, &encode_seal(log_len))
-            .map_err(|error| disk(format_args!("write {}", path.display()), error))?;
-        Ok(())
-    }
-
-    /// Seals the log at its length now, before a sync makes it durable: the caller syncs the
-    /// seal (the handle returned) with the log, and the directory too if the seal is new
-    /// (`true`).
+    /// Seals the log at its length now, before a sync makes it durable (see
+    /// [`Seal::write`]).
     pub(crate) fn seal(&self) -> Result<(FileHandle, bool), StorageError> {
-        let path = self.seal_path();
-        let fail = |error| disk(format_args!("write {}", path.display()), error);
-        let created = self.disk.kind(&path).map_err(fail)?.is_none();
-        let file = self.disk.open(&path).map_err(fail)?;
-        file.write_all_at(&encode_seal(self.log_len), 0)
-            .map_err(fail)?;
-        Ok((file, created))
+        Seal::of(&self.log_path).write(&*self.disk, self.log_len)
     }
 
     /// Whether no entry is live and the files hold more than the damaged ranges need.
@@ -745,7 +712,7 @@ impl OverflowFiles {
         assert!(self.table.is_empty());
         let damaged = self.table.damaged_records();
         // The seal first: a log longer than its seal is only one not sealed again yet.
-        self.write_seal(log_bytes(damaged.len()))?;
+        Seal::of(&self.log_path).write_synced(&*self.disk, log_bytes(damaged.len()))?;
         if damaged.is_empty() {
             // Durably, before the bytes go: the log's records must never outlive them.
             self.log
@@ -803,24 +770,6 @@ fn log_bytes(records: usize) -> u64 {
         0 => 0,
         records => LOG_HEADER_BYTES + records * LOG_RECORD_BYTES,
     }
-}
-
-/// The seal of a file's overflow log (see the module doc).
-pub(crate) const SEAL_FILE: &str = "overflow.seal";
-
-fn encode_seal(log_len: u64) -> [u8; 12] {
-    let mut seal = [0u8; 12];
-    seal[..8].copy_from_slice(&log_len.to_le_bytes());
-    let crc = crc32c::crc32c(&seal[..8]);
-    seal[8..].copy_from_slice(&crc.to_le_bytes());
-    seal
-}
-
-fn decode_seal(bytes: &[u8]) -> Option<u64> {
-    let bytes: &[u8; 12] = bytes.try_into().ok()?;
-    let crc = u32::from_le_bytes(bytes[8..].try_into().expect("4 bytes"));
-    (crc32c::crc32c(&bytes[..8]) == crc)
-        .then(|| u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")))
 }
 
 fn log_header() -> [u8; LOG_HEADER_BYTES as usize] {

@@ -114,16 +114,18 @@ use tessera_wire::{FileId, StorageError};
 use crate::disk::{Disk, FileHandle};
 use crate::io::{disk, disk_format};
 use crate::region::RegionFile;
+use crate::seal::Seal;
 use crate::BLOCK_BYTES;
 
 /// Version of the snapshot journal and copy files.
 pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
 const JOURNAL_MAGIC: &[u8; 4] = b"TSSJ";
-const JOURNAL_NAME: &str = "snap.journal";
+pub(crate) const JOURNAL_NAME: &str = "snap.journal";
 const HEADER_BYTES: u64 = 8;
 const RECORD_BYTES: usize = 40;
 const TAG_BEGIN: u8 = 1;
 const TAG_COPY: u8 = 2;
+const TAG_DAMAGED: u8 = 3;
 
 /// What a block held when it was copied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,6 +193,9 @@ enum Record {
         first: u64,
         count: u64,
     },
+    /// Records of this journal were lost or damaged: snapshot reads here are refused from
+    /// now on (kept in the journal, so that appends and rewrites never forget it).
+    Damaged,
 }
 
 impl Record {
@@ -198,6 +203,7 @@ impl Record {
         let mut out = [0u8; RECORD_BYTES];
         let (tag, region, kind, epoch, first, count) = match self {
             Record::Begin { epoch } => (TAG_BEGIN, 0, 0, epoch, 0, 0),
+            Record::Damaged => (TAG_DAMAGED, 0, 0, 0, 0, 0),
             Record::Copy {
                 region,
                 kind,
@@ -232,6 +238,7 @@ impl Record {
         }
         match bytes[0] {
             TAG_BEGIN => Some(Record::Begin { epoch: word(8) }),
+            TAG_DAMAGED => Some(Record::Damaged),
             TAG_COPY => Some(Record::Copy {
                 region: region_of(bytes[1])?,
                 kind: CopyKind::from_code(bytes[2])?,
@@ -307,35 +314,68 @@ impl Snapshots {
             snapshots.replay(&bytes[HEADER_BYTES as usize..]);
         }
         snapshots.journal = Some(journal);
+        snapshots.check_seal()?;
         Ok(snapshots)
     }
 
+    /// Applies the journal's records. A damaged one before the last is kept where it is
+    /// (appends go after it, so every later replay finds it too), and the records after it
+    /// still count (the newest epoch begun among them); a torn last record is a kill
+    /// mid-append, whose write never followed: the next append goes over it.
     fn replay(&mut self, records: &[u8]) {
         let whole = records.len() / RECORD_BYTES;
         for (index, bytes) in records.chunks_exact(RECORD_BYTES).enumerate() {
             match Record::decode(bytes) {
                 Some(record) => self.apply(record),
-                None => {
-                    // A torn last record is a kill mid-append: its write never followed.
-                    if index + 1 < whole {
-                        self.damaged = true;
-                        tracing::error!(
-                            "snapshot journal of file {} in {}: record {index} is damaged; \
-                             snapshot reads of it are refused here",
-                            self.file,
-                            self.dir.display()
-                        );
-                    }
-                    break;
+                None if index + 1 < whole => {
+                    self.damaged = true;
+                    tracing::error!(
+                        "snapshot journal of file {} in {}: record {index} is damaged; \
+                         snapshot reads of it are refused here",
+                        self.file,
+                        self.dir.display()
+                    );
                 }
+                None => break,
             }
             self.journal_end = HEADER_BYTES + ((index + 1) * RECORD_BYTES) as u64;
         }
     }
 
+    /// Compares the journal with its seal (`seal.rs`): if records a sync made durable are
+    /// gone, snapshot reads here are refused, durably (a [`Record::Damaged`] appended and
+    /// synced).
+    fn check_seal(&mut self) -> Result<(), StorageError> {
+        let path = self.dir.join(JOURNAL_NAME);
+        if !Seal::of(&path).lost_records(&*self.disk, self.journal_end)? {
+            return Ok(());
+        }
+        tracing::error!(
+            "snapshot journal of file {} in {} is shorter than a sync left it; snapshot reads \
+             of it are refused here",
+            self.file,
+            self.dir.display()
+        );
+        let (_, journal) = self.append(&[Record::Damaged])?;
+        journal
+            .sync_data()
+            .map_err(|error| disk(format_args!("sync {}", path.display()), error))
+    }
+
+    /// Seals the journal at its length now, before a sync makes it durable (see
+    /// [`Seal::write`]); `None` if there is no journal.
+    pub(crate) fn seal(&self) -> Result<Option<(FileHandle, bool)>, StorageError> {
+        if self.journal.is_none() {
+            return Ok(None);
+        }
+        let seal = Seal::of(&self.dir.join(JOURNAL_NAME));
+        seal.write(&*self.disk, self.journal_end).map(Some)
+    }
+
     fn apply(&mut self, record: Record) {
         match record {
             Record::Begin { epoch } => self.begun = self.begun.max(epoch),
+            Record::Damaged => self.damaged = true,
             Record::Copy {
                 region,
                 kind,
@@ -717,6 +757,9 @@ impl Snapshots {
             });
         }
         records.extend(run);
+        if self.damaged {
+            records.push(Record::Damaged);
+        }
         let mut bytes = Vec::with_capacity(HEADER_BYTES as usize + records.len() * RECORD_BYTES);
         bytes.extend_from_slice(JOURNAL_MAGIC);
         bytes.extend_from_slice(&SNAPSHOT_FORMAT_VERSION.to_le_bytes());
@@ -724,6 +767,8 @@ impl Snapshots {
             bytes.extend_from_slice(&record.encode());
         }
         let path = self.dir.join(JOURNAL_NAME);
+        // The seal first: a journal longer than its seal is only one not sealed again yet.
+        Seal::of(&path).write_synced(&*self.disk, bytes.len() as u64)?;
         let aside = self.dir.join(format!("{JOURNAL_NAME}.new"));
         let fail = |what: &str, error| disk(format_args!("{what} {}", aside.display()), error);
         crate::disk::write_file_synced(&*self.disk, &aside, &bytes)

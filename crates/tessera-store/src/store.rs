@@ -14,10 +14,10 @@ use crate::disk::{Disk, DiskLock, EntryKind, FileHandle, RealDisk};
 use crate::intent::{IntentRecord, Intents, INTENTS_DIR};
 use crate::io::{bad_request, check_range, data_ranges, disk, disk_format};
 use crate::meta::{self, StoreMeta};
-use crate::overflow::{OverflowFiles, Touched, SEAL_FILE};
+use crate::overflow::{OverflowFiles, Touched};
 use crate::record::{self, FileRecord, RecordError, RecordPage};
 use crate::region::{CutMark, RegionFile, CRC_ENTRY_BYTES};
-use crate::snapshot::{Snapshots, Written};
+use crate::snapshot::{Snapshots, Written, JOURNAL_NAME};
 use crate::stale::{StaleRecords, StaleState, STALE_DIR};
 use crate::tombstone::Tombstones;
 use crate::{BLOCK_BYTES, FILE_BYTES_MAX, OPEN_FILES_MAX, REQUEST_BYTES_MAX};
@@ -182,9 +182,10 @@ fn newest(
 #[derive(Default)]
 struct Dirty {
     files: HashMap<(FileId, FileKind), FileHandle>,
-    /// Overflow logs' seals, written by the sync that syncs them (never owed past it: the
-    /// next sync of a log that failed writes its seal again).
-    seals: HashMap<FileId, FileHandle>,
+    /// Seals of overflow logs (`false`) and snapshot journals (`true`), written by the sync
+    /// that syncs them (never owed past it: the next sync of a log that failed writes its
+    /// seal again).
+    seals: HashMap<(FileId, bool), FileHandle>,
     /// Snapshot journals and copy files, by file and name.
     snapshot_files: HashMap<(FileId, String), FileHandle>,
     dirs: HashSet<PathBuf>,
@@ -847,7 +848,7 @@ impl Store {
         let _one_at_a_time = lock(&self.sync_lock);
         let mut owed = std::mem::take(&mut *lock(&self.dirty));
         let result = self
-            .seal_overflow_logs(&mut owed)
+            .seal_logs(&mut owed)
             .and_then(|()| sync_owed(&*self.disk, &owed));
         if result.is_err() {
             // Keep owing them, so the next sync tries again.
@@ -867,20 +868,25 @@ impl Store {
         })
     }
 
-    /// Seals each overflow log `owed` syncs at its length (`overflow.rs`), under the file's
-    /// lock so that no shortening of the log comes between, and adds the seals to `owed`.
-    fn seal_overflow_logs(&self, owed: &mut Dirty) -> Result<(), StorageError> {
-        let logs: Vec<FileId> = (owed.files.keys())
+    /// Seals each overflow log and snapshot journal `owed` syncs at its length (`seal.rs`),
+    /// under the file's lock so that no shortening of the log comes between, and adds the
+    /// seals to `owed`.
+    fn seal_logs(&self, owed: &mut Dirty) -> Result<(), StorageError> {
+        let overflow_logs = (owed.files.keys())
             .filter(|(_, kind)| *kind == FileKind::OverflowLog)
-            .map(|&(file, _)| file)
-            .collect();
-        for file in logs {
+            .map(|&(file, _)| (file, false));
+        let journals = (owed.snapshot_files.keys())
+            .filter(|(_, name)| name == JOURNAL_NAME)
+            .map(|&(file, _)| (file, true));
+        let logs: Vec<(FileId, bool)> = overflow_logs.chain(journals).collect();
+        for (file, journal) in logs {
             let sealed = self.with_write(file, |state| match state {
+                FileState::Present(present) if journal => present.snap.seal(),
                 FileState::Present(present) => present.overflow.seal().map(Some),
                 _ => Ok(None),
             })?;
             if let Some((seal, created)) = sealed {
-                owed.seals.insert(file, seal);
+                owed.seals.insert((file, journal), seal);
                 if created {
                     owed.dirs.insert(self.file_dir(file));
                 }
@@ -1224,10 +1230,9 @@ fn sync_owed(disk: &dyn Disk, owed: &Dirty) -> Result<(), StorageError> {
             self::disk(format_args!("sync {} of file {file}", kind.name()), error)
         })?;
     }
-    for (file, handle) in &owed.seals {
-        handle
-            .sync_data()
-            .map_err(|error| self::disk(format_args!("sync {SEAL_FILE} of file {file}"), error))?;
+    for ((file, _), handle) in &owed.seals {
+        (handle.sync_data())
+            .map_err(|error| self::disk(format_args!("sync a log's seal of file {file}"), error))?;
     }
     for dir in &owed.dirs {
         match disk.sync_dir(dir) {

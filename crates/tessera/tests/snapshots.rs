@@ -144,7 +144,7 @@ impl Cluster {
                     .flatten()
                 {
                     let name = entry.file_name().into_string().unwrap();
-                    if name.starts_with("snap.") && name != "snap.journal" {
+                    if name.starts_with("snap.") && !name.starts_with("snap.journal") {
                         found.push(entry.path());
                     }
                 }
