@@ -16,8 +16,7 @@ use tessera_client::{
 use tessera_wire::ManagerError;
 
 /// Chunk reads of one download ahead of the one being sent: as many as the client library's
-/// own downloads keep in flight (with two, a GET ran at about half the library's speed over
-/// the same cluster).
+/// own downloads keep in flight.
 pub(crate) const READ_AHEAD: usize = tessera_client::TRANSFERS_IN_FLIGHT;
 /// Largest gateway record (bucket config, object metadata) read back.
 const RECORD_BYTES_MAX: u64 = 1 << 20;
