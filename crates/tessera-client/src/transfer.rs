@@ -68,7 +68,8 @@ impl OpenFile {
     /// synced once written (a put's, committed by [`Client::commit_upload`]). The servers
     /// write to their page cache and reach the disk only when synced: left to the final
     /// sync, all of a large file's bytes went to disk after the last chunk, one step after
-    /// the transfer rather than beside it (a quarter of a 256 MiB put). Syncs started this
+    /// the transfer rather than beside it (for a 256 MiB RAID-5 put, 320 MiB: about 0.4 s at
+    /// the ~800 MB/s of the disk it was measured on). Syncs started this
     /// way are hints: one that fails is not an error, the final sync decides.
     pub fn sync_ahead(mut self) -> OpenFile {
         self.sync_every = Some(SYNC_AHEAD_BYTES);
