@@ -57,7 +57,9 @@ pub use tessera_layout::{Layout, Scheme};
 pub use tessera_transport::{CongestionKind, DatagramConfig, TransportKind};
 pub use tessera_wire::{AccessKeyInfo, ReplicaStatus};
 pub use tessera_wire::{DirListing, LayoutRequest, NamespaceEntry, ServerState};
-pub use transfer::{OpenFile, StreamUploadError, TRANSFERS_IN_FLIGHT, TRANSFER_CHUNK_BYTES};
+pub use transfer::{
+    OpenFile, StreamUploadError, SYNC_AHEAD_BYTES, TRANSFERS_IN_FLIGHT, TRANSFER_CHUNK_BYTES,
+};
 pub use truncate::Truncation;
 
 /// Requests one operation keeps in flight at once: a whole stripe of 64 servers goes out

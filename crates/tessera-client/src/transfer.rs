@@ -24,16 +24,20 @@
 use crate::context::FileContext;
 use crate::stream::StreamClock;
 use crate::{Client, ClientError, File, PendingFile};
+use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::borrow::Cow;
 use std::io::{Read, Write};
 use tessera_layout::Layout;
-use tessera_wire::{FileMeta, LayoutRequest, ManagerRequest, ManagerResponse};
+use tessera_wire::{FileMeta, LayoutRequest, ManagerRequest, ManagerResponse, StorageRequest};
 
 /// Bytes moved by one chunk of a transfer (whole stripes near this).
 pub const TRANSFER_CHUNK_BYTES: u64 = 8 << 20;
 /// Chunks of one transfer in flight at once.
 pub const TRANSFERS_IN_FLIGHT: usize = 3;
+/// Bytes an upload writes between the syncs it starts while it goes on, when asked to
+/// ([`OpenFile::sync_ahead`]).
+pub const SYNC_AHEAD_BYTES: u64 = 32 << 20;
 
 /// A file opened for transfers: its view as the manager gave it at the open, and the size
 /// this handle's writes gave it since.
@@ -42,6 +46,8 @@ pub struct OpenFile {
     ctx: FileContext,
     /// The size the manager holds (as far as this handle knows).
     size_at_manager: u64,
+    /// Uploads sync the servers after every so many bytes (see [`OpenFile::sync_ahead`]).
+    sync_every: Option<u64>,
 }
 
 impl OpenFile {
@@ -53,7 +59,21 @@ impl OpenFile {
             },
             size_at_manager: ctx.meta.size,
             ctx,
+            sync_every: None,
         }
+    }
+
+    /// Have uploads through this handle sync the file's servers after every
+    /// [`SYNC_AHEAD_BYTES`] they write, while the next chunks go on, for a file that is
+    /// synced once written (a put's, committed by [`Client::commit_upload`]). The servers
+    /// write to their page cache and reach the disk only when synced: left to the final
+    /// sync, all of a large file's bytes went to disk after the last chunk, one step after
+    /// the transfer rather than beside it (for a 256 MiB RAID-5 put, 320 MiB: about 0.4 s at
+    /// the ~800 MB/s of the disk it was measured on). Syncs started this
+    /// way are hints: one that fails is not an error, the final sync decides.
+    pub fn sync_ahead(mut self) -> OpenFile {
+        self.sync_every = Some(SYNC_AHEAD_BYTES);
+        self
     }
 
     /// The file.
@@ -97,6 +117,70 @@ fn chunk_bytes(ctx: &FileContext, stream: Option<&StreamClock>) -> u64 {
         (stream.budget_bytes() / 4).min(TRANSFER_CHUNK_BYTES)
     });
     stripe * (target / stripe).max(1)
+}
+
+/// The syncs an upload starts while it goes on ([`OpenFile::sync_ahead`]): at most one at a
+/// time, polled while the upload waits for its writes.
+struct SyncAhead<'a> {
+    every: Option<u64>,
+    /// Bytes written since the last sync started.
+    unsynced: u64,
+    running: Option<futures::future::BoxFuture<'a, ()>>,
+}
+
+impl<'a> SyncAhead<'a> {
+    fn new(every: Option<u64>) -> SyncAhead<'a> {
+        SyncAhead {
+            every,
+            unsynced: 0,
+            running: None,
+        }
+    }
+
+    /// `bytes` more were written: starts a sync of every column of `ctx` once enough were
+    /// and none is running.
+    fn written(&mut self, client: &'a Client, ctx: &'a FileContext, bytes: u64) {
+        let Some(every) = self.every else {
+            return;
+        };
+        self.unsynced += bytes;
+        if self.unsynced < every || self.running.is_some() {
+            return;
+        }
+        self.unsynced = 0;
+        self.running = Some(Box::pin(async move {
+            let syncs = (0..ctx.layout.width)
+                .filter(|&column| !ctx.lost_entirely(column))
+                .map(|column| ctx.rpc(client, column, StorageRequest::Sync, Bytes::new()));
+            // A hint: the final sync decides, and accounts for a column that fails.
+            let _ = futures::future::join_all(syncs).await;
+        }));
+    }
+
+    /// The next of `in_flight` to complete, the running sync polled meanwhile.
+    async fn next_of<F: std::future::Future>(
+        &mut self,
+        in_flight: &mut FuturesUnordered<F>,
+    ) -> Option<F::Output> {
+        loop {
+            let Some(sync) = self.running.as_mut() else {
+                return in_flight.next().await;
+            };
+            tokio::select! {
+                biased;
+                done = in_flight.next() => return done,
+                () = sync => self.running = None,
+            }
+        }
+    }
+
+    /// Waits for the running sync, if any (a sync dropped unanswered would leave its
+    /// request behind; the final sync waits for it at the servers anyway).
+    async fn finish(&mut self) {
+        if let Some(sync) = self.running.take() {
+            sync.await;
+        }
+    }
 }
 
 /// Where an upload's bytes come from.
@@ -206,6 +290,8 @@ impl Client {
     ) -> Result<u64, ClientError> {
         let chunk = open.chunk_bytes(stream.as_deref()) as usize;
         let ctx = &open.ctx;
+        // Not for a reserved stream: its chunks keep to their periods.
+        let mut ahead = SyncAhead::new(open.sync_every.filter(|_| stream.is_none()));
         let mut in_flight = FuturesUnordered::new();
         let (mut at, mut total) = (offset, 0u64);
         let outcome = loop {
@@ -231,8 +317,9 @@ impl Client {
             }
             while in_flight.len() >= TRANSFERS_IN_FLIGHT || (filled < want && !in_flight.is_empty())
             {
-                match in_flight.next().await.expect("non-empty") {
+                match ahead.next_of(&mut in_flight).await.expect("non-empty") {
                     Ok(done) => {
+                        ahead.written(self, ctx, done as u64);
                         progress(done as u64);
                         if let Some(stream) = stream.as_deref_mut() {
                             stream.done(done as u64);
@@ -242,11 +329,12 @@ impl Client {
                 }
             }
             if filled < want {
+                ahead.finish().await;
                 break Ok(total);
             }
         };
         // A chunk written before a failure still counts: the size covers what may be there.
-        drop(in_flight);
+        drop((in_flight, ahead));
         if total > 0 {
             open.ctx.meta.size = open.ctx.meta.size.max(offset + total);
         }
@@ -255,7 +343,8 @@ impl Client {
 
     /// Write the chunks `source` yields, one after another from `offset`, with up to
     /// [`TRANSFERS_IN_FLIGHT`] writes in flight while the next chunk is awaited (a request
-    /// body arriving over the network, say). Chunks of whole stripes
+    /// body arriving over the network, say), and the servers synced as it goes if `open`
+    /// asks for it ([`OpenFile::sync_ahead`]). Chunks of whole stripes
     /// ([`OpenFile::chunk_bytes`]) write without reading parity back; a chunk is written from
     /// where it is (no copy). Returns the bytes written. As with [`Client::upload`], the
     /// manager learns the size only from [`Client::sync_open`] or [`Client::commit_upload`].
@@ -269,16 +358,24 @@ impl Client {
         S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
     {
         let ctx = &open.ctx;
+        let mut ahead = SyncAhead::new(open.sync_every);
         let mut in_flight = FuturesUnordered::new();
         let (mut at, mut ended) = (offset, false);
         let outcome = loop {
             tokio::select! {
                 biased;
                 Some(done) = in_flight.next(), if !in_flight.is_empty() => {
-                    if let Err(e) = done {
-                        break Err(StreamUploadError::Store(e));
+                    match done {
+                        Ok(len) => ahead.written(self, ctx, len),
+                        Err(e) => break Err(StreamUploadError::Store(e)),
                     }
                 }
+                // Awaited before the upload ends too (see `SyncAhead::finish`).
+                () = async {
+                    if let Some(sync) = ahead.running.as_mut() {
+                        sync.await;
+                    }
+                }, if ahead.running.is_some() => ahead.running = None,
                 next = source.next(), if !ended && in_flight.len() < TRANSFERS_IN_FLIGHT => {
                     match next {
                         None => ended = true,
@@ -289,7 +386,9 @@ impl Client {
                                 break Err(StreamUploadError::Store(e));
                             }
                             at += len;
-                            in_flight.push(async move { ctx.write(self, start, &chunk).await });
+                            in_flight.push(async move {
+                                ctx.write(self, start, &chunk).await.map(|()| len)
+                            });
                         }
                     }
                 }
@@ -297,7 +396,7 @@ impl Client {
             }
         };
         // A chunk written before a failure still counts: the size covers what may be there.
-        drop(in_flight);
+        drop((in_flight, ahead));
         if at > offset {
             open.ctx.meta.size = open.ctx.meta.size.max(at);
         }
@@ -320,7 +419,20 @@ impl Client {
     /// in one commit (see [`Client::commit_pending`]): the commit is durable, so the size
     /// needs no request of its own, and the manager no sync.
     pub async fn commit_upload(&self, open: &OpenFile) -> Result<(), ClientError> {
-        open.ctx.sync(self, false).await?;
+        self.sync_upload(open).await?;
+        self.commit_synced(open).await
+    }
+
+    /// The servers' half of [`Client::commit_upload`]: a pending file's writes made durable
+    /// on its servers (no manager request), so that its commit by [`Client::commit_synced`]
+    /// can follow, after other work that ran beside this.
+    pub async fn sync_upload(&self, open: &OpenFile) -> Result<(), ClientError> {
+        open.ctx.sync(self, false).await
+    }
+
+    /// The manager's half of [`Client::commit_upload`]: a pending file synced by
+    /// [`Client::sync_upload`] since its last write gets its path and size in one commit.
+    pub async fn commit_synced(&self, open: &OpenFile) -> Result<(), ClientError> {
         let file = &open.file;
         // Once the commit may have been applied, a torn write could no longer be discarded.
         self.pending_files().remove(&file.id);

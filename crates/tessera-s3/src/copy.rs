@@ -129,11 +129,13 @@ impl Gateway {
             (meta.content_type, meta.metadata.into_iter().collect())
         };
         let internal = |e| s3_err(e, S3ErrorCode::InternalError);
-        let (pending, mut open) = self
+        let (pending, open) = self
             .client
             .create_pending_open(&names::object_path(bucket, key), layout.clone())
             .await
             .map_err(internal)?;
+        // Synced as it is written (its commit syncs it).
+        let mut open = open.sync_ahead();
         let md5 = self
             .fill_pending(&pending, &mut open, async |open: &mut OpenFile| {
                 let size = self.client.size(&source).await.map_err(internal)?;

@@ -15,8 +15,9 @@ use tessera_client::{
 };
 use tessera_wire::ManagerError;
 
-/// Chunk reads of one download ahead of the one being sent.
-pub(crate) const READ_AHEAD: usize = 2;
+/// Chunk reads of one download ahead of the one being sent: as many as the client library's
+/// own downloads keep in flight.
+pub(crate) const READ_AHEAD: usize = tessera_client::TRANSFERS_IN_FLIGHT;
 /// Largest gateway record (bucket config, object metadata) read back.
 const RECORD_BYTES_MAX: u64 = 1 << 20;
 /// Header overriding the scheme of a new bucket or object.
@@ -206,20 +207,31 @@ impl Gateway {
                 return Err(internal(e));
             }
         };
-        let committed = match open {
+        // The record's servers sync beside the object's (syncing is most of a commit), and
+        // the record is committed after the object.
+        let record_synced = self.client.sync_upload(&record_open);
+        let (committed, record_synced) = match open {
             // Under the lease: syncing a large object may take a while.
             Some(open) => {
                 let commit = self.client.commit_upload(open);
-                self.client.keep_pending(object, commit).await
+                let both = futures::future::join(commit, record_synced);
+                self.client.keep_pending(object, both).await
             }
-            None => self.client.commit_pending(&object.file).await,
+            None => {
+                let commit = self.client.commit_pending(&object.file);
+                futures::future::join(commit, record_synced).await
+            }
         };
         if let Err(e) = committed {
             let _ = self.client.abandon_pending(&record).await;
             let _ = self.client.abandon_pending(object).await;
             return Err(internal(e));
         }
-        if let Err(e) = self.client.commit_upload(&record_open).await {
+        let record_committed = match record_synced {
+            Ok(()) => self.client.commit_synced(&record_open).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = record_committed {
             tracing::warn!("{bucket}/{key}: stored, but its metadata could not be: {e}");
             let _ = self.client.abandon_pending(&record).await;
         }
@@ -236,13 +248,7 @@ impl Gateway {
         base: u64,
         body: Option<StreamingBlob>,
     ) -> S3Result<(u64, [u8; 16])> {
-        let mut chunker = BodyChunks {
-            body: body.map(|b| b.boxed()),
-            buf: Vec::new(),
-            chunk: open.chunk_bytes(None) as usize,
-            idle: self.idle,
-            md5: Md5Chain::default(),
-        };
+        let mut chunker = BodyChunks::new(body, open.chunk_bytes(None) as usize, self.idle);
         let chunks = futures::stream::unfold(&mut chunker, |chunker| async move {
             chunker.next_chunk().await.map(|chunk| (chunk, chunker))
         });
@@ -318,16 +324,45 @@ impl futures::Stream for ChannelStream {
 /// gateway's CPU on the task that receives the body.
 struct BodyChunks {
     body: Option<futures::stream::BoxStream<'static, Result<Bytes, s3s::StdError>>>,
+    /// The chunk being filled, never beyond `chunk` bytes.
     buf: Vec<u8>,
+    /// What the last piece of the body brought beyond the chunk it filled.
+    rest: Bytes,
     chunk: usize,
     idle: std::time::Duration,
     md5: Md5Chain,
 }
 
 impl BodyChunks {
+    fn new(body: Option<StreamingBlob>, chunk: usize, idle: std::time::Duration) -> BodyChunks {
+        BodyChunks {
+            body: body.map(|b| b.boxed()),
+            buf: Vec::new(),
+            rest: Bytes::new(),
+            chunk,
+            idle,
+            md5: Md5Chain::default(),
+        }
+    }
+
+    /// Moves what fits of `piece` into the chunk being filled, keeping the remainder for
+    /// the next: the buffer never grows past a chunk (grown, it was reallocated and the
+    /// whole chunk copied again, nearly every chunk: body pieces do not end on chunk
+    /// boundaries).
+    fn take(&mut self, mut piece: Bytes) {
+        if self.buf.capacity() == 0 {
+            self.buf.reserve_exact(self.chunk);
+        }
+        let fits = (self.chunk - self.buf.len()).min(piece.len());
+        self.buf.extend_from_slice(&piece.split_to(fits));
+        self.rest = piece;
+    }
+
     /// The next chunk; `None` once the body has ended and everything was handed out.
     async fn next_chunk(&mut self) -> Option<S3Result<Bytes>> {
-        while self.buf.len() < self.chunk {
+        let rest = std::mem::take(&mut self.rest);
+        self.take(rest);
+        while self.buf.len() < self.chunk && self.rest.is_empty() {
             let Some(stream) = self.body.as_mut() else {
                 break;
             };
@@ -344,7 +379,7 @@ impl BodyChunks {
                 }
             };
             match next {
-                Some(Ok(bytes)) => self.buf.extend_from_slice(&bytes),
+                Some(Ok(bytes)) => self.take(bytes),
                 Some(Err(e)) => return Some(Err(body_err(e))),
                 None => self.body = None,
             }
@@ -352,13 +387,7 @@ impl BodyChunks {
         if self.buf.is_empty() {
             return None;
         }
-        // The next chunk's buffer is made whole at once (growing it by doubling copied
-        // each chunk about once more).
-        let cut = self.chunk.min(self.buf.len());
-        let mut rest = Vec::with_capacity(self.chunk);
-        rest.extend_from_slice(&self.buf[cut..]);
-        self.buf.truncate(cut);
-        let full = Bytes::from(std::mem::replace(&mut self.buf, rest));
+        let full = Bytes::from(std::mem::take(&mut self.buf));
         Some(self.md5.feed(full.clone()).await.map(|()| full))
     }
 }
@@ -394,5 +423,41 @@ impl Md5Chain {
     /// The MD5 of every chunk fed.
     async fn finish(mut self) -> S3Result<[u8; 16]> {
         Ok(self.take().await?.finalize().into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body arriving in pieces that do not line up with the chunks comes out as whole
+    /// chunks (the last one shorter) that make up every byte in order, with its MD5.
+    #[tokio::test]
+    async fn a_body_is_cut_into_whole_chunks_with_its_md5() {
+        let body: Vec<u8> = (0..100_003u32).map(|i| (i * 7 % 253) as u8).collect();
+        let mut pieces = Vec::new();
+        let (mut at, mut len) = (0, 1);
+        while at < body.len() {
+            let end = (at + len).min(body.len());
+            pieces.push(Ok::<_, std::io::Error>(Bytes::copy_from_slice(
+                &body[at..end],
+            )));
+            (at, len) = (end, len * 3 % 9_001 + 1);
+        }
+        let blob = StreamingBlob::wrap(futures::stream::iter(pieces));
+        let mut chunks = BodyChunks::new(Some(blob), 4_096, std::time::Duration::from_secs(5));
+        let mut joined = Vec::new();
+        while let Some(chunk) = chunks.next_chunk().await {
+            let chunk = chunk.expect("a chunk");
+            assert!(chunk.len() == 4_096 || joined.len() + chunk.len() == body.len());
+            assert!(
+                chunks.buf.capacity() == 0,
+                "the chunk's buffer was handed on"
+            );
+            joined.extend_from_slice(&chunk);
+        }
+        assert!(joined == body, "the chunks make up the body");
+        let md5: [u8; 16] = Md5::digest(&body).into();
+        assert_eq!(chunks.md5.finish().await.expect("an MD5"), md5);
     }
 }

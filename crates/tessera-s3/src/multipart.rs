@@ -369,7 +369,9 @@ impl Gateway {
             Place::Side { .. } => 0,
         };
         let stored = async {
-            let mut open = self.client.open_id(&target).await.map_err(internal)?;
+            // Synced as it is written (the part is synced before its record is kept).
+            let open = self.client.open_id(&target).await.map_err(internal)?;
+            let mut open = open.sync_ahead();
             let (size, md5) = self.write_body_at(&mut open, base, input.body).await?;
             crate::ops::check_body(
                 size,
@@ -525,11 +527,13 @@ impl Gateway {
                 .layout
                 .layout()
                 .map_err(|e| s3_error!(InternalError, "{e}"))?;
-            let (target, mut to) = self
+            let (target, to) = self
                 .client
                 .create_pending_open(&names::object_path(bucket, &upload.key), layout)
                 .await
                 .map_err(internal)?;
+            // Synced as it is written (its commit syncs it).
+            let mut to = to.sync_ahead();
             let mut at = 0;
             for part in parts {
                 let (from, from_at) = self.resolve(source(part)).await?;

@@ -304,11 +304,14 @@ impl S3 for Gateway {
         let internal = |e| s3_err(e, S3ErrorCode::InternalError);
         // Written as a new, unnamed file and given the key only once all of it is durable: a
         // put that fails or is cut off leaves the object it replaces whole.
-        let (pending, mut open) = self
+        let (pending, open) = self
             .client
             .create_pending_open(&path, layout.clone())
             .await
             .map_err(internal)?;
+        // Synced as it is written: its commit syncs it, and would otherwise wait for all of
+        // its bytes to reach the disk after the last one arrived.
+        let mut open = open.sync_ahead();
         let body = input.body;
         let md5 = self
             .fill_pending(&pending, &mut open, async |open: &mut OpenFile| {

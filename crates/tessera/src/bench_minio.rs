@@ -12,7 +12,7 @@
 //! byte read is compared. The S3 paths use the same minimal client ([`crate::s3_client`]),
 //! one connection per request.
 
-use crate::bench::{read_all, write_all, EmbeddedCluster};
+use crate::bench::{read_open, EmbeddedCluster};
 use crate::config::Config;
 use crate::s3_client::S3Client;
 use anyhow::{bail, Context, Result};
@@ -167,6 +167,72 @@ fn drop_caches() -> Result<()> {
     std::fs::write("/proc/sys/vm/drop_caches", "3").context("drop the page cache")
 }
 
+/// CPU seconds (user and system, all threads) process `pid` has used so far.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("cannot read the CPU time of process {pid}"))?;
+    // The command name (in parentheses) may hold spaces: count fields after it, where
+    // utime and stime are the 12th and 13th (fields 14 and 15 of proc(5)).
+    let rest = stat.rfind(')').map_or("", |at| &stat[at + 1..]);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+    let (Some(user), Some(system)) = (ticks(11), ticks(12)) else {
+        bail!("malformed /proc/{pid}/stat");
+    };
+    // SAFETY: sysconf only reads a system constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok((user + system) as f64 / hz)
+}
+
+/// Where the CPU time of an operation goes, by process: this one (the client library, the
+/// gateway and the bench's S3 client), Tessera's daemons (servers and manager), MinIO. Counted
+/// per process, so other work on the machine does not show in it.
+struct CpuMeter {
+    daemons: Vec<u32>,
+    minio: u32,
+}
+
+/// CPU seconds so far of [`CpuMeter`]'s three parts.
+#[derive(Clone, Copy)]
+struct CpuSnapshot([f64; 3]);
+
+const CPU_PARTS: [&str; 3] = ["here", "daemons", "minio"];
+
+impl CpuMeter {
+    fn snapshot(&self) -> Result<CpuSnapshot> {
+        let mut daemons = 0.0;
+        for &pid in &self.daemons {
+            daemons += cpu_seconds(pid)?;
+        }
+        Ok(CpuSnapshot([
+            cpu_seconds(std::process::id())?,
+            daemons,
+            cpu_seconds(self.minio)?,
+        ]))
+    }
+
+    /// Records the CPU seconds per GiB each part spent since `before` on `bytes`, as
+    /// `"{path} {workload} cpu {part}"`.
+    fn record(
+        &self,
+        before: CpuSnapshot,
+        bytes: usize,
+        key: &str,
+        samples: &mut Samples,
+    ) -> Result<()> {
+        let after = self.snapshot()?;
+        let gib = bytes as f64 / f64::from(1u32 << 30);
+        for (i, part) in CPU_PARTS.iter().enumerate() {
+            let spent = (after.0[i] - before.0[i]) / gib;
+            samples
+                .entry(format!("{key} cpu {part}"))
+                .or_default()
+                .push(spent);
+        }
+        Ok(())
+    }
+}
+
 fn mb_s(bytes: usize, start: Instant) -> f64 {
     bytes as f64 / 1e6 / start.elapsed().as_secs_f64().max(1e-9)
 }
@@ -179,6 +245,7 @@ struct Stores {
     gateway: S3Client,
     minio: S3Client,
     cold: bool,
+    meter: CpuMeter,
 }
 
 impl Stores {
@@ -194,10 +261,15 @@ impl Stores {
     async fn write(&self, route: Route, key: &str, data: &Bytes) -> Result<()> {
         match self.s3(route) {
             Some(s3) => s3.put(BUCKET, key, data.clone()).await,
+            // As `put` writes: a pending file, synced as it is filled, then committed with
+            // its size (its full stripes take no stale-parity records: a pending file is
+            // discarded whole if its writer dies).
             None => {
                 let name = format!("{BUCKET}/{key}");
-                let file = self.library.create(&name, layout()).await?;
-                write_all(&self.library, &file, data).await
+                let (_, open) = self.library.create_pending_open(&name, layout()).await?;
+                let mut open = open.sync_ahead();
+                self.library.upload_bytes(&mut open, 0, data).await?;
+                Ok(self.library.commit_upload(&open).await?)
             }
         }
     }
@@ -205,9 +277,12 @@ impl Stores {
     async fn read(&self, route: Route, key: &str, len: usize) -> Result<Bytes> {
         match self.s3(route) {
             Some(s3) => s3.get(BUCKET, key).await,
+            // As `get` reads: one open (size and layout come with it), then the chunks.
             None => {
-                let file = self.library.open(&format!("{BUCKET}/{key}")).await?;
-                Ok(read_all(&self.library, &file, len as u64).await?.into())
+                let open = self.library.open_file(&format!("{BUCKET}/{key}")).await?;
+                let mut out = vec![0u8; len];
+                read_open(&self.library, &open, &mut out).await?;
+                Ok(out.into())
             }
         }
     }
@@ -228,28 +303,33 @@ impl Stores {
         s: &mut Samples,
         workload: &str,
     ) -> Result<()> {
-        let start = Instant::now();
+        let (cpu, start) = (self.meter.snapshot()?, Instant::now());
         let back = self.read(route, key, data.len()).await?;
         let speed = mb_s(data.len(), start);
         let path = route.name();
+        let sample = format!("{path} {workload}");
+        self.meter.record(cpu, data.len(), &sample, s)?;
         if back != *data {
             bail!("{path}: {key} read back wrong ({} bytes)", back.len());
         }
-        s.entry(format!("{path} {workload}"))
-            .or_default()
-            .push(speed);
+        s.entry(sample).or_default().push(speed);
         Ok(())
     }
 
-    /// One round: each path writes, reads warm and (as root) cold, in turn.
+    /// One round: each path writes, reads warm and (as root) cold, in turn, the paths in an
+    /// order that rotates from round to round (none always runs first or after the same one).
     async fn round(&self, n: usize, data: &Bytes, s: &mut Samples) -> Result<()> {
-        for route in Route::ALL {
+        let mut order = Route::ALL;
+        order.rotate_left(n % Route::ALL.len());
+        for route in order {
             let key = format!("{}-{n}", route.name());
-            let start = Instant::now();
+            let (cpu, start) = (self.meter.snapshot()?, Instant::now());
             self.write(route, &key, data).await?;
-            s.entry(format!("{} write", route.name()))
+            let sample = format!("{} write", route.name());
+            s.entry(sample.clone())
                 .or_default()
                 .push(mb_s(data.len(), start));
+            self.meter.record(cpu, data.len(), &sample, s)?;
             self.timed_read(route, &key, data, s, "warm read").await?;
             if self.cold {
                 drop_caches()?;
@@ -286,6 +366,25 @@ fn report(samples: &Samples, cold: bool) {
             g / minio
         );
     }
+    println!(
+        "\nCPU-s per GiB (median; this process + Tessera's daemons + MinIO): \
+         tessera, gateway, minio"
+    );
+    for workload in workloads {
+        let cells = Route::ALL.map(|route| {
+            let parts = CPU_PARTS
+                .map(|part| median(&samples[&format!("{} {workload} cpu {part}", route.name())]));
+            let total: f64 = parts.iter().sum();
+            format!(
+                "{total:.2} ({:.2} + {:.2} + {:.2})",
+                parts[0], parts[1], parts[2]
+            )
+        });
+        println!(
+            "{workload:<10} {:>26} {:>26} {:>26}",
+            cells[0], cells[1], cells[2]
+        );
+    }
     if !cold {
         println!("cold reads left out: dropping the page cache needs root");
     }
@@ -302,11 +401,22 @@ pub async fn run(config: &Config, minio: &Path, quick: bool, json: Option<PathBu
     let peer = Minio::start(minio).await?;
     // SAFETY: geteuid only reads the process's credentials.
     let cold = unsafe { libc::geteuid() } == 0;
+    let file = &embedded.cluster.file;
+    let mut daemons: Vec<u32> = file.servers.iter().map(|s| s.process.pid).collect();
+    daemons.push(file.manager_process.pid);
+    daemons.extend(file.replicas.iter().map(|r| r.pid));
+    daemons.sort_unstable();
+    daemons.dedup();
+    let meter = CpuMeter {
+        daemons,
+        minio: peer.child.id(),
+    };
     let stores = Stores {
         library,
         gateway,
         minio: peer.client.clone(),
         cold,
+        meter,
     };
     let (size, rounds) = if quick { (64 << 20, 3) } else { (256 << 20, 5) };
     eprintln!(

@@ -288,7 +288,9 @@ pub async fn put(
     // Written as a new, unnamed file and given the path only once all of it is durable: a put
     // that fails or is killed leaves the old file whole (and the manager removes the new one
     // when its lease runs out, if this process is not there to).
-    let (pending, mut open) = client.create_pending_open(remote, layout).await?;
+    let (pending, open) = client.create_pending_open(remote, layout).await?;
+    // Synced as it goes: the commit's sync then has only the last bytes to write out.
+    let mut open = open.sync_ahead();
     let bar = progress_bar(len.unwrap_or(0), "put");
     let mut stream = reservation.map(|r| client.start_stream(r));
     let stored = client

@@ -428,19 +428,25 @@ fn server_requests(metrics: &toml::value::Table, kind: &str) -> f64 {
         .sum()
 }
 
+/// Starts the local cluster with its daemons' metrics: its `cluster.toml` and what it says.
+fn up_with_metrics(local_cluster: &LocalCluster) -> (std::path::PathBuf, toml::Value) {
+    let dir = &local_cluster.dir;
+    run(&["up", "--dir", text(dir), "--detach", "--metrics"]);
+    let cluster = dir.join("cluster.toml");
+    let config =
+        toml::from_str(&std::fs::read_to_string(&cluster).expect("cluster.toml")).expect("TOML");
+    (cluster, config)
+}
+
 /// A `put` of 64 KiB under RAID-5 (a partial stripe, read-modify-written) records no intent
 /// at its parity server: the file is pending at the writer, discarded whole if it dies, so no
 /// write hole can be read. A `write` into the committed file still records one per stripe.
 #[test]
 fn a_put_records_no_intent_and_a_write_to_a_committed_file_does() {
     let local_cluster = LocalCluster::new("tessera-put-intents-");
-    let (root, dir) = (&local_cluster.root, local_cluster.dir.clone());
-    run(&["up", "--dir", text(&dir), "--detach", "--metrics"]);
-    let config: toml::Value =
-        toml::from_str(&std::fs::read_to_string(dir.join("cluster.toml")).expect("cluster.toml"))
-            .expect("TOML");
+    let root = &local_cluster.root;
+    let (cluster, config) = up_with_metrics(&local_cluster);
     let metrics = config["metrics"].as_table().expect("a metrics table");
-    let cluster = dir.join("cluster.toml");
     let local = root.path().join("data");
     std::fs::write(&local, vec![7u8; 64 << 10]).expect("local file");
     let put = ["put", text(&local), "f", "--scheme", "raid5"];
@@ -453,4 +459,38 @@ fn a_put_records_no_intent_and_a_write_to_a_committed_file_does() {
     let write = ["write", "f", "4096", text(&local)];
     run(&[&["--cluster", text(&cluster)][..], &write].concat());
     assert!(server_requests(metrics, "RecordIntent") >= 1.0);
+}
+
+/// A large `put` syncs its servers as it goes (every 32 MiB written), so that its commit's
+/// sync finds only the last bytes unwritten: a 72 MiB put asks every server for at least one
+/// sync more than an 8 MiB put does, and both read back byte for byte.
+#[test]
+fn a_large_put_syncs_its_servers_as_it_goes() {
+    let local_cluster = LocalCluster::new("tessera-put-sync-ahead-");
+    let root = &local_cluster.root;
+    let (cluster, config) = up_with_metrics(&local_cluster);
+    let metrics = config["metrics"].as_table().expect("a metrics table");
+    let syncs_of_put = |name: &str, len: usize| {
+        let local = root.path().join(name);
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+        std::fs::write(&local, &bytes).expect("local file");
+        let before = server_requests(metrics, "Sync");
+        let put = ["put", text(&local), name, "--scheme", "raid5"];
+        run(&[&["--cluster", text(&cluster)][..], &put].concat());
+        let syncs = server_requests(metrics, "Sync") - before;
+        let back = root.path().join(format!("{name}.back"));
+        let get = ["get", name, text(&back)];
+        run(&[&["--cluster", text(&cluster)][..], &get].concat());
+        assert!(
+            std::fs::read(&back).expect("read back") == bytes,
+            "{name} read back differs"
+        );
+        syncs
+    };
+    let small = syncs_of_put("small", 8 << 20);
+    let large = syncs_of_put("large", 72 << 20);
+    assert!(
+        large >= small + 5.0,
+        "a 72 MiB put asked the 5 servers for {large} syncs, an 8 MiB one for {small}"
+    );
 }
