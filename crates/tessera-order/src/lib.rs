@@ -741,6 +741,11 @@ pub struct Config {
     /// (as the node's own broadcasts measure it) divided by this, at most an eighth of
     /// `retransmit_after_us`, so that one ACK covers several DATA packets; 0: never.
     pub ack_queue_divisor: u64,
+    /// An idle receiver (its last ACK packet a delay ago, no queue on the sequencer link
+    /// worth waiting a share of) sends an owed ACK at once rather than `ack_delay_us`
+    /// later: a lone message is UTO-delivered a round trip after it is sent, not a round
+    /// trip and the delay. `false`: every ACK waits the delay (as before session 14).
+    pub ack_at_once_when_idle: bool,
     /// A message unacked this long is sent again (the tail: NACKs and the leader's repairs,
     /// paced by the measured round trip, recover loss sooner); a quarter of it bounds that
     /// round trip from above. Where twice the time members took to hold the sender's
@@ -774,6 +779,7 @@ impl Default for Config {
             ack_every_messages: 4,
             ack_delay_us: 100,
             ack_queue_divisor: 8,
+            ack_at_once_when_idle: true,
             retransmit_after_us: 2_000,
             rtt_floor_us: 50,
             heartbeat_interval_us: 1_000,
