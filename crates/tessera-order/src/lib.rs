@@ -85,8 +85,9 @@
 //! to its sender), and delivers it at once as PO ([`Event::Optimistic`]). It acknowledges
 //! its log as `(view, length, hash)`, where the hash chains the identities of every message
 //! in the log, after `ack_every_messages` appends or `ack_delay_us` (the threshold of ACK
-//! aggregation), piggybacked on its DATA when it sends; and once more two round trips
-//! through an empty queue later (under load a fresh ACK follows sooner) unless another ACK
+//! aggregation; at once when idle, its last ACK packet a delay ago and no queue on the
+//! sequencer link: `ack_at_once_when_idle`), piggybacked on its DATA when it sends; and
+//! once more two round trips through an empty queue later (under load a fresh ACK follows sooner) unless another ACK
 //! follows first (a lost last ACK of a burst would otherwise hold a member's deliveries
 //! until the next heartbeat), and again, each pause twice the last up to
 //! a heartbeat interval, while some member reports fewer deliveries than its log holds. A
@@ -735,12 +736,18 @@ pub struct Config {
     pub send_queue_messages_max: usize,
     /// ACK aggregation: appends per ACK.
     pub ack_every_messages: u32,
-    /// An owed ACK is sent at most this late when the sequencer link's queue is empty.
+    /// An owed ACK is sent at most this late when the sequencer link's queue is empty (and
+    /// at once if the node is idle, see `ack_at_once_when_idle`).
     pub ack_delay_us: u64,
     /// Under load an owed ACK waits, besides `ack_delay_us`, the sequencer link's queue
     /// (as the node's own broadcasts measure it) divided by this, at most an eighth of
     /// `retransmit_after_us`, so that one ACK covers several DATA packets; 0: never.
     pub ack_queue_divisor: u64,
+    /// An idle receiver (its last ACK packet a delay ago, no queue on the sequencer link
+    /// worth waiting a share of) sends an owed ACK at once rather than `ack_delay_us`
+    /// later: a lone message is UTO-delivered a round trip after it is sent, not a round
+    /// trip and the delay. `false`: every ACK waits the delay (as before session 14).
+    pub ack_at_once_when_idle: bool,
     /// A message unacked this long is sent again (the tail: NACKs and the leader's repairs,
     /// paced by the measured round trip, recover loss sooner); a quarter of it bounds that
     /// round trip from above. Where twice the time members took to hold the sender's
@@ -774,6 +781,7 @@ impl Default for Config {
             ack_every_messages: 4,
             ack_delay_us: 100,
             ack_queue_divisor: 8,
+            ack_at_once_when_idle: true,
             retransmit_after_us: 2_000,
             rtt_floor_us: 50,
             heartbeat_interval_us: 1_000,

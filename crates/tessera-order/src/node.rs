@@ -211,6 +211,11 @@ struct ReceiveState {
     ack_again_at: Option<Micros>,
     /// ACKs sent since the last fresh one (the pause before the next doubles each time).
     ack_again_rounds: u32,
+    /// When our last ACK packet of fresh appends went (one on DATA costs no packet and does
+    /// not count): the next waits for more appends only if it would follow within the ACK
+    /// delay (see `ack_due_after`). A sender's own message, back through the network right
+    /// after the DATA that carried its ACK, is still ACKed at once.
+    ack_fresh_at: Option<Micros>,
     nacked_at: BTreeMap<SenderId, Micros>,
     repair_check_at: Micros,
     /// The end of our log at the leader's last repair check.

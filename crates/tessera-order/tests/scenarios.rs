@@ -357,7 +357,7 @@ fn s3_4_a_view_change_under_load_carries_a_log_of_many_datagrams() {
 #[test]
 fn s3_4_a_member_behind_the_view_fetches_what_it_lacks() {
     let mut small_parts_sent = 0;
-    for seed in [277, 507, 230] {
+    for seed in [277, 992, 230] {
         for small_parts in [false, true] {
             let mut scenario = Scenario::random(seed);
             // Seeds of the sweep without its group changes (the kind byte every message
@@ -381,6 +381,9 @@ fn s3_4_a_member_behind_the_view_fetches_what_it_lacks() {
             }
         }
     }
+    // Seed 992 took the place of 507 when an idle receiver began to ACK at once (the
+    // histories moved; 507 no longer fell behind a view): 24, 48 and 16 positions; with
+    // 300-byte parts, 0, 48 and 16 in 0, 14 and 12 parts.
     // Seed 277 took the place of 317 when senders began to halve their window on an own
     // packet lost (the histories moved; 317 no longer fell behind a view). Measured: 18,
     // 47 and 35 positions in 1 part each; with 300-byte parts, 24, 48 and 0 positions in

@@ -31,6 +31,11 @@ pub const RTT_FLOOR_VARIABLE: &str = "TESSERA_LAB_ORDER_RTT_FLOOR_US";
 /// (8 if unset or not a number; 0: an ACK never waits for the queue).
 pub const ACK_QUEUE_VARIABLE: &str = "TESSERA_LAB_ORDER_ACK_QUEUE_DIVISOR";
 
+/// The environment variable that sets the protocol's `ack_at_once_when_idle` for an
+/// experiment (`0`: every ACK waits `ack_delay_us`, as before session 14; else the default,
+/// an idle receiver ACKs at once).
+pub const ACK_IDLE_VARIABLE: &str = "TESSERA_LAB_ORDER_ACK_IDLE";
+
 /// The environment variable that sets the protocol's `window_packets_min` for an
 /// experiment (2 if unset or not a number, at most the window of 16; 16: a fixed window).
 pub const WINDOW_MIN_VARIABLE: &str = "TESSERA_LAB_ORDER_WINDOW_MIN";
@@ -50,7 +55,7 @@ fn variable_or(name: &str, default: u64) -> u64 {
 const RAW_GROUP: SocketAddrV4 = SocketAddrV4::new(*GROUP.ip(), GROUP.port() + 1);
 
 /// Sockets of node `i` in its namespace, for `group`.
-fn sockets(
+pub(super) fn sockets(
     network: &TwoSwitch,
     node: usize,
     group: SocketAddrV4,
@@ -466,6 +471,7 @@ pub fn protocol_config(mtu_bytes: Option<usize>) -> Config {
         // Under load an ACK also waits an eighth of the sequencer link's queue (the
         // protocol's default); `TESSERA_LAB_ORDER_ACK_QUEUE_DIVISOR` sets it, 0: never.
         ack_queue_divisor: variable_or(ACK_QUEUE_VARIABLE, 8),
+        ack_at_once_when_idle: variable_or(ACK_IDLE_VARIABLE, 1) != 0,
         // Loss here is a full socket buffer at one receiver, which its NACK reports at once;
         // the timeout is for the tail, and one shorter than a CPU-bound UTO latency makes
         // the sender retransmit whole windows that were only slow (a collapse seen at 20 ms

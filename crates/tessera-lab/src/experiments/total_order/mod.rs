@@ -12,6 +12,7 @@
 //! what the slowest node UTO-delivered. Every node's order is compared at checkpoints.
 
 pub mod app;
+pub mod floor;
 pub mod load;
 pub mod net;
 pub mod tables;
@@ -176,6 +177,10 @@ pub struct TotalOrderReport {
     pub paced_rtt_us_median: f64,
     /// That, 99th percentile.
     pub paced_rtt_us_p99: f64,
+    /// The machine's floor under the latencies: the protocol's patterns with raw datagrams
+    /// (one multicast to every node, every node's answer to every node), one a millisecond;
+    /// `None` with one node.
+    pub floor: Option<floor::Floor>,
     /// The lines.
     pub lines: Vec<Line>,
     /// Seconds the run took.
@@ -204,8 +209,19 @@ pub fn run(
          p99; one every millisecond: {paced_rtt_us_median:.0} us median, \
          {paced_rtt_us_p99:.0} us p99"
     ));
+    let floor = (config.nodes > 1)
+        .then(|| floor::measure(&network, 300))
+        .transpose()?;
+    if let Some(floor) = &floor {
+        lab.say(&format!(
+            "raw multicast from node 0 to every node, one a millisecond: received {:.0} us \
+             median; every node's answer held {:.0} us median (the PO and UTO patterns without \
+             the protocol)",
+            floor.fan_out_us_median, floor.all_answered_us_median
+        ));
+    }
     let mut lines = Vec::new();
-    for &size in &config.message_bytes {
+    for size in message_sizes(config) {
         lab.cancel.check()?;
         let raw = load::raw_stream(&network, &group, size, config.seconds)?;
         lab.say(&format!(
@@ -235,6 +251,7 @@ pub fn run(
         rtt_us_p99,
         paced_rtt_us_median,
         paced_rtt_us_p99,
+        floor,
         lines,
         duration_s: began.elapsed().as_secs_f64(),
     };
@@ -259,6 +276,22 @@ pub fn run(
         .chain(grid.into_iter().flat_map(|g| g.1))
         .collect();
     Ok((report, paths))
+}
+
+/// The environment variable that narrows a run to some message sizes (comma-separated
+/// bytes, e.g. `1024`: a profile of one size's runs); unset: the config's sizes.
+pub const SIZES_VARIABLE: &str = "TESSERA_LAB_ORDER_SIZES";
+
+/// The message sizes to measure: [`SIZES_VARIABLE`]'s, if it parses, else the config's.
+fn message_sizes(config: &TotalOrderConfig) -> Vec<usize> {
+    let chosen: Option<Vec<usize>> = std::env::var(SIZES_VARIABLE).ok().and_then(|text| {
+        text.split(',')
+            .map(|size| size.trim().parse().ok())
+            .collect()
+    });
+    chosen
+        .filter(|sizes| !sizes.is_empty())
+        .unwrap_or_else(|| config.message_bytes.clone())
 }
 
 /// The round trip's median and p99, back to back and one every millisecond (NaN with one
@@ -471,6 +504,14 @@ fn targets_markdown(report: &TotalOrderReport, latency_load: f64) -> String {
         report.rtt_us_median,
         report.paced_rtt_us_median
     );
+    if let Some(floor) = &report.floor {
+        text.push_str(&format!(
+            " the machine's floor, the same patterns with raw multicast datagrams one a \
+             millisecond and no protocol: node 0's datagram at every node {:.0} us median (PO's \
+             pattern), every node's answer to it at every node {:.0} us (UTO's).",
+            floor.fan_out_us_median, floor.all_answered_us_median
+        ));
+    }
     for line in &report.lines {
         let l = &line.latency;
         let (po, uto) = latency_against_targets(l, report.rtt_us_median);
