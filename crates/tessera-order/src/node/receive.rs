@@ -310,6 +310,7 @@ impl Node {
         }
         peer.history.push_back((ack.len, ack.hash));
         peer.latest = Some((ack.len, ack.hash));
+        self.lease_acked_by_member();
         self.verify(header.from, now);
         self.nack_counted(&ack.counts, now);
         self.nack_sent(header, ack.sent, now);
@@ -530,6 +531,7 @@ impl Node {
                 .log
                 .hash_at(position)
                 .expect("position within the log");
+            self.lease_acking(&ack.counts, now);
             self.queue(Destination::All, Body::Ack(ack));
             self.stats.ack_packets_sent += 1;
         }
@@ -870,6 +872,7 @@ impl Node {
 
     pub(super) fn ack_packet_now(&mut self, fresh: bool, now: Micros) -> Option<Transmit> {
         let ack = self.ack();
+        self.lease_acking(&ack.counts, now);
         self.ack_sent(fresh, now);
         self.stats.ack_packets_sent += 1;
         Some(self.packet(Destination::All, Body::Ack(ack)))
