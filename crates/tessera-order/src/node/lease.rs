@@ -101,12 +101,18 @@ impl Node {
         lease.sent = lease.sent.split_off(&seq);
     }
 
-    /// An ACK of ours with these per-sender counts leaves at `now`.
+    /// An ACK of ours with these per-sender counts leaves at `now`. Only members of our
+    /// view count: a lease leans on ACKs in the view it holds in, and a node out of the view
+    /// (removed, or left out) may go on sending, which must not keep every later view
+    /// waiting for it. (A count first reached while its sender was out of our view is
+    /// counted, with the time, once it is a member again.)
     pub(super) fn lease_acking(&mut self, counts: &[crate::packet::SenderCounts], now: Micros) {
         if !self.lease_on() {
             return;
         }
-        for counts in counts {
+        let members = self.members;
+        let counted = counts.iter().filter(|c| members & bit(c.sender.node) != 0);
+        for counts in counted {
             let count = counts.held.max(counts.delivered);
             let before = self.lease.acked.entry(counts.sender).or_insert(0);
             if count > *before {
