@@ -217,9 +217,11 @@
 //! `a_Y >= s` (it held `m`, which `R` first sent at `s`, whatever path `m` took to it).
 //!
 //! *The rule* that makes it hold: a node remembers, per node `X`, when it last sent an
-//! ACK that counted more of `X`'s messages than any before (`fresh`), and it does not enter
-//! a view (adopt a START-VIEW, or send one as leader) that leaves out a member `X` of the
-//! last view it was normal in until `suspect_after_us` has passed since `fresh[X]`; a node
+//! ACK, in a view `X` was a member of, that counted more of `X`'s messages than any such
+//! ACK before (`fresh`; a removed or left-out node that goes on sending must not hold
+//! every later view back), and it does not enter a view (adopt a START-VIEW, or send one
+//! as leader) that leaves out a member `X` of the last view it was normal in until
+//! `suspect_after_us` has passed since `fresh[X]`; a node
 //! that restarted (it forgot everything) enters no view until `suspect_after_us` after its
 //! start. A node that suspects `X` heard nothing from it for that long anyway, so a view
 //! change after a crash is not slowed; one started for another reason (another suspect, a

@@ -18,9 +18,10 @@ pub(super) struct LeaseState {
     /// Our lease's start in the current view: when the latest own message every other
     /// member ACKed was proposed.
     from: Option<Micros>,
-    /// Per sender, the most of its messages an ACK of ours counted.
+    /// Per sender, the most of its messages an ACK of ours counted in a view it was a
+    /// member of.
     acked: BTreeMap<SenderId, u64>,
-    /// Per node, when an ACK of ours last counted more of its messages than before.
+    /// Per node, when such an ACK of ours last counted more of its messages than before.
     fresh: BTreeMap<NodeId, Micros>,
     /// The members of the last view we were normal in.
     last_members: u64,
