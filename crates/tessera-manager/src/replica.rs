@@ -282,6 +282,9 @@ pub fn order_config() -> tessera_order::Config {
         suspect_after_us: 250_000,
         view_change_timeout_us: 400_000,
         retransmit_after_us: 10_000,
+        // Local reads stay linearizable at a replica cut off before it suspects anyone
+        // (`Replica::caught_up_to_now`).
+        read_leases: true,
         ..tessera_order::Config::default()
     }
 }
@@ -599,9 +602,23 @@ impl Replica {
     /// moment before (a column that came to owe a stripe, a file's new size) could be
     /// missing, and a client that learned of it from another one acted on the old state
     /// (the integrity section of the README).
+    ///
+    /// And only under the order's read lease ([`Handle::has_read_lease`], checked before
+    /// the log end is read): a replica cut off from the others keeps its view until it
+    /// suspects them, while they may have moved on without it and acknowledged changes it
+    /// will never apply in time. The lease runs three quarters of the suspicion timeout
+    /// from this replica's latest proposal that every other member acknowledged, and no
+    /// node enters a view that leaves out a member it heard from within the suspicion
+    /// timeout (`tessera_order`'s "Read leases"); a replica that proposed nothing lately
+    /// orders the read, which renews it.
     pub(crate) async fn caught_up_to_now(&self) -> bool {
-        let Some(end) = self.handle.lock().unwrap().as_ref().map(Handle::log_end) else {
-            return false;
+        let end = {
+            let handle = self.handle.lock().unwrap();
+            let leased = handle.as_ref().filter(|handle| handle.has_read_lease());
+            let Some(end) = leased.map(Handle::log_end) else {
+                return false;
+            };
+            end
         };
         let epoch = self.position().epoch;
         let reached = move |at: &OrderPosition| at.epoch == epoch && at.next >= end;

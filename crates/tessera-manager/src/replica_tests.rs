@@ -493,3 +493,38 @@ async fn a_local_read_at_a_lagging_replica_sees_a_change_acknowledged_elsewhere(
         "the read waited for the change and was answered locally, not ordered"
     );
 }
+
+/// The order's read lease gates local reads: a replica that proposed nothing for longer
+/// than the lease (three quarters of the suspicion timeout) orders a read on a synced
+/// connection, and that ordered read, its own proposal, renews the lease, so the next read
+/// is local again. (That a replica cut off from the others loses its lease before they
+/// deliver without it is `tessera-order`'s test `tests/lease.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_without_a_read_lease_orders_the_read_and_renews_it() {
+    let (peers, _dirs, group) = settled_group_of_three().await;
+    let reader = admin();
+    let path = "/a/rather/long/directory/name/to/fill/the/store/file-00001";
+    let lookup = ManagerRequest::Lookup { path: path.into() };
+    let replica = group[0].replica.clone().expect("a replica");
+    let addr = peers[0];
+    // Whether a lookup at `addr` was answered (local, ordered) as `expected`.
+    let read = |expected: (u64, u64)| {
+        let (reader, lookup, replica) = (reader.clone(), lookup.clone(), replica.clone());
+        async move {
+            let counted = replica.reads_counted();
+            let answer = ask(&reader, addr, lookup).await;
+            assert!(matches!(answer, ManagerResponse::File(_)), "{answer:?}");
+            let (local, ordered) = replica.reads_counted();
+            (local - counted.0, ordered - counted.1) == expected
+        }
+    };
+    assert!(read((0, 1)).await, "a connection's first read is ordered");
+    assert!(
+        read((1, 0)).await,
+        "then local, under the lease that read renewed"
+    );
+    let lease = Duration::from_micros(order_config().suspect_after_us / 4 * 3);
+    tokio::time::sleep(lease + Duration::from_millis(50)).await;
+    assert!(read((0, 1)).await, "the lease ran out: ordered");
+    assert!(read((1, 0)).await, "renewed by that ordered read: local");
+}

@@ -239,15 +239,19 @@ fn run_manager(args: &Args, runtime: &tokio::runtime::Runtime) -> Result<()> {
     for (kind, systems) in &measured.rates {
         println!("{kind:?}:");
         for (name, rates) in systems {
-            println!("  {name:<20} {rates:.0?}");
+            println!("  {name:<31} {rates:.0?}");
         }
-        let [(_, tessera), (_, openraft), (_, single)] = &systems[..] else {
-            bail!("three systems measured");
+        let Some((_, tessera)) = systems.iter().find(|(name, _)| *name == metadata::TESSERA) else {
+            bail!("tessera measured");
         };
-        println!("  tessera / openraft   {:.2?}", ratio(tessera, openraft));
-        println!("  tessera / 1 manager  {:.2?}", ratio(tessera, single));
+        for (name, rates) in systems
+            .iter()
+            .filter(|(name, _)| *name != metadata::TESSERA)
+        {
+            println!("  tessera / {name:<21} {:.2?}", ratio(tessera, rates));
+        }
     }
-    println!("  load before rounds   {:?}", measured.loads);
+    println!("  load before rounds              {:?}", measured.loads);
     Ok(())
 }
 

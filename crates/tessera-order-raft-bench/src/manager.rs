@@ -6,11 +6,30 @@
 //!
 //! What differs from a Tessera replica, on purpose: openraft commits through its leader, so
 //! clients talk to the leader only (a Tessera client talks to any replica; the bench uses
-//! replica 1 for all); reads (`is_read`) are answered from the leader's own store, which has
-//! applied every write it acknowledged (read-your-writes, as a synced Tessera connection
-//! gives); the log is kept in memory at every node ([`crate::raft`]'s store), as
+//! replica 1 for all); the log is kept in memory at every node ([`crate::raft`]'s store), as
 //! tessera-order keeps its log in memory. Snapshots are never built (the runs are short) and
 //! installing one is refused.
+//!
+//! **Reads, two ways ([`Reads`]).** A read (`is_read`) is answered from the leader's own
+//! store, either at once ([`Reads::Local`]) or after `Raft::ensure_linearizable`
+//! ([`Reads::Linearizable`]). The local way gives read-your-writes (the leader applied every
+//! write it acknowledged) but nothing more: a leader deposed by a partition it has not
+//! noticed yet answers from a state the new leader's acknowledged writes have left behind.
+//! A Tessera replica's local read gives more: it waits until it has applied (and synced)
+//! its log as far as the log reached when the read came, which in the order's fast path
+//! holds every change any replica acknowledged before (each needs every member's ACK), and
+//! it answers locally only under a lease (`tessera_order::Node::read_lease_ends`: its own
+//! message, UTO-delivered in its current view, proves every other member heard from it at
+//! or after the message was proposed, and no view without it delivers anything until the
+//! others have not heard from it for the suspicion timeout). So a Tessera local read is
+//! linearizable, given clocks whose rates differ by less than the lease's margin. The
+//! openraft read with that guarantee is a leader-lease read, which openraft 0.9 does not
+//! offer (its leader lease only keeps followers from voting; `millis_since_quorum_ack` is a
+//! metric of unknown age, not a lease a read may lean on). The one it offers,
+//! `ensure_linearizable` (read index: a heartbeat round to a quorum per read, then a wait
+//! until the leader applied the commit index), is linearizable with no clock assumption at
+//! all, so it is stronger than Tessera's and dearer; the local way is weaker and cheaper.
+//! The bench measures both, side by side, and names which is which.
 
 use crate::raft::{NodeId, Raft, TypeConfig};
 use bytes::Bytes;
@@ -202,10 +221,20 @@ impl RaftStateMachine<TypeConfig> for ManagerMachine {
     }
 }
 
+/// How the leader answers reads (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reads {
+    /// From its store at once: read-your-writes, stale at a deposed leader.
+    Local,
+    /// From its store after `Raft::ensure_linearizable`: linearizable.
+    Linearizable,
+}
+
 /// The leader's client-facing daemon: the manager's wire requests over Tessera's TCP
 /// transport, changes written through openraft, reads from the leader's store.
 pub struct Front {
     raft: Raft,
+    reads: Reads,
     manager: Arc<Mutex<Manager>>,
     admin_key: Key,
     server_key: Key,
@@ -214,10 +243,12 @@ pub struct Front {
 }
 
 impl Front {
-    /// Serves through `raft` (the leader's) and its node's `manager`.
-    pub fn new(raft: Raft, manager: Arc<Mutex<Manager>>, secret: &Secret) -> Front {
+    /// Serves through `raft` (the leader's) and its node's `manager`, reads as `reads`
+    /// says.
+    pub fn new(raft: Raft, manager: Arc<Mutex<Manager>>, secret: &Secret, reads: Reads) -> Front {
         Front {
             raft,
+            reads,
             manager,
             admin_key: secret.admin_key(),
             server_key: secret.server_key(),
@@ -260,10 +291,10 @@ impl FrameHandler for Front {
         let (Some(claim), Some(request)) = (claim, request) else {
             return Box::pin(async { None });
         };
-        let (raft, manager) = (self.raft.clone(), self.manager.clone());
+        let (raft, manager, reads) = (self.raft.clone(), self.manager.clone(), self.reads);
         Box::pin(async move {
             let answer = match tessera_manager::authorize(&request, claim.role()) {
-                Ok(()) => serve(raft, manager, request).await,
+                Ok(()) => serve(raft, manager, reads, request).await,
                 Err(refused) => encode_message(&ManagerResponse::Error(refused)),
             };
             Some((Bytes::from(answer), Bytes::new()))
@@ -272,9 +303,21 @@ impl FrameHandler for Front {
 }
 
 /// The encoded answer to `request`: from the leader's store if it only reads (and finds
-/// what it reads: absence goes through the log, as at a Tessera replica), else written
-/// through openraft and answered once the leader applied and synced it.
-async fn serve(raft: Raft, manager: Arc<Mutex<Manager>>, request: ManagerRequest) -> Vec<u8> {
+/// what it reads: absence goes through the log, as at a Tessera replica; with
+/// [`Reads::Linearizable`] once `ensure_linearizable` returned), else written through
+/// openraft and answered once the leader applied and synced it.
+async fn serve(
+    raft: Raft,
+    manager: Arc<Mutex<Manager>>,
+    reads: Reads,
+    request: ManagerRequest,
+) -> Vec<u8> {
+    if reads == Reads::Linearizable && is_read(&request) && !is_local(&request) {
+        if let Err(error) = raft.ensure_linearizable().await {
+            let refused = ManagerError::Unordered(error.to_string());
+            return encode_message(&ManagerResponse::Error(refused));
+        }
+    }
     if is_local(&request) || is_read(&request) {
         let (reading, asked) = (manager.clone(), request.clone());
         let local = tokio::task::spawn_blocking(move || {

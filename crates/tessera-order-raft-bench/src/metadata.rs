@@ -13,7 +13,9 @@
 //! wrapped in `Once`, as a client of several managers sends it. The servers' part of a
 //! stat and a put (reading and writing the data) is left out: this measures the metadata
 //! path only. Each round times every kind on every system in turn, the order of the
-//! systems turning each round.
+//! systems turning each round. Stats are timed on openraft twice, with the leader's reads
+//! local and linearizable ([`crate::manager::Reads`]: the first weaker than Tessera's local
+//! read, the second stronger), on the same cluster through a second front.
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -30,7 +32,7 @@ use tessera_manager::{Manager, ManagerConfig};
 use tessera_transport::{TcpConfig, TcpLimits, TcpTransport};
 use tessera_wire::{LayoutRequest, ManagerRequest, ManagerResponse};
 
-use crate::manager::{Front, ManagerMachine};
+use crate::manager::{Front, ManagerMachine, Reads};
 use crate::raft::Cluster;
 
 /// How often the fake servers heartbeat (the manager's timeout is 2 s).
@@ -55,12 +57,24 @@ pub enum Kind {
 /// Every kind, in the order a round times them (stats look up what creates made).
 pub const KINDS: [Kind; 3] = [Kind::Create, Kind::Stat, Kind::SmallPut];
 
-/// One system under test: where its clients and servers send requests.
+/// One system under test: where its clients and servers send requests, and the kinds of
+/// operation timed on it.
 struct System {
     name: &'static str,
     addr: SocketAddr,
-    heartbeats: tokio::task::JoinHandle<()>,
+    /// Its fake servers' heartbeats (none for a second front of a system that has them).
+    heartbeats: Option<tokio::task::JoinHandle<()>>,
+    kinds: &'static [Kind],
 }
+
+/// The system names, as the table prints them.
+pub const TESSERA: &str = "tessera 3 replicas";
+/// openraft with the leader's reads local.
+pub const OPENRAFT: &str = "openraft 3 nodes";
+/// openraft with the leader's reads linearizable (stats only: writes are the same).
+pub const OPENRAFT_LINEARIZABLE: &str = "openraft linearizable";
+/// One manager alone.
+pub const SINGLE: &str = "1 manager";
 
 /// Per system, its name and the operations per second of each round.
 pub type SystemRates = Vec<(&'static str, Vec<f64>)>;
@@ -147,14 +161,15 @@ async fn start_tessera(dir: &Path, secret: &Secret) -> Result<(Vec<RunningManage
     Ok((running, peers[0]))
 }
 
-/// The same state machine on 3 openraft nodes, and the leader's front on TCP.
+/// The same state machine on 3 openraft nodes, and the leader's two fronts on TCP (reads
+/// local, reads linearizable): their addresses, and the tasks serving them.
 async fn start_openraft(
     dir: &Path,
     secret: &Secret,
 ) -> Result<(
     Cluster<ManagerMachine>,
-    SocketAddr,
-    tokio::task::JoinHandle<()>,
+    [SocketAddr; 2],
+    Vec<tokio::task::JoinHandle<()>>,
 )> {
     let config = ManagerConfig {
         cluster_id: Some(replicated_cluster_id(secret)),
@@ -170,15 +185,20 @@ async fn start_openraft(
     let cluster = Cluster::start_with(vec![None; 3], machines, 300).await?;
     let leader = cluster.leader().clone();
     let leader_id = leader.metrics().borrow().id as usize;
-    let front = Front::new(leader, cluster.machine(leader_id).manager(), secret);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let serving = tokio::spawn(tessera_transport::serve_tcp_limited(
-        listener,
-        Arc::new(front),
-        TcpLimits::default(),
-    ));
-    Ok((cluster, addr, serving))
+    let mut addrs = Vec::new();
+    let mut serving = Vec::new();
+    for reads in [Reads::Local, Reads::Linearizable] {
+        let manager = cluster.machine(leader_id).manager();
+        let front = Front::new(leader.clone(), manager, secret, reads);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        addrs.push(listener.local_addr()?);
+        serving.push(tokio::spawn(tessera_transport::serve_tcp_limited(
+            listener,
+            Arc::new(front),
+            TcpLimits::default(),
+        )));
+    }
+    Ok((cluster, [addrs[0], addrs[1]], serving))
 }
 
 /// Registers the fake servers at `addr` (retrying while the group forms) and keeps them
@@ -226,7 +246,8 @@ async fn servers(name: &'static str, addr: SocketAddr, secret: &Secret) -> Resul
     Ok(System {
         name,
         addr,
-        heartbeats,
+        heartbeats: Some(heartbeats),
+        kinds: &KINDS,
     })
 }
 
@@ -415,7 +436,8 @@ async fn openraft_stores_agree(cluster: &Cluster<ManagerMachine>) -> Result<()> 
 pub async fn run(dir: &Path, rounds: usize, seconds: f64, clients: usize) -> Result<Measured> {
     let secret = Secret::from_bytes(rand_bytes());
     let (tessera, tessera_addr) = start_tessera(dir, &secret).await?;
-    let (openraft, openraft_addr, front) = start_openraft(dir, &secret).await?;
+    let (openraft, [openraft_addr, linearizable_addr], fronts) =
+        start_openraft(dir, &secret).await?;
     let single = tessera_manager::daemon::start(
         "127.0.0.1:0".parse()?,
         &dir.join("single"),
@@ -425,13 +447,27 @@ pub async fn run(dir: &Path, rounds: usize, seconds: f64, clients: usize) -> Res
     )
     .await?;
     let systems = [
-        servers("tessera 3 replicas", tessera_addr, &secret).await?,
-        servers("openraft 3 nodes", openraft_addr, &secret).await?,
-        servers("1 manager", single.addr, &secret).await?,
+        servers(TESSERA, tessera_addr, &secret).await?,
+        servers(OPENRAFT, openraft_addr, &secret).await?,
+        servers(SINGLE, single.addr, &secret).await?,
+        System {
+            name: OPENRAFT_LINEARIZABLE,
+            addr: linearizable_addr,
+            heartbeats: None,
+            kinds: &[Kind::Stat],
+        },
     ];
+    let timed = |kind: Kind| -> Vec<usize> {
+        (0..systems.len())
+            .filter(|&i| systems[i].kinds.contains(&kind))
+            .collect()
+    };
     let mut rates: Vec<(Kind, SystemRates)> = KINDS
         .iter()
-        .map(|&kind| (kind, systems.iter().map(|s| (s.name, Vec::new())).collect()))
+        .map(|&kind| {
+            let names = timed(kind).into_iter();
+            (kind, names.map(|i| (systems[i].name, Vec::new())).collect())
+        })
         .collect();
     let mut loads = Vec::new();
     let time = Duration::from_secs_f64(seconds);
@@ -445,8 +481,9 @@ pub async fn run(dir: &Path, rounds: usize, seconds: f64, clients: usize) -> Res
     for r in 0..rounds {
         loads.push(load_average());
         for (kind, rates) in &mut rates {
-            for k in 0..systems.len() {
-                let i = (k + r) % systems.len();
+            let on = timed(*kind);
+            for k in 0..on.len() {
+                let (i, at) = (on[(k + r) % on.len()], (k + r) % on.len());
                 let (before, cpu_ms) = (stages(i), tessera_manager::daemon::process_cpu_ms());
                 let (ops, elapsed) = round(&systems[i], &secret, (clients, time), r, *kind).await?;
                 let cpu_us = (tessera_manager::daemon::process_cpu_ms() - cpu_ms) * 1000;
@@ -464,15 +501,17 @@ pub async fn run(dir: &Path, rounds: usize, seconds: f64, clients: usize) -> Res
                     cpu_us / ops.max(1),
                     spent.unwrap_or_default()
                 );
-                rates[i].1.push(ops as f64 / elapsed);
+                rates[at].1.push(ops as f64 / elapsed);
             }
         }
     }
-    for system in &systems {
-        system.heartbeats.abort();
+    for heartbeats in systems.iter().filter_map(|s| s.heartbeats.as_ref()) {
+        heartbeats.abort();
     }
     openraft_stores_agree(&openraft).await?;
-    front.abort();
+    for front in fronts {
+        front.abort();
+    }
     openraft.shutdown().await;
     for replica in tessera {
         replica.stop();
@@ -511,7 +550,7 @@ mod tests {
             .expect("the workload runs");
         assert_eq!(measured.rates.len(), KINDS.len());
         for (kind, systems) in &measured.rates {
-            assert_eq!(systems.len(), 3);
+            assert_eq!(systems.len(), if *kind == Kind::Stat { 4 } else { 3 });
             for (name, rates) in systems {
                 assert!(
                     rates.len() == 1 && rates[0] > 0.0,

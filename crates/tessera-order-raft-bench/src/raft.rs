@@ -272,9 +272,15 @@ pub struct Place {
 }
 
 /// Connections to peers, made on first use, from this node's namespace if it has one.
+///
+/// Idle connections are kept per peer address and reused: openraft makes a client per
+/// replication stream, which lives long, but also one per peer for every
+/// `ensure_linearizable` (a heartbeat round per read), which it drops at once; without the
+/// pool each linearizable read would open a TCP connection to every follower.
 #[derive(Clone)]
 struct Network {
     place: Option<Place>,
+    idle: Arc<Mutex<BTreeMap<String, Vec<TcpStream>>>>,
 }
 
 struct Peer {
@@ -282,40 +288,63 @@ struct Peer {
     addr: String,
     place: Option<Place>,
     stream: Option<TcpStream>,
+    idle: Arc<Mutex<BTreeMap<String, Vec<TcpStream>>>>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        let reused = self
+            .idle
+            .lock()
+            .expect("idle connections lock")
+            .get_mut(&node.addr)
+            .and_then(Vec::pop);
         Peer {
             target,
             addr: node.addr.clone(),
             place: self.place.clone(),
-            stream: None,
+            stream: reused,
+            idle: self.idle.clone(),
+        }
+    }
+}
+
+impl Drop for Peer {
+    /// A connection between calls holds no half-read frame (a failed call dropped its
+    /// stream), so the next client of this peer may take it.
+    fn drop(&mut self) {
+        if let Some(stream) = self.stream.take() {
+            let mut idle = self.idle.lock().expect("idle connections lock");
+            idle.entry(self.addr.clone()).or_default().push(stream);
         }
     }
 }
 
 impl Peer {
+    /// One request and its answer. The stream is out of `self` while in use, so a call
+    /// cancelled half-way (openraft times out its heartbeats) drops it rather than leaving
+    /// a half-read frame for the pool.
     async fn call(&mut self, request: &Request) -> std::io::Result<Response> {
-        if self.stream.is_none() {
-            let stream = match &self.place {
-                None => TcpStream::connect(&self.addr).await?,
-                Some(place) => connect_from(place.clone(), self.addr.clone()).await?,
-            };
-            stream.set_nodelay(true)?;
-            self.stream = Some(stream);
-        }
-        let stream = self.stream.as_mut().expect("connected");
-        let result = async {
-            write_frame(stream, &postcard::to_allocvec(request).map_err(invalid)?).await?;
-            postcard::from_bytes(&read_frame(stream).await?).map_err(invalid)
-        }
-        .await;
-        if result.is_err() {
-            self.stream = None;
-        }
-        result
+        let mut stream = match self.stream.take() {
+            Some(stream) => stream,
+            None => {
+                let stream = match &self.place {
+                    None => TcpStream::connect(&self.addr).await?,
+                    Some(place) => connect_from(place.clone(), self.addr.clone()).await?,
+                };
+                stream.set_nodelay(true)?;
+                stream
+            }
+        };
+        write_frame(
+            &mut stream,
+            &postcard::to_allocvec(request).map_err(invalid)?,
+        )
+        .await?;
+        let response = postcard::from_bytes(&read_frame(&mut stream).await?).map_err(invalid)?;
+        self.stream = Some(stream);
+        Ok(response)
     }
 }
 
@@ -477,7 +506,10 @@ where
             let raft = Raft::new(
                 id,
                 config.clone(),
-                Network { place },
+                Network {
+                    place,
+                    idle: Arc::default(),
+                },
                 LogStore::default(),
                 machine.clone(),
             )

@@ -299,6 +299,32 @@ enum Proposal {
     Peer(NodeId, SocketAddr),
 }
 
+/// A node's read lease as its driver last stored it, on the driver's clock (microseconds
+/// since `origin`): the application reads it without the node.
+struct StoredLease {
+    origin: Instant,
+    /// Until when (exclusive) the lease runs; 0: none.
+    ends_us: AtomicU64,
+}
+
+impl StoredLease {
+    fn new() -> StoredLease {
+        StoredLease {
+            origin: Instant::now(),
+            ends_us: AtomicU64::new(0),
+        }
+    }
+
+    fn store(&self, ends: Option<Micros>) {
+        self.ends_us.store(ends.unwrap_or(0), Ordering::SeqCst);
+    }
+
+    fn holds(&self) -> bool {
+        let now = self.origin.elapsed().as_micros() as Micros;
+        now < self.ends_us.load(Ordering::SeqCst)
+    }
+}
+
 /// A running node.
 pub struct Handle {
     proposals: mpsc::SyncSender<Proposal>,
@@ -307,6 +333,8 @@ pub struct Handle {
     wakeup: Arc<Wakeup>,
     /// The node's log end, as the driver last stored it ([`Handle::log_end`]).
     log_end: Arc<AtomicU64>,
+    /// The node's read lease ([`Handle::has_read_lease`]).
+    lease: Arc<StoredLease>,
     thread: JoinHandle<Result<(Stats, DriverStats), DriverError>>,
 }
 
@@ -319,6 +347,14 @@ impl Handle {
     /// replica's barrier for linearizable local reads).
     pub fn log_end(&self) -> u64 {
         self.log_end.load(Ordering::SeqCst)
+    }
+
+    /// Whether the node holds a read lease now ([`Node::read_lease_ends`], with
+    /// [`tessera_order::Config::read_leases`]): while it does, reads answered from the
+    /// application's state applied up to [`Handle::log_end`] (taken after this call) miss
+    /// no change acknowledged anywhere before the call; without one, order the read.
+    pub fn has_read_lease(&self) -> bool {
+        self.lease.holds()
     }
 
     /// Broadcasts `message` in total order (it waits in the driver while the node's queue is
@@ -434,12 +470,16 @@ fn spawn_inner(
     let woken = wakeup.clone();
     let log_end = Arc::new(AtomicU64::new(0));
     let stored = log_end.clone();
+    let lease = Arc::new(StoredLease::new());
+    let lease_stored = lease.clone();
     let thread = std::thread::Builder::new()
         .name(format!("order-{}", driver.node.0))
         .spawn(move || {
             set_timer_slack();
             let mut runner = Runner::new(driver, send, receive, proposals_rx, events_tx, woken);
             runner.log_end = stored;
+            runner.origin = lease_stored.origin;
+            runner.lease = lease_stored;
             runner.key = key;
             runner.dropper = Dropper::new(loss);
             runner.run(&flag, None)
@@ -450,6 +490,7 @@ fn spawn_inner(
         stop,
         wakeup,
         log_end,
+        lease,
         thread,
     })
 }
@@ -530,6 +571,8 @@ struct Runner {
     wakeup: Arc<Wakeup>,
     /// Where the node's log ends, stored before each round of sends ([`Handle::log_end`]).
     log_end: Arc<AtomicU64>,
+    /// Until when the node's read lease runs, stored with the log end.
+    lease: Arc<StoredLease>,
     stats: DriverStats,
     /// The group's MAC key, if datagrams are authenticated.
     key: Option<Key>,
@@ -573,6 +616,7 @@ impl Runner {
             events,
             wakeup,
             log_end: Arc::new(AtomicU64::new(0)),
+            lease: Arc::new(StoredLease::new()),
             stats: DriverStats::default(),
             key: None,
             dropper: Dropper::new(Loss::NONE),
@@ -808,6 +852,7 @@ impl Runner {
     fn send_packets(&mut self) {
         // Before any ACK leaves: the ACKs sent name lengths at most this.
         self.log_end.store(self.node.log_end(), Ordering::SeqCst);
+        self.lease.store(self.node.read_lease_ends());
         let now = self.now();
         let mut packets = Vec::new();
         while let Some(mut transmit) = self.node.poll_transmit(now) {

@@ -198,6 +198,56 @@
 //! leader starts another view change to let it in. A view change that does not finish
 //! within `view_change_timeout_us` (plus jitter) moves to the next view and leader.
 //!
+//! **Read leases** ([`Config::read_leases`], off by default; the replicated manager turns
+//! them on). An application that answers reads from its own state at a member needs to
+//! know the member was not left out of a view it has not heard of yet.
+//!
+//! *The problem.* An application that reads locally at a member waits until it has
+//! applied its log as far as the log reaches (`Node::log_end`): in the fast path every
+//! delivery needs every member's ACK, so every change acknowledged anywhere lies in that
+//! stretch. But a member cut off from the others keeps its normal status until its own
+//! failure detector fires, while the others may have changed view without it and
+//! delivered (and the application acknowledged) changes it will never see in time. A read
+//! answered there in between returns a state older than an acknowledged change.
+//!
+//! *The lease.* Member `R`, normal in view `v` with members `V`, holds a lease from `s`,
+//! the time it first sent one of its own messages `m`, once every other member of `V` has
+//! ACKed, in `v`, a log that holds `m` (their per-sender held counts reach it); the lease
+//! runs until `s + lease_us` with `lease_us` three quarters of `suspect_after_us`
+//! ([`Node::read_lease_ends`]). Each such member `Y` sent an ACK counting `m` at a time
+//! `a_Y >= s` (it held `m`, which `R` first sent at `s`, whatever path `m` took to it).
+//!
+//! *The rule* that makes it hold: a node remembers, per node `X`, when it last sent an
+//! ACK, in a view `X` was a member of, that counted more of `X`'s messages than any such
+//! ACK before (`fresh`; a removed or left-out node that goes on sending must not hold
+//! every later view back), and it does not enter a view (adopt a START-VIEW, or send one
+//! as leader) that leaves out a member `X` of the last view it was normal in until
+//! `suspect_after_us` has passed since `fresh[X]`; a node
+//! that restarted (it forgot everything) enters no view until `suspect_after_us` after its
+//! start. A node that suspects `X` heard nothing from it for that long anyway, so a view
+//! change after a crash is not slowed; one started for another reason (another suspect, a
+//! node asking to join) that leaves out a node heard lately waits.
+//!
+//! *Why no change acknowledged before a read at `R` inside its lease is missing from the
+//! read.* Deliveries in `v` need `R`'s ACK, so they lie below `R`'s log end. `R` is still
+//! normal in `v`, so it voted in no later view and is a member of none: every view after
+//! `v` leaves it out. Take the views after `v` in the order they were started (a START-VIEW
+//! sent). Each needs votes of a majority of all receivers that hold state; `V` is a
+//! majority too, so that majority holds a node `Y` of `V` other than `R`. `Y` holds state
+//! either since `v` (then the first view after `v` it entered left `R` out: it entered at
+//! or after `a_Y + suspect_after_us`), or because it restarted and entered a later view
+//! (not before its start plus `suspect_after_us`, and its start came after `a_Y`). Either
+//! way `Y` is a member of that view and delivers nothing in it before `s +
+//! suspect_after_us`; every delivery needs every member's ACK in the view, and a START-VIEW
+//! delivers only positions some earlier view delivered. So every position delivered after
+//! `v` was delivered after `s + suspect_after_us`, past the lease's end. The margin (a
+//! quarter of `suspect_after_us`) covers clocks that run at different rates (up to about
+//! 14 %) and the time between the application's check and its read of the log end.
+//!
+//! What it costs: a member that proposed nothing for `lease_us` has no lease, so its
+//! application orders the read (which proposes, and renews the lease); a view change that
+//! leaves out a node heard lately waits out `suspect_after_us`.
+//!
 //! **Catching up below a view's log.** A view's log begins at the lowest position some
 //! voter had not delivered, as far down as some vote carries it. A member that had not
 //! delivered as far (it voted from another view, and the leader does not retain those
@@ -756,6 +806,12 @@ pub struct Config {
     /// The round trip assumed before the first measurement, and its floor: NACKs, answers
     /// to them and repairs are paced by the measured round trip, never faster than this.
     pub rtt_floor_us: u64,
+    /// Read leases ([`Node::read_lease_ends`]): a member tells its application until when
+    /// it may answer reads from its own state, and no node enters a view that leaves out a
+    /// node it acknowledged messages of within `suspect_after_us` (a restarted node: within
+    /// `suspect_after_us` of its start). Off by default, for what it costs: with it, a view
+    /// change that leaves out a node heard lately waits up to `suspect_after_us` longer.
+    pub read_leases: bool,
     /// A node silent this long sends a heartbeat.
     pub heartbeat_interval_us: u64,
     /// A member silent this long is suspected.
@@ -784,6 +840,7 @@ impl Default for Config {
             ack_at_once_when_idle: true,
             retransmit_after_us: 2_000,
             rtt_floor_us: 50,
+            read_leases: false,
             heartbeat_interval_us: 1_000,
             suspect_after_us: 10_000,
             view_change_timeout_us: 20_000,

@@ -1,6 +1,7 @@
 //! The node: sender, receiver and view change in one sans-IO state machine.
 
 mod fetch;
+mod lease;
 mod membership;
 mod pause;
 mod receive;
@@ -306,6 +307,17 @@ struct IncomingStartView {
     assembly: Assembly,
 }
 
+/// A whole START-VIEW we may not enter yet (read leases: it leaves out a node heard
+/// lately), taken again at the tick once the time comes.
+#[derive(Debug)]
+struct DeferredStartView {
+    header: Header,
+    members: u64,
+    commit: u64,
+    group: GroupRecord,
+    log: LogImage,
+}
+
 /// Leader: the START-VIEW we sent in our view, to send again the parts a member lacks.
 #[derive(Debug)]
 struct StartViewSent {
@@ -363,6 +375,9 @@ pub struct Node {
     change: ChangeState,
     incoming_start_view: Option<IncomingStartView>,
     start_view_sent: Option<StartViewSent>,
+    /// Read leases ([`Config::read_leases`]), and a START-VIEW whose entry waits for them.
+    lease: lease::LeaseState,
+    deferred_start_view: Option<DeferredStartView>,
     rtt: RttEstimator,
     stats: Stats,
 }
@@ -450,6 +465,8 @@ impl Node {
             },
             incoming_start_view: None,
             start_view_sent: None,
+            lease: lease::LeaseState::new(now),
+            deferred_start_view: None,
             rtt: RttEstimator::default(),
             stats: Stats::default(),
             group,
@@ -898,7 +915,8 @@ impl Node {
                 self.detect_failures(now);
             }
             Status::ViewChange => {
-                if self.leader() == self.id {
+                self.take_deferred_start_view(now);
+                if self.leader() == self.id && self.status == Status::ViewChange {
                     self.try_start_view(now);
                 }
                 self.ask_missing_parts(now);
@@ -907,7 +925,10 @@ impl Node {
                 }
             }
             Status::Joining => {
-                if now >= self.change.joining_since + 2 * self.config.view_change_timeout_us {
+                self.take_deferred_start_view(now);
+                if self.status == Status::Joining
+                    && now >= self.change.joining_since + 2 * self.config.view_change_timeout_us
+                {
                     self.start_view_change(self.view + 1, now);
                 }
             }

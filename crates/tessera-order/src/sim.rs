@@ -277,6 +277,11 @@ pub struct NetworkStats {
     pub nodes_added: u64,
     /// See `changes_proposed`.
     pub nodes_removed: u64,
+    /// With read leases: moments a node held one (checked at the end of every step).
+    pub leased_checks: u64,
+    /// With read leases: moments a node held one while another node had delivered past
+    /// its log's end (a read under the lease could miss an acknowledged change).
+    pub lease_violations: u64,
 }
 
 /// Largest UDP payload over IPv4: longer packets cannot be sent, here as over UDP.
@@ -604,6 +609,9 @@ impl<'a> Sim<'a> {
         if !self.retiring.is_empty() {
             self.retire();
         }
+        if self.scenario.config.read_leases {
+            self.check_leases();
+        }
         if self
             .change
             .is_some_and(|(_, at)| now >= at + CHANGE_RETRY_US)
@@ -617,6 +625,21 @@ impl<'a> Sim<'a> {
                 self.start_change();
             }
         }
+    }
+
+    /// Every node that holds a read lease now has a log that reaches past every position
+    /// any node delivered (see `node/lease.rs`); counted, not asserted.
+    fn check_leases(&mut self) {
+        let nodes = || self.hosts.iter().filter_map(|host| host.node.as_ref());
+        let delivered = nodes().map(Node::delivered).max().unwrap_or(0);
+        let now = self.now;
+        let leased: Vec<u64> = nodes()
+            .filter(|node| node.read_lease_ends().is_some_and(|end| now < end))
+            .map(Node::log_end)
+            .collect();
+        self.stats.leased_checks += leased.len() as u64;
+        let short = leased.iter().filter(|&&end| delivered > end).count();
+        self.stats.lease_violations += short as u64;
     }
 
     fn propose(&mut self, host: usize) {

@@ -335,6 +335,7 @@ impl Node {
         }
         peer.history.push_back((ack.len, ack.hash));
         peer.latest = Some((ack.len, ack.hash));
+        self.lease_acked_by_member();
         self.verify(header.from, now);
         self.nack_counted(&ack.counts, now);
         self.nack_sent(header, ack.sent, now);
@@ -555,6 +556,7 @@ impl Node {
                 .log
                 .hash_at(position)
                 .expect("position within the log");
+            self.lease_acking(&ack.counts, now);
             self.queue(Destination::All, Body::Ack(ack));
             self.stats.ack_packets_sent += 1;
         }
@@ -898,6 +900,7 @@ impl Node {
         if fresh {
             self.receive.ack_fresh_at = Some(now);
         }
+        self.lease_acking(&ack.counts, now);
         self.ack_sent(fresh, now);
         self.stats.ack_packets_sent += 1;
         Some(self.packet(Destination::All, Body::Ack(ack)))

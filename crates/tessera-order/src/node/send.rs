@@ -140,7 +140,8 @@ impl Node {
         if packer.messages.is_empty() {
             return None;
         }
-        if ack.is_some() {
+        if let Some(ack) = &ack {
+            self.lease_acking(&ack.counts, now);
             self.ack_sent(true, now);
             self.stats.acks_piggybacked += 1;
         }
@@ -300,6 +301,7 @@ impl Node {
                 sent_again: false,
             };
             self.send.in_flight.insert(self.send.next_seq, flight);
+            self.lease_sent(self.send.next_seq, now);
             self.send.next_seq += 1;
             self.stats.messages_sent += 1;
             fresh += 1;

@@ -1,7 +1,9 @@
 //! View changes: joining the highest view change heard of, DO-VIEW-CHANGE to the new
 //! leader, the leader's choice of the new log (I5), START-VIEW, and asking to join.
 
-use super::{bit, ChangeState, IncomingStartView, Node, StartViewSent, ViewChangeVote};
+use super::{
+    bit, ChangeState, DeferredStartView, IncomingStartView, Node, StartViewSent, ViewChangeVote,
+};
 use crate::log::Log;
 use crate::packet::{Body, Header, ImagePart, LogImage};
 use crate::parts::{parts_within, Assembly};
@@ -355,6 +357,9 @@ impl Node {
             .keys()
             .fold(0, |set, &node| set | bit(node))
             & group.receivers;
+        if self.lease_entry_wait(members, now).is_some() {
+            return; // The tick tries again.
+        }
         let chosen = Log::from_image(&log).expect("chosen from whole, checked votes");
         let parts = chosen.image_parts(log.start, log.end(), self.config.repair_bytes_max);
         let bounds = ImagePart {
@@ -440,7 +445,38 @@ impl Node {
         if !newer || header.from != group.group().leader(header.view) {
             return;
         }
+        let member = members & bit(self.id) != 0;
+        if member && self.lease_entry_wait(members, now).is_some() {
+            self.deferred_start_view = Some(DeferredStartView {
+                header: *header,
+                members,
+                commit,
+                group,
+                log: log.clone(),
+            });
+            return;
+        }
+        self.deferred_start_view = None;
         self.adopt_view(header.view, (members, commit, group), log, now);
+    }
+
+    /// A START-VIEW deferred for read leases, entered once its time came (if it is still
+    /// the newest: `on_start_view` checks).
+    pub(super) fn take_deferred_start_view(&mut self, now: Micros) {
+        let due = self
+            .deferred_start_view
+            .as_ref()
+            .is_some_and(|deferred| self.lease_entry_wait(deferred.members, now).is_none());
+        if let Some(deferred) = due.then(|| self.deferred_start_view.take()).flatten() {
+            let DeferredStartView {
+                header,
+                members,
+                commit,
+                group,
+                log,
+            } = deferred;
+            self.on_start_view(&header, (members, commit, group), &log, now);
+        }
     }
 
     /// Enters `view` with its log and group, if a member; otherwise asks to join it.
@@ -544,6 +580,7 @@ impl Node {
     pub(super) fn enter_normal(&mut self, now: Micros) {
         self.status = Status::Normal;
         self.last_normal = Some(self.view);
+        self.lease_entered_view();
         self.reset_peers(now);
         // While fetching, our log begins past what we delivered.
         let start = self.receive.delivered.max(self.receive.log.start());
