@@ -268,6 +268,11 @@ pub(crate) struct Snapshots {
     begun: u64,
     /// (region code, block, epoch) -> what was copied.
     copies: BTreeMap<(u8, u64, u64), CopyKind>,
+    /// The blocks of `copies` at epoch `begun`, as runs, by region code: what a write must
+    /// not copy again, found with a search per run rather than one per 4 KiB block (a write
+    /// over copied blocks did about 100 ns of map search per block, 10% of the store's
+    /// share of an overwrite of cached blocks).
+    copied_at_begun: [Runs; 2],
     /// Copy files opened, by (epoch, region code).
     files: BTreeMap<(u64, u8), RegionFile>,
     /// A record in the middle of the journal failed its checksum: snapshot reads of this
@@ -290,6 +295,7 @@ impl Snapshots {
             journal_end: HEADER_BYTES,
             begun: 0,
             copies: BTreeMap::new(),
+            copied_at_begun: Default::default(),
             files: BTreeMap::new(),
             damaged: false,
         };
@@ -374,7 +380,11 @@ impl Snapshots {
 
     fn apply(&mut self, record: Record) {
         match record {
-            Record::Begin { epoch } => self.begun = self.begun.max(epoch),
+            Record::Begin { epoch } if epoch > self.begun => {
+                self.begun = epoch;
+                self.copied_at_begun = Default::default();
+            }
+            Record::Begin { .. } => {}
             Record::Damaged => self.damaged = true,
             Record::Copy {
                 region,
@@ -383,9 +393,13 @@ impl Snapshots {
                 first,
                 count,
             } => {
-                for block in first..first.saturating_add(count) {
+                let end = first.saturating_add(count);
+                for block in first..end {
                     self.copies
                         .insert((region_code(region), block, epoch), kind);
+                }
+                if epoch == self.begun {
+                    self.copied_at_begun[usize::from(region_code(region))].insert(first, end);
                 }
             }
         }
@@ -526,22 +540,13 @@ impl Snapshots {
         if epoch == 0 || len == 0 {
             return Ok(Vec::new());
         }
-        let code = region_code(region);
         let first = offset / BLOCK_BYTES;
         let end = (offset + len).div_ceil(BLOCK_BYTES);
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        for block in first..end {
-            if self.copies.contains_key(&(code, block, epoch)) {
-                continue;
-            }
-            match runs.last_mut() {
-                Some((start, count)) if *start + *count == block => *count += 1,
-                _ => runs.push((block, 1)),
-            }
-        }
+        let runs = self.copied_at_begun[usize::from(region_code(region))].gaps(first, end);
         let mut written = Vec::new();
         let mut records = Vec::new();
-        for (start, count) in runs {
+        for (start, end) in runs {
+            let count = end - start;
             self.copy_run(
                 region,
                 epoch,
@@ -698,6 +703,12 @@ impl Snapshots {
             return Ok(false);
         }
         self.copies = kept;
+        self.copied_at_begun = Default::default();
+        for &(code, block, epoch) in self.copies.keys() {
+            if epoch == self.begun {
+                self.copied_at_begun[usize::from(code)].insert(block, block + 1);
+            }
+        }
         self.rewrite_journal()?;
         let epochs_left: std::collections::BTreeSet<(u64, u8)> = self
             .copies
@@ -806,4 +817,96 @@ fn parse_copy_name(name: &str) -> Option<(u64, u8)> {
         _ => return None,
     };
     Some((epoch.parse().ok()?, code))
+}
+
+/// Disjoint runs of blocks, `start -> end` (exclusive), merged where they touch.
+#[derive(Default)]
+struct Runs(BTreeMap<u64, u64>);
+
+impl Runs {
+    /// Adds blocks `start..end`.
+    fn insert(&mut self, mut start: u64, mut end: u64) {
+        if start >= end {
+            return;
+        }
+        // The run beginning at or before `start`, if it reaches it, is merged.
+        if let Some((&before, &before_end)) = self.0.range(..=start).next_back() {
+            if before_end >= start {
+                start = before;
+                end = end.max(before_end);
+            }
+        }
+        // So is every run beginning within `start..=end`.
+        let within: Vec<(u64, u64)> = self.0.range(start..=end).map(|(&s, &e)| (s, e)).collect();
+        for (run, run_end) in within {
+            end = end.max(run_end);
+            self.0.remove(&run);
+        }
+        self.0.insert(start, end);
+    }
+
+    /// The runs of `start..end` not in the set, in order.
+    fn gaps(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut gaps = Vec::new();
+        let mut at = start;
+        let from = match self.0.range(..=start).next_back() {
+            Some((&before, _)) => before,
+            None => start,
+        };
+        for (&run, &run_end) in self.0.range(from..end) {
+            if run > at {
+                gaps.push((at, run));
+            }
+            at = at.max(run_end);
+            if at >= end {
+                return gaps;
+            }
+        }
+        if at < end {
+            gaps.push((at, end));
+        }
+        gaps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Runs;
+
+    /// The runs agree with a plain set of blocks, inserted in any order and overlapping.
+    #[test]
+    fn runs_agree_with_a_set_of_blocks() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+        for _ in 0..200 {
+            let (mut runs, mut blocks) = (Runs::default(), [false; 64]);
+            for _ in 0..rng.gen_range(0..12) {
+                let start = rng.gen_range(0..64u64);
+                let end = rng.gen_range(start..=64);
+                runs.insert(start, end);
+                (start..end).for_each(|block| blocks[block as usize] = true);
+            }
+            let start = rng.gen_range(0..64u64);
+            let end = rng.gen_range(start..=64);
+            let mut want = Vec::new();
+            for block in start..end {
+                match want.last_mut() {
+                    Some((_, e)) if !blocks[block as usize] && *e == block => *e += 1,
+                    _ if !blocks[block as usize] => want.push((block, block + 1)),
+                    _ => {}
+                }
+            }
+            assert_eq!(
+                runs.gaps(start, end),
+                want,
+                "{:?} in {start}..{end}",
+                runs.0
+            );
+            let stored: Vec<(u64, u64)> = runs.0.iter().map(|(&s, &e)| (s, e)).collect();
+            assert!(
+                stored.windows(2).all(|w| w[0].1 < w[1].0),
+                "merged: {stored:?}"
+            );
+        }
+    }
 }

@@ -362,6 +362,14 @@ fn snapshot_costs() {
 
     // First-touch cost: the same 64 MiB overwrite of two equal files, one under a snapshot,
     // at four offsets (each a first touch there), interleaved so that load hits both alike.
+    // `TESSERA_SNAPSHOT_ROUNDS` rounds (default 4); every 4 rounds a newer snapshot of /cow
+    // makes its offsets first touches again. Even rounds write /cow again right after its
+    // first touch, odd rounds after a plain write between: if "again" is dearer only right
+    // after the heavier first touch, the cost is the write before it, not the snapshot.
+    let rounds: u64 = std::env::var("TESSERA_SNAPSHOT_ROUNDS")
+        .ok()
+        .and_then(|rounds| rounds.parse().ok())
+        .unwrap_or(4);
     let chunk = random(9, 64 << 20);
     let patch = cluster.path("patch.tmp");
     std::fs::write(&patch, &chunk).unwrap();
@@ -370,25 +378,59 @@ fn snapshot_costs() {
     cluster.put(&file, "/plain", "raid5");
     cluster.put(&file, "/cow", "raid5");
     cluster.ok(&["snapshot", "create", "cow", "/cow"]);
-    let (mut plain, mut first, mut again) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..4u64 {
-        let offset = (round << 26).to_string();
-        plain.push(timed(&cluster, &["write", "/plain", &offset, patch_arg]));
-        first.push(timed(&cluster, &["write", "/cow", &offset, patch_arg]));
-        again.push(timed(&cluster, &["write", "/cow", &offset, patch_arg]));
-        plain.push(timed(&cluster, &["write", "/plain", &offset, patch_arg]));
+    let mut plain = Vec::new();
+    let (mut first, mut after_first, mut after_plain) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        if round > 0 && round % 4 == 0 {
+            cluster.ok(&["snapshot", "create", &format!("cow-{round}"), "/cow"]);
+        }
+        let offset = ((round % 4) << 26).to_string();
+        let write = |path: &str| timed(&cluster, &["write", path, &offset, patch_arg]);
+        plain.push(write("/plain"));
+        first.push(write("/cow"));
+        if round % 2 == 0 {
+            after_first.push(write("/cow"));
+        } else {
+            plain.push(write("/plain"));
+            after_plain.push(write("/cow"));
+        }
+        plain.push(write("/plain"));
     }
-    let median = |times: &mut Vec<f64>| {
+    let median = |times: &[f64]| {
+        let mut times = times.to_vec();
         times.sort_by(f64::total_cmp);
-        (times[times.len() / 2 - 1] + times[times.len() / 2]) / 2.0
+        match times.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => times[n / 2],
+            n => (times[n / 2 - 1] + times[n / 2]) / 2.0,
+        }
     };
-    eprintln!("64 MiB raid5 overwrites (s): no snapshot {plain:.3?}, first touch {first:.3?}, again {again:.3?}");
-    let (p, f, a) = (median(&mut plain), median(&mut first), median(&mut again));
     eprintln!(
-        "medians: no snapshot {p:.3} s, first touch {f:.3} s ({:.2}x), again {a:.3} s ({:.2}x)",
-        f / p,
-        a / p
+        "64 MiB raid5 overwrites (s): no snapshot {plain:.3?}, first touch {first:.3?}, \
+         again right after the first touch {after_first:.3?}, again after a plain write \
+         {after_plain:.3?}"
     );
+    let p = median(&plain);
+    let ratios = |times: &[f64]| {
+        let mut ratios: Vec<f64> = times.iter().map(|t| t / p).collect();
+        ratios.sort_by(f64::total_cmp);
+        ratios
+    };
+    for (what, times) in [
+        ("first touch", &first),
+        ("again right after the first touch", &after_first),
+        ("again after a plain write", &after_plain),
+    ] {
+        let m = median(times);
+        eprintln!(
+            "{what}: median {m:.3} s ({:.2}x of no snapshot's {p:.3} s; each {:.2?})",
+            m / p,
+            ratios(times)
+        );
+    }
+    let mut all_plain = ratios(&plain);
+    all_plain.dedup();
+    eprintln!("no snapshot, each against its median: {all_plain:.2?}");
     let stat = cluster.stat("/cow");
     eprintln!("snapshot bytes of /cow: {}", stat["snapshot_bytes"]);
     assert_eq!(cluster.get("/cow", Some("cow")), file);
