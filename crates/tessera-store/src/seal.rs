@@ -95,8 +95,7 @@ impl Seal {
     }
 }
 
-/// A u64 LE and its crc32c: a seal's bytes (and a cut mark's, `region.rs`).
-pub(crate) fn encode(len: u64) -> [u8; SEAL_BYTES] {
+fn encode(len: u64) -> [u8; SEAL_BYTES] {
     let mut seal = [0u8; SEAL_BYTES];
     seal[..8].copy_from_slice(&len.to_le_bytes());
     let crc = crc32c::crc32c(&seal[..8]);
@@ -104,8 +103,7 @@ pub(crate) fn encode(len: u64) -> [u8; SEAL_BYTES] {
     seal
 }
 
-/// The u64 [`encode`] wrote, if `bytes` are whole and pass their checksum.
-pub(crate) fn decode(bytes: &[u8]) -> Option<u64> {
+fn decode(bytes: &[u8]) -> Option<u64> {
     let bytes: &[u8; SEAL_BYTES] = bytes.try_into().ok()?;
     let crc = u32::from_le_bytes(bytes[8..].try_into().expect("4 bytes"));
     let len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
