@@ -161,27 +161,33 @@ impl RegionFile {
     /// cuts leaves blocks with no entries, which read as corrupt, as do blocks whose entries
     /// a damaged disk lost: the caller marks the cut beforehand ([`CutMark`]) so that
     /// opening the region finishes it rather than report those blocks.
-    pub(crate) fn discard_from(&mut self, from: u64) -> Result<bool, StorageError> {
+    /// `before_cut` runs first if there is anything to cut (the caller's [`CutMark`]).
+    pub(crate) fn discard_from(
+        &mut self,
+        from: u64,
+        before_cut: impl FnOnce() -> Result<(), StorageError>,
+    ) -> Result<bool, StorageError> {
         debug_assert!(from.is_multiple_of(BLOCK_BYTES));
         let entries_end = from / BLOCK_BYTES * CRC_ENTRY_BYTES;
-        let mut cut = false;
-        if self.crc.size().map_err(|e| self.disk("size", e))? > entries_end {
+        let cut_entries = self.crc.size().map_err(|e| self.disk("size", e))? > entries_end;
+        let cut_blocks = self.len()? > from;
+        if !(cut_entries || cut_blocks) {
+            return Ok(false);
+        }
+        before_cut()?;
+        if cut_entries {
             self.crc
                 .set_len(entries_end)
                 .map_err(|error| self.disk("cut checksums", error))?;
-            cut = true;
         }
-        if self.len()? > from {
+        if cut_blocks {
             self.bytes
                 .set_len(from)
                 .map_err(|error| self.disk("cut blocks", error))?;
-            cut = true;
         }
-        if cut {
-            self.blocks_written =
-                count_written(&*self.crc).map_err(|error| self.disk("scan checksums", error))?;
-        }
-        Ok(cut)
+        self.blocks_written =
+            count_written(&*self.crc).map_err(|error| self.disk("scan checksums", error))?;
+        Ok(true)
     }
 
     /// Makes the blocks and their checksum entries durable.
@@ -328,14 +334,12 @@ impl CutMark {
         }
     }
 
-    /// Records a cut from `from`, before its first change.
+    /// Records a cut from `from`, before its first change (not synced: see above).
     pub(crate) fn set(&self, disk: &dyn Disk, from: u64) -> Result<(), StorageError> {
-        let mut bytes = from.to_le_bytes().to_vec();
-        bytes.extend_from_slice(&crc32c::crc32c(&bytes).to_le_bytes());
         let file = disk
             .create(&self.path)
             .map_err(|e| self.disk_error("create", e))?;
-        file.write_all_at(&bytes, 0)
+        file.write_all_at(&crate::seal::encode(from), 0)
             .map_err(|e| self.disk_error("write", e))
     }
 
@@ -361,13 +365,10 @@ impl CutMark {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(error) => return Err(self.disk_error("read", error)),
         };
-        let from = (bytes.len() == 12)
-            .then(|| u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")))
-            .filter(|_| crc32c::crc32c(&bytes[..8]).to_le_bytes() == bytes[8..])
-            .filter(|from| from.is_multiple_of(BLOCK_BYTES));
+        let from = crate::seal::decode(&bytes).filter(|from| from.is_multiple_of(BLOCK_BYTES));
         match from {
             Some(from) => {
-                region.discard_from(from)?;
+                region.discard_from(from, || Ok(()))?;
                 region.sync()?;
             }
             None => tracing::warn!("{} is damaged: ignored", self.path.display()),

@@ -95,7 +95,8 @@ impl Seal {
     }
 }
 
-fn encode(len: u64) -> [u8; SEAL_BYTES] {
+/// A u64 LE and its crc32c: a seal's bytes (and a cut mark's, `region.rs`).
+pub(crate) fn encode(len: u64) -> [u8; SEAL_BYTES] {
     let mut seal = [0u8; SEAL_BYTES];
     seal[..8].copy_from_slice(&len.to_le_bytes());
     let crc = crc32c::crc32c(&seal[..8]);
@@ -103,7 +104,8 @@ fn encode(len: u64) -> [u8; SEAL_BYTES] {
     seal
 }
 
-fn decode(bytes: &[u8]) -> Option<u64> {
+/// The u64 [`encode`] wrote, if `bytes` are whole and pass their checksum.
+pub(crate) fn decode(bytes: &[u8]) -> Option<u64> {
     let bytes: &[u8; SEAL_BYTES] = bytes.try_into().ok()?;
     let crc = u32::from_le_bytes(bytes[8..].try_into().expect("4 bytes"));
     let len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));

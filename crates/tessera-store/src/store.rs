@@ -619,12 +619,13 @@ impl Store {
                 let copied = present.preserve(region, from, end - from)?;
                 self.mark_snapshot_dirty(file, copied);
             }
+            // A discard that cuts nothing writes no mark.
             let mark = CutMark::new(&self.file_dir(file), region);
-            mark.set(&*self.disk, from)?;
-            if present.region_mut(region).discard_from(from)? {
+            let region_file = present.region_mut(region);
+            if region_file.discard_from(from, || mark.set(&*self.disk, from))? {
+                mark.clear(&*self.disk)?;
                 self.mark_dirty(file, present, &FileKind::of_region(region));
             }
-            mark.clear(&*self.disk)?;
             if region == Region::Data {
                 let touched = present.overflow.invalidate(
                     OverflowRole::Primary,
