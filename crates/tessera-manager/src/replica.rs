@@ -688,10 +688,16 @@ impl Replica {
 
     /// Gives the order driver the address of every replica an applied `AddReplica` recorded.
     fn tell_driver_addresses(&self) {
+        if self.handle.lock().unwrap().is_none() {
+            return; // Kept until the driver runs (it starts with the stored addresses).
+        }
         let learned = self.core.lock().unwrap().take_learned();
         let handle = self.handle.lock().unwrap();
+        let Some(handle) = &*handle else {
+            return; // Stopped meanwhile.
+        };
         for (id, addr) in learned {
-            let (Some(handle), Ok(addr)) = (&*handle, addr.parse::<SocketAddr>()) else {
+            let Ok(addr) = addr.parse::<SocketAddr>() else {
                 continue;
             };
             if let Err(error) = handle.set_peer(NodeId(id - 1), addr) {
@@ -1605,7 +1611,14 @@ impl Applier {
         *served = Served::Running(Box::new(manager));
         let mut core = self.replica.core.lock().unwrap();
         core.installed(at, now);
+        // The copied store may record replicas added after the driver started, whose
+        // `AddReplica` this replica never applied itself: without their addresses its
+        // driver could not reach them once a group change makes them members.
+        core.learn_addresses(&group);
         core.set_group(group);
+        drop(core);
+        drop(served);
+        self.replica.tell_driver_addresses();
         Ok(())
     }
 }

@@ -316,7 +316,15 @@ impl ReplicaCore {
         self.group = group;
     }
 
-    /// Addresses of replicas recorded since the last call ([`Command::AddReplica`]).
+    /// Queues every address `group` records for the order driver (see [`Self::take_learned`]).
+    pub fn learn_addresses(&mut self, group: &ReplicaGroup) {
+        let addresses = group.addresses.iter();
+        self.learned
+            .extend(addresses.map(|(&id, addr)| (id, addr.clone())));
+    }
+
+    /// Addresses of replicas recorded since the last call ([`Command::AddReplica`], or a
+    /// copied store's group: [`Self::learn_addresses`]).
     pub fn take_learned(&mut self) -> Vec<(u16, String)> {
         std::mem::take(&mut self.learned)
     }
