@@ -1610,12 +1610,7 @@ impl Applier {
         manager.presume_live(now);
         *served = Served::Running(Box::new(manager));
         let mut core = self.replica.core.lock().unwrap();
-        core.installed(at, now);
-        // The copied store may record replicas added after the driver started, whose
-        // `AddReplica` this replica never applied itself: without their addresses its
-        // driver could not reach them once a group change makes them members.
-        core.learn_addresses(&group);
-        core.set_group(group);
+        core.install_copy(group, at, now);
         drop(core);
         drop(served);
         self.replica.tell_driver_addresses();

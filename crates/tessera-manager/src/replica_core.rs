@@ -317,7 +317,7 @@ impl ReplicaCore {
     }
 
     /// Queues every address `group` records for the order driver (see [`Self::take_learned`]).
-    pub fn learn_addresses(&mut self, group: &ReplicaGroup) {
+    fn learn_addresses(&mut self, group: &ReplicaGroup) {
         let addresses = group.addresses.iter();
         self.learned
             .extend(addresses.map(|(&id, addr)| (id, addr.clone())));
@@ -568,6 +568,17 @@ impl ReplicaCore {
         self.epoch = position.epoch;
         self.next_position = position.next;
         self.live_since = now;
+    }
+
+    /// A peer's store that records `group` and stands at `position` was installed at `now`:
+    /// the group is the copy's, and every address it records is queued for the order driver
+    /// ([`Self::take_learned`]). The copy may record replicas added after the driver
+    /// started, whose `AddReplica` this replica never applied itself: without their
+    /// addresses its driver could not reach them once a group change makes them members.
+    pub fn install_copy(&mut self, group: ReplicaGroup, position: OrderPosition, now: Instant) {
+        self.installed(position, now);
+        self.learn_addresses(&group);
+        self.group = group;
     }
 
     /// Applies the order's group change delivered at `position` to `manager`'s store (if it

@@ -73,6 +73,9 @@ pub struct ReplicaStats {
     pub datagrams: u64,
     /// Of which lost.
     pub datagrams_lost: u64,
+    /// Datagrams not sent: their replica's order driver had no address for the one it was
+    /// for (see `Running::addressed`).
+    pub datagrams_unaddressed: u64,
     /// Replica kills and restarts.
     pub kills: u64,
     /// Restarts.
@@ -113,6 +116,11 @@ struct Running {
     leases_checked: Instant,
     /// Where the order stood, for its `ExpireOnce` cutoff.
     once_marks: OnceMarks,
+    /// The replicas (indices) whose address its order driver knows, as the daemon's: at
+    /// boot the stored group's and every replica up to its own (a local cluster's
+    /// `--peers`), then what the replica learns ([`ReplicaCore::take_learned`]). Datagrams
+    /// to any other replica go nowhere.
+    addressed: BTreeSet<usize>,
 }
 
 struct Replica {
@@ -270,6 +278,10 @@ impl SimReplicas {
                 .expect("the store commits the new epoch");
             core.begin_epoch(epoch);
         }
+        let addressed = (members.addresses.keys())
+            .map(|&id| usize::from(id) - 1)
+            .chain(0..=index)
+            .collect();
         core.set_group(members.clone());
         core.began(start);
         let node = Node::new(
@@ -291,6 +303,7 @@ impl SimReplicas {
             held: VecDeque::new(),
             leases_checked: now,
             once_marks: OnceMarks::default(),
+            addressed,
         }));
         let host = ReplicaHost {
             group: self.group.clone(),
@@ -573,6 +586,15 @@ impl SimReplicas {
         running.manager.as_mut().map(f)
     }
 
+    /// The view each running replica's order node is in.
+    pub fn views(&self) -> Vec<(usize, u64)> {
+        let group = self.group.lock().unwrap();
+        let replicas = group.replicas.iter().enumerate();
+        replicas
+            .filter_map(|(index, replica)| Some((index, replica.running.as_ref()?.node.view())))
+            .collect()
+    }
+
     /// Each running replica's applied position and store dump (every table, in key order).
     pub fn dumps(&self) -> Vec<(usize, u64, Vec<String>)> {
         let group = self.group.lock().unwrap();
@@ -661,10 +683,13 @@ impl GroupState {
         {
             running.node.handle_timeout(at);
         }
+        let learned = running.core.take_learned();
+        (running.addressed).extend(learned.iter().map(|&(id, _)| usize::from(id) - 1));
         let mut transmits = Vec::new();
         while let Some(transmit) = running.node.poll_transmit(at) {
             transmits.push(transmit);
         }
+        let addressed = running.addressed.clone();
         while let Some(event) = running.node.poll_event() {
             running.held.push_back(event);
         }
@@ -674,6 +699,10 @@ impl GroupState {
                 Destination::Node(node) => vec![usize::from(node.0)],
             };
             for to in targets {
+                if to != index && !addressed.contains(&to) {
+                    self.stats.datagrams_unaddressed += 1;
+                    continue;
+                }
                 self.send(index, to, transmit.contents.clone(), at);
             }
         }
@@ -832,11 +861,9 @@ impl GroupState {
         let (manager, stands) =
             open_installed(&dir, &incoming, at, self.config, self.key).expect("the copy installs");
         let members = manager.replica_group().expect("the copy's group");
-        running
-            .core
-            .set_group(members.unwrap_or_else(|| self.initial.clone()));
+        let members = members.unwrap_or_else(|| self.initial.clone());
         running.manager = Some(manager);
-        running.core.installed(stands, now.into_std());
+        running.core.install_copy(members, stands, now.into_std());
         running.core.set_catching_up(false);
         running.catch_up = None;
         self.stats.catch_ups += 1;
