@@ -561,12 +561,19 @@ impl SimReplicas {
             .map(|(index, replica)| match &replica.running {
                 Some(running) => {
                     let status = running.core.status();
+                    let waits = running
+                        .catch_up
+                        .map(|at| format!(", waits for a store at {at}"));
                     format!(
-                        "{}: {} view {} applied {}",
+                        "{}: {} view {} (node {} {:?}) applied {} epoch {}{}",
                         index + 1,
                         status.role,
                         status.view,
-                        status.applied
+                        running.node.view(),
+                        running.node.status(),
+                        status.applied,
+                        running.core.position().epoch,
+                        waits.unwrap_or_default()
                     )
                 }
                 None => format!("{}: down", index + 1),
