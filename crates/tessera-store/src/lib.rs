@@ -131,6 +131,7 @@ mod meta;
 mod overflow;
 mod record;
 mod region;
+mod roster;
 mod seal;
 mod snapshot;
 mod stale;
