@@ -51,8 +51,9 @@
 //! # Each crash point
 //!
 //! - Client dies before step 3 is answered: no data written; parity is right. A torn record
-//!   (server died while writing it) fails its checksum and is dropped at the next open: no
-//!   data was written after it, since its answer never went out.
+//!   (server died while writing it) is still under its staging name `<name>.new` (a record
+//!   is written whole, synced, then renamed) and is dropped at the next open: no data was
+//!   written after it, since its answer never went out.
 //! - Client dies between 3 and 5, after any number of its data writes reached disk: the record
 //!   is durable; reconstruction uses it, resolution makes parity match the data.
 //! - Client dies after 5 was sent: the parity server either wrote `P'` and deleted the record
@@ -72,12 +73,26 @@
 //! everything else. A record resurrected by a power loss therefore implies that no sync ran
 //! since it was deleted, so nothing written to the stripe since was acknowledged as durable.
 //!
+//! # Damage to a record
+//!
+//! A record under its own name was answered, so its writer may have died between data and
+//! parity. One found damaged there (a flipped bit, cut short) or gone while the directory's
+//! roster (`roster.rs`) names it is therefore never dropped as torn: its old parity and data
+//! are lost, so its stripe is kept as an orphaned stale-parity record (`stale.rs`) instead.
+//! Nothing reconstructs from that parity (a column of the stripe lost meanwhile reads as an
+//! error, never as bytes), and the next lock holder or the torn-stripe resolver recomputes it
+//! from the data, which is right whatever mix of old and new blocks the columns hold. Before
+//! this, such a record was dropped at open and a later degraded read trusted the parity the
+//! dead writer left.
+//!
 //! # On-disk format (version 1)
 //!
 //! ```text
 //! <root>/intents/<file>.<stripe>
 //!   magic "TSIR" | version u32 LE | crc32c u32 LE of all that follows | message_len u32 LE
 //!   | ParityIntent (postcard) | old parity (span_len bytes) | old data (the pieces, in order)
+//! <root>/intents/<file>.<stripe>.new   the same while being written (torn if found)
+//! <root>/intents/roster                the records' names (`roster.rs`)
 //! ```
 
 use std::collections::{BTreeMap, HashMap};

@@ -86,14 +86,20 @@
 //! fsync is added on the write path: a process crash keeps the page cache, and a machine
 //! crash with writes not synced renews the whole store (`boot.rs`), while [`crate::Store::sync`]
 //! makes copies and journal durable with the data they protect. A journal record damaged
-//! anywhere but at the end makes every snapshot read of the file refused as corrupt here
-//! (the client reconstructs it from the other columns).
+//! anywhere but at the end, or records a sync made durable and the journal lost (its seal,
+//! `seal.rs`), make every snapshot read of the file begun before the loss refused as corrupt
+//! here (the client reconstructs it from the other columns); snapshots begun after it read
+//! exactly ([`Damage`] argues why). The refusal is kept in the journal, so it lasts until
+//! those snapshots are dropped; rebuilding their copies here would need the client to
+//! reconstruct each block as the snapshot held it and write it back (no such request yet).
 //!
 //! # On-disk format (in the file's directory, so removing the file removes its copies)
 //!
 //! ```text
 //! snap.journal          "TSSJ" + version u32 LE (SNAPSHOT_FORMAT_VERSION), then 40-byte
-//!                       records: tag u8 (1 begin, 2 copy), region u8 (0 data, 1 redundancy),
+//!                       records: tag u8 (1 begin, 2 copy, 3 damaged: its epoch field is
+//!                       the epoch reads below which are refused, or 0 for "up to the
+//!                       next begin"), region u8 (0 data, 1 redundancy),
 //!                       kind u8 (0 bytes, 1 zeros, 2 lost, 3 torn: bytes
 //!                       for older epochs, lost for its own), 5 zero bytes, epoch u64 LE,
 //!                       block_first u64 LE, block_count u64 LE, crc32c u32 LE of the 32
@@ -112,7 +118,7 @@ use tessera_layout::Region;
 use tessera_wire::{FileId, StorageError};
 
 use crate::disk::{Disk, FileHandle};
-use crate::io::{disk, disk_format};
+use crate::io::disk;
 use crate::region::RegionFile;
 use crate::seal::Seal;
 use crate::BLOCK_BYTES;
@@ -193,9 +199,13 @@ enum Record {
         first: u64,
         count: u64,
     },
-    /// Records of this journal were lost or damaged: snapshot reads here are refused from
-    /// now on (kept in the journal, so that appends and rewrites never forget it).
-    Damaged,
+    /// Records of this journal were lost or damaged (kept in the journal, so that appends
+    /// and rewrites never forget it): snapshot reads here of epochs below `below` are
+    /// refused, or, with `below` 0, of every epoch up to the first begun after this record
+    /// (see [`Damage`]).
+    Damaged {
+        below: u64,
+    },
 }
 
 impl Record {
@@ -203,7 +213,7 @@ impl Record {
         let mut out = [0u8; RECORD_BYTES];
         let (tag, region, kind, epoch, first, count) = match self {
             Record::Begin { epoch } => (TAG_BEGIN, 0, 0, epoch, 0, 0),
-            Record::Damaged => (TAG_DAMAGED, 0, 0, 0, 0, 0),
+            Record::Damaged { below } => (TAG_DAMAGED, 0, 0, below, 0, 0),
             Record::Copy {
                 region,
                 kind,
@@ -238,7 +248,7 @@ impl Record {
         }
         match bytes[0] {
             TAG_BEGIN => Some(Record::Begin { epoch: word(8) }),
-            TAG_DAMAGED => Some(Record::Damaged),
+            TAG_DAMAGED => Some(Record::Damaged { below: word(8) }),
             TAG_COPY => Some(Record::Copy {
                 region: region_of(bytes[1])?,
                 kind: CopyKind::from_code(bytes[2])?,
@@ -275,9 +285,59 @@ pub(crate) struct Snapshots {
     copied_at_begun: [Runs; 2],
     /// Copy files opened, by (epoch, region code).
     files: BTreeMap<(u64, u8), RegionFile>,
-    /// A record in the middle of the journal failed its checksum: snapshot reads of this
-    /// file are refused here.
-    damaged: bool,
+    /// Which snapshot reads records lost or damaged make this server refuse.
+    damage: Damage,
+}
+
+/// Which snapshots of a file records lost from its journal (a damaged record, a tail cut
+/// short) may have been about. A lost record was appended when some epoch `b` was the
+/// newest begun here, and concerns epochs up to `b` only; a `Begin` appended after it has
+/// an epoch above `b` (a begin is appended only for an epoch above the newest begun, and
+/// after a restart, which forgets the fences, only a new snapshot, whose epoch the manager
+/// draws above every earlier one, begins). So reads of epochs from the first begun after the
+/// damage on are exact, and only older snapshots stay refused here (the client reconstructs
+/// them from the other columns). Before, one damaged record refused every snapshot of the
+/// file here for good, the ones taken after the damage included.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Damage {
+    /// Reads of epochs below this are refused.
+    below: u64,
+    /// Damage found with no epoch begun after it yet: every read is refused.
+    pending: bool,
+}
+
+impl Damage {
+    fn refuses(&self, epoch: u64) -> bool {
+        self.pending || epoch < self.below
+    }
+
+    /// Damage at this point of the journal.
+    fn found(&mut self) {
+        self.pending = true;
+    }
+
+    /// A record `Begin { epoch }` at this point of the journal.
+    fn begun(&mut self, epoch: u64) {
+        if self.pending {
+            self.below = self.below.max(epoch);
+            self.pending = false;
+        }
+    }
+
+    /// A `Damaged` record at this point of the journal.
+    fn recorded(&mut self, below: u64) {
+        match below {
+            0 => self.found(),
+            below => self.below = self.below.max(below),
+        }
+    }
+
+    /// The records that keep this damage in a journal rewritten whole (after its `Begin`).
+    fn records(&self) -> impl Iterator<Item = Record> {
+        let below = (self.below > 0).then_some(Record::Damaged { below: self.below });
+        let pending = self.pending.then_some(Record::Damaged { below: 0 });
+        below.into_iter().chain(pending)
+    }
 }
 
 impl Snapshots {
@@ -297,7 +357,7 @@ impl Snapshots {
             copies: BTreeMap::new(),
             copied_at_begun: Default::default(),
             files: BTreeMap::new(),
-            damaged: false,
+            damage: Damage::default(),
         };
         let path = dir.join(JOURNAL_NAME);
         let journal = match snapshots.disk.open_existing(&path) {
@@ -307,17 +367,23 @@ impl Snapshots {
         };
         let bytes = crate::disk::read_file(&*snapshots.disk, &path)
             .map_err(|error| disk(format_args!("read {}", path.display()), error))?;
-        if bytes.len() < HEADER_BYTES as usize || &bytes[..4] != JOURNAL_MAGIC {
-            snapshots.damaged = true;
-        } else if u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"))
-            != SNAPSHOT_FORMAT_VERSION
-        {
-            return Err(disk_format(format!(
-                "{} has an unknown format version",
-                path.display()
-            )));
-        } else {
+        let header_whole = bytes.len() >= HEADER_BYTES as usize
+            && &bytes[..4] == JOURNAL_MAGIC
+            && bytes[4..8] == SNAPSHOT_FORMAT_VERSION.to_le_bytes();
+        if header_whole {
             snapshots.replay(&bytes[HEADER_BYTES as usize..]);
+        } else {
+            // Nothing is known of the journal (a flipped bit in its header, which has no
+            // checksum, looks like another format): every snapshot read of the file is refused
+            // here for good, while the live file reads and writes as before. (An unknown
+            // version used to fail every request of the file, live reads included, with a
+            // disk error rather than a corrupt report.)
+            tracing::error!(
+                "{} has a damaged header or an unknown format version: snapshot reads of file \
+                 {file} are refused here",
+                path.display()
+            );
+            snapshots.damage.recorded(u64::MAX);
         }
         snapshots.journal = Some(journal);
         snapshots.check_seal()?;
@@ -334,7 +400,7 @@ impl Snapshots {
             match Record::decode(bytes) {
                 Some(record) => self.apply(record),
                 None if index + 1 < whole => {
-                    self.damaged = true;
+                    self.damage.found();
                     tracing::error!(
                         "snapshot journal of file {} in {}: record {index} is damaged; \
                          snapshot reads of it are refused here",
@@ -362,7 +428,7 @@ impl Snapshots {
             self.file,
             self.dir.display()
         );
-        let (_, journal) = self.append(&[Record::Damaged])?;
+        let (_, journal) = self.append(&[Record::Damaged { below: 0 }])?;
         journal
             .sync_data()
             .map_err(|error| disk(format_args!("sync {}", path.display()), error))
@@ -381,11 +447,12 @@ impl Snapshots {
     fn apply(&mut self, record: Record) {
         match record {
             Record::Begin { epoch } if epoch > self.begun => {
+                self.damage.begun(epoch);
                 self.begun = epoch;
                 self.copied_at_begun = Default::default();
             }
-            Record::Begin { .. } => {}
-            Record::Damaged => self.damaged = true,
+            Record::Begin { epoch } => self.damage.begun(epoch),
+            Record::Damaged { below } => self.damage.recorded(below),
             Record::Copy {
                 region,
                 kind,
@@ -637,7 +704,7 @@ impl Snapshots {
             region,
             offset: at,
         };
-        if self.damaged || epoch == 0 || self.begun < epoch {
+        if self.damage.refuses(epoch) || epoch == 0 || self.begun < epoch {
             return Err(corrupt(offset));
         }
         let code = region_code(region);
@@ -768,9 +835,7 @@ impl Snapshots {
             });
         }
         records.extend(run);
-        if self.damaged {
-            records.push(Record::Damaged);
-        }
+        records.extend(self.damage.records());
         let mut bytes = Vec::with_capacity(HEADER_BYTES as usize + records.len() * RECORD_BYTES);
         bytes.extend_from_slice(JOURNAL_MAGIC);
         bytes.extend_from_slice(&SNAPSHOT_FORMAT_VERSION.to_le_bytes());

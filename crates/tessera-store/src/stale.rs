@@ -80,10 +80,20 @@
 //! # On-disk format (version 1)
 //!
 //! ```text
-//! <root>/stale/<file>.<token>
+//! <root>/stale/<file>.<token>.<start>-<end>
 //!   magic "TSSP" | version u32 LE | crc32c u32 LE of all that follows | ranges u32 LE
 //!   | (start u64 LE, end u64 LE) per range of stripes, sorted and disjoint
+//! <root>/stale/<name>.new   a record being written or rewritten (torn if found)
+//! <root>/stale/roster       the records' names (`roster.rs`)
 //! ```
+//!
+//! The name gives the stripes the record was taken for (a superset of what is left of it
+//! after resolutions), so that one found damaged (a flipped bit, cut short) or deleted (gone
+//! while the roster names it) is kept as covering them, orphaned, and written again: it was
+//! answered, so a full-stripe writer may have died under it, and dropping it would let a
+//! degraded read trust that parity. Only a record being written is torn, and it is under its
+//! staging name. Records named `<file>.<token>` (before names carried stripes) are still
+//! read; a damaged one of those is dropped, logged, as before.
 
 use std::collections::BTreeMap;
 use std::io::ErrorKind;

@@ -849,6 +849,10 @@ impl Store {
     /// since the last sync and of every directory created or changed since.
     pub fn sync(&self) -> Result<(), StorageError> {
         let _one_at_a_time = lock(&self.sync_lock);
+        // The rosters before the directories: a record deleted durably while its roster
+        // still names it would be taken as lost at the next open (a needless resolution).
+        lock(&self.intents).sync_roster()?;
+        lock(&self.stale).sync_roster()?;
         let mut owed = std::mem::take(&mut *lock(&self.dirty));
         let result = self
             .seal_logs(&mut owed)
@@ -865,8 +869,6 @@ impl Store {
             dirty.dirs.extend(owed.dirs);
             return result;
         }
-        lock(&self.intents).sync_roster()?;
-        lock(&self.stale).sync_roster()?;
         self.unsynced.clear_if(&*self.disk, || {
             let dirty = lock(&self.dirty);
             dirty.files.is_empty() && dirty.snapshot_files.is_empty() && dirty.dirs.is_empty()

@@ -342,6 +342,115 @@ fn a_journal_cut_short_or_damaged_never_serves_live_bytes_as_the_snapshot() {
     }
 }
 
+/// Records lost from a journal (a record flipped in the middle, the journal cut short) concern
+/// only the snapshots begun before the loss: those stay refused here, and a snapshot taken
+/// after it reads exactly, also after another reopen and after the older snapshot is dropped
+/// (which rewrites the journal whole). Before, one damaged record refused every snapshot of
+/// the file on this server for good.
+#[test]
+fn a_damaged_journal_refuses_only_the_snapshots_taken_before_the_damage() {
+    let blocks = 6u64;
+    let len = blocks as u32 * 4096;
+    for damage in ["record 1 flipped", "cut to 2 records"] {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("files/7/snap.journal");
+        {
+            let store = Store::open(dir.path()).unwrap();
+            let old: Vec<u8> = (0..len as usize).map(|i| (i / 4096) as u8 + 1).collect();
+            store.write(7, Region::Data, 0, &old, false).unwrap();
+            store.snapshot_begin(&[7], 1).unwrap();
+            for block in 0..blocks {
+                let new = filled(0xEE, 4096);
+                store
+                    .write(7, Region::Data, block * 4096, &new, false)
+                    .unwrap();
+            }
+            store.sync().unwrap();
+        }
+        let mut bytes = std::fs::read(&journal).unwrap();
+        match damage {
+            "record 1 flipped" => bytes[8 + 40 + 9] ^= 1,
+            _ => bytes.truncate(8 + 2 * 40),
+        }
+        std::fs::write(&journal, &bytes).unwrap();
+        let refused = |store: &Store, epoch: u64, context: &str| {
+            let read = store.read_snapshot(7, Region::Data, 0, len, epoch);
+            assert!(
+                matches!(read, Err(StorageError::Corrupt { .. })),
+                "{damage}, {context}: snapshot {epoch} read {read:?}"
+            );
+        };
+        let store = Store::open(dir.path()).unwrap();
+        refused(&store, 1, "opened");
+        store.snapshot_begin(&[7], 2).unwrap();
+        store
+            .write(7, Region::Data, 4096, &filled(0xAA, 8192), false)
+            .unwrap();
+        let exact = |store: &Store, context: &str| {
+            let read = store.read_snapshot(7, Region::Data, 0, len, 2);
+            let want = filled(0xEE, len as usize);
+            assert!(
+                read.as_ref() == Ok(&want),
+                "{damage}, {context}: {:?}",
+                read.err()
+            );
+        };
+        exact(&store, "snapshot 2 taken");
+        refused(&store, 1, "snapshot 2 taken");
+        store.sync().unwrap();
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        exact(&store, "reopened");
+        refused(&store, 1, "reopened");
+        store.snapshot_drop(7, 1, &[2]).unwrap();
+        store.sync().unwrap();
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        exact(&store, "snapshot 1 dropped, reopened");
+        refused(&store, 1, "snapshot 1 dropped, reopened");
+    }
+}
+
+/// A flipped bit in the journal's header (which has no checksum) refuses the file's snapshot
+/// reads here, and nothing else: the live file reads and writes as before. It used to fail
+/// every request of the file with a disk error (an unknown format version).
+#[test]
+fn a_damaged_journal_header_refuses_snapshot_reads_only() {
+    for byte in [0, 5] {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("files/7/snap.journal");
+        {
+            let store = Store::open(dir.path()).unwrap();
+            store
+                .write(7, Region::Data, 0, &filled(1, 8192), false)
+                .unwrap();
+            store.snapshot_begin(&[7], 1).unwrap();
+            store
+                .write(7, Region::Data, 0, &filled(2, 4096), false)
+                .unwrap();
+            store.sync().unwrap();
+        }
+        let mut bytes = std::fs::read(&journal).unwrap();
+        bytes[byte] ^= 0x10;
+        std::fs::write(&journal, &bytes).unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let live = store.read(7, Region::Data, 0, 8192, false);
+        let want = [filled(2, 4096), filled(1, 4096)].concat();
+        assert!(live.as_ref() == Ok(&want), "byte {byte}: {:?}", live.err());
+        let read = store.read_snapshot(7, Region::Data, 0, 8192, 1);
+        assert!(
+            matches!(read, Err(StorageError::Corrupt { .. })),
+            "byte {byte}: {read:?}"
+        );
+        store
+            .write(7, Region::Data, 4096, &filled(3, 4096), false)
+            .unwrap();
+        let live = store.read(7, Region::Data, 0, 8192, false);
+        let want = [filled(2, 4096), filled(3, 4096)].concat();
+        assert!(live.as_ref() == Ok(&want), "byte {byte}: {:?}", live.err());
+    }
+}
+
 /// Once a range is copied for the newest snapshot, writing it again does no snapshot work: it
 /// changes exactly what the same write of a file with no snapshot changes (no journal record,
 /// no copy-file byte, nothing more for the next sync), data and parity alike, and the copies
