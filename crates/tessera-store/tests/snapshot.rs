@@ -275,6 +275,24 @@ fn a_discard_after_a_snapshot_copies_what_the_snapshot_holds_first() {
     assert_eq!(store.snapshot_usage(7).unwrap(), UNIT as u64);
 }
 
+/// A synced store at `root` whose file 7 held `blocks` blocks (block `b` all `b + 1`) when
+/// snapshot 1 began, each overwritten with 0xEE since.
+fn snapshot_then_overwrite(root: &std::path::Path, blocks: u64) {
+    let store = Store::open(root).unwrap();
+    let old: Vec<u8> = (0..blocks as usize * 4096)
+        .map(|i| (i / 4096) as u8 + 1)
+        .collect();
+    store.write(7, Region::Data, 0, &old, false).unwrap();
+    store.snapshot_begin(&[7], 1).unwrap();
+    for block in 0..blocks {
+        let new = filled(0xEE, 4096);
+        store
+            .write(7, Region::Data, block * 4096, &new, false)
+            .unwrap();
+    }
+    store.sync().unwrap();
+}
+
 /// The journal of a synced store cut short at any length (a lost tail of writes, a bad
 /// copy): every snapshot read is the snapshot's bytes or refused as corrupt, never the live
 /// bytes written after the snapshot (a journal cut at a record boundary forgot the copies and
@@ -286,21 +304,7 @@ fn a_journal_cut_short_or_damaged_never_serves_live_bytes_as_the_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let journal = dir.path().join("files/7/snap.journal");
     let blocks = 6u64;
-    {
-        let store = Store::open(dir.path()).unwrap();
-        let old: Vec<u8> = (0..blocks as usize * 4096)
-            .map(|i| (i / 4096) as u8 + 1)
-            .collect();
-        store.write(7, Region::Data, 0, &old, false).unwrap();
-        store.snapshot_begin(&[7], 1).unwrap();
-        for block in 0..blocks {
-            let new = filled(0xEE, 4096);
-            store
-                .write(7, Region::Data, block * 4096, &new, false)
-                .unwrap();
-        }
-        store.sync().unwrap();
-    }
+    snapshot_then_overwrite(dir.path(), blocks);
     let pristine = std::fs::read(&journal).unwrap();
     let want = |block: u64| filled(block as u8 + 1, 4096);
     let check = |store: &Store, context: &str| {
@@ -354,19 +358,7 @@ fn a_damaged_journal_refuses_only_the_snapshots_taken_before_the_damage() {
     for damage in ["record 1 flipped", "cut to 2 records"] {
         let dir = tempfile::tempdir().unwrap();
         let journal = dir.path().join("files/7/snap.journal");
-        {
-            let store = Store::open(dir.path()).unwrap();
-            let old: Vec<u8> = (0..len as usize).map(|i| (i / 4096) as u8 + 1).collect();
-            store.write(7, Region::Data, 0, &old, false).unwrap();
-            store.snapshot_begin(&[7], 1).unwrap();
-            for block in 0..blocks {
-                let new = filled(0xEE, 4096);
-                store
-                    .write(7, Region::Data, block * 4096, &new, false)
-                    .unwrap();
-            }
-            store.sync().unwrap();
-        }
+        snapshot_then_overwrite(dir.path(), blocks);
         let mut bytes = std::fs::read(&journal).unwrap();
         match damage {
             "record 1 flipped" => bytes[8 + 40 + 9] ^= 1,
