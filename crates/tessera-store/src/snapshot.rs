@@ -86,20 +86,21 @@
 //! fsync is added on the write path: a process crash keeps the page cache, and a machine
 //! crash with writes not synced renews the whole store (`boot.rs`), while [`crate::Store::sync`]
 //! makes copies and journal durable with the data they protect. A journal record damaged
-//! anywhere but at the end, or records a sync made durable and the journal lost (its seal,
-//! `seal.rs`), make every snapshot read of the file begun before the loss refused as corrupt
-//! here (the client reconstructs it from the other columns); snapshots begun after it read
-//! exactly ([`Damage`] argues why). The refusal is kept in the journal, so it lasts until
-//! those snapshots are dropped; rebuilding their copies here would need the client to
-//! reconstruct each block as the snapshot held it and write it back (no such request yet).
+//! anywhere but at the end makes the file's snapshot reads here refused as corrupt (the
+//! client reconstructs them from the other columns) for the snapshots begun before the first
+//! begin recorded after it, and for all of them if there is none; records a sync made durable
+//! and the journal lost (its seal, `seal.rs`) refuse them all ([`Damage`] argues why). The
+//! refusal is kept in the journal for good; rebuilding those copies here would need the
+//! client to reconstruct each block as the snapshot held it and write it back (no such
+//! request yet).
 //!
 //! # On-disk format (in the file's directory, so removing the file removes its copies)
 //!
 //! ```text
 //! snap.journal          "TSSJ" + version u32 LE (SNAPSHOT_FORMAT_VERSION), then 40-byte
 //!                       records: tag u8 (1 begin, 2 copy, 3 damaged: its epoch field is
-//!                       the epoch reads below which are refused, or 0 for "up to the
-//!                       next begin"), region u8 (0 data, 1 redundancy),
+//!                       the epoch reads below which are refused, 0 or u64::MAX for all),
+//!                       region u8 (0 data, 1 redundancy),
 //!                       kind u8 (0 bytes, 1 zeros, 2 lost, 3 torn: bytes
 //!                       for older epochs, lost for its own), 5 zero bytes, epoch u64 LE,
 //!                       block_first u64 LE, block_count u64 LE, crc32c u32 LE of the 32
@@ -201,8 +202,7 @@ enum Record {
     },
     /// Records of this journal were lost or damaged (kept in the journal, so that appends
     /// and rewrites never forget it): snapshot reads here of epochs below `below` are
-    /// refused, or, with `below` 0, of every epoch up to the first begun after this record
-    /// (see [`Damage`]).
+    /// refused (0, as written before bounds were kept: every epoch; see [`Damage`]).
     Damaged {
         below: u64,
     },
@@ -289,21 +289,29 @@ pub(crate) struct Snapshots {
     damage: Damage,
 }
 
-/// Which snapshots of a file records lost from its journal (a damaged record, a tail cut
-/// short) may have been about. A lost record was appended when some epoch `b` was the
-/// newest begun here, and concerns epochs up to `b` only; a `Begin` appended after it has
-/// an epoch above `b` (a begin is appended only for an epoch above the newest begun, and
-/// after a restart, which forgets the fences, only a new snapshot, whose epoch the manager
-/// draws above every earlier one, begins). So reads of epochs from the first begun after the
-/// damage on are exact, and only older snapshots stay refused here (the client reconstructs
-/// them from the other columns). Before, one damaged record refused every snapshot of the
-/// file here for good, the ones taken after the damage included.
+/// Which snapshots of a file records lost from its journal may have been about.
+///
+/// A damaged record was appended when some epoch `b` was the newest begun here, and concerns
+/// epochs up to `b` only. A `Begin` appended after it, *before the damage was found*, has an
+/// epoch above `b` (a begin is appended only for an epoch above the newest begun, which the
+/// journal then still told right). So reads of epochs from that begin's on are exact, and
+/// only older snapshots stay refused here (the client reconstructs them from the other
+/// columns). A begin appended after the damage was found bounds nothing: the newest epoch
+/// begun may have been in the lost record, and a snapshot whose taker drew its epoch before
+/// that one's can begin after it. So the bound is fixed when the damage is found, and kept
+/// durably (`Damaged { below }`, appended at open); with no begin after the damage then, or
+/// records lost from the tail (the seal), every snapshot read of the file stays refused, as
+/// before. Before, one damaged record refused every snapshot of the file here for good, the
+/// ones begun after it included.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Damage {
     /// Reads of epochs below this are refused.
     below: u64,
-    /// Damage found with no epoch begun after it yet: every read is refused.
+    /// A damaged record met in the replay with no begin after it yet.
     pending: bool,
+    /// A damaged record met in the replay with no `Damaged` record after it: the bound is
+    /// not kept yet, so the open appends it.
+    unkept: bool,
 }
 
 impl Damage {
@@ -311,12 +319,14 @@ impl Damage {
         self.pending || epoch < self.below
     }
 
-    /// Damage at this point of the journal.
+    /// A damaged record, met replaying the journal.
     fn found(&mut self) {
         self.pending = true;
+        self.unkept = true;
     }
 
-    /// A record `Begin { epoch }` at this point of the journal.
+    /// A record `Begin { epoch }`: it bounds a damaged record met before it in the replay.
+    /// (At run time nothing is pending: the open kept the bound.)
     fn begun(&mut self, epoch: u64) {
         if self.pending {
             self.below = self.below.max(epoch);
@@ -324,19 +334,28 @@ impl Damage {
         }
     }
 
-    /// A `Damaged` record at this point of the journal.
+    /// A `Damaged` record: the bound kept when damage before it was found (0, as written
+    /// before bounds were kept: every read refused). Begins after it bound nothing.
     fn recorded(&mut self, below: u64) {
-        match below {
-            0 => self.found(),
-            below => self.below = self.below.max(below),
-        }
+        let below = if below == 0 { u64::MAX } else { below };
+        self.below = self.below.max(below);
+        self.pending = false;
+        self.unkept = false;
     }
 
-    /// The records that keep this damage in a journal rewritten whole (after its `Begin`).
-    fn records(&self) -> impl Iterator<Item = Record> {
-        let below = (self.below > 0).then_some(Record::Damaged { below: self.below });
-        let pending = self.pending.then_some(Record::Damaged { below: 0 });
-        below.into_iter().chain(pending)
+    /// At the end of the replay: the bound to keep, if a damaged record was met since the
+    /// last kept one (every read refused if no begin came after it).
+    fn settle(&mut self) -> Option<u64> {
+        if self.pending {
+            self.below = u64::MAX;
+            self.pending = false;
+        }
+        std::mem::take(&mut self.unkept).then_some(self.below)
+    }
+
+    /// The record that keeps this damage in a journal rewritten whole.
+    fn record(&self) -> Option<Record> {
+        (self.below > 0).then_some(Record::Damaged { below: self.below })
     }
 }
 
@@ -386,7 +405,9 @@ impl Snapshots {
             snapshots.damage.recorded(u64::MAX);
         }
         snapshots.journal = Some(journal);
+        // The seal first: what is appended after the replay must not hide a shorter journal.
         snapshots.check_seal()?;
+        snapshots.keep_damage()?;
         Ok(snapshots)
     }
 
@@ -414,6 +435,24 @@ impl Snapshots {
         }
     }
 
+    /// Keeps durably the bound of damage the replay found (see [`Damage`]), before anything
+    /// is appended after it.
+    fn keep_damage(&mut self) -> Result<(), StorageError> {
+        match self.damage.settle() {
+            Some(below) => self.append_synced(Record::Damaged { below }),
+            None => Ok(()),
+        }
+    }
+
+    /// Appends `record` and makes the journal durable.
+    fn append_synced(&mut self, record: Record) -> Result<(), StorageError> {
+        let path = self.dir.join(JOURNAL_NAME);
+        let (_, journal) = self.append(&[record])?;
+        journal
+            .sync_data()
+            .map_err(|error| disk(format_args!("sync {}", path.display()), error))
+    }
+
     /// Compares the journal with its seal (`seal.rs`): if records a sync made durable are
     /// gone, snapshot reads here are refused, durably (a [`Record::Damaged`] appended and
     /// synced).
@@ -428,10 +467,8 @@ impl Snapshots {
             self.file,
             self.dir.display()
         );
-        let (_, journal) = self.append(&[Record::Damaged { below: 0 }])?;
-        journal
-            .sync_data()
-            .map_err(|error| disk(format_args!("sync {}", path.display()), error))
+        // Which epochs the lost records were about is unknown: every read is refused.
+        self.append_synced(Record::Damaged { below: u64::MAX })
     }
 
     /// Seals the journal at its length now, before a sync makes it durable (see
@@ -835,7 +872,7 @@ impl Snapshots {
             });
         }
         records.extend(run);
-        records.extend(self.damage.records());
+        records.extend(self.damage.record());
         let mut bytes = Vec::with_capacity(HEADER_BYTES as usize + records.len() * RECORD_BYTES);
         bytes.extend_from_slice(JOURNAL_MAGIC);
         bytes.extend_from_slice(&SNAPSHOT_FORMAT_VERSION.to_le_bytes());

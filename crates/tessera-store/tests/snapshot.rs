@@ -346,60 +346,89 @@ fn a_journal_cut_short_or_damaged_never_serves_live_bytes_as_the_snapshot() {
     }
 }
 
-/// Records lost from a journal (a record flipped in the middle, the journal cut short) concern
-/// only the snapshots begun before the loss: those stay refused here, and a snapshot taken
-/// after it reads exactly, also after another reopen and after the older snapshot is dropped
-/// (which rewrites the journal whole). Before, one damaged record refused every snapshot of
-/// the file on this server for good.
+/// A damaged journal record concerns only snapshots begun before the first begin recorded
+/// after it: a copy record of snapshot 1 flipped leaves snapshot 2 (begun after it, before
+/// the damage was found) and snapshot 3 (begun after the damage was found, an epoch above
+/// that bound) exact, also after a reopen and after snapshot 1 is dropped (which rewrites the
+/// journal whole), while snapshot 1 stays refused. With no begin after the damaged record (the
+/// `Begin` of snapshot 2 flipped) or records lost from the tail (cut below its seal), nothing
+/// bounds the epochs the lost records were about, and every snapshot stays refused, the ones
+/// begun later too: one begun after the damage was found may have an epoch below the lost
+/// begin's. Before, one damaged record refused every snapshot of the file here for good.
 #[test]
-fn a_damaged_journal_refuses_only_the_snapshots_taken_before_the_damage() {
+fn a_damaged_journal_record_refuses_only_the_snapshots_begun_before_the_next_begin() {
     let blocks = 6u64;
     let len = blocks as u32 * 4096;
-    for damage in ["record 1 flipped", "cut to 2 records"] {
+    for damage in [
+        "copy of 1 flipped",
+        "begin of 2 flipped",
+        "cut to 3 records",
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let journal = dir.path().join("files/7/snap.journal");
         snapshot_then_overwrite(dir.path(), blocks);
+        {
+            let store = Store::open(dir.path()).unwrap();
+            store.snapshot_begin(&[7], 2).unwrap();
+            store
+                .write(7, Region::Data, 0, &filled(0xBB, 8192), false)
+                .unwrap();
+            store.sync().unwrap();
+        }
         let mut bytes = std::fs::read(&journal).unwrap();
+        let tag = |record: usize| bytes[8 + 40 * record];
+        let begin_2 = (1..).find(|&r| tag(r) == 1).unwrap();
         match damage {
-            "record 1 flipped" => bytes[8 + 40 + 9] ^= 1,
-            _ => bytes.truncate(8 + 2 * 40),
+            "copy of 1 flipped" => bytes[8 + 40 + 9] ^= 1,
+            "begin of 2 flipped" => bytes[8 + 40 * begin_2 + 9] ^= 1,
+            _ => bytes.truncate(8 + 3 * 40),
         }
         std::fs::write(&journal, &bytes).unwrap();
-        let refused = |store: &Store, epoch: u64, context: &str| {
+        let bounded = damage == "copy of 1 flipped";
+        let check = |store: &Store, epoch: u64, context: &str| {
             let read = store.read_snapshot(7, Region::Data, 0, len, epoch);
-            assert!(
-                matches!(read, Err(StorageError::Corrupt { .. })),
-                "{damage}, {context}: snapshot {epoch} read {read:?}"
-            );
+            if bounded && epoch > 1 {
+                let want = filled(0xEE, len as usize);
+                let got = read.as_ref().err();
+                assert!(read.as_ref() == Ok(&want), "{damage}, {context}: {got:?}");
+            } else {
+                let refused = matches!(read, Err(StorageError::Corrupt { .. }));
+                assert!(
+                    refused,
+                    "{damage}, {context}: snapshot {epoch} read {read:?}"
+                );
+            }
         };
         let store = Store::open(dir.path()).unwrap();
-        refused(&store, 1, "opened");
-        store.snapshot_begin(&[7], 2).unwrap();
+        check(&store, 1, "opened");
+        check(&store, 2, "opened");
+        store.snapshot_begin(&[7], 3).unwrap();
         store
             .write(7, Region::Data, 4096, &filled(0xAA, 8192), false)
             .unwrap();
-        let exact = |store: &Store, context: &str| {
-            let read = store.read_snapshot(7, Region::Data, 0, len, 2);
-            let want = filled(0xEE, len as usize);
+        // Snapshot 3 began with blocks 0 and 1 at 0xBB.
+        let at_3 = [filled(0xBB, 8192), filled(0xEE, len as usize - 8192)].concat();
+        let read = store.read_snapshot(7, Region::Data, 0, len, 3);
+        if bounded {
+            assert!(read.as_ref() == Ok(&at_3), "{damage}: {:?}", read.err());
+        } else {
             assert!(
-                read.as_ref() == Ok(&want),
-                "{damage}, {context}: {:?}",
-                read.err()
+                matches!(read, Err(StorageError::Corrupt { .. })),
+                "{damage}"
             );
-        };
-        exact(&store, "snapshot 2 taken");
-        refused(&store, 1, "snapshot 2 taken");
+        }
+        check(&store, 2, "snapshot 3 taken");
         store.sync().unwrap();
         drop(store);
         let store = Store::open(dir.path()).unwrap();
-        exact(&store, "reopened");
-        refused(&store, 1, "reopened");
-        store.snapshot_drop(7, 1, &[2]).unwrap();
+        check(&store, 1, "reopened");
+        check(&store, 2, "reopened");
+        store.snapshot_drop(7, 1, &[2, 3]).unwrap();
         store.sync().unwrap();
         drop(store);
         let store = Store::open(dir.path()).unwrap();
-        exact(&store, "snapshot 1 dropped, reopened");
-        refused(&store, 1, "snapshot 1 dropped, reopened");
+        check(&store, 1, "snapshot 1 dropped, reopened");
+        check(&store, 2, "snapshot 1 dropped, reopened");
     }
 }
 
