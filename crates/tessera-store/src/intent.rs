@@ -51,8 +51,9 @@
 //! # Each crash point
 //!
 //! - Client dies before step 3 is answered: no data written; parity is right. A torn record
-//!   (server died while writing it) fails its checksum and is dropped at the next open: no
-//!   data was written after it, since its answer never went out.
+//!   (server died while writing it) is still under its staging name `<name>.new` (a record
+//!   is written whole, synced, then renamed) and is dropped at the next open: no data was
+//!   written after it, since its answer never went out.
 //! - Client dies between 3 and 5, after any number of its data writes reached disk: the record
 //!   is durable; reconstruction uses it, resolution makes parity match the data.
 //! - Client dies after 5 was sent: the parity server either wrote `P'` and deleted the record
@@ -72,12 +73,26 @@
 //! everything else. A record resurrected by a power loss therefore implies that no sync ran
 //! since it was deleted, so nothing written to the stripe since was acknowledged as durable.
 //!
+//! # Damage to a record
+//!
+//! A record under its own name was answered, so its writer may have died between data and
+//! parity. One found damaged there (a flipped bit, cut short) or gone while the directory's
+//! roster (`roster.rs`) names it is therefore never dropped as torn: its old parity and data
+//! are lost, so its stripe is kept as an orphaned stale-parity record (`stale.rs`) instead.
+//! Nothing reconstructs from that parity (a column of the stripe lost meanwhile reads as an
+//! error, never as bytes), and the next lock holder or the torn-stripe resolver recomputes it
+//! from the data, which is right whatever mix of old and new blocks the columns hold. Before
+//! this, such a record was dropped at open and a later degraded read trusted the parity the
+//! dead writer left.
+//!
 //! # On-disk format (version 1)
 //!
 //! ```text
 //! <root>/intents/<file>.<stripe>
 //!   magic "TSIR" | version u32 LE | crc32c u32 LE of all that follows | message_len u32 LE
 //!   | ParityIntent (postcard) | old parity (span_len bytes) | old data (the pieces, in order)
+//! <root>/intents/<file>.<stripe>.new   the same while being written (torn if found)
+//! <root>/intents/roster                the records' names (`roster.rs`)
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
@@ -89,6 +104,7 @@ use tessera_wire::{FileId, ParityIntent, StorageError};
 
 use crate::disk::{read_file, write_file_synced, Disk};
 use crate::io::{bad_request, disk, disk_format};
+use crate::roster::{self, Roster, ROSTER_NAME};
 use crate::REQUEST_BYTES_MAX;
 
 /// Directory of intent records under the store's root.
@@ -109,14 +125,23 @@ pub(crate) struct Intents {
     disk: Arc<dyn Disk>,
     dir: PathBuf,
     spans: HashMap<FileId, BTreeMap<u64, Span>>,
+    /// The names of the records on disk, so that a deleted one is found (`roster.rs`).
+    roster: Roster,
 }
 
 /// An unresolved record and its bytes: old parity of the span, then old data of the pieces.
 pub type IntentRecord = (ParityIntent, Vec<u8>);
 
 impl Intents {
-    /// Opens (creating) the records directory under `root`, dropping torn or damaged records.
-    pub(crate) fn open(disk: &Arc<dyn Disk>, root: &Path) -> Result<Intents, StorageError> {
+    /// Opens (creating) the records directory under `root`, dropping torn records (a record
+    /// still under its staging name, never answered). Returns the stripes whose record is
+    /// damaged (cut short, a flipped bit) or lost (on its roster, `roster.rs`, with no file):
+    /// it was answered, so its writer may have died between data and parity. The caller
+    /// keeps them as orphaned stale-parity records and then calls [`Intents::drop_damaged`].
+    pub(crate) fn open(
+        disk: &Arc<dyn Disk>,
+        root: &Path,
+    ) -> Result<(Intents, Vec<(FileId, u64)>), StorageError> {
         let dir = root.join(INTENTS_DIR);
         let created = match disk.create_dir(&dir) {
             Ok(()) => true,
@@ -126,29 +151,74 @@ impl Intents {
         if created {
             crate::meta::sync_dir(&**disk, root)?;
         }
+        let (roster, held) = Roster::load(&**disk, &dir)?;
         let mut intents = Intents {
             disk: Arc::clone(disk),
             dir,
             spans: HashMap::new(),
+            roster,
         };
         let names = (intents.disk)
             .read_dir(&intents.dir)
             .map_err(|e| self::disk(format_args!("list intents"), e))?;
-        for name in names {
-            let parsed = parse_name(&name);
-            let record = parsed.and_then(|(file, stripe)| {
-                intents.load(file, stripe).ok().map(|r| (file, stripe, r))
-            });
-            match record {
-                Some((file, stripe, (intent, _))) => intents.remember(file, stripe, &intent),
+        let mut damaged = intents.load_all(&names)?;
+        for name in held
+            .as_ref()
+            .map_or(Vec::new(), |held| roster::lost(held, &names))
+        {
+            tracing::error!(
+                "intent record {name} under {} is lost (on the roster, no file): its stripe \
+                 is kept as torn (stale parity)",
+                intents.dir.display()
+            );
+            damaged.extend(parse_name(name));
+        }
+        Ok((intents, damaged))
+    }
+
+    /// Loads the records named `names`, dropping torn ones; returns the damaged ones.
+    fn load_all(&mut self, names: &[String]) -> Result<Vec<(FileId, u64)>, StorageError> {
+        let mut damaged = Vec::new();
+        for name in names.iter().filter(|name| *name != ROSTER_NAME) {
+            match parse_name(name) {
+                Some((file, stripe)) => match self.load(file, stripe) {
+                    Ok((intent, _)) => self.remember(file, stripe, &intent),
+                    Err(error) => {
+                        tracing::error!("{error}: its stripe is kept as torn (stale parity)");
+                        damaged.push((file, stripe));
+                    }
+                },
                 // Torn while being recorded (never answered, so no data was written after
                 // it) or not ours: it describes nothing to resolve.
-                None => (intents.disk)
-                    .remove_file(&intents.dir.join(&name))
-                    .map_err(|e| self::disk(format_args!("remove torn intent {name}"), e))?,
+                None => (self.disk)
+                    .remove_file(&self.dir.join(name))
+                    .map_err(|e| disk(format_args!("remove torn intent {name}"), e))?,
             }
         }
-        Ok(intents)
+        Ok(damaged)
+    }
+
+    /// Deletes the damaged records [`Intents::open`] returned, once their stripes are kept
+    /// otherwise, and writes the roster again with the records kept (durably: the caller
+    /// syncs the directory after).
+    pub(crate) fn drop_damaged(&mut self, damaged: &[(FileId, u64)]) -> Result<(), StorageError> {
+        for &(file, stripe) in damaged {
+            let path = self.path(file, stripe);
+            match self.disk.remove_file(&path) {
+                Ok(()) => {}
+                Err(error) if error.kind() == ErrorKind::NotFound => {}
+                Err(error) => return Err(disk(format_args!("remove {}", path.display()), error)),
+            }
+        }
+        let names = (self.spans.iter())
+            .flat_map(|(file, stripes)| stripes.keys().map(move |stripe| name(*file, *stripe)))
+            .collect();
+        self.roster.reset(&*self.disk, names)
+    }
+
+    /// Makes the roster durable (at a sync of the store).
+    pub(crate) fn sync_roster(&mut self) -> Result<(), StorageError> {
+        self.roster.sync()
     }
 
     /// Records `intent` for `stripe` of `file` with its old parity and old data, durably.
@@ -181,9 +251,14 @@ impl Intents {
         }
         let path = self.path(file, stripe);
         let bytes = encode(intent, old_parity, old_data);
-        let written = write_file_synced(&*self.disk, &path, &bytes);
+        // Written whole under a staging name, then renamed: a record under its own name was
+        // answered, so one found damaged there is damage, never a torn recording.
+        let staging = staging_path(&path);
+        let written = write_file_synced(&*self.disk, &staging, &bytes)
+            .and_then(|_| self.disk.rename(&staging, &path));
         written.map_err(|e| disk(format_args!("record intent {}", path.display()), e))?;
         crate::meta::sync_dir(&*self.disk, &self.dir)?;
+        self.roster.add(&*self.disk, name(file, stripe))?;
         self.remember(file, stripe, intent);
         Ok(())
     }
@@ -212,6 +287,7 @@ impl Intents {
         if stripes.is_empty() {
             self.spans.remove(&file);
         }
+        self.roster.remove(&*self.disk, &name(file, stripe))?;
         let path = self.path(file, stripe);
         match self.disk.remove_file(&path) {
             Ok(()) => Ok(true),
@@ -284,7 +360,7 @@ impl Intents {
     }
 
     fn path(&self, file: FileId, stripe: u64) -> PathBuf {
-        self.dir.join(format!("{file}.{stripe}"))
+        self.dir.join(name(file, stripe))
     }
 
     fn load(&self, file: FileId, stripe: u64) -> Result<IntentRecord, StorageError> {
@@ -318,9 +394,25 @@ fn check(intent: &ParityIntent) -> Result<(), StorageError> {
     }
 }
 
+/// A record's file name: `<file>.<stripe>`.
+fn name(file: FileId, stripe: u64) -> String {
+    format!("{file}.{stripe}")
+}
+
 fn parse_name(name: &str) -> Option<(FileId, u64)> {
     let (file, stripe) = name.split_once('.')?;
     Some((file.parse().ok()?, stripe.parse().ok()?))
+}
+
+/// Where a record (or a stale-parity record, `stale.rs`) is written before it is renamed to
+/// `path`: a name no record parses as, so that one torn there is dropped at open.
+pub(crate) fn staging_path(path: &Path) -> PathBuf {
+    let mut name = path
+        .file_name()
+        .expect("a record has a name")
+        .to_os_string();
+    name.push(".new");
+    path.with_file_name(name)
 }
 
 fn encode(intent: &ParityIntent, old_parity: &[u8], old_data: &[u8]) -> Vec<u8> {

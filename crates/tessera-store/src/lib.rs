@@ -49,8 +49,11 @@
 //!                                  see `region.rs`'s `CutMark`)
 //! <root>/intents/<F>.<stripe>      an unresolved intent record: "TSIR" + version u32 LE
 //!                                  (INTENT_FORMAT_VERSION) + crc32c + the record
-//! <root>/stale/<F>.<token>        a stale-parity record of a full-stripe write: "TSSP" +
-//!                                  version u32 LE (STALE_FORMAT_VERSION) + crc32c + ranges
+//! <root>/stale/<F>.<token>.<S>-<E> a stale-parity record of a full-stripe write of stripes
+//!                                  S..E: "TSSP" + version u32 LE (STALE_FORMAT_VERSION) +
+//!                                  crc32c + ranges
+//! <root>/intents/roster, stale/roster  the names of the records in the directory: length
+//!                                  u32 LE + crc32c u32 LE + names (see `roster.rs`)
 //! <root>/tombstones.0, .1        ids of files the manager removed, as ranges, in two copies:
 //!                                  "TSTB" + version u32 LE (TOMBSTONE_FORMAT_VERSION) +
 //!                                  sequence + ranges + crc32c (see `tombstone.rs`)
@@ -77,6 +80,11 @@
 //!   its own crc32c; a damaged one is listed as damaged, never read, and recovery takes the
 //!   file's record from another column's server.
 //! - A tombstone copy that fails its checksum is replaced by the other copy (`tombstone.rs`).
+//! - An intent or stale-parity record that fails its checksum, is cut short, or is gone while
+//!   its directory's roster names it, is kept as an orphaned stale-parity record of its
+//!   stripes (never dropped: it was answered); a damaged roster is written again.
+//! - A `store.toml` that is missing while the store holds files or records makes
+//!   [`Store::open`] fail naming it (it is not taken for a new store, which would delete them).
 //! - A flipped bit in overflow bytes that no live entry refers to changes nothing that is ever
 //!   read; those bytes are dropped when the overflow files are next emptied.
 //!
@@ -131,6 +139,7 @@ mod meta;
 mod overflow;
 mod record;
 mod region;
+mod roster;
 mod seal;
 mod snapshot;
 mod stale;

@@ -86,14 +86,21 @@
 //! fsync is added on the write path: a process crash keeps the page cache, and a machine
 //! crash with writes not synced renews the whole store (`boot.rs`), while [`crate::Store::sync`]
 //! makes copies and journal durable with the data they protect. A journal record damaged
-//! anywhere but at the end makes every snapshot read of the file refused as corrupt here
-//! (the client reconstructs it from the other columns).
+//! anywhere but at the end makes the file's snapshot reads here refused as corrupt (the
+//! client reconstructs them from the other columns) for the snapshots begun before the first
+//! begin recorded after it, and for all of them if there is none; records a sync made durable
+//! and the journal lost (its seal, `seal.rs`) refuse them all ([`Damage`] argues why). The
+//! refusal is kept in the journal for good; rebuilding those copies here would need the
+//! client to reconstruct each block as the snapshot held it and write it back (no such
+//! request yet).
 //!
 //! # On-disk format (in the file's directory, so removing the file removes its copies)
 //!
 //! ```text
 //! snap.journal          "TSSJ" + version u32 LE (SNAPSHOT_FORMAT_VERSION), then 40-byte
-//!                       records: tag u8 (1 begin, 2 copy), region u8 (0 data, 1 redundancy),
+//!                       records: tag u8 (1 begin, 2 copy, 3 damaged: its epoch field is
+//!                       the epoch reads below which are refused, 0 or u64::MAX for all),
+//!                       region u8 (0 data, 1 redundancy),
 //!                       kind u8 (0 bytes, 1 zeros, 2 lost, 3 torn: bytes
 //!                       for older epochs, lost for its own), 5 zero bytes, epoch u64 LE,
 //!                       block_first u64 LE, block_count u64 LE, crc32c u32 LE of the 32
@@ -112,7 +119,7 @@ use tessera_layout::Region;
 use tessera_wire::{FileId, StorageError};
 
 use crate::disk::{Disk, FileHandle};
-use crate::io::{disk, disk_format};
+use crate::io::disk;
 use crate::region::RegionFile;
 use crate::seal::Seal;
 use crate::BLOCK_BYTES;
@@ -193,9 +200,12 @@ enum Record {
         first: u64,
         count: u64,
     },
-    /// Records of this journal were lost or damaged: snapshot reads here are refused from
-    /// now on (kept in the journal, so that appends and rewrites never forget it).
-    Damaged,
+    /// Records of this journal were lost or damaged (kept in the journal, so that appends
+    /// and rewrites never forget it): snapshot reads here of epochs below `below` are
+    /// refused (0, as written before bounds were kept: every epoch; see [`Damage`]).
+    Damaged {
+        below: u64,
+    },
 }
 
 impl Record {
@@ -203,7 +213,7 @@ impl Record {
         let mut out = [0u8; RECORD_BYTES];
         let (tag, region, kind, epoch, first, count) = match self {
             Record::Begin { epoch } => (TAG_BEGIN, 0, 0, epoch, 0, 0),
-            Record::Damaged => (TAG_DAMAGED, 0, 0, 0, 0, 0),
+            Record::Damaged { below } => (TAG_DAMAGED, 0, 0, below, 0, 0),
             Record::Copy {
                 region,
                 kind,
@@ -238,7 +248,7 @@ impl Record {
         }
         match bytes[0] {
             TAG_BEGIN => Some(Record::Begin { epoch: word(8) }),
-            TAG_DAMAGED => Some(Record::Damaged),
+            TAG_DAMAGED => Some(Record::Damaged { below: word(8) }),
             TAG_COPY => Some(Record::Copy {
                 region: region_of(bytes[1])?,
                 kind: CopyKind::from_code(bytes[2])?,
@@ -275,9 +285,78 @@ pub(crate) struct Snapshots {
     copied_at_begun: [Runs; 2],
     /// Copy files opened, by (epoch, region code).
     files: BTreeMap<(u64, u8), RegionFile>,
-    /// A record in the middle of the journal failed its checksum: snapshot reads of this
-    /// file are refused here.
-    damaged: bool,
+    /// Which snapshot reads records lost or damaged make this server refuse.
+    damage: Damage,
+}
+
+/// Which snapshots of a file records lost from its journal may have been about.
+///
+/// A damaged record was appended when some epoch `b` was the newest begun here, and concerns
+/// epochs up to `b` only. A `Begin` appended after it, *before the damage was found*, has an
+/// epoch above `b` (a begin is appended only for an epoch above the newest begun, which the
+/// journal then still told right). So reads of epochs from that begin's on are exact, and
+/// only older snapshots stay refused here (the client reconstructs them from the other
+/// columns). A begin appended after the damage was found bounds nothing: the newest epoch
+/// begun may have been in the lost record, and a snapshot whose taker drew its epoch before
+/// that one's can begin after it. So the bound is fixed when the damage is found, and kept
+/// durably (`Damaged { below }`, appended at open); with no begin after the damage then, or
+/// records lost from the tail (the seal), every snapshot read of the file stays refused, as
+/// before. Before, one damaged record refused every snapshot of the file here for good, the
+/// ones begun after it included.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Damage {
+    /// Reads of epochs below this are refused.
+    below: u64,
+    /// A damaged record met in the replay with no begin after it yet.
+    pending: bool,
+    /// A damaged record met in the replay with no `Damaged` record after it: the bound is
+    /// not kept yet, so the open appends it.
+    unkept: bool,
+}
+
+impl Damage {
+    fn refuses(&self, epoch: u64) -> bool {
+        self.pending || epoch < self.below
+    }
+
+    /// A damaged record, met replaying the journal.
+    fn found(&mut self) {
+        self.pending = true;
+        self.unkept = true;
+    }
+
+    /// A record `Begin { epoch }`: it bounds a damaged record met before it in the replay.
+    /// (At run time nothing is pending: the open kept the bound.)
+    fn begun(&mut self, epoch: u64) {
+        if self.pending {
+            self.below = self.below.max(epoch);
+            self.pending = false;
+        }
+    }
+
+    /// A `Damaged` record: the bound kept when damage before it was found (0, as written
+    /// before bounds were kept: every read refused). Begins after it bound nothing.
+    fn recorded(&mut self, below: u64) {
+        let below = if below == 0 { u64::MAX } else { below };
+        self.below = self.below.max(below);
+        self.pending = false;
+        self.unkept = false;
+    }
+
+    /// At the end of the replay: the bound to keep, if a damaged record was met since the
+    /// last kept one (every read refused if no begin came after it).
+    fn settle(&mut self) -> Option<u64> {
+        if self.pending {
+            self.below = u64::MAX;
+            self.pending = false;
+        }
+        std::mem::take(&mut self.unkept).then_some(self.below)
+    }
+
+    /// The record that keeps this damage in a journal rewritten whole.
+    fn record(&self) -> Option<Record> {
+        (self.below > 0).then_some(Record::Damaged { below: self.below })
+    }
 }
 
 impl Snapshots {
@@ -297,7 +376,7 @@ impl Snapshots {
             copies: BTreeMap::new(),
             copied_at_begun: Default::default(),
             files: BTreeMap::new(),
-            damaged: false,
+            damage: Damage::default(),
         };
         let path = dir.join(JOURNAL_NAME);
         let journal = match snapshots.disk.open_existing(&path) {
@@ -307,20 +386,28 @@ impl Snapshots {
         };
         let bytes = crate::disk::read_file(&*snapshots.disk, &path)
             .map_err(|error| disk(format_args!("read {}", path.display()), error))?;
-        if bytes.len() < HEADER_BYTES as usize || &bytes[..4] != JOURNAL_MAGIC {
-            snapshots.damaged = true;
-        } else if u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"))
-            != SNAPSHOT_FORMAT_VERSION
-        {
-            return Err(disk_format(format!(
-                "{} has an unknown format version",
-                path.display()
-            )));
-        } else {
+        let header_whole = bytes.len() >= HEADER_BYTES as usize
+            && &bytes[..4] == JOURNAL_MAGIC
+            && bytes[4..8] == SNAPSHOT_FORMAT_VERSION.to_le_bytes();
+        if header_whole {
             snapshots.replay(&bytes[HEADER_BYTES as usize..]);
+        } else {
+            // Nothing is known of the journal (a flipped bit in its header, which has no
+            // checksum, looks like another format): every snapshot read of the file is refused
+            // here for good, while the live file reads and writes as before. (An unknown
+            // version used to fail every request of the file, live reads included, with a
+            // disk error rather than a corrupt report.)
+            tracing::error!(
+                "{} has a damaged header or an unknown format version: snapshot reads of file \
+                 {file} are refused here",
+                path.display()
+            );
+            snapshots.damage.recorded(u64::MAX);
         }
         snapshots.journal = Some(journal);
+        // The seal first: what is appended after the replay must not hide a shorter journal.
         snapshots.check_seal()?;
+        snapshots.keep_damage()?;
         Ok(snapshots)
     }
 
@@ -334,7 +421,7 @@ impl Snapshots {
             match Record::decode(bytes) {
                 Some(record) => self.apply(record),
                 None if index + 1 < whole => {
-                    self.damaged = true;
+                    self.damage.found();
                     tracing::error!(
                         "snapshot journal of file {} in {}: record {index} is damaged; \
                          snapshot reads of it are refused here",
@@ -346,6 +433,24 @@ impl Snapshots {
             }
             self.journal_end = HEADER_BYTES + ((index + 1) * RECORD_BYTES) as u64;
         }
+    }
+
+    /// Keeps durably the bound of damage the replay found (see [`Damage`]), before anything
+    /// is appended after it.
+    fn keep_damage(&mut self) -> Result<(), StorageError> {
+        match self.damage.settle() {
+            Some(below) => self.append_synced(Record::Damaged { below }),
+            None => Ok(()),
+        }
+    }
+
+    /// Appends `record` and makes the journal durable.
+    fn append_synced(&mut self, record: Record) -> Result<(), StorageError> {
+        let path = self.dir.join(JOURNAL_NAME);
+        let (_, journal) = self.append(&[record])?;
+        journal
+            .sync_data()
+            .map_err(|error| disk(format_args!("sync {}", path.display()), error))
     }
 
     /// Compares the journal with its seal (`seal.rs`): if records a sync made durable are
@@ -362,10 +467,8 @@ impl Snapshots {
             self.file,
             self.dir.display()
         );
-        let (_, journal) = self.append(&[Record::Damaged])?;
-        journal
-            .sync_data()
-            .map_err(|error| disk(format_args!("sync {}", path.display()), error))
+        // Which epochs the lost records were about is unknown: every read is refused.
+        self.append_synced(Record::Damaged { below: u64::MAX })
     }
 
     /// Seals the journal at its length now, before a sync makes it durable (see
@@ -381,11 +484,12 @@ impl Snapshots {
     fn apply(&mut self, record: Record) {
         match record {
             Record::Begin { epoch } if epoch > self.begun => {
+                self.damage.begun(epoch);
                 self.begun = epoch;
                 self.copied_at_begun = Default::default();
             }
-            Record::Begin { .. } => {}
-            Record::Damaged => self.damaged = true,
+            Record::Begin { epoch } => self.damage.begun(epoch),
+            Record::Damaged { below } => self.damage.recorded(below),
             Record::Copy {
                 region,
                 kind,
@@ -637,7 +741,7 @@ impl Snapshots {
             region,
             offset: at,
         };
-        if self.damaged || epoch == 0 || self.begun < epoch {
+        if self.damage.refuses(epoch) || epoch == 0 || self.begun < epoch {
             return Err(corrupt(offset));
         }
         let code = region_code(region);
@@ -768,9 +872,7 @@ impl Snapshots {
             });
         }
         records.extend(run);
-        if self.damaged {
-            records.push(Record::Damaged);
-        }
+        records.extend(self.damage.record());
         let mut bytes = Vec::with_capacity(HEADER_BYTES as usize + records.len() * RECORD_BYTES);
         bytes.extend_from_slice(JOURNAL_MAGIC);
         bytes.extend_from_slice(&SNAPSHOT_FORMAT_VERSION.to_le_bytes());

@@ -80,10 +80,20 @@
 //! # On-disk format (version 1)
 //!
 //! ```text
-//! <root>/stale/<file>.<token>
+//! <root>/stale/<file>.<token>.<start>-<end>
 //!   magic "TSSP" | version u32 LE | crc32c u32 LE of all that follows | ranges u32 LE
 //!   | (start u64 LE, end u64 LE) per range of stripes, sorted and disjoint
+//! <root>/stale/<name>.new   a record being written or rewritten (torn if found)
+//! <root>/stale/roster       the records' names (`roster.rs`)
 //! ```
+//!
+//! The name gives the stripes the record was taken for (a superset of what is left of it
+//! after resolutions), so that one found damaged (a flipped bit, cut short) or deleted (gone
+//! while the roster names it) is kept as covering them, orphaned, and written again: it was
+//! answered, so a full-stripe writer may have died under it, and dropping it would let a
+//! degraded read trust that parity. Only a record being written is torn, and it is under its
+//! staging name. Records named `<file>.<token>` (before names carried stripes) are still
+//! read; a damaged one of those is dropped, logged, as before.
 
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
@@ -94,7 +104,9 @@ use tessera_wire::{FileId, IndexRange, StorageError};
 use tokio::time::Instant;
 
 use crate::disk::{read_file, write_file_synced, Disk};
+use crate::intent::staging_path;
 use crate::io::{bad_request, disk};
+use crate::roster::{self, Roster, ROSTER_NAME};
 
 /// Directory of stale-parity records under the store's root.
 pub(crate) const STALE_DIR: &str = "stale";
@@ -130,6 +142,26 @@ struct Record {
     file: FileId,
     stripes: Vec<IndexRange>,
     lease_end: Instant,
+    /// The stripes its name gives (those it was recorded with, a superset of `stripes`);
+    /// `None` for a record named before names carried them (format as before).
+    named: Option<IndexRange>,
+}
+
+impl Record {
+    /// A record found on disk at open, its lease run out at `now`.
+    fn orphaned(
+        file: FileId,
+        stripes: Vec<IndexRange>,
+        named: Option<IndexRange>,
+        now: Instant,
+    ) -> Record {
+        Record {
+            file,
+            stripes,
+            lease_end: now,
+            named,
+        }
+    }
 }
 
 /// The stale-parity records of one store, on disk and in memory.
@@ -138,12 +170,16 @@ pub(crate) struct StaleRecords {
     dir: PathBuf,
     records: BTreeMap<u64, Record>,
     token_next: u64,
+    /// The names of the records on disk, so that a deleted one is found (`roster.rs`).
+    roster: Roster,
 }
 
 impl StaleRecords {
     /// Opens (creating) the records directory under `root`. Every record found is orphaned
-    /// (its writer's lease did not survive the restart); a torn or damaged one is dropped: it
-    /// was never answered, so no data was written under it.
+    /// (its writer's lease did not survive the restart). A torn one (under its staging name)
+    /// is dropped: it was never answered, so no data was written under it. A damaged one
+    /// (cut short, a flipped bit) or a lost one (on the roster, `roster.rs`, with no file)
+    /// was answered: it is kept as covering the stripes its name gives, and written again.
     pub(crate) fn open(disk: &Arc<dyn Disk>, root: &Path) -> Result<StaleRecords, StorageError> {
         let dir = root.join(STALE_DIR);
         match disk.create_dir(&dir) {
@@ -151,45 +187,93 @@ impl StaleRecords {
             Err(error) if error.kind() == ErrorKind::AlreadyExists => {}
             Err(error) => return Err(self::disk(format_args!("create {}", dir.display()), error)),
         }
-        let now = Instant::now();
-        let mut records = BTreeMap::new();
         let names = disk
             .read_dir(&dir)
             .map_err(|e| self::disk(format_args!("list stale"), e))?;
-        for name in names {
-            let path = dir.join(&name);
-            let loaded = parse_name(&name).and_then(|(file, token)| {
-                let bytes = read_file(&**disk, &path).ok()?;
-                decode(&bytes).map(|stripes| (file, token, stripes))
-            });
-            match loaded {
-                Some((file, token, stripes)) => {
-                    let lease_end = now;
-                    records.insert(
-                        token,
-                        Record {
-                            file,
-                            stripes,
-                            lease_end,
-                        },
-                    );
-                }
-                None => disk
-                    .remove_file(&path)
-                    .map_err(|e| self::disk(format_args!("remove torn stale record {name}"), e))?,
-            }
-        }
-        let token_next = records
-            .keys()
-            .next_back()
-            .map_or(1, |&last| last + 1)
-            .max(rand::random::<u64>() >> 16);
-        Ok(StaleRecords {
+        let (roster, held) = Roster::load(&**disk, &dir)?;
+        let mut stale = StaleRecords {
             disk: Arc::clone(disk),
             dir,
-            records,
-            token_next,
-        })
+            records: BTreeMap::new(),
+            token_next: 0,
+            roster,
+        };
+        let now = Instant::now();
+        let mut damaged = stale.load_all(&names, now)?;
+        for name in held
+            .as_ref()
+            .map_or(Vec::new(), |h| roster::lost(h, &names))
+        {
+            let what = format!("stale-parity record {name} is lost (on the roster, no file)");
+            damaged.extend(stale.keep_by_name(name, &what, now));
+        }
+        for &token in &damaged {
+            stale.rewrite(token)?;
+        }
+        if !damaged.is_empty() {
+            crate::meta::sync_dir(&**disk, &stale.dir)?;
+        }
+        stale.token_next = (stale.records.keys().next_back())
+            .map_or(1, |&last| last + 1)
+            .max(rand::random::<u64>() >> 16);
+        let names = stale.records.keys().map(|&token| stale.name_of(token));
+        let names = names.collect();
+        stale.roster.reset(&**disk, names)?;
+        Ok(stale)
+    }
+
+    /// Loads the records named `names` as orphaned at `now`, dropping torn ones; returns the
+    /// tokens of damaged ones, kept by their names.
+    fn load_all(&mut self, names: &[String], now: Instant) -> Result<Vec<u64>, StorageError> {
+        let mut damaged = Vec::new();
+        for name in names.iter().filter(|name| *name != ROSTER_NAME) {
+            let path = self.dir.join(name);
+            let Some((file, token, named)) = parse_name(name) else {
+                (self.disk)
+                    .remove_file(&path)
+                    .map_err(|e| disk(format_args!("remove torn stale record {name}"), e))?;
+                continue;
+            };
+            let read = read_file(&*self.disk, &path).ok();
+            if let Some(stripes) = read.as_deref().and_then(decode) {
+                let record = Record::orphaned(file, stripes, named, now);
+                self.records.insert(token, record);
+                continue;
+            }
+            let what = format!("stale-parity record {name} is damaged");
+            match self.keep_by_name(name, &what, now) {
+                Some(token) => damaged.push(token),
+                None => (self.disk)
+                    .remove_file(&path)
+                    .map_err(|e| disk(format_args!("remove {name}"), e))?,
+            }
+        }
+        Ok(damaged)
+    }
+
+    /// Keeps the record named `name` as covering the stripes its name gives (its file is
+    /// damaged or gone: `what`); its token, or `None` if its name gives no stripes (a record
+    /// named before names did: logged, and a scrub of the file resolves what it covered).
+    fn keep_by_name(&mut self, name: &str, what: &str, now: Instant) -> Option<u64> {
+        let Some((file, token, Some(named))) = parse_name(name) else {
+            tracing::error!(
+                "{what} under {}: its name gives no stripes",
+                self.dir.display()
+            );
+            return None;
+        };
+        tracing::error!(
+            "{what} under {}: kept as covering the stripes its name gives",
+            self.dir.display()
+        );
+        let record = Record::orphaned(file, vec![named], Some(named), now);
+        self.records.insert(token, record);
+        Some(token)
+    }
+
+    /// Makes the roster durable (at a sync of the store).
+    pub(crate) fn sync_roster(&mut self) -> Result<(), StorageError> {
+        self.roster.sync()
     }
 
     /// Records durably that parity of `stripes` of `file` may not match its data, leased until
@@ -210,17 +294,22 @@ impl StaleRecords {
         }
         let token = self.token_next;
         self.token_next += 1;
-        let path = self.path(file, token);
-        write_file_synced(&*self.disk, &path, &encode(&[stripes]))
-            .map_err(|e| disk(format_args!("record {}", path.display()), e))?;
+        let path = self.path(file, token, Some(stripes));
+        // Written whole under a staging name, then renamed: a record under its own name was
+        // answered, so one found damaged there is damage, never a torn recording.
+        let staging = staging_path(&path);
+        let written = write_file_synced(&*self.disk, &staging, &encode(&[stripes]))
+            .and_then(|_| self.disk.rename(&staging, &path));
+        written.map_err(|e| disk(format_args!("record {}", path.display()), e))?;
         crate::meta::sync_dir(&*self.disk, &self.dir)?;
-        let stripes = vec![stripes];
+        (self.roster).add(&*self.disk, name(file, token, Some(stripes)))?;
         self.records.insert(
             token,
             Record {
                 file,
-                stripes,
+                stripes: vec![stripes],
                 lease_end,
+                named: Some(stripes),
             },
         );
         Ok(token)
@@ -259,8 +348,7 @@ impl StaleRecords {
         let mut changed = false;
         if let Some(token) = token {
             if self.records.get(&token).is_some_and(|r| r.file == file) {
-                self.records.remove(&token);
-                changed |= self.remove_file(file, token)?;
+                changed |= self.remove_file(token)?;
             }
         }
         let covered: Vec<u64> = self
@@ -274,11 +362,10 @@ impl StaleRecords {
             let record = self.records.get_mut(&token).expect("just listed");
             let left = subtract(&record.stripes, stripes);
             if left.is_empty() {
-                self.records.remove(&token);
-                changed |= self.remove_file(file, token)?;
+                changed |= self.remove_file(token)?;
             } else {
                 record.stripes = left;
-                self.rewrite(file, token)?;
+                self.rewrite(token)?;
                 changed = true;
             }
         }
@@ -295,8 +382,7 @@ impl StaleRecords {
             .collect();
         let mut changed = false;
         for token in tokens {
-            self.records.remove(&token);
-            changed |= self.remove_file(file, token)?;
+            changed |= self.remove_file(token)?;
         }
         Ok(changed)
     }
@@ -351,13 +437,26 @@ impl StaleRecords {
         &self.dir
     }
 
-    fn path(&self, file: FileId, token: u64) -> PathBuf {
-        self.dir.join(format!("{file}.{token}"))
+    /// A record's file: `<file>.<token>.<start>-<end>`, the stripes it was recorded with in
+    /// its name, so that a damaged one still says what it covers.
+    fn path(&self, file: FileId, token: u64, named: Option<IndexRange>) -> PathBuf {
+        self.dir.join(name(file, token, named))
     }
 
-    /// Deletes a record's file (not synced: see the module doc).
-    fn remove_file(&self, file: FileId, token: u64) -> Result<bool, StorageError> {
-        let path = self.path(file, token);
+    fn name_of(&self, token: u64) -> String {
+        let record = &self.records[&token];
+        name(record.file, token, record.named)
+    }
+
+    fn path_of(&self, token: u64) -> PathBuf {
+        self.dir.join(self.name_of(token))
+    }
+
+    /// Forgets record `token` and deletes its file (not synced: see the module doc).
+    fn remove_file(&mut self, token: u64) -> Result<bool, StorageError> {
+        let path = self.path_of(token);
+        self.roster.remove(&*self.disk, &self.name_of(token))?;
+        self.records.remove(&token);
         match self.disk.remove_file(&path) {
             Ok(()) => Ok(true),
             Err(error) if error.kind() == ErrorKind::NotFound => Ok(true),
@@ -367,7 +466,7 @@ impl StaleRecords {
 
     /// Replaces a shrunk record's file atomically: a torn rewrite must never drop the stripes
     /// still under it, so the new file is synced before it is renamed over the old one.
-    fn rewrite(&self, file: FileId, token: u64) -> Result<(), StorageError> {
+    fn rewrite(&self, token: u64) -> Result<(), StorageError> {
         let record = &self.records[&token];
         let mut ranges = record.stripes.clone();
         if ranges.len() > RANGES_MAX {
@@ -375,8 +474,8 @@ impl StaleRecords {
             let (first, last) = (ranges[0].start, ranges[ranges.len() - 1].end);
             ranges = vec![IndexRange::new(first, last)];
         }
-        let path = self.path(file, token);
-        let staging = self.dir.join(format!("{file}.{token}.new"));
+        let path = self.path_of(token);
+        let staging = staging_path(&path);
         let written = write_file_synced(&*self.disk, &staging, &encode(&ranges))
             .and_then(|_| self.disk.rename(&staging, &path));
         written.map_err(|e| disk(format_args!("rewrite {}", path.display()), e))
@@ -405,9 +504,32 @@ fn subtract(ranges: &[IndexRange], cut: IndexRange) -> Vec<IndexRange> {
     left
 }
 
-fn parse_name(name: &str) -> Option<(FileId, u64)> {
-    let (file, token) = name.split_once('.')?;
-    Some((file.parse().ok()?, token.parse().ok()?))
+/// A record's file name: `<file>.<token>.<start>-<end>`, or `<file>.<token>` for one named
+/// before names carried its stripes.
+fn name(file: FileId, token: u64, named: Option<IndexRange>) -> String {
+    match named {
+        Some(range) => format!("{file}.{token}.{}-{}", range.start, range.end),
+        None => format!("{file}.{token}"),
+    }
+}
+
+/// File, token and the stripes named, of a record's name (`None` for a staging name).
+fn parse_name(name: &str) -> Option<(FileId, u64, Option<IndexRange>)> {
+    let mut parts = name.split('.');
+    let file = parts.next()?.parse().ok()?;
+    let token = parts.next()?.parse().ok()?;
+    let named = match parts.next() {
+        None => None,
+        Some(range) => {
+            let (start, end) = range.split_once('-')?;
+            let (start, end): (u64, u64) = (start.parse().ok()?, end.parse().ok()?);
+            if start >= end {
+                return None;
+            }
+            Some(IndexRange::new(start, end))
+        }
+    };
+    parts.next().is_none().then_some((file, token, named))
 }
 
 fn encode(ranges: &[IndexRange]) -> Vec<u8> {

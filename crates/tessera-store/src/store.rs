@@ -17,6 +17,7 @@ use crate::meta::{self, StoreMeta};
 use crate::overflow::{OverflowFiles, Touched};
 use crate::record::{self, FileRecord, RecordError, RecordPage};
 use crate::region::{CutMark, RegionFile, CRC_ENTRY_BYTES};
+use crate::roster::ROSTER_NAME;
 use crate::snapshot::{Snapshots, Written, JOURNAL_NAME};
 use crate::stale::{StaleRecords, StaleState, STALE_DIR};
 use crate::tombstone::Tombstones;
@@ -265,8 +266,9 @@ impl Store {
         let files_dir = root.join(FILES_DIR);
         let meta = load_or_create_meta(&*disk, root, &files_dir)?;
         let meta = renew_if_writes_lost(&*disk, root, &files_dir, meta)?;
-        let intents = Intents::open(&disk, root)?;
-        let stale = StaleRecords::open(&disk, root)?;
+        let (mut intents, damaged) = Intents::open(&disk, root)?;
+        let mut stale = StaleRecords::open(&disk, root)?;
+        keep_damaged_intents_as_stale(&*disk, &mut intents, &mut stale, &damaged)?;
         let tombstones = Tombstones::open(&disk, root)?;
         Ok(Store {
             tombstones: Mutex::new(tombstones),
@@ -847,6 +849,10 @@ impl Store {
     /// since the last sync and of every directory created or changed since.
     pub fn sync(&self) -> Result<(), StorageError> {
         let _one_at_a_time = lock(&self.sync_lock);
+        // The rosters before the directories: a record deleted durably while its roster
+        // still names it would be taken as lost at the next open (a needless resolution).
+        lock(&self.intents).sync_roster()?;
+        lock(&self.stale).sync_roster()?;
         let mut owed = std::mem::take(&mut *lock(&self.dirty));
         let result = self
             .seal_logs(&mut owed)
@@ -1271,6 +1277,7 @@ fn load_or_create_meta(
         }
         return Ok(meta);
     }
+    refuse_stored_without_meta(disk, root)?;
     clear_files(disk, root, files_dir)?;
     let meta = StoreMeta {
         // Never 0: the manager names an unregistered server's store 0, which then matches no
@@ -1281,6 +1288,60 @@ fn load_or_create_meta(
     };
     meta::save(disk, root, &meta)?;
     Ok(meta)
+}
+
+/// Keeps each stripe whose intent record is damaged (answered, so its writer may have died
+/// between data and parity, and its old parity and data are gone) as an orphaned stale-parity
+/// record: nothing reconstructs from that parity (a lost column of the stripe reads as an
+/// error), and the next lock holder or the torn-stripe resolver recomputes it from the data,
+/// which is right whatever mix of old and new blocks the columns hold. Then the damaged
+/// records go.
+fn keep_damaged_intents_as_stale(
+    disk: &dyn Disk,
+    intents: &mut Intents,
+    stale: &mut StaleRecords,
+    damaged: &[(FileId, u64)],
+) -> Result<(), StorageError> {
+    let now = tokio::time::Instant::now();
+    for &(file, stripe) in damaged {
+        let stripes = IndexRange::new(stripe, stripe.saturating_add(1));
+        if !stripes.is_empty() {
+            stale.record(file, stripes, now)?;
+        }
+    }
+    intents.drop_damaged(damaged)?;
+    if damaged.is_empty() {
+        return Ok(());
+    }
+    meta::sync_dir(disk, intents.dir())
+}
+
+/// Refuses a store that holds files or records but no `store.toml`: its description was
+/// deleted or lost, not never written (a new store writes it, durably, before it stores
+/// anything). Starting it as a new store would delete every byte it holds and take a new
+/// identity; the operator decides instead (restore the file, or start on an empty directory
+/// and rebuild), as for a damaged one.
+fn refuse_stored_without_meta(disk: &dyn Disk, root: &Path) -> Result<(), StorageError> {
+    for dir in [FILES_DIR, INTENTS_DIR, STALE_DIR] {
+        let path = root.join(dir);
+        let names = match disk.read_dir(&path) {
+            Ok(names) => names,
+            Err(error) if error.kind() == ErrorKind::NotFound => continue,
+            Err(error) => return Err(self::disk(format_args!("list {}", path.display()), error)),
+        };
+        let names: Vec<&String> = names.iter().filter(|n| *n != ROSTER_NAME).collect();
+        if !names.is_empty() {
+            return Err(disk_format(format!(
+                "{} is missing but {} holds {} entries: the store's description was lost; \
+                 restore it, or move the directory away, start on an empty one and `tessera \
+                 rebuild` this server",
+                root.join(meta::META_FILE).display(),
+                path.display(),
+                names.len()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Deletes every file directory and intent record: a new incarnation holds nothing.

@@ -128,16 +128,58 @@ fn parity_written_over_the_whole_span_clears_the_record_and_a_part_does_not() {
 
 #[test]
 fn a_torn_record_is_dropped_at_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let (store, _, _) = recorded(dir.path());
+    let recorded_dir = tempfile::tempdir().unwrap();
+    let (store, _, _) = recorded(recorded_dir.path());
     drop(store);
-    let path = dir.path().join("intents").join(format!("{FILE}.{STRIPE}"));
-    let bytes = std::fs::read(&path).unwrap();
-    // Torn: the server died while writing it (so it never answered, and no data followed).
-    std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+    let name = format!("{FILE}.{STRIPE}");
+    let bytes = std::fs::read(recorded_dir.path().join("intents").join(&name)).unwrap();
+    // Torn: the server died while writing it, under its staging name (so it never answered,
+    // and no data followed; nor is it on the roster).
+    let dir = tempfile::tempdir().unwrap();
+    drop(Store::open(dir.path()).unwrap());
+    let staging = dir.path().join("intents").join(format!("{name}.new"));
+    std::fs::write(&staging, &bytes[..bytes.len() - 1]).unwrap();
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(store.intent(FILE, STRIPE).unwrap(), None);
-    assert!(!path.exists());
+    assert!(!staging.exists());
+    assert_eq!(store.stale_records(), 0);
+}
+
+/// A record under its own name was answered: its writer may have died between its data and
+/// its parity. Cut short or flipped, it is not dropped (parity would then be trusted), but
+/// kept as an orphaned stale-parity record of its stripe: nothing reconstructs from that
+/// parity until it is recomputed from the data.
+#[test]
+fn a_damaged_record_leaves_its_stripe_stale() {
+    for damage in ["cut", "flip"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _, _) = recorded(dir.path());
+        drop(store);
+        let path = dir.path().join("intents").join(format!("{FILE}.{STRIPE}"));
+        let mut bytes = std::fs::read(&path).unwrap();
+        match damage {
+            "cut" => bytes.truncate(bytes.len() - 1),
+            _ => bytes[100] ^= 4,
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let now = tokio::time::Instant::now();
+        assert_eq!(store.intent(FILE, STRIPE).unwrap(), None, "{damage}");
+        assert!(!path.exists(), "{damage}");
+        assert_eq!(
+            store.stale_state(FILE, STRIPE, now),
+            tessera_store::StaleState::Orphaned,
+            "{damage}"
+        );
+        assert_eq!(
+            store.stale_state(FILE, STRIPE + 1, now),
+            tessera_store::StaleState::Clean
+        );
+        drop(store);
+        // Durably: a reopen still has it.
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.stale_records(), 1, "{damage}");
+    }
 }
 
 #[test]
@@ -149,7 +191,45 @@ fn removing_a_file_removes_its_records_and_a_wiped_store_has_none() {
     drop(store);
     let (store, _, _) = recorded(dir.path());
     drop(store);
+    // A store that lost its `store.toml` but holds files is refused, never started afresh
+    // (which would delete what it holds).
     std::fs::remove_file(dir.path().join("store.toml")).unwrap();
+    let refused = Store::open(dir.path()).expect_err("refused");
+    assert!(refused.to_string().contains("store.toml"), "{refused}");
+    // Wiped whole, it starts afresh with no record.
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            std::fs::remove_dir_all(path).unwrap();
+        }
+    }
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(store.intent(FILE, STRIPE).unwrap(), None);
+}
+
+/// A record deleted from under the store (its directory entry lost, a stray `rm`) looks like
+/// a resolved one; the directory's roster names it, so its stripe is kept as stale parity.
+/// A record cleared by its holder leaves nothing behind.
+#[test]
+fn a_deleted_record_is_found_and_a_cleared_one_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _, _) = recorded(dir.path());
+    store
+        .record_intent(FILE, STRIPE + 1, &intent(), &pattern(7388, 1))
+        .unwrap();
+    store.clear_intent(FILE, STRIPE + 1).unwrap();
+    drop(store);
+    let path = dir.path().join("intents").join(format!("{FILE}.{STRIPE}"));
+    std::fs::remove_file(&path).unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let now = tokio::time::Instant::now();
+    assert_eq!(store.intent(FILE, STRIPE).unwrap(), None);
+    let orphaned = tessera_store::StaleState::Orphaned;
+    assert_eq!(store.stale_state(FILE, STRIPE, now), orphaned);
+    assert_eq!(store.stale_records(), 1);
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    let now = tokio::time::Instant::now();
+    assert_eq!(store.stale_state(FILE, STRIPE, now), orphaned);
+    assert_eq!(store.stale_records(), 1);
 }

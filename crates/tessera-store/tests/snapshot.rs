@@ -275,6 +275,24 @@ fn a_discard_after_a_snapshot_copies_what_the_snapshot_holds_first() {
     assert_eq!(store.snapshot_usage(7).unwrap(), UNIT as u64);
 }
 
+/// A synced store at `root` whose file 7 held `blocks` blocks (block `b` all `b + 1`) when
+/// snapshot 1 began, each overwritten with 0xEE since.
+fn snapshot_then_overwrite(root: &std::path::Path, blocks: u64) {
+    let store = Store::open(root).unwrap();
+    let old: Vec<u8> = (0..blocks as usize * 4096)
+        .map(|i| (i / 4096) as u8 + 1)
+        .collect();
+    store.write(7, Region::Data, 0, &old, false).unwrap();
+    store.snapshot_begin(&[7], 1).unwrap();
+    for block in 0..blocks {
+        let new = filled(0xEE, 4096);
+        store
+            .write(7, Region::Data, block * 4096, &new, false)
+            .unwrap();
+    }
+    store.sync().unwrap();
+}
+
 /// The journal of a synced store cut short at any length (a lost tail of writes, a bad
 /// copy): every snapshot read is the snapshot's bytes or refused as corrupt, never the live
 /// bytes written after the snapshot (a journal cut at a record boundary forgot the copies and
@@ -286,21 +304,7 @@ fn a_journal_cut_short_or_damaged_never_serves_live_bytes_as_the_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let journal = dir.path().join("files/7/snap.journal");
     let blocks = 6u64;
-    {
-        let store = Store::open(dir.path()).unwrap();
-        let old: Vec<u8> = (0..blocks as usize * 4096)
-            .map(|i| (i / 4096) as u8 + 1)
-            .collect();
-        store.write(7, Region::Data, 0, &old, false).unwrap();
-        store.snapshot_begin(&[7], 1).unwrap();
-        for block in 0..blocks {
-            let new = filled(0xEE, 4096);
-            store
-                .write(7, Region::Data, block * 4096, &new, false)
-                .unwrap();
-        }
-        store.sync().unwrap();
-    }
+    snapshot_then_overwrite(dir.path(), blocks);
     let pristine = std::fs::read(&journal).unwrap();
     let want = |block: u64| filled(block as u8 + 1, 4096);
     let check = |store: &Store, context: &str| {
@@ -339,6 +343,132 @@ fn a_journal_cut_short_or_damaged_never_serves_live_bytes_as_the_snapshot() {
             seal_of(pristine.len()),
         )
         .unwrap();
+    }
+}
+
+/// A damaged journal record concerns only snapshots begun before the first begin recorded
+/// after it: a copy record of snapshot 1 flipped leaves snapshot 2 (begun after it, before
+/// the damage was found) and snapshot 3 (begun after the damage was found, an epoch above
+/// that bound) exact, also after a reopen and after snapshot 1 is dropped (which rewrites the
+/// journal whole), while snapshot 1 stays refused. With no begin after the damaged record (the
+/// `Begin` of snapshot 2 flipped) or records lost from the tail (cut below its seal), nothing
+/// bounds the epochs the lost records were about, and every snapshot stays refused, the ones
+/// begun later too: one begun after the damage was found may have an epoch below the lost
+/// begin's. Before, one damaged record refused every snapshot of the file here for good.
+#[test]
+fn a_damaged_journal_record_refuses_only_the_snapshots_begun_before_the_next_begin() {
+    let blocks = 6u64;
+    let len = blocks as u32 * 4096;
+    for damage in [
+        "copy of 1 flipped",
+        "begin of 2 flipped",
+        "cut to 3 records",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("files/7/snap.journal");
+        snapshot_then_overwrite(dir.path(), blocks);
+        {
+            let store = Store::open(dir.path()).unwrap();
+            store.snapshot_begin(&[7], 2).unwrap();
+            store
+                .write(7, Region::Data, 0, &filled(0xBB, 8192), false)
+                .unwrap();
+            store.sync().unwrap();
+        }
+        let mut bytes = std::fs::read(&journal).unwrap();
+        let tag = |record: usize| bytes[8 + 40 * record];
+        let begin_2 = (1..).find(|&r| tag(r) == 1).unwrap();
+        match damage {
+            "copy of 1 flipped" => bytes[8 + 40 + 9] ^= 1,
+            "begin of 2 flipped" => bytes[8 + 40 * begin_2 + 9] ^= 1,
+            _ => bytes.truncate(8 + 3 * 40),
+        }
+        std::fs::write(&journal, &bytes).unwrap();
+        let bounded = damage == "copy of 1 flipped";
+        let check = |store: &Store, epoch: u64, context: &str| {
+            let read = store.read_snapshot(7, Region::Data, 0, len, epoch);
+            if bounded && epoch > 1 {
+                let want = filled(0xEE, len as usize);
+                let got = read.as_ref().err();
+                assert!(read.as_ref() == Ok(&want), "{damage}, {context}: {got:?}");
+            } else {
+                let refused = matches!(read, Err(StorageError::Corrupt { .. }));
+                assert!(
+                    refused,
+                    "{damage}, {context}: snapshot {epoch} read {read:?}"
+                );
+            }
+        };
+        let store = Store::open(dir.path()).unwrap();
+        check(&store, 1, "opened");
+        check(&store, 2, "opened");
+        store.snapshot_begin(&[7], 3).unwrap();
+        store
+            .write(7, Region::Data, 4096, &filled(0xAA, 8192), false)
+            .unwrap();
+        // Snapshot 3 began with blocks 0 and 1 at 0xBB.
+        let at_3 = [filled(0xBB, 8192), filled(0xEE, len as usize - 8192)].concat();
+        let read = store.read_snapshot(7, Region::Data, 0, len, 3);
+        if bounded {
+            assert!(read.as_ref() == Ok(&at_3), "{damage}: {:?}", read.err());
+        } else {
+            assert!(
+                matches!(read, Err(StorageError::Corrupt { .. })),
+                "{damage}"
+            );
+        }
+        check(&store, 2, "snapshot 3 taken");
+        store.sync().unwrap();
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        check(&store, 1, "reopened");
+        check(&store, 2, "reopened");
+        store.snapshot_drop(7, 1, &[2, 3]).unwrap();
+        store.sync().unwrap();
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        check(&store, 1, "snapshot 1 dropped, reopened");
+        check(&store, 2, "snapshot 1 dropped, reopened");
+    }
+}
+
+/// A flipped bit in the journal's header (which has no checksum) refuses the file's snapshot
+/// reads here, and nothing else: the live file reads and writes as before. It used to fail
+/// every request of the file with a disk error (an unknown format version).
+#[test]
+fn a_damaged_journal_header_refuses_snapshot_reads_only() {
+    for byte in [0, 5] {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("files/7/snap.journal");
+        {
+            let store = Store::open(dir.path()).unwrap();
+            store
+                .write(7, Region::Data, 0, &filled(1, 8192), false)
+                .unwrap();
+            store.snapshot_begin(&[7], 1).unwrap();
+            store
+                .write(7, Region::Data, 0, &filled(2, 4096), false)
+                .unwrap();
+            store.sync().unwrap();
+        }
+        let mut bytes = std::fs::read(&journal).unwrap();
+        bytes[byte] ^= 0x10;
+        std::fs::write(&journal, &bytes).unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let live = store.read(7, Region::Data, 0, 8192, false);
+        let want = [filled(2, 4096), filled(1, 4096)].concat();
+        assert!(live.as_ref() == Ok(&want), "byte {byte}: {:?}", live.err());
+        let read = store.read_snapshot(7, Region::Data, 0, 8192, 1);
+        assert!(
+            matches!(read, Err(StorageError::Corrupt { .. })),
+            "byte {byte}: {read:?}"
+        );
+        store
+            .write(7, Region::Data, 4096, &filled(3, 4096), false)
+            .unwrap();
+        let live = store.read(7, Region::Data, 0, 8192, false);
+        let want = [filled(2, 4096), filled(3, 4096)].concat();
+        assert!(live.as_ref() == Ok(&want), "byte {byte}: {:?}", live.err());
     }
 }
 

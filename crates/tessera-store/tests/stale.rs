@@ -1,6 +1,7 @@
 //! Stale-parity records of full-stripe writes: durable before the answer, live while leased,
 //! orphaned when the lease runs out or the server restarts, cleared by their writer, shrunk by
-//! resolutions (never while live), dropped with their file, and dropped when torn.
+//! resolutions (never while live), dropped with their file, dropped when torn, and kept when
+//! damaged.
 
 use std::time::Duration;
 
@@ -84,10 +85,7 @@ fn the_writer_clears_its_record_and_the_orphans_under_its_stripes() {
         .clear_stale(FILE, None, IndexRange::new(6, 10), later)
         .unwrap();
     assert_eq!(store.stale_records(), 0);
-    assert_eq!(
-        std::fs::read_dir(dir.path().join("stale")).unwrap().count(),
-        0
-    );
+    assert_eq!(record_names(dir.path()), Vec::<String>::new());
 }
 
 #[test]
@@ -136,8 +134,11 @@ fn records_survive_a_restart_orphaned_and_shrunk() {
     assert!(again > token);
 }
 
+/// A record under its staging name was torn while being recorded (never answered): dropped.
+/// One under its own name was answered: damaged (a flipped bit, cut short), it is kept as
+/// covering the stripes its name gives, and written whole again.
 #[test]
-fn torn_or_damaged_records_are_dropped_at_open() {
+fn torn_records_are_dropped_and_damaged_ones_kept_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let now = Instant::now();
     {
@@ -150,11 +151,9 @@ fn torn_or_damaged_records_are_dropped_at_open() {
             .unwrap();
     }
     let stale = dir.path().join("stale");
-    let mut paths: Vec<_> = std::fs::read_dir(&stale)
-        .unwrap()
-        .map(|e| e.unwrap().path())
+    let paths: Vec<_> = (record_names(dir.path()).iter())
+        .map(|name| stale.join(name))
         .collect();
-    paths.sort();
     let mut bytes = std::fs::read(&paths[0]).unwrap();
     assert_eq!(&bytes[..4], b"TSSP");
     assert_eq!(
@@ -165,9 +164,20 @@ fn torn_or_damaged_records_are_dropped_at_open() {
     std::fs::write(&paths[0], &bytes).unwrap();
     let cut = std::fs::read(&paths[1]).unwrap();
     std::fs::write(&paths[1], &cut[..cut.len() - 3]).unwrap();
+    let torn = stale.join(format!("{FILE}.99.10-12.new"));
+    std::fs::write(&torn, &cut[..cut.len() - 3]).unwrap();
     let store = Store::open(dir.path()).unwrap();
-    assert_eq!(store.stale_records(), 0);
-    assert_eq!(std::fs::read_dir(&stale).unwrap().count(), 0);
+    let now = Instant::now();
+    assert_eq!(store.stale_records(), 2);
+    for stripe in [0, 1, 5, 6] {
+        assert_eq!(store.stale_state(FILE, stripe, now), StaleState::Orphaned);
+    }
+    for stripe in [2, 4, 7, 10, 11] {
+        assert_eq!(store.stale_state(FILE, stripe, now), StaleState::Clean);
+    }
+    assert!(!torn.exists());
+    // Written whole again.
+    assert_eq!(std::fs::read(&paths[1]).unwrap(), cut);
 }
 
 #[test]
@@ -190,13 +200,54 @@ fn removing_a_file_drops_its_records_and_a_record_of_nothing_is_refused() {
     ));
 }
 
-/// The token of the one record on disk (its file is named `<file>.<token>`).
+/// The token of the one record on disk (its file is named `<file>.<token>.<stripes>`).
 fn first_token(root: &std::path::Path) -> u64 {
-    let entry = std::fs::read_dir(root.join("stale"))
+    let names = record_names(root);
+    names[0].split('.').nth(1).unwrap().parse().unwrap()
+}
+
+/// The names of the record files on disk (not the directory's roster).
+fn record_names(root: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(root.join("stale"))
         .unwrap()
-        .next()
-        .unwrap()
-        .unwrap();
-    let name = entry.file_name().to_string_lossy().into_owned();
-    name.split_once('.').unwrap().1.parse().unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name != "roster")
+        .collect();
+    names.sort();
+    names
+}
+
+/// A record deleted from under the store looks like a cleared one; the directory's roster
+/// names it, and its name gives its stripes, so they stay orphaned. A cleared record leaves
+/// nothing behind.
+#[test]
+fn a_deleted_record_is_found_and_a_cleared_one_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = Instant::now();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .record_stale(FILE, IndexRange::new(3, 6), now)
+            .unwrap();
+        let cleared = store
+            .record_stale(FILE, IndexRange::new(10, 12), now + LEASE)
+            .unwrap();
+        store
+            .clear_stale(FILE, Some(cleared), IndexRange::new(10, 12), now)
+            .unwrap();
+        store.sync().unwrap();
+    }
+    let names = record_names(dir.path());
+    assert_eq!(names.len(), 1);
+    std::fs::remove_file(dir.path().join("stale").join(&names[0])).unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let now = Instant::now();
+    assert_eq!(store.stale_records(), 1);
+    for stripe in 3..6 {
+        assert_eq!(store.stale_state(FILE, stripe, now), StaleState::Orphaned);
+    }
+    for stripe in [2, 6, 10, 11] {
+        assert_eq!(store.stale_state(FILE, stripe, now), StaleState::Clean);
+    }
+    assert_eq!(record_names(dir.path()), names);
 }

@@ -563,15 +563,25 @@ fn incarnation_and_membership_persist_and_a_wiped_store_is_new() {
     assert_eq!((store.server_id(), store.cluster_id()), (None, None));
     drop(store);
 
-    // Losing store.toml is a wipe too: the files it described are dropped with it.
+    // Losing store.toml alone is not a wipe: a store that holds files without it is refused
+    // with one line naming the file (starting it afresh would delete what it holds), and
+    // what it holds is still there once the file is back.
     let store = Store::open(&root).unwrap();
     let incarnation = store.incarnation();
-    store.write(FILE, Region::Data, 0, b"stale", false).unwrap();
+    store.write(FILE, Region::Data, 0, b"still", false).unwrap();
     drop(store);
+    let meta = std::fs::read(root.join("store.toml")).unwrap();
     std::fs::remove_file(root.join("store.toml")).unwrap();
+    let refused = Store::open(&root).expect_err("refused").to_string();
+    assert!(refused.contains("store.toml is missing"), "{refused}");
+    assert!(!refused.contains('\n'), "{refused}");
+    std::fs::write(root.join("store.toml"), meta).unwrap();
     let store = Store::open(&root).unwrap();
-    assert_ne!(store.incarnation(), incarnation);
-    assert_eq!(store.usage(FILE).unwrap(), 0);
+    assert_eq!(store.incarnation(), incarnation);
+    assert_eq!(
+        store.read(FILE, Region::Data, 0, 5, false).unwrap(),
+        b"still"
+    );
 }
 
 #[test]
