@@ -87,3 +87,51 @@ proptest! {
         prop_assert_ne!(tag, packet_tag(&key.storage_key(), &bytes));
     }
 }
+
+proptest! {
+    /// A datagram MAC changes with any flipped bit of header, payload or tag, and with the
+    /// key; the tag of the same bytes under the same key is the same (a deterministic MAC).
+    #[test]
+    fn packet_mac_refuses_any_bit_flip_and_any_other_key(
+        header in any::<[u8; 40]>(),
+        payload in proptest::collection::vec(any::<u8>(), 0..3000),
+        bit in any::<usize>(),
+        key in any::<[u8; 32]>(),
+    ) {
+        let key = Key(key);
+        let mac = PacketMac::new(&key);
+        let tag = mac.tag(&header, &payload);
+        prop_assert_eq!(tag, PacketMac::new(&key).tag(&header, &payload));
+        prop_assert!(mac.verify(&header, &payload, &tag));
+        prop_assert!(!PacketMac::new(&key.storage_key()).verify(&header, &payload, &tag));
+        let total_bits = (header.len() + payload.len() + tag.len()) * 8;
+        let bit = bit % total_bits;
+        let (mut header, mut payload, mut tag) = (header, payload.clone(), tag);
+        let byte = bit / 8;
+        let mask = 1u8 << (bit % 8);
+        if byte < header.len() {
+            header[byte] ^= mask;
+        } else if byte < header.len() + payload.len() {
+            payload[byte - header.len()] ^= mask;
+        } else {
+            tag[byte - header.len() - payload.len()] ^= mask;
+        }
+        prop_assert!(!mac.verify(&header, &payload, &tag));
+    }
+}
+
+/// Moving bytes between header and payload changes the tag: the split is part of what is
+/// authenticated (the lengths of both enter POLYVAL), so a datagram cannot be re-cut.
+#[test]
+fn packet_mac_binds_where_the_header_ends() {
+    let mac = PacketMac::new(&Key([7; 32]));
+    let bytes = [9u8; 48];
+    let short: [u8; 8] = bytes[..8].try_into().unwrap();
+    let long: [u8; 16] = bytes[..16].try_into().unwrap();
+    assert_ne!(mac.tag(&short, &bytes[8..]), mac.tag(&long, &bytes[16..]));
+    assert!(!mac.verify(&short, &bytes[8..40], &mac.tag(&long, &bytes[16..40])));
+    assert!(
+        !mac.verify(&short, &bytes[..], &[0; 15]),
+        "a short tag never verifies"
+    );
+}

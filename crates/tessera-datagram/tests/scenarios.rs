@@ -855,7 +855,8 @@ fn garbage_is_dropped_and_counted_and_the_session_keeps_delivering() {
     // Truncated: inside the header, and inside the payload.
     garbage.push((client, real[..20].to_vec()));
     garbage.push((client, real[..real.len() - 1].to_vec()));
-    // Bit flips in the header and in the payload (the checksum's), and in the MAC.
+    // Bit flips in the header (the session id, the echo field), in the payload and in the MAC:
+    // the MAC refuses all four (since format 4 it is the only integrity check).
     let payload_end = real.len() - tessera_datagram::TAG_LEN;
     for bit in [
         8 * 9 + 3,
@@ -920,8 +921,7 @@ fn garbage_is_dropped_and_counted_and_the_session_keeps_delivering() {
     let after = sim.endpoint_ref(server).stats();
     let delta = |f: fn(&Stats) -> u64| f(&after) - f(&before);
     assert_eq!(delta(|s| s.dropped_truncated), 2);
-    assert_eq!(delta(|s| s.dropped_checksum), 3);
-    assert_eq!(delta(|s| s.dropped_unauthentic), 1);
+    assert_eq!(delta(|s| s.dropped_unauthentic), 4);
     assert_eq!(delta(|s| s.dropped_version), 1);
     assert_eq!(delta(|s| s.dropped_malformed), 1);
     assert_eq!(delta(|s| s.dropped_unknown_session), 3);
@@ -1004,7 +1004,7 @@ fn random_corruption_mid_transfer_never_panics_nor_stalls() {
     .unwrap_or_else(|error| panic!("{error}"));
     let stats = sim.endpoint_ref(server).stats();
     let refused = stats.dropped_truncated
-        + stats.dropped_checksum
+        + stats.dropped_unauthentic
         + stats.dropped_malformed
         + stats.dropped_version;
     assert!(refused > 50, "{stats:?}");
