@@ -135,3 +135,43 @@ fn packet_mac_binds_where_the_header_ends() {
         "a short tag never verifies"
     );
 }
+
+/// Prints the speed of the datagram MAC against the keyed BLAKE3 it replaced, at the payloads
+/// of a 1500-byte LAN, jumbo frames and loopback (`docs/notes/dp10.md`). Print only: run with
+/// `cargo test --release -p tessera-auth -- --ignored --nocapture packet_mac_speed`.
+#[test]
+#[ignore]
+fn packet_mac_speed_against_blake3() {
+    let key = Key([5; KEY_BYTES]);
+    let mac = PacketMac::new(&key);
+    for payload_len in [1_416usize, 8_916, 65_451] {
+        let header = [1u8; 40];
+        let payload = vec![7u8; payload_len];
+        let rounds = (256 << 20) / payload_len;
+        let gcm_siv = time_per_datagram(rounds, || mac.tag(&header, &payload)[0]);
+        let blake3 = time_per_datagram(rounds, || {
+            packet_tag_of_parts(&key, &[&header, &payload])[0]
+        });
+        let gb_per_s = |ns: f64| (header.len() + payload_len) as f64 / ns;
+        println!(
+            "payload {payload_len:>6} B: AES-128-GCM-SIV {gcm_siv:>8.0} ns ({:.2} GB/s), keyed BLAKE3 {blake3:>8.0} ns ({:.2} GB/s), {:.2}x",
+            gb_per_s(gcm_siv),
+            gb_per_s(blake3),
+            blake3 / gcm_siv,
+        );
+    }
+}
+
+/// Nanoseconds per call of `tag`, over `rounds` calls after a tenth as many to warm up.
+fn time_per_datagram(rounds: usize, mut tag: impl FnMut() -> u8) -> f64 {
+    let mut sink = 0u8;
+    for _ in 0..rounds / 10 {
+        sink ^= tag();
+    }
+    let start = std::time::Instant::now();
+    for _ in 0..rounds {
+        sink ^= tag();
+    }
+    std::hint::black_box(sink);
+    start.elapsed().as_nanos() as f64 / rounds as f64
+}
