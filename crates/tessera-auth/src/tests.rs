@@ -175,3 +175,24 @@ fn time_per_datagram(rounds: usize, mut tag: impl FnMut() -> u8) -> f64 {
     std::hint::black_box(sink);
     start.elapsed().as_nanos() as f64 / rounds as f64
 }
+
+proptest! {
+    /// The datagram MAC is AES-128-GCM-SIV's tag, as RustCrypto's `aes-gcm-siv` computes it
+    /// (RFC 8452, its test vectors in that crate): payload as associated data, header as
+    /// plaintext, the constant nonce, the key derived from the session key.
+    #[test]
+    fn packet_mac_is_aes_128_gcm_siv(
+        header in any::<[u8; 40]>(),
+        payload in proptest::collection::vec(any::<u8>(), 0..3000),
+        key in any::<[u8; 32]>(),
+    ) {
+        use aes_gcm_siv::aead::{AeadInOut, KeyInit};
+        let key = Key(key);
+        let reference = aes_gcm_siv::Aes128GcmSiv::new(&PacketMac::gcm_siv_key(&key).into());
+        let mut plaintext = header;
+        let expected = reference
+            .encrypt_inout_detached(&PACKET_MAC_NONCE.into(), &payload, (&mut plaintext[..]).into())
+            .unwrap();
+        prop_assert_eq!(PacketMac::new(&key).tag(&header, &payload), <[u8; 16]>::from(expected));
+    }
+}
