@@ -2,7 +2,7 @@
 //! datagrams, timers and events between them and the driver.
 
 use crate::admission::{Admission, Refusal};
-use crate::packet::{self, decode, Packet, PacketError, PacketKind, OVERHEAD_LEN, PUBLIC_KEY};
+use crate::packet::{self, decode, public_mac, Packet, PacketError, PacketKind, OVERHEAD_LEN};
 use crate::radon::{Reservation, ReservationError};
 use crate::session::{PendingEvent, Room, Session, Verdict, WINDOW_INITIAL_PACKETS};
 use crate::{
@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
-use tessera_auth::Key;
+use tessera_auth::{Key, PacketMac};
 
 /// Bytes a session may hold queued and unacknowledged; a single message larger than this is
 /// still accepted into an empty queue.
@@ -84,7 +84,7 @@ pub struct Endpoint {
     /// rather than on every packet). See [`crate::AdmissionConfig::idle_timeout_us`].
     idle: BTreeSet<(Micros, SessionId)>,
     /// Keys admitted for sessions peers will open, oldest first ([`Endpoint::admit`]).
-    admitted: BTreeMap<SessionId, Key>,
+    admitted: BTreeMap<SessionId, PacketMac>,
     admitted_order: VecDeque<SessionId>,
     /// Bytes reserved by messages being reassembled or waiting for the application, in all
     /// and per source address ([`crate::MemoryConfig`]).
@@ -260,7 +260,7 @@ impl Endpoint {
             return None;
         }
         let mut session = Session::new(id, peer, &self.config, false);
-        session.key = key;
+        session.mac = PacketMac::new(&key);
         session.fragment_bytes_max = fragment_bytes_for(payload_bytes_max);
         session.peer_fragment_bytes = session.fragment_bytes_max;
         self.reserve_connected(&mut session, now);
@@ -282,7 +282,9 @@ impl Endpoint {
     /// Accept session `id` when a peer opens it, keyed with `key` (agreed by a handshake
     /// elsewhere). At most [`ADMITTED_KEYS_MAX`] keys wait; the oldest is dropped first.
     pub fn admit(&mut self, id: SessionId, key: Key) {
-        if self.sessions.contains_key(&id) || self.admitted.insert(id, key).is_some() {
+        if self.sessions.contains_key(&id)
+            || self.admitted.insert(id, PacketMac::new(&key)).is_some()
+        {
             return;
         }
         self.admitted_order.push_back(id);
@@ -298,18 +300,18 @@ impl Endpoint {
         self.sessions.contains_key(&id) || self.admitted.contains_key(&id)
     }
 
-    /// The key a datagram of session `id` and kind `kind` must be tagged with, if any: RESETs
+    /// The MAC a datagram of session `id` and kind `kind` must be tagged with, if any: RESETs
     /// come from peers that forgot the session, so they carry the public key.
-    fn key_for(&self, id: SessionId, kind: PacketKind) -> Option<Key> {
+    fn mac_for(&self, id: SessionId, kind: PacketKind) -> Option<&PacketMac> {
         if kind == PacketKind::Reset {
-            return Some(PUBLIC_KEY);
+            return Some(public_mac());
         }
         match self.sessions.get(&id) {
-            Some(session) => Some(session.key),
+            Some(session) => Some(&session.mac),
             None => match self.admitted.get(&id) {
-                Some(key) => Some(*key),
+                Some(mac) => Some(mac),
                 None if self.config.require_session_keys => None,
-                None => Some(PUBLIC_KEY),
+                None => Some(public_mac()),
             },
         }
     }
@@ -553,11 +555,12 @@ impl Endpoint {
         let id = SessionId(packet.session);
         // A session without a key here (unknown, none admitted) cannot be verified; such a
         // packet never opens a session and at most earns a RESET (`on_unknown_session`).
-        if let Some(key) = self.key_for(id, packet.kind) {
-            if !packet::verify(datagram, &key) {
-                self.stats.dropped_unauthentic += 1;
-                return;
-            }
+        let authentic = self
+            .mac_for(id, packet.kind)
+            .is_none_or(|mac| packet::verify(datagram, mac));
+        if !authentic {
+            self.stats.dropped_unauthentic += 1;
+            return;
         }
         match self.sessions.get(&id) {
             Some(session) if session.peer == from => {
@@ -583,7 +586,6 @@ impl Endpoint {
     fn count_refused(&mut self, error: &PacketError) {
         let counter = match error {
             PacketError::Truncated { .. } => &mut self.stats.dropped_truncated,
-            PacketError::Checksum { .. } => &mut self.stats.dropped_checksum,
             PacketError::Version(_) => &mut self.stats.dropped_version,
             PacketError::TrailingBytes { .. }
             | PacketError::Magic(_)
@@ -612,9 +614,9 @@ impl Endpoint {
         if opens && !forgotten && keyed {
             if self.make_room(from, now) {
                 let mut session = Session::new(id, from, &self.config, true);
-                if let Some(key) = self.admitted.remove(&id) {
+                if let Some(mac) = self.admitted.remove(&id) {
                     self.admitted_order.retain(|admitted| *admitted != id);
-                    session.key = key;
+                    session.mac = mac;
                 }
                 self.sessions.insert(id, session);
                 *self.accepted_by_source.entry(from.ip()).or_default() += 1;
@@ -993,7 +995,8 @@ impl Endpoint {
             queue: 0,
             payload: Bytes::new(),
         };
-        self.control.push_back(Transmit::of(to, reset, &PUBLIC_KEY));
+        self.control
+            .push_back(Transmit::of(to, reset, public_mac()));
         self.stats.resets_sent += 1;
     }
 
@@ -1041,11 +1044,11 @@ impl Endpoint {
             session.in_ready = false;
             session.port_queue_us = self.port_queue.queue_delay_us(now);
             let packet = session.build_transmit(now, &self.config, &mut self.stats);
-            let (destination, key) = (session.peer, session.key);
+            let transmit = packet.map(|packet| Transmit::of(session.peer, packet, &session.mac));
             self.touch(id, now);
-            if let Some(packet) = packet {
+            if let Some(transmit) = transmit {
                 self.stats.datagrams_sent += 1;
-                return Some(Transmit::of(destination, packet, &key));
+                return Some(transmit);
             }
         }
         None

@@ -63,50 +63,51 @@
 //!
 //! # Packet layout
 //!
-//! Every datagram is one packet: a fixed 44-byte header, big-endian, then the payload, then a
-//! 16-byte MAC (since version 3).
+//! Every datagram is one packet: a fixed 40-byte header, big-endian, then the payload, then a
+//! 16-byte MAC (since version 3; AES-128-GCM-SIV and no CRC32C since version 4, see
+//! [`packet`] for why).
 //!
 //! ```text
 //! offset size field
 //!  0      2   magic        0x5453 ("TS")
-//!  2      1   version      3; checked first, so a later version may change all that follows
+//!  2      1   version      4; checked first, so a later version may change all that follows
 //!  3      1   kind         1 DATA, 2 ACK, 3 RESTART, 4 RESET
-//!  4      4   checksum     CRC32C of header and payload with this field taken as zero
-//!  8      8   session      chosen at random by the connecting side
-//! 16      4   seq          DATA: sequence number; RESTART: the sequence number expected
-//! 20      4   ack          cumulative: the next sequence number expected from the peer
-//! 24      4   window       packets past `ack` the sender of this packet can still accept
-//! 28      4   timestamp    the sender's clock, µs, low 32 bits
-//! 32      4   echo         the timestamp of the packet that last advanced `ack`
-//! 36      4   message_len  DATA with FIRST: length of the whole message
+//!  4      8   session      chosen at random by the connecting side
+//! 12      4   seq          DATA: sequence number; RESTART: the sequence number expected
+//! 16      4   ack          cumulative: the next sequence number expected from the peer
+//! 20      4   window       packets past `ack` the sender of this packet can still accept
+//! 24      4   timestamp    the sender's clock, µs, low 32 bits
+//! 28      4   echo         the timestamp of the packet that last advanced `ack`
+//! 32      4   message_len  DATA with FIRST: length of the whole message
 //!             or ack_delay otherwise: µs from the arrival of the packet whose timestamp
 //!                          is echoed to the sending of this one
-//! 40      1   flags        0x01 FIRST, 0x02 LAST (DATA); 0x04 PROBE (ACK)
-//! 41      1   queue        the queueing delay the sender measured on the path from the peer,
+//! 36      1   flags        0x01 FIRST, 0x02 LAST (DATA); 0x04 PROBE (ACK)
+//! 37      1   queue        the queueing delay the sender measured on the path from the peer,
 //!                          or in front of it from any peer if larger (Radon,
 //!                          [`radon::queue_code`], [`radon::PortQueue`]); 0 for none. Reserved and zero
 //!                          before, so packets of older peers decode as "no queue seen"
-//! 42      2   payload_len  bytes of payload; the datagram is exactly 60 + payload_len
-//! 44      -   payload      DATA only: one fragment, at least one byte unless the message
+//! 38      2   payload_len  bytes of payload; the datagram is exactly 56 + payload_len
+//! 40      -   payload      DATA only: one fragment, at least one byte unless the message
 //!                          is empty
-//!  end   16   tag          keyed BLAKE3 of header and payload, first 16 bytes, under the
-//!                          session's key (the public all-zero key for sessions set up
-//!                          without a handshake, and for every RESET)
+//!  end   16   tag          AES-128-GCM-SIV of header and payload (`tessera_auth::PacketMac`)
+//!                          under the session's key (the public all-zero key for sessions
+//!                          set up without a handshake, and for every RESET)
 //! ```
 //!
 //! **Authentication.** The endpoint never sees a handshake: the driver keys a session
 //! ([`Endpoint::connect_keyed`] at the connecting side, [`Endpoint::admit`] at the accepting
 //! side) with the key a handshake elsewhere agreed (`tessera-transport`: mutual proof over TCP,
 //! both nonces, the session id). Every packet of the session is tagged with it and a packet
-//! whose tag does not verify is dropped ([`Stats::dropped_unauthentic`]). With
+//! whose tag does not verify (forged, or changed on the way: the tag is the datagram's only
+//! integrity check) is dropped ([`Stats::dropped_unauthentic`]). With
 //! [`Config::require_session_keys`] a peer cannot open a session no key was admitted for (its
 //! DATA earns a rate-limited RESET, so that a client of a restarted server keys a new session
 //! at once). RESETs carry the public key, since their sender forgot the session: anyone who
 //! knows a session's random 64-bit id can end it, which an off-path attacker cannot learn.
 //!
 //! [`packet::decode`] never panics and refuses (and the endpoint counts in [`Stats`]) anything
-//! truncated, with trailing bytes, of another magic or version, with a wrong checksum, or
-//! with inconsistent fields; [`packet::verify`] checks the tag. Sequence numbers are 64-bit inside the endpoint and widened from
+//! truncated, with trailing bytes, of another magic or version, or with inconsistent
+//! fields; [`packet::verify`] checks the tag. Sequence numbers are 64-bit inside the endpoint and widened from
 //! the wire's 32 bits around the value expected ([`packet::widen`]).
 //!
 //! # Copies of a payload byte
@@ -127,7 +128,8 @@
 //!   its own, and so is a packet held past a gap (it is copied into its message when the gap
 //!   fills), so that the driver's receive buffers are never held.
 //!
-//! Each packet's checksum and tag still read its payload once each, on both sides.
+//! Each packet's tag still reads its payload once, on both sides (its CRC32C read it a second
+//! time until format 4).
 //! Before (to `38e20fe`), a payload byte was copied five times: joined into its frame,
 //! copied into each datagram, out of the receive buffer, into the message (whose buffer
 //! doubled past 1 MiB, which copied again), and out of the message by the frame decoder.
@@ -627,7 +629,7 @@ impl Config {
 pub struct Transmit {
     /// Where to.
     pub destination: SocketAddr,
-    /// The packet's header, its checksum written in.
+    /// The packet's header.
     pub header: [u8; HEADER_LEN],
     /// The packet's payload (empty but for DATA).
     pub payload: Bytes,
@@ -637,8 +639,8 @@ pub struct Transmit {
 
 impl Transmit {
     /// The datagram carrying `packet` to `destination`, tagged with `key`.
-    pub fn of(destination: SocketAddr, packet: Packet, key: &tessera_auth::Key) -> Transmit {
-        let (header, tag) = packet.encode_parts(key);
+    pub fn of(destination: SocketAddr, packet: Packet, mac: &tessera_auth::PacketMac) -> Transmit {
+        let (header, tag) = packet.encode_parts(mac);
         Transmit {
             destination,
             header,
@@ -799,8 +801,6 @@ pub struct Stats {
     pub resets_received: u64,
     /// Datagrams dropped: shorter than their header or announced payload.
     pub dropped_truncated: u64,
-    /// Datagrams dropped: checksum mismatch.
-    pub dropped_checksum: u64,
     /// Datagrams dropped: another protocol version.
     pub dropped_version: u64,
     /// Datagrams dropped: another magic, trailing bytes, or inconsistent fields.
@@ -845,8 +845,9 @@ pub struct Stats {
     /// Times a sender with data and congestion window to spare was blocked by the
     /// receiver's window.
     pub window_limited: u64,
-    /// Datagrams dropped: their MAC is not the session key's, or they would open a session
-    /// no key was admitted for.
+    /// Datagrams dropped: their MAC is not the session key's (forged, or changed on the way:
+    /// since format 4 the MAC is the only integrity check), or they would open a session no
+    /// key was admitted for.
     pub dropped_unauthentic: u64,
     /// First fragments dropped unacknowledged: their message did not fit the reassembly
     /// budget left (endpoint-wide or of their source address; [`MemoryConfig`]).
@@ -891,7 +892,6 @@ impl Stats {
             ("resets_sent", self.resets_sent),
             ("resets_received", self.resets_received),
             ("dropped_truncated", self.dropped_truncated),
-            ("dropped_checksum", self.dropped_checksum),
             ("dropped_unauthentic", self.dropped_unauthentic),
             ("dropped_version", self.dropped_version),
             ("dropped_malformed", self.dropped_malformed),

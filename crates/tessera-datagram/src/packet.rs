@@ -2,19 +2,34 @@
 //!
 //! [`Packet::encode`] and [`decode`] enforce the same rules ([`Packet::check`]), so anything
 //! encoded decodes to the same packet and anything decoded re-encodes to the same bytes.
+//!
+//! **One integrity check per datagram (format 4).** A datagram is checked by its MAC alone
+//! ([`verify`], `tessera_auth::PacketMac`: AES-128-GCM-SIV over header and payload). Format 3
+//! also carried a CRC32C of the same bytes, and both ends computed both: every payload byte
+//! was read twice per datagram on each side for one purpose, since the MAC already refuses
+//! any change a checksum would (a garbled datagram does not verify, under a session's key or
+//! the public one). [`decode`] checks lengths and fields only; the endpoint verifies the MAC
+//! of every packet before it touches any state, under the session's key or, for sessions set
+//! up without a handshake and for RESETs, under the public key (a checksum then, as the CRC
+//! was). The one packet left unverified is one for a session this endpoint has no key for
+//! and would not open (`Config::require_session_keys`), which at most earns its sender a
+//! rate-limited RESET, as a forged one would.
 
 use bytes::Bytes;
+use std::sync::LazyLock;
+use tessera_auth::PacketMac;
 
 /// First two bytes of every packet, "TS".
 pub const MAGIC: u16 = 0x5453;
 /// The protocol version this crate speaks. Checked before anything else, so that a later
 /// version may change the rest of the layout.
-/// Version 3 added the [`TAG_LEN`]-byte MAC after the payload.
-pub const VERSION: u8 = 3;
+/// Version 3 added the [`TAG_LEN`]-byte MAC after the payload; version 4 made it AES-128-GCM-SIV
+/// (it was keyed BLAKE3) and dropped the header's CRC32C, which the MAC made redundant.
+pub const VERSION: u8 = 4;
 /// Size of the fixed header that precedes the payload.
-pub const HEADER_LEN: usize = 44;
-/// Size of the MAC that follows the payload: keyed BLAKE3 of header and payload
-/// (`tessera_auth::packet_tag`), under the session's key.
+pub const HEADER_LEN: usize = 40;
+/// Size of the MAC that follows the payload: AES-128-GCM-SIV of header and payload
+/// (`tessera_auth::PacketMac`), under the session's key.
 pub const TAG_LEN: usize = tessera_auth::PACKET_TAG_BYTES;
 /// Bytes of every datagram besides its payload.
 pub const OVERHEAD_LEN: usize = HEADER_LEN + TAG_LEN;
@@ -27,6 +42,13 @@ pub const DATAGRAM_LEN_MAX: usize = OVERHEAD_LEN + PAYLOAD_LEN_MAX;
 /// their tag protects against corruption only, as a checksum would.
 pub const PUBLIC_KEY: tessera_auth::Key = tessera_auth::Key([0; tessera_auth::KEY_BYTES]);
 
+static PUBLIC_MAC: LazyLock<PacketMac> = LazyLock::new(|| PacketMac::new(&PUBLIC_KEY));
+
+/// The MAC of [`PUBLIC_KEY`], keyed once per process.
+pub fn public_mac() -> &'static PacketMac {
+    &PUBLIC_MAC
+}
+
 /// Flag: the DATA packet carries the first fragment of a message (and `message_len`).
 pub const FLAG_FIRST: u8 = 0x01;
 /// Flag: the DATA packet carries the last fragment of a message.
@@ -37,20 +59,18 @@ pub const FLAG_PROBE: u8 = 0x04;
 const OFFSET_MAGIC: usize = 0;
 const OFFSET_VERSION: usize = 2;
 const OFFSET_KIND: usize = 3;
-const OFFSET_CHECKSUM: usize = 4;
-const OFFSET_SESSION: usize = 8;
-const OFFSET_SEQ: usize = 16;
-const OFFSET_ACK: usize = 20;
-const OFFSET_WINDOW: usize = 24;
-const OFFSET_TIMESTAMP: usize = 28;
-const OFFSET_ECHO: usize = 32;
+const OFFSET_SESSION: usize = 4;
+const OFFSET_SEQ: usize = 12;
+const OFFSET_ACK: usize = 16;
+const OFFSET_WINDOW: usize = 20;
+const OFFSET_TIMESTAMP: usize = 24;
+const OFFSET_ECHO: usize = 28;
 /// `message_len` on a first fragment, `ack_delay` on every other packet: one field, so that
-/// the header stays 44 bytes (a 32 KiB stripe unit fit 23 packets of a 1500-byte MTU; with the
-/// 16-byte tag of version 3 it takes 24).
-const OFFSET_MESSAGE_LEN_OR_ACK_DELAY: usize = 36;
-const OFFSET_FLAGS: usize = 40;
-const OFFSET_QUEUE: usize = 41;
-const OFFSET_PAYLOAD_LEN: usize = 42;
+/// the header stays small (40 bytes since version 4, which dropped the 4-byte checksum).
+const OFFSET_MESSAGE_LEN_OR_ACK_DELAY: usize = 32;
+const OFFSET_FLAGS: usize = 36;
+const OFFSET_QUEUE: usize = 37;
+const OFFSET_PAYLOAD_LEN: usize = 38;
 
 /// What a packet is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -155,14 +175,6 @@ pub enum PacketError {
     /// A protocol version this endpoint does not speak.
     #[error("unsupported protocol version {0}")]
     Version(u8),
-    /// The CRC32C does not match: corrupted on the way.
-    #[error("checksum {actual:#010x} does not match the computed {expected:#010x}")]
-    Checksum {
-        /// Computed over the datagram.
-        expected: u32,
-        /// Carried by the datagram.
-        actual: u32,
-    },
     /// An unknown packet kind.
     #[error("unknown packet kind {0}")]
     Kind(u8),
@@ -279,23 +291,23 @@ impl Packet {
     /// Appends the encoded packet to `buffer`, tagged with [`PUBLIC_KEY`]. Panics if the
     /// packet breaks a rule of [`Packet::check`]: the endpoint only builds valid packets.
     pub fn encode_into(&self, buffer: &mut Vec<u8>) {
-        self.encode_into_with(buffer, &PUBLIC_KEY);
+        self.encode_into_with(buffer, public_mac());
     }
 
-    /// Appends the encoded packet to `buffer`, tagged with `key`.
-    pub fn encode_into_with(&self, buffer: &mut Vec<u8>, key: &tessera_auth::Key) {
-        let (header, tag) = self.encode_parts(key);
+    /// Appends the encoded packet to `buffer`, tagged with `mac`.
+    pub fn encode_into_with(&self, buffer: &mut Vec<u8>, mac: &PacketMac) {
+        let (header, tag) = self.encode_parts(mac);
         buffer.reserve(self.encoded_len());
         buffer.extend_from_slice(&header);
         buffer.extend_from_slice(&self.payload);
         buffer.extend_from_slice(&tag);
     }
 
-    /// The encoded packet's header (checksum included) and tag, under `key`: the datagram is
-    /// the header, the payload and the tag, one after the other. The payload is read (for
-    /// the checksum and the tag) but not copied, so a driver can send the three as they
-    /// are (see [`crate::Transmit`]). Panics as [`encode_into`](Self::encode_into) does.
-    pub fn encode_parts(&self, key: &tessera_auth::Key) -> ([u8; HEADER_LEN], [u8; TAG_LEN]) {
+    /// The encoded packet's header and tag, under `mac`: the datagram is the header, the
+    /// payload and the tag, one after the other. The payload is read (once, for the tag) but
+    /// not copied, so a driver can send the three as they are (see [`crate::Transmit`]).
+    /// Panics as [`encode_into`](Self::encode_into) does.
+    pub fn encode_parts(&self, mac: &PacketMac) -> ([u8; HEADER_LEN], [u8; TAG_LEN]) {
         if let Err(error) = self.check() {
             panic!("encoding an invalid packet: {error}");
         }
@@ -326,21 +338,19 @@ impl Packet {
         header[OFFSET_QUEUE] = self.queue;
         header[OFFSET_PAYLOAD_LEN..HEADER_LEN]
             .copy_from_slice(&(self.payload.len() as u16).to_be_bytes());
-        let checksum = crc32c::crc32c_append(checksum(&header), &self.payload);
-        header[OFFSET_CHECKSUM..OFFSET_CHECKSUM + 4].copy_from_slice(&checksum.to_be_bytes());
-        let tag = tessera_auth::packet_tag_of_parts(key, &[&header, &self.payload]);
+        let tag = mac.tag(&header, &self.payload);
         (header, tag)
     }
 
     /// The encoded packet, tagged with [`PUBLIC_KEY`].
     pub fn encode(&self) -> Vec<u8> {
-        self.encode_with(&PUBLIC_KEY)
+        self.encode_with(public_mac())
     }
 
-    /// The encoded packet, tagged with `key`.
-    pub fn encode_with(&self, key: &tessera_auth::Key) -> Vec<u8> {
+    /// The encoded packet, tagged with `mac`.
+    pub fn encode_with(&self, mac: &PacketMac) -> Vec<u8> {
         let mut buffer = Vec::with_capacity(self.encoded_len());
-        self.encode_into_with(&mut buffer, key);
+        self.encode_into_with(&mut buffer, mac);
         buffer
     }
 }
@@ -357,47 +367,38 @@ pub fn session_of(datagram: &[u8]) -> Option<u64> {
     Some(read_u64(datagram, OFFSET_SESSION))
 }
 
-/// Whether the datagram's MAC is the one `key` gives its header and payload. Compared in
-/// constant time. A datagram shorter than a tag is not authentic.
-pub fn verify(datagram: &[u8], key: &tessera_auth::Key) -> bool {
+/// Whether the datagram's MAC is the one `mac` gives its header and payload (all its bytes
+/// between the header and the last [`TAG_LEN`]). Compared in constant time. A datagram
+/// shorter than a header and a tag is not authentic.
+pub fn verify(datagram: &[u8], mac: &PacketMac) -> bool {
     let Some(body_len) = datagram.len().checked_sub(TAG_LEN) else {
         return false;
     };
-    let mut expected = [0u8; 32];
-    expected[..TAG_LEN].copy_from_slice(&tessera_auth::packet_tag(key, &datagram[..body_len]));
-    let mut carried = [0u8; 32];
-    carried[..TAG_LEN].copy_from_slice(&datagram[body_len..]);
-    tessera_auth::Proof(expected).verify(&tessera_auth::Proof(carried))
+    let Some((header, payload)) = datagram[..body_len].split_first_chunk::<HEADER_LEN>() else {
+        return false;
+    };
+    mac.verify(header, payload, &datagram[body_len..])
 }
 
-/// CRC32C of an encoded packet's header and payload (not its tag), computed with its
-/// checksum field taken as zero.
-pub fn checksum(datagram: &[u8]) -> u32 {
-    assert!(datagram.len() >= HEADER_LEN);
-    let crc = crc32c::crc32c(&datagram[..OFFSET_CHECKSUM]);
-    let crc = crc32c::crc32c_append(crc, &[0; 4]);
-    crc32c::crc32c_append(crc, &datagram[OFFSET_CHECKSUM + 4..])
-}
-
-/// Writes the checksum of `datagram` (at least [`HEADER_LEN`] bytes) into its checksum
-/// field, after other bytes of it were changed: for tests and fuzzing, which alter packets
-/// and still want them to reach the checks behind the checksum.
-/// The tag is written too, with [`PUBLIC_KEY`] (see [`seal_with`]); a datagram shorter than
-/// a header and a tag is left as it is.
+/// Writes the tag of `datagram` (under [`PUBLIC_KEY`]) into its last [`TAG_LEN`] bytes,
+/// after other bytes of it were changed: for tests and fuzzing, which alter packets and
+/// still want them to reach the checks behind the MAC. A datagram shorter than a header and
+/// a tag is left as it is.
 pub fn seal(datagram: &mut [u8]) {
-    seal_with(datagram, &PUBLIC_KEY);
+    seal_with(datagram, public_mac());
 }
 
-/// [`seal`] with the tag of `key`.
-pub fn seal_with(datagram: &mut [u8], key: &tessera_auth::Key) {
+/// [`seal`] with the tag of `mac`.
+pub fn seal_with(datagram: &mut [u8], mac: &PacketMac) {
     if datagram.len() < OVERHEAD_LEN {
         return;
     }
     let body_len = datagram.len() - TAG_LEN;
-    let checksum = checksum(&datagram[..body_len]);
-    datagram[OFFSET_CHECKSUM..OFFSET_CHECKSUM + 4].copy_from_slice(&checksum.to_be_bytes());
-    let tag = tessera_auth::packet_tag(key, &datagram[..body_len]);
-    datagram[body_len..].copy_from_slice(&tag);
+    let (body, tag) = datagram.split_at_mut(body_len);
+    let (header, payload) = body
+        .split_first_chunk::<HEADER_LEN>()
+        .expect("checked: at least a header before the tag");
+    tag.copy_from_slice(&mac.tag(header, payload));
 }
 
 fn read_u16(datagram: &[u8], offset: usize) -> u16 {
@@ -419,8 +420,9 @@ fn read_u64(datagram: &[u8], offset: usize) -> u64 {
 /// Decodes one datagram. Never panics: every length is checked before it is used.
 ///
 /// The checks run in this order, so that each error names the first thing wrong: length of
-/// the header, magic, version, length of the payload, checksum, then the fields. The payload
-/// is copied out of `datagram`; [`decode_bytes`] slices it instead.
+/// the header, magic, version, length of the payload, then the fields. The MAC is not
+/// checked here ([`verify`]: the endpoint picks the key by the session). The payload is
+/// copied out of `datagram`; [`decode_bytes`] slices it instead.
 pub fn decode(datagram: &[u8]) -> Result<Packet, PacketError> {
     decode_with(datagram, |range| Bytes::copy_from_slice(&datagram[range]))
 }
@@ -463,15 +465,7 @@ fn decode_with(
     if len > expected {
         return Err(PacketError::TrailingBytes { len, expected });
     }
-    let body = &datagram[..len - TAG_LEN];
-    let actual = read_u32(datagram, OFFSET_CHECKSUM);
-    let computed = checksum(body);
-    if actual != computed {
-        return Err(PacketError::Checksum {
-            expected: computed,
-            actual,
-        });
-    }
+    let body_len = len - TAG_LEN;
     let kind_code = datagram[OFFSET_KIND];
     let kind = PacketKind::from_code(kind_code).ok_or(PacketError::Kind(kind_code))?;
     let flags = datagram[OFFSET_FLAGS];
@@ -499,7 +493,7 @@ fn decode_with(
         message_len,
         ack_delay,
         queue: datagram[OFFSET_QUEUE],
-        payload: payload(HEADER_LEN..body.len()),
+        payload: payload(HEADER_LEN..body_len),
     };
     packet.check()?;
     Ok(packet)
@@ -623,20 +617,42 @@ mod tests {
             let mut bytes = packet.encode();
             let bit = bit.index(bytes.len() * 8);
             bytes[bit / 8] ^= 1 << (bit % 8);
-            // The checksum catches it in the header and payload, the MAC anywhere.
-            prop_assert!(!verify(&bytes, &PUBLIC_KEY));
+            // The MAC catches it anywhere: in the header, the payload and the tag itself.
+            prop_assert!(!verify(&bytes, public_mac()));
+            // And a flip of header or payload the decoder lets through decodes to another
+            // packet, never to this one.
             if bit / 8 < bytes.len() - TAG_LEN {
-                prop_assert!(decode(&bytes).is_err());
+                prop_assert_ne!(decode(&bytes).ok(), Some(packet));
             }
         }
 
         #[test]
         fn a_packet_verifies_only_under_its_own_key(packet in packet_strategy(), key in any::<[u8; 32]>()) {
             let key = tessera_auth::Key(key);
-            let bytes = packet.encode_with(&key);
-            prop_assert!(verify(&bytes, &key));
+            let mac = PacketMac::new(&key);
+            let bytes = packet.encode_with(&mac);
+            prop_assert!(verify(&bytes, &mac));
             prop_assert_eq!(decode(&bytes), Ok(packet));
-            prop_assert_eq!(verify(&bytes, &PUBLIC_KEY), key == PUBLIC_KEY);
+            prop_assert_eq!(verify(&bytes, public_mac()), key == PUBLIC_KEY);
+        }
+
+        #[test]
+        fn a_datagram_forged_without_the_key_is_refused(
+            packet in packet_strategy(), key in any::<[u8; 32]>(), forged_tag in any::<[u8; TAG_LEN]>(),
+        ) {
+            // An attacker who knows everything but the session key: the same bytes tagged
+            // with the public key, with another key, or with any tag it makes up.
+            let mac = PacketMac::new(&tessera_auth::Key(key));
+            prop_assume!(tessera_auth::Key(key) != PUBLIC_KEY);
+            prop_assert!(!verify(&packet.encode(), &mac));
+            let mut other = key;
+            other[0] ^= 1;
+            prop_assert!(!verify(&packet.encode_with(&PacketMac::new(&tessera_auth::Key(other))), &mac));
+            let mut made_up = packet.encode_with(&mac);
+            let body_len = made_up.len() - TAG_LEN;
+            prop_assume!(made_up[body_len..] != forged_tag);
+            made_up[body_len..].copy_from_slice(&forged_tag);
+            prop_assert!(!verify(&made_up, &mac));
         }
 
         #[test]
@@ -695,14 +711,12 @@ mod tests {
         assert_eq!(decode(&magic), Err(PacketError::Magic(0x0053)));
         let mut flipped = bytes.clone();
         flipped[HEADER_LEN] ^= 1;
-        assert!(matches!(
-            decode(&flipped),
-            Err(PacketError::Checksum { .. })
-        ));
+        // A flipped payload bit decodes (the decoder checks no bytes of the payload)...
+        assert!(decode(&flipped).is_ok());
+        // ...and its MAC refuses it.
+        assert!(!verify(&flipped, public_mac()));
         let mut kind = bytes.clone();
         kind[OFFSET_KIND] = 9;
-        let crc = checksum(&kind[..kind.len() - TAG_LEN]);
-        kind[OFFSET_CHECKSUM..OFFSET_CHECKSUM + 4].copy_from_slice(&crc.to_be_bytes());
         assert_eq!(decode(&kind), Err(PacketError::Kind(9)));
     }
 

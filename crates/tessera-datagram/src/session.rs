@@ -138,9 +138,9 @@ struct HeldMessage {
 
 #[derive(Debug)]
 pub(crate) struct Session {
-    /// The key its datagrams are tagged with both ways ([`crate::packet::PUBLIC_KEY`] for a
-    /// session set up without a handshake).
-    pub(crate) key: tessera_auth::Key,
+    /// The MAC its datagrams are tagged with both ways, keyed once (with
+    /// [`crate::packet::PUBLIC_KEY`] for a session set up without a handshake).
+    pub(crate) mac: tessera_auth::PacketMac,
     pub(crate) id: SessionId,
     pub(crate) peer: SocketAddr,
     /// The peer opened it (it counts toward `sessions_max` and its address's share).
@@ -330,7 +330,7 @@ impl Session {
             (WINDOW_INITIAL_PACKETS as u64, 0)
         };
         Session {
-            key: crate::packet::PUBLIC_KEY,
+            mac: crate::packet::public_mac().clone(),
             id,
             peer,
             accepted,

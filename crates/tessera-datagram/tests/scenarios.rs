@@ -816,19 +816,19 @@ fn exchange(sim: &mut Sim, client: SocketAddr, server: SocketAddr, session: Sess
     .unwrap_or_else(|error| panic!("{error}"));
 }
 
-#[test]
-fn garbage_is_dropped_and_counted_and_the_session_keeps_delivering() {
-    let mut sim = Sim::new(11);
-    // Duplicated datagrams come from the network itself.
+/// A simulator with links of 50 µs that duplicate a share `duplicate` of datagrams, and the
+/// last DATA datagram of more than 100 payload bytes that `addr(1)` sent, kept as sent.
+fn capturing_sim(seed: u64, duplicate: f64) -> (Sim, Rc<RefCell<Vec<Vec<u8>>>>) {
+    let mut sim = Sim::new(seed);
     sim.set_default_link(LinkConfig {
         delay_us: 50,
         jitter_us: 0,
         loss: 0.0,
-        duplicate: 0.3,
+        duplicate,
     });
     let captured: Rc<RefCell<Vec<Vec<u8>>>> = Rc::default();
     let capture = captured.clone();
-    let (client, server) = (addr(1), addr(2));
+    let client = addr(1);
     sim.set_tracer(move |event| {
         if event.kind == TraceKind::Sent && event.from == client {
             if let Ok(p) = decode(event.contents) {
@@ -838,6 +838,14 @@ fn garbage_is_dropped_and_counted_and_the_session_keeps_delivering() {
             }
         }
     });
+    (sim, captured)
+}
+
+#[test]
+fn garbage_is_dropped_and_counted_and_the_session_keeps_delivering() {
+    // Duplicated datagrams come from the network itself.
+    let (mut sim, captured) = capturing_sim(11, 0.3);
+    let (client, server) = (addr(1), addr(2));
     sim.add_endpoint(client, Config::default());
     sim.add_endpoint(server, Config::default());
     let session = sim.endpoint(client).connect(server, 0);
@@ -855,7 +863,8 @@ fn garbage_is_dropped_and_counted_and_the_session_keeps_delivering() {
     // Truncated: inside the header, and inside the payload.
     garbage.push((client, real[..20].to_vec()));
     garbage.push((client, real[..real.len() - 1].to_vec()));
-    // Bit flips in the header and in the payload (the checksum's), and in the MAC.
+    // Bit flips in the header (the session id, the echo field), in the payload and in the MAC:
+    // the MAC refuses all four (since format 4 it is the only integrity check).
     let payload_end = real.len() - tessera_datagram::TAG_LEN;
     for bit in [
         8 * 9 + 3,
@@ -920,8 +929,7 @@ fn garbage_is_dropped_and_counted_and_the_session_keeps_delivering() {
     let after = sim.endpoint_ref(server).stats();
     let delta = |f: fn(&Stats) -> u64| f(&after) - f(&before);
     assert_eq!(delta(|s| s.dropped_truncated), 2);
-    assert_eq!(delta(|s| s.dropped_checksum), 3);
-    assert_eq!(delta(|s| s.dropped_unauthentic), 1);
+    assert_eq!(delta(|s| s.dropped_unauthentic), 4);
     assert_eq!(delta(|s| s.dropped_version), 1);
     assert_eq!(delta(|s| s.dropped_malformed), 1);
     assert_eq!(delta(|s| s.dropped_unknown_session), 3);
@@ -937,6 +945,61 @@ fn garbage_is_dropped_and_counted_and_the_session_keeps_delivering() {
     assert_eq!(sim.stats().injected, 13);
 
     // The session is unharmed.
+    exchange(&mut sim, client, server, session, 2);
+    assert_eq!(sim.endpoint_ref(server).stats().sessions_lost, 0);
+}
+
+/// A session keyed by a handshake (as the UDP driver keys every session) refuses datagrams
+/// forged without its key: a packet of the session's own bytes re-tagged with the public key
+/// or another key, a new payload tagged with the public key, a bit flipped under the real
+/// tag; and a replay of a genuine datagram delivers nothing twice. The session goes on.
+#[test]
+fn a_keyed_session_drops_datagrams_forged_without_its_key_and_replays() {
+    let (mut sim, captured) = capturing_sim(13, 0.0);
+    let (client, server) = (addr(1), addr(2));
+    sim.add_endpoint(client, Config::default());
+    let server_config = Config {
+        require_session_keys: true,
+        ..Config::default()
+    };
+    sim.add_endpoint(server, server_config);
+    let key = tessera_auth::Key([9; 32]);
+    let session = SessionId(0x5EED);
+    sim.endpoint(server).admit(session, key);
+    sim.endpoint(client)
+        .connect_keyed(server, session, key, 1_400, 0)
+        .unwrap();
+    exchange(&mut sim, client, server, session, 1);
+    let before = sim.endpoint_ref(server).stats();
+
+    let real = captured.borrow()[0].clone();
+    let mut forged = Vec::new();
+    let mut public = real.clone();
+    packet::seal(&mut public);
+    forged.push(public);
+    let mut other_key = real.clone();
+    packet::seal_with(
+        &mut other_key,
+        &tessera_auth::PacketMac::new(&tessera_auth::Key([8; 32])),
+    );
+    forged.push(other_key);
+    let mut new_payload = decode(&real).unwrap();
+    new_payload.payload = Bytes::from(vec![0xEE; new_payload.payload.len()]);
+    forged.push(new_payload.encode());
+    let mut flipped = real.clone();
+    flipped[packet::HEADER_LEN + 3] ^= 0x10;
+    forged.push(flipped);
+    for datagram in forged {
+        sim.inject(client, server, datagram);
+    }
+    sim.inject(client, server, real);
+    sim.run_for(1_000);
+
+    let after = sim.endpoint_ref(server).stats();
+    let delta = |f: fn(&Stats) -> u64| f(&after) - f(&before);
+    assert_eq!(delta(|s| s.dropped_unauthentic), 4);
+    assert_eq!(delta(|s| s.dropped_duplicate), 1, "the replay");
+    assert_eq!(delta(|s| s.messages_delivered), 0);
     exchange(&mut sim, client, server, session, 2);
     assert_eq!(sim.endpoint_ref(server).stats().sessions_lost, 0);
 }
@@ -1004,7 +1067,7 @@ fn random_corruption_mid_transfer_never_panics_nor_stalls() {
     .unwrap_or_else(|error| panic!("{error}"));
     let stats = sim.endpoint_ref(server).stats();
     let refused = stats.dropped_truncated
-        + stats.dropped_checksum
+        + stats.dropped_unauthentic
         + stats.dropped_malformed
         + stats.dropped_version;
     assert!(refused > 50, "{stats:?}");

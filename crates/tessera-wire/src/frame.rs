@@ -20,7 +20,11 @@ use serde::{de::DeserializeOwned, Serialize};
 /// are discarded in one request per column and region (`StorageRequest::Discard`), so that
 /// truncating a file costs no write of zeros. Version 13: a debt has a tag that every reported
 /// miss changes, and `Resynced` names it (`FileDebt::tag`, `ManagerError::DebtChanged`).
-pub const PROTOCOL_VERSION: u8 = 13;
+/// Version 14: frames are unchanged, but the datagram transport that carries them speaks
+/// datagram format 4 (`tessera_datagram::packet::VERSION`: an AES-128-GCM-SIV MAC, no CRC32C),
+/// which a version-13 peer cannot read; the bump makes the TCP handshake, which every datagram
+/// session starts with, refuse the mix by name instead of leaving datagrams dropped unread.
+pub const PROTOCOL_VERSION: u8 = 14;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.
