@@ -168,13 +168,6 @@ pub struct StreamSample {
 /// How often a stream samples the queue its server reports.
 pub const QUEUE_SAMPLE_EVERY: Duration = Duration::from_millis(10);
 
-/// How often a read samples its server's counters instead (a request to the server and a
-/// counters list of 2-3 packets back). Every 10 ms, on the reserved reader's own session,
-/// the six readers' samples took about a tenth of the port they measured, and each
-/// reader's from its reserved rate (its grants are paced at that rate, whatever they
-/// carry): a reader at 0.166 of the port met 1 of 9 deadlines, late by 25-65 ms.
-pub const READ_SAMPLE_EVERY: Duration = Duration::from_millis(100);
-
 /// Where a stream's counters come from: the client's own endpoint (a write: it sends the
 /// DATA), or the one server holding the file (a read).
 #[derive(Clone)]
@@ -197,13 +190,11 @@ impl CounterSource {
     }
 }
 
-/// Samples the queue the stream's receiver reports to its sender `every` (see
-/// [`QUEUE_SAMPLE_EVERY`], [`READ_SAMPLE_EVERY`]) from the agreed start until aborted,
-/// into `into`.
+/// Samples the queue the stream's receiver reports to its sender every
+/// [`QUEUE_SAMPLE_EVERY`] from the agreed start until aborted, into `into`.
 fn sample_queue(
     source: CounterSource,
     start_unix_us: u64,
-    every: Duration,
     into: std::sync::Arc<std::sync::Mutex<Samples>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -218,7 +209,7 @@ fn sample_queue(
                     .pacing
                     .push((at, get("best_effort_wait_ns"), get("queued_bytes")));
             }
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(QUEUE_SAMPLE_EVERY).await;
         }
     })
 }
@@ -339,21 +330,14 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
     // stream's first period does not pay for the handshake (15-20 ms on the busy testbed,
     // which every period after it then lagged by).
     client.server_counters().await?;
-    // A read asks its server from the setup client: its own session and receive budget,
-    // best effort, not the reserved reader's session paced at the stream's rate.
-    let source = counter_source(if job.read { &setup } else { &client }, &open, job).await?;
+    let source = counter_source(&client, &open, job).await?;
     let before = Grown {
         packets: source.counters().await,
         pacer: client.transport_counters().await,
     };
 
     let queue = std::sync::Arc::new(std::sync::Mutex::new(Samples::default()));
-    let every = if job.read {
-        READ_SAMPLE_EVERY
-    } else {
-        QUEUE_SAMPLE_EVERY
-    };
-    let sampler = sample_queue(source.clone(), job.start_unix_us, every, queue.clone());
+    let sampler = sample_queue(source.clone(), job.start_unix_us, queue.clone());
     sleep_until_unix_us(job.start_unix_us).await;
     let started = tokio::time::Instant::now();
     let start_late_us = unix_us().saturating_sub(job.start_unix_us);
