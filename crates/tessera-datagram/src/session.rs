@@ -541,12 +541,12 @@ impl Session {
     /// A message of `packets` packets arrived whole: forget the expectation it most likely
     /// answers. Answers may come in any order (a small one the server answers at once
     /// overtakes reads waiting for its disk), so not simply the oldest: of the requests
-    /// sent, the oldest of its size (or nearly), else the oldest of a size not said, else
-    /// the oldest. Taken for the oldest, a small answer settled a large read's
-    /// expectation; the session then expected too little, and the last read's answer was granted a packet per round trip
-    /// (seconds for a few MB on a busy host, until the client's request timeout sent the
-    /// read again: `lab radon --mirror`, whose readers ask their server for its counters
-    /// every 10 ms while they read).
+    /// sent, the one nearest its size if within an eighth (the oldest of equals), else the
+    /// oldest of a size not said, else the oldest. Taken for the oldest, a small answer
+    /// settled a large read's expectation; the session then expected too little, and the
+    /// last read's answer was granted a packet per round trip (seconds for a few MB on a
+    /// busy host, until the client's request timeout sent the read again: `lab radon
+    /// --mirror`, whose readers ask their server for its counters every 10 ms as they read).
     fn settle_expectation(&mut self, packets: u32) -> Option<Expectation> {
         let packets = u64::from(packets);
         // Only a request that went out can have been answered: settling a held one's
