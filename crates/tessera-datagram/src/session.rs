@@ -84,6 +84,8 @@ struct Expectation {
     ticket: u64,
     /// Packets it will take.
     packets: u64,
+    /// Whether the application said its size (`packets` is then what it takes).
+    sized: bool,
 }
 
 /// Packets assumed for an expected message whose size the application did not say: one at a
@@ -529,7 +531,49 @@ impl Session {
             Some(bytes) => self.packets_from_peer(bytes),
             None => UNKNOWN_MESSAGE_PACKETS,
         };
-        self.expected.push_back(Expectation { ticket, packets });
+        self.expected.push_back(Expectation {
+            ticket,
+            packets,
+            sized: bytes.is_some(),
+        });
+    }
+
+    /// A message of `packets` packets arrived whole: forget the expectation it most likely
+    /// answers. Answers may come in any order (a small one the server answers at once
+    /// overtakes reads waiting for its disk), so not simply the oldest: of the requests
+    /// sent, the one nearest its size if within an eighth (the oldest of equals), else the
+    /// oldest of a size not said, else the oldest. Taken for the oldest, a small answer
+    /// settled a large read's expectation; the session then expected too little, and the
+    /// last read's answer was granted a packet per round trip (seconds for a few MB on a
+    /// busy host, until the client's request timeout sent the read again: `lab radon
+    /// --mirror`, whose readers ask their server for its counters every 10 ms as they read).
+    fn settle_expectation(&mut self, packets: u32) -> Option<Expectation> {
+        let packets = u64::from(packets);
+        // Only a request that went out can have been answered: settling a held one's
+        // expectation would leave a stale one ahead of it, never granted past.
+        let sent: Vec<usize> = (0..self.expected.len())
+            .filter(|&i| {
+                let ticket = Some(self.expected[i].ticket);
+                !self.held_requests.iter().any(|held| held.answer == ticket)
+            })
+            .collect();
+        // A size estimated with another fragment size than the peer used is off by a
+        // little: still that answer, not one of unknown size.
+        let close = sent
+            .iter()
+            .copied()
+            .filter(|&i| self.expected[i].sized)
+            .min_by_key(|&i| self.expected[i].packets.abs_diff(packets))
+            .filter(|&i| {
+                let expected = self.expected[i].packets;
+                expected.abs_diff(packets) <= (expected / 8).max(1)
+            });
+        // Otherwise sizes were announced wrong: the oldest stands for it, right in sum.
+        let position = close
+            .or_else(|| sent.iter().copied().find(|&i| !self.expected[i].sized))
+            .or_else(|| sent.first().copied())
+            .unwrap_or(0);
+        self.expected.remove(position)
     }
 
     /// Packets of a message of `bytes` from the peer.
@@ -1442,9 +1486,7 @@ impl Session {
             }
         };
         if let Some((message, packets)) = complete {
-            // Answers may come in any order; the oldest expectation stands for whichever
-            // came, so the estimate is right in sum.
-            if self.expected.pop_front().is_some() {
+            if self.settle_expectation(packets).is_some() {
                 self.expected_received = 0;
                 // A grant that outran a short estimate may reach the next answer already.
                 self.release_granted_requests();
