@@ -38,14 +38,14 @@ pub const READER_HOST: &str = "c1";
 /// carries them in, seconds.
 const FILL_SLACK_S: f64 = 30.0;
 /// Payload bytes of a full-size frame: 1500 bytes of IP less the IP, UDP and datagram
-/// headers (20 + 8 + 44).
-pub const PAYLOAD_BYTES_PER_FRAME: u64 = 1428;
+/// headers (20 + 8 + 40; datagram format 4).
+pub const PAYLOAD_BYTES_PER_FRAME: u64 = 1432;
 /// Packets of each short stream of the punctuated experiment (the paper's 500).
 pub const SHORT_STREAM_PACKETS: u64 = 500;
 /// Payload of a full-size frame as the manager's admission counts it
 /// (`tessera_manager::reservations::PACKET_PAYLOAD_BYTES`: the datagram header with its
-/// 16-byte tag, 60 bytes in all).
-pub const ADMISSION_PAYLOAD_BYTES_PER_FRAME: u64 = 1412;
+/// 16-byte tag, 56 bytes in all).
+pub const ADMISSION_PAYLOAD_BYTES_PER_FRAME: u64 = 1416;
 /// The manager admits reservations up to this share of a link (its default).
 pub const RESERVABLE_SHARE: f64 = 0.9;
 /// How often the port's queue is sampled.
@@ -1154,7 +1154,7 @@ fn preamble(report: &RadonReport) -> String {
         "# Radon: six streams into one switch port{}\n\n{}\n\n{}\n\nSix writer clients \
          (hosts c1-c6) each write their own file (RAID-0 on the one server, s1) at a rate; the \
          streams meet in the switch port toward s1. Rates are shares of what that port carries \
-         in payload ({:.2} MB/s: 1428 bytes per 1514-byte frame), the paper's Mbit/s of its \
+         in payload ({:.2} MB/s: {PAYLOAD_BYTES_PER_FRAME} bytes per 1514-byte frame), the paper's Mbit/s of its \
          1 Gbit/s link. Long streams write for {:.1} s; the punctuated run's short streams \
          write {SHORT_STREAM_PACKETS} packets each, starting at 1/7 to 5/7 of the run. Every \
          stream's bytes are released a period ({} ms) at a time at the period's start (the \
@@ -1380,7 +1380,7 @@ mod tests {
         // Twice what the five reserved streams leave of the port over the run.
         assert!(bulk[STREAMS - 1].bytes.abs_diff(680_000) <= 1);
         let capacity = payload_capacity(Rate::mbit(200));
-        assert!((capacity - 23_579_920.7).abs() < 1.0, "{capacity}");
+        assert!((capacity - 23_645_970.9).abs() < 1.0, "{capacity}");
         let plans = plan(Experiment::Punctuated, capacity, 7.0);
         assert_eq!(plans[0].start_s, 0.0);
         assert_eq!(plans[0].bytes, (0.749 * capacity * 7.0) as u64);
@@ -1388,7 +1388,7 @@ mod tests {
             plans[1..].iter().map(|p| p.start_s).collect::<Vec<_>>(),
             [1.0, 2.0, 3.0, 4.0, 5.0]
         );
-        assert!(plans[1..].iter().all(|p| p.bytes == 714_000));
+        assert!(plans[1..].iter().all(|p| p.bytes == 716_000));
     }
 
     #[test]
