@@ -33,7 +33,7 @@ pub const RESERVATION_LEASE: Duration = Duration::from_secs(10);
 pub const RESERVATIONS_MAX: usize = 65_536;
 
 /// Bytes a full-size packet takes on an Ethernet link besides its payload: Ethernet's header
-/// (14), IPv4 (20), UDP (8) and the datagram header with its tag (60).
+/// (14), IPv4 (20), UDP (8) and the datagram header with its tag (56, format 4).
 pub const PACKET_OVERHEAD_BYTES: u64 = 14 + 20 + 8 + tessera_datagram::OVERHEAD_LEN as u64;
 
 /// Payload of a full-size packet at an MTU of 1500 bytes (the IP packet less IPv4, UDP and
@@ -285,16 +285,16 @@ mod tests {
 
     #[test]
     fn streams_take_their_packets_headers_of_a_link() {
-        // 1,412 bytes of payload travel in a 1,514-byte frame.
+        // 1,416 bytes of payload travel in a 1,514-byte frame.
         assert_eq!(PACKET_PAYLOAD_BYTES + PACKET_OVERHEAD_BYTES, 1_514);
-        assert_eq!(wire_bytes_per_s(1_412), 1_514);
+        assert_eq!(wire_bytes_per_s(1_416), 1_514);
         assert_eq!(wire_bytes_per_s(1), 2);
         assert_eq!(wire_bytes_per_s(0), 0);
         assert_eq!(wire_bytes_per_s(u64::MAX), u64::MAX);
-        // Five of six fairshare streams of the lab (0.166 of its port's payload, 23.58 MB/s)
+        // Five of six fairshare streams of the lab (0.166 of its port's payload, 23.65 MB/s)
         // fit in 0.9 of the 25 MB/s link, with their headers.
-        let stream = wire_bytes_per_s(3_914_267);
-        assert_eq!(stream, 4_197_026);
+        let stream = wire_bytes_per_s(3_925_231);
+        assert_eq!(stream, 4_196_893);
         assert!(5 * stream <= 22_500_000 && 6 * stream > 22_500_000);
     }
 
@@ -415,7 +415,7 @@ mod tests {
         assert!(
             refused
                 .to_string()
-                .starts_with("reservation refused: server 1 (127.0.0.1:7001) has 36.39 MB/s"),
+                .starts_with("reservation refused: server 1 (127.0.0.1:7001) has 36.54 MB/s"),
             "{refused}"
         );
         assert!(matches!(

@@ -1302,7 +1302,7 @@ fn reservations_that_do_not_fit_a_link_are_refused() {
     let c = Cluster::start_with_env(3, &[("TESSERA_LINK_RATE", "10MB/s")]);
     let data = random_bytes(&mut seeded("admitted"), 1_000_000);
     // RAID-5 over 3 servers: a stream puts half its rate on each server's link (10 MB/s of
-    // payload, 10.72 on the wire: 1,412 payload bytes per 1,514-byte frame), of which
+    // payload, 10.69 on the wire: 1,416 payload bytes per 1,514-byte frame), of which
     // 9 MB/s (0.9 of 10 MB/s) is reservable.
     c.put("admitted", &data, "raid5");
     let got = c.local("admitted.got");
@@ -1311,19 +1311,19 @@ fn reservations_that_do_not_fit_a_link_are_refused() {
         &line,
         &[
             "reservation refused: server",
-            "has 9.00 MB/s of 9.00 MB/s reservable left, 10.72 MB/s asked",
+            "has 9.00 MB/s of 9.00 MB/s reservable left, 10.69 MB/s asked",
             "--link-rate",
         ],
     );
     assert!(!got.exists(), "a refused get writes nothing");
     // The client's host link carries what the stream asks of all three servers' (3.75 MB/s
-    // each at 7 MB/s): 11.26 MB/s does not fit in its 9, though each server's link has room.
+    // each at 7 MB/s): 11.23 MB/s does not fit in its 9, though each server's link has room.
     let line = c.fails_with_one_line(&["get", "admitted", text(&got), "--rate", "7MB/s"]);
     assert_mentions(
         &line,
         &[
             "reservation refused: client 127.0.0.1 has 9.00 MB/s",
-            "11.26 MB/s asked",
+            "11.23 MB/s asked",
         ],
     );
     // One that fits runs, twice in a row: the first gave its reservation back.
