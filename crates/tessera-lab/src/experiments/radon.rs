@@ -38,14 +38,15 @@ pub const READER_HOST: &str = "c1";
 /// carries them in, seconds.
 const FILL_SLACK_S: f64 = 30.0;
 /// Payload bytes of a full-size frame: 1500 bytes of IP less the IP, UDP and datagram
-/// headers (20 + 8 + 40; datagram format 4).
-pub const PAYLOAD_BYTES_PER_FRAME: u64 = 1432;
+/// headers (20 + 8 + 40 in datagram format 4: 1,432).
+pub const PAYLOAD_BYTES_PER_FRAME: u64 = 1500 - 20 - 8 - tessera_datagram::HEADER_LEN as u64;
 /// Packets of each short stream of the punctuated experiment (the paper's 500).
 pub const SHORT_STREAM_PACKETS: u64 = 500;
 /// Payload of a full-size frame as the manager's admission counts it
 /// (`tessera_manager::reservations::PACKET_PAYLOAD_BYTES`: the datagram header with its
-/// 16-byte tag, 56 bytes in all).
-pub const ADMISSION_PAYLOAD_BYTES_PER_FRAME: u64 = 1416;
+/// 16-byte tag, 56 bytes in all in format 4: 1,416).
+pub const ADMISSION_PAYLOAD_BYTES_PER_FRAME: u64 =
+    1500 - 20 - 8 - tessera_datagram::OVERHEAD_LEN as u64;
 /// The manager admits reservations up to this share of a link (its default).
 pub const RESERVABLE_SHARE: f64 = 0.9;
 /// How often the port's queue is sampled.
