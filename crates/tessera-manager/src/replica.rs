@@ -1009,7 +1009,7 @@ impl OnceMarks {
 /// revocation: they change nothing here) ends the batch and is `held` for later.
 fn gather(
     first: (u64, Bytes),
-    events: &mpsc::Receiver<Event>,
+    events: &tessera_order_udp::Events,
     held: &mut Option<Event>,
 ) -> Vec<(u64, Bytes)> {
     // The order reports each message twice, PO then UTO, and with the PO reports of later
@@ -1089,7 +1089,7 @@ struct Applier {
 impl Applier {
     /// Joins the order: as a restarted node if a majority of the replicas run a view now,
     /// else with every replica, from the most advanced store (see the module doc).
-    fn begin(&self, config: &ReplicaConfig, socket: UdpSocket) -> mpsc::Receiver<Event> {
+    fn begin(&self, config: &ReplicaConfig, socket: UdpSocket) -> tessera_order_udp::Events {
         let start = if config.join {
             Start::Added
         } else if self
@@ -1267,7 +1267,7 @@ impl Applier {
     }
 
     /// Applies the order's events until the replica stops.
-    fn run(self, events: mpsc::Receiver<Event>) {
+    fn run(self, events: tessera_order_udp::Events) {
         let syncer = Syncer {
             replica: self.replica.clone(),
             served: self.served.clone(),
@@ -1275,7 +1275,7 @@ impl Applier {
         self.apply_events(&events, &syncer);
     }
 
-    fn apply_events(&self, events: &mpsc::Receiver<Event>, syncer: &Syncer) {
+    fn apply_events(&self, events: &tessera_order_udp::Events, syncer: &Syncer) {
         let (mut held, mut ticked) = (None, Instant::now());
         let mut logged: Logged = (Instant::now(), Default::default());
         loop {

@@ -55,11 +55,14 @@
 //! ```
 
 mod batch;
+mod events;
 mod inline;
 
 pub use inline::{spawn_inline, Application, Control, InlineHandle};
 
 use bytes::Bytes;
+use events::EventSender;
+pub use events::Events;
 use socket2::SockAddr;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
@@ -328,7 +331,7 @@ impl StoredLease {
 /// A running node.
 pub struct Handle {
     proposals: mpsc::SyncSender<Proposal>,
-    events: mpsc::Receiver<Event>,
+    events: Events,
     stop: Arc<AtomicBool>,
     wakeup: Arc<Wakeup>,
     /// The node's log end, as the driver last stored it ([`Handle::log_end`]).
@@ -396,13 +399,13 @@ impl Handle {
     }
 
     /// The node's events: deliveries (PO and UTO), views, joins, suspicions.
-    pub fn events(&self) -> &mpsc::Receiver<Event> {
+    pub fn events(&self) -> &Events {
         &self.events
     }
 
     /// Takes the node's events for a thread of their own; [`Handle::events`] is empty after.
-    pub fn take_events(&mut self) -> mpsc::Receiver<Event> {
-        std::mem::replace(&mut self.events, mpsc::channel().1)
+    pub fn take_events(&mut self) -> Events {
+        std::mem::take(&mut self.events)
     }
 
     /// Stops the thread; what the node and the driver counted.
@@ -463,7 +466,7 @@ fn spawn_inner(
 ) -> Result<Handle, DriverError> {
     validate(&driver, loss)?;
     let (proposals, proposals_rx) = mpsc::sync_channel(BACKLOG_MAX);
-    let (events_tx, events) = mpsc::channel();
+    let (events_tx, events) = events::channel();
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let wakeup = Arc::new(Wakeup::new()?);
@@ -567,7 +570,9 @@ struct Runner {
     origin: Instant,
     proposals: mpsc::Receiver<Proposal>,
     backlog: Option<Proposal>,
-    events: mpsc::Sender<Event>,
+    events: EventSender,
+    /// Events polled and not yet handed to the application's thread.
+    events_ready: Vec<Event>,
     wakeup: Arc<Wakeup>,
     /// Where the node's log ends, stored before each round of sends ([`Handle::log_end`]).
     log_end: Arc<AtomicU64>,
@@ -588,7 +593,7 @@ impl Runner {
         send: UdpSocket,
         receive: UdpSocket,
         proposals: mpsc::Receiver<Proposal>,
-        events: mpsc::Sender<Event>,
+        events: EventSender,
         wakeup: Arc<Wakeup>,
     ) -> Runner {
         let node = Node::new(
@@ -614,6 +619,7 @@ impl Runner {
             proposals,
             backlog: None,
             events,
+            events_ready: Vec::new(),
             wakeup,
             log_end: Arc::new(AtomicU64::new(0)),
             lease: Arc::new(StoredLease::new()),
@@ -635,7 +641,7 @@ impl Runner {
         validate(&driver, loss)?;
         let wakeup = Arc::new(Wakeup::new()?);
         let proposals = mpsc::sync_channel(1).1;
-        let events = mpsc::channel().0;
+        let events = events::channel().0;
         let mut runner = Runner::new(driver, send, receive, proposals, events, wakeup);
         runner.dropper = Dropper::new(loss);
         Ok(runner)
@@ -837,10 +843,17 @@ impl Runner {
                             now,
                         },
                     ),
-                    // The application may have dropped its receiver; the node goes on
-                    // regardless.
-                    None => drop(self.events.send(event)),
+                    None => self.events_ready.push(event),
                 }
+            }
+            if !self.events_ready.is_empty() {
+                // The application may have dropped its receiver; the node goes on
+                // regardless.
+                // The next batch starts at this one's size: grown from empty, the copies
+                // of its reallocations were ~4% of a 64-byte closed loop.
+                let next = Vec::with_capacity(self.events_ready.len());
+                let batch = std::mem::replace(&mut self.events_ready, next);
+                drop(self.events.send(batch));
             }
             if !any || app.is_none() {
                 return;
