@@ -222,7 +222,11 @@
 //! the smallest of the latest [`rtt::RECENT_SAMPLES`] samples reaches it) do timers follow
 //! the spread RTO past it; a short path's late samples (a passing queue, a host that was not
 //! scheduled) raise srtt + 4 rttvar but not the timers, and a timer that fires during one is
-//! found spurious.
+//! found spurious. The time the peer reports holding its ACKs (`ack_delay`) is left out of
+//! the samples and added to a timer, as QUIC's PTO adds max_ack_delay, where nothing sent
+//! after the packets in flight could show the receiver a gap: a paced session's, and any
+//! session's tail (everything queued is in flight: an answer, the end of a request). Without
+//! it, servers resent each answer to a client busy with a sequential write 1.5-4 times.
 //!
 //! **Congestion.** Behind [`CongestionControl`]: [`Adaptive`] (the paper's: slow start from
 //! two packets, one more packet per window of ACKs above the threshold, halved on a restart,
