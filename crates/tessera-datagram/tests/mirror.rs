@@ -5,7 +5,6 @@
 //! as a best-effort sender yields to the queue its receiver reports.
 
 use bytes::Bytes;
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use tessera_datagram::radon::{RadonConfig, Reservation, SEND_BY_MARGIN_DIVISOR};
 use tessera_datagram::sim::{addr, BottleneckConfig, Lateness, Sim, DATAGRAM_OVERHEAD_BYTES};
@@ -75,6 +74,10 @@ struct Read {
     bytes: u64,
     /// Bytes that arrived while the reserved periods ran.
     bytes_in_periods: u64,
+    /// Its server's DATA packets, the ones it resent, and its timeouts found spurious.
+    server_data_packets: u64,
+    server_resent: u64,
+    server_spurious_timeouts: u64,
 }
 
 /// One reader process and its session to its own server.
@@ -219,7 +222,18 @@ fn mirror(shares: &[f64], yield_best_effort: bool, periods: u64, seed: u64) -> V
         }
         false
     });
-    let reads: Vec<Read> = readers.into_iter().map(|r| r.read).collect();
+    let reads: Vec<Read> = readers
+        .into_iter()
+        .map(|reader| {
+            let stats = sim.endpoint_ref(reader.server).stats();
+            Read {
+                server_data_packets: stats.data_packets_sent,
+                server_resent: stats.retransmissions,
+                server_spurious_timeouts: stats.spurious_timeouts,
+                ..reader.read
+            }
+        })
+        .collect();
     report(shares, yield_best_effort, periods, &reads);
     reads
 }
@@ -234,20 +248,20 @@ fn report(shares: &[f64], yield_best_effort: bool, periods: u64, reads: &[Read])
             "does not yield"
         }
     );
-    let mut by_share: BTreeMap<usize, f64> = BTreeMap::new();
     for (index, read) in reads.iter().enumerate() {
         let share = shares.get(index).copied();
-        if let Some(share) = share {
-            by_share.insert(index, share);
-        }
         eprintln!(
-            "  reader {} ({}): {:.2} MB/s, {} of {} periods by their end, worst {} µs late",
+            "  reader {} ({}): {:.2} MB/s, {} of {} periods by their end, worst {} µs late; \
+             its server resent {} of {} packets ({} timeouts found spurious)",
             index + 1,
             share.map_or("best effort".to_string(), |s| format!("reserved {s}")),
             read.bytes_in_periods as f64 / span_s / 1e6,
             read.met,
             read.periods,
-            read.worst_late_us
+            read.worst_late_us,
+            read.server_resent,
+            read.server_data_packets,
+            read.server_spurious_timeouts
         );
     }
 }
