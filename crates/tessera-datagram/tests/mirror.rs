@@ -269,10 +269,13 @@ fn report(shares: &[f64], yield_best_effort: bool, periods: u64, reads: &[Read])
 /// The mirror case's fairshare behind admission: five readers reserved at 0.166 of the
 /// port, a best-effort bulk reader beside them on the same host. With best effort's grants
 /// paced by the queue the readers' own packets measure, every reserved period arrives by
-/// its end (give or take the host's lateness), and the bulk reader gets more than its floor
-/// (0.20-0.26 of the rest in seeds 1-3: it yields more than it must). Without (a
-/// best-effort session granted whatever its process's budget lets), the bulk reader keeps
-/// the port's queue full and the reserved readers miss all 40 deadlines, 23-61 ms late.
+/// its end (give or take the host's lateness), the bulk reader gets most of the rest
+/// (0.72-0.75 in seeds 1-3), and the reserved readers' servers resend at most 2% of their
+/// packets (0.9-1.1%). Without (a best-effort session granted whatever its process's budget
+/// lets), the bulk reader keeps the port's queue full and the reserved readers miss all 40
+/// deadlines, 23-66 ms late. (Before the servers' timers waited for the holds of a peer
+/// that grants their window, the servers resent 7-8%, timers found spurious, and the bulk
+/// reader got 0.20-0.26 of the rest: resends took the port.)
 #[test]
 fn best_effort_readers_yield_to_reserved_readers_on_the_same_host() {
     let shares = [0.166; 5];
@@ -283,6 +286,14 @@ fn best_effort_readers_yield_to_reserved_readers_on_the_same_host() {
         let (reserved, bulk) = paced.split_at(shares.len());
         for (index, read) in reserved.iter().enumerate() {
             assert_eq!(read.periods, periods, "seed {seed}, reader {}", index + 1);
+            // The servers' timers wait for the late readers' ACKs (a granted window).
+            assert!(
+                read.server_resent * 50 <= read.server_data_packets,
+                "seed {seed}: reader {}'s server resent {} of {}",
+                index + 1,
+                read.server_resent,
+                read.server_data_packets
+            );
             assert!(
                 read.met == periods || read.worst_late_us <= 5_000,
                 "seed {seed}: reader {} met {} of {periods}, worst {} µs late",
@@ -299,7 +310,7 @@ fn best_effort_readers_yield_to_reserved_readers_on_the_same_host() {
         );
         // Its floor is a hundredth of the link, 0.06 of the rest.
         assert!(
-            bulk_rate >= 0.15 * rest,
+            bulk_rate >= 0.5 * rest,
             "seed {seed}: the bulk reader got {:.3} of the rest",
             bulk_rate / rest
         );
