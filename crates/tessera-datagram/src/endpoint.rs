@@ -484,6 +484,9 @@ impl Endpoint {
         }
         let mut claims = std::mem::take(&mut self.claims);
         claims.clear();
+        for session in self.sessions.values_mut() {
+            session.age_best_effort_grants(now, &self.config);
+        }
         for (id, session) in &self.sessions {
             if let Some(claim) = session.claim(&self.config, now) {
                 claims.push((*id, claim));
@@ -1006,6 +1009,10 @@ impl Endpoint {
             return;
         };
         let deadline = session.next_deadline(now, &self.config);
+        // A paced grant due by now has no timer left to run it (`Session::grant_ready`): a
+        // best-effort reader whose host read a datagram on waking, just past its grant's
+        // time, was never granted again and its answer stalled for good.
+        self.grants_due |= session.grant_ready(now, &self.config);
         if session.timer != deadline {
             if let Some(old) = session.timer {
                 self.timers.remove(&(old, id));

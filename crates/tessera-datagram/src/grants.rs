@@ -49,6 +49,17 @@
 //! be granted by the period's end less the send-by margin, within what is left of the
 //! period's budget and of the last period's ([`GrantRate::for_period`]). Reserved claims are
 //! granted first, from the whole budget ([`allocate`]).
+//!
+//! **Best-effort sessions yield** (Radon's best effort, receiving side). With Radon on
+//! ([`crate::Config::radon`], best effort paced), a session without a reservation is granted
+//! no faster than a [`crate::radon::BestEffortRate`], the controller best-effort senders pace
+//! by, fed by the session's own estimate of the queue in front of this host at each DATA
+//! packet: from a sixteenth of the link it grows while the queue is under its target and is
+//! cut above twice it. Several reader processes on one host each grant from their own
+//! budget, and no one budget sees the port in front of them all; a best-effort reader's
+//! grants filled it, and the reserved readers beside it, whose answers then waited in that
+//! queue, ran into their own budgets and missed their deadlines (`tessera lab radon
+//! --mirror`'s fairshare: 1 of 11 met).
 
 use crate::session::Claim;
 use crate::{Micros, SessionId};
@@ -127,6 +138,15 @@ impl GrantRate {
         let rate = u128::from(rate_bytes_per_s.max(1)) * u128::from(num);
         let packet_ns = (packet_bytes.max(1) as u128 * 1_000_000_000 * u128::from(den))
             .div_ceil(rate)
+            .clamp(1, u128::from(u64::MAX / 4));
+        GrantRate::with_packet_ns(packet_ns as u64)
+    }
+
+    /// A best-effort session's grants ([`crate::radon::BestEffortRate`]): packets of
+    /// `wire_bytes` on the wire at `rate_wire_bytes_per_s`, with no margin.
+    pub(crate) fn best_effort(rate_wire_bytes_per_s: u64, wire_bytes: u64) -> GrantRate {
+        let packet_ns = (u128::from(wire_bytes.max(1)) * 1_000_000_000)
+            .div_ceil(u128::from(rate_wire_bytes_per_s.max(1)))
             .clamp(1, u128::from(u64::MAX / 4));
         GrantRate::with_packet_ns(packet_ns as u64)
     }

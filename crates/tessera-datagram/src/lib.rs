@@ -971,6 +971,9 @@ pub struct SessionInfo {
     pub peer_queue_delay_us: u64,
     /// The pacer's current wait between DATA packets, ns (0: not paced).
     pub pacing_wait_ns: u64,
+    /// The rate a best-effort session's grants go at under Radon, bytes/s on the wire (0:
+    /// not paced so; see [`grants`]).
+    pub best_effort_grant_rate: u64,
     /// The rate reserved for what this side sends, if any.
     pub reservation: Option<radon::Reservation>,
     /// The reservation's periods and deadlines so far.

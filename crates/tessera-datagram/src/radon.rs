@@ -514,6 +514,93 @@ pub struct PacingStats {
     pub late_sends: u64,
 }
 
+/// Radon's best effort: a rate that starts at [`BEST_EFFORT_START_DIVISOR`]'s share of the
+/// link and moves on reports of the queue in front of the receiver (see the module's
+/// documentation). A best-effort sender paces its packets by it ([`Pacer`]); a best-effort
+/// receiver under a receive budget paces its grants by it, on its own estimate of the
+/// queue in front of it ([`crate::grants`]).
+#[derive(Clone, Debug)]
+pub struct BestEffortRate {
+    /// The rate, bytes/s on the wire.
+    rate: u64,
+    /// The queue the last report said, µs.
+    queue_us: u64,
+    /// When the queue was last reported, µs.
+    reported_at: Option<Micros>,
+    /// When the rate was last cut, µs.
+    backed_off_at: Option<Micros>,
+    /// The rate is cut again only once this packet (one sent after the last cut) has been
+    /// acknowledged (or, for grants, has arrived).
+    recover_seq: u64,
+}
+
+impl BestEffortRate {
+    /// At [`BEST_EFFORT_START_DIVISOR`]'s share of `config`'s link.
+    pub fn new(config: &RadonConfig) -> BestEffortRate {
+        BestEffortRate {
+            rate: (config.link_bytes_per_s / BEST_EFFORT_START_DIVISOR).max(1),
+            queue_us: 0,
+            reported_at: None,
+            backed_off_at: None,
+            recover_seq: 0,
+        }
+    }
+
+    /// The rate, bytes/s on the wire.
+    pub fn rate(&self) -> u64 {
+        self.rate
+    }
+
+    /// Moves the rate on one report of the queue.
+    pub fn on_report(&mut self, config: &RadonConfig, report: QueueReport) {
+        let QueueReport {
+            queue_delay_us,
+            now,
+            round_trip_us,
+            acked_seq,
+            sent_seq,
+            ..
+        } = report;
+        let link = config.link_bytes_per_s;
+        let rate_min = (link / BEST_EFFORT_RATE_DIVISOR_MIN).max(1);
+        let target = config.queue_target_us.max(1);
+        // One report counts for the time since the last one, at most
+        // `BEST_EFFORT_REPORT_US_MAX`: after a long silence, a single report of an empty queue
+        // says little of what the rate may become. (At most a round trip, as when the rate
+        // grew by a share of the link: on the lab's round trips of tens of µs a sender at a
+        // sixteenth of the link, a packet and a report a millisecond, grew by 2-10% a
+        // millisecond, and the punctuated run's short streams got 0.38-0.60 of the rest.)
+        let since_report_us = self
+            .reported_at
+            .map_or(0, |at| now.saturating_sub(at))
+            .min(BEST_EFFORT_REPORT_US_MAX);
+        self.reported_at = Some(now);
+        let queues_us = (self.queue_us, queue_delay_us);
+        self.queue_us = queue_delay_us;
+        let mut rate = best_effort_damped(self.rate, queues_us, target);
+        if queue_delay_us > 2 * target {
+            // Far over the target: cut, once per round of packets. Reports go on showing
+            // the queue the old rate built until packets sent after the cut reach the peer
+            // and fill its median filter; cutting again on those (the old rule: halve once
+            // per round trip) drove a sender to a trickle, whose rare packets kept the stale
+            // median alive longer still. (Halving once per round of packets left 0.78 of the
+            // rest of the port used in the simulator, a quarter 0.84.)
+            let fresh = acked_seq >= self.recover_seq;
+            let round_trip_passed = self
+                .backed_off_at
+                .is_none_or(|at| now >= at + round_trip_us.max(1));
+            if fresh && round_trip_passed {
+                self.backed_off_at = Some(now);
+                self.recover_seq = sent_seq + MEDIAN_FILTER_LEN as u64 / 2 + 1;
+                rate = best_effort_cut(rate, queue_delay_us, target);
+            }
+        } else {
+            rate = best_effort_toward_target(rate, since_report_us, queue_delay_us, target);
+        }
+        self.rate = rate.clamp(rate_min, link);
+    }
+}
+
 /// The sender's pacing of one session.
 #[derive(Clone, Debug)]
 pub struct Pacer {
@@ -531,15 +618,8 @@ pub struct Pacer {
     /// period's budget carries them (at most a period's worth), so that a stream that fell
     /// behind (a late host, a resend taking a slot) catches up instead of staying behind.
     carried_bytes: u64,
-    /// When a best-effort session last backed off, µs.
-    backed_off_at: Option<Micros>,
-    /// A best-effort session's rate, bytes/s on the wire.
-    best_effort_rate: u64,
-    /// A best-effort session halves its rate again only once the peer acknowledged this
-    /// packet, sent after the last halving.
-    recover_seq: u64,
-    /// When the peer last reported the queue, µs.
-    reported_at: Option<Micros>,
+    /// A best-effort session's rate.
+    best_effort: BestEffortRate,
     /// The session's round trip and the queue the peer reports toward it, as last heard, µs.
     round_trip_us: Micros,
     peer_queue_us: u64,
@@ -570,10 +650,7 @@ impl Pacer {
             deadline_ns: 0,
             period_sent_bytes: 0,
             carried_bytes: 0,
-            backed_off_at: None,
-            best_effort_rate: (config.link_bytes_per_s / BEST_EFFORT_START_DIVISOR).max(1),
-            recover_seq: 0,
-            reported_at: None,
+            best_effort: BestEffortRate::new(&config),
             round_trip_us: 0,
             peer_queue_us: 0,
             window_packets: WINDOW_PACKETS_MIN,
@@ -595,7 +672,7 @@ impl Pacer {
             self.carried_bytes = 0;
         }
         self.reservation = reservation;
-        self.backed_off_at = None;
+        self.best_effort.backed_off_at = None;
         self.aligned = false;
     }
 
@@ -745,7 +822,7 @@ impl Pacer {
 
     /// The wait of a best-effort session between packets of `wire_bytes`, ns.
     fn best_effort_wait_ns(&self, wire_bytes: u64) -> u64 {
-        let wait_ns = (wire_bytes * 1_000_000_000).div_ceil(self.best_effort_rate.max(1));
+        let wait_ns = (wire_bytes * 1_000_000_000).div_ceil(self.best_effort.rate.max(1));
         wait_ns.clamp(self.wait_ns_min(wire_bytes), WAIT_US_MAX * 1_000)
     }
 
@@ -956,56 +1033,13 @@ impl Pacer {
     /// a reservation holds its budget.
     pub fn on_queue_report(&mut self, report: QueueReport) {
         self.round_trip_us = report.round_trip_us;
-        let previous_queue_us = self.peer_queue_us;
         self.peer_queue_us = report.queue_delay_us;
         if self.reservation.is_some() || !self.config.pace_best_effort {
+            self.best_effort.queue_us = report.queue_delay_us;
             return;
         }
-        let QueueReport {
-            queue_delay_us,
-            now,
-            round_trip_us,
-            wire_bytes,
-            acked_seq,
-            sent_seq,
-        } = report;
-        let link = self.config.link_bytes_per_s;
-        let rate_min = (link / BEST_EFFORT_RATE_DIVISOR_MIN).max(1);
-        let target = self.config.queue_target_us.max(1);
-        // One report counts for the time since the last one, at most
-        // `BEST_EFFORT_REPORT_US_MAX`: after a long silence, a single report of an empty queue
-        // says little of what the rate may become. (At most a round trip, as when the rate
-        // grew by a share of the link: on the lab's round trips of tens of µs a sender at a
-        // sixteenth of the link, a packet and a report a millisecond, grew by 2-10% a
-        // millisecond, and the punctuated run's short streams got 0.38-0.60 of the rest.)
-        let since_report_us = self
-            .reported_at
-            .map_or(0, |at| now.saturating_sub(at))
-            .min(BEST_EFFORT_REPORT_US_MAX);
-        self.reported_at = Some(now);
-        let queues_us = (previous_queue_us, queue_delay_us);
-        let mut rate = best_effort_damped(self.best_effort_rate, queues_us, target);
-        if queue_delay_us > 2 * target {
-            // Far over the target: cut, once per round of packets. Reports go on showing
-            // the queue the old rate built until packets sent after the cut reach the peer
-            // and fill its median filter; cutting again on those (the old rule: halve once
-            // per round trip) drove a sender to a trickle, whose rare packets kept the stale
-            // median alive longer still. (Halving once per round of packets left 0.78 of the
-            // rest of the port used in the simulator, a quarter 0.84.)
-            let fresh = acked_seq >= self.recover_seq;
-            let round_trip_passed = self
-                .backed_off_at
-                .is_none_or(|at| now >= at + round_trip_us.max(1));
-            if fresh && round_trip_passed {
-                self.backed_off_at = Some(now);
-                self.recover_seq = sent_seq + MEDIAN_FILTER_LEN as u64 / 2 + 1;
-                rate = best_effort_cut(rate, queue_delay_us, target);
-            }
-        } else {
-            rate = best_effort_toward_target(rate, since_report_us, queue_delay_us, target);
-        }
-        self.best_effort_rate = rate.clamp(rate_min, link);
-        self.wait_ns = self.best_effort_wait_ns(wire_bytes);
+        self.best_effort.on_report(&self.config, report);
+        self.wait_ns = self.best_effort_wait_ns(report.wire_bytes);
     }
 
     /// The deadlines counted so far.

@@ -241,8 +241,14 @@ pub(crate) struct Session {
     pub(crate) undrained_packets: u32,
     /// One past the highest sequence number this side ever advertised (or promised).
     advertised_edge: u64,
-    /// The pace of the grants of a reserved session (see [`crate::grants`]).
+    /// The pace of the grants of a reserved session, or of a best-effort one under Radon
+    /// (see [`crate::grants`]).
     grant_pace: GrantPace,
+    /// Under Radon with a receive budget, the rate a best-effort session's grants go at,
+    /// moved on this session's own estimate of the queue in front of this host.
+    best_effort_grants: Option<radon::BestEffortRate>,
+    /// When a DATA packet last measured the queue for them, µs.
+    queue_measured_at: Micros,
     /// Timestamp of the packet that last advanced `recv_next`.
     echo: u32,
     /// When that packet arrived, if any did: the ACK delay is counted from there.
@@ -290,6 +296,12 @@ fn append_within(buffer: &mut Vec<u8>, bytes: &[u8], capacity_max: usize) {
 fn held_packet_bytes(packet: &Packet) -> usize {
     packet.payload.len() + crate::HELD_PACKET_OVERHEAD_BYTES
 }
+
+/// A peer that advertises a window under this many packets is taken to grant it from a
+/// receive budget ([`crate::grants`]): its ACKs, like a paced sender's, come a few packets
+/// at a time, at its host's pace, and the retransmission timer waits for its holds.
+/// (Receivers without a budget advertise [`Config::receive_window_packets`], 256 by default.)
+const GRANTED_WINDOW_PACKETS_MAX: u64 = 64;
 
 /// Bytes a DATA packet of `payload_bytes` takes on the wire: our header and tag, and IPv4 and
 /// UDP's.
@@ -379,6 +391,11 @@ impl Session {
             undrained_packets: 0,
             advertised_edge,
             grant_pace: GrantPace::default(),
+            best_effort_grants: config
+                .radon
+                .filter(|radon| radon.pace_best_effort && config.receive_budget_packets.is_some())
+                .map(|radon| radon::BestEffortRate::new(&radon)),
+            queue_measured_at: 0,
             echo: 0,
             echo_arrived_at: None,
             ack_pending_packets: 0,
@@ -647,19 +664,35 @@ impl Session {
     /// start an answer that then waits for the rest of its grant behind all of those.
     /// A reserved session's claim is what its grants' pace allows at `now`
     /// ([`crate::grants::GrantPace`]).
+    /// A best-effort session under Radon is paced by its [`radon::BestEffortRate`].
     pub(crate) fn claim(&self, config: &Config, now: Micros) -> Option<Claim> {
         let mut claim = self.claim_unpaced(config)?;
         if let Some(rate) = self.grant_rate(now) {
             claim.wanted = claim.wanted.min(self.grant_pace.available(rate, now));
-            claim.reserved = true;
         }
+        claim.reserved = self.reservation().is_some();
         Some(claim)
     }
 
-    /// The pace of this session's grants at `now`, if it has a reservation: its reserved
-    /// rate, or what its period's outstanding answers need ([`GrantRate::for_period`]).
+    fn reservation(&self) -> Option<Reservation> {
+        self.pacer.as_ref()?.reservation()
+    }
+
+    /// The pace of this session's grants at `now`: a reserved session's, else a best-effort
+    /// session's under Radon (`None`: not paced).
     fn grant_rate(&self, now: Micros) -> Option<GrantRate> {
-        let reservation = self.pacer.as_ref()?.reservation()?;
+        if self.reservation().is_some() {
+            return self.reserved_grant_rate(now);
+        }
+        let rate = self.best_effort_grants.as_ref()?.rate();
+        let wire = wire_bytes(self.peer_fragment_bytes as u64);
+        Some(GrantRate::best_effort(rate, wire))
+    }
+
+    /// A reserved session's grants' pace at `now`: its reserved rate, or what its period's
+    /// outstanding answers need ([`GrantRate::for_period`]).
+    fn reserved_grant_rate(&self, now: Micros) -> Option<GrantRate> {
+        let reservation = self.reservation()?;
         let rate = GrantRate::new(reservation.rate_bytes_per_s, self.peer_fragment_bytes);
         Some(match self.grant_period(now) {
             Some(period) => rate.for_period(&self.grant_pace, period, now),
@@ -698,6 +731,18 @@ impl Session {
             return None;
         }
         Some(self.grant_pace.due(rate, wanted, now)).filter(|&due| due > now)
+    }
+
+    /// Whether a session held back by its grants' pace may be granted more now: its timer
+    /// ([`Session::grant_due`]) was due, and whatever recomputes the timer (a datagram the
+    /// host read on waking, before its timers ran) drops it without running the grants.
+    pub(crate) fn grant_ready(&self, now: Micros, config: &Config) -> bool {
+        config.receive_budget_packets.is_some()
+            && self.grant_rate(now).is_some()
+            && self.grant_due(now, config).is_none()
+            && self
+                .claim_unpaced(config)
+                .is_some_and(|claim| claim.wanted > 0)
     }
 
     fn claim_unpaced(&self, config: &Config) -> Option<Claim> {
@@ -989,8 +1034,16 @@ impl Session {
                 // busy pushing a sequential write holds the ACKs of its servers' answers for
                 // milliseconds (in `bench --quick`, 1.5-4 spurious resends per write answer,
                 // a third of the datagrams the client read during raid0 and hybrid writes).
+                //
+                // So does a packet the peer granted: a window this small is a receive
+                // budget's grant (a reader's, 20 packets in clients), a few packets at a
+                // time that travel alone as a paced sender's do. Without, the servers of
+                // readers on a late host resent 7-8% of their packets, nearly all on timers
+                // found spurious, once best-effort readers yielded and the port's queue no
+                // longer stretched their RTO (test `mirror`; `lab radon --mirror`: 2-3.4%).
                 let tail = self.send_next >= self.send_end();
-                let ack_delay_us = if self.pacer.is_some() {
+                let granted = self.peer_receive_window() < GRANTED_WINDOW_PACKETS_MAX;
+                let ack_delay_us = if self.pacer.is_some() || granted {
                     self.ack_delay_us.max(self.rtt.hold_allowance_us())
                 } else if tail {
                     self.rtt.hold_allowance_us()
@@ -1310,6 +1363,43 @@ impl Session {
         }
     }
 
+    /// A best-effort session's grants move on the queue its own DATA packets measure, as a
+    /// best-effort sender's pace moves on the queue its receiver reports: the packets
+    /// granted after a cut (past the edge advertised then) show whether it was enough.
+    fn pace_best_effort_grants(&mut self, arrived: Micros, config: &Config) {
+        self.queue_measured_at = arrived;
+        self.report_queue_to_grants(self.queue_estimate.queue_delay_us(), arrived, config);
+    }
+
+    /// A best-effort session whose packets have not measured the queue for
+    /// [`radon::PORT_QUEUE_AGE_US_MAX`] takes it as empty, as a receiver reports the port's
+    /// queue to a sender ([`radon::PortQueue`]): granted slowly, its packets are too sparse
+    /// to say the queue drained, and its grants stayed at their floor while the port
+    /// emptied.
+    pub(crate) fn age_best_effort_grants(&mut self, now: Micros, config: &Config) {
+        if now >= self.queue_measured_at + radon::PORT_QUEUE_AGE_US_MAX {
+            self.report_queue_to_grants(0, now, config);
+        }
+    }
+
+    fn report_queue_to_grants(&mut self, queue_delay_us: u64, now: Micros, config: &Config) {
+        let (Some(radon), false) = (config.radon, self.reservation().is_some()) else {
+            return;
+        };
+        let Some(grants) = self.best_effort_grants.as_mut() else {
+            return;
+        };
+        let report = radon::QueueReport {
+            queue_delay_us,
+            now,
+            round_trip_us: self.rtt.srtt_us().unwrap_or(self.rtt.rto_us()),
+            wire_bytes: wire_bytes(self.peer_fragment_bytes as u64),
+            acked_seq: self.recv_next,
+            sent_seq: self.advertised_edge,
+        };
+        grants.on_report(&radon, report);
+    }
+
     fn on_restart(&mut self, wire_point: u32, now: Micros, stats: &mut Stats) {
         stats.restarts_received += 1;
         let point = widen(wire_point, self.send_base);
@@ -1345,6 +1435,7 @@ impl Session {
     ) -> Verdict {
         // Every DATA packet inside the window measures the path, duplicates included.
         self.queue_estimate.on_packet(packet.timestamp, arrived);
+        self.pace_best_effort_grants(arrived, config);
         let seq = widen(packet.seq, self.recv_next);
         if seq < self.recv_next {
             // A duplicate: the sender may have missed our acknowledgement, so acknowledge
@@ -1587,6 +1678,11 @@ impl Session {
             queue_delay_us: self.queue_estimate.queue_delay_us(),
             peer_queue_delay_us: self.peer_queue_delay_us,
             pacing_wait_ns: self.pacer.as_ref().map_or(0, Pacer::wait_ns),
+            best_effort_grant_rate: self
+                .best_effort_grants
+                .as_ref()
+                .filter(|_| self.reservation().is_none())
+                .map_or(0, radon::BestEffortRate::rate),
             reservation: self.pacer.as_ref().and_then(Pacer::reservation),
             deadlines: self.pacer.as_ref().map(Pacer::stats).unwrap_or_default(),
         }

@@ -2,9 +2,10 @@
 //!
 //! Several endpoints, each at a `127.0.0.x` address, exchange datagrams over a seeded network
 //! in virtual time. Each directed link has a one-way delay, jitter (uniform extra delay, which
-//! reorders), a loss probability and a duplication probability. A destination may sit behind
-//! a bottleneck: a switch port that serializes datagrams at a fixed rate into a buffer of
-//! fixed size and drops at the tail when it is full. [`Sim::run_until`] jumps virtual time from
+//! reorders), a loss probability and a duplication probability. A destination host may sit
+//! behind a bottleneck: a switch port that serializes datagrams at a fixed rate into a buffer of
+//! fixed size and drops at the tail when it is full; endpoints at one IP address with
+//! different ports (processes of one host) share it. [`Sim::run_until`] jumps virtual time from
 //! one event to the next (a datagram reaching a port or an endpoint, an endpoint's timer, a
 //! wake-up the test asked for) and calls the test's closure, which plays the applications,
 //! after every step.
@@ -240,7 +241,9 @@ pub struct Sim {
     index: BTreeMap<SocketAddr, usize>,
     default_link: LinkConfig,
     links: BTreeMap<(SocketAddr, SocketAddr), LinkConfig>,
-    ports: BTreeMap<SocketAddr, Port>,
+    /// By the host (IP address) they are in front of: endpoints at one address with
+    /// different ports (processes on one host) share it.
+    ports: BTreeMap<IpAddr, Port>,
     /// Datagrams in flight, by arrival time, then by the order they were scheduled in.
     queue: BTreeMap<(Micros, u64), InTransit>,
     scheduled: u64,
@@ -392,12 +395,12 @@ impl Sim {
         self.set_link(b, a, link);
     }
 
-    /// Puts a bottleneck port in front of `to`: every datagram to it, from anyone, queues
-    /// there after its link delay.
+    /// Puts a bottleneck port in front of `to`'s host: every datagram to it, or to any
+    /// endpoint at its IP address, from anyone, queues there after its link delay.
     pub fn set_bottleneck(&mut self, to: SocketAddr, config: BottleneckConfig) {
         assert!(config.rate_bits_per_s > 0);
         self.ports.insert(
-            to,
+            to.ip(),
             Port {
                 config,
                 busy_until_ns: 0,
@@ -408,7 +411,7 @@ impl Sim {
     /// The queue of the bottleneck port in front of `to` now, µs of its rate (`None`: no
     /// port there).
     pub fn port_queue_us(&self, to: SocketAddr) -> Option<Micros> {
-        let port = self.ports.get(&to)?;
+        let port = self.ports.get(&to.ip())?;
         let now_ns = u128::from(self.now) * 1_000;
         Some((port.busy_until_ns.saturating_sub(now_ns) / 1_000) as Micros)
     }
@@ -481,7 +484,7 @@ impl Sim {
     }
 
     fn schedule(&mut self, at: Micros, from: SocketAddr, to: SocketAddr, contents: Vec<u8>) {
-        let stage = if self.ports.contains_key(&to) {
+        let stage = if self.ports.contains_key(&to.ip()) {
             Stage::Port
         } else {
             Stage::Endpoint
@@ -575,7 +578,7 @@ impl Sim {
         let now_ns = self.now as u128 * 1_000;
         let port = self
             .ports
-            .get_mut(&datagram.to)
+            .get_mut(&datagram.to.ip())
             .expect("scheduled for a port");
         let rate = port.config.rate_bits_per_s as u128;
         let wire_bytes = (datagram.contents.len() + DATAGRAM_OVERHEAD_BYTES) as u128;
