@@ -3,6 +3,7 @@
 
 use crate::meta::{BucketConfig, ObjectMeta};
 use crate::names;
+use crate::pool::ChunkPool;
 use bytes::Bytes;
 use futures::StreamExt;
 use md5::{Digest, Md5};
@@ -40,6 +41,8 @@ pub struct Gateway {
     /// How long a connection may take to send a request head (also while idle between
     /// requests), and a request body may send nothing, before it is dropped.
     pub(crate) idle: std::time::Duration,
+    /// Chunk buffers of bodies in and out, used again (see [`crate::pool`]).
+    pub(crate) pool: ChunkPool,
 }
 
 /// The default of [`Gateway::with_idle_timeout`]: an idle or stalled peer holds a connection
@@ -91,6 +94,7 @@ impl Gateway {
             defaults,
             part_sizes: Default::default(),
             idle: IDLE_TIMEOUT,
+            pool: ChunkPool::default(),
         }
     }
 
@@ -248,7 +252,8 @@ impl Gateway {
         base: u64,
         body: Option<StreamingBlob>,
     ) -> S3Result<(u64, [u8; 16])> {
-        let mut chunker = BodyChunks::new(body, open.chunk_bytes(None) as usize, self.idle);
+        let chunk = open.chunk_bytes(None) as usize;
+        let mut chunker = BodyChunks::new(body, chunk, self.idle, self.pool.clone());
         let chunks = futures::stream::unfold(&mut chunker, |chunker| async move {
             chunker.next_chunk().await.map(|chunk| (chunk, chunker))
         });
@@ -266,38 +271,56 @@ impl Gateway {
 
     /// Stream bytes `start..end` of the file `open`, a chunk of whole stripes at a time with
     /// [`READ_AHEAD`] chunks read ahead (no manager round trip: the open's view serves
-    /// them); the reads stop when the receiver of the body goes away.
+    /// them) into buffers of the gateway's pool (see [`crate::pool`]: no page faults and no
+    /// zeroing per block); the reads stop when the receiver of the body goes away.
     pub(crate) fn read_body(&self, open: OpenFile, start: u64, end: u64) -> StreamingBlob {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
-        let client = self.client.clone();
-        let (file, chunk) = (open.file().clone(), open.chunk_bytes(None));
+        let blocks = pooled_blocks(self.client.clone(), self.pool.clone(), open, start..end);
         tokio::spawn(async move {
-            let blocks = client.read_open_blocks(open, start..end, chunk as usize, READ_AHEAD);
             let mut blocks = std::pin::pin!(blocks);
-            let mut at = start;
             while let Some(block) = blocks.next().await {
-                let wanted = chunk.min(end - at) as usize;
-                let block = match block {
-                    Ok((mut block, _)) if block.len() >= wanted => {
-                        block.truncate(wanted);
-                        Ok(Bytes::from(block))
-                    }
-                    Ok((block, _)) => Err(std::io::Error::other(format!(
-                        "{}: {} bytes at {at} where {wanted} were expected (changed under the read?)",
-                        file.path,
-                        block.len()
-                    ))),
-                    Err(e) => Err(std::io::Error::other(e)),
-                };
                 let failed = block.is_err();
                 if tx.send(block).await.is_err() || failed {
                     return;
                 }
-                at += wanted as u64;
             }
         });
         StreamingBlob::wrap(ChannelStream(rx))
     }
+}
+
+/// The blocks of bytes `range` of the file `open`, a chunk of whole stripes each, in order,
+/// [`READ_AHEAD`] read at once, each into a buffer of `pool`; an error if the file holds
+/// fewer bytes than its size said (changed under the read).
+fn pooled_blocks(
+    client: Client,
+    pool: ChunkPool,
+    open: OpenFile,
+    range: std::ops::Range<u64>,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
+    let chunk = open.chunk_bytes(None);
+    let open = std::sync::Arc::new(open);
+    let end = range.end;
+    futures::stream::iter(range.step_by(chunk.max(1) as usize))
+        .map(move |at| {
+            let (client, pool, open) = (client.clone(), pool.clone(), open.clone());
+            async move {
+                let wanted = chunk.min(end - at) as usize;
+                let mut buf = pool.take_filled(wanted);
+                let got = client
+                    .download_into(&open, at, &mut buf)
+                    .await
+                    .map_err(std::io::Error::other)?;
+                if got < wanted {
+                    return Err(std::io::Error::other(format!(
+                        "{}: {got} bytes at {at} where {wanted} were expected (changed under the read?)",
+                        open.file().path
+                    )));
+                }
+                Ok(pool.bytes(buf, wanted))
+            }
+        })
+        .buffered(READ_AHEAD)
 }
 
 /// A body that could not be read: S3's own error if s3s gave one (a bad chunk signature),
@@ -331,10 +354,17 @@ struct BodyChunks {
     chunk: usize,
     idle: std::time::Duration,
     md5: Md5Chain,
+    /// Where chunk buffers come from and go back to once written and hashed.
+    pool: ChunkPool,
 }
 
 impl BodyChunks {
-    fn new(body: Option<StreamingBlob>, chunk: usize, idle: std::time::Duration) -> BodyChunks {
+    fn new(
+        body: Option<StreamingBlob>,
+        chunk: usize,
+        idle: std::time::Duration,
+        pool: ChunkPool,
+    ) -> BodyChunks {
         BodyChunks {
             body: body.map(|b| b.boxed()),
             buf: Vec::new(),
@@ -342,6 +372,7 @@ impl BodyChunks {
             chunk,
             idle,
             md5: Md5Chain::default(),
+            pool,
         }
     }
 
@@ -350,8 +381,13 @@ impl BodyChunks {
     /// whole chunk copied again, nearly every chunk: body pieces do not end on chunk
     /// boundaries).
     fn take(&mut self, mut piece: Bytes) {
+        if piece.is_empty() {
+            return;
+        }
+        // Taken only for bytes to hold: a buffer taken at the body's end would be dropped
+        // with the chunker, lost to the pool.
         if self.buf.capacity() == 0 {
-            self.buf.reserve_exact(self.chunk);
+            self.buf = self.pool.take(self.chunk);
         }
         let fits = (self.chunk - self.buf.len()).min(piece.len());
         self.buf.extend_from_slice(&piece.split_to(fits));
@@ -387,7 +423,9 @@ impl BodyChunks {
         if self.buf.is_empty() {
             return None;
         }
-        let full = Bytes::from(std::mem::take(&mut self.buf));
+        let buf = std::mem::take(&mut self.buf);
+        let len = buf.len();
+        let full = self.pool.bytes(buf, len);
         Some(self.md5.feed(full.clone()).await.map(|()| full))
     }
 }
@@ -429,6 +467,7 @@ impl Md5Chain {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::POOL_BUFFERS_MAX;
 
     /// A body arriving in pieces that do not line up with the chunks comes out as whole
     /// chunks (the last one shorter) that make up every byte in order, with its MD5.
@@ -445,7 +484,9 @@ mod tests {
             (at, len) = (end, len * 3 % 9_001 + 1);
         }
         let blob = StreamingBlob::wrap(futures::stream::iter(pieces));
-        let mut chunks = BodyChunks::new(Some(blob), 4_096, std::time::Duration::from_secs(5));
+        let pool = ChunkPool::default();
+        let idle = std::time::Duration::from_secs(5);
+        let mut chunks = BodyChunks::new(Some(blob), 4_096, idle, pool.clone());
         let mut joined = Vec::new();
         while let Some(chunk) = chunks.next_chunk().await {
             let chunk = chunk.expect("a chunk");
@@ -459,5 +500,52 @@ mod tests {
         assert!(joined == body, "the chunks make up the body");
         let md5: [u8; 16] = Md5::digest(&body).into();
         assert_eq!(chunks.md5.finish().await.expect("an MD5"), md5);
+    }
+
+    /// Bodies cut into chunks of pooled buffers, one after another through one pool: chunks
+    /// still held are never handed out again (the first body's chunks, kept, stay intact
+    /// while the second is cut), dropped ones are used again (the third body is cut from
+    /// them), and each body's MD5 is exactly its bytes' (chunk boundaries falling inside
+    /// its pieces).
+    #[tokio::test]
+    async fn pooled_chunks_are_never_shared_and_the_md5_stays_exact() {
+        const CHUNK: usize = 4_096;
+        let pool = ChunkPool::default();
+        let idle = std::time::Duration::from_secs(5);
+        let bodies: Vec<Vec<u8>> = [(3u32, 50_001usize), (11, 33_333), (5, 8_192)]
+            .iter()
+            .map(|&(k, len)| (0..len as u32).map(|i| (i * k % 251) as u8).collect())
+            .collect();
+        let mut kept: Vec<(usize, Vec<Bytes>)> = Vec::new();
+        for (n, body) in bodies.iter().enumerate() {
+            let pieces: Vec<_> = body
+                .chunks(1_500)
+                .map(|p| Ok::<_, std::io::Error>(Bytes::copy_from_slice(p)))
+                .collect();
+            let blob = StreamingBlob::wrap(futures::stream::iter(pieces));
+            let mut chunks = BodyChunks::new(Some(blob), CHUNK, idle, pool.clone());
+            let mut held = Vec::new();
+            while let Some(chunk) = chunks.next_chunk().await {
+                held.push(chunk.expect("a chunk"));
+            }
+            let md5: [u8; 16] = Md5::digest(body).into();
+            assert_eq!(chunks.md5.finish().await.expect("an MD5"), md5);
+            kept.push((n, held));
+            for (n, held) in &kept {
+                assert!(
+                    held.concat() == bodies[*n],
+                    "a held chunk was not reused meanwhile"
+                );
+            }
+            if kept.len() == 2 {
+                // The first two bodies' chunks go back: the third is cut from them.
+                kept.clear();
+                assert!(pool.idle() > 0, "dropped chunks went back to the pool");
+            }
+        }
+        // 22 chunks went back, the pool kept its bound, the third body's 2 came from it.
+        assert_eq!(pool.idle(), POOL_BUFFERS_MAX - 2);
+        drop(kept);
+        assert_eq!(pool.idle(), POOL_BUFFERS_MAX);
     }
 }
