@@ -775,8 +775,14 @@ pub struct Stats {
     /// The longest retransmission timeout that expired, from its arming to its handling, µs:
     /// the timer's length plus however late a busy host ran it.
     pub timeout_us_max: u64,
-    /// The longest retransmission timer (the length armed) among those that expired, µs.
+    /// The longest retransmission timer (the length armed: the RTO, backoff included)
+    /// among those that expired, µs; without the wait for the peer's ACK holds
+    /// (`ack_hold_wait_us_max`), which is the peer's, not the RTO's.
     pub timer_us_max: u64,
+    /// The longest wait for the peer's reported ACK holds added to an expired timer past
+    /// its RTO, µs (paced packets, packets the peer granted, a session's tail: QUIC's
+    /// max_ack_delay in its PTO).
+    pub ack_hold_wait_us_max: u64,
     /// Retransmission timeouts whose timer was armed for longer than
     /// `retransmit_timer_max_us`, because the round trip stayed longer than that (a slow
     /// path, a standing queue, or hosts too busy to move packets on time).
@@ -885,6 +891,7 @@ impl Stats {
             ("timeouts", self.timeouts),
             ("timeout_us_max", self.timeout_us_max),
             ("timer_us_max", self.timer_us_max),
+            ("ack_hold_wait_us_max", self.ack_hold_wait_us_max),
             ("long_timeouts", self.long_timeouts),
             ("spurious_timeouts", self.spurious_timeouts),
             ("timeouts_without_resend", self.timeouts_without_resend),

@@ -189,6 +189,9 @@ pub(crate) struct Session {
     rto_deadline: Option<Micros>,
     /// When the retransmission timer was armed (its expiry minus its length).
     rto_armed_at: Micros,
+    /// What the armed timer waits past the RTO for the ACK holds the peer reports (paced,
+    /// granted and tail packets): counted apart from the RTO in the stats.
+    rto_hold_us: Micros,
     /// `send_high` when the retransmission timer was armed: a paced sender that sent new
     /// packets since need not go back when it expires (see `Session::may_wait_for_acks`).
     send_high_at_arm: u64,
@@ -366,6 +369,7 @@ impl Session {
             rtt: RttEstimator::new(config.rto_initial_us, config.rto_min_us, config.rto_max_us),
             rto_deadline: None,
             rto_armed_at: 0,
+            rto_hold_us: 0,
             send_high_at_arm: 0,
             backoffs: 0,
             stalled_since: None,
@@ -1050,11 +1054,13 @@ impl Session {
                 } else {
                     0
                 };
+                self.rto_hold_us = ack_delay_us;
                 self.rto_deadline = Some(now + self.retransmit_timer(self.backoffs) + ack_delay_us);
             }
         } else if self.window_blocked {
             if self.rto_deadline.is_none() {
                 self.rto_armed_at = now;
+                self.rto_hold_us = 0;
                 self.rto_deadline = Some(now + self.probe_interval_jittered());
             }
         } else {
@@ -1157,8 +1163,9 @@ impl Session {
             if self.in_flight() > 0 {
                 stats.timeouts += 1;
                 stats.timeout_us_max = stats.timeout_us_max.max(now - self.rto_armed_at);
-                let timer = deadline - self.rto_armed_at;
+                let timer = (deadline - self.rto_armed_at).saturating_sub(self.rto_hold_us);
                 stats.timer_us_max = stats.timer_us_max.max(timer);
+                stats.ack_hold_wait_us_max = stats.ack_hold_wait_us_max.max(self.rto_hold_us);
                 if timer > config.retransmit_timer_max_us {
                     stats.long_timeouts += 1;
                 }
@@ -1187,6 +1194,7 @@ impl Session {
                 self.probe_owed = true;
                 self.probes += 1;
                 self.rto_armed_at = now;
+                self.rto_hold_us = 0;
                 self.rto_deadline = Some(now + self.probe_interval_jittered());
             }
         }

@@ -738,7 +738,9 @@ pub fn targets(config: &IncastConfig, points: &[Point], failed: &[FailedPoint]) 
     // A retransmission timeout is the time a timer is armed for, as the issue's "timeouts of a
     // few hundred microseconds" and TCP's 200 ms rto_min are: backoff included, it must stay
     // within the ceiling. How late a host of 65 on two CPUs runs an expired timer is the
-    // testbed's, reported apart ([`timers_as_run`]).
+    // testbed's, reported apart ([`timers_as_run`]). So is the wait a timer adds for the ACK
+    // holds its peer reports (a client that holds its ACKs is slow to answer, not lossy):
+    // it is stated beside the RTO, not in it.
     let counter = |name: &'static str| {
         of(Line::Tessera)
             .flat_map(|p| [&p.datagram_servers, &p.datagram_client])
@@ -747,18 +749,20 @@ pub fn targets(config: &IncastConfig, points: &[Point], failed: &[FailedPoint]) 
     let reported =
         of(Line::Tessera).count() > 0 && of(Line::Tessera).all(|p| p.timeout_us_max.is_some());
     let longest_timer = counter("timer_us_max").max();
+    let longest_hold_wait = counter("ack_hold_wait_us_max").max().unwrap_or(0);
     // How many timers were armed past the ceiling because the measured RTO was longer.
     let long_timeouts: u64 = counter("long_timeouts").sum();
     let timeouts: u64 = counter("timeouts").sum();
     out.push(Target {
         goal: format!(
             "no Tessera retransmission timeout longer than {TIMEOUT_US_TARGET} us (each timer \
-             as armed, backoff included)"
+             as armed, backoff included; without the wait for a peer's reported ACK holds)"
         ),
         measured: match longest_timer {
             Some(timer) if reported => format!(
                 "longest {timer} us; {long_timeouts} of {timeouts} timeouts had timers longer \
-                 than {TIMEOUT_US_TARGET} us, because the round trip stayed longer"
+                 than {TIMEOUT_US_TARGET} us, because the round trip stayed longer; the \
+                 longest wait for a peer's ACK holds {longest_hold_wait} us"
             ),
             _ => "not reported by the servers".into(),
         },
