@@ -134,19 +134,21 @@ pub(crate) struct GrantRate {
 impl GrantRate {
     /// Packets of `packet_bytes` at `rate_bytes_per_s` (at least 1).
     pub(crate) fn new(rate_bytes_per_s: u64, packet_bytes: usize) -> GrantRate {
-        let (num, den) = GRANT_RATE_MARGIN;
-        let rate = u128::from(rate_bytes_per_s.max(1)) * u128::from(num);
-        let packet_ns = (packet_bytes.max(1) as u128 * 1_000_000_000 * u128::from(den))
-            .div_ceil(rate)
-            .clamp(1, u128::from(u64::MAX / 4));
-        GrantRate::with_packet_ns(packet_ns as u64)
+        GrantRate::at(rate_bytes_per_s, packet_bytes as u128, GRANT_RATE_MARGIN)
     }
 
     /// A best-effort session's grants ([`crate::radon::BestEffortRate`]): packets of
     /// `wire_bytes` on the wire at `rate_wire_bytes_per_s`, with no margin.
     pub(crate) fn best_effort(rate_wire_bytes_per_s: u64, wire_bytes: u64) -> GrantRate {
-        let packet_ns = (u128::from(wire_bytes.max(1)) * 1_000_000_000)
-            .div_ceil(u128::from(rate_wire_bytes_per_s.max(1)))
+        GrantRate::at(rate_wire_bytes_per_s, u128::from(wire_bytes), (1, 1))
+    }
+
+    /// Packets of `packet_bytes` (at least 1) at `rate_bytes_per_s` (at least 1) times
+    /// `num / den`.
+    fn at(rate_bytes_per_s: u64, packet_bytes: u128, (num, den): (u64, u64)) -> GrantRate {
+        let rate = u128::from(rate_bytes_per_s.max(1)) * u128::from(num);
+        let packet_ns = (packet_bytes.max(1) * 1_000_000_000 * u128::from(den))
+            .div_ceil(rate)
             .clamp(1, u128::from(u64::MAX / 4));
         GrantRate::with_packet_ns(packet_ns as u64)
     }

@@ -16,7 +16,7 @@ use tessera_datagram::sim::{
 };
 use tessera_datagram::{
     decode, Config, CongestionKind, Endpoint, Event, LossReason, Micros, SendError, SessionId,
-    Stats, SEND_QUEUE_BYTES_MAX, WINDOW_INITIAL_PACKETS,
+    Stats, Transmit, SEND_QUEUE_BYTES_MAX, WINDOW_INITIAL_PACKETS,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -2386,6 +2386,25 @@ fn client_and_server() -> (Config, Vec<(SocketAddr, Endpoint)>, SessionId) {
     (config, endpoints, session)
 }
 
+/// Runs `endpoint`'s timers due before `arrives` (dropping what they send), then hands it
+/// `acks` from `from` arriving at `arrives` and runs what is due then (dropped too).
+fn acks_arrive_after_timers(
+    (_, endpoint): &mut (SocketAddr, Endpoint),
+    from: SocketAddr,
+    acks: &[Transmit],
+    arrives: Micros,
+) {
+    while let Some(deadline) = endpoint.poll_timeout().filter(|d| *d < arrives) {
+        endpoint.handle_timeout(deadline);
+        while endpoint.poll_transmit(deadline).is_some() {}
+    }
+    for ack in acks {
+        endpoint.handle_datagram_arrived(from, &ack.contents(), arrives, arrives);
+    }
+    endpoint.handle_timeout(arrives);
+    while endpoint.poll_transmit(arrives).is_some() {}
+}
+
 #[test]
 fn late_acknowledgements_on_a_short_path_do_not_stretch_the_timers() {
     // Requests one at a time over a 100 µs round trip, but one acknowledgement in four takes
@@ -2415,18 +2434,8 @@ fn late_acknowledgements_on_a_short_path_do_not_stretch_the_timers() {
         }
         assert!(!acks.is_empty(), "round {round}: the server acknowledges");
         let arrives = now + ack_delays[round as usize % ack_delays.len()];
-        while let Some(deadline) = endpoints[0].1.poll_timeout().filter(|d| *d < arrives) {
-            endpoints[0].1.handle_timeout(deadline);
-            while endpoints[0].1.poll_transmit(deadline).is_some() {}
-        }
-        for ack in &acks {
-            endpoints[0]
-                .1
-                .handle_datagram_arrived(server, &ack.contents(), arrives, arrives);
-        }
+        acks_arrive_after_timers(&mut endpoints[0], server, &acks, arrives);
         now = arrives;
-        endpoints[0].1.handle_timeout(now);
-        while endpoints[0].1.poll_transmit(now).is_some() {}
         max_rto = max_rto.max(endpoints[0].1.session_info(session).unwrap().rto_us);
     }
     let stats = endpoints[0].1.stats();
@@ -2480,21 +2489,11 @@ fn answers_acknowledged_after_a_hold(hold_us: Micros, rounds: u32) -> Stats {
         while let Some(transmit) = endpoints[0].1.poll_transmit(acked) {
             acks.push(transmit);
         }
-        // The server's timers run while the ACK is held; what they resend reaches the client
-        // (a duplicate) and changes nothing.
+        // The server's timers run while the ACK is held; what they resend would reach the
+        // client as a duplicate and change nothing, so it is dropped.
         let arrives = acked + 50;
-        while let Some(deadline) = endpoints[1].1.poll_timeout().filter(|d| *d < arrives) {
-            endpoints[1].1.handle_timeout(deadline);
-            while endpoints[1].1.poll_transmit(deadline).is_some() {}
-        }
-        for ack in &acks {
-            endpoints[1]
-                .1
-                .handle_datagram_arrived(client, &ack.contents(), arrives, arrives);
-        }
+        acks_arrive_after_timers(&mut endpoints[1], client, &acks, arrives);
         now = arrives;
-        endpoints[1].1.handle_timeout(now);
-        while endpoints[1].1.poll_transmit(now).is_some() {}
         let info = endpoints[1].1.session_info(accepted).unwrap();
         assert_eq!(
             info.messages_acknowledged,
