@@ -728,25 +728,27 @@ impl Session {
     /// When a reserved session held back by its grants' pace may be granted more (`None`:
     /// it is not held back by the pace).
     fn grant_due(&self, now: Micros, config: &Config) -> Option<Micros> {
-        config.receive_budget_packets?;
-        let rate = self.grant_rate(now)?;
-        let wanted = self.claim_unpaced(config)?.wanted;
-        if wanted == 0 {
-            return None;
-        }
-        Some(self.grant_pace.due(rate, wanted, now)).filter(|&due| due > now)
+        self.paced_grant_at(now, config).filter(|&due| due > now)
     }
 
     /// Whether a session held back by its grants' pace may be granted more now: its timer
     /// ([`Session::grant_due`]) was due, and whatever recomputes the timer (a datagram the
     /// host read on waking, before its timers ran) drops it without running the grants.
     pub(crate) fn grant_ready(&self, now: Micros, config: &Config) -> bool {
-        config.receive_budget_packets.is_some()
-            && self.grant_rate(now).is_some()
-            && self.grant_due(now, config).is_none()
-            && self
-                .claim_unpaced(config)
-                .is_some_and(|claim| claim.wanted > 0)
+        self.paced_grant_at(now, config)
+            .is_some_and(|due| due <= now)
+    }
+
+    /// When the grants' pace lets a session that wants packets granted be granted more,
+    /// due or not (`None`: no receive budget, grants not paced, or nothing wanted).
+    fn paced_grant_at(&self, now: Micros, config: &Config) -> Option<Micros> {
+        config.receive_budget_packets?;
+        let rate = self.grant_rate(now)?;
+        let wanted = self.claim_unpaced(config)?.wanted;
+        if wanted == 0 {
+            return None;
+        }
+        Some(self.grant_pace.due(rate, wanted, now))
     }
 
     fn claim_unpaced(&self, config: &Config) -> Option<Claim> {
