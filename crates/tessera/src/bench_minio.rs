@@ -14,6 +14,7 @@
 
 use crate::bench::{read_open, EmbeddedCluster};
 use crate::config::Config;
+use crate::cpu_meter::{CpuMeter, CpuSnapshot};
 use crate::s3_client::S3Client;
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -167,70 +168,27 @@ fn drop_caches() -> Result<()> {
     std::fs::write("/proc/sys/vm/drop_caches", "3").context("drop the page cache")
 }
 
-/// CPU seconds (user and system, all threads) process `pid` has used so far.
-fn cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("cannot read the CPU time of process {pid}"))?;
-    // The command name (in parentheses) may hold spaces: count fields after it, where
-    // utime and stime are the 12th and 13th (fields 14 and 15 of proc(5)).
-    let rest = stat.rfind(')').map_or("", |at| &stat[at + 1..]);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
-    let (Some(user), Some(system)) = (ticks(11), ticks(12)) else {
-        bail!("malformed /proc/{pid}/stat");
-    };
-    // SAFETY: sysconf only reads a system constant.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Ok((user + system) as f64 / hz)
-}
-
-/// Where the CPU time of an operation goes, by process: this one (the client library, the
-/// gateway and the bench's S3 client), Tessera's daemons (servers and manager), MinIO. Counted
-/// per process, so other work on the machine does not show in it.
-struct CpuMeter {
-    daemons: Vec<u32>,
-    minio: u32,
-}
-
-/// CPU seconds so far of [`CpuMeter`]'s three parts.
-#[derive(Clone, Copy)]
-struct CpuSnapshot([f64; 3]);
-
+/// The three groups of processes whose CPU is counted: this one (the client library, the
+/// gateway and the bench's S3 client), Tessera's daemons (servers and manager), MinIO.
 const CPU_PARTS: [&str; 3] = ["here", "daemons", "minio"];
 
-impl CpuMeter {
-    fn snapshot(&self) -> Result<CpuSnapshot> {
-        let mut daemons = 0.0;
-        for &pid in &self.daemons {
-            daemons += cpu_seconds(pid)?;
-        }
-        Ok(CpuSnapshot([
-            cpu_seconds(std::process::id())?,
-            daemons,
-            cpu_seconds(self.minio)?,
-        ]))
+/// Records the CPU seconds per GiB each of [`CPU_PARTS`] spent since `before` on `bytes`,
+/// as `"{key} cpu {part}"`.
+fn record_cpu(
+    meter: &CpuMeter,
+    before: CpuSnapshot,
+    bytes: usize,
+    key: &str,
+    samples: &mut Samples,
+) -> Result<()> {
+    let spent = meter.per_gib_since(&before, bytes as u64)?;
+    for (part, spent) in CPU_PARTS.iter().zip(spent) {
+        samples
+            .entry(format!("{key} cpu {part}"))
+            .or_default()
+            .push(spent);
     }
-
-    /// Records the CPU seconds per GiB each part spent since `before` on `bytes`, as
-    /// `"{path} {workload} cpu {part}"`.
-    fn record(
-        &self,
-        before: CpuSnapshot,
-        bytes: usize,
-        key: &str,
-        samples: &mut Samples,
-    ) -> Result<()> {
-        let after = self.snapshot()?;
-        let gib = bytes as f64 / f64::from(1u32 << 30);
-        for (i, part) in CPU_PARTS.iter().enumerate() {
-            let spent = (after.0[i] - before.0[i]) / gib;
-            samples
-                .entry(format!("{key} cpu {part}"))
-                .or_default()
-                .push(spent);
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 fn mb_s(bytes: usize, start: Instant) -> f64 {
@@ -308,7 +266,7 @@ impl Stores {
         let speed = mb_s(data.len(), start);
         let path = route.name();
         let sample = format!("{path} {workload}");
-        self.meter.record(cpu, data.len(), &sample, s)?;
+        record_cpu(&self.meter, cpu, data.len(), &sample, s)?;
         if back != *data {
             bail!("{path}: {key} read back wrong ({} bytes)", back.len());
         }
@@ -329,7 +287,7 @@ impl Stores {
             s.entry(sample.clone())
                 .or_default()
                 .push(mb_s(data.len(), start));
-            self.meter.record(cpu, data.len(), &sample, s)?;
+            record_cpu(&self.meter, cpu, data.len(), &sample, s)?;
             self.timed_read(route, &key, data, s, "warm read").await?;
             if self.cold {
                 drop_caches()?;
@@ -401,16 +359,12 @@ pub async fn run(config: &Config, minio: &Path, quick: bool, json: Option<PathBu
     let peer = Minio::start(minio).await?;
     // SAFETY: geteuid only reads the process's credentials.
     let cold = unsafe { libc::geteuid() } == 0;
-    let file = &embedded.cluster.file;
-    let mut daemons: Vec<u32> = file.servers.iter().map(|s| s.process.pid).collect();
-    daemons.push(file.manager_process.pid);
-    daemons.extend(file.replicas.iter().map(|r| r.pid));
-    daemons.sort_unstable();
-    daemons.dedup();
-    let meter = CpuMeter {
+    let daemons = embedded.cluster.daemon_pids();
+    let meter = CpuMeter::new(vec![
+        vec![std::process::id()],
         daemons,
-        minio: peer.child.id(),
-    };
+        vec![peer.child.id()],
+    ]);
     let stores = Stores {
         library,
         gateway,

@@ -885,6 +885,16 @@ impl LocalCluster {
         self.save()
     }
 
+    /// The process ids of the cluster's daemons (servers, manager, replicas), each once.
+    pub fn daemon_pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self.file.servers.iter().map(|s| s.process.pid).collect();
+        pids.push(self.file.manager_process.pid);
+        pids.extend(self.file.replicas.iter().map(|r| r.pid));
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
     /// Stop every daemon (the gateway, then servers and managers), politely, then firmly.
     pub fn down(&mut self) {
         if let Some(gateway) = &mut self.file.s3_process {
@@ -895,11 +905,7 @@ impl LocalCluster {
             }
             gateway.pid = 0;
         }
-        let mut pids: Vec<u32> = self.file.servers.iter().map(|s| s.process.pid).collect();
-        pids.push(self.file.manager_process.pid);
-        pids.extend(self.file.replicas.iter().map(|r| r.pid));
-        pids.sort_unstable();
-        pids.dedup();
+        let pids = self.daemon_pids();
         for &pid in &pids {
             signal(pid, libc::SIGTERM);
         }

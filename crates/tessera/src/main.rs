@@ -8,6 +8,7 @@ mod bench_mount;
 mod cluster;
 mod commands;
 mod config;
+mod cpu_meter;
 mod credentials;
 mod demo;
 mod lab;
