@@ -517,25 +517,26 @@ impl Client {
     }
 
     /// [`Client::read_blocks`] of bytes `range` of a file already open (no manager round
-    /// trip): blocks of `block_bytes` from its start, the last one ending at its end (fewer
-    /// past the end of the file).
-    pub fn read_open_blocks(
+    /// trip): blocks of `block_bytes` from its start, the last one ending at its end, each
+    /// read into the buffer `buffer(len)` gives for a block of `len` bytes (from a pool, say:
+    /// no allocation or zeroing per block) and yielded with the bytes the file had there
+    /// (fewer past its end).
+    pub fn read_open_blocks_into<B>(
         &self,
         open: OpenFile,
         range: std::ops::Range<u64>,
         block_bytes: usize,
         read_ahead: usize,
-    ) -> impl futures::Stream<Item = Result<(Vec<u8>, std::time::Duration), ClientError>> {
+        buffer: impl Fn(usize) -> B + Send + Sync + 'static,
+    ) -> impl futures::Stream<Item = Result<(B, usize), ClientError>>
+    where
+        B: AsMut<[u8]> + Send + 'static,
+    {
         let offsets = range.clone().step_by(block_bytes.max(1));
         let ctx = std::sync::Arc::new(open.ctx);
-        blocks(
-            self.clone(),
-            ctx,
-            offsets,
-            range.end,
-            block_bytes,
-            read_ahead,
-        )
+        let read = (range.end, block_bytes, read_ahead);
+        blocks_into(self.clone(), ctx, offsets, read, buffer)
+            .map(|block| block.map(|(buf, got, _)| (buf, got)))
     }
 
     /// Fill `out` from `offset` straight from the servers, several chunks in flight; returns
@@ -578,17 +579,38 @@ pub(crate) fn blocks(
     block_bytes: usize,
     read_ahead: usize,
 ) -> impl futures::Stream<Item = Result<(Vec<u8>, std::time::Duration), ClientError>> {
+    let read = (end, block_bytes, read_ahead);
+    blocks_into(client, ctx, offsets, read, |len| vec![0u8; len]).map(|block| {
+        block.map(|(mut buf, got, took)| {
+            buf.truncate(got);
+            (buf, took)
+        })
+    })
+}
+
+/// [`blocks`] into the buffers `buffer(len)` gives, each with the bytes read into it and
+/// how long it took; `(end, block_bytes, read_ahead)` as there.
+fn blocks_into<B>(
+    client: Client,
+    ctx: std::sync::Arc<FileContext>,
+    offsets: impl IntoIterator<Item = u64, IntoIter: Send + 'static>,
+    (end, block_bytes, read_ahead): (u64, usize, usize),
+    buffer: impl Fn(usize) -> B + Send + Sync + 'static,
+) -> impl futures::Stream<Item = Result<(B, usize, std::time::Duration), ClientError>>
+where
+    B: AsMut<[u8]> + Send + 'static,
+{
+    let buffer = std::sync::Arc::new(buffer);
     futures::stream::iter(offsets)
         .map(move |offset| {
-            let (client, ctx) = (client.clone(), ctx.clone());
+            let (client, ctx, buffer) = (client.clone(), ctx.clone(), buffer.clone());
             let len = (block_bytes as u64).min(end.saturating_sub(offset));
             async move {
                 let began = std::time::Instant::now();
                 ctx.check_range(offset, len)?;
-                let mut block = vec![0u8; len as usize];
-                let got = ctx.read_into(&client, offset, &mut block).await?;
-                block.truncate(got);
-                Ok((block, began.elapsed()))
+                let mut block = buffer(len as usize);
+                let got = ctx.read_into(&client, offset, block.as_mut()).await?;
+                Ok((block, got, began.elapsed()))
             }
         })
         .buffered(read_ahead.max(1))

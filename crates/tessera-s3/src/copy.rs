@@ -4,7 +4,6 @@ use crate::conditions::{self, Conditions, Verdict};
 use crate::gateway::{name_err, s3_err, Gateway, READ_AHEAD};
 use crate::meta::{hex, ObjectMeta, FORMAT_VERSION};
 use crate::names;
-use bytes::Bytes;
 use futures::StreamExt;
 use md5::{Digest, Md5};
 use s3s::dto::*;
@@ -186,28 +185,31 @@ impl Gateway {
         let chunk = to.chunk_bytes(None);
         let source = self.client.open_id(from).await.map_err(internal)?;
         let range = from_at..from_at.saturating_add(len);
-        let blocks = self
-            .client
-            .read_open_blocks(source, range, chunk as usize, READ_AHEAD);
+        let taken = self.pool.clone();
+        let blocks = self.client.read_open_blocks_into(
+            source,
+            range,
+            chunk as usize,
+            READ_AHEAD,
+            move |len| taken.take_filled(len),
+        );
         let mut done = 0;
         let chunks = blocks.map(|block| {
             let wanted = chunk.min(len - done);
-            let (mut block, _) = block.map_err(internal)?;
-            if (block.len() as u64) < wanted {
+            let (block, got) = block.map_err(internal)?;
+            if (got as u64) < wanted {
                 return Err(s3_error!(
                     InternalError,
-                    "{}: {} bytes at {} where {wanted} were expected (changed under the copy?)",
+                    "{}: {got} bytes at {} where {wanted} were expected (changed under the copy?)",
                     from.path,
-                    block.len(),
                     from_at + done
                 ));
             }
-            block.truncate(wanted as usize);
             if let Some(md5) = md5.as_deref_mut() {
-                md5.update(&block);
+                md5.update(&block[..wanted as usize]);
             }
             done += wanted;
-            Ok(Bytes::from(block))
+            Ok(self.pool.bytes(block, wanted as usize))
         });
         match self.client.upload_stream(to, to_at, Box::pin(chunks)).await {
             Ok(_) => Ok(()),

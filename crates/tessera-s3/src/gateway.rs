@@ -298,29 +298,25 @@ fn pooled_blocks(
     open: OpenFile,
     range: std::ops::Range<u64>,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
-    let chunk = open.chunk_bytes(None);
-    let open = std::sync::Arc::new(open);
-    let end = range.end;
-    futures::stream::iter(range.step_by(chunk.max(1) as usize))
-        .map(move |at| {
-            let (client, pool, open) = (client.clone(), pool.clone(), open.clone());
-            async move {
-                let wanted = chunk.min(end - at) as usize;
-                let mut buf = pool.take_filled(wanted);
-                let got = client
-                    .download_into(&open, at, &mut buf)
-                    .await
-                    .map_err(std::io::Error::other)?;
-                if got < wanted {
-                    return Err(std::io::Error::other(format!(
-                        "{}: {got} bytes at {at} where {wanted} were expected (changed under the read?)",
-                        open.file().path
-                    )));
-                }
-                Ok(pool.bytes(buf, wanted))
-            }
+    let chunk = open.chunk_bytes(None) as usize;
+    let path = open.file().path.clone();
+    let mut at = range.start;
+    let taken = pool.clone();
+    client
+        .read_open_blocks_into(open, range, chunk, READ_AHEAD, move |len| {
+            taken.take_filled(len)
         })
-        .buffered(READ_AHEAD)
+        .map(move |block| {
+            let (buf, got) = block.map_err(std::io::Error::other)?;
+            let wanted = buf.len();
+            if got < wanted {
+                return Err(std::io::Error::other(format!(
+                    "{path}: {got} bytes at {at} where {wanted} were expected (changed under the read?)"
+                )));
+            }
+            at += wanted as u64;
+            Ok(pool.bytes(buf, wanted))
+        })
 }
 
 /// A body that could not be read: S3's own error if s3s gave one (a bad chunk signature),
