@@ -348,10 +348,25 @@ fn report(samples: &Samples, cold: bool) {
     }
 }
 
-pub async fn run(config: &Config, minio: &Path, quick: bool, json: Option<PathBuf>) -> Result<()> {
+/// `(quick, object_size)`: a shorter run, and the size of each object if not the default.
+pub async fn run(
+    config: &Config,
+    minio: &Path,
+    (quick, object_size): (bool, Option<u64>),
+    json: Option<PathBuf>,
+) -> Result<()> {
     if !minio.is_file() {
         bail!("no MinIO binary at {}", minio.display());
     }
+    let (size, rounds) = if quick { (64 << 20, 3) } else { (256 << 20, 5) };
+    let size: usize = match object_size {
+        None => size,
+        Some(0) => bail!("--object-size must be at least one byte"),
+        Some(bytes) => usize::try_from(bytes)
+            .ok()
+            .filter(|&b| b <= 16 << 30)
+            .ok_or_else(|| anyhow::anyhow!("--object-size {bytes} is over 16 GiB"))?,
+    };
     let embedded = EmbeddedCluster::start(config, SERVERS).await?;
     let library = embedded.cluster.client(config).await?;
     library.make_dir(BUCKET).await.ok();
@@ -372,7 +387,6 @@ pub async fn run(config: &Config, minio: &Path, quick: bool, json: Option<PathBu
         cold,
         meter,
     };
-    let (size, rounds) = if quick { (64 << 20, 3) } else { (256 << 20, 5) };
     eprintln!(
         "bench --against-minio: RAID-5 over {SERVERS} servers ({} KiB units) against MinIO EC:1 \
          over {SERVERS} drives, {rounds} rounds of one {} MiB object per path",

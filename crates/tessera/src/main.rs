@@ -220,6 +220,10 @@ enum Command {
         /// directories of its own; give the path of a MinIO server binary.
         #[arg(long, value_name = "MINIO", conflicts_with_all = ["mount", "attacks"])]
         against_minio: Option<PathBuf>,
+        /// With --against-minio: the size of each object, e.g. 1G [default: 256M, 64M with
+        /// --quick].
+        #[arg(long, requires = "against_minio", value_parser = commands::parse_bytes)]
+        object_size: Option<u64>,
     },
     /// Serve the cluster over S3 (buckets are top-level directories, objects files).
     S3 {
@@ -908,8 +912,9 @@ async fn run(cli: Cli) -> Result<()> {
             quick,
             json,
             against_minio: Some(minio),
+            object_size,
             ..
-        } => bench_minio::run(config, &minio, quick, json).await,
+        } => bench_minio::run(config, &minio, (quick, object_size), json).await,
         Command::Bench { quick, json, .. } => bench::run(config, quick, json).await,
         Command::S3 {
             listen,

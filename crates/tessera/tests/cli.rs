@@ -1428,3 +1428,18 @@ fn reserved_streams_are_paced_and_report_their_deadlines() {
         "reserved get",
     );
 }
+
+/// `bench --against-minio` refuses a missing MinIO binary and an object size out of range
+/// with one line, before it starts any cluster.
+#[test]
+fn bench_against_minio_refuses_bad_input_first() {
+    let line = fails_alone_with_one_line(&["bench", "--against-minio", "/nonexistent/minio"]);
+    assert_mentions(&line, &["no MinIO binary", "/nonexistent/minio"]);
+    // Any existing file passes the first check; the size is refused before it is run.
+    let some_file = env!("CARGO_BIN_EXE_tessera");
+    let args = ["bench", "--against-minio", some_file, "--object-size"];
+    let line = fails_alone_with_one_line(&[&args[..], &["0"]].concat());
+    assert_mentions(&line, &["--object-size", "at least one byte"]);
+    let line = fails_alone_with_one_line(&[&args[..], &["17G"]].concat());
+    assert_mentions(&line, &["--object-size", "over 16 GiB"]);
+}
