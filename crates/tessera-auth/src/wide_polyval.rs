@@ -104,7 +104,7 @@ fn hash_segments(key: &WidePolyval, segments: &[&[u8]]) -> [u8; 16] {
         let mut rest = *segment;
         while count == 0 && rest.len() >= staged.len() {
             let (group, after) = rest.split_at(staged.len());
-            acc = group_step(key, acc, group);
+            acc = group_step(key, acc, group.try_into().unwrap());
             rest = after;
         }
         for block in rest.chunks(16) {
@@ -134,11 +134,11 @@ fn hash_segments(key: &WidePolyval, segments: &[&[u8]]) -> [u8; 16] {
 /// reduction.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,avx")]
-fn group_step(key: &WidePolyval, acc: __m128i, group: &[u8]) -> __m128i {
+fn group_step(key: &WidePolyval, acc: __m128i, group: &[u8; GROUP_BLOCKS * 16]) -> __m128i {
     let mut r = _mm512_setzero_si512();
     let mut f = _mm512_setzero_si512();
     for k in 0..4 {
-        // SAFETY: `group` is 256 bytes; this reads bytes 64k..64k+64 of it, unaligned.
+        // SAFETY: `group` is 256 bytes (its type); this reads bytes 64k..64k+64, unaligned.
         let mut m = unsafe { _mm512_loadu_si512(group.as_ptr().add(64 * k).cast()) };
         if k == 0 {
             m = _mm512_xor_si512(m, _mm512_zextsi128_si512(acc));
