@@ -842,6 +842,18 @@ impl Node {
         self.events.pop_front()
     }
 
+    /// Every event ready, in order, as one queue (what [`Node::poll_event`] would give one
+    /// by one); the node queues its next events in `spare`, emptied first (pass a queue
+    /// already handed out, so that its memory is used again). For a driver that hands
+    /// events to another thread in batches: moving each event out of the node's queue into
+    /// a batch of its own cost a 64-byte closed loop at 5 nodes ~8% of the machine (a poll
+    /// of 64 packets makes ~16,000 events, 1 MB, so every move missed the caches, and every
+    /// new batch was fresh memory for the kernel to fault in).
+    pub fn take_events(&mut self, mut spare: VecDeque<Event>) -> VecDeque<Event> {
+        spare.clear();
+        std::mem::replace(&mut self.events, spare)
+    }
+
     /// The next packet to send.
     pub fn poll_transmit(&mut self, now: Micros) -> Option<Transmit> {
         let transmit = self
@@ -961,5 +973,36 @@ mod tests {
     fn members_round_trip() {
         assert_eq!(members_of(0b1011), vec![NodeId(0), NodeId(1), NodeId(3)]);
         assert_eq!(bit(NodeId(3)), 8);
+    }
+
+    /// `take_events` hands out what `poll_event` would, in order, and the node queues its
+    /// next events in the spare given, emptied (its old contents are not events of this
+    /// node).
+    #[test]
+    fn take_events_hands_out_the_queue_and_keeps_the_spare() {
+        let group = Group::all_to_all(1);
+        let new = || {
+            Node::new(
+                Config::default(),
+                group.clone(),
+                NodeId(0),
+                0,
+                Start::Initial,
+                1,
+                0,
+            )
+        };
+        let (mut polled, mut taken) = (new(), new());
+        let mut one_by_one = Vec::new();
+        while let Some(event) = polled.poll_event() {
+            one_by_one.push(format!("{event:?}"));
+        }
+        assert!(!one_by_one.is_empty(), "a new member reports its start");
+        let stale = VecDeque::from([Event::Removed, Event::Joined { position: 9 }]);
+        let batch = taken.take_events(stale);
+        let batch: Vec<String> = batch.iter().map(|event| format!("{event:?}")).collect();
+        assert_eq!(batch, one_by_one);
+        assert!(taken.poll_event().is_none(), "the spare was emptied");
+        assert!(taken.take_events(VecDeque::new()).is_empty());
     }
 }

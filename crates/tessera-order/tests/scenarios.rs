@@ -357,7 +357,7 @@ fn s3_4_a_view_change_under_load_carries_a_log_of_many_datagrams() {
 #[test]
 fn s3_4_a_member_behind_the_view_fetches_what_it_lacks() {
     let mut small_parts_sent = 0;
-    for seed in [277, 992, 230] {
+    for seed in [277, 992, 20] {
         for small_parts in [false, true] {
             let mut scenario = Scenario::random(seed);
             // Seeds of the sweep without its group changes (the kind byte every message
@@ -381,6 +381,10 @@ fn s3_4_a_member_behind_the_view_fetches_what_it_lacks() {
             }
         }
     }
+    // Seed 20 took the place of 230 when an idle receiver's ACK began to go as soon as the
+    // ACK delay since its last one had passed (the histories moved; 230 no longer fell
+    // behind a view). Measured: 24, 31 and 12 positions in 1, 4 and 12 parts; with
+    // 300-byte parts, 0, 31 and 12 in 0, 10 and 12 parts.
     // Seed 992 took the place of 507 when an idle receiver began to ACK at once (the
     // histories moved; 507 no longer fell behind a view): 24, 48 and 16 positions; with
     // 300-byte parts, 0, 48 and 16 in 0, 14 and 12 parts.

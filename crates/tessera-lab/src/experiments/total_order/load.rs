@@ -551,7 +551,8 @@ pub fn order_run(
         let role = group.roles[node];
         // A node that only receives proposes nothing.
         let load = if role.sender { Some(load) } else { None };
-        let app = NodeApp::new(node, message_bytes, load, origin, window, role.receiver);
+        let app = NodeApp::new(node, message_bytes, load, origin, window, role.receiver)
+            .paced_offset(node, nodes);
         let started = match mode {
             AppMode::Driver => spawn_inline(driver, tx, rx, loss, app).map(RunningNode::Inline),
             AppMode::Thread => spawn_split_lossy(driver, tx, rx, loss).map(|handle| {

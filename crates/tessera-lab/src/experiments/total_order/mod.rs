@@ -356,7 +356,7 @@ fn measure_line(
     lab.say(&format!(
         "total order, {size} B, packing {}: {:.0} messages/s ({:.2} of raw), {:.1} Mbit/s; at \
          {:.0}%: PO {}/{} us, UTO {}/{} us (median/p99); CPU busy {:.0}% and {:.0}% (the nodes \
-         {:.0}% and {:.0}%), {:.2} core-s per million",
+         {:.0}% and {:.0}%), {:.2} core-s per million (the nodes {:.2})",
         packing_name(mtu),
         throughput.messages_per_s,
         throughput.messages_per_s / raw.messages_per_s.max(1.0),
@@ -371,6 +371,7 @@ fn measure_line(
         throughput.process_cpu_share * 100.0,
         latency.process_cpu_share * 100.0,
         load::core_seconds_per_million(&throughput),
+        load::process_core_seconds_per_million(&throughput),
     ));
     lab.say(&format!(
         "  {}",
