@@ -270,12 +270,14 @@ fn report(shares: &[f64], yield_best_effort: bool, periods: u64, reads: &[Read])
 /// port, a best-effort bulk reader beside them on the same host. With best effort's grants
 /// paced by the queue the readers' own packets measure, every reserved period arrives by
 /// its end (give or take the host's lateness), the bulk reader gets most of the rest
-/// (0.72-0.75 in seeds 1-3), and the reserved readers' servers resend at most 2% of their
-/// packets (0.9-1.1%). Without (a best-effort session granted whatever its process's budget
-/// lets), the bulk reader keeps the port's queue full and the reserved readers miss all 40
-/// deadlines, 23-66 ms late. (Before the servers' timers waited for the holds of a peer
-/// that grants their window, the servers resent 7-8%, timers found spurious, and the bulk
-/// reader got 0.20-0.26 of the rest: resends took the port.)
+/// (0.79-0.82 in seeds 1-3), and the reserved readers' servers resend at most 0.5% of their
+/// packets (0.05-0.28%). Without (a best-effort session granted whatever its process's
+/// budget lets), the bulk reader keeps the port's queue full and the reserved readers miss
+/// all 40 deadlines, 23-66 ms late. (Before the servers' timers waited for the holds of a
+/// peer that grants their window, the servers resent 7-8%, timers found spurious, and the
+/// bulk reader got 0.20-0.26 of the rest: resends took the port. Before they waited for
+/// the longest hold of the last second too, not only the holds' mean and deviation, they
+/// resent 0.86-1.5%: the host's stalls, 1% of its wake-ups, fired the timers.)
 #[test]
 fn best_effort_readers_yield_to_reserved_readers_on_the_same_host() {
     let shares = [0.166; 5];
@@ -286,9 +288,10 @@ fn best_effort_readers_yield_to_reserved_readers_on_the_same_host() {
         let (reserved, bulk) = paced.split_at(shares.len());
         for (index, read) in reserved.iter().enumerate() {
             assert_eq!(read.periods, periods, "seed {seed}, reader {}", index + 1);
-            // The servers' timers wait for the late readers' ACKs (a granted window).
+            // The servers' timers wait for the late readers' ACKs (a granted window), even
+            // through the readers' host's rare stalls.
             assert!(
-                read.server_resent * 50 <= read.server_data_packets,
+                read.server_resent * 200 <= read.server_data_packets,
                 "seed {seed}: reader {}'s server resent {} of {}",
                 index + 1,
                 read.server_resent,
