@@ -398,7 +398,7 @@ impl Session {
             best_effort_grants: config
                 .radon
                 .filter(|radon| radon.pace_best_effort && config.receive_budget_packets.is_some())
-                .map(|radon| radon::BestEffortRate::new(&radon)),
+                .map(|radon| radon::BestEffortRate::for_grants(&radon)),
             queue_measured_at: 0,
             echo: 0,
             echo_arrived_at: None,
