@@ -54,7 +54,8 @@
 //! ([`crate::Config::radon`], best effort paced), a session without a reservation is granted
 //! no faster than a [`crate::radon::BestEffortRate`], the controller best-effort senders pace
 //! by, fed by the session's own estimate of the queue in front of this host at each DATA
-//! packet: from a sixteenth of the link it grows while the queue is under its target and is
+//! packet: from an eighth of the link ([`crate::radon::BEST_EFFORT_GRANT_START_DIVISOR`]) it
+//! grows while the queue is under its target and is
 //! cut above twice it. Several reader processes on one host each grant from their own
 //! budget, and no one budget sees the port in front of them all; a best-effort reader's
 //! grants filled it, and the reserved readers beside it, whose answers then waited in that

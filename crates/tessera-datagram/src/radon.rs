@@ -86,6 +86,15 @@ pub const BEST_EFFORT_RATE_DIVISOR_MIN: u64 = 100;
 /// beside reservations of 0.875 of the port overflowed it at once.)
 pub const BEST_EFFORT_START_DIVISOR: u64 = 16;
 
+/// A best-effort session's grants (a reader's, [`crate::grants`]) start at its link's rate
+/// divided by this: twice [`BEST_EFFORT_START_DIVISOR`]'s start. What a reader has granted
+/// and not received is bounded by its receive budget (20 packets in clients), so a start too
+/// high costs the port at most that, where senders' starts overflowed it; and a short read
+/// spent much of itself ramping up from a sixteenth (`lab radon --mirror`'s punctuated short
+/// readers, refused: 0.78-0.86 of what the reserved stream left of the port; in test
+/// `mirror`'s short reader 0.80-1.05 from a sixteenth, 0.88-1.10 from an eighth).
+pub const BEST_EFFORT_GRANT_START_DIVISOR: u64 = 8;
+
 /// The smallest window of [`BudgetKind::Window`] (the paper's 2).
 pub const WINDOW_PACKETS_MIN: u64 = 2;
 
@@ -537,8 +546,18 @@ pub struct BestEffortRate {
 impl BestEffortRate {
     /// At [`BEST_EFFORT_START_DIVISOR`]'s share of `config`'s link.
     pub fn new(config: &RadonConfig) -> BestEffortRate {
+        BestEffortRate::starting_at(config, BEST_EFFORT_START_DIVISOR)
+    }
+
+    /// A best-effort session's grants' rate, at [`BEST_EFFORT_GRANT_START_DIVISOR`]'s share
+    /// of `config`'s link.
+    pub fn for_grants(config: &RadonConfig) -> BestEffortRate {
+        BestEffortRate::starting_at(config, BEST_EFFORT_GRANT_START_DIVISOR)
+    }
+
+    fn starting_at(config: &RadonConfig, divisor: u64) -> BestEffortRate {
         BestEffortRate {
-            rate: (config.link_bytes_per_s / BEST_EFFORT_START_DIVISOR).max(1),
+            rate: (config.link_bytes_per_s / divisor).max(1),
             queue_us: 0,
             reported_at: None,
             backed_off_at: None,

@@ -11,6 +11,12 @@ pub const RTT_SAMPLE_US_MAX: Micros = 60_000_000;
 /// How many of the latest samples [`RttEstimator::recent_min_us`] looks at.
 pub const RECENT_SAMPLES: usize = 8;
 
+/// [`RttEstimator::hold_peak_us`] is the longest hold of the current window of this length
+/// and the one before: a stalled peer's host (1% of its wake-ups, milliseconds late) is
+/// seen many times in it at a stream's rate, and the peak is forgotten within two windows
+/// once the host is quiet.
+pub const HOLD_PEAK_WINDOW_US: Micros = 500_000;
+
 /// Smoothed RTT and its mean deviation, from timestamp echoes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RttEstimator {
@@ -26,6 +32,10 @@ pub struct RttEstimator {
     /// The peer's smoothed hold time of an ACK and its mean deviation, µs.
     hold_us: Option<Micros>,
     holdvar_us: Micros,
+    /// The longest hold since `hold_peak_since`, and the longest of the window before.
+    hold_peak_us: Micros,
+    hold_peak_prev_us: Micros,
+    hold_peak_since: Micros,
 }
 
 impl RttEstimator {
@@ -43,16 +53,32 @@ impl RttEstimator {
             recent_next: 0,
             hold_us: None,
             holdvar_us: 0,
+            hold_peak_us: 0,
+            hold_peak_prev_us: 0,
+            hold_peak_since: 0,
         }
     }
 
     /// Folds in how long the peer held a packet before acknowledging it (the ACK delay it
     /// reports: from the packet's arrival at its host to the ACK's sending), as
-    /// [`RttEstimator::on_sample`] folds in round trips.
-    pub fn on_hold(&mut self, held_us: Micros) {
+    /// [`RttEstimator::on_sample`] folds in round trips; `now` moves the peak's windows.
+    pub fn on_hold(&mut self, held_us: Micros, now: Micros) {
         if held_us > RTT_SAMPLE_US_MAX {
             return;
         }
+        let elapsed = now.saturating_sub(self.hold_peak_since);
+        if elapsed >= HOLD_PEAK_WINDOW_US {
+            // A window or more passed: the current one becomes the one before (or, after two
+            // or more, nothing is left of either).
+            self.hold_peak_prev_us = if elapsed < 2 * HOLD_PEAK_WINDOW_US {
+                self.hold_peak_us
+            } else {
+                0
+            };
+            self.hold_peak_us = 0;
+            self.hold_peak_since = now;
+        }
+        self.hold_peak_us = self.hold_peak_us.max(held_us);
         match self.hold_us {
             None => {
                 self.hold_us = Some(held_us);
@@ -72,6 +98,16 @@ impl RttEstimator {
     pub fn hold_allowance_us(&self) -> Micros {
         self.hold_us
             .map_or(0, |hold_us| hold_us + 4 * self.holdvar_us)
+            .min(self.rto_us_max)
+    }
+
+    /// The longest hold of the last one to two [`HOLD_PEAK_WINDOW_US`], at most the RTO's
+    /// maximum. The allowance above follows the holds' mean and deviation, which a peer
+    /// stalled on 1% of its wake-ups barely moves; a timer that waits only for it fires in
+    /// every stall, before the ACKs of packets that arrived.
+    pub fn hold_peak_us(&self) -> Micros {
+        self.hold_peak_us
+            .max(self.hold_peak_prev_us)
             .min(self.rto_us_max)
     }
 
@@ -160,13 +196,13 @@ mod tests {
         let mut rtt = RttEstimator::new(2_000, 300, 200_000);
         assert_eq!(rtt.hold_allowance_us(), 0);
         for _ in 0..50 {
-            rtt.on_hold(100);
+            rtt.on_hold(100, 0);
         }
         assert_eq!(rtt.hold_allowance_us(), 100);
         // A peer whose host wakes 0-300 µs late: the allowance covers most of its holds.
         let holds: Vec<Micros> = (0..200u64).map(|i| 100 + (i * 37) % 300).collect();
         for &held in &holds {
-            rtt.on_hold(held);
+            rtt.on_hold(held, 0);
         }
         let covered = holds
             .iter()
@@ -178,14 +214,39 @@ mod tests {
             holds.len()
         );
         // A stall of 5 ms raises it; prompt ACKs bring it back.
-        rtt.on_hold(5_000);
+        rtt.on_hold(5_000, 0);
         assert!(rtt.hold_allowance_us() >= 5_000);
         for _ in 0..100 {
-            rtt.on_hold(100);
+            rtt.on_hold(100, 0);
         }
         assert!(rtt.hold_allowance_us() < 200, "{}", rtt.hold_allowance_us());
-        rtt.on_hold(u64::MAX);
+        rtt.on_hold(u64::MAX, 0);
         assert!(rtt.hold_allowance_us() <= 200_000);
+    }
+
+    #[test]
+    fn the_hold_peak_remembers_a_rare_stall_for_one_to_two_windows() {
+        let mut rtt = RttEstimator::new(2_000, 300, 200_000);
+        assert_eq!(rtt.hold_peak_us(), 0);
+        let mut now = 0;
+        for i in 0..1_000u64 {
+            now = i * 100;
+            rtt.on_hold(if i == 10 { 4_000 } else { 100 }, now);
+        }
+        // The stall barely moves the mean's allowance, but the peak keeps it.
+        assert!(
+            rtt.hold_allowance_us() < 1_000,
+            "{}",
+            rtt.hold_allowance_us()
+        );
+        assert_eq!(rtt.hold_peak_us(), 4_000);
+        rtt.on_hold(100, now + HOLD_PEAK_WINDOW_US);
+        assert_eq!(rtt.hold_peak_us(), 4_000, "still in the window before");
+        rtt.on_hold(100, now + 2 * HOLD_PEAK_WINDOW_US);
+        assert_eq!(rtt.hold_peak_us(), 100);
+        rtt.on_hold(3_000, now + 5 * HOLD_PEAK_WINDOW_US);
+        rtt.on_hold(100, now + 8 * HOLD_PEAK_WINDOW_US);
+        assert_eq!(rtt.hold_peak_us(), 100, "two windows or more passed");
     }
 
     #[test]

@@ -78,15 +78,30 @@ struct Read {
     server_data_packets: u64,
     server_resent: u64,
     server_spurious_timeouts: u64,
+    /// A short reader's: when its last byte arrived, from its start.
+    took_us: Option<Micros>,
 }
+
+/// The best-effort reader: a bulk one, or one short read (the punctuated run's).
+#[derive(Clone, Copy, Debug)]
+enum BestEffort {
+    /// Keeps [`BULK_AHEAD`] answers of [`BULK_ANSWER_BYTES`] asked for.
+    Bulk,
+    /// Asks for this many bytes in one answer at [`SHORT_START_US`].
+    Short(u64),
+}
+
+/// A short reader starts a third into the second period, when the reserved ones run.
+const SHORT_START_US: Micros = START_US + PERIOD_US + PERIOD_US / 3;
 
 /// One reader process and its session to its own server.
 struct Reader {
     addr: SocketAddr,
     server: SocketAddr,
     session: SessionId,
-    /// Bytes per period if reserved; `None`: the best-effort bulk reader.
+    /// Bytes per period if reserved; `None`: the best-effort reader.
     budget: Option<u64>,
+    best_effort: BestEffort,
     asked: u64,
     read: Read,
 }
@@ -100,10 +115,19 @@ impl Reader {
                 ((now - START_US) / PERIOD_US + 1).min(periods) * budget
             }
             Some(_) => 0,
-            None if now >= START_US => self.read.bytes + BULK_AHEAD as u64 * BULK_ANSWER_BYTES,
-            None => 0,
+            None => match self.best_effort {
+                BestEffort::Bulk if now >= START_US => {
+                    self.read.bytes + BULK_AHEAD as u64 * BULK_ANSWER_BYTES
+                }
+                BestEffort::Short(bytes) if now >= SHORT_START_US => bytes,
+                _ => 0,
+            },
         };
-        let answer_bytes = self.budget.map_or(BULK_ANSWER_BYTES, |_| ANSWER_BYTES);
+        let answer_bytes = match (self.budget, self.best_effort) {
+            (Some(_), _) => ANSWER_BYTES,
+            (None, BestEffort::Bulk) => BULK_ANSWER_BYTES,
+            (None, BestEffort::Short(bytes)) => bytes,
+        };
         while self.asked < due {
             let len = answer_bytes.min(due - self.asked);
             let request = Bytes::from(len.to_le_bytes().to_vec());
@@ -126,6 +150,11 @@ impl Reader {
                 self.read.bytes_in_periods += message.len() as u64;
             }
             let Some(budget) = self.budget else {
+                if let BestEffort::Short(bytes) = self.best_effort {
+                    if self.read.bytes >= bytes && self.read.took_us.is_none() {
+                        self.read.took_us = Some(now - SHORT_START_US);
+                    }
+                }
                 continue;
             };
             while self.read.bytes >= (self.read.periods + 1) * budget {
@@ -158,8 +187,14 @@ fn serve(sim: &mut Sim, server: SocketAddr, now: Micros) {
 /// Reader processes on one busy host behind a 200 Mbit/s port with the lab's buffer, each
 /// reading from its own server: one per share in `shares` reserved at that share of the
 /// port's payload capacity over [`PERIOD_US`], and one more best effort, reading as fast
-/// as it may. Returns the reserved readers' reads and then the bulk reader's.
-fn mirror(shares: &[f64], yield_best_effort: bool, periods: u64, seed: u64) -> Vec<Read> {
+/// as it may or once. Returns the reserved readers' reads and then the best-effort one's.
+fn mirror(
+    shares: &[f64],
+    best_effort: BestEffort,
+    yield_best_effort: bool,
+    periods: u64,
+    seed: u64,
+) -> Vec<Read> {
     let mut sim = Sim::new(seed);
     sim.set_bottleneck(
         reader(0),
@@ -198,6 +233,7 @@ fn mirror(shares: &[f64], yield_best_effort: bool, periods: u64, seed: u64) -> V
             server,
             session,
             budget,
+            best_effort,
             asked: 0,
             read: Read::default(),
         });
@@ -270,25 +306,28 @@ fn report(shares: &[f64], yield_best_effort: bool, periods: u64, reads: &[Read])
 /// port, a best-effort bulk reader beside them on the same host. With best effort's grants
 /// paced by the queue the readers' own packets measure, every reserved period arrives by
 /// its end (give or take the host's lateness), the bulk reader gets most of the rest
-/// (0.72-0.75 in seeds 1-3), and the reserved readers' servers resend at most 2% of their
-/// packets (0.9-1.1%). Without (a best-effort session granted whatever its process's budget
-/// lets), the bulk reader keeps the port's queue full and the reserved readers miss all 40
-/// deadlines, 23-66 ms late. (Before the servers' timers waited for the holds of a peer
-/// that grants their window, the servers resent 7-8%, timers found spurious, and the bulk
-/// reader got 0.20-0.26 of the rest: resends took the port.)
+/// (0.79-0.82 in seeds 1-3), and the reserved readers' servers resend at most 0.5% of their
+/// packets (0.05-0.28%). Without (a best-effort session granted whatever its process's
+/// budget lets), the bulk reader keeps the port's queue full and the reserved readers miss
+/// all 40 deadlines, 23-66 ms late. (Before the servers' timers waited for the holds of a
+/// peer that grants their window, the servers resent 7-8%, timers found spurious, and the
+/// bulk reader got 0.20-0.26 of the rest: resends took the port. Before they waited for
+/// the longest hold of the last second too, not only the holds' mean and deviation, they
+/// resent 0.86-1.5%: the host's stalls, 1% of its wake-ups, fired the timers.)
 #[test]
 fn best_effort_readers_yield_to_reserved_readers_on_the_same_host() {
     let shares = [0.166; 5];
     let periods = 8;
     for seed in [1, 2, 3] {
-        let paced = mirror(&shares, true, periods, seed);
-        let unpaced = mirror(&shares, false, periods, seed);
+        let paced = mirror(&shares, BestEffort::Bulk, true, periods, seed);
+        let unpaced = mirror(&shares, BestEffort::Bulk, false, periods, seed);
         let (reserved, bulk) = paced.split_at(shares.len());
         for (index, read) in reserved.iter().enumerate() {
             assert_eq!(read.periods, periods, "seed {seed}, reader {}", index + 1);
-            // The servers' timers wait for the late readers' ACKs (a granted window).
+            // The servers' timers wait for the late readers' ACKs (a granted window), even
+            // through the readers' host's rare stalls.
             assert!(
-                read.server_resent * 50 <= read.server_data_packets,
+                read.server_resent * 200 <= read.server_data_packets,
                 "seed {seed}: reader {}'s server resent {} of {}",
                 index + 1,
                 read.server_resent,
@@ -323,4 +362,34 @@ fn best_effort_readers_yield_to_reserved_readers_on_the_same_host() {
             "seed {seed}: without yielding, the reserved readers missed only {missed} deadlines"
         );
     }
+}
+
+/// The punctuated run's short readers in the mirror case: one reader reserved at 0.749 of
+/// the port, and a best-effort one that reads 500 packets once, a third into a period. Its
+/// grants start at an eighth of the link and grow while the port's queue is short: it gets
+/// 0.88-1.10 of what the reserved reader leaves of the port (seeds 1-8), and at least 0.85
+/// in each. (Its grants starting at a sixteenth, as best-effort senders do, it got 0.80-1.05,
+/// under 0.85 in two seeds: much of a short read went on ramping up.)
+#[test]
+fn a_short_best_effort_read_gets_most_of_what_a_reservation_leaves() {
+    const SHORT_BYTES: u64 = 716_000;
+    let shares = [0.749];
+    let rest = payload_capacity() * (1.0 - shares[0]);
+    let mut got = Vec::new();
+    for seed in 1..=8 {
+        let reads = mirror(&shares, BestEffort::Short(SHORT_BYTES), true, 4, seed);
+        assert!(
+            reads[0].met == 4 || reads[0].worst_late_us <= 5_000,
+            "seed {seed}: the reserved reader met {} of 4, worst {} µs late",
+            reads[0].met,
+            reads[0].worst_late_us
+        );
+        let took_us = reads[1].took_us.expect("the short read ends");
+        got.push(SHORT_BYTES as f64 * 1e6 / took_us as f64 / rest);
+    }
+    eprintln!("the short reader got {got:.3?} of the rest");
+    assert!(
+        got.iter().all(|&fraction| fraction >= 0.85),
+        "the short reader got {got:.3?} of the rest"
+    );
 }
