@@ -2986,7 +2986,8 @@ fn messages_with_caller_made_payload_hashes_arrive_authentic() {
             }
         }
         received.len() == sent.len()
-    });
+    })
+    .unwrap_or_else(|error| panic!("{error}"));
     assert_eq!(received, sent);
     assert_eq!(sim.endpoint_ref(server).stats().dropped_unauthentic, 0);
 }
