@@ -108,6 +108,7 @@ const CONTEXT_SESSION: &str = "tessera 2026-11-23 datagram session key v1";
 const CONTEXT_REPLICA: &str = "tessera 2026-11-25 manager replica key v1";
 const CONTEXT_ACCESS: &str = "tessera 2026-11-25 replicated access key v1";
 const CONTEXT_PACKET_MAC: &str = "tessera 2026-11-28 datagram mac key v1";
+const CONTEXT_PACKET_MAC_ID: &str = "tessera 2026-11-28 datagram mac id v1";
 /// The GCM-SIV nonce of every datagram MAC: constant (see the crate's doc), and naming its use.
 pub const PACKET_MAC_NONCE: [u8; 12] = *b"tessera dgm4";
 
@@ -424,6 +425,30 @@ pub struct PacketMac {
     wide: Option<WidePolyval>,
     /// AES keyed with the message-encryption key.
     aes: Aes128,
+    /// Names the key (one-way from it), so that a [`PayloadHash`] made under another key is
+    /// never used.
+    id: u64,
+}
+
+/// A datagram payload already hashed under one [`PacketMac`]: what [`PacketMac::tag_hashed`]
+/// needs besides the header. The payload is the tag's associated data, hashed first, so its
+/// POLYVAL can be computed by whoever queues the message (any thread, once per fragment,
+/// however often the fragment is sent again) and the sender only hashes the header, whose
+/// fields change at every transmission. Its `Debug` prints lengths only.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PayloadHash {
+    /// The [`PacketMac`] it was made under.
+    mac: u64,
+    /// Bytes of the payload.
+    len: usize,
+    /// POLYVAL's accumulator after the padded payload.
+    state: [u8; 16],
+}
+
+impl fmt::Debug for PayloadHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PayloadHash({} bytes)", self.len)
+    }
 }
 
 impl fmt::Debug for PacketMac {
@@ -449,10 +474,12 @@ impl PacketMac {
             half.copy_from_slice(&block[..8]);
         }
         let [authentication, encryption] = message_keys;
+        let id = blake3::derive_key(CONTEXT_PACKET_MAC_ID, &key.0);
         PacketMac {
             polyval: Polyval::new(&authentication.into()),
             wide: WidePolyval::new(&authentication),
             aes: Aes128::new(&encryption.into()),
+            id: u64::from_le_bytes(id[..8].try_into().expect("8 of 32 bytes")),
         }
     }
 
@@ -474,22 +501,82 @@ impl PacketMac {
         let mut lengths = [0u8; 16];
         lengths[..8].copy_from_slice(&(payload.len() as u64 * 8).to_le_bytes());
         lengths[8..].copy_from_slice(&(HEADER as u64 * 8).to_le_bytes());
-        let mut tag = match &self.wide {
-            Some(wide) => wide.hash(&[payload, header, &lengths]).into(),
-            None => {
-                let mut polyval = self.polyval.clone();
-                polyval.update_padded(payload);
-                polyval.update_padded(header);
-                polyval.update(&[lengths.into()]);
-                polyval.finalize()
+        // One pass over the whole datagram: with the wide POLYVAL, its tail, header and
+        // lengths share one last group step.
+        self.finish(self.polyval_of(&[payload, header, &lengths]))
+    }
+
+    /// [`tag`](Self::tag) of `header` and `payload`, with the payload's POLYVAL taken from
+    /// `hash` when it was made under this MAC for a payload of this length (the caller's
+    /// promise: of these very bytes), and computed here otherwise.
+    pub fn tag_hashed<const HEADER: usize>(
+        &self,
+        header: &[u8; HEADER],
+        payload: &[u8],
+        hash: Option<&PayloadHash>,
+    ) -> [u8; PACKET_TAG_BYTES] {
+        match hash {
+            Some(hash) if hash.mac == self.id && hash.len == payload.len() => {
+                self.tag_of_hash(header, hash)
             }
-        };
+            _ => self.tag(header, payload),
+        }
+    }
+
+    /// The payload's part of its datagrams' tags under this MAC (see [`PayloadHash`]).
+    pub fn payload_hash(&self, payload: &[u8]) -> PayloadHash {
+        PayloadHash {
+            mac: self.id,
+            len: payload.len(),
+            state: self.polyval_of(&[payload]),
+        }
+    }
+
+    /// The tag, from the payload's hash on: POLYVAL goes on from the payload's accumulator
+    /// (each step is `state = (state ^ block) * H`, so a fresh instance fed the next block
+    /// XORed with the accumulator continues it), through the padded header and the lengths.
+    fn tag_of_hash<const HEADER: usize>(
+        &self,
+        header: &[u8; HEADER],
+        hash: &PayloadHash,
+    ) -> [u8; PACKET_TAG_BYTES] {
+        let mut lengths = [0u8; 16];
+        lengths[..8].copy_from_slice(&(hash.len as u64 * 8).to_le_bytes());
+        lengths[8..].copy_from_slice(&(HEADER as u64 * 8).to_le_bytes());
+        if HEADER == 0 {
+            return self.finish(self.polyval_of(&[&xor(lengths, &hash.state)]));
+        }
+        let head = HEADER.min(16);
+        let mut block = [0u8; 16];
+        block[..head].copy_from_slice(&header[..head]);
+        let block = xor(block, &hash.state);
+        self.finish(self.polyval_of(&[&block, &header[head..], &lengths]))
+    }
+
+    /// POLYVAL of `segments`, each zero-padded to whole blocks: sixteen blocks at a time
+    /// where the CPU allows ([`WidePolyval`]), else the `polyval` crate.
+    fn polyval_of(&self, segments: &[&[u8]]) -> [u8; 16] {
+        if let Some(wide) = &self.wide {
+            return wide.hash(segments);
+        }
+        let mut polyval = self.polyval.clone();
+        for segment in segments {
+            polyval.update_padded(segment);
+        }
+        polyval.finalize().into()
+    }
+
+    /// RFC 8452's last steps: the POLYVAL value XORed with the nonce, its top bit cleared,
+    /// encrypted with the message-encryption key.
+    fn finish(&self, polyval: [u8; 16]) -> [u8; PACKET_TAG_BYTES] {
+        let mut tag = polyval;
         for (byte, nonce) in tag.iter_mut().zip(PACKET_MAC_NONCE) {
             *byte ^= nonce;
         }
         tag[15] &= 0x7f;
-        self.aes.encrypt_block(&mut tag);
-        tag.into()
+        let mut block = tag.into();
+        self.aes.encrypt_block(&mut block);
+        block.into()
     }
 
     /// Whether `tag` is the tag of `header` and `payload`, compared in constant time.
@@ -529,6 +616,13 @@ pub enum Refusal {
     /// The handshake did not follow the protocol.
     #[error("handshake violated: {0}")]
     Protocol(String),
+}
+
+fn xor(mut block: [u8; 16], other: &[u8; 16]) -> [u8; 16] {
+    for (byte, other) in block.iter_mut().zip(other) {
+        *byte ^= other;
+    }
+    block
 }
 
 fn hex(bytes: &[u8]) -> String {

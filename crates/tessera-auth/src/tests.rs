@@ -195,4 +195,37 @@ proptest! {
             .unwrap();
         prop_assert_eq!(PacketMac::new(&key).tag(&header, &payload), <[u8; 16]>::from(expected));
     }
+
+    /// The tag computed from a payload's hash is AES-128-GCM-SIV's for every header length
+    /// the continuation treats apart (none, part of a block, a block, more), and a hash made
+    /// under another key or for another length is not used: the tag is the payload's own.
+    #[test]
+    fn a_tag_from_a_payload_hash_is_the_tag(
+        payload in proptest::collection::vec(any::<u8>(), 0..100),
+        other in proptest::collection::vec(any::<u8>(), 0..100),
+        key in any::<[u8; 32]>(),
+    ) {
+        use aes_gcm_siv::aead::{AeadInOut, KeyInit};
+        let key = Key(key);
+        let mac = PacketMac::new(&key);
+        let reference = aes_gcm_siv::Aes128GcmSiv::new(&PacketMac::gcm_siv_key(&key).into());
+        fn expected<const H: usize>(reference: &aes_gcm_siv::Aes128GcmSiv, header: [u8; H], payload: &[u8]) -> [u8; 16] {
+            let mut plaintext = header;
+            reference
+                .encrypt_inout_detached(&PACKET_MAC_NONCE.into(), payload, (&mut plaintext[..]).into())
+                .unwrap()
+                .into()
+        }
+        let hash = mac.payload_hash(&payload);
+        prop_assert_eq!(mac.tag_hashed(&[], &payload, Some(&hash)), expected(&reference, [], &payload));
+        prop_assert_eq!(mac.tag_hashed(&[5; 7], &payload, Some(&hash)), expected(&reference, [5; 7], &payload));
+        prop_assert_eq!(mac.tag_hashed(&[6; 16], &payload, Some(&hash)), expected(&reference, [6; 16], &payload));
+        prop_assert_eq!(mac.tag_hashed(&[7; 33], &payload, Some(&hash)), expected(&reference, [7; 33], &payload));
+        let stranger = PacketMac::new(&key.storage_key()).payload_hash(&payload);
+        prop_assert_eq!(mac.tag_hashed(&[8; 40], &payload, Some(&stranger)), mac.tag(&[8; 40], &payload));
+        let longer: Vec<u8> = payload.iter().chain(&[1]).copied().collect();
+        let wrong_len = mac.payload_hash(&longer);
+        prop_assert_eq!(mac.tag_hashed(&[9; 40], &payload, Some(&wrong_len)), mac.tag(&[9; 40], &payload));
+        prop_assert_eq!(mac.tag_hashed(&[9; 40], &other, None), mac.tag(&[9; 40], &other));
+    }
 }

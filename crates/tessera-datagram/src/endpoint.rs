@@ -1051,7 +1051,13 @@ impl Endpoint {
             session.in_ready = false;
             session.port_queue_us = self.port_queue.queue_delay_us(now);
             let packet = session.build_transmit(now, &self.config, &mut self.stats);
-            let transmit = packet.map(|packet| Transmit::of(session.peer, packet, &session.mac));
+            let transmit = packet.map(|packet| {
+                let hash = match packet.kind {
+                    PacketKind::Data => session.sent_payload_hash(),
+                    _ => None,
+                };
+                Transmit::of_hashed(session.peer, packet, &session.mac, hash)
+            });
             self.touch(id, now);
             if let Some(transmit) = transmit {
                 self.stats.datagrams_sent += 1;
@@ -1202,6 +1208,13 @@ impl Endpoint {
             }
             self.touch(id, now);
         }
+    }
+
+    /// What a caller needs to hash a message's fragments for `session` before queuing it
+    /// ([`Message::hash_fragments`]): the session's MAC and its fragment size.
+    pub fn sender_of(&self, session: SessionId) -> Option<(tessera_auth::PacketMac, usize)> {
+        let state = self.sessions.get(&session)?;
+        Some((state.mac.clone(), state.fragment_bytes_max))
     }
 
     /// A snapshot of a session's flow-control state.

@@ -644,7 +644,18 @@ pub struct Transmit {
 impl Transmit {
     /// The datagram carrying `packet` to `destination`, tagged with `key`.
     pub fn of(destination: SocketAddr, packet: Packet, mac: &tessera_auth::PacketMac) -> Transmit {
-        let (header, tag) = packet.encode_parts(mac);
+        Transmit::of_hashed(destination, packet, mac, None)
+    }
+
+    /// [`of`](Self::of), with the payload's part of the tag from `hash` where it fits
+    /// ([`tessera_auth::PacketMac::tag_hashed`]).
+    pub fn of_hashed(
+        destination: SocketAddr,
+        packet: Packet,
+        mac: &tessera_auth::PacketMac,
+        hash: Option<&tessera_auth::PayloadHash>,
+    ) -> Transmit {
+        let (header, tag) = packet.encode_parts_hashed(mac, hash);
         Transmit {
             destination,
             header,

@@ -8,19 +8,77 @@
 //! path allows and cut out of the body. The wire does not change: a receiver appends
 //! fragments of any size.
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
+use tessera_auth::{PacketMac, PayloadHash};
 
 /// A message queued on a session: `head` then `body`, one after the other.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Message {
     head: Bytes,
     body: Bytes,
+    /// Its fragments' payload hashes, if the sender made them ([`Message::hash_fragments`]).
+    hashes: Option<Arc<FragmentHashes>>,
+}
+
+/// The payload hashes of a message's fragments, cut at one size.
+#[derive(Debug, PartialEq, Eq)]
+struct FragmentHashes {
+    fragment_bytes_max: usize,
+    hashes: Vec<PayloadHash>,
 }
 
 impl Message {
     /// The message that is `head` followed by `body`.
     pub fn new(head: Bytes, body: Bytes) -> Message {
-        Message { head, body }
+        Message {
+            head,
+            body,
+            hashes: None,
+        }
+    }
+
+    /// Hashes its fragments' payloads under `mac`, cut at `fragment_bytes_max` (the
+    /// session's, [`crate::Endpoint::sender_of`]): the per-byte part of their tags, done by
+    /// the caller (a task or worker, on any thread) instead of the thread that sends them.
+    /// The endpoint uses them only where the session's key and fragment size are these, so a
+    /// stale guess costs only the time spent here.
+    pub fn hash_fragments(&mut self, mac: &PacketMac, fragment_bytes_max: usize) {
+        let bounds = self.fragment_bounds(fragment_bytes_max);
+        let hashes = bounds
+            .windows(2)
+            .map(|piece| self.with_range(piece[0]..piece[1], |bytes| mac.payload_hash(bytes)))
+            .collect();
+        self.hashes = Some(Arc::new(FragmentHashes {
+            fragment_bytes_max,
+            hashes,
+        }));
+    }
+
+    /// The payload hash of its fragment `index` when cut at `fragment_bytes_max`, if made.
+    pub(crate) fn fragment_hash(
+        &self,
+        index: usize,
+        fragment_bytes_max: usize,
+    ) -> Option<PayloadHash> {
+        let hashes = self.hashes.as_ref()?;
+        if hashes.fragment_bytes_max != fragment_bytes_max {
+            return None;
+        }
+        hashes.hashes.get(index).cloned()
+    }
+
+    /// `f` of the bytes in `range`, borrowed where they lie in one part.
+    fn with_range<T>(&self, range: std::ops::Range<usize>, f: impl FnOnce(&[u8]) -> T) -> T {
+        let seam = self.head.len();
+        if range.end <= seam {
+            f(&self.head[range])
+        } else if range.start >= seam {
+            f(&self.body[range.start - seam..range.end - seam])
+        } else {
+            f(&self.range(range))
+        }
     }
 
     /// Its length in bytes.
@@ -84,10 +142,7 @@ impl Message {
 
 impl From<Bytes> for Message {
     fn from(bytes: Bytes) -> Message {
-        Message {
-            head: bytes,
-            body: Bytes::new(),
-        }
+        Message::new(bytes, Bytes::new())
     }
 }
 

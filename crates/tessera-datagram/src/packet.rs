@@ -308,6 +308,17 @@ impl Packet {
     /// not copied, so a driver can send the three as they are (see [`crate::Transmit`]).
     /// Panics as [`encode_into`](Self::encode_into) does.
     pub fn encode_parts(&self, mac: &PacketMac) -> ([u8; HEADER_LEN], [u8; TAG_LEN]) {
+        self.encode_parts_hashed(mac, None)
+    }
+
+    /// [`encode_parts`](Self::encode_parts), with the payload's part of the tag from `hash`
+    /// where it was made under `mac` for a payload of this length
+    /// ([`PacketMac::tag_hashed`]; the caller's promise: of this payload).
+    pub fn encode_parts_hashed(
+        &self,
+        mac: &PacketMac,
+        hash: Option<&tessera_auth::PayloadHash>,
+    ) -> ([u8; HEADER_LEN], [u8; TAG_LEN]) {
         if let Err(error) = self.check() {
             panic!("encoding an invalid packet: {error}");
         }
@@ -338,7 +349,7 @@ impl Packet {
         header[OFFSET_QUEUE] = self.queue;
         header[OFFSET_PAYLOAD_LEN..HEADER_LEN]
             .copy_from_slice(&(self.payload.len() as u16).to_be_bytes());
-        let tag = mac.tag(&header, &self.payload);
+        let tag = mac.tag_hashed(&header, &self.payload, hash);
         (header, tag)
     }
 

@@ -59,6 +59,8 @@ pub(crate) struct PendingEvent {
 #[derive(Debug)]
 struct Outgoing {
     payload: Bytes,
+    /// The payload's part of its tag, if the sender hashed it ([`Message::hash_fragments`]).
+    payload_hash: Option<tessera_auth::PayloadHash>,
     first: bool,
     last: bool,
     message_len: u32,
@@ -508,6 +510,7 @@ impl Session {
         for (index, piece) in bounds.windows(2).enumerate() {
             self.outgoing.push_back(Outgoing {
                 payload: message.range(piece[0]..piece[1]),
+                payload_hash: message.fragment_hash(index, fragment_bytes_max),
                 first: index == 0,
                 last: index + 2 == bounds.len(),
                 message_len,
@@ -911,6 +914,13 @@ impl Session {
             || self.probe_owed
             || self.ack_now
             || self.ack_deadline.is_some_and(|deadline| deadline <= now)
+    }
+
+    /// The payload hash of the DATA packet [`build_transmit`](Self::build_transmit) just
+    /// returned (the fragment before `send_next`), if its sender made one.
+    pub(crate) fn sent_payload_hash(&self) -> Option<&tessera_auth::PayloadHash> {
+        let index = self.send_next.checked_sub(self.send_base + 1)?;
+        self.outgoing.get(index as usize)?.payload_hash.as_ref()
     }
 
     /// The next packet this session wants to send, if any: a RESTART, then DATA, then a window

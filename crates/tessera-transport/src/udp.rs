@@ -186,13 +186,24 @@ pub struct UdpTransport {
     credential: Option<tessera_auth::Credential>,
     /// One handshake at a time: a burst of calls to a new server keys one session.
     keying: tokio::sync::Mutex<()>,
+    /// What a call needs to hash its request's fragments itself (see [`Senders`]).
+    senders: Senders,
 }
+
+/// Per server, the MAC and fragment size of the client's session to it, published by the I/O
+/// thread when it opens the session: a calling task hashes its request's fragments with them
+/// ([`Message::hash_fragments`]), so that the I/O thread, which sends for every task to
+/// every server, only finishes each datagram's tag over its header. A stale entry (the
+/// session was replaced) costs nothing but the hashing: the endpoint uses a hash only under
+/// the session's own key and fragment size.
+type Senders = Arc<std::sync::Mutex<HashMap<SocketAddr, (tessera_auth::PacketMac, usize)>>>;
 
 impl UdpTransport {
     /// Bind an ephemeral UDP socket and start the I/O thread.
     pub fn new(config: UdpConfig) -> std::io::Result<Arc<UdpTransport>> {
         let socket = UdpSocket::bind("0.0.0.0:0")?;
         let request_timeout = config.request_timeout;
+        let senders = Senders::default();
         let (mailbox, driver) = spawn_driver(
             socket,
             config.datagram,
@@ -201,6 +212,7 @@ impl UdpTransport {
                 sessions: HashMap::new(),
                 deferred: Default::default(),
                 keyed: config.credential.is_some(),
+                senders: senders.clone(),
             },
         )?;
         Ok(Arc::new(UdpTransport {
@@ -210,6 +222,7 @@ impl UdpTransport {
             request_timeout,
             credential: config.credential,
             keying: tokio::sync::Mutex::new(()),
+            senders,
         }))
     }
 
@@ -281,7 +294,16 @@ impl UdpTransport {
         reply_bytes: Option<usize>,
     ) -> Result<Reply, TransportError> {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let frame = encode_frame(FrameKind::Request, request_id, &message, payload);
+        let mut frame = encode_frame(FrameKind::Request, request_id, &message, payload);
+        let sender = self
+            .senders
+            .lock()
+            .expect("not poisoned")
+            .get(&addr)
+            .cloned();
+        if let Some((mac, fragment_bytes_max)) = sender {
+            frame.hash_fragments(&mac, fragment_bytes_max);
+        }
         let (reply, answer) = oneshot::channel();
         if !self.mailbox.post(Command::Call {
             addr,
@@ -488,6 +510,14 @@ fn encode_frame(kind: FrameKind, request_id: u64, message: &[u8], payload: Bytes
     Message::new(Bytes::from(head), payload)
 }
 
+/// Tells the calling tasks the MAC and fragment size of the session to `addr` (see
+/// [`Senders`]).
+fn publish_sender(senders: &Senders, endpoint: &Endpoint, addr: SocketAddr, session: SessionId) {
+    if let Some(sender) = endpoint.sender_of(session) {
+        senders.lock().expect("not poisoned").insert(addr, sender);
+    }
+}
+
 /// Forget a client session: its server mapping and its waiting requests, returned oldest
 /// first (so that any sent again reach the server in the order they were first sent).
 fn take_session(
@@ -533,6 +563,8 @@ enum Role {
         deferred: std::collections::VecDeque<Command>,
         /// Sessions are keyed by a handshake first (the caller's, on `NO_KEYED_SESSION`).
         keyed: bool,
+        /// Shared with the calling tasks: each session's MAC and fragment size.
+        senders: Senders,
     },
     Server {
         handler: Arc<dyn FrameHandler>,
@@ -734,6 +766,7 @@ impl Driver {
             sessions,
             deferred,
             keyed,
+            senders,
         } = &mut self.role
         else {
             return;
@@ -745,9 +778,15 @@ impl Driver {
             }));
             return;
         }
-        let session = *sessions
-            .entry(addr)
-            .or_insert_with(|| self.endpoint.connect_with(addr, payload_bytes, now));
+        let session = match sessions.get(&addr) {
+            Some(&session) => session,
+            None => {
+                let session = self.endpoint.connect_with(addr, payload_bytes, now);
+                sessions.insert(addr, session);
+                publish_sender(senders, &self.endpoint, addr, session);
+                session
+            }
+        };
         // With its answer's size: under the receive budget the request waits for the grant.
         match self
             .endpoint
@@ -811,7 +850,10 @@ impl Driver {
     /// A session keyed by a handshake: the one to `addr` from now on, unless one is open.
     fn keyed(&mut self, addr: SocketAddr, session: SessionId, key: tessera_auth::Key, now: u64) {
         let payload_bytes = self.payload_bytes_for(addr);
-        let Role::Client { sessions, .. } = &mut self.role else {
+        let Role::Client {
+            sessions, senders, ..
+        } = &mut self.role
+        else {
             return;
         };
         if sessions.contains_key(&addr) {
@@ -822,6 +864,7 @@ impl Driver {
             .connect_keyed(addr, session, key, payload_bytes, now)
         {
             sessions.insert(addr, session);
+            publish_sender(senders, &self.endpoint, addr, session);
         }
     }
 
