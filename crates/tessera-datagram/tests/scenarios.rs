@@ -949,6 +949,26 @@ fn garbage_is_dropped_and_counted_and_the_session_keeps_delivering() {
     assert_eq!(sim.endpoint_ref(server).stats().sessions_lost, 0);
 }
 
+/// Adds `client` and a `server` that requires session keys, and opens `session` between
+/// them keyed by `key` (as a handshake would), with 1,400-byte fragments.
+fn connect_keyed_pair(
+    sim: &mut Sim,
+    (client, server): (SocketAddr, SocketAddr),
+    session: SessionId,
+    key: tessera_auth::Key,
+) {
+    sim.add_endpoint(client, Config::default());
+    let server_config = Config {
+        require_session_keys: true,
+        ..Config::default()
+    };
+    sim.add_endpoint(server, server_config);
+    sim.endpoint(server).admit(session, key);
+    sim.endpoint(client)
+        .connect_keyed(server, session, key, 1_400, 0)
+        .unwrap();
+}
+
 /// A session keyed by a handshake (as the UDP driver keys every session) refuses datagrams
 /// forged without its key: a packet of the session's own bytes re-tagged with the public key
 /// or another key, a new payload tagged with the public key, a bit flipped under the real
@@ -957,18 +977,9 @@ fn garbage_is_dropped_and_counted_and_the_session_keeps_delivering() {
 fn a_keyed_session_drops_datagrams_forged_without_its_key_and_replays() {
     let (mut sim, captured) = capturing_sim(13, 0.0);
     let (client, server) = (addr(1), addr(2));
-    sim.add_endpoint(client, Config::default());
-    let server_config = Config {
-        require_session_keys: true,
-        ..Config::default()
-    };
-    sim.add_endpoint(server, server_config);
     let key = tessera_auth::Key([9; 32]);
     let session = SessionId(0x5EED);
-    sim.endpoint(server).admit(session, key);
-    sim.endpoint(client)
-        .connect_keyed(server, session, key, 1_400, 0)
-        .unwrap();
+    connect_keyed_pair(&mut sim, (client, server), session, key);
     exchange(&mut sim, client, server, session, 1);
     let before = sim.endpoint_ref(server).stats();
 
@@ -2949,18 +2960,9 @@ fn a_reserved_read_on_a_late_host_gets_each_period_by_its_end() {
 fn messages_with_caller_made_payload_hashes_arrive_authentic() {
     let (client, server) = (addr(1), addr(2));
     let mut sim = Sim::new(21);
-    sim.add_endpoint(client, Config::default());
-    let server_config = Config {
-        require_session_keys: true,
-        ..Config::default()
-    };
-    sim.add_endpoint(server, server_config);
     let key = tessera_auth::Key([3; 32]);
     let session = SessionId(0xBEEF);
-    sim.endpoint(server).admit(session, key);
-    sim.endpoint(client)
-        .connect_keyed(server, session, key, 1_400, 0)
-        .unwrap();
+    connect_keyed_pair(&mut sim, (client, server), session, key);
     let (mac, fragment_bytes) = sim.endpoint_ref(client).sender_of(session).unwrap();
     let stale = tessera_auth::PacketMac::new(&tessera_auth::Key([4; 32]));
     let guesses = [
