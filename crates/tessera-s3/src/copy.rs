@@ -1,11 +1,11 @@
 //! CopyObject, and the conditions of puts and reads that need the object's current ETag.
 
 use crate::conditions::{self, Conditions, Verdict};
+use crate::etag_md5::EtagMd5;
 use crate::gateway::{name_err, s3_err, Gateway, READ_AHEAD};
 use crate::meta::{hex, ObjectMeta, FORMAT_VERSION};
 use crate::names;
 use futures::StreamExt;
-use md5::{Digest, Md5};
 use s3s::dto::*;
 use s3s::{s3_error, S3ErrorCode, S3Request, S3Response, S3Result};
 use tessera_client::{File, OpenFile, StreamUploadError};
@@ -165,10 +165,10 @@ impl Gateway {
     /// Copy the first `len` bytes of `from` to the start of `to`, a chunk at a time; the
     /// MD5 of what was copied.
     async fn copy_hashed(&self, from: &File, to: &mut OpenFile, len: u64) -> S3Result<[u8; 16]> {
-        let mut md5 = Md5::new();
+        let mut md5 = EtagMd5::new();
         self.copy_bytes((from, 0), (to, 0), len, Some(&mut md5))
             .await?;
-        Ok(md5.finalize().into())
+        Ok(md5.finalize())
     }
 
     /// Copy `len` bytes of `from` at `from_at` to `to` at `to_at`, a chunk at a time (reads
@@ -179,7 +179,7 @@ impl Gateway {
         (from, from_at): (&File, u64),
         (to, to_at): (&mut OpenFile, u64),
         len: u64,
-        mut md5: Option<&mut Md5>,
+        mut md5: Option<&mut EtagMd5>,
     ) -> S3Result<()> {
         let internal = |e| s3_err(e, S3ErrorCode::InternalError);
         let chunk = to.chunk_bytes(None);

@@ -1,12 +1,12 @@
 //! The gateway's state and the storage steps the S3 operations share: bucket configs, small
 //! gateway records, streaming an object's body in and out in stripe-sized chunks.
 
+use crate::etag_md5::EtagMd5;
 use crate::meta::{BucketConfig, ObjectMeta};
 use crate::names;
 use crate::pool::ChunkPool;
 use bytes::Bytes;
 use futures::StreamExt;
-use md5::{Digest, Md5};
 use s3s::dto::StreamingBlob;
 use s3s::{s3_error, S3Error, S3ErrorCode, S3Result};
 use std::pin::Pin;
@@ -274,7 +274,10 @@ impl Gateway {
     /// them) into buffers of the gateway's pool (see [`crate::pool`]: no page faults and no
     /// zeroing per block); the reads stop when the receiver of the body goes away.
     pub(crate) fn read_body(&self, open: OpenFile, start: u64, end: u64) -> StreamingBlob {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+        // The reads ahead are futures of the task below, driven only while it polls them:
+        // waiting to hand a block to a body one block behind, it left them unpolled. Room
+        // for as many blocks as are read ahead keeps them going while the body is sent.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(READ_AHEAD);
         let blocks = pooled_blocks(self.client.clone(), self.pool.clone(), open, start..end);
         tokio::spawn(async move {
             let mut blocks = std::pin::pin!(blocks);
@@ -339,8 +342,9 @@ impl futures::Stream for ChannelStream {
 }
 
 /// A request body cut into chunks of `chunk` bytes (the last shorter), each hashed into
-/// `md5` on a blocking thread while the next arrives: inline, the MD5 was a third of the
-/// gateway's CPU on the task that receives the body.
+/// `md5` on a blocking thread of its own while the next arrives and the chunks before are
+/// written: inline, the MD5 was a third of the gateway's CPU on the task that receives the
+/// body.
 struct BodyChunks {
     body: Option<futures::stream::BoxStream<'static, Result<Bytes, s3s::StdError>>>,
     /// The chunk being filled, never beyond `chunk` bytes.
@@ -426,37 +430,53 @@ impl BodyChunks {
     }
 }
 
-/// An MD5 taken chunk by chunk on the blocking pool, at most one chunk at a time, in order.
+/// Chunks handed to a body's hasher and not yet hashed, beyond which the body waits for it.
+/// Each is a chunk's buffer held a while longer (~8 MiB); four let the hasher fall behind by
+/// a storage write's worth and catch up, where it had none: the body waited for the chunk
+/// before to be hashed before it handed the next to the storage writes, so a late MD5 held
+/// the writes back, and the writes held the MD5 (a chunk to hash came only with the next).
+pub(crate) const MD5_QUEUE: usize = 4;
+
+/// An MD5 taken chunk by chunk, in order, on a blocking thread of its own fed through a
+/// queue of [`MD5_QUEUE`] chunks, started with the first chunk.
 #[derive(Default)]
 struct Md5Chain {
-    idle: Option<Md5>,
-    hashing: Option<tokio::task::JoinHandle<Md5>>,
+    queue: Option<tokio::sync::mpsc::Sender<Bytes>>,
+    hasher: Option<tokio::task::JoinHandle<EtagMd5>>,
 }
 
 impl Md5Chain {
-    /// The hasher once the chunk before is hashed.
-    async fn take(&mut self) -> S3Result<Md5> {
-        match self.hashing.take() {
-            Some(job) => job
-                .await
-                .map_err(|e| s3_error!(InternalError, "hashing the body failed: {e}")),
-            None => Ok(self.idle.take().unwrap_or_default()),
-        }
-    }
-
-    /// Starts hashing `chunk` after the chunks fed before it.
+    /// Queues `chunk` to be hashed after the chunks fed before it; waits only while
+    /// [`MD5_QUEUE`] chunks are queued.
     async fn feed(&mut self, chunk: Bytes) -> S3Result<()> {
-        let mut md5 = self.take().await?;
-        self.hashing = Some(tokio::task::spawn_blocking(move || {
-            md5.update(&chunk);
-            md5
-        }));
-        Ok(())
+        let queue = self.queue.get_or_insert_with(|| {
+            let (queue, mut chunks) = tokio::sync::mpsc::channel::<Bytes>(MD5_QUEUE);
+            self.hasher = Some(tokio::task::spawn_blocking(move || {
+                let mut md5 = EtagMd5::new();
+                while let Some(chunk) = chunks.blocking_recv() {
+                    md5.update(&chunk);
+                }
+                md5
+            }));
+            queue
+        });
+        queue
+            .send(chunk)
+            .await
+            .map_err(|_| s3_error!(InternalError, "hashing the body failed: its hasher is gone"))
     }
 
-    /// The MD5 of every chunk fed.
+    /// The MD5 of every chunk fed, once all are hashed.
     async fn finish(mut self) -> S3Result<[u8; 16]> {
-        Ok(self.take().await?.finalize().into())
+        // Closing the queue ends the hasher after the last chunk.
+        drop(self.queue.take());
+        let md5 = match self.hasher.take() {
+            Some(hasher) => hasher
+                .await
+                .map_err(|e| s3_error!(InternalError, "hashing the body failed: {e}"))?,
+            None => EtagMd5::new(),
+        };
+        Ok(md5.finalize())
     }
 }
 
@@ -464,6 +484,7 @@ impl Md5Chain {
 mod tests {
     use super::*;
     use crate::pool::POOL_BUFFERS_MAX;
+    use md5::{Digest, Md5};
 
     /// A body arriving in pieces that do not line up with the chunks comes out as whole
     /// chunks (the last one shorter) that make up every byte in order, with its MD5.
@@ -498,6 +519,39 @@ mod tests {
         assert_eq!(chunks.md5.finish().await.expect("an MD5"), md5);
     }
 
+    /// `body` as a request body arriving in pieces of `piece` bytes.
+    fn blob_in_pieces(body: &[u8], piece: usize) -> StreamingBlob {
+        let pieces: Vec<_> = body
+            .chunks(piece)
+            .map(|p| Ok::<_, std::io::Error>(Bytes::copy_from_slice(p)))
+            .collect();
+        StreamingBlob::wrap(futures::stream::iter(pieces))
+    }
+
+    /// The hasher runs behind the chunks handed out, through a queue: a body of many more
+    /// chunks than the queue holds, in pieces of odd sizes, still hashes to its exact MD5
+    /// (every chunk once, in order), as does an empty body (no chunk, no hasher started).
+    #[tokio::test]
+    async fn a_body_longer_than_the_md5_queue_keeps_its_exact_md5() {
+        const CHUNK: usize = 1_000;
+        let pool = ChunkPool::default();
+        let idle = std::time::Duration::from_secs(5);
+        let len = CHUNK * (3 * MD5_QUEUE + 2) + 17;
+        let body: Vec<u8> = (0..len as u32).map(|i| (i * 13 % 241) as u8).collect();
+        for body in [&body[..], &[][..]] {
+            let blob = blob_in_pieces(body, 777);
+            let mut chunks = BodyChunks::new(Some(blob), CHUNK, idle, pool.clone());
+            let mut joined = Vec::new();
+            while let Some(chunk) = chunks.next_chunk().await {
+                joined.extend_from_slice(&chunk.expect("a chunk"));
+            }
+            assert!(joined == body, "the chunks make up the body");
+            assert_eq!(chunks.md5.hasher.is_some(), !body.is_empty());
+            let md5: [u8; 16] = Md5::digest(body).into();
+            assert_eq!(chunks.md5.finish().await.expect("an MD5"), md5);
+        }
+    }
+
     /// Bodies cut into chunks of pooled buffers, one after another through one pool: chunks
     /// still held are never handed out again (the first body's chunks, kept, stay intact
     /// while the second is cut), dropped ones are used again (the third body is cut from
@@ -514,11 +568,7 @@ mod tests {
             .collect();
         let mut kept: Vec<(usize, Vec<Bytes>)> = Vec::new();
         for (n, body) in bodies.iter().enumerate() {
-            let pieces: Vec<_> = body
-                .chunks(1_500)
-                .map(|p| Ok::<_, std::io::Error>(Bytes::copy_from_slice(p)))
-                .collect();
-            let blob = StreamingBlob::wrap(futures::stream::iter(pieces));
+            let blob = blob_in_pieces(body, 1_500);
             let mut chunks = BodyChunks::new(Some(blob), CHUNK, idle, pool.clone());
             let mut held = Vec::new();
             while let Some(chunk) = chunks.next_chunk().await {

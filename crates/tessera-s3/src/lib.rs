@@ -10,6 +10,7 @@
 
 mod conditions;
 mod copy;
+mod etag_md5;
 mod gateway;
 pub mod listing;
 pub mod meta;
