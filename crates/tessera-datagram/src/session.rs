@@ -1060,14 +1060,17 @@ impl Session {
                 // It waits for the longest hold of the last second too: the holds' mean and
                 // deviation barely move on a host stalled at 1% of its wake-ups, and each
                 // stall fired the timers, 0.8% of the servers' packets resent in the lab
-                // and 0.9-1.5% in test `mirror` (0.05-0.28% with the peak). A real loss
-                // waits that much longer to be resent; a reader's deadlines are periods.
+                // and 0.9-1.5% in test `mirror` (0.05-0.28% with the peak). And half the
+                // peak again: the peak is the longest stall a stream happened to see, and
+                // the next is often a little longer (`rtt::HOLD_PEAK_MARGIN_DIVISOR`). A
+                // real loss waits that much longer to be resent; a reader's deadlines are
+                // periods.
                 let tail = self.send_next >= self.send_end();
                 let granted = self.peer_receive_window() < GRANTED_WINDOW_PACKETS_MAX;
                 let ack_delay_us = if granted {
                     self.ack_delay_us
                         .max(self.rtt.hold_allowance_us())
-                        .max(self.rtt.hold_peak_us())
+                        .max(self.rtt.hold_peak_wait_us())
                 } else if self.pacer.is_some() {
                     self.ack_delay_us.max(self.rtt.hold_allowance_us())
                 } else if tail {

@@ -367,9 +367,13 @@ fn best_effort_readers_yield_to_reserved_readers_on_the_same_host() {
 /// The punctuated run's short readers in the mirror case: one reader reserved at 0.749 of
 /// the port, and a best-effort one that reads 500 packets once, a third into a period. Its
 /// grants start at an eighth of the link and grow while the port's queue is short: it gets
-/// 0.88-1.10 of what the reserved reader leaves of the port (seeds 1-8), and at least 0.85
-/// in each. (Its grants starting at a sixteenth, as best-effort senders do, it got 0.80-1.05,
-/// under 0.85 in two seeds: much of a short read went on ramping up.)
+/// 0.84-1.11 of what the reserved reader leaves of the port (seeds 1-8), 0.97 on average.
+/// (Its grants starting at a sixteenth, as best-effort senders do, it got 0.77-1.06, 0.89
+/// on average: much of a short read went on ramping up.) One seed's short read is at the
+/// mercy of where the busy host's stalls fall: over seeds 1-32 it got 0.75-1.43 with either
+/// timer (session 18), so the test asks the mean of 8 seeds for 0.92 and each for 0.8.
+/// (Session 17 asked each of seeds 1-8 for 0.85, which they then happened to meet; five
+/// of seeds 1-32 do not, before and after session 18's timer.)
 #[test]
 fn a_short_best_effort_read_gets_most_of_what_a_reservation_leaves() {
     const SHORT_BYTES: u64 = 716_000;
@@ -388,8 +392,44 @@ fn a_short_best_effort_read_gets_most_of_what_a_reservation_leaves() {
         got.push(SHORT_BYTES as f64 * 1e6 / took_us as f64 / rest);
     }
     eprintln!("the short reader got {got:.3?} of the rest");
+    let mean = got.iter().sum::<f64>() / got.len() as f64;
     assert!(
-        got.iter().all(|&fraction| fraction >= 0.85),
-        "the short reader got {got:.3?} of the rest"
+        mean >= 0.92 && got.iter().all(|&fraction| fraction >= 0.8),
+        "the short reader got {got:.3?} of the rest, {mean:.3} on average"
+    );
+}
+
+/// The unfair run's admitted readers in the mirror case (0.5, 0.25 and 0.125 of the port)
+/// beside a best-effort bulk reader, on a host stalled on 1% of its wake-ups by up to
+/// 5 ms. The slowest reader's server hears the fewest of its reader's holds, and its
+/// timers fired in stalls a little longer than the longest hold it had seen: it resent
+/// 0.09-0.40% of its packets (seeds 1-8; 0.24% of them all), nearly all on timeouts found
+/// spurious, when its timer waited for the peak alone. Waiting for half the peak again
+/// (`rtt::HOLD_PEAK_MARGIN_DIVISOR`) it resends 0.05-0.14% (0.09% of them all), and no
+/// reader misses a deadline. (Part of what is left are the first tenths of a second, before
+/// the server has seen a stall; the lab's streams run 10 s.)
+#[test]
+fn the_slowest_reserved_readers_server_waits_out_the_readers_stalls() {
+    let shares = [0.5, 0.25, 0.125];
+    let periods = 8;
+    let (mut resent, mut packets) = (0, 0);
+    for seed in 1..=8 {
+        let reads = mirror(&shares, BestEffort::Bulk, true, periods, seed);
+        for (index, read) in reads[..shares.len()].iter().enumerate() {
+            assert_eq!(read.met, periods, "seed {seed}, reader {}", index + 1);
+        }
+        let slowest = &reads[shares.len() - 1];
+        assert!(
+            slowest.server_resent * 500 <= slowest.server_data_packets,
+            "seed {seed}: the slowest reader's server resent {} of {}",
+            slowest.server_resent,
+            slowest.server_data_packets
+        );
+        resent += slowest.server_resent;
+        packets += slowest.server_data_packets;
+    }
+    assert!(
+        resent * 100_000 <= packets * 120,
+        "the slowest reader's server resent {resent} of {packets}"
     );
 }

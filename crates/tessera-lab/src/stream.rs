@@ -163,6 +163,12 @@ pub struct StreamSample {
     /// controller's rate), and the bytes its sessions held queued.
     #[serde(default)]
     pub pacing: Vec<(u64, u64, u64)>,
+    /// A read, from the reader's own endpoint every [`QUEUE_SAMPLE_EVERY`] (the server's
+    /// counters above answer only after the answers queued before them): µs since the
+    /// agreed start, datagrams received, the best-effort grants' rate (bytes/s on the wire,
+    /// 0: none), and the reader's own estimate of the queue in front of it, µs.
+    #[serde(default)]
+    pub reader: Vec<(u64, u64, u64, u64)>,
 }
 
 /// How often a stream samples the queue its server reports.
@@ -190,12 +196,17 @@ impl CounterSource {
     }
 }
 
-/// Samples the queue the stream's receiver reports to its sender every
-/// [`QUEUE_SAMPLE_EVERY`] from the agreed start until aborted, into `into`.
-fn sample_queue(
+/// What one sample of counters adds to [`Samples`]: µs since the agreed start, and the
+/// counters by name.
+type Record = fn(&mut Samples, u64, &dyn Fn(&str) -> u64);
+
+/// Samples `source`'s counters every [`QUEUE_SAMPLE_EVERY`] from the agreed start until
+/// aborted, into `into` as `record` says.
+fn sample_counters(
     source: CounterSource,
     start_unix_us: u64,
     into: std::sync::Arc<std::sync::Mutex<Samples>>,
+    record: Record,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         sleep_until_unix_us(start_unix_us).await;
@@ -204,21 +215,37 @@ fn sample_queue(
             let get = |name: &str| counters.get(name).copied().unwrap_or(0);
             let at = unix_us().saturating_sub(start_unix_us);
             if let Ok(mut samples) = into.lock() {
-                samples.queue_us.push((at, get("peer_queue_delay_us_max")));
-                samples
-                    .pacing
-                    .push((at, get("best_effort_wait_ns"), get("queued_bytes")));
+                record(&mut samples, at, &get);
             }
             tokio::time::sleep(QUEUE_SAMPLE_EVERY).await;
         }
     })
 }
 
-/// What [`sample_queue`] collects.
+/// The queue the stream's receiver reports to its sender, and the sender's pacing.
+fn record_queue(samples: &mut Samples, at: u64, get: &dyn Fn(&str) -> u64) {
+    samples.queue_us.push((at, get("peer_queue_delay_us_max")));
+    samples
+        .pacing
+        .push((at, get("best_effort_wait_ns"), get("queued_bytes")));
+}
+
+/// A reader's own endpoint (see [`StreamSample::reader`]).
+fn record_reader(samples: &mut Samples, at: u64, get: &dyn Fn(&str) -> u64) {
+    samples.reader.push((
+        at,
+        get("datagrams_received"),
+        get("best_effort_grant_rate"),
+        get("queue_delay_us_max"),
+    ));
+}
+
+/// What [`sample_counters`] collects.
 #[derive(Default)]
 struct Samples {
     queue_us: Vec<(u64, u64)>,
     pacing: Vec<(u64, u64, u64)>,
+    reader: Vec<(u64, u64, u64, u64)>,
 }
 
 /// Asks the manager to admit `job`'s stream of `file` at the job's admission time.
@@ -337,7 +364,18 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
     };
 
     let queue = std::sync::Arc::new(std::sync::Mutex::new(Samples::default()));
-    let sampler = sample_queue(source.clone(), job.start_unix_us, queue.clone());
+    let sampler = sample_counters(
+        source.clone(),
+        job.start_unix_us,
+        queue.clone(),
+        record_queue,
+    );
+    // A read's server answers its counters only after the stream's answers queued before
+    // them: the reader's own endpoint shows the read's progress meanwhile.
+    let reader_sampler = job.read.then(|| {
+        let own = CounterSource::Client(client.clone());
+        sample_counters(own, job.start_unix_us, queue.clone(), record_reader)
+    });
     sleep_until_unix_us(job.start_unix_us).await;
     let started = tokio::time::Instant::now();
     let start_late_us = unix_us().saturating_sub(job.start_unix_us);
@@ -370,6 +408,9 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
         client.sync_open(&mut open).await?;
     }
     sampler.abort();
+    if let Some(reader_sampler) = reader_sampler {
+        reader_sampler.abort();
+    }
     let samples = std::mem::take(&mut *queue.lock().unwrap_or_else(|e| e.into_inner()));
     if let Some(held) = held {
         // A release that fails only leaves the reservation to lapse with its lease.
@@ -386,6 +427,7 @@ pub async fn run(job: &StreamJob, connect: Connect<'_>) -> Result<StreamSample, 
     sample.ledger = report;
     sample.queue_us = samples.queue_us;
     sample.pacing = samples.pacing;
+    sample.reader = samples.reader;
     sample.server = match source {
         CounterSource::Client(_) => None,
         CounterSource::Server(_, status) => Some(status.id),
@@ -426,6 +468,7 @@ impl Grown {
             queue_us: Vec::new(),
             server: None,
             pacing: Vec::new(),
+            reader: Vec::new(),
         }
     }
 }

@@ -463,6 +463,9 @@ pub fn serve_udp(
 fn radon_counters(endpoint: &Endpoint) -> Vec<(String, u64)> {
     let (mut periods, mut met, mut missed, mut late, mut queue_us) = (0, 0, 0, 0, 0);
     let (mut best_effort_wait_ns, mut queued_bytes) = (u64::MAX, 0);
+    // A reader's side: its best-effort grants' rate and its own estimate of the queue in
+    // front of it (`lab radon --mirror`'s reader timelines).
+    let (mut grant_rate, mut own_queue_us) = (0, 0);
     for info in endpoint
         .sessions()
         .filter_map(|id| endpoint.session_info(id))
@@ -473,6 +476,8 @@ fn radon_counters(endpoint: &Endpoint) -> Vec<(String, u64)> {
         late += info.deadlines.late_sends;
         queue_us = queue_us.max(info.peer_queue_delay_us);
         queued_bytes += info.queued_bytes;
+        grant_rate = grant_rate.max(info.best_effort_grant_rate);
+        own_queue_us = own_queue_us.max(info.queue_delay_us);
         if info.reservation.is_none() && info.pacing_wait_ns > 0 {
             best_effort_wait_ns = best_effort_wait_ns.min(info.pacing_wait_ns);
         }
@@ -492,6 +497,8 @@ fn radon_counters(endpoint: &Endpoint) -> Vec<(String, u64)> {
             },
         ),
         ("queued_bytes".into(), queued_bytes),
+        ("best_effort_grant_rate".into(), grant_rate),
+        ("queue_delay_us_max".into(), own_queue_us),
     ]
 }
 
