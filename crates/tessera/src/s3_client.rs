@@ -244,4 +244,71 @@ mod tests {
         assert_eq!(encode_path("/b/a b+c"), "/b/a%20b%2Bc");
         assert_eq!(encode_path("/b/x-y_z.~"), "/b/x-y_z.~");
     }
+
+    /// Serves one GET with `body`, written in pieces of 1,000 bytes (a body arrives in
+    /// many frames), on a fresh local port.
+    async fn serve_once(body: Vec<u8>) -> SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                let mut byte = [0u8];
+                stream.read_exact(&mut byte).await.unwrap();
+                head.push(byte[0]);
+            }
+            let status = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+            stream.write_all(status.as_bytes()).await.unwrap();
+            for piece in body.chunks(1_000) {
+                stream.write_all(piece).await.unwrap();
+                stream.flush().await.unwrap();
+            }
+        });
+        addr
+    }
+
+    /// Whether `error` says the body differs within a range of bytes holding `at` (pieces
+    /// may arrive joined: the range is the piece's, whatever its size).
+    fn names_a_range_holding(error: &str, at: usize) -> bool {
+        let Some((_, range)) = error.split_once("differs within bytes ") else {
+            return false;
+        };
+        let (start, end) = range.split_once("..").expect("a range");
+        (start.parse::<usize>().unwrap()..end.parse::<usize>().unwrap()).contains(&at)
+    }
+
+    /// A body is accepted only if every byte is the expected one at its offset and none is
+    /// missing or extra.
+    #[tokio::test]
+    async fn a_get_is_checked_byte_for_byte_as_it_arrives() {
+        let body: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let client = |addr| S3Client {
+            addr,
+            access: "a".into(),
+            secret: "s".into(),
+        };
+        let same = client(serve_once(body.clone()).await);
+        same.get_checked("b", "k", &body).await.unwrap();
+
+        let mut changed = body.clone();
+        changed[70_123] ^= 1;
+        let differs = client(serve_once(body.clone()).await);
+        let e = differs.get_checked("b", "k", &changed).await.unwrap_err();
+        assert!(names_a_range_holding(&e.to_string(), 70_123), "{e}");
+
+        let mut longer = body.clone();
+        longer.push(0);
+        let short = client(serve_once(body.clone()).await);
+        let e = short.get_checked("b", "k", &longer).await.unwrap_err();
+        assert!(e.to_string().contains("100000 bytes where 100001"), "{e}");
+
+        let extra = client(serve_once(body.clone()).await);
+        let e = extra
+            .get_checked("b", "k", &body[..99_999])
+            .await
+            .unwrap_err();
+        assert!(names_a_range_holding(&e.to_string(), 99_999), "{e}");
+    }
 }
