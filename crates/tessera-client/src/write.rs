@@ -425,10 +425,17 @@ impl FileContext {
                     }
                 }
                 WriteMethod::FullStripeParity => {
+                    // One pass over the stripe, a cache-sized block of the parity at a time
+                    // (it was zeroed, then read and written back once per data unit).
+                    let units: Vec<&[u8]> = sw
+                        .extent
+                        .pieces
+                        .iter()
+                        .map(|piece| &data[piece.buf_range()])
+                        .collect();
                     let mut parity = vec![0u8; self.unit()];
+                    tessera_parity::parity_of(&units, &mut parity);
                     for piece in &sw.extent.pieces {
-                        let unit = &data[piece.buf_range()];
-                        tessera_parity::xor_into(&mut parity, unit);
                         let slot = layout.data_slot(piece.block);
                         if !self.lost(slot.column, stripe) {
                             base.push(BaseWrite {

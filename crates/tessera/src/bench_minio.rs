@@ -9,8 +9,9 @@
 //! only once durable on both: Tessera syncs before a put commits, MinIO writes with
 //! fdatasync), reads it back at once (warm: the servers' page cache holds it), and, where the
 //! bench runs as root, reads it again after dropping the kernel's page cache (cold). Every
-//! byte read is compared. The S3 paths use the same minimal client ([`crate::s3_client`]),
-//! one connection per request.
+//! byte read is compared (on the S3 paths as the body arrives, inside the timed read, each
+//! piece against the bytes at its offset; the library's after its read). The S3 paths use
+//! the same minimal client ([`crate::s3_client`]), one connection per request.
 
 use crate::bench::{read_open, EmbeddedCluster};
 use crate::config::Config;
@@ -232,15 +233,18 @@ impl Stores {
         }
     }
 
-    async fn read(&self, route: Route, key: &str, len: usize) -> Result<Bytes> {
+    /// Reads `key` by `route`. An S3 route checks each piece of the body against `data`
+    /// as it arrives (both S3 routes alike; no copy of the whole body after its last byte)
+    /// and gives nothing back; the library reads into one buffer, given back to be checked.
+    async fn read(&self, route: Route, key: &str, data: &Bytes) -> Result<Option<Vec<u8>>> {
         match self.s3(route) {
-            Some(s3) => s3.get(BUCKET, key).await,
+            Some(s3) => s3.get_checked(BUCKET, key, data).await.map(|()| None),
             // As `get` reads: one open (size and layout come with it), then the chunks.
             None => {
                 let open = self.library.open_file(&format!("{BUCKET}/{key}")).await?;
-                let mut out = vec![0u8; len];
+                let mut out = vec![0u8; data.len()];
                 read_open(&self.library, &open, &mut out).await?;
-                Ok(out.into())
+                Ok(Some(out))
             }
         }
     }
@@ -262,13 +266,13 @@ impl Stores {
         workload: &str,
     ) -> Result<()> {
         let (cpu, start) = (self.meter.snapshot()?, Instant::now());
-        let back = self.read(route, key, data.len()).await?;
+        let back = self.read(route, key, data).await?;
         let speed = mb_s(data.len(), start);
         let path = route.name();
         let sample = format!("{path} {workload}");
         record_cpu(&self.meter, cpu, data.len(), &sample, s)?;
-        if back != *data {
-            bail!("{path}: {key} read back wrong ({} bytes)", back.len());
+        if back.is_some_and(|back| back != *data) {
+            bail!("{path}: {key} read back wrong");
         }
         s.entry(sample).or_default().push(speed);
         Ok(())
