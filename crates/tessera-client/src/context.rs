@@ -501,9 +501,53 @@ impl FileContext {
     /// manager store; see `tessera_store::FileRecord`). Best effort: a server that misses it
     /// is told again at the next sync, and recovery reads the record of any column.
     pub async fn describe(&self, client: &Client, committed: bool) {
+        let every = 0..self.layout.width;
+        self.describe_columns(client, every, committed).await;
+    }
+
+    /// [`FileContext::describe`] to `columns` only.
+    pub(crate) async fn describe_columns(
+        &self,
+        client: &Client,
+        columns: impl IntoIterator<Item = u32>,
+        committed: bool,
+    ) {
         let tell =
-            (0..self.layout.width).map(|column| self.describe_column(client, column, committed));
+            (columns.into_iter()).map(|column| self.describe_column(client, column, committed));
         futures::future::join_all(tell).await;
+    }
+
+    /// The columns whose servers keep the record of a file written only by this client (a
+    /// `put`: pending here, committed by this client, `size` as written): under RAID-0/1/4/5
+    /// those holding bytes of `0..size` (its data, mirror and parity units), or every column
+    /// for an empty file or Hybrid (whose overflow entries may lie on other columns).
+    ///
+    /// Why the others need no record: recovery of a lost manager store merges the records
+    /// of every server (`tessera_manager::recovery`), so one whole record anywhere restores
+    /// the file, and a record gives the file exactly `size`; if every column holding its
+    /// bytes is lost, so are the bytes, record or not. The servers holding nothing were only
+    /// made to create the file's directory, six empty files and a record, and to sync them.
+    pub(crate) fn holding_columns(&self) -> Vec<u32> {
+        let layout = &self.layout;
+        let every = (0..layout.width).collect();
+        if self.meta.size == 0 || self.scheme() == Scheme::Hybrid {
+            return every;
+        }
+        let blocks = self.meta.size.div_ceil(self.unit() as u64);
+        // Slots rotate with a period of the width in stripes: past that many blocks, every
+        // column the file uses has appeared.
+        let period = u64::from(layout.width) * u64::from(layout.width) * 2;
+        if blocks > period {
+            return every;
+        }
+        let mut columns = std::collections::BTreeSet::new();
+        for block in 0..blocks {
+            columns.insert(layout.data_slot(block).column);
+            columns.extend(layout.mirror_slot(block).map(|slot| slot.column));
+            let stripe = layout.stripe_of_block(block);
+            columns.extend(layout.parity_slot(stripe).map(|slot| slot.column));
+        }
+        columns.into_iter().collect()
     }
 
     pub(crate) async fn describe_column(&self, client: &Client, column: u32, committed: bool) {
@@ -528,13 +572,25 @@ impl FileContext {
     /// makes its changes durable too (sizes grown lazily); without, the caller's next
     /// request to it must be one it makes durable (a commit).
     pub async fn sync(&self, client: &Client, manager: bool) -> Result<(), ClientError> {
+        let recorded = if client.pending_files().contains(&self.meta.id) {
+            self.holding_columns()
+        } else {
+            (0..self.layout.width).collect()
+        };
+        let recorded = &recorded;
         let syncs = (0..self.layout.width).map(|column| async move {
             if self.lost_entirely(column) {
                 return Some(column);
             }
+            let describe = async {
+                if recorded.contains(&column) {
+                    // Whether the file is committed is not known here; a record that knows
+                    // keeps it.
+                    self.describe_column(client, column, false).await;
+                }
+            };
             let (_, synced) = futures::join!(
-                // Whether the file is committed is not known here; a record that knows keeps it.
-                self.describe_column(client, column, false),
+                describe,
                 self.rpc(client, column, StorageRequest::Sync, Bytes::new())
             );
             match synced {

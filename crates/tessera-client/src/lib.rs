@@ -841,15 +841,17 @@ impl Client {
         }
     }
 
-    /// After a commit: the new file's servers' records say it took its path (recovery gives
-    /// a file only ever recorded uncommitted no path; best effort, like every record), and
-    /// the data of the file it replaced is deleted.
+    /// After a commit of a file pending at this client: the new file's servers' records say
+    /// it took its path (recovery gives a file only ever recorded uncommitted no path; best
+    /// effort, like every record), and the data of the file it replaced is deleted. Only the
+    /// servers holding its bytes keep records of such a file (`holding_columns`).
     pub(crate) async fn committed(
         &self,
         ctx: &context::FileContext,
         replaced: Option<FileMeta>,
     ) -> Result<(), ClientError> {
-        ctx.describe(self, true).await;
+        ctx.describe_columns(self, ctx.holding_columns(), true)
+            .await;
         match replaced {
             Some(old) => self.delete_data(&old, Some(ctx)).await,
             None => Ok(()),

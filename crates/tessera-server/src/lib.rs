@@ -1044,7 +1044,22 @@ async fn serve(
             Ok((StorageResponse::Overflow { entries }, Bytes::from(bytes)))
         }
         StorageRequest::Sync => {
-            blocking(move || store.sync()).await?;
+            if DISK_INLINE.with(|cell| cell.get()) {
+                blocking(move || store.sync()).await?;
+                return done;
+            }
+            // Answered once everything is durable; the `unsynced` mark's removal (an unlink
+            // and a root directory sync, about a disk commit) goes after the answer. Safe:
+            // the removal checks under the sync lock that nothing is owed, so a write that
+            // comes meanwhile keeps the mark; a removal cut short by a power loss only makes
+            // the store take a new incarnation needlessly (`Store::sync_keeping_mark`).
+            let syncing = Arc::clone(&store);
+            blocking(move || syncing.sync_keeping_mark()).await?;
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = store.clear_unsynced_mark() {
+                    tracing::warn!("the unsynced mark stays: {e}");
+                }
+            });
             done
         }
         StorageRequest::Discard {

@@ -846,8 +846,22 @@ impl Store {
     }
 
     /// Makes everything written before this call durable: `fdatasync` of every file written
-    /// since the last sync and of every directory created or changed since.
+    /// since the last sync and of every directory created or changed since; then removes
+    /// the `unsynced` mark if nothing is owed ([`Store::sync_keeping_mark`] followed by
+    /// [`Store::clear_unsynced_mark`]).
     pub fn sync(&self) -> Result<(), StorageError> {
+        self.sync_keeping_mark()?;
+        self.clear_unsynced_mark()
+    }
+
+    /// [`Store::sync`] without removing the `unsynced` mark, so that a server can answer the
+    /// sync before the mark's removal (an unlink and a root directory sync) and call
+    /// [`Store::clear_unsynced_mark`] after. Everything written before the call is durable
+    /// when it returns: that is all the answer promises. A mark left behind a little longer
+    /// only means that a power loss in between makes the store take a new incarnation
+    /// needlessly (a rebuild from the others); a mark missing while a write is owed would be
+    /// the unsafe way, and the removal checks for that under the sync lock (see there).
+    pub fn sync_keeping_mark(&self) -> Result<(), StorageError> {
         let _one_at_a_time = lock(&self.sync_lock);
         // The rosters before the directories: a record deleted durably while its roster
         // still names it would be taken as lost at the next open (a needless resolution).
@@ -867,12 +881,27 @@ impl Store {
                 dirty.snapshot_files.entry(key).or_insert(handle);
             }
             dirty.dirs.extend(owed.dirs);
-            return result;
         }
+        result
+    }
+
+    /// Removes the `unsynced` mark if every answered write is durable: no write holds the
+    /// mark and nothing is owed a sync. Taken under the sync lock: a sync that has taken the
+    /// owed files from the dirty set but not yet synced them leaves the set empty, and the
+    /// mark must not go until it is done (the sync lock is held across both). A write that
+    /// starts meanwhile holds the mark or has made something owed, so the mark stays.
+    pub fn clear_unsynced_mark(&self) -> Result<(), StorageError> {
+        let _one_at_a_time = lock(&self.sync_lock);
         self.unsynced.clear_if(&*self.disk, || {
             let dirty = lock(&self.dirty);
             dirty.files.is_empty() && dirty.snapshot_files.is_empty() && dirty.dirs.is_empty()
         })
+    }
+
+    /// Whether the `unsynced` mark is on disk (tests).
+    #[doc(hidden)]
+    pub fn unsynced_mark_present(&self) -> bool {
+        matches!(self.disk.kind(&self.root.join("unsynced")), Ok(Some(_)))
     }
 
     /// Seals each overflow log and snapshot journal `owed` syncs at its length (`seal.rs`),

@@ -184,10 +184,20 @@ pub struct UdpTransport {
     next_request_id: AtomicU64,
     request_timeout: Duration,
     credential: Option<tessera_auth::Credential>,
-    /// One handshake at a time: a burst of calls to a new server keys one session.
-    keying: tokio::sync::Mutex<()>,
+    /// Per server, its handshakes one at a time: a burst of calls to a new server keys one
+    /// session, and different servers are keyed at once.
+    keyings: std::sync::Mutex<HashMap<SocketAddr, Arc<Keying>>>,
     /// What a call needs to hash its request's fragments itself (see [`Senders`]).
     senders: Senders,
+}
+
+/// The handshakes of the client's sessions to one server ([`UdpTransport::key_session`]).
+#[derive(Default)]
+struct Keying {
+    /// Held through a handshake.
+    lock: tokio::sync::Mutex<()>,
+    /// Handshakes done (their sessions posted to the I/O thread).
+    done: AtomicU64,
 }
 
 /// Per server, the MAC and fragment size of the client's session to it, published by the I/O
@@ -221,7 +231,7 @@ impl UdpTransport {
             next_request_id: AtomicU64::new(1),
             request_timeout,
             credential: config.credential,
-            keying: tokio::sync::Mutex::new(()),
+            keyings: Default::default(),
             senders,
         }))
     }
@@ -237,31 +247,50 @@ impl UdpTransport {
         // A session can be lost again between keying and the call (a server's RESET for the
         // old session, racing a burst of calls): key again, a few times, before giving up.
         let mut attempt = 0;
+        let keying = self.credential.as_ref().map(|_| self.keying_of(addr));
         loop {
+            let seen = keying
+                .as_ref()
+                .map_or(0, |k| k.done.load(Ordering::Acquire));
             let answer = self
                 .clone()
                 .call_once(addr, message.clone(), payload.clone(), reply_bytes)
                 .await;
-            match (&answer, &self.credential) {
-                (Err(TransportError::Disconnected { detail, .. }), Some(credential))
+            match (&answer, &self.credential, &keying) {
+                (Err(TransportError::Disconnected { detail, .. }), Some(credential), Some(k))
                     if detail == NO_KEYED_SESSION && attempt < KEYING_ATTEMPTS_MAX =>
                 {
                     attempt += 1;
-                    self.key_session(addr, credential).await?;
+                    self.key_session(addr, credential, k, seen).await?;
                 }
                 _ => return answer,
             }
         }
     }
 
+    /// The handshake state of `addr`'s sessions.
+    fn keying_of(&self, addr: SocketAddr) -> Arc<Keying> {
+        let mut keyings = self.keyings.lock().expect("not poisoned");
+        Arc::clone(keyings.entry(addr).or_default())
+    }
+
     /// Key a session to `addr`: a handshake over TCP on the same port binds a fresh session
-    /// id and both nonces to `credential`, and the server admits the session's key.
+    /// id and both nonces to `credential`, and the server admits the session's key. Nothing
+    /// to do if another call keyed one since this call's attempt read `seen`: its session is
+    /// posted to the I/O thread ahead of this call's next attempt (one queue, and the count
+    /// goes up only after the post), and a second handshake would only be thrown away there
+    /// (`keyed` keeps the first session).
     async fn key_session(
         &self,
         addr: SocketAddr,
         credential: &tessera_auth::Credential,
+        keying: &Keying,
+        seen: u64,
     ) -> Result<(), TransportError> {
-        let _one_at_a_time = self.keying.lock().await;
+        let _one_at_a_time = keying.lock.lock().await;
+        if keying.done.load(Ordering::Acquire) != seen {
+            return Ok(());
+        }
         let connect_error = |detail: String| TransportError::Connect { addr, detail };
         let connecting = tokio::net::TcpStream::connect(addr);
         let mut stream = tokio::time::timeout(crate::handshake::HANDSHAKE_TIMEOUT, connecting)
@@ -283,6 +312,7 @@ impl UdpTransport {
                 detail: "transport stopped".into(),
             });
         }
+        keying.done.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
