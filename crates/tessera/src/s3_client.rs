@@ -92,7 +92,9 @@ impl S3Client {
     }
 
     /// Sends one request; the status and the answer's body, as it arrives. The
-    /// connection is driven by a task that ends when the returned [`Answer`] is dropped.
+    /// connection is driven by a task (`Answer::driver`) that callers abort when done with
+    /// the body; one left behind on an error ends by itself once the body is dropped (this
+    /// call's request sender is gone by then, so the connection closes).
     async fn send(&self, method: &str, path: &str, body: Bytes) -> Result<Answer> {
         let path = encode_path(path);
         let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
