@@ -89,6 +89,10 @@ pub trait DiskFile: Send + Sync + fmt::Debug {
     /// [`read_at`](Self::read_at) without waiting for the disk: `WouldBlock` if the bytes
     /// are not in memory.
     fn read_cached_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    /// Asks for `offset..offset+len` to be read into memory in the background
+    /// (`posix_fadvise(POSIX_FADV_WILLNEED)`), without waiting for it: a hint, which the
+    /// page cache keeps coherent with writes like any read.
+    fn advise_will_need(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Writes all of `buf` at `offset`, extending the file if need be.
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Truncates or extends (with a hole) the file to `len` bytes.
@@ -284,6 +288,18 @@ impl DiskFile for RealFile {
         match error.raw_os_error() {
             Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => Err(ErrorKind::WouldBlock.into()),
             _ => Err(error),
+        }
+    }
+
+    fn advise_will_need(&self, offset: u64, len: u64) -> io::Result<()> {
+        let (offset, len) = (off_t(offset)?, off_t(len)?);
+        // SAFETY: posix_fadvise only reads the descriptor number, which `self` keeps open.
+        let result = unsafe {
+            libc::posix_fadvise(self.0.as_raw_fd(), offset, len, libc::POSIX_FADV_WILLNEED)
+        };
+        match result {
+            0 => Ok(()),
+            errno => Err(io::Error::from_raw_os_error(errno)),
         }
     }
 

@@ -63,6 +63,9 @@ pub struct BitFlip {
     pub bit: u8,
 }
 
+/// Read-ahead hints a memory disk remembers (the newest; a long simulation gives many).
+const ADVICE_KEPT_MAX: usize = 4096;
+
 #[derive(Debug, Default, Clone)]
 struct State {
     inodes: BTreeMap<u64, Inode>,
@@ -75,6 +78,8 @@ struct State {
     boot: u64,
     /// Locked paths, with the boot that took them.
     locks: HashMap<PathBuf, u64>,
+    /// Read-ahead hints given ([`DiskFile::advise_will_need`]): inode, offset, length.
+    advice: Vec<(u64, u64, u64)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -405,6 +410,22 @@ impl MemDisk {
             .collect()
     }
 
+    /// The read-ahead hints given for the file at `path` so far, `(offset, len)` in order
+    /// (a memory disk holds everything in memory anyway: it only records them).
+    pub fn advised(&self, path: &Path) -> Vec<(u64, u64)> {
+        let state = lock(&self.state);
+        let Some(Node::File(id)) = state.names.get(&key(path)) else {
+            return Vec::new();
+        };
+        let id = *id;
+        state
+            .advice
+            .iter()
+            .filter(|(inode, _, _)| *inode == id)
+            .map(|&(_, offset, len)| (offset, len))
+            .collect()
+    }
+
     /// Writes not yet durable, over all files.
     pub fn unsynced_changes(&self) -> usize {
         let state = lock(&self.state);
@@ -683,6 +704,15 @@ impl DiskFile for MemFile {
 
     fn read_cached_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         self.read_at(buf, offset)
+    }
+
+    fn advise_will_need(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut state = lock(&self.state);
+        if state.advice.len() == ADVICE_KEPT_MAX {
+            state.advice.drain(..ADVICE_KEPT_MAX / 2);
+        }
+        state.advice.push((self.id, offset, len));
+        Ok(())
     }
 
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {

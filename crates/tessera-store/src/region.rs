@@ -21,6 +21,11 @@ pub(crate) const CRC_MARKER_WRITTEN: u32 = u32::from_le_bytes(*b"TSB1");
 /// Sidecar bytes scanned at a time when counting written blocks.
 const CRC_SCAN_BYTES: usize = 64 << 10;
 
+/// Block bytes a sequential read that had to wait for the disk asks the kernel to read ahead
+/// of itself (with their checksum entries), so the disk works on the next requests while
+/// this one is answered and they find their bytes in the page cache (see [`ReadAhead`]).
+pub(crate) const READ_AHEAD_BYTES: u64 = 8 << 20;
+
 /// A data or redundancy file and its checksum sidecar, open.
 pub(crate) struct RegionFile {
     /// Which file of which store file, for errors.
@@ -32,6 +37,8 @@ pub(crate) struct RegionFile {
     pub(crate) crc: FileHandle,
     /// Blocks whose checksum entry is not all zeros.
     blocks_written: u64,
+    /// Where reads are going, for read-ahead.
+    ahead: ReadAhead,
 }
 
 impl RegionFile {
@@ -55,6 +62,7 @@ impl RegionFile {
             bytes,
             crc,
             blocks_written,
+            ahead: ReadAhead::default(),
         })
     }
 
@@ -90,10 +98,14 @@ impl RegionFile {
         }
         let block_first = offset / BLOCK_BYTES;
         let block_end = (offset + len as u64).div_ceil(BLOCK_BYTES);
+        let sequential = self.ahead.follows(offset, offset + len as u64);
         let Some(mut blocks) = self.read_blocks_with(block_first, block_end - block_first, wait)?
         else {
             return Ok(None);
         };
+        if sequential && wait == Wait::Yes {
+            self.advise_ahead(block_end * BLOCK_BYTES);
+        }
         let skip = (offset - block_first * BLOCK_BYTES) as usize;
         if skip == 0 {
             // Aligned at the head (the common case): no second copy, just cut the tail.
@@ -268,11 +280,47 @@ impl RegionFile {
         Ok(Some(blocks))
     }
 
+    /// Asks the kernel to read [`READ_AHEAD_BYTES`] of blocks from `from` (a block boundary)
+    /// and their checksum entries in the background. Only a hint: the reads that come for
+    /// those bytes still read them and verify every block, and a write in between updates
+    /// the page cache the hint filled, so nothing is served from it that a read would not
+    /// see. A failed hint is ignored.
+    fn advise_ahead(&self, from: u64) {
+        let entries_from = from / BLOCK_BYTES * CRC_ENTRY_BYTES;
+        let entries_len = READ_AHEAD_BYTES / BLOCK_BYTES * CRC_ENTRY_BYTES;
+        let advised = self
+            .bytes
+            .advise_will_need(from, READ_AHEAD_BYTES)
+            .and_then(|()| self.crc.advise_will_need(entries_from, entries_len));
+        if let Err(error) = advised {
+            tracing::debug!("read-ahead hint for {}: {error}", self.file);
+        }
+    }
+
     fn disk(&self, what: &str, error: std::io::Error) -> StorageError {
         disk(
             format_args!("{what} of file {} {:?}", self.file, self.region),
             error,
         )
+    }
+}
+
+/// Whether a region is being read sequentially: a read is sequential if it starts within
+/// [`READ_AHEAD_BYTES`] of where the last one ended (either side: a stream's requests are
+/// served by several threads, so they arrive slightly out of order). A random reader's
+/// requests land far apart and get no read-ahead, which would only cost it disk time.
+#[derive(Debug, Default)]
+struct ReadAhead {
+    /// End of the last read (0 before any: a read from the start counts as sequential).
+    last_end: std::sync::atomic::AtomicU64,
+}
+
+impl ReadAhead {
+    /// Notes a read of `offset..end`; whether it follows the last one.
+    fn follows(&self, offset: u64, end: u64) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let last = self.last_end.swap(end, Relaxed);
+        offset.abs_diff(last) <= READ_AHEAD_BYTES
     }
 }
 
