@@ -1162,9 +1162,11 @@ fn preamble(report: &RadonReport) -> String {
     let mut out = format!(
         "# Radon: six streams into one switch port{}\n\n{}\n\n{}\n\nSix writer clients \
          (hosts c1-c6) each write their own file (RAID-0 on the one server, s1) at a rate; the \
-         streams meet in the switch port toward s1. Rates are shares of what that port carries \
-         in payload ({:.2} MB/s: {PAYLOAD_BYTES_PER_FRAME} bytes per 1514-byte frame), the paper's Mbit/s of its \
-         1 Gbit/s link. Long streams write for {:.1} s; the punctuated run's short streams \
+         streams meet in the switch port toward s1. The Tessera line's rates are shares of what \
+         that port carries in payload ({:.2} MB/s: {PAYLOAD_BYTES_PER_FRAME} bytes per 1514-byte frame), which \
+         its admission books; the constant and radon lines' are shares of the link's bit rate, \
+         as the paper's payload Mbit/s were of its 1 Gbit/s link (with headers they overload \
+         the port). Long streams write for {:.1} s; the punctuated run's short streams \
          write {SHORT_STREAM_PACKETS} packets each, starting at 1/7 to 5/7 of the run. Every \
          stream's bytes are released a period ({} ms) at a time at the period's start (the \
          CLI's `--rate` ledger), and a period is met if its bytes were all acknowledged by its \
