@@ -73,9 +73,20 @@ pub const GRANT_BURST_US: u64 = 1_000;
 /// granted one packet at a time).
 pub const GRANT_BURST_PACKETS_MIN: u64 = 4;
 
-/// A reserved session's grants run this much faster than its rate: numerator over
-/// denominator (17/16).
+/// A reserved session's grants run at most this much faster than its rate to catch up on
+/// its period's schedule (numerator over denominator, 17/16), and its period's budget holds
+/// this much more than its rate's bytes.
 pub const GRANT_RATE_MARGIN: (u64, u64) = (17, 16);
+
+/// A reserved session's grants aim to be done this share of its period before the period's
+/// due time (its end less its send-by margin).
+pub const SCHEDULE_CUSHION_DIVISOR: u64 = 64;
+
+/// A reserved session on its period's schedule is granted this much faster than its rate
+/// (65/64): the answers' framing, as the sending pacer's `FRAMING_ALLOWANCE_DIVISOR`. Until
+/// session 19 its grants ran at [`GRANT_RATE_MARGIN`] all the time, and a full port left a
+/// best-effort reader beside a reservation of 0.749 only 0.81 of the rest.
+pub const GRANT_RATE_ON_SCHEDULE: (u64, u64) = (65, 64);
 
 /// The pace of a reserved session's grants: a token bucket of packets filled at the
 /// session's rate (by [`GRANT_RATE_MARGIN`]), or faster when the period's outstanding
@@ -105,6 +116,8 @@ pub(crate) struct GrantPeriod {
     /// The period's budget, packets (its reserved bytes, by [`GRANT_RATE_MARGIN`] for the
     /// answers' framing).
     pub budget_packets: u64,
+    /// The period's reserved bytes in packets, with no margin: what is due by its end.
+    pub due_packets: u64,
     /// Packets of the answers the session expects that are not granted yet.
     pub outstanding_packets: u64,
 }
@@ -116,7 +129,25 @@ impl GrantPeriod {
         period_us: Micros,
         packet_bytes: usize,
     ) -> u64 {
-        let (num, den) = GRANT_RATE_MARGIN;
+        GrantPeriod::packets(rate_bytes_per_s, period_us, packet_bytes, GRANT_RATE_MARGIN)
+    }
+
+    /// The reserved bytes of `rate_bytes_per_s` over `period_us` in packets of
+    /// `packet_bytes`, no margin.
+    pub(crate) fn due_packets(
+        rate_bytes_per_s: u64,
+        period_us: Micros,
+        packet_bytes: usize,
+    ) -> u64 {
+        GrantPeriod::packets(rate_bytes_per_s, period_us, packet_bytes, (1, 1))
+    }
+
+    fn packets(
+        rate_bytes_per_s: u64,
+        period_us: Micros,
+        packet_bytes: usize,
+        (num, den): (u64, u64),
+    ) -> u64 {
         let bytes = u128::from(rate_bytes_per_s) * u128::from(period_us) * u128::from(num)
             / (1_000_000 * u128::from(den));
         u64::try_from(bytes.div_ceil(packet_bytes.max(1) as u128)).unwrap_or(u64::MAX)
@@ -133,9 +164,19 @@ pub(crate) struct GrantRate {
 }
 
 impl GrantRate {
-    /// Packets of `packet_bytes` at `rate_bytes_per_s` (at least 1).
+    /// Packets of `packet_bytes` at `rate_bytes_per_s` (at least 1), by
+    /// [`GRANT_RATE_MARGIN`]: a reserved session's grants when it has no period to keep to.
     pub(crate) fn new(rate_bytes_per_s: u64, packet_bytes: usize) -> GrantRate {
         GrantRate::at(rate_bytes_per_s, packet_bytes as u128, GRANT_RATE_MARGIN)
+    }
+
+    /// The same on its period's schedule, by [`GRANT_RATE_ON_SCHEDULE`].
+    pub(crate) fn on_schedule(rate_bytes_per_s: u64, packet_bytes: usize) -> GrantRate {
+        GrantRate::at(
+            rate_bytes_per_s,
+            packet_bytes as u128,
+            GRANT_RATE_ON_SCHEDULE,
+        )
     }
 
     /// A best-effort session's grants ([`crate::radon::BestEffortRate`]): packets of
@@ -159,15 +200,19 @@ impl GrantRate {
         GrantRate { packet_ns, burst }
     }
 
-    /// Radon's percent budget on the receiving side: this rate, or faster if the answers
-    /// the period still owes (what is outstanding, up to what is left of its budget and of
-    /// the last period's) need it to be granted by the period's end less its margin
-    /// (`e_i / (d - t)`). A host that woke late lost the credit past [`GRANT_BURST_US`]
-    /// each time; a sixteenth more than the rate did not catch that up within a period, the
-    /// period's deadline does. With no time left (at least [`GRANT_BURST_US`] is assumed),
-    /// what is owed is granted as fast as the budget lets.
+    /// Radon's percent budget on the receiving side. `self` is the rate on schedule
+    /// ([`GrantRate::on_schedule`]), `margin` the fastest catch-up ([`GrantRate::new`]).
+    /// The period's reserved packets not granted yet over the time left to its end less its
+    /// margin (`e_i / (d - t)`) set the pace between the two: a stream on schedule is
+    /// granted at about its rate and leaves the rest of the port to best effort; one behind
+    /// (its host woke late and lost the credit past [`GRANT_BURST_US`]) takes up to the
+    /// margin. Faster still if the answers the period still owes (what is outstanding, up
+    /// to what is left of its budget and of the last period's) need it by the period's end
+    /// less its margin. With no time left (at least [`GRANT_BURST_US`] is assumed), what is
+    /// owed is granted as fast as the budget lets.
     pub(crate) fn for_period(
         self,
+        margin: GrantRate,
         pace: &GrantPace,
         period: GrantPeriod,
         now: Micros,
@@ -175,16 +220,34 @@ impl GrantRate {
         let (granted, carried) = pace.counted_in(period);
         let left = (period.budget_packets + carried).saturating_sub(granted);
         let owed = period.outstanding_packets.min(left);
-        if owed == 0 {
+        // e_i: the period's reserved packets not granted yet, or what its answers still
+        // owe if more (their framing).
+        let due = period.due_packets.saturating_sub(granted).max(owed);
+        if due == 0 {
             return self;
         }
         let due_us = period.end_us.saturating_sub(period.margin_us);
         let time_ns = due_us.saturating_sub(now).max(GRANT_BURST_US) * 1_000;
-        let needed_ns = (time_ns / owed).max(1);
-        if needed_ns >= self.packet_ns {
+        // On schedule means done a cushion before the due time: a stall of the host near
+        // the end, or the port's queue, must not make the period late.
+        let cushion_ns = period.period_us / SCHEDULE_CUSHION_DIVISOR * 1_000;
+        let schedule_ns = time_ns
+            .saturating_sub(cushion_ns)
+            .max(GRANT_BURST_US * 1_000);
+        let scheduled_ns = (schedule_ns / due)
+            .max(1)
+            .clamp(margin.packet_ns.min(self.packet_ns), self.packet_ns);
+        // What is owed by the deadline may go faster than the margin, no slower.
+        let owed_ns = time_ns.checked_div(owed).unwrap_or(u64::MAX).max(1);
+        let packet_ns = if owed_ns < margin.packet_ns {
+            owed_ns
+        } else {
+            scheduled_ns
+        };
+        if packet_ns == self.packet_ns {
             return self;
         }
-        GrantRate::with_packet_ns(needed_ns)
+        GrantRate::with_packet_ns(packet_ns)
     }
 }
 
@@ -394,28 +457,47 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_reserved_reader_behind_in_its_period_is_granted_what_its_deadline_needs() {
-        // 10,000 packets/s reserved over 100 ms periods: a budget of 1,063 packets.
-        let rate = GrantRate::new(14_120_000, 1_412);
-        let period = |outstanding_packets| GrantPeriod {
+    /// 10,000 packets/s reserved over 100 ms periods ending at 1.1 s: a budget of 1,063
+    /// packets, 1,000 due.
+    fn period_of_10k(outstanding_packets: u64) -> GrantPeriod {
+        GrantPeriod {
             end_us: 1_100_000,
             period_us: 100_000,
             margin_us: 6_250,
             budget_packets: GrantPeriod::budget_packets(14_120_000, 100_000, 1_412),
+            due_packets: GrantPeriod::due_packets(14_120_000, 100_000, 1_412),
             outstanding_packets,
-        };
-        assert_eq!(period(0).budget_packets, 1_063);
+        }
+    }
+
+    #[test]
+    fn a_reserved_reader_behind_in_its_period_is_granted_what_its_deadline_needs() {
+        let (on_schedule, margin) = (
+            GrantRate::on_schedule(14_120_000, 1_412),
+            GrantRate::new(14_120_000, 1_412),
+        );
+        let period = period_of_10k;
+        assert_eq!(
+            (period(0).budget_packets, period(0).due_packets),
+            (1_063, 1_000)
+        );
         let mut pace = GrantPace::default();
         // Halfway through with the whole period outstanding: 1,000 packets in the 43.75 ms
-        // left before the margin, 43.75 µs each (the rate's are 94.1 µs).
-        let behind = rate.for_period(&pace, period(1_000), 1_050_000);
+        // left before the margin, 43.75 µs each (the rate's are 94.1 µs by 17/16).
+        let behind = on_schedule.for_period(margin, &pace, period(1_000), 1_050_000);
         assert_eq!(behind.packet_ns, 43_750);
         assert_eq!(behind.burst, 22);
-        // On time (little outstanding), or nothing left of the budget: the rate.
-        assert_eq!(rate.for_period(&pace, period(10), 1_050_000), rate);
-        pace.spend(rate, 1_063, 1_050_000, Some(period(1_000)));
-        assert_eq!(rate.for_period(&pace, period(1_000), 1_060_000), rate);
+        // Little outstanding but nothing granted yet: the schedule's catch-up, at most 17/16.
+        assert_eq!(
+            on_schedule.for_period(margin, &pace, period(10), 1_050_000),
+            margin
+        );
+        // Nothing left of the budget: the rate on schedule.
+        pace.spend(margin, 1_063, 1_050_000, Some(period(1_000)));
+        assert_eq!(
+            on_schedule.for_period(margin, &pace, period(1_000), 1_060_000),
+            on_schedule
+        );
         // The next period carries nothing of a budget granted whole; one after an idle
         // period starts afresh.
         let next = GrantPeriod {
@@ -423,7 +505,7 @@ mod tests {
             ..period(0)
         };
         assert_eq!(pace.counted_in(next), (0, 0));
-        pace.spend(rate, 63, 1_150_000, Some(next));
+        pace.spend(margin, 63, 1_150_000, Some(next));
         let after = GrantPeriod {
             end_us: 1_300_000,
             ..period(0)
@@ -435,8 +517,64 @@ mod tests {
         };
         assert_eq!(pace.counted_in(idle), (0, 0));
         // Past the margin, what is owed goes as fast as a millisecond allows.
-        let late = rate.for_period(&GrantPace::default(), period(100), 1_099_000);
+        let late = on_schedule.for_period(margin, &GrantPace::default(), period(100), 1_099_000);
         assert_eq!(late.packet_ns, 10_000);
+    }
+
+    /// Radon's percent budget: a reserved reader on its period's schedule (a chunk of a
+    /// few packets outstanding at a time, granted as the pace lets) is granted at about its
+    /// rate (1.026 here), not 17/16 (session 18 and before: a full port then left a best-effort
+    /// reader beside a reservation of 0.749 only 0.81 of the rest); one that a stalled host
+    /// put behind catches up, faster than 65/64 and at most 17/16, and is on schedule by the
+    /// period's end.
+    #[test]
+    fn a_reserved_reader_on_schedule_is_granted_at_about_its_rate() {
+        let (on_schedule, margin) = (
+            GrantRate::on_schedule(14_120_000, 1_412),
+            GrantRate::new(14_120_000, 1_412),
+        );
+        // Grants every 50 µs from the period's start at 1.0 s, as the pace lets; from
+        // `stall_us` on, the host sleeps `stall_len_us`. The send-by margin is 1 ms (a
+        // 1 s period's 10 ms, scaled). Returns the packets granted by 50 ms into the
+        // period and by its due time, 1.099 s.
+        let run = |stall_us: Micros, stall_len_us: Micros| {
+            let mut pace = GrantPace::default();
+            pace.spend(margin, pace.available(margin, 1_000_000), 1_000_000, None);
+            let (mut granted, mut by_half) = (0u64, 0u64);
+            let mut now = 1_000_000;
+            while now < 1_099_000 {
+                let period = GrantPeriod {
+                    margin_us: 1_000,
+                    ..period_of_10k(4)
+                };
+                let rate = on_schedule.for_period(margin, &pace, period, now);
+                let packets = pace.available(rate, now).min(4);
+                pace.spend(rate, packets, now, Some(period));
+                granted += packets;
+                if now < 1_050_000 {
+                    by_half = granted;
+                }
+                now += if now - 1_000_000 == stall_us {
+                    stall_len_us
+                } else {
+                    50
+                };
+            }
+            (by_half, granted)
+        };
+        // On schedule: the 1,000 packets by a 64th of the period before the due time, 1.026
+        // of the rate: 513 by the middle (old: 17/16, 531), the whole 1,000 by the due time.
+        let (by_half, granted) = run(u64::MAX, 0);
+        assert!(
+            (500..=516).contains(&by_half),
+            "{by_half} by half the period"
+        );
+        assert!(granted >= 1_000, "{granted} by the due time");
+        // Stalled 5 ms early on: behind, it catches up by the due time, and no faster than
+        // 17/16 meanwhile.
+        let (by_half, granted) = run(10_000, 5_000);
+        assert!(by_half <= 531, "{by_half} by half the period");
+        assert!(granted >= 1_000, "{granted} by the due time after a stall");
     }
 
     proptest! {

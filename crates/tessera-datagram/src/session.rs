@@ -702,7 +702,10 @@ impl Session {
         let reservation = self.reservation()?;
         let rate = GrantRate::new(reservation.rate_bytes_per_s, self.peer_fragment_bytes);
         Some(match self.grant_period(now) {
-            Some(period) => rate.for_period(&self.grant_pace, period, now),
+            Some(period) => {
+                GrantRate::on_schedule(reservation.rate_bytes_per_s, self.peer_fragment_bytes)
+                    .for_period(rate, &self.grant_pace, period, now)
+            }
             None => rate,
         })
     }
@@ -720,6 +723,11 @@ impl Session {
             period_us: reservation.period_us,
             margin_us,
             budget_packets: GrantPeriod::budget_packets(
+                reservation.rate_bytes_per_s,
+                reservation.period_us,
+                self.peer_fragment_bytes,
+            ),
+            due_packets: GrantPeriod::due_packets(
                 reservation.rate_bytes_per_s,
                 reservation.period_us,
                 self.peer_fragment_bytes,

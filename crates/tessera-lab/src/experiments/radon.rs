@@ -211,6 +211,18 @@ impl Line {
             .ok_or_else(|| format!("no radon line '{name}' (constant, radon, tessera)"))
     }
 
+    /// Bytes per second its streams' shares are of on a link of `rate`. The constant and
+    /// radon lines are the paper's: its payload rates summed to the link's bit rate
+    /// (749 + 251 = 1000 Mbit/s), so with the headers they overload the port and something
+    /// must be lost. The Tessera line's are shares of what the port carries in payload,
+    /// which its admission control books (session 19; before, every line's were).
+    pub fn capacity(self, rate: Rate) -> f64 {
+        match self {
+            Line::Constant | Line::Radon => rate.bytes_per_s(),
+            Line::Tessera => payload_capacity(rate),
+        }
+    }
+
     /// How its streams' sessions send.
     pub fn pacing(self) -> StreamPacing {
         match self {
@@ -593,11 +605,7 @@ fn run_one(
     experiment: Experiment,
     line: Line,
 ) -> Result<Run, LabError> {
-    let plans = plan(
-        experiment,
-        payload_capacity(lab.link.rate),
-        config.duration_s,
-    );
+    let plans = plan(experiment, line.capacity(lab.link.rate), config.duration_s);
     if config.mirror {
         fill(lab, config, cluster, experiment, line, &plans)?;
     }
@@ -1154,9 +1162,11 @@ fn preamble(report: &RadonReport) -> String {
     let mut out = format!(
         "# Radon: six streams into one switch port{}\n\n{}\n\n{}\n\nSix writer clients \
          (hosts c1-c6) each write their own file (RAID-0 on the one server, s1) at a rate; the \
-         streams meet in the switch port toward s1. Rates are shares of what that port carries \
-         in payload ({:.2} MB/s: {PAYLOAD_BYTES_PER_FRAME} bytes per 1514-byte frame), the paper's Mbit/s of its \
-         1 Gbit/s link. Long streams write for {:.1} s; the punctuated run's short streams \
+         streams meet in the switch port toward s1. The Tessera line's rates are shares of what \
+         that port carries in payload ({:.2} MB/s: {PAYLOAD_BYTES_PER_FRAME} bytes per 1514-byte frame), which \
+         its admission books; the constant and radon lines' are shares of the link's bit rate, \
+         as the paper's payload Mbit/s were of its 1 Gbit/s link (with headers they overload \
+         the port). Long streams write for {:.1} s; the punctuated run's short streams \
          write {SHORT_STREAM_PACKETS} packets each, starting at 1/7 to 5/7 of the run. Every \
          stream's bytes are released a period ({} ms) at a time at the period's start (the \
          CLI's `--rate` ledger), and a period is met if its bytes were all acknowledged by its \
@@ -1412,6 +1422,27 @@ mod tests {
             admitted(Experiment::Unfair),
             [true, true, true, false, false, false]
         );
+    }
+
+    /// The paper's lines ask for the link's bit rate in payload: more than the port
+    /// carries with headers, by the headers (1,514 / 1,432). The Tessera line's ask for what
+    /// it carries.
+    #[test]
+    fn the_papers_lines_overload_the_port_by_the_headers() {
+        let link = Rate::mbit(200);
+        let asked = |line: Line| -> f64 {
+            plan(Experiment::Fairshare, line.capacity(link), 1.0)
+                .iter()
+                .map(|p| p.rate_bytes_per_s as f64)
+                .sum::<f64>()
+                / payload_capacity(link)
+        };
+        for line in [Line::Constant, Line::Radon] {
+            let over = asked(line);
+            assert!((1.052..=1.054).contains(&over), "{}: {over}", line.name());
+        }
+        let tessera = asked(Line::Tessera);
+        assert!((0.995..=0.997).contains(&tessera), "{tessera}");
     }
 
     #[test]
