@@ -226,3 +226,37 @@ fn the_mark_removed_after_a_sync_stays_for_a_write_answered_in_between() {
         }
     }
 }
+
+/// The `unsynced` mark is an empty file made durable by its directory's sync alone (no
+/// `fdatasync` of its own since session 19): a write answered and never synced, then a power
+/// loss that drops every unsynced change, must still find the mark and renew the store.
+#[test]
+fn the_mark_survives_a_power_loss_with_only_its_directory_synced() {
+    for seed in 0..20 {
+        let disk = MemDisk::new();
+        let root = Path::new("/store");
+        let store = Store::open_on(disk.shared(), root).unwrap();
+        store
+            .write(FILE, Region::Data, 0, &[7; 4096], false)
+            .unwrap();
+        store.sync().unwrap();
+        // The first write after a sync makes the mark again.
+        store
+            .write(FILE, Region::Data, 4096, &[8; 4096], false)
+            .unwrap();
+        assert!(store.unsynced_mark_present());
+        let incarnation = store.incarnation();
+        drop(store);
+        if seed == 0 {
+            disk.crash();
+        } else {
+            disk.power_loss(seed);
+        }
+        let renewed = Store::open_on(disk.snapshot().shared(), root).unwrap();
+        assert_ne!(
+            renewed.incarnation(),
+            incarnation,
+            "seed {seed}: the mark was lost"
+        );
+    }
+}
