@@ -200,12 +200,7 @@ fn synced_bytes_survive_power_losses_and_unsynced_ones_read_old_new_or_corrupt()
 #[test]
 fn the_mark_removed_after_a_sync_stays_for_a_write_answered_in_between() {
     for write_between in [false, true] {
-        let disk = MemDisk::new();
-        let root = Path::new("/store");
-        let store = Store::open_on(disk.shared(), root).unwrap();
-        store
-            .write(FILE, Region::Data, 0, &[7; 4096], false)
-            .unwrap();
+        let (disk, root, store) = store_with_a_write();
         store.sync_keeping_mark().unwrap();
         assert!(store.unsynced_mark_present(), "kept until the removal");
         if write_between {
@@ -225,4 +220,45 @@ fn the_mark_removed_after_a_sync_stays_for_a_write_answered_in_between() {
             assert_eq!(bytes, vec![7; 4096], "synced bytes survive");
         }
     }
+}
+
+/// The `unsynced` mark is an empty file made durable by its directory's sync alone (no
+/// `fdatasync` of its own since session 19): a write answered and never synced, then a power
+/// loss that drops every unsynced change, must still find the mark and renew the store.
+#[test]
+fn the_mark_survives_a_power_loss_with_only_its_directory_synced() {
+    for seed in 0..20 {
+        let (disk, root, store) = store_with_a_write();
+        store.sync().unwrap();
+        // The first write after a sync makes the mark again.
+        store
+            .write(FILE, Region::Data, 4096, &[8; 4096], false)
+            .unwrap();
+        assert!(store.unsynced_mark_present());
+        let incarnation = store.incarnation();
+        drop(store);
+        if seed == 0 {
+            disk.crash();
+        } else {
+            disk.power_loss(seed);
+        }
+        let renewed = Store::open_on(disk.snapshot().shared(), root).unwrap();
+        assert_ne!(
+            renewed.incarnation(),
+            incarnation,
+            "seed {seed}: the mark was lost"
+        );
+    }
+}
+
+/// A store on a fresh in-memory disk, with 4 KiB of 7s written (not synced) at the start of
+/// `FILE`'s data.
+fn store_with_a_write() -> (MemDisk, &'static Path, Store) {
+    let disk = MemDisk::new();
+    let root = Path::new("/store");
+    let store = Store::open_on(disk.shared(), root).unwrap();
+    store
+        .write(FILE, Region::Data, 0, &[7; 4096], false)
+        .unwrap();
+    (disk, root, store)
 }
