@@ -1021,8 +1021,8 @@ fn shape_target(runs: &[Run], experiment: Experiment) -> Target {
     let numbers = pair.map(|(c, r)| (totals(c), totals(r)));
     Target {
         goal: format!(
-            "{}: from constant to Radon the paper's shape (fewer packets resent, no less \
-             goodput)",
+            "{}: from constant to Radon the paper's shape (the constant line resends >= 0.1%, \
+             Radon at most three quarters of that, no less goodput)",
             experiment.name()
         ),
         measured: numbers.map_or("not run".into(), |((cl, cg), (rl, rg))| {
@@ -1032,8 +1032,25 @@ fn shape_target(runs: &[Run], experiment: Experiment) -> Target {
                 rg / 1e6
             )
         }),
-        pass: numbers.map(|((cl, cg), (rl, rg))| rl <= cl && rg >= 0.99 * cg),
+        pass: numbers.map(|((cl, cg), (rl, rg))| shape_holds((cl, cg), (rl, rg))),
     }
+}
+
+/// Resent share, percent, that the constant line must reach for its loss to be something
+/// Radon can remove; below it, differences are run-to-run noise (hundredths of a percent).
+const SHAPE_LOSS_PERCENT_MIN: f64 = 0.1;
+
+/// Whether the constant line's `(resent %, goodput)` to Radon's is the paper's shape: the
+/// constant line loses something ([`SHAPE_LOSS_PERCENT_MIN`]), Radon resends at most three
+/// quarters of that and carries no less (within 1%). Until session 19 any fall in the resent
+/// share passed, and 0.01% -> 0.00% read as "met".
+fn shape_holds(
+    (constant_resent, constant_goodput): (f64, f64),
+    (radon_resent, radon_goodput): (f64, f64),
+) -> bool {
+    constant_resent >= SHAPE_LOSS_PERCENT_MIN
+        && radon_resent <= 0.75 * constant_resent
+        && radon_goodput >= 0.99 * constant_goodput
 }
 
 fn table(report: &RadonReport) -> Table {
@@ -1371,6 +1388,20 @@ fn figure(report: &RadonReport) -> Figure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_papers_shape_needs_loss_to_remove_and_a_real_cut() {
+        // The session-19 mirror runs: hundredths of a percent either way are noise.
+        assert!(!shape_holds((0.01, 23.36e6), (0.00, 23.35e6)));
+        assert!(!shape_holds((0.05, 23.33e6), (0.02, 23.89e6)));
+        // The writers' runs: a real loss, cut by a little or not at all.
+        assert!(!shape_holds((2.53, 22.94e6), (2.48, 23.74e6)));
+        assert!(!shape_holds((5.49, 22.30e6), (6.05, 22.35e6)));
+        // The paper's kind: loss falls by far, goodput holds or rises.
+        assert!(shape_holds((5.0, 22.0e6), (1.0, 22.5e6)));
+        // Loss removed by carrying less is not the shape.
+        assert!(!shape_holds((5.0, 22.0e6), (1.0, 20.0e6)));
+    }
 
     #[test]
     fn shares_fill_the_port_and_plans_follow_the_paper() {
