@@ -85,12 +85,19 @@ fn drop_cached(root: &Path) {
     }
 }
 
-#[test]
-fn bytes_read_ahead_and_then_rewritten_read_as_the_new_bytes() {
+/// A store on real files (in a temporary directory, kept by the caller) holding 6 MiB of
+/// `pattern(_, seed)` in [`FILE`]'s data region, and those bytes.
+fn store_on_real_files_with(seed: u8) -> (tempfile::TempDir, Store, Vec<u8>) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let old = pattern(6 * MIB, 1);
-    store.write(FILE, Region::Data, 0, &old, false).unwrap();
+    let bytes = pattern(6 * MIB, seed);
+    store.write(FILE, Region::Data, 0, &bytes, false).unwrap();
+    (dir, store, bytes)
+}
+
+#[test]
+fn bytes_read_ahead_and_then_rewritten_read_as_the_new_bytes() {
+    let (dir, store, old) = store_on_real_files_with(1);
     drop_cached(dir.path());
     let first = store
         .read(FILE, Region::Data, 0, MIB as u32, false)
@@ -116,10 +123,7 @@ fn bytes_read_ahead_and_then_rewritten_read_as_the_new_bytes() {
 
 #[test]
 fn a_block_damaged_on_disk_within_the_read_ahead_is_still_caught() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
-    let data = pattern(6 * MIB, 5);
-    store.write(FILE, Region::Data, 0, &data, false).unwrap();
+    let (dir, store, data) = store_on_real_files_with(5);
     let damaged = 3 * MIB + 5 * BLOCK_BYTES;
     let handle = OpenOptions::new()
         .read(true)
