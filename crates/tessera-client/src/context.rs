@@ -116,6 +116,37 @@ impl Client {
 }
 
 impl FileContext {
+    /// A file's context with no server behind it: `down` marks the columns lost.
+    #[cfg(test)]
+    pub(crate) fn detached(layout: Layout, down: &[bool]) -> FileContext {
+        let columns = down
+            .iter()
+            .enumerate()
+            .map(|(i, &down)| Column {
+                server: i as ServerId + 1,
+                addr: SocketAddr::from(([127, 0, 0, 1], 9)),
+                incarnation: 1,
+                down,
+                missed: Vec::new(),
+            })
+            .collect();
+        FileContext {
+            meta: tessera_wire::FileMeta {
+                id: 7,
+                path: "f".into(),
+                layout,
+                servers: (1..=down.len() as ServerId).collect(),
+                size: 0,
+            },
+            layout,
+            columns,
+            lost_now: Mutex::new(vec![false; down.len()]),
+            reported: Mutex::new(BTreeMap::new()),
+            owed_now: Mutex::new(BTreeSet::new()),
+            snapshot: None,
+        }
+    }
+
     pub fn scheme(&self) -> Scheme {
         self.layout.scheme
     }

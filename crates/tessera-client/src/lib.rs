@@ -26,6 +26,7 @@ mod intent;
 mod keys;
 mod maintain;
 mod namespace;
+mod pieces;
 mod read;
 mod snapshot;
 pub mod stream;
@@ -47,6 +48,7 @@ use tessera_wire::{
 };
 
 pub use maintain::{RebuildProgress, ScrubReport, TornResolution};
+pub use pieces::Pieces;
 pub use snapshot::{SnapshotHandle, SnapshotRemoval};
 pub use tessera_auth::{
     format_access_key, parse_access_key, Claim, Credential, Key, KeyId, Secret,

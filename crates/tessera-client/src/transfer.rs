@@ -345,17 +345,19 @@ impl Client {
     /// [`TRANSFERS_IN_FLIGHT`] writes in flight while the next chunk is awaited (a request
     /// body arriving over the network, say), and the servers synced as it goes if `open`
     /// asks for it ([`OpenFile::sync_ahead`]). Chunks of whole stripes
-    /// ([`OpenFile::chunk_bytes`]) write without reading parity back; a chunk is written from
-    /// where it is (no copy). Returns the bytes written. As with [`Client::upload`], the
-    /// manager learns the size only from [`Client::sync_open`] or [`Client::commit_upload`].
-    pub async fn upload_stream<S, E>(
+    /// ([`OpenFile::chunk_bytes`]) write without reading parity back; a chunk (one buffer,
+    /// or [`crate::Pieces`] as they arrived) is gathered into each request from where it is
+    /// (one copy). Returns the bytes written. As with [`Client::upload`], the manager learns
+    /// the size only from [`Client::sync_open`] or [`Client::commit_upload`].
+    pub async fn upload_stream<S, C, E>(
         &self,
         open: &mut OpenFile,
         offset: u64,
         mut source: S,
     ) -> Result<u64, StreamUploadError<E>>
     where
-        S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+        S: futures::Stream<Item = Result<C, E>> + Unpin,
+        C: Into<crate::Pieces>,
     {
         let ctx = &open.ctx;
         let mut ahead = SyncAhead::new(open.sync_every);
@@ -381,13 +383,14 @@ impl Client {
                         None => ended = true,
                         Some(Err(e)) => break Err(StreamUploadError::Source(e)),
                         Some(Ok(chunk)) => {
+                            let chunk: crate::Pieces = chunk.into();
                             let (start, len) = (at, chunk.len() as u64);
                             if let Err(e) = ctx.check_range(start, len) {
                                 break Err(StreamUploadError::Store(e));
                             }
                             at += len;
                             in_flight.push(async move {
-                                ctx.write(self, start, &chunk).await.map(|()| len)
+                                ctx.write_pieces(self, start, &chunk).await.map(|()| len)
                             });
                         }
                     }

@@ -11,10 +11,12 @@
 
 use crate::context::{Fault, FileContext};
 use crate::intent::{ParityLock, StaleRecord};
+use crate::pieces::{Pieces, WriteData};
 use crate::{Client, ClientError, REQUESTS_IN_FLIGHT_MAX, REQUEST_BYTES_MAX};
 use bytes::{Bytes, BytesMut};
 use futures::stream::{self, StreamExt};
-use std::collections::{BTreeMap, BTreeSet};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use tessera_layout::{OverflowRole, Piece, Region, Scheme, StripeWrite, WriteMethod};
 use tessera_wire::{IndexRange, IntentPiece, ParityIntent, StorageError, StorageRequest};
@@ -33,25 +35,19 @@ struct WriteOp {
     payload: Bytes,
 }
 
-/// Where a base write's bytes come from: the caller's buffer (copied once, when requests are
-/// built) or a buffer computed here (parity).
+/// Where a base write's bytes come from: the caller's data (copied once, when requests are
+/// built), or the parity of a full stripe's data units (computed into its request, from the
+/// units as gathered into their own requests).
 enum Source {
     Caller(std::ops::Range<usize>),
-    Computed(Bytes),
+    ParityOf(Vec<std::ops::Range<usize>>),
 }
 
 impl Source {
     fn len(&self) -> usize {
         match self {
             Source::Caller(range) => range.len(),
-            Source::Computed(bytes) => bytes.len(),
-        }
-    }
-
-    fn bytes<'a>(&'a self, data: &'a [u8]) -> &'a [u8] {
-        match self {
-            Source::Caller(range) => &data[range.clone()],
-            Source::Computed(bytes) => bytes,
+            Source::ParityOf(units) => units.first().map_or(0, |unit| unit.len()),
         }
     }
 }
@@ -140,7 +136,29 @@ impl FileContext {
         offset: u64,
         data: &[u8],
     ) -> Result<(), ClientError> {
-        if data.is_empty() {
+        self.write_data(client, offset, WriteData::Slice(data))
+            .await
+    }
+
+    /// [`FileContext::write`] of data in pieces (an HTTP body as it arrived): each request's
+    /// payload is gathered from them, with no joined copy of the whole first.
+    pub(crate) async fn write_pieces(
+        &self,
+        client: &Client,
+        offset: u64,
+        data: &Pieces,
+    ) -> Result<(), ClientError> {
+        self.write_data(client, offset, WriteData::Pieces(data))
+            .await
+    }
+
+    async fn write_data(
+        &self,
+        client: &Client,
+        offset: u64,
+        data: WriteData<'_>,
+    ) -> Result<(), ClientError> {
+        if data.len() == 0 {
             return Ok(());
         }
         let plan = self.layout.plan_write(offset, data.len() as u64);
@@ -394,7 +412,11 @@ impl FileContext {
 
     /// The independent requests of a plan: everything but read-modify-write; then the Hybrid
     /// mirror invalidations, which go only once the others are done.
-    fn simple_ops(&self, stripes: &[StripeWrite], data: &[u8]) -> (Vec<WriteOp>, Vec<WriteOp>) {
+    fn simple_ops(
+        &self,
+        stripes: &[StripeWrite],
+        data: WriteData<'_>,
+    ) -> (Vec<WriteOp>, Vec<WriteOp>) {
         let layout = &self.layout;
         let file = self.meta.id;
         let hybrid = self.scheme() == Scheme::Hybrid;
@@ -425,16 +447,6 @@ impl FileContext {
                     }
                 }
                 WriteMethod::FullStripeParity => {
-                    // One pass over the stripe, a cache-sized block of the parity at a time
-                    // (it was zeroed, then read and written back once per data unit).
-                    let units: Vec<&[u8]> = sw
-                        .extent
-                        .pieces
-                        .iter()
-                        .map(|piece| &data[piece.buf_range()])
-                        .collect();
-                    let mut parity = vec![0u8; self.unit()];
-                    tessera_parity::parity_of(&units, &mut parity);
                     for piece in &sw.extent.pieces {
                         let slot = layout.data_slot(piece.block);
                         if !self.lost(slot.column, stripe) {
@@ -465,13 +477,15 @@ impl FileContext {
                             invalidate_overflow: false,
                             offset: layout.local_offset(slot),
                             stripe,
-                            source: Source::Computed(Bytes::from(parity)),
+                            source: Source::ParityOf(
+                                sw.extent.pieces.iter().map(|p| p.buf_range()).collect(),
+                            ),
                         });
                     }
                 }
                 WriteMethod::Overflow => {
                     for piece in &sw.extent.pieces {
-                        let bytes = Bytes::copy_from_slice(&data[piece.buf_range()]);
+                        let bytes = data.copied(piece.buf_range());
                         let offset = layout.local_offset(layout.data_slot(piece.block))
                             + piece.offset_in_unit as u64;
                         for role in [OverflowRole::Primary, OverflowRole::Mirror] {
@@ -531,51 +545,56 @@ impl FileContext {
             .collect()
     }
 
-    /// Merge base writes that are back to back in one column's file into single requests.
-    fn coalesce_writes(&self, mut writes: Vec<BaseWrite>, data: &[u8]) -> Vec<WriteOp> {
+    /// Merge base writes that are back to back in one column's file into single requests,
+    /// each payload gathered from the caller's data once; full stripes' parity is computed
+    /// into its request from the data units as the data requests hold them (gathered
+    /// from the caller's data only for a unit whose column is not written).
+    fn coalesce_writes(&self, mut writes: Vec<BaseWrite>, data: WriteData<'_>) -> Vec<WriteOp> {
         writes.sort_by_key(|w| (w.column, w.region, w.invalidate_overflow, w.offset));
-        let mut ops = Vec::new();
-        let mut i = 0;
-        while i < writes.len() {
-            let first = &writes[i];
-            let mut j = i + 1;
-            let mut len = first.source.len();
-            while j < writes.len()
-                && writes[j].column == first.column
-                && writes[j].region == first.region
-                && writes[j].invalidate_overflow == first.invalidate_overflow
-                && writes[j].offset == first.offset + len as u64
-                && len + writes[j].source.len() <= REQUEST_BYTES_MAX
-            {
-                len += writes[j].source.len();
-                j += 1;
-            }
-            let payload = match (&first.source, j == i + 1) {
-                (Source::Computed(bytes), true) => bytes.clone(),
-                _ => {
-                    let mut joined = BytesMut::with_capacity(len);
-                    for w in &writes[i..j] {
-                        joined.extend_from_slice(w.source.bytes(data));
-                    }
-                    joined.freeze()
+        let groups = write_groups(&writes);
+        // The caller's ranges as gathered into requests, by where they start.
+        let mut held: HashMap<usize, Bytes> = HashMap::new();
+        let mut ops: Vec<Option<WriteOp>> = groups.iter().map(|_| None).collect();
+        // Data before parity, so that parity is computed from the gathered units.
+        for parity in [false, true] {
+            for (op, group) in ops.iter_mut().zip(&groups) {
+                let group = &writes[group.clone()];
+                let has_parity = group
+                    .iter()
+                    .any(|w| matches!(w.source, Source::ParityOf(_)));
+                if has_parity != parity {
+                    continue;
                 }
-            };
-            let stripes = writes[i..j].iter().map(|w| w.stripe);
-            let (lo, hi) = stripes.fold((u64::MAX, 0), |(lo, hi), s| (lo.min(s), hi.max(s)));
-            ops.push(WriteOp {
-                column: first.column,
-                stripes: IndexRange::new(lo, hi + 1),
-                request: StorageRequest::Write {
-                    file: self.meta.id,
-                    region: first.region,
-                    offset: first.offset,
-                    invalidate_overflow: first.invalidate_overflow,
-                },
-                payload,
-            });
-            i = j;
+                let payload = gather_payload(group, data, &held);
+                let mut at = 0;
+                for w in group {
+                    if let Source::Caller(range) = &w.source {
+                        held.insert(range.start, payload.slice(at..at + range.len()));
+                    }
+                    at += w.source.len();
+                }
+                *op = Some(self.base_write_op(group, payload));
+            }
         }
-        ops
+        ops.into_iter().map(|op| op.expect("every group")).collect()
+    }
+
+    /// The request of a run of base writes back to back in one column's file.
+    fn base_write_op(&self, group: &[BaseWrite], payload: Bytes) -> WriteOp {
+        let first = &group[0];
+        let stripes = group.iter().map(|w| w.stripe);
+        let (lo, hi) = stripes.fold((u64::MAX, 0), |(lo, hi), s| (lo.min(s), hi.max(s)));
+        WriteOp {
+            column: first.column,
+            stripes: IndexRange::new(lo, hi + 1),
+            request: StorageRequest::Write {
+                file: self.meta.id,
+                region: first.region,
+                offset: first.offset,
+                invalidate_overflow: first.invalidate_overflow,
+            },
+            payload,
+        }
     }
 
     /// A partial stripe under RAID-4/5.
@@ -583,7 +602,7 @@ impl FileContext {
         &self,
         client: &Client,
         sw: &StripeWrite,
-        data: &[u8],
+        data: WriteData<'_>,
         failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
     ) -> Result<(), ClientError> {
         const ATTEMPTS_MAX: usize = 4;
@@ -617,7 +636,7 @@ impl FileContext {
         &self,
         client: &Client,
         sw: &StripeWrite,
-        data: &[u8],
+        data: WriteData<'_>,
         failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
     ) -> Result<(), ClientError> {
         let stripe = sw.extent.stripe;
@@ -637,7 +656,7 @@ impl FileContext {
         &self,
         client: &Client,
         sw: &StripeWrite,
-        data: &[u8],
+        data: WriteData<'_>,
         failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
     ) -> Result<RmwOutcome, ClientError> {
         let stripe = sw.extent.stripe;
@@ -726,7 +745,7 @@ impl FileContext {
             };
             let at = piece.offset_in_unit as usize - lo;
             let span = &mut new_parity[at..at + piece.len as usize];
-            tessera_parity::update_parity(span, &old, &data[piece.buf_range()]);
+            tessera_parity::update_parity(span, &old, &data.gather(piece.buf_range()));
             old_data.extend_from_slice(&old);
         }
         let intent = self.intent_of(stripe, lo as u32, (hi - lo) as u32, pieces.iter());
@@ -775,7 +794,7 @@ impl FileContext {
         &self,
         client: &Client,
         sw: &StripeWrite,
-        data: &[u8],
+        data: WriteData<'_>,
         failed: &Mutex<BTreeMap<u64, BTreeSet<u32>>>,
     ) -> Result<RmwOutcome, ClientError> {
         let stripe = sw.extent.stripe;
@@ -875,7 +894,7 @@ impl FileContext {
         let intent = self.intent_of(stripe, 0, unit as u32, written.iter().copied());
         for piece in &sw.extent.pieces {
             units[(piece.block - first) as usize][piece.unit_range()]
-                .copy_from_slice(&data[piece.buf_range()]);
+                .copy_from_slice(&data.gather(piece.buf_range()));
         }
         let mut new_parity = vec![0u8; unit];
         for u in &units {
@@ -958,7 +977,7 @@ impl FileContext {
     }
 
     /// Write one piece into its data column (RAID-4/5 partial stripes).
-    fn piece_write(&self, stripe: u64, piece: &Piece, data: &[u8]) -> WriteOp {
+    fn piece_write(&self, stripe: u64, piece: &Piece, data: WriteData<'_>) -> WriteOp {
         let slot = self.layout.data_slot(piece.block);
         WriteOp {
             column: slot.column,
@@ -969,9 +988,60 @@ impl FileContext {
                 offset: self.layout.local_offset(slot) + piece.offset_in_unit as u64,
                 invalidate_overflow: false,
             },
-            payload: Bytes::copy_from_slice(&data[piece.buf_range()]),
+            payload: data.copied(piece.buf_range()),
         }
     }
+}
+
+/// Runs of base writes (sorted by column, region and offset) back to back in one column's
+/// file, each at most [`REQUEST_BYTES_MAX`]: one request each.
+fn write_groups(writes: &[BaseWrite]) -> Vec<std::ops::Range<usize>> {
+    let mut groups = Vec::new();
+    let mut i = 0;
+    while i < writes.len() {
+        let first = &writes[i];
+        let mut j = i + 1;
+        let mut len = first.source.len();
+        while j < writes.len()
+            && writes[j].column == first.column
+            && writes[j].region == first.region
+            && writes[j].invalidate_overflow == first.invalidate_overflow
+            && writes[j].offset == first.offset + len as u64
+            && len + writes[j].source.len() <= REQUEST_BYTES_MAX
+        {
+            len += writes[j].source.len();
+            j += 1;
+        }
+        groups.push(i..j);
+        i = j;
+    }
+    groups
+}
+
+/// One request's payload: the caller's ranges copied in, parity computed in place (one pass
+/// over the stripe's units, a cache-sized block of the parity at a time).
+fn gather_payload(group: &[BaseWrite], data: WriteData<'_>, held: &HashMap<usize, Bytes>) -> Bytes {
+    let len = group.iter().map(|w| w.source.len()).sum();
+    let mut payload = BytesMut::with_capacity(len);
+    for w in group {
+        match &w.source {
+            Source::Caller(range) => data.extend_into(range.clone(), &mut payload),
+            Source::ParityOf(units) => {
+                let at = payload.len();
+                payload.resize(at + w.source.len(), 0);
+                let units: Vec<Cow<[u8]>> = units
+                    .iter()
+                    .map(|range| match held.get(&range.start) {
+                        Some(unit) if unit.len() == range.len() => Cow::Borrowed(&unit[..]),
+                        _ => data.gather(range.clone()),
+                    })
+                    .collect();
+                let units: Vec<&[u8]> = units.iter().map(|unit| &**unit).collect();
+                tessera_parity::parity_of(&units, &mut payload[at..]);
+            }
+        }
+    }
+    payload.freeze()
 }
 
 /// The stripes a plan writes whole with fresh parity (one run: a write's whole stripes lie
@@ -1002,4 +1072,133 @@ fn runs(stripes: &[u64]) -> Vec<IndexRange> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use tessera_layout::Layout;
+
+    /// The requests of `data` written at `offset`: (column, stripes, request, payload).
+    fn requests(
+        ctx: &FileContext,
+        offset: u64,
+        data: WriteData<'_>,
+    ) -> Vec<(u32, IndexRange, StorageRequest, Bytes)> {
+        let plan = ctx.layout.plan_write(offset, data.len() as u64);
+        let (ops, later) = ctx.simple_ops(&plan.stripes, data);
+        let mut all: Vec<_> = ops
+            .into_iter()
+            .chain(later)
+            .map(|op| (op.column, op.stripes, op.request, op.payload))
+            .collect();
+        all.sort_by_key(|(column, stripes, request, _)| {
+            (*column, stripes.start, format!("{request:?}"))
+        });
+        all
+    }
+
+    fn scheme() -> impl Strategy<Value = Scheme> {
+        prop_oneof![
+            Just(Scheme::Raid0),
+            Just(Scheme::Raid1),
+            Just(Scheme::Raid4),
+            Just(Scheme::Raid5),
+            Just(Scheme::Hybrid),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// A write of data in pieces makes exactly the requests, bytes and all, that the same
+        /// data in one buffer makes, whatever the cuts, the scheme, the lost column, and where
+        /// the write starts and ends.
+        #[test]
+        fn data_in_pieces_makes_the_requests_of_one_buffer(
+            scheme in scheme(),
+            width in 3u32..7,
+            start_unit in 0u64..6,
+            start_in_unit in prop_oneof![Just(0u64), 0u64..4096],
+            len in 1usize..(4096 * 30),
+            cuts in prop::collection::vec(any::<usize>(), 0..40),
+            lost in prop::option::of(0u32..7),
+            seed in any::<u8>(),
+        ) {
+            let layout = Layout::new(scheme, 4096, width).expect("layout");
+            let mut down = vec![false; width as usize];
+            if let Some(lost) = lost.filter(|&l| l < width) {
+                down[lost as usize] = true;
+            }
+            let ctx = FileContext::detached(layout, &down);
+            let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect();
+            let pieces = crate::pieces::cut(&data, &cuts);
+            let offset = start_unit * 4096 + start_in_unit;
+            let whole = requests(&ctx, offset, WriteData::Slice(&data));
+            let cut = requests(&ctx, offset, WriteData::Pieces(&pieces));
+            prop_assert_eq!(whole, cut);
+        }
+    }
+
+    /// Each full stripe's parity request holds the XOR of its data units, also when a data
+    /// column is lost (its unit is not written, but counts in the parity).
+    #[test]
+    fn full_stripe_parity_is_the_xor_of_the_stripes_units() {
+        let unit = 4096usize;
+        let layout = Layout::new(Scheme::Raid5, unit as u32, 5).expect("layout");
+        for lost in [None, Some(1u32)] {
+            let mut down = vec![false; 5];
+            if let Some(lost) = lost {
+                down[lost as usize] = true;
+            }
+            let ctx = FileContext::detached(layout, &down);
+            let data: Vec<u8> = (0..unit * 4 * 6)
+                .map(|i| (i * 7 + i / 4096) as u8)
+                .collect();
+            let mut pieces = Pieces::new();
+            for part in data.chunks(1000) {
+                pieces.push(Bytes::copy_from_slice(part));
+            }
+            let plan = ctx.layout.plan_write(0, data.len() as u64);
+            let (ops, _) = ctx.simple_ops(&plan.stripes, WriteData::Pieces(&pieces));
+            let mut checked = 0;
+            for op in &ops {
+                let StorageRequest::Write {
+                    region: Region::Redundancy,
+                    offset,
+                    ..
+                } = op.request
+                else {
+                    continue;
+                };
+                for (k, stripe) in (op.stripes.start..op.stripes.end).enumerate() {
+                    let slot = layout.parity_slot(stripe).expect("parity");
+                    if slot.column != op.column {
+                        continue;
+                    }
+                    let at = (layout.local_offset(slot) - offset) as usize;
+                    let mut expected = vec![0u8; unit];
+                    let units = &data[stripe as usize * unit * 4..][..unit * 4];
+                    for u in units.chunks(unit) {
+                        tessera_parity::xor_into(&mut expected, u);
+                    }
+                    assert_eq!(
+                        &op.payload[at..at + unit],
+                        &expected[..],
+                        "stripe {stripe}, {k}"
+                    );
+                    checked += 1;
+                }
+            }
+            let written = (0..6u64)
+                .filter(|&stripe| Some(layout.parity_slot(stripe).expect("parity").column) != lost)
+                .count();
+            assert_eq!(
+                checked, written,
+                "every written parity, lost column {lost:?}"
+            );
+            assert!(written >= 5);
+        }
+    }
 }

@@ -12,7 +12,7 @@ use s3s::{s3_error, S3Error, S3ErrorCode, S3Result};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tessera_client::{
-    Client, ClientError, LayoutRequest, OpenFile, PendingFile, StreamUploadError,
+    Client, ClientError, LayoutRequest, OpenFile, PendingFile, Pieces, StreamUploadError,
 };
 use tessera_wire::ManagerError;
 
@@ -253,7 +253,7 @@ impl Gateway {
         body: Option<StreamingBlob>,
     ) -> S3Result<(u64, [u8; 16])> {
         let chunk = open.chunk_bytes(None) as usize;
-        let mut chunker = BodyChunks::new(body, chunk, self.idle, self.pool.clone());
+        let mut chunker = BodyChunks::new(body, chunk, self.idle);
         let chunks = futures::stream::unfold(&mut chunker, |chunker| async move {
             chunker.next_chunk().await.map(|chunk| (chunk, chunker))
         });
@@ -341,64 +341,47 @@ impl futures::Stream for ChannelStream {
     }
 }
 
-/// A request body cut into chunks of `chunk` bytes (the last shorter), each hashed into
-/// `md5` on a blocking thread of its own while the next arrives and the chunks before are
-/// written: inline, the MD5 was a third of the gateway's CPU on the task that receives the
-/// body.
+/// A request body cut into chunks of `chunk` bytes (the last shorter), each the body's
+/// pieces as they arrived (cut at the chunk's end, not copied: the storage write gathers
+/// each request from them), each hashed into `md5` on a blocking thread of its own while the
+/// next arrives and the chunks before are written: inline, the MD5 was a third of the
+/// gateway's CPU on the task that receives the body.
 struct BodyChunks {
     body: Option<futures::stream::BoxStream<'static, Result<Bytes, s3s::StdError>>>,
     /// The chunk being filled, never beyond `chunk` bytes.
-    buf: Vec<u8>,
+    pieces: Pieces,
     /// What the last piece of the body brought beyond the chunk it filled.
     rest: Bytes,
     chunk: usize,
     idle: std::time::Duration,
     md5: Md5Chain,
-    /// Where chunk buffers come from and go back to once written and hashed.
-    pool: ChunkPool,
 }
 
 impl BodyChunks {
-    fn new(
-        body: Option<StreamingBlob>,
-        chunk: usize,
-        idle: std::time::Duration,
-        pool: ChunkPool,
-    ) -> BodyChunks {
+    fn new(body: Option<StreamingBlob>, chunk: usize, idle: std::time::Duration) -> BodyChunks {
         BodyChunks {
             body: body.map(|b| b.boxed()),
-            buf: Vec::new(),
+            pieces: Pieces::new(),
             rest: Bytes::new(),
             chunk,
             idle,
             md5: Md5Chain::default(),
-            pool,
         }
     }
 
-    /// Moves what fits of `piece` into the chunk being filled, keeping the remainder for
-    /// the next: the buffer never grows past a chunk (grown, it was reallocated and the
-    /// whole chunk copied again, nearly every chunk: body pieces do not end on chunk
-    /// boundaries).
+    /// Adds what fits of `piece` to the chunk being filled, keeping the remainder for the
+    /// next.
     fn take(&mut self, mut piece: Bytes) {
-        if piece.is_empty() {
-            return;
-        }
-        // Taken only for bytes to hold: a buffer taken at the body's end would be dropped
-        // with the chunker, lost to the pool.
-        if self.buf.capacity() == 0 {
-            self.buf = self.pool.take(self.chunk);
-        }
-        let fits = (self.chunk - self.buf.len()).min(piece.len());
-        self.buf.extend_from_slice(&piece.split_to(fits));
+        let fits = (self.chunk - self.pieces.len()).min(piece.len());
+        self.pieces.push(piece.split_to(fits));
         self.rest = piece;
     }
 
     /// The next chunk; `None` once the body has ended and everything was handed out.
-    async fn next_chunk(&mut self) -> Option<S3Result<Bytes>> {
+    async fn next_chunk(&mut self) -> Option<S3Result<Pieces>> {
         let rest = std::mem::take(&mut self.rest);
         self.take(rest);
-        while self.buf.len() < self.chunk && self.rest.is_empty() {
+        while self.pieces.len() < self.chunk && self.rest.is_empty() {
             let Some(stream) = self.body.as_mut() else {
                 break;
             };
@@ -420,12 +403,10 @@ impl BodyChunks {
                 None => self.body = None,
             }
         }
-        if self.buf.is_empty() {
+        if self.pieces.is_empty() {
             return None;
         }
-        let buf = std::mem::take(&mut self.buf);
-        let len = buf.len();
-        let full = self.pool.bytes(buf, len);
+        let full = std::mem::take(&mut self.pieces);
         Some(self.md5.feed(full.clone()).await.map(|()| full))
     }
 }
@@ -441,20 +422,22 @@ pub(crate) const MD5_QUEUE: usize = 4;
 /// queue of [`MD5_QUEUE`] chunks, started with the first chunk.
 #[derive(Default)]
 struct Md5Chain {
-    queue: Option<tokio::sync::mpsc::Sender<Bytes>>,
+    queue: Option<tokio::sync::mpsc::Sender<Pieces>>,
     hasher: Option<tokio::task::JoinHandle<EtagMd5>>,
 }
 
 impl Md5Chain {
     /// Queues `chunk` to be hashed after the chunks fed before it; waits only while
     /// [`MD5_QUEUE`] chunks are queued.
-    async fn feed(&mut self, chunk: Bytes) -> S3Result<()> {
+    async fn feed(&mut self, chunk: Pieces) -> S3Result<()> {
         let queue = self.queue.get_or_insert_with(|| {
-            let (queue, mut chunks) = tokio::sync::mpsc::channel::<Bytes>(MD5_QUEUE);
+            let (queue, mut chunks) = tokio::sync::mpsc::channel::<Pieces>(MD5_QUEUE);
             self.hasher = Some(tokio::task::spawn_blocking(move || {
                 let mut md5 = EtagMd5::new();
                 while let Some(chunk) = chunks.blocking_recv() {
-                    md5.update(&chunk);
+                    for part in chunk.parts() {
+                        md5.update(part);
+                    }
                 }
                 md5
             }));
@@ -483,7 +466,6 @@ impl Md5Chain {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::POOL_BUFFERS_MAX;
     use md5::{Digest, Md5};
 
     /// A body arriving in pieces that do not line up with the chunks comes out as whole
@@ -501,18 +483,20 @@ mod tests {
             (at, len) = (end, len * 3 % 9_001 + 1);
         }
         let blob = StreamingBlob::wrap(futures::stream::iter(pieces));
-        let pool = ChunkPool::default();
         let idle = std::time::Duration::from_secs(5);
-        let mut chunks = BodyChunks::new(Some(blob), 4_096, idle, pool.clone());
+        let mut chunks = BodyChunks::new(Some(blob), 4_096, idle);
         let mut joined = Vec::new();
         while let Some(chunk) = chunks.next_chunk().await {
             let chunk = chunk.expect("a chunk");
             assert!(chunk.len() == 4_096 || joined.len() + chunk.len() == body.len());
             assert!(
-                chunks.buf.capacity() == 0,
-                "the chunk's buffer was handed on"
+                chunks.pieces.is_empty(),
+                "the chunk's pieces were handed on"
             );
-            joined.extend_from_slice(&chunk);
+            chunk
+                .parts()
+                .iter()
+                .for_each(|part| joined.extend_from_slice(part));
         }
         assert!(joined == body, "the chunks make up the body");
         let md5: [u8; 16] = Md5::digest(&body).into();
@@ -534,16 +518,19 @@ mod tests {
     #[tokio::test]
     async fn a_body_longer_than_the_md5_queue_keeps_its_exact_md5() {
         const CHUNK: usize = 1_000;
-        let pool = ChunkPool::default();
         let idle = std::time::Duration::from_secs(5);
         let len = CHUNK * (3 * MD5_QUEUE + 2) + 17;
         let body: Vec<u8> = (0..len as u32).map(|i| (i * 13 % 241) as u8).collect();
         for body in [&body[..], &[][..]] {
             let blob = blob_in_pieces(body, 777);
-            let mut chunks = BodyChunks::new(Some(blob), CHUNK, idle, pool.clone());
+            let mut chunks = BodyChunks::new(Some(blob), CHUNK, idle);
             let mut joined = Vec::new();
             while let Some(chunk) = chunks.next_chunk().await {
-                joined.extend_from_slice(&chunk.expect("a chunk"));
+                let chunk = chunk.expect("a chunk");
+                chunk
+                    .parts()
+                    .iter()
+                    .for_each(|part| joined.extend_from_slice(part));
             }
             assert!(joined == body, "the chunks make up the body");
             assert_eq!(chunks.md5.hasher.is_some(), !body.is_empty());
@@ -552,46 +539,33 @@ mod tests {
         }
     }
 
-    /// Bodies cut into chunks of pooled buffers, one after another through one pool: chunks
-    /// still held are never handed out again (the first body's chunks, kept, stay intact
-    /// while the second is cut), dropped ones are used again (the third body is cut from
-    /// them), and each body's MD5 is exactly its bytes' (chunk boundaries falling inside
-    /// its pieces).
+    /// A body's chunks are its pieces as they arrived, cut at the chunk boundaries, not
+    /// copies: every part of every chunk lies in the memory of one of the body's pieces, at
+    /// the place its bytes came from.
     #[tokio::test]
-    async fn pooled_chunks_are_never_shared_and_the_md5_stays_exact() {
+    async fn chunks_hold_the_bodys_pieces_not_copies() {
         const CHUNK: usize = 4_096;
-        let pool = ChunkPool::default();
-        let idle = std::time::Duration::from_secs(5);
-        let bodies: Vec<Vec<u8>> = [(3u32, 50_001usize), (11, 33_333), (5, 8_192)]
-            .iter()
-            .map(|&(k, len)| (0..len as u32).map(|i| (i * k % 251) as u8).collect())
-            .collect();
-        let mut kept: Vec<(usize, Vec<Bytes>)> = Vec::new();
-        for (n, body) in bodies.iter().enumerate() {
-            let blob = blob_in_pieces(body, 1_500);
-            let mut chunks = BodyChunks::new(Some(blob), CHUNK, idle, pool.clone());
-            let mut held = Vec::new();
-            while let Some(chunk) = chunks.next_chunk().await {
-                held.push(chunk.expect("a chunk"));
-            }
-            let md5: [u8; 16] = Md5::digest(body).into();
-            assert_eq!(chunks.md5.finish().await.expect("an MD5"), md5);
-            kept.push((n, held));
-            for (n, held) in &kept {
-                assert!(
-                    held.concat() == bodies[*n],
-                    "a held chunk was not reused meanwhile"
+        let body: Vec<u8> = (0..50_001u32).map(|i| (i * 3 % 251) as u8).collect();
+        let pieces: Vec<Bytes> = body.chunks(1_500).map(Bytes::copy_from_slice).collect();
+        let stream = pieces.iter().cloned().map(Ok::<_, std::io::Error>);
+        let blob = StreamingBlob::wrap(futures::stream::iter(stream.collect::<Vec<_>>()));
+        let mut chunks = BodyChunks::new(Some(blob), CHUNK, std::time::Duration::from_secs(5));
+        let mut at = 0;
+        while let Some(chunk) = chunks.next_chunk().await {
+            for part in chunk.expect("a chunk").parts() {
+                let (piece, within) = (at / 1_500, at % 1_500);
+                let expected = pieces[piece].as_ptr() as usize + within;
+                assert_eq!(
+                    part.as_ptr() as usize,
+                    expected,
+                    "the part at {at} is a copy"
                 );
-            }
-            if kept.len() == 2 {
-                // The first two bodies' chunks go back: the third is cut from them.
-                kept.clear();
-                assert!(pool.idle() > 0, "dropped chunks went back to the pool");
+                assert!(within + part.len() <= 1_500, "a part within one piece");
+                at += part.len();
             }
         }
-        // 22 chunks went back, the pool kept its bound, the third body's 2 came from it.
-        assert_eq!(pool.idle(), POOL_BUFFERS_MAX - 2);
-        drop(kept);
-        assert_eq!(pool.idle(), POOL_BUFFERS_MAX);
+        assert_eq!(at, body.len());
+        let md5: [u8; 16] = Md5::digest(&body).into();
+        assert_eq!(chunks.md5.finish().await.expect("an MD5"), md5);
     }
 }

@@ -1,11 +1,10 @@
-//! Chunk buffers used again: a body's chunks (PUT) and an object's blocks (GET) are ~8 MiB
-//! each, and a fresh buffer of that size is new memory from the kernel every time (glibc
+//! Chunk buffers used again: an object's blocks (GET) are ~8 MiB each (a PUT's body is
+//! written from the pieces it arrived in, see `tessera_client::Pieces`), and a fresh buffer of that size is new memory from the kernel every time (glibc
 //! maps it, the first write to each page faults and the kernel clears it, and it is unmapped
 //! when freed), and a GET block was zeroed by the gateway as well before it was filled.
 //! perf of the gateway during `bench --against-minio`: `clear_page_erms`, page faults and
 //! `memset` were ~5-8% of the samples of its threads. A buffer handed out of a [`ChunkPool`]
-//! goes back to it when the last [`Bytes`] made from it is dropped (after hyper sent it, or
-//! after the storage write and the MD5 are done with it).
+//! goes back to it when the last [`Bytes`] made from it is dropped (after hyper sent it).
 
 use bytes::Bytes;
 use std::sync::{Arc, Mutex};
@@ -50,13 +49,6 @@ impl ChunkPool {
             at.map(|at| idle.swap_remove(at))
         };
         reused.unwrap_or_else(|| Vec::with_capacity(capacity))
-    }
-
-    /// An empty buffer of at least `capacity` bytes, to be filled by appending.
-    pub(crate) fn take(&self, capacity: usize) -> Vec<u8> {
-        let mut buf = self.reuse(capacity);
-        buf.clear();
-        buf
     }
 
     /// A buffer of exactly `len` bytes, to be overwritten whole: a reused buffer keeps what
@@ -145,11 +137,9 @@ mod tests {
             again.iter().enumerate().all(|(i, &b)| b == i as u8),
             "a reused buffer is not zeroed"
         );
-        // Too small for what is asked: a new one, zeroed; an appending take starts empty.
+        // Too small for what is asked: a new one, zeroed.
         let large = pool.take_filled(4_000);
         assert!(large.iter().all(|&b| b == 0));
-        let empty = pool.take(10);
-        assert!(empty.is_empty() && empty.capacity() >= 10);
     }
 
     /// The pool keeps at most its bound of idle buffers.
