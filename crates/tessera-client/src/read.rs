@@ -3,6 +3,7 @@
 
 use crate::context::{Fault, FileContext};
 use crate::{Client, ClientError, REQUESTS_IN_FLIGHT_MAX, REQUEST_BYTES_MAX};
+use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 use tessera_layout::{OverflowRole, Piece, Region, Scheme};
 use tessera_wire::StorageError;
@@ -79,10 +80,11 @@ impl FileContext {
                 !self.lost(column, self.layout.stripe_of_block(p.block))
             });
         let overlay = self.scheme() == Scheme::Hybrid;
-        let results: Vec<(Chunk, Result<Vec<u8>, Fault>)> = stream::iter(coalesce(self, &healthy))
+        // As received (no copy): each piece is copied once, into `out`.
+        let results: Vec<(Chunk, Result<Bytes, Fault>)> = stream::iter(coalesce(self, &healthy))
             .map(|chunk| async move {
                 let read = self
-                    .read_region(
+                    .read_region_bytes(
                         client,
                         chunk.column,
                         Region::Data,
