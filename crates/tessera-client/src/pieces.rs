@@ -1,17 +1,19 @@
-//! The bytes of one write as the caller holds them: one buffer, or [`Pieces`] in order (an
-//! HTTP body as it arrived), which the write's requests gather from directly.
+//! Bytes as they are held elsewhere, without a copy: [`Pieces`] in order. A write's data
+//! can be one buffer or pieces (an HTTP body as it arrived), which the write's requests gather
+//! from directly; a read can hand its bytes out as pieces of the servers' answers
+//! (`Client::read_open_blocks`).
 //!
 //! Why pieces: the S3 gateway copied each body piece into a chunk buffer, and the write then
 //! copied the chunk's stripe units into each column's request (a column's units are not next
 //! to each other in the chunk); the two copies were ~16% of the gateway's CPU on a 1 GiB PUT.
 //! From pieces, a request's payload is gathered once, and parity is computed from the
-//! gathered units.
+//! gathered units. On a GET, copying each answer into a block before sending it was 15%.
 
 use bytes::{Bytes, BytesMut};
 use std::borrow::Cow;
 use std::ops::Range;
 
-/// Byte strings that, one after the other, are a write's data.
+/// Byte strings that, one after the other, are a write's data or a read's bytes.
 #[derive(Debug, Clone, Default)]
 pub struct Pieces {
     parts: Vec<Bytes>,
@@ -47,6 +49,11 @@ impl Pieces {
     /// The parts, in order.
     pub fn parts(&self) -> &[Bytes] {
         &self.parts
+    }
+
+    /// The parts, in order, taken out.
+    pub fn into_parts(self) -> Vec<Bytes> {
+        self.parts
     }
 
     /// The parts that `range` touches, each cut to it.

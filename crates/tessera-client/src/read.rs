@@ -2,7 +2,7 @@
 //! survivors; corrupt blocks reconstructed, repaired in place, and never returned.
 
 use crate::context::{Fault, FileContext};
-use crate::{Client, ClientError, REQUESTS_IN_FLIGHT_MAX, REQUEST_BYTES_MAX};
+use crate::{Client, ClientError, Pieces, REQUESTS_IN_FLIGHT_MAX, REQUEST_BYTES_MAX};
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 use tessera_layout::{OverflowRole, Piece, Region, Scheme};
@@ -65,11 +65,46 @@ impl FileContext {
         offset: u64,
         out: &mut [u8],
     ) -> Result<usize, ClientError> {
-        let end = offset.saturating_add(out.len() as u64).min(self.meta.size);
-        if offset >= end {
-            return Ok(0);
+        let read = self.read_parts(client, offset, out.len()).await?;
+        let mut got = 0;
+        for (piece, bytes) in read {
+            out[piece.buf_range()].copy_from_slice(&bytes);
+            got += bytes.len();
         }
-        let out = &mut out[..(end - offset) as usize];
+        Ok(got)
+    }
+
+    /// Up to `len` bytes from `offset` (fewer past the file's end), as the servers' answers
+    /// hold them: each stripe unit's piece a slice of the answer it came in, in file order,
+    /// with no copy (a piece rebuilt from redundancy is a buffer of its own).
+    pub(crate) async fn read_pieces(
+        &self,
+        client: &Client,
+        offset: u64,
+        len: usize,
+    ) -> Result<Pieces, ClientError> {
+        let mut read = self.read_parts(client, offset, len).await?;
+        read.sort_unstable_by_key(|(piece, _)| piece.buf_offset);
+        let mut pieces = Pieces::new();
+        for (_, bytes) in read {
+            pieces.push(bytes);
+        }
+        Ok(pieces)
+    }
+
+    /// Every piece of bytes `offset..offset + len` the file holds, with its bytes (in no
+    /// particular order): healthy columns' pieces sliced from their answers as received,
+    /// lost or corrupt ones rebuilt.
+    async fn read_parts(
+        &self,
+        client: &Client,
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<(Piece, Bytes)>, ClientError> {
+        let end = offset.saturating_add(len as u64).min(self.meta.size);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
         let (healthy, degraded): (Vec<Piece>, Vec<Piece>) = self
             .layout
             .split(offset, end - offset)
@@ -80,7 +115,6 @@ impl FileContext {
                 !self.lost(column, self.layout.stripe_of_block(p.block))
             });
         let overlay = self.scheme() == Scheme::Hybrid;
-        // As received (no copy): each piece is copied once, into `out`.
         let results: Vec<(Chunk, Result<Bytes, Fault>)> = stream::iter(coalesce(self, &healthy))
             .map(|chunk| async move {
                 let read = self
@@ -98,6 +132,7 @@ impl FileContext {
             .buffer_unordered(REQUESTS_IN_FLIGHT_MAX)
             .collect()
             .await;
+        let mut read = Vec::with_capacity(healthy.len() + degraded.len());
         let mut retry: Vec<(Piece, Option<StorageError>)> =
             degraded.into_iter().map(|p| (p, None)).collect();
         for (chunk, result) in results {
@@ -105,7 +140,7 @@ impl FileContext {
                 Ok(bytes) => {
                     let mut at = 0;
                     for piece in &chunk.pieces {
-                        out[piece.buf_range()].copy_from_slice(&bytes[at..at + piece.len as usize]);
+                        read.push((*piece, bytes.slice(at..at + piece.len as usize)));
                         at += piece.len as usize;
                     }
                 }
@@ -125,9 +160,9 @@ impl FileContext {
             .collect()
             .await;
         for (piece, bytes) in recovered {
-            out[piece.buf_range()].copy_from_slice(&bytes?);
+            read.push((piece, Bytes::from(bytes?)));
         }
-        Ok(out.len())
+        Ok(read)
     }
 
     /// Bytes of a piece whose column is lost or returned a corrupt block. A corrupt unit is

@@ -23,7 +23,7 @@
 
 use crate::context::FileContext;
 use crate::stream::StreamClock;
-use crate::{Client, ClientError, File, PendingFile};
+use crate::{Client, ClientError, File, PendingFile, Pieces};
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::borrow::Cow;
@@ -519,27 +519,32 @@ impl Client {
         Ok(total)
     }
 
-    /// [`Client::read_blocks`] of bytes `range` of a file already open (no manager round
-    /// trip): blocks of `block_bytes` from its start, the last one ending at its end, each
-    /// read into the buffer `buffer(len)` gives for a block of `len` bytes (from a pool, say:
-    /// no allocation or zeroing per block) and yielded with the bytes the file had there
-    /// (fewer past its end).
-    pub fn read_open_blocks_into<B>(
+    /// Bytes `range` of a file already open (no manager round trip), in blocks of
+    /// `block_bytes` from its start (the last one ending at its end), `read_ahead` read at
+    /// once and yielded in order, each as the servers' answers hold it ([`Pieces`]: slices of
+    /// the answers, no copy; fewer bytes past the file's end). For a sender that only passes
+    /// the bytes on, like the S3 gateway's GET: copying them into a block first was 15% of
+    /// its CPU.
+    pub fn read_open_blocks(
         &self,
         open: OpenFile,
         range: std::ops::Range<u64>,
         block_bytes: usize,
         read_ahead: usize,
-        buffer: impl Fn(usize) -> B + Send + Sync + 'static,
-    ) -> impl futures::Stream<Item = Result<(B, usize), ClientError>>
-    where
-        B: AsMut<[u8]> + Send + 'static,
-    {
-        let offsets = range.clone().step_by(block_bytes.max(1));
+    ) -> impl futures::Stream<Item = Result<Pieces, ClientError>> {
         let ctx = std::sync::Arc::new(open.ctx);
-        let read = (range.end, block_bytes, read_ahead);
-        blocks_into(self.clone(), ctx, offsets, read, buffer)
-            .map(|block| block.map(|(buf, got, _)| (buf, got)))
+        let client = self.clone();
+        let end = range.end;
+        futures::stream::iter(range.step_by(block_bytes.max(1)))
+            .map(move |offset| {
+                let (client, ctx) = (client.clone(), ctx.clone());
+                let len = (block_bytes as u64).min(end.saturating_sub(offset));
+                async move {
+                    ctx.check_range(offset, len)?;
+                    ctx.read_pieces(&client, offset, len as usize).await
+                }
+            })
+            .buffered(read_ahead.max(1))
     }
 
     /// Fill `out` from `offset` straight from the servers, several chunks in flight; returns

@@ -185,31 +185,31 @@ impl Gateway {
         let chunk = to.chunk_bytes(None);
         let source = self.client.open_id(from).await.map_err(internal)?;
         let range = from_at..from_at.saturating_add(len);
-        let taken = self.pool.clone();
-        let blocks = self.client.read_open_blocks_into(
-            source,
-            range,
-            chunk as usize,
-            READ_AHEAD,
-            move |len| taken.take_filled(len),
-        );
+        // Each block is written from the source's answers as received (no copy into a
+        // block of the gateway's).
+        let blocks = self
+            .client
+            .read_open_blocks(source, range, chunk as usize, READ_AHEAD);
         let mut done = 0;
         let chunks = blocks.map(|block| {
             let wanted = chunk.min(len - done);
-            let (block, got) = block.map_err(internal)?;
-            if (got as u64) < wanted {
+            let block = block.map_err(internal)?;
+            if (block.len() as u64) < wanted {
                 return Err(s3_error!(
                     InternalError,
-                    "{}: {got} bytes at {} where {wanted} were expected (changed under the copy?)",
+                    "{}: {} bytes at {} where {wanted} were expected (changed under the copy?)",
                     from.path,
+                    block.len(),
                     from_at + done
                 ));
             }
             if let Some(md5) = md5.as_deref_mut() {
-                md5.update(&block[..wanted as usize]);
+                for part in block.parts() {
+                    md5.update(part);
+                }
             }
             done += wanted;
-            Ok(self.pool.bytes(block, wanted as usize))
+            Ok(block)
         });
         match self.client.upload_stream(to, to_at, Box::pin(chunks)).await {
             Ok(_) => Ok(()),

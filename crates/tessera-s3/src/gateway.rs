@@ -4,7 +4,6 @@
 use crate::etag_md5::EtagMd5;
 use crate::meta::{BucketConfig, ObjectMeta};
 use crate::names;
-use crate::pool::ChunkPool;
 use bytes::Bytes;
 use futures::StreamExt;
 use s3s::dto::StreamingBlob;
@@ -41,8 +40,6 @@ pub struct Gateway {
     /// How long a connection may take to send a request head (also while idle between
     /// requests), and a request body may send nothing, before it is dropped.
     pub(crate) idle: std::time::Duration,
-    /// Chunk buffers of bodies in and out, used again (see [`crate::pool`]).
-    pub(crate) pool: ChunkPool,
 }
 
 /// The default of [`Gateway::with_idle_timeout`]: an idle or stalled peer holds a connection
@@ -94,7 +91,6 @@ impl Gateway {
             defaults,
             part_sizes: Default::default(),
             idle: IDLE_TIMEOUT,
-            pool: ChunkPool::default(),
         }
     }
 
@@ -271,14 +267,15 @@ impl Gateway {
 
     /// Stream bytes `start..end` of the file `open`, a chunk of whole stripes at a time with
     /// [`READ_AHEAD`] chunks read ahead (no manager round trip: the open's view serves
-    /// them) into buffers of the gateway's pool (see [`crate::pool`]: no page faults and no
-    /// zeroing per block); the reads stop when the receiver of the body goes away.
+    /// them), each sent as the servers' answers hold it (`tessera_client::Pieces`: no copy
+    /// into a block of the gateway's); the reads stop when the receiver of the body goes
+    /// away.
     pub(crate) fn read_body(&self, open: OpenFile, start: u64, end: u64) -> StreamingBlob {
         // The reads ahead are futures of the task below, driven only while it polls them:
         // waiting to hand a block to a body one block behind, it left them unpolled. Room
         // for as many blocks as are read ahead keeps them going while the body is sent.
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(READ_AHEAD);
-        let blocks = pooled_blocks(self.client.clone(), self.pool.clone(), open, start..end);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Pieces, std::io::Error>>(READ_AHEAD);
+        let blocks = whole_blocks(self.client.clone(), open, start..end);
         tokio::spawn(async move {
             let mut blocks = std::pin::pin!(blocks);
             while let Some(block) = blocks.next().await {
@@ -288,37 +285,38 @@ impl Gateway {
                 }
             }
         });
-        StreamingBlob::wrap(ChannelStream(rx))
+        StreamingBlob::wrap(ChannelStream {
+            blocks: rx,
+            parts: Vec::new().into_iter(),
+        })
     }
 }
 
 /// The blocks of bytes `range` of the file `open`, a chunk of whole stripes each, in order,
-/// [`READ_AHEAD`] read at once, each into a buffer of `pool`; an error if the file holds
-/// fewer bytes than its size said (changed under the read).
-fn pooled_blocks(
+/// [`READ_AHEAD`] read at once; an error if the file holds fewer bytes than its size said
+/// (changed under the read).
+fn whole_blocks(
     client: Client,
-    pool: ChunkPool,
     open: OpenFile,
     range: std::ops::Range<u64>,
-) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
+) -> impl futures::Stream<Item = Result<Pieces, std::io::Error>> {
     let chunk = open.chunk_bytes(None) as usize;
     let path = open.file().path.clone();
     let mut at = range.start;
-    let taken = pool.clone();
+    let end = range.end;
     client
-        .read_open_blocks_into(open, range, chunk, READ_AHEAD, move |len| {
-            taken.take_filled(len)
-        })
+        .read_open_blocks(open, range, chunk, READ_AHEAD)
         .map(move |block| {
-            let (buf, got) = block.map_err(std::io::Error::other)?;
-            let wanted = buf.len();
-            if got < wanted {
+            let block = block.map_err(std::io::Error::other)?;
+            let wanted = (chunk as u64).min(end - at) as usize;
+            if block.len() < wanted {
                 return Err(std::io::Error::other(format!(
-                    "{path}: {got} bytes at {at} where {wanted} were expected (changed under the read?)"
+                    "{path}: {} bytes at {at} where {wanted} were expected (changed under the read?)",
+                    block.len()
                 )));
             }
             at += wanted as u64;
-            Ok(pool.bytes(buf, wanted))
+            Ok(block)
         })
 }
 
@@ -331,13 +329,27 @@ fn body_err(e: s3s::StdError) -> S3Error {
     }
 }
 
-/// The receiving end of a download's chunks, as a byte stream for the response body.
-struct ChannelStream(tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>);
+/// The receiving end of a download's blocks, as a byte stream for the response body: each
+/// block's parts one after the other.
+struct ChannelStream {
+    blocks: tokio::sync::mpsc::Receiver<Result<Pieces, std::io::Error>>,
+    /// What is left of the block being sent.
+    parts: std::vec::IntoIter<Bytes>,
+}
 
 impl futures::Stream for ChannelStream {
     type Item = Result<Bytes, std::io::Error>;
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.0.poll_recv(cx)
+        loop {
+            if let Some(part) = self.parts.next() {
+                return Poll::Ready(Some(Ok(part)));
+            }
+            match std::task::ready!(self.blocks.poll_recv(cx)) {
+                Some(Ok(block)) => self.parts = block.into_parts().into_iter(),
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => return Poll::Ready(None),
+            }
+        }
     }
 }
 

@@ -18,7 +18,6 @@ pub mod metrics;
 pub mod multipart;
 pub mod names;
 mod ops;
-mod pool;
 
 pub use gateway::{Gateway, IDLE_TIMEOUT, SCHEME_HEADER, STRIPE_UNIT_HEADER, WIDTH_HEADER};
 
