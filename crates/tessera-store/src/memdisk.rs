@@ -80,6 +80,8 @@ struct State {
     locks: HashMap<PathBuf, u64>,
     /// Read-ahead hints given ([`DiskFile::advise_will_need`]): inode, offset, length.
     advice: Vec<(u64, u64, u64)>,
+    /// [`Disk::sync_dir`] calls per directory (what a sync costs, for tests).
+    dir_syncs: BTreeMap<PathBuf, u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -426,6 +428,12 @@ impl MemDisk {
             .collect()
     }
 
+    /// How many times `dir` was synced ([`Disk::sync_dir`]) since the disk was made.
+    pub fn dir_syncs(&self, dir: &Path) -> u64 {
+        let state = lock(&self.state);
+        state.dir_syncs.get(&key(dir)).copied().unwrap_or(0)
+    }
+
     /// Writes not yet durable, over all files.
     pub fn unsynced_changes(&self) -> usize {
         let state = lock(&self.state);
@@ -574,6 +582,7 @@ impl Disk for MemDisk {
         if path.parent().is_some() && !matches!(state.names.get(&path), Some(Node::Dir(_))) {
             return Err(not_found(&path));
         }
+        *state.dir_syncs.entry(path.clone()).or_default() += 1;
         let children = |names: &BTreeMap<PathBuf, Node>| -> Vec<PathBuf> {
             State::under(names, &path)
                 .into_iter()

@@ -136,10 +136,12 @@ pub(crate) fn load(disk: &dyn Disk, dir: &Path) -> Result<Option<FileRecord>, Re
     }
 }
 
-/// Replaces the record in a file's directory durably, unless it already says the same.
-pub(crate) fn save(disk: &dyn Disk, dir: &Path, record: &FileRecord) -> Result<(), StorageError> {
+/// Replaces the record in a file's directory durably, unless it already says the same;
+/// whether it wrote it (and so synced the directory: every entry made in it before the call
+/// is durable).
+pub(crate) fn save(disk: &dyn Disk, dir: &Path, record: &FileRecord) -> Result<bool, StorageError> {
     if matches!(load(disk, dir), Ok(Some(ref old)) if old == record) {
-        return Ok(());
+        return Ok(false);
     }
     let path_new = dir.join(RECORD_FILE_NEW);
     let path = dir.join(RECORD_FILE);
@@ -147,7 +149,8 @@ pub(crate) fn save(disk: &dyn Disk, dir: &Path, record: &FileRecord) -> Result<(
         .map_err(|error| disk_error(format_args!("write {}", path_new.display()), error))?;
     disk.rename(&path_new, &path)
         .map_err(|error| disk_error(format_args!("rename to {}", path.display()), error))?;
-    sync_dir(disk, dir)
+    sync_dir(disk, dir)?;
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -946,7 +946,14 @@ impl Store {
                 cluster: self.cluster_id(),
                 committed: committed || was_committed,
             };
-            record::save(&*self.disk, &dir, &record)
+            // The record's directory sync made every entry of the directory durable (a new
+            // file's six files): the next sync need not sync it again (one sync call less
+            // per server on a put's path). Entries are made only under the file's lock,
+            // held here, so none came between that sync and this.
+            if record::save(&*self.disk, &dir, &record)? {
+                lock(&self.dirty).dirs.remove(&dir);
+            }
+            Ok(())
         })?;
         // The file's directory may be new: its entry must be durable before the record is.
         let created = lock(&self.dirty).dirs.remove(&self.files_dir);
