@@ -3,7 +3,7 @@
 
 use crate::admission::{Admission, Refusal};
 use crate::packet::{self, decode, public_mac, Packet, PacketError, PacketKind, OVERHEAD_LEN};
-use crate::radon::{Reservation, ReservationError};
+use crate::radon::{RadonConfig, Reservation, ReservationError};
 use crate::session::{PendingEvent, Room, Session, Verdict, WINDOW_INITIAL_PACKETS};
 use crate::{
     Config, Event, LossReason, Message, Micros, SendError, SessionId, SessionInfo, Stats, Transmit,
@@ -271,7 +271,10 @@ impl Endpoint {
     /// Gives a session this side opens [`Config::connect_reservation`], if there is one.
     fn reserve_connected(&self, session: &mut Session, now: Micros) {
         if let Some(reservation) = self.config.connect_reservation {
-            let radon_config = self.config.radon.unwrap_or_default();
+            let radon_config = self
+                .config
+                .radon
+                .unwrap_or_else(RadonConfig::reservation_only);
             session.reserve(Some(reservation), radon_config, now);
             if let Some(epoch) = self.periods_epoch {
                 session.start_periods(epoch, now);
@@ -1183,7 +1186,10 @@ impl Endpoint {
         if let Some(reservation) = &reservation {
             reservation.validate()?;
         }
-        let radon_config = self.config.radon.unwrap_or_default();
+        let radon_config = self
+            .config
+            .radon
+            .unwrap_or_else(RadonConfig::reservation_only);
         let state = self
             .sessions
             .get_mut(&session)

@@ -379,8 +379,10 @@ pub struct Config {
     /// cluster. Without, peers open sessions freely, tagged with the public key.
     pub require_session_keys: bool,
     /// Radon ([`radon`]): pace this endpoint's sessions (best effort backing off on the
-    /// queue its peers measure). `None`: only sessions given a reservation are paced
-    /// ([`Endpoint::reserve`], with [`radon::RadonConfig::default`]).
+    /// queue its peers measure, reserved ones slowing for a queue past their limit,
+    /// [`radon::RadonConfig::reserved_queue_limit_targets`]). `None`: only sessions given a
+    /// reservation are paced, at their rate whatever the queue ([`Endpoint::reserve`], with
+    /// [`radon::RadonConfig::reservation_only`]).
     pub radon: Option<radon::RadonConfig>,
     /// A reservation given to every session this endpoint opens ([`Endpoint::connect`] and
     /// the like): a client whose whole traffic is one reserved stream.

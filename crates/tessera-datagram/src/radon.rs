@@ -149,6 +149,14 @@ pub const FRAMING_ALLOWANCE_DIVISOR: u64 = 64;
 /// 0.71-0.85 (two runs; the port's mean queue 6.5-7 frames of its 128).
 pub const QUEUE_TARGET_US_DEFAULT: Micros = 1_000;
 
+/// A reserved session paces slower past this many queue targets of queue reported by its
+/// peer, in proportion to the queue ([`RadonConfig::reserved_queue_limit_targets`]): at 4
+/// (4 ms at [`QUEUE_TARGET_US_DEFAULT`], 53 frames, 40% of the lab's 128-frame buffer at
+/// 200 Mbit/s) a port that admission keeps under its share seldom reaches it (`lab radon`'s
+/// admitted runs peaked at 26-34 frames), while reservations that overload it get its rate
+/// in proportion, not its whole buffer.
+pub const RESERVED_QUEUE_LIMIT_TARGETS: u64 = 4;
+
 /// Shortest reservation period accepted.
 pub const PERIOD_US_MIN: Micros = 1_000;
 
@@ -216,6 +224,12 @@ pub struct RadonConfig {
     /// the reservation for a margin `m` of a period `P`): a port booked to the full cannot
     /// carry it.
     pub send_by_margin_divisor: u64,
+    /// A reserved session paces slower in proportion to the queue the peer reports past
+    /// this many [`RadonConfig::queue_target_us`] (0: never): reservations that together
+    /// overload the port in front of the peer then share its rate instead of filling its
+    /// buffer. Only Radon's endpoints slow for the queue
+    /// ([`RadonConfig::reservation_only`] has 0).
+    pub reserved_queue_limit_targets: u64,
 }
 
 /// The two percent-budget schedulers of the paper.
@@ -242,6 +256,18 @@ impl Default for RadonConfig {
             budget: BudgetKind::Rate,
             window_packets_max: 64,
             send_by_margin_divisor: 0,
+            reserved_queue_limit_targets: RESERVED_QUEUE_LIMIT_TARGETS,
+        }
+    }
+}
+
+impl RadonConfig {
+    /// What paces a reserved session on an endpoint without Radon of its own (the lab's
+    /// constant line): its reservation's rate and deadlines, whatever the queue.
+    pub fn reservation_only() -> RadonConfig {
+        RadonConfig {
+            reserved_queue_limit_targets: 0,
+            ..RadonConfig::default()
         }
     }
 }
@@ -952,7 +978,26 @@ impl Pacer {
         };
         self.wait_ns = next.clamp(wait_ns_floor, wait_ns_max);
         let from_ns = scheduled_ns.clamp(now_ns.saturating_sub(CATCH_UP_US_MAX * 1_000), now_ns);
-        self.next_send_ns = from_ns + self.wait_ns;
+        self.next_send_ns = from_ns + self.slowed_for_queue(self.wait_ns);
+    }
+
+    /// `wait_ns` stretched in proportion to the queue the peer reports past
+    /// [`RadonConfig::reserved_queue_limit_targets`] queue targets (unchanged within it, or
+    /// with no limit), at most [`WAIT_US_MAX`] or `wait_ns` if longer. The percent budget's
+    /// own wait (`w_k`) stays as it was: once the queue falls the stream is paced by its
+    /// deadline again, and catches up if there is time.
+    fn slowed_for_queue(&self, wait_ns: u64) -> u64 {
+        let limit_us = self
+            .config
+            .reserved_queue_limit_targets
+            .saturating_mul(self.config.queue_target_us);
+        if limit_us == 0 || self.peer_queue_us <= limit_us {
+            return wait_ns;
+        }
+        let slowed = u128::from(wait_ns) * u128::from(self.peer_queue_us) / u128::from(limit_us);
+        u64::try_from(slowed)
+            .unwrap_or(u64::MAX)
+            .min((WAIT_US_MAX * 1_000).max(wait_ns))
     }
 
     /// How long before a period of `period_ns` ends its budget is due sent, ns:
@@ -1539,6 +1584,56 @@ mod tests {
             wire_bytes: 1_488,
             acked_seq,
             sent_seq,
+        }
+    }
+
+    /// The wait a reserved pacer sets after a packet sent when due, with the peer reporting
+    /// `queue_us` of queue, µs.
+    fn reserved_gap_us(pacer: &mut Pacer, now: &mut Micros, queue_us: u64) -> Micros {
+        pacer.on_queue_report(report(queue_us, *now, 0, 0));
+        pacer.on_sent(sent(*now, 1_000, 1 << 30), 0);
+        let due = pacer.send_at(*now).expect("paced");
+        let gap = due - *now;
+        *now = due;
+        gap
+    }
+
+    #[test]
+    fn a_reserved_session_slows_in_proportion_to_a_queue_past_its_limit() {
+        // 1,000 packets of 1,000 bytes a second: about 1 ms apart on schedule.
+        let reservation = Reservation {
+            rate_bytes_per_s: 1_000_000,
+            period_us: 1_000_000,
+        };
+        let limit_us = RESERVED_QUEUE_LIMIT_TARGETS * QUEUE_TARGET_US_DEFAULT;
+        for (config, slows) in [
+            (RadonConfig::default(), true),
+            (RadonConfig::reservation_only(), false),
+        ] {
+            let mut pacer = Pacer::new(config);
+            pacer.reserve(Some(reservation), 0);
+            let mut now = 0;
+            for _ in 0..20 {
+                reserved_gap_us(&mut pacer, &mut now, 0);
+            }
+            let steady = reserved_gap_us(&mut pacer, &mut now, 0);
+            assert!((990..=1_010).contains(&steady), "{steady} µs");
+            // Within the limit, the queue changes nothing.
+            let within = reserved_gap_us(&mut pacer, &mut now, limit_us);
+            assert!(within.abs_diff(steady) <= 2, "{within} against {steady} µs");
+            for times in [2, 3] {
+                let gap = reserved_gap_us(&mut pacer, &mut now, times * limit_us);
+                let expected = if slows { times * steady } else { steady };
+                assert!(
+                    gap.abs_diff(expected) <= expected / 50,
+                    "queue {} limits: {gap} µs apart, expected {expected}",
+                    times
+                );
+            }
+            // The queue gone, the deadline paces it again at once (a little faster: it
+            // fell behind while it slowed).
+            let after = reserved_gap_us(&mut pacer, &mut now, 0);
+            assert!(after <= steady + 2, "{after} against {steady} µs");
         }
     }
 

@@ -611,7 +611,7 @@ impl Session {
     /// was held.
     pub(crate) fn queue_or_hold(&mut self, message: Message, answer: Option<u64>) -> bool {
         let hold = !self.held_requests.is_empty()
-            || answer.is_some_and(|ticket| !self.granted_into(ticket));
+            || answer.is_some_and(|ticket| !self.may_ask_for(ticket));
         if hold {
             self.queued_bytes += message.len();
             self.queued_messages += 1;
@@ -637,10 +637,43 @@ impl Session {
         self.promised_packets() > ahead.saturating_sub(self.expected_received)
     }
 
-    /// Sends, in order, the held requests whose answers the grant now reaches into.
+    /// Whether the request whose answer is expectation `ticket` may go: the grant reaches
+    /// into its answer ([`Session::granted_into`]), or, on a reserved session, the answer
+    /// just ahead of it began to arrive ([`Session::answer_ahead_began`]).
+    fn may_ask_for(&self, ticket: u64) -> bool {
+        self.granted_into(ticket)
+            || (self.reservation().is_some() && self.answer_ahead_began(ticket))
+    }
+
+    /// Whether the answer just ahead of expectation `ticket` began to arrive (every answer
+    /// before that one is in, and at least one packet of it). A reserved reader's grants
+    /// are paced at its rate, so the grant reaches into the next answer only as the current
+    /// one ends: its request then went out with the last grants of the current answer, and
+    /// its server, which takes a while to produce an answer (a disk read), idled between
+    /// the two while the reader's grants saved credit it then spent in a burst at the port
+    /// (`tessera lab radon --mirror`). Asked as the current answer begins to arrive, the
+    /// server produces the next while it sends the current one, which its grants still
+    /// pace. One answer ahead only: the server holds at most one answer it may not send.
+    fn answer_ahead_began(&self, ticket: u64) -> bool {
+        let Some(position) = self.expected.iter().position(|e| e.ticket == ticket) else {
+            return true;
+        };
+        let Some(before_ahead) = position.checked_sub(1) else {
+            return false;
+        };
+        let earlier: u64 = self
+            .expected
+            .iter()
+            .take(before_ahead)
+            .map(|e| e.packets)
+            .sum();
+        self.expected_received > earlier
+    }
+
+    /// Sends, in order, the held requests that may go now ([`Session::may_ask_for`]).
     fn release_granted_requests(&mut self) {
         while let Some(held) = self.held_requests.front() {
-            if held.answer.is_some_and(|ticket| !self.granted_into(ticket)) {
+            if held.answer.is_some_and(|ticket| !self.may_ask_for(ticket)) {
                 break;
             }
             let held = self.held_requests.pop_front().expect("looked at above");
@@ -1588,6 +1621,10 @@ impl Session {
         }
         if !self.expected.is_empty() {
             self.expected_received += 1;
+            // A reserved session's next request goes as its answer ahead begins to arrive.
+            if !self.held_requests.is_empty() && self.reservation().is_some() {
+                self.release_granted_requests();
+            }
         }
         if self
             .restart
