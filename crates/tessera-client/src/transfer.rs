@@ -533,18 +533,9 @@ impl Client {
         read_ahead: usize,
     ) -> impl futures::Stream<Item = Result<Pieces, ClientError>> {
         let ctx = std::sync::Arc::new(open.ctx);
-        let client = self.clone();
-        let end = range.end;
-        futures::stream::iter(range.step_by(block_bytes.max(1)))
-            .map(move |offset| {
-                let (client, ctx) = (client.clone(), ctx.clone());
-                let len = (block_bytes as u64).min(end.saturating_sub(offset));
-                async move {
-                    ctx.check_range(offset, len)?;
-                    ctx.read_pieces(&client, offset, len as usize).await
-                }
-            })
-            .buffered(read_ahead.max(1))
+        let offsets = range.clone().step_by(block_bytes.max(1));
+        let read = (range.end, block_bytes, read_ahead);
+        piece_blocks(self.clone(), ctx, offsets, read).map(|block| block.map(|(pieces, _)| pieces))
     }
 
     /// Fill `out` from `offset` straight from the servers, several chunks in flight; returns
@@ -588,37 +579,36 @@ pub(crate) fn blocks(
     read_ahead: usize,
 ) -> impl futures::Stream<Item = Result<(Vec<u8>, std::time::Duration), ClientError>> {
     let read = (end, block_bytes, read_ahead);
-    blocks_into(client, ctx, offsets, read, |len| vec![0u8; len]).map(|block| {
-        block.map(|(mut buf, got, took)| {
-            buf.truncate(got);
+    piece_blocks(client, ctx, offsets, read).map(|block| {
+        block.map(|(pieces, took)| {
+            // The one copy of each byte, as a read into a buffer makes.
+            let mut buf = Vec::with_capacity(pieces.len());
+            pieces
+                .parts()
+                .iter()
+                .for_each(|part| buf.extend_from_slice(part));
             (buf, took)
         })
     })
 }
 
-/// [`blocks`] into the buffers `buffer(len)` gives, each with the bytes read into it and
-/// how long it took; `(end, block_bytes, read_ahead)` as there.
-fn blocks_into<B>(
+/// [`blocks`] as the servers' answers hold them ([`Pieces`]), each with how long it took;
+/// `(end, block_bytes, read_ahead)` as there.
+fn piece_blocks(
     client: Client,
     ctx: std::sync::Arc<FileContext>,
     offsets: impl IntoIterator<Item = u64, IntoIter: Send + 'static>,
     (end, block_bytes, read_ahead): (u64, usize, usize),
-    buffer: impl Fn(usize) -> B + Send + Sync + 'static,
-) -> impl futures::Stream<Item = Result<(B, usize, std::time::Duration), ClientError>>
-where
-    B: AsMut<[u8]> + Send + 'static,
-{
-    let buffer = std::sync::Arc::new(buffer);
+) -> impl futures::Stream<Item = Result<(Pieces, std::time::Duration), ClientError>> {
     futures::stream::iter(offsets)
         .map(move |offset| {
-            let (client, ctx, buffer) = (client.clone(), ctx.clone(), buffer.clone());
+            let (client, ctx) = (client.clone(), ctx.clone());
             let len = (block_bytes as u64).min(end.saturating_sub(offset));
             async move {
                 let began = std::time::Instant::now();
                 ctx.check_range(offset, len)?;
-                let mut block = buffer(len as usize);
-                let got = ctx.read_into(&client, offset, block.as_mut()).await?;
-                Ok((block, got, began.elapsed()))
+                let pieces = ctx.read_pieces(&client, offset, len as usize).await?;
+                Ok((pieces, began.elapsed()))
             }
         })
         .buffered(read_ahead.max(1))
