@@ -533,7 +533,9 @@ impl Client {
         read_ahead: usize,
     ) -> impl futures::Stream<Item = Result<Pieces, ClientError>> {
         let ctx = std::sync::Arc::new(open.ctx);
-        let offsets = range.clone().step_by(block_bytes.max(1));
+        // Blocks of no bytes would never advance: taken as blocks of one.
+        let block_bytes = block_bytes.max(1);
+        let offsets = range.clone().step_by(block_bytes);
         let read = (range.end, block_bytes, read_ahead);
         piece_blocks(self.clone(), ctx, offsets, read).map(|block| block.map(|(pieces, _)| pieces))
     }

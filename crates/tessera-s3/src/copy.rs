@@ -8,7 +8,7 @@ use crate::names;
 use futures::StreamExt;
 use s3s::dto::*;
 use s3s::{s3_error, S3ErrorCode, S3Request, S3Response, S3Result};
-use tessera_client::{File, OpenFile, StreamUploadError};
+use tessera_client::{File, OpenFile, Pieces, StreamUploadError};
 
 impl Gateway {
     /// The object's ETag and modification time, or `None` if there is no such object.
@@ -194,19 +194,10 @@ impl Gateway {
         let chunks = blocks.map(|block| {
             let wanted = chunk.min(len - done);
             let block = block.map_err(internal)?;
-            if (block.len() as u64) < wanted {
-                return Err(s3_error!(
-                    InternalError,
-                    "{}: {} bytes at {} where {wanted} were expected (changed under the copy?)",
-                    from.path,
-                    block.len(),
-                    from_at + done
-                ));
-            }
+            let short = short_block(&from.path, &block, from_at + done, wanted, "copy");
+            short.map_err(|detail| s3_error!(InternalError, "{detail}"))?;
             if let Some(md5) = md5.as_deref_mut() {
-                for part in block.parts() {
-                    md5.update(part);
-                }
+                md5.update_pieces(&block);
             }
             done += wanted;
             Ok(block)
@@ -217,4 +208,22 @@ impl Gateway {
             Err(StreamUploadError::Store(e)) => Err(internal(e)),
         }
     }
+}
+
+/// Refuses a block of a read that holds fewer bytes than `wanted` at `at`: the file was
+/// shorter than its size said (changed under the read or copy `what`).
+pub(crate) fn short_block(
+    path: &str,
+    block: &Pieces,
+    at: u64,
+    wanted: u64,
+    what: &str,
+) -> Result<(), String> {
+    if (block.len() as u64) < wanted {
+        return Err(format!(
+            "{path}: {} bytes at {at} where {wanted} were expected (changed under the {what}?)",
+            block.len()
+        ));
+    }
+    Ok(())
 }

@@ -41,6 +41,13 @@ impl EtagMd5 {
         }
     }
 
+    /// Hashes a block's pieces in order, as if they were one buffer.
+    pub(crate) fn update_pieces(&mut self, pieces: &tessera_client::Pieces) {
+        for part in pieces.parts() {
+            self.update(part);
+        }
+    }
+
     pub(crate) fn finalize(self) -> [u8; 16] {
         match self {
             #[cfg(target_arch = "x86_64")]

@@ -1,6 +1,7 @@
 //! The gateway's state and the storage steps the S3 operations share: bucket configs, small
 //! gateway records, streaming an object's body in and out in stripe-sized chunks.
 
+use crate::copy::short_block;
 use crate::etag_md5::EtagMd5;
 use crate::meta::{BucketConfig, ObjectMeta};
 use crate::names;
@@ -308,14 +309,9 @@ fn whole_blocks(
         .read_open_blocks(open, range, chunk, READ_AHEAD)
         .map(move |block| {
             let block = block.map_err(std::io::Error::other)?;
-            let wanted = (chunk as u64).min(end - at) as usize;
-            if block.len() < wanted {
-                return Err(std::io::Error::other(format!(
-                    "{path}: {} bytes at {at} where {wanted} were expected (changed under the read?)",
-                    block.len()
-                )));
-            }
-            at += wanted as u64;
+            let wanted = (chunk as u64).min(end - at);
+            short_block(&path, &block, at, wanted, "read").map_err(std::io::Error::other)?;
+            at += wanted;
             Ok(block)
         })
 }
@@ -447,9 +443,7 @@ impl Md5Chain {
             self.hasher = Some(tokio::task::spawn_blocking(move || {
                 let mut md5 = EtagMd5::new();
                 while let Some(chunk) = chunks.blocking_recv() {
-                    for part in chunk.parts() {
-                        md5.update(part);
-                    }
+                    md5.update_pieces(&chunk);
                 }
                 md5
             }));

@@ -1822,6 +1822,49 @@ async fn blocks_as_received_are_the_files_bytes_in_every_scheme_healthy_and_degr
         assert!(blocks.iter().all(|b| b.parts().len() > 1), "{scheme:?}");
         check(&format!("{scheme:?} healthy"), blocks, data);
     }
+    // A flipped byte on disk: each redundant scheme serves the file's bytes (rebuilt from
+    // the others), RAID-0 refuses; no scheme yields the flipped byte.
+    for (scheme, path, data) in &files {
+        let meta = client.stat(path).await.expect("stat").meta;
+        let offset = start + 2 * UNIT + 17;
+        let (server, local) = data_location(&meta, offset);
+        cluster.flip_byte(server, meta.id, "data", local);
+        match (scheme, read_all(path.clone()).await) {
+            (Scheme::Raid0, Err(e)) => assert!(e.to_string().contains("corrupt block"), "{e}"),
+            (Scheme::Raid0, Ok(_)) => panic!("RAID-0 served a block that fails its checksum"),
+            (_, Ok(blocks)) => check(&format!("{scheme:?} over a flipped byte"), blocks, data),
+            (_, Err(e)) => panic!("{scheme:?} over a flipped byte: {e}"),
+        }
+        if *scheme == Scheme::Raid0 {
+            // Put it back: the degraded reads below must fail for the lost server only.
+            cluster.flip_byte(server, meta.id, "data", local);
+        }
+    }
+    // Ranges at the type's limits: refused with the range named, never wrapped or endless.
+    let open = || client.open_file(&files[3].1);
+    let near_end: Vec<_> = client
+        .read_open_blocks(
+            open().await.expect("open"),
+            u64::MAX - 10..u64::MAX,
+            block,
+            3,
+        )
+        .collect()
+        .await;
+    assert!(
+        matches!(near_end.first(), Some(Err(ClientError::TooLarge { .. }))),
+        "{near_end:?}"
+    );
+    let zero_blocks: Vec<_> = (client.read_open_blocks(open().await.expect("open"), 0..5, 0, 3))
+        .collect()
+        .await;
+    let lengths: Vec<usize> = (zero_blocks.iter())
+        .map(|b| b.as_ref().expect("a block of one byte").len())
+        .collect();
+    assert_eq!(
+        lengths, [1; 5],
+        "blocks of 0 bytes are taken as blocks of 1"
+    );
     cluster.stop_server(2);
     for (scheme, path, data) in &files {
         match (scheme, read_all(path.clone()).await) {
