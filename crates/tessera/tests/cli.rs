@@ -1429,6 +1429,70 @@ fn reserved_streams_are_paced_and_report_their_deadlines() {
     );
 }
 
+/// Issue 18, adversary: a reserved client SIGKILLed mid-stream never releases its
+/// reservation; the manager keeps it until its lease lapses (a stream the size of the link's
+/// rest is refused meanwhile), then admits the same stream again. A leaked reservation would
+/// refuse it for ever.
+#[test]
+fn a_killed_reserved_clients_reservation_lapses_with_its_lease() {
+    let c = Cluster::start_with_env(3, &[("TESSERA_LINK_RATE", "10MB/s")]);
+    let data = random_bytes(&mut seeded("killed reserved"), 25_000_000);
+    c.put("long", &data, "raid5");
+    // At 5 MB/s the get takes about 5 s; the client's link has 9 MB/s reservable and one
+    // such stream asks about 8 (see `reservations_that_do_not_fit_a_link_are_refused`).
+    let got = c.local("long.got");
+    let file = c.cluster_file();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["--cluster", text(&file), "get", "long", text(&got)])
+        .args(["--rate", "5MB/s"])
+        .env_remove("TESSERA_CLUSTER")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the reserved get");
+    // The output file is made only after the reservation was admitted.
+    let deadline = Instant::now() + COMMAND_TIMEOUT;
+    while std::fs::metadata(&got).map_or(true, |m| m.len() == 0) {
+        assert!(child.try_wait().unwrap().is_none(), "the get ended early");
+        assert!(Instant::now() < deadline, "the reserved get never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().expect("SIGKILL the reserved get");
+    let killed = Instant::now();
+    child.wait().unwrap();
+    let again = c.local("long.again");
+    let args = ["get", "long", text(&again), "--rate", "5MB/s"];
+    let line = c.fails_with_one_line(&args);
+    assert_mentions(&line, &["reservation refused: client 127.0.0.1"]);
+    // Admitted again once the lease (10 s from the last renewal, renewed at a third of it)
+    // has lapsed, and not long after.
+    let lapsed = loop {
+        let tried = killed.elapsed();
+        let (run, command) = c.client(&args, None);
+        if run.status.success() {
+            break tried;
+        }
+        assert_mentions(&run.stderr, &["reservation refused"]);
+        assert!(
+            killed.elapsed() < Duration::from_secs(25),
+            "still refused {:?} after the kill: {}",
+            killed.elapsed(),
+            run.describe(&command)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    eprintln!("admitted again {lapsed:?} after the kill");
+    assert!(
+        lapsed >= Duration::from_secs(5),
+        "admitted after {lapsed:?}"
+    );
+    assert_bytes(
+        &std::fs::read(&again).expect("fetched"),
+        &data,
+        "get after the lapse",
+    );
+}
+
 /// `bench --against-minio` refuses a missing MinIO binary and an object size out of range
 /// with one line, before it starts any cluster.
 #[test]
