@@ -219,9 +219,9 @@ impl GrantRate {
     ///
     /// `shared`: others' packets queue in the port in front of this host (a best-effort
     /// reader beside it). The stream then keeps to what its deadline needs, `e_i / (d - t)`
-    /// to the due time, no cushion and no faster than that for framing (at least its exact
-    /// rate): on schedule with 1 s periods 1.010 of its rate instead of 1.026, and a stream
-    /// behind catches up over the whole time left rather than a cushion before it. The
+    /// to the due time with no cushion (and at least its rate with framing, 65/64): on
+    /// schedule with 1 s periods 1.016 of its rate instead of 1.026, and a stream behind
+    /// catches up over the whole time left rather than a cushion before it. The
     /// cushion comes back once the port is its own again. The port is full then, so every
     /// share of it the stream takes beyond its rate comes out of the best-effort reader's
     /// (`tessera lab radon --mirror`'s punctuated run, `docs/notes/radon22.md`).
@@ -254,17 +254,9 @@ impl GrantRate {
         let schedule_ns = time_ns
             .saturating_sub(cushion_ns)
             .max(GRANT_BURST_US * 1_000);
-        // The slowest pace: on schedule, the rate with its framing; sharing the port, the
-        // rate alone.
-        let slowest_ns = if shared {
-            let (num, den) = GRANT_RATE_ON_SCHEDULE;
-            self.packet_ns.saturating_mul(num) / den
-        } else {
-            self.packet_ns
-        };
         let scheduled_ns = (schedule_ns / due)
             .max(1)
-            .clamp(margin.packet_ns.min(slowest_ns), slowest_ns);
+            .clamp(margin.packet_ns.min(self.packet_ns), self.packet_ns);
         // What is owed by the deadline may go faster than the margin, no slower.
         let owed_ns = time_ns.checked_div(owed).unwrap_or(u64::MAX).max(1);
         let packet_ns = if owed_ns < margin.packet_ns {
@@ -610,9 +602,9 @@ mod tests {
     }
 
     /// Radon's laxity goes to the others sharing the port: a reserved reader whose packets
-    /// measure a queue in front of its host is granted at what its deadline needs, 1.010 of
-    /// its rate to the due time here (505 packets by the middle), not 1.026 (513) to a
-    /// cushion before it; it still has all 1,000 by the due time, also after a stall.
+    /// measure a queue in front of its host is granted at what its deadline needs to the due
+    /// time, here its rate with framing (65/64: 507 packets by the middle), not 1.026 (513)
+    /// to a cushion before it; it still has all 1,000 by the due time, also after a stall.
     #[test]
     fn a_reserved_reader_sharing_the_port_keeps_to_its_deadlines_pace() {
         let (by_half, granted) = grant_one_period(u64::MAX, 0, true);

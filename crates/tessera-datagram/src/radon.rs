@@ -231,9 +231,9 @@ pub struct RadonConfig {
     /// ([`RadonConfig::reservation_only`] has 0).
     pub reserved_queue_limit_targets: u64,
     /// A reserved reader whose own packets measure a queue in front of its host (others'
-    /// answers share the port) grants at what its deadline needs, without the cushion and
-    /// framing it keeps otherwise ([`crate::grants::GrantRate::for_period`]): its laxity goes
-    /// to the best-effort readers beside it. Only Radon's endpoints
+    /// answers share the port) grants at what its deadline needs, without the cushion it
+    /// keeps otherwise ([`crate::grants::GrantRate::for_period`]): its laxity goes to the
+    /// best-effort readers beside it. Only Radon's endpoints
     /// ([`RadonConfig::reservation_only`] keeps its cushion whatever the queue).
     pub reserved_grants_yield_laxity: bool,
 }
