@@ -230,6 +230,12 @@ pub struct RadonConfig {
     /// buffer. Only Radon's endpoints slow for the queue
     /// ([`RadonConfig::reservation_only`] has 0).
     pub reserved_queue_limit_targets: u64,
+    /// A reserved reader whose own packets measure a queue in front of its host (others'
+    /// answers share the port) grants at what its deadline needs, without the cushion it
+    /// keeps otherwise ([`crate::grants::GrantRate::for_period`]): its laxity goes to the
+    /// best-effort readers beside it. Only Radon's endpoints
+    /// ([`RadonConfig::reservation_only`] keeps its cushion whatever the queue).
+    pub reserved_grants_yield_laxity: bool,
 }
 
 /// The two percent-budget schedulers of the paper.
@@ -257,6 +263,7 @@ impl Default for RadonConfig {
             window_packets_max: 64,
             send_by_margin_divisor: 0,
             reserved_queue_limit_targets: RESERVED_QUEUE_LIMIT_TARGETS,
+            reserved_grants_yield_laxity: true,
         }
     }
 }
@@ -267,6 +274,7 @@ impl RadonConfig {
     pub fn reservation_only() -> RadonConfig {
         RadonConfig {
             reserved_queue_limit_targets: 0,
+            reserved_grants_yield_laxity: false,
             ..RadonConfig::default()
         }
     }
@@ -741,6 +749,11 @@ impl Pacer {
         self.wait_ns = 0;
         self.next_send_ns = self.next_send_ns.min(now_ns);
         self.aligned = true;
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &RadonConfig {
+        &self.config
     }
 
     /// The reservation, if any.

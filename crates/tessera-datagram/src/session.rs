@@ -2,7 +2,7 @@
 //! estimate and one stream of piggybacked acknowledgements.
 
 use crate::congestion::{self, CongestionControl};
-use crate::grants::{GrantPace, GrantPeriod, GrantRate};
+use crate::grants::{GrantPace, GrantPeriod, GrantRate, SHARED_PORT_QUEUE_DIVISOR};
 use crate::packet::{widen, Packet, PacketKind};
 use crate::radon::{self, Pacer, QueueEstimator, Reservation};
 use crate::rtt::RttEstimator;
@@ -737,9 +737,21 @@ impl Session {
         Some(match self.grant_period(now) {
             Some(period) => {
                 GrantRate::on_schedule(reservation.rate_bytes_per_s, self.peer_fragment_bytes)
-                    .for_period(rate, &self.grant_pace, period, now)
+                    .for_period(rate, &self.grant_pace, period, now, self.shares_port())
             }
             None => rate,
+        })
+    }
+
+    /// Whether a reserved reader's own packets measure a queue in front of its host, so that
+    /// it yields its laxity to the others there
+    /// ([`crate::radon::RadonConfig::reserved_grants_yield_laxity`]).
+    fn shares_port(&self) -> bool {
+        self.pacer.as_ref().is_some_and(|pacer| {
+            let config = pacer.config();
+            config.reserved_grants_yield_laxity
+                && self.queue_estimate.queue_delay_us() * SHARED_PORT_QUEUE_DIVISOR
+                    >= config.queue_target_us.max(1)
         })
     }
 
