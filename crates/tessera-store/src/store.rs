@@ -872,15 +872,77 @@ impl Store {
             .seal_logs(&mut owed)
             .and_then(|()| sync_owed(&*self.disk, &owed));
         if result.is_err() {
-            // Keep owing them, so the next sync tries again.
-            let mut dirty = lock(&self.dirty);
-            for (key, handle) in owed.files {
-                dirty.files.entry(key).or_insert(handle);
+            self.owe_again(owed);
+        }
+        result
+    }
+
+    /// Puts back what a failed sync took from the dirty set, so the next sync tries again.
+    fn owe_again(&self, owed: Dirty) {
+        let mut dirty = lock(&self.dirty);
+        for (key, handle) in owed.files {
+            dirty.files.entry(key).or_insert(handle);
+        }
+        for (key, handle) in owed.snapshot_files {
+            dirty.snapshot_files.entry(key).or_insert(handle);
+        }
+        dirty.dirs.extend(owed.dirs);
+    }
+
+    /// [`Store::describe`] and [`Store::sync_keeping_mark`] in one batch of syncs: writes
+    /// the record's new bytes (`record.new`), makes them durable together with every file
+    /// the sync owes, renames the record into place, then syncs each directory owed once
+    /// (the file's directory, which names the record and the file's files, then `files/`
+    /// and the others). Where the two calls sync the file's directory (or `files/`) twice
+    /// and run their file syncs one call after the other, this syncs them once.
+    ///
+    /// The crash order is the two calls' own: the rosters before any directory (see
+    /// [`Store::sync_keeping_mark`]); the record's bytes durable before its rename is (the
+    /// rename is made durable only by the directory sync that follows the file syncs); every
+    /// answered write durable before the call returns. A power loss at any step leaves the
+    /// old record or the new one, whole. The file's lock is held from the record's write to
+    /// its directory's sync, so no other record replaces `record.new` in between and no
+    /// entry is made in the directory after its sync and before it leaves the owed set.
+    pub fn describe_and_sync(&self, meta: &FileMeta, committed: bool) -> Result<(), StorageError> {
+        let _one_at_a_time = lock(&self.sync_lock);
+        lock(&self.intents).sync_roster()?;
+        lock(&self.stale).sync_roster()?;
+        let mut owed = std::mem::take(&mut *lock(&self.dirty));
+        // The seals take each log's file lock in turn: before this file's is held.
+        if let Err(error) = self.seal_logs(&mut owed) {
+            self.owe_again(owed);
+            return Err(error);
+        }
+        let dir = self.file_dir(meta.id);
+        let result = self.with_write(meta.id, |state| {
+            self.make_present(meta.id, state)?;
+            {
+                // A directory made just now is owed by this sync too.
+                let mut dirty = lock(&self.dirty);
+                for made in [&dir, &self.files_dir] {
+                    if dirty.dirs.remove(made) {
+                        owed.dirs.insert(made.clone());
+                    }
+                }
             }
-            for (key, handle) in owed.snapshot_files {
-                dirty.snapshot_files.entry(key).or_insert(handle);
+            let record = self.record_to_keep(&dir, meta, committed);
+            let staged = record::stage(&*self.disk, &dir, &record)?;
+            if let Some(staged) = &staged {
+                staged.sync_data()?;
             }
-            dirty.dirs.extend(owed.dirs);
+            sync_owed_files(&owed)?;
+            if let Some(staged) = staged {
+                staged.install()?;
+                // The file's directory names the record and the file's files: synced once,
+                // here, under the file's lock.
+                owed.dirs.remove(&dir);
+                meta::sync_dir(&*self.disk, &dir)?;
+            }
+            Ok(())
+        });
+        let result = result.and_then(|()| sync_owed_dirs(&*self.disk, &owed));
+        if result.is_err() {
+            self.owe_again(owed);
         }
         result
     }
@@ -939,13 +1001,7 @@ impl Store {
         self.with_write(meta.id, |state| {
             self.make_present(meta.id, state)?;
             let dir = self.file_dir(meta.id);
-            let was_committed =
-                matches!(record::load(&*self.disk, &dir), Ok(Some(old)) if old.committed);
-            let record = FileRecord {
-                meta: meta.clone(),
-                cluster: self.cluster_id(),
-                committed: committed || was_committed,
-            };
+            let record = self.record_to_keep(&dir, meta, committed);
             // The record's directory sync made every entry of the directory durable (a new
             // file's six files): the next sync need not sync it again (one sync call less
             // per server on a put's path). Entries are made only under the file's lock,
@@ -961,6 +1017,18 @@ impl Store {
             meta::sync_dir(&*self.disk, &self.files_dir)?;
         }
         Ok(())
+    }
+
+    /// The record `meta` makes of the file in `dir`, stamped with the cluster this store
+    /// joined; committed if `committed` or if the record there already says so (it sticks).
+    fn record_to_keep(&self, dir: &Path, meta: &FileMeta, committed: bool) -> FileRecord {
+        let was_committed =
+            matches!(record::load(&*self.disk, dir), Ok(Some(old)) if old.committed);
+        FileRecord {
+            meta: meta.clone(),
+            cluster: self.cluster_id(),
+            committed: committed || was_committed,
+        }
     }
 
     /// Up to `limit` files with an id above `after`, in file id order: their records, or
@@ -1262,6 +1330,12 @@ impl Store {
 
 /// Syncs what a sync owes: files first, then the directories that name them.
 fn sync_owed(disk: &dyn Disk, owed: &Dirty) -> Result<(), StorageError> {
+    sync_owed_files(owed)?;
+    sync_owed_dirs(disk, owed)
+}
+
+/// The file part of [`sync_owed`]: snapshot copies, written files, seals.
+fn sync_owed_files(owed: &Dirty) -> Result<(), StorageError> {
     // Snapshot copies first: they must be durable no later than the writes they preceded.
     for ((file, name), handle) in &owed.snapshot_files {
         handle
@@ -1277,6 +1351,11 @@ fn sync_owed(disk: &dyn Disk, owed: &Dirty) -> Result<(), StorageError> {
         (handle.sync_data())
             .map_err(|error| self::disk(format_args!("sync a log's seal of file {file}"), error))?;
     }
+    Ok(())
+}
+
+/// The directory part of [`sync_owed`], after the files they name are durable.
+fn sync_owed_dirs(disk: &dyn Disk, owed: &Dirty) -> Result<(), StorageError> {
     for dir in &owed.dirs {
         match disk.sync_dir(dir) {
             Ok(()) => {}
