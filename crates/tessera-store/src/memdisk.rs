@@ -86,6 +86,11 @@ struct State {
     file_syncs: u64,
     /// Changes the disk still takes before its power goes ([`MemDisk::lose_power_after`]).
     changes_left: Option<u64>,
+    /// How long a file sync takes ([`MemDisk::slow_file_syncs`]); none by default.
+    file_sync_wait: std::time::Duration,
+    /// File syncs in progress now, and the most there were at once.
+    file_syncs_now: u64,
+    file_syncs_at_once_max: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -459,6 +464,18 @@ impl MemDisk {
         lock(&self.state).changes_left == Some(0)
     }
 
+    /// Makes every file sync from now on take `wait` (outside the disk's lock, so syncs issued
+    /// together overlap), to see how many a store issues at once
+    /// ([`MemDisk::file_syncs_at_once_max`]).
+    pub fn slow_file_syncs(&self, wait: std::time::Duration) {
+        lock(&self.state).file_sync_wait = wait;
+    }
+
+    /// The most file syncs that were in progress at once since the disk was made.
+    pub fn file_syncs_at_once_max(&self) -> u64 {
+        lock(&self.state).file_syncs_at_once_max
+    }
+
     /// How many times a file was synced ([`DiskFile::sync_data`]) since the disk was made.
     pub fn file_syncs(&self) -> u64 {
         lock(&self.state).file_syncs
@@ -803,7 +820,17 @@ impl DiskFile for MemFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        lock(&self.state).file_syncs += 1;
+        let wait = {
+            let mut state = lock(&self.state);
+            state.file_syncs += 1;
+            state.file_syncs_now += 1;
+            state.file_syncs_at_once_max = state.file_syncs_at_once_max.max(state.file_syncs_now);
+            state.file_sync_wait
+        };
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+        lock(&self.state).file_syncs_now -= 1;
         self.with_change(|inode| {
             for change in std::mem::take(&mut inode.pending) {
                 inode.durable.apply(&change);

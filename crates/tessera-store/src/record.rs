@@ -166,6 +166,11 @@ impl Staged<'_> {
             .map_err(|error| disk_error(format_args!("sync {}", path.display()), error))
     }
 
+    /// The open `record.new`, for a caller that syncs it in a batch with other files.
+    pub(crate) fn handle(&self) -> &FileHandle {
+        &self.file
+    }
+
     /// Renames `record.new` over `record`; durable at the directory's next sync. Call only
     /// after [`Staged::sync_data`].
     pub(crate) fn install(self) -> Result<(), StorageError> {

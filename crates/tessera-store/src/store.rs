@@ -891,7 +891,8 @@ impl Store {
 
     /// [`Store::describe`] and [`Store::sync_keeping_mark`] in one batch of syncs: writes
     /// the record's new bytes (`record.new`), makes them durable together with every file
-    /// the sync owes, renames the record into place, then syncs each directory owed once
+    /// the sync owes (their `fdatasync`s issued at once, [`sync_at_once`]), renames the
+    /// record into place, then syncs each directory owed once
     /// (the file's directory, which names the record and the file's files, then `files/`
     /// and the others). Where the two calls sync the file's directory (or `files/`) twice
     /// and run their file syncs one call after the other, this syncs them once.
@@ -927,10 +928,10 @@ impl Store {
             }
             let record = self.record_to_keep(&dir, meta, committed);
             let staged = record::stage(&*self.disk, &dir, &record)?;
-            if let Some(staged) = &staged {
-                staged.sync_data()?;
-            }
-            sync_owed_files(&owed)?;
+            // The record's new bytes in the same batch as the files the sync owes.
+            let record_new = (staged.as_ref())
+                .map(|staged| (staged.handle(), format!("the record of file {}", meta.id)));
+            sync_owed_files(&owed, record_new)?;
             if let Some(staged) = staged {
                 staged.install()?;
                 // The file's directory names the record and the file's files: synced once,
@@ -1330,28 +1331,61 @@ impl Store {
 
 /// Syncs what a sync owes: files first, then the directories that name them.
 fn sync_owed(disk: &dyn Disk, owed: &Dirty) -> Result<(), StorageError> {
-    sync_owed_files(owed)?;
+    sync_owed_files(owed, None)?;
     sync_owed_dirs(disk, owed)
 }
 
-/// The file part of [`sync_owed`]: snapshot copies, written files, seals.
-fn sync_owed_files(owed: &Dirty) -> Result<(), StorageError> {
+/// The file part of [`sync_owed`]: snapshot copies, then written files (and `also`, a
+/// record's new bytes), then seals, each group's `fdatasync`s issued at once (see
+/// [`sync_at_once`]).
+fn sync_owed_files(owed: &Dirty, also: Option<(&FileHandle, String)>) -> Result<(), StorageError> {
     // Snapshot copies first: they must be durable no later than the writes they preceded.
-    for ((file, name), handle) in &owed.snapshot_files {
-        handle
-            .sync_data()
-            .map_err(|error| self::disk(format_args!("sync {name} of file {file}"), error))?;
+    let copies = (owed.snapshot_files.iter())
+        .map(|((file, name), handle)| (handle, format!("{name} of file {file}")));
+    sync_at_once(copies.collect())?;
+    let files = (owed.files.iter())
+        .map(|((file, kind), handle)| (handle, format!("{} of file {file}", kind.name())));
+    sync_at_once(files.chain(also).collect())?;
+    // Seals last: a seal durable before its log would make the log look cut short.
+    let seals = (owed.seals.iter())
+        .map(|((file, _), handle)| (handle, format!("a log's seal of file {file}")));
+    sync_at_once(seals.collect())
+}
+
+/// Threads a sync issues its file syncs from, at most.
+const SYNC_THREADS_MAX: usize = 8;
+
+/// `fdatasync`s every file of `files` (each with what it is, for the error), from up to
+/// [`SYNC_THREADS_MAX`] threads at once: the syncs of one batch are independent, and issued
+/// together the file system commits its journal for all of them at once, so a batch costs
+/// about one round of disk latency instead of one per file. Returns when all are done; the
+/// first error, if any.
+fn sync_at_once(files: Vec<(&FileHandle, String)>) -> Result<(), StorageError> {
+    let sync = |(handle, what): &(&FileHandle, String)| {
+        (handle.sync_data()).map_err(|error| self::disk(format_args!("sync {what}"), error))
+    };
+    if files.len() <= 1 {
+        return files.iter().try_for_each(sync);
     }
-    for ((file, kind), handle) in &owed.files {
-        handle.sync_data().map_err(|error| {
-            self::disk(format_args!("sync {} of file {file}", kind.name()), error)
-        })?;
-    }
-    for ((file, _), handle) in &owed.seals {
-        (handle.sync_data())
-            .map_err(|error| self::disk(format_args!("sync a log's seal of file {file}"), error))?;
-    }
-    Ok(())
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = files.len().min(SYNC_THREADS_MAX);
+    let results: Vec<Result<(), StorageError>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| loop {
+                    let at = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(file) = files.get(at) else {
+                        return Ok(());
+                    };
+                    sync(file)?;
+                })
+            })
+            .collect();
+        (workers.into_iter())
+            .map(|worker| worker.join().expect("a sync thread does not panic"))
+            .collect()
+    });
+    results.into_iter().collect()
 }
 
 /// The directory part of [`sync_owed`], after the files they name are durable.

@@ -412,3 +412,28 @@ fn a_power_loss_at_each_step_of_describe_and_sync_leaves_the_old_or_the_new_reco
         "both records seen: {outcomes:?}"
     );
 }
+
+/// The file syncs of one sync are independent: the combined request issues them at once
+/// (since put22's second step), here a put's parity server's five (data, redundancy, their
+/// checksums, the record's new bytes), so the file system can commit them in one journal
+/// round; the directory syncs come after, and a crash right after keeps everything.
+#[test]
+fn the_file_syncs_of_a_sync_are_issued_at_once() {
+    let (disk, root, store) = store_with_a_write();
+    store
+        .write(FILE, Region::Redundancy, 0, &[9; 4096], false)
+        .unwrap();
+    disk.slow_file_syncs(std::time::Duration::from_millis(20));
+    store.describe_and_sync(&described(4096), false).unwrap();
+    let at_once = disk.file_syncs_at_once_max();
+    assert!(at_once >= 5, "{at_once} file syncs at once, not all five");
+    store.clear_unsynced_mark().unwrap();
+    drop(store);
+    disk.crash();
+    let after = Store::open_on(disk.snapshot().shared(), root).unwrap();
+    let parity = after
+        .read(FILE, Region::Redundancy, 0, 4096, false)
+        .unwrap();
+    assert_eq!(parity, vec![9; 4096]);
+    assert_eq!(after.records(0, 10).unwrap().records.len(), 1);
+}
