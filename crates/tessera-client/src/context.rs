@@ -613,18 +613,18 @@ impl FileContext {
             if self.lost_entirely(column) {
                 return Some(column);
             }
-            let describe = async {
-                if recorded.contains(&column) {
-                    // Whether the file is committed is not known here; a record that knows
-                    // keeps it.
-                    self.describe_column(client, column, false).await;
+            // A recorded column keeps its record and syncs in one request: the server syncs
+            // the record with the bytes, and each directory once. Whether the file is
+            // committed is not known here; a record that knows keeps it.
+            let request = if recorded.contains(&column) {
+                StorageRequest::DescribeAndSync {
+                    meta: self.meta.clone(),
+                    committed: false,
                 }
+            } else {
+                StorageRequest::Sync
             };
-            let (_, synced) = futures::join!(
-                describe,
-                self.rpc(client, column, StorageRequest::Sync, Bytes::new())
-            );
-            match synced {
+            match self.rpc(client, column, request, Bytes::new()).await {
                 Ok(_) => None,
                 Err(_) => Some(column),
             }
@@ -694,6 +694,7 @@ fn retry_safe(request: &StorageRequest) -> bool {
         StorageRequest::Read { .. }
             | StorageRequest::Write { .. }
             | StorageRequest::Sync
+            | StorageRequest::DescribeAndSync { .. }
             | StorageRequest::OverflowList { .. }
             | StorageRequest::Allocated { .. }
     )

@@ -755,6 +755,24 @@ pub(crate) async fn blocking<T: Send + 'static>(
     })
 }
 
+/// Removes the `unsynced` mark after a sync's answer (in place under [`run_disk_inline`], so a
+/// simulator's run does not depend on the blocking pool). Safe after the answer: the removal
+/// checks under the sync lock that nothing is owed, so a write that comes meanwhile keeps the
+/// mark; a removal cut short by a power loss only makes the store take a new incarnation
+/// needlessly (`Store::sync_keeping_mark`).
+fn clear_mark_after_answer(store: Arc<Store>) {
+    let clear = move || {
+        if let Err(e) = store.clear_unsynced_mark() {
+            tracing::warn!("the unsynced mark stays: {e}");
+        }
+    };
+    if DISK_INLINE.with(|cell| cell.get()) {
+        clear();
+    } else {
+        tokio::task::spawn_blocking(clear);
+    }
+}
+
 /// How a wait for a stripe's live stale-parity records ended.
 struct StaleWait {
     /// An orphaned record covers the stripe: its writer is gone; resolve it before trusting
@@ -1055,11 +1073,7 @@ async fn serve(
             // the store take a new incarnation needlessly (`Store::sync_keeping_mark`).
             let syncing = Arc::clone(&store);
             blocking(move || syncing.sync_keeping_mark()).await?;
-            tokio::task::spawn_blocking(move || {
-                if let Err(e) = store.clear_unsynced_mark() {
-                    tracing::warn!("the unsynced mark stays: {e}");
-                }
-            });
+            clear_mark_after_answer(store);
             done
         }
         StorageRequest::Discard {
@@ -1097,6 +1111,13 @@ async fn serve(
         }
         StorageRequest::Describe { meta, committed } => {
             blocking(move || store.describe(&meta, committed)).await?;
+            done
+        }
+        StorageRequest::DescribeAndSync { meta, committed } => {
+            let syncing = Arc::clone(&store);
+            blocking(move || syncing.describe_and_sync(&meta, committed)).await?;
+            // The mark's removal after the answer, as for `Sync` (see there).
+            clear_mark_after_answer(store);
             done
         }
         StorageRequest::Records { after } => {

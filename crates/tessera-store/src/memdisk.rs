@@ -82,6 +82,15 @@ struct State {
     advice: Vec<(u64, u64, u64)>,
     /// [`Disk::sync_dir`] calls per directory (what a sync costs, for tests).
     dir_syncs: BTreeMap<PathBuf, u64>,
+    /// [`DiskFile::sync_data`] calls (what a sync costs, for tests).
+    file_syncs: u64,
+    /// Changes the disk still takes before its power goes ([`MemDisk::lose_power_after`]).
+    changes_left: Option<u64>,
+    /// How long a file sync takes ([`MemDisk::slow_file_syncs`]); none by default.
+    file_sync_wait: std::time::Duration,
+    /// File syncs in progress now, and the most there were at once.
+    file_syncs_now: u64,
+    file_syncs_at_once_max: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,6 +215,19 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 impl State {
+    /// Counts one change (a write, a sync, a name made or removed) against
+    /// [`MemDisk::lose_power_after`]: fails, changing nothing, once the power is gone.
+    fn change(&mut self) -> io::Result<()> {
+        match &mut self.changes_left {
+            Some(0) => Err(io::Error::other("the disk lost power")),
+            Some(left) => {
+                *left -= 1;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
     /// Whether `path`'s directory exists (the root and a relative path's `""` always do).
     fn parent_exists(&self, path: &Path) -> bool {
         match path.parent() {
@@ -256,6 +278,7 @@ impl State {
     fn power_off(&mut self, mut decide: impl FnMut(&Change) -> Fate) -> PowerLoss {
         let mut report = PowerLoss::default();
         self.boot += 1;
+        self.changes_left = None;
         self.locks.clear();
         let mut names = std::mem::take(&mut self.durable_names);
         // Names whose directory is not durable are gone with it.
@@ -428,6 +451,36 @@ impl MemDisk {
             .collect()
     }
 
+    /// The power goes after `changes` more changes (writes, syncs, names made, renamed or
+    /// removed): every change from then on fails and changes nothing, until [`MemDisk::crash`]
+    /// or [`MemDisk::power_loss`] brings the power back. A test walks a call through every
+    /// point where a power loss may cut it.
+    pub fn lose_power_after(&self, changes: u64) {
+        lock(&self.state).changes_left = Some(changes);
+    }
+
+    /// Whether the power went by [`MemDisk::lose_power_after`] (and has not come back).
+    pub fn power_lost(&self) -> bool {
+        lock(&self.state).changes_left == Some(0)
+    }
+
+    /// Makes every file sync from now on take `wait` (outside the disk's lock, so syncs issued
+    /// together overlap), to see how many a store issues at once
+    /// ([`MemDisk::file_syncs_at_once_max`]).
+    pub fn slow_file_syncs(&self, wait: std::time::Duration) {
+        lock(&self.state).file_sync_wait = wait;
+    }
+
+    /// The most file syncs that were in progress at once since the disk was made.
+    pub fn file_syncs_at_once_max(&self) -> u64 {
+        lock(&self.state).file_syncs_at_once_max
+    }
+
+    /// How many times a file was synced ([`DiskFile::sync_data`]) since the disk was made.
+    pub fn file_syncs(&self) -> u64 {
+        lock(&self.state).file_syncs
+    }
+
     /// How many times `dir` was synced ([`Disk::sync_dir`]) since the disk was made.
     pub fn dir_syncs(&self, dir: &Path) -> u64 {
         let state = lock(&self.state);
@@ -470,6 +523,7 @@ impl Disk for MemDisk {
     fn create(&self, path: &Path) -> io::Result<FileHandle> {
         let path = key(path);
         let mut state = lock(&self.state);
+        state.change()?;
         let id = match state.file(&path) {
             Ok(id) => {
                 let inode = state.inodes.get_mut(&id).expect("a named inode exists");
@@ -504,6 +558,7 @@ impl Disk for MemDisk {
         if !state.parent_exists(&path) {
             return Err(not_found(&path));
         }
+        state.change()?;
         let id = state.new_id();
         state.names.insert(path, Node::Dir(id));
         Ok(())
@@ -531,6 +586,7 @@ impl Disk for MemDisk {
         let path = key(path);
         let mut state = lock(&self.state);
         state.file(&path)?;
+        state.change()?;
         state.names.remove(&path);
         Ok(())
     }
@@ -541,6 +597,7 @@ impl Disk for MemDisk {
         if !matches!(state.names.get(&path), Some(Node::Dir(_))) {
             return Err(not_found(&path));
         }
+        state.change()?;
         for name in State::under(&state.names, &path) {
             state.names.remove(&name);
         }
@@ -558,6 +615,7 @@ impl Disk for MemDisk {
         if matches!(state.names.get(&to), Some(Node::Dir(_))) {
             return Err(ErrorKind::IsADirectory.into());
         }
+        state.change()?;
         state.names.remove(&from);
         state.names.insert(to, Node::File(id));
         Ok(())
@@ -582,6 +640,7 @@ impl Disk for MemDisk {
         if path.parent().is_some() && !matches!(state.names.get(&path), Some(Node::Dir(_))) {
             return Err(not_found(&path));
         }
+        state.change()?;
         *state.dir_syncs.entry(path.clone()).or_default() += 1;
         let children = |names: &BTreeMap<PathBuf, Node>| -> Vec<PathBuf> {
             State::under(names, &path)
@@ -607,6 +666,7 @@ impl Disk for MemDisk {
 
     fn sync_fs(&self, _path: &Path) -> io::Result<()> {
         let mut state = lock(&self.state);
+        state.change()?;
         for inode in state.inodes.values_mut() {
             for change in std::mem::take(&mut inode.pending) {
                 inode.durable.apply(&change);
@@ -704,6 +764,17 @@ impl MemFile {
             .expect("an open inode exists");
         Ok(op(inode))
     }
+
+    /// [`with`](Self::with) for an operation that changes the file (see [`State::change`]).
+    fn with_change<T>(&self, op: impl FnOnce(&mut Inode) -> T) -> io::Result<T> {
+        {
+            let mut state = lock(&self.state);
+            if state.boot == self.boot {
+                state.change()?;
+            }
+        }
+        self.with(op)
+    }
 }
 
 impl DiskFile for MemFile {
@@ -728,7 +799,7 @@ impl DiskFile for MemFile {
         offset
             .checked_add(buf.len() as u64)
             .ok_or(ErrorKind::InvalidInput)?;
-        self.with(|inode| {
+        self.with_change(|inode| {
             inode.now.write(buf, offset);
             inode.pending.push(Change::Write {
                 offset,
@@ -738,7 +809,7 @@ impl DiskFile for MemFile {
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.with(|inode| {
+        self.with_change(|inode| {
             inode.now.set_len(len);
             inode.pending.push(Change::SetLen(len));
         })
@@ -749,7 +820,18 @@ impl DiskFile for MemFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        self.with(|inode| {
+        let wait = {
+            let mut state = lock(&self.state);
+            state.file_syncs += 1;
+            state.file_syncs_now += 1;
+            state.file_syncs_at_once_max = state.file_syncs_at_once_max.max(state.file_syncs_now);
+            state.file_sync_wait
+        };
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+        lock(&self.state).file_syncs_now -= 1;
+        self.with_change(|inode| {
             for change in std::mem::take(&mut inode.pending) {
                 inode.durable.apply(&change);
             }

@@ -25,7 +25,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use tessera_wire::{FileMeta, StorageError};
 
-use crate::disk::{read_file, write_file_synced, Disk};
+use crate::disk::{read_file, Disk, FileHandle};
 use crate::io::disk as disk_error;
 use crate::meta::sync_dir;
 
@@ -140,17 +140,63 @@ pub(crate) fn load(disk: &dyn Disk, dir: &Path) -> Result<Option<FileRecord>, Re
 /// whether it wrote it (and so synced the directory: every entry made in it before the call
 /// is durable).
 pub(crate) fn save(disk: &dyn Disk, dir: &Path, record: &FileRecord) -> Result<bool, StorageError> {
-    if matches!(load(disk, dir), Ok(Some(ref old)) if old == record) {
+    let Some(staged) = stage(disk, dir, record)? else {
         return Ok(false);
-    }
-    let path_new = dir.join(RECORD_FILE_NEW);
-    let path = dir.join(RECORD_FILE);
-    write_file_synced(disk, &path_new, &encode(record))
-        .map_err(|error| disk_error(format_args!("write {}", path_new.display()), error))?;
-    disk.rename(&path_new, &path)
-        .map_err(|error| disk_error(format_args!("rename to {}", path.display()), error))?;
+    };
+    staged.sync_data()?;
+    staged.install()?;
     sync_dir(disk, dir)?;
     Ok(true)
+}
+
+/// A record written to `record.new`, not yet durable nor in place: [`Staged::sync_data`],
+/// then [`Staged::install`], then a sync of the directory make it the record, in that order
+/// (a rename made durable before the bytes it names would leave a damaged record).
+pub(crate) struct Staged<'a> {
+    disk: &'a dyn Disk,
+    dir: &'a Path,
+    file: FileHandle,
+}
+
+impl Staged<'_> {
+    /// Makes the new record's bytes durable (`fdatasync` of `record.new`).
+    pub(crate) fn sync_data(&self) -> Result<(), StorageError> {
+        let path = self.dir.join(RECORD_FILE_NEW);
+        (self.file.sync_data())
+            .map_err(|error| disk_error(format_args!("sync {}", path.display()), error))
+    }
+
+    /// The open `record.new`, for a caller that syncs it in a batch with other files.
+    pub(crate) fn handle(&self) -> &FileHandle {
+        &self.file
+    }
+
+    /// Renames `record.new` over `record`; durable at the directory's next sync. Call only
+    /// after [`Staged::sync_data`].
+    pub(crate) fn install(self) -> Result<(), StorageError> {
+        let (path_new, path) = (self.dir.join(RECORD_FILE_NEW), self.dir.join(RECORD_FILE));
+        (self.disk.rename(&path_new, &path))
+            .map_err(|error| disk_error(format_args!("rename to {}", path.display()), error))
+    }
+}
+
+/// Writes `record` to `record.new` in a file's directory, unless the record there already
+/// says the same (`None`).
+pub(crate) fn stage<'a>(
+    disk: &'a dyn Disk,
+    dir: &'a Path,
+    record: &FileRecord,
+) -> Result<Option<Staged<'a>>, StorageError> {
+    if matches!(load(disk, dir), Ok(Some(ref old)) if old == record) {
+        return Ok(None);
+    }
+    let path_new = dir.join(RECORD_FILE_NEW);
+    let write = |file: &FileHandle| file.write_all_at(&encode(record), 0);
+    let file = disk
+        .create(&path_new)
+        .and_then(|file| write(&file).map(|()| file))
+        .map_err(|error| disk_error(format_args!("write {}", path_new.display()), error))?;
+    Ok(Some(Staged { disk, dir, file }))
 }
 
 #[cfg(test)]

@@ -872,15 +872,78 @@ impl Store {
             .seal_logs(&mut owed)
             .and_then(|()| sync_owed(&*self.disk, &owed));
         if result.is_err() {
-            // Keep owing them, so the next sync tries again.
-            let mut dirty = lock(&self.dirty);
-            for (key, handle) in owed.files {
-                dirty.files.entry(key).or_insert(handle);
+            self.owe_again(owed);
+        }
+        result
+    }
+
+    /// Puts back what a failed sync took from the dirty set, so the next sync tries again.
+    fn owe_again(&self, owed: Dirty) {
+        let mut dirty = lock(&self.dirty);
+        for (key, handle) in owed.files {
+            dirty.files.entry(key).or_insert(handle);
+        }
+        for (key, handle) in owed.snapshot_files {
+            dirty.snapshot_files.entry(key).or_insert(handle);
+        }
+        dirty.dirs.extend(owed.dirs);
+    }
+
+    /// [`Store::describe`] and [`Store::sync_keeping_mark`] in one batch of syncs: writes
+    /// the record's new bytes (`record.new`), makes them durable together with every file
+    /// the sync owes (their `fdatasync`s issued at once, [`sync_at_once`]), renames the
+    /// record into place, then syncs each directory owed once
+    /// (the file's directory, which names the record and the file's files, then `files/`
+    /// and the others). Where the two calls sync the file's directory (or `files/`) twice
+    /// and run their file syncs one call after the other, this syncs them once.
+    ///
+    /// The crash order is the two calls' own: the rosters before any directory (see
+    /// [`Store::sync_keeping_mark`]); the record's bytes durable before its rename is (the
+    /// rename is made durable only by the directory sync that follows the file syncs); every
+    /// answered write durable before the call returns. A power loss at any step leaves the
+    /// old record or the new one, whole. The file's lock is held from the record's write to
+    /// its directory's sync, so no other record replaces `record.new` in between and no
+    /// entry is made in the directory after its sync and before it leaves the owed set.
+    pub fn describe_and_sync(&self, meta: &FileMeta, committed: bool) -> Result<(), StorageError> {
+        let _one_at_a_time = lock(&self.sync_lock);
+        lock(&self.intents).sync_roster()?;
+        lock(&self.stale).sync_roster()?;
+        let mut owed = std::mem::take(&mut *lock(&self.dirty));
+        // The seals take each log's file lock in turn: before this file's is held.
+        if let Err(error) = self.seal_logs(&mut owed) {
+            self.owe_again(owed);
+            return Err(error);
+        }
+        let dir = self.file_dir(meta.id);
+        let result = self.with_write(meta.id, |state| {
+            self.make_present(meta.id, state)?;
+            {
+                // A directory made just now is owed by this sync too.
+                let mut dirty = lock(&self.dirty);
+                for made in [&dir, &self.files_dir] {
+                    if dirty.dirs.remove(made) {
+                        owed.dirs.insert(made.clone());
+                    }
+                }
             }
-            for (key, handle) in owed.snapshot_files {
-                dirty.snapshot_files.entry(key).or_insert(handle);
+            let record = self.record_to_keep(&dir, meta, committed);
+            let staged = record::stage(&*self.disk, &dir, &record)?;
+            // The record's new bytes in the same batch as the files the sync owes.
+            let record_new = (staged.as_ref())
+                .map(|staged| (staged.handle(), format!("the record of file {}", meta.id)));
+            sync_owed_files(&owed, record_new)?;
+            if let Some(staged) = staged {
+                staged.install()?;
+                // The file's directory names the record and the file's files: synced once,
+                // here, under the file's lock.
+                owed.dirs.remove(&dir);
+                meta::sync_dir(&*self.disk, &dir)?;
             }
-            dirty.dirs.extend(owed.dirs);
+            Ok(())
+        });
+        let result = result.and_then(|()| sync_owed_dirs(&*self.disk, &owed));
+        if result.is_err() {
+            self.owe_again(owed);
         }
         result
     }
@@ -939,13 +1002,7 @@ impl Store {
         self.with_write(meta.id, |state| {
             self.make_present(meta.id, state)?;
             let dir = self.file_dir(meta.id);
-            let was_committed =
-                matches!(record::load(&*self.disk, &dir), Ok(Some(old)) if old.committed);
-            let record = FileRecord {
-                meta: meta.clone(),
-                cluster: self.cluster_id(),
-                committed: committed || was_committed,
-            };
+            let record = self.record_to_keep(&dir, meta, committed);
             // The record's directory sync made every entry of the directory durable (a new
             // file's six files): the next sync need not sync it again (one sync call less
             // per server on a put's path). Entries are made only under the file's lock,
@@ -961,6 +1018,18 @@ impl Store {
             meta::sync_dir(&*self.disk, &self.files_dir)?;
         }
         Ok(())
+    }
+
+    /// The record `meta` makes of the file in `dir`, stamped with the cluster this store
+    /// joined; committed if `committed` or if the record there already says so (it sticks).
+    fn record_to_keep(&self, dir: &Path, meta: &FileMeta, committed: bool) -> FileRecord {
+        let was_committed =
+            matches!(record::load(&*self.disk, dir), Ok(Some(old)) if old.committed);
+        FileRecord {
+            meta: meta.clone(),
+            cluster: self.cluster_id(),
+            committed: committed || was_committed,
+        }
     }
 
     /// Up to `limit` files with an id above `after`, in file id order: their records, or
@@ -1262,21 +1331,65 @@ impl Store {
 
 /// Syncs what a sync owes: files first, then the directories that name them.
 fn sync_owed(disk: &dyn Disk, owed: &Dirty) -> Result<(), StorageError> {
+    sync_owed_files(owed, None)?;
+    sync_owed_dirs(disk, owed)
+}
+
+/// The file part of [`sync_owed`]: snapshot copies, then written files (and `also`, a
+/// record's new bytes), then seals, each group's `fdatasync`s issued at once (see
+/// [`sync_at_once`]).
+fn sync_owed_files(owed: &Dirty, also: Option<(&FileHandle, String)>) -> Result<(), StorageError> {
     // Snapshot copies first: they must be durable no later than the writes they preceded.
-    for ((file, name), handle) in &owed.snapshot_files {
-        handle
-            .sync_data()
-            .map_err(|error| self::disk(format_args!("sync {name} of file {file}"), error))?;
+    let copies = (owed.snapshot_files.iter())
+        .map(|((file, name), handle)| (handle, format!("{name} of file {file}")));
+    sync_at_once(copies.collect())?;
+    let files = (owed.files.iter())
+        .map(|((file, kind), handle)| (handle, format!("{} of file {file}", kind.name())));
+    sync_at_once(files.chain(also).collect())?;
+    // Seals last: a seal durable before its log would make the log look cut short.
+    let seals = (owed.seals.iter())
+        .map(|((file, _), handle)| (handle, format!("a log's seal of file {file}")));
+    sync_at_once(seals.collect())
+}
+
+/// Threads a sync issues its file syncs from, at most.
+const SYNC_THREADS_MAX: usize = 8;
+
+/// `fdatasync`s every file of `files` (each with what it is, for the error), from up to
+/// [`SYNC_THREADS_MAX`] threads at once: the syncs of one batch are independent, and issued
+/// together the file system commits its journal for all of them at once, so a batch costs
+/// about one round of disk latency instead of one per file. Returns when all are done; the
+/// first error, if any.
+fn sync_at_once(files: Vec<(&FileHandle, String)>) -> Result<(), StorageError> {
+    let sync = |(handle, what): &(&FileHandle, String)| {
+        (handle.sync_data()).map_err(|error| self::disk(format_args!("sync {what}"), error))
+    };
+    if files.len() <= 1 {
+        return files.iter().try_for_each(sync);
     }
-    for ((file, kind), handle) in &owed.files {
-        handle.sync_data().map_err(|error| {
-            self::disk(format_args!("sync {} of file {file}", kind.name()), error)
-        })?;
-    }
-    for ((file, _), handle) in &owed.seals {
-        (handle.sync_data())
-            .map_err(|error| self::disk(format_args!("sync a log's seal of file {file}"), error))?;
-    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = files.len().min(SYNC_THREADS_MAX);
+    let results: Vec<Result<(), StorageError>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| loop {
+                    let at = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(file) = files.get(at) else {
+                        return Ok(());
+                    };
+                    sync(file)?;
+                })
+            })
+            .collect();
+        (workers.into_iter())
+            .map(|worker| worker.join().expect("a sync thread does not panic"))
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
+/// The directory part of [`sync_owed`], after the files they name are durable.
+fn sync_owed_dirs(disk: &dyn Disk, owed: &Dirty) -> Result<(), StorageError> {
     for dir in &owed.dirs {
         match disk.sync_dir(dir) {
             Ok(()) => {}

@@ -304,3 +304,136 @@ fn a_new_files_directory_is_synced_once_and_the_sync_keeps_its_bytes_and_record(
         assert_eq!(page.records[0].meta, meta);
     }
 }
+
+/// The file's description for the combined request's tests: `size` tells the old record from
+/// the new.
+fn described(size: u64) -> tessera_wire::FileMeta {
+    tessera_wire::FileMeta {
+        id: FILE,
+        path: "a/file".into(),
+        layout: tessera_layout::Layout::new(tessera_layout::Scheme::Raid5, 4096, 5).unwrap(),
+        servers: vec![0, 1, 2, 3, 4],
+        size,
+    }
+}
+
+/// A put's first sync on a server, in one request (`Store::describe_and_sync`, protocol 15):
+/// the first write made the file's directory and files; the record and the bytes are made
+/// durable in one batch, and the file's directory and `files/` are each synced once. A crash
+/// right after (everything unsynced dropped) keeps bytes, checksums and record.
+#[test]
+fn describe_and_sync_syncs_each_directory_once_and_keeps_bytes_and_record() {
+    let (disk, root, store) = store_with_a_write();
+    let (dir, files) = (
+        root.join("files").join(FILE.to_string()),
+        root.join("files"),
+    );
+    let (dir_before, files_before) = (disk.dir_syncs(&dir), disk.dir_syncs(&files));
+    store.describe_and_sync(&described(4096), false).unwrap();
+    assert_eq!(disk.dir_syncs(&dir) - dir_before, 1, "the file's directory");
+    assert_eq!(disk.dir_syncs(&files) - files_before, 1, "files/");
+    // Again with nothing new: the record is unchanged and nothing is owed.
+    let file_syncs = disk.file_syncs();
+    store.describe_and_sync(&described(4096), false).unwrap();
+    assert_eq!(
+        disk.dir_syncs(&dir) - dir_before,
+        1,
+        "nothing owed the second time"
+    );
+    assert_eq!(
+        disk.file_syncs(),
+        file_syncs,
+        "nothing owed the second time"
+    );
+    // As a server does after answering: nothing is owed, so the mark goes.
+    store.clear_unsynced_mark().unwrap();
+    drop(store);
+    disk.crash();
+    let after = Store::open_on(disk.snapshot().shared(), root).unwrap();
+    let bytes = after.read(FILE, Region::Data, 0, 4096, false).unwrap();
+    assert_eq!(bytes, vec![7; 4096], "bytes and their checksums");
+    let page = after.records(0, 10).unwrap();
+    assert_eq!(page.records.len(), 1);
+    assert_eq!(page.records[0].meta, described(4096));
+    assert!(page.damaged.is_empty());
+}
+
+/// A power loss at every step of the combined request (record.new written, the files synced,
+/// the record renamed, each directory synced): the record read after is the old one or the
+/// new one, whole, never damaged or missing; bytes synced before read exactly; the bytes
+/// written since read old, new, or corrupt, and new once the call answered.
+#[test]
+fn a_power_loss_at_each_step_of_describe_and_sync_leaves_the_old_or_the_new_record() {
+    let mut outcomes = [0u64; 2];
+    for changes in 0.. {
+        let (disk, root, store) = store_with_a_write();
+        store.describe_and_sync(&described(4096), true).unwrap();
+        store
+            .write(FILE, Region::Data, 4096, &[8; 4096], false)
+            .unwrap();
+        disk.lose_power_after(changes);
+        let answered = store.describe_and_sync(&described(8192), false).is_ok();
+        assert!(
+            answered || disk.power_lost(),
+            "{changes} changes: failed, powered"
+        );
+        drop(store);
+        disk.crash();
+        // Read as a store that does not know of the loss (it would renew, having lost the
+        // answered write): what the disk holds.
+        match disk.remove_file(&root.join("unsynced")) {
+            Ok(()) => {}
+            Err(error) => assert_eq!(error.kind(), std::io::ErrorKind::NotFound),
+        }
+        let after = Store::open_on(disk.snapshot().shared(), root).unwrap();
+        let page = after.records(0, 10).unwrap();
+        assert!(page.damaged.is_empty(), "{changes} changes: damaged record");
+        assert_eq!(page.records.len(), 1, "{changes} changes: record missing");
+        let record = &page.records[0];
+        assert!(record.committed, "{changes} changes: committed sticks");
+        let new = record.meta == described(8192);
+        assert!(new || record.meta == described(4096), "{changes} changes");
+        assert!(new || !answered, "{changes} changes: answered, old record");
+        let synced = after.read(FILE, Region::Data, 0, 4096, false).unwrap();
+        assert_eq!(synced, vec![7; 4096], "{changes} changes: synced bytes");
+        match after.read(FILE, Region::Data, 4096, 4096, false) {
+            Ok(bytes) if bytes == vec![8; 4096] => {}
+            Ok(bytes) => assert!(!answered && bytes == vec![0; 4096], "{changes} changes"),
+            Err(StorageError::Corrupt { .. }) => assert!(!answered, "{changes} changes"),
+            Err(error) => panic!("{changes} changes: {error}"),
+        }
+        outcomes[usize::from(new)] += 1;
+        if answered {
+            break;
+        }
+    }
+    assert!(
+        outcomes[0] > 0 && outcomes[1] > 0,
+        "both records seen: {outcomes:?}"
+    );
+}
+
+/// The file syncs of one sync are independent: the combined request issues them at once
+/// (since put22's second step), here a put's parity server's five (data, redundancy, their
+/// checksums, the record's new bytes), so the file system can commit them in one journal
+/// round; the directory syncs come after, and a crash right after keeps everything.
+#[test]
+fn the_file_syncs_of_a_sync_are_issued_at_once() {
+    let (disk, root, store) = store_with_a_write();
+    store
+        .write(FILE, Region::Redundancy, 0, &[9; 4096], false)
+        .unwrap();
+    disk.slow_file_syncs(std::time::Duration::from_millis(20));
+    store.describe_and_sync(&described(4096), false).unwrap();
+    let at_once = disk.file_syncs_at_once_max();
+    assert!(at_once >= 5, "{at_once} file syncs at once, not all five");
+    store.clear_unsynced_mark().unwrap();
+    drop(store);
+    disk.crash();
+    let after = Store::open_on(disk.snapshot().shared(), root).unwrap();
+    let parity = after
+        .read(FILE, Region::Redundancy, 0, 4096, false)
+        .unwrap();
+    assert_eq!(parity, vec![9; 4096]);
+    assert_eq!(after.records(0, 10).unwrap().records.len(), 1);
+}

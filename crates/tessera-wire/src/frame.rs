@@ -24,7 +24,9 @@ use serde::{de::DeserializeOwned, Serialize};
 /// datagram format 4 (`tessera_datagram::packet::VERSION`: an AES-128-GCM-SIV MAC, no CRC32C),
 /// which a version-13 peer cannot read; the bump makes the TCP handshake, which every datagram
 /// session starts with, refuse the mix by name instead of leaving datagrams dropped unread.
-pub const PROTOCOL_VERSION: u8 = 14;
+/// Version 15: a client's sync describes and syncs a file in one request
+/// (`StorageRequest::DescribeAndSync`).
+pub const PROTOCOL_VERSION: u8 = 15;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.

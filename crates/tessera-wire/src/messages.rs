@@ -387,6 +387,18 @@ pub enum StorageRequest {
         /// The epoch of the caller's fence of the file.
         fence: u64,
     },
+    /// [`StorageRequest::Describe`] and [`StorageRequest::Sync`] in one request: keep this
+    /// record of the file and make everything written so far durable, answered once both are.
+    /// The server syncs the record with the written files in one batch and each directory
+    /// owed once (a put's record and bytes cost one round of syncs where the two requests
+    /// cost two). Protocol version 15.
+    DescribeAndSync {
+        /// The file as the manager last told the client.
+        meta: FileMeta,
+        /// The file is known to be committed; false means not known to be, which never
+        /// undoes a true.
+        committed: bool,
+    },
 }
 
 /// How long a [`StorageRequest::SnapshotFence`] stands at a server unless released, in

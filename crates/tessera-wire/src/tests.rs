@@ -23,6 +23,19 @@ fn storage_request() -> impl Strategy<Value = StorageRequest> {
                 committed: size % 2 == 0,
             }
         }),
+        (any::<u64>(), any::<u64>(), ".{0,40}", any::<bool>()).prop_map(
+            |(id, size, path, committed)| StorageRequest::DescribeAndSync {
+                meta: FileMeta {
+                    id,
+                    path,
+                    layout: tessera_layout::Layout::new(tessera_layout::Scheme::Raid5, 65536, 5)
+                        .unwrap(),
+                    servers: vec![4, 0, 3, 1, 2],
+                    size,
+                },
+                committed,
+            }
+        ),
         (any::<u64>(), any::<u64>(), any::<u32>(), any::<bool>()).prop_map(
             |(file, offset, len, overlay)| {
                 StorageRequest::Read {
@@ -282,4 +295,48 @@ fn appended_messages_round_trip_and_leave_earlier_variants_alone() {
         decode_message::<StorageResponse>(&encode_message(&resp)).unwrap(),
         resp
     );
+}
+
+/// A version-14 peer (before `DescribeAndSync`) is refused by name, never misread: its frame
+/// fails with the version it spoke, and the message says which this build speaks.
+#[test]
+fn a_frame_of_version_14_is_refused_with_a_clear_error() {
+    assert_eq!(crate::PROTOCOL_VERSION, 15);
+    let mut bytes = FrameHeader {
+        kind: FrameKind::Request,
+        message_len: 0,
+        payload_len: 0,
+        request_id: 1,
+    }
+    .encode();
+    bytes[2] = 14;
+    let error = Frame::decode(&bytes).unwrap_err();
+    assert_eq!(error, WireError::Version(14));
+    assert_eq!(
+        error.to_string(),
+        "protocol version 14 is not supported (this build speaks 15)"
+    );
+}
+
+/// The combined request round-trips whole, and is not the `Describe` it extends.
+#[test]
+fn describe_and_sync_round_trips() {
+    let meta = FileMeta {
+        id: 99,
+        path: "a/b".into(),
+        layout: tessera_layout::Layout::new(tessera_layout::Scheme::Raid5, 65536, 5).unwrap(),
+        servers: vec![0, 1, 2, 3, 4],
+        size: 65536,
+    };
+    let request = StorageRequest::DescribeAndSync {
+        meta: meta.clone(),
+        committed: true,
+    };
+    let bytes = encode_message(&request);
+    assert_eq!(decode_message::<StorageRequest>(&bytes).unwrap(), request);
+    let describe = StorageRequest::Describe {
+        meta,
+        committed: true,
+    };
+    assert_ne!(encode_message(&describe), bytes);
 }
