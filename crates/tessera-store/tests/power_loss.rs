@@ -295,14 +295,27 @@ fn a_new_files_directory_is_synced_once_and_the_sync_keeps_its_bytes_and_record(
         let dir = root.join("files").join(FILE.to_string());
         assert_eq!(disk.dir_syncs(&dir), 1, "record first: {record_first}");
         drop(store);
-        disk.crash();
-        let after = Store::open_on(disk.snapshot().shared(), root).unwrap();
-        let bytes = after.read(FILE, Region::Data, 0, 4096, false).unwrap();
-        assert_eq!(bytes, vec![7; 4096], "record first: {record_first}");
-        let page = after.records(0, 10).unwrap();
-        assert_eq!(page.records.len(), 1, "record first: {record_first}");
-        assert_eq!(page.records[0].meta, meta);
+        let what = format!("record first: {record_first}");
+        assert_write_and_record_survive_a_crash(&disk, root, &meta, &what);
     }
+}
+
+/// A crash that drops everything unsynced, then a reopen: the first write's bytes (4,096
+/// sevens, its checksums checked by the read) and exactly one record, `meta`, undamaged.
+fn assert_write_and_record_survive_a_crash(
+    disk: &MemDisk,
+    root: &Path,
+    meta: &tessera_wire::FileMeta,
+    what: &str,
+) {
+    disk.crash();
+    let after = Store::open_on(disk.snapshot().shared(), root).unwrap();
+    let bytes = after.read(FILE, Region::Data, 0, 4096, false).unwrap();
+    assert_eq!(bytes, vec![7; 4096], "{what}: bytes and their checksums");
+    let page = after.records(0, 10).unwrap();
+    assert_eq!(page.records.len(), 1, "{what}");
+    assert_eq!(&page.records[0].meta, meta, "{what}");
+    assert!(page.damaged.is_empty(), "{what}");
 }
 
 /// The file's description for the combined request's tests: `size` tells the old record from
@@ -348,14 +361,7 @@ fn describe_and_sync_syncs_each_directory_once_and_keeps_bytes_and_record() {
     // As a server does after answering: nothing is owed, so the mark goes.
     store.clear_unsynced_mark().unwrap();
     drop(store);
-    disk.crash();
-    let after = Store::open_on(disk.snapshot().shared(), root).unwrap();
-    let bytes = after.read(FILE, Region::Data, 0, 4096, false).unwrap();
-    assert_eq!(bytes, vec![7; 4096], "bytes and their checksums");
-    let page = after.records(0, 10).unwrap();
-    assert_eq!(page.records.len(), 1);
-    assert_eq!(page.records[0].meta, described(4096));
-    assert!(page.damaged.is_empty());
+    assert_write_and_record_survive_a_crash(&disk, root, &described(4096), "combined");
 }
 
 /// A power loss at every step of the combined request (record.new written, the files synced,
