@@ -863,18 +863,29 @@ impl Store {
     /// the unsafe way, and the removal checks for that under the sync lock (see there).
     pub fn sync_keeping_mark(&self) -> Result<(), StorageError> {
         let _one_at_a_time = lock(&self.sync_lock);
+        let owed = self.take_owed()?;
+        let result = sync_owed(&*self.disk, &owed);
+        if result.is_err() {
+            self.owe_again(owed);
+        }
+        result
+    }
+
+    /// The first steps of a sync, under its lock: the rosters synced, then everything owed
+    /// taken from the dirty set with the seals of its overflow logs and journals added (the
+    /// seals take each file's lock in turn, so before a caller takes one). A failed seal
+    /// leaves it all owed.
+    fn take_owed(&self) -> Result<Dirty, StorageError> {
         // The rosters before the directories: a record deleted durably while its roster
         // still names it would be taken as lost at the next open (a needless resolution).
         lock(&self.intents).sync_roster()?;
         lock(&self.stale).sync_roster()?;
         let mut owed = std::mem::take(&mut *lock(&self.dirty));
-        let result = self
-            .seal_logs(&mut owed)
-            .and_then(|()| sync_owed(&*self.disk, &owed));
-        if result.is_err() {
+        if let Err(error) = self.seal_logs(&mut owed) {
             self.owe_again(owed);
+            return Err(error);
         }
-        result
+        Ok(owed)
     }
 
     /// Puts back what a failed sync took from the dirty set, so the next sync tries again.
@@ -906,14 +917,7 @@ impl Store {
     /// entry is made in the directory after its sync and before it leaves the owed set.
     pub fn describe_and_sync(&self, meta: &FileMeta, committed: bool) -> Result<(), StorageError> {
         let _one_at_a_time = lock(&self.sync_lock);
-        lock(&self.intents).sync_roster()?;
-        lock(&self.stale).sync_roster()?;
-        let mut owed = std::mem::take(&mut *lock(&self.dirty));
-        // The seals take each log's file lock in turn: before this file's is held.
-        if let Err(error) = self.seal_logs(&mut owed) {
-            self.owe_again(owed);
-            return Err(error);
-        }
+        let mut owed = self.take_owed()?;
         let dir = self.file_dir(meta.id);
         let result = self.with_write(meta.id, |state| {
             self.make_present(meta.id, state)?;
