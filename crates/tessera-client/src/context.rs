@@ -581,6 +581,19 @@ impl FileContext {
         columns.into_iter().collect()
     }
 
+    /// Readies the servers of `columns` for calls (keys their datagram sessions, at once;
+    /// see `Transport::prepare`). Lost columns are left alone; a failure is met by the call.
+    pub(crate) async fn prepare_columns(
+        &self,
+        client: &Client,
+        columns: impl IntoIterator<Item = u32>,
+    ) {
+        let ready = (columns.into_iter())
+            .filter(|&column| !self.lost_entirely(column))
+            .map(|column| client.transport.prepare(self.columns[column as usize].addr));
+        futures::future::join_all(ready).await;
+    }
+
     pub(crate) async fn describe_column(&self, client: &Client, column: u32, committed: bool) {
         if self.lost_entirely(column) {
             return;
@@ -598,31 +611,32 @@ impl FileContext {
         }
     }
 
-    /// Sync every column, and renew each one's record of the file (its size grows with
-    /// writes); a column that cannot sync owes the whole file. With `manager`, the manager
-    /// makes its changes durable too (sizes grown lazily); without, the caller's next
+    /// Sync the file's columns, and renew each one's record of the file (its size grows
+    /// with writes); a column that cannot sync owes the whole file. With `manager`, the
+    /// manager makes its changes durable too (sizes grown lazily); without, the caller's next
     /// request to it must be one it makes durable (a commit).
+    ///
+    /// The file's columns are every column, or for a file pending here only those holding
+    /// its bytes ([`FileContext::holding_columns`]): no byte of `0..size` lies on the others,
+    /// whoever wrote it (a part written by an earlier gateway too), so syncing them would
+    /// make only other files durable, and would cost a small put three more servers'
+    /// handshakes and syncs.
     pub async fn sync(&self, client: &Client, manager: bool) -> Result<(), ClientError> {
-        let recorded = if client.pending_files().contains(&self.meta.id) {
+        let columns = if client.pending_files().contains(&self.meta.id) {
             self.holding_columns()
         } else {
             (0..self.layout.width).collect()
         };
-        let recorded = &recorded;
-        let syncs = (0..self.layout.width).map(|column| async move {
+        let syncs = columns.into_iter().map(|column| async move {
             if self.lost_entirely(column) {
                 return Some(column);
             }
-            // A recorded column keeps its record and syncs in one request: the server syncs
-            // the record with the bytes, and each directory once. Whether the file is
-            // committed is not known here; a record that knows keeps it.
-            let request = if recorded.contains(&column) {
-                StorageRequest::DescribeAndSync {
-                    meta: self.meta.clone(),
-                    committed: false,
-                }
-            } else {
-                StorageRequest::Sync
+            // Each column keeps its record and syncs in one request: the server syncs the
+            // record with the bytes, and each directory once. Whether the file is committed
+            // is not known here; a record that knows keeps it.
+            let request = StorageRequest::DescribeAndSync {
+                meta: self.meta.clone(),
+                committed: false,
             };
             match self.rpc(client, column, request, Bytes::new()).await {
                 Ok(_) => None,

@@ -187,6 +187,11 @@ impl FileContext {
                 self.report_missed(client, column, range).await?;
             }
         }
+        // A partial stripe's data and parity go out one after the other: their servers'
+        // handshakes, if any are still to make, are made at once first.
+        let touched = plan.stripes.iter().flat_map(|sw| self.changed_columns(sw));
+        self.prepare_columns(client, touched.collect::<BTreeSet<u32>>())
+            .await;
 
         let failed: Mutex<BTreeMap<u64, BTreeSet<u32>>> = Mutex::new(BTreeMap::new());
         let (mut ops, mut later) = self.simple_ops(&plan.stripes, data);

@@ -174,6 +174,15 @@ pub trait Transport: Send + Sync + 'static {
         let _ = at;
     }
 
+    /// Gets ready to call `addr` (the datagram transport keys a session to it), so that a
+    /// caller about to call several peers one after another can pay their handshakes at
+    /// once rather than one per call. A failure is left for the first call to meet. Others
+    /// do nothing (a TCP connection is opened by its first call).
+    fn prepare(&self, addr: SocketAddr) -> BoxFuture<'static, ()> {
+        let _ = addr;
+        Box::pin(async {})
+    }
+
     /// Closes this transport's connection to `addr`, if it keeps one: the next call opens a
     /// new one. For a caller whose request timed out there and which must not let the peer
     /// go on treating the connection as it did (a manager replica answers reads locally on a

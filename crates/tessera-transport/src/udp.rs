@@ -436,6 +436,21 @@ impl crate::Transport for Arc<UdpTransport> {
     fn start_periods(&self, at: std::time::Instant) {
         self.mailbox.post(Command::StartPeriods { at });
     }
+
+    fn prepare(&self, addr: SocketAddr) -> BoxFuture<'static, ()> {
+        let transport = self.clone();
+        Box::pin(async move {
+            let Some(credential) = transport.credential else {
+                return; // sessions with the public key need no handshake
+            };
+            let keying = transport.keying_of(addr);
+            // Keyed once already: a session lost since is keyed again by the call that
+            // finds it gone, as without this.
+            if keying.done.load(Ordering::Acquire) == 0 {
+                let _ = transport.key_session(addr, &credential, &keying, 0).await;
+            }
+        })
+    }
 }
 
 /// A running datagram server; dropping it stops the I/O thread.

@@ -126,3 +126,39 @@ async fn sessions_to_different_servers_are_keyed_at_once() {
         "three keyings took {took:?}, one takes at least {HANDSHAKE_DELAY:?}"
     );
 }
+
+/// What a small put does: its data and parity servers are readied together, then called one
+/// after the other. The calls key nothing more, so they do not wait a handshake each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prepared_servers_are_keyed_at_once_and_their_calls_key_nothing() {
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        servers.push(keyed_server().await);
+    }
+    let client = client();
+    let started = Instant::now();
+    let mut prepares = tokio::task::JoinSet::new();
+    for (addr, _, _) in &servers {
+        prepares.spawn(client.prepare(*addr));
+    }
+    prepares.join_all().await;
+    let prepared = started.elapsed();
+    assert!(
+        prepared < HANDSHAKE_DELAY * 2,
+        "three prepares took {prepared:?}, one takes at least {HANDSHAKE_DELAY:?}"
+    );
+    let started = Instant::now();
+    for (addr, _, _) in &servers {
+        echo(client.clone(), *addr, 2).await;
+    }
+    let called = started.elapsed();
+    assert!(
+        called < HANDSHAKE_DELAY,
+        "three calls after the prepares took {called:?}: they keyed again"
+    );
+    // Readying a server with a session keys nothing either.
+    client.prepare(servers[0].0).await;
+    for (_, server, _) in &servers {
+        assert_eq!(server.handshakes.load(Ordering::SeqCst), 1);
+    }
+}
