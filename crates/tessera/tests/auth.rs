@@ -310,6 +310,27 @@ async fn a_peer_without_a_key_cannot_write_a_file() {
     )
     .await;
     assert!(matches!(outcome, Outcome::Refused(_)), "{outcome:?}");
+    // Nor replace the file's record there (a size of one byte, recovered from it after a
+    // lost manager store), alone or with the sync that follows a write.
+    let mut meta = client.stat("kept.bin").await.expect("stat").meta;
+    meta.size = 1;
+    for request in [
+        StorageRequest::Describe {
+            meta: meta.clone(),
+            committed: true,
+        },
+        StorageRequest::DescribeAndSync {
+            meta: meta.clone(),
+            committed: true,
+        },
+    ] {
+        let call = StorageCall {
+            incarnation,
+            request,
+            service: tessera_wire::Service::BestEffort,
+        };
+        assert_refused_without_a_key(server, &call).await;
+    }
     let resize = ManagerRequest::SetSize {
         file: file.id,
         size: 1,
