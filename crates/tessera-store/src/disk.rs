@@ -11,6 +11,7 @@ use std::any::Any;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, ErrorKind};
+use std::mem::MaybeUninit;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -89,6 +90,26 @@ pub trait DiskFile: Send + Sync + fmt::Debug {
     /// [`read_at`](Self::read_at) without waiting for the disk: `WouldBlock` if the bytes
     /// are not in memory.
     fn read_cached_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    /// [`read_at`](Self::read_at), or with `cached` [`read_cached_at`](Self::read_cached_at),
+    /// into memory not initialized yet: the count read, the bytes initialized. So that a
+    /// read's buffer is not first zeroed only to be overwritten (5% of a server's CPU in a
+    /// 1 GiB read). By default the buffer is zeroed and read into.
+    fn read_uninit_at(
+        &self,
+        buf: &mut [MaybeUninit<u8>],
+        offset: u64,
+        cached: bool,
+    ) -> io::Result<usize> {
+        for byte in buf.iter_mut() {
+            byte.write(0);
+        }
+        // SAFETY: every byte of `buf` was just initialized, and `u8` has no invalid values.
+        let buf = unsafe { &mut *(buf as *mut [MaybeUninit<u8>] as *mut [u8]) };
+        match cached {
+            false => self.read_at(buf, offset),
+            true => self.read_cached_at(buf, offset),
+        }
+    }
     /// Asks for `offset..offset+len` to be read into memory in the background
     /// (`posix_fadvise(POSIX_FADV_WILLNEED)`), without waiting for it: a hint, which the
     /// page cache keeps coherent with writes like any read.
@@ -287,6 +308,35 @@ impl DiskFile for RealFile {
         let error = io::Error::last_os_error();
         match error.raw_os_error() {
             Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => Err(ErrorKind::WouldBlock.into()),
+            _ => Err(error),
+        }
+    }
+
+    /// One `preadv2`, with `RWF_NOWAIT` if `cached`, straight into `buf`: the kernel writes
+    /// the bytes it reports read, and nothing here reads `buf`.
+    fn read_uninit_at(
+        &self,
+        buf: &mut [MaybeUninit<u8>],
+        offset: u64,
+        cached: bool,
+    ) -> io::Result<usize> {
+        let offset = off_t(offset)?;
+        let iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let flags = if cached { libc::RWF_NOWAIT } else { 0 };
+        // SAFETY: one iovec over `buf`, valid and writable for its whole length during the
+        // call; the kernel only writes it.
+        let read = unsafe { libc::preadv2(self.0.as_raw_fd(), &iov, 1, offset, flags) };
+        if read >= 0 {
+            return Ok(read as usize);
+        }
+        let error = io::Error::last_os_error();
+        match error.raw_os_error() {
+            Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) if cached => {
+                Err(ErrorKind::WouldBlock.into())
+            }
             _ => Err(error),
         }
     }

@@ -49,6 +49,40 @@ pub(crate) fn read_full_at_with(
     Ok(())
 }
 
+/// [`read_full_at_with`] into a new buffer of `len` bytes, which is never zeroed first
+/// (only past the end of the file, where the bytes read as zeros).
+pub(crate) fn read_full_new(
+    file: &dyn DiskFile,
+    len: usize,
+    offset: u64,
+    wait: Wait,
+) -> io::Result<Vec<u8>> {
+    let mut buf: Vec<u8> = Vec::with_capacity(len);
+    let mut done = 0;
+    while done < len {
+        let at = offset + done as u64;
+        let rest = &mut buf.spare_capacity_mut()[done..len];
+        match file.read_uninit_at(rest, at, wait == Wait::No) {
+            Ok(0) => {
+                for byte in rest {
+                    byte.write(0);
+                }
+                done = len;
+            }
+            Ok(read) => {
+                assert!(read <= rest.len(), "a read of more than was asked");
+                done += read;
+            }
+            Err(error) if error.kind() == ErrorKind::Interrupted => continue,
+            Err(error) => return Err(error),
+        }
+    }
+    // SAFETY: bytes `0..len` were written, by the reads (which report what they wrote) or
+    // with zeros past the end.
+    unsafe { buf.set_len(len) };
+    Ok(buf)
+}
+
 /// A disk error, with what was being done.
 pub(crate) fn disk(what: impl Display, error: io::Error) -> StorageError {
     StorageError::Disk {
@@ -118,4 +152,44 @@ pub(crate) fn data_ranges(
         at = hole;
     }
     Ok(ranges)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::{Disk, RealDisk};
+    use crate::memdisk::MemDisk;
+
+    /// A read into a new buffer gives the file's bytes and zeros past its end, on a real
+    /// file (`preadv2` into memory never zeroed) and on the in-memory disk alike, waiting or
+    /// from the page cache only.
+    #[test]
+    fn a_read_into_a_new_buffer_gives_the_bytes_then_zeros_past_the_end() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = dir.path().join("f");
+        let bytes: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8 + 1).collect();
+        let disks: [Box<dyn Disk>; 2] = [Box::new(RealDisk), Box::new(MemDisk::new())];
+        for disk in &disks {
+            disk.create_dir_all(dir.path()).expect("directory");
+            let file = disk.create(&path).expect("create");
+            file.write_all_at(&bytes, 0).expect("write");
+            let mut wants = vec![(0, 10_000), (1, 9_999), (4096, 4096), (9_000, 3_000)];
+            wants.push((20_000, 64));
+            for wait in [Wait::Yes, Wait::No] {
+                for &(offset, len) in &wants {
+                    let got = match read_full_new(&*file, len, offset as u64, wait) {
+                        Ok(got) => got,
+                        // Not in the page cache (cannot be for a file just written, but a
+                        // file system may not tell).
+                        Err(error) if error.kind() == ErrorKind::WouldBlock => continue,
+                        Err(error) => panic!("read {offset}+{len}: {error}"),
+                    };
+                    let want: Vec<u8> = (offset..offset + len)
+                        .map(|i| bytes.get(i).copied().unwrap_or(0))
+                        .collect();
+                    assert!(got == want, "read {offset}+{len} ({wait:?}) differs");
+                }
+            }
+        }
+    }
 }

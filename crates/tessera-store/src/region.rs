@@ -9,7 +9,7 @@ use tessera_layout::Region;
 use tessera_wire::{FileId, StorageError};
 
 use crate::disk::{read_file, Disk, DiskFile, FileHandle};
-use crate::io::{disk, disk_format, read_full_at, read_full_at_with, Wait};
+use crate::io::{disk, disk_format, read_full_at, read_full_at_with, read_full_new, Wait};
 use crate::BLOCK_BYTES;
 
 /// Bytes of one checksum entry in the sidecar.
@@ -260,11 +260,11 @@ impl RegionFile {
             Err(error) if would_wait(&error) => return Ok(None),
             result => result.map_err(|error| self.disk("read checksums", error))?,
         }
-        let mut blocks = vec![0u8; (block_count * BLOCK_BYTES) as usize];
-        match read_full_at_with(&*self.bytes, &mut blocks, block_first * BLOCK_BYTES, wait) {
+        let len = (block_count * BLOCK_BYTES) as usize;
+        let blocks = match read_full_new(&*self.bytes, len, block_first * BLOCK_BYTES, wait) {
             Err(error) if would_wait(&error) => return Ok(None),
             result => result.map_err(|error| self.disk("read blocks", error))?,
-        }
+        };
         let pairs = blocks
             .chunks_exact(BLOCK_BYTES as usize)
             .zip(entries.chunks_exact(CRC_ENTRY_BYTES as usize));
