@@ -295,25 +295,15 @@ impl DiskFile for RealFile {
     /// disk I/O. A file system without it counts as "would block", so the caller takes the
     /// slow path.
     fn read_cached_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        let offset = off_t(offset)?;
-        let iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: one iovec over `buf`, valid and writable for its whole length during the call.
-        let read = unsafe { libc::preadv2(self.0.as_raw_fd(), &iov, 1, offset, libc::RWF_NOWAIT) };
-        if read >= 0 {
-            return Ok(read as usize);
-        }
-        let error = io::Error::last_os_error();
-        match error.raw_os_error() {
-            Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => Err(ErrorKind::WouldBlock.into()),
-            _ => Err(error),
-        }
+        // SAFETY: the same memory seen as possibly uninitialized, which it is not; the read
+        // below writes only bytes into it.
+        let buf = unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) };
+        self.read_uninit_at(buf, offset, true)
     }
 
-    /// One `preadv2`, with `RWF_NOWAIT` if `cached`, straight into `buf`: the kernel writes
-    /// the bytes it reports read, and nothing here reads `buf`.
+    /// One `preadv2`, with `RWF_NOWAIT` if `cached` (Linux 4.14; a file system without it
+    /// counts as "would block"), straight into `buf`: the kernel writes the bytes it reports
+    /// read, and nothing here reads `buf`.
     fn read_uninit_at(
         &self,
         buf: &mut [MaybeUninit<u8>],
