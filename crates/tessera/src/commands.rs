@@ -264,7 +264,9 @@ pub(crate) fn open_output(local: &str) -> Result<Box<dyn Write>> {
         return Ok(Box::new(std::io::BufWriter::new(std::io::stdout().lock())));
     }
     let file = std::fs::File::create(local).with_context(|| format!("cannot create {local}"))?;
-    Ok(Box::new(std::io::BufWriter::with_capacity(1 << 20, file)))
+    // Unbuffered: a transfer writes the servers' answers as they came, a stripe unit or more
+    // at a time, which a buffer would only copy once more.
+    Ok(Box::new(file))
 }
 
 /// The progress bar's counter as a transfer's progress callback.
