@@ -13,7 +13,7 @@
 //! piece against the bytes at its offset; the library's after its read). The S3 paths use
 //! the same minimal client ([`crate::s3_client`]), one connection per request.
 
-use crate::bench::{read_open, EmbeddedCluster};
+use crate::bench::EmbeddedCluster;
 use crate::config::Config;
 use crate::cpu_meter::{CpuMeter, CpuSnapshot};
 use crate::s3_client::S3Client;
@@ -233,18 +233,31 @@ impl Stores {
         }
     }
 
-    /// Reads `key` by `route`. An S3 route checks each piece of the body against `data`
-    /// as it arrives (both S3 routes alike; no copy of the whole body after its last byte)
-    /// and gives nothing back; the library reads into one buffer, given back to be checked.
-    async fn read(&self, route: Route, key: &str, data: &Bytes) -> Result<Option<Vec<u8>>> {
+    /// Reads `key` by `route`, checking each piece against `data` as it arrives (all three
+    /// routes alike; no copy of the whole object after its last byte).
+    async fn read(&self, route: Route, key: &str, data: &Bytes) -> Result<()> {
         match self.s3(route) {
-            Some(s3) => s3.get_checked(BUCKET, key, data).await.map(|()| None),
-            // As `get` reads: one open (size and layout come with it), then the chunks.
+            Some(s3) => s3.get_checked(BUCKET, key, data).await,
+            // As `get` reads: one open (size and layout come with it), then the chunks,
+            // written from the servers' answers as they came (here into the check).
             None => {
                 let open = self.library.open_file(&format!("{BUCKET}/{key}")).await?;
-                let mut out = vec![0u8; data.len()];
-                read_open(&self.library, &open, &mut out).await?;
-                Ok(Some(out))
+                let mut sink = CheckedSink {
+                    expected: data,
+                    at: 0,
+                };
+                let size = open.size();
+                (self.library)
+                    .download(&open, 0, size, &mut sink, None, &mut |_| {})
+                    .await?;
+                if sink.at != data.len() {
+                    bail!(
+                        "{key}: {} bytes read where {} were written",
+                        sink.at,
+                        data.len()
+                    );
+                }
+                Ok(())
             }
         }
     }
@@ -266,14 +279,11 @@ impl Stores {
         workload: &str,
     ) -> Result<()> {
         let (cpu, start) = (self.meter.snapshot()?, Instant::now());
-        let back = self.read(route, key, data).await?;
+        self.read(route, key, data).await?;
         let speed = mb_s(data.len(), start);
         let path = route.name();
         let sample = format!("{path} {workload}");
         record_cpu(&self.meter, cpu, data.len(), &sample, s)?;
-        if back.is_some_and(|back| back != *data) {
-            bail!("{path}: {key} read back wrong");
-        }
         s.entry(sample).or_default().push(speed);
         Ok(())
     }
@@ -412,4 +422,60 @@ pub async fn run(
     }
     drop(peer);
     Ok(())
+}
+
+/// Where the library route's read writes: each piece compared with the bytes written at its
+/// offset as it arrives, as the S3 routes check their bodies.
+struct CheckedSink<'a> {
+    expected: &'a [u8],
+    at: usize,
+}
+
+impl std::io::Write for CheckedSink<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let end = self.at + buf.len();
+        if self.expected.get(self.at..end) != Some(buf) {
+            let at = self.at;
+            return Err(std::io::Error::other(format!(
+                "read back wrong within bytes {at}..{end}"
+            )));
+        }
+        self.at = end;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CheckedSink;
+    use std::io::Write;
+
+    #[test]
+    fn the_checked_sink_takes_the_bytes_written_and_refuses_any_other() {
+        let expected: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
+        let mut sink = CheckedSink {
+            expected: &expected,
+            at: 0,
+        };
+        sink.write_all(&expected[..300]).expect("the first bytes");
+        sink.write_all(&expected[300..]).expect("the rest");
+        assert_eq!(sink.at, expected.len());
+        let mut flipped = expected.clone();
+        flipped[700] ^= 1;
+        let mut sink = CheckedSink {
+            expected: &expected,
+            at: 0,
+        };
+        sink.write_all(&flipped[..500]).expect("the first bytes");
+        let error = sink.write_all(&flipped[500..]).expect_err("a flipped byte");
+        assert!(error.to_string().contains("500..1000"), "{error}");
+        // Nothing past the end either.
+        let mut sink = CheckedSink { expected: &expected, at: 0 };
+        sink.write_all(&expected).expect("all of it");
+        assert!(sink.write_all(&[0]).is_err(), "a byte past the end");
+    }
 }
