@@ -91,6 +91,9 @@ struct State {
     /// File syncs in progress now, and the most there were at once.
     file_syncs_now: u64,
     file_syncs_at_once_max: u64,
+    /// Directory syncs in progress now, and the most there were at once.
+    dir_syncs_now: u64,
+    dir_syncs_at_once_max: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -464,9 +467,9 @@ impl MemDisk {
         lock(&self.state).changes_left == Some(0)
     }
 
-    /// Makes every file sync from now on take `wait` (outside the disk's lock, so syncs issued
-    /// together overlap), to see how many a store issues at once
-    /// ([`MemDisk::file_syncs_at_once_max`]).
+    /// Makes every file and directory sync from now on take `wait` (outside the disk's
+    /// lock, so syncs issued together overlap), to see how many a store issues at once
+    /// ([`MemDisk::file_syncs_at_once_max`], [`MemDisk::dir_syncs_at_once_max`]).
     pub fn slow_file_syncs(&self, wait: std::time::Duration) {
         lock(&self.state).file_sync_wait = wait;
     }
@@ -474,6 +477,11 @@ impl MemDisk {
     /// The most file syncs that were in progress at once since the disk was made.
     pub fn file_syncs_at_once_max(&self) -> u64 {
         lock(&self.state).file_syncs_at_once_max
+    }
+
+    /// The most directory syncs that were in progress at once since the disk was made.
+    pub fn dir_syncs_at_once_max(&self) -> u64 {
+        lock(&self.state).dir_syncs_at_once_max
     }
 
     /// How many times a file was synced ([`DiskFile::sync_data`]) since the disk was made.
@@ -635,6 +643,16 @@ impl Disk for MemDisk {
     }
 
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        let wait = {
+            let mut state = lock(&self.state);
+            state.dir_syncs_now += 1;
+            state.dir_syncs_at_once_max = state.dir_syncs_at_once_max.max(state.dir_syncs_now);
+            state.file_sync_wait
+        };
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+        lock(&self.state).dir_syncs_now -= 1;
         let path = key(path);
         let mut state = lock(&self.state);
         if path.parent().is_some() && !matches!(state.names.get(&path), Some(Node::Dir(_))) {

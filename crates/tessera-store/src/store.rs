@@ -936,16 +936,20 @@ impl Store {
             let record_new = (staged.as_ref())
                 .map(|staged| (staged.handle(), format!("the record of file {}", meta.id)));
             sync_owed_files(&owed, record_new)?;
-            if let Some(staged) = staged {
-                staged.install()?;
-                // The file's directory names the record and the file's files: synced once,
-                // here, under the file's lock.
-                owed.dirs.remove(&dir);
-                meta::sync_dir(&*self.disk, &dir)?;
-            }
-            Ok(())
+            let Some(staged) = staged else {
+                return Ok(false);
+            };
+            staged.install()?;
+            // The file's directory names the record and the file's files: synced once, here,
+            // under the file's lock, and the other directories owed at the same time.
+            owed.dirs.remove(&dir);
+            sync_owed_dirs(&*self.disk, &owed, Some(&dir))?;
+            Ok(true)
         });
-        let result = result.and_then(|()| sync_owed_dirs(&*self.disk, &owed));
+        let result = result.and_then(|dirs_synced| match dirs_synced {
+            true => Ok(()),
+            false => sync_owed_dirs(&*self.disk, &owed, None),
+        });
         if result.is_err() {
             self.owe_again(owed);
         }
@@ -1336,7 +1340,7 @@ impl Store {
 /// Syncs what a sync owes: files first, then the directories that name them.
 fn sync_owed(disk: &dyn Disk, owed: &Dirty) -> Result<(), StorageError> {
     sync_owed_files(owed, None)?;
-    sync_owed_dirs(disk, owed)
+    sync_owed_dirs(disk, owed, None)
 }
 
 /// The file part of [`sync_owed`]: snapshot copies, then written files (and `also`, a
@@ -1359,29 +1363,36 @@ fn sync_owed_files(owed: &Dirty, also: Option<(&FileHandle, String)>) -> Result<
 /// Threads a sync issues its file syncs from, at most.
 const SYNC_THREADS_MAX: usize = 8;
 
-/// `fdatasync`s every file of `files` (each with what it is, for the error), from up to
-/// [`SYNC_THREADS_MAX`] threads at once: the syncs of one batch are independent, and issued
-/// together the file system commits its journal for all of them at once, so a batch costs
-/// about one round of disk latency instead of one per file. Returns when all are done; the
-/// first error, if any.
+/// `fdatasync`s every file of `files` (each with what it is, for the error), at once
+/// ([`at_once`]): the syncs of one batch are independent, and issued together the file
+/// system commits its journal for all of them at once, so a batch costs about one round of
+/// disk latency instead of one per file. Returns when all are done; the first error, if any.
 fn sync_at_once(files: Vec<(&FileHandle, String)>) -> Result<(), StorageError> {
-    let sync = |(handle, what): &(&FileHandle, String)| {
+    at_once(&files, |(handle, what)| {
         (handle.sync_data()).map_err(|error| self::disk(format_args!("sync {what}"), error))
-    };
-    if files.len() <= 1 {
-        return files.iter().try_for_each(sync);
+    })
+}
+
+/// Runs `each` over `items` from up to [`SYNC_THREADS_MAX`] scoped threads at once (one
+/// item: on this thread). Returns when all are done; the first error, if any.
+fn at_once<T: Sync>(
+    items: &[T],
+    each: impl Fn(&T) -> Result<(), StorageError> + Sync,
+) -> Result<(), StorageError> {
+    if items.len() <= 1 {
+        return items.iter().try_for_each(each);
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let threads = files.len().min(SYNC_THREADS_MAX);
+    let threads = items.len().min(SYNC_THREADS_MAX);
     let results: Vec<Result<(), StorageError>> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| loop {
                     let at = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(file) = files.get(at) else {
+                    let Some(item) = items.get(at) else {
                         return Ok(());
                     };
-                    sync(file)?;
+                    each(item)?;
                 })
             })
             .collect();
@@ -1392,22 +1403,25 @@ fn sync_at_once(files: Vec<(&FileHandle, String)>) -> Result<(), StorageError> {
     results.into_iter().collect()
 }
 
-/// The directory part of [`sync_owed`], after the files they name are durable.
-fn sync_owed_dirs(disk: &dyn Disk, owed: &Dirty) -> Result<(), StorageError> {
-    for dir in &owed.dirs {
-        match disk.sync_dir(dir) {
-            Ok(()) => {}
-            // Removed since; its parent is owed a sync instead.
-            Err(error) if error.kind() == ErrorKind::NotFound => {}
-            Err(error) => {
-                return Err(self::disk(
-                    format_args!("sync directory {}", dir.display()),
-                    error,
-                ))
-            }
-        }
-    }
-    Ok(())
+/// The directory part of [`sync_owed`], after the files they name are durable: every
+/// directory at once ([`at_once`]; one needs no other durable first, and all are before
+/// the sync answers), and `also` with them.
+fn sync_owed_dirs(disk: &dyn Disk, owed: &Dirty, also: Option<&Path>) -> Result<(), StorageError> {
+    let dirs: Vec<&Path> = owed
+        .dirs
+        .iter()
+        .map(|dir| dir.as_path())
+        .chain(also)
+        .collect();
+    at_once(&dirs, |dir| match disk.sync_dir(dir) {
+        Ok(()) => Ok(()),
+        // Removed since; its parent is owed a sync instead.
+        Err(error) if error.kind() == ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(self::disk(
+            format_args!("sync directory {}", dir.display()),
+            error,
+        )),
+    })
 }
 
 /// The store's `store.toml`, or a new store's (any file directories left deleted).

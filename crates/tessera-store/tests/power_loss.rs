@@ -424,7 +424,7 @@ fn a_power_loss_at_each_step_of_describe_and_sync_leaves_the_old_or_the_new_reco
 /// checksums, the record's new bytes), so the file system can commit them in one journal
 /// round; the directory syncs come after, and a crash right after keeps everything.
 #[test]
-fn the_file_syncs_of_a_sync_are_issued_at_once() {
+fn the_file_and_directory_syncs_of_a_sync_are_issued_at_once() {
     let (disk, root, store) = store_with_a_write();
     store
         .write(FILE, Region::Redundancy, 0, &[9; 4096], false)
@@ -433,6 +433,9 @@ fn the_file_syncs_of_a_sync_are_issued_at_once() {
     store.describe_and_sync(&described(4096), false).unwrap();
     let at_once = disk.file_syncs_at_once_max();
     assert!(at_once >= 5, "{at_once} file syncs at once, not all five");
+    // And the directories the first write made, each owed a sync (the file's and `files/`).
+    let dirs = disk.dir_syncs_at_once_max();
+    assert!(dirs >= 2, "{dirs} directory syncs at once, not both");
     store.clear_unsynced_mark().unwrap();
     drop(store);
     disk.crash();

@@ -474,7 +474,10 @@ mod tests {
         let error = sink.write_all(&flipped[500..]).expect_err("a flipped byte");
         assert!(error.to_string().contains("500..1000"), "{error}");
         // Nothing past the end either.
-        let mut sink = CheckedSink { expected: &expected, at: 0 };
+        let mut sink = CheckedSink {
+            expected: &expected,
+            at: 0,
+        };
         sink.write_all(&expected).expect("all of it");
         assert!(sink.write_all(&[0]).is_err(), "a byte past the end");
     }
