@@ -5,7 +5,7 @@ use crate::{Client, ClientError};
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use tessera_layout::{Layout, OverflowRole, Region, Scheme};
 use tessera_transport::TransportError;
 use tessera_wire::{
@@ -49,7 +49,16 @@ pub(crate) struct FileContext {
     /// Reads see the file as snapshot of this epoch saw it (see `snapshot.rs`), and never
     /// repair: the live file is not theirs to write.
     pub snapshot: Option<u64>,
+    /// The first stripe no write through this context has touched, in a file this context
+    /// made pending (`None` for any other): see `FileContext::take_fresh`.
+    pub(crate) fresh_from: Mutex<Option<u64>>,
+    /// Stripes written fresh by a write still in flight, each with the lock that write holds
+    /// until it is done: a later write touching one waits for it (see `FileContext::take_fresh`).
+    pub(crate) fresh_in_flight: Mutex<BTreeMap<u64, FreshStripe>>,
 }
+
+/// The lock a fresh stripe's write holds while in flight (see `FileContext::take_fresh`).
+pub(crate) type FreshStripe = Arc<tokio::sync::RwLock<()>>;
 
 impl Client {
     pub(crate) async fn context_of(
@@ -102,6 +111,8 @@ impl Client {
                 })
             })
             .collect::<Result<Vec<_>, ClientError>>()?;
+        // Another context of a file pending here: its maker is no longer its only writer.
+        self.sole_writers().remove(&view.meta.id);
         let width = columns.len();
         Ok(FileContext {
             layout: view.meta.layout,
@@ -110,6 +121,8 @@ impl Client {
             lost_now: Mutex::new(vec![false; width]),
             reported: Mutex::new(BTreeMap::new()),
             owed_now: Mutex::new(BTreeSet::new()),
+            fresh_from: Mutex::new(None),
+            fresh_in_flight: Mutex::new(BTreeMap::new()),
             snapshot: None,
         })
     }
@@ -143,6 +156,8 @@ impl FileContext {
             lost_now: Mutex::new(vec![false; down.len()]),
             reported: Mutex::new(BTreeMap::new()),
             owed_now: Mutex::new(BTreeSet::new()),
+            fresh_from: Mutex::new(None),
+            fresh_in_flight: Mutex::new(BTreeMap::new()),
             snapshot: None,
         }
     }

@@ -316,6 +316,10 @@ pub struct Client {
     /// full-stripe writes take no stale-parity record (if the client dies, the whole file is
     /// discarded; see `tessera-store`'s `stale` module).
     pub(crate) pending: Arc<Mutex<HashSet<FileId>>>,
+    /// Pending files whose only context in this client is the one that made them
+    /// ([`Client::create_pending_open`]): any other context made of one takes it out, and
+    /// its maker's writes then lock and read as any file's (see `FileContext::take_fresh`).
+    pub(crate) sole: Arc<Mutex<HashSet<FileId>>>,
     /// Sizes this client's writes gave files by growing them (`SetSize { grow_only }`, which
     /// the manager commits without sync), until a sync restates them durably.
     pub(crate) grown: Arc<Mutex<HashMap<FileId, u64>>>,
@@ -463,6 +467,7 @@ impl Client {
             manager_transport,
             managers: Arc::new(Managers::new(ManagerReplicas::new(managers))),
             pending: Arc::default(),
+            sole: Arc::default(),
             grown: Arc::default(),
             service: stream::ServiceClock::of(config.reservation),
         })
@@ -476,6 +481,7 @@ impl Client {
             transport,
             managers: Arc::new(Managers::new(ManagerReplicas::new(vec![manager]))),
             pending: Arc::default(),
+            sole: Arc::default(),
             grown: Arc::default(),
             service: stream::ServiceClock::BestEffort,
         }
@@ -751,6 +757,13 @@ impl Client {
         }
     }
 
+    /// Pending files whose only context is their maker's (see [`Client::sole`]).
+    pub(crate) fn sole_writers(&self) -> std::sync::MutexGuard<'_, HashSet<FileId>> {
+        self.sole
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The sizes this client's writes gave files and no sync has restated yet.
     pub(crate) fn grown_sizes(&self) -> std::sync::MutexGuard<'_, HashMap<FileId, u64>> {
         self.grown
@@ -829,6 +842,7 @@ impl Client {
     pub async fn commit_pending(&self, file: &File) -> Result<(), ClientError> {
         // Once the commit may have been applied, a torn write could no longer be discarded.
         self.pending_files().remove(&file.id);
+        self.sole_writers().remove(&file.id);
         let request = ManagerRequest::CommitPending { file: file.id };
         match self.manager_call(request).await? {
             ManagerResponse::Committed { replaced } => match self.context_of(file.id).await {
@@ -866,6 +880,7 @@ impl Client {
     pub async fn abandon_pending(&self, pending: &PendingFile) -> Result<(), ClientError> {
         let id = pending.file.id;
         self.pending_files().remove(&id);
+        self.sole_writers().remove(&id);
         match self
             .manager_call(ManagerRequest::AbandonPending { file: id })
             .await

@@ -247,7 +247,12 @@ impl Client {
         layout: LayoutRequest,
     ) -> Result<(PendingFile, OpenFile), ClientError> {
         let (pending, view) = self.create_pending_view(path, layout).await?;
-        Ok((pending, OpenFile::new(self.context_from(view)?)))
+        let ctx = self.context_from(view)?;
+        // A new file, empty everywhere, and this its only context: its partial stripes are
+        // written without reading zeros back first (`FileContext::take_fresh`).
+        *ctx.fresh_from.lock().unwrap() = Some(0);
+        self.sole_writers().insert(ctx.meta.id);
+        Ok((pending, OpenFile::new(ctx)))
     }
 
     /// Write everything `source` yields at `offset`, several chunks in flight, calling
@@ -439,6 +444,7 @@ impl Client {
         let file = &open.file;
         // Once the commit may have been applied, a torn write could no longer be discarded.
         self.pending_files().remove(&file.id);
+        self.sole_writers().remove(&file.id);
         let request = ManagerRequest::CommitPendingSized {
             file: file.id,
             size: open.size(),

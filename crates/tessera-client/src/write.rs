@@ -17,7 +17,7 @@ use bytes::{Bytes, BytesMut};
 use futures::stream::{self, StreamExt};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use tessera_layout::{OverflowRole, Piece, Region, Scheme, StripeWrite, WriteMethod};
 use tessera_wire::{IndexRange, IntentPiece, ParityIntent, StorageError, StorageRequest};
 
@@ -41,6 +41,12 @@ struct WriteOp {
 enum Source {
     Caller(std::ops::Range<usize>),
     ParityOf(Vec<std::ops::Range<usize>>),
+    /// The parity of a fresh partial stripe over `len` bytes of the unit: the caller's
+    /// pieces, each at its place in the span, over zeros (see [`FileContext::take_fresh`]).
+    SpanParity {
+        len: usize,
+        pieces: Vec<(usize, std::ops::Range<usize>)>,
+    },
 }
 
 impl Source {
@@ -48,6 +54,7 @@ impl Source {
         match self {
             Source::Caller(range) => range.len(),
             Source::ParityOf(units) => units.first().map_or(0, |unit| unit.len()),
+            Source::SpanParity { len, .. } => *len,
         }
     }
 }
@@ -194,11 +201,14 @@ impl FileContext {
             .await;
 
         let failed: Mutex<BTreeMap<u64, BTreeSet<u32>>> = Mutex::new(BTreeMap::new());
-        let (mut ops, mut later) = self.simple_ops(&plan.stripes, data);
+        let fresh = self.take_fresh(client, &plan.stripes);
+        fresh.wait_earlier().await;
+        let (mut ops, mut later) = self.simple_ops(&plan.stripes, &fresh.stripes, data);
         let rmw: Vec<&StripeWrite> = plan
             .stripes
             .iter()
             .filter(|sw| sw.method == WriteMethod::ReadModifyWrite)
+            .filter(|sw| !fresh.stripes.contains(&sw.extent.stripe))
             .collect();
         let full = full_stripes(&plan.stripes);
         let records = match full {
@@ -256,6 +266,101 @@ impl FileContext {
             }
         }
         Ok(())
+    }
+
+    /// The partial stripes (RAID-4/5) of `stripes` that hold nothing yet, of a file this
+    /// context made pending and alone writes: their data and parity are zeros by
+    /// construction, so their parity is the new pieces' own, written beside them in one
+    /// round, with no parity lock and no read of old bytes (a small put's two round trips).
+    /// Every stripe planned through this context counts as touched from now on, in whatever
+    /// order writes are planned. Nothing is fresh once another context of the file is made
+    /// in this client (`Client::sole_writers`), nor for a file committed or given up: its
+    /// writes lock and read as any file's. No other client writes a file pending here (see
+    /// [`FileContext::revalidate`]).
+    ///
+    /// A fresh write takes no parity lock, so a later write of the same stripe through this
+    /// context (the next chunk of a stream cut anywhere, in flight beside it) must not start
+    /// before it is done: [`Fresh`] holds a lock per fresh stripe until then, and the later
+    /// write waits for it ([`Fresh::wait_earlier`]).
+    fn take_fresh(&self, client: &Client, stripes: &[StripeWrite]) -> Fresh<'_> {
+        let mut fresh = Fresh {
+            ctx: self,
+            stripes: BTreeSet::new(),
+            held: Vec::new(),
+            earlier: Vec::new(),
+        };
+        let mut untouched = self.fresh_from.lock().unwrap();
+        let Some(first) = *untouched else {
+            return fresh;
+        };
+        let id = self.meta.id;
+        if !(client.sole_writers().contains(&id) && client.pending_files().contains(&id)) {
+            *untouched = None;
+            return fresh;
+        }
+        let mut in_flight = self.fresh_in_flight.lock().unwrap();
+        for sw in stripes {
+            let stripe = sw.extent.stripe;
+            if let Some(earlier) = in_flight.get(&stripe) {
+                fresh.earlier.push(earlier.clone());
+            } else if sw.method == WriteMethod::ReadModifyWrite && stripe >= first {
+                let lock: crate::context::FreshStripe = Arc::default();
+                let guard = lock.clone().try_write_owned().expect("a new lock is free");
+                in_flight.insert(stripe, lock);
+                fresh.held.push(guard);
+                fresh.stripes.insert(stripe);
+            }
+        }
+        if let Some(last) = stripes.iter().map(|sw| sw.extent.stripe).max() {
+            *untouched = Some(first.max(last.saturating_add(1)));
+        }
+        fresh
+    }
+
+    /// A fresh partial stripe's writes (see [`FileContext::take_fresh`]): each piece to its
+    /// data unit, and the parity of the span they cover to the parity unit. A lost column's
+    /// write is left out (it was recorded as owing the stripe before anything was written);
+    /// the parity still covers a lost data column's piece.
+    fn fresh_stripe_writes(&self, sw: &StripeWrite) -> Vec<BaseWrite> {
+        let layout = &self.layout;
+        let stripe = sw.extent.stripe;
+        let pieces = &sw.extent.pieces;
+        let lo = pieces.iter().map(|p| p.offset_in_unit).min().unwrap_or(0);
+        let hi = pieces
+            .iter()
+            .map(|p| p.offset_in_unit + p.len)
+            .max()
+            .unwrap_or(0);
+        let mut writes: Vec<BaseWrite> = (pieces.iter())
+            .map(|piece| (layout.data_slot(piece.block), piece))
+            .filter(|(slot, _)| !self.lost(slot.column, stripe))
+            .map(|(slot, piece)| BaseWrite {
+                column: slot.column,
+                region: Region::Data,
+                invalidate_overflow: false,
+                offset: layout.local_offset(slot) + piece.offset_in_unit as u64,
+                stripe,
+                source: Source::Caller(piece.buf_range()),
+            })
+            .collect();
+        let parity = layout.parity_slot(stripe).expect("parity");
+        if !self.lost(parity.column, stripe) {
+            let parts = (pieces.iter())
+                .map(|piece| ((piece.offset_in_unit - lo) as usize, piece.buf_range()))
+                .collect();
+            writes.push(BaseWrite {
+                column: parity.column,
+                region: Region::Redundancy,
+                invalidate_overflow: false,
+                offset: layout.local_offset(parity) + lo as u64,
+                stripe,
+                source: Source::SpanParity {
+                    len: (hi - lo) as usize,
+                    pieces: parts,
+                },
+            });
+        }
+        writes
     }
 
     /// Whether this file's full-stripe writes take stale-parity records: parity schemes, for
@@ -420,6 +525,7 @@ impl FileContext {
     fn simple_ops(
         &self,
         stripes: &[StripeWrite],
+        fresh: &BTreeSet<u64>,
         data: WriteData<'_>,
     ) -> (Vec<WriteOp>, Vec<WriteOp>) {
         let layout = &self.layout;
@@ -432,6 +538,9 @@ impl FileContext {
         for sw in stripes {
             let stripe = sw.extent.stripe;
             match sw.method {
+                WriteMethod::ReadModifyWrite if fresh.contains(&stripe) => {
+                    base.extend(self.fresh_stripe_writes(sw));
+                }
                 WriteMethod::ReadModifyWrite => {}
                 WriteMethod::Plain | WriteMethod::Mirrored => {
                     for piece in &sw.extent.pieces {
@@ -1031,6 +1140,14 @@ fn gather_payload(group: &[BaseWrite], data: WriteData<'_>, held: &HashMap<usize
     for w in group {
         match &w.source {
             Source::Caller(range) => data.extend_into(range.clone(), &mut payload),
+            Source::SpanParity { len, pieces } => {
+                let at = payload.len();
+                payload.resize(at + len, 0);
+                for (offset, range) in pieces {
+                    let span = &mut payload[at + offset..at + offset + range.len()];
+                    tessera_parity::xor_into(span, &data.gather(range.clone()));
+                }
+            }
             Source::ParityOf(units) => {
                 let at = payload.len();
                 payload.resize(at + w.source.len(), 0);
@@ -1079,6 +1196,36 @@ fn runs(stripes: &[u64]) -> Vec<IndexRange> {
     out
 }
 
+/// A write's fresh stripes (see [`FileContext::take_fresh`]), the locks it holds on them
+/// until it is done (dropped: success, failure or the write's future dropped), and the locks
+/// of earlier fresh writes of stripes it touches too.
+struct Fresh<'a> {
+    ctx: &'a FileContext,
+    stripes: BTreeSet<u64>,
+    held: Vec<tokio::sync::OwnedRwLockWriteGuard<()>>,
+    earlier: Vec<crate::context::FreshStripe>,
+}
+
+impl Fresh<'_> {
+    /// Waits until every earlier fresh write of a stripe this write touches is done.
+    async fn wait_earlier(&self) {
+        for earlier in &self.earlier {
+            drop(earlier.read().await);
+        }
+    }
+}
+
+impl Drop for Fresh<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = self.ctx.fresh_in_flight.lock().unwrap();
+        for stripe in &self.stripes {
+            in_flight.remove(stripe);
+        }
+        // The guards go after the entries: a write that found an entry waits on its lock.
+        self.held.clear();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1092,7 +1239,7 @@ mod tests {
         data: WriteData<'_>,
     ) -> Vec<(u32, IndexRange, StorageRequest, Bytes)> {
         let plan = ctx.layout.plan_write(offset, data.len() as u64);
-        let (ops, later) = ctx.simple_ops(&plan.stripes, data);
+        let (ops, later) = ctx.simple_ops(&plan.stripes, &BTreeSet::new(), data);
         let mut all: Vec<_> = ops
             .into_iter()
             .chain(later)
@@ -1166,7 +1313,8 @@ mod tests {
                 pieces.push(Bytes::copy_from_slice(part));
             }
             let plan = ctx.layout.plan_write(0, data.len() as u64);
-            let (ops, _) = ctx.simple_ops(&plan.stripes, WriteData::Pieces(&pieces));
+            let (ops, _) =
+                ctx.simple_ops(&plan.stripes, &BTreeSet::new(), WriteData::Pieces(&pieces));
             let mut checked = 0;
             for op in &ops {
                 let StorageRequest::Write {
