@@ -438,9 +438,11 @@ fn up_with_metrics(local_cluster: &LocalCluster) -> (std::path::PathBuf, toml::V
     (cluster, config)
 }
 
-/// A `put` of 64 KiB under RAID-5 (a partial stripe, read-modify-written) records no intent
-/// at its parity server: the file is pending at the writer, discarded whole if it dies, so no
-/// write hole can be read. A `write` into the committed file still records one per stripe.
+/// A `put` of 64 KiB under RAID-5 (a partial stripe of a new file: written fresh, its parity
+/// beside its data, with no lock and no read) records no intent at its parity server: the
+/// file is pending at the writer, discarded whole if it dies, so no write hole can be read. A
+/// `write` into the committed file is read-modify-written under the parity lock and still
+/// records an intent per stripe.
 #[test]
 fn a_put_records_no_intent_and_a_write_to_a_committed_file_does() {
     let local_cluster = LocalCluster::new("tessera-put-intents-");
@@ -451,13 +453,19 @@ fn a_put_records_no_intent_and_a_write_to_a_committed_file_does() {
     std::fs::write(&local, vec![7u8; 64 << 10]).expect("local file");
     let put = ["put", text(&local), "f", "--scheme", "raid5"];
     run(&[&["--cluster", text(&cluster)][..], &put].concat());
+    assert!(server_requests(metrics, "Write") >= 2.0, "data and parity");
+    assert_eq!(server_requests(metrics, "LockParity"), 0.0, "written fresh");
+    assert_eq!(server_requests(metrics, "RecordIntent"), 0.0);
+    let write = ["write", "f", "4096", text(&local)];
+    run(&[&["--cluster", text(&cluster)][..], &write].concat());
+    assert!(
+        server_requests(metrics, "LockParity") >= 1.0,
+        "read-modify-written"
+    );
     assert!(
         server_requests(metrics, "WriteParity") >= 1.0,
         "read-modify-written"
     );
-    assert_eq!(server_requests(metrics, "RecordIntent"), 0.0);
-    let write = ["write", "f", "4096", text(&local)];
-    run(&[&["--cluster", text(&cluster)][..], &write].concat());
     assert!(server_requests(metrics, "RecordIntent") >= 1.0);
 }
 
