@@ -2,6 +2,7 @@
 
 use std::fmt::Display;
 use std::io::{self, ErrorKind};
+use std::mem::MaybeUninit;
 
 use tessera_wire::StorageError;
 
@@ -29,24 +30,10 @@ pub(crate) fn read_full_at_with(
     offset: u64,
     wait: Wait,
 ) -> io::Result<()> {
-    let mut done = 0;
-    while done < buf.len() {
-        let at = offset + done as u64;
-        let read = match wait {
-            Wait::Yes => file.read_at(&mut buf[done..], at),
-            Wait::No => file.read_cached_at(&mut buf[done..], at),
-        };
-        match read {
-            Ok(0) => {
-                buf[done..].fill(0);
-                break;
-            }
-            Ok(read) => done += read,
-            Err(error) if error.kind() == ErrorKind::Interrupted => continue,
-            Err(error) => return Err(error),
-        }
-    }
-    Ok(())
+    // SAFETY: the same memory seen as possibly uninitialized, which it is not; `fill` writes
+    // only bytes into it.
+    let buf = unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) };
+    fill(file, buf, offset, wait)
 }
 
 /// [`read_full_at_with`] into a new buffer of `len` bytes, which is never zeroed first
@@ -58,16 +45,30 @@ pub(crate) fn read_full_new(
     wait: Wait,
 ) -> io::Result<Vec<u8>> {
     let mut buf: Vec<u8> = Vec::with_capacity(len);
+    fill(file, &mut buf.spare_capacity_mut()[..len], offset, wait)?;
+    // SAFETY: `fill` wrote bytes `0..len`, by the reads (which report what they wrote) or
+    // with zeros past the end.
+    unsafe { buf.set_len(len) };
+    Ok(buf)
+}
+
+/// Writes every byte of `buf` from the file at `offset` ([`DiskFile::read_uninit_at`]),
+/// zeros past its end.
+fn fill(
+    file: &dyn DiskFile,
+    buf: &mut [MaybeUninit<u8>],
+    offset: u64,
+    wait: Wait,
+) -> io::Result<()> {
     let mut done = 0;
-    while done < len {
-        let at = offset + done as u64;
-        let rest = &mut buf.spare_capacity_mut()[done..len];
-        match file.read_uninit_at(rest, at, wait == Wait::No) {
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        match file.read_uninit_at(rest, offset + done as u64, wait == Wait::No) {
             Ok(0) => {
                 for byte in rest {
                     byte.write(0);
                 }
-                done = len;
+                break;
             }
             Ok(read) => {
                 assert!(read <= rest.len(), "a read of more than was asked");
@@ -77,10 +78,7 @@ pub(crate) fn read_full_new(
             Err(error) => return Err(error),
         }
     }
-    // SAFETY: bytes `0..len` were written, by the reads (which report what they wrote) or
-    // with zeros past the end.
-    unsafe { buf.set_len(len) };
-    Ok(buf)
+    Ok(())
 }
 
 /// A disk error, with what was being done.
