@@ -764,6 +764,14 @@ impl Client {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// `file` is no longer pending at this client (committed, or given up): out of
+    /// [`Client::pending`] and [`Client::sole`] together, so the second never holds a file
+    /// the first does not.
+    pub(crate) fn end_pending(&self, file: FileId) {
+        self.pending_files().remove(&file);
+        self.sole_writers().remove(&file);
+    }
+
     /// The sizes this client's writes gave files and no sync has restated yet.
     pub(crate) fn grown_sizes(&self) -> std::sync::MutexGuard<'_, HashMap<FileId, u64>> {
         self.grown
@@ -841,8 +849,7 @@ impl Client {
     /// of it from the manager. Sync the file first: the commit is what makes it visible.
     pub async fn commit_pending(&self, file: &File) -> Result<(), ClientError> {
         // Once the commit may have been applied, a torn write could no longer be discarded.
-        self.pending_files().remove(&file.id);
-        self.sole_writers().remove(&file.id);
+        self.end_pending(file.id);
         let request = ManagerRequest::CommitPending { file: file.id };
         match self.manager_call(request).await? {
             ManagerResponse::Committed { replaced } => match self.context_of(file.id).await {
@@ -879,8 +886,7 @@ impl Client {
     /// before this client wrote its last bytes); if it was committed, it stays.
     pub async fn abandon_pending(&self, pending: &PendingFile) -> Result<(), ClientError> {
         let id = pending.file.id;
-        self.pending_files().remove(&id);
-        self.sole_writers().remove(&id);
+        self.end_pending(id);
         match self
             .manager_call(ManagerRequest::AbandonPending { file: id })
             .await

@@ -443,8 +443,7 @@ impl Client {
     pub async fn commit_synced(&self, open: &OpenFile) -> Result<(), ClientError> {
         let file = &open.file;
         // Once the commit may have been applied, a torn write could no longer be discarded.
-        self.pending_files().remove(&file.id);
-        self.sole_writers().remove(&file.id);
+        self.end_pending(file.id);
         let request = ManagerRequest::CommitPendingSized {
             file: file.id,
             size: open.size(),

@@ -172,10 +172,12 @@ impl FileContext {
         // Refuse what cannot be kept recoverable before touching anything, and record what the
         // lost columns will miss before any byte is written.
         let mut missed: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        let mut touched: BTreeSet<u32> = BTreeSet::new();
         for sw in &plan.stripes {
             let stripe = sw.extent.stripe;
             let lost = self.lost_members(stripe);
             let changed = self.changed_columns(sw);
+            touched.extend(&changed);
             let lost_changed: BTreeSet<u32> = changed.intersection(&lost).copied().collect();
             let relevant = if self.scheme().has_parity() {
                 &lost
@@ -196,9 +198,7 @@ impl FileContext {
         }
         // A partial stripe's data and parity go out one after the other: their servers'
         // handshakes, if any are still to make, are made at once first.
-        let touched = plan.stripes.iter().flat_map(|sw| self.changed_columns(sw));
-        self.prepare_columns(client, touched.collect::<BTreeSet<u32>>())
-            .await;
+        self.prepare_columns(client, touched).await;
 
         let failed: Mutex<BTreeMap<u64, BTreeSet<u32>>> = Mutex::new(BTreeMap::new());
         let fresh = self.take_fresh(client, &plan.stripes);
@@ -293,8 +293,9 @@ impl FileContext {
         let Some(first) = *untouched else {
             return fresh;
         };
-        let id = self.meta.id;
-        if !(client.sole_writers().contains(&id) && client.pending_files().contains(&id)) {
+        // Only a pending file is in the set (`Client::end_pending` takes it out with the
+        // pending one).
+        if !client.sole_writers().contains(&self.meta.id) {
             *untouched = None;
             return fresh;
         }
@@ -334,14 +335,7 @@ impl FileContext {
         let mut writes: Vec<BaseWrite> = (pieces.iter())
             .map(|piece| (layout.data_slot(piece.block), piece))
             .filter(|(slot, _)| !self.lost(slot.column, stripe))
-            .map(|(slot, piece)| BaseWrite {
-                column: slot.column,
-                region: Region::Data,
-                invalidate_overflow: false,
-                offset: layout.local_offset(slot) + piece.offset_in_unit as u64,
-                stripe,
-                source: Source::Caller(piece.buf_range()),
-            })
+            .map(|(slot, piece)| self.piece_in_unit(slot, piece, stripe))
             .collect();
         let parity = layout.parity_slot(stripe).expect("parity");
         if !self.lost(parity.column, stripe) {
@@ -361,6 +355,19 @@ impl FileContext {
             });
         }
         writes
+    }
+
+    /// The write of `piece`'s bytes at its place in the unit of `slot` (its data unit or a
+    /// mirror of it).
+    fn piece_in_unit(&self, slot: tessera_layout::Slot, piece: &Piece, stripe: u64) -> BaseWrite {
+        BaseWrite {
+            column: slot.column,
+            region: slot.region,
+            invalidate_overflow: false,
+            offset: self.layout.local_offset(slot) + piece.offset_in_unit as u64,
+            stripe,
+            source: Source::Caller(piece.buf_range()),
+        }
     }
 
     /// Whether this file's full-stripe writes take stale-parity records: parity schemes, for
@@ -548,14 +555,7 @@ impl FileContext {
                         slots.extend(layout.mirror_slot(piece.block));
                         for slot in slots {
                             if !self.lost(slot.column, stripe) {
-                                base.push(BaseWrite {
-                                    column: slot.column,
-                                    region: slot.region,
-                                    invalidate_overflow: false,
-                                    offset: layout.local_offset(slot) + piece.offset_in_unit as u64,
-                                    stripe,
-                                    source: Source::Caller(piece.buf_range()),
-                                });
+                                base.push(self.piece_in_unit(slot, piece, stripe));
                             }
                         }
                     }

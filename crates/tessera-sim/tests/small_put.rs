@@ -23,10 +23,13 @@ use tessera_sim::{run_virtual, SimCluster};
 use tessera_transport::{BoxFuture, Reply, Transport, TransportError};
 use tessera_wire::{StorageCall, StorageRequest};
 
+/// Each storage request's server and kind, in the order they were sent.
+type Seen = Arc<Mutex<Vec<(SocketAddr, String)>>>;
+
 /// The client's transport, noting each storage request's server and kind.
 struct Counting {
     inner: Arc<dyn Transport>,
-    seen: Arc<Mutex<Vec<(SocketAddr, String)>>>,
+    seen: Seen,
 }
 
 impl Transport for Counting {
@@ -45,14 +48,22 @@ impl Transport for Counting {
     }
 }
 
-async fn small_put(seed: u64) {
-    let mut cluster = SimCluster::start(seed, 5).await;
+/// A client of `cluster` whose storage requests are noted, with the list they go to.
+fn counting_client(cluster: &SimCluster) -> (Client, Seen) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let counting = Counting {
         inner: Arc::new(cluster.network.transport(Duration::from_secs(1))),
         seen: seen.clone(),
     };
-    let client = Client::with_transport(cluster.manager_addr, Arc::new(counting));
+    (
+        Client::with_transport(cluster.manager_addr, Arc::new(counting)),
+        seen,
+    )
+}
+
+async fn small_put(seed: u64) {
+    let mut cluster = SimCluster::start(seed, 5).await;
+    let (client, seen) = counting_client(&cluster);
     let layout = LayoutRequest {
         scheme: Scheme::Raid5,
         stripe_unit: 16 << 10,
@@ -308,12 +319,7 @@ fn a_write_of_a_stripe_written_fresh_waits_for_that_write() {
 fn a_second_handle_of_a_pending_file_turns_fresh_writes_off() {
     run_virtual(async {
         let cluster = SimCluster::start(7, 4).await;
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let counting = Counting {
-            inner: Arc::new(cluster.network.transport(Duration::from_secs(1))),
-            seen: seen.clone(),
-        };
-        let client = Client::with_transport(cluster.manager_addr, Arc::new(counting));
+        let (client, seen) = counting_client(&cluster);
         let layout = LayoutRequest {
             scheme: Scheme::Raid5,
             stripe_unit: 4096,
