@@ -53,12 +53,25 @@ pub(crate) struct FileContext {
     /// made pending (`None` for any other): see `FileContext::take_fresh`.
     pub(crate) fresh_from: Mutex<Option<u64>>,
     /// Stripes written fresh by a write still in flight, each with the lock that write holds
-    /// until it is done: a later write touching one waits for it (see `FileContext::take_fresh`).
-    pub(crate) fresh_in_flight: Mutex<BTreeMap<u64, FreshStripe>>,
+    /// until it is done: a later write touching one, through any context of the file in
+    /// this client, waits for it (see `FileContext::take_fresh`).
+    pub(crate) fresh_in_flight: FreshInFlight,
 }
 
 /// The lock a fresh stripe's write holds while in flight (see `FileContext::take_fresh`).
 pub(crate) type FreshStripe = Arc<tokio::sync::RwLock<()>>;
+
+/// A file's stripes written fresh and still in flight, shared by its contexts in a client.
+pub(crate) type FreshInFlight = Arc<Mutex<BTreeMap<u64, FreshStripe>>>;
+
+/// A pending file made in this client for fresh writes ([`Client::fresh`]).
+pub(crate) struct FreshFile {
+    /// Its maker's context is still its only one: only then are stripes written fresh.
+    pub(crate) sole: bool,
+    /// Every context of the file shares these, so a write through a second one waits for
+    /// a fresh write the first still has in flight.
+    pub(crate) in_flight: FreshInFlight,
+}
 
 impl Client {
     pub(crate) async fn context_of(
@@ -111,8 +124,15 @@ impl Client {
                 })
             })
             .collect::<Result<Vec<_>, ClientError>>()?;
-        // Another context of a file pending here: its maker is no longer its only writer.
-        self.sole_writers().remove(&view.meta.id);
+        // Another context of a file pending here: its maker is no longer its only writer,
+        // and this one waits for the fresh writes still in flight as the maker's do.
+        let fresh_in_flight = match self.fresh_files().get_mut(&view.meta.id) {
+            Some(file) => {
+                file.sole = false;
+                file.in_flight.clone()
+            }
+            None => FreshInFlight::default(),
+        };
         let width = columns.len();
         Ok(FileContext {
             layout: view.meta.layout,
@@ -122,7 +142,7 @@ impl Client {
             reported: Mutex::new(BTreeMap::new()),
             owed_now: Mutex::new(BTreeSet::new()),
             fresh_from: Mutex::new(None),
-            fresh_in_flight: Mutex::new(BTreeMap::new()),
+            fresh_in_flight,
             snapshot: None,
         })
     }
@@ -157,7 +177,7 @@ impl FileContext {
             reported: Mutex::new(BTreeMap::new()),
             owed_now: Mutex::new(BTreeSet::new()),
             fresh_from: Mutex::new(None),
-            fresh_in_flight: Mutex::new(BTreeMap::new()),
+            fresh_in_flight: FreshInFlight::default(),
             snapshot: None,
         }
     }

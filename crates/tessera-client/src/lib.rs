@@ -316,10 +316,11 @@ pub struct Client {
     /// full-stripe writes take no stale-parity record (if the client dies, the whole file is
     /// discarded; see `tessera-store`'s `stale` module).
     pub(crate) pending: Arc<Mutex<HashSet<FileId>>>,
-    /// Pending files whose only context in this client is the one that made them
-    /// ([`Client::create_pending_open`]): any other context made of one takes it out, and
-    /// its maker's writes then lock and read as any file's (see `FileContext::take_fresh`).
-    pub(crate) sole: Arc<Mutex<HashSet<FileId>>>,
+    /// Pending files made here for fresh writes ([`Client::create_pending_open`]): whether
+    /// their maker is still their only context in this client, and their stripes written
+    /// fresh and still in flight, which every context of the file shares (see
+    /// `FileContext::take_fresh`).
+    pub(crate) fresh: Arc<Mutex<HashMap<FileId, context::FreshFile>>>,
     /// Sizes this client's writes gave files by growing them (`SetSize { grow_only }`, which
     /// the manager commits without sync), until a sync restates them durably.
     pub(crate) grown: Arc<Mutex<HashMap<FileId, u64>>>,
@@ -467,7 +468,7 @@ impl Client {
             manager_transport,
             managers: Arc::new(Managers::new(ManagerReplicas::new(managers))),
             pending: Arc::default(),
-            sole: Arc::default(),
+            fresh: Arc::default(),
             grown: Arc::default(),
             service: stream::ServiceClock::of(config.reservation),
         })
@@ -481,7 +482,7 @@ impl Client {
             transport,
             managers: Arc::new(Managers::new(ManagerReplicas::new(vec![manager]))),
             pending: Arc::default(),
-            sole: Arc::default(),
+            fresh: Arc::default(),
             grown: Arc::default(),
             service: stream::ServiceClock::BestEffort,
         }
@@ -757,19 +758,21 @@ impl Client {
         }
     }
 
-    /// Pending files whose only context is their maker's (see [`Client::sole`]).
-    pub(crate) fn sole_writers(&self) -> std::sync::MutexGuard<'_, HashSet<FileId>> {
-        self.sole
+    /// Pending files made here for fresh writes (see [`Client::fresh`]).
+    pub(crate) fn fresh_files(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<FileId, context::FreshFile>> {
+        self.fresh
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// `file` is no longer pending at this client (committed, or given up): out of
-    /// [`Client::pending`] and [`Client::sole`] together, so the second never holds a file
+    /// [`Client::pending`] and [`Client::fresh`] together, so the second never holds a file
     /// the first does not.
     pub(crate) fn end_pending(&self, file: FileId) {
         self.pending_files().remove(&file);
-        self.sole_writers().remove(&file);
+        self.fresh_files().remove(&file);
     }
 
     /// The sizes this client's writes gave files and no sync has restated yet.

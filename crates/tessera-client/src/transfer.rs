@@ -251,7 +251,11 @@ impl Client {
         // A new file, empty everywhere, and this its only context: its partial stripes are
         // written without reading zeros back first (`FileContext::take_fresh`).
         *ctx.fresh_from.lock().unwrap() = Some(0);
-        self.sole_writers().insert(ctx.meta.id);
+        let file = crate::context::FreshFile {
+            sole: true,
+            in_flight: ctx.fresh_in_flight.clone(),
+        };
+        self.fresh_files().insert(ctx.meta.id, file);
         Ok((pending, OpenFile::new(ctx)))
     }
 

@@ -274,14 +274,16 @@ impl FileContext {
     /// round, with no parity lock and no read of old bytes (a small put's two round trips).
     /// Every stripe planned through this context counts as touched from now on, in whatever
     /// order writes are planned. Nothing is fresh once another context of the file is made
-    /// in this client (`Client::sole_writers`), nor for a file committed or given up: its
+    /// in this client (`Client::fresh_files`), nor for a file committed or given up: its
     /// writes lock and read as any file's. No other client writes a file pending here (see
     /// [`FileContext::revalidate`]).
     ///
-    /// A fresh write takes no parity lock, so a later write of the same stripe through this
-    /// context (the next chunk of a stream cut anywhere, in flight beside it) must not start
-    /// before it is done: [`Fresh`] holds a lock per fresh stripe until then, and the later
-    /// write waits for it ([`Fresh::wait_earlier`]).
+    /// A fresh write takes no parity lock, so a later write of the same stripe (the next
+    /// chunk of a stream cut anywhere, in flight beside it, or a write through a context
+    /// made while it was in flight) must not start before it is done: [`Fresh`] holds a
+    /// lock per fresh stripe until then, in the map every context of the file in this
+    /// client shares, and the later write waits for it ([`Fresh::wait_earlier`]), whether
+    /// it is fresh itself or not.
     fn take_fresh(&self, client: &Client, stripes: &[StripeWrite]) -> Fresh<'_> {
         let mut fresh = Fresh {
             ctx: self,
@@ -290,21 +292,20 @@ impl FileContext {
             earlier: Vec::new(),
         };
         let mut untouched = self.fresh_from.lock().unwrap();
-        let Some(first) = *untouched else {
-            return fresh;
-        };
-        // Only a pending file is in the set (`Client::end_pending` takes it out with the
+        // Only a pending file is in the map (`Client::end_pending` takes it out with the
         // pending one).
-        if !client.sole_writers().contains(&self.meta.id) {
+        let sole = (client.fresh_files().get(&self.meta.id)).is_some_and(|file| file.sole);
+        if !sole {
             *untouched = None;
-            return fresh;
         }
         let mut in_flight = self.fresh_in_flight.lock().unwrap();
         for sw in stripes {
             let stripe = sw.extent.stripe;
             if let Some(earlier) = in_flight.get(&stripe) {
                 fresh.earlier.push(earlier.clone());
-            } else if sw.method == WriteMethod::ReadModifyWrite && stripe >= first {
+            } else if sw.method == WriteMethod::ReadModifyWrite
+                && untouched.is_some_and(|first| stripe >= first)
+            {
                 let lock: crate::context::FreshStripe = Arc::default();
                 let guard = lock.clone().try_write_owned().expect("a new lock is free");
                 in_flight.insert(stripe, lock);
@@ -312,7 +313,8 @@ impl FileContext {
                 fresh.stripes.insert(stripe);
             }
         }
-        if let Some(last) = stripes.iter().map(|sw| sw.extent.stripe).max() {
+        let last = stripes.iter().map(|sw| sw.extent.stripe).max();
+        if let (Some(first), Some(last)) = (*untouched, last) {
             *untouched = Some(first.max(last.saturating_add(1)));
         }
         fresh

@@ -264,46 +264,69 @@ impl Transport for SlowParity {
     }
 }
 
-/// A body's first piece ends inside stripe 0 (written fresh: its parity beside its data, no
-/// lock) and the next piece goes on in the same stripe, in flight beside it (read, modified
-/// and written under the parity lock). The fresh parity lands late: the second write must
-/// not read the stripe's parity before it does, or one of the two writes' share of the
-/// parity is lost, and a read with a data server down gives wrong bytes.
-async fn streamed_after_fresh(seed: u64) {
-    let mut cluster = SimCluster::start(seed, 4).await;
+/// Stripe units of the files of [`slow_parity_cluster`]'s tests (RAID-5 over 4).
+const UNIT: usize = 4096;
+
+/// A cluster of 4 servers and a client of it whose parity writes are held back
+/// ([`SlowParity`]).
+async fn slow_parity_cluster(seed: u64) -> (SimCluster, Client) {
+    let cluster = SimCluster::start(seed, 4).await;
     let slow = SlowParity {
         inner: Arc::new(cluster.network.transport(Duration::from_secs(1))),
     };
     let client = Client::with_transport(cluster.manager_addr, Arc::new(slow));
-    let unit = 4096usize;
-    let layout = LayoutRequest {
+    (cluster, client)
+}
+
+/// RAID-5 over 4, of [`UNIT`]s.
+fn raid5_over_4() -> LayoutRequest {
+    LayoutRequest {
         scheme: Scheme::Raid5,
-        stripe_unit: unit as u32,
+        stripe_unit: UNIT as u32,
         width: Some(4),
-    };
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let bytes: Vec<u8> = (0..unit + 100).map(|_| rng.gen()).collect();
-    let (_pending, mut open) = client
-        .create_pending_open("/two", layout)
-        .await
-        .expect("create pending");
-    let pieces = [&bytes[..unit / 2], &bytes[unit / 2..]]
-        .map(|piece| Ok::<_, std::io::Error>(Bytes::copy_from_slice(piece)));
-    let written = (client.upload_stream(&mut open, 0, futures::stream::iter(pieces))).await;
-    assert_eq!(written.ok(), Some(bytes.len() as u64));
-    client.commit_upload(&open).await.expect("commit");
+    }
+}
+
+/// `path` reads as `model` with each server down in turn.
+async fn reads_exact_with_each_server_down(
+    cluster: &mut SimCluster,
+    path: &str,
+    model: &[u8],
+    seed: u64,
+) {
     for index in 0..cluster.servers() {
         cluster.crash_server(index);
         let reader = cluster.client();
-        let file = reader.open("/two").await.expect("open");
-        let read = (reader.read_at(&file, 0, bytes.len() as u64).await).expect("read");
-        let wrong = read.iter().zip(&bytes).filter(|(a, b)| a != b).count();
+        let file = reader.open(path).await.expect("open");
+        let read = (reader.read_at(&file, 0, model.len() as u64).await).expect("read");
+        let wrong = read.iter().zip(model).filter(|(a, b)| a != b).count();
         assert_eq!(
             wrong, 0,
             "seed {seed}, server {index} down: {wrong} bytes wrong"
         );
         assert!(cluster.start_server(index).await.is_none());
     }
+}
+
+/// A body's first piece ends inside stripe 0 (written fresh: its parity beside its data, no
+/// lock) and the next piece goes on in the same stripe, in flight beside it (read, modified
+/// and written under the parity lock). The fresh parity lands late: the second write must
+/// not read the stripe's parity before it does, or one of the two writes' share of the
+/// parity is lost, and a read with a data server down gives wrong bytes.
+async fn streamed_after_fresh(seed: u64) {
+    let (mut cluster, client) = slow_parity_cluster(seed).await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let bytes: Vec<u8> = (0..UNIT + 100).map(|_| rng.gen()).collect();
+    let (_pending, mut open) = client
+        .create_pending_open("/two", raid5_over_4())
+        .await
+        .expect("create pending");
+    let pieces = [&bytes[..UNIT / 2], &bytes[UNIT / 2..]]
+        .map(|piece| Ok::<_, std::io::Error>(Bytes::copy_from_slice(piece)));
+    let written = (client.upload_stream(&mut open, 0, futures::stream::iter(pieces))).await;
+    assert_eq!(written.ok(), Some(bytes.len() as u64));
+    client.commit_upload(&open).await.expect("commit");
+    reads_exact_with_each_server_down(&mut cluster, "/two", &bytes, seed).await;
 }
 
 #[test]
@@ -347,4 +370,38 @@ fn a_second_handle_of_a_pending_file_turns_fresh_writes_off() {
             .expect("write");
         assert_eq!(locks(&seen), 1, "stripe 5 written under the lock");
     });
+}
+
+/// A handle made of a pending file while its maker's fresh write is in flight writes the
+/// same stripe (read, modified and written under the parity lock). The fresh parity lands
+/// late: the second handle's write must wait for it as the maker's own would, or it reads
+/// the parity before the fresh write's share is in it and one of the two shares is lost.
+async fn second_handle_during_fresh(seed: u64) {
+    let (mut cluster, client) = slow_parity_cluster(seed).await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut model: Vec<u8> = (0..UNIT + 100).map(|_| rng.gen()).collect();
+    let overlay: Vec<u8> = (0..50).map(|_| rng.gen()).collect();
+    let (pending, mut open) = client
+        .create_pending_open("/both", raid5_over_4())
+        .await
+        .expect("create pending");
+    let first = client.upload_bytes(&mut open, 0, &model);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let mut other = client.open_id(&pending.file).await.expect("second handle");
+        client.upload_bytes(&mut other, 10, &overlay).await
+    };
+    let (first, second) = futures::join!(first, second);
+    first.expect("maker's write");
+    second.expect("second handle's write");
+    model[10..60].copy_from_slice(&overlay);
+    client.commit_upload(&open).await.expect("commit");
+    reads_exact_with_each_server_down(&mut cluster, "/both", &model, seed).await;
+}
+
+#[test]
+fn a_write_through_a_handle_made_during_a_fresh_write_waits_for_it() {
+    for seed in 0..3 {
+        run_virtual(second_handle_during_fresh(seed));
+    }
 }
