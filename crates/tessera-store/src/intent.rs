@@ -18,8 +18,12 @@
 //!    any record a dead holder left (step 6).
 //! 2. The client reads the old data `D` of each piece it will write.
 //! 3. `RecordIntent` hands the parity server the pieces (column, range) and `D`. The server
-//!    adds the span's current parity `P` and makes the record durable (written, `fdatasync`,
-//!    directory synced) **before it answers**. The client writes no data before that answer.
+//!    adds the span's current parity `P` and writes the record **before it answers**; the
+//!    client writes no data before that answer. The record is not synced then: the store's
+//!    `unsynced` mark is durable first (`boot.rs`), so a power loss before the next sync
+//!    makes the whole store start over as a new incarnation, rebuilt from the others, and the
+//!    record is not needed; a process crash keeps it in the page cache, which the store syncs
+//!    at open; and the next sync makes it durable with everything else before the mark goes.
 //! 4. The client writes `D'` to the data columns.
 //! 5. `WriteParity` writes `P' = P ^ D ^ D'` and then deletes the record.
 //! 6. If the holder dies (its connection closes, or its lease runs out while another locker
@@ -55,7 +59,12 @@
 //!   is written whole, synced, then renamed) and is dropped at the next open: no data was
 //!   written after it, since its answer never went out.
 //! - Client dies between 3 and 5, after any number of its data writes reached disk: the record
-//!   is durable; reconstruction uses it, resolution makes parity match the data.
+//!   is kept (in the page cache across a server process crash, durable from the parity
+//!   server's next sync on); reconstruction uses it, resolution makes parity match the data.
+//! - The parity server loses power before its next sync: its `unsynced` mark is on disk, so
+//!   the store starts over as a new incarnation and its parity is rebuilt from the data
+//!   columns, whatever they hold; no record is needed. A data server that loses power with
+//!   the write unsynced is rebuilt the same way, from the parity and the record.
 //! - Client dies after 5 was sent: the parity server either wrote `P'` and deleted the record
 //!   (consistent: the data writes were all answered before 5 was sent), or died itself between
 //!   writing `P'` and deleting the record. A record describes the state *before* the write, so
@@ -102,7 +111,7 @@ use std::sync::Arc;
 
 use tessera_wire::{FileId, ParityIntent, StorageError};
 
-use crate::disk::{read_file, write_file_synced, Disk};
+use crate::disk::{read_file, Disk, FileHandle};
 use crate::io::{bad_request, disk, disk_format};
 use crate::roster::{self, Roster, ROSTER_NAME};
 use crate::REQUEST_BYTES_MAX;
@@ -127,6 +136,10 @@ pub(crate) struct Intents {
     spans: HashMap<FileId, BTreeMap<u64, Span>>,
     /// The names of the records on disk, so that a deleted one is found (`roster.rs`).
     roster: Roster,
+    /// Records written since the last sync took them, and not deleted since (a deleted
+    /// one needs only its directory synced), by path: what a sync makes durable
+    /// ([`Intents::take_unsynced`]). Bounded by the records alive at once.
+    unsynced: HashMap<PathBuf, FileHandle>,
 }
 
 /// An unresolved record and its bytes: old parity of the span, then old data of the pieces.
@@ -156,6 +169,7 @@ impl Intents {
             disk: Arc::clone(disk),
             dir,
             spans: HashMap::new(),
+            unsynced: HashMap::new(),
             roster,
         };
         let names = (intents.disk)
@@ -221,8 +235,11 @@ impl Intents {
         self.roster.sync()
     }
 
-    /// Records `intent` for `stripe` of `file` with its old parity and old data, durably.
-    /// Refused if the stripe has an unresolved record: it must be resolved first.
+    /// Records `intent` for `stripe` of `file` with its old parity and old data, written
+    /// and named but not synced (kept for the next sync, [`Intents::take_unsynced`]): the
+    /// caller holds the store's `unsynced` mark across the call and owes the records
+    /// directory a sync (see [`crate::Store::record_intent`]). Refused if the stripe has an
+    /// unresolved record: it must be resolved first.
     pub(crate) fn record(
         &mut self,
         file: FileId,
@@ -252,15 +269,40 @@ impl Intents {
         let path = self.path(file, stripe);
         let bytes = encode(intent, old_parity, old_data);
         // Written whole under a staging name, then renamed: a record under its own name was
-        // answered, so one found damaged there is damage, never a torn recording.
+        // answered, so one found damaged there after a process crash is damage, never a torn
+        // recording. (After a power loss the store holding it starts over: see the caller.)
         let staging = staging_path(&path);
-        let written = write_file_synced(&*self.disk, &staging, &bytes)
-            .and_then(|_| self.disk.rename(&staging, &path));
-        written.map_err(|e| disk(format_args!("record intent {}", path.display()), e))?;
-        crate::meta::sync_dir(&*self.disk, &self.dir)?;
+        let written = self.disk.create(&staging).and_then(|handle| {
+            handle.write_all_at(&bytes, 0)?;
+            self.disk.rename(&staging, &path)?;
+            Ok(handle)
+        });
+        let handle =
+            written.map_err(|e| disk(format_args!("record intent {}", path.display()), e))?;
         self.roster.add(&*self.disk, name(file, stripe))?;
         self.remember(file, stripe, intent);
+        self.unsynced.insert(path, handle);
         Ok(())
+    }
+
+    /// The records written since the last call and not deleted since, for a sync to make
+    /// durable.
+    pub(crate) fn take_unsynced(&mut self) -> HashMap<PathBuf, FileHandle> {
+        std::mem::take(&mut self.unsynced)
+    }
+
+    /// Puts back what a failed sync took ([`Intents::take_unsynced`]), so the next one
+    /// tries again (one deleted meanwhile is synced all the same, harmlessly); a record
+    /// written again since keeps its newer handle.
+    pub(crate) fn owe_again(&mut self, records: HashMap<PathBuf, FileHandle>) {
+        for (path, handle) in records {
+            self.unsynced.entry(path).or_insert(handle);
+        }
+    }
+
+    /// Whether every record written is durable (or deleted).
+    pub(crate) fn nothing_unsynced(&self) -> bool {
+        self.unsynced.is_empty()
     }
 
     /// The unresolved record of `stripe` of `file`, if any.
@@ -289,6 +331,7 @@ impl Intents {
         }
         self.roster.remove(&*self.disk, &name(file, stripe))?;
         let path = self.path(file, stripe);
+        self.unsynced.remove(&path);
         match self.disk.remove_file(&path) {
             Ok(()) => Ok(true),
             Err(error) if error.kind() == ErrorKind::NotFound => Ok(true),

@@ -189,6 +189,9 @@ struct Dirty {
     seals: HashMap<(FileId, bool), FileHandle>,
     /// Snapshot journals and copy files, by file and name.
     snapshot_files: HashMap<(FileId, String), FileHandle>,
+    /// Intent records written since and not deleted, by path (taken from
+    /// [`Intents::take_unsynced`] by a sync).
+    records: HashMap<PathBuf, FileHandle>,
     dirs: HashSet<PathBuf>,
 }
 
@@ -428,10 +431,17 @@ impl Store {
         Ok(())
     }
 
-    /// Records durably what a read-modify-write of `stripe` of `file` is about to change:
+    /// Records what a read-modify-write of `stripe` of `file` is about to change:
     /// `intent`, the span's current parity (read here) and the pieces' old data. Answered
-    /// only once the record is on disk; the writer writes no data before that. Refused if
+    /// only once the record is written; the writer writes no data before that. Refused if
     /// the stripe has an unresolved record. See `intent.rs`.
+    ///
+    /// The record is not synced before the answer, as an answered write is not: the
+    /// `unsynced` mark is held (made durable first if it was not), so a power loss before
+    /// the next sync renews the whole store (`boot.rs`), records and all, and the next sync
+    /// makes the record and its directory durable before the mark may go. (Synced here, it
+    /// cost every read-modify-write an `fdatasync` and a directory sync at the parity
+    /// server.)
     pub fn record_intent(
         &self,
         file: FileId,
@@ -446,8 +456,12 @@ impl Store {
         if intent.span_len > REQUEST_BYTES_MAX {
             return Err(bad_request("intent span longer than one request"));
         }
+        let _unsynced = self.unsynced.hold(&*self.disk)?;
         let old_parity = self.read(file, Region::Redundancy, offset, intent.span_len, false)?;
-        lock(&self.intents).record(file, stripe, intent, &old_parity, old_data)
+        let mut intents = lock(&self.intents);
+        intents.record(file, stripe, intent, &old_parity, old_data)?;
+        lock(&self.dirty).dirs.insert(intents.dir().to_path_buf());
+        Ok(())
     }
 
     /// The unresolved intent record of `stripe` of `file`, with its old parity then old data.
@@ -878,9 +892,18 @@ impl Store {
     fn take_owed(&self) -> Result<Dirty, StorageError> {
         // The rosters before the directories: a record deleted durably while its roster
         // still names it would be taken as lost at the next open (a needless resolution).
-        lock(&self.intents).sync_roster()?;
-        lock(&self.stale).sync_roster()?;
+        let records = {
+            let mut intents = lock(&self.intents);
+            intents.sync_roster()?;
+            intents.take_unsynced()
+        };
+        let stale_roster = lock(&self.stale).sync_roster();
+        if let Err(error) = stale_roster {
+            lock(&self.intents).owe_again(records);
+            return Err(error);
+        }
         let mut owed = std::mem::take(&mut *lock(&self.dirty));
+        owed.records = records;
         if let Err(error) = self.seal_logs(&mut owed) {
             self.owe_again(owed);
             return Err(error);
@@ -898,6 +921,8 @@ impl Store {
             dirty.snapshot_files.entry(key).or_insert(handle);
         }
         dirty.dirs.extend(owed.dirs);
+        drop(dirty);
+        lock(&self.intents).owe_again(owed.records);
     }
 
     /// [`Store::describe`] and [`Store::sync_keeping_mark`] in one batch of syncs: writes
@@ -964,8 +989,13 @@ impl Store {
     pub fn clear_unsynced_mark(&self) -> Result<(), StorageError> {
         let _one_at_a_time = lock(&self.sync_lock);
         self.unsynced.clear_if(&*self.disk, || {
+            // Not nested: a record's write takes the intents, then the dirty set.
+            let records_durable = lock(&self.intents).nothing_unsynced();
             let dirty = lock(&self.dirty);
-            dirty.files.is_empty() && dirty.snapshot_files.is_empty() && dirty.dirs.is_empty()
+            records_durable
+                && dirty.files.is_empty()
+                && dirty.snapshot_files.is_empty()
+                && dirty.dirs.is_empty()
         })
     }
 
@@ -1353,7 +1383,9 @@ fn sync_owed_files(owed: &Dirty, also: Option<(&FileHandle, String)>) -> Result<
     sync_at_once(copies.collect())?;
     let files = (owed.files.iter())
         .map(|((file, kind), handle)| (handle, format!("{} of file {file}", kind.name())));
-    sync_at_once(files.chain(also).collect())?;
+    let records = (owed.records.iter())
+        .map(|(path, handle)| (handle, format!("intent record {}", path.display())));
+    sync_at_once(files.chain(records).chain(also).collect())?;
     // Seals last: a seal durable before its log would make the log look cut short.
     let seals = (owed.seals.iter())
         .map(|((file, _), handle)| (handle, format!("a log's seal of file {file}")));

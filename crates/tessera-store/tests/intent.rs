@@ -1,6 +1,7 @@
-//! Intent records of read-modify-writes: durable before the data is written, kept across a
-//! restart, refused twice, cleared by the holder's parity write or by parity written over
-//! their whole span, and dropped when torn.
+//! Intent records of read-modify-writes: written before the data is (durable with the
+//! store's next sync, or the store starts over after a power loss), kept across a restart,
+//! refused twice, cleared by the holder's parity write or by parity written over their
+//! whole span, and dropped when torn.
 
 use std::path::Path;
 
@@ -232,4 +233,70 @@ fn a_deleted_record_is_found_and_a_cleared_one_forgotten() {
     let now = tokio::time::Instant::now();
     assert_eq!(store.stale_state(FILE, STRIPE, now), orphaned);
     assert_eq!(store.stale_records(), 1);
+}
+
+/// A store on the in-memory disk with a parity unit written and synced, then a record taken
+/// over it (not synced).
+fn recorded_in_memory() -> (tessera_store::MemDisk, &'static Path, Store, Vec<u8>) {
+    let disk = tessera_store::MemDisk::new();
+    let root = Path::new("/store");
+    let store = Store::open_on(disk.shared(), root).unwrap();
+    let parity = pattern(UNIT as usize, 7);
+    store
+        .write(FILE, Region::Redundancy, UNIT, &parity, false)
+        .unwrap();
+    store.sync().unwrap();
+    assert!(!store.unsynced_mark_present());
+    let old_data = pattern(7388, 40);
+    store
+        .record_intent(FILE, STRIPE, &intent(), &old_data)
+        .unwrap();
+    let expected = [&parity[4096..12288], &old_data[..]].concat();
+    (disk, root, store, expected)
+}
+
+/// A record is answered before it is synced (no `fdatasync`, no directory sync: they cost
+/// every read-modify-write two sync calls), so the store's `unsynced` mark must be durable
+/// first: a power loss before the next sync then renews the whole store (it is rebuilt from
+/// the others, and its parity with it), however much of the record it dropped.
+#[test]
+fn a_record_is_answered_unsynced_under_the_mark_and_a_power_loss_renews_the_store() {
+    for seed in 0..20 {
+        let (disk, root, store, _) = recorded_in_memory();
+        assert!(store.unsynced_mark_present(), "seed {seed}");
+        let incarnation = store.incarnation();
+        drop(store);
+        disk.power_loss(seed);
+        let after = Store::open_on(disk.snapshot().shared(), root).unwrap();
+        assert_ne!(after.incarnation(), incarnation, "seed {seed}: not renewed");
+        assert_eq!(after.intent(FILE, STRIPE).unwrap(), None, "seed {seed}");
+    }
+}
+
+/// The sync after a record makes it durable (and only then removes the mark): a power loss
+/// after the sync keeps the store's incarnation and the record, whole. One cleared before
+/// the sync is gone after it, and the mark with it.
+#[test]
+fn the_next_sync_makes_a_record_durable_and_a_cleared_one_stays_gone() {
+    for clear in [false, true] {
+        let (disk, root, store, expected) = recorded_in_memory();
+        if clear {
+            store.clear_intent(FILE, STRIPE).unwrap();
+        }
+        store.clear_unsynced_mark().unwrap();
+        assert!(store.unsynced_mark_present(), "owed a sync: kept");
+        store.sync().unwrap();
+        assert!(!store.unsynced_mark_present(), "clear: {clear}");
+        let incarnation = store.incarnation();
+        drop(store);
+        disk.crash();
+        let after = Store::open_on(disk.snapshot().shared(), root).unwrap();
+        assert_eq!(after.incarnation(), incarnation, "clear: {clear}");
+        let record = after.intent(FILE, STRIPE).unwrap();
+        assert_eq!(
+            record,
+            (!clear).then(|| (intent(), expected)),
+            "clear: {clear}"
+        );
+    }
 }
