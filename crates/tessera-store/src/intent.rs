@@ -47,8 +47,8 @@
 //! parity unit) computes parity from the data and deletes the record.
 //!
 //! Full-stripe writes take no lock and read nothing, so they cannot carry old bytes cheaply;
-//! they take a *stale-parity record* instead (`stale.rs`: one synced request per parity
-//! column before the data, cleared after; a stripe under an orphaned one is resolved by
+//! they take a *stale-parity record* instead (`stale.rs`: one request per parity column
+//! before the data, written under the `unsynced` mark as an intent record is, cleared after; a stripe under an orphaned one is resolved by
 //! recomputing its parity from the data, and a column lost before that reads as an error,
 //! never as bytes). The module doc there argues that choice against journalling the stripe.
 //!
@@ -111,9 +111,9 @@ use std::sync::Arc;
 
 use tessera_wire::{FileId, ParityIntent, StorageError};
 
-use crate::disk::{read_file, Disk, FileHandle};
+use crate::disk::{read_file, Disk};
 use crate::io::{bad_request, disk, disk_format};
-use crate::roster::{self, Roster, ROSTER_NAME};
+use crate::roster::{self, Roster, UnsyncedRecords, ROSTER_NAME};
 use crate::REQUEST_BYTES_MAX;
 
 /// Directory of intent records under the store's root.
@@ -136,10 +136,8 @@ pub(crate) struct Intents {
     spans: HashMap<FileId, BTreeMap<u64, Span>>,
     /// The names of the records on disk, so that a deleted one is found (`roster.rs`).
     roster: Roster,
-    /// Records written since the last sync took them, and not deleted since (a deleted
-    /// one needs only its directory synced), by path: what a sync makes durable
-    /// ([`Intents::take_unsynced`]). Bounded by the records alive at once.
-    unsynced: HashMap<PathBuf, FileHandle>,
+    /// Records written since the last sync took them, and not deleted since.
+    pub(crate) unsynced: UnsyncedRecords,
 }
 
 /// An unresolved record and its bytes: old parity of the span, then old data of the pieces.
@@ -169,7 +167,7 @@ impl Intents {
             disk: Arc::clone(disk),
             dir,
             spans: HashMap::new(),
-            unsynced: HashMap::new(),
+            unsynced: UnsyncedRecords::default(),
             roster,
         };
         let names = (intents.disk)
@@ -236,7 +234,7 @@ impl Intents {
     }
 
     /// Records `intent` for `stripe` of `file` with its old parity and old data, written
-    /// and named but not synced (kept for the next sync, [`Intents::take_unsynced`]): the
+    /// and named but not synced (kept for the next sync, [`Intents::unsynced`]): the
     /// caller holds the store's `unsynced` mark across the call and owes the records
     /// directory a sync (see [`crate::Store::record_intent`]). Refused if the stripe has an
     /// unresolved record: it must be resolved first.
@@ -283,26 +281,6 @@ impl Intents {
         self.remember(file, stripe, intent);
         self.unsynced.insert(path, handle);
         Ok(())
-    }
-
-    /// The records written since the last call and not deleted since, for a sync to make
-    /// durable.
-    pub(crate) fn take_unsynced(&mut self) -> HashMap<PathBuf, FileHandle> {
-        std::mem::take(&mut self.unsynced)
-    }
-
-    /// Puts back what a failed sync took ([`Intents::take_unsynced`]), so the next one
-    /// tries again (one deleted meanwhile is synced all the same, harmlessly); a record
-    /// written again since keeps its newer handle.
-    pub(crate) fn owe_again(&mut self, records: HashMap<PathBuf, FileHandle>) {
-        for (path, handle) in records {
-            self.unsynced.entry(path).or_insert(handle);
-        }
-    }
-
-    /// Whether every record written is durable (or deleted).
-    pub(crate) fn nothing_unsynced(&self) -> bool {
-        self.unsynced.is_empty()
     }
 
     /// The unresolved record of `stripe` of `file`, if any.

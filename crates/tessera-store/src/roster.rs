@@ -26,6 +26,7 @@ use tessera_wire::StorageError;
 
 use crate::disk::{read_file, Disk, FileHandle};
 use crate::io::disk;
+use std::collections::HashMap;
 
 /// Length and checksum before the names.
 const HEADER_BYTES: usize = 8;
@@ -191,5 +192,44 @@ mod tests {
         assert_eq!(decode(&encode(&BTreeSet::new())), Some(BTreeSet::new()));
         let present = ["3.9".to_owned()];
         assert_eq!(lost(&names, &present), ["12.0", "3.7"]);
+    }
+}
+
+/// Records of one directory written and not synced: the store's `unsynced` mark was held
+/// when each was written, so a power loss before a sync renews the whole store, and the
+/// next sync makes them durable before the mark may go ([`UnsyncedRecords::take`]). A
+/// record deleted before then is dropped: its directory's sync is all it needs. Bounded
+/// by the records alive at once.
+#[derive(Default)]
+pub(crate) struct UnsyncedRecords(HashMap<PathBuf, FileHandle>);
+
+impl UnsyncedRecords {
+    /// `path` was written through `handle` and not synced.
+    pub(crate) fn insert(&mut self, path: PathBuf, handle: FileHandle) {
+        self.0.insert(path, handle);
+    }
+
+    /// `path` was deleted.
+    pub(crate) fn remove(&mut self, path: &Path) {
+        self.0.remove(path);
+    }
+
+    /// Everything written since the last call, for a sync to make durable.
+    pub(crate) fn take(&mut self) -> HashMap<PathBuf, FileHandle> {
+        std::mem::take(&mut self.0)
+    }
+
+    /// Puts back what a failed sync took, so the next one tries again (one deleted
+    /// meanwhile is synced all the same, harmlessly); a record written again since keeps
+    /// its newer handle.
+    pub(crate) fn owe_again(&mut self, records: HashMap<PathBuf, FileHandle>) {
+        for (path, handle) in records {
+            self.0.entry(path).or_insert(handle);
+        }
+    }
+
+    /// Whether every record written is durable (or deleted).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }

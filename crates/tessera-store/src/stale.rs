@@ -11,10 +11,13 @@
 //! # The record, md-RAID write-intent-bitmap style
 //!
 //! Before writing any data of full stripes of a committed file, the writer sends each parity
-//! column a record naming the range of stripes (`RecordStale`); the server makes it durable
-//! (written, `fdatasync`, directory synced) **before it answers**, and the writer writes
-//! nothing before that answer. The record says only "parity of these stripes may not match
-//! their data"; it carries no bytes, so it costs one small synced write per parity column
+//! column a record naming the range of stripes (`RecordStale`); the server writes it
+//! **before it answers**, and the writer writes nothing before that answer. As an intent
+//! record (`intent.rs`), it is not synced then: the store's `unsynced` mark is durable
+//! first, so a power loss before the next sync makes the store start over (rebuilt from the
+//! others), a process crash keeps the record in the page cache, and the next sync makes it
+//! durable before the mark goes. The record says only "parity of these stripes may not
+//! match their data"; it carries no bytes, so it costs one small write per parity column
 //! per call, not a read of the stripe. Once every data and parity write of the call is
 //! answered, the writer clears it (`ClearStale` with its token; not synced: a record
 //! resurrected by a power loss only makes someone recompute parity that was right).
@@ -71,7 +74,7 @@
 //! Making a degraded read of an interrupted full-stripe write return old or new bytes needs
 //! the old (or the new) data of every column somewhere else, that is, journalling the whole
 //! stripe: twice the bytes of every large write. The record keeps the cost of a large write to
-//! one synced request per parity column, and only bytes that were never acknowledged (or, on
+//! one small request per parity column, and only bytes that were never acknowledged (or, on
 //! Hybrid, acknowledged overflow bytes of such a stripe) can become unreadable, and only while
 //! a column is lost before anyone touched the stripe again. Writes into a file not yet
 //! committed (the pending file of an atomic-replace `put`) take no record: if their client
@@ -106,7 +109,7 @@ use tokio::time::Instant;
 use crate::disk::{read_file, write_file_synced, Disk};
 use crate::intent::staging_path;
 use crate::io::{bad_request, disk};
-use crate::roster::{self, Roster, ROSTER_NAME};
+use crate::roster::{self, Roster, UnsyncedRecords, ROSTER_NAME};
 
 /// Directory of stale-parity records under the store's root.
 pub(crate) const STALE_DIR: &str = "stale";
@@ -172,6 +175,8 @@ pub(crate) struct StaleRecords {
     token_next: u64,
     /// The names of the records on disk, so that a deleted one is found (`roster.rs`).
     roster: Roster,
+    /// Records written since the last sync took them, and not deleted since.
+    pub(crate) unsynced: UnsyncedRecords,
 }
 
 impl StaleRecords {
@@ -197,6 +202,7 @@ impl StaleRecords {
             records: BTreeMap::new(),
             token_next: 0,
             roster,
+            unsynced: UnsyncedRecords::default(),
         };
         let now = Instant::now();
         let mut damaged = stale.load_all(&names, now)?;
@@ -276,7 +282,8 @@ impl StaleRecords {
         self.roster.sync()
     }
 
-    /// Records durably that parity of `stripes` of `file` may not match its data, leased until
+    /// Records that parity of `stripes` of `file` may not match its data (written, not
+    /// synced: the caller holds the store's `unsynced` mark), leased until
     /// `lease_end`; returns the record's token.
     pub(crate) fn record(
         &mut self,
@@ -297,11 +304,16 @@ impl StaleRecords {
         let path = self.path(file, token, Some(stripes));
         // Written whole under a staging name, then renamed: a record under its own name was
         // answered, so one found damaged there is damage, never a torn recording.
+        // Not synced: the caller holds the store's `unsynced` mark and owes the directory a
+        // sync (see `Store::record_stale`).
         let staging = staging_path(&path);
-        let written = write_file_synced(&*self.disk, &staging, &encode(&[stripes]))
-            .and_then(|_| self.disk.rename(&staging, &path));
-        written.map_err(|e| disk(format_args!("record {}", path.display()), e))?;
-        crate::meta::sync_dir(&*self.disk, &self.dir)?;
+        let written = self.disk.create(&staging).and_then(|handle| {
+            handle.write_all_at(&encode(&[stripes]), 0)?;
+            self.disk.rename(&staging, &path)?;
+            Ok(handle)
+        });
+        let handle = written.map_err(|e| disk(format_args!("record {}", path.display()), e))?;
+        self.unsynced.insert(path, handle);
         (self.roster).add(&*self.disk, name(file, token, Some(stripes)))?;
         self.records.insert(
             token,
@@ -457,6 +469,7 @@ impl StaleRecords {
         let path = self.path_of(token);
         self.roster.remove(&*self.disk, &self.name_of(token))?;
         self.records.remove(&token);
+        self.unsynced.remove(&path);
         match self.disk.remove_file(&path) {
             Ok(()) => Ok(true),
             Err(error) if error.kind() == ErrorKind::NotFound => Ok(true),

@@ -190,8 +190,11 @@ struct Dirty {
     /// Snapshot journals and copy files, by file and name.
     snapshot_files: HashMap<(FileId, String), FileHandle>,
     /// Intent records written since and not deleted, by path (taken from
-    /// [`Intents::take_unsynced`] by a sync).
-    records: HashMap<PathBuf, FileHandle>,
+    /// `Intents::unsynced` by a sync).
+    intent_records: HashMap<PathBuf, FileHandle>,
+    /// Stale-parity records written since and not deleted, by path (from
+    /// `StaleRecords::unsynced`).
+    stale_records: HashMap<PathBuf, FileHandle>,
     dirs: HashSet<PathBuf>,
 }
 
@@ -479,16 +482,21 @@ impl Store {
         Ok(())
     }
 
-    /// Records durably that parity of `stripes` of `file` may not match the data (a
-    /// full-stripe write is about to start), leased until `lease_end`; returns the record's
-    /// token. Answered only once the record is on disk. See `stale.rs`.
+    /// Records that parity of `stripes` of `file` may not match the data (a full-stripe
+    /// write is about to start), leased until `lease_end`; returns the record's token.
+    /// Answered once the record is written, not synced, as [`Store::record_intent`] (see
+    /// there): under the durable `unsynced` mark, durable at the next sync. See `stale.rs`.
     pub fn record_stale(
         &self,
         file: FileId,
         stripes: IndexRange,
         lease_end: tokio::time::Instant,
     ) -> Result<u64, StorageError> {
-        lock(&self.stale).record(file, stripes, lease_end)
+        let _unsynced = self.unsynced.hold(&*self.disk)?;
+        let mut stale = lock(&self.stale);
+        let token = stale.record(file, stripes, lease_end)?;
+        lock(&self.dirty).dirs.insert(stale.dir().to_path_buf());
+        Ok(token)
     }
 
     /// Extends the lease of stale-parity record `token` to `lease_end`.
@@ -892,18 +900,25 @@ impl Store {
     fn take_owed(&self) -> Result<Dirty, StorageError> {
         // The rosters before the directories: a record deleted durably while its roster
         // still names it would be taken as lost at the next open (a needless resolution).
-        let records = {
+        let intent_records = {
             let mut intents = lock(&self.intents);
             intents.sync_roster()?;
-            intents.take_unsynced()
+            intents.unsynced.take()
         };
-        let stale_roster = lock(&self.stale).sync_roster();
-        if let Err(error) = stale_roster {
-            lock(&self.intents).owe_again(records);
-            return Err(error);
-        }
+        let stale_records = {
+            let mut stale = lock(&self.stale);
+            stale.sync_roster().map(|()| stale.unsynced.take())
+        };
+        let stale_records = match stale_records {
+            Ok(records) => records,
+            Err(error) => {
+                lock(&self.intents).unsynced.owe_again(intent_records);
+                return Err(error);
+            }
+        };
         let mut owed = std::mem::take(&mut *lock(&self.dirty));
-        owed.records = records;
+        owed.intent_records = intent_records;
+        owed.stale_records = stale_records;
         if let Err(error) = self.seal_logs(&mut owed) {
             self.owe_again(owed);
             return Err(error);
@@ -922,7 +937,8 @@ impl Store {
         }
         dirty.dirs.extend(owed.dirs);
         drop(dirty);
-        lock(&self.intents).owe_again(owed.records);
+        lock(&self.intents).unsynced.owe_again(owed.intent_records);
+        lock(&self.stale).unsynced.owe_again(owed.stale_records);
     }
 
     /// [`Store::describe`] and [`Store::sync_keeping_mark`] in one batch of syncs: writes
@@ -990,7 +1006,8 @@ impl Store {
         let _one_at_a_time = lock(&self.sync_lock);
         self.unsynced.clear_if(&*self.disk, || {
             // Not nested: a record's write takes the intents, then the dirty set.
-            let records_durable = lock(&self.intents).nothing_unsynced();
+            let records_durable =
+                lock(&self.intents).unsynced.is_empty() && lock(&self.stale).unsynced.is_empty();
             let dirty = lock(&self.dirty);
             records_durable
                 && dirty.files.is_empty()
@@ -1383,8 +1400,9 @@ fn sync_owed_files(owed: &Dirty, also: Option<(&FileHandle, String)>) -> Result<
     sync_at_once(copies.collect())?;
     let files = (owed.files.iter())
         .map(|((file, kind), handle)| (handle, format!("{} of file {file}", kind.name())));
-    let records = (owed.records.iter())
-        .map(|(path, handle)| (handle, format!("intent record {}", path.display())));
+    let records = (owed.intent_records.iter())
+        .chain(&owed.stale_records)
+        .map(|(path, handle)| (handle, format!("record {}", path.display())));
     sync_at_once(files.chain(records).chain(also).collect())?;
     // Seals last: a seal durable before its log would make the log look cut short.
     let seals = (owed.seals.iter())

@@ -1,4 +1,6 @@
-//! Stale-parity records of full-stripe writes: durable before the answer, live while leased,
+//! Stale-parity records of full-stripe writes: written before the answer under the durable
+//! `unsynced` mark (a power loss before the next sync renews the store; the sync makes the
+//! record durable), live while leased,
 //! orphaned when the lease runs out or the server restarts, cleared by their writer, shrunk by
 //! resolutions (never while live), dropped with their file, dropped when torn, and kept when
 //! damaged.
@@ -250,4 +252,62 @@ fn a_deleted_record_is_found_and_a_cleared_one_forgotten() {
         assert_eq!(store.stale_state(FILE, stripe, now), StaleState::Clean);
     }
     assert_eq!(record_names(dir.path()), names);
+}
+
+/// A record is answered before it is synced, as an intent record is: the `unsynced` mark is
+/// durable first, so a power loss before the next sync renews the store, records and all;
+/// after the sync one survives a power loss that drops everything unsynced, and the mark
+/// is gone. One cleared before the sync is gone after it.
+#[test]
+fn a_record_is_answered_unsynced_under_the_mark_and_durable_from_the_next_sync() {
+    use std::path::Path;
+    for (sync, clear) in [(false, false), (true, false), (true, true)] {
+        let what = format!("sync {sync}, clear {clear}");
+        let disk = tessera_store::MemDisk::new();
+        let root = Path::new("/store");
+        let store = Store::open_on(disk.shared(), root).unwrap();
+        let now = Instant::now();
+        let token = store
+            .record_stale(FILE, IndexRange::new(4, 8), now + LEASE)
+            .unwrap();
+        assert!(store.unsynced_mark_present(), "{what}");
+        if clear {
+            store
+                .clear_stale(FILE, Some(token), IndexRange::new(4, 8), now)
+                .unwrap();
+        }
+        if sync {
+            store.clear_unsynced_mark().unwrap();
+            assert!(store.unsynced_mark_present(), "{what}: owed a sync, kept");
+            store.sync().unwrap();
+            assert!(!store.unsynced_mark_present(), "{what}");
+        }
+        let incarnation = store.incarnation();
+        drop(store);
+        disk.crash();
+        if sync && !clear {
+            // A 16-byte header and one range of two u64s.
+            assert_eq!(record_sizes(&disk, root), vec![32], "{what}: whole on disk");
+        }
+        let after = Store::open_on(disk.snapshot().shared(), root).unwrap();
+        assert_eq!(after.incarnation() == incarnation, sync, "{what}: renewed");
+        let expected = match sync && !clear {
+            true => StaleState::Orphaned,
+            false => StaleState::Clean,
+        };
+        assert_eq!(
+            after.stale_state(FILE, 5, Instant::now()),
+            expected,
+            "{what}"
+        );
+    }
+}
+
+/// The sizes of the stale-parity records' files on `disk` (the roster left out).
+fn record_sizes(disk: &tessera_store::MemDisk, root: &std::path::Path) -> Vec<u64> {
+    use tessera_store::Disk;
+    let dir = root.join("stale");
+    let names = disk.read_dir(&dir).unwrap();
+    let records = names.iter().filter(|name| name.as_str() != "roster");
+    (records.map(|name| disk.open_existing(&dir.join(name)).unwrap().size().unwrap())).collect()
 }
