@@ -333,6 +333,52 @@ fn write_hole_client_kills_then_server_loss_parity_schemes() {
     );
 }
 
+/// Client kills inside read-modify-writes and full-stripe writes, with power losses, on
+/// RAID-4 and RAID-5 (seeds 1000..4000 pass: 10,469 client kills, 3,768 power losses; Hybrid
+/// fails, see the next test): since
+/// session 24 an intent or stale-parity record is answered before it is synced, under the
+/// store's durable `unsynced` mark, so a power loss of its server before the next sync must
+/// renew that store (rebuilt from the others, its parity with it) rather than leave a
+/// stripe whose record is gone and whose parity a dead writer left stale.
+#[test]
+fn write_hole_client_kills_with_power_losses_parity_schemes() {
+    explore(
+        "write hole: client kills and power losses, parity schemes",
+        ExploreConfig {
+            power_loss: 0.5,
+            schemes: vec![Scheme::Raid4, Scheme::Raid5],
+            ..write_hole_config()
+        },
+        150,
+    );
+}
+
+/// The same with Hybrid **fails** (found in session 24; seed 2069 of the mixed run fails with
+/// the store code of session 23 as well): with Hybrid alone, seed 1012 (the first of
+/// 0..3000) reads 1,304 bytes of an interrupted write as zeros, neither old nor new; in the
+/// run above with Hybrid in the mix, seed 2069 read 8,155 *acknowledged* bytes of a partial
+/// stripe as zeros after recovery (a client killed inside a write left the overflow entries'
+/// primary and mirror copies different, a rebuild kept the primary's, then another server
+/// lost power and was renewed and rebuilt). Replays both seeds; ignored until fixed.
+#[test]
+#[ignore = "known bug (session 24): Hybrid under client kills with power losses loses bytes (seeds 1012 and 2069); see the doc"]
+fn write_hole_client_kills_with_power_losses_hybrid() {
+    let hybrid = ExploreConfig {
+        power_loss: 0.5,
+        schemes: vec![Scheme::Hybrid],
+        ..write_hole_config()
+    };
+    let mixed = ExploreConfig {
+        power_loss: 0.5,
+        ..write_hole_config()
+    };
+    for (seed, config) in [(1012, hybrid), (2069, mixed)] {
+        if let Err(failure) = replay(seed, &config) {
+            panic!("Hybrid with power losses: {failure}");
+        }
+    }
+}
+
 fn write_hole_config() -> ExploreConfig {
     ExploreConfig {
         schemes: vec![Scheme::Raid4, Scheme::Raid5, Scheme::Hybrid],
