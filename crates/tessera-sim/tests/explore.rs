@@ -355,7 +355,9 @@ fn write_hole_client_kills_with_power_losses_parity_schemes() {
 
 /// The same with Hybrid **fails** (found in session 24; seed 2069 of the mixed run fails with
 /// the store code of session 23 as well): with Hybrid alone, seed 1012 (the first of
-/// 0..3000) reads 1,304 bytes of an interrupted write as zeros, neither old nor new; in the
+/// 0..3000; its run happens to lose no power: two writes interrupted by client kills, then a
+/// server killed during a degraded read) reads 1,304 bytes of an interrupted write as zeros,
+/// neither old nor new; in the
 /// run above with Hybrid in the mix, seed 2069 read 8,155 *acknowledged* bytes of a partial
 /// stripe as zeros after recovery (a client killed inside a write left the overflow entries'
 /// primary and mirror copies different, a rebuild kept the primary's, then another server
