@@ -365,6 +365,7 @@ fn write_hole_client_kills_with_power_losses_parity_schemes() {
 #[test]
 #[ignore = "known bug (session 24): Hybrid under client kills with power losses loses bytes (seeds 1012 and 2069); see the doc"]
 fn write_hole_client_kills_with_power_losses_hybrid() {
+    log_if_asked();
     let hybrid = ExploreConfig {
         power_loss: 0.5,
         schemes: vec![Scheme::Hybrid],
