@@ -105,13 +105,13 @@
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::ErrorKind;
+use std::io::{self, ErrorKind};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tessera_wire::{FileId, ParityIntent, StorageError};
 
-use crate::disk::{read_file, Disk};
+use crate::disk::{read_file, Disk, FileHandle};
 use crate::io::{bad_request, disk, disk_format};
 use crate::roster::{self, Roster, UnsyncedRecords, ROSTER_NAME};
 use crate::REQUEST_BYTES_MAX;
@@ -269,14 +269,8 @@ impl Intents {
         // Written whole under a staging name, then renamed: a record under its own name was
         // answered, so one found damaged there after a process crash is damage, never a torn
         // recording. (After a power loss the store holding it starts over: see the caller.)
-        let staging = staging_path(&path);
-        let written = self.disk.create(&staging).and_then(|handle| {
-            handle.write_all_at(&bytes, 0)?;
-            self.disk.rename(&staging, &path)?;
-            Ok(handle)
-        });
-        let handle =
-            written.map_err(|e| disk(format_args!("record intent {}", path.display()), e))?;
+        let handle = write_staged(&*self.disk, &path, &bytes)
+            .map_err(|e| disk(format_args!("record intent {}", path.display()), e))?;
         self.roster.add(&*self.disk, name(file, stripe))?;
         self.remember(file, stripe, intent);
         self.unsynced.insert(path, handle);
@@ -427,6 +421,18 @@ fn parse_name(name: &str) -> Option<(FileId, u64)> {
 
 /// Where a record (or a stale-parity record, `stale.rs`) is written before it is renamed to
 /// `path`: a name no record parses as, so that one torn there is dropped at open.
+/// Writes `bytes` as a new file under `path`'s staging name ([`staging_path`]) and renames it
+/// to `path`, so that a process that dies while writing leaves only a staged file, never a
+/// short record under its own name. Not synced (the caller owes a sync). Returns the file,
+/// open.
+pub(crate) fn write_staged(disk: &dyn Disk, path: &Path, bytes: &[u8]) -> io::Result<FileHandle> {
+    let staging = staging_path(path);
+    let handle = disk.create(&staging)?;
+    handle.write_all_at(bytes, 0)?;
+    disk.rename(&staging, path)?;
+    Ok(handle)
+}
+
 pub(crate) fn staging_path(path: &Path) -> PathBuf {
     let mut name = path
         .file_name()

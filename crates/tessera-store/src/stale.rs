@@ -107,7 +107,7 @@ use tessera_wire::{FileId, IndexRange, StorageError};
 use tokio::time::Instant;
 
 use crate::disk::{read_file, write_file_synced, Disk};
-use crate::intent::staging_path;
+use crate::intent::{staging_path, write_staged};
 use crate::io::{bad_request, disk};
 use crate::roster::{self, Roster, UnsyncedRecords, ROSTER_NAME};
 
@@ -306,13 +306,8 @@ impl StaleRecords {
         // answered, so one found damaged there is damage, never a torn recording.
         // Not synced: the caller holds the store's `unsynced` mark and owes the directory a
         // sync (see `Store::record_stale`).
-        let staging = staging_path(&path);
-        let written = self.disk.create(&staging).and_then(|handle| {
-            handle.write_all_at(&encode(&[stripes]), 0)?;
-            self.disk.rename(&staging, &path)?;
-            Ok(handle)
-        });
-        let handle = written.map_err(|e| disk(format_args!("record {}", path.display()), e))?;
+        let handle = write_staged(&*self.disk, &path, &encode(&[stripes]))
+            .map_err(|e| disk(format_args!("record {}", path.display()), e))?;
         self.unsynced.insert(path, handle);
         (self.roster).add(&*self.disk, name(file, token, Some(stripes)))?;
         self.records.insert(
