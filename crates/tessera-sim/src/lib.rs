@@ -60,12 +60,14 @@
 //! datagram transport's state machine under the network instead of whole frames, and scrub
 //! inside the workload.
 
+pub mod before_call;
 pub mod cluster;
 pub mod explore;
 pub mod metadata;
 pub mod model;
 pub mod replicas;
 
+pub use before_call::BeforeCall;
 pub use cluster::SimCluster;
 
 /// Runs `test` on a fresh current-thread runtime whose clock starts paused (virtual time),

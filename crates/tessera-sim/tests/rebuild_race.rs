@@ -11,41 +11,29 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use tessera_client::Client;
-use tessera_sim::{run_virtual, SimCluster};
-use tessera_transport::{BoxFuture, Reply, Transport, TransportError};
-use tessera_wire::{StorageCall, StorageRequest};
+use tessera_sim::{run_virtual, BeforeCall, SimCluster};
+use tessera_transport::{BoxFuture, Transport};
+use tessera_wire::StorageRequest;
 
 const UNIT: u32 = 4096;
 /// Three data units and one parity unit per stripe.
 const STRIPE: usize = 3 * UNIT as usize;
 const STRIPES: usize = 4;
 
-/// The rebuilder's transport: the first `Sync` to the rebuilt server runs the write first.
-struct HoldSync {
+/// The rebuilder's transport: the first `Sync` to `rebuilt` runs `write` first, then sets
+/// `fired`.
+fn hold_sync(
     inner: Arc<dyn Transport>,
     rebuilt: SocketAddr,
-    write: Arc<Mutex<Option<BoxFuture<'static, ()>>>>,
+    write: BoxFuture<'static, ()>,
     fired: Arc<AtomicBool>,
-}
-
-impl Transport for HoldSync {
-    fn call(
-        &self,
-        addr: SocketAddr,
-        message: Bytes,
-        payload: Bytes,
-    ) -> BoxFuture<'static, Result<Reply, TransportError>> {
-        let sync = matches!(
-            tessera_wire::decode_message::<StorageCall>(&message),
-            Ok(StorageCall {
-                request: StorageRequest::Sync,
-                ..
-            })
-        ) && addr == self.rebuilt;
-        let (inner, write, fired) = (self.inner.clone(), self.write.clone(), self.fired.clone());
+) -> impl Transport {
+    let write = Arc::new(Mutex::new(Some(write)));
+    BeforeCall::new(inner, move |addr, request: Option<&StorageRequest>| {
+        let sync = matches!(request, Some(StorageRequest::Sync)) && addr == rebuilt;
+        let (write, fired) = (write.clone(), fired.clone());
         Box::pin(async move {
             let held = if sync {
                 write.lock().unwrap().take()
@@ -56,9 +44,8 @@ impl Transport for HoldSync {
                 write.await;
                 fired.store(true, Ordering::SeqCst);
             }
-            inner.call(addr, message, payload).await
-        })
-    }
+        }) as BoxFuture<'static, ()>
+    })
 }
 
 /// Column 0's server misses a write of every stripe and comes back owing them; while it is
@@ -91,12 +78,12 @@ async fn race(seed: u64) {
         }) as BoxFuture<'static, ()>
     };
     let fired = Arc::new(AtomicBool::new(false));
-    let holding = HoldSync {
-        inner: Arc::new(cluster.network.transport(Duration::from_secs(1))),
-        rebuilt: cluster.server_addr(owing),
-        write: Arc::new(Mutex::new(Some(write))),
-        fired: fired.clone(),
-    };
+    let holding = hold_sync(
+        Arc::new(cluster.network.transport(Duration::from_secs(1))),
+        cluster.server_addr(owing),
+        write,
+        fired.clone(),
+    );
     let rebuilder = Client::with_transport(cluster.manager_addr, Arc::new(holding));
     rebuilder
         .rebuild(cluster.server_id(owing), |_| {})

@@ -19,42 +19,29 @@ use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use tessera_client::{Client, LayoutRequest, Scheme};
 use tessera_layout::Region;
-use tessera_sim::{run_virtual, SimCluster};
-use tessera_transport::{BoxFuture, Reply, Transport, TransportError};
-use tessera_wire::{StorageCall, StorageRequest};
+use tessera_sim::{run_virtual, BeforeCall, SimCluster};
+use tessera_transport::BoxFuture;
+use tessera_wire::StorageRequest;
 
 /// Each storage request's server and kind, in the order they were sent.
 type Seen = Arc<Mutex<Vec<(SocketAddr, String)>>>;
 
-/// The client's transport, noting each storage request's server and kind.
-struct Counting {
-    inner: Arc<dyn Transport>,
-    seen: Seen,
-}
-
-impl Transport for Counting {
-    fn call(
-        &self,
-        addr: SocketAddr,
-        message: Bytes,
-        payload: Bytes,
-    ) -> BoxFuture<'static, Result<Reply, TransportError>> {
-        if let Ok(call) = tessera_wire::decode_message::<StorageCall>(&message) {
-            let kind = format!("{:?}", call.request);
-            let kind = kind.split([' ', '{', '(']).next().unwrap_or("").to_string();
-            self.seen.lock().unwrap().push((addr, kind));
-        }
-        self.inner.call(addr, message, payload)
-    }
-}
-
-/// A client of `cluster` whose storage requests are noted, with the list they go to.
+/// A client of `cluster` whose storage requests are noted, each with its server and kind,
+/// with the list they go to.
 fn counting_client(cluster: &SimCluster) -> (Client, Seen) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let counting = Counting {
-        inner: Arc::new(cluster.network.transport(Duration::from_secs(1))),
-        seen: seen.clone(),
-    };
+    let seen: Seen = Arc::new(Mutex::new(Vec::new()));
+    let noted = seen.clone();
+    let counting = BeforeCall::new(
+        Arc::new(cluster.network.transport(Duration::from_secs(1))),
+        move |addr, request: Option<&StorageRequest>| {
+            if let Some(request) = request {
+                let kind = format!("{request:?}");
+                let kind = kind.split([' ', '{', '(']).next().unwrap_or("").to_string();
+                noted.lock().unwrap().push((addr, kind));
+            }
+            Box::pin(async {}) as BoxFuture<'static, ()>
+        },
+    );
     (
         Client::with_transport(cluster.manager_addr, Arc::new(counting)),
         seen,
@@ -232,48 +219,30 @@ fn writes_through_one_pending_handle_in_any_order_read_back_exact_also_degraded(
     }
 }
 
-/// The client's transport, holding back each write of parity by 20 ms (of virtual time).
-struct SlowParity {
-    inner: Arc<dyn Transport>,
-}
-
-impl Transport for SlowParity {
-    fn call(
-        &self,
-        addr: SocketAddr,
-        message: Bytes,
-        payload: Bytes,
-    ) -> BoxFuture<'static, Result<Reply, TransportError>> {
-        let parity = matches!(
-            tessera_wire::decode_message::<StorageCall>(&message),
-            Ok(StorageCall {
-                request: StorageRequest::Write {
-                    region: Region::Redundancy,
-                    ..
-                },
-                ..
-            })
-        );
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            if parity {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            inner.call(addr, message, payload).await
-        })
-    }
-}
-
 /// Stripe units of the files of [`slow_parity_cluster`]'s tests (RAID-5 over 4).
 const UNIT: usize = 4096;
 
-/// A cluster of 4 servers and a client of it whose parity writes are held back
-/// ([`SlowParity`]).
+/// A cluster of 4 servers and a client of it whose writes of parity are each held back by
+/// 20 ms (of virtual time).
 async fn slow_parity_cluster(seed: u64) -> (SimCluster, Client) {
     let cluster = SimCluster::start(seed, 4).await;
-    let slow = SlowParity {
-        inner: Arc::new(cluster.network.transport(Duration::from_secs(1))),
-    };
+    let slow = BeforeCall::new(
+        Arc::new(cluster.network.transport(Duration::from_secs(1))),
+        |_, request: Option<&StorageRequest>| {
+            let parity = matches!(
+                request,
+                Some(StorageRequest::Write {
+                    region: Region::Redundancy,
+                    ..
+                })
+            );
+            Box::pin(async move {
+                if parity {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }) as BoxFuture<'static, ()>
+        },
+    );
     let client = Client::with_transport(cluster.manager_addr, Arc::new(slow));
     (cluster, client)
 }
