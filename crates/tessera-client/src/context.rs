@@ -56,6 +56,10 @@ pub(crate) struct FileContext {
     /// until it is done: a later write touching one, through any context of the file in
     /// this client, waits for it (see `FileContext::take_fresh`).
     pub(crate) fresh_in_flight: FreshInFlight,
+    /// Servers whose debts of the file this context sets aside: the servers a restore of
+    /// kept bytes just put the file back on, resynced before their debts are cleared
+    /// (`restore.rs`). [`Self::revalidate`] does not count their debts either.
+    pub(crate) debts_set_aside: Vec<ServerId>,
 }
 
 /// The lock a fresh stripe's write holds while in flight (see `FileContext::take_fresh`).
@@ -83,7 +87,7 @@ impl Client {
     }
 
     /// The manager's view of a file now: its columns' servers, their state and debts.
-    async fn lookup_view(
+    pub(crate) async fn lookup_view(
         &self,
         file: tessera_wire::FileId,
     ) -> Result<tessera_wire::FileView, ClientError> {
@@ -144,6 +148,7 @@ impl Client {
             fresh_from: Mutex::new(None),
             fresh_in_flight,
             snapshot: None,
+            debts_set_aside: Vec::new(),
         })
     }
 }
@@ -179,6 +184,7 @@ impl FileContext {
             fresh_from: Mutex::new(None),
             fresh_in_flight: FreshInFlight::default(),
             snapshot: None,
+            debts_set_aside: Vec::new(),
         }
     }
 
@@ -245,7 +251,8 @@ impl FileContext {
             let owes = view
                 .missed
                 .iter()
-                .any(|m| m.server == status.id && m.stripes.iter().any(|r| r.contains(stripe)));
+                .any(|m| m.server == status.id && m.stripes.iter().any(|r| r.contains(stripe)))
+                && !self.debts_set_aside.contains(&status.id);
             let replaced = status.id != column.server || status.incarnation != column.incarnation;
             if (owes || replaced || status.state == ServerState::Down) && !self.lost(at, stripe) {
                 tracing::debug!(

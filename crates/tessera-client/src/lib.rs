@@ -28,6 +28,7 @@ mod maintain;
 mod namespace;
 mod pieces;
 mod read;
+mod restore;
 mod snapshot;
 pub mod stream;
 mod transfer;

@@ -19,8 +19,8 @@ use futures::stream::{self, StreamExt};
 use std::ops::Range;
 use tessera_layout::{OverflowRole, Region, Scheme, StripeMember};
 use tessera_wire::{
-    FileDebt, FileMeta, IndexRange, ManagerError, ManagerRequest, ManagerResponse, ServerId,
-    ServerState, StorageError, StorageRequest, StorageResponse,
+    FileDebt, FileMeta, IndexRange, KeptAction, ManagerError, ManagerRequest, ManagerResponse,
+    ServerId, ServerState, StorageError, StorageRequest, StorageResponse,
 };
 
 /// Most stripes past a file's size a rebuild or scrub looks at for bytes of unacknowledged
@@ -343,7 +343,22 @@ impl FileContext {
         if let Some(held) = lock {
             self.unlock(client, held.lock).await;
         }
-        result.map(|()| report)
+        result?;
+        if let (false, Some(slot), false) = (
+            self.debts_set_aside.is_empty() || report.unrepairable.is_empty(),
+            parity_slot,
+            lock.is_some_and(|held| held.stale),
+        ) {
+            // Kept bytes put back, a data unit corrupt (torn) and parity perhaps older than
+            // the data (`restore.rs`): recorded as torn, the record left to lapse unrenewed,
+            // so that no read reconstructs the unit from this parity either. (Recorded once
+            // the lock is let go: a record waits for the stripe's lock holders.)
+            let stripes = IndexRange::new(stripe, stripe + 1);
+            self.record_stale(client, slot.column, stripes)
+                .await
+                .map_err(|fault| self.second_fault(slot.column, slot.column, fault))?;
+        }
+        Ok(report)
     }
 
     /// Takes `stripe` out of the orphaned stale-parity records at its parity column: its
@@ -409,13 +424,18 @@ impl FileContext {
         corrupt.sort();
         corrupt.dedup();
         let parity_column = layout.parity_slot(stripe).map(|slot| slot.column);
-        let stale = lock.is_some_and(|held| held.stale);
+        // Parity of a file whose kept bytes were just put back may predate writes never
+        // synced (`restore.rs`): a corrupt (torn) data unit is not rebuilt from it, which
+        // could turn the synced bytes sharing its blocks into wrong ones; it stays an error.
+        let restored = !self.debts_set_aside.is_empty() && self.scheme().has_parity();
+        let stale = lock.is_some_and(|held| held.stale) || restored;
         if stale && corrupt.iter().any(|&c| Some(c) != parity_column) {
             // A corrupt data unit under stale parity (an interrupted full-stripe write) has
             // nothing to be rebuilt from.
             report.unrepairable.push(format!(
-                "{} stripe {stripe}: corrupt data on servers {:?} in a stripe whose full-stripe \
-                 write was interrupted (stale parity): those bytes are lost",
+                "{} stripe {stripe}: corrupt data on servers {:?} in a stripe whose parity may \
+                 not match its data (an interrupted full-stripe write, or kept bytes put back \
+                 after a power loss): those bytes are lost",
                 self.meta.path,
                 self.servers_of(&corrupt)
             ));
@@ -423,6 +443,13 @@ impl FileContext {
         }
         match corrupt.len() {
             0 => {}
+            _ if self.scheme() == Scheme::Raid1 => {
+                // Each block has its own two copies: a corrupt one is rewritten from the
+                // other, and copies that differ elsewhere in the stripe are made one too.
+                return self
+                    .scrub_raid1_blocks(client, stripe, &data, &mirrors, report)
+                    .await;
+            }
             1 if self.scheme() != Scheme::Raid0 => {
                 self.rebuild_column_stripe(client, corrupt[0], stripe)
                     .await?;
@@ -431,6 +458,15 @@ impl FileContext {
                     self.clear_stale_of(client, stripe).await?;
                 }
                 report.corrupt_repaired += 1;
+                if self.scheme() == Scheme::Hybrid && !self.revalidate(client, stripe).await? {
+                    // The other blocks' overflow copies, which the rebuild did not look at
+                    // (after a power loss they may differ anywhere in the stripe).
+                    for &block in &blocks {
+                        if self.repair_overflow_mirror(client, stripe, block).await? {
+                            report.mirrors_repaired += 1;
+                        }
+                    }
+                }
                 return Ok(());
             }
             _ => {
@@ -505,6 +541,57 @@ impl FileContext {
             if self.repair_overflow_mirror(client, stripe, block).await? {
                 report.mirrors_repaired += 1;
             }
+        }
+        Ok(())
+    }
+
+    /// A RAID-1 stripe with corrupt units on several columns, block by block: a corrupt copy
+    /// is rewritten from the block's other one, copies that differ as
+    /// [`repair_raid1_mirror`](Self::repair_raid1_mirror) does; a block with both copies
+    /// corrupt is unrepairable.
+    async fn scrub_raid1_blocks(
+        &self,
+        client: &Client,
+        stripe: u64,
+        data: &[Option<Vec<u8>>],
+        mirrors: &[Option<Vec<u8>>],
+        report: &mut ScrubReport,
+    ) -> Result<(), ClientError> {
+        if self.revalidate(client, stripe).await? {
+            report.stripes_checked = 0;
+            report.stripes_skipped = 1;
+            return Ok(());
+        }
+        let layout = self.layout;
+        let blocks = layout.blocks_of_stripe(stripe);
+        for ((block, primary), mirror) in blocks.zip(data).zip(mirrors) {
+            let mirror_slot = layout.mirror_slot(block).expect("mirror");
+            let (slot, bytes) = match (primary, mirror) {
+                (Some(p), Some(m)) => {
+                    if p != m && self.repair_raid1_mirror(client, stripe, block).await? {
+                        report.mirrors_repaired += 1;
+                    }
+                    continue;
+                }
+                (None, Some(m)) => (layout.data_slot(block), m),
+                (Some(p), None) => (mirror_slot, p),
+                (None, None) => {
+                    report.unrepairable.push(format!(
+                        "{} stripe {stripe} block {block}: both copies corrupt",
+                        self.meta.path
+                    ));
+                    continue;
+                }
+            };
+            let request = StorageRequest::Write {
+                file: self.meta.id,
+                region: slot.region,
+                offset: layout.local_offset(slot),
+                invalidate_overflow: false,
+            };
+            self.rpc_or_fail(client, slot.column, request, Bytes::from(bytes.clone()))
+                .await?;
+            report.corrupt_repaired += 1;
         }
         Ok(())
     }
@@ -818,6 +905,10 @@ impl Client {
                     Err(e) => Err(Unrebuildable::Failed(e.to_string())),
                 }
             };
+            let result = match result {
+                Err(why) => self.restore_instead(&debt, why).await,
+                ok => ok,
+            };
             if let Err(why) = result {
                 failed.push((debt.meta.path.clone(), why));
                 let done_here = state.stripes_done + state.stripes_unallocated - done_before;
@@ -836,6 +927,28 @@ impl Client {
             });
         }
         Ok(state)
+    }
+
+    /// A file the rebuild could not rebuild from the other servers: put back what its
+    /// servers kept at a power loss, if that is what is left (`restore.rs`), or fail as `why`.
+    async fn restore_instead(
+        &self,
+        debt: &FileDebt,
+        why: Unrebuildable,
+    ) -> Result<(), Unrebuildable> {
+        match self.restore_kept(debt.meta.id).await {
+            Ok(Some(report)) => {
+                for line in &report.unrepairable {
+                    tracing::warn!("{}: after putting kept bytes back: {line}", debt.meta.path);
+                }
+                Ok(())
+            }
+            Ok(None) => Err(why),
+            Err(e) => {
+                tracing::warn!("{}: kept bytes not put back: {e}", debt.meta.path);
+                Err(why)
+            }
+        }
     }
 
     /// The files `server` owes stripes of, with what it owes (one manager request).
@@ -968,6 +1081,9 @@ impl Client {
             // a power loss would otherwise take them back with nobody knowing.
             ctx.rpc_or_fail(self, column, StorageRequest::Sync, Bytes::new())
                 .await?;
+            // Bytes it kept at a power loss never outlive the debt they stood in for
+            // (`restore.rs`): a later power loss of every server would bring them back.
+            self.kept_bytes(&ctx, column, KeptAction::Drop).await?;
             skipped.sort_unstable();
             for stripes in ranges_without(*range, &skipped) {
                 self.manager_call(ManagerRequest::Resynced {
@@ -1003,48 +1119,58 @@ impl Client {
         let mut report = ScrubReport::default();
         for file in files {
             let ctx = self.context_of(file).await?;
-            report.files += 1;
-            let stripes = ctx.layout.stripes_for_size(ctx.meta.size);
-            let extents_total = stripes.saturating_add(PAST_SIZE_STRIPES_MAX);
-            let allocation = ctx
-                .allocated_stripes_past(self, None, stripes, extents_total)
-                .await;
-            let lost = (0..ctx.layout.width).any(|c| ctx.lost_entirely(c));
-            // With a column lost, every stripe is skipped rather than read, so those that hold
-            // nothing on the other columns are counted without a visit. A column that
-            // answered but refused to say is not lost: then everything is visited.
-            let known = (allocation.complete || lost).then_some(&allocation.stripes[..]);
-            let walk = clip_to(0..stripes, known);
-            let not_walked = stripes - count(&walk);
-            if allocation.complete {
-                report.stripes_unallocated += not_walked;
-            } else {
-                report.stripes_skipped += not_walked;
-            }
-            let mut checks = stream::iter(walk.into_iter().flatten())
-                .map(|stripe| ctx.scrub_stripe(self, stripe))
-                .buffer_unordered(STRIPES_IN_FLIGHT_MAX);
-            while let Some(result) = checks.next().await {
-                report.add(result?);
-            }
-            if !allocation.complete {
-                continue;
-            }
-            let past = clip_to(stripes..extents_total, Some(&allocation.stripes));
-            let mut checks = stream::iter(past.into_iter().flatten())
-                .map(|stripe| ctx.scrub_stripe(self, stripe))
-                .buffer_unordered(STRIPES_IN_FLIGHT_MAX);
-            while let Some(result) = checks.next().await {
-                match result {
-                    Ok(one) => report.add_past_size(one, &ctx.meta.path),
-                    Err(e) => {
-                        tracing::warn!("{}: past the file's size: {e}", ctx.meta.path);
-                        report.past_size_unrepairable += 1;
-                    }
+            self.scrub_file(&ctx, &mut report).await?;
+        }
+        Ok(report)
+    }
+
+    /// Scrub one file, as its context `ctx` sees it, adding to `report`.
+    pub(crate) async fn scrub_file(
+        &self,
+        ctx: &FileContext,
+        report: &mut ScrubReport,
+    ) -> Result<(), ClientError> {
+        report.files += 1;
+        let stripes = ctx.layout.stripes_for_size(ctx.meta.size);
+        let extents_total = stripes.saturating_add(PAST_SIZE_STRIPES_MAX);
+        let allocation = ctx
+            .allocated_stripes_past(self, None, stripes, extents_total)
+            .await;
+        let lost = (0..ctx.layout.width).any(|c| ctx.lost_entirely(c));
+        // With a column lost, every stripe is skipped rather than read, so those that hold
+        // nothing on the other columns are counted without a visit. A column that
+        // answered but refused to say is not lost: then everything is visited.
+        let known = (allocation.complete || lost).then_some(&allocation.stripes[..]);
+        let walk = clip_to(0..stripes, known);
+        let not_walked = stripes - count(&walk);
+        if allocation.complete {
+            report.stripes_unallocated += not_walked;
+        } else {
+            report.stripes_skipped += not_walked;
+        }
+        let mut checks = stream::iter(walk.into_iter().flatten())
+            .map(|stripe| ctx.scrub_stripe(self, stripe))
+            .buffer_unordered(STRIPES_IN_FLIGHT_MAX);
+        while let Some(result) = checks.next().await {
+            report.add(result?);
+        }
+        if !allocation.complete {
+            return Ok(());
+        }
+        let past = clip_to(stripes..extents_total, Some(&allocation.stripes));
+        let mut checks = stream::iter(past.into_iter().flatten())
+            .map(|stripe| ctx.scrub_stripe(self, stripe))
+            .buffer_unordered(STRIPES_IN_FLIGHT_MAX);
+        while let Some(result) = checks.next().await {
+            match result {
+                Ok(one) => report.add_past_size(one, &ctx.meta.path),
+                Err(e) => {
+                    tracing::warn!("{}: past the file's size: {e}", ctx.meta.path);
+                    report.past_size_unrepairable += 1;
                 }
             }
         }
-        Ok(report)
+        Ok(())
     }
 }
 

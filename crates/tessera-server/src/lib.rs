@@ -1090,6 +1090,10 @@ async fn serve(
             blocking(move || store.remove(file)).await?;
             done
         }
+        StorageRequest::KeptBytes { file, action } => {
+            let present = blocking(move || store.kept_bytes(file, action)).await?;
+            Ok((StorageResponse::Kept { present }, Bytes::new()))
+        }
         StorageRequest::Usage { file } => {
             let stored_bytes = blocking(move || store.usage(file)).await?;
             Ok((StorageResponse::Usage { stored_bytes }, Bytes::new()))

@@ -10,7 +10,7 @@ use std::fmt;
 use std::time::Duration;
 use tessera_client::{Client, ClientError, File, LayoutRequest, Scheme, Unrebuildable};
 use tessera_transport::{MemFaults, MemStats};
-use tessera_wire::ServerState;
+use tessera_wire::{ServerId, ServerState};
 
 /// What a run explores.
 #[derive(Debug, Clone)]
@@ -162,6 +162,8 @@ struct SimFile {
     model: FileModel,
     /// Without redundancy and on a wiped server: may no longer be read, never read wrong.
     lost: bool,
+    /// The servers of its columns.
+    servers: Vec<ServerId>,
 }
 
 /// One operation of the workload.
@@ -544,9 +546,16 @@ impl Explorer {
             self.report.power_losses += 1;
             self.report.writes_lost += lost.writes_dropped + lost.writes_torn;
             self.note(format!("  power lost: {lost:?}"));
-            // The store renews its incarnation if it lost answered writes: RAID-0 files on it
-            // are gone.
+            // The store renews its incarnation if it lost answered writes. A rebuild puts
+            // back what it kept of RAID-0 files on it (nothing else holds their bytes): their
+            // bytes not synced may be lost, or they may not be read at all (a later wipe).
             self.lose_raid0();
+            let server = self.cluster.server_id(kill.index);
+            for file in &mut self.files {
+                if file.scheme == Scheme::Raid0 && file.servers.contains(&server) {
+                    file.model.unsynced_may_be_lost();
+                }
+            }
         }
         if kill.down_for == 0 {
             self.start_server(kill.index, "restart").await;
@@ -613,6 +622,7 @@ impl Explorer {
                 self.report.bytes_checked += bytes.len() as u64;
             }
             (Op::Read { .. }, _) => self.report.reads_failed += 1,
+            (Op::Sync { file }, Outcome::Synced) => self.files[file].model.synced(),
             (Op::Sync { .. }, _) => {}
             (Op::Truncate { file, size }, Outcome::Truncated) => {
                 self.files[file].model.truncate(size);
@@ -648,6 +658,7 @@ impl Explorer {
                 Scheme::Raid0 | Scheme::Raid1 => FileModel::default(),
             },
             lost: false,
+            servers: stat.meta.servers.clone(),
         });
     }
 

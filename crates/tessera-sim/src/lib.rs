@@ -83,3 +83,14 @@ pub fn run_virtual<F: std::future::Future>(test: F) -> F::Output {
 }
 pub use explore::{replay, ExploreConfig, Failure, RunReport};
 pub use model::{FileModel, Mismatch};
+
+/// Prints the cluster's log when `RUST_LOG` asks for it (e.g. `tessera_client=debug`), for
+/// a test replaying a seed.
+pub fn log_if_asked() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}

@@ -35,6 +35,19 @@ pub struct FileModel {
     torn: BTreeSet<u64>,
     /// Every write in order (acknowledged or not), to name the one a wrong read came from.
     history: Vec<Written>,
+    /// What the file held when a sync of it was last acknowledged (`None`: never synced).
+    synced: Option<Synced>,
+    /// Byte ranges truncations cut since that sync.
+    cut_since_sync: Vec<(u64, u64)>,
+}
+
+/// The model as a sync of the file left it.
+#[derive(Debug, Clone, Default)]
+struct Synced {
+    acked: Vec<u8>,
+    maybe: BTreeMap<u64, Vec<u8>>,
+    /// Writes in `history` before the sync.
+    writes: usize,
 }
 
 /// One write the model saw, kept to explain a mismatch.
@@ -126,6 +139,9 @@ impl FileModel {
     /// the old size may stay: a truncation clears what the file held).
     pub fn truncate(&mut self, size: u64) {
         let old = self.size();
+        if size < old {
+            self.cut_since_sync.push((size, old));
+        }
         let cut: Vec<u64> = self
             .maybe
             .range(size..old.max(size))
@@ -153,6 +169,7 @@ impl FileModel {
             self.size_max = self.size_max.max(size);
             return;
         }
+        self.cut_since_sync.push((size, self.size()));
         for at in size..self.size() {
             let values = self.maybe.entry(at).or_default();
             if !values.contains(&0) {
@@ -170,6 +187,51 @@ impl FileModel {
     /// The largest size the file may have.
     pub fn size_max(&self) -> u64 {
         self.size_max.max(self.size())
+    }
+
+    /// A sync of the file was acknowledged: what it holds now survives a power loss.
+    pub fn synced(&mut self) {
+        self.synced = Some(Synced {
+            acked: self.acked.clone(),
+            maybe: self.maybe.clone(),
+            writes: self.history.len(),
+        });
+        self.cut_since_sync.clear();
+    }
+
+    /// Every server holding the file lost power with nothing left to rebuild it from, and the
+    /// rebuild put back what they kept (`tessera-client`'s `restore` module): each byte
+    /// written or cut since the last sync may read as it was then, or as any value written
+    /// since (a power loss keeps, drops or tears each write not synced).
+    pub fn unsynced_may_be_lost(&mut self) {
+        let synced = self.synced.clone().unwrap_or_default();
+        let mut allowed: Vec<(u64, u8)> = Vec::new();
+        let then = |at: u64| {
+            let mut values = vec![synced.acked.get(at as usize).copied().unwrap_or(0)];
+            values.extend(synced.maybe.get(&at).into_iter().flatten());
+            values
+        };
+        for written in &self.history[synced.writes.min(self.history.len())..] {
+            for (i, &byte) in written.data.iter().enumerate() {
+                let at = written.offset + i as u64;
+                allowed.push((at, byte));
+                allowed.extend(then(at).into_iter().map(|value| (at, value)));
+            }
+        }
+        for &(from, to) in &self.cut_since_sync {
+            for at in from..to {
+                allowed.extend(then(at).into_iter().map(|value| (at, value)));
+            }
+        }
+        for (at, value) in allowed {
+            if self.acked_at(at) == value && !self.maybe.contains_key(&at) {
+                continue;
+            }
+            let values = self.maybe.entry(at).or_default();
+            if !values.contains(&value) {
+                values.push(value);
+            }
+        }
     }
 
     /// An acknowledged write.

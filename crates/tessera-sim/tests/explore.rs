@@ -6,18 +6,8 @@
 use std::time::{Duration, Instant};
 use tessera_client::Scheme;
 use tessera_sim::explore::seed_range;
-use tessera_sim::{replay, ExploreConfig};
+use tessera_sim::{log_if_asked, replay, ExploreConfig};
 use tessera_transport::MemFaults;
-
-/// Print the cluster's log when `RUST_LOG` asks for it.
-fn log_if_asked() {
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-    }
-}
 
 /// Run `seeds` seeds (or what the environment asks) and fail with the first failure's seed.
 fn explore(name: &str, config: ExploreConfig, seeds: u64) {
@@ -335,8 +325,7 @@ fn write_hole_client_kills_then_server_loss_parity_schemes() {
 
 /// Client kills inside read-modify-writes and full-stripe writes, with power losses, on
 /// RAID-4 and RAID-5 (seeds 1000..4000 pass: 10,469 client kills, 3,768 power losses; Hybrid
-/// fails, see the next test): since
-/// session 24 an intent or stale-parity record is answered before it is synced, under the
+/// in the next test): since session 24 an intent or stale-parity record is answered before it is synced, under the
 /// store's durable `unsynced` mark, so a power loss of its server before the next sync must
 /// renew that store (rebuilt from the others, its parity with it) rather than leave a
 /// stripe whose record is gone and whose parity a dead writer left stale.

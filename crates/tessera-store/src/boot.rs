@@ -11,9 +11,11 @@
 //! boot than now with `unsynced` present means the machine went down (power loss, kernel
 //! crash) while answered writes were not durable: the store takes a new incarnation, which the
 //! manager treats as a wiped store (it owes every stripe of every file, and is rebuilt from
-//! the others, which hold those writes), and no client reads the old incarnation's bytes. This
-//! is md's resync after an unclean shutdown, for the whole store. A process crash keeps the
-//! boot: the page cache kept the writes, and the store syncs them at open.
+//! the others, which hold those writes), and no client reads the old incarnation's bytes. Its
+//! bytes are kept aside (`kept.rs`) for when no others are left to rebuild from: then they
+//! are put back and parity is resynced from them (md's resync after an unclean shutdown). A
+//! process crash keeps the boot: the page cache kept the writes, and the store syncs them at
+//! open.
 
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
@@ -29,9 +31,44 @@ const BOOT_FILE: &str = "boot";
 const UNSYNCED_FILE: &str = "unsynced";
 
 /// Whether answered writes may have been lost since the store last ran: the machine booted
-/// again since, while `unsynced` was present. Records this boot and clears the mark (the
-/// caller has synced the file system, so nothing is owed now).
-pub(crate) fn check_and_record(disk: &dyn Disk, root: &Path) -> Result<bool, StorageError> {
+/// again since, while `unsynced` was present. Changes nothing: the caller renews the store
+/// first, then [`record_boot`]s, so that a crash part-way renews it again at the next open.
+pub(crate) fn writes_lost(disk: &dyn Disk, root: &Path) -> Result<bool, StorageError> {
+    let (recorded, _) = recorded_boot(disk, root)?;
+    // A damaged boot file tells nothing: with writes owed, assume the worst.
+    Ok(recorded != Some(disk.boot_id()) && unsynced_present(disk, root)?)
+}
+
+/// Records this boot and clears the mark (the caller has synced the file system, and renewed
+/// the store if [`writes_lost`], so nothing is owed now).
+pub(crate) fn record_boot(disk: &dyn Disk, root: &Path) -> Result<(), StorageError> {
+    let boot_path = root.join(BOOT_FILE);
+    let (_, bytes) = recorded_boot(disk, root)?;
+    let text = format!("{:016x}\n", disk.boot_id());
+    // One that still says this boot (a flipped letter's case) is only rewritten.
+    let rewrite = bytes.as_deref() != Some(text.as_bytes());
+    if rewrite {
+        write_file_synced(disk, &boot_path, text.as_bytes())
+            .map_err(|error| disk_error(format_args!("write {}", boot_path.display()), error))?;
+    }
+    let unsynced = unsynced_present(disk, root)?;
+    if unsynced {
+        let unsynced_path = root.join(UNSYNCED_FILE);
+        disk.remove_file(&unsynced_path).map_err(|error| {
+            disk_error(format_args!("remove {}", unsynced_path.display()), error)
+        })?;
+    }
+    if rewrite || unsynced {
+        sync_dir(disk, root)?;
+    }
+    Ok(())
+}
+
+/// The boot the store last opened in, if its file says one, and the file's bytes.
+fn recorded_boot(
+    disk: &dyn Disk,
+    root: &Path,
+) -> Result<(Option<u64>, Option<Vec<u8>>), StorageError> {
     let boot_path = root.join(BOOT_FILE);
     let bytes = match read_file(disk, &boot_path) {
         Ok(bytes) => Some(bytes),
@@ -45,30 +82,15 @@ pub(crate) fn check_and_record(disk: &dyn Disk, root: &Path) -> Result<bool, Sto
         let text = std::str::from_utf8(bytes).ok()?;
         u64::from_str_radix(text.strip_suffix('\n')?, 16).ok()
     });
+    Ok((recorded, bytes))
+}
+
+fn unsynced_present(disk: &dyn Disk, root: &Path) -> Result<bool, StorageError> {
     let unsynced_path = root.join(UNSYNCED_FILE);
-    let unsynced = disk
+    let kind = disk
         .kind(&unsynced_path)
-        .map_err(|error| disk_error(format_args!("stat {}", unsynced_path.display()), error))?
-        .is_some();
-    let now = disk.boot_id();
-    let text = format!("{now:016x}\n");
-    // A damaged boot file tells nothing: with writes owed, assume the worst. One that still
-    // says this boot (a flipped letter's case) is only rewritten.
-    let rebooted = recorded != Some(now);
-    let rewrite = bytes.as_deref() != Some(text.as_bytes());
-    if rewrite {
-        write_file_synced(disk, &boot_path, text.as_bytes())
-            .map_err(|error| disk_error(format_args!("write {}", boot_path.display()), error))?;
-    }
-    if unsynced {
-        disk.remove_file(&unsynced_path).map_err(|error| {
-            disk_error(format_args!("remove {}", unsynced_path.display()), error)
-        })?;
-    }
-    if rewrite || unsynced {
-        sync_dir(disk, root)?;
-    }
-    Ok(rebooted && unsynced)
+        .map_err(|error| disk_error(format_args!("stat {}", unsynced_path.display()), error))?;
+    Ok(kind.is_some())
 }
 
 /// The `unsynced` mark of an open store.
@@ -97,7 +119,7 @@ impl Drop for MarkHold<'_> {
 }
 
 impl UnsyncedMark {
-    /// The mark of a store just opened (absent: [`check_and_record`] removed it).
+    /// The mark of a store just opened (absent: [`record_boot`] removed it).
     pub(crate) fn new(root: &Path) -> UnsyncedMark {
         UnsyncedMark {
             path: root.join(UNSYNCED_FILE),
@@ -113,7 +135,7 @@ impl UnsyncedMark {
     /// Makes the mark durable, if it is not, before a write changes anything; held until the
     /// write's files are owed a sync.
     ///
-    /// The mark is an empty file that counts only by its name (`check_and_record` asks
+    /// The mark is an empty file that counts only by its name (`writes_lost` asks
     /// whether it exists, never reads it), so the root directory's sync is all that makes it
     /// durable: the file has no bytes for an `fdatasync` to write, and its creation is in the
     /// same file-system transaction as its entry (ext4, XFS: one journal transaction per

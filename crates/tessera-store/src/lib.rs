@@ -29,6 +29,9 @@
 //! <root>/store.lock        held with flock(LOCK_EX) while a Store is open
 //! <root>/boot              the machine's boot id when the store last opened (see `boot.rs`)
 //! <root>/unsynced          present while some answered write is not synced (see `boot.rs`)
+//! <root>/kept/<F>/         a file's directory as it was when a power loss renewed the store,
+//!                          until a rebuild puts it back or drops it (see `kept.rs`)
+//! <root>/kept/<F>.restored put back by a rebuild that has not cleared its debts yet
 //! <root>/store.toml        format_version = 2, incarnation = "<16 hex digits>", server_id = N,
 //!                          cluster = "<16 hex digits>" (the cluster joined),
 //!                          last line checksum = "<crc32c of the bytes before it, 8 hex digits>"
@@ -104,7 +107,9 @@
 //! emptied since). [`Store::open_on`] syncs the file system first (a process that died before
 //! may have left answered writes in the page cache). If the machine went down (power loss,
 //! kernel crash) while answered writes were not synced, the store opens empty as a new
-//! incarnation, which the manager has rebuilt from the other servers (`boot.rs`). A crash may leave a block whose checksum does not match its bytes; reading
+//! incarnation, which the manager has rebuilt from the other servers (`boot.rs`); its old
+//! bytes are kept aside, and put back by a rebuild that has no other server to go on
+//! ([`Store::kept_bytes`], `kept.rs`). A crash may leave a block whose checksum does not match its bytes; reading
 //! it reports [`StorageError::Corrupt`] and the client rebuilds it from redundancy.
 //!
 //! # Reads that never wait
@@ -133,6 +138,7 @@ mod boot;
 mod disk;
 mod intent;
 mod io;
+mod kept;
 mod locks;
 mod memdisk;
 mod meta;

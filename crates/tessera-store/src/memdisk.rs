@@ -276,6 +276,52 @@ impl State {
             .collect()
     }
 
+    /// A directory renamed, with everything under it (onto no existing name: the store never
+    /// renames a directory over another). The new entry is durable once its directory is
+    /// synced, and brings along what the directory durably held under its old name.
+    fn rename_dir(&mut self, from: &Path, to: &Path) -> io::Result<()> {
+        if !self.parent_exists(to) {
+            return Err(not_found(to));
+        }
+        if self.names.contains_key(to) {
+            return Err(ErrorKind::AlreadyExists.into());
+        }
+        if to.starts_with(from) {
+            return Err(ErrorKind::InvalidInput.into());
+        }
+        self.change()?;
+        let mut moved = vec![from.to_path_buf()];
+        moved.extend(State::under(&self.names, from));
+        for name in moved {
+            let node = self.names.remove(&name).expect("listed");
+            let below = name.strip_prefix(from).expect("under");
+            self.names.insert(to.join(below), node);
+        }
+        Ok(())
+    }
+
+    /// A directory `node` whose entry `name` becomes durable: if it was renamed there, what
+    /// it durably held under its old name is durable under the new one too (the entries are
+    /// the directory's own, not its parent's).
+    fn carry_durable_contents(&mut self, name: &Path, node: Node) {
+        let Node::Dir(_) = node else {
+            return;
+        };
+        let old = self
+            .durable_names
+            .iter()
+            .find(|(other, held)| **held == node && other.as_path() != name)
+            .map(|(other, _)| other.clone());
+        let Some(old) = old else {
+            return;
+        };
+        for below in State::under(&self.durable_names, &old) {
+            let held = self.durable_names[&below];
+            let relative = below.strip_prefix(&old).expect("under");
+            self.durable_names.insert(name.join(relative), held);
+        }
+    }
+
     /// The power goes: unsynced names lost, each inode's unsynced changes kept as `decide`
     /// says, handles of before fail from now on.
     fn power_off(&mut self, mut decide: impl FnMut(&Change) -> Fate) -> PowerLoss {
@@ -616,6 +662,9 @@ impl Disk for MemDisk {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let (from, to) = (key(from), key(to));
         let mut state = lock(&self.state);
+        if matches!(state.names.get(&from), Some(Node::Dir(_))) {
+            return state.rename_dir(&from, &to);
+        }
         let id = state.file(&from)?;
         if !state.parent_exists(&to) {
             return Err(not_found(&to));
@@ -666,6 +715,14 @@ impl Disk for MemDisk {
                 .filter(|name| name.parent() == Some(&path))
                 .collect()
         };
+        // Directories renamed in first: their durable contents may be under an old name in
+        // this same directory, which the removals below take away.
+        for name in children(&state.names) {
+            let node = state.names[&name];
+            if state.durable_names.get(&name) != Some(&node) {
+                state.carry_durable_contents(&name, node);
+            }
+        }
         for name in children(&state.durable_names) {
             if state.names.get(&name) != state.durable_names.get(&name) {
                 // Gone or replaced: a directory takes what it durably held with it.
@@ -941,6 +998,37 @@ mod tests {
         disk.remove_dir_all(Path::new("/d")).unwrap();
         disk.crash();
         assert_eq!(read(&disk, "/d/f").unwrap(), b"old");
+    }
+
+    /// A directory renamed takes what it durably holds to its new name once the new name is
+    /// durable; before either directory is synced, a power loss puts it back under the old.
+    #[test]
+    fn a_renamed_directory_keeps_its_durable_contents_under_the_new_name() {
+        let (disk, _) = with_file(b"old");
+        disk.create_dir(Path::new("/k")).unwrap();
+        disk.sync_dir(Path::new("/")).unwrap();
+        disk.rename(Path::new("/d"), Path::new("/k/d")).unwrap();
+        assert_eq!(read(&disk, "/k/d/f").unwrap(), b"old");
+        assert_eq!(read(&disk, "/d/f"), None);
+        disk.crash();
+        assert_eq!(read(&disk, "/d/f").unwrap(), b"old");
+        assert_eq!(read(&disk, "/k/d/f"), None);
+
+        disk.rename(Path::new("/d"), Path::new("/k/d")).unwrap();
+        // The new name first: under both names until the old one's directory is synced.
+        disk.sync_dir(Path::new("/k")).unwrap();
+        disk.crash();
+        assert_eq!(read(&disk, "/k/d/f").unwrap(), b"old");
+        assert_eq!(read(&disk, "/d/f").unwrap(), b"old");
+        disk.remove_dir_all(Path::new("/d")).unwrap();
+        disk.sync_dir(Path::new("/")).unwrap();
+        disk.crash();
+        assert_eq!(read(&disk, "/k/d/f").unwrap(), b"old");
+        assert_eq!(disk.kind(Path::new("/d")).unwrap(), None);
+        // Onto a name that exists, or into itself: refused.
+        disk.create_dir(Path::new("/e")).unwrap();
+        assert!(disk.rename(Path::new("/e"), Path::new("/k/d")).is_err());
+        assert!(disk.rename(Path::new("/k"), Path::new("/k/d/x")).is_err());
     }
 
     /// Over many seeds a power loss keeps, drops and tears writes, and every sector reads as

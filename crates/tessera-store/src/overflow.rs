@@ -781,6 +781,37 @@ fn log_header() -> [u8; LOG_HEADER_BYTES as usize] {
     header
 }
 
+/// Where a log whose first `sealed` bytes a sync made durable stops being trustworthy after
+/// a power loss: at its first damaged record (or damaged header) past `sealed`, if any. A
+/// record torn by the power loss was never made durable, and neither was anything appended
+/// after it (a sync makes the whole log durable, never a later part alone); damage before
+/// `sealed` is not a tear and is left for replay to report.
+pub(crate) fn first_torn_past(
+    log: &dyn DiskFile,
+    sealed: u64,
+) -> Result<Option<u64>, StorageError> {
+    let len = log
+        .size()
+        .map_err(|error| disk("stat an overflow log", error))?;
+    if len <= sealed || len > LOG_BYTES_MAX {
+        return Ok(None);
+    }
+    let mut bytes = vec![0u8; len as usize];
+    read_full_at(log, &mut bytes, 0).map_err(|error| disk("read an overflow log", error))?;
+    if len < LOG_HEADER_BYTES || bytes[..LOG_HEADER_BYTES as usize] != log_header() {
+        return Ok((sealed < LOG_HEADER_BYTES).then_some(0));
+    }
+    let mut at = LOG_HEADER_BYTES;
+    while at + LOG_RECORD_BYTES <= len {
+        let record = &bytes[at as usize..(at + LOG_RECORD_BYTES) as usize];
+        if at + LOG_RECORD_BYTES > sealed && Record::decode(record).is_none() {
+            return Ok(Some(at.max(sealed)));
+        }
+        at += LOG_RECORD_BYTES;
+    }
+    Ok(None)
+}
+
 /// Replays a log: the table, the length of the valid prefix, and what was found wrong (and
 /// put right on disk: a torn tail cut, a damaged header rewritten).
 fn replay(

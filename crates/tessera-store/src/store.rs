@@ -7,12 +7,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tessera_layout::{OverflowRole, Region};
-use tessera_wire::{FileId, FileMeta, IndexRange, OverflowExtent, ParityIntent, StorageError};
+use tessera_wire::{
+    FileId, FileMeta, IndexRange, KeptAction, OverflowExtent, ParityIntent, StorageError,
+};
 
 use crate::boot::{self, UnsyncedMark};
 use crate::disk::{Disk, DiskLock, EntryKind, FileHandle, RealDisk};
 use crate::intent::{IntentRecord, Intents, INTENTS_DIR};
 use crate::io::{bad_request, check_range, data_ranges, disk, disk_format};
+use crate::kept;
 use crate::meta::{self, StoreMeta};
 use crate::overflow::{OverflowFiles, Touched};
 use crate::record::{self, FileRecord, RecordError, RecordPage};
@@ -1126,16 +1129,19 @@ impl Store {
         let dir = self.file_dir(file);
         let slot = self.slot(file);
         let mut state = write_state(&slot);
-        match self.disk.remove_dir_all(&dir) {
-            Ok(()) => {}
-            Err(error) if error.kind() == ErrorKind::NotFound => {}
-            Err(error) => {
-                // Some files may be gone: forget what was loaded and look again next time.
-                *state = FileState::Unloaded;
-                return Err(disk(format_args!("remove {}", dir.display()), error));
-            }
+        if let Err(error) = remove_dir_if_any(&*self.disk, &dir, "remove") {
+            // Some files may be gone: forget what was loaded and look again next time.
+            *state = FileState::Unloaded;
+            return Err(error);
         }
         *state = FileState::Absent;
+        self.forget_records(file, &dir)?;
+        // Bytes kept of a removed file are never to be put back.
+        self.kept_bytes(file, KeptAction::Drop).map(|_| ())
+    }
+
+    /// Drops the records and unsynced writes of a file whose directory just went.
+    fn forget_records(&self, file: FileId, dir: &Path) -> Result<(), StorageError> {
         let mut intents = lock(&self.intents);
         let intents_changed = intents.clear_file(file)?;
         let mut stale = lock(&self.stale);
@@ -1149,9 +1155,57 @@ impl Store {
         }
         dirty.files.retain(|(owner, _), _| *owner != file);
         dirty.snapshot_files.retain(|(owner, _), _| *owner != file);
-        dirty.dirs.remove(&dir);
+        dirty.dirs.remove(dir);
         dirty.dirs.insert(self.files_dir.clone());
         Ok(())
+    }
+
+    /// The bytes of `file` this store kept when it renewed itself after a power loss
+    /// (`kept.rs`): whether there were any (or they were put back and not yet dropped), and
+    /// `action` done with them. Restoring puts them in place of what the store holds of the
+    /// file now (durably before the answer), without its records: the caller resyncs the
+    /// file's parity from its data. Restoring bytes put back already does nothing.
+    pub fn kept_bytes(&self, file: FileId, action: KeptAction) -> Result<bool, StorageError> {
+        let kept = kept::KeptFile::of(&self.root, &file.to_string());
+        let (held, restored) = kept.state(&*self.disk)?;
+        let kept_dir = self.root.join(kept::KEPT_DIR);
+        match action {
+            KeptAction::Ask => {}
+            KeptAction::Drop if held || restored => {
+                if held {
+                    self.disk.remove_dir_all(&kept.dir).map_err(|error| {
+                        disk(format_args!("remove {}", kept.dir.display()), error)
+                    })?;
+                }
+                if restored {
+                    self.disk.remove_file(&kept.restored).map_err(|error| {
+                        disk(format_args!("remove {}", kept.restored.display()), error)
+                    })?;
+                }
+                meta::sync_dir(&*self.disk, &kept_dir)?;
+            }
+            KeptAction::Restore if held => self.restore_kept(file, &kept)?,
+            KeptAction::Drop | KeptAction::Restore => {}
+        }
+        Ok(held || restored)
+    }
+
+    /// Puts `kept` back as `file`'s directory, and marks it put back.
+    fn restore_kept(&self, file: FileId, kept: &kept::KeptFile) -> Result<(), StorageError> {
+        let dir = self.file_dir(file);
+        let slot = self.slot(file);
+        let mut state = write_state(&slot);
+        // Whatever happens next, what is loaded may no longer be what is on disk.
+        *state = FileState::Unloaded;
+        remove_dir_if_any(&*self.disk, &dir, "remove")?;
+        self.forget_records(file, &dir)?;
+        kept::cut_unsealed_overflow(&*self.disk, &kept.dir)?;
+        let fail = |error| disk(format_args!("restore {}", kept.dir.display()), error);
+        self.disk.rename(&kept.dir, &dir).map_err(fail)?;
+        self.disk.create(&kept.restored).map_err(fail)?;
+        // The new name first, as when it was kept.
+        meta::sync_dir(&*self.disk, &self.files_dir)?;
+        meta::sync_dir(&*self.disk, kept.restored.parent().expect("under kept"))
     }
 
     /// Deletes the files the manager removed (its list of this server's orphans) and keeps
@@ -1563,17 +1617,10 @@ fn refuse_stored_without_meta(disk: &dyn Disk, root: &Path) -> Result<(), Storag
 
 /// Deletes every file directory and intent record: a new incarnation holds nothing.
 fn clear_files(disk: &dyn Disk, root: &Path, files_dir: &Path) -> Result<(), StorageError> {
-    for dir in [
-        files_dir.to_path_buf(),
-        root.join(INTENTS_DIR),
-        root.join(STALE_DIR),
-    ] {
-        match disk.remove_dir_all(&dir) {
-            Ok(()) => {}
-            Err(error) if error.kind() == ErrorKind::NotFound => {}
-            Err(error) => return Err(self::disk(format_args!("clear {}", dir.display()), error)),
-        }
+    for dir in [files_dir.to_path_buf(), root.join(kept::KEPT_DIR)] {
+        remove_dir_if_any(disk, &dir, "clear")?;
     }
+    clear_records(disk, root)?;
     disk.create_dir(files_dir)
         .map_err(|error| self::disk(format_args!("create {}", files_dir.display()), error))?;
     meta::sync_dir(disk, root)
@@ -1581,30 +1628,53 @@ fn clear_files(disk: &dyn Disk, root: &Path, files_dir: &Path) -> Result<(), Sto
 
 /// `meta` with a new incarnation, and nothing stored, if the machine went down while answered
 /// writes were not synced (see `boot.rs`): the manager then has the store rebuilt from the
-/// others, as a wiped one; bytes kept would only risk being served.
+/// others, as a wiped one. The bytes are kept aside (`kept.rs`), never served as they are: a
+/// rebuild puts them back where no other server of a file is left to rebuild it from.
 fn renew_if_writes_lost(
     disk: &dyn Disk,
     root: &Path,
     files_dir: &Path,
     meta: StoreMeta,
 ) -> Result<StoreMeta, StorageError> {
-    if !boot::check_and_record(disk, root)? {
+    if !boot::writes_lost(disk, root)? {
+        boot::record_boot(disk, root)?;
         return Ok(meta);
     }
-    clear_files(disk, root, files_dir)?;
+    kept::keep_files(disk, root, files_dir)?;
+    clear_records(disk, root)?;
     let renewed = StoreMeta {
         incarnation: rand::random::<u64>().max(1),
         ..meta
     };
     meta::save(disk, root, &renewed)?;
+    // Only now: a crash before this renews the store again at the next open.
+    boot::record_boot(disk, root)?;
     tracing::warn!(
         "{}: the machine went down while answered writes were not synced; they may be lost, \
          so this store starts empty as a new incarnation ({:016x}) and the manager has it \
-         rebuilt",
+         rebuilt (its bytes are kept aside for a rebuild that has nothing else to go on)",
         root.display(),
         renewed.incarnation
     );
     Ok(renewed)
+}
+
+/// Deletes the intent and stale-parity records: a renewed store owes every stripe, and the
+/// stripes whose kept bytes are put back have their parity resynced from the data.
+fn clear_records(disk: &dyn Disk, root: &Path) -> Result<(), StorageError> {
+    for dir in [root.join(INTENTS_DIR), root.join(STALE_DIR)] {
+        remove_dir_if_any(disk, &dir, "clear")?;
+    }
+    meta::sync_dir(disk, root)
+}
+
+/// Removes `dir` and everything under it, if it exists; `what` names the step in an error.
+fn remove_dir_if_any(disk: &dyn Disk, dir: &Path, what: &str) -> Result<(), StorageError> {
+    match disk.remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(self::disk(format_args!("{what} {}", dir.display()), error)),
+    }
 }
 
 /// Creates the store's root and any missing parents, durably: a directory's entry is durable

@@ -12,6 +12,7 @@ use std::path::Path;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera_store::{Disk, MemDisk, OverflowRole, Region, StorageError, Store};
+use tessera_wire::KeptAction;
 
 const FILE: u64 = 3;
 const SPACE_BYTES: u64 = 64 << 10;
@@ -54,6 +55,44 @@ impl Model {
     fn unsynced(&self, offset: u64, len: u64) -> bool {
         self.since.range(offset..offset + len).next().is_some()
     }
+}
+
+/// A renewed store kept its bytes aside: put back, synced bytes read exactly, the others old,
+/// new or corrupt *where they were written*, and the overflow log's unsealed records are cut
+/// rather than damaging every range after them (`tessera-store`'s `kept` module).
+fn check_kept_bytes_put_back(seed: u64, renewed: &Store, model: &Model) {
+    if !renewed.kept_bytes(FILE, KeptAction::Ask).unwrap() {
+        // Its directory never became durable: nothing of it was synced.
+        assert!(
+            model.synced.iter().all(|&byte| byte == 0),
+            "seed {seed}: synced bytes, nothing kept"
+        );
+        return;
+    }
+    assert!(renewed.kept_bytes(FILE, KeptAction::Restore).unwrap());
+    for unit in 0..SPACE_BYTES / 4096 {
+        let offset = unit * 4096;
+        match renewed.read(FILE, Region::Data, offset, 4096, true) {
+            Ok(bytes) => {
+                for (i, &byte) in bytes.iter().enumerate() {
+                    let at = offset + i as u64;
+                    assert!(
+                        model.allowed(at, byte),
+                        "seed {seed}: put back, byte {at} read {byte:#04x}, synced {:#04x}, \
+                         since {:?}",
+                        model.synced[at as usize],
+                        model.since.get(&at)
+                    );
+                }
+            }
+            Err(StorageError::Corrupt { .. }) if model.unsynced(offset, 4096) => {}
+            Err(error) => panic!("seed {seed}: put back, unit {unit} of synced bytes: {error}"),
+        }
+    }
+    // Put back already: a second restore changes nothing; dropped, nothing is kept.
+    assert!(renewed.kept_bytes(FILE, KeptAction::Restore).unwrap());
+    assert!(renewed.kept_bytes(FILE, KeptAction::Drop).unwrap());
+    assert!(!renewed.kept_bytes(FILE, KeptAction::Ask).unwrap());
 }
 
 fn one_run(seed: u64, counts: &mut [u64; 5]) {
@@ -143,6 +182,9 @@ fn one_run(seed: u64, counts: &mut [u64; 5]) {
             "seed {seed}: a new incarnation holds nothing"
         );
         counts[4] += 1;
+    }
+    if renews {
+        check_kept_bytes_put_back(seed, &renewed, &model);
     }
     // What the power loss left on the disk, read as a store that does not know of the loss
     // would: synced bytes exact, the others old, new or corrupt.

@@ -46,7 +46,10 @@
 //! removed its file (an older peer cannot decode it, and fails the write all the same).
 //! Appended in version 8: `ManagerRequest::ReplicaChange` and `ReplicaGroup`,
 //! `ManagerResponse::ReplicaGroup` (the replicated manager's membership; an older replica
-//! cannot decode them and refuses the request).
+//! cannot decode them and refuses the request). Appended in version 15:
+//! `StorageRequest::KeptBytes` and `StorageResponse::Kept` (the bytes a store kept at a power
+//! loss, put back by a rebuild with nothing else to go on; an older server refuses it, and
+//! the rebuild then fails as it did before).
 
 mod frame;
 mod handshake;

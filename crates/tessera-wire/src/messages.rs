@@ -399,6 +399,27 @@ pub enum StorageRequest {
         /// undoes a true.
         committed: bool,
     },
+    /// The bytes of `file` this store kept when it renewed itself after a power loss with
+    /// answered writes not synced (`tessera-store`'s `kept` module): asked about, put back
+    /// in place of what the store holds of the file now, or deleted, as `action` says.
+    /// Answered with [`StorageResponse::Kept`]. Appended in protocol version 15.
+    KeptBytes {
+        /// File.
+        file: FileId,
+        /// What to do with them.
+        action: KeptAction,
+    },
+}
+
+/// What [`StorageRequest::KeptBytes`] does with a file's kept bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KeptAction {
+    /// Only say whether there are any.
+    Ask,
+    /// Put them back as the file's bytes here (its current bytes and records go).
+    Restore,
+    /// Delete them: the file was rebuilt from the other servers.
+    Drop,
 }
 
 /// How long a [`StorageRequest::SnapshotFence`] stands at a server unless released, in
@@ -567,6 +588,11 @@ pub enum StorageResponse {
         uncommitted: Vec<FileId>,
         /// Whether more records follow this page.
         more: bool,
+    },
+    /// Answer to `KeptBytes`: whether the store kept bytes of the file (before the action).
+    Kept {
+        /// Kept bytes of the file were there.
+        present: bool,
     },
 }
 

@@ -1,0 +1,134 @@
+//! Putting back the bytes servers kept at a power loss (`tessera-store`'s `kept` module)
+//! where a file has no servers left to rebuild it from.
+//!
+//! A store that lost power with answered writes not synced renews itself, owes every file it
+//! held, and is rebuilt from the others; it keeps its old bytes aside meanwhile. When more
+//! of a file's servers owe it that way than its scheme tolerates (every server of a local
+//! cluster losing power at once; any one for RAID-0), the rebuild has nothing to go on, and
+//! the file's synced bytes are only in what those servers kept. So the rebuild puts the kept
+//! bytes back on every server owing the file, resyncs parity and mirrors from the data (a
+//! scrub: checksummed data is trusted, a torn block is rebuilt from the stripe's other units
+//! where it can be, parity is rewritten where it does not match), and only then clears the
+//! debts. Writes answered and never synced before the power loss may be lost, as with any
+//! store that loses every copy's page cache at once; synced bytes are not.
+//!
+//! Crash-safe in the order of its steps: a rebuild that dies after putting bytes back finds
+//! them put back when run again (the store's `.restored` mark), resyncs again and clears the
+//! debts; each server's mark goes only once its debt is cleared. Only whole-file debts are
+//! restored, which only a renewed (or wiped) store has: a server that merely missed writes
+//! while down never has its old bytes trusted over the others'.
+
+use crate::context::FileContext;
+use crate::maintain::ScrubReport;
+use crate::{Client, ClientError};
+use bytes::Bytes;
+use tessera_layout::Scheme;
+use tessera_wire::{
+    FileId, IndexRange, KeptAction, ManagerRequest, ServerId, StorageRequest, StorageResponse,
+};
+
+impl Client {
+    /// For a file whose rebuild failed: if more of its servers owe it whole than its scheme
+    /// tolerates, and every one of them kept its bytes at a power loss (or put them back in a
+    /// run that died), put them back, resync the file from its data and clear the debts. The
+    /// resync's report, or `None` if the file does not qualify (it stays owed).
+    pub(crate) async fn restore_kept(
+        &self,
+        file: FileId,
+    ) -> Result<Option<ScrubReport>, ClientError> {
+        let mut view = self.lookup_view(file).await?;
+        let tolerated = match view.meta.layout.scheme {
+            Scheme::Raid0 => 0,
+            _ => 1,
+        };
+        let owing: Vec<ServerId> = view.missed.iter().map(|m| m.server).collect();
+        let whole = [IndexRange::new(0, u64::MAX)];
+        if owing.len() <= tolerated || view.missed.iter().any(|m| m.stripes != whole) {
+            return Ok(None);
+        }
+        let ctx = self.context_from(view.clone())?;
+        let columns: Vec<u32> = (0..ctx.layout.width)
+            .filter(|&c| owing.contains(&ctx.columns[c as usize].server))
+            .collect();
+        if columns.len() != owing.len() || columns.iter().any(|&c| ctx.lost_entirely(c)) {
+            return Ok(None);
+        }
+        for &column in &columns {
+            if !self.kept_bytes(&ctx, column, KeptAction::Ask).await? {
+                return Ok(None);
+            }
+        }
+        for &column in &columns {
+            self.kept_bytes(&ctx, column, KeptAction::Restore).await?;
+        }
+        tracing::warn!(
+            "{}: no server is left to rebuild it from, so the bytes servers {owing:?} kept at a \
+             power loss are put back and its parity resynced from them (writes never synced \
+             before the power loss may be lost)",
+            ctx.meta.path
+        );
+        // Nobody writes a file that more columns owe than its scheme tolerates: the debts
+        // can wait while the file is resynced with them set aside.
+        view.missed.clear();
+        let mut resync = self.context_from(view)?;
+        resync.debts_set_aside = owing.clone();
+        let mut report = ScrubReport::default();
+        self.scrub_file(&resync, &mut report).await?;
+        tracing::info!(
+            "{}: resynced: {} stripes checked, {} skipped, {} with parity rewritten, {} copies \
+             and {} corrupt blocks repaired, {} problems left",
+            resync.meta.path,
+            report.stripes_checked,
+            report.stripes_skipped,
+            report.parity_repaired,
+            report.mirrors_repaired,
+            report.corrupt_repaired,
+            report.unrepairable.len()
+        );
+        for (&server, &column) in owing.iter().zip(&columns) {
+            self.clear_whole_debt(server, file).await?;
+            self.kept_bytes(&ctx, column, KeptAction::Drop).await?;
+        }
+        Ok(Some(report))
+    }
+
+    /// `action` on the bytes `column`'s server kept of the file; whether it had any.
+    pub(crate) async fn kept_bytes(
+        &self,
+        ctx: &FileContext,
+        column: u32,
+        action: KeptAction,
+    ) -> Result<bool, ClientError> {
+        let request = StorageRequest::KeptBytes {
+            file: ctx.meta.id,
+            action,
+        };
+        match ctx.rpc(self, column, request, Bytes::new()).await {
+            Ok((StorageResponse::Kept { present }, _)) => Ok(present),
+            Ok((other, _)) => Err(ClientError::Protocol {
+                peer: format!("server {}", ctx.columns[column as usize].server),
+                detail: format!("expected an answer about kept bytes, got {other:?}"),
+            }),
+            Err(fault) => Err(ctx.second_fault(column, column, fault)),
+        }
+    }
+
+    /// Tells the manager `server` owes nothing more of `file` (its debt, under the tag it
+    /// has now).
+    async fn clear_whole_debt(&self, server: ServerId, file: FileId) -> Result<(), ClientError> {
+        let debts = self.debts_of(server).await?;
+        let Some(debt) = debts.into_iter().find(|d| d.meta.id == file) else {
+            return Ok(());
+        };
+        for stripes in debt.missed {
+            self.manager_call(ManagerRequest::Resynced {
+                server,
+                file,
+                stripes,
+                tag: debt.tag,
+            })
+            .await?;
+        }
+        Ok(())
+    }
+}
