@@ -22,7 +22,7 @@ use crate::context::FileContext;
 use crate::maintain::ScrubReport;
 use crate::{Client, ClientError};
 use bytes::Bytes;
-use tessera_layout::Scheme;
+use tessera_layout::{Layout, Scheme};
 use tessera_wire::{
     FileId, IndexRange, KeptAction, ManagerRequest, ServerId, StorageRequest, StorageResponse,
 };
@@ -37,20 +37,19 @@ impl Client {
         file: FileId,
     ) -> Result<Option<ScrubReport>, ClientError> {
         let mut view = self.lookup_view(file).await?;
-        let tolerated = match view.meta.layout.scheme {
-            Scheme::Raid0 => 0,
-            _ => 1,
-        };
         let owing: Vec<ServerId> = view.missed.iter().map(|m| m.server).collect();
         let whole = [IndexRange::new(0, u64::MAX)];
-        if owing.len() <= tolerated || view.missed.iter().any(|m| m.stripes != whole) {
+        if view.missed.iter().any(|m| m.stripes != whole) {
             return Ok(None);
         }
         let ctx = self.context_from(view.clone())?;
         let columns: Vec<u32> = (0..ctx.layout.width)
             .filter(|&c| owing.contains(&ctx.columns[c as usize].server))
             .collect();
-        if columns.len() != owing.len() || columns.iter().any(|&c| ctx.lost_entirely(c)) {
+        if columns.len() != owing.len()
+            || !beyond_tolerance(&ctx.layout, &columns)
+            || columns.iter().any(|&c| ctx.lost_entirely(c))
+        {
             return Ok(None);
         }
         for &column in &columns {
@@ -130,5 +129,39 @@ impl Client {
             .await?;
         }
         Ok(())
+    }
+}
+
+/// Whether some stripe has more of its columns among `owing` than the scheme tolerates, so
+/// that the others cannot rebuild it: only then are kept bytes put back (a rebuild that
+/// failed for another reason is run again instead, losing nothing the others hold). A RAID-1
+/// block's copies are on neighbouring columns; every stripe of a parity scheme spans them all.
+fn beyond_tolerance(layout: &Layout, owing: &[u32]) -> bool {
+    match layout.scheme {
+        Scheme::Raid0 => !owing.is_empty(),
+        Scheme::Raid1 => owing
+            .iter()
+            .any(|&c| owing.contains(&((c + 1) % layout.width))),
+        Scheme::Raid4 | Scheme::Raid5 | Scheme::Hybrid => owing.len() > 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_bytes_are_put_back_only_where_nothing_is_left_to_rebuild_from() {
+        let layout = |scheme, width| Layout::new(scheme, 4096, width).expect("layout");
+        assert!(beyond_tolerance(&layout(Scheme::Raid0, 3), &[1]));
+        assert!(!beyond_tolerance(&layout(Scheme::Raid0, 3), &[]));
+        // RAID-1 over 5: columns 1 and 3 each leave every block a copy; 4 and 0 do not.
+        assert!(!beyond_tolerance(&layout(Scheme::Raid1, 5), &[1, 3]));
+        assert!(beyond_tolerance(&layout(Scheme::Raid1, 5), &[4, 0]));
+        assert!(!beyond_tolerance(&layout(Scheme::Raid1, 5), &[2]));
+        for scheme in [Scheme::Raid4, Scheme::Raid5, Scheme::Hybrid] {
+            assert!(!beyond_tolerance(&layout(scheme, 5), &[2]));
+            assert!(beyond_tolerance(&layout(scheme, 5), &[0, 3]));
+        }
     }
 }
