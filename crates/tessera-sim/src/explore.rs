@@ -224,6 +224,9 @@ struct Explorer {
     files: Vec<SimFile>,
     /// A server that is down: its index and the operations left before it restarts.
     down: Option<(usize, usize)>,
+    /// Servers that lost power during the operation running, folded into the model after
+    /// its outcome (a write it answered before the power went may be lost with it).
+    powered_off: Vec<ServerId>,
     report: RunReport,
     trace: Vec<String>,
     /// What servers owed after the last operation, to trace changes.
@@ -250,6 +253,7 @@ impl Explorer {
             config,
             files: Vec::new(),
             down: None,
+            powered_off: Vec::new(),
             report: RunReport::default(),
             trace: Vec::new(),
             debts: String::new(),
@@ -314,6 +318,7 @@ impl Explorer {
                 .execute(op.clone(), client_at, server_kill, server_at, step)
                 .await?;
             self.apply(step, op, outcome).await?;
+            self.fold_power_losses();
             let debts = self.cluster.debts();
             if debts != self.debts {
                 self.note(format!("{step}: owed now: {debts}"));
@@ -435,6 +440,18 @@ impl Explorer {
         }
     }
 
+    /// Servers that lost power: the bytes of RAID-0 files on them not synced may be lost (a
+    /// rebuild puts back what they kept: nothing else holds those files' bytes).
+    fn fold_power_losses(&mut self) {
+        for server in std::mem::take(&mut self.powered_off) {
+            for file in &mut self.files {
+                if file.scheme == Scheme::Raid0 && file.servers.contains(&server) {
+                    file.model.unsynced_may_be_lost();
+                }
+            }
+        }
+    }
+
     /// A server's disk lost bytes RAID-0 files cannot get back: they may no longer be read.
     fn lose_raid0(&mut self) {
         for file in &mut self.files {
@@ -550,12 +567,7 @@ impl Explorer {
             // back what it kept of RAID-0 files on it (nothing else holds their bytes): their
             // bytes not synced may be lost, or they may not be read at all (a later wipe).
             self.lose_raid0();
-            let server = self.cluster.server_id(kill.index);
-            for file in &mut self.files {
-                if file.scheme == Scheme::Raid0 && file.servers.contains(&server) {
-                    file.model.unsynced_may_be_lost();
-                }
-            }
+            self.powered_off.push(self.cluster.server_id(kill.index));
         }
         if kill.down_for == 0 {
             self.start_server(kill.index, "restart").await;

@@ -301,11 +301,11 @@ impl State {
     }
 
     /// A directory `node` whose entry `name` becomes durable: if it was renamed there, what
-    /// it durably held under its old name is durable under the new one too (the entries are
-    /// the directory's own, not its parent's).
-    fn carry_durable_contents(&mut self, name: &Path, node: Node) {
+    /// it durably held under its old name, as entries under the new one (the entries are the
+    /// directory's own, not its parent's).
+    fn durable_contents_of(&self, name: &Path, node: Node) -> Vec<(PathBuf, Node)> {
         let Node::Dir(_) = node else {
-            return;
+            return Vec::new();
         };
         let old = self
             .durable_names
@@ -313,13 +313,15 @@ impl State {
             .find(|(other, held)| **held == node && other.as_path() != name)
             .map(|(other, _)| other.clone());
         let Some(old) = old else {
-            return;
+            return Vec::new();
         };
-        for below in State::under(&self.durable_names, &old) {
-            let held = self.durable_names[&below];
-            let relative = below.strip_prefix(&old).expect("under");
-            self.durable_names.insert(name.join(relative), held);
-        }
+        State::under(&self.durable_names, &old)
+            .into_iter()
+            .map(|below| {
+                let relative = below.strip_prefix(&old).expect("under");
+                (name.join(relative), self.durable_names[&below])
+            })
+            .collect()
     }
 
     /// The power goes: unsynced names lost, each inode's unsynced changes kept as `decide`
@@ -715,12 +717,14 @@ impl Disk for MemDisk {
                 .filter(|name| name.parent() == Some(&path))
                 .collect()
         };
-        // Directories renamed in first: their durable contents may be under an old name in
-        // this same directory, which the removals below take away.
+        // What directories renamed in durably held, taken first: it may be under an old name
+        // in this same directory, which the removals below take away; and it goes in last,
+        // over a directory durable under that name before, which they take away too.
+        let mut carried = Vec::new();
         for name in children(&state.names) {
             let node = state.names[&name];
             if state.durable_names.get(&name) != Some(&node) {
-                state.carry_durable_contents(&name, node);
+                carried.extend(state.durable_contents_of(&name, node));
             }
         }
         for name in children(&state.durable_names) {
@@ -736,6 +740,7 @@ impl Disk for MemDisk {
             let node = state.names[&name];
             state.durable_names.insert(name, node);
         }
+        state.durable_names.extend(carried);
         Ok(())
     }
 
@@ -1029,6 +1034,50 @@ mod tests {
         disk.create_dir(Path::new("/e")).unwrap();
         assert!(disk.rename(Path::new("/e"), Path::new("/k/d")).is_err());
         assert!(disk.rename(Path::new("/k"), Path::new("/k/d/x")).is_err());
+    }
+
+    /// Kept and put back, as a store's renewal and a rebuild's restore do.
+    #[test]
+    fn a_directory_renamed_away_and_back_keeps_its_durable_contents() {
+        let (disk, _) = with_file(b"old");
+        disk.create_dir(Path::new("/k")).unwrap();
+        disk.sync_dir(Path::new("/")).unwrap();
+        disk.rename(Path::new("/d"), Path::new("/k/d")).unwrap();
+        disk.sync_dir(Path::new("/k")).unwrap();
+        disk.sync_dir(Path::new("/")).unwrap();
+        disk.crash();
+        assert_eq!(read(&disk, "/k/d/f").unwrap(), b"old");
+        disk.rename(Path::new("/k/d"), Path::new("/d")).unwrap();
+        disk.sync_dir(Path::new("/")).unwrap();
+        disk.sync_dir(Path::new("/k")).unwrap();
+        disk.crash();
+        assert_eq!(read(&disk, "/d/f").unwrap(), b"old");
+        assert_eq!(read(&disk, "/k/d/f"), None);
+    }
+
+    /// Put back under a name a directory made since had durably (a restore over the renewed
+    /// store's own directory of the file): the put-back contents are what is durable.
+    #[test]
+    fn a_directory_renamed_over_a_removed_durable_one_keeps_its_own_contents() {
+        let (disk, _) = with_file(b"old");
+        disk.create_dir(Path::new("/k")).unwrap();
+        disk.sync_dir(Path::new("/")).unwrap();
+        disk.rename(Path::new("/d"), Path::new("/k/d")).unwrap();
+        disk.sync_dir(Path::new("/k")).unwrap();
+        disk.sync_dir(Path::new("/")).unwrap();
+        // A new /d, durable with a file of its own.
+        disk.create_dir(Path::new("/d")).unwrap();
+        let other = disk.create(Path::new("/d/g")).unwrap();
+        other.sync_data().unwrap();
+        disk.sync_dir(Path::new("/d")).unwrap();
+        disk.sync_dir(Path::new("/")).unwrap();
+        disk.remove_dir_all(Path::new("/d")).unwrap();
+        disk.rename(Path::new("/k/d"), Path::new("/d")).unwrap();
+        disk.sync_dir(Path::new("/")).unwrap();
+        disk.sync_dir(Path::new("/k")).unwrap();
+        disk.crash();
+        assert_eq!(read(&disk, "/d/f").unwrap(), b"old");
+        assert_eq!(disk.kind(Path::new("/d/g")).unwrap(), None);
     }
 
     /// Over many seeds a power loss keeps, drops and tears writes, and every sector reads as
