@@ -1036,15 +1036,21 @@ mod tests {
         assert!(disk.rename(Path::new("/k"), Path::new("/k/d/x")).is_err());
     }
 
-    /// Kept and put back, as a store's renewal and a rebuild's restore do.
-    #[test]
-    fn a_directory_renamed_away_and_back_keeps_its_durable_contents() {
+    /// [`with_file`]'s `/d` moved to `/k/d` as a store's renewal keeps a file, durably.
+    fn kept_aside() -> MemDisk {
         let (disk, _) = with_file(b"old");
         disk.create_dir(Path::new("/k")).unwrap();
         disk.sync_dir(Path::new("/")).unwrap();
         disk.rename(Path::new("/d"), Path::new("/k/d")).unwrap();
         disk.sync_dir(Path::new("/k")).unwrap();
         disk.sync_dir(Path::new("/")).unwrap();
+        disk
+    }
+
+    /// Kept and put back, as a store's renewal and a rebuild's restore do.
+    #[test]
+    fn a_directory_renamed_away_and_back_keeps_its_durable_contents() {
+        let disk = kept_aside();
         disk.crash();
         assert_eq!(read(&disk, "/k/d/f").unwrap(), b"old");
         disk.rename(Path::new("/k/d"), Path::new("/d")).unwrap();
@@ -1059,12 +1065,7 @@ mod tests {
     /// store's own directory of the file): the put-back contents are what is durable.
     #[test]
     fn a_directory_renamed_over_a_removed_durable_one_keeps_its_own_contents() {
-        let (disk, _) = with_file(b"old");
-        disk.create_dir(Path::new("/k")).unwrap();
-        disk.sync_dir(Path::new("/")).unwrap();
-        disk.rename(Path::new("/d"), Path::new("/k/d")).unwrap();
-        disk.sync_dir(Path::new("/k")).unwrap();
-        disk.sync_dir(Path::new("/")).unwrap();
+        let disk = kept_aside();
         // A new /d, durable with a file of its own.
         disk.create_dir(Path::new("/d")).unwrap();
         let other = disk.create(Path::new("/d/g")).unwrap();
