@@ -52,12 +52,18 @@ impl Client {
         {
             return Ok(None);
         }
+        // A column that kept nothing of the file is fine if it never held any of it (a file
+        // smaller than a stripe); one that should have is a store lost some other way.
+        let holding = columns_holding(&ctx.layout, ctx.meta.size);
+        let mut kept = Vec::new();
         for &column in &columns {
-            if !self.kept_bytes(&ctx, column, KeptAction::Ask).await? {
+            if self.kept_bytes(&ctx, column, KeptAction::Ask).await? {
+                kept.push(column);
+            } else if holding[column as usize] {
                 return Ok(None);
             }
         }
-        for &column in &columns {
+        for &column in &kept {
             self.kept_bytes(&ctx, column, KeptAction::Restore).await?;
         }
         tracing::warn!(
@@ -84,9 +90,12 @@ impl Client {
             report.corrupt_repaired,
             report.unrepairable.len()
         );
-        for (&server, &column) in owing.iter().zip(&columns) {
+        for &column in &columns {
+            let server = ctx.columns[column as usize].server;
             self.clear_whole_debt(server, file).await?;
-            self.kept_bytes(&ctx, column, KeptAction::Drop).await?;
+            if kept.contains(&column) {
+                self.kept_bytes(&ctx, column, KeptAction::Drop).await?;
+            }
         }
         Ok(Some(report))
     }
@@ -146,6 +155,27 @@ fn beyond_tolerance(layout: &Layout, owing: &[u32]) -> bool {
     }
 }
 
+/// Which columns hold some of a file of `size` bytes (data, mirror, parity or overflow
+/// copies): all of them once it spans a couple of stripes, fewer for a small file.
+fn columns_holding(layout: &Layout, size: u64) -> Vec<bool> {
+    let mut holding = vec![false; layout.width as usize];
+    let blocks = size.div_ceil(u64::from(layout.stripe_unit));
+    let enough = 2 * u64::from(layout.data_per_stripe());
+    for block in 0..blocks.min(enough) {
+        let mut columns = vec![layout.data_slot(block).column];
+        columns.extend(layout.mirror_slot(block).map(|slot| slot.column));
+        let stripe = layout.stripe_of_block(block);
+        columns.extend(layout.parity_slot(stripe).map(|slot| slot.column));
+        if layout.scheme == Scheme::Hybrid {
+            columns.push(layout.overflow_column(block, tessera_layout::OverflowRole::Mirror));
+        }
+        for column in columns {
+            holding[column as usize] = true;
+        }
+    }
+    holding
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,5 +193,25 @@ mod tests {
             assert!(!beyond_tolerance(&layout(scheme, 5), &[2]));
             assert!(beyond_tolerance(&layout(scheme, 5), &[0, 3]));
         }
+    }
+
+    #[test]
+    fn a_small_file_is_held_by_the_columns_of_its_blocks_and_their_copies() {
+        let layout = |scheme| Layout::new(scheme, 4096, 5).expect("layout");
+        let held = |scheme, size| -> Vec<u32> {
+            let holding = columns_holding(&layout(scheme), size);
+            (0..5).filter(|&c| holding[c as usize]).collect()
+        };
+        assert_eq!(held(Scheme::Raid1, 0), Vec::<u32>::new());
+        assert_eq!(held(Scheme::Raid1, 100), [0, 1]);
+        assert_eq!(held(Scheme::Raid0, 4097), [0, 1]);
+        assert_eq!(held(Scheme::Raid0, 5 * 4096), [0, 1, 2, 3, 4]);
+        let raid5 = layout(Scheme::Raid5);
+        let parity = raid5.parity_slot(0).expect("parity").column;
+        let mut want = vec![raid5.data_slot(0).column, parity];
+        want.sort();
+        assert_eq!(held(Scheme::Raid5, 10), want);
+        // Two stripes or more: every column.
+        assert_eq!(held(Scheme::Hybrid, 8 * 4096), [0, 1, 2, 3, 4]);
     }
 }
