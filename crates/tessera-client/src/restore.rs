@@ -66,12 +66,19 @@ impl Client {
         for &column in &kept {
             self.kept_bytes(&ctx, column, KeptAction::Restore).await?;
         }
-        tracing::warn!(
-            "{}: no server is left to rebuild it from, so the bytes servers {owing:?} kept at a \
-             power loss are put back and its parity resynced from them (writes never synced \
-             before the power loss may be lost)",
-            ctx.meta.path
-        );
+        if kept.is_empty() {
+            tracing::info!(
+                "{}: servers {owing:?} owe it but hold none of its bytes: nothing to rebuild",
+                ctx.meta.path
+            );
+        } else {
+            tracing::warn!(
+                "{}: no server is left to rebuild it from, so the bytes servers {owing:?} kept \
+                 at a power loss are put back and its parity resynced from them (writes never \
+                 synced before the power loss may be lost)",
+                ctx.meta.path
+            );
+        }
         // Nobody writes a file that more columns owe than its scheme tolerates: the debts
         // can wait while the file is resynced with them set aside.
         view.missed.clear();

@@ -327,3 +327,47 @@ fn a_rebuild_killed_while_putting_kept_bytes_back_is_finished_by_the_next() {
         run_virtual(killed_while_putting_back(seed as u64, kill_at));
     }
 }
+
+/// A server wiped (its disk replaced: nothing kept) owes every file it held a column of. A
+/// RAID-0 file that has bytes there cannot be rebuilt and says so; one too small to have
+/// any there owes it nothing, and its rebuild clears the debt.
+async fn wiped_under_raid0(seed: u64) {
+    let mut cluster = SimCluster::start(seed, 5).await;
+    let client = cluster.client();
+    let layout = LayoutRequest {
+        scheme: Scheme::Raid0,
+        stripe_unit: 4096,
+        width: Some(5),
+    };
+    let small = client
+        .create("/small", layout.clone())
+        .await
+        .expect("create");
+    client.write_at(&small, 0, &[7; 100]).await.expect("write");
+    let big = client.create("/big", layout).await.expect("create");
+    client
+        .write_at(&big, 0, &[9; 5 * 4096])
+        .await
+        .expect("write");
+    client.sync(&big).await.expect("sync");
+    // The server of the small file's last column: the file's one block is on its first.
+    let servers = client.stat("/small").await.expect("stat").meta.servers;
+    let index = cluster.index_of(servers[4]);
+    cluster.wipe_server(index).await;
+    assert!(cluster.start_server(index).await.is_none());
+    let failed = match client.rebuild(servers[4], |_| {}).await {
+        Err(tessera_client::ClientError::Unrebuildable { failed, .. }) => failed,
+        other => panic!("seed {seed}: the rebuild was to fail on /big: {other:?}"),
+    };
+    let paths: Vec<&str> = failed.iter().map(|(path, _)| path.as_str()).collect();
+    assert_eq!(paths, ["/big"], "seed {seed}");
+    let got = client.read_at(&small, 0, 100).await.expect("read");
+    assert_eq!(got, [7; 100], "seed {seed}");
+}
+
+#[test]
+fn a_server_holding_none_of_a_raid0_file_owes_it_nothing_to_rebuild() {
+    for seed in 0..3 {
+        run_virtual(wiped_under_raid0(seed));
+    }
+}
