@@ -11,7 +11,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tessera_client::{Client, ClientError, Credential, LayoutRequest, TransportKind};
-use tessera_wire::{ManagerError, ServerId};
+use tessera_wire::{ManagerError, ServerId, ServerState};
 
 /// A client with `config`'s settings (see [`Config::client`]) of the manager given by every
 /// replica's address, authenticated with `credential`, checked: the manager answers it.
@@ -659,6 +659,29 @@ pub struct UpDaemons<'a> {
     pub metrics: bool,
 }
 
+/// After a start: servers that came back owing data (a power loss with writes not synced
+/// renews a store, which then owes everything it held), each with the command that rebuilds
+/// it. Best effort: a cluster that cannot say is started all the same.
+async fn print_owing_servers(cluster: &LocalCluster, config: &Config) {
+    let Ok(client) = cluster.client(config).await else {
+        return;
+    };
+    let Ok(status) = client.status().await else {
+        return;
+    };
+    for server in status.iter().filter(|s| s.state == ServerState::Stale) {
+        let files = client
+            .debts_of(server.id)
+            .await
+            .map_or(0, |debts| debts.len());
+        println!(
+            "server {id} owes {files} file(s) it missed or lost (down during writes, or a \
+             power loss with writes not synced): run `tessera rebuild {id}`",
+            id = server.id
+        );
+    }
+}
+
 pub async fn up(config: &Config, dir: &Path, daemons: UpDaemons<'_>, detach: bool) -> Result<()> {
     let UpDaemons {
         servers,
@@ -685,6 +708,7 @@ pub async fn up(config: &Config, dir: &Path, daemons: UpDaemons<'_>, detach: boo
         "tessera: {manager} with {servers} servers, data in {}",
         cluster.dir.display()
     );
+    print_owing_servers(&cluster, config).await;
     if let Some(listen) = s3 {
         if let Err(e) = cluster.start_gateway(listen) {
             cluster.down();

@@ -411,7 +411,14 @@ fn every_server_losing_power_at_once_keeps_the_synced_files() {
         std::fs::write(root.join("boot"), "0000000000000001\n").expect("boot file");
         std::fs::write(root.join("unsynced"), "").expect("unsynced mark");
     }
-    cluster.ok(&["up", "--servers", &SERVERS.to_string(), "--detach"]);
+    let up = cluster.ok(&["up", "--servers", &SERVERS.to_string(), "--detach"]);
+    let said = String::from_utf8_lossy(&up.stdout);
+    for id in 1..=SERVERS {
+        assert!(
+            said.contains(&format!("run `tessera rebuild {id}`")),
+            "up does not say server {id} owes data: {said}"
+        );
+    }
     let kept = |id: u32| {
         std::fs::read_dir(cluster.dir.join(format!("server-{id}/kept")))
             .map(|entries| entries.count())
