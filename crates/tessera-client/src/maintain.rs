@@ -13,6 +13,7 @@
 
 use crate::context::{self, Fault, FileContext};
 use crate::intent::ParityLock;
+use crate::restore::DebtBook;
 use crate::{Client, ClientError, Unrebuildable};
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
@@ -882,6 +883,7 @@ impl Client {
             .sum();
         progress(state);
         let mut failed: Vec<(String, Unrebuildable)> = Vec::new();
+        let mut others = DebtBook::default();
         for debt in debts {
             let owed_here: u64 = debt.missed.iter().map(|r| owed(&debt.meta, r)).sum();
             let done_before = state.stripes_done + state.stripes_unallocated;
@@ -906,7 +908,7 @@ impl Client {
                 }
             };
             let result = match result {
-                Err(why) => self.restore_instead(&debt, why).await,
+                Err(why) => self.restore_instead(&debt, why, &mut others).await,
                 ok => ok,
             };
             if let Err(why) = result {
@@ -935,8 +937,9 @@ impl Client {
         &self,
         debt: &FileDebt,
         why: Unrebuildable,
+        others: &mut DebtBook,
     ) -> Result<(), Unrebuildable> {
-        match self.restore_kept(debt.meta.id).await {
+        match self.restore_kept(debt.meta.id, others).await {
             Ok(Some(report)) => {
                 for line in &report.unrepairable {
                     tracing::warn!("{}: after putting kept bytes back: {line}", debt.meta.path);

@@ -22,9 +22,11 @@ use crate::context::FileContext;
 use crate::maintain::ScrubReport;
 use crate::{Client, ClientError};
 use bytes::Bytes;
+use std::collections::HashMap;
 use tessera_layout::{Layout, Scheme};
 use tessera_wire::{
-    FileId, IndexRange, KeptAction, ManagerRequest, ServerId, StorageRequest, StorageResponse,
+    FileDebt, FileId, IndexRange, KeptAction, ManagerRequest, ServerId, StorageRequest,
+    StorageResponse,
 };
 
 impl Client {
@@ -35,6 +37,7 @@ impl Client {
     pub(crate) async fn restore_kept(
         &self,
         file: FileId,
+        debts: &mut DebtBook,
     ) -> Result<Option<ScrubReport>, ClientError> {
         let mut view = self.lookup_view(file).await?;
         let owing: Vec<ServerId> = view.missed.iter().map(|m| m.server).collect();
@@ -99,7 +102,7 @@ impl Client {
         );
         for &column in &columns {
             let server = ctx.columns[column as usize].server;
-            self.clear_whole_debt(server, file).await?;
+            self.clear_whole_debt(server, file, debts).await?;
             if kept.contains(&column) {
                 self.kept_bytes(&ctx, column, KeptAction::Drop).await?;
             }
@@ -130,23 +133,45 @@ impl Client {
 
     /// Tells the manager `server` owes nothing more of `file` (its debt, under the tag it
     /// has now).
-    async fn clear_whole_debt(&self, server: ServerId, file: FileId) -> Result<(), ClientError> {
-        let debts = self.debts_of(server).await?;
-        let Some(debt) = debts.into_iter().find(|d| d.meta.id == file) else {
+    async fn clear_whole_debt(
+        &self,
+        server: ServerId,
+        file: FileId,
+        debts: &mut DebtBook,
+    ) -> Result<(), ClientError> {
+        // Listed again if the file is not in the listing: its debt may be newer.
+        let listed = debts.0.get(&server).is_some_and(|d| d.contains_key(&file));
+        if !listed {
+            let listing = self.debts_of(server).await?;
+            let by_file = listing.into_iter().map(|d| (d.meta.id, d)).collect();
+            debts.0.insert(server, by_file);
+        }
+        let Some(debt) = debts.0.get_mut(&server).and_then(|d| d.remove(&file)) else {
             return Ok(());
         };
         for stripes in debt.missed {
-            self.manager_call(ManagerRequest::Resynced {
+            let resynced = ManagerRequest::Resynced {
                 server,
                 file,
                 stripes,
                 tag: debt.tag,
-            })
-            .await?;
+            };
+            if let Err(e) = self.manager_call(resynced).await {
+                // A tag changed since the listing (a write skipped the server): listed again
+                // next time, and this file stays owed until a rebuild runs again.
+                debts.0.remove(&server);
+                return Err(e);
+            }
         }
         Ok(())
     }
 }
+
+/// Other servers' debts, listed once per rebuild and taken file by file as they are cleared:
+/// each listing holds every file a server owes, so listing it per file restored made a
+/// rebuild of every file after a power loss quadratic in the files.
+#[derive(Default)]
+pub(crate) struct DebtBook(HashMap<ServerId, HashMap<FileId, FileDebt>>);
 
 /// Whether some stripe has more of its columns among `owing` than the scheme tolerates, so
 /// that the others cannot rebuild it: only then are kept bytes put back (a rebuild that
