@@ -584,14 +584,7 @@ impl FileContext {
                     continue;
                 }
             };
-            let request = StorageRequest::Write {
-                file: self.meta.id,
-                region: slot.region,
-                offset: layout.local_offset(slot),
-                invalidate_overflow: false,
-            };
-            self.rpc_or_fail(client, slot.column, request, Bytes::from(bytes.clone()))
-                .await?;
+            self.write_copy(client, slot, bytes.clone()).await?;
             report.corrupt_repaired += 1;
         }
         Ok(())
@@ -621,16 +614,27 @@ impl FileContext {
             return Ok(false);
         }
         self.warn_copies_differ(stripe, block, "RAID-1 mirror");
-        let request = StorageRequest::Write {
-            file: self.meta.id,
-            region: Region::Redundancy,
-            offset: layout.local_offset(mirror),
-            invalidate_overflow: false,
-        };
-        let primary = copies.swap_remove(0);
-        self.rpc_or_fail(client, mirror.column, request, Bytes::from(primary))
+        self.write_copy(client, mirror, copies.swap_remove(0))
             .await?;
         Ok(true)
+    }
+
+    /// Writes a whole RAID-1 copy of a unit into `slot`.
+    async fn write_copy(
+        &self,
+        client: &Client,
+        slot: tessera_layout::Slot,
+        bytes: Vec<u8>,
+    ) -> Result<(), ClientError> {
+        let request = StorageRequest::Write {
+            file: self.meta.id,
+            region: slot.region,
+            offset: self.layout.local_offset(slot),
+            invalidate_overflow: false,
+        };
+        self.rpc_or_fail(client, slot.column, request, Bytes::from(bytes))
+            .await
+            .map(|_| ())
     }
 
     /// Makes `block`'s overflow mirror entries those of its primary, if the two still differ
