@@ -424,6 +424,13 @@ impl SimCluster {
         server.disk.flip_bit(&server.dir, seed)
     }
 
+    /// One bit, chosen by `seed`, flips in one of the files under `sub` of server `index`'s
+    /// directory (`None` if it holds no file there).
+    pub fn flip_bit_under(&self, index: usize, sub: &str, seed: u64) -> Option<BitFlip> {
+        let server = &self.servers[index];
+        server.disk.flip_bit(&server.dir.join(sub), seed)
+    }
+
     /// What every server owes, as the manager holds it: `server id: path [stripes) ...`, for
     /// traces (read from the state machine, not over the network).
     pub fn debts(&self) -> String {
