@@ -488,3 +488,67 @@ fn the_file_and_directory_syncs_of_a_sync_are_issued_at_once() {
     assert_eq!(parity, vec![9; 4096]);
     assert_eq!(after.records(0, 10).unwrap().records.len(), 1);
 }
+
+/// A renewal (a store finding its `unsynced` mark after a power loss moves every file's
+/// directory to `kept/`) cut by another power loss at each of its disk changes in turn: the
+/// store still opens, and every file's synced bytes, data and overflow entries, are kept and
+/// put back exactly, whichever renewal (the cut one, or the one after it) moved them.
+#[test]
+fn a_power_loss_at_each_step_of_a_renewal_keeps_every_synced_file() {
+    const FILES: [u64; 3] = [3, 4, 5];
+    let bytes_of = |file: u64, unit: u64| vec![(file * 16 + unit) as u8; 4096];
+    let disk = MemDisk::new();
+    let root = Path::new("/store");
+    let store = Store::open_on(disk.shared(), root).unwrap();
+    for file in FILES {
+        for unit in 0..2 {
+            let data = bytes_of(file, unit);
+            store
+                .write(file, Region::Data, unit * 4096, &data, true)
+                .unwrap();
+        }
+        let entry = bytes_of(file, 9);
+        store
+            .overflow_write(file, OverflowRole::Primary, 100, &entry[..500])
+            .unwrap();
+    }
+    store.sync().unwrap();
+    // Answered, never synced: the power loss that follows renews the store.
+    store
+        .write(FILES[0], Region::Data, 3 * 4096, &[0xee; 4096], true)
+        .unwrap();
+    drop(store);
+    disk.power_loss(1);
+    let mut changes = 0;
+    loop {
+        let cut = disk.snapshot();
+        cut.lose_power_after(changes);
+        let opened = Store::open_on(cut.shared(), root);
+        let finished = opened.is_ok() && !cut.power_lost();
+        drop(opened);
+        cut.power_loss(changes);
+        let store = Store::open_on(cut.shared(), root)
+            .unwrap_or_else(|e| panic!("{changes} changes into the renewal: open: {e}"));
+        for file in FILES {
+            let restored = store.kept_bytes(file, KeptAction::Restore);
+            assert!(
+                matches!(restored, Ok(true)),
+                "{changes} changes: file {file} kept: {restored:?}"
+            );
+            // The overflow entry read over the data (the read's overlay).
+            let mut expected = [bytes_of(file, 0), bytes_of(file, 1)].concat();
+            expected[100..600].copy_from_slice(&bytes_of(file, 9)[..500]);
+            let data = store.read(file, Region::Data, 0, 2 * 4096, true).unwrap();
+            assert!(
+                data == expected,
+                "{changes} changes: file {file}'s synced data and overflow entry"
+            );
+        }
+        if finished {
+            break;
+        }
+        changes += 1;
+    }
+    assert!(changes > 5, "the renewal made only {changes} changes");
+    eprintln!("a power loss at each of {changes} changes of the renewal");
+}
