@@ -39,6 +39,7 @@ use tessera_wire::{
 };
 use tokio::time::Instant;
 
+mod inline;
 mod keys;
 pub mod metrics;
 pub mod schedule;
@@ -231,6 +232,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         id: id.clone(),
         counters: Arc::new(OnceLock::new()),
         reads: Arc::new(ReadCounts::default()),
+        inline_writes: Arc::default(),
         metrics: metrics.clone(),
         disk: Arc::new(metrics::DiskGauge::new(store.clone())),
     });
@@ -272,6 +274,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let scrape = Counters {
         udp: udp_counters.get().cloned(),
         reads: handler.reads.clone(),
+        inline_writes: handler.inline_writes.clone(),
         metrics: metrics.clone(),
         queue: handler.queue.clone(),
         disk: handler.disk.clone(),
@@ -312,6 +315,7 @@ pub fn handler_scheduled(
         id: Arc::new(AtomicU32::new(id)),
         counters: Arc::new(OnceLock::new()),
         reads: Arc::new(ReadCounts::default()),
+        inline_writes: Arc::default(),
         metrics: Arc::default(),
         // Nothing authenticates through this handler (its caller moves the frames itself, past
         // any handshake), so its keys come from a random secret no peer holds and are never
@@ -502,6 +506,8 @@ struct StorageHandler {
     /// The datagram transport's counters, once it serves.
     counters: Arc<OnceLock<UdpCounters>>,
     reads: Arc<ReadCounts>,
+    /// Writes answered on the network thread, and whether they are paused.
+    inline_writes: Arc<inline::InlineWrites>,
     metrics: Arc<metrics::ServerMetrics>,
     /// Orders the requests that wait for the disk.
     queue: Arc<schedule::DiskQueue>,
@@ -523,6 +529,7 @@ struct ReadCounts {
 struct Counters {
     udp: Option<UdpCounters>,
     reads: Arc<ReadCounts>,
+    inline_writes: Arc<inline::InlineWrites>,
     /// Requests and payload bytes served, in total (`tessera top` turns them into rates).
     metrics: Arc<metrics::ServerMetrics>,
     queue: Arc<schedule::DiskQueue>,
@@ -553,6 +560,14 @@ impl Counters {
             "reads_waited".into(),
             self.reads.waited.load(Ordering::Relaxed),
         ));
+        let writes = &self.inline_writes;
+        all.extend([
+            ("writes_inline".into(), writes.done.load(Ordering::Relaxed)),
+            (
+                "writes_inline_slow".into(),
+                writes.slow.load(Ordering::Relaxed),
+            ),
+        ]);
         all.extend(self.metrics.totals());
         let queue = self.queue.stats();
         all.extend([
@@ -603,6 +618,7 @@ impl FrameHandler for StorageHandler {
         let counters = Counters {
             udp: self.counters.get().cloned(),
             reads: self.reads.clone(),
+            inline_writes: self.inline_writes.clone(),
             metrics: self.metrics.clone(),
             queue: self.queue.clone(),
             disk: self.disk.clone(),
@@ -634,7 +650,8 @@ impl FrameHandler for StorageHandler {
         })
     }
 
-    /// Small reads the page cache holds are answered on the network thread.
+    /// Small reads the page cache holds, and writes it takes, are answered on the network
+    /// thread (`handle_now`).
     /// A read's length, plus room for the answer's message; other answers are small or
     /// reserved once computed.
     fn answer_bytes_hint(&self, message: &Bytes) -> usize {
@@ -655,7 +672,7 @@ impl FrameHandler for StorageHandler {
         &self,
         _connection: ConnectionId,
         message: &Bytes,
-        _payload: &Bytes,
+        payload: &Bytes,
     ) -> Option<Option<(Bytes, Bytes)>> {
         let (request, service) = match self.admit(message) {
             Ok(admitted) => admitted,
@@ -664,6 +681,26 @@ impl FrameHandler for StorageHandler {
         if service == tessera_wire::Service::Background {
             // Rebuild and scrub reads keep to the rebuild rate even when cached.
             return None;
+        }
+        match request {
+            StorageRequest::Write {
+                file,
+                region,
+                offset,
+                invalidate_overflow,
+            } => {
+                let store = &self.store;
+                return self.write_now("Write", payload, || {
+                    store.write_cached(file, region, offset, payload, invalidate_overflow)
+                });
+            }
+            StorageRequest::OverflowWrite { file, role, offset } => {
+                let store = &self.store;
+                return self.write_now("OverflowWrite", payload, || {
+                    store.overflow_write_cached(file, role, offset, payload)
+                });
+            }
+            _ => {}
         }
         let StorageRequest::Read {
             file,
@@ -697,6 +734,41 @@ impl FrameHandler for StorageHandler {
 }
 
 impl StorageHandler {
+    /// A write (`kind`, carrying `payload`) answered on the network thread if the store can
+    /// do it in the page cache alone ([`Store::write_cached`],
+    /// [`Store::overflow_write_cached`]); `None` hands it to the runtime. A write that took
+    /// long there (the kernel throttling dirty pages, a checksum page read from disk) turns
+    /// this off for a while, so the thread goes back to moving datagrams.
+    fn write_now(
+        &self,
+        kind: &'static str,
+        payload: &Bytes,
+        write: impl FnOnce() -> Result<Option<()>, StorageError>,
+    ) -> Option<Option<(Bytes, Bytes)>> {
+        // A simulator's run must not depend on how long a call took on the wall clock.
+        let timed = !DISK_INLINE.with(|cell| cell.get());
+        if payload.len() > INLINE_READ_BYTES_MAX as usize || (timed && self.inline_writes.paused())
+        {
+            return None;
+        }
+        let started = std::time::Instant::now();
+        let written = write();
+        let took = started.elapsed();
+        if timed {
+            self.inline_writes
+                .took(took, matches!(written, Ok(Some(())) | Err(_)));
+        }
+        let response = match written {
+            Ok(Some(())) => StorageResponse::Done,
+            Ok(None) => return None,
+            Err(e) => StorageResponse::Error(e),
+        };
+        let error = matches!(response, StorageResponse::Error(_));
+        self.metrics
+            .observe(kind.into(), payload.len(), 0, error, took);
+        Some(Some((Bytes::from(encode_message(&response)), Bytes::new())))
+    }
+
     /// The request in a frame's message and how it is to be served, if it decodes and is
     /// meant for this server's store. Otherwise the answer to give: `None` (drop the
     /// connection) for garbage, a refusal for a request meant for another store.

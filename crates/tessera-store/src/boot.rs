@@ -154,6 +154,21 @@ impl UnsyncedMark {
         Ok(MarkHold(self))
     }
 
+    /// Holds the mark if it is durable already and its lock is free: what a write that must
+    /// not wait for the disk (or for a sync removing the mark) takes; `None` otherwise.
+    pub(crate) fn try_hold(&self) -> Option<MarkHold<'_>> {
+        let mut state = match self.state.try_lock() {
+            Ok(state) => state,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        if !state.present {
+            return None;
+        }
+        state.writes += 1;
+        Some(MarkHold(self))
+    }
+
     /// Removes the mark if no write holds it and `nothing_owed` says every answered write is
     /// durable.
     pub(crate) fn clear_if(

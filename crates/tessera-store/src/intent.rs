@@ -311,6 +311,11 @@ impl Intents {
         }
     }
 
+    /// Whether any record of `file` is held.
+    pub(crate) fn has_records(&self, file: FileId) -> bool {
+        self.spans.get(&file).is_some_and(|spans| !spans.is_empty())
+    }
+
     /// Deletes the records whose span lies inside redundancy bytes `offset..offset+len` of
     /// `file` (that write computed parity from the data). Returns whether any was deleted.
     pub(crate) fn clear_covered(

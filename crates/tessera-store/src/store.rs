@@ -437,6 +437,91 @@ impl Store {
         Ok(())
     }
 
+    /// [`Store::write`] of whole blocks if it needs nothing but the page cache and no lock
+    /// that is held ([`Store::with_cached`]), and no overflow entry lies under the bytes
+    /// (trimming one syncs first) and no intent record of the file is held (a parity write
+    /// may resolve one). `Ok(None)`: nothing was done, [`Store::write`] does it. Lets a
+    /// network thread answer a write without handing it to another thread; the page-cache
+    /// write itself may still wait on the kernel's dirty-page throttling, which the caller
+    /// watches for.
+    pub fn write_cached(
+        &self,
+        file: FileId,
+        region: Region,
+        offset: u64,
+        data: &[u8],
+        invalidate_overflow: bool,
+    ) -> Result<Option<()>, StorageError> {
+        check_range(offset, data.len() as u64, u64::from(REQUEST_BYTES_MAX))?;
+        let len = data.len() as u64;
+        let whole_blocks = offset.is_multiple_of(BLOCK_BYTES) && len.is_multiple_of(BLOCK_BYTES);
+        if data.is_empty() || !whole_blocks || (invalidate_overflow && region == Region::Redundancy)
+        {
+            return Ok(None);
+        }
+        // Held through the write: a record made meanwhile would have to be cleared by it.
+        let Ok(intents) = self.intents.try_lock() else {
+            return Ok(None);
+        };
+        if intents.has_records(file) {
+            return Ok(None);
+        }
+        self.with_cached(file, |present| {
+            if invalidate_overflow && present.overflow.overlays(offset, len) {
+                return Ok(None);
+            }
+            present.region_mut(region).write(offset, data)?;
+            self.mark_dirty(file, present, &FileKind::of_region(region));
+            Ok(Some(()))
+        })
+    }
+
+    /// [`Store::overflow_write`] if it needs nothing but the page cache and no lock that is
+    /// held ([`Store::with_cached`]); `Ok(None)`: nothing was done.
+    pub fn overflow_write_cached(
+        &self,
+        file: FileId,
+        role: OverflowRole,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<Option<()>, StorageError> {
+        check_range(offset, data.len() as u64, u64::from(REQUEST_BYTES_MAX))?;
+        if data.is_empty() {
+            return Ok(None);
+        }
+        self.with_cached(file, |present| {
+            present.overflow.append(role, offset, data)?;
+            let touched = Touched {
+                bytes: true,
+                log: true,
+            };
+            self.mark_overflow_dirty(file, present, touched);
+            Ok(Some(()))
+        })
+    }
+
+    /// Runs `op` on an open file if that waits for nothing: the `unsynced` mark durable
+    /// already (making it syncs a directory; it is held through `op`), the file open and its
+    /// lock free, and no snapshot begun (blocks are copied before they are overwritten).
+    /// `Ok(None)` otherwise.
+    fn with_cached(
+        &self,
+        file: FileId,
+        op: impl FnOnce(&mut FileData) -> Result<Option<()>, StorageError>,
+    ) -> Result<Option<()>, StorageError> {
+        let Some(_unsynced) = self.unsynced.try_hold() else {
+            return Ok(None);
+        };
+        let slot = self.slot(file);
+        let Ok(mut state) = slot.state.try_write() else {
+            return Ok(None);
+        };
+        match &mut *state {
+            FileState::Present(present) if present.snap.begun() == 0 => op(present),
+            _ => Ok(None),
+        }
+    }
+
     /// Records what a read-modify-write of `stripe` of `file` is about to change:
     /// `intent`, the span's current parity (read here) and the pieces' old data. Answered
     /// only once the record is written; the writer writes no data before that. Refused if

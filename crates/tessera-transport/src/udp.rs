@@ -19,6 +19,15 @@
 //! the receive buffer, into the message, out of it into the decoded frame). TCP copies none
 //! on sending (header, message and payload are written one after the other) and at most one
 //! on receiving.
+//!
+//! Thread hand-offs per request (a thread woken to take the work on), counted from the code:
+//! the client's calling task posts to its I/O thread and is woken by it with the answer (2).
+//! A server's I/O thread answers at once what its handler can do without waiting
+//! ([`FrameHandler::handle_now`]: reads the page cache holds, writes the page cache takes;
+//! 0); anything else goes to a task on the runtime, which may hand the disk work to the
+//! blocking pool, and the answer comes back to the I/O thread (up to 4). Over TCP, the
+//! server's task is woken by the socket and hands disk work to the blocking pool and back
+//! (up to 2 beside the socket's wake-ups on both ends).
 
 use crate::{BoxFuture, ConnectionId, FrameHandler, Reply, TransportError};
 use bytes::{Bytes, BytesMut};
