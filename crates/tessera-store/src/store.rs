@@ -439,8 +439,8 @@ impl Store {
 
     /// [`Store::write`] of whole blocks if it needs nothing but the page cache and no lock
     /// that is held ([`Store::with_cached`]), and no overflow entry lies under the bytes
-    /// (trimming one syncs first) and no intent record of the file is held (a parity write
-    /// may resolve one). `Ok(None)`: nothing was done, [`Store::write`] does it. Lets a
+    /// (trimming one syncs first) and, for parity, no intent record of the file is held (a
+    /// parity write may resolve one). `Ok(None)`: nothing was done, [`Store::write`] does it. Lets a
     /// network thread answer a write without handing it to another thread; the page-cache
     /// write itself may still wait on the kernel's dirty-page throttling, which the caller
     /// watches for.
@@ -459,13 +459,15 @@ impl Store {
         {
             return Ok(None);
         }
-        // Held through the write: a record made meanwhile would have to be cleared by it.
-        let Ok(intents) = self.intents.try_lock() else {
-            return Ok(None);
+        // A parity write may resolve an intent record (see `write`); held through the write,
+        // so that a record made meanwhile cannot miss its clearing. Data writes touch none.
+        let _intents = match region {
+            Region::Redundancy => match self.intents.try_lock() {
+                Ok(intents) if !intents.has_records(file) => Some(intents),
+                _ => return Ok(None),
+            },
+            Region::Data => None,
         };
-        if intents.has_records(file) {
-            return Ok(None);
-        }
         self.with_cached(file, |present| {
             if invalidate_overflow && present.overflow.overlays(offset, len) {
                 return Ok(None);

@@ -125,7 +125,7 @@ fn what_needs_more_than_the_page_cache_is_left_to_write() {
             .unwrap(),
         vec![4; 100]
     );
-    // An intent record of the file: a parity write may resolve it.
+    // An intent record of the file: a parity write may resolve it (`write` clears it).
     let intent = ParityIntent {
         unit_offset: 0,
         span_start: 0,
@@ -138,7 +138,11 @@ fn what_needs_more_than_the_page_cache_is_left_to_write() {
     };
     store.record_intent(FILE, 0, &intent, &[0; 4096]).unwrap();
     none(&store, FILE, Region::Redundancy, 0, 4096, false);
-    none(&store, FILE, Region::Data, 16384, 4096, false);
+    // A data write resolves none: the read-modify-write's own data write is inline, and the
+    // record stays for the parity write to clear.
+    let data = store.write_cached(FILE, Region::Data, 16384, &[8; 4096], false);
+    assert_eq!(data.unwrap(), Some(()));
+    assert!(store.intent(FILE, 0).unwrap().is_some(), "the record stays");
     // A snapshot begun: overwritten blocks are copied first.
     let (_disk, store) = store_written();
     store.snapshot_begin(&[FILE], 1).unwrap();
