@@ -47,11 +47,12 @@ mod snapshot;
 pub use keys::{STORAGE_KEYS_INTERVAL, STORAGE_KEYS_REFRESH_MIN};
 pub use schedule::ScheduleConfig;
 
-/// Largest read answered on the network thread when the page cache holds it (see
-/// [`Store::read_cached`]); a larger copy goes to the blocking pool, so that the network thread
+/// Largest read or write answered on the network thread when the page cache holds or takes
+/// it (see [`Store::read_cached`], [`Store::write_cached`]); a larger copy goes to the
+/// blocking pool, so that the network thread
 /// is never busy long enough to delay ACKs and retransmissions (256 KiB is ~50 us of copying
 /// and checksumming, ~2 ms on a 1 Gbit/s wire).
-pub const INLINE_READ_BYTES_MAX: u32 = 256 << 10;
+pub const INLINE_BYTES_MAX: u32 = 256 << 10;
 
 /// How long a parity lock lasts past its holder's last request to this server (grant,
 /// intent, renewal, parity write): a few retransmission timeouts and request round trips, so
@@ -650,8 +651,6 @@ impl FrameHandler for StorageHandler {
         })
     }
 
-    /// Small reads the page cache holds, and writes it takes, are answered on the network
-    /// thread (`handle_now`).
     /// A read's length, plus room for the answer's message; other answers are small or
     /// reserved once computed.
     fn answer_bytes_hint(&self, message: &Bytes) -> usize {
@@ -668,6 +667,8 @@ impl FrameHandler for StorageHandler {
         }
     }
 
+    /// Small reads the page cache holds, and writes it takes, are answered on the network
+    /// thread.
     fn handle_now(
         &self,
         _connection: ConnectionId,
@@ -712,7 +713,7 @@ impl FrameHandler for StorageHandler {
         else {
             return None;
         };
-        if len > INLINE_READ_BYTES_MAX {
+        if len > INLINE_BYTES_MAX {
             return None;
         }
         let started = std::time::Instant::now();
@@ -747,8 +748,7 @@ impl StorageHandler {
     ) -> Option<Option<(Bytes, Bytes)>> {
         // A simulator's run must not depend on how long a call took on the wall clock.
         let timed = !DISK_INLINE.with(|cell| cell.get());
-        if payload.len() > INLINE_READ_BYTES_MAX as usize || (timed && self.inline_writes.paused())
-        {
+        if payload.len() > INLINE_BYTES_MAX as usize || (timed && self.inline_writes.paused()) {
             return None;
         }
         let started = std::time::Instant::now();

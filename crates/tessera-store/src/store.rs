@@ -440,10 +440,10 @@ impl Store {
     /// [`Store::write`] of whole blocks if it needs nothing but the page cache and no lock
     /// that is held ([`Store::with_cached`]), and no overflow entry lies under the bytes
     /// (trimming one syncs first) and, for parity, no intent record of the file is held (a
-    /// parity write may resolve one). `Ok(None)`: nothing was done, [`Store::write`] does it. Lets a
-    /// network thread answer a write without handing it to another thread; the page-cache
-    /// write itself may still wait on the kernel's dirty-page throttling, which the caller
-    /// watches for.
+    /// parity write may resolve one). `Ok(None)`: nothing was done, [`Store::write`] does
+    /// it. Lets a network thread answer a write without handing it to another thread; the
+    /// page-cache write itself may still wait on the kernel's dirty-page throttling, which
+    /// the caller watches for.
     pub fn write_cached(
         &self,
         file: FileId,
