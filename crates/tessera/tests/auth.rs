@@ -717,6 +717,13 @@ async fn a_peer_without_a_key_cannot_use_the_datagram_transport() {
             overlay: true,
         },
         StorageRequest::Remove { file: file.id },
+        // A whole block into an open file: what a server answers on its network thread.
+        StorageRequest::Write {
+            file: file.id,
+            region: Region::Data,
+            offset: 0,
+            invalidate_overflow: false,
+        },
     ];
     let before = client.server_counters().await.expect("counters");
     let stranger = udp(None);
@@ -726,11 +733,15 @@ async fn a_peer_without_a_key_cannot_use_the_datagram_transport() {
             request: request.clone(),
             service: tessera_wire::Service::BestEffort,
         };
+        let payload = match request {
+            StorageRequest::Write { .. } => Bytes::from(vec![0xee; 4096]),
+            _ => Bytes::new(),
+        };
         let answer = tessera_transport::call::<_, StorageResponse>(
             &stranger as &dyn Transport,
             server,
             &call,
-            Bytes::new(),
+            payload,
         )
         .await;
         // No answer: the request times out, or the session is given up for lost.
@@ -777,7 +788,11 @@ async fn a_peer_without_a_key_cannot_use_the_datagram_transport() {
         dropped(&after) > dropped(&before),
         "before {before:?} after {after:?}"
     );
-    assert_eq!(read_all(&client, "udp.bin").await, data, "nothing removed");
+    assert_eq!(
+        read_all(&client, "udp.bin").await,
+        data,
+        "nothing removed or written"
+    );
     // The same request from a keyed client is answered.
     let keyed = udp(Some(cluster.client_key().for_storage()));
     let call = StorageCall {
