@@ -298,7 +298,7 @@ impl FileContext {
         }
     }
 
-    fn fault_error(&self, column: u32, fault: Fault) -> ClientError {
+    pub(crate) fn fault_error(&self, column: u32, fault: Fault) -> ClientError {
         match fault {
             Fault::Unreachable(e) => {
                 tracing::debug!("column {column}: {e}");

@@ -25,6 +25,7 @@ mod context;
 mod intent;
 mod keys;
 mod maintain;
+mod mirror_repair;
 mod namespace;
 mod pieces;
 mod read;

@@ -9,7 +9,8 @@
 //! been served, and copies that both verify can only differ after a write that was never
 //! acknowledged as durable (a client or server crash between the two copies), for which
 //! either value is allowed; what matters is that both copies agree afterwards. Scrub says so
-//! (a warning naming the stripe, and its count of mirror mismatches).
+//! (a warning naming the stripe, and its count of mirror mismatches). Those repairs are made
+//! under a mirror fence, so that they never undo a write racing them (`mirror_repair.rs`).
 
 use crate::context::{self, Fault, FileContext};
 use crate::intent::ParityLock;
@@ -278,7 +279,7 @@ impl FileContext {
     }
 
     /// Both copies of a block verified and differ: the primary's is kept.
-    fn warn_copies_differ(&self, stripe: u64, block: u64, what: &str) {
+    pub(crate) fn warn_copies_differ(&self, stripe: u64, block: u64, what: &str) {
         tracing::warn!(
             "{} stripe {stripe} block {block}: the primary copy and its {what} both pass their \
              checksums but differ; keeping the primary copy (what reads have served)",
@@ -565,107 +566,32 @@ impl FileContext {
         }
         let layout = self.layout;
         let blocks = layout.blocks_of_stripe(stripe);
+        // Each copy is rewritten from the other under a mirror fence (`mirror_repair.rs`).
         for ((block, primary), mirror) in blocks.zip(data).zip(mirrors) {
-            let mirror_slot = layout.mirror_slot(block).expect("mirror");
-            let (slot, bytes) = match (primary, mirror) {
+            match (primary, mirror) {
                 (Some(p), Some(m)) => {
                     if p != m && self.repair_raid1_mirror(client, stripe, block).await? {
                         report.mirrors_repaired += 1;
                     }
-                    continue;
                 }
-                (None, Some(m)) => (layout.data_slot(block), m),
-                (Some(p), None) => (mirror_slot, p),
+                (None, Some(_)) => {
+                    if self.repair_corrupt_raid1_primary(client, block).await? > 0 {
+                        report.corrupt_repaired += 1;
+                    }
+                }
+                (Some(_), None) => {
+                    self.repair_corrupt_raid1_mirror(client, block).await?;
+                    report.corrupt_repaired += 1;
+                }
                 (None, None) => {
                     report.unrepairable.push(format!(
                         "{} stripe {stripe} block {block}: both copies corrupt",
                         self.meta.path
                     ));
-                    continue;
                 }
-            };
-            self.write_copy(client, slot, bytes.clone()).await?;
-            report.corrupt_repaired += 1;
+            }
         }
         Ok(())
-    }
-
-    /// Makes `block`'s RAID-1 mirror copy its primary copy, if the two still differ when read
-    /// again now; whether they did. (A write landing between this read and the repair can
-    /// still be undone on the mirror: RAID-1 copies are written without a lock.)
-    async fn repair_raid1_mirror(
-        &self,
-        client: &Client,
-        stripe: u64,
-        block: u64,
-    ) -> Result<bool, ClientError> {
-        let layout = self.layout;
-        let mirror = layout.mirror_slot(block).expect("mirror");
-        let mut copies = Vec::new();
-        for slot in [layout.data_slot(block), mirror] {
-            let offset = layout.local_offset(slot);
-            let bytes = self
-                .read_region(client, slot.column, slot.region, offset, self.unit(), false)
-                .await
-                .map_err(|fault| self.second_fault(slot.column, slot.column, fault))?;
-            copies.push(bytes);
-        }
-        if copies[0] == copies[1] {
-            return Ok(false);
-        }
-        self.warn_copies_differ(stripe, block, "RAID-1 mirror");
-        self.write_copy(client, mirror, copies.swap_remove(0))
-            .await?;
-        Ok(true)
-    }
-
-    /// Writes a whole RAID-1 copy of a unit into `slot`.
-    async fn write_copy(
-        &self,
-        client: &Client,
-        slot: tessera_layout::Slot,
-        bytes: Vec<u8>,
-    ) -> Result<(), ClientError> {
-        let request = StorageRequest::Write {
-            file: self.meta.id,
-            region: slot.region,
-            offset: self.layout.local_offset(slot),
-            invalidate_overflow: false,
-        };
-        self.rpc_or_fail(client, slot.column, request, Bytes::from(bytes))
-            .await
-            .map(|_| ())
-    }
-
-    /// Makes `block`'s overflow mirror entries those of its primary, if the two still differ
-    /// when listed again now; whether they did. Only this block's mirror: rebuilding the
-    /// mirror column's whole stripe would also replace *other* blocks' primary entries there
-    /// by their mirrors, which an interrupted write may have left short (explorer seed 1012
-    /// read 1,304 bytes of a write as zeros that way).
-    async fn repair_overflow_mirror(
-        &self,
-        client: &Client,
-        stripe: u64,
-        block: u64,
-    ) -> Result<bool, ClientError> {
-        let layout = self.layout;
-        let offset = layout.local_offset(layout.data_slot(block));
-        let mut sides = Vec::new();
-        for role in [OverflowRole::Primary, OverflowRole::Mirror] {
-            let column = layout.overflow_column(block, role);
-            let entries = self
-                .overflow_list(client, column, role, offset, self.unit() as u64)
-                .await
-                .map_err(|fault| self.second_fault(column, column, fault))?;
-            sides.push(flatten(&entries));
-        }
-        if sides[0] == sides[1] {
-            return Ok(false);
-        }
-        self.warn_copies_differ(stripe, block, "overflow mirror");
-        self.copy_overflow_entries(client, stripe, block, OverflowRole::Mirror)
-            .await?;
-        Ok(true)
     }
 }
 
@@ -683,7 +609,7 @@ struct ScrubLock {
 /// Listings come oldest first, and a primary and its mirror may receive disjoint entries from
 /// concurrent writers in different orders; entries of one role never overlap, so offset order
 /// is the same for equal contents.
-fn flatten(entries: &[(tessera_wire::OverflowExtent, Bytes)]) -> Vec<u8> {
+pub(crate) fn flatten(entries: &[(tessera_wire::OverflowExtent, Bytes)]) -> Vec<u8> {
     let mut sorted: Vec<&(tessera_wire::OverflowExtent, Bytes)> = entries.iter().collect();
     sorted.sort_by_key(|(entry, _)| entry.offset);
     let mut out = Vec::new();

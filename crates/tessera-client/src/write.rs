@@ -1,7 +1,8 @@
 //! Writes: a transfer plan from `tessera-layout`, carried out per stripe by its method.
 //!
 //! Plain, mirrored, full-stripe and overflow writes become independent per-column requests
-//! (contiguous ones coalesced) run in parallel. Partial stripes under RAID-4/5 are
+//! (contiguous ones coalesced) run in parallel, those to mirrors (RAID-1 copies, Hybrid
+//! mirror overflow entries) once those to primaries are answered. Partial stripes under RAID-4/5 are
 //! read-modify-write under the parity server's lock, one stripe at a time in ascending order,
 //! so that locks are always taken lowest stripe first (CSAR 5.1). Columns that are lost are
 //! skipped and recorded at the manager as owing the stripes, before the write is acknowledged.
@@ -220,9 +221,10 @@ impl FileContext {
         };
         let simple = self.renewing_stale(client, &records, async {
             self.run_ops(client, ops, &failed).await?;
-            // Hybrid mirror overflow entries are trimmed only once the data units that
-            // supersede them are written: a write cut short in between leaves the old entries
-            // on both copies rather than on neither.
+            // Mirrors only once their primaries are answered (see `simple_ops`). And Hybrid
+            // mirror overflow entries are trimmed only once the data units that supersede
+            // them are written: a write cut short in between leaves the old entries on both
+            // copies rather than on neither.
             self.run_ops(client, later, &failed).await
         });
         let partial = async {
@@ -529,8 +531,11 @@ impl FileContext {
         self.report_missed(client, column, stripes).await
     }
 
-    /// The independent requests of a plan: everything but read-modify-write; then the Hybrid
-    /// mirror invalidations, which go only once the others are done.
+    /// The independent requests of a plan: everything but read-modify-write; then what goes
+    /// to mirrors (RAID-1 copies, Hybrid mirror overflow entries and invalidations), only once
+    /// the others are done. A mirror is never newer than its primary that way, which is what
+    /// lets a scrub repair a mirror from its primary without undoing a write in flight (see
+    /// `maintain.rs`).
     fn simple_ops(
         &self,
         stripes: &[StripeWrite],
@@ -543,6 +548,7 @@ impl FileContext {
         let mut base: Vec<BaseWrite> = Vec::new();
         let mut invalidations: Vec<MirrorInvalidation> = Vec::new();
         let mut ops: Vec<WriteOp> = Vec::new();
+        let mut mirrored: Vec<WriteOp> = Vec::new();
         let one = |stripe: u64| IndexRange::new(stripe, stripe + 1);
         for sw in stripes {
             let stripe = sw.extent.stripe;
@@ -607,20 +613,40 @@ impl FileContext {
                         for role in [OverflowRole::Primary, OverflowRole::Mirror] {
                             let column = layout.overflow_column(piece.block, role);
                             if !self.lost(column, stripe) {
-                                ops.push(WriteOp {
+                                let op = WriteOp {
                                     column,
                                     stripes: one(stripe),
                                     request: StorageRequest::OverflowWrite { file, role, offset },
                                     payload: bytes.clone(),
-                                });
+                                };
+                                match role {
+                                    OverflowRole::Primary => ops.push(op),
+                                    OverflowRole::Mirror => mirrored.push(op),
+                                }
                             }
                         }
                     }
                 }
             }
         }
-        ops.extend(self.coalesce_writes(base, data));
-        (ops, self.coalesce_invalidations(invalidations))
+        // RAID-1 mirror copies are the redundancy file's writes (parity is written at once).
+        let (copies, primary): (Vec<WriteOp>, Vec<WriteOp>) = self
+            .coalesce_writes(base, data)
+            .into_iter()
+            .partition(|op| {
+                self.scheme() == Scheme::Raid1
+                    && matches!(
+                        op.request,
+                        StorageRequest::Write {
+                            region: Region::Redundancy,
+                            ..
+                        }
+                    )
+            });
+        ops.extend(primary);
+        mirrored.extend(copies);
+        mirrored.extend(self.coalesce_invalidations(invalidations));
+        (ops, mirrored)
     }
 
     /// Merge mirror invalidations that are back to back on one column into single requests.

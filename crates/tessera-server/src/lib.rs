@@ -42,6 +42,7 @@ use tokio::time::Instant;
 mod inline;
 mod keys;
 pub mod metrics;
+mod mirror_fence;
 pub mod schedule;
 mod snapshot;
 pub use keys::{STORAGE_KEYS_INTERVAL, STORAGE_KEYS_REFRESH_MIN};
@@ -230,6 +231,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         keys: keys.clone(),
         store: store.clone(),
         locks: Arc::new(ParityLocks::new(PARITY_LEASE, rand::random::<u64>() >> 16)),
+        fences: Arc::default(),
         id: id.clone(),
         counters: Arc::new(OnceLock::new()),
         reads: Arc::new(ReadCounts::default()),
@@ -313,6 +315,7 @@ pub fn handler_scheduled(
         // Tokens start at random, as in `start`, so that a holder from before a restart is
         // never mistaken for a new one.
         locks: Arc::new(ParityLocks::new(PARITY_LEASE, rand::random::<u64>() >> 16)),
+        fences: Arc::default(),
         id: Arc::new(AtomicU32::new(id)),
         counters: Arc::new(OnceLock::new()),
         reads: Arc::new(ReadCounts::default()),
@@ -503,6 +506,8 @@ struct StorageHandler {
     keys: Arc<keys::ServerKeys>,
     store: Arc<Store>,
     locks: Arc<ParityLocks>,
+    /// Writes held back while a scrub repairs a copy here.
+    fences: Arc<mirror_fence::MirrorFences>,
     id: Arc<AtomicU32>,
     /// The datagram transport's counters, once it serves.
     counters: Arc<OnceLock<UdpCounters>>,
@@ -615,6 +620,7 @@ impl FrameHandler for StorageHandler {
         };
         let store = self.store.clone();
         let locks = self.locks.clone();
+        let fences = self.fences.clone();
         let id = self.id.load(Ordering::Acquire);
         let counters = Counters {
             udp: self.counters.get().cloned(),
@@ -634,11 +640,24 @@ impl FrameHandler for StorageHandler {
         );
         let started = std::time::Instant::now();
         Box::pin(async move {
+            // Held back by a mirror fence before a disk slot is taken, so that the writes
+            // waiting never keep the repair under the fence from the disk.
+            let (request, repair) = match fences.pass(request).await {
+                mirror_fence::Passage::Serve(request, repair) => (request, repair),
+                mirror_fence::Passage::Answered(answer) => {
+                    let response =
+                        answer.map_or_else(StorageResponse::Error, |()| StorageResponse::Done);
+                    return Some((Bytes::from(encode_message(&response)), Bytes::new()));
+                }
+            };
             let _slot = match queued {
                 Some((queue, bytes)) => Some(queue.slot(service, bytes).await),
                 None => None,
             };
-            let answer = serve(store, locks, counters, id, connection, request, payload).await;
+            let answer = match repair.map(|(file, token)| fences.require(file, token)) {
+                Some(Err(refused)) => Err(refused),
+                _ => serve(store, locks, counters, id, connection, request, payload).await,
+            };
             let error = answer.is_err();
             let (response, payload) =
                 answer.unwrap_or_else(|e| (StorageResponse::Error(e), Bytes::new()));
@@ -681,6 +700,10 @@ impl FrameHandler for StorageHandler {
         };
         if service == tessera_wire::Service::Background {
             // Rebuild and scrub reads keep to the rebuild rate even when cached.
+            return None;
+        }
+        if mirror_fence::held_back_file(&request).is_some_and(|file| self.fences.stands(file)) {
+            // Waits on the runtime until the scrub's repair lifts the fence.
             return None;
         }
         match request {
@@ -1170,6 +1193,13 @@ async fn serve(
             let stored_bytes = blocking(move || store.usage(file)).await?;
             Ok((StorageResponse::Usage { stored_bytes }, Bytes::new()))
         }
+        // Answered as they pass the fences (`mirror_fence.rs`), before anything is served;
+        // a wrapped one inside a repair is refused there.
+        StorageRequest::MirrorFence { .. }
+        | StorageRequest::MirrorRelease { .. }
+        | StorageRequest::UnderMirrorFence { .. } => Err(StorageError::BadRequest {
+            detail: "a mirror fence request inside another".into(),
+        }),
         StorageRequest::SnapshotBegin { .. }
         | StorageRequest::SnapshotFence { .. }
         | StorageRequest::SnapshotRelease { .. }

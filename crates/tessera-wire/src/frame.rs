@@ -25,8 +25,11 @@ use serde::{de::DeserializeOwned, Serialize};
 /// which a version-13 peer cannot read; the bump makes the TCP handshake, which every datagram
 /// session starts with, refuse the mix by name instead of leaving datagrams dropped unread.
 /// Version 15: a client's sync describes and syncs a file in one request
-/// (`StorageRequest::DescribeAndSync`).
-pub const PROTOCOL_VERSION: u8 = 15;
+/// (`StorageRequest::DescribeAndSync`). Version 16: a mirrored write (RAID-1 copies, Hybrid
+/// overflow entries) reaches its mirror only once its primary copy is answered, and a scrub
+/// repairs a mirror under a fence (`StorageRequest::MirrorFence`, `MirrorRelease`,
+/// `UnderMirrorFence`); a mix with version 15 peers would let a scrub undo a write.
+pub const PROTOCOL_VERSION: u8 = 16;
 /// First two bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"TS";
 /// Size of the fixed frame header.

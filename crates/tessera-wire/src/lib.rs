@@ -49,7 +49,8 @@
 //! cannot decode them and refuses the request). Appended in version 15:
 //! `StorageRequest::KeptBytes` and `StorageResponse::Kept` (the bytes a store kept at a power
 //! loss, put back by a rebuild with nothing else to go on; an older server refuses it, and
-//! the rebuild then fails as it did before).
+//! the rebuild then fails as it did before). Version 16 appends the mirror fence of a
+//! scrub's repairs: `StorageRequest::MirrorFence`, `MirrorRelease` and `UnderMirrorFence`.
 
 mod frame;
 mod handshake;

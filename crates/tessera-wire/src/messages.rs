@@ -409,7 +409,46 @@ pub enum StorageRequest {
         /// What to do with them.
         action: KeptAction,
     },
+    /// Hold back every write of `file` here (`Write`, `OverflowWrite`, `OverflowInvalidate`,
+    /// `Discard`) that is not made under this fence: it waits until
+    /// [`StorageRequest::MirrorRelease`] or until the fence lapses
+    /// ([`MIRROR_FENCE_LEASE_MS`]). Answered [`StorageResponse::Done`] once raised; a fence of
+    /// the file that another caller holds is waited out first (within the lease, then
+    /// [`StorageError::FenceBusy`]). A scrub raises it at the column whose copy it is about to
+    /// repair from the other copy, so that no write lands there between its read of the
+    /// other copy and its repair (`tessera-client`'s `maintain` module argues why that makes
+    /// the repair safe against live writers). Appended in protocol version 16.
+    MirrorFence {
+        /// File.
+        file: FileId,
+        /// The caller's token for this fence (random; names it in the requests below).
+        fence: u64,
+    },
+    /// Lifts the fence `fence` of `file` (nothing if it lapsed or never stood). Protocol
+    /// version 16.
+    MirrorRelease {
+        /// File.
+        file: FileId,
+        /// The fence's token.
+        fence: u64,
+    },
+    /// `request`, a `Write`, `OverflowWrite` or `OverflowInvalidate`, made under the caller's
+    /// fence `fence` of the file it writes: not held back by it, and refused with
+    /// [`StorageError::NotFenced`] unless that fence stands (a repair whose fence lapsed
+    /// could otherwise land over a write that the fence no longer held back). Protocol
+    /// version 16.
+    UnderMirrorFence {
+        /// The caller's fence token.
+        fence: u64,
+        /// The write.
+        request: Box<StorageRequest>,
+    },
 }
+
+/// How long a [`StorageRequest::MirrorFence`] stands unless released, in milliseconds: a
+/// scrub's repair under it takes a few round trips; a scrub that dies holds writes of the file
+/// back at one server for no longer than this.
+pub const MIRROR_FENCE_LEASE_MS: u64 = 1000;
 
 /// What [`StorageRequest::KeptBytes`] does with a file's kept bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -663,7 +702,9 @@ pub enum StorageError {
         file: FileId,
     },
     /// `SnapshotBegin` for a file whose fence for that snapshot is not standing here (it
-    /// lapsed, or was never raised): beginning it now could split a write in flight.
+    /// lapsed, or was never raised): beginning it now could split a write in flight. Also a
+    /// write under a mirror fence (`UnderMirrorFence`, `epoch` then the fence's token) that
+    /// no longer stands.
     #[error("snapshot {epoch} of file {file} is not fenced here")]
     NotFenced {
         /// File.
@@ -677,6 +718,14 @@ pub enum StorageError {
     /// wrote to a file removed under it. Nothing was written.
     #[error("file {file} was removed (its pending lease ran out, or it was deleted)")]
     Removed {
+        /// File.
+        file: FileId,
+    },
+    /// Another caller's mirror fence of the file stood here for longer than a fence may be
+    /// waited for (`StorageRequest::MirrorFence`); nothing was done, ask again. Appended in
+    /// protocol version 16.
+    #[error("another scrub holds writes of file {file} back here; ask again")]
+    FenceBusy {
         /// File.
         file: FileId,
     },

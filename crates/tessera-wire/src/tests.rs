@@ -297,11 +297,11 @@ fn appended_messages_round_trip_and_leave_earlier_variants_alone() {
     );
 }
 
-/// A version-14 peer (before `DescribeAndSync`) is refused by name, never misread: its frame
+/// A version-15 peer (before mirror fences) is refused by name, never misread: its frame
 /// fails with the version it spoke, and the message says which this build speaks.
 #[test]
-fn a_frame_of_version_14_is_refused_with_a_clear_error() {
-    assert_eq!(crate::PROTOCOL_VERSION, 15);
+fn a_frame_of_version_15_is_refused_with_a_clear_error() {
+    assert_eq!(crate::PROTOCOL_VERSION, 16);
     let mut bytes = FrameHeader {
         kind: FrameKind::Request,
         message_len: 0,
@@ -309,12 +309,12 @@ fn a_frame_of_version_14_is_refused_with_a_clear_error() {
         request_id: 1,
     }
     .encode();
-    bytes[2] = 14;
+    bytes[2] = 15;
     let error = Frame::decode(&bytes).unwrap_err();
-    assert_eq!(error, WireError::Version(14));
+    assert_eq!(error, WireError::Version(15));
     assert_eq!(
         error.to_string(),
-        "protocol version 14 is not supported (this build speaks 15)"
+        "protocol version 15 is not supported (this build speaks 16)"
     );
 }
 
@@ -339,4 +339,21 @@ fn describe_and_sync_round_trips() {
         committed: true,
     };
     assert_ne!(encode_message(&describe), bytes);
+}
+
+/// A write under a mirror fence round-trips whole, its inner request intact.
+#[test]
+fn a_write_under_a_mirror_fence_round_trips() {
+    let req = StorageRequest::UnderMirrorFence {
+        fence: u64::MAX,
+        request: Box::new(StorageRequest::OverflowWrite {
+            file: 7,
+            role: OverflowRole::Mirror,
+            offset: u64::MAX - 4095,
+        }),
+    };
+    assert_eq!(
+        decode_message::<StorageRequest>(&encode_message(&req)).unwrap(),
+        req
+    );
 }
