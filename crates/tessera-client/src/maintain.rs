@@ -18,6 +18,7 @@ use crate::restore::DebtBook;
 use crate::{Client, ClientError, Unrebuildable};
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
+use std::collections::BTreeSet;
 use std::ops::Range;
 use tessera_layout::{OverflowRole, Region, Scheme, StripeMember};
 use tessera_wire::{
@@ -106,6 +107,16 @@ impl ScrubReport {
     }
 }
 
+/// Why a column's share of a stripe is rewritten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rewrite {
+    /// The column owes the stripe: writers skip it, so no write races the rebuild.
+    Owed,
+    /// A corrupt block was found on a column that writers still write: mirrored copies are
+    /// repaired so that a write racing the repair is never undone (`mirror_repair.rs`).
+    Corrupt,
+}
+
 impl FileContext {
     /// Rewrite everything `column` stores for `stripe` from the other columns: data units,
     /// parity, mirror copies and (Hybrid) primary and mirror overflow entries.
@@ -114,11 +125,22 @@ impl FileContext {
         client: &Client,
         column: u32,
         stripe: u64,
+        why: Rewrite,
     ) -> Result<(), ClientError> {
         let file = self.meta.id;
         let unit = self.unit();
         let layout = self.layout;
+        // Blocks whose primary overflow entries here are kept (`repair_racing_writers`).
+        let mut kept = BTreeSet::new();
         for member in layout.members_on_column(stripe, column) {
+            if why == Rewrite::Corrupt
+                && self
+                    .repair_racing_writers(client, member, &mut kept)
+                    .await?
+            {
+                continue;
+            }
+            let keeps = matches!(member, StripeMember::Data { block } if kept.contains(&block));
             let (slot, bytes) = match member {
                 StripeMember::Data { block } => {
                     let slot = layout.data_slot(block);
@@ -158,7 +180,9 @@ impl FileContext {
                 file,
                 region: slot.region,
                 offset: layout.local_offset(slot),
-                invalidate_overflow: self.scheme() == Scheme::Hybrid && slot.region == Region::Data,
+                invalidate_overflow: self.scheme() == Scheme::Hybrid
+                    && slot.region == Region::Data
+                    && !keeps,
             };
             self.rpc_or_fail(client, column, request, Bytes::from(bytes))
                 .await?;
@@ -166,9 +190,18 @@ impl FileContext {
         if self.scheme() == Scheme::Hybrid {
             for block in layout.blocks_of_stripe(stripe) {
                 for role in [OverflowRole::Primary, OverflowRole::Mirror] {
-                    if layout.overflow_column(block, role) == column {
-                        self.copy_overflow_entries(client, stripe, block, role)
-                            .await?;
+                    if layout.overflow_column(block, role) != column {
+                        continue;
+                    }
+                    match (why, role) {
+                        (Rewrite::Corrupt, OverflowRole::Mirror) => {
+                            self.repair_overflow_mirror(client, stripe, block).await?;
+                        }
+                        (Rewrite::Corrupt, OverflowRole::Primary) if kept.contains(&block) => {}
+                        _ => {
+                            self.copy_overflow_entries(client, stripe, block, role)
+                                .await?
+                        }
                     }
                 }
             }
@@ -453,7 +486,7 @@ impl FileContext {
                     .await;
             }
             1 if self.scheme() != Scheme::Raid0 => {
-                self.rebuild_column_stripe(client, corrupt[0], stripe)
+                self.rebuild_column_stripe(client, corrupt[0], stripe, Rewrite::Corrupt)
                     .await?;
                 if stale {
                     // The parity unit was rebuilt from the data: nothing stale is left.
@@ -971,7 +1004,8 @@ impl Client {
                     async move {
                         (
                             stripe,
-                            ctx.rebuild_column_stripe(self, column, stripe).await,
+                            ctx.rebuild_column_stripe(self, column, stripe, Rewrite::Owed)
+                                .await,
                         )
                     }
                 })

@@ -29,15 +29,22 @@
 //! verify again, and one over part of a failing block is refused by the store and leaves the
 //! column owing the stripe), so nothing newer is there to undo.
 //!
-//! Not covered: a Hybrid stripe whose primary column is rebuilt by a scrub (a corrupt data
-//! unit or overflow log) takes the mirror's overflow entries for the primary's, unfenced; an
-//! overflow write landing on that primary at that moment, its mirror copy still on the way,
-//! can lose its primary copy.
+//! The same holds where a read or a write finds a corrupt block and repairs the column's
+//! stripe ([`Rewrite::Corrupt`](crate::maintain::Rewrite)): RAID-1 units and mirrors there
+//! are repaired as above, a Hybrid mirror's overflow entries too, and a Hybrid data unit is
+//! rebuilt from parity *keeping* the primary overflow entries it holds (the newest bytes of
+//! the block) rather than replacing them with the mirror's. Not covered: where those entries
+//! themselves list as corrupt (a damaged overflow log record), the mirror's are copied over
+//! them unfenced, and an overflow write landing there at that moment, its mirror copy still
+//! on the way, can lose its primary copy. A column that *owes* the stripe is rebuilt
+//! without fences: writers skip it, so nothing races the rebuild.
 
 use crate::context::{Fault, FileContext};
+use crate::maintain::flatten;
 use crate::{Client, ClientError};
 use bytes::Bytes;
-use tessera_layout::{OverflowRole, Region};
+use std::collections::BTreeSet;
+use tessera_layout::{OverflowRole, Region, Scheme, StripeMember};
 use tessera_wire::{StorageError, StorageRequest};
 
 /// The store's checksummed block: the unit a corrupt primary is repaired in.
@@ -186,6 +193,46 @@ impl FileContext {
         .await
     }
 
+    /// One member of a stripe on a column found corrupt, which writers still write, repaired
+    /// as above; whether it was (else the caller rewrites it as for an owed column). A RAID-1
+    /// unit or mirror is repaired under a fence. A Hybrid data unit is rebuilt from parity
+    /// by the caller, but its primary overflow entries, the newest bytes of the block, are
+    /// kept (`kept`) if they list without fault, rather than replaced by the mirror's.
+    pub(crate) async fn repair_racing_writers(
+        &self,
+        client: &Client,
+        member: StripeMember,
+        kept: &mut BTreeSet<u64>,
+    ) -> Result<bool, ClientError> {
+        match (self.scheme(), member) {
+            (Scheme::Raid1, StripeMember::Data { block }) => {
+                self.repair_corrupt_raid1_primary(client, block).await?;
+                Ok(true)
+            }
+            (Scheme::Raid1, StripeMember::Mirror { block }) => {
+                self.repair_corrupt_raid1_mirror(client, block).await?;
+                Ok(true)
+            }
+            (Scheme::Hybrid, StripeMember::Data { block }) => {
+                let slot = self.layout.data_slot(block);
+                let offset = self.layout.local_offset(slot);
+                let (role, len) = (OverflowRole::Primary, self.unit() as u64);
+                match self
+                    .overflow_list(client, slot.column, role, offset, len)
+                    .await
+                {
+                    Ok(_) => {
+                        kept.insert(block);
+                    }
+                    Err(Fault::Refused(StorageError::Corrupt { .. })) => {}
+                    Err(fault) => return Err(self.fault_error(slot.column, fault)),
+                }
+                Ok(false)
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// `block`'s primary and mirror RAID-1 copies.
     fn raid1_copies(&self, block: u64) -> (tessera_layout::Slot, tessera_layout::Slot) {
         let mirror = self.layout.mirror_slot(block).expect("a RAID-1 file");
@@ -226,20 +273,21 @@ impl FileContext {
         let offset = layout.local_offset(layout.data_slot(block));
         let mirror_column = layout.overflow_column(block, OverflowRole::Mirror);
         self.with_mirror_fence(client, mirror_column, async |fence| {
-            let mut sides = Vec::new();
-            for role in [OverflowRole::Primary, OverflowRole::Mirror] {
-                let column = layout.overflow_column(block, role);
-                let entries = self
-                    .overflow_list(client, column, role, offset, self.unit() as u64)
-                    .await
-                    .map_err(|fault| self.second_fault(column, column, fault))?;
-                sides.push(entries);
+            let (primary_column, len) = (layout.data_slot(block).column, self.unit() as u64);
+            let entries = self
+                .overflow_list(client, primary_column, OverflowRole::Primary, offset, len)
+                .await
+                .map_err(|fault| self.second_fault(mirror_column, primary_column, fault))?;
+            // A mirror that lists as corrupt (a damaged log record) is rewritten all the same.
+            match self
+                .overflow_list(client, mirror_column, OverflowRole::Mirror, offset, len)
+                .await
+            {
+                Ok(mirror) if flatten(&mirror) == flatten(&entries) => return Ok(false),
+                Ok(_) => self.warn_copies_differ(stripe, block, "overflow mirror"),
+                Err(Fault::Refused(StorageError::Corrupt { .. })) => {}
+                Err(fault) => return Err(self.fault_error(mirror_column, fault)),
             }
-            if crate::maintain::flatten(&sides[0]) == crate::maintain::flatten(&sides[1]) {
-                return Ok(false);
-            }
-            self.warn_copies_differ(stripe, block, "overflow mirror");
-            let entries = sides.swap_remove(0);
             let file = self.meta.id;
             let role = OverflowRole::Mirror;
             let len = self.unit() as u64;

@@ -2,6 +2,7 @@
 //! survivors; corrupt blocks reconstructed, repaired in place, and never returned.
 
 use crate::context::{Fault, FileContext};
+use crate::maintain::Rewrite;
 use crate::{Client, ClientError, Pieces, REQUESTS_IN_FLIGHT_MAX, REQUEST_BYTES_MAX};
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
@@ -186,7 +187,7 @@ impl FileContext {
                 piece.block,
                 self.columns[slot.column as usize].server
             );
-            self.rebuild_column_stripe(client, slot.column, stripe)
+            self.rebuild_column_stripe(client, slot.column, stripe, Rewrite::Corrupt)
                 .await?;
             let offset = self.layout.local_offset(slot) + piece.offset_in_unit as u64;
             let overlay = self.scheme() == Scheme::Hybrid;

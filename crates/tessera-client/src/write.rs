@@ -12,6 +12,7 @@
 
 use crate::context::{Fault, FileContext};
 use crate::intent::{ParityLock, StaleRecord};
+use crate::maintain::Rewrite;
 use crate::pieces::{Pieces, WriteData};
 use crate::{Client, ClientError, REQUESTS_IN_FLIGHT_MAX, REQUEST_BYTES_MAX};
 use bytes::{Bytes, BytesMut};
@@ -827,7 +828,7 @@ impl FileContext {
                 return Ok(RmwOutcome::Retry)
             }
             Err(Fault::Refused(StorageError::Corrupt { .. })) => {
-                self.rebuild_column_stripe(client, parity.column, stripe)
+                self.rebuild_column_stripe(client, parity.column, stripe, Rewrite::Corrupt)
                     .await?;
                 return Ok(RmwOutcome::Retry);
             }
@@ -878,7 +879,8 @@ impl FileContext {
                     return match fault {
                         Fault::Unreachable(_) => Ok(RmwOutcome::Retry),
                         Fault::Refused(StorageError::Corrupt { .. }) => {
-                            self.rebuild_column_stripe(client, column, stripe).await?;
+                            self.rebuild_column_stripe(client, column, stripe, Rewrite::Corrupt)
+                                .await?;
                             Ok(RmwOutcome::Retry)
                         }
                         Fault::Refused(e) => Err(self.storage_error(column, e)),

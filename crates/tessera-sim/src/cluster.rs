@@ -431,6 +431,14 @@ impl SimCluster {
         server.disk.flip_bit(&server.dir.join(sub), seed)
     }
 
+    /// Flips bit `bit` of byte `offset` of file `file`'s `name` file (`data`, `data.crc`,
+    /// `redundancy`, ...) on server `index`: whether that byte exists.
+    pub fn flip_bit_in(&self, index: usize, file: u64, name: &str, offset: u64, bit: u8) -> bool {
+        let server = &self.servers[index];
+        let path = server.dir.join("files").join(file.to_string()).join(name);
+        server.disk.flip_bit_at(&path, offset, bit)
+    }
+
     /// What every server owes, as the manager holds it: `server id: path [stripes) ...`, for
     /// traces (read from the state machine, not over the network).
     pub fn debts(&self) -> String {

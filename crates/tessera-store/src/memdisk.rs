@@ -218,6 +218,19 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 impl State {
+    /// Flips bit `bit` of byte `offset` of inode `id`, now and on the disk.
+    fn flip(&mut self, id: u64, offset: u64, bit: u8) {
+        let inode = self.inodes.get_mut(&id).expect("a named inode exists");
+        for content in [&mut inode.now, &mut inode.durable] {
+            if offset < content.len {
+                let mut byte = [0u8];
+                content.read(&mut byte, offset);
+                byte[0] ^= 1 << bit;
+                content.write(&byte, offset);
+            }
+        }
+    }
+
     /// Counts one change (a write, a sync, a name made or removed) against
     /// [`MemDisk::lose_power_after`]: fails, changing nothing, once the power is gone.
     fn change(&mut self) -> io::Result<()> {
@@ -462,16 +475,23 @@ impl MemDisk {
         }
         let (path, id, len) = files[rng.gen_range(0..files.len())].clone();
         let (offset, bit) = (rng.gen_range(0..len), rng.gen_range(0..8u8));
-        let inode = state.inodes.get_mut(&id).expect("a named inode exists");
-        for content in [&mut inode.now, &mut inode.durable] {
-            if offset < content.len {
-                let mut byte = [0u8];
-                content.read(&mut byte, offset);
-                byte[0] ^= 1 << bit;
-                content.write(&byte, offset);
-            }
-        }
+        state.flip(id, offset, bit);
         Some(BitFlip { path, offset, bit })
+    }
+
+    /// Flips bit `bit` of byte `offset` of the file at `path`, in what reads see and on the
+    /// disk alike: whether the file holds that byte.
+    pub fn flip_bit_at(&self, path: &Path, offset: u64, bit: u8) -> bool {
+        let mut state = lock(&self.state);
+        let Some(Node::File(id)) = state.names.get(&key(path)) else {
+            return false;
+        };
+        let id = *id;
+        if offset >= state.inodes[&id].now.len {
+            return false;
+        }
+        state.flip(id, offset, bit);
+        true
     }
 
     /// The files under `dir` with their lengths as reads see them, in path order.
