@@ -40,6 +40,9 @@ pub struct ExploreConfig {
     pub network: MemFaults,
     /// After recovery, read every redundant file with each server lost in turn.
     pub degraded_check: bool,
+    /// Chance per operation that a scrub of every file, by another client, runs beside it
+    /// (its repairs race the operation's writes; its errors under faults are only noted).
+    pub scrub_beside: f64,
 }
 
 impl Default for ExploreConfig {
@@ -56,6 +59,7 @@ impl Default for ExploreConfig {
             bit_flip: 0.0,
             network: MemFaults::default(),
             degraded_check: true,
+            scrub_beside: 0.0,
         }
     }
 }
@@ -87,6 +91,10 @@ pub struct RunReport {
     pub bit_flips: u64,
     /// Scrub repairs past a file's size (damage there a write growing the file would find).
     pub scrub_repairs_past_size: u64,
+    /// Scrubs run beside an operation, and the repairs they made.
+    pub scrubs_beside: u64,
+    /// Repairs made by the scrubs beside operations.
+    pub scrub_beside_repairs: u64,
     /// Stores refused at a restart (a flipped `store.toml`) and started blank.
     pub stores_refused: u64,
     /// Blocks, parity, mirrors and overflow records the final scrub repaired.
@@ -515,6 +523,13 @@ impl Explorer {
                 network.crash(addr);
             })
         });
+        // Drawn only when asked for, so that other configurations replay as before.
+        let scrubbing = (self.config.scrub_beside > 0.0
+            && self.rng.gen_bool(self.config.scrub_beside))
+        .then(|| {
+            let scrubber = self.cluster.client();
+            tokio::spawn(async move { scrubber.scrub(None).await })
+        });
         let work = run_op(self.client.clone(), self.files_of(&op), op);
         let outcome = match client_at {
             None => work.await,
@@ -524,6 +539,9 @@ impl Explorer {
                 outcome = work => outcome,
             },
         };
+        if let Some(scrubbing) = scrubbing {
+            self.finish_scrub_beside(scrubbing, step).await?;
+        }
         if matches!(outcome, Outcome::Killed) {
             // The process is gone: its connections close (the old client's transport drops)
             // and a new client starts.
@@ -548,6 +566,33 @@ impl Explorer {
             self.finish_server_kill(kill).await;
         }
         Ok(outcome)
+    }
+
+    /// Waits for the scrub that ran beside operation `step`; its repairs are counted, its
+    /// failures (a server killed under it) noted.
+    async fn finish_scrub_beside(
+        &mut self,
+        scrubbing: tokio::task::JoinHandle<Result<tessera_client::ScrubReport, ClientError>>,
+        step: usize,
+    ) -> Result<(), Failure> {
+        self.report.scrubs_beside += 1;
+        match scrubbing.await {
+            Ok(Ok(report)) => {
+                self.report.scrub_beside_repairs +=
+                    report.corrupt_repaired + report.parity_repaired + report.mirrors_repaired;
+                self.note(format!("{step}: scrub beside: {report:?}"));
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                self.note(format!("{step}: scrub beside failed: {e}"));
+                Ok(())
+            }
+            Err(e) => Err(self.fail(
+                format!("operation {step}"),
+                format!("the scrub beside it panicked: {e}"),
+                None,
+            )),
+        }
     }
 
     async fn finish_server_kill(&mut self, kill: ServerKill) {

@@ -31,6 +31,8 @@ fn explore(name: &str, config: ExploreConfig, seeds: u64) {
                 total.stores_refused += report.stores_refused;
                 total.scrub_repairs += report.scrub_repairs;
                 total.scrub_repairs_past_size += report.scrub_repairs_past_size;
+                total.scrubs_beside += report.scrubs_beside;
+                total.scrub_beside_repairs += report.scrub_beside_repairs;
                 total.rebuilds += report.rebuilds;
                 total.torn_stripes_unreadable += report.torn_stripes_unreadable;
                 total.network.requests_dropped += report.network.requests_dropped;
@@ -43,8 +45,8 @@ fn explore(name: &str, config: ExploreConfig, seeds: u64) {
         "{name}: seeds {base}..{} passed in {:.1} s: {} writes acknowledged, {} not, {} reads \
          checked, {} bytes checked, {} client kills, {} server kills ({} wiped, {} power losses \
          dropping or tearing {} writes), {} bits flipped ({} stores refused), {} rebuilds, {} \
-         scrub repairs ({} past the size), {} requests and {} answers dropped, {} torn stripes unreadable with a \
-         server lost",
+         scrub repairs ({} past the size), {} scrubs beside operations ({} repairs), {} requests \
+         and {} answers dropped, {} torn stripes unreadable with a server lost",
         base + count,
         started.elapsed().as_secs_f64(),
         total.writes_acked,
@@ -61,6 +63,8 @@ fn explore(name: &str, config: ExploreConfig, seeds: u64) {
         total.rebuilds,
         total.scrub_repairs,
         total.scrub_repairs_past_size,
+        total.scrubs_beside,
+        total.scrub_beside_repairs,
         total.network.requests_dropped,
         total.network.answers_dropped,
         total.torn_stripes_unreadable,
@@ -223,6 +227,32 @@ fn bit_flip_config() -> ExploreConfig {
         bit_flip: 0.3,
         server_crash: 0.15,
         server_loss: 0.3,
+        network: slow(),
+        ..ExploreConfig::default()
+    }
+}
+
+/// Scrubs of every file run beside the workload (at a third of the operations, by another
+/// client), so that their repairs race the writes, with clients killed between their primary
+/// and mirror copies (leaving copies that differ for the scrubs to repair) and servers killed,
+/// on the mirrored schemes: no acknowledged byte is ever read wrong, during the run, after
+/// recovery, and with each server lost in turn.
+#[test]
+fn scrubs_beside_writes_with_client_and_server_kills_mirrored_schemes() {
+    explore(
+        "scrubs beside writes, client and server kills, raid1 and hybrid",
+        scrub_beside_config(),
+        60,
+    );
+}
+
+fn scrub_beside_config() -> ExploreConfig {
+    ExploreConfig {
+        schemes: vec![Scheme::Raid1, Scheme::Hybrid],
+        client_crash: 0.25,
+        server_crash: 0.15,
+        server_loss: 0.3,
+        scrub_beside: 0.35,
         network: slow(),
         ..ExploreConfig::default()
     }
