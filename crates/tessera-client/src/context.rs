@@ -745,15 +745,20 @@ pub(crate) async fn call_store(
 /// Whether a request may be sent again after a timeout: it reads, or writes bytes that a second
 /// copy writes the same (an overflow entry or a record would be appended twice).
 fn retry_safe(request: &StorageRequest) -> bool {
-    matches!(
-        request,
-        StorageRequest::Read { .. }
-            | StorageRequest::Write { .. }
-            | StorageRequest::Sync
-            | StorageRequest::DescribeAndSync { .. }
-            | StorageRequest::OverflowList { .. }
-            | StorageRequest::Allocated { .. }
-    )
+    match request {
+        // Raising a fence again with its token renews it; lifting it twice lifts nothing more.
+        StorageRequest::MirrorFence { .. } | StorageRequest::MirrorRelease { .. } => true,
+        StorageRequest::UnderMirrorFence { request, .. } => retry_safe(request),
+        _ => matches!(
+            request,
+            StorageRequest::Read { .. }
+                | StorageRequest::Write { .. }
+                | StorageRequest::Sync
+                | StorageRequest::DescribeAndSync { .. }
+                | StorageRequest::OverflowList { .. }
+                | StorageRequest::Allocated { .. }
+        ),
+    }
 }
 
 /// The size of the answer frame a request will get if it succeeds, so that the transport can
