@@ -234,13 +234,16 @@ fn bit_flip_config() -> ExploreConfig {
 
 /// Scrubs of every file run beside the workload (at a third of the operations, by another
 /// client), so that their repairs race the writes, with clients killed between their primary
-/// and mirror copies (leaving copies that differ for the scrubs to repair) and servers killed,
-/// on the mirrored schemes: no acknowledged byte is ever read wrong, during the run, after
-/// recovery, and with each server lost in turn.
+/// and mirror copies or inside a read-modify-write (leaving copies that differ, or parity, for
+/// the scrubs to repair) and servers killed: no acknowledged byte is ever read wrong, during
+/// the run, after recovery, and with each server lost in turn. With RAID-1 copies written in
+/// parallel again (before session 27), seed 129 of the RAID-1 and Hybrid runs lost 4,087
+/// acknowledged bytes: a scrub copied a primary over a mirror that a racing write had
+/// already reached, before that write's primary copy landed.
 #[test]
-fn scrubs_beside_writes_with_client_and_server_kills_mirrored_schemes() {
+fn scrubs_beside_writes_with_client_and_server_kills_every_scheme() {
     explore(
-        "scrubs beside writes, client and server kills, raid1 and hybrid",
+        "scrubs beside writes, client and server kills, every scheme",
         scrub_beside_config(),
         60,
     );
@@ -248,7 +251,6 @@ fn scrubs_beside_writes_with_client_and_server_kills_mirrored_schemes() {
 
 fn scrub_beside_config() -> ExploreConfig {
     ExploreConfig {
-        schemes: vec![Scheme::Raid1, Scheme::Hybrid],
         client_crash: 0.25,
         server_crash: 0.15,
         server_loss: 0.3,
