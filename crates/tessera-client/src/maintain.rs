@@ -18,7 +18,6 @@ use crate::restore::DebtBook;
 use crate::{Client, ClientError, Unrebuildable};
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
-use std::collections::BTreeSet;
 use std::ops::Range;
 use tessera_layout::{OverflowRole, Region, Scheme, StripeMember};
 use tessera_wire::{
@@ -130,17 +129,13 @@ impl FileContext {
         let file = self.meta.id;
         let unit = self.unit();
         let layout = self.layout;
-        // Blocks whose primary overflow entries here are kept (`repair_racing_writers`).
-        let mut kept = BTreeSet::new();
+        // A repair keeps a Hybrid column's primary overflow entries, the newest bytes of
+        // their blocks, and repairs only their damaged parts below (`mirror_repair.rs`).
+        let keeps = why == Rewrite::Corrupt;
         for member in layout.members_on_column(stripe, column) {
-            if why == Rewrite::Corrupt
-                && self
-                    .repair_racing_writers(client, member, &mut kept)
-                    .await?
-            {
+            if why == Rewrite::Corrupt && self.repair_racing_writers(client, member).await? {
                 continue;
             }
-            let keeps = matches!(member, StripeMember::Data { block } if kept.contains(&block));
             let (slot, bytes) = match member {
                 StripeMember::Data { block } => {
                     let slot = layout.data_slot(block);
@@ -197,7 +192,10 @@ impl FileContext {
                         (Rewrite::Corrupt, OverflowRole::Mirror) => {
                             self.repair_overflow_mirror(client, stripe, block).await?;
                         }
-                        (Rewrite::Corrupt, OverflowRole::Primary) if kept.contains(&block) => {}
+                        (Rewrite::Corrupt, OverflowRole::Primary) => {
+                            self.repair_damaged_primary_entries(client, stripe, block)
+                                .await?;
+                        }
                         _ => {
                             self.copy_overflow_entries(client, stripe, block, role)
                                 .await?

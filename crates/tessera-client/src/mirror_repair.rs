@@ -33,17 +33,21 @@
 //! stripe ([`Rewrite::Corrupt`](crate::maintain::Rewrite)): RAID-1 units and mirrors there
 //! are repaired as above, a Hybrid mirror's overflow entries too, and a Hybrid data unit is
 //! rebuilt from parity *keeping* the primary overflow entries it holds (the newest bytes of
-//! the block) rather than replacing them with the mirror's. Not covered: where those entries
-//! themselves list as corrupt (a damaged overflow log record), the mirror's are copied over
-//! them unfenced, and an overflow write landing there at that moment, its mirror copy still
-//! on the way, can lose its primary copy. A column that *owes* the stripe is rebuilt
-//! without fences: writers skip it, so nothing races the rebuild.
+//! the block) rather than replacing them with the mirror's. Where those entries are bad (a
+//! damaged overflow log record, entry bytes that fail their checksum), the server repairs
+//! only the bad parts from the
+//! mirror's entries (`StorageRequest::OverflowRepairDamaged`), atomically under the file's
+//! lock: an entry written since the damage cleared the damage over its range and stays,
+//! whatever the mirror holds. (Left: an entry that landed *before* the damaged record, whose
+//! mirror copy is still on the way when the repair runs, is lost at the primary. The damage
+//! is found when the server replays its log at a restart, well after any such write.) A
+//! column that *owes* the stripe is rebuilt without fences: writers skip it, so nothing
+//! races the rebuild.
 
 use crate::context::{Fault, FileContext};
 use crate::maintain::flatten;
 use crate::{Client, ClientError};
 use bytes::Bytes;
-use std::collections::BTreeSet;
 use tessera_layout::{OverflowRole, Region, Scheme, StripeMember};
 use tessera_wire::{StorageError, StorageRequest};
 
@@ -194,15 +198,13 @@ impl FileContext {
     }
 
     /// One member of a stripe on a column found corrupt, which writers still write, repaired
-    /// as above; whether it was (else the caller rewrites it as for an owed column). A RAID-1
-    /// unit or mirror is repaired under a fence. A Hybrid data unit is rebuilt from parity
-    /// by the caller, but its primary overflow entries, the newest bytes of the block, are
-    /// kept (`kept`) if they list without fault, rather than replaced by the mirror's.
+    /// as above; whether it was (else the caller rewrites it as for an owed column, keeping a
+    /// Hybrid unit's primary overflow entries). A RAID-1 unit or mirror is repaired under a
+    /// fence.
     pub(crate) async fn repair_racing_writers(
         &self,
         client: &Client,
         member: StripeMember,
-        kept: &mut BTreeSet<u64>,
     ) -> Result<bool, ClientError> {
         match (self.scheme(), member) {
             (Scheme::Raid1, StripeMember::Data { block }) => {
@@ -213,24 +215,46 @@ impl FileContext {
                 self.repair_corrupt_raid1_mirror(client, block).await?;
                 Ok(true)
             }
-            (Scheme::Hybrid, StripeMember::Data { block }) => {
-                let slot = self.layout.data_slot(block);
-                let offset = self.layout.local_offset(slot);
-                let (role, len) = (OverflowRole::Primary, self.unit() as u64);
-                match self
-                    .overflow_list(client, slot.column, role, offset, len)
-                    .await
-                {
-                    Ok(_) => {
-                        kept.insert(block);
-                    }
-                    Err(Fault::Refused(StorageError::Corrupt { .. })) => {}
-                    Err(fault) => return Err(self.fault_error(slot.column, fault)),
-                }
-                Ok(false)
-            }
             _ => Ok(false),
         }
+    }
+
+    /// Repairs the damaged parts of `block`'s primary overflow entries (a damaged log
+    /// record) from its mirror's entries, leaving every part not damaged as it is
+    /// (`StorageRequest::OverflowRepairDamaged`): entries written there since the damage
+    /// may be newer than the mirror's, whose copies may still be on the way.
+    pub(crate) async fn repair_damaged_primary_entries(
+        &self,
+        client: &Client,
+        stripe: u64,
+        block: u64,
+    ) -> Result<(), ClientError> {
+        let layout = self.layout;
+        let primary = layout.data_slot(block);
+        let mirror = layout.overflow_column(block, OverflowRole::Mirror);
+        let (offset, len) = (layout.local_offset(primary), self.unit() as u64);
+        if self.lost(mirror, stripe) {
+            return Err(self.unavailable([primary.column, mirror]));
+        }
+        let mut entries = self
+            .overflow_list(client, mirror, OverflowRole::Mirror, offset, len)
+            .await
+            .map_err(|fault| self.second_fault(primary.column, mirror, fault))?;
+        entries.sort_by_key(|(entry, _)| entry.offset);
+        let mut bytes = bytes::BytesMut::new();
+        for (_, piece) in &entries {
+            bytes.extend_from_slice(piece);
+        }
+        let request = StorageRequest::OverflowRepairDamaged {
+            file: self.meta.id,
+            role: OverflowRole::Primary,
+            offset,
+            len,
+            entries: entries.into_iter().map(|(entry, _)| entry).collect(),
+        };
+        self.rpc_or_fail(client, primary.column, request, bytes.freeze())
+            .await
+            .map(|_| ())
     }
 
     /// `block`'s primary and mirror RAID-1 copies.

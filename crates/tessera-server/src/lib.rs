@@ -1146,6 +1146,19 @@ async fn serve(
             blocking(move || store.overflow_invalidate(file, role, offset, len)).await?;
             done
         }
+        StorageRequest::OverflowRepairDamaged {
+            file,
+            role,
+            offset,
+            len,
+            entries,
+        } => {
+            blocking(move || {
+                store.overflow_repair_damaged(file, role, offset, len, &entries, &payload)
+            })
+            .await?;
+            done
+        }
         StorageRequest::OverflowList {
             file,
             role,

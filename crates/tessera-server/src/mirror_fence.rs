@@ -39,6 +39,7 @@ pub(crate) fn held_back_file(request: &StorageRequest) -> Option<FileId> {
         StorageRequest::Write { file, .. }
         | StorageRequest::OverflowWrite { file, .. }
         | StorageRequest::OverflowInvalidate { file, .. }
+        | StorageRequest::OverflowRepairDamaged { file, .. }
         | StorageRequest::Discard { file, .. } => Some(*file),
         _ => None,
     }

@@ -327,6 +327,24 @@ impl OverflowTable {
             .flat_map(|ranges| ranges.iter().map(|(&start, &end)| (start, end)))
     }
 
+    /// The damaged ranges of `role` inside `offset..offset+len`, clipped to it, in order.
+    pub(crate) fn damaged_within(
+        &self,
+        role: OverflowRole,
+        offset: u64,
+        len: u64,
+    ) -> Vec<(u64, u64)> {
+        let end = offset.saturating_add(len);
+        let damaged = &self.damaged[role_index(role)];
+        let before = damaged.range(..offset).next_back();
+        before
+            .into_iter()
+            .chain(damaged.range(offset..end))
+            .map(|(&start, &stop)| (start.max(offset), stop.min(end)))
+            .filter(|(start, stop)| start < stop)
+            .collect()
+    }
+
     /// The first damaged byte of `role` in `offset..offset+len`, if any.
     pub(crate) fn damaged_at(&self, role: OverflowRole, offset: u64, len: u64) -> Option<u64> {
         let end = offset + len;
@@ -536,6 +554,77 @@ impl OverflowFiles {
             offset,
             origin,
         })
+    }
+
+    /// Repairs only the *bad* parts of `role` in `offset..offset+len` (damaged by a log
+    /// record that failed its checksum, or held by an entry whose bytes fail theirs) from
+    /// another copy's entries there (`entries`, their bytes back to back in `bytes`): the
+    /// pieces of entries inside a bad part are appended, then the rest of each bad part is
+    /// invalidated (the other copy holds no entry there). Parts that verify are left as they
+    /// are: entries appended since the damage decide their bytes, and may be newer than the
+    /// other copy's (a write whose copy there is still on the way). Entries go first, so that
+    /// a crash between leaves a part bad, never wrong. Whether anything was logged.
+    pub(crate) fn repair_damaged(
+        &mut self,
+        role: OverflowRole,
+        offset: u64,
+        len: u64,
+        entries: &[OverflowExtent],
+        bytes: &[u8],
+    ) -> Result<Touched, StorageError> {
+        let mut bad = self.table.damaged_within(role, offset, len);
+        bad.extend(self.failing_extents(role, offset, len)?);
+        let bad = merged(bad);
+        let mut touched = Touched::default();
+        let mut at = 0usize;
+        let mut covered = Vec::new();
+        for entry in entries {
+            let entry_end = entry.offset + u64::from(entry.len);
+            let entry_bytes = &bytes[at..at + entry.len as usize];
+            at += entry.len as usize;
+            for &(start, stop) in &bad {
+                let (from, to) = (entry.offset.max(start), entry_end.min(stop));
+                if from < to {
+                    let skip = (from - entry.offset) as usize;
+                    self.append(role, from, &entry_bytes[skip..skip + (to - from) as usize])?;
+                    covered.push((from, to));
+                    touched = Touched {
+                        bytes: true,
+                        log: true,
+                    };
+                }
+            }
+        }
+        for (from, to) in uncovered(&bad, &merged(covered)) {
+            let done = self.invalidate(role, from, to - from)?;
+            touched.bytes |= done.bytes;
+            touched.log |= done.log;
+        }
+        Ok(touched)
+    }
+
+    /// The parts of `role`'s live entries in `offset..offset+len` whose bytes fail their
+    /// checksum.
+    fn failing_extents(
+        &self,
+        role: OverflowRole,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, u64)>, StorageError> {
+        let end = offset.saturating_add(len);
+        let mut failing = Vec::new();
+        for live in self.table.overlapping(role, offset, len) {
+            let Some(piece) = live.clip(offset, end) else {
+                continue;
+            };
+            let mut origin_bytes = vec![0u8; piece.origin.len as usize];
+            read_full_at(&*self.bytes, &mut origin_bytes, piece.origin.position)
+                .map_err(|error| self.disk("read overflow", error))?;
+            if crc32c::crc32c(&origin_bytes) != piece.origin.crc {
+                failing.push((piece.offset, piece.offset + piece.len));
+            }
+        }
+        Ok(failing)
     }
 
     /// Trims entries of `role` away from `offset..offset+len`, logging it if anything was
@@ -871,6 +960,40 @@ fn torn_tail_start(records: &[u8]) -> usize {
         .rposition(|record| record.iter().any(|&byte| byte != 0))
         .map_or(0, |last| last + 1);
     kept * LOG_RECORD_BYTES as usize
+}
+
+/// Ranges as `(start, end)`, sorted and with overlapping or touching ones joined.
+fn merged(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (start, end) in ranges {
+        match out.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => out.push((start, end)),
+        }
+    }
+    out
+}
+
+/// The parts of `ranges` that `covered` (both merged) leaves out.
+fn uncovered(ranges: &[(u64, u64)], covered: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for &(start, end) in ranges {
+        let mut at = start;
+        for &(from, to) in covered {
+            if to <= at || from >= end {
+                continue;
+            }
+            if from > at {
+                out.push((at, from));
+            }
+            at = at.max(to);
+        }
+        if at < end {
+            out.push((at, end));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

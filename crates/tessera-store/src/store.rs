@@ -701,6 +701,38 @@ impl Store {
         })
     }
 
+    /// Repairs the bad parts of `role`'s overflow entries of `file` in `offset..offset+len`
+    /// (those a damaged log record may have changed, and entries whose bytes fail their
+    /// checksum) from the other copy's entries there, `entries` with their bytes back to back
+    /// in `bytes`; every part that verifies stays as it is (see `Overflow::repair_damaged`). Checked against each
+    /// other: the entries lie inside the range, do not overlap, and their lengths sum to
+    /// `bytes`.
+    pub fn overflow_repair_damaged(
+        &self,
+        file: FileId,
+        role: OverflowRole,
+        offset: u64,
+        len: u64,
+        entries: &[tessera_wire::OverflowExtent],
+        bytes: &[u8],
+    ) -> Result<(), StorageError> {
+        check_range(offset, len, FILE_BYTES_MAX)?;
+        check_repair_entries(offset, len, entries, bytes)?;
+        let _unsynced = self.unsynced.hold(&*self.disk)?;
+        self.with_write(file, |state| {
+            let present = self.make_present(file, state)?;
+            if role == OverflowRole::Primary && present.overflow.overlays(offset, len) {
+                let copied = present.preserve(Region::Data, offset, len)?;
+                self.mark_snapshot_dirty(file, copied);
+            }
+            let touched = present
+                .overflow
+                .repair_damaged(role, offset, len, entries, bytes)?;
+            self.mark_overflow_dirty(file, present, touched);
+            Ok(())
+        })
+    }
+
     /// Discards everything `region` of `file` holds from `from` (a multiple of 4 KiB) on,
     /// and for the data file the primary overflow entries from there on: it all reads as
     /// zeros after (a truncation, without writing zeros). Blocks the newest snapshot of the
@@ -1838,4 +1870,37 @@ fn write_state(slot: &FileSlot) -> RwLockWriteGuard<'_, FileState> {
             state
         }
     }
+}
+
+/// [`Store::overflow_repair_damaged`]'s entries: inside `offset..offset+len`, in offset
+/// order without overlapping, each non-empty and at most a request's bytes, their lengths
+/// summing to `bytes`.
+fn check_repair_entries(
+    offset: u64,
+    len: u64,
+    entries: &[tessera_wire::OverflowExtent],
+    bytes: &[u8],
+) -> Result<(), StorageError> {
+    let mut at = offset;
+    let mut total = 0u64;
+    for entry in entries {
+        let end = entry.offset.checked_add(u64::from(entry.len));
+        let inside = end.is_some_and(|end| entry.offset >= at && end <= offset + len);
+        if entry.len == 0 || entry.len > REQUEST_BYTES_MAX || !inside {
+            return Err(bad_request(format!(
+                "overflow repair entry {}+{} is empty, too long, overlaps another or lies \
+                 outside {offset}+{len}",
+                entry.offset, entry.len
+            )));
+        }
+        at = end.expect("checked");
+        total += u64::from(entry.len);
+    }
+    if total != bytes.len() as u64 {
+        return Err(bad_request(format!(
+            "overflow repair entries hold {total} bytes, the payload {}",
+            bytes.len()
+        )));
+    }
+    Ok(())
 }

@@ -462,3 +462,113 @@ fn a_damaged_log_header_is_rewritten_and_costs_nothing() {
         assert_eq!(std::fs::read(&log_path).unwrap()[..12], header[..]);
     }
 }
+
+/// A repair of a damaged log from the other copy touches only what is still damaged: an entry
+/// written after the damage (a write whose other copy may still be on the way) keeps its
+/// bytes, the other copy's entries fill the rest of the damaged range, and where that copy
+/// holds none the range reads the base again. A repair that overlaps or lies outside its
+/// range, or whose entries do not add up to its bytes, is refused and changes nothing.
+#[test]
+fn a_damaged_range_is_repaired_around_entries_written_since() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(populated(dir.path()));
+    let log_path = on_disk(dir.path(), "overflow.log");
+    let log = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&log_path)
+        .unwrap();
+    let mut byte = [0u8];
+    log.read_exact_at(&mut byte, 12 + 36 + 9).unwrap();
+    log.write_all_at(&[byte[0] ^ 0x04], 12 + 36 + 9).unwrap();
+    drop(log);
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(
+        store.overflow_list(FILE, OverflowRole::Primary, 0, 100),
+        damaged_at(0)
+    );
+    // A write lands on the primary after the damage: `W` at 25..35.
+    store
+        .overflow_write(FILE, OverflowRole::Primary, 25, &[b'W'; 10])
+        .unwrap();
+    // The other copy's entries (which the write has not reached): `A` at 10..20, `B` at 20..40.
+    let entries = [extent(10, 10), extent(20, 20)];
+    let mut bytes = vec![b'A'; 10];
+    bytes.extend_from_slice(&[b'B'; 20]);
+    for (bad, payload) in [
+        (vec![extent(20, 20), extent(10, 10)], bytes.clone()),
+        (vec![extent(95, 10)], vec![b'x'; 10]),
+        (entries.to_vec(), bytes[..29].to_vec()),
+    ] {
+        let refused =
+            store.overflow_repair_damaged(FILE, OverflowRole::Primary, 0, 100, &bad, &payload);
+        assert!(
+            matches!(refused, Err(StorageError::BadRequest { .. })),
+            "{bad:?}"
+        );
+    }
+    store
+        .overflow_repair_damaged(FILE, OverflowRole::Primary, 0, 100, &entries, &bytes)
+        .unwrap();
+    let mut expected = vec![b'd'; 100];
+    expected[10..20].fill(b'A');
+    expected[20..40].fill(b'B');
+    expected[25..35].fill(b'W');
+    assert_eq!(
+        store.read(FILE, Region::Data, 0, 100, true).unwrap(),
+        expected
+    );
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(
+        store.read(FILE, Region::Data, 0, 100, true).unwrap(),
+        expected,
+        "the same after a replay of the log"
+    );
+    // Only the primary role was repaired: the mirror's range past its entry written after
+    // the damaged record (`M` at 0..50) is still damaged.
+    assert_eq!(
+        store.overflow_list(FILE, OverflowRole::Mirror, 0, 100),
+        damaged_at(50)
+    );
+}
+
+/// An entry whose bytes fail their checksum is repaired from the other copy the same way, and
+/// only it: the entries beside it that verify keep their bytes.
+#[test]
+fn an_entry_with_failing_bytes_is_repaired_and_only_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = populated(dir.path());
+    // `A` is written first at position 0 of the byte file: flip one of its bytes.
+    drop(store);
+    let bytes_path = on_disk(dir.path(), "overflow");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&bytes_path)
+        .unwrap();
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, 3).unwrap();
+    file.write_all_at(&[byte[0] ^ 0x10], 3).unwrap();
+    drop(file);
+    let store = Store::open(dir.path()).unwrap();
+    assert!(matches!(
+        store.overflow_list(FILE, OverflowRole::Primary, 0, 100),
+        Err(StorageError::Corrupt { .. })
+    ));
+    // The other copy holds `a` where `A` was live (10..20) and `b` over 20..40; only the
+    // failing entry's live part takes the other copy's bytes, `B` stays.
+    let entries = [extent(10, 10), extent(20, 20)];
+    let mut bytes = vec![b'a'; 10];
+    bytes.extend_from_slice(&[b'b'; 20]);
+    store
+        .overflow_repair_damaged(FILE, OverflowRole::Primary, 0, 100, &entries, &bytes)
+        .unwrap();
+    let mut expected = vec![b'd'; 100];
+    expected[10..20].fill(b'a');
+    expected[20..40].fill(b'B');
+    assert_eq!(
+        store.read(FILE, Region::Data, 0, 100, true).unwrap(),
+        expected
+    );
+}

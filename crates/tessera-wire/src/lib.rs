@@ -50,7 +50,8 @@
 //! `StorageRequest::KeptBytes` and `StorageResponse::Kept` (the bytes a store kept at a power
 //! loss, put back by a rebuild with nothing else to go on; an older server refuses it, and
 //! the rebuild then fails as it did before). Version 16 appends the mirror fence of a
-//! scrub's repairs: `StorageRequest::MirrorFence`, `MirrorRelease` and `UnderMirrorFence`.
+//! scrub's repairs: `StorageRequest::MirrorFence`, `MirrorRelease` and `UnderMirrorFence`, and
+//! `OverflowRepairDamaged` (a damaged overflow log repaired only where it is damaged).
 
 mod frame;
 mod handshake;

@@ -432,6 +432,24 @@ pub enum StorageRequest {
         /// The fence's token.
         fence: u64,
     },
+    /// Repairs only the *bad* parts of `role`'s overflow entries of `file` in
+    /// `offset..offset+len` (those a damaged log record may have changed, and entries whose
+    /// bytes fail their checksum) from the other copy's `entries` there, in offset order,
+    /// their bytes back to back in the payload. Every part that verifies stays as it is:
+    /// entries written there since the damage decide those bytes, and may be newer than the
+    /// other copy's (a write whose other copy is still on the way). Protocol version 16.
+    OverflowRepairDamaged {
+        /// File.
+        file: FileId,
+        /// Whose entries are repaired.
+        role: OverflowRole,
+        /// First byte of the range, in the primary column's data file.
+        offset: u64,
+        /// Bytes in the range.
+        len: u64,
+        /// The other copy's entries in the range.
+        entries: Vec<OverflowExtent>,
+    },
     /// `request`, a `Write`, `OverflowWrite` or `OverflowInvalidate`, made under the caller's
     /// fence `fence` of the file it writes: not held back by it, and refused with
     /// [`StorageError::NotFenced`] unless that fence stands (a repair whose fence lapsed
