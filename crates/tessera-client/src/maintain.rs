@@ -133,7 +133,8 @@ impl FileContext {
         // their blocks, and repairs only their damaged parts below (`mirror_repair.rs`).
         let keeps = why == Rewrite::Corrupt;
         for member in layout.members_on_column(stripe, column) {
-            if why == Rewrite::Corrupt && self.repair_racing_writers(client, member).await? {
+            if why == Rewrite::Corrupt && self.repair_racing_writers(client, stripe, member).await?
+            {
                 continue;
             }
             let (slot, bytes) = match member {
@@ -233,24 +234,43 @@ impl FileContext {
             .overflow_list(client, source, other_role, offset, unit)
             .await
             .map_err(|fault| self.second_fault(column, source, fault))?;
+        self.write_entries(client, column, role, offset, entries, None)
+            .await
+    }
+
+    /// Writes `entries` as the overflow entries of `role` at `column` for the unit at
+    /// `offset`: a mirror's are invalidated over the unit first (a primary's were trimmed by
+    /// the data write that rebuilt its unit). Under mirror fence `fence`, if given.
+    pub(crate) async fn write_entries(
+        &self,
+        client: &Client,
+        column: u32,
+        role: OverflowRole,
+        offset: u64,
+        entries: Vec<(tessera_wire::OverflowExtent, Bytes)>,
+        fence: Option<u64>,
+    ) -> Result<(), ClientError> {
         let file = self.meta.id;
+        let fenced = |request| match fence {
+            Some(fence) => crate::mirror_repair::under_fence(fence, request),
+            None => request,
+        };
         if role == OverflowRole::Mirror {
+            let len = self.unit() as u64;
             let invalidate = StorageRequest::OverflowInvalidate {
                 file,
                 role,
                 offset,
-                len: unit,
+                len,
             };
-            self.rpc_or_fail(client, column, invalidate, Bytes::new())
+            self.rpc_or_fail(client, column, fenced(invalidate), Bytes::new())
                 .await?;
         }
         for (entry, bytes) in entries {
-            let request = StorageRequest::OverflowWrite {
-                file,
-                role,
-                offset: entry.offset,
-            };
-            self.rpc_or_fail(client, column, request, bytes).await?;
+            let offset = entry.offset;
+            let write = StorageRequest::OverflowWrite { file, role, offset };
+            self.rpc_or_fail(client, column, fenced(write), bytes)
+                .await?;
         }
         Ok(())
     }
@@ -611,7 +631,7 @@ impl FileContext {
                     }
                 }
                 (Some(_), None) => {
-                    self.repair_corrupt_raid1_mirror(client, block).await?;
+                    self.repair_raid1_mirror(client, stripe, block).await?;
                     report.corrupt_repaired += 1;
                 }
                 (None, None) => {

@@ -83,8 +83,8 @@ impl FileContext {
         result
     }
 
-    /// Makes `block`'s RAID-1 mirror copy its primary copy, if the two differ when read under
-    /// a fence at the mirror; whether they did.
+    /// Makes `block`'s RAID-1 mirror copy its primary copy, if the two differ (or the mirror
+    /// fails its checksum) when read under a fence at the mirror; whether it was rewritten.
     pub(crate) async fn repair_raid1_mirror(
         &self,
         client: &Client,
@@ -94,49 +94,24 @@ impl FileContext {
         let layout = self.layout;
         let (primary, mirror) = self.raid1_copies(block);
         self.with_mirror_fence(client, mirror.column, async |fence| {
-            let mut copies = Vec::new();
-            for slot in [primary, mirror] {
-                let offset = layout.local_offset(slot);
-                let bytes = self
-                    .read_region(client, slot.column, slot.region, offset, self.unit(), false)
-                    .await
-                    .map_err(|fault| self.second_fault(slot.column, slot.column, fault))?;
-                copies.push(bytes);
-            }
-            if copies[0] == copies[1] {
-                return Ok(false);
-            }
-            self.warn_copies_differ(stripe, block, "RAID-1 mirror");
-            let bytes = Bytes::from(copies.swap_remove(0));
-            self.write_unit_under(client, fence, mirror, bytes).await?;
-            Ok(true)
-        })
-        .await
-    }
-
-    /// Rewrites `block`'s corrupt RAID-1 mirror copy from its primary, read under a fence at
-    /// the mirror.
-    pub(crate) async fn repair_corrupt_raid1_mirror(
-        &self,
-        client: &Client,
-        block: u64,
-    ) -> Result<(), ClientError> {
-        let layout = self.layout;
-        let (primary, mirror) = self.raid1_copies(block);
-        self.with_mirror_fence(client, mirror.column, async |fence| {
             let offset = layout.local_offset(primary);
+            let unit = self.unit();
             let bytes = self
-                .read_region_bytes(
-                    client,
-                    primary.column,
-                    Region::Data,
-                    offset,
-                    self.unit(),
-                    false,
-                )
+                .read_region_bytes(client, primary.column, Region::Data, offset, unit, false)
                 .await
                 .map_err(|fault| self.second_fault(mirror.column, primary.column, fault))?;
-            self.write_unit_under(client, fence, mirror, bytes).await
+            let offset = layout.local_offset(mirror);
+            match self
+                .read_region_bytes(client, mirror.column, mirror.region, offset, unit, false)
+                .await
+            {
+                Ok(copy) if copy == bytes => return Ok(false),
+                Ok(_) => self.warn_copies_differ(stripe, block, "RAID-1 mirror"),
+                Err(Fault::Refused(StorageError::Corrupt { .. })) => {}
+                Err(fault) => return Err(self.fault_error(mirror.column, fault)),
+            }
+            self.write_unit_under(client, fence, mirror, bytes).await?;
+            Ok(true)
         })
         .await
     }
@@ -204,6 +179,7 @@ impl FileContext {
     pub(crate) async fn repair_racing_writers(
         &self,
         client: &Client,
+        stripe: u64,
         member: StripeMember,
     ) -> Result<bool, ClientError> {
         match (self.scheme(), member) {
@@ -212,7 +188,7 @@ impl FileContext {
                 Ok(true)
             }
             (Scheme::Raid1, StripeMember::Mirror { block }) => {
-                self.repair_corrupt_raid1_mirror(client, block).await?;
+                self.repair_raid1_mirror(client, stripe, block).await?;
                 Ok(true)
             }
             _ => Ok(false),
@@ -312,28 +288,15 @@ impl FileContext {
                 Err(Fault::Refused(StorageError::Corrupt { .. })) => {}
                 Err(fault) => return Err(self.fault_error(mirror_column, fault)),
             }
-            let file = self.meta.id;
-            let role = OverflowRole::Mirror;
-            let len = self.unit() as u64;
-            let invalidate = StorageRequest::OverflowInvalidate {
-                file,
-                role,
-                offset,
-                len,
-            };
-            self.rpc_or_fail(
+            self.write_entries(
                 client,
                 mirror_column,
-                under_fence(fence, invalidate),
-                Bytes::new(),
+                OverflowRole::Mirror,
+                offset,
+                entries,
+                Some(fence),
             )
             .await?;
-            for (entry, bytes) in entries {
-                let offset = entry.offset;
-                let write = StorageRequest::OverflowWrite { file, role, offset };
-                self.rpc_or_fail(client, mirror_column, under_fence(fence, write), bytes)
-                    .await?;
-            }
             Ok(true)
         })
         .await
