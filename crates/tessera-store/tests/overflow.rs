@@ -572,3 +572,33 @@ fn an_entry_with_failing_bytes_is_repaired_and_only_it() {
         expected
     );
 }
+
+/// A repair at the limits of the offset type is refused, never wrapped around: a range that
+/// ends past the largest file, and an entry whose end overflows `u64`.
+#[test]
+fn a_repair_at_the_offsets_limits_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = populated(dir.path());
+    let before = store.read(FILE, Region::Data, 0, 100, true).unwrap();
+    for (offset, len, entry) in [
+        (u64::MAX - 10, 100, extent(u64::MAX - 5, 10)),
+        (0, 100, extent(u64::MAX - 3, 10)),
+    ] {
+        let refused = store.overflow_repair_damaged(
+            FILE,
+            OverflowRole::Primary,
+            offset,
+            len,
+            &[entry],
+            &[b'x'; 10],
+        );
+        assert!(
+            matches!(refused, Err(StorageError::BadRequest { .. })),
+            "{offset}+{len}: {refused:?}"
+        );
+    }
+    assert_eq!(
+        store.read(FILE, Region::Data, 0, 100, true).unwrap(),
+        before
+    );
+}
