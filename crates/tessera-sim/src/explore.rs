@@ -12,6 +12,10 @@ use tessera_client::{Client, ClientError, File, LayoutRequest, Scheme, Unrebuild
 use tessera_transport::{MemFaults, MemStats};
 use tessera_wire::{ServerId, ServerState};
 
+/// A scrub running beside an operation: its report, or `None` if it was killed.
+type ScrubBeside =
+    tokio::task::JoinHandle<Option<Result<tessera_client::ScrubReport, ClientError>>>;
+
 /// What a run explores.
 #[derive(Debug, Clone)]
 pub struct ExploreConfig {
@@ -43,6 +47,9 @@ pub struct ExploreConfig {
     /// Chance per operation that a scrub of every file, by another client, runs beside it
     /// (its repairs race the operation's writes; its errors under faults are only noted).
     pub scrub_beside: f64,
+    /// Chance that a scrub beside an operation is killed at a random request of the cluster
+    /// (its fences left standing, a repair cut midway).
+    pub scrub_kill: f64,
 }
 
 impl Default for ExploreConfig {
@@ -60,6 +67,7 @@ impl Default for ExploreConfig {
             network: MemFaults::default(),
             degraded_check: true,
             scrub_beside: 0.0,
+            scrub_kill: 0.0,
         }
     }
 }
@@ -95,6 +103,8 @@ pub struct RunReport {
     pub scrubs_beside: u64,
     /// Repairs made by the scrubs beside operations.
     pub scrub_beside_repairs: u64,
+    /// Scrubs beside operations killed midway.
+    pub scrubs_killed: u64,
     /// Stores refused at a restart (a flipped `store.toml`) and started blank.
     pub stores_refused: u64,
     /// Blocks, parity, mirrors and overflow records the final scrub repaired.
@@ -526,10 +536,7 @@ impl Explorer {
         // Drawn only when asked for, so that other configurations replay as before.
         let scrubbing = (self.config.scrub_beside > 0.0
             && self.rng.gen_bool(self.config.scrub_beside))
-        .then(|| {
-            let scrubber = self.cluster.client();
-            tokio::spawn(async move { scrubber.scrub(None).await })
-        });
+        .then(|| self.spawn_scrub(start, step));
         let work = run_op(self.client.clone(), self.files_of(&op), op);
         let outcome = match client_at {
             None => work.await,
@@ -568,22 +575,52 @@ impl Explorer {
         Ok(outcome)
     }
 
+    /// A scrub of every file by a client of its own, beside operation `step`, killed at the
+    /// cluster's `start + k`-th request if `scrub_kill` draws it (the draws are made only when
+    /// it is asked for, so that other configurations replay as before).
+    fn spawn_scrub(&mut self, start: u64, step: usize) -> ScrubBeside {
+        let scrubber = self.cluster.client();
+        let kill_at = (self.config.scrub_kill > 0.0 && self.rng.gen_bool(self.config.scrub_kill))
+            .then(|| self.rng.gen_range(1..=48u64));
+        if let Some(k) = kill_at {
+            self.trace
+                .push(format!("{step}: scrub beside, killed at call {k}"));
+        }
+        let network = self.cluster.network.clone();
+        tokio::spawn(async move {
+            let Some(k) = kill_at else {
+                return Some(scrubber.scrub(None).await);
+            };
+            tokio::select! {
+                biased;
+                _ = network.calls_reached(start + k) => None,
+                report = scrubber.scrub(None) => Some(report),
+            }
+            // The scrubber (its process) is gone here: its connections close.
+        })
+    }
+
     /// Waits for the scrub that ran beside operation `step`; its repairs are counted, its
     /// failures (a server killed under it) noted.
     async fn finish_scrub_beside(
         &mut self,
-        scrubbing: tokio::task::JoinHandle<Result<tessera_client::ScrubReport, ClientError>>,
+        scrubbing: ScrubBeside,
         step: usize,
     ) -> Result<(), Failure> {
         self.report.scrubs_beside += 1;
         match scrubbing.await {
-            Ok(Ok(report)) => {
+            Ok(None) => {
+                self.report.scrubs_killed += 1;
+                self.note(format!("{step}: scrub beside killed"));
+                Ok(())
+            }
+            Ok(Some(Ok(report))) => {
                 self.report.scrub_beside_repairs +=
                     report.corrupt_repaired + report.parity_repaired + report.mirrors_repaired;
                 self.note(format!("{step}: scrub beside: {report:?}"));
                 Ok(())
             }
-            Ok(Err(e)) => {
+            Ok(Some(Err(e))) => {
                 self.note(format!("{step}: scrub beside failed: {e}"));
                 Ok(())
             }
