@@ -46,7 +46,7 @@ use tessera_wire::{FileId, OverflowExtent, StorageError};
 
 use crate::disk::{write_file_synced, Disk, DiskFile, FileHandle};
 use crate::io::{disk, disk_format, read_full_at};
-use crate::seal::Seal;
+use crate::seal::{Seal, SealDue, SealTurn};
 use crate::{FILE_BYTES_MAX, LIST_EXTENTS_MAX, REQUEST_BYTES_MAX};
 
 /// First bytes of an overflow log.
@@ -451,6 +451,8 @@ pub(crate) struct OverflowFiles {
     /// Where the next record goes (0: the header is not written yet).
     log_len: u64,
     table: OverflowTable,
+    /// Seal writes taken by syncs, voided by a shortening of the log (`seal.rs`).
+    seal_turn: SealTurn,
 }
 
 impl OverflowFiles {
@@ -475,6 +477,7 @@ impl OverflowFiles {
             bytes_len,
             log_len,
             table,
+            seal_turn: SealTurn::default(),
         };
         damage.sealed_records_lost = overflow.check_seal()?;
         let mut touched = Touched {
@@ -507,10 +510,10 @@ impl OverflowFiles {
         Ok(true)
     }
 
-    /// Seals the log at its length now, before a sync makes it durable (see
-    /// [`Seal::write`]).
-    pub(crate) fn seal(&self) -> Result<(FileHandle, bool), StorageError> {
-        Seal::of(&self.log_path).write(&*self.disk, self.log_len)
+    /// The seal of the log at its length now, for a sync to write once the log is durable
+    /// (see [`SealTurn::due`]).
+    pub(crate) fn seal(&self) -> Result<(SealDue, bool), StorageError> {
+        (self.seal_turn).due(&*self.disk, &self.log_path, self.log_len)
     }
 
     /// Whether no entry is live and the files hold more than the damaged ranges need.
@@ -800,8 +803,10 @@ impl OverflowFiles {
     fn compact(&mut self) -> Result<(), StorageError> {
         assert!(self.table.is_empty());
         let damaged = self.table.damaged_records();
-        // The seal first: a log longer than its seal is only one not sealed again yet.
-        Seal::of(&self.log_path).write_synced(&*self.disk, log_bytes(damaged.len()))?;
+        // The seal first: a log longer than its seal is only one not sealed again yet. Its
+        // own turn, so that a sync's seal of the longer log is not written after it.
+        let seal = Seal::of(&self.log_path);
+        (self.seal_turn).shorten(|| seal.write_synced(&*self.disk, log_bytes(damaged.len())))?;
         if damaged.is_empty() {
             // Durably, before the bytes go: the log's records must never outlive them.
             self.log

@@ -121,7 +121,7 @@ use tessera_wire::{FileId, StorageError};
 use crate::disk::{Disk, FileHandle};
 use crate::io::disk;
 use crate::region::RegionFile;
-use crate::seal::Seal;
+use crate::seal::{Seal, SealDue, SealTurn};
 use crate::BLOCK_BYTES;
 
 /// Version of the snapshot journal and copy files.
@@ -287,6 +287,8 @@ pub(crate) struct Snapshots {
     files: BTreeMap<(u64, u8), RegionFile>,
     /// Which snapshot reads records lost or damaged make this server refuse.
     damage: Damage,
+    /// Seal writes taken by syncs, voided by a rewrite of the journal (`seal.rs`).
+    seal_turn: SealTurn,
 }
 
 /// Which snapshots of a file records lost from its journal may have been about.
@@ -377,6 +379,7 @@ impl Snapshots {
             copied_at_begun: Default::default(),
             files: BTreeMap::new(),
             damage: Damage::default(),
+            seal_turn: SealTurn::default(),
         };
         let path = dir.join(JOURNAL_NAME);
         let journal = match snapshots.disk.open_existing(&path) {
@@ -471,14 +474,16 @@ impl Snapshots {
         self.append_synced(Record::Damaged { below: u64::MAX })
     }
 
-    /// Seals the journal at its length now, before a sync makes it durable (see
-    /// [`Seal::write`]); `None` if there is no journal.
-    pub(crate) fn seal(&self) -> Result<Option<(FileHandle, bool)>, StorageError> {
+    /// The seal of the journal at its length now, for a sync to write once the journal is
+    /// durable (see [`SealTurn::due`]); `None` if there is no journal.
+    pub(crate) fn seal(&self) -> Result<Option<(SealDue, bool)>, StorageError> {
         if self.journal.is_none() {
             return Ok(None);
         }
-        let seal = Seal::of(&self.dir.join(JOURNAL_NAME));
-        seal.write(&*self.disk, self.journal_end).map(Some)
+        let journal = self.dir.join(JOURNAL_NAME);
+        (self.seal_turn)
+            .due(&*self.disk, &journal, self.journal_end)
+            .map(Some)
     }
 
     fn apply(&mut self, record: Record) {
@@ -881,7 +886,9 @@ impl Snapshots {
         }
         let path = self.dir.join(JOURNAL_NAME);
         // The seal first: a journal longer than its seal is only one not sealed again yet.
-        Seal::of(&path).write_synced(&*self.disk, bytes.len() as u64)?;
+        // Its own turn, so that a sync's seal of the longer journal is not written after it.
+        let seal = Seal::of(&path);
+        (self.seal_turn).shorten(|| seal.write_synced(&*self.disk, bytes.len() as u64))?;
         let aside = self.dir.join(format!("{JOURNAL_NAME}.new"));
         let fail = |what: &str, error| disk(format_args!("{what} {}", aside.display()), error);
         crate::disk::write_file_synced(&*self.disk, &aside, &bytes)

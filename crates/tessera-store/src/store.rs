@@ -21,6 +21,7 @@ use crate::overflow::{OverflowFiles, Touched};
 use crate::record::{self, FileRecord, RecordError, RecordPage};
 use crate::region::{CutMark, RegionFile, CRC_ENTRY_BYTES};
 use crate::roster::ROSTER_NAME;
+use crate::seal::SealDue;
 use crate::snapshot::{Snapshots, Written, JOURNAL_NAME};
 use crate::stale::{StaleRecords, StaleState, STALE_DIR};
 use crate::tombstone::Tombstones;
@@ -186,10 +187,10 @@ fn newest(
 #[derive(Default)]
 struct Dirty {
     files: HashMap<(FileId, FileKind), FileHandle>,
-    /// Seals of overflow logs (`false`) and snapshot journals (`true`), written by the sync
-    /// that syncs them (never owed past it: the next sync of a log that failed writes its
-    /// seal again).
-    seals: HashMap<(FileId, bool), FileHandle>,
+    /// Seals of overflow logs (`false`) and snapshot journals (`true`), taken when the sync
+    /// starts and written once the logs are durable (never owed past it: the next sync of a
+    /// log that failed takes its seal again).
+    seals: HashMap<(FileId, bool), SealDue>,
     /// Snapshot journals and copy files, by file and name.
     snapshot_files: HashMap<(FileId, String), FileHandle>,
     /// Intent records written since and not deleted, by path (taken from
@@ -1098,7 +1099,7 @@ impl Store {
             // The record's new bytes in the same batch as the files the sync owes.
             let record_new = (staged.as_ref())
                 .map(|staged| (staged.handle(), format!("the record of file {}", meta.id)));
-            sync_owed_files(&owed, record_new)?;
+            sync_owed_files(&*self.disk, &owed, record_new)?;
             let Some(staged) = staged else {
                 return Ok(false);
             };
@@ -1144,9 +1145,9 @@ impl Store {
         matches!(self.disk.kind(&self.root.join("unsynced")), Ok(Some(_)))
     }
 
-    /// Seals each overflow log and snapshot journal `owed` syncs at its length (`seal.rs`),
-    /// under the file's lock so that no shortening of the log comes between, and adds the
-    /// seals to `owed`.
+    /// Takes the seal of each overflow log and snapshot journal `owed` syncs at its length
+    /// (`seal.rs`), under the file's lock, and adds them to `owed`, to be written once the
+    /// logs are durable.
     fn seal_logs(&self, owed: &mut Dirty) -> Result<(), StorageError> {
         let overflow_logs = (owed.files.keys())
             .filter(|(_, kind)| *kind == FileKind::OverflowLog)
@@ -1559,14 +1560,18 @@ impl Store {
 
 /// Syncs what a sync owes: files first, then the directories that name them.
 fn sync_owed(disk: &dyn Disk, owed: &Dirty) -> Result<(), StorageError> {
-    sync_owed_files(owed, None)?;
+    sync_owed_files(disk, owed, None)?;
     sync_owed_dirs(disk, owed, None)
 }
 
 /// The file part of [`sync_owed`]: snapshot copies, then written files (and `also`, a
 /// record's new bytes), then seals, each group's `fdatasync`s issued at once (see
 /// [`sync_at_once`]).
-fn sync_owed_files(owed: &Dirty, also: Option<(&FileHandle, String)>) -> Result<(), StorageError> {
+fn sync_owed_files(
+    disk: &dyn Disk,
+    owed: &Dirty,
+    also: Option<(&FileHandle, String)>,
+) -> Result<(), StorageError> {
     // Snapshot copies first: they must be durable no later than the writes they preceded.
     let copies = (owed.snapshot_files.iter())
         .map(|((file, name), handle)| (handle, format!("{name} of file {file}")));
@@ -1577,10 +1582,20 @@ fn sync_owed_files(owed: &Dirty, also: Option<(&FileHandle, String)>) -> Result<
         .chain(&owed.stale_records)
         .map(|(path, handle)| (handle, format!("record {}", path.display())));
     sync_at_once(files.chain(records).chain(also).collect())?;
-    // Seals last: a seal durable before its log would make the log look cut short.
-    let seals = (owed.seals.iter())
-        .map(|((file, _), handle)| (handle, format!("a log's seal of file {file}")));
-    sync_at_once(seals.collect())
+    // Seals written only now and synced last: a seal on the disk before its log's records
+    // would make the log look cut short (`seal.rs`).
+    let mut seals = Vec::with_capacity(owed.seals.len());
+    for ((file, _), due) in &owed.seals {
+        if let Some(handle) = due.write(disk)? {
+            seals.push((handle, format!("a log's seal of file {file}")));
+        }
+    }
+    sync_at_once(
+        seals
+            .iter()
+            .map(|(handle, what)| (handle, what.clone()))
+            .collect(),
+    )
 }
 
 /// Threads a sync issues its file syncs from, at most.

@@ -552,3 +552,95 @@ fn a_power_loss_at_each_step_of_a_renewal_keeps_every_synced_file() {
     assert!(changes > 5, "the renewal made only {changes} changes");
     eprintln!("a power loss at each of {changes} changes of the renewal");
 }
+
+/// A power loss at every step of a repair of an overflow entry whose bytes fail their checksum
+/// (the mirror's entry appended over the part it covers, the rest of the bad entry invalidated,
+/// then a sync; each write not synced then kept, dropped or torn): after the restart each
+/// part reads as the repair left it or as *corrupt*,
+/// never as anything else (the part the mirror lacks reads the base bytes once invalidated,
+/// whatever became of the append beside it); the entry beside, synced before, reads exactly; once the repair and the sync after it
+/// were answered, all of it reads repaired.
+#[test]
+fn a_power_loss_at_each_step_of_an_overflow_repair_never_exposes_the_bytes_under_it() {
+    let (mut outcomes, mut renewals) = ([0u64; 3], 0);
+    for (changes, seed) in (0..).flat_map(|changes| (0..16).map(move |seed| (changes, seed))) {
+        let (disk, root, store) = store_with_overflow_entries();
+        // `A` went first into the entries' byte file: one of its bits flips.
+        let bytes_file = root.join("files").join(FILE.to_string()).join("overflow");
+        assert!(disk.flip_bit_at(&bytes_file, 3, 5));
+        assert!(store.read(FILE, Region::Data, 10, 20, true).is_err());
+        disk.lose_power_after(changes);
+        // The mirror holds `R` over 10..20 only: 20..30 goes back to the base bytes.
+        let entry = [tessera_store::OverflowExtent {
+            offset: 10,
+            len: 10,
+        }];
+        let answered = store
+            .overflow_repair_damaged(FILE, OverflowRole::Primary, 0, 100, &entry, &[b'R'; 10])
+            .is_ok()
+            && store.sync().is_ok();
+        assert!(answered || disk.power_lost(), "{changes} changes");
+        let incarnation = store.incarnation();
+        drop(store);
+        disk.power_loss(seed);
+        let changes = format!("{changes} changes, seed {seed}");
+        // The store comes back as a server's does: renewed if the repair's writes were not
+        // synced, its bytes then put back (what a rebuild asks of it first).
+        let after = Store::open_on(disk.snapshot().shared(), root).unwrap();
+        if after.incarnation() != incarnation {
+            assert!(!answered, "{changes}: answered and synced, renewed");
+            assert!(after.kept_bytes(FILE, KeptAction::Restore).unwrap());
+            renewals += 1;
+        }
+        let part = |offset: u64, want: u8| match after.read(FILE, Region::Data, offset, 10, true) {
+            Ok(bytes) => {
+                assert_eq!(bytes, vec![want; 10], "{changes} changes: at {offset}");
+                true
+            }
+            Err(StorageError::Corrupt { .. }) => false,
+            Err(error) => panic!("{changes} changes: {error}"),
+        };
+        let (appended, invalidated) = (part(10, b'R'), part(20, b'd'));
+        assert!(
+            !answered || (appended && invalidated),
+            "{changes} changes: answered"
+        );
+        let mut beside = vec![b'd'; 30];
+        beside[10..30].fill(b'B');
+        assert_eq!(
+            after.read(FILE, Region::Data, 30, 30, true).unwrap(),
+            beside,
+            "{changes} changes: the entry beside"
+        );
+        outcomes[usize::from(appended) + usize::from(invalidated)] += 1;
+        if answered {
+            break;
+        }
+    }
+    eprintln!(
+        "power losses walked: (parts repaired: none, one, both) = {outcomes:?}, {renewals} \
+         stores renewed"
+    );
+    assert!(
+        outcomes[0] > 0 && outcomes[2] > 0 && renewals > 0,
+        "outcomes: {outcomes:?}"
+    );
+}
+
+/// A synced store whose file has base bytes `d` x 100 and primary overflow entries `A` at
+/// 10..30 and `B` at 40..60.
+fn store_with_overflow_entries() -> (MemDisk, &'static Path, Store) {
+    let disk = MemDisk::new();
+    let root = Path::new("/store");
+    let store = Store::open_on(disk.shared(), root).unwrap();
+    store
+        .write(FILE, Region::Data, 0, &[b'd'; 100], false)
+        .unwrap();
+    for (offset, byte) in [(10, b'A'), (40, b'B')] {
+        store
+            .overflow_write(FILE, OverflowRole::Primary, offset, &[byte; 20])
+            .unwrap();
+    }
+    store.sync().unwrap();
+    (disk, root, store)
+}
