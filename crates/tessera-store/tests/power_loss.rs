@@ -158,6 +158,19 @@ fn one_run(seed: u64, counts: &mut [u64; 5]) {
             mark_on = false;
         }
     }
+    // Half the runs lose power in the middle of a last sync, at any of its steps. A seal
+    // written before its log was synced once made this lose synced overflow entries.
+    let mut mark_unknown = false;
+    if rng.gen_bool(0.5) {
+        disk.lose_power_after(rng.gen_range(0..16));
+        if store.sync_keeping_mark().is_ok() {
+            model.sync();
+            (overflow_unsynced, unsynced) = (false, false);
+            // Cut in the mark's removal, the mark may be there or not.
+            mark_unknown = store.clear_unsynced_mark().is_err() && mark_on;
+            mark_on &= mark_unknown;
+        }
+    }
     let incarnation = store.incarnation();
     drop(store);
     let lost = disk.power_loss(seed);
@@ -170,8 +183,8 @@ fn one_run(seed: u64, counts: &mut [u64; 5]) {
         renews || !unsynced,
         "seed {seed}: answered writes not synced, same incarnation"
     );
-    assert_eq!(
-        renews, mark_on,
+    assert!(
+        renews == mark_on || mark_unknown,
         "seed {seed}: a new incarnation iff writes were answered since the mark's last removal"
     );
     if unsynced {
