@@ -1,8 +1,9 @@
 //! The datagram transport: `tessera-datagram`'s protocol core driven over a real UDP socket.
 //!
 //! One I/O thread per endpoint owns the socket and the [`Endpoint`]. It sends and receives in
-//! batches (`sendmmsg`/`recvmmsg`, dozens of datagrams per system call; a window of DATA
-//! packets to one peer as one UDP GSO message) and sleeps in `ppoll` with a microsecond timeout
+//! batches (`sendmmsg`/`recvmmsg`, dozens of datagrams per system call; a batch grouped by
+//! peer, each peer's DATA packets as one UDP GSO message; a GSO message from a peer taken whole
+//! with `UDP_GRO` and split into its datagrams) and sleeps in `ppoll` with a microsecond timeout
 //! and a 1 µs timer slack, because a tokio timer alone has millisecond granularity and the
 //! protocol's retransmission timeouts are a few hundred microseconds. Async callers talk to
 //! the thread through a command queue and an eventfd that wakes it.
@@ -44,8 +45,12 @@ use tessera_datagram::{
 use tessera_wire::{Frame, FrameHeader, FrameKind};
 use tokio::sync::oneshot;
 
-/// Datagrams sent or received per system call at most.
+/// Datagrams received per system call at most.
 const BATCH_DATAGRAMS_MAX: usize = 32;
+/// Datagrams sent per system call at most: the endpoint hands out packets one session at a
+/// time in turn, and a batch is grouped by peer before it goes, so that each peer's packets
+/// leave as one GSO run; a larger batch makes longer runs when many sessions send at once.
+const SEND_BATCH_DATAGRAMS_MAX: usize = 128;
 /// Socket buffers: room for bursts from many peers.
 const SOCKET_BUFFER_BYTES: usize = 8 << 20;
 /// Commands handled per loop turn, so I/O is never starved by a flood of calls.
@@ -649,6 +654,7 @@ fn spawn_driver(
     // a while still hands the endpoint true arrival times (for its round-trip samples).
     // Without it (an error is not fatal) the time of reading stands in.
     enable_receive_timestamps(socket.as_raw_fd());
+    enable_receive_gro(socket.as_raw_fd());
     let waker = Arc::new(Waker::new()?);
     let (commands, inbox) = mpsc::channel();
     let mailbox = Mailbox {
@@ -1134,7 +1140,7 @@ impl Driver {
     fn transmit(&mut self) {
         let now = self.now();
         loop {
-            while self.unsent.len() < BATCH_DATAGRAMS_MAX {
+            while self.unsent.len() < SEND_BATCH_DATAGRAMS_MAX {
                 match self.endpoint.poll_transmit(now) {
                     Some(t) => self.unsent.push(t),
                     None => break,
@@ -1143,6 +1149,7 @@ impl Driver {
             if self.unsent.is_empty() {
                 return;
             }
+            group_by_peer(&mut self.unsent);
             match self.sending.send(self.socket.as_raw_fd(), &self.unsent) {
                 Ok(0) => return,
                 Ok(n) => {
@@ -1227,6 +1234,15 @@ impl Driver {
             }
         }
     }
+}
+
+/// Orders a batch by peer, keeping each peer's datagrams in their order (a stable sort). The
+/// endpoint takes its sessions in turn, a packet each, so a client writing to five servers
+/// handed out a batch whose every GSO run was one datagram long; grouped, each peer's run
+/// leaves as one. Measured with a 1,500-byte MTU, a 512 MiB RAID-0 put over 5 servers: 1.3
+/// socket buffers per data packet on the way, 148 MB/s before, 560 after.
+fn group_by_peer(batch: &mut [Transmit]) {
+    batch.sort_by_key(|transmit| transmit.destination);
 }
 
 /// The largest UDP payload the route to `addr` carries without IP fragmentation: the route's
@@ -1384,7 +1400,7 @@ impl Default for SendBatch {
 impl SendBatch {
     /// `sendmmsg` of up to a batch of datagrams; returns how many the kernel took.
     fn send(&mut self, fd: RawFd, batch: &[Transmit]) -> std::io::Result<usize> {
-        let n = batch.len().min(BATCH_DATAGRAMS_MAX);
+        let n = batch.len().min(SEND_BATCH_DATAGRAMS_MAX);
         match self.send_grouped(fd, &batch[..n]) {
             Err(e) if self.gso && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
                 // No offload here (e.g. a device without checksum offload): one by one.
@@ -1525,6 +1541,50 @@ fn enable_receive_timestamps(fd: RawFd) {
     }
 }
 
+/// `UDP_GRO` (linux/udp.h): the socket option that takes coalesced datagrams whole, and the
+/// control message that gives their segment size.
+const UDP_GRO: libc::c_int = 104;
+
+/// Asks the kernel to hand over a run of datagrams from one sender as one (`UDP_GRO`): a UDP
+/// GSO send over loopback then arrives as it was sent, one buffer of up to 64 segments read
+/// in one step, where the kernel otherwise cut it into one socket buffer per datagram and
+/// copied each out apart. Each segment is still its own datagram to the endpoint
+/// ([`ReceiveBatch::receive`] splits them). Without the option (an older kernel) nothing
+/// changes.
+fn enable_receive_gro(fd: RawFd) {
+    let on: libc::c_int = 1;
+    // SAFETY: a valid socket and a c_int option value that lives across the call.
+    let done = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_UDP,
+            UDP_GRO,
+            &on as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if done != 0 {
+        tracing::debug!("UDP_GRO: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// The segment size of a coalesced read (`UDP_GRO` control message), if it is one.
+fn gro_segment_bytes(header: &libc::msghdr) -> Option<usize> {
+    // SAFETY: the header's control buffer was filled by recvmmsg; the CMSG macros walk it
+    // within `msg_controllen`.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(header);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_UDP && (*cmsg).cmsg_type == UDP_GRO {
+                let size = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const libc::c_int);
+                return usize::try_from(size).ok().filter(|&size| size > 0);
+            }
+            cmsg = libc::CMSG_NXTHDR(header, cmsg);
+        }
+    }
+    None
+}
+
 /// One datagram [`ReceiveBatch::receive`] read.
 struct Received {
     /// Its bytes: the front of a receive buffer, split off it.
@@ -1534,7 +1594,8 @@ struct Received {
     arrived: Option<std::time::SystemTime>,
 }
 
-/// Control-message room per datagram: one `SCM_TIMESTAMPNS` (a `timespec`) with its header.
+/// Control-message room per read: one `SCM_TIMESTAMPNS` (a `timespec`) and one `UDP_GRO` (a
+/// `c_int`), each with its header (32 + 24 bytes on 64-bit Linux).
 const CONTROL_BYTES: usize = 64;
 
 /// The `SCM_TIMESTAMPNS` timestamp among a received message's control messages.
@@ -1647,11 +1708,21 @@ impl ReceiveBatch {
                 // SAFETY: the kernel wrote `len` bytes (not truncated) at the buffer's start,
                 // within the spare room reserved above.
                 unsafe { buffer.set_len(len) };
-                self.received.push(Received {
-                    datagram: buffer.split().freeze(),
-                    from,
-                    arrived: receive_timestamp(&header.msg_hdr),
-                });
+                let bytes = buffer.split().freeze();
+                let arrived = receive_timestamp(&header.msg_hdr);
+                // A coalesced read is a run of datagrams of one size (the last may be
+                // shorter): each goes on as its own, a slice of the buffer.
+                let segment = gro_segment_bytes(&header.msg_hdr).unwrap_or(len).max(1);
+                let mut at = 0;
+                while at < len {
+                    let end = (at + segment).min(len);
+                    self.received.push(Received {
+                        datagram: bytes.slice(at..end),
+                        from,
+                        arrived,
+                    });
+                    at = end;
+                }
             }
         }
         Ok(got as usize)
@@ -1719,5 +1790,75 @@ mod tests {
         );
         assert_eq!(counts.iter().sum::<usize>(), 100);
         assert_eq!(counts[0], GSO_BYTES_MAX / 8972);
+    }
+
+    /// A GSO send of ten 1,000-byte datagrams and a 300-byte last one over loopback arrives as
+    /// eleven datagrams with their exact bytes, whether the receiving socket takes coalesced
+    /// reads (`UDP_GRO`: one read, split by its segment size) or not (eleven reads).
+    #[test]
+    fn a_coalesced_read_is_split_into_the_datagrams_sent() {
+        let bytes: Vec<u8> = (0..10_300u32).map(|i| (i * 7 % 251) as u8).collect();
+        for gro in [true, false] {
+            let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
+            receiver.set_nonblocking(true).unwrap();
+            if gro {
+                enable_receive_gro(receiver.as_raw_fd());
+            }
+            let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let segment: libc::c_int = 1000;
+            // SAFETY: a valid socket and a c_int option value that lives across the call.
+            let set = unsafe {
+                libc::setsockopt(
+                    sender.as_raw_fd(),
+                    libc::SOL_UDP,
+                    UDP_SEGMENT,
+                    &segment as *const libc::c_int as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(set, 0, "UDP_SEGMENT: {}", std::io::Error::last_os_error());
+            sender
+                .send_to(&bytes, receiver.local_addr().unwrap())
+                .unwrap();
+            let mut batch = ReceiveBatch::new(DATAGRAM_BYTES_MAX);
+            let mut datagrams = Vec::new();
+            let (mut reads, started) = (0, Instant::now());
+            while datagrams.len() < 11 && started.elapsed() < Duration::from_secs(5) {
+                match batch.receive(receiver.as_raw_fd()) {
+                    Ok(got) => reads += got,
+                    Err(error) => assert_eq!(error.kind(), std::io::ErrorKind::WouldBlock),
+                }
+                datagrams.extend(batch.received.drain(..).map(|r| r.datagram));
+            }
+            let expected: Vec<&[u8]> = bytes.chunks(1000).collect();
+            assert_eq!(datagrams.len(), 11, "gro {gro}");
+            for (got, want) in datagrams.iter().zip(&expected) {
+                assert_eq!(&got[..], *want, "gro {gro}");
+            }
+            assert_eq!(reads, if gro { 1 } else { 11 }, "gro {gro}: reads");
+        }
+    }
+
+    /// A batch that takes three peers in turn is grouped into one GSO run per peer, each
+    /// peer's datagrams in the order the endpoint gave them.
+    #[test]
+    fn a_batch_taking_peers_in_turn_is_grouped_by_peer_in_order() {
+        let mut batch: Vec<Transmit> = (0..12u8)
+            .map(|i| {
+                let mut transmit = datagram(1 + u16::from(i % 3), 1472);
+                transmit.header[0] = i;
+                transmit
+            })
+            .collect();
+        assert_eq!(runs(&batch), vec![1; 12]);
+        group_by_peer(&mut batch);
+        assert_eq!(runs(&batch), vec![4, 4, 4]);
+        let order: Vec<(u16, u8)> = (batch.iter())
+            .map(|t| (t.destination.port(), t.header[0]))
+            .collect();
+        let expected: Vec<(u16, u8)> = (0..3u8)
+            .flat_map(|peer| (0..4u8).map(move |k| (1 + u16::from(peer), peer + 3 * k)))
+            .collect();
+        assert_eq!(order, expected);
     }
 }
