@@ -947,13 +947,15 @@ impl Driver {
         }
     }
 
-    /// Payload bytes per datagram toward `addr`: its path MTU less the IP and UDP headers.
+    /// Payload bytes per datagram toward `addr`: its path MTU less the IP and UDP headers,
+    /// at most the configured cap.
     fn payload_bytes_for(&mut self, addr: SocketAddr) -> usize {
-        let fallback = self.endpoint.config().payload_bytes_max;
-        *self
-            .datagram_bytes
-            .entry(addr.ip())
-            .or_insert_with(|| path_payload_bytes(addr).unwrap_or(fallback))
+        let config = self.endpoint.config();
+        let (fallback, cap) = (config.payload_bytes_max, config.path_datagram_bytes_max);
+        *self.datagram_bytes.entry(addr.ip()).or_insert_with(|| {
+            let path = path_payload_bytes(addr).unwrap_or(fallback);
+            cap.map_or(path, |cap| path.min(cap))
+        })
     }
 
     fn forget_session(&mut self, session: SessionId) {

@@ -52,6 +52,9 @@ pub struct ClusterFile {
     /// Fixed datagram window the servers use, if any.
     #[serde(default)]
     pub window: Option<u32>,
+    /// The largest datagram the servers send (`--datagram-bytes`), if capped.
+    #[serde(default)]
+    pub datagram_bytes: Option<usize>,
     /// Since version 2: the cluster secret's file (mode 0600), which the daemons and the
     /// admin's commands use.
     #[serde(default)]
@@ -300,6 +303,7 @@ impl LocalCluster {
         config: &Config,
     ) -> Result<LocalCluster> {
         let (transport, window) = (config.transport.unwrap_or_default(), config.window);
+        let datagram_bytes = config.datagram_bytes;
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let dir = dir
             .canonicalize()
@@ -352,6 +356,7 @@ impl LocalCluster {
                 servers: Vec::new(),
                 transport: transport.name().into(),
                 window,
+                datagram_bytes,
                 managers: (replicas.iter().enumerate())
                     .filter(|&(index, _)| !removed_replicas.contains(&(index as u16 + 1)))
                     .map(|(_, r)| r.addr.clone())
@@ -780,6 +785,9 @@ impl LocalCluster {
             let mut args = args;
             if let Some(window) = self.file.window {
                 args.extend(["--window".into(), window.to_string()]);
+            }
+            if let Some(bytes) = self.file.datagram_bytes {
+                args.extend(["--datagram-bytes".into(), bytes.to_string()]);
             }
             args.extend(metrics_args(self.metrics_of(&format!("server-{id}"))));
             let pid = spawn_daemon(&args, &dir.with_extension("log"))?;

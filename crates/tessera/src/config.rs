@@ -17,6 +17,8 @@ pub struct Config {
     pub window: Option<u32>,
     /// `--receive-budget`, if given (0: receiver-driven grants off).
     pub receive_budget: Option<u32>,
+    /// `--datagram-bytes`: the largest datagram toward any peer, if given.
+    pub datagram_bytes: Option<usize>,
     /// `--key KEYID:SECRET`, if given.
     pub key: Option<String>,
     /// `--secret FILE`, if given.
@@ -43,12 +45,13 @@ impl Config {
         }
     }
 
-    /// The datagram protocol's settings of a server: the window choice.
+    /// The datagram protocol's settings of a server: the window choice and the datagram cap.
     pub fn server_datagram(&self) -> DatagramConfig {
         let mut config = DatagramConfig::default();
         if let Some(n) = self.window {
             config.congestion = CongestionKind::Fixed(n);
         }
+        config.path_datagram_bytes_max = self.datagram_bytes;
         config
     }
 
@@ -107,11 +110,14 @@ mod tests {
             transport: Some(TransportKind::Tcp),
             window: Some(4),
             receive_budget: Some(7),
+            datagram_bytes: Some(1472),
             ..Config::default()
         };
         let client = config.client(Some(TransportKind::Udp), credential(), None);
         assert_eq!(client.transport, TransportKind::Tcp);
         assert_eq!(client.datagram.receive_budget_packets, Some(7));
+        assert_eq!(client.datagram.path_datagram_bytes_max, Some(1472));
+        assert_eq!(config.server_datagram().path_datagram_bytes_max, Some(1472));
         assert!(matches!(
             client.datagram.congestion,
             CongestionKind::Fixed(4)

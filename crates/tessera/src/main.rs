@@ -56,6 +56,12 @@ struct Cli {
     /// bandwidth-delay product); 0 turns receiver-driven grants off [default: 20]
     #[arg(long, global = true, env = "TESSERA_RECEIVE_BUDGET")]
     receive_budget: Option<u32>,
+    /// Datagram transport: the largest datagram sent to any peer, in bytes (1200 to 65507),
+    /// below what the path carries; `up` and `bench` give it to their servers too. 1472 on
+    /// loopback measures an Ethernet LAN's per-packet costs on one host [default: the
+    /// path's MTU]
+    #[arg(long, global = true, env = "TESSERA_DATAGRAM_BYTES")]
+    datagram_bytes: Option<usize>,
     /// Client access key, KEYID:SECRET (from `tessera key create`) [default: the local
     /// cluster's]
     #[arg(long, global = true, env = "TESSERA_KEY", hide_env_values = true)]
@@ -701,6 +707,10 @@ fn one_line(e: &anyhow::Error) -> String {
     out.replace('\n', " ")
 }
 
+/// `--datagram-bytes` bounds: QUIC's smallest datagram, and the largest UDP payload over IPv4.
+const DATAGRAM_BYTES_MIN: usize = 1200;
+const DATAGRAM_BYTES_MAX: usize = 65_507;
+
 async fn run(cli: Cli) -> Result<()> {
     let transport = cli
         .transport
@@ -711,12 +721,20 @@ async fn run(cli: Cli) -> Result<()> {
     if cli.window == Some(0) {
         anyhow::bail!("--window must be at least 1");
     }
+    if let Some(bytes) = cli.datagram_bytes {
+        if !(DATAGRAM_BYTES_MIN..=DATAGRAM_BYTES_MAX).contains(&bytes) {
+            anyhow::bail!(
+                "--datagram-bytes must be {DATAGRAM_BYTES_MIN} to {DATAGRAM_BYTES_MAX}, not {bytes}"
+            );
+        }
+    }
     // Every global flag goes into this one value, handed to whatever needs it.
     let config = config::Config {
         cluster: cli.cluster,
         transport,
         window: cli.window,
         receive_budget: cli.receive_budget,
+        datagram_bytes: cli.datagram_bytes,
         key: cli.key,
         secret: cli.secret,
         radon_link_bytes_per_s: None,
