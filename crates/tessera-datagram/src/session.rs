@@ -88,6 +88,9 @@ struct Expectation {
     packets: u64,
     /// Whether the application said its size (`packets` is then what it takes).
     sized: bool,
+    /// The size the application said, to count `packets` again if the peer's datagrams
+    /// turn out to be of another size than assumed.
+    bytes: Option<usize>,
 }
 
 /// Packets assumed for an expected message whose size the application did not say: one at a
@@ -559,6 +562,7 @@ impl Session {
             ticket,
             packets,
             sized: bytes.is_some(),
+            bytes,
         });
     }
 
@@ -1627,8 +1631,21 @@ impl Session {
         }
         self.recv_next += 1;
         self.echo = packet.timestamp;
-        if !packet.last {
-            // Every fragment but a message's last is as large as the peer sends.
+        // A message's middle fragments are as large as the peer sends (its first may be
+        // shorter, holding the seam of head and body; its last is the rest). If the size
+        // assumed until now (this end's own, at first) was wrong, so were the packet counts
+        // of the answers expected. Kept as the largest seen, a client whose path carried
+        // 64 KiB datagrams expected one packet for a server's 45 of 1,472 bytes, and was
+        // granted the rest a few at a time.
+        let full_size = !packet.first && !packet.last;
+        if full_size && payload_len != self.peer_fragment_bytes {
+            self.peer_fragment_bytes = payload_len;
+            for expectation in &mut self.expected {
+                if let Some(bytes) = expectation.bytes {
+                    expectation.packets = bytes.div_ceil(payload_len).max(1) as u64;
+                }
+            }
+        } else if packet.first && !packet.last {
             self.peer_fragment_bytes = self.peer_fragment_bytes.max(payload_len);
         }
         if !self.expected.is_empty() {

@@ -2993,3 +2993,79 @@ fn messages_with_caller_made_payload_hashes_arrive_authentic() {
     assert_eq!(received, sent);
     assert_eq!(sim.endpoint_ref(server).stats().dropped_unauthentic, 0);
 }
+
+/// Virtual time for a client with a receive budget of 20 packets, whose own path carries
+/// `client_payload` bytes per datagram, to read eight 1 MiB answers one after another from a
+/// server that sends 1,472-byte datagrams.
+fn budgeted_reads_us(client_payload: usize) -> Micros {
+    let mut sim = Sim::new(77);
+    let (client, server) = (addr(1), addr(2));
+    sim.add_endpoint(
+        client,
+        Config {
+            receive_budget_packets: Some(20),
+            ..Config::default()
+        },
+    );
+    sim.add_endpoint(server, Config::default());
+    let session = sim.endpoint(client).connect_with(server, client_payload, 0);
+    let answer_bytes = 1 << 20;
+    let answer = Bytes::from(vec![3u8; answer_bytes]);
+    let ask = |sim: &mut Sim| {
+        let now = sim.now();
+        (sim.endpoint(client))
+            .request(
+                session,
+                Bytes::from_static(b"read"),
+                Some(answer_bytes),
+                now,
+            )
+            .unwrap();
+    };
+    ask(&mut sim);
+    let mut answers = 0;
+    sim.run_until(60_000_000, |sim| {
+        while let Some(event) = sim.endpoint(server).poll_event() {
+            match event {
+                Event::Opened { session, .. } => {
+                    sim.endpoint(server).set_payload_bytes(session, 1_472)
+                }
+                Event::Message { session, .. } => {
+                    let now = sim.now();
+                    (sim.endpoint(server))
+                        .send(session, answer.clone(), now)
+                        .unwrap();
+                }
+                Event::Lost { .. } => panic!("session lost"),
+            }
+        }
+        while let Some(event) = sim.endpoint(client).poll_event() {
+            if let Event::Message { message, .. } = event {
+                assert_eq!(message.len(), answer_bytes);
+                answers += 1;
+                if answers < 8 {
+                    ask(sim);
+                }
+            }
+        }
+        answers == 8
+    })
+    .unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// A client whose path carries larger datagrams than its server's answers (its own 64 KiB
+/// against 1,472 bytes) learns the server's size from the first full-size fragment and
+/// counts the answers it expects again: it reads as fast as a client that assumed the right
+/// size from the start. Before, the size it kept was the largest seen, its own; each 1 MiB
+/// answer was expected as 17 packets where it took 713, and the rest was granted a little
+/// at a time.
+#[test]
+fn a_client_learns_a_smaller_peer_datagram_size_and_counts_its_answers_again() {
+    let same = budgeted_reads_us(1_472);
+    let larger = budgeted_reads_us(65_000);
+    eprintln!("eight 1 MiB reads: {larger} us with the client at 64 KiB, {same} us at 1,472");
+    assert!(
+        larger * 10 <= same * 12,
+        "client at 64 KiB: {larger} us against {same} us at the server's size"
+    );
+}
