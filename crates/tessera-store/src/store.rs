@@ -1545,6 +1545,13 @@ impl Store {
         for (name, handle) in written {
             dirty.snapshot_files.insert((file, name), handle);
         }
+        // A copy file is made on its first copy (`snap.<epoch>.<region>` and its `.crc`), and
+        // its name is durable only once the file's directory is synced. Without this, a sync
+        // made the copies' bytes durable and not their names: after a power loss the journal
+        // said the blocks were copied, the copy files were gone, and the snapshot read their
+        // blocks as zeros (found in session 28). Owed with every sync that carries copies: one
+        // directory sync more, only after a snapshot began.
+        dirty.dirs.insert(self.file_dir(file));
     }
 
     fn mark_overflow_dirty(&self, file: FileId, present: &FileData, touched: Touched) {
