@@ -230,11 +230,16 @@ fn one_run(seed: u64, counts: &mut [u64; 5]) {
     }
 }
 
+/// Seeds a randomized test runs: 300, or `TESSERA_POWER_LOSS_SEEDS`.
+fn seeds_asked() -> u64 {
+    std::env::var("TESSERA_POWER_LOSS_SEEDS")
+        .map(|v| v.parse().expect("a number"))
+        .unwrap_or(300)
+}
+
 #[test]
 fn synced_bytes_survive_power_losses_and_unsynced_ones_read_old_new_or_corrupt() {
-    let seeds: u64 = std::env::var("TESSERA_POWER_LOSS_SEEDS")
-        .map(|v| v.parse().expect("a number"))
-        .unwrap_or(300);
+    let seeds = seeds_asked();
     let mut counts = [0u64; 5];
     for seed in 0..seeds {
         one_run(seed, &mut counts);
@@ -718,9 +723,7 @@ fn a_power_loss_in_a_sync_never_refuses_snapshot_copies_synced_before() {
 /// `TESSERA_POWER_LOSS_SEEDS=N` runs more.
 #[test]
 fn a_snapshot_reads_as_it_began_where_its_copies_were_synced() {
-    let seeds: u64 = std::env::var("TESSERA_POWER_LOSS_SEEDS")
-        .map(|v| v.parse().expect("a number"))
-        .unwrap_or(300);
+    let seeds = seeds_asked();
     let mut outcomes = [0u64; 3];
     for seed in 0..seeds {
         snapshot_run(seed, &mut outcomes);
