@@ -201,10 +201,7 @@ fn one_run(seed: u64, counts: &mut [u64; 5]) {
     }
     // What the power loss left on the disk, read as a store that does not know of the loss
     // would: synced bytes exact, the others old, new or corrupt.
-    match disk.remove_file(&root.join("unsynced")) {
-        Ok(()) => {}
-        Err(error) => assert_eq!(error.kind(), std::io::ErrorKind::NotFound),
-    }
+    forget_the_loss(&disk, root);
     let store = Store::open_on(disk.shared(), root).unwrap();
     for unit in 0..SPACE_BYTES / 4096 {
         let offset = unit * 4096;
@@ -311,12 +308,27 @@ fn the_mark_survives_a_power_loss_with_only_its_directory_synced() {
     }
 }
 
-/// A store on a fresh in-memory disk, with 4 KiB of 7s written (not synced) at the start of
-/// `FILE`'s data.
-fn store_with_a_write() -> (MemDisk, &'static Path, Store) {
+/// A store on a fresh in-memory disk, at `/store`.
+fn fresh_store() -> (MemDisk, &'static Path, Store) {
     let disk = MemDisk::new();
     let root = Path::new("/store");
     let store = Store::open_on(disk.shared(), root).unwrap();
+    (disk, root, store)
+}
+
+/// Removes the `unsynced` mark, if the power loss left it: the disk then reads as a store
+/// that does not know of the loss would read it.
+fn forget_the_loss(disk: &MemDisk, root: &Path) {
+    match disk.remove_file(&root.join("unsynced")) {
+        Ok(()) => {}
+        Err(error) => assert_eq!(error.kind(), std::io::ErrorKind::NotFound),
+    }
+}
+
+/// A store on a fresh in-memory disk, with 4 KiB of 7s written (not synced) at the start of
+/// `FILE`'s data.
+fn store_with_a_write() -> (MemDisk, &'static Path, Store) {
+    let (disk, root, store) = fresh_store();
     store
         .write(FILE, Region::Data, 0, &[7; 4096], false)
         .unwrap();
@@ -340,9 +352,7 @@ fn a_new_files_directory_is_synced_once_and_the_sync_keeps_its_bytes_and_record(
         size: 4096,
     };
     for record_first in [false, true] {
-        let disk = MemDisk::new();
-        let root = Path::new("/store");
-        let store = Store::open_on(disk.shared(), root).unwrap();
+        let (disk, root, store) = fresh_store();
         let write = || store.write(FILE, Region::Data, 0, &[7; 4096], false);
         if record_first {
             store.describe(&meta, false).unwrap();
@@ -447,10 +457,7 @@ fn a_power_loss_at_each_step_of_describe_and_sync_leaves_the_old_or_the_new_reco
         disk.crash();
         // Read as a store that does not know of the loss (it would renew, having lost the
         // answered write): what the disk holds.
-        match disk.remove_file(&root.join("unsynced")) {
-            Ok(()) => {}
-            Err(error) => assert_eq!(error.kind(), std::io::ErrorKind::NotFound),
-        }
+        forget_the_loss(&disk, root);
         let after = Store::open_on(disk.snapshot().shared(), root).unwrap();
         let page = after.records(0, 10).unwrap();
         assert!(page.damaged.is_empty(), "{changes} changes: damaged record");
@@ -515,9 +522,7 @@ fn the_file_and_directory_syncs_of_a_sync_are_issued_at_once() {
 fn a_power_loss_at_each_step_of_a_renewal_keeps_every_synced_file() {
     const FILES: [u64; 3] = [3, 4, 5];
     let bytes_of = |file: u64, unit: u64| vec![(file * 16 + unit) as u8; 4096];
-    let disk = MemDisk::new();
-    let root = Path::new("/store");
-    let store = Store::open_on(disk.shared(), root).unwrap();
+    let (disk, root, store) = fresh_store();
     for file in FILES {
         for unit in 0..2 {
             let data = bytes_of(file, unit);
@@ -648,9 +653,7 @@ fn a_power_loss_at_each_step_of_an_overflow_repair_never_exposes_the_bytes_under
 /// A synced store whose file has base bytes `d` x 100 and primary overflow entries `A` at
 /// 10..30 and `B` at 40..60.
 fn store_with_overflow_entries() -> (MemDisk, &'static Path, Store) {
-    let disk = MemDisk::new();
-    let root = Path::new("/store");
-    let store = Store::open_on(disk.shared(), root).unwrap();
+    let (disk, root, store) = fresh_store();
     store
         .write(FILE, Region::Data, 0, &[b'd'; 100], false)
         .unwrap();
@@ -675,9 +678,7 @@ fn store_with_overflow_entries() -> (MemDisk, &'static Path, Store) {
 fn a_power_loss_in_a_sync_never_refuses_snapshot_copies_synced_before() {
     let mut cut = 0;
     for (changes, seed) in (0..).flat_map(|changes| (0..16).map(move |seed| (changes, seed))) {
-        let disk = MemDisk::new();
-        let root = Path::new("/store");
-        let store = Store::open_on(disk.shared(), root).unwrap();
+        let (disk, root, store) = fresh_store();
         store
             .write(FILE, Region::Data, 0, &[b'a'; 16384], false)
             .unwrap();
@@ -696,10 +697,7 @@ fn a_power_loss_in_a_sync_never_refuses_snapshot_copies_synced_before() {
         cut += u64::from(!answered);
         drop(store);
         disk.power_loss(seed);
-        match disk.remove_file(&root.join("unsynced")) {
-            Ok(()) => {}
-            Err(error) => assert_eq!(error.kind(), std::io::ErrorKind::NotFound),
-        }
+        forget_the_loss(&disk, root);
         let after = Store::open_on(disk.snapshot().shared(), root).unwrap();
         let copy = after.read_snapshot(FILE, Region::Data, 0, 4096, 1);
         assert!(
@@ -779,10 +777,7 @@ fn snapshot_run(seed: u64, outcomes: &mut [u64; 3]) {
     }
     drop(store);
     disk.power_loss(seed);
-    match disk.remove_file(&root.join("unsynced")) {
-        Ok(()) => {}
-        Err(error) => assert_eq!(error.kind(), std::io::ErrorKind::NotFound),
-    }
+    forget_the_loss(&disk, root);
     let after = Store::open_on(disk.snapshot().shared(), root).unwrap();
     let journal_unsynced = copied_unsynced.contains(&true);
     for block in 0..BLOCKS {
