@@ -311,6 +311,11 @@ fn held_packet_bytes(packet: &Packet) -> usize {
 /// (Receivers without a budget advertise [`Config::receive_window_packets`], 256 by default.)
 const GRANTED_WINDOW_PACKETS_MAX: u64 = 64;
 
+/// Packets a message of `bytes` takes in fragments of `fragment_bytes` (one at least).
+fn packets_of(bytes: usize, fragment_bytes: usize) -> u64 {
+    bytes.div_ceil(fragment_bytes).max(1) as u64
+}
+
 /// Bytes a DATA packet of `payload_bytes` takes on the wire: our header and tag, and IPv4 and
 /// UDP's.
 fn wire_bytes(payload_bytes: u64) -> u64 {
@@ -606,7 +611,7 @@ impl Session {
 
     /// Packets of a message of `bytes` from the peer.
     pub(crate) fn packets_from_peer(&self, bytes: usize) -> u64 {
-        bytes.div_ceil(self.peer_fragment_bytes).max(1) as u64
+        packets_of(bytes, self.peer_fragment_bytes)
     }
 
     /// Queues `message`, or holds it back: behind requests held already (the peer sees a
@@ -1642,7 +1647,7 @@ impl Session {
             self.peer_fragment_bytes = payload_len;
             for expectation in &mut self.expected {
                 if let Some(bytes) = expectation.bytes {
-                    expectation.packets = bytes.div_ceil(payload_len).max(1) as u64;
+                    expectation.packets = packets_of(bytes, payload_len);
                 }
             }
         } else if packet.first && !packet.last {
